@@ -1,0 +1,119 @@
+"""`python -m pipeline ...`: the command line. Each subcommand parses arguments and calls one module."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pipeline.errors import PipelineError
+
+EPILOG = """\
+The workstation half runs through doit:  doit build recipe=NAME   (doit list shows every stage task).
+Exit status: 0 ok, 1 refused (the plan says why), 2 bad input or environment."""
+
+
+def _plan_cmd(args) -> int:
+    from pipeline.memory import Limits
+    from pipeline.modelshape import load_shape
+    from pipeline.planner import PlanRequest, make_plan, render_table
+    from pipeline.targets import get_target
+
+    if args.recipe and args.model_config:
+        raise PipelineError("give a recipe or --model-config, not both")
+    if args.recipe:
+        from pipeline.chain import fetch_spec
+        from pipeline.planner import model_config_for, plan_recipe
+        from pipeline.recipe import load_recipe
+
+        recipe = load_recipe(args.recipe)
+        targets = [args.target] if args.target else list(recipe.targets)
+        config, source = model_config_for(recipe, fetch_spec(recipe).dir / "model")
+        plans = [plan_recipe(recipe, t, config, source, backend=args.backend) for t in targets]
+    else:
+        missing = [f for f, v in (("--model-config", args.model_config), ("--quant", args.quant),
+                                  ("--target", args.target)) if not v]
+        if missing:
+            raise PipelineError(f"missing {', '.join(missing)}",
+                                "plan RECIPE, or plan --model-config PATH --quant Q --target T")
+        shape = load_shape(args.model_config)
+        seq = args.max_seq or min(2048, shape.max_position_embeddings)
+        limits = Limits(args.batch, args.max_input or max(1, seq // 2), seq)
+        if limits.max_input_len >= limits.max_seq_len:
+            raise PipelineError(f"--max-input {limits.max_input_len} must be below --max-seq {limits.max_seq_len}")
+        plans = [make_plan(PlanRequest(shape=shape, model_label=str(args.model_config), weights=args.quant,
+                                       kv_cache=args.kv_quant, target=get_target(args.target), limits=limits,
+                                       backend=args.backend, group_size=args.group_size,
+                                       power_mode=args.power_mode))]
+    if args.json:
+        out = [p.to_json() for p in plans]
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=1))
+    else:
+        print("\n\n".join(render_table(p) for p in plans))
+    refused = [p for p in plans if not p.ok]
+    for p in refused:
+        print(f"refused: {p.request.target.id}: " + " ".join(p.refused), file=sys.stderr)
+    return 1 if refused else 0
+
+
+def _targets_cmd(args) -> int:
+    from pipeline.targets import load_targets
+
+    rows = []
+    for t in load_targets().values():
+        stacks = ", ".join(f"{s.backend} (JetPack {'/'.join(s.jetpack)})" for s in t.stacks)
+        bw = ", ".join(f"{m} {v:g} GB/s" for m, v in t.bandwidth_gbs.items())
+        rows.append(f"{t.id:<20} SM {t.sm:<5} {t.dram_gb:>5g} GB ({t.usable_gb:g} usable)  {bw}\n"
+                    f"{'':<20} {stacks}")
+    print("\n".join(rows))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from pipeline.quantization import KV_FORMATS, WEIGHT_FORMATS
+    from pipeline.targets import BACKENDS
+
+    parser = argparse.ArgumentParser(prog="python -m pipeline", description="Deploy LLMs to NVIDIA Jetson.",
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("plan", help="will it fit, through which backend, how fast",
+                       description="Gate, size and predict a deployment, from a recipe or ad hoc from a config.json. "
+                                   "With --json a recipe with several targets prints a list, else one object.",
+                       epilog="examples:\n  python -m pipeline plan llama3.2-3b-orin-nano --json\n"
+                              "  python -m pipeline plan --model-config ckpt/config.json --quant int4_awq "
+                              "--target orin-nano-8gb --json",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", nargs="?", help="recipe name (recipes/NAME.toml) or path to a .toml")
+    p.add_argument("--model-config", metavar="PATH", help="a Hugging Face config.json (or its directory)")
+    p.add_argument("--quant", choices=list(WEIGHT_FORMATS), help="weight format")
+    p.add_argument("--kv-quant", choices=list(KV_FORMATS), default="fp16", help="KV-cache format (default fp16)")
+    p.add_argument("--target", help="target id (see `python -m pipeline targets`); with a recipe: one of its targets")
+    p.add_argument("--backend", choices=list(BACKENDS), help="engine backend (default: first stack that fits)")
+    p.add_argument("--max-seq", type=int, help="max sequence length (default min(2048, model max))")
+    p.add_argument("--max-input", type=int, help="max input length (default half of --max-seq)")
+    p.add_argument("--batch", type=int, default=1, help="max batch size (default 1)")
+    p.add_argument("--group-size", type=int, choices=(16, 32, 64, 128), help="INT4 group size (default: auto)")
+    p.add_argument("--power-mode", help="nvpmodel mode for the prediction (default: the fastest)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_plan_cmd)
+
+    t = sub.add_parser("targets", help="list the Jetson target profiles")
+    t.set_defaults(func=_targets_cmd)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,60 @@
+"""fetch: get a model checkpoint into a stage directory (builtin, local directory, or the Hugging Face hub)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.safetensors_check import check_safetensors
+
+# Files a checkpoint needs downstream; everything else in a repo (other formats, READMEs, images) is left behind.
+NEEDED = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
+          "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
+          "merges.txt", "added_tokens.json", "chat_template.jinja"]
+
+
+def needed_files(root: Path) -> list[Path]:
+    found = set()
+    for pattern in NEEDED:
+        found.update(p for p in root.glob(pattern) if p.is_file())
+    return sorted(found)
+
+
+def local_fingerprint(root: Path) -> list:
+    """Cheap identity of a local model directory: names, sizes and mtimes of the files we take."""
+    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in needed_files(root)]
+
+
+def check_checkpoint(model_dir: Path, source: str) -> None:
+    if not (model_dir / "config.json").is_file():
+        raise PipelineError(f"{source}: no config.json in {model_dir}", "a Hugging Face checkpoint directory has one")
+    shards = sorted(model_dir.glob("*.safetensors"))
+    if not shards:
+        raise PipelineError(f"{source}: no .safetensors weights in {model_dir}",
+                            "convert .bin/.pth weights with transformers' save_pretrained(safe_serialization=True)")
+    for shard in shards:
+        check_safetensors(shard)
+
+
+def fetch_local(src: Path, out: Path, source: str) -> dict:
+    if not src.is_dir():
+        raise PipelineError(f"{source}: model.path {src} is not a directory", "point it at a checkpoint directory")
+    check_checkpoint(src, source)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in needed_files(src):
+        try:
+            os.link(f, out / f.name)   # same filesystem: no copy of multi-GB weights
+        except OSError:
+            shutil.copy2(f, out / f.name)
+    return {"source": {"kind": "local", "path": str(src)}}
+
+
+def fetch_builtin(name: str, out: Path) -> dict:
+    from pipeline.progress import Progress
+    from pipeline.tinymodel import materialize
+
+    with Progress(f"making builtin {name}", unit="step") as bar:
+        materialize(name, out, progress=lambda step, total, loss: bar.update(step, total, f"loss {loss:.3f}"))
+    return {"source": {"kind": "builtin", "name": name}}

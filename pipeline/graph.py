@@ -1,0 +1,114 @@
+"""doit task generators: the graph `dodo.py` exposes. Wiring only; each action calls into pipeline.chain.
+
+Tasks are `<stage>:<recipe>` (`<stage>:<recipe>@<target>` for per-target stages of a recipe with several targets);
+`build:<recipe>` depends on every stage of the recipe. `recipe=a,b` on the command line selects recipes (default:
+all of them); any other command-line variable is an error, because doit itself accepts misspellings silently.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+
+from pipeline.errors import PipelineError
+
+KNOWN_VARS = {"recipe": "comma-separated recipe names (default: every recipe in recipes/)"}
+
+
+def _cmdline_vars() -> dict:
+    # doit keeps `name=value` arguments in a module global; get_var() reads one name, we need them all.
+    from doit import doit_cmd
+    return dict(doit_cmd._CMDLINE_VARS or {})
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+@lru_cache(maxsize=None)
+def selected_recipes() -> tuple:
+    from pipeline.recipe import load_recipe, recipe_names
+
+    unknown = sorted(set(_cmdline_vars()) - set(KNOWN_VARS))
+    if unknown:
+        known = ", ".join(f"{k}=... ({v})" for k, v in KNOWN_VARS.items())
+        fail(f"unknown command-line variable(s): {', '.join(unknown)}; known: {known}")
+    wanted = _cmdline_vars().get("recipe")
+    names = [n.strip() for n in wanted.split(",") if n.strip()] if wanted else recipe_names()
+    if wanted is not None and not names:
+        fail("recipe= is empty; name a recipe, e.g. recipe=tiny-llama-cpu")
+    recipes = []
+    for name in names:
+        try:
+            recipes.append(load_recipe(name))
+        except PipelineError as exc:
+            fail(str(exc))
+    return tuple(recipes)
+
+
+def _action(fn, *args):
+    """Run a stage action; a PipelineError becomes a clean message and a failed task (no traceback)."""
+    def run():
+        try:
+            fn(*args)
+        except PipelineError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return False
+        return None
+    run.__name__ = fn.__name__
+    return run
+
+
+def _plan_action(recipe, target):
+    from pipeline.chain import do_plan
+    from pipeline.planner import render_table
+
+    plan = do_plan(recipe, target)
+    print(render_table(plan))
+    if not plan.ok:
+        raise PipelineError(f"{recipe.file}: plan for {target} refused:\n  " + "\n  ".join(plan.refused))
+
+
+def task_fetch():
+    """Get the model checkpoint (builtin, local directory or pinned hub revision)."""
+    from pipeline.chain import do_fetch, fetch_spec
+    from pipeline.stages import is_current
+
+    from pipeline.chain import stage_label
+
+    for r in selected_recipes():
+        spec = fetch_spec(r)
+        # After the plans: a refused plan stops the chain before a multi-GB download.
+        yield {"name": r.name, "actions": [_action(do_fetch, r)], "uptodate": [lambda spec=spec: is_current(spec)],
+               "task_dep": [f"plan:{stage_label(r, t)}" for t in r.targets],
+               "doc": f"fetch {r.model.get('repo') or r.model.get('name') or r.model.get('path')}", "verbosity": 2}
+
+
+def task_plan():
+    """Gate, size and predict: will it fit, through which backend, how fast. Prints the plan table."""
+    from pipeline.chain import stage_label
+
+    for r in selected_recipes():
+        for t in r.targets:
+            # Always runs (milliseconds) so that `doit plan` prints the table; plan.json is rewritten only on change.
+            yield {"name": stage_label(r, t), "actions": [_action(_plan_action, r, t)],
+                   "doc": f"plan {r.name} for {t}", "verbosity": 2}
+
+
+def task_build():
+    """Every stage of the selected recipes."""
+    from pipeline.chain import stage_label
+
+    for r in selected_recipes():
+        yield {"name": r.name, "actions": None, "doc": r.description,
+               "task_dep": [f"plan:{stage_label(r, t)}" for t in r.targets] + [f"fetch:{r.name}"]}
+
+
+def doit_config() -> dict:
+    from pipeline.stages import artifacts_dir
+
+    root = artifacts_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    # sqlite3: one file, written transactionally. No file_dep anywhere: up-to-date comes from stage manifests.
+    return {"backend": "sqlite3", "dep_file": str(root / ".doit.db"), "verbosity": 2, "subtasks": True}

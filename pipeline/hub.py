@@ -1,0 +1,79 @@
+"""Download a pinned revision of a Hugging Face repo: only the files a checkpoint needs, resumable, token from env.
+
+huggingface_hub does the transfer (resume from its cache's .incomplete files, HF_ENDPOINT, HF_HUB_OFFLINE, HF_TOKEN);
+this module pins the revision, records the resolved commit and turns hub failures into errors a user can act on.
+The token is read by huggingface_hub from the environment and never passed through, logged or recorded here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.fetch import NEEDED
+
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def fetch_hub(repo: str, revision: str, out: Path, allow_branch: bool = False) -> dict:
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub import errors as hf_errors
+
+    where = f"{repo}@{revision}"
+    try:
+        if _offline():
+            if not COMMIT.match(revision):
+                raise PipelineError(f"{where}: HF_HUB_OFFLINE is set, so branch {revision!r} cannot be resolved",
+                                    "pin model.revision to a commit hash, or unset HF_HUB_OFFLINE")
+            commit = revision
+        else:
+            commit = HfApi().model_info(repo, revision=revision).sha
+            if commit != revision and not allow_branch:
+                raise PipelineError(f"{where}: revision resolves to commit {commit}, not to itself",
+                                    f'pin model.revision = "{commit}" or set model.allow_branch = true')
+        snapshot = Path(snapshot_download(repo, revision=commit, allow_patterns=NEEDED))
+    except hf_errors.GatedRepoError:
+        raise PipelineError(f"{where}: the repository is gated and this account has no access",
+                            "accept the licence on the model page, then export HF_TOKEN=<a read token>") from None
+    except hf_errors.RepositoryNotFoundError:
+        raise PipelineError(f"{where}: repository not found (or private)",
+                            "check model.repo; for a private repo export HF_TOKEN=<a read token>") from None
+    except hf_errors.RevisionNotFoundError:
+        raise PipelineError(f"{where}: no such revision", "check model.revision against the repo's commits") from None
+    except hf_errors.LocalEntryNotFoundError:
+        raise PipelineError(f"{where}: not in the local Hugging Face cache and the hub is not reachable",
+                            "fetch once with network access, copy the HF cache over, or use model.source = 'local'"
+                            ) from None
+    except OSError as exc:  # connection refused, DNS, TLS, disk
+        raise PipelineError(f"{where}: download failed: {type(exc).__name__}: {exc}",
+                            "check the network (or HF_ENDPOINT); a re-run resumes where this one stopped") from None
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in sorted(snapshot.iterdir()):
+        blob = f.resolve()  # the cache's snapshot entries are symlinks to content-addressed blobs
+        try:
+            os.link(blob, out / f.name)
+        except OSError:
+            shutil.copy2(blob, out / f.name)
+    return {"source": {"kind": "hf", "repo": repo, "revision": revision, "commit": commit}}
+
+
+def fetch_config(repo: str, revision: str) -> dict:
+    """Only config.json (a few KB), so that a plan can gate a model before its weights are downloaded."""
+    import json
+
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub import errors as hf_errors
+
+    try:
+        return json.loads(Path(hf_hub_download(repo, "config.json", revision=revision)).read_text())
+    except (hf_errors.HfHubHTTPError, hf_errors.LocalEntryNotFoundError, OSError) as exc:
+        raise PipelineError(f"{repo}@{revision}: cannot get config.json to plan with ({type(exc).__name__})",
+                            "plan needs the model's config: go online once, or use model.source = 'local'") from None

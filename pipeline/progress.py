@@ -1,0 +1,44 @@
+"""Progress for long stages: a tqdm bar on a terminal, sparse plain lines in logs (CI, ssh, doit's captured output)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Progress:
+    def __init__(self, label: str, unit: str = "it", stream=None):
+        self.label, self.unit = label, unit
+        self.stream = stream or sys.stderr
+        self._bar = None
+        self._last = 0.0
+        self._start = time.monotonic()
+
+    def __enter__(self):
+        if self.stream.isatty():
+            try:
+                from tqdm import tqdm
+                self._bar = tqdm(desc=self.label, unit=self.unit, file=self.stream, leave=True)
+            except ImportError:
+                pass
+        return self
+
+    def update(self, done: int, total: int | None = None, note: str = "") -> None:
+        if self._bar is not None:
+            if total is not None:
+                self._bar.total = total
+            self._bar.n = done
+            self._bar.set_postfix_str(note, refresh=False)
+            self._bar.refresh()
+            return
+        now = time.monotonic()
+        if now - self._last >= 5 or (total is not None and done >= total):
+            self._last = now
+            of = f"/{total}" if total else ""
+            print(f"[{self.label}] {done}{of} {self.unit} {note} ({now - self._start:.0f}s)".rstrip(),
+                  file=self.stream, flush=True)
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.close()
+        return False
