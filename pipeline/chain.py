@@ -57,6 +57,13 @@ def recipe_link(recipe: Recipe, stage: str, target: str | None, spec: StageSpec)
     link(artifacts_dir() / recipe.name / name, spec.dir)
 
 
+def link_recipe(recipe: Recipe) -> None:
+    """artifacts/<recipe>/<stage> links for every built stage (stages skipped as current are shared, not re-run)."""
+    spec = fetch_spec(recipe)
+    if spec.dir.is_dir():
+        recipe_link(recipe, "fetch", None, spec)
+
+
 # ---------------------------------------------------------------------------------------------------- stage actions
 def do_fetch(recipe: Recipe) -> dict:
     from pipeline import fetch

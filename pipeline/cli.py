@@ -36,13 +36,14 @@ def _plan_cmd(args) -> int:
         if missing:
             raise PipelineError(f"missing {', '.join(missing)}",
                                 "plan RECIPE, or plan --model-config PATH --quant Q --target T")
+        target = get_target(args.target)
         shape = load_shape(args.model_config)
         seq = args.max_seq or min(2048, shape.max_position_embeddings)
         limits = Limits(args.batch, args.max_input or max(1, seq // 2), seq)
         if limits.max_input_len >= limits.max_seq_len:
             raise PipelineError(f"--max-input {limits.max_input_len} must be below --max-seq {limits.max_seq_len}")
         plans = [make_plan(PlanRequest(shape=shape, model_label=str(args.model_config), weights=args.quant,
-                                       kv_cache=args.kv_quant, target=get_target(args.target), limits=limits,
+                                       kv_cache=args.kv_quant, target=target, limits=limits,
                                        backend=args.backend, group_size=args.group_size,
                                        power_mode=args.power_mode))]
     if args.json:

@@ -98,10 +98,10 @@ def task_plan():
 
 def task_build():
     """Every stage of the selected recipes."""
-    from pipeline.chain import stage_label
+    from pipeline.chain import link_recipe, stage_label
 
     for r in selected_recipes():
-        yield {"name": r.name, "actions": None, "doc": r.description,
+        yield {"name": r.name, "actions": [_action(link_recipe, r)], "doc": r.description,
                "task_dep": [f"plan:{stage_label(r, t)}" for t in r.targets] + [f"fetch:{r.name}"]}
 
 

@@ -78,7 +78,7 @@ class Plan:
 
 
 def _gb(n: float) -> str:
-    return f"{n / GB:.2f} GB"
+    return f"{n / GB:.2f} GB" if abs(n) >= 0.1 * GB else f"{n / 1e6:.1f} MB"
 
 
 def _choose_stack(req: PlanRequest, refused: list[str]) -> SoftwareStack | None:
@@ -199,12 +199,12 @@ def render_table(plan: Plan) -> str:
                  f"seq {lim['max_seq_len']}, group size {j['quant']['group_size']}")
     if m:
         for key in ("weights", "embedding", "lm_head", "kv_cache", "activations", "runtime_overhead"):
-            lines.append(f"  {key.replace('_overhead', ''):<12} {getattr(m, key) / GB:8.3f} GB")
-        lines.append(f"  {'total':<12} {m.total / GB:8.3f} GB of {m.usable / GB:.2f} GB usable "
-                     f"({'fits' if m.fits else 'DOES NOT FIT'}, margin {m.margin / GB:+.2f} GB)")
+            lines.append(f"  {key.replace('_overhead', ''):<12} {_gb(getattr(m, key)):>10}")
+        lines.append(f"  {'total':<12} {_gb(m.total):>10} of {_gb(m.usable)} usable "
+                     f"({'fits' if m.fits else 'DOES NOT FIT'}, margin {_gb(m.margin)})")
         lines.append(f"  largest      max_seq_len {m.max_seq_len_that_fits} at batch {lim['max_batch_size']}; "
                      f"batch {m.max_batch_that_fits} at max_seq_len {lim['max_seq_len']}")
-        lines.append(f"  build peak   {m.build_peak / GB:8.3f} GB on the device")
+        lines.append(f"  build peak   {_gb(m.build_peak):>10} on the device")
     p = j["prediction"]
     if j["predicted_decode_tok_s"] is not None:
         lines.append(f"  decode       ~{j['predicted_decode_tok_s']} tok/s at {p['power_mode']} "

@@ -195,6 +195,11 @@ def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
             b["max_input_len"] >= b["max_seq_len"]:
         problems.append(Problem(file, "build.max_input_len", b["max_input_len"],
                                 f"must be below build.max_seq_len ({b['max_seq_len']}) to leave room for output"))
+    mode = b["power_mode"]
+    for t in tlist:
+        if mode is not None and t in targets and mode not in targets[t].bandwidth_gbs:
+            problems.append(Problem(file, "build.power_mode", mode, f"target {t} has no such power mode",
+                                    f"{t} modes: {', '.join(targets[t].bandwidth_gbs)}"))
     builder = b["builder"]
     if isinstance(builder, str) and builder not in ("local", "offline") and not SSH_RE.match(builder):
         problems.append(Problem(file, "build.builder", builder, "is not a builder",

@@ -120,6 +120,6 @@ def _train(model, tokenizer, spec: Builtin, progress) -> None:
             loss.backward()
             opt.step()
             if progress:
-                progress(step + 1, spec.train_steps, float(loss))
+                progress(step + 1, spec.train_steps, loss.item())
     finally:
         torch.set_num_threads(threads)

@@ -1,0 +1,145 @@
+"""The doit graph, run as a user runs it (`doit ...` in a subprocess) against scratch recipes and artifacts."""
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, local_recipe, write_checkpoint
+
+
+def manifest(project, recipe, stage):
+    return json.loads((project.artifacts / recipe / stage / "stage.json").read_text())
+
+
+def test_unknown_command_line_variable_is_rejected(project, checkpoint):
+    local_recipe(project.recipes / "a.toml", checkpoint)
+    proc = project.doit("build", "recipie=a", check=False)
+    assert proc.returncode == 2
+    assert "unknown command-line variable(s): recipie; known: recipe=..." in proc.stderr
+    proc = project.doit("build", "recipe=nope", check=False)
+    assert proc.returncode == 2 and "no recipe 'nope'" in proc.stderr
+
+
+def test_bad_recipe_is_reported_before_any_work(project, checkpoint):
+    local_recipe(project.recipes / "a.toml", checkpoint)
+    bad = project.recipes / "bad.toml"
+    bad.write_text((project.recipes / "a.toml").read_text().replace('weights = "int4_awq"', 'weights = "int3"'))
+    proc = project.doit("build", "recipe=bad", check=False)
+    assert proc.returncode == 2
+    assert f"{bad}: quantization.weights = 'int3': is not one of the allowed values" in proc.stderr
+    assert not (project.artifacts / "stages").exists()
+
+
+def test_list_shows_per_recipe_and_per_target_stage_tasks(project, checkpoint):
+    local_recipe(project.recipes / "a.toml", checkpoint)
+    local_recipe(project.recipes / "b.toml", checkpoint, targets=("orin-nano-8gb", "agx-orin-64gb"))
+    out = project.doit("list").stdout
+    for task in ("build:a", "fetch:a", "plan:a", "build:b", "fetch:b", "plan:b@orin-nano-8gb", "plan:b@agx-orin-64gb"):
+        assert f"\n{task} " in "\n" + out, task
+
+
+def test_build_noop_and_only_affected_stages_rerun(project, checkpoint):
+    recipe = local_recipe(project.recipes / "a.toml", checkpoint)
+    first = project.doit("build", "recipe=a")
+    assert ".  fetch:a" in first.stdout and "fits" in first.stdout
+    fetch0, plan0 = manifest(project, "a", "fetch"), manifest(project, "a", "plan")
+    assert fetch0["files"]["model/model.safetensors"]["size"] == (checkpoint / "model.safetensors").stat().st_size
+    plan_json = json.loads((project.artifacts / "a" / "plan" / "plan.json").read_text())
+    assert plan_json["fits"] is True and plan_json["target"] == "orin-nano-8gb"
+
+    again = project.doit("build", "recipe=a")
+    assert "-- fetch:a" in again.stdout
+    assert manifest(project, "a", "plan")["created"] == plan0["created"]   # plan ran, rewrote nothing
+
+    recipe.write_text(recipe.read_text().replace('prompts = ["Hello"]', 'prompts = ["Bonjour"]'))
+    project.doit("build", "recipe=a")
+    assert manifest(project, "a", "fetch") == fetch0 and manifest(project, "a", "plan") == plan0
+
+    recipe.write_text(recipe.read_text().replace("max_seq_len = 256", "max_seq_len = 384"))
+    out = project.doit("build", "recipe=a").stdout
+    assert "-- fetch:a" in out and "seq 384" in out
+    assert manifest(project, "a", "fetch") == fetch0 and manifest(project, "a", "plan")["id"] != plan0["id"]
+
+    (checkpoint / "config.json").write_text((checkpoint / "config.json").read_text().replace('"rms_norm_eps": 1e-05',
+                                                                                             '"rms_norm_eps": 1e-06'))
+    out = project.doit("build", "recipe=a").stdout
+    assert ".  fetch:a" in out                      # the local source changed: fetched again
+    assert manifest(project, "a", "fetch")["content_digest"] != fetch0["content_digest"]
+
+
+def test_recipes_share_the_download(project, checkpoint):
+    local_recipe(project.recipes / "a.toml", checkpoint)
+    local_recipe(project.recipes / "b.toml", checkpoint, max_seq=512)
+    project.doit("build", "recipe=a")
+    out = project.doit("build", "recipe=b").stdout
+    assert "-- fetch:b" in out
+    assert (project.artifacts / "a" / "fetch").resolve() == (project.artifacts / "b" / "fetch").resolve()
+
+
+def test_refused_plan_stops_the_chain_before_the_download(project, checkpoint):
+    local_recipe(project.recipes / "f.toml", checkpoint, weights="fp8")
+    proc = project.doit("build", "recipe=f", check=False)
+    assert proc.returncode != 0
+    assert "plan for orin-nano-8gb refused" in proc.stderr and "FP8 (E4M3) needs SM >= 8.9" in proc.stderr
+    assert not (project.artifacts / "stages" / "fetch").exists()
+
+
+def _sparse_checkpoint(path, gib=1.5):
+    """A valid safetensors file with one large all-zero tensor, written sparse: hashing it takes seconds."""
+    write_checkpoint(path)
+    n = int(gib * 2**30)
+    header = json.dumps({"big": {"dtype": "U8", "shape": [n], "data_offsets": [0, n]}}).encode()
+    with open(path / "big.safetensors", "wb") as fh:
+        fh.write(struct.pack("<Q", len(header)) + header)
+        fh.truncate(8 + len(header) + n)
+    return path
+
+
+def test_kill_9_mid_stage_resumes_at_that_stage(project, tmp_path):
+    ckpt = _sparse_checkpoint(tmp_path / "big")
+    local_recipe(project.recipes / "k.toml", ckpt)
+    env = project.env
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "build", "recipe=k"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    fetch_parent = project.artifacts / "stages" / "fetch"
+    deadline = time.time() + 60
+    while not list(fetch_parent.glob(".*.partial-*")) and time.time() < deadline:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert list(fetch_parent.glob(".*.partial-*")), "fetch never started"
+    assert not (project.artifacts / "k" / "fetch").exists()
+    plan0 = manifest(project, "k", "plan")
+    out = project.doit("build", "recipe=k").stdout
+    assert ".  fetch:k" in out
+    assert manifest(project, "k", "plan")["created"] == plan0["created"]
+    assert manifest(project, "k", "fetch")["files"]["model/big.safetensors"]["size"] > 1.5 * 2**30
+    assert not list(fetch_parent.glob(".*.partial-*"))
+
+
+def test_default_recipe_builds_offline_on_cpu(project):
+    (project.recipes / "tiny-llama-cpu.toml").write_text((REPO / "recipes" / "tiny-llama-cpu.toml").read_text())
+    env_offline = {"HF_HUB_OFFLINE": "1"}
+    os.environ.update(env_offline)
+    try:
+        project.doit("build", "recipe=tiny-llama-cpu", timeout=900)
+    finally:
+        for k in env_offline:
+            os.environ.pop(k)
+    model = project.artifacts / "tiny-llama-cpu" / "fetch" / "model"
+    config = json.loads((model / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["hidden_size"] == 64
+    from safetensors import safe_open
+    with safe_open(str(model / "model.safetensors"), "np") as f:
+        assert f.get_tensor("model.layers.0.self_attn.k_proj.weight").shape == (32, 64)
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    assert tok.decode(tok.encode("To bake bread you need").ids) == "To bake bread you need"
+    plan = json.loads((project.artifacts / "tiny-llama-cpu" / "plan" / "plan.json").read_text())
+    assert plan["fits"] and plan["quant"]["group_size"] == 64

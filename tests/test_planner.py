@@ -1,0 +1,176 @@
+import dataclasses
+import json
+import math
+
+import pytest
+from conftest import REPO
+
+from pipeline.memory import Limits, plan_memory
+from pipeline.modelshape import shape_from_config
+from pipeline.perf import fitted, known_model_configs
+from pipeline.planner import PlanRequest, make_plan
+from pipeline.quantization import KV_FORMATS, WEIGHT_FORMATS
+from pipeline.targets import get_target, load_targets
+
+TINY = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1000, "max_position_embeddings": 512}
+
+
+def request(config, weights="int4_awq", target="orin-nano-8gb", kv="fp16", limits=Limits(1, 64, 256), **kw):
+    shape = shape_from_config(config)
+    tgt = target if not isinstance(target, str) else get_target(target)
+    return PlanRequest(shape=shape, model_label="m", weights=weights, kv_cache=kv, target=tgt, limits=limits, **kw)
+
+
+def known(repo):
+    return dict(known_model_configs()[repo])
+
+
+def test_target_profiles_cover_the_issue_ids_with_sources():
+    ids = set(load_targets())
+    assert {"orin-nano-4gb", "orin-nano-8gb", "orin-nano-8gb-super", "orin-nx-8gb", "orin-nx-16gb", "agx-orin-32gb",
+            "agx-orin-64gb", "agx-thor", "thor-t4000"} <= ids
+    for t in load_targets().values():
+        assert t.sources and t.stacks and t.usable_gb < t.dram_gb
+        assert t.default_power_mode in t.bandwidth_gbs
+        # bandwidth = 2 x EMC clock x bus width: the profile's peak must be consistent with its bus width
+        assert max(t.bandwidth_gbs.values()) <= 2 * 4.3e9 * t.memory_bus_bits / 8 / 1e9
+    orin = get_target("orin-nano-8gb")
+    assert [s.backend for s in orin.stacks] == ["trtllm-0.12", "edgellm"]
+    assert orin.stacks[0].tensorrt == "10.3" and orin.stacks[0].cuda == "12.6"
+    assert [s.backend for s in get_target("agx-thor").stacks] == ["edgellm"]
+    assert get_target("orin-nano-8gb-super").bandwidth_bytes() == 102e9
+
+
+def test_memory_components_are_counted_exactly():
+    plan = make_plan(request(TINY, limits=Limits(2, 100, 300), group_size=64))
+    m = plan.memory
+    linears = [(64, 64), (64, 32), (64, 32), (64, 64), (64, 128), (64, 128), (128, 64)]  # (in, out)
+    per_layer = sum(i * o // 2 + o * (i // 64) * 2 + i * 2 for i, o in linears) + 2 * 64 * 2
+    assert m.weights == 2 * per_layer + 64 * 2
+    assert m.embedding == m.lm_head == 1024 * 64 * 2           # vocab 1000 padded to 1024, fp16
+    assert m.kv_cache == 2 * 2 * 2 * 16 * 2 * 320 * 2          # 2 x layers x kv x head_dim x fp16 x 5 blocks x batch
+    assert m.total == m.weights + m.embedding + m.lm_head + m.kv_cache + m.activations + m.runtime_overhead
+    assert m.margin == m.usable - m.total and m.usable == 5_200_000_000
+
+
+def test_largest_seq_and_batch_are_the_boundary():
+    cfg = known("meta-llama/Llama-3.1-8B-Instruct")
+    req = request(cfg, target="orin-nx-16gb", limits=Limits(1, 512, 1024))
+    fmt, kv, t = WEIGHT_FORMATS["int4_awq"], KV_FORMATS["fp16"], req.target
+    m = make_plan(req).memory
+    n = m.max_seq_len_that_fits
+    assert 1024 < n < 131072
+
+    def total(seq, batch=1):
+        return plan_memory(req.shape, fmt, 128, kv, Limits(batch, 512, seq), "trtllm-0.12", t.usable_bytes,
+                           t.usable_headless_bytes).total
+    assert total(n) <= t.usable_bytes < total(n + 1)
+    b = m.max_batch_that_fits
+    assert total(1024, b) <= t.usable_bytes < total(1024, b + 1)
+
+
+def test_fp8_on_orin_is_refused_naming_fp8_and_sm():
+    plan = make_plan(request(known("meta-llama/Llama-3.2-3B-Instruct"), weights="fp8"))
+    assert not plan.ok
+    assert "FP8 (E4M3) needs SM >= 8.9; orin-nano-8gb is SM 8.7" in plan.refused[0]
+
+
+def test_trtllm_on_thor_is_refused_towards_edgellm():
+    plan = make_plan(request(known("meta-llama/Llama-3.1-8B-Instruct"), target="agx-thor", backend="trtllm-0.12"))
+    assert not plan.ok and "TensorRT-LLM has no working Thor path" in plan.refused[0]
+    assert "backend = 'edgellm'" in plan.refused[0]
+    auto = make_plan(request(known("meta-llama/Llama-3.1-8B-Instruct"), weights="nvfp4", kv="fp8", target="agx-thor"))
+    assert auto.ok and auto.backend == "edgellm" and auto.group_size == 16
+
+
+def test_qwen3_goes_through_edgellm_on_orin_and_trtllm_012_refuses_it():
+    cfg = known("Qwen/Qwen3-1.7B")
+    auto = make_plan(request(cfg))
+    assert auto.ok and auto.backend == "edgellm" and auto.stack.id == "orin-jp72-edgellm"
+    forced = make_plan(request(cfg, backend="trtllm-0.12"))
+    assert not forced.ok
+    assert "TensorRT-LLM 0.12 0.12.0-jetson (JetPack 6.2.2) does not support Qwen3ForCausalLM" in forced.refused[0]
+    assert "orin-jp72-edgellm stack can (backend = 'edgellm')" in forced.refused[0]
+
+
+def test_int4_group_size_is_chosen_or_refused():
+    cfg = known("HuggingFaceTB/SmolLM2-135M-Instruct")   # hidden 576: 128 does not divide it, 64 does
+    auto = make_plan(request(cfg))
+    assert auto.ok and auto.group_size == 64
+    assert any("group size 64 chosen" in w for w in auto.warnings)
+    pinned = make_plan(request(cfg, group_size=128))
+    assert not pinned.ok
+    assert "group_size 128 does not divide quantized input dimension(s) [576]; use group_size = 64" in pinned.refused[0]
+    odd = dict(TINY, hidden_size=72, num_attention_heads=4)  # 72 = 8 x 9: no INT4 group size divides it
+    refused = make_plan(request(odd))
+    assert "no INT4 group size in [128, 64, 32] divides input dimension(s) [72]; use int8_wo or fp16" in refused.refused[0]
+
+
+def test_desktop_vs_headless_memory():
+    cfg = known("meta-llama/Llama-3.2-3B-Instruct")
+    base = make_plan(request(cfg, limits=Limits(1, 1024, 2048))).memory.total
+    squeezed = dataclasses.replace(get_target("orin-nano-8gb"), usable_gb=(base - 1e8) / 1e9,
+                                   usable_headless_gb=(base + 1e8) / 1e9)
+    plan = make_plan(request(cfg, target=squeezed, limits=Limits(1, 1024, 2048)))
+    assert plan.ok and not plan.fits and plan.memory.fits_headless
+    assert any("Boot to multi-user.target" in w for w in plan.warnings)
+
+
+def test_prediction_follows_the_fitted_model():
+    cfg = known("meta-llama/Llama-3.2-3B-Instruct")
+    plan = make_plan(request(cfg, target="orin-nano-8gb-super", limits=Limits(1, 1024, 2048)))
+    c = fitted()["edgellm"]
+    p = plan.prediction
+    assert p["power_mode"] == "MAXN_SUPER" and p["bandwidth_gbs"] == 102.0 and p["context_tokens"] == 1024
+    assert plan.predicted_decode_tok_s == pytest.approx(1 / (p["bytes_per_token"] / (c.efficiency * 102e9) + c.fixed_s),
+                                                        abs=0.05)
+    assert p["by_power_mode"]["15W"] < p["by_power_mode"]["MAXN_SUPER"]
+    # bytes per token: every weight except the embedding table, plus the KV cache at the context length
+    m = plan.memory
+    assert p["bytes_per_token"] == int(m.weights + m.lm_head + 28 * 2 * 8 * 128 * 2 * 1024)
+
+
+def test_cli_plan_recipe_json(project):
+    proc = project.cli("plan", "llama3.2-3b-orin-nano", "--json", repo_recipes=True)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for key in ("target", "backend", "quant", "fits", "memory", "predicted_decode_tok_s", "warnings"):
+        assert key in out
+    assert out["fits"] is True and out["target"] == "orin-nano-8gb" and out["backend"] == "trtllm-0.12"
+    assert out["quant"]["weights"] == "int4_awq" and out["memory"]["usable"] == 5_200_000_000
+    assert 15 < out["predicted_decode_tok_s"] < 40
+
+
+def test_cli_refuses_fp8_recipe_for_orin(project, tmp_path):
+    text = tmp_path / "r.toml"
+    src = (REPO / "recipes" / "llama3.1-8b-thor-fp8.toml").read_text()
+    text.write_text(src.replace('targets = ["agx-thor"]', 'targets = ["agx-orin-64gb"]').replace(
+        'kv_cache = "fp8"', 'kv_cache = "int8"'))
+    proc = project.cli("plan", str(text), "--json")
+    assert proc.returncode == 1
+    assert "FP8 (E4M3) needs SM >= 8.9; agx-orin-64gb is SM 8.7" in proc.stderr
+    assert json.loads(proc.stdout)["refused"]
+
+
+def test_cli_refuses_70b_fp16_on_orin_nano_with_memory_numbers(project, tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(known("meta-llama/Llama-2-70b-hf")))
+    proc = project.cli("plan", "--model-config", str(cfg), "--quant", "fp16", "--target", "orin-nano-8gb", "--json")
+    assert proc.returncode == 1
+    out = json.loads(proc.stdout)
+    total = out["memory"]["total"]
+    assert out["fits"] is False and total > 130e9
+    assert f"does not fit: needs {total / 1e9:.2f} GB" in proc.stderr
+    assert "orin-nano-8gb has 5.20 GB usable (6.00 GB headless)" in proc.stderr
+    assert f"short by {(total - 5.2e9) / 1e9:.2f} GB" in proc.stderr
+
+
+def test_cli_bad_input(project, tmp_path):
+    proc = project.cli("plan", "--model-config", str(tmp_path / "none.json"), "--quant", "int4_awq", "--target", "x")
+    assert proc.returncode == 2 and "unknown target 'x'" in proc.stderr
+    proc = project.cli("plan", "--quant", "int4_awq")
+    assert proc.returncode == 2 and "missing --model-config, --target" in proc.stderr
+    proc = project.cli("plan", "--model-config", str(tmp_path / "none.json"), "--quant", "int4_awq",
+                       "--target", "orin-nano-8gb")
+    assert proc.returncode == 2 and "none.json: (file) = None: no such file" in proc.stderr
