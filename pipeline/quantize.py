@@ -1,0 +1,151 @@
+"""quantize: NVIDIA ModelOpt post-training quantization of a fetched checkpoint, saved as ModelOpt state.
+
+The saved model is exactly the numerics that get deployed: after calibration, q/k/v and gate/up are pre-processed
+for fusion here (shared pre-quant scale, shared input amax), as the TensorRT-LLM export would do. Reference outputs
+computed from this model therefore match the exported checkpoint (FACTS.md: without this, cosine 0.993).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.quantization import KV_FORMATS, WEIGHT_FORMATS, KVFormat, WeightFormat
+
+STATE = "modelopt_state.pth"
+# int8_wo deploys TensorRT-LLM's own load-time per-channel INT8 (FACTS.md); the reference model simulates it with
+# ModelOpt's per-channel INT8 weight fake-quantizer so that goldens carry the deployed numerics.
+REFERENCE_CONFIG = {"int8_wo": "INT8_WEIGHT_ONLY_CFG"}
+KV_BITS = {"int8": 8, "fp8": (4, 3)}
+
+
+def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None) -> dict | None:
+    """The ModelOpt quant config for a recipe's weight and KV formats (None: nothing to quantize)."""
+    import modelopt.torch.quantization as mtq
+
+    name = fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name)
+    if name is None and kv.name == "fp16":
+        return None
+    cfg = copy.deepcopy(getattr(mtq, name)) if name else {"quant_cfg": [{"quantizer_name": "*", "enable": False}],
+                                                          "algorithm": "max"}
+    if group_size and fmt.name in ("int4_awq", "w4a8_awq"):
+        for entry in cfg["quant_cfg"]:
+            if entry.get("quantizer_name") == "*weight_quantizer":
+                blocks = entry["cfg"] if isinstance(entry["cfg"], list) else [entry["cfg"]]
+                for b in blocks:
+                    if "block_sizes" in b:
+                        b["block_sizes"][-1] = group_size
+    if kv.name in KV_BITS:
+        cfg["quant_cfg"].append({"quantizer_name": "*[kv]_bmm_quantizer",
+                                 "cfg": {"num_bits": KV_BITS[kv.name], "axis": None}})
+    return cfg
+
+
+def pick_device(fmt: WeightFormat) -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if fmt.gpu_calibration_only:
+        raise PipelineError(f"{fmt.label} calibration needs a CUDA GPU: ModelOpt's {fmt.label} quantizer does not run "
+                            "on the CPU (it fails with 'amax must be a CUDA tensor')",
+                            "run the quantize stage on a workstation with an NVIDIA GPU (SM >= 8.0), then copy "
+                            "artifacts/ back, or pick int4_awq / fp8 for a CPU-only workstation")
+    return "cpu"
+
+
+def load_model(model_dir: Path, device: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    # The checkpoint is deployed in fp16, so the reference starts from fp16 weights; on the CPU it computes in fp32
+    # (fp16 matmuls are slow or missing there), on a GPU in fp16.
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16)
+    model = (model.float() if device == "cpu" else model).to(device)
+    model.eval()
+    return model
+
+
+def fuse_for_export(model) -> int:
+    """Make the calibrated model compute what the exported checkpoint will, before anything is derived from it.
+
+    - fused groups (q/k/v; gate/up) get one pre-quant scale and one input amax, as the export will do;
+    - pre-quant scales are rounded to fp16, the precision they are exported in (SmoothQuant activations are
+      rounded to int8 after this scale: an fp32 scale flips some roundings the engine will make differently);
+    - K and V quantizers share one amax: TensorRT-LLM 0.12 has one kv_cache_scaling_factor per layer.
+    """
+    import torch
+    from modelopt.torch.export.quant_utils import preprocess_linear_fusion
+
+    n = 0
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for group in ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]):
+            if hasattr(group[0], "weight_quantizer"):
+                preprocess_linear_fusion(group)
+                n += 1
+        for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
+                       mlp.down_proj):
+            quantizer = getattr(linear, "input_quantizer", None)
+            if quantizer is not None and quantizer.pre_quant_scale is not None:
+                quantizer.pre_quant_scale = quantizer.pre_quant_scale.half().float()
+        k, v = getattr(attn, "k_bmm_quantizer", None), getattr(attn, "v_bmm_quantizer", None)
+        if k is not None and k.is_enabled and k.amax is not None and v.amax is not None:
+            k.amax = v.amax = torch.maximum(k.amax, v.amax)
+    return n
+
+
+def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size: int | None, calibration: dict,
+             recipe_file: str) -> dict:
+    """Calibrate and save ModelOpt state into `out`; returns the stage's manifest extras."""
+    import torch
+
+    from pipeline.calibration import load_texts, token_windows
+    from pipeline.progress import Progress
+
+    fmt, kv = WEIGHT_FORMATS[weights], KV_FORMATS[kv_cache]
+    cfg = modelopt_config(fmt, kv, group_size)
+    info = {"weights": weights, "kv_cache": kv_cache, "group_size": group_size, "modelopt_config": None}
+    if cfg is None:
+        (out / "quantize.json").write_text(json.dumps({**info, "method": "none"}, indent=1))
+        return {"quantize": {**info, "method": "none"}}
+
+    import modelopt.torch.opt as mto
+    import modelopt.torch.quantization as mtq
+    from transformers import AutoTokenizer
+
+    device = pick_device(fmt)
+    torch.manual_seed(calibration["seed"])
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    texts = load_texts(calibration["source"], recipe_file)
+    windows = token_windows(tokenizer, texts, calibration["samples"], calibration["seq_len"], calibration["seed"])
+    model = load_model(model_dir, device)
+
+    def forward_loop(m):
+        with Progress(f"calibrating {fmt.label}", unit="sample") as bar:
+            for i, w in enumerate(windows, 1):
+                m(torch.tensor([w], device=device))
+                bar.update(i, len(windows))
+
+    started = time.time()
+    with torch.no_grad():
+        mtq.quantize(model, cfg, forward_loop)
+    fused = fuse_for_export(model)
+    mto.save(model, out / STATE)
+    info.update(method="modelopt", modelopt_config=fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name),
+                device=device, calibration_tokens=sum(map(len, windows)), fused_groups=fused,
+                seconds=round(time.time() - started, 2))
+    (out / "quantize.json").write_text(json.dumps(info, indent=1))
+    return {"quantize": info}
+
+
+def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu"):
+    """The deployed-numerics model: the fetched checkpoint with the saved ModelOpt state restored."""
+    model = load_model(model_dir, device)
+    if (quant_dir / STATE).is_file():
+        import modelopt.torch.opt as mto
+        mto.restore(model, quant_dir / STATE)
+    return model

@@ -1,0 +1,155 @@
+"""An independent reader of TensorRT-LLM 0.12 checkpoints: dequantize and run a plain-PyTorch forward pass.
+
+Nothing here comes from ModelOpt or transformers: it reads config.json + rank0.safetensors the way TensorRT-LLM 0.12
+interprets them (packing, scales, name mapping, RoPE settings) so that comparing its logits with the fake-quantized
+model proves the exported bytes mean what the calibrated model meant.
+
+  W4A16_AWQ            weight int8 (out/2, in), read as weight.T (in, out/2) of packed signed int4, low nibble =
+                       even output column; y = (x * prequant) @ (q * scale[o, i // group])^T
+  W8A8_SQ_PER_CHANNEL  y = fq_int8(x * prequant, activation_scale) @ (q * weights_scaling_factor[o])^T
+  W8A16                fp16 weights, quantized per output channel to int8 at load (symmetric, max / 127)
+  INT8 KV cache        K (after RoPE) and V rounded to int8 with kv_cache_scaling_factor
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from pipeline.trtllm_checkpoint import CONFIG, WEIGHTS
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """(out/2, in) int8 as stored -> (out, in) int8 values in [-8, 7]."""
+    t = packed.T.contiguous()                      # (in, out/2): what TensorRT-LLM 0.12 reads
+    low = (t << 4) >> 4                            # arithmetic shifts sign-extend the low nibble
+    high = t >> 4
+    both = torch.stack([low, high], dim=-1).reshape(t.shape[0], -1)   # (in, out): even, odd output columns
+    return both.T.contiguous()
+
+
+def _round_int8(x: torch.Tensor, scale: torch.Tensor, low: int = -128) -> torch.Tensor:
+    """Activations and KV saturate to [-128, 127]; symmetric weight quantization to [-127, 127]."""
+    return torch.clamp(torch.round(x / scale), low, 127) * scale
+
+
+class Linear:
+    def __init__(self, t: dict, name: str, algo: str | None, group: int | None):
+        w = t[name + ".weight"]
+        self.bias = t.get(name + ".bias")
+        self.pre = t.get(name + ".prequant_scaling_factor")
+        self.act_scale = None
+        if algo == "W4A16_AWQ":
+            q = unpack_int4(w).float()
+            scale = t[name + ".weights_scaling_factor"].float()              # (out, in / group)
+            self.weight = q * scale.repeat_interleave(group, dim=1)
+        elif algo == "W8A8_SQ_PER_CHANNEL":
+            self.weight = w.float() * t[name + ".weights_scaling_factor"].float()[:, None]
+            self.act_scale = t[name + ".activation_scaling_factor"].float()
+        elif algo == "W8A16":
+            w = w.float()
+            self.weight = _round_int8(w, w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127, low=-127)
+        else:
+            self.weight = w.float()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pre is not None:
+            x = x * self.pre.float()
+        if self.act_scale is not None:
+            x = _round_int8(x, self.act_scale)
+        y = x @ self.weight.T
+        return y + self.bias.float() if self.bias is not None else y
+
+
+def inv_freq(cfg: dict, head: int) -> torch.Tensor:
+    base = float(cfg["rotary_base"])
+    freq = 1.0 / (base ** (torch.arange(0, head, 2, dtype=torch.float64) / head))
+    s = cfg.get("rotary_scaling") or {}
+    kind = s.get("type") or s.get("rope_type")
+    if kind == "llama3":
+        factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+        old = s["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / freq
+        scaled = torch.where(wavelen > old / lo, freq / factor, freq)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = (wavelen >= old / hi) & (wavelen <= old / lo)
+        freq = torch.where(mid, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    elif kind == "linear":
+        freq = freq / s["factor"]
+    elif kind not in (None, "default"):
+        raise NotImplementedError(f"rotary_scaling type {kind!r}")
+    return freq.float()
+
+
+def _rope(x: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
+    pos = torch.arange(x.shape[-2], dtype=torch.float32)
+    ang = torch.outer(pos, freq)
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rot * sin
+
+
+def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+
+
+class CheckpointModel:
+    """A TensorRT-LLM 0.12 Llama/Qwen2 checkpoint as a plain PyTorch forward pass (fp32 math)."""
+
+    def __init__(self, ckpt_dir: Path):
+        from safetensors.torch import load_file
+
+        self.cfg = json.loads((Path(ckpt_dir) / CONFIG).read_text())
+        self.t = load_file(str(Path(ckpt_dir) / WEIGHTS))
+        c, q = self.cfg, self.cfg["quantization"]
+        self.algo, self.group = q.get("quant_algo"), q.get("group_size")
+        self.heads, self.kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+        self.head = c.get("head_size") or c["hidden_size"] // self.heads
+        self.freq = inv_freq(c, self.head)
+        self.kv_int8 = q.get("kv_cache_quant_algo") == "INT8"
+        self.layers = []
+        for i in range(c["num_hidden_layers"]):
+            p = f"transformer.layers.{i}."
+            self.layers.append({n: Linear(self.t, p + n, self.algo, self.group) for n in
+                                ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")}
+                               | {"in": self.t[p + "input_layernorm.weight"], "post": self.t[p + "post_layernorm.weight"],
+                                  "kv": self.t.get(p + "attention.kv_cache_scaling_factor")})
+        self.embed = self.t["transformer.vocab_embedding.weight"].float()
+        self.lm_head = self.t["lm_head.weight"].float()
+
+    @torch.no_grad()
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (T,) -> logits (T, vocab) over the padded vocabulary."""
+        eps = self.cfg["norm_epsilon"]
+        h = self.embed[ids]
+        T, nq, nkv, d = ids.shape[0], self.heads, self.kv_heads, self.head
+        mask = torch.full((T, T), float("-inf")).triu(1)
+        for L in self.layers:
+            qkv = L["attention.qkv"](_rmsnorm(h, L["in"], eps))
+            q, k, v = qkv.split([nq * d, nkv * d, nkv * d], -1)
+            q = _rope(q.view(T, nq, d).transpose(0, 1), self.freq)
+            k = _rope(k.view(T, nkv, d).transpose(0, 1), self.freq)
+            v = v.view(T, nkv, d).transpose(0, 1)
+            if self.kv_int8:
+                s = L["kv"].float()
+                k, v = _round_int8(k, s), _round_int8(v, s)
+            rep = nq // nkv
+            k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
+            att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d) + mask, -1) @ v
+            h = h + L["attention.dense"](att.transpose(0, 1).reshape(T, nq * d))
+            x = _rmsnorm(h, L["post"], eps)
+            h = h + L["mlp.proj"](torch.nn.functional.silu(L["mlp.fc"](x)) * L["mlp.gate"](x))
+        return _rmsnorm(h, self.t["transformer.ln_f.weight"], eps) @ self.lm_head.T
+
+
+def agreement(reference: torch.Tensor, candidate: torch.Tensor) -> dict:
+    """Mean per-position cosine of logits and top-1 agreement (same vocabulary slice)."""
+    ref, cand = reference.float(), candidate.float()
+    cos = torch.nn.functional.cosine_similarity(ref, cand, dim=-1)
+    top1 = (ref.argmax(-1) == cand.argmax(-1)).float().mean()
+    return {"logit_cosine": round(float(cos.mean()), 6), "logit_cosine_min": round(float(cos.min()), 6),
+            "top1_agreement": round(float(top1), 6), "positions": int(ref.shape[0])}

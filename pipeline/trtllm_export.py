@@ -1,0 +1,102 @@
+"""export (trtllm-0.12 backend): the quantized model as a TensorRT-LLM 0.12 checkpoint, fixed, validated, proven.
+
+ModelOpt 0.47's export_tensorrt_llm_checkpoint writes names, dtypes and shapes as 0.12 reads them (FACTS.md) but,
+under transformers 5, omits rotary_base (TensorRT-LLM then silently uses 10000) and rope scaling: both are set here
+from the original config.json. INT8 weight-only follows 0.12's own flow: fp16 weights, quant_algo W8A16, quantized
+by TensorRT-LLM at engine load. The written checkpoint is validated against the 0.12 schema and read back by the
+independent reader; an export whose logits disagree with the calibrated model fails the stage.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.trtllm_checkpoint import ARCHITECTURES, CONFIG, validate
+
+MIN_COSINE = 0.999      # reader vs calibrated model; a packing or name-mapping bug lands far below this
+MIN_TOP1 = 0.99
+
+
+def rope_settings(raw: dict) -> tuple[float, dict | None]:
+    """(rotary_base, rotary_scaling) from an HF config: legacy rope_theta/rope_scaling or transformers 5's
+    rope_parameters. rotary_scaling is HF's rope_scaling dict, copied as TensorRT-LLM 0.12's converter copies it."""
+    params = raw.get("rope_parameters") or {}
+    base = raw.get("rope_theta", params.get("rope_theta", 10000.0))
+    scaling = raw.get("rope_scaling")
+    if scaling is None and params.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    return float(base), scaling
+
+
+def _merge_kv_scales(out: Path) -> None:
+    """ModelOpt 0.47 writes attention.k_cache_scaling_factor and v_cache_scaling_factor; TensorRT-LLM 0.12's
+    Attention has one kv_cache_scaling_factor (1,) float32. quantize made them equal; check that and merge."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.trtllm_checkpoint import WEIGHTS
+
+    tensors = load_file(str(out / WEIGHTS))
+    ks = [n for n in tensors if n.endswith(".attention.k_cache_scaling_factor")]
+    if not ks:
+        return
+    for k in ks:
+        v = k.replace(".k_cache_", ".v_cache_")
+        kt, vt = tensors.pop(k), tensors.pop(v)
+        if not torch.equal(kt, vt):
+            raise PipelineError(f"{k}: K and V cache scales differ ({kt.item()} vs {vt.item()}); TensorRT-LLM 0.12 "
+                                "has one scale per layer", "re-run the quantize stage (it unifies them)")
+        tensors[k.replace(".k_cache_", ".kv_cache_")] = kt.float().reshape(1)
+    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+
+
+def check_architecture(raw: dict, source: str) -> str:
+    arch = (raw.get("architectures") or ["?"])[0]
+    if arch not in ARCHITECTURES:
+        raise PipelineError(f"{source}: architecture {arch} has no TensorRT-LLM 0.12 exporter here",
+                            f"supported: {', '.join(ARCHITECTURES)}; Qwen3 and newer go through Edge-LLM "
+                            "(backend = 'edgellm' on JetPack 7.2 / Thor)")
+    return arch
+
+
+def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids: list[int]) -> dict:
+    import torch
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
+    from pipeline.quantize import load_quantized
+    from pipeline.reader import CheckpointModel, agreement
+
+    raw = json.loads((model_dir / "config.json").read_text())
+    arch = check_architecture(raw, str(model_dir / "config.json"))
+    model = load_quantized(model_dir, quant_dir, "cpu")
+    ids = torch.tensor(probe_ids)
+    with torch.no_grad():
+        reference = model(ids[None]).logits[0].float()
+    if weights == "int8_wo":
+        mtq.disable_quantizer(model, "*weight_quantizer")   # export fp16 weights; TensorRT-LLM quantizes at load
+    model.config.architectures = [arch]
+    export_tensorrt_llm_checkpoint(model, decoder_type=ARCHITECTURES[arch], dtype=torch.float16, export_dir=out,
+                                   inference_tensor_parallel=1, inference_pipeline_parallel=1)
+    cfg = json.loads((out / CONFIG).read_text())
+    base, scaling = rope_settings(raw)
+    cfg["rotary_base"] = base
+    if scaling:
+        cfg["rotary_scaling"] = scaling
+    if weights == "int8_wo":
+        cfg["quantization"]["quant_algo"] = "W8A16"
+    (out / CONFIG).write_text(json.dumps(cfg, indent=4))
+    _merge_kv_scales(out)
+    validate(out)
+
+    reader = CheckpointModel(out)
+    vocab = raw["vocab_size"]
+    check = agreement(reference[:, :vocab], reader.logits(ids)[:, :vocab])
+    if check["logit_cosine"] < MIN_COSINE or check["top1_agreement"] < MIN_TOP1:
+        raise PipelineError(f"exported checkpoint disagrees with the calibrated model: {check}",
+                            "this is a bug in the export path; please report it with the recipe")
+    return {"trtllm": {"quant_algo": cfg["quantization"]["quant_algo"],
+                       "kv_cache_quant_algo": cfg["quantization"].get("kv_cache_quant_algo"),
+                       "rotary_base": base, "rotary_scaling": scaling, "reader_check": check}}
