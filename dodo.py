@@ -1,5 +1,6 @@
 """doit entry point: `doit build recipe=NAME`, `doit plan recipe=NAME`, `doit list`. Wiring only; see pipeline/."""
 
-from pipeline.graph import doit_config, task_build, task_fetch, task_plan  # noqa: F401  (doit collects task_*)
+from pipeline.graph import (  # noqa: F401  (doit collects the task_* functions)
+    doit_config, task_accuracy, task_build, task_export, task_fetch, task_goldens, task_plan, task_quantize)
 
 DOIT_CONFIG = doit_config()

@@ -12,6 +12,8 @@ from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 
+from pipeline.errors import PipelineError
+from pipeline.quantization import WEIGHT_FORMATS
 from pipeline.recipe import Recipe
 from pipeline.stages import StageSpec, artifacts_dir, link, run_stage
 
@@ -36,6 +38,38 @@ def fetch_spec(recipe: Recipe) -> StageSpec:
     return StageSpec("fetch", {"source": "hf", "repo": m["repo"], "revision": m["revision"]})
 
 
+WORKSTATION_TOOLS = ("torch", "transformers", "nvidia-modelopt", "safetensors")
+
+
+def quantize_spec(recipe: Recipe) -> StageSpec:
+    q = recipe.quantization
+    cal = dict(q["calibration"])
+    from pipeline.calibration import source_path
+    path = source_path(cal["source"], recipe.file)
+    fingerprint = (lambda: [path.stat().st_size, path.stat().st_mtime_ns]) if path else None
+    return StageSpec("quantize", {"weights": q["weights"], "kv_cache": q["kv_cache"], "group_size": q["group_size"],
+                                  "calibration": cal if WEIGHT_FORMATS[q["weights"]].needs_calibration
+                                  or q["kv_cache"] != "fp16" else None},
+                     inputs=(fetch_spec(recipe),), tools=WORKSTATION_TOOLS, fingerprint=fingerprint)
+
+
+def export_spec(recipe: Recipe, backend: str) -> StageSpec:
+    return StageSpec("export", {"backend": backend}, inputs=(fetch_spec(recipe), quantize_spec(recipe)),
+                     tools=WORKSTATION_TOOLS)
+
+
+def goldens_spec(recipe: Recipe) -> StageSpec:
+    v = recipe.validation
+    return StageSpec("goldens", {k: v[k] for k in ("prompts", "max_new_tokens", "top_k_logprobs",
+                                                   "min_token_agreement")},
+                     inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
+
+
+def accuracy_spec(recipe: Recipe) -> StageSpec:
+    return StageSpec("accuracy", {"heldout": _data_digest("corpus/heldout-en.txt")},
+                     inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
+
+
 def plan_spec(recipe: Recipe, target: str, model_config: dict) -> StageSpec:
     """The plan depends on the model's config (not its weights): it can run before the download, as a gate."""
     q = recipe.quantization
@@ -57,11 +91,25 @@ def recipe_link(recipe: Recipe, stage: str, target: str | None, spec: StageSpec)
     link(artifacts_dir() / recipe.name / name, spec.dir)
 
 
+def recipe_plan(recipe: Recipe, target: str) -> dict:
+    """The current plan of one target (the plan task always runs before the stages that read it)."""
+    name = "plan" if len(recipe.targets) == 1 else f"plan@{target}"
+    path = artifacts_dir() / recipe.name / name / "plan.json"
+    if not path.is_file():
+        raise PipelineError(f"no plan for {recipe.name} on {target} yet", f"run `doit plan recipe={recipe.name}`")
+    return json.loads(path.read_text())
+
+
 def link_recipe(recipe: Recipe) -> None:
     """artifacts/<recipe>/<stage> links for every built stage (stages skipped as current are shared, not re-run)."""
-    spec = fetch_spec(recipe)
-    if spec.dir.is_dir():
-        recipe_link(recipe, "fetch", None, spec)
+    for stage, spec in (("fetch", fetch_spec(recipe)), ("quantize", quantize_spec(recipe)),
+                        ("goldens", goldens_spec(recipe)), ("accuracy", accuracy_spec(recipe))):
+        if spec.dir.is_dir():
+            recipe_link(recipe, stage, None, spec)
+    for target in recipe.targets:
+        spec = export_spec(recipe, recipe_plan(recipe, target)["backend"])
+        if spec.dir.is_dir():
+            recipe_link(recipe, "export", target, spec)
 
 
 # ---------------------------------------------------------------------------------------------------- stage actions
@@ -104,3 +152,88 @@ def do_plan(recipe: Recipe, target: str):
     run_stage(spec, build)
     recipe_link(recipe, "plan", target, spec)
     return plan
+
+
+def _model_dir(recipe: Recipe) -> Path:
+    return fetch_spec(recipe).dir / "model"
+
+
+def do_quantize(recipe: Recipe) -> dict:
+    from pipeline.quantize import quantize
+
+    spec = quantize_spec(recipe)
+    group_sizes = {recipe_plan(recipe, t)["quant"]["group_size"] for t in recipe.targets}
+    if len(group_sizes) != 1:
+        raise PipelineError(f"{recipe.file}: targets need different group sizes {sorted(group_sizes)}",
+                            "set quantization.group_size")
+    q = recipe.quantization
+    manifest = run_stage(spec, lambda out: quantize(_model_dir(recipe), out, q["weights"], q["kv_cache"],
+                                                    group_sizes.pop(), q["calibration"], recipe.file))
+    recipe_link(recipe, "quantize", None, spec)
+    return manifest
+
+
+def export_current(recipe: Recipe, target: str) -> bool:
+    from pipeline.stages import is_current
+    return is_current(export_spec(recipe, recipe_plan(recipe, target)["backend"]))
+
+
+def do_export(recipe: Recipe, target: str) -> dict:
+    backend = recipe_plan(recipe, target)["backend"]
+    spec = export_spec(recipe, backend)
+    if backend != "trtllm-0.12":
+        raise PipelineError(f"{recipe.name}: the {backend} export is not implemented yet (tracked as issue 4)",
+                            "plan with backend = 'trtllm-0.12' on an Orin target for now")
+
+    def build(out: Path) -> dict:
+        from pipeline.calibration import load_texts
+        from pipeline.trtllm_export import export
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
+        probe = tok(" ".join(load_texts("builtin:heldout-en")), add_special_tokens=False)["input_ids"][:96]
+        return export(_model_dir(recipe), quantize_spec(recipe).dir, out / "checkpoint", recipe.weights, probe)
+
+    manifest = run_stage(spec, build)
+    recipe_link(recipe, "export", target, spec)
+    return manifest
+
+
+def _reference_model(recipe: Recipe):
+    from pipeline.quantize import load_quantized, pick_device
+
+    return load_quantized(_model_dir(recipe), quantize_spec(recipe).dir, pick_device(WEIGHT_FORMATS[recipe.weights]))
+
+
+def do_goldens(recipe: Recipe) -> dict:
+    from pipeline.evaluate import GOLDENS, make_goldens
+    from transformers import AutoTokenizer
+
+    spec = goldens_spec(recipe)
+
+    def build(out: Path) -> None:
+        tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
+        goldens = make_goldens(_reference_model(recipe), tok, recipe.validation)
+        (out / GOLDENS).write_text(json.dumps(goldens, indent=1) + "\n")
+
+    manifest = run_stage(spec, build)
+    recipe_link(recipe, "goldens", None, spec)
+    return manifest
+
+
+def do_accuracy(recipe: Recipe) -> dict:
+    from pipeline.evaluate import accuracy_report, write_report
+    from pipeline.quantize import load_model
+    from transformers import AutoTokenizer
+
+    spec = accuracy_spec(recipe)
+
+    def build(out: Path) -> None:
+        quantized = _reference_model(recipe)
+        original = load_model(_model_dir(recipe), str(quantized.device).split(":")[0])
+        tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
+        write_report(out, accuracy_report(original, quantized, tok), recipe.weights, recipe.name)
+
+    manifest = run_stage(spec, build)
+    recipe_link(recipe, "accuracy", None, spec)
+    return manifest

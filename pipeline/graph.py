@@ -96,13 +96,62 @@ def task_plan():
                    "doc": f"plan {r.name} for {t}", "verbosity": 2}
 
 
+def _stage_task(name: str, action, current, deps: list[str], doc: str) -> dict:
+    return {"name": name, "actions": [action], "uptodate": [current], "task_dep": deps, "doc": doc, "verbosity": 2}
+
+
+def task_quantize():
+    """Calibrate with NVIDIA ModelOpt (CPU for tiny models, GPU where present); saves the quantized state."""
+    from pipeline.chain import do_quantize, quantize_spec
+    from pipeline.stages import is_current
+
+    for r in selected_recipes():
+        spec = quantize_spec(r)
+        yield _stage_task(r.name, _action(do_quantize, r), lambda spec=spec: is_current(spec), [f"fetch:{r.name}"],
+                          f"quantize {r.name} to {r.weights} (KV {r.kv_cache})")
+
+
+def task_export():
+    """Write the backend's checkpoint (TensorRT-LLM 0.12: config.json + rank0.safetensors), validated and read back."""
+    from pipeline.chain import do_export, export_current, stage_label
+
+    for r in selected_recipes():
+        for t in r.targets:
+            yield _stage_task(stage_label(r, t), _action(do_export, r, t), lambda r=r, t=t: export_current(r, t),
+                              [f"quantize:{r.name}", f"plan:{stage_label(r, t)}"], f"export {r.name} for {t}")
+
+
+def task_goldens():
+    """Reference greedy outputs and top-k log-probs for the recipe's validation prompts (deployed numerics)."""
+    from pipeline.chain import do_goldens, goldens_spec
+    from pipeline.stages import is_current
+
+    for r in selected_recipes():
+        spec = goldens_spec(r)
+        yield _stage_task(r.name, _action(do_goldens, r), lambda spec=spec: is_current(spec), [f"quantize:{r.name}"],
+                          f"goldens for {r.name}")
+
+
+def task_accuracy():
+    """Perplexity, logit cosine and top-1 agreement of the quantized vs the original model (JSON + Markdown)."""
+    from pipeline.chain import accuracy_spec, do_accuracy
+    from pipeline.stages import is_current
+
+    for r in selected_recipes():
+        spec = accuracy_spec(r)
+        yield _stage_task(r.name, _action(do_accuracy, r), lambda spec=spec: is_current(spec), [f"quantize:{r.name}"],
+                          f"accuracy report for {r.name}")
+
+
 def task_build():
     """Every stage of the selected recipes."""
     from pipeline.chain import link_recipe, stage_label
 
     for r in selected_recipes():
         yield {"name": r.name, "actions": [_action(link_recipe, r)], "doc": r.description,
-               "task_dep": [f"plan:{stage_label(r, t)}" for t in r.targets] + [f"fetch:{r.name}"]}
+               "task_dep": [f"plan:{stage_label(r, t)}" for t in r.targets] + [f"fetch:{r.name}"]
+               + [f"export:{stage_label(r, t)}" for t in r.targets]
+               + [f"goldens:{r.name}", f"accuracy:{r.name}"]}
 
 
 def doit_config() -> dict:

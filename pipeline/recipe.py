@@ -205,6 +205,16 @@ def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
         problems.append(Problem(file, "build.builder", builder, "is not a builder",
                                 "use 'local', 'offline' or 'ssh://user@host[:port]'"))
 
+    cal = v["quantization"]["calibration"]["source"]
+    if isinstance(cal, str) and cal.startswith("file:"):
+        from pipeline.calibration import source_path
+        path = source_path(cal, file)
+        if path.suffix not in (".txt", ".jsonl"):
+            problems.append(Problem(file, "quantization.calibration.source", cal, "must be a .txt or .jsonl file"))
+        elif not path.is_file():
+            problems.append(Problem(file, "quantization.calibration.source", cal, f"no file {path}",
+                                    "paths are relative to the recipe file"))
+
     prompts = v["validation"]["prompts"]
     if isinstance(prompts, list):
         if not prompts:

@@ -13,8 +13,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_checkpoint(path: Path, hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab=256, seed=0) -> Path:
-    """A Llama checkpoint directory with random fp32 weights, written with safetensors' numpy API."""
+def write_checkpoint(path: Path, hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab=320, seed=0) -> Path:
+    """A Llama checkpoint directory with random fp32 weights (safetensors' numpy API) and a real BPE tokenizer."""
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -35,8 +35,12 @@ def write_checkpoint(path: Path, hidden=64, layers=2, heads=4, kv_heads=2, inter
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
         "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
         "intermediate_size": inter, "vocab_size": vocab, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": False, "rope_theta": 10000.0, "torch_dtype": "float32"}))
-    (path / "tokenizer.json").write_text("{}")
+        "tie_word_embeddings": False, "rope_theta": 10000.0, "torch_dtype": "float32", "eos_token_id": 1}))
+    from transformers import PreTrainedTokenizerFast
+
+    from pipeline.tinymodel import train_tokenizer
+    PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(vocab), bos_token="<|bos|>", eos_token="<|eos|>",
+                            pad_token="<|pad|>").save_pretrained(path)
     return path
 
 

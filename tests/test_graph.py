@@ -57,19 +57,23 @@ def test_build_noop_and_only_affected_stages_rerun(project, checkpoint):
     assert "-- fetch:a" in again.stdout
     assert manifest(project, "a", "plan")["created"] == plan0["created"]   # plan ran, rewrote nothing
 
+    quantize0, goldens0 = manifest(project, "a", "quantize"), manifest(project, "a", "goldens")
     recipe.write_text(recipe.read_text().replace('prompts = ["Hello"]', 'prompts = ["Bonjour"]'))
-    project.doit("build", "recipe=a")
+    out = project.doit("build", "recipe=a").stdout
+    assert "-- quantize:a" in out and "-- export:a" in out and ".  goldens:a" in out
     assert manifest(project, "a", "fetch") == fetch0 and manifest(project, "a", "plan") == plan0
+    assert manifest(project, "a", "quantize") == quantize0
+    assert manifest(project, "a", "goldens")["id"] != goldens0["id"]
 
     recipe.write_text(recipe.read_text().replace("max_seq_len = 256", "max_seq_len = 384"))
     out = project.doit("build", "recipe=a").stdout
-    assert "-- fetch:a" in out and "seq 384" in out
+    assert "-- fetch:a" in out and "seq 384" in out and "-- quantize:a" in out
     assert manifest(project, "a", "fetch") == fetch0 and manifest(project, "a", "plan")["id"] != plan0["id"]
 
     (checkpoint / "config.json").write_text((checkpoint / "config.json").read_text().replace('"rms_norm_eps": 1e-05',
                                                                                              '"rms_norm_eps": 1e-06'))
     out = project.doit("build", "recipe=a").stdout
-    assert ".  fetch:a" in out                      # the local source changed: fetched again
+    assert ".  fetch:a" in out and ".  quantize:a" in out   # the local source changed: fetched again
     assert manifest(project, "a", "fetch")["content_digest"] != fetch0["content_digest"]
 
 
@@ -78,7 +82,7 @@ def test_recipes_share_the_download(project, checkpoint):
     local_recipe(project.recipes / "b.toml", checkpoint, max_seq=512)
     project.doit("build", "recipe=a")
     out = project.doit("build", "recipe=b").stdout
-    assert "-- fetch:b" in out
+    assert "-- fetch:b" in out and "-- quantize:b" in out and "-- export:b" in out
     assert (project.artifacts / "a" / "fetch").resolve() == (project.artifacts / "b" / "fetch").resolve()
 
 
@@ -105,7 +109,7 @@ def test_kill_9_mid_stage_resumes_at_that_stage(project, tmp_path):
     ckpt = _sparse_checkpoint(tmp_path / "big")
     local_recipe(project.recipes / "k.toml", ckpt)
     env = project.env
-    proc = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "build", "recipe=k"],
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "fetch", "recipe=k"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     fetch_parent = project.artifacts / "stages" / "fetch"
     deadline = time.time() + 60
@@ -116,30 +120,58 @@ def test_kill_9_mid_stage_resumes_at_that_stage(project, tmp_path):
     assert list(fetch_parent.glob(".*.partial-*")), "fetch never started"
     assert not (project.artifacts / "k" / "fetch").exists()
     plan0 = manifest(project, "k", "plan")
-    out = project.doit("build", "recipe=k").stdout
+    out = project.doit("fetch", "recipe=k").stdout
     assert ".  fetch:k" in out
     assert manifest(project, "k", "plan")["created"] == plan0["created"]
     assert manifest(project, "k", "fetch")["files"]["model/big.safetensors"]["size"] > 1.5 * 2**30
     assert not list(fetch_parent.glob(".*.partial-*"))
 
 
-def test_default_recipe_builds_offline_on_cpu(project):
-    (project.recipes / "tiny-llama-cpu.toml").write_text((REPO / "recipes" / "tiny-llama-cpu.toml").read_text())
-    env_offline = {"HF_HUB_OFFLINE": "1"}
-    os.environ.update(env_offline)
-    try:
-        project.doit("build", "recipe=tiny-llama-cpu", timeout=900)
-    finally:
-        for k in env_offline:
-            os.environ.pop(k)
+def test_default_recipe_builds_every_orin_format_offline_on_cpu(project, monkeypatch):
+    """fetch -> plan -> quantize -> export -> goldens -> accuracy for the default recipe in each Orin format,
+    and for a tiny model whose hidden size (96) is not a multiple of 128 (group size 32 is chosen)."""
+    default = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text()
+    variants = {"tiny-llama-cpu": default}
+    for w in ("int8_sq", "int8_wo", "fp16"):
+        variants[f"tiny-{w}"] = default.replace('weights = "int4_awq"', f'weights = "{w}"').replace(
+            "group_size = 64\n", "")
+    variants["tiny-h96"] = default.replace('name = "tiny-llama"', 'name = "tiny-llama-h96"').replace(
+        "group_size = 64\n", "")
+    for name, text in variants.items():
+        (project.recipes / f"{name}.toml").write_text(text)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    project.doit("build", "recipe=" + ",".join(variants), timeout=1200)
+
+    from safetensors import safe_open
+    from tokenizers import Tokenizer
     model = project.artifacts / "tiny-llama-cpu" / "fetch" / "model"
     config = json.loads((model / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["hidden_size"] == 64
-    from safetensors import safe_open
     with safe_open(str(model / "model.safetensors"), "np") as f:
         assert f.get_tensor("model.layers.0.self_attn.k_proj.weight").shape == (32, 64)
-    from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     assert tok.decode(tok.encode("To bake bread you need").ids) == "To bake bread you need"
-    plan = json.loads((project.artifacts / "tiny-llama-cpu" / "plan" / "plan.json").read_text())
-    assert plan["fits"] and plan["quant"]["group_size"] == 64
+    algos = {"tiny-llama-cpu": "W4A16_AWQ", "tiny-int8_sq": "W8A8_SQ_PER_CHANNEL", "tiny-int8_wo": "W8A16",
+             "tiny-fp16": None, "tiny-h96": "W4A16_AWQ"}
+    for name, algo in algos.items():
+        art = project.artifacts / name
+        ckpt = json.loads((art / "export" / "checkpoint" / "config.json").read_text())
+        assert ckpt["quantization"]["quant_algo"] == algo, name
+        check = manifest(project, name, "export")["trtllm"]["reader_check"]
+        assert check["logit_cosine"] >= 0.999 and check["top1_agreement"] >= 0.99, (name, check)
+        goldens = json.loads((art / "goldens" / "goldens.json").read_text())
+        assert [p["prompt"] for p in goldens["prompts"]] == ["The small computer sat on a shelf",
+                                                             "To bake bread you need", "What is the capital of France?"]
+        for p in goldens["prompts"]:
+            assert 1 <= len(p["output_ids"]) <= 16 and len(p["top_logprobs"]) == len(p["output_ids"])
+            assert [step[0][0] for step in p["top_logprobs"]] == p["output_ids"]    # greedy = top-1 each step
+        acc = json.loads((art / "accuracy" / "accuracy.json").read_text())
+        assert acc["tokens"] > 400 and acc["perplexity_quantized"] > 1
+        assert (art / "accuracy" / "accuracy.md").read_text().startswith(f"# Accuracy: {name}")
+    assert json.loads((project.artifacts / "tiny-h96" / "plan" / "plan.json").read_text())["quant"]["group_size"] == 32
+    fp16 = json.loads((project.artifacts / "tiny-fp16" / "accuracy" / "accuracy.json").read_text())
+    assert fp16["logit_cosine"] == 1.0 and fp16["perplexity_change"] == 0.0     # nothing was quantized
+    # the default recipe's model memorised the shipped corpus: its golden continues the sentence it was trained on
+    golden = json.loads((project.artifacts / "tiny-llama-cpu" / "goldens" / "goldens.json").read_text())
+    assert golden["prompts"][1]["text"].startswith(" flour, water, salt and yeast")
+    assert (project.artifacts / "tiny-int8_sq" / "fetch").resolve() == (project.artifacts / "tiny-fp16" / "fetch").resolve()

@@ -116,3 +116,16 @@ def test_power_mode_must_exist_on_every_target():
     (p,) = problems(data)
     assert p.field == "build.power_mode" and "target orin-nano-8gb has no such power mode" in p.message
     assert "15W" in p.hint
+
+
+def test_calibration_file_must_exist(tmp_path):
+    data = base()
+    data["quantization"]["calibration"] = {"source": "file:calib.txt"}
+    (p,) = problems(data)
+    assert p.field == "quantization.calibration.source" and "no file" in p.message
+    data["quantization"]["calibration"] = {"source": "file:calib.csv"}
+    (p,) = problems(data)
+    assert "must be a .txt or .jsonl file" in p.message
+    (tmp_path / "calib.txt").write_text("some text")
+    data["quantization"]["calibration"] = {"source": "file:calib.txt"}
+    assert parse_recipe(data, str(tmp_path / "r.toml")).quantization["calibration"]["source"] == "file:calib.txt"

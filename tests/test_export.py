@@ -1,0 +1,145 @@
+"""Workstation stages for Orin: quantize -> TensorRT-LLM 0.12 checkpoint -> independent reader, on tiny models."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from pipeline.errors import PipelineError
+from pipeline.quantization import WEIGHT_FORMATS
+from pipeline.quantize import load_quantized, pick_device, quantize
+from pipeline.reader import CheckpointModel, agreement, unpack_int4
+from pipeline.trtllm_checkpoint import validate
+from pipeline.trtllm_export import check_architecture, export, rope_settings
+
+CAL = {"source": "builtin:calib-en", "samples": 8, "seq_len": 64, "seed": 0}
+
+
+@pytest.fixture(scope="session")
+def builtin(tmp_path_factory):
+    made = {}
+
+    def get(name):
+        if name not in made:
+            from pipeline.tinymodel import materialize
+            made[name] = tmp_path_factory.mktemp(name) / "model"
+            materialize(name, made[name])
+        return made[name]
+    return get
+
+
+def probe_ids(model_dir, n=96):
+    from transformers import AutoTokenizer
+    from pipeline.tinymodel import corpus_text
+    return AutoTokenizer.from_pretrained(model_dir)(corpus_text("heldout-en"))["input_ids"][:n]
+
+
+CASES = [("tiny-llama", w, kv, g) for w, kv, g in [("int4_awq", "fp16", 64), ("int8_sq", "fp16", None),
+                                                  ("int8_wo", "fp16", None), ("fp16", "fp16", None),
+                                                  ("int4_awq", "int8", 64), ("int8_sq", "int8", None)]] + \
+        [("tiny-llama-h96", "int4_awq", "fp16", 32), ("tiny-llama-h96", "int8_sq", "fp16", None),
+         ("tiny-qwen2", "int4_awq", "int8", 64), ("tiny-qwen2", "int8_wo", "fp16", None)]
+
+
+@pytest.mark.parametrize("name,weights,kv,group", CASES, ids=[f"{c[0]}-{c[1]}-kv{c[2]}" for c in CASES])
+def test_exported_checkpoint_reads_back_as_the_calibrated_model(builtin, tmp_path, name, weights, kv, group):
+    src = builtin(name)
+    qdir, edir = tmp_path / "q", tmp_path / "e"
+    qdir.mkdir()
+    edir.mkdir()
+    quantize(src, qdir, weights, kv, group, CAL, ".")
+    info = export(src, qdir, edir, weights, probe_ids(src))["trtllm"]
+    cfg = validate(edir)
+
+    # the independent reader, run here again, against the calibrated (fake-quantized) model on held-out tokens
+    ids = torch.tensor(probe_ids(src))
+    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    with torch.no_grad():
+        ref = load_quantized(src, qdir)(ids[None]).logits[0][:, :vocab]
+    got = CheckpointModel(edir).logits(ids)[:, :vocab]
+    check = agreement(ref, got)
+    assert check["logit_cosine"] >= 0.999 and check["top1_agreement"] >= 0.99, check
+    assert info["reader_check"]["positions"] == 96
+
+    q = cfg["quantization"]
+    assert q["quant_algo"] == WEIGHT_FORMATS[weights].trtllm_quant_algo
+    assert q["kv_cache_quant_algo"] == ("INT8" if kv == "int8" else None)
+    t = load_file(str(edir / "rank0.safetensors"))
+    h = cfg["hidden_size"]
+    if weights == "int4_awq":
+        assert q["group_size"] == group and q["pre_quant_scale"] is True
+        w = t["transformer.layers.0.attention.qkv.weight"]
+        assert w.dtype == torch.int8 and tuple(w.shape) == ((4 + 2 * 2) * cfg["head_size"] // 2, h)
+        assert tuple(t["transformer.layers.0.mlp.proj.weights_scaling_factor"].shape) == (h, 128 // group if h == 64
+                                                                                         else 160 // group)
+        assert cfg["vocab_size"] % 64 == 0 and cfg["vocab_size"] >= vocab
+    if weights == "int8_wo":
+        assert t["transformer.layers.0.mlp.fc.weight"].dtype == torch.float16   # quantized by TensorRT-LLM at load
+    if kv == "int8":
+        s = t["transformer.layers.1.attention.kv_cache_scaling_factor"]
+        assert s.dtype == torch.float32 and tuple(s.shape) == (1,) and float(s) > 0
+        assert not any(k.endswith("k_cache_scaling_factor") for k in t)
+
+
+def test_rope_settings_are_written_from_both_config_styles(builtin, tmp_path):
+    assert rope_settings({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 32.0}}) == \
+        (500000.0, {"rope_type": "llama3", "factor": 32.0})
+    assert rope_settings({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}) == (1e6, None)
+    assert rope_settings({}) == (10000.0, None)
+    # the builtin is saved by transformers 5 (rope_parameters only): ModelOpt alone would drop both
+    src = builtin("tiny-llama")
+    assert "rope_theta" not in json.loads((src / "config.json").read_text())
+    qdir, edir = tmp_path / "q", tmp_path / "e"
+    qdir.mkdir()
+    quantize(src, qdir, "fp16", "fp16", None, CAL, ".")
+    export(src, qdir, edir, "fp16", probe_ids(src))
+    cfg = json.loads((edir / "config.json").read_text())
+    assert cfg["rotary_base"] == 500000.0
+    assert cfg["rotary_scaling"] == {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                     "original_max_position_embeddings": 128, "rope_type": "llama3"}
+    # and the reader proves they matter: TensorRT-LLM's fallback base 10000 gives different logits
+    ids = torch.tensor(probe_ids(src))
+    good = CheckpointModel(edir).logits(ids)
+    cfg["rotary_base"] = 10000.0
+    (edir / "config.json").write_text(json.dumps(cfg))
+    assert agreement(good, CheckpointModel(edir).logits(ids))["logit_cosine"] < 0.999
+
+
+def test_unpack_int4_packing_convention():
+    # W (out=2, in=1): W[0] = 1 (even output column: low nibble), W[1] = -2 (odd: high nibble) -> byte 0xE1
+    packed = torch.tensor([[-31]], dtype=torch.int8)        # stored (out/2, in)
+    assert unpack_int4(packed).tolist() == [[1], [-2]]
+    packed = torch.tensor([[0x7F]], dtype=torch.int8)       # low nibble 0xF -> -1, high nibble 7
+    assert unpack_int4(packed).tolist() == [[-1], [7]]
+
+
+def test_schema_validation_names_what_is_wrong(builtin, tmp_path):
+    src = builtin("tiny-llama")
+    qdir, edir = tmp_path / "q", tmp_path / "e"
+    qdir.mkdir()
+    quantize(src, qdir, "int4_awq", "fp16", 64, CAL, ".")
+    export(src, qdir, edir, "int4_awq", probe_ids(src))
+    t = load_file(str(edir / "rank0.safetensors"))
+    t.pop("transformer.layers.1.mlp.gate.prequant_scaling_factor")
+    t["transformer.layers.0.attention.dense.weight"] = t["transformer.layers.0.attention.dense.weight"].float()
+    save_file(t, str(edir / "rank0.safetensors"))
+    with pytest.raises(PipelineError) as exc:
+        validate(edir)
+    assert "missing transformer.layers.1.mlp.gate.prequant_scaling_factor" in str(exc.value)
+    assert "transformer.layers.0.attention.dense.weight is float32, expected int8" in str(exc.value)
+    cfg = json.loads((edir / "config.json").read_text())
+    del cfg["rotary_base"]
+    (edir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(PipelineError, match="config.json lacks 'rotary_base'"):
+        validate(edir)
+
+
+def test_unsupported_architecture_and_cpu_nvfp4_are_refused_by_name():
+    with pytest.raises(PipelineError, match="architecture Qwen3ForCausalLM has no TensorRT-LLM 0.12 exporter") as e:
+        check_architecture({"architectures": ["Qwen3ForCausalLM"]}, "x/config.json")
+    assert "Edge-LLM" in e.value.hint
+    if not torch.cuda.is_available():
+        with pytest.raises(PipelineError, match="NVFP4 calibration needs a CUDA GPU") as e:
+            pick_device(WEIGHT_FORMATS["nvfp4"])
+        assert "amax must be a CUDA tensor" in str(e.value)
