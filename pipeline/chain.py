@@ -191,7 +191,7 @@ def do_export(recipe: Recipe, target: str) -> dict:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
-        probe = tok(" ".join(load_texts("builtin:heldout-en")), add_special_tokens=False)["input_ids"][:96]
+        probe = tok(" ".join(load_texts("builtin:heldout-en")), add_special_tokens=False)["input_ids"][:32]
         return export(_model_dir(recipe), quantize_spec(recipe).dir, out / "checkpoint", recipe.weights, probe)
 
     manifest = run_stage(spec, build)

@@ -1,6 +1,9 @@
 """Download a pinned revision of a Hugging Face repo: only the files a checkpoint needs, resumable, token from env.
 
-huggingface_hub does the transfer (resume from its cache's .incomplete files, HF_ENDPOINT, HF_HUB_OFFLINE, HF_TOKEN);
+huggingface_hub does the transfer (HF_ENDPOINT, HF_HUB_OFFLINE, HF_TOKEN, its cache). Resuming: a dropped connection
+is retried from the byte where it stopped; files already complete stay in the cache, so a re-run after a kill or a
+failure downloads only the files (shards) that were not finished (huggingface_hub >= 1.30 restarts an unfinished
+file from its start after a kill: it downloads to a per-process temporary file).
 this module pins the revision, records the resolved commit and turns hub failures into errors a user can act on.
 The token is read by huggingface_hub from the environment and never passed through, logged or recorded here.
 """
@@ -23,6 +26,7 @@ def _offline() -> bool:
 
 
 def fetch_hub(repo: str, revision: str, out: Path, allow_branch: bool = False) -> dict:
+    import httpx
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub import errors as hf_errors
 
@@ -47,11 +51,11 @@ def fetch_hub(repo: str, revision: str, out: Path, allow_branch: bool = False) -
                             "check model.repo; for a private repo export HF_TOKEN=<a read token>") from None
     except hf_errors.RevisionNotFoundError:
         raise PipelineError(f"{where}: no such revision", "check model.revision against the repo's commits") from None
-    except hf_errors.LocalEntryNotFoundError:
+    except (hf_errors.LocalEntryNotFoundError, hf_errors.OfflineModeIsEnabled):
         raise PipelineError(f"{where}: not in the local Hugging Face cache and the hub is not reachable",
                             "fetch once with network access, copy the HF cache over, or use model.source = 'local'"
                             ) from None
-    except OSError as exc:  # connection refused, DNS, TLS, disk
+    except (OSError, httpx.HTTPError) as exc:  # connection refused or dropped, DNS, TLS, disk
         raise PipelineError(f"{where}: download failed: {type(exc).__name__}: {exc}",
                             "check the network (or HF_ENDPOINT); a re-run resumes where this one stopped") from None
 

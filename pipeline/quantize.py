@@ -134,6 +134,8 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     with torch.no_grad():
         mtq.quantize(model, cfg, forward_loop)
     fused = fuse_for_export(model)
+    # Saved as computed (fp32 on the CPU, fp16 on a GPU): rounding it to fp16 for the CPU case would change
+    # SmoothQuant's scales relative to the weights they were derived from. Every later stage restores this file.
     mto.save(model, out / STATE)
     info.update(method="modelopt", modelopt_config=fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name),
                 device=device, calibration_tokens=sum(map(len, windows)), fused_groups=fused,

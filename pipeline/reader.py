@@ -37,30 +37,33 @@ def _round_int8(x: torch.Tensor, scale: torch.Tensor, low: int = -128) -> torch.
 
 
 class Linear:
+    """One linear as stored; dequantized on each call, so reading a multi-GB checkpoint needs one layer in fp32."""
+
     def __init__(self, t: dict, name: str, algo: str | None, group: int | None):
-        w = t[name + ".weight"]
+        self.t, self.name, self.algo, self.group = t, name, algo, group
         self.bias = t.get(name + ".bias")
         self.pre = t.get(name + ".prequant_scaling_factor")
-        self.act_scale = None
-        if algo == "W4A16_AWQ":
-            q = unpack_int4(w).float()
+        sq = algo == "W8A8_SQ_PER_CHANNEL"
+        self.act_scale = t[name + ".activation_scaling_factor"].float() if sq else None
+
+    def weight(self) -> torch.Tensor:
+        w, t, name = self.t[self.name + ".weight"], self.t, self.name
+        if self.algo == "W4A16_AWQ":
             scale = t[name + ".weights_scaling_factor"].float()              # (out, in / group)
-            self.weight = q * scale.repeat_interleave(group, dim=1)
-        elif algo == "W8A8_SQ_PER_CHANNEL":
-            self.weight = w.float() * t[name + ".weights_scaling_factor"].float()[:, None]
-            self.act_scale = t[name + ".activation_scaling_factor"].float()
-        elif algo == "W8A16":
+            return unpack_int4(w).float() * scale.repeat_interleave(self.group, dim=1)
+        if self.algo == "W8A8_SQ_PER_CHANNEL":
+            return w.float() * t[name + ".weights_scaling_factor"].float()[:, None]
+        if self.algo == "W8A16":
             w = w.float()
-            self.weight = _round_int8(w, w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127, low=-127)
-        else:
-            self.weight = w.float()
+            return _round_int8(w, w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127, low=-127)
+        return w.float()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.pre is not None:
             x = x * self.pre.float()
         if self.act_scale is not None:
             x = _round_int8(x, self.act_scale)
-        y = x @ self.weight.T
+        y = x @ self.weight().T
         return y + self.bias.float() if self.bias is not None else y
 
 
@@ -118,14 +121,14 @@ class CheckpointModel:
                                 ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")}
                                | {"in": self.t[p + "input_layernorm.weight"], "post": self.t[p + "post_layernorm.weight"],
                                   "kv": self.t.get(p + "attention.kv_cache_scaling_factor")})
-        self.embed = self.t["transformer.vocab_embedding.weight"].float()
-        self.lm_head = self.t["lm_head.weight"].float()
+        self.embed = self.t["transformer.vocab_embedding.weight"]
+        self.lm_head = self.t["lm_head.weight"]
 
     @torch.no_grad()
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (T,) -> logits (T, vocab) over the padded vocabulary."""
         eps = self.cfg["norm_epsilon"]
-        h = self.embed[ids]
+        h = self.embed[ids].float()
         T, nq, nkv, d = ids.shape[0], self.heads, self.kv_heads, self.head
         mask = torch.full((T, T), float("-inf")).triu(1)
         for L in self.layers:
@@ -143,7 +146,7 @@ class CheckpointModel:
             h = h + L["attention.dense"](att.transpose(0, 1).reshape(T, nq * d))
             x = _rmsnorm(h, L["post"], eps)
             h = h + L["mlp.proj"](torch.nn.functional.silu(L["mlp.fc"](x)) * L["mlp.gate"](x))
-        return _rmsnorm(h, self.t["transformer.ln_f.weight"], eps) @ self.lm_head.T
+        return _rmsnorm(h, self.t["transformer.ln_f.weight"], eps) @ self.lm_head.float().T
 
 
 def agreement(reference: torch.Tensor, candidate: torch.Tensor) -> dict:
