@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+from pathlib import Path
 
 from pipeline.errors import PipelineError
 
@@ -70,6 +73,92 @@ def _targets_cmd(args) -> int:
     return 0
 
 
+def _trusted(args):
+    from pipeline.signing import trusted_keys
+    keys = trusted_keys([args.pubkey] if getattr(args, "pubkey", None) else [])
+    if not keys:
+        raise PipelineError("no trusted public keys", "pass --pubkey KEY.pub or run `python -m pipeline trust KEY.pub`")
+    return keys
+
+
+def _bar(label, total):
+    from pipeline.progress import Progress
+    bar = Progress(label, unit="B")
+    bar.__enter__()
+    return bar, (lambda done: bar.update(done, total))
+
+
+def _pack_cmd(args) -> int:
+    from pipeline.kit import pack
+    from pipeline.signing import signing_key
+
+    src = Path(args.src)
+    total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and not p.is_symlink())
+    bar, tick = _bar(f"packing {src.name}", total)
+    out = Path(args.out)
+    staging = out.with_name(f".{out.name}.packing-{os.getpid()}")
+    try:
+        m = pack(src, staging, args.name or out.name, args.kind, signing_key(args.key, create=args.key is None),
+                 zstd_level=args.zstd, part_size=args.part_size, progress=tick)
+        if out.exists():
+            raise PipelineError(f"{out} already exists", "pack into a new directory")
+        os.replace(staging, out)
+    finally:
+        bar.__exit__(None, None, None)
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"packed {len(m['files'])} files, {m['total_size'] / 1e9:.2f} GB into {len(m['parts'])} part(s): {out}")
+    return 0
+
+
+def _verify_cmd(args) -> int:
+    from pipeline.kit import check_kit
+    m = check_kit(Path(args.kit), _trusted(args))
+    print(f"OK: {args.kit}: {m['kind']} {m['name']}, {len(m['parts'])} part(s), {len(m['files'])} files, "
+          f"signed by {m['_signed_by']}")
+    return 0
+
+
+def _unpack_cmd(args) -> int:
+    from pipeline.kit import unpack
+    kit = Path(args.kit)
+    total = json.loads((kit / "MANIFEST.json").read_text()).get("total_size", 0) if (kit / "MANIFEST.json").is_file() \
+        else 0
+    bar, tick = _bar(f"unpacking {kit.name}", total)
+    try:
+        m = unpack(kit, Path(args.dest), _trusted(args), progress=tick)
+    finally:
+        bar.__exit__(None, None, None)
+    print(f"OK: unpacked {len(m['files'])} files into {args.dest}")
+    return 0
+
+
+def _transfer_cmd(args) -> int:
+    from pipeline.kit import transfer
+    kit = Path(args.kit)
+    total = sum(p.stat().st_size for p in kit.iterdir() if p.is_file())
+    bar, tick = _bar(f"copying {kit.name}", total)
+    try:
+        dest = transfer(kit, Path(args.dest), _trusted(args), progress=tick)
+    finally:
+        bar.__exit__(None, None, None)
+    print(f"OK: {dest} copied and verified")
+    return 0
+
+
+def _keygen_cmd(args) -> int:
+    from pipeline.signing import default_secret_key, keygen
+    secret, public = keygen(Path(args.out) if args.out else default_secret_key())
+    print(f"secret key: {secret} (keep it private)\npublic key: {public}\n"
+          f"on each device: python -m pipeline trust {public.name}")
+    return 0
+
+
+def _trust_cmd(args) -> int:
+    from pipeline.signing import trust_key
+    print(f"trusted: {trust_key(Path(args.pubkey))}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pipeline.quantization import KV_FORMATS, WEIGHT_FORMATS
     from pipeline.targets import BACKENDS
@@ -101,6 +190,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("targets", help="list the Jetson target profiles")
     t.set_defaults(func=_targets_cmd)
+
+    from pipeline.kit import PART_SIZE
+    k = sub.add_parser("pack", help="pack a directory into a signed kit (split tar parts + SHA256SUMS + signature)")
+    k.add_argument("src", help="directory to pack (regular files only)")
+    k.add_argument("out", help="kit directory to create")
+    k.add_argument("--name", help="kit name (default: the out directory's name)")
+    k.add_argument("--kind", choices=("kit", "bundle"), default="kit")
+    k.add_argument("--key", help="secret key (default: $JETSON_PIPELINE_SIGNING_KEY or ~/.config/jetson-pipeline/"
+                                 "signing.key, created on first use)")
+    k.add_argument("--zstd", type=int, metavar="LEVEL", help="compress with zstd (1-3 is plenty: weights barely "
+                                                              "compress)")
+    k.add_argument("--part-size", type=int, default=PART_SIZE, help="bytes per part (default: 4 GiB - 1 MiB, FAT32)")
+    k.set_defaults(func=_pack_cmd)
+    for name, fn, helptext in (("verify", _verify_cmd, "check a kit's signature, file set and checksums"),
+                               ("unpack", _unpack_cmd, "verify and extract a kit (all or nothing)"),
+                               ("transfer", _transfer_cmd, "copy a kit to a stick or directory, resumable, then "
+                                                           "verify the copy")):
+        c = sub.add_parser(name, help=helptext)
+        c.add_argument("kit", help="kit directory")
+        if name != "verify":
+            c.add_argument("dest", help="destination directory" if name == "unpack" else "mounted stick or directory")
+        c.add_argument("--pubkey", help="trust this public key too (default: ~/.config/jetson-pipeline/trusted/)")
+        c.set_defaults(func=fn)
+    g = sub.add_parser("keygen", help="create a signing key pair (and trust its public half here)")
+    g.add_argument("--out", help="secret key path (default: ~/.config/jetson-pipeline/signing.key)")
+    g.set_defaults(func=_keygen_cmd)
+    tr = sub.add_parser("trust", help="trust a public key for verify/unpack/transfer")
+    tr.add_argument("pubkey")
+    tr.set_defaults(func=_trust_cmd)
     return parser
 
 

@@ -61,12 +61,49 @@ def load_model(model_dir: Path, device: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    # The checkpoint is deployed in fp16, so the reference starts from fp16 weights; on the CPU it computes in fp32
-    # (fp16 matmuls are slow or missing there), on a GPU in fp16.
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16)
-    model = (model.float() if device == "cpu" else model).to(device)
+    # The checkpoint is deployed in fp16, so the reference starts from fp16 weights. On the CPU it computes in fp32
+    # (fp16 matmuls are slow there): loaded as fp32 and rounded to fp16 values one tensor at a time, which never
+    # holds a second copy of the model.
+    if device == "cpu":
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.half())
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16).to(device)
     model.eval()
     return model
+
+
+def _unchanged(model, model_dir: Path) -> set[str]:
+    """Parameters still equal to what load_model makes of the checkpoint (max calibration changes no weight;
+    AWQ and SmoothQuant rescale the linears)."""
+    import torch
+    from safetensors import safe_open
+
+    params = dict(model.named_parameters())
+    same = set()
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            for key in f.keys():
+                p = params.get(key)
+                if p is not None and torch.equal(f.get_tensor(key).to(p.device).half().to(p.dtype), p):
+                    same.add(key)
+    return same
+
+
+def save_quantized(model, model_dir: Path, path: Path) -> int:
+    """ModelOpt state + every tensor calibration changed (buffers: amax, pre-quant scales); returns bytes of tensors.
+
+    Unchanged weights are not saved again: load_quantized re-reads them from the fetched checkpoint.
+    """
+    import modelopt.torch.opt as mto
+    import torch
+
+    unchanged = _unchanged(model, model_dir)
+    tensors = {k: v for k, v in model.state_dict().items() if k not in unchanged}
+    torch.save({"modelopt_state": mto.modelopt_state(model), "tensors": tensors}, path)
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def fuse_for_export(model) -> int:
@@ -113,7 +150,6 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
         (out / "quantize.json").write_text(json.dumps({**info, "method": "none"}, indent=1))
         return {"quantize": {**info, "method": "none"}}
 
-    import modelopt.torch.opt as mto
     import modelopt.torch.quantization as mtq
     from transformers import AutoTokenizer
 
@@ -136,9 +172,14 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     fused = fuse_for_export(model)
     # Saved as computed (fp32 on the CPU, fp16 on a GPU): rounding it to fp16 for the CPU case would change
     # SmoothQuant's scales relative to the weights they were derived from. Every later stage restores this file.
-    mto.save(model, out / STATE)
+    saved = save_quantized(model, model_dir, out / STATE)
+    del model          # free it before the next stage loads its own copy (doit runs stages in one process)
+    import gc
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     info.update(method="modelopt", modelopt_config=fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name),
-                device=device, calibration_tokens=sum(map(len, windows)), fused_groups=fused,
+                device=device, calibration_tokens=sum(map(len, windows)), fused_groups=fused, saved_bytes=saved,
                 seconds=round(time.time() - started, 2))
     (out / "quantize.json").write_text(json.dumps(info, indent=1))
     return {"quantize": info}
@@ -149,5 +190,14 @@ def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu"):
     model = load_model(model_dir, device)
     if (quant_dir / STATE).is_file():
         import modelopt.torch.opt as mto
-        mto.restore(model, quant_dir / STATE)
+        import torch
+
+        blob = torch.load(quant_dir / STATE, map_location=device, weights_only=False)
+        model = mto.restore_from_modelopt_state(model, blob["modelopt_state"])
+        result = model.load_state_dict(blob["tensors"], strict=False)
+        if result.unexpected_keys:
+            raise PipelineError(f"{quant_dir / STATE} does not fit the model in {model_dir}: "
+                                f"{result.unexpected_keys[:3]}", "re-run the quantize stage")
+        if device == "cpu":
+            model = model.float()   # state calibrated on a GPU holds fp16 amax buffers: compute scales in fp32
     return model

@@ -1,0 +1,62 @@
+"""NVFP4 through the pipeline on a GPU: calibrate (ModelOpt's FP4 quantizer runs only on CUDA) and export the
+unified Hugging Face checkpoint that TensorRT Edge-LLM reads. Prints wall time and peak GPU memory.
+
+    python bench/nvfp4.py [--builtin tiny-llama]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> int:
+    import torch
+
+    from pipeline.quantize import load_quantized, quantize
+    from pipeline.tinymodel import materialize
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--builtin", default="tiny-llama")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    root = Path(tempfile.mkdtemp(prefix="nvfp4-"))
+    model_dir, qdir, edir = root / "model", root / "quantize", root / "export"
+    materialize(args.builtin, model_dir)
+    qdir.mkdir()
+    cal = {"source": "builtin:calib-en", "samples": 16, "seq_len": 64, "seed": 0}
+    torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    info = quantize(model_dir, qdir, "nvfp4", "fp8", None, cal, ".")["quantize"]
+    t_quant = time.perf_counter() - t
+
+    from modelopt.torch.export import export_hf_checkpoint
+    t = time.perf_counter()
+    model = load_quantized(model_dir, qdir, "cuda")
+    export_hf_checkpoint(model, export_dir=edir)
+    t_export = time.perf_counter() - t
+    hf_quant = json.loads((edir / "hf_quant_config.json").read_text())
+    from safetensors import safe_open
+    dtypes = {}
+    for f in edir.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            for k in st.keys():
+                if "layers.0.mlp.down_proj" in k:
+                    dtypes[k] = (str(st.get_slice(k).get_dtype()), st.get_slice(k).get_shape())
+    print(json.dumps({"gpu": torch.cuda.get_device_name(), "model": args.builtin, "device": info["device"],
+                      "calibrate_s": round(t_quant, 2), "export_s": round(t_export, 2),
+                      "peak_gpu_bytes": torch.cuda.max_memory_allocated(), "hf_quant_config": hf_quant,
+                      "layer0_down_proj": dtypes}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Calibrate + export at real model size: the pipeline's stages vs plain ModelOpt calls, same model, same run.
+
+    .venv/bin/python bench/quantize.py                                  # CPU: Llama-3.2-3B shape, int8_wo
+    python bench/quantize.py --device cuda --weights int4_awq           # on a GPU machine
+
+The model has Llama-3.2-3B's shape (pipeline/data/model_configs.toml) and random weights, so nothing is downloaded.
+  plain     load -> mtq.quantize -> export_tensorrt_llm_checkpoint, as a ModelOpt user would write it.
+  pipeline  pipeline.quantize.quantize (calibrate, fuse for export, save state) then pipeline.trtllm_export.export
+            (restore, export, fix config, validate schema, independent-reader check), as the doit stages run them.
+Each runs in its own process (peak host memory = that process's max RSS; GPU: max allocated). Prints wall time,
+peak memory and the pipeline/plain ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+WARMUP_SHAPE = {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 64, "intermediate_size": 512, "vocab_size": 1024, "max_position_embeddings": 2048}
+
+
+def make_model(out: Path, shape: str | dict) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from pipeline.perf import known_model_configs
+    from pipeline.tinymodel import train_tokenizer
+
+    cfg = dict(known_model_configs()[shape]) if isinstance(shape, str) else dict(shape)
+    cfg.pop("architectures", None)
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = LlamaForCausalLM(LlamaConfig(**cfg, rope_theta=500000.0)).half()
+    model.save_pretrained(out)
+    PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(1000), eos_token="<|eos|>").save_pretrained(out)
+
+
+def run_plain(model_dir: Path, out: Path, weights: str, group: int | None, cal: dict) -> None:
+    import torch
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline.calibration import load_texts, token_windows
+    from pipeline.quantization import KV_FORMATS, WEIGHT_FORMATS
+    from pipeline.quantize import modelopt_config
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    windows = token_windows(tok, load_texts(cal["source"]), cal["samples"], cal["seq_len"], cal["seed"])
+
+    def loop(m):
+        for w in windows:
+            m(torch.tensor([w], device=device))
+    with torch.no_grad():
+        mtq.quantize(model, modelopt_config(WEIGHT_FORMATS[weights], KV_FORMATS["fp16"], group), loop)
+    if weights == "int8_wo":
+        mtq.disable_quantizer(model, "*weight_quantizer")
+    export_tensorrt_llm_checkpoint(model, decoder_type="llama", dtype=torch.float16, export_dir=out,
+                                   inference_tensor_parallel=1)
+
+
+def run_pipeline(model_dir: Path, out: Path, weights: str, group: int | None, cal: dict) -> None:
+    from transformers import AutoTokenizer
+
+    from pipeline.calibration import load_texts
+    from pipeline.quantize import quantize
+    from pipeline.trtllm_export import export
+
+    qdir, edir = out / "quantize", out / "export"
+    qdir.mkdir(parents=True)
+    quantize(model_dir, qdir, weights, "fp16", group, cal, ".")
+    probe = AutoTokenizer.from_pretrained(model_dir)(" ".join(load_texts("builtin:heldout-en")))["input_ids"][:32]
+    print(json.dumps(export(model_dir, qdir, edir, weights, probe)["trtllm"]["reader_check"]), file=sys.stderr)
+
+
+def child(which: str, model_dir: str, out: str, weights: str, group: str, cal: str) -> None:
+    import torch
+
+    fn = run_plain if which == "plain" else run_pipeline
+    t = time.perf_counter()
+    fn(Path(model_dir), Path(out), weights, None if group == "None" else int(group), json.loads(cal))
+    wall = time.perf_counter() - t
+    gpu = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+    print(json.dumps({"wall_s": wall, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                      "peak_gpu": gpu}))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--weights", default=None, help="int8_wo on CPU, int4_awq on a GPU by default")
+    ap.add_argument("--shape", default="meta-llama/Llama-3.2-3B-Instruct")
+    ap.add_argument("--samples", type=int, default=None)
+    ap.add_argument("--seq-len", type=int, default=None)
+    ap.add_argument("--workdir", default=None, help="where to write the model and outputs (default: a temp dir)")
+    args = ap.parse_args()
+    import torch
+    gpu = torch.cuda.is_available()
+    weights = args.weights or ("int4_awq" if gpu else "int8_wo")
+    cal = {"source": "builtin:calib-en", "samples": args.samples or (128 if gpu else 4),
+           "seq_len": args.seq_len or (512 if gpu else 64), "seed": 0}
+    group = 128 if weights == "int4_awq" else None
+
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="quant-bench-"))
+    model_dir = root / "model"
+    if not (model_dir / "config.json").is_file():
+        t = time.perf_counter()
+        make_model(model_dir, args.shape)
+        print(f"made {args.shape}-shaped random model in {time.perf_counter() - t:.0f} s", flush=True)
+    results = {}
+    # Warm-up, untimed: a tiny model through the same format builds ModelOpt's CUDA extension (a one-time JIT of
+    # ~45 s, cached in TORCH_EXTENSIONS_DIR) so that neither timed run pays it; then warm the page cache.
+    warm = root / "warmup-model"
+    if not (warm / "config.json").is_file():
+        make_model(warm, WARMUP_SHAPE)
+    jobs = [("warmup", warm), ("plain", model_dir), ("pipeline", model_dir)]
+    subprocess.run(["cat", *map(str, model_dir.glob("*.safetensors"))], stdout=subprocess.DEVNULL)
+    for which, mdir in jobs:
+        out = root / which
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        kind = "plain" if which == "warmup" else which
+        code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from bench.quantize import child; "
+                f"child({kind!r}, {str(mdir)!r}, {str(out)!r}, {weights!r}, {str(group)!r}, "
+                f"{json.dumps(cal)!r})")
+        t = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=dict(os.environ, PYTHONWARNINGS="ignore"))
+        print(f"{which}: {time.perf_counter() - t:.0f} s (rc {proc.returncode})", flush=True)
+        if proc.returncode:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            return 1
+        results[which] = json.loads(proc.stdout.strip().splitlines()[-1])
+        if which == "pipeline":
+            print("reader check:", proc.stderr.strip().splitlines()[-1])
+    p, q = results["plain"], results["pipeline"]
+    print(f"\n{weights} on {'cuda: ' + torch.cuda.get_device_name() if gpu else 'cpu'}, {args.shape} shape, "
+          f"{cal['samples']}x{cal['seq_len']} calibration tokens")
+    print(f"{'':<10}{'wall s':>10}{'peak RSS GB':>14}{'peak GPU GB':>14}")
+    for name, r in (("plain", p), ("pipeline", q)):
+        print(f"{name:<10}{r['wall_s']:>10.1f}{r['peak_rss'] / 1e9:>14.2f}{r['peak_gpu'] / 1e9:>14.2f}")
+    ratio = q["wall_s"] / p["wall_s"]
+    print(f"pipeline / plain wall time: {ratio:.3f} ({(ratio - 1):+.1%} overhead)")
+    if not args.workdir:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""Ed25519 signatures in minisign's format, so a Jetson user can check a kit with the stock `minisign -V`.
+
+Public key file    untrusted comment: ...\\n base64("Ed" | key id (8) | public key (32))
+Signature file     untrusted comment: ...\\n base64("ED" | key id (8) | ed25519(BLAKE2b-512(file)))
+                   trusted comment: ...\\n base64(ed25519(signature (64) | trusted comment))
+Secret key file    ours, not minisign's (which is scrypt-encrypted): base64("Ed" | key id | 32-byte seed), mode 0600.
+
+Ed25519 comes from PyNaCl or, failing that, `cryptography` (JetPack's Ubuntu ships python3-cryptography), so the
+device needs no compiler and no torch to verify.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import time
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+
+ALG_KEY = b"Ed"
+ALG_PREHASHED = b"ED"
+
+
+class SignatureError(PipelineError):
+    pass
+
+
+def _backend():
+    try:
+        import nacl.signing as ns
+
+        def sign(seed: bytes, msg: bytes) -> bytes:
+            return ns.SigningKey(seed).sign(msg).signature
+
+        def public(seed: bytes) -> bytes:
+            return bytes(ns.SigningKey(seed).verify_key)
+
+        def verify(pub: bytes, msg: bytes, sig: bytes) -> bool:
+            from nacl.exceptions import BadSignatureError
+            try:
+                ns.VerifyKey(pub).verify(msg, sig)
+                return True
+            except BadSignatureError:
+                return False
+        return sign, public, verify
+    except ImportError:
+        pass
+    try:
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+    except ImportError:
+        raise PipelineError("no Ed25519 implementation: neither PyNaCl nor cryptography is installed",
+                            "pip install pynacl (or: apt install python3-cryptography)") from None
+
+    def sign(seed, msg):
+        return Ed25519PrivateKey.from_private_bytes(seed).sign(msg)
+
+    def public(seed):
+        return Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+    def verify(pub, msg, sig):
+        try:
+            Ed25519PublicKey.from_public_bytes(pub).verify(sig, msg)
+            return True
+        except InvalidSignature:
+            return False
+    return sign, public, verify
+
+
+def _b64line(text: str, what: str, path: Path) -> bytes:
+    try:
+        return base64.b64decode(text.strip(), validate=True)
+    except ValueError:
+        raise SignatureError(f"{path}: {what} is not valid base64") from None
+
+
+class PublicKey:
+    def __init__(self, key_id: bytes, key: bytes, source: str = ""):
+        self.key_id, self.key, self.source = key_id, key, source
+
+    @property
+    def id_hex(self) -> str:
+        return self.key_id[::-1].hex().upper()   # minisign prints the little-endian id as hex
+
+    @classmethod
+    def load(cls, path: Path) -> "PublicKey":
+        lines = [l for l in Path(path).read_text().splitlines() if l.strip()]
+        raw = _b64line(lines[-1] if lines else "", "public key", path)
+        if len(raw) != 42 or raw[:2] != ALG_KEY:
+            raise SignatureError(f"{path}: not a minisign Ed25519 public key")
+        return cls(raw[2:10], raw[10:], str(path))
+
+    def dump(self) -> str:
+        return (f"untrusted comment: jetson-pipeline public key {self.id_hex}\n"
+                + base64.b64encode(ALG_KEY + self.key_id + self.key).decode() + "\n")
+
+
+class SecretKey:
+    def __init__(self, key_id: bytes, seed: bytes):
+        self.key_id, self.seed = key_id, seed
+
+    @property
+    def public(self) -> PublicKey:
+        return PublicKey(self.key_id, _backend()[1](self.seed))
+
+    @classmethod
+    def generate(cls) -> "SecretKey":
+        return cls(os.urandom(8), os.urandom(32))
+
+    @classmethod
+    def load(cls, path: Path) -> "SecretKey":
+        lines = [l for l in Path(path).read_text().splitlines() if l.strip()]
+        raw = _b64line(lines[-1] if lines else "", "secret key", path)
+        if len(raw) != 42 or raw[:2] != ALG_KEY:
+            raise SignatureError(f"{path}: not a jetson-pipeline secret key")
+        return cls(raw[2:10], raw[10:])
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"untrusted comment: jetson-pipeline secret key {self.public.id_hex} (keep private)\n"
+                     + base64.b64encode(ALG_KEY + self.key_id + self.seed).decode() + "\n")
+
+    def sign_file(self, path: Path, trusted_comment: str | None = None) -> str:
+        """The .minisig text for `path`."""
+        sign = _backend()[0]
+        digest = hashlib.blake2b(Path(path).read_bytes(), digest_size=64).digest()
+        sig = sign(self.seed, digest)
+        comment = trusted_comment or f"timestamp:{int(time.time())}\tfile:{Path(path).name}\thashed"
+        global_sig = sign(self.seed, sig + comment.encode())
+        return (f"untrusted comment: signature from jetson-pipeline secret key {self.public.id_hex}\n"
+                + base64.b64encode(ALG_PREHASHED + self.key_id + sig).decode() + "\n"
+                + f"trusted comment: {comment}\n" + base64.b64encode(global_sig).decode() + "\n")
+
+
+def verify_file(path: Path, sig_path: Path, trusted: list[PublicKey]) -> PublicKey:
+    """Check `sig_path` over `path` against the trusted keys; returns the key that signed it."""
+    verify = _backend()[2]
+    if not sig_path.is_file():
+        raise SignatureError(f"{sig_path.name} is missing: the kit is unsigned or incomplete",
+                             "copy the whole kit directory; kits are always signed by `pack`")
+    lines = sig_path.read_text().splitlines()
+    if len(lines) < 4 or not lines[2].startswith("trusted comment: "):
+        raise SignatureError(f"{sig_path}: not a minisign signature file")
+    raw = _b64line(lines[1], "signature", sig_path)
+    if len(raw) != 74 or raw[:2] not in (ALG_KEY, ALG_PREHASHED):
+        raise SignatureError(f"{sig_path}: not an Ed25519 minisign signature")
+    key_id, sig = raw[2:10], raw[10:]
+    key = next((k for k in trusted if k.key_id == key_id), None)
+    if key is None:
+        known = ", ".join(k.id_hex for k in trusted) or "none"
+        raise SignatureError(f"{sig_path.name} was made by key {key_id[::-1].hex().upper()}, which is not trusted "
+                             f"here (trusted: {known})",
+                             "if you trust it, add its .pub file with `python -m pipeline trust KEY.pub`")
+    data = path.read_bytes()
+    message = hashlib.blake2b(data, digest_size=64).digest() if raw[:2] == ALG_PREHASHED else data
+    if not verify(key.key, message, sig):
+        raise SignatureError(f"{sig_path.name}: signature does not match {path.name} (key {key.id_hex})",
+                             "the file was modified after signing, or the kit is corrupt: do not use it")
+    comment = lines[2][len("trusted comment: "):]
+    if not verify(key.key, sig + comment.encode(), _b64line(lines[3], "global signature", sig_path)):
+        raise SignatureError(f"{sig_path.name}: the trusted comment was modified")
+    return key
+
+
+# ------------------------------------------------------------------------------------------------ key locations
+def config_dir() -> Path:
+    return Path(os.environ.get("JETSON_PIPELINE_HOME") or Path.home() / ".config" / "jetson-pipeline")
+
+
+def default_secret_key() -> Path:
+    return Path(os.environ.get("JETSON_PIPELINE_SIGNING_KEY") or config_dir() / "signing.key")
+
+
+def trusted_keys(extra: list[Path] = ()) -> list[PublicKey]:
+    """Public keys in <config>/trusted/*.pub, plus any given explicitly."""
+    paths = sorted((config_dir() / "trusted").glob("*.pub")) + [Path(p) for p in extra]
+    return [PublicKey.load(p) for p in paths]
+
+
+def keygen(secret_path: Path, trust: bool = True) -> tuple[Path, Path]:
+    """A new signing key; its public half is written beside it and (by default) trusted locally."""
+    if secret_path.exists():
+        raise PipelineError(f"{secret_path} already exists", "remove it first, or pass another path")
+    key = SecretKey.generate()
+    key.save(secret_path)
+    pub_path = secret_path.with_suffix(".pub")
+    pub_path.write_text(key.public.dump())
+    if trust:
+        trust_key(pub_path)
+    return secret_path, pub_path
+
+
+def trust_key(pub_path: Path) -> Path:
+    key = PublicKey.load(pub_path)
+    dest = config_dir() / "trusted" / f"{key.id_hex}.pub"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(key.dump())
+    return dest
+
+
+def signing_key(path: Path | None = None, create: bool = False) -> SecretKey:
+    path = Path(path) if path else default_secret_key()
+    if not path.is_file():
+        if not create:
+            raise PipelineError(f"no signing key at {path}", "create one with `python -m pipeline keygen`")
+        keygen(path)
+    return SecretKey.load(path)
