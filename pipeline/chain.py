@@ -70,6 +70,17 @@ def accuracy_spec(recipe: Recipe) -> StageSpec:
                      inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
 
 
+def package_spec(recipe: Recipe, target: str, plan: dict, key_id: str) -> StageSpec:
+    """The kit for one target: its identity is the recipe text, the plan, the signing key and the stage outputs."""
+    backend = plan["backend"]
+    return StageSpec("package", {"target": target, "plan": hashlib.sha256(json.dumps(plan, sort_keys=True)
+                                                                           .encode()).hexdigest(),
+                                 "recipe": hashlib.sha256(Path(recipe.file).read_bytes()).hexdigest(),
+                                 "key": key_id},
+                     inputs=(fetch_spec(recipe), export_spec(recipe, backend), goldens_spec(recipe),
+                             accuracy_spec(recipe)))
+
+
 def plan_spec(recipe: Recipe, target: str, model_config: dict) -> StageSpec:
     """The plan depends on the model's config (not its weights): it can run before the download, as a gate."""
     q = recipe.quantization
@@ -110,6 +121,9 @@ def link_recipe(recipe: Recipe) -> None:
         spec = export_spec(recipe, recipe_plan(recipe, target)["backend"])
         if spec.dir.is_dir():
             recipe_link(recipe, "export", target, spec)
+        spec = _package_spec(recipe, target)
+        if spec.dir.is_dir():
+            recipe_link(recipe, "kit", target, spec)
 
 
 # ---------------------------------------------------------------------------------------------------- stage actions
@@ -236,4 +250,74 @@ def do_accuracy(recipe: Recipe) -> dict:
 
     manifest = run_stage(spec, build)
     recipe_link(recipe, "accuracy", None, spec)
+    return manifest
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
+
+
+def _package_spec(recipe: Recipe, target: str) -> StageSpec:
+    from pipeline.signing import signing_key
+    return package_spec(recipe, target, recipe_plan(recipe, target), signing_key(create=True).public.id_hex)
+
+
+def package_current(recipe: Recipe, target: str) -> bool:
+    from pipeline.stages import is_current
+    return is_current(_package_spec(recipe, target))
+
+
+def kit_name(recipe: Recipe, target: str) -> str:
+    return f"{recipe.name}@{target}"
+
+
+def do_package(recipe: Recipe, target: str) -> dict:
+    """Assemble the kit's contents and pack them, signed, into the stage directory."""
+    import os
+    import shutil
+
+    from pipeline import __version__
+    from pipeline.kit import pack
+    from pipeline.signing import signing_key
+    from pipeline.stages import read_manifest
+
+    plan = recipe_plan(recipe, target)
+    key = signing_key(create=True)
+    spec = package_spec(recipe, target, plan, key.public.id_hex)
+    export_dir = export_spec(recipe, plan["backend"]).dir
+
+    def place(src: Path, dst: Path) -> None:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    def build(out: Path) -> dict:
+        content = out / ".content"
+        for f in sorted((export_dir / "checkpoint").rglob("*")):
+            if f.is_file():
+                place(f, content / "checkpoint" / f.relative_to(export_dir / "checkpoint"))
+        for name in TOKENIZER_FILES:
+            if (_model_dir(recipe) / name).is_file():
+                place(_model_dir(recipe) / name, content / "tokenizer" / name)
+        place(goldens_spec(recipe).dir / "goldens.json", content / "goldens.json")
+        for name in ("accuracy.json", "accuracy.md"):
+            place(accuracy_spec(recipe).dir / name, content / name)
+        shutil.copy2(recipe.file, content / "recipe.toml")
+        (content / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
+        stages = {s.stage: {k: read_manifest(s.dir)[k] for k in ("id", "key", "content_digest", "tools")}
+                  for s in spec.inputs}
+        (content / "stages.json").write_text(json.dumps(stages, indent=1, sort_keys=True) + "\n")
+        meta = {"recipe": recipe.name, "target": target, "sm": plan["sm"], "backend": plan["backend"],
+                "stack": plan["stack"], "quant": plan["quant"], "limits": plan["limits"],
+                "versions": {"jetson-trtllm-pipeline": __version__, **stages["export"]["tools"]},
+                "reader_check": read_manifest(export_dir).get("trtllm", {}).get("reader_check")}
+        manifest = pack(content, out / kit_name(recipe, target), kit_name(recipe, target), "kit", key, meta=meta)
+        shutil.rmtree(content)
+        return {"kit": {"name": kit_name(recipe, target), "parts": len(manifest["parts"]),
+                        "total_size": manifest["total_size"], "signed_by": key.public.id_hex}}
+
+    manifest = run_stage(spec, build)
+    recipe_link(recipe, "kit", target, spec)
     return manifest

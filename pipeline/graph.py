@@ -143,6 +143,18 @@ def task_accuracy():
                           f"accuracy report for {r.name}")
 
 
+def task_package():
+    """Pack the target's kit: checkpoint, tokenizer, recipe, plan, goldens, accuracy; signed, split, checksummed."""
+    from pipeline.chain import do_package, package_current, stage_label
+
+    for r in selected_recipes():
+        for t in r.targets:
+            label = stage_label(r, t)
+            yield _stage_task(label, _action(do_package, r, t), lambda r=r, t=t: package_current(r, t),
+                              [f"export:{label}", f"goldens:{r.name}", f"accuracy:{r.name}"],
+                              f"kit of {r.name} for {t}")
+
+
 def task_build():
     """Every stage of the selected recipes."""
     from pipeline.chain import link_recipe, stage_label
@@ -151,7 +163,7 @@ def task_build():
         yield {"name": r.name, "actions": [_action(link_recipe, r)], "doc": r.description,
                "task_dep": [f"plan:{stage_label(r, t)}" for t in r.targets] + [f"fetch:{r.name}"]
                + [f"export:{stage_label(r, t)}" for t in r.targets]
-               + [f"goldens:{r.name}", f"accuracy:{r.name}"]}
+               + [f"goldens:{r.name}", f"accuracy:{r.name}"] + [f"package:{stage_label(r, t)}" for t in r.targets]}
 
 
 def doit_config() -> dict:

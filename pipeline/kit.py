@@ -38,12 +38,37 @@ class KitError(PipelineError):
 
 # ---------------------------------------------------------------------------------------------------------- pack
 class _PartWriter:
-    """A write-only stream that lands in numbered part files, hashing each part as it is written."""
+    """A write-only stream that lands in numbered part files, hashing each part as it is written.
+
+    Writing and part hashing run on a second thread (both release the GIL), so packing reads and hashes the
+    source files on one core while the parts are hashed and written on the other, as `tar | sha256sum` would.
+    """
 
     def __init__(self, directory: Path, base: str, part_size: int):
+        import queue
+        import threading
+
         self.dir, self.base, self.part_size = directory, base, part_size
         self.parts: list[dict] = []
         self._fh = None
+        self._queue: queue.Queue = queue.Queue(maxsize=8)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self):
+        while (data := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._write_now(data)
+                except BaseException as exc:   # reported to the writer on its next call
+                    self._error = exc
+
+    def write(self, data) -> int:
+        if self._error is not None:
+            raise self._error
+        self._queue.put(bytes(data))
+        return len(data)
 
     def _next(self):
         self._close_part()
@@ -51,7 +76,7 @@ class _PartWriter:
         self._fh = open(self.dir / name, "wb")
         self.parts.append({"name": name, "size": 0, "hash": hashlib.sha256()})
 
-    def write(self, data) -> int:
+    def _write_now(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
             if self._fh is None or self.parts[-1]["size"] >= self.part_size:
@@ -62,7 +87,6 @@ class _PartWriter:
             part["hash"].update(view[:n])
             part["size"] += n
             view = view[n:]
-        return len(data)
 
     def _close_part(self):
         if self._fh is not None:
@@ -72,6 +96,10 @@ class _PartWriter:
             self._fh = None
 
     def close(self) -> list[dict]:
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
         if not self.parts:
             self._next()
         self._close_part()

@@ -253,4 +253,13 @@ def plan_recipe(recipe, target_id: str, config: dict, config_source: str, backen
                       target=get_target(target_id), backend=backend or recipe.backend,
                       limits=Limits(b["max_batch_size"], b["max_input_len"], b["max_seq_len"]),
                       group_size=recipe.quantization["group_size"], power_mode=b["power_mode"], recipe=recipe.name)
-    return make_plan(req)
+    plan = make_plan(req)
+    prequant = config.get("quantization_config")
+    if prequant:
+        method = prequant.get("quant_method", "?")
+        plan.refused.append(
+            f"{config_source} is already quantized (quant_method {method!r}; AutoAWQ checkpoints hold asymmetric INT4 "
+            "with zero points in AutoAWQ's GEMM packing). This pipeline quantizes with ModelOpt from the original "
+            "fp16/bf16 weights (symmetric INT4-AWQ, what TensorRT-LLM 0.12's W4A16_AWQ path and Edge-LLM take): "
+            "point the recipe at the unquantized base model.")
+    return plan

@@ -100,14 +100,30 @@ def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.float()
 
 
+class _LazyTensors:
+    """rank0.safetensors read on demand (memory-mapped): a multi-GB checkpoint is never copied into RAM whole."""
+
+    def __init__(self, path: Path):
+        from safetensors import safe_open
+        self._f = safe_open(str(path), "pt")
+        self._keys = set(self._f.keys())
+
+    def __contains__(self, key):
+        return key in self._keys
+
+    def __getitem__(self, key):
+        return self._f.get_tensor(key)
+
+    def get(self, key, default=None):
+        return self._f.get_tensor(key) if key in self._keys else default
+
+
 class CheckpointModel:
     """A TensorRT-LLM 0.12 Llama/Qwen2 checkpoint as a plain PyTorch forward pass (fp32 math)."""
 
     def __init__(self, ckpt_dir: Path):
-        from safetensors.torch import load_file
-
         self.cfg = json.loads((Path(ckpt_dir) / CONFIG).read_text())
-        self.t = load_file(str(Path(ckpt_dir) / WEIGHTS))
+        self.t = _LazyTensors(Path(ckpt_dir) / WEIGHTS)
         c, q = self.cfg, self.cfg["quantization"]
         self.algo, self.group = q.get("quant_algo"), q.get("group_size")
         self.heads, self.kv_heads = c["num_attention_heads"], c["num_key_value_heads"]

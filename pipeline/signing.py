@@ -209,5 +209,8 @@ def signing_key(path: Path | None = None, create: bool = False) -> SecretKey:
     if not path.is_file():
         if not create:
             raise PipelineError(f"no signing key at {path}", "create one with `python -m pipeline keygen`")
-        keygen(path)
+        _, pub = keygen(path)
+        import sys
+        print(f"created signing key {path}; copy {pub} to each device and run "
+              f"`python -m pipeline trust {pub.name}` there", file=sys.stderr)
     return SecretKey.load(path)

@@ -88,6 +88,9 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids:
     if weights == "int8_wo":
         cfg["quantization"]["quant_algo"] = "W8A16"
     (out / CONFIG).write_text(json.dumps(cfg, indent=4))
+    del model          # the reader below must not hold a second copy of the model in memory
+    import gc
+    gc.collect()
     _merge_kv_scales(out)
     validate(out)
 

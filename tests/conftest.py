@@ -89,7 +89,8 @@ class Project:
 
     @property
     def env(self) -> dict:
-        env = dict(os.environ, PIPELINE_RECIPES=str(self.recipes), PIPELINE_ARTIFACTS=str(self.artifacts))
+        env = dict(os.environ, PIPELINE_RECIPES=str(self.recipes), PIPELINE_ARTIFACTS=str(self.artifacts),
+                   JETSON_PIPELINE_HOME=str(self.root / "home"))
         env.pop("PIPELINE_ROOT", None)
         return env
 
@@ -111,3 +112,9 @@ class Project:
 @pytest.fixture
 def project(tmp_path) -> Project:
     return Project(tmp_path / "proj")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_keys(tmp_path, monkeypatch):
+    """Signing keys and trusted keys live under a temporary home, never in ~/.config."""
+    monkeypatch.setenv("JETSON_PIPELINE_HOME", str(tmp_path / "jetson-pipeline-home"))

@@ -175,3 +175,19 @@ def test_default_recipe_builds_every_orin_format_offline_on_cpu(project, monkeyp
     golden = json.loads((project.artifacts / "tiny-llama-cpu" / "goldens" / "goldens.json").read_text())
     assert golden["prompts"][1]["text"].startswith(" flour, water, salt and yeast")
     assert (project.artifacts / "tiny-int8_sq" / "fetch").resolve() == (project.artifacts / "tiny-fp16" / "fetch").resolve()
+
+    # the default recipe's kit: stock tools verify it, and it holds what the device needs
+    kit = project.artifacts / "tiny-llama-cpu" / "kit" / "tiny-llama-cpu@orin-nano-8gb"
+    assert subprocess.run(["sha256sum", "-c", "--strict", "SHA256SUMS"], cwd=kit, capture_output=True).returncode == 0
+    pub = project.root / "home" / "signing.pub"
+    r = subprocess.run(["minisign", "-Vm", "SHA256SUMS", "-p", str(pub)], cwd=kit, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    m = json.loads((kit / "MANIFEST.json").read_text())
+    assert m["kind"] == "kit" and m["sm"] == "8.7" and m["backend"] == "trtllm-0.12"
+    assert m["stack"]["tensorrt"] == "10.3" and m["quant"]["weights"] == "int4_awq"
+    assert {"checkpoint/config.json", "checkpoint/rank0.safetensors", "tokenizer/tokenizer.json", "goldens.json",
+            "recipe.toml", "plan.json", "accuracy.json", "stages.json"} <= {f["path"] for f in m["files"]}
+    out = project.root / "unpacked"
+    proc = project.cli("unpack", str(kit), str(out), "--pubkey", str(pub))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "goldens.json").read_text()) == golden

@@ -174,3 +174,14 @@ def test_cli_bad_input(project, tmp_path):
     proc = project.cli("plan", "--model-config", str(tmp_path / "none.json"), "--quant", "int4_awq",
                        "--target", "orin-nano-8gb")
     assert proc.returncode == 2 and "none.json: (file) = None: no such file" in proc.stderr
+
+
+def test_prequantized_checkpoints_are_refused_with_the_reason():
+    from pipeline.planner import plan_recipe
+    from pipeline.recipe import load_recipe
+    cfg = dict(known("meta-llama/Llama-3.2-3B-Instruct"),
+               quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True})
+    plan = plan_recipe(load_recipe("llama3.2-3b-orin-nano"), "orin-nano-8gb", cfg, "hub/config.json")
+    assert not plan.ok
+    assert "hub/config.json is already quantized (quant_method 'awq'" in plan.refused[-1]
+    assert "point the recipe at the unquantized base model" in plan.refused[-1]
