@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -81,11 +82,11 @@ def _trusted(args):
     return keys
 
 
-def _bar(label, total):
+@contextlib.contextmanager
+def _progress(label: str, total: int):
     from pipeline.progress import Progress
-    bar = Progress(label, unit="B")
-    bar.__enter__()
-    return bar, (lambda done: bar.update(done, total))
+    with Progress(label, unit="B") as bar:
+        yield lambda done: bar.update(done, total)
 
 
 def _pack_cmd(args) -> int:
@@ -94,17 +95,16 @@ def _pack_cmd(args) -> int:
 
     src = Path(args.src)
     total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and not p.is_symlink())
-    bar, tick = _bar(f"packing {src.name}", total)
     out = Path(args.out)
+    if out.exists():
+        raise PipelineError(f"{out} already exists", "pack into a new directory")
     staging = out.with_name(f".{out.name}.packing-{os.getpid()}")
     try:
-        m = pack(src, staging, args.name or out.name, args.kind, signing_key(args.key, create=args.key is None),
-                 zstd_level=args.zstd, part_size=args.part_size, progress=tick)
-        if out.exists():
-            raise PipelineError(f"{out} already exists", "pack into a new directory")
+        with _progress(f"packing {src.name}", total) as tick:
+            m = pack(src, staging, args.name or out.name, args.kind, signing_key(args.key, create=args.key is None),
+                     zstd_level=args.zstd, part_size=args.part_size, progress=tick)
         os.replace(staging, out)
     finally:
-        bar.__exit__(None, None, None)
         shutil.rmtree(staging, ignore_errors=True)
     print(f"packed {len(m['files'])} files, {m['total_size'] / 1e9:.2f} GB into {len(m['parts'])} part(s): {out}")
     return 0
@@ -123,11 +123,8 @@ def _unpack_cmd(args) -> int:
     kit = Path(args.kit)
     total = json.loads((kit / "MANIFEST.json").read_text()).get("total_size", 0) if (kit / "MANIFEST.json").is_file() \
         else 0
-    bar, tick = _bar(f"unpacking {kit.name}", total)
-    try:
+    with _progress(f"unpacking {kit.name}", total) as tick:
         m = unpack(kit, Path(args.dest), _trusted(args), progress=tick)
-    finally:
-        bar.__exit__(None, None, None)
     print(f"OK: unpacked {len(m['files'])} files into {args.dest}")
     return 0
 
@@ -136,11 +133,8 @@ def _transfer_cmd(args) -> int:
     from pipeline.kit import transfer
     kit = Path(args.kit)
     total = sum(p.stat().st_size for p in kit.iterdir() if p.is_file())
-    bar, tick = _bar(f"copying {kit.name}", total)
-    try:
+    with _progress(f"copying {kit.name}", total) as tick:
         dest = transfer(kit, Path(args.dest), _trusted(args), progress=tick)
-    finally:
-        bar.__exit__(None, None, None)
     print(f"OK: {dest} copied and verified")
     return 0
 

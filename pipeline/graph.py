@@ -72,17 +72,11 @@ def _plan_action(recipe, target):
 
 def task_fetch():
     """Get the model checkpoint (builtin, local directory or pinned hub revision)."""
-    from pipeline.chain import do_fetch, fetch_spec
-    from pipeline.stages import is_current
+    from pipeline.chain import do_fetch, fetch_spec, stage_label
 
-    from pipeline.chain import stage_label
-
-    for r in selected_recipes():
-        spec = fetch_spec(r)
-        # After the plans: a refused plan stops the chain before a multi-GB download.
-        yield {"name": r.name, "actions": [_action(do_fetch, r)], "uptodate": [lambda spec=spec: is_current(spec)],
-               "task_dep": [f"plan:{stage_label(r, t)}" for t in r.targets],
-               "doc": f"fetch {r.model.get('repo') or r.model.get('name') or r.model.get('path')}", "verbosity": 2}
+    # After the plans: a refused plan stops the chain before a multi-GB download.
+    yield from _per_recipe_stage(fetch_spec, do_fetch, lambda r: [f"plan:{stage_label(r, t)}" for t in r.targets],
+                                 lambda r: f"fetch {r.model.get('repo') or r.model.get('name') or r.model.get('path')}")
 
 
 def task_plan():
@@ -100,15 +94,21 @@ def _stage_task(name: str, action, current, deps: list[str], doc: str) -> dict:
     return {"name": name, "actions": [action], "uptodate": [current], "task_dep": deps, "doc": doc, "verbosity": 2}
 
 
-def task_quantize():
-    """Calibrate with NVIDIA ModelOpt (CPU for tiny models, GPU where present); saves the quantized state."""
-    from pipeline.chain import do_quantize, quantize_spec
+def _per_recipe_stage(spec_of, action, deps, doc):
+    """One task per recipe for a stage whose directory is known from the recipe alone."""
     from pipeline.stages import is_current
 
     for r in selected_recipes():
-        spec = quantize_spec(r)
-        yield _stage_task(r.name, _action(do_quantize, r), lambda spec=spec: is_current(spec), [f"fetch:{r.name}"],
-                          f"quantize {r.name} to {r.weights} (KV {r.kv_cache})")
+        spec = spec_of(r)
+        yield _stage_task(r.name, _action(action, r), lambda spec=spec: is_current(spec), deps(r), doc(r))
+
+
+def task_quantize():
+    """Calibrate with NVIDIA ModelOpt (CPU for tiny models, GPU where present); saves the quantized state."""
+    from pipeline.chain import do_quantize, quantize_spec
+
+    yield from _per_recipe_stage(quantize_spec, do_quantize, lambda r: [f"fetch:{r.name}"],
+                                 lambda r: f"quantize {r.name} to {r.weights} (KV {r.kv_cache})")
 
 
 def task_export():
@@ -124,23 +124,17 @@ def task_export():
 def task_goldens():
     """Reference greedy outputs and top-k log-probs for the recipe's validation prompts (deployed numerics)."""
     from pipeline.chain import do_goldens, goldens_spec
-    from pipeline.stages import is_current
 
-    for r in selected_recipes():
-        spec = goldens_spec(r)
-        yield _stage_task(r.name, _action(do_goldens, r), lambda spec=spec: is_current(spec), [f"quantize:{r.name}"],
-                          f"goldens for {r.name}")
+    yield from _per_recipe_stage(goldens_spec, do_goldens, lambda r: [f"quantize:{r.name}"],
+                                 lambda r: f"goldens for {r.name}")
 
 
 def task_accuracy():
     """Perplexity, logit cosine and top-1 agreement of the quantized vs the original model (JSON + Markdown)."""
     from pipeline.chain import accuracy_spec, do_accuracy
-    from pipeline.stages import is_current
 
-    for r in selected_recipes():
-        spec = accuracy_spec(r)
-        yield _stage_task(r.name, _action(do_accuracy, r), lambda spec=spec: is_current(spec), [f"quantize:{r.name}"],
-                          f"accuracy report for {r.name}")
+    yield from _per_recipe_stage(accuracy_spec, do_accuracy, lambda r: [f"quantize:{r.name}"],
+                                 lambda r: f"accuracy report for {r.name}")
 
 
 def task_package():

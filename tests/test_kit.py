@@ -266,3 +266,28 @@ def test_public_key_file_format_roundtrips(tmp_path, key):
     k = tmp_path / "s.key"
     key.save(k)
     assert (k.stat().st_mode & 0o777) == 0o600 and SecretKey.load(k).seed == key.seed
+
+
+def test_command_line_round_trip(tmp_path, src):
+    import sys
+    env = dict(os.environ, JETSON_PIPELINE_HOME=str(tmp_path / "home"))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "pipeline", *args], env=env, capture_output=True, text=True)
+    r = cli("keygen")
+    assert r.returncode == 0 and "secret key:" in r.stdout
+    assert cli("keygen").returncode == 2          # never overwrites a key
+    r = cli("pack", str(src), str(tmp_path / "kit"), "--name", "demo", "--part-size", "100000", "--zstd", "1")
+    assert r.returncode == 0, r.stderr
+    assert "packed 4 files" in r.stdout
+    assert cli("verify", str(tmp_path / "kit")).returncode == 0
+    r = cli("transfer", str(tmp_path / "kit"), str(tmp_path / "stick"))
+    assert r.returncode == 0 and "copied and verified" in r.stdout
+    r = cli("unpack", str(tmp_path / "stick" / "kit"), str(tmp_path / "out"))
+    assert r.returncode == 0 and tree(tmp_path / "out") == tree(src)
+    (tmp_path / "kit" / "demo.tar.zst.000").unlink()
+    r = cli("verify", str(tmp_path / "kit"))
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "missing demo.tar.zst.000" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "pipeline", "verify", str(tmp_path / "stick" / "kit")],
+                       env=dict(env, JETSON_PIPELINE_HOME=str(tmp_path / "elsewhere")), capture_output=True, text=True)
+    assert r.returncode == 2 and "no trusted public keys" in r.stderr

