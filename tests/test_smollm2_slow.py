@@ -34,7 +34,7 @@ def test_int4_awq_perplexity_within_20_percent_of_fp32(smollm2, tmp_path):
     from pipeline.evaluate import accuracy_report
     from pipeline.quantize import load_quantized, quantize
 
-    cal = {"source": "builtin:calib-en", "samples": 4, "seq_len": 64, "seed": 0}
+    cal = {"source": "builtin:calib-en", "samples": 16, "seq_len": 128, "seed": 0}
     info = quantize(smollm2, tmp_path, "int4_awq", "fp16", 64, cal, ".")["quantize"]   # hidden 576: group 64
     assert info["group_size"] == 64
     fp32 = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()

@@ -1,0 +1,53 @@
+"""The device half on JetPack 6's Python 3.10 with only the light `device` extra (no torch): verify and unpack."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import REPO
+from pipeline.kit import pack
+from pipeline.signing import SecretKey
+
+def _python310():
+    """A working Python 3.10 (a pyenv shim may exist without the version being selected)."""
+    from pathlib import Path
+    candidates = [shutil.which("python3.10")] + sorted(map(str, Path.home().glob(".pyenv/versions/3.10*/bin/python3.10")))
+    for c in filter(None, candidates):
+        if subprocess.run([c, "--version"], capture_output=True).returncode == 0:
+            return c
+    return None
+
+
+PY310 = _python310()
+
+
+@pytest.mark.skipif(PY310 is None, reason="python3.10 not installed")
+def test_verify_and_unpack_on_python310_without_torch(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([PY310, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", f"{REPO}[device]"], capture_output=True, text=True,
+                       env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert subprocess.run([str(py), "-c", "import torch"], capture_output=True).returncode != 0
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "rank0.safetensors").write_bytes(os.urandom(50_000))
+    key = SecretKey.generate()
+    pack(src, tmp_path / "kit", "demo", "kit", key, zstd_level=1, part_size=20_000)
+    (tmp_path / "k.pub").write_text(key.public.dump())
+    env = dict(os.environ, JETSON_PIPELINE_HOME=str(tmp_path / "home"))
+    run = lambda *a: subprocess.run([str(py), "-m", "pipeline", *a], capture_output=True, text=True, env=env,
+                                    cwd=tmp_path)
+    r = run("--help")
+    assert r.returncode == 0 and "unpack" in r.stdout
+    r = run("trust", str(tmp_path / "k.pub"))
+    assert r.returncode == 0, r.stderr
+    r = run("verify", str(tmp_path / "kit"))
+    assert r.returncode == 0 and r.stdout.startswith("OK:"), r.stderr
+    r = run("unpack", str(tmp_path / "kit"), str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out" / "rank0.safetensors").read_bytes() == (src / "rank0.safetensors").read_bytes()
