@@ -103,6 +103,17 @@ def _per_recipe_stage(spec_of, action, deps, doc):
         yield _stage_task(r.name, _action(action, r), lambda spec=spec: is_current(spec), deps(r), doc(r))
 
 
+def _per_target_stage(action, current, deps, doc):
+    """One task per (recipe, target) for a stage whose directory depends on the target's plan."""
+    from pipeline.chain import stage_label
+
+    for r in selected_recipes():
+        for t in r.targets:
+            label = stage_label(r, t)
+            yield _stage_task(label, _action(action, r, t), lambda r=r, t=t: current(r, t), deps(r, label),
+                              doc(r, t))
+
+
 def task_quantize():
     """Calibrate with NVIDIA ModelOpt (CPU for tiny models, GPU where present); saves the quantized state."""
     from pipeline.chain import do_quantize, quantize_spec
@@ -113,12 +124,10 @@ def task_quantize():
 
 def task_export():
     """Write the backend's checkpoint (TensorRT-LLM 0.12: config.json + rank0.safetensors), validated and read back."""
-    from pipeline.chain import do_export, export_current, stage_label
+    from pipeline.chain import do_export, export_current
 
-    for r in selected_recipes():
-        for t in r.targets:
-            yield _stage_task(stage_label(r, t), _action(do_export, r, t), lambda r=r, t=t: export_current(r, t),
-                              [f"quantize:{r.name}", f"plan:{stage_label(r, t)}"], f"export {r.name} for {t}")
+    yield from _per_target_stage(do_export, export_current, lambda r, label: [f"quantize:{r.name}", f"plan:{label}"],
+                                 lambda r, t: f"export {r.name} for {t}")
 
 
 def task_goldens():
@@ -139,14 +148,11 @@ def task_accuracy():
 
 def task_package():
     """Pack the target's kit: checkpoint, tokenizer, recipe, plan, goldens, accuracy; signed, split, checksummed."""
-    from pipeline.chain import do_package, package_current, stage_label
+    from pipeline.chain import do_package, package_current
 
-    for r in selected_recipes():
-        for t in r.targets:
-            label = stage_label(r, t)
-            yield _stage_task(label, _action(do_package, r, t), lambda r=r, t=t: package_current(r, t),
-                              [f"export:{label}", f"goldens:{r.name}", f"accuracy:{r.name}"],
-                              f"kit of {r.name} for {t}")
+    yield from _per_target_stage(do_package, package_current,
+                                 lambda r, label: [f"export:{label}", f"goldens:{r.name}", f"accuracy:{r.name}"],
+                                 lambda r, t: f"kit of {r.name} for {t}")
 
 
 def task_build():
