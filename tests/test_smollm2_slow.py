@@ -40,5 +40,6 @@ def test_int4_awq_perplexity_within_20_percent_of_fp32(smollm2, tmp_path):
     fp32 = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
     report = accuracy_report(fp32, load_quantized(smollm2, tmp_path),
                              AutoTokenizer.from_pretrained(smollm2))
+    print(report)                                       # the figures, with pytest -s
     assert report["perplexity_original"] < 40          # a real model: 15.6 on FACTS.md's paragraph
     assert report["perplexity_quantized"] <= 1.2 * report["perplexity_original"], report
