@@ -273,37 +273,29 @@ def kit_name(recipe: Recipe, target: str) -> str:
 
 def do_package(recipe: Recipe, target: str) -> dict:
     """Assemble the kit's contents and pack them, signed, into the stage directory."""
-    import os
     import shutil
 
     from pipeline import __version__
     from pipeline.kit import pack
     from pipeline.signing import signing_key
-    from pipeline.stages import read_manifest
+    from pipeline.stages import link_or_copy, read_manifest
 
     plan = recipe_plan(recipe, target)
     key = signing_key(create=True)
     spec = package_spec(recipe, target, plan, key.public.id_hex)
     export_dir = export_spec(recipe, plan["backend"]).dir
 
-    def place(src: Path, dst: Path) -> None:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
-
     def build(out: Path) -> dict:
         content = out / ".content"
         for f in sorted((export_dir / "checkpoint").rglob("*")):
             if f.is_file():
-                place(f, content / "checkpoint" / f.relative_to(export_dir / "checkpoint"))
+                link_or_copy(f, content / "checkpoint" / f.relative_to(export_dir / "checkpoint"))
         for name in TOKENIZER_FILES:
             if (_model_dir(recipe) / name).is_file():
-                place(_model_dir(recipe) / name, content / "tokenizer" / name)
-        place(goldens_spec(recipe).dir / "goldens.json", content / "goldens.json")
+                link_or_copy(_model_dir(recipe) / name, content / "tokenizer" / name)
+        link_or_copy(goldens_spec(recipe).dir / "goldens.json", content / "goldens.json")
         for name in ("accuracy.json", "accuracy.md"):
-            place(accuracy_spec(recipe).dir / name, content / name)
+            link_or_copy(accuracy_spec(recipe).dir / name, content / name)
         shutil.copy2(recipe.file, content / "recipe.toml")
         (content / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
         stages = {s.stage: {k: read_manifest(s.dir)[k] for k in ("id", "key", "content_digest", "tools")}

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.safetensors_check import check_safetensors
+from pipeline.stages import link_or_copy
 
 # Files a checkpoint needs downstream; everything else in a repo (other formats, READMEs, images) is left behind.
 NEEDED = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -42,12 +41,8 @@ def fetch_local(src: Path, out: Path, source: str) -> dict:
     if not src.is_dir():
         raise PipelineError(f"{source}: model.path {src} is not a directory", "point it at a checkpoint directory")
     check_checkpoint(src, source)
-    out.mkdir(parents=True, exist_ok=True)
     for f in needed_files(src):
-        try:
-            os.link(f, out / f.name)   # same filesystem: no copy of multi-GB weights
-        except OSError:
-            shutil.copy2(f, out / f.name)
+        link_or_copy(f, out / f.name)
     return {"source": {"kind": "local", "path": str(src)}}
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.fetch import NEEDED
+from pipeline.stages import link_or_copy
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
@@ -59,13 +59,8 @@ def fetch_hub(repo: str, revision: str, out: Path, allow_branch: bool = False) -
         raise PipelineError(f"{where}: download failed: {type(exc).__name__}: {exc}",
                             "check the network (or HF_ENDPOINT); a re-run resumes where this one stopped") from None
 
-    out.mkdir(parents=True, exist_ok=True)
     for f in sorted(snapshot.iterdir()):
-        blob = f.resolve()  # the cache's snapshot entries are symlinks to content-addressed blobs
-        try:
-            os.link(blob, out / f.name)
-        except OSError:
-            shutil.copy2(blob, out / f.name)
+        link_or_copy(f.resolve(), out / f.name)  # the cache's snapshot entries are symlinks to content blobs
     return {"source": {"kind": "hf", "repo": repo, "revision": revision, "commit": commit}}
 
 

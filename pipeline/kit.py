@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 
 from pipeline.errors import PipelineError
 from pipeline.signing import PublicKey, SecretKey, verify_file
+from pipeline.stages import sha256_file
 
 FORMAT = "jetson-kit/1"
 MANIFEST, SUMS, SIG = "MANIFEST.json", "SHA256SUMS", "SHA256SUMS.minisig"
@@ -186,15 +187,6 @@ def _read_sums(kit: Path) -> dict[str, str]:
     return sums
 
 
-def _hash_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as fh:
-        buf = bytearray(CHUNK)
-        while n := fh.readinto(buf):
-            h.update(memoryview(buf)[:n])
-    return h.hexdigest()
-
-
 def check_kit(kit: Path, trusted: list[PublicKey], hash_parts: bool = True) -> dict:
     """Signature, file set, manifest and (unless hash_parts=False) every part's sha256. Returns the manifest."""
     kit = Path(kit)
@@ -211,7 +203,7 @@ def check_kit(kit: Path, trusted: list[PublicKey], hash_parts: bool = True) -> d
     if extra:
         raise KitError(f"{kit}: unexpected file(s) {', '.join(extra)} (not in the signed {SUMS})",
                        "remove them, or re-copy the kit; a renamed part is reported here too")
-    if MANIFEST not in sums or _hash_file(kit / MANIFEST) != sums[MANIFEST]:
+    if MANIFEST not in sums or sha256_file(kit / MANIFEST) != sums[MANIFEST]:
         raise KitError(f"{kit / MANIFEST}: does not match its signed checksum: the manifest was edited")
     manifest = json.loads((kit / MANIFEST).read_text())
     if manifest.get("format") != FORMAT:
@@ -226,7 +218,7 @@ def check_kit(kit: Path, trusted: list[PublicKey], hash_parts: bool = True) -> d
         if size != p["size"]:
             raise KitError(f"{kit / p['name']}: {size} bytes, expected {p['size']}: "
                            f"{'truncated' if size < p['size'] else 'too long'}", "copy that part again")
-        if hash_parts and _hash_file(kit / p["name"]) != p["sha256"]:
+        if hash_parts and sha256_file(kit / p["name"]) != p["sha256"]:
             raise KitError(f"{kit / p['name']}: sha256 does not match: the part is corrupt", "copy it again")
     manifest["_signed_by"] = key.id_hex
     return manifest

@@ -226,6 +226,15 @@ def _swap_into_place(staging: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link src to dst (no copy of multi-GB weights on one filesystem), else copy it."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def link(name: Path, target: Path) -> None:
     """Point a convenience symlink (artifacts/<recipe>/<stage>) at a stage directory, atomically."""
     name.parent.mkdir(parents=True, exist_ok=True)
