@@ -1,0 +1,37 @@
+import pytest
+
+from conftest import write_checkpoint
+from pipeline.errors import InputError, PipelineError
+from pipeline.fetch import fetch_local
+from pipeline.recipe import parse_recipe
+from pipeline.safetensors_check import check_safetensors
+
+
+def test_truncated_or_corrupt_safetensors_are_refused(tmp_path):
+    ckpt = write_checkpoint(tmp_path / "ckpt")
+    f = ckpt / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[:-100])
+    with pytest.raises(PipelineError, match="not a valid safetensors file: tensor .* lies outside the .*-byte data section"):
+        check_safetensors(f)
+    with pytest.raises(PipelineError, match="truncated or corrupt"):
+        fetch_local(ckpt, tmp_path / "out", "r.toml")
+    f.write_bytes(b"\xff" * 8 + data[8:])
+    with pytest.raises(PipelineError, match="header length .* does not fit in a .*-byte file"):
+        check_safetensors(f)
+
+
+def test_local_source_must_be_a_checkpoint_directory(tmp_path):
+    with pytest.raises(PipelineError, match="model.path .*nope is not a directory"):
+        fetch_local(tmp_path / "nope", tmp_path / "out", "r.toml")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    with pytest.raises(PipelineError, match="no .safetensors weights in"):
+        fetch_local(tmp_path / "empty", tmp_path / "out", "r.toml")
+
+
+def test_unknown_builtin_model_is_a_recipe_error():
+    data = {"targets": ["orin-nano-8gb"], "model": {"source": "builtin", "name": "tiny-gpt"},
+            "quantization": {"weights": "fp16"}, "validation": {"prompts": ["hi"]}}
+    with pytest.raises(InputError, match="model.name = 'tiny-gpt': unknown builtin model"):
+        parse_recipe(data, "r.toml")
