@@ -259,7 +259,8 @@ def plan_recipe(recipe, target_id: str, config: dict, config_source: str, backen
         method = prequant.get("quant_method", "?")
         plan.refused.append(
             f"{config_source} is already quantized (quant_method {method!r}; AutoAWQ checkpoints hold asymmetric INT4 "
-            "with zero points in AutoAWQ's GEMM packing). This pipeline quantizes with ModelOpt from the original "
-            "fp16/bf16 weights (symmetric INT4-AWQ, what TensorRT-LLM 0.12's W4A16_AWQ path and Edge-LLM take): "
-            "point the recipe at the unquantized base model.")
+            "with zero points in AutoAWQ's GEMM packing and no pre-quant scales). TensorRT-LLM's own converters load "
+            "them as W4A16_GPTQ (`use_autoawq`, asymmetric), not as W4A16_AWQ (ModelOpt's symmetric INT4 with "
+            "pre-quant scales, the format this pipeline exports and verifies); Edge-LLM takes ModelOpt checkpoints "
+            "only. Point the recipe at the unquantized base model and set quantization.weights = 'int4_awq'.")
     return plan

@@ -42,3 +42,22 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
         return False
+
+
+class StepTimer:
+    """Wall seconds per named step of a stage, recorded in its manifest so a slow stage says where time went."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        import contextlib
+
+        @contextlib.contextmanager
+        def step():
+            t = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t, 2)
+        return step()

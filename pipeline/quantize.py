@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.progress import StepTimer
 from pipeline.quantization import KV_FORMATS, WEIGHT_FORMATS, KVFormat, WeightFormat
 
 STATE = "modelopt_state.pth"
@@ -20,6 +20,24 @@ STATE = "modelopt_state.pth"
 # ModelOpt's per-channel INT8 weight fake-quantizer so that goldens carry the deployed numerics.
 REFERENCE_CONFIG = {"int8_wo": "INT8_WEIGHT_ONLY_CFG"}
 KV_BITS = {"int8": 8, "fp8": (4, 3)}
+
+# doit runs a recipe's stages in one process. quantize leaves its calibrated model here so that the next stage that
+# would restore the same saved state (export, goldens, accuracy) takes it instead of loading the checkpoint and the
+# state again (for a 3B model on a CPU that reload was the largest part of the pipeline's overhead). Keyed by the
+# state file's inode, mtime and size: the stage directory's rename keeps them; a re-run or a copy changes them.
+_handoff: dict = {}
+
+
+def _state_key(model_dir: Path, quant_dir: Path) -> tuple:
+    st = (quant_dir / STATE).stat()
+    return (str(Path(model_dir).resolve()), st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def drop_handoff() -> None:
+    if _handoff:
+        _handoff.clear()
+        import gc
+        gc.collect()
 
 
 def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None) -> dict | None:
@@ -61,6 +79,8 @@ def load_model(model_dir: Path, device: str):
     import torch
     from transformers import AutoModelForCausalLM
 
+    drop_handoff()      # never hold a handed-off model while loading another one
+
     # The checkpoint is deployed in fp16, so the reference starts from fp16 weights. On the CPU it computes in fp32
     # (fp16 matmuls are slow there): loaded as fp32 and rounded to fp16 values one tensor at a time, which never
     # holds a second copy of the model.
@@ -70,7 +90,14 @@ def load_model(model_dir: Path, device: str):
             for p in model.parameters():
                 p.copy_(p.half())
     else:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16).to(device)
+        from pipeline.placement import probe
+        placement = probe(model_dir)
+        if placement.max_memory:     # larger than one GPU: spread over the GPUs (and host memory) by layer
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16, device_map="auto",
+                                                         max_memory=placement.max_memory)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16).to(placement.device)
+        model.placement = placement.as_dict()
     model.eval()
     return model
 
@@ -100,8 +127,11 @@ def save_quantized(model, model_dir: Path, path: Path) -> int:
     import modelopt.torch.opt as mto
     import torch
 
+    params = dict(model.named_parameters())
     unchanged = _unchanged(model, model_dir)
-    tensors = {k: v for k, v in model.state_dict().items() if k not in unchanged}
+    # tied weights (lm_head = embed_tokens) appear in the state dict under a name the checkpoint does not have
+    shared = {params[k].data_ptr() for k in unchanged}
+    tensors = {k: v for k, v in model.state_dict().items() if k not in unchanged and v.data_ptr() not in shared}
     torch.save({"modelopt_state": mto.modelopt_state(model), "tensors": tensors}, path)
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
@@ -135,6 +165,35 @@ def fuse_for_export(model) -> int:
     return n
 
 
+def snap_to_export_grid(model) -> int:
+    """Put every integer-quantized weight on the grid the export writes: w = round(w / s) * s.
+
+    The fake quantizer computes w * (maxbound / amax) and the export w / (amax / maxbound): for a weight exactly
+    halfway between two levels (common when calibration ran in fp16: AWQ-scaled fp16 weights often sit at
+    k + 0.5 steps) the two round differently, and the reference outputs would not be the deployed numerics
+    (tiny Llama calibrated in fp16: 2 of 8192 weights of one layer, top-1 agreement 0.97). On the grid both agree.
+    Deterministic in the saved state, so it is re-applied on every restore instead of saving the weights."""
+    import torch
+    from modelopt.torch.export.quant_utils import get_weight_block_size, get_weight_scaling_factor
+
+    n = 0
+    with torch.no_grad():
+        for module in model.modules():
+            wq = getattr(module, "weight_quantizer", None)
+            if (wq is None or not getattr(wq, "is_enabled", False) or getattr(wq, "num_bits", None) not in (4, 8)
+                    or getattr(module, "weight", None) is None or module.weight.dim() != 2):
+                continue
+            w = module.weight
+            scale = get_weight_scaling_factor(module).to(w.device, torch.float32)
+            block = get_weight_block_size(module)
+            scale = scale.repeat_interleave(block, dim=1) if block else scale.reshape(-1, 1)
+            top = 7 if wq.num_bits == 4 else 127
+            q = (w.float() / scale).round().clamp(-top - 1, top)
+            w.copy_((q * scale).to(w.dtype))
+            n += 1
+    return n
+
+
 def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size: int | None, calibration: dict,
              recipe_file: str) -> dict:
     """Calibrate and save ModelOpt state into `out`; returns the stage's manifest extras."""
@@ -154,11 +213,13 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     from transformers import AutoTokenizer
 
     device = pick_device(fmt)
+    timer = StepTimer()
     torch.manual_seed(calibration["seed"])
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     texts = load_texts(calibration["source"], recipe_file)
     windows = token_windows(tokenizer, texts, calibration["samples"], calibration["seq_len"], calibration["seed"])
-    model = load_model(model_dir, device)
+    with timer("load"):
+        model = load_model(model_dir, device)
 
     def forward_loop(m):
         with Progress(f"calibrating {fmt.label}", unit="sample") as bar:
@@ -166,27 +227,35 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
                 m(torch.tensor([w], device=device))
                 bar.update(i, len(windows))
 
-    started = time.time()
-    with torch.no_grad():
+    with timer("calibrate"), torch.no_grad():
         mtq.quantize(model, cfg, forward_loop)
-    fused = fuse_for_export(model)
+    with timer("fuse"):
+        fused = fuse_for_export(model)
     # Saved as computed (fp32 on the CPU, fp16 on a GPU): rounding it to fp16 for the CPU case would change
     # SmoothQuant's scales relative to the weights they were derived from. Every later stage restores this file.
-    saved = save_quantized(model, model_dir, out / STATE)
-    del model          # free it before the next stage loads its own copy (doit runs stages in one process)
-    import gc
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    with timer("save"):
+        saved = save_quantized(model, model_dir, out / STATE)
+        snap_to_export_grid(model)      # after saving: restores re-apply it (load_quantized)
+    _handoff[_state_key(model_dir, out)] = model
     info.update(method="modelopt", modelopt_config=fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name),
-                device=device, calibration_tokens=sum(map(len, windows)), fused_groups=fused, saved_bytes=saved,
-                seconds=round(time.time() - started, 2))
+                device=device, placement=getattr(model, "placement", {"kind": "cpu"}), calibration_tokens=sum(map(len, windows)), fused_groups=fused, saved_bytes=saved,
+                seconds=timer.seconds)
     (out / "quantize.json").write_text(json.dumps(info, indent=1))
     return {"quantize": info}
 
 
-def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu"):
-    """The deployed-numerics model: the fetched checkpoint with the saved ModelOpt state restored."""
+def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu", consume: bool = False):
+    """The deployed-numerics model: the fetched checkpoint with the saved ModelOpt state restored.
+
+    consume=True: the caller may change the model (export disables quantizers), so a handed-off model is taken,
+    not shared, and later stages restore from disk."""
+    if (quant_dir / STATE).is_file():
+        key = _state_key(model_dir, quant_dir)
+        model = _handoff.pop(key, None) if consume else _handoff.get(key)
+        dispatched = model is not None and len(set(getattr(model, "hf_device_map", {}).values())) > 1
+        if model is not None and not (dispatched and device == "cpu"):
+            model = model if dispatched else model.to(device)
+            return model.float() if device == "cpu" else model
     model = load_model(model_dir, device)
     if (quant_dir / STATE).is_file():
         import modelopt.torch.opt as mto
@@ -200,4 +269,5 @@ def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu"):
                                 f"{result.unexpected_keys[:3]}", "re-run the quantize stage")
         if device == "cpu":
             model = model.float()   # state calibrated on a GPU holds fp16 amax buffers: compute scales in fp32
+        snap_to_export_grid(model)
     return model

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.progress import StepTimer
 from pipeline.trtllm_checkpoint import ARCHITECTURES, CONFIG, validate
 
 MIN_COSINE = 0.999      # reader vs calibrated model; a packing or name-mapping bug lands far below this
@@ -38,10 +39,13 @@ def _merge_kv_scales(out: Path) -> None:
 
     from pipeline.trtllm_checkpoint import WEIGHTS
 
+    from safetensors import safe_open
+
+    with safe_open(str(out / WEIGHTS), "pt") as f:      # headers only: most checkpoints have no KV scales
+        if not any(n.endswith(".attention.k_cache_scaling_factor") for n in f.keys()):
+            return
     tensors = load_file(str(out / WEIGHTS))
     ks = [n for n in tensors if n.endswith(".attention.k_cache_scaling_factor")]
-    if not ks:
-        return
     for k in ks:
         v = k.replace(".k_cache_", ".v_cache_")
         kt, vt = tensors.pop(k), tensors.pop(v)
@@ -71,15 +75,18 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids:
 
     raw = json.loads((model_dir / "config.json").read_text())
     arch = check_architecture(raw, str(model_dir / "config.json"))
-    model = load_quantized(model_dir, quant_dir, "cpu")
+    timer = StepTimer()
+    with timer("load"):
+        model = load_quantized(model_dir, quant_dir, "cpu", consume=True)
     ids = torch.tensor(probe_ids)
-    with torch.no_grad():
+    with timer("reference"), torch.no_grad():
         reference = model(ids[None]).logits[0].float()
     if weights == "int8_wo":
         mtq.disable_quantizer(model, "*weight_quantizer")   # export fp16 weights; TensorRT-LLM quantizes at load
     model.config.architectures = [arch]
-    export_tensorrt_llm_checkpoint(model, decoder_type=ARCHITECTURES[arch], dtype=torch.float16, export_dir=out,
-                                   inference_tensor_parallel=1, inference_pipeline_parallel=1)
+    with timer("export"):
+        export_tensorrt_llm_checkpoint(model, decoder_type=ARCHITECTURES[arch], dtype=torch.float16,
+                                       export_dir=out, inference_tensor_parallel=1, inference_pipeline_parallel=1)
     cfg = json.loads((out / CONFIG).read_text())
     base, scaling = rope_settings(raw)
     cfg["rotary_base"] = base
@@ -91,15 +98,16 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids:
     del model          # the reader below must not hold a second copy of the model in memory
     import gc
     gc.collect()
-    _merge_kv_scales(out)
-    validate(out)
-
-    reader = CheckpointModel(out)
-    vocab = raw["vocab_size"]
-    check = agreement(reference[:, :vocab], reader.logits(ids)[:, :vocab])
+    with timer("fix"):
+        _merge_kv_scales(out)
+        validate(out)
+    with timer("reader"):
+        vocab = raw["vocab_size"]
+        check = agreement(reference[:, :vocab], CheckpointModel(out).logits(ids)[:, :vocab])
     if check["logit_cosine"] < MIN_COSINE or check["top1_tie_aware"] < MIN_TOP1:
         raise PipelineError(f"exported checkpoint disagrees with the calibrated model: {check}",
                             "this is a bug in the export path; please report it with the recipe")
     return {"trtllm": {"quant_algo": cfg["quantization"]["quant_algo"],
                        "kv_cache_quant_algo": cfg["quantization"].get("kv_cache_quant_algo"),
-                       "rotary_base": base, "rotary_scaling": scaling, "reader_check": check}}
+                       "rotary_base": base, "rotary_scaling": scaling, "reader_check": check,
+                       "seconds": timer.seconds}}

@@ -143,3 +143,46 @@ def test_unsupported_architecture_and_cpu_nvfp4_are_refused_by_name():
         with pytest.raises(PipelineError, match="NVFP4 calibration needs a CUDA GPU") as e:
             pick_device(WEIGHT_FORMATS["nvfp4"])
         assert "amax must be a CUDA tensor" in str(e.value)
+
+
+@pytest.mark.parametrize("weights,kv,group", [("int4_awq", "int8", 64), ("int8_sq", "fp16", None)])
+def test_handed_off_model_is_the_model_restored_from_disk(builtin, tmp_path, weights, kv, group):
+    """quantize hands its live model to the next stage in the same process; it must be exactly what a later
+    process restores from the saved state (the state is what resumed and parallel builds use)."""
+    from pipeline import quantize as q
+
+    src = builtin("tiny-llama")
+    quantize(src, tmp_path, weights, kv, group, CAL, ".")
+    ids = torch.tensor(probe_ids(src))[None]
+    live = load_quantized(src, tmp_path, "cpu")
+    assert q._handoff and live is next(iter(q._handoff.values()))       # shared, not copied
+    with torch.no_grad():
+        handed = live(ids).logits
+    assert load_quantized(src, tmp_path, "cpu", consume=True) is live and not q._handoff
+    with torch.no_grad():
+        restored = load_quantized(src, tmp_path, "cpu")(ids).logits
+    assert torch.equal(handed, restored)
+    # a state file replaced by a re-run is not matched by the old model
+    quantize(src, tmp_path, weights, kv, group, CAL, ".")
+    stale = q._handoff[("stale",)] = q._handoff.popitem()[1]
+    assert load_quantized(src, tmp_path, "cpu") is not stale and not q._handoff    # dropped before loading
+
+
+@pytest.mark.parametrize("weights,group", [("int4_awq", 64), ("int8_sq", None)])
+def test_model_calibrated_in_fp16_exports_exactly(builtin, tmp_path, monkeypatch, weights, group):
+    """A GPU calibrates in fp16. AWQ-scaled fp16 weights often sit exactly halfway between two quantization
+    levels, where ModelOpt's fake quantizer and its exporter round differently: without snapping the weights to
+    the export grid the reader gate failed (tiny Llama: top-1 0.984; H100, Llama-3.2-3B shape: 0.906). Simulated
+    here by calibrating in fp16 on the CPU."""
+    import pipeline.quantize as q
+    from transformers import AutoModelForCausalLM
+
+    src = builtin("tiny-llama")
+    fp16 = lambda model_dir, device: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16).eval()  # noqa: E731
+    with monkeypatch.context() as m:
+        m.setattr(q, "load_model", fp16)
+        quantize(src, tmp_path, weights, "fp16", group, CAL, ".")
+    q.drop_handoff()
+    assert q.load_quantized(src, tmp_path).model.layers[0].mlp.down_proj.weight.dtype == torch.float32
+    check = export(src, tmp_path, tmp_path / "e", weights, probe_ids(src))["trtllm"]["reader_check"]
+    assert check["logit_cosine"] >= 0.99999 and check["top1_agreement"] == 1.0, check

@@ -1,0 +1,92 @@
+"""Where the workstation calibrates a model: one GPU, spread over several, offloaded to host memory, or the CPU.
+
+Calibration holds the fp16 model plus activations of one calibration window; a model larger than one GPU is spread
+layer by layer over the workstation's GPUs with an accelerate device map (ModelOpt calibrates dispatched models),
+and what does not fit on the GPUs stays in host memory (accelerate moves each offloaded layer in for its forward:
+slow, but it finishes). On a CPU-only workstation the model is held in fp32 (fp16 matmuls are slow on CPUs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from pipeline.errors import PipelineError
+
+GiB = 2**30
+# Per GPU, kept free of weights: the CUDA context, ModelOpt's calibration statistics, one window's activations
+# (a 8B model at 512 tokens needs well under 1 GiB) and the allocator's fragmentation. ModelOpt's own examples
+# reserve a similar fraction when they build max_memory for device_map="auto".
+GPU_HEADROOM_FRACTION = 0.15
+GPU_HEADROOM_MIN = 2 * GiB
+HOST_HEADROOM = 4 * GiB
+
+
+@dataclass(frozen=True)
+class Placement:
+    kind: str                              # "gpu" | "multi-gpu" | "gpu+offload" | "cpu"
+    device: str                            # where inputs go: "cuda:0" or "cpu"
+    max_memory: dict = field(default_factory=dict)   # accelerate max_memory (empty: no device map)
+    model_bytes: int = 0
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["max_memory"] = {str(k): v for k, v in self.max_memory.items()}
+        return d
+
+
+def _budget(free: int) -> int:
+    return max(0, free - max(GPU_HEADROOM_MIN, int(free * GPU_HEADROOM_FRACTION)))
+
+
+def choose(model_bytes: int, gpu_free: list[int], host_free: int, budgets: list[int] | None = None) -> Placement:
+    """model_bytes: the model at its calibration dtype (fp16 on GPUs). gpu_free: free bytes per visible GPU.
+    budgets: bytes of weights per GPU, instead of what gpu_free leaves after the headroom."""
+    gb = lambda n: f"{n / 1e9:.1f} GB"      # noqa: E731
+    if not gpu_free:
+        need = model_bytes * 2 + HOST_HEADROOM          # fp32 on the CPU
+        if need > host_free:
+            raise PipelineError(f"calibrating on the CPU holds the model in fp32: {gb(need)} of host memory, "
+                                f"{gb(host_free)} free",
+                                "run the quantize stage on a workstation with an NVIDIA GPU, or free host memory")
+        return Placement("cpu", "cpu", {}, model_bytes, f"CPU, fp32 ({gb(need)} of host memory)")
+    budgets = budgets or [_budget(f) for f in gpu_free]
+    if model_bytes <= budgets[0]:
+        return Placement("gpu", "cuda:0", {}, model_bytes, f"one GPU ({gb(model_bytes)} of {gb(budgets[0])})")
+    max_memory: dict = {i: b for i, b in enumerate(budgets) if b > 0}
+    if model_bytes <= sum(budgets):
+        return Placement("multi-gpu", "cuda:0", max_memory, model_bytes,
+                         f"spread over {len(max_memory)} GPUs ({gb(model_bytes)} over {gb(sum(budgets))})")
+    rest = model_bytes - sum(budgets)
+    if rest + HOST_HEADROOM > host_free:
+        raise PipelineError(f"the model ({gb(model_bytes)} in fp16) does not fit the GPUs ({gb(sum(budgets))} "
+                            f"usable) plus host memory ({gb(host_free)} free)",
+                            "use a workstation with more GPU or host memory")
+    max_memory["cpu"] = host_free - HOST_HEADROOM
+    return Placement("gpu+offload", "cuda:0", max_memory, model_bytes,
+                     f"{gb(sum(budgets))} on {len(budgets)} GPU(s), {gb(rest)} offloaded to host memory "
+                     "(each offloaded layer is copied in for its forward: slower)")
+
+
+def checkpoint_bytes(model_dir, dtype_bytes: int = 2) -> int:
+    """Parameters in the checkpoint's safetensors headers, at dtype_bytes each (no tensor data is read)."""
+    import math
+
+    from pipeline.safetensors_check import check_safetensors
+
+    return dtype_bytes * sum(math.prod(shape) for shard in sorted(model_dir.glob("*.safetensors"))
+                             for _dtype, shape in check_safetensors(shard).values())
+
+
+def probe(model_dir) -> Placement:
+    """The placement for this workstation, now."""
+    import os
+
+    import torch
+
+    gpus = [torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    host = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    # PIPELINE_GPU_BUDGET_BYTES="N[,N...]": weights allowed per GPU (a shared GPU; tests that force a spread)
+    budgets = [int(b) for b in os.environ.get("PIPELINE_GPU_BUDGET_BYTES", "").split(",") if b.strip()]
+    return choose(checkpoint_bytes(model_dir), gpus, host, budgets[:len(gpus)] or None)

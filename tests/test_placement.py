@@ -1,0 +1,49 @@
+"""Where the workstation calibrates: one GPU, spread over GPUs, offloaded, or the CPU (decided from free memory)."""
+
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.placement import GiB, checkpoint_bytes, choose
+
+GB = 10**9
+
+
+def test_small_model_on_one_gpu():
+    p = choose(6 * GB, [80 * GiB], 100 * GB)
+    assert (p.kind, p.device, p.max_memory) == ("gpu", "cuda:0", {})
+
+
+def test_model_larger_than_one_gpu_is_spread_over_all_gpus():
+    # Llama-3.1-70B in fp16 (141 GB) on 2 x 80 GB: each GPU keeps 15% free for activations and statistics
+    p = choose(141 * GB, [80 * GiB, 80 * GiB], 200 * GB)
+    assert p.kind == "multi-gpu" and set(p.max_memory) == {0, 1}
+    assert p.max_memory == {0: 68 * GiB, 1: 68 * GiB}
+    assert sum(p.max_memory.values()) >= 141 * GB and "spread over 2 GPUs" in p.note
+
+
+def test_the_rest_is_offloaded_to_host_memory():
+    p = choose(141 * GB, [80 * GiB], 256 * GB)
+    assert p.kind == "gpu+offload" and p.max_memory["cpu"] == 256 * GB - 4 * GiB
+    assert "offloaded to host memory" in p.note
+
+
+def test_nothing_fits():
+    with pytest.raises(PipelineError, match=r"does not fit the GPUs \(.* usable\) plus host memory \(20.0 GB free\)"):
+        choose(141 * GB, [24 * GiB], 20 * GB)
+
+
+def test_cpu_only_needs_fp32_in_host_memory():
+    assert choose(1 * GB, [], 24 * GB).kind == "cpu"
+    with pytest.raises(PipelineError, match=r"fp32: 20.3 GB of host memory, 19.0 GB free") as e:
+        choose(8 * GB, [], 19 * GB)
+    assert "NVIDIA GPU" in e.value.hint
+
+
+def test_checkpoint_bytes_reads_headers_only(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.zeros(10, 20, dtype=torch.float32), "b": torch.zeros(7, dtype=torch.bfloat16)},
+              str(tmp_path / "model-00001.safetensors"))
+    save_file({"c": torch.zeros(3, 3, dtype=torch.float16)}, str(tmp_path / "model-00002.safetensors"))
+    assert checkpoint_bytes(tmp_path) == (200 + 7 + 9) * 2

@@ -1,0 +1,48 @@
+"""On a GPU workstation: a model spread over GPUs, or offloaded to host memory, calibrates and exports the same
+checkpoint format, and the reader gate holds. Skipped without CUDA (CI); run on a GPU machine with `pytest
+tests/test_placement_gpu.py`. PIPELINE_GPU_BUDGET_BYTES shrinks what each GPU may hold so a tiny model spreads."""
+
+import json
+
+import pytest
+import torch
+
+from tests.test_export import CAL, builtin, probe_ids  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _run(src, tmp_path, monkeypatch, budgets):
+    from pipeline.quantize import quantize
+    from pipeline.trtllm_export import export
+
+    if budgets:
+        monkeypatch.setenv("PIPELINE_GPU_BUDGET_BYTES", budgets)
+    else:
+        monkeypatch.delenv("PIPELINE_GPU_BUDGET_BYTES", raising=False)
+    qdir, edir = tmp_path / "q", tmp_path / "e"
+    qdir.mkdir(parents=True)
+    info = quantize(src, qdir, "int4_awq", "int8", 64, CAL, ".")["quantize"]
+    # export takes the live model (moved to the CPU), or reloads it where it is spread over devices
+    check = export(src, qdir, edir, "int4_awq", probe_ids(src))["trtllm"]["reader_check"]
+    return info, check, edir
+
+
+@pytest.mark.parametrize("layout", ["multi-gpu", "gpu+offload"])
+def test_spread_model_calibrates_and_exports(builtin, tmp_path, monkeypatch, layout):  # noqa: F811
+    if layout == "multi-gpu" and torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    from pipeline.placement import checkpoint_bytes
+
+    src = builtin("tiny-llama")
+    nbytes = checkpoint_bytes(src)
+    one, _, one_dir = _run(src, tmp_path / "one", monkeypatch, None)
+    budgets = f"{nbytes * 6 // 10},{nbytes * 6 // 10}" if layout == "multi-gpu" else str(nbytes // 3)
+    spread, check, spread_dir = _run(src, tmp_path / "spread", monkeypatch, budgets)
+    assert one["placement"]["kind"] == "gpu"
+    assert spread["placement"]["kind"] == layout
+    assert check["logit_cosine"] >= 0.999 and check["top1_tie_aware"] >= 0.99, check
+    a = json.loads((one_dir / "config.json").read_text())
+    b = json.loads((spread_dir / "config.json").read_text())
+    assert a == b
+    print(layout, json.dumps(spread["placement"]), json.dumps(check))
