@@ -1,9 +1,9 @@
 """Where the workstation calibrates a model: one GPU, spread over several, offloaded to host memory, or the CPU.
 
 Calibration holds the fp16 model plus activations of one calibration window; a model larger than one GPU is spread
-layer by layer over the workstation's GPUs with an accelerate device map (ModelOpt calibrates dispatched models),
-and what does not fit on the GPUs stays in host memory (accelerate moves each offloaded layer in for its forward:
-slow, but it finishes). On a CPU-only workstation the model is held in fp32 (fp16 matmuls are slow on CPUs).
+layer by layer over the workstation's GPUs with an accelerate device map (ModelOpt calibrates dispatched models).
+A model larger than all GPUs, or a CPU-only workstation, calibrates on the CPU in fp32 (fp16 matmuls are slow on
+CPUs), from host memory.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ HOST_HEADROOM = 4 * GiB
 
 @dataclass(frozen=True)
 class Placement:
-    kind: str                              # "gpu" | "multi-gpu" | "gpu+offload" | "cpu"
+    kind: str                              # "gpu" | "multi-gpu" | "cpu"
     device: str                            # where inputs go: "cuda:0" or "cpu"
     max_memory: dict = field(default_factory=dict)   # accelerate max_memory (empty: no device map)
     model_bytes: int = 0
@@ -57,15 +57,17 @@ def choose(model_bytes: int, gpu_free: list[int], host_free: int, budgets: list[
     if model_bytes <= sum(budgets):
         return Placement("multi-gpu", "cuda:0", max_memory, model_bytes,
                          f"spread over {len(max_memory)} GPUs ({gb(model_bytes)} over {gb(sum(budgets))})")
-    rest = model_bytes - sum(budgets)
-    if rest + HOST_HEADROOM > host_free:
+    # Beyond the GPUs: accelerate's CPU offload (weights in host memory, moved in per layer) broke ModelOpt's
+    # calibration on an H100 (the offloaded embedding ran on the CPU against CUDA token ids), so what does not fit
+    # the GPUs calibrates on the CPU, in fp32: slow but exact, and what a CPU-only workstation does anyway.
+    need = model_bytes * 2 + HOST_HEADROOM
+    if need > host_free:
         raise PipelineError(f"the model ({gb(model_bytes)} in fp16) does not fit the GPUs ({gb(sum(budgets))} "
-                            f"usable) plus host memory ({gb(host_free)} free)",
-                            "use a workstation with more GPU or host memory")
-    max_memory["cpu"] = host_free - HOST_HEADROOM
-    return Placement("gpu+offload", "cuda:0", max_memory, model_bytes,
-                     f"{gb(sum(budgets))} on {len(budgets)} GPU(s), {gb(rest)} offloaded to host memory "
-                     "(each offloaded layer is copied in for its forward: slower)")
+                            f"usable), and calibrating on the CPU in fp32 needs {gb(need)} of host memory, "
+                            f"{gb(host_free)} free", "use a workstation with more GPU or host memory")
+    return Placement("cpu", "cpu", {}, model_bytes,
+                     f"does not fit the GPUs ({gb(model_bytes)} > {gb(sum(budgets))} usable): CPU, fp32 "
+                     f"({gb(need)} of host memory; slow)")
 
 
 def checkpoint_bytes(model_dir, dtype_bytes: int = 2) -> int:

@@ -92,6 +92,10 @@ def load_model(model_dir: Path, device: str):
     else:
         from pipeline.placement import probe
         placement = probe(model_dir)
+        if placement.kind == "cpu":
+            model = load_model(model_dir, "cpu")
+            model.placement = placement.as_dict()
+            return model
         if placement.max_memory:     # larger than one GPU: spread over the GPUs (and host memory) by layer
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16, device_map="auto",
                                                          max_memory=placement.max_memory)
@@ -221,10 +225,14 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     with timer("load"):
         model = load_model(model_dir, device)
 
+    if model.device.type == "cpu" and fmt.gpu_calibration_only:
+        raise PipelineError(f"{fmt.label} calibration needs a CUDA GPU, and this model does not fit this "
+                            f"workstation's GPUs ({model.placement['note']})", "use a workstation with more GPU memory")
+
     def forward_loop(m):
         with Progress(f"calibrating {fmt.label}", unit="sample") as bar:
             for i, w in enumerate(windows, 1):
-                m(torch.tensor([w], device=device))
+                m(torch.tensor([w], device=model.device))
                 bar.update(i, len(windows))
 
     with timer("calibrate"), torch.no_grad():
@@ -238,7 +246,7 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
         snap_to_export_grid(model)      # after saving: restores re-apply it (load_quantized)
     _handoff[_state_key(model_dir, out)] = model
     info.update(method="modelopt", modelopt_config=fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name),
-                device=device, placement=getattr(model, "placement", {"kind": "cpu"}), calibration_tokens=sum(map(len, windows)), fused_groups=fused, saved_bytes=saved,
+                device=model.device.type, placement=getattr(model, "placement", {"kind": "cpu"}), calibration_tokens=sum(map(len, windows)), fused_groups=fused, saved_bytes=saved,
                 seconds=timer.seconds)
     (out / "quantize.json").write_text(json.dumps(info, indent=1))
     return {"quantize": info}

@@ -88,7 +88,7 @@ def inv_freq(cfg: dict, head: int) -> torch.Tensor:
 
 
 def _rope(x: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
-    pos = torch.arange(x.shape[-2], dtype=torch.float32)
+    pos = torch.arange(x.shape[-2], dtype=torch.float32, device=x.device)
     ang = torch.outer(pos, freq)
     cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
     half = x.shape[-1] // 2
@@ -103,9 +103,9 @@ def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 class _LazyTensors:
     """rank0.safetensors read on demand (memory-mapped): a multi-GB checkpoint is never copied into RAM whole."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, device: str = "cpu"):
         from safetensors import safe_open
-        self._f = safe_open(str(path), "pt")
+        self._f = safe_open(str(path), "pt", device=device)
         self._keys = set(self._f.keys())
 
     def __contains__(self, key):
@@ -121,14 +121,15 @@ class _LazyTensors:
 class CheckpointModel:
     """A TensorRT-LLM 0.12 Llama/Qwen2 checkpoint as a plain PyTorch forward pass (fp32 math)."""
 
-    def __init__(self, ckpt_dir: Path):
+    def __init__(self, ckpt_dir: Path, device: str = "cpu"):
         self.cfg = json.loads((Path(ckpt_dir) / CONFIG).read_text())
-        self.t = _LazyTensors(Path(ckpt_dir) / WEIGHTS)
+        self.device = device
+        self.t = _LazyTensors(Path(ckpt_dir) / WEIGHTS, device)
         c, q = self.cfg, self.cfg["quantization"]
         self.algo, self.group = q.get("quant_algo"), q.get("group_size")
         self.heads, self.kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
         self.head = c.get("head_size") or c["hidden_size"] // self.heads
-        self.freq = inv_freq(c, self.head)
+        self.freq = inv_freq(c, self.head).to(device)
         self.kv_int8 = q.get("kv_cache_quant_algo") == "INT8"
         self.layers = []
         for i in range(c["num_hidden_layers"]):
@@ -144,9 +145,10 @@ class CheckpointModel:
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (T,) -> logits (T, vocab) over the padded vocabulary."""
         eps = self.cfg["norm_epsilon"]
+        ids = ids.to(self.device)
         h = self.embed[ids].float()
         T, nq, nkv, d = ids.shape[0], self.heads, self.kv_heads, self.head
-        mask = torch.full((T, T), float("-inf")).triu(1)
+        mask = torch.full((T, T), float("-inf"), device=self.device).triu(1)
         for L in self.layers:
             qkv = L["attention.qkv"](_rmsnorm(h, L["in"], eps))
             q, k, v = qkv.split([nq * d, nkv * d, nkv * d], -1)

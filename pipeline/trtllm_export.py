@@ -65,6 +65,19 @@ def check_architecture(raw: dict, source: str) -> str:
     return arch
 
 
+def export_device(model_dir: Path) -> str:
+    """Export where the model was calibrated when one GPU holds it in fp32 (ModelOpt's usual flow, and the
+    reference and reader forwards take seconds there, minutes on a CPU); else on the CPU."""
+    import torch
+
+    from pipeline.placement import checkpoint_bytes
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    free = torch.cuda.mem_get_info(0)[0]
+    return "cuda" if checkpoint_bytes(model_dir, 4) * 1.3 < free else "cpu"
+
+
 def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids: list[int]) -> dict:
     import torch
     import modelopt.torch.quantization as mtq
@@ -76,9 +89,11 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids:
     raw = json.loads((model_dir / "config.json").read_text())
     arch = check_architecture(raw, str(model_dir / "config.json"))
     timer = StepTimer()
+    device = export_device(model_dir)
     with timer("load"):
-        model = load_quantized(model_dir, quant_dir, "cpu", consume=True)
-    ids = torch.tensor(probe_ids)
+        # fp32 on either device: the reference and the reader then differ by summation order only
+        model = load_quantized(model_dir, quant_dir, device, consume=True).float()
+    ids = torch.tensor(probe_ids, device=device)
     with timer("reference"), torch.no_grad():
         reference = model(ids[None]).logits[0].float()
     if weights == "int8_wo":
@@ -103,7 +118,7 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids:
         validate(out)
     with timer("reader"):
         vocab = raw["vocab_size"]
-        check = agreement(reference[:, :vocab], CheckpointModel(out).logits(ids)[:, :vocab])
+        check = agreement(reference[:, :vocab].cpu(), CheckpointModel(out, device).logits(ids)[:, :vocab].cpu())
     if check["logit_cosine"] < MIN_COSINE or check["top1_tie_aware"] < MIN_TOP1:
         raise PipelineError(f"exported checkpoint disagrees with the calibrated model: {check}",
                             "this is a bug in the export path; please report it with the recipe")

@@ -21,15 +21,15 @@ def test_model_larger_than_one_gpu_is_spread_over_all_gpus():
     assert sum(p.max_memory.values()) >= 141 * GB and "spread over 2 GPUs" in p.note
 
 
-def test_the_rest_is_offloaded_to_host_memory():
-    p = choose(141 * GB, [80 * GiB], 256 * GB)
-    assert p.kind == "gpu+offload" and p.max_memory["cpu"] == 256 * GB - 4 * GiB
-    assert "offloaded to host memory" in p.note
+def test_larger_than_all_gpus_calibrates_on_the_cpu():
+    p = choose(141 * GB, [80 * GiB], 300 * GB)
+    assert (p.kind, p.device) == ("cpu", "cpu") and "does not fit the GPUs" in p.note
 
 
 def test_nothing_fits():
-    with pytest.raises(PipelineError, match=r"does not fit the GPUs \(.* usable\) plus host memory \(20.0 GB free\)"):
-        choose(141 * GB, [24 * GiB], 20 * GB)
+    with pytest.raises(PipelineError, match=r"does not fit the GPUs \(.* usable\), and calibrating on the CPU in "
+                                            r"fp32 needs 286.3 GB of host memory, 200.0 GB free"):
+        choose(141 * GB, [24 * GiB], 200 * GB)
 
 
 def test_cpu_only_needs_fp32_in_host_memory():
