@@ -74,7 +74,15 @@ class Plan:
             "prediction": self.prediction,
             "refused": self.refused,
             "warnings": self.warnings,
-        }
+        } | {"device_build_command": self._build_command()}
+
+    def _build_command(self) -> list[str] | None:
+        from pipeline.engine_build import device_build_command
+        if not self.ok:
+            return None
+        return device_build_command({"ok": True, "backend": self.backend, "limits": {
+            "max_batch_size": self.request.limits.max_batch_size, "max_input_len": self.request.limits.max_input_len,
+            "max_seq_len": self.request.limits.max_seq_len, "max_num_tokens": self.request.limits.max_num_tokens}})
 
 
 def _gb(n: float) -> str:
@@ -132,6 +140,13 @@ def make_plan(req: PlanRequest) -> Plan:
     stack = _choose_stack(req, refused)
     backend = stack.backend if stack else req.backend
     fmt, kv = WEIGHT_FORMATS[req.weights], KV_FORMATS[req.kv_cache]
+    from pipeline.engine_build import EDGELLM_MIN_BATCH
+    if backend == "edgellm" and req.limits.max_batch_size < EDGELLM_MIN_BATCH:
+        import dataclasses
+        lim = req.limits
+        req = dataclasses.replace(req, limits=Limits(EDGELLM_MIN_BATCH, lim.max_input_len, lim.max_seq_len))
+        warnings.append(f"Edge-LLM engines built for batch 1 fail at run time (known issue): built and planned "
+                        f"for max_batch_size {EDGELLM_MIN_BATCH}.")
 
     group_size, problem = pick_group_size(fmt, req.shape.quantized_input_dims(), req.group_size)
     if problem:

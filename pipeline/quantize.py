@@ -99,6 +99,11 @@ def load_model(model_dir: Path, device: str):
         if placement.max_memory:     # larger than one GPU: spread over the GPUs (and host memory) by layer
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16, device_map="auto",
                                                          max_memory=placement.max_memory)
+            offloaded = sorted({str(d) for d in model.hf_device_map.values()} - {str(i) for i in placement.max_memory})
+            if offloaded:
+                raise PipelineError(f"accelerate placed part of {model_dir} on {offloaded} beyond the GPUs' "
+                                    f"budgets {placement.max_memory}", "set PIPELINE_GPU_BUDGET_BYTES higher, or "
+                                    "use a workstation with more GPU memory")
         else:
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16).to(placement.device)
         model.placement = placement.as_dict()

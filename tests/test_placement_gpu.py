@@ -37,7 +37,7 @@ def test_spread_model_calibrates_and_exports(builtin, tmp_path, monkeypatch, lay
     src = builtin("tiny-llama")
     nbytes = checkpoint_bytes(src)
     one, _, one_dir = _run(src, tmp_path / "one", monkeypatch, None)
-    budgets = f"{nbytes * 6 // 10},{nbytes * 6 // 10}" if layout == "multi-gpu" else str(nbytes // 3) + ",0"
+    budgets = f"{nbytes * 8 // 10},{nbytes * 8 // 10}" if layout == "multi-gpu" else str(nbytes // 3) + ",0"
     spread, check, spread_dir = _run(src, tmp_path / "spread", monkeypatch, budgets)
     assert one["placement"]["kind"] == "gpu"
     assert spread["placement"]["kind"] == layout

@@ -184,4 +184,5 @@ def test_prequantized_checkpoints_are_refused_with_the_reason():
     plan = plan_recipe(load_recipe("llama3.2-3b-orin-nano"), "orin-nano-8gb", cfg, "hub/config.json")
     assert not plan.ok
     assert "hub/config.json is already quantized (quant_method 'awq'" in plan.refused[-1]
-    assert "point the recipe at the unquantized base model" in plan.refused[-1]
+    assert "Point the recipe at the unquantized base model" in plan.refused[-1]
+    assert "W4A16_GPTQ" in plan.refused[-1]
