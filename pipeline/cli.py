@@ -213,7 +213,42 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("trust", help="trust a public key for verify/unpack/transfer")
     tr.add_argument("pubkey")
     tr.set_defaults(func=_trust_cmd)
+    pr = sub.add_parser("probe", help="what this Jetson is: L4T/JetPack, board, SM, versions, memory, bandwidth")
+    pr.add_argument("--root", default="/", help="read a directory laid out like a device's filesystem (default /)")
+    pr.add_argument("--json", action="store_true", help="machine-readable output")
+    pr.set_defaults(func=_probe_cmd)
+    d = sub.add_parser("device", help="the device half on a kit: verify, gate, build the engine, validate, bundle",
+                       description="Run on a Jetson (or for it over SSH): verify the kit's signature and hashes, "
+                       "check this board against what the kit was planned for, build the engine with the plan's "
+                       "command, validate it against the kit's goldens, and pack a signed engine bundle + report.")
+    d.add_argument("kit", help="kit directory (as copied from the workstation)")
+    d.add_argument("--work", default=None, help="where to unpack and build (default: ./<kit name>.build)")
+    d.add_argument("--out", default=".", help="where the bundle and report go (default: .)")
+    d.add_argument("--root", default="/", help="probe this directory instead of / (tests)")
+    d.add_argument("--pubkey", help="trust this public key too")
+    d.add_argument("--build-timeout", type=int, default=4 * 3600, help="seconds (default 4 h)")
+    d.add_argument("--force", action="store_true", help="build even where the memory gate refuses")
+    d.set_defaults(func=_device_cmd)
     return parser
+
+
+def _probe_cmd(args) -> int:
+    import json
+
+    from pipeline.probe import probe
+    facts = probe(args.root)
+    if args.json:
+        print(json.dumps(facts, indent=1))
+    else:
+        for k, v in facts.items():
+            print(f"{k:<18}{v}")
+    return 0
+
+
+def _device_cmd(args) -> int:
+    from pipeline.device import run_device
+    return run_device(Path(args.kit), work=Path(args.work) if args.work else None, out=Path(args.out),
+                      root=args.root, pubkey=args.pubkey, build_timeout=args.build_timeout, force=args.force)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,104 @@
+"""Probe (device facts from files, so fixtures stand in for boards) and the compatibility gate."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.gate import build_memory_gate, check, require
+from pipeline.probe import probe
+
+FIX = Path(__file__).parent / "fixtures" / "devices"
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name,l4t,jetpack,target,sm,bw,mode", [
+    ("orin-nano-8gb-jp62-super", "36.4.3", "6.2", "orin-nano-8gb-super", "8.7", 102.4, "MAXN_SUPER"),
+    ("agx-orin-64gb-jp61", "36.4.0", "6.1", "agx-orin-64gb", "8.7", 204.8, "MAXN"),
+    ("agx-thor-jp70", "38.2.0", "7.0", "agx-thor", "11.0", 273.0, "MAXN"),
+])
+def test_probe_reads_the_board(name, l4t, jetpack, target, sm, bw, mode):
+    p = probe(FIX / name)
+    assert (p["l4t"], p["jetpack"], p["target"], p["sm"], p["bandwidth_gbs"], p["power_mode"]) == \
+        (l4t, jetpack, target, sm, bw, mode)
+
+
+def test_probe_cli_json_and_details():
+    out = subprocess.run([sys.executable, "-m", "pipeline", "probe", "--root", str(FIX / "agx-thor-jp70"), "--json"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    p = json.loads(out.stdout)
+    assert p["tensorrt"] == "10.13.3.9" and p["cuda"] == "13.0.48" and p["edgellm"] == "0.11.0"
+    assert p["memory_total"] == 128312256 * 1024 and p["soc"] == "tegra264"
+    nano = probe(FIX / "orin-nano-8gb-jp62-super")
+    assert nano["tensorrt_llm"] == "0.12.0" and nano["memory_available"] == 5962204 * 1024
+
+
+def test_probe_falls_back_to_dpkg_for_l4t(tmp_path):
+    (tmp_path / "var/lib/dpkg").mkdir(parents=True)
+    (tmp_path / "var/lib/dpkg/status").write_text(
+        "Package: nvidia-l4t-core\nStatus: install ok installed\nVersion: 36.4.4-20250616085344\n")
+    p = probe(tmp_path)
+    assert p["l4t"] == "36.4.4" and p["jetpack"] == "6.2.1" and p["target"] is None and p["bandwidth_gbs"] is None
+
+
+def kit_meta(target="orin-nano-8gb", sm="8.7"):
+    return {"name": f"r@{target}", "target": target, "sm": sm, "backend": "trtllm-0.12",
+            "stack": {"backend_version": "0.12.0-jetson", "jetpack": ["6.1", "6.2", "6.2.1", "6.2.2"],
+                      "l4t": "36.4", "cuda": "12.6", "tensorrt": "10.3"}}
+
+
+def test_gate_passes_the_board_it_was_planned_for_and_warns_on_same_sm_other_board():
+    nano = probe(FIX / "orin-nano-8gb-jp62-super")
+    assert check(kit_meta("orin-nano-8gb-super"), "kit", nano).ok
+    agx = dict(probe(FIX / "agx-orin-64gb-jp61"), tensorrt_llm="0.12.0")
+    r = require(kit_meta("orin-nano-8gb"), "kit", agx)
+    assert r.warnings == ["kit r@orin-nano-8gb was made for orin-nano-8gb; this board is agx-orin-64gb (same SM "
+                          "8.7): the engine loads, TensorRT warns about the device model; validate on each board "
+                          "model."]
+
+
+def test_gate_refuses_wrong_sm():
+    thor = probe(FIX / "agx-thor-jp70")
+    with pytest.raises(PipelineError) as e:
+        require(kit_meta(), "kit", thor)
+    assert "kit r@orin-nano-8gb was made for orin-nano-8gb (SM 8.7" in str(e.value)
+    assert "this board is agx-thor, SM 11.0: engines do not load across SMs" in str(e.value)
+
+
+def test_gate_refuses_wrong_tensorrt_and_jetpack():
+    nano = dict(probe(FIX / "orin-nano-8gb-jp62-super"), tensorrt="10.7.0.23", jetpack="6.3", l4t="36.5.0")
+    r = check(kit_meta("orin-nano-8gb-super"), "kit", nano)
+    assert any("has TensorRT 10.7.0.23: TensorRT rejects engines of another version" in x for x in r.refusals)
+    assert any("runs JetPack 6.3 (L4T 36.5.0). Flash JetPack 6.1 or 6.2" in x for x in r.refusals)
+
+
+def test_gate_refuses_missing_or_wrong_backend():
+    agx = probe(FIX / "agx-orin-64gb-jp61")          # no TensorRT-LLM installed
+    r = check(kit_meta("agx-orin-64gb"), "kit", agx)
+    assert r.refusals == [r.refusals[0]] and "has no trtllm-0.12 installed. Install NVIDIA's TensorRT-LLM " \
+        "0.12.0-jetson wheel" in r.refusals[0]
+    r = check(kit_meta("agx-orin-64gb"), "kit", dict(agx, tensorrt_llm="0.13.0"))
+    assert "has trtllm-0.12 0.13.0" in r.refusals[0]
+
+
+def test_gate_reads_bundle_compat():
+    bundle = {"name": "b", "compat": {"sm": "11.0", "tensorrt": "10.13.3.9", "jetpack": "7.0", "backend": "edgellm",
+                                      "backend_version": "0.11.0"}, "built_on": {"target": "agx-thor"}}
+    thor = probe(FIX / "agx-thor-jp70")
+    assert check(bundle, "bundle", thor).ok
+    r = check(dict(bundle, compat=dict(bundle["compat"], jetpack="7.1")), "bundle", thor)
+    assert "runs JetPack 7.0 (L4T 38.2.0). Flash JetPack 7.1" in r.refusals[0]
+
+
+def test_build_memory_gate_names_boards_that_can_build():
+    nano = probe(FIX / "orin-nano-8gb-jp62-super")
+    plan = {"sm": "8.7", "memory": {"build_peak": 7_600_000_000}}
+    with pytest.raises(PipelineError) as e:
+        build_memory_gate(plan, nano)
+    assert "needs ~7.6 GB; this board has 6.1 GB available" in str(e.value)
+    assert "orin-nx-16gb" in e.value.hint and "agx-orin-64gb" in e.value.hint
+    build_memory_gate(plan, probe(FIX / "agx-orin-64gb-jp61"))       # enough: no error
