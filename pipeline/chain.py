@@ -124,6 +124,7 @@ def link_recipe(recipe: Recipe) -> None:
         spec = _package_spec(recipe, target)
         if spec.dir.is_dir():
             recipe_link(recipe, "kit", target, spec)
+            print_device_command(recipe, target)
 
 
 # ---------------------------------------------------------------------------------------------------- stage actions
@@ -312,4 +313,16 @@ def do_package(recipe: Recipe, target: str) -> dict:
 
     manifest = run_stage(spec, build)
     recipe_link(recipe, "kit", target, spec)
+    print_device_command(recipe, target)
     return manifest
+
+
+def kit_path(recipe: Recipe, target: str) -> Path:
+    link_name = "kit" if len(recipe.targets) == 1 else f"kit@{target}"
+    return artifacts_dir() / recipe.name / link_name / kit_name(recipe, target)
+
+
+def print_device_command(recipe: Recipe, target: str) -> None:
+    """No builder configured: the kit is the result; say exactly what to run on the device."""
+    print(f"kit for {target}: {kit_path(recipe, target)}\n  copy it to the Jetson (python -m pipeline transfer KIT "
+          f"/media/stick), then run there:\n  python -m pipeline device {kit_path(recipe, target)}", flush=True)

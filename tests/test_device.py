@@ -1,0 +1,94 @@
+"""The device half on the default recipe's kit: verify -> probe -> gate -> build -> validate -> report -> bundle.
+
+The board is a recorded Orin Nano 8GB on JetPack 6.2 (Super mode; tests/fixtures/devices); trtllm-build,
+tegrastats and tensorrt_llm's runtime are TEST DOUBLES (tests/doubles; TensorRT cannot exist in CI): the build
+double checks its argv against the 0.12 flag set and the checkpoint against the 0.12 schema, the runtime double
+computes with the checkpoint's weights through the independent reader. Everything else is the production code.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIX = Path(__file__).parent / "fixtures" / "devices"
+DOUBLES = Path(__file__).parent / "doubles"
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    from tests.conftest import Project
+
+    project = Project(tmp_path_factory.mktemp("devkit") / "proj")
+    (project.recipes / "tiny-llama-cpu.toml").write_text((REPO / "recipes" / "tiny-llama-cpu.toml").read_text())
+    env = dict(project.env, HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "package",
+                           "recipe=tiny-llama-cpu"], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return project, project.artifacts / "tiny-llama-cpu" / "kit" / "tiny-llama-cpu@orin-nano-8gb", proc.stdout
+
+
+def device(project, kit, tmp, board="orin-nano-8gb-jp62-super", **extra_env):
+    # the doubles run with this interpreter's python3 (they import the pipeline's checkpoint schema)
+    path = os.pathsep.join([str(DOUBLES / "bin"), str(Path(sys.executable).parent), os.environ["PATH"]])
+    env = dict(project.env, PATH=path,
+               PYTHONPATH=os.pathsep.join([str(DOUBLES / "python"), str(REPO)]),
+               TRTLLM_BUILD_DOUBLE_RECORD=str(tmp / "argv.jsonl"), **extra_env)
+    return subprocess.run([sys.executable, "-m", "pipeline", "device", str(kit), "--root", str(FIX / board),
+                           "--work", str(tmp / "work"), "--out", str(tmp / "out"),
+                           "--pubkey", str(project.root / "home" / "signing.pub")],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp)
+
+
+def test_device_builds_validates_and_bundles(kit, tmp_path):
+    project, kit_dir, doit_out = kit
+    plan = json.loads((project.artifacts / "tiny-llama-cpu" / "plan" / "plan.json").read_text())
+    assert f"python -m pipeline device {kit_dir}" in doit_out          # offline: the exact device command
+    proc = device(project, kit_dir, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "made for orin-nano-8gb; this board is orin-nano-8gb-super (same SM 8.7)" in proc.stderr
+
+    argv = json.loads((tmp_path / "argv.jsonl").read_text().splitlines()[0])
+    want = list(plan["device_build_command"])
+    want[want.index("--output_dir") + 1] = str(tmp_path / "work" / "engine.partial")
+    assert argv == want
+    work = tmp_path / "work"
+    assert (work / "engine" / "config.json").is_file() and not (work / "engine.partial").exists()
+    assert (work / "build.log").read_text().startswith("$ trtllm-build --checkpoint_dir")
+
+    report = json.loads((tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.json").read_text())
+    assert report["ok"] and report["checks"][0]["measured"] == 1.0            # engine double == goldens, all tokens
+    assert len(report["prompts"]) == 3 and all(p["decode_tok_s"] > 0 for p in report["prompts"])
+    assert report["device"]["power_mode"] == "MAXN_SUPER" and report["device"]["bandwidth_gbs"] == 102.4
+    assert report["measured"]["peak_ram"] >= 2100 * 2**20                      # from the tegrastats double
+    assert report["predicted"]["decode_tok_s"] == plan["predicted_decode_tok_s"]
+    png = (tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and b"IEND" in png[-12:]
+
+    bundle = tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb-sm87-trt10.3.0.30"
+    m = json.loads((bundle / "MANIFEST.json").read_text())
+    assert m["kind"] == "bundle" and m["compat"] == {"sm": "8.7", "tensorrt": "10.3.0.30", "jetpack": "6.2",
+                                                     "backend": "trtllm-0.12", "backend_version": "0.12.0"}
+    key = next((tmp_path / "work").parent.glob("**/signing.pub"), None) or project.root / "home" / "signing.pub"
+    r = subprocess.run([sys.executable, "-m", "pipeline", "verify", str(bundle), "--pubkey", str(key)],
+                       env=project.env, capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+
+
+def test_failed_build_leaves_no_engine_and_keeps_the_log(kit, tmp_path):
+    project, kit_dir, _ = kit
+    proc = device(project, kit_dir, tmp_path, TRTLLM_BUILD_DOUBLE_FAIL="1")
+    assert proc.returncode == 2
+    assert "trtllm-build failed (exit 1)" in proc.stderr and "out of memory (double)" in proc.stderr
+    assert not (tmp_path / "work" / "engine").exists() and not (tmp_path / "out").exists()
+
+
+def test_wrong_board_is_refused_before_anything_is_unpacked(kit, tmp_path):
+    project, kit_dir, _ = kit
+    proc = device(project, kit_dir, tmp_path, board="agx-thor-jp70")
+    assert proc.returncode == 2 and "engines do not load across SMs" in proc.stderr
+    assert not (tmp_path / "work").exists() and not (tmp_path / "argv.jsonl").exists()
