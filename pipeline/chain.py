@@ -326,3 +326,33 @@ def print_device_command(recipe: Recipe, target: str) -> None:
     """No builder configured: the kit is the result; say exactly what to run on the device."""
     print(f"kit for {target}: {kit_path(recipe, target)}\n  copy it to the Jetson (python -m pipeline transfer KIT "
           f"/media/stick), then run there:\n  python -m pipeline device {kit_path(recipe, target)}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ device (builders)
+def device_results(recipe: Recipe, target: str) -> Path:
+    return artifacts_dir() / recipe.name / ("device" if len(recipe.targets) == 1 else f"device@{target}")
+
+
+def _kit_digest(recipe: Recipe, target: str) -> str:
+    return hashlib.sha256((kit_path(recipe, target) / "SHA256SUMS").read_bytes()).hexdigest()
+
+
+def device_current(recipe: Recipe, target: str) -> bool:
+    stamp = device_results(recipe, target) / "kit.sha256"
+    return stamp.is_file() and kit_path(recipe, target).is_dir() and stamp.read_text() == _kit_digest(recipe, target)
+
+
+def do_device(recipe: Recipe, target: str) -> None:
+    """The device half through the recipe's builder: the bundle and report land in artifacts/<recipe>/device."""
+    builder = recipe.build["builder"]
+    kit, results = kit_path(recipe, target), device_results(recipe, target)
+    if builder == "local":
+        from pipeline.device import run_device
+        rc = run_device(kit, work=results.with_name(results.name + ".work"), out=results)
+    else:
+        from pipeline.builder import run_remote
+        rc = run_remote(builder, kit, results)
+    if rc != 0:
+        raise PipelineError(f"{recipe.name} on {target}: the engine was built but failed validation; "
+                            f"see {results}", "the report names the failed check and by how much")
+    (results / "kit.sha256").write_text(_kit_digest(recipe, target))

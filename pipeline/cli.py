@@ -224,7 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("kit", help="kit directory (as copied from the workstation)")
     d.add_argument("--work", default=None, help="where to unpack and build (default: ./<kit name>.build)")
     d.add_argument("--out", default=".", help="where the bundle and report go (default: .)")
-    d.add_argument("--root", default="/", help="probe this directory instead of / (tests)")
+    d.add_argument("--root", default=os.environ.get("JETSON_PIPELINE_PROBE_ROOT", "/"),
+                   help="probe this directory instead of / (a recorded board; default $JETSON_PIPELINE_PROBE_ROOT "
+                   "or /)")
     d.add_argument("--pubkey", help="trust this public key too")
     d.add_argument("--build-timeout", type=int, default=4 * 3600, help="seconds (default 4 h)")
     d.add_argument("--force", action="store_true", help="build even where the memory gate refuses")

@@ -155,15 +155,30 @@ def task_package():
                                  lambda r, t: f"kit of {r.name} for {t}")
 
 
+def task_device():
+    """On the recipe's builder (local or ssh://): verify, gate, build the engine, validate, bring back the bundle."""
+    from pipeline.chain import device_current, do_device, stage_label
+
+    for r in selected_recipes():
+        if r.build["builder"] == "offline":
+            continue
+        for t in r.targets:
+            label = stage_label(r, t)
+            yield _stage_task(label, _action(do_device, r, t), lambda r=r, t=t: device_current(r, t),
+                              [f"package:{label}"], f"engine for {r.name} on {t} via {r.build['builder']}")
+
+
 def task_build():
     """Every stage of the selected recipes."""
     from pipeline.chain import link_recipe, stage_label
 
     for r in selected_recipes():
+        device = [] if r.build["builder"] == "offline" else [f"device:{stage_label(r, t)}" for t in r.targets]
         yield {"name": r.name, "actions": [_action(link_recipe, r)], "doc": r.description,
                "task_dep": [f"plan:{stage_label(r, t)}" for t in r.targets] + [f"fetch:{r.name}"]
                + [f"export:{stage_label(r, t)}" for t in r.targets]
-               + [f"goldens:{r.name}", f"accuracy:{r.name}"] + [f"package:{stage_label(r, t)}" for t in r.targets]}
+               + [f"goldens:{r.name}", f"accuracy:{r.name}"] + [f"package:{stage_label(r, t)}" for t in r.targets]
+               + device}
 
 
 def doit_config() -> dict:

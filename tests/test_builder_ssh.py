@@ -1,0 +1,99 @@
+"""`doit build` with builder = "ssh://root@127.0.0.1:PORT" against a real OpenSSH server started here.
+
+The "device" behind sshd is this machine wearing a recorded Orin Nano's filesystem (JETSON_PIPELINE_PROBE_ROOT) with
+the TEST DOUBLES of trtllm-build, tegrastats and the tensorrt_llm runtime on its PATH (tests/doubles): the kit is
+copied over scp, verified and built there, and the bundle and report come back into artifacts/.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOUBLES = Path(__file__).parent / "doubles"
+FIX = Path(__file__).parent / "fixtures" / "devices"
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+pytestmark = pytest.mark.skipif(not Path(SSHD).exists(), reason="needs OpenSSH's sshd (Debian openssh-server; "
+                                                                 ".ci/run installs it)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def sshd(tmp_path):
+    d = tmp_path / "sshd"
+    d.mkdir()
+    for name in ("host", "client"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
+    (d / "authorized_keys").write_text((d / "client.pub").read_text())
+    os.chmod(d / "authorized_keys", 0o600)
+    port = _free_port()
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
+        f"PidFile {d / 'sshd.pid'}\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nPermitRootLogin yes\n"
+        "KbdInteractiveAuthentication no\nSubsystem sftp /usr/lib/openssh/sftp-server\n")
+    Path("/run/sshd").mkdir(exist_ok=True)
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stderr=open(d / "log", "w"))
+    for _ in range(100):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    yield port, d
+    proc.terminate()
+    proc.wait()
+
+
+def test_doit_build_through_an_ssh_builder(project, sshd, tmp_path):
+    port, d = sshd
+    recipe = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text()
+    assert 'builder = "offline"' in recipe
+    (project.recipes / "tiny-ssh.toml").write_text(recipe.replace('builder = "offline"',
+                                                                  f'builder = "ssh://root@127.0.0.1:{port}"'))
+    # the device's side: its own key store trusting the workstation's key, and its tools (doubles) on PATH
+    device_home = tmp_path / "device-home"
+    remote_python = tmp_path / "remote-python"
+    remote_python.write_text(
+        "#!/bin/sh\n"
+        f"export PATH={DOUBLES / 'bin'}:{Path(sys.executable).parent}:$PATH\n"
+        f"export PYTHONPATH={DOUBLES / 'python'}:{REPO}\n"
+        f"export JETSON_PIPELINE_PROBE_ROOT={FIX / 'orin-nano-8gb-jp62-super'}\n"
+        f"export JETSON_PIPELINE_HOME={device_home}\n"
+        f'exec {sys.executable} "$@"\n')
+    remote_python.chmod(0o755)
+    env = dict(project.env, HF_HUB_OFFLINE="1", JETSON_PIPELINE_REMOTE_PYTHON=str(remote_python),
+               JETSON_PIPELINE_REMOTE_DIR=str(tmp_path / "remote"),
+               JETSON_PIPELINE_SSH_OPTS=f"-i {d / 'client'} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null")
+    doit = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py")]
+    r = subprocess.run(doit + ["package", "recipe=tiny-ssh"], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    trust = subprocess.run([sys.executable, "-m", "pipeline", "trust", str(project.root / "home" / "signing.pub")],
+                           env=dict(env, JETSON_PIPELINE_HOME=str(device_home)), capture_output=True, text=True,
+                           cwd=REPO)
+    assert trust.returncode == 0, trust.stderr
+
+    r = subprocess.run(doit + ["build", "recipe=tiny-ssh"], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr + (d / "log").read_text()
+    assert f"[builder] copying tiny-ssh@orin-nano-8gb to root@127.0.0.1:{tmp_path / 'remote'}/" in r.stderr
+    assert "[device] kit tiny-ssh@orin-nano-8gb: signature and hashes OK" in r.stderr     # streamed back
+    results = project.artifacts / "tiny-ssh" / "device"
+    import json
+    report = json.loads((results / "tiny-ssh@orin-nano-8gb.report" / "report.json").read_text())
+    assert report["ok"] and report["device"]["target"] == "orin-nano-8gb-super"
+    bundle = results / "tiny-ssh@orin-nano-8gb-sm87-trt10.3.0.30"
+    assert json.loads((bundle / "MANIFEST.json").read_text())["compat"]["sm"] == "8.7"
+    assert (tmp_path / "remote" / "tiny-ssh@orin-nano-8gb.build" / "build.log").is_file()    # on the device
+
+    again = subprocess.run(doit + ["build", "recipe=tiny-ssh"], env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "-- device:tiny-ssh" in again.stdout       # up to date: not rebuilt
