@@ -92,3 +92,19 @@ def test_wrong_board_is_refused_before_anything_is_unpacked(kit, tmp_path):
     proc = device(project, kit_dir, tmp_path, board="agx-thor-jp70")
     assert proc.returncode == 2 and "engines do not load across SMs" in proc.stderr
     assert not (tmp_path / "work").exists() and not (tmp_path / "argv.jsonl").exists()
+
+
+def test_validation_failure_says_which_check_and_by_how_much(kit, tmp_path):
+    project, kit_dir, _ = kit
+    proc = device(project, kit_dir, tmp_path, TRTLLM_RUNTIME_DOUBLE_WRONG_AT="2")
+    assert proc.returncode == 1, proc.stderr
+    goldens = json.loads((project.artifacts / "tiny-llama-cpu" / "goldens" / "goldens.json").read_text())
+    worst = min(min(2, len(p["output_ids"])) / len(p["output_ids"]) for p in goldens["prompts"])  # then it diverges
+    need = goldens["min_token_agreement"]
+    report = json.loads((tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.json").read_text())
+    check = report["checks"][0]
+    assert not report["ok"] and check["measured"] == round(worst, 4) and check["by"] == round(need - worst, 4)
+    assert f"failed: token agreement with goldens (worst prompt): required >= {need}, measured {check['measured']}" \
+        in proc.stderr
+    assert "FAILED" in (tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.md").read_text()
+    assert not list((tmp_path / "out").glob("*-sm87-*"))                 # no bundle for a failed engine

@@ -28,8 +28,11 @@ class ModelRunnerCpp:
                  output_sequence_lengths=True, return_dict=True):
         ids = batch_input_ids[0].tolist()
         vocab = self.model.cfg["vocab_size"]
-        for _ in range(max_new_tokens):
+        wrong_at = int(os.environ.get("TRTLLM_RUNTIME_DOUBLE_WRONG_AT", "-1"))   # a miscompiled engine
+        for step in range(max_new_tokens):
             nxt = int(self.model.logits(torch.tensor(ids))[-1, :vocab].argmax())
+            if step == wrong_at:
+                nxt = (nxt + 1) % vocab
             ids.append(nxt)
             if nxt == end_id:
                 break
