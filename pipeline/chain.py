@@ -26,8 +26,9 @@ def _data_digest(name: str) -> str:
 def fetch_spec(recipe: Recipe) -> StageSpec:
     m = recipe.model
     if m["source"] == "builtin":
-        from pipeline.tinymodel import BUILTINS
+        from pipeline.tinymodel import BUILTINS, CHAT_TEMPLATE
         return StageSpec("fetch", {"source": "builtin", "name": m["name"], "spec": asdict(BUILTINS[m["name"]]),
+                                   "chat_template": CHAT_TEMPLATE,
                                    "corpus": _data_digest("corpus/calib-en.txt")},
                          tools=("torch", "transformers", "tokenizers"))
     if m["source"] == "local":
@@ -53,9 +54,19 @@ def quantize_spec(recipe: Recipe) -> StageSpec:
                      inputs=(fetch_spec(recipe),), tools=WORKSTATION_TOOLS, fingerprint=fingerprint)
 
 
-def export_spec(recipe: Recipe, backend: str) -> StageSpec:
-    return StageSpec("export", {"backend": backend}, inputs=(fetch_spec(recipe), quantize_spec(recipe)),
-                     tools=WORKSTATION_TOOLS)
+def export_spec(recipe: Recipe, plan: dict) -> StageSpec:
+    """TensorRT-LLM 0.12 checkpoints are the same for every Orin; Edge-LLM's ONNX depends on the target SM."""
+    if plan["backend"] == "trtllm-0.12":
+        return StageSpec("export", {"backend": plan["backend"]}, inputs=(fetch_spec(recipe), quantize_spec(recipe)),
+                         tools=WORKSTATION_TOOLS)
+    return StageSpec("export", {"backend": plan["backend"], "target_sm": plan["sm"]},
+                     inputs=(fetch_spec(recipe), quantize_spec(recipe)),
+                     tools=WORKSTATION_TOOLS + ("tensorrt-edgellm", "onnx"))
+
+
+def export_payload(plan: dict) -> str:
+    """The export stage's directory the device builds from (and the kit carries)."""
+    return "checkpoint" if plan["backend"] == "trtllm-0.12" else "onnx"
 
 
 def goldens_spec(recipe: Recipe) -> StageSpec:
@@ -77,7 +88,7 @@ def package_spec(recipe: Recipe, target: str, plan: dict, key_id: str) -> StageS
                                                                            .encode()).hexdigest(),
                                  "recipe": hashlib.sha256(Path(recipe.file).read_bytes()).hexdigest(),
                                  "key": key_id},
-                     inputs=(fetch_spec(recipe), export_spec(recipe, backend), goldens_spec(recipe),
+                     inputs=(fetch_spec(recipe), export_spec(recipe, plan), goldens_spec(recipe),
                              accuracy_spec(recipe)))
 
 
@@ -118,7 +129,7 @@ def link_recipe(recipe: Recipe) -> None:
         if spec.dir.is_dir():
             recipe_link(recipe, stage, None, spec)
     for target in recipe.targets:
-        spec = export_spec(recipe, recipe_plan(recipe, target)["backend"])
+        spec = export_spec(recipe, recipe_plan(recipe, target))
         if spec.dir.is_dir():
             recipe_link(recipe, "export", target, spec)
         spec = _package_spec(recipe, target)
@@ -190,15 +201,16 @@ def do_quantize(recipe: Recipe) -> dict:
 
 def export_current(recipe: Recipe, target: str) -> bool:
     from pipeline.stages import is_current
-    return is_current(export_spec(recipe, recipe_plan(recipe, target)["backend"]))
+    return is_current(export_spec(recipe, recipe_plan(recipe, target)))
 
 
 def do_export(recipe: Recipe, target: str) -> dict:
-    backend = recipe_plan(recipe, target)["backend"]
-    spec = export_spec(recipe, backend)
-    if backend != "trtllm-0.12":
-        raise PipelineError(f"{recipe.name}: the {backend} export is not implemented yet (tracked as issue 4)",
-                            "plan with backend = 'trtllm-0.12' on an Orin target for now")
+    plan = recipe_plan(recipe, target)
+    spec = export_spec(recipe, plan)
+
+    def build_edgellm(out: Path) -> dict:
+        from pipeline.edgellm_export import export
+        return export(_model_dir(recipe), quantize_spec(recipe).dir, out, recipe.weights, recipe.kv_cache, plan["sm"])
 
     def build(out: Path) -> dict:
         from pipeline.calibration import load_texts
@@ -209,7 +221,7 @@ def do_export(recipe: Recipe, target: str) -> dict:
         probe = tok(" ".join(load_texts("builtin:heldout-en")), add_special_tokens=False)["input_ids"][:32]
         return export(_model_dir(recipe), quantize_spec(recipe).dir, out / "checkpoint", recipe.weights, probe)
 
-    manifest = run_stage(spec, build)
+    manifest = run_stage(spec, build if plan["backend"] == "trtllm-0.12" else build_edgellm)
     recipe_link(recipe, "export", target, spec)
     return manifest
 
@@ -284,13 +296,13 @@ def do_package(recipe: Recipe, target: str) -> dict:
     plan = recipe_plan(recipe, target)
     key = signing_key(create=True)
     spec = package_spec(recipe, target, plan, key.public.id_hex)
-    export_dir = export_spec(recipe, plan["backend"]).dir
+    export_dir, payload = export_spec(recipe, plan).dir, export_payload(plan)
 
     def build(out: Path) -> dict:
         content = out / ".content"
-        for f in sorted((export_dir / "checkpoint").rglob("*")):
+        for f in sorted((export_dir / payload).rglob("*")):
             if f.is_file():
-                link_or_copy(f, content / "checkpoint" / f.relative_to(export_dir / "checkpoint"))
+                link_or_copy(f, content / payload / f.relative_to(export_dir / payload))
         for name in TOKENIZER_FILES:
             if (_model_dir(recipe) / name).is_file():
                 link_or_copy(_model_dir(recipe) / name, content / "tokenizer" / name)
@@ -305,7 +317,9 @@ def do_package(recipe: Recipe, target: str) -> dict:
         meta = {"recipe": recipe.name, "target": target, "sm": plan["sm"], "backend": plan["backend"],
                 "stack": plan["stack"], "quant": plan["quant"], "limits": plan["limits"],
                 "versions": {"jetson-trtllm-pipeline": __version__, **stages["export"]["tools"]},
-                "reader_check": read_manifest(export_dir).get("trtllm", {}).get("reader_check")}
+                "reader_check": read_manifest(export_dir).get("trtllm", {}).get("reader_check"),
+                "edgellm": {k: v for k, v in read_manifest(export_dir).get("edgellm", {}).items() if k != "onnx"}
+                or None}
         manifest = pack(content, out / kit_name(recipe, target), kit_name(recipe, target), "kit", key, meta=meta)
         shutil.rmtree(content)
         return {"kit": {"name": kit_name(recipe, target), "parts": len(manifest["parts"]),

@@ -74,6 +74,10 @@ def train_tokenizer(vocab_size: int):
     return tok
 
 
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
 def materialize(name: str, out_dir: Path, progress=None) -> None:
     """Write builtin `name` as a Hugging Face checkpoint directory into out_dir."""
     import torch
@@ -85,6 +89,8 @@ def materialize(name: str, out_dir: Path, progress=None) -> None:
     tok = train_tokenizer(spec.vocab_size)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
                                    pad_token="<|pad|>")
+    # Like a real instruct model's: Edge-LLM's export requires a chat template (and writes it for its runtime).
+    fast.chat_template = CHAT_TEMPLATE
     vocab = tok.get_vocab_size()
     config_cls = getattr(transformers, spec.architecture.replace("ForCausalLM", "Config"))
     config = config_cls(vocab_size=vocab, bos_token_id=0, eos_token_id=1, pad_token_id=2,

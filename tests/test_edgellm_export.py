@@ -1,0 +1,81 @@
+"""The edgellm backend on CPU: ModelOpt -> unified HF checkpoint -> Edge-LLM ONNX, checked and reproducible."""
+
+import hashlib
+import json
+
+import pytest
+
+from pipeline.edgellm_export import export
+from pipeline.quantize import quantize
+from tests.test_export import CAL, builtin  # noqa: F401  (fixture)
+
+FILES = ("model.onnx", "model.onnx.data", "config.json", "embedding.safetensors")
+
+
+def _digests(d):
+    return {f: hashlib.sha256((d / f).read_bytes()).hexdigest() for f in FILES}
+
+
+@pytest.mark.parametrize("weights,kv,group,algo,kv_algo", [
+    ("fp8", "fp16", None, "FP8", None), ("fp8", "fp8", None, "FP8", "FP8"),
+    ("int4_awq", "fp16", 64, "W4A16_AWQ", None)])
+def test_edgellm_onnx_export(builtin, tmp_path, weights, kv, group, algo, kv_algo):  # noqa: F811
+    src = builtin("tiny-llama")
+    q = tmp_path / "q"
+    q.mkdir()
+    quantize(src, q, weights, kv, group, CAL, ".")
+    first = export(src, q, tmp_path / "a", weights, kv, "11.0")["edgellm"]
+    onnx_dir = tmp_path / "a" / "onnx"
+    assert first["quant_algo"] == algo and first["kv_cache_quant_algo"] == kv_algo and first["target_sm"] == 110
+    assert first["versions"]["tensorrt-edgellm"] == "0.11.0" and first["externalized_weights"] == []
+    g = first["onnx"]
+    assert g["inputs"][:3] == ["inputs_embeds", "past_key_values_0", "past_key_values_1"]
+    assert g["outputs"] == ["logits", "present_key_values_0", "present_key_values_1"]
+    assert "trt_edgellm:AttentionPlugin" in g["custom_ops"]
+    if weights == "int4_awq":      # tiny-llama's k/v projections are 32 wide: not 64-aligned, so the legacy plugin
+        assert "trt_edgellm:Int4GroupwiseGemmPlugin" in g["custom_ops"] and first["int4_gemm_plugin_version"] == 1
+    cfg = json.loads((onnx_dir / "config.json").read_text())
+    assert cfg["edgellm_version"] == "0.11.0" and cfg["num_hidden_layers"] == 2
+    assert cfg["kv_cache_dtype"] == ("fp8" if kv == "fp8" else "fp16")
+    assert (onnx_dir / "chat_template.jinja").is_file() and (onnx_dir / "tokenizer.json").is_file()
+    assert not (tmp_path / "a" / "hf-checkpoint").exists()
+
+    # the same state exported again (a fresh process would restore it; here the handoff is gone) is byte-identical
+    export(src, q, tmp_path / "b", weights, kv, "11.0")
+    assert _digests(onnx_dir) == _digests(tmp_path / "b" / "onnx")
+
+
+def test_int4_plugin_follows_alignment():
+    import torch
+
+    from pipeline.edgellm_export import int4_plugin_version
+
+    def model(*shapes):
+        m = torch.nn.Sequential(*[torch.nn.Linear(k, n) for n, k in shapes])
+        for lin in m:
+            lin.weight_quantizer = object()
+        return m
+    assert int4_plugin_version(model((128, 64), (64, 192))) == 2
+    assert int4_plugin_version(model((128, 64), (32, 64))) == 1
+
+
+def test_thor_recipe_through_doit_packages_onnx_with_the_llm_build_command(project):
+    from tests.test_graph import REPO
+
+    text = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text()
+    text = text.replace('targets = ["orin-nano-8gb"]', 'targets = ["agx-thor"]').replace(
+        'weights = "int4_awq"', 'weights = "fp8"').replace('kv_cache = "fp16"', 'kv_cache = "fp8"').replace(
+        "group_size = 64\n", "")
+    (project.recipes / "tiny-thor.toml").write_text(text)
+    out = project.doit("build", "recipe=tiny-thor", timeout=900).stdout
+    kit = project.artifacts / "tiny-thor" / "kit" / "tiny-thor@agx-thor"
+    assert f"python -m pipeline device {kit}" in out
+    m = json.loads((kit / "MANIFEST.json").read_text())
+    assert m["backend"] == "edgellm" and m["sm"] == "11.0" and m["stack"]["tensorrt"] == "10.13"
+    assert m["edgellm"]["quant_algo"] == "FP8" and m["edgellm"]["kv_cache_quant_algo"] == "FP8"
+    assert m["edgellm"]["target_sm"] == 110 and m["edgellm"]["versions"]["tensorrt-edgellm"] == "0.11.0"
+    files = {f["path"] for f in m["files"]}
+    assert {"onnx/model.onnx", "onnx/model.onnx.data", "onnx/config.json", "onnx/embedding.safetensors",
+            "goldens.json", "plan.json"} <= files and not any(f.startswith("checkpoint/") for f in files)
+    plan = json.loads((project.artifacts / "tiny-thor" / "plan" / "plan.json").read_text())
+    assert plan["device_build_command"][:5] == ["llm_build", "--onnxDir", "onnx", "--engineDir", "engine"]
