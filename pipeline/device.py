@@ -83,13 +83,38 @@ def _sample_tegrastats(log: Path):
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
 
+def edgellm_inference_input(goldens: dict) -> dict:
+    """llm_inference's input file: the golden prompts, raw (goldens were made without a chat template), greedy."""
+    return {"batch_size": 1, "temperature": 0.0, "top_p": 1.0, "top_k": 1,
+            "max_generate_length": goldens["max_new_tokens"], "apply_chat_template": False,
+            "add_generation_prompt": False,
+            "requests": [{"messages": [{"role": "user", "content": p["prompt"]}]} for p in goldens["prompts"]]}
+
+
+def _validate_edgellm(kit_dir: Path, engine: Path, work: Path) -> dict:
+    """Edge-LLM's C++ runtime gives text, not token ids: agreement is then measured on the text (report.py)."""
+    goldens = json.loads((kit_dir / "goldens.json").read_text())
+    (work / "inference-input.json").write_text(json.dumps(edgellm_inference_input(goldens), indent=1))
+    results = []
+    for i in range(len(goldens["prompts"])):
+        single = dict(edgellm_inference_input(goldens))
+        single["requests"] = single["requests"][i:i + 1]
+        (work / f"input-{i}.json").write_text(json.dumps(single))
+        seconds = run_logged(["llm_inference", "--engineDir", str(engine), "--inputFile", str(work / f"input-{i}.json"),
+                              "--outputFile", str(work / f"output-{i}.json"), "--warmup", "1"],
+                             cwd=work, log=work / f"validate-{i}.log", timeout=3600)
+        text = json.loads((work / f"output-{i}.json").read_text())["responses"][0]["output_text"]
+        results.append({"prompt": goldens["prompts"][i]["prompt"], "output_text": text, "seconds": seconds,
+                        "ttft_s": None, "decode_tok_s": None})
+    return {"runtime": "llm_inference", "prompts": results}
+
+
 def validate(kit_dir: Path, engine: Path, plan: dict, work: Path) -> dict:
-    if plan["backend"] != "trtllm-0.12":
-        raise PipelineError("validation through Edge-LLM's llm_inference is not implemented yet",
-                            "run llm_inference on the engine by hand; the bundle is still produced")
     stats_log = work / "tegrastats.log"
     sampler = _sample_tegrastats(stats_log)
     try:
+        if plan["backend"] != "trtllm-0.12":
+            return _validate_edgellm(kit_dir, engine, work)
         run_logged([sys.executable, "-m", "pipeline.trtllm_runner", "--engine-dir", str(engine),
                     "--goldens", str(kit_dir / "goldens.json"), "--out", str(work / "validation.json")],
                    cwd=work, log=work / "validate.log", timeout=3600,

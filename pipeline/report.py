@@ -27,14 +27,17 @@ def build_report(goldens: dict, validation: dict, plan: dict, device: dict, peak
     need = goldens["min_token_agreement"]
     per_prompt = []
     for g, v in zip(goldens["prompts"], validation["prompts"]):
-        per_prompt.append({"prompt": g["prompt"], "agreement": round(token_agreement(g["output_ids"],
-                                                                                     v["output_ids"]), 4),
+        # token ids where the runtime gives them (TensorRT-LLM); else characters of the decoded text (Edge-LLM)
+        agree = token_agreement(g["output_ids"], v["output_ids"]) if "output_ids" in v else \
+            token_agreement(list(g["text"]), list(v["output_text"]))
+        per_prompt.append({"prompt": g["prompt"], "agreement": round(agree, 4),
                            "ttft_s": v["ttft_s"], "decode_tok_s": v["decode_tok_s"]})
     agreement = min(p["agreement"] for p in per_prompt)
     rates = [p["decode_tok_s"] for p in per_prompt if p["decode_tok_s"]]
     predicted = plan.get("predicted_decode_tok_s")
     planned = (plan.get("memory") or {}).get("total")
-    checks = [{"check": "token agreement with goldens (worst prompt)", "required": f">= {need}",
+    unit = "token" if "output_ids" in validation["prompts"][0] else "text"
+    checks = [{"check": f"{unit} agreement with goldens (worst prompt)", "required": f">= {need}",
                "measured": agreement, "ok": agreement >= need,
                "by": None if agreement >= need else round(need - agreement, 4)}]
     if peak_ram and planned:
@@ -46,7 +49,8 @@ def build_report(goldens: dict, validation: dict, plan: dict, device: dict, peak
             "device": {k: device.get(k) for k in ("target", "board", "jetpack", "l4t", "tensorrt", "power_mode",
                                                   "bandwidth_gbs")},
             "measured": {"decode_tok_s": round(sum(rates) / len(rates), 2) if rates else None,
-                         "ttft_s": round(sum(p["ttft_s"] for p in per_prompt) / len(per_prompt), 4),
+                         "ttft_s": round(sum(p["ttft_s"] for p in per_prompt) / len(per_prompt), 4)
+                         if all(p["ttft_s"] is not None for p in per_prompt) else None,
                          "peak_ram": peak_ram, "build_seconds": build.get("seconds")},
             "predicted": {"decode_tok_s": predicted, "memory_total": planned,
                           "power_mode": (plan.get("prediction") or {}).get("power_mode")},

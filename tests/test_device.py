@@ -108,3 +108,37 @@ def test_validation_failure_says_which_check_and_by_how_much(kit, tmp_path):
         in proc.stderr
     assert "FAILED" in (tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.md").read_text()
     assert not list((tmp_path / "out").glob("*-sm87-*"))                 # no bundle for a failed engine
+
+
+def test_thor_kit_builds_with_llm_build_and_reports_text_agreement(project, tmp_path):
+    """An Edge-LLM kit on the recorded AGX Thor: llm_build gets the plan's argv; llm_inference's double cannot run
+    an engine and answers a fixed text, so validation fails and the report says by how much (no bundle)."""
+    text = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text()
+    text = text.replace('targets = ["orin-nano-8gb"]', 'targets = ["agx-thor"]').replace(
+        'weights = "int4_awq"', 'weights = "fp8"').replace("group_size = 64\n", "")
+    (project.recipes / "tiny-thor.toml").write_text(text)
+    project.doit("package", "recipe=tiny-thor", timeout=900)
+    kit_dir = project.artifacts / "tiny-thor" / "kit" / "tiny-thor@agx-thor"
+    thor = FIX / "agx-thor-jp70"
+    proc = device(project, kit_dir, tmp_path, board="agx-thor-jp70",
+                  LLM_BUILD_DOUBLE_RECORD=str(tmp_path / "llm_build.jsonl"))
+    assert thor.is_dir() and proc.returncode == 1, proc.stderr
+    plan = json.loads((project.artifacts / "tiny-thor" / "plan" / "plan.json").read_text())
+    argv = json.loads((tmp_path / "llm_build.jsonl").read_text())
+    want = list(plan["device_build_command"])
+    want[want.index("--engineDir") + 1] = str(tmp_path / "work" / "engine.partial")
+    assert argv == want and (tmp_path / "work" / "engine" / "llm.engine").is_file()
+    inp = json.loads((tmp_path / "work" / "inference-input.json").read_text())
+    assert [r["messages"][0]["content"] for r in inp["requests"]] == [
+        "The small computer sat on a shelf", "To bake bread you need", "What is the capital of France?"]
+    report = json.loads((tmp_path / "out" / "tiny-thor@agx-thor.report" / "report.json").read_text())
+    check = report["checks"][0]
+    goldens = json.loads((project.artifacts / "tiny-thor" / "goldens" / "goldens.json").read_text())
+    answer = " (double: no engine was run)"
+
+    def prefix(a, b):
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return n / len(a)
+    worst = round(min(prefix(p["text"], answer) for p in goldens["prompts"]), 4)
+    assert check["check"] == "text agreement with goldens (worst prompt)" and check["measured"] == worst < 0.1
+    assert check["by"] == round(0.9 - worst, 4) and report["device"]["target"] == "agx-thor"
