@@ -61,47 +61,62 @@ class SSHBuilder:
 
 
 @contextmanager
-def device_lock(name: str):
-    """One build per device at a time, across processes (doit -n N)."""
+def first_free(urls: list[str]):
+    """Hold the lock of the first builder nobody is building on (waiting for the first one if all are busy)."""
     from pipeline.stages import artifacts_dir
 
     locks = artifacts_dir() / ".locks"
     locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    handles = [open(locks / f"{re.sub(r'[^A-Za-z0-9._-]', '_', SSHBuilder.parse(u).host)}_"
+                        f"{SSHBuilder.parse(u).port}.lock", "w") for u in urls]
+    try:
+        chosen = None
+        for url, fh in zip(urls, handles):
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                chosen = (url, fh)
+                break
+            except BlockingIOError:
+                continue
+        if chosen is None:
+            fcntl.flock(handles[0], fcntl.LOCK_EX)
+            chosen = (urls[0], handles[0])
+        yield chosen[0]
+    finally:
+        for fh in handles:
+            fh.close()          # closing releases the lock
 
 
-def run_remote(url: str, kit: Path, results: Path) -> int:
-    """Copy the kit to the builder, run the device half there, bring back its bundle and report into `results`.
+def run_remote(urls: str | list[str], kit: Path, results: Path) -> int:
+    """Copy the kit to a free builder, run the device half there, bring back its bundle and report into `results`.
     Returns the device command's exit code (0 built and validated, 1 validation failed)."""
-    b = SSHBuilder.parse(url)
+    with first_free([urls] if isinstance(urls, str) else list(urls)) as url:
+        return _run_on(SSHBuilder.parse(url), url, kit, results)
+
+
+def _run_on(b: "SSHBuilder", url: str, kit: Path, results: Path) -> int:
     python = os.environ.get("JETSON_PIPELINE_REMOTE_PYTHON", "python3")
     rdir = os.environ.get("JETSON_PIPELINE_REMOTE_DIR", "jetson-builds")
     name = kit.name
-    with device_lock(f"{b.host}_{b.port}"):
-        r = b.ssh(f"mkdir -p {shlex.quote(rdir)} && rm -rf {shlex.quote(f'{rdir}/{name}.out')}",
-                  capture_output=True, text=True)
-        if r.returncode:
-            raise PipelineError(f"cannot reach builder {url}: {r.stderr.strip()}",
-                                "check that `ssh -p PORT USER@HOST` works without a password (BatchMode)")
-        print(f"[builder] copying {name} to {b.target}:{rdir}/", file=sys.stderr, flush=True)
-        b.scp([str(kit)], f"{b.target}:{rdir}/")
-        command = (f"cd {shlex.quote(rdir)} && {python} -m pipeline device {shlex.quote(name)} "
-                   f"--work {shlex.quote(name + '.build')} --out {shlex.quote(name + '.out')}")
-        print(f"[builder] {b.target}: {command}", file=sys.stderr, flush=True)
-        rc = b.ssh(command).returncode           # output streams through: the device half's progress lines
-        if rc not in (0, 1):
-            raise PipelineError(f"the device half failed on {b.target} (exit {rc}); see its output above",
-                                f"its build log is in {rdir}/{name}.build/ on the device")
-        tmp = results.with_name(results.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        b.scp([f"{b.target}:{rdir}/{name}.out/."], str(tmp))
-        shutil.rmtree(results, ignore_errors=True)
-        os.replace(tmp, results)
+    r = b.ssh(f"mkdir -p {shlex.quote(rdir)} && rm -rf {shlex.quote(f'{rdir}/{name}.out')}",
+              capture_output=True, text=True)
+    if r.returncode:
+        raise PipelineError(f"cannot reach builder {url}: {r.stderr.strip()}",
+                            "check that `ssh -p PORT USER@HOST` works without a password (BatchMode)")
+    print(f"[builder] copying {name} to {b.target}:{rdir}/", file=sys.stderr, flush=True)
+    b.scp([str(kit)], f"{b.target}:{rdir}/")
+    command = (f"cd {shlex.quote(rdir)} && {python} -m pipeline device {shlex.quote(name)} "
+               f"--work {shlex.quote(name + '.build')} --out {shlex.quote(name + '.out')}")
+    print(f"[builder] {b.target}: {command}", file=sys.stderr, flush=True)
+    rc = b.ssh(command).returncode           # output streams through: the device half's progress lines
+    if rc not in (0, 1):
+        raise PipelineError(f"the device half failed on {b.target} (exit {rc}); see its output above",
+                            f"its build log is in {rdir}/{name}.build/ on the device")
+    tmp = results.with_name(results.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    b.scp([f"{b.target}:{rdir}/{name}.out/."], str(tmp))
+    shutil.rmtree(results, ignore_errors=True)
+    os.replace(tmp, results)
     print(f"[builder] results: {results}", file=sys.stderr, flush=True)
     return rc

@@ -68,7 +68,8 @@ SCHEMA: dict = {
         "max_batch_size": F(int, 1, min=1, max=256),
         "max_input_len": F(int, 1024, min=1),
         "max_seq_len": F(int, 2048, min=2),
-        "builder": F(str, "offline", doc="local | offline | ssh://user@host[:port]"),
+        "builder": F((str, list), "offline", doc="local | offline | ssh://user@host[:port], or a list of ssh:// "
+                     "builders of the target's family (each build takes the first free one)"),
         "power_mode": F(str, None),
     },
     "validation": {
@@ -204,6 +205,10 @@ def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
     if isinstance(builder, str) and builder not in ("local", "offline") and not SSH_RE.match(builder):
         problems.append(Problem(file, "build.builder", builder, "is not a builder",
                                 "use 'local', 'offline' or 'ssh://user@host[:port]'"))
+    if isinstance(builder, list) and (not builder or not all(isinstance(u, str) and SSH_RE.match(u)
+                                                               for u in builder)):
+        problems.append(Problem(file, "build.builder", builder, "a list of builders holds ssh:// URLs only",
+                                "e.g. ['ssh://nvidia@orin-a', 'ssh://nvidia@orin-b']"))
 
     cal = v["quantization"]["calibration"]["source"]
     if isinstance(cal, str) and cal.startswith("file:"):
