@@ -118,12 +118,17 @@ def _unchanged(model, model_dir: Path) -> set[str]:
     from safetensors import safe_open
 
     params = dict(model.named_parameters())
+    # AWQ and SmoothQuant fold their smoothing into the weight of every linear that has a pre-quant scale: those
+    # changed for certain, and comparing them would only re-read gigabytes of checkpoint
+    smoothed = {f"{name}.weight" for name, m in model.named_modules()
+                if getattr(getattr(m, "input_quantizer", None), "pre_quant_scale", None) is not None}
     same = set()
     for shard in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(shard), "pt") as f:
             for key in f.keys():
                 p = params.get(key)
-                if p is not None and torch.equal(f.get_tensor(key).to(p.device).half().to(p.dtype), p):
+                if p is not None and key not in smoothed and \
+                        torch.equal(f.get_tensor(key).to(p.device).half().to(p.dtype), p):
                     same.add(key)
     return same
 

@@ -91,11 +91,15 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids:
     timer = StepTimer()
     device = export_device(model_dir)
     with timer("load"):
-        # fp32 on either device: the reference and the reader then differ by summation order only
-        model = load_quantized(model_dir, quant_dir, device, consume=True).float()
+        model = load_quantized(model_dir, quant_dir, device, consume=True)
+    calibrated_in_fp16 = next(model.parameters()).dtype == torch.float16
     ids = torch.tensor(probe_ids, device=device)
     with timer("reference"), torch.no_grad():
-        reference = model(ids[None]).logits[0].float()
+        # fp32 on either device: the reference and the reader then differ by summation order only. A model
+        # calibrated in fp16 (GPU) holds fp16 values only, so it goes back to fp16 exactly for the export.
+        reference = model.float()(ids[None]).logits[0].float()
+        if calibrated_in_fp16:
+            model.half()
     if weights == "int8_wo":
         mtq.disable_quantizer(model, "*weight_quantizer")   # export fp16 weights; TensorRT-LLM quantizes at load
     model.config.architectures = [arch]
