@@ -54,7 +54,7 @@ def run_logged(argv: list[str], cwd: Path, log: Path, timeout: int, env: dict | 
         try:
             while True:
                 try:
-                    rc = proc.wait(timeout=30)
+                    rc = proc.wait(timeout=min(30, max(1, timeout)))
                     break
                 except subprocess.TimeoutExpired:
                     elapsed = time.monotonic() - start

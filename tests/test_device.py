@@ -142,3 +142,42 @@ def test_thor_kit_builds_with_llm_build_and_reports_text_agreement(project, tmp_
     worst = round(min(prefix(p["text"], answer) for p in goldens["prompts"]), 4)
     assert check["check"] == "text agreement with goldens (worst prompt)" and check["measured"] == worst < 0.1
     assert check["by"] == round(0.9 - worst, 4) and report["device"]["target"] == "agx-thor"
+
+
+def test_build_timeout_and_ctrl_c_kill_the_builder(tmp_path):
+    import signal
+    import time
+
+    from pipeline.device import run_logged
+    from pipeline.errors import PipelineError
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+            return not Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        except (ProcessLookupError, FileNotFoundError):
+            return False
+
+    cmd = ["sh", "-c", f"echo $$ > {tmp_path / 'pid'}; exec sleep 60"]
+    t = time.monotonic()
+    with pytest.raises(PipelineError, match=r"sh ran over its 1 s limit; log: .*build.log"):
+        run_logged(cmd, cwd=tmp_path, log=tmp_path / "build.log", timeout=1)
+    assert time.monotonic() - t < 10 and not alive(int((tmp_path / "pid").read_text()))
+
+    (tmp_path / "pid").unlink()
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from pathlib import Path; "
+            f"from pipeline.device import run_logged; "
+            f"run_logged({cmd!r}, cwd=Path({str(tmp_path)!r}), log=Path({str(tmp_path / 'b.log')!r}), timeout=600)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    for _ in range(100):
+        if (tmp_path / "pid").is_file() and (tmp_path / "pid").read_text().strip():
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)                    # Ctrl-C
+    assert proc.wait(timeout=20) != 0 and "KeyboardInterrupt" in proc.stderr.read()
+    pid = int((tmp_path / "pid").read_text())
+    for _ in range(50):
+        if not alive(pid):
+            break
+        time.sleep(0.1)
+    assert not alive(pid)
