@@ -165,7 +165,10 @@ def test_build_timeout_and_ctrl_c_kill_the_builder(tmp_path):
     assert time.monotonic() - t < 10 and not alive(int((tmp_path / "pid").read_text()))
 
     (tmp_path / "pid").unlink()
-    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from pathlib import Path; "
+    # a shell started in the background (CI runners, `./.ci/run &`) makes its children ignore SIGINT, and Python
+    # then installs no KeyboardInterrupt handler: restore it, as an interactive terminal would have it
+    code = (f"import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            f"sys.path.insert(0, {str(REPO)!r}); from pathlib import Path; "
             f"from pipeline.device import run_logged; "
             f"run_logged({cmd!r}, cwd=Path({str(tmp_path)!r}), log=Path({str(tmp_path / 'b.log')!r}), timeout=600)")
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
