@@ -23,20 +23,38 @@ def _data_digest(name: str) -> str:
     return hashlib.sha256((Path(__file__).parent / "data" / name).read_bytes()).hexdigest()[:16]
 
 
-def fetch_spec(recipe: Recipe) -> StageSpec:
-    m = recipe.model
+def _source_spec(stage: str, m: dict, local: Path | None, builtins: dict, patterns) -> StageSpec:
     if m["source"] == "builtin":
-        from pipeline.tinymodel import BUILTINS, CHAT_TEMPLATE
-        return StageSpec("fetch", {"source": "builtin", "name": m["name"], "spec": asdict(BUILTINS[m["name"]]),
-                                   "chat_template": CHAT_TEMPLATE,
-                                   "corpus": _data_digest("corpus/calib-en.txt")},
+        from pipeline.tinymodel import CHAT_TEMPLATE
+        return StageSpec(stage, {"source": "builtin", "name": m["name"], "spec": asdict(builtins[m["name"]]),
+                                 "chat_template": CHAT_TEMPLATE,
+                                 "corpus": _data_digest("corpus/calib-en.txt")},
                          tools=("torch", "transformers", "tokenizers"))
     if m["source"] == "local":
         from pipeline.fetch import local_fingerprint
-        path = recipe.model_dir
-        return StageSpec("fetch", {"source": "local", "path": str(path)},
-                         fingerprint=lambda: local_fingerprint(path))
-    return StageSpec("fetch", {"source": "hf", "repo": m["repo"], "revision": m["revision"]})
+        return StageSpec(stage, {"source": "local", "path": str(local)},
+                         fingerprint=lambda: local_fingerprint(local, patterns))
+    return StageSpec(stage, {"source": "hf", "repo": m["repo"], "revision": m["revision"]})
+
+
+def fetch_spec(recipe: Recipe) -> StageSpec:
+    from pipeline.fetch import NEEDED
+    from pipeline.tinymodel import BUILTINS
+    return _source_spec("fetch", recipe.model, recipe.model_dir, BUILTINS, NEEDED)
+
+
+def draft_fetch_spec(recipe: Recipe) -> StageSpec | None:
+    """The EAGLE-3 draft's own fetch stage (None without a draft): a draft edit does not re-fetch the base."""
+    if not recipe.draft:
+        return None
+    from pipeline.fetch import DRAFT_NEEDED
+    from pipeline.tinymodel import DRAFT_BUILTINS
+    return _source_spec("fetch-draft", recipe.draft, recipe.draft_dir, DRAFT_BUILTINS, DRAFT_NEEDED)
+
+
+def draft_dir(recipe: Recipe) -> Path | None:
+    spec = draft_fetch_spec(recipe)
+    return spec.dir / "draft" if spec else None
 
 
 WORKSTATION_TOOLS = ("torch", "transformers", "nvidia-modelopt", "safetensors")
@@ -59,8 +77,10 @@ def export_spec(recipe: Recipe, plan: dict) -> StageSpec:
     if plan["backend"] == "trtllm-0.12":
         return StageSpec("export", {"backend": plan["backend"]}, inputs=(fetch_spec(recipe), quantize_spec(recipe)),
                          tools=WORKSTATION_TOOLS)
-    return StageSpec("export", {"backend": plan["backend"], "target_sm": plan["sm"]},
-                     inputs=(fetch_spec(recipe), quantize_spec(recipe)),
+    draft = draft_fetch_spec(recipe)
+    return StageSpec("export", {"backend": plan["backend"], "target_sm": plan["sm"],
+                                **({"draft": recipe.draft["method"]} if draft else {})},
+                     inputs=(fetch_spec(recipe), quantize_spec(recipe), *([draft] if draft else [])),
                      tools=WORKSTATION_TOOLS + ("tensorrt-edgellm", "onnx"))
 
 
@@ -92,10 +112,13 @@ def package_spec(recipe: Recipe, target: str, plan: dict, key_id: str) -> StageS
                              accuracy_spec(recipe)))
 
 
-def plan_spec(recipe: Recipe, target: str, model_config: dict) -> StageSpec:
+def plan_spec(recipe: Recipe, target: str, model_config: dict, draft_config: dict | None = None) -> StageSpec:
     """The plan depends on the model's config (not its weights): it can run before the download, as a gate."""
     q = recipe.quantization
+    d = recipe.draft
     return StageSpec("plan", {
+        **({"draft": {"config": draft_config, **{k: d[k] for k in ("method", "max_draft_tree_size",
+                                                                   "max_verify_tree_size")}}} if d else {}),
         "target": target, "backend": recipe.backend, "model_config": model_config,
         "quant": {"weights": q["weights"], "kv_cache": q["kv_cache"], "group_size": q["group_size"]},
         "build": {k: recipe.build[k] for k in ("max_batch_size", "max_input_len", "max_seq_len", "power_mode")},
@@ -124,9 +147,10 @@ def recipe_plan(recipe: Recipe, target: str) -> dict:
 
 def link_recipe(recipe: Recipe) -> None:
     """artifacts/<recipe>/<stage> links for every built stage (stages skipped as current are shared, not re-run)."""
-    for stage, spec in (("fetch", fetch_spec(recipe)), ("quantize", quantize_spec(recipe)),
+    for stage, spec in (("fetch", fetch_spec(recipe)), ("fetch-draft", draft_fetch_spec(recipe)),
+                        ("quantize", quantize_spec(recipe)),
                         ("goldens", goldens_spec(recipe)), ("accuracy", accuracy_spec(recipe))):
-        if spec.dir.is_dir():
+        if spec is not None and spec.dir.is_dir():
             recipe_link(recipe, stage, None, spec)
     for target in recipe.targets:
         spec = export_spec(recipe, recipe_plan(recipe, target))
@@ -162,13 +186,43 @@ def do_fetch(recipe: Recipe) -> dict:
     return manifest
 
 
+def do_fetch_draft(recipe: Recipe) -> dict:
+    from pipeline import fetch
+    from pipeline.fetch import DRAFT_NEEDED
+    from pipeline.speculative import check_draft_checkpoint, ensure_safetensors
+
+    spec = draft_fetch_spec(recipe)
+    d = recipe.draft
+
+    def build(out: Path) -> dict:
+        target = out / "draft"
+        if d["source"] == "builtin":
+            from pipeline.tinymodel import materialize_draft
+            materialize_draft(d["name"], target)
+            info = {"source": {"kind": "builtin", "name": d["name"]}}
+        elif d["source"] == "local":
+            info = fetch.fetch_local(recipe.draft_dir, target, recipe.file, DRAFT_NEEDED, table="draft")
+        else:
+            from pipeline.hub import fetch_hub
+            info = fetch_hub(d["repo"], d["revision"], target, allow_branch=d["allow_branch"],
+                             patterns=DRAFT_NEEDED, table="draft")
+        converted = ensure_safetensors(target)
+        shape = check_draft_checkpoint(target, recipe.file)
+        return info | {"draft": {"method": d["method"], "params": shape.params, "converted_from": converted}}
+
+    manifest = run_stage(spec, build)
+    recipe_link(recipe, "fetch-draft", None, spec)
+    return manifest
+
+
 def do_plan(recipe: Recipe, target: str):
     """Plan for one target; writes plan.json/plan.md and returns the Plan (refused plans are written too)."""
-    from pipeline.planner import model_config_for, plan_recipe, render_table
+    from pipeline.planner import draft_config_for, model_config_for, plan_recipe, render_table
 
     config, source = model_config_for(recipe, fetch_spec(recipe).dir / "model")
-    spec = plan_spec(recipe, target, config)
-    plan = plan_recipe(recipe, target, config, source)
+    draft = draft_config_for(recipe, draft_dir(recipe)) if recipe.draft else None
+    spec = plan_spec(recipe, target, config, draft[0] if draft else None)
+    plan = plan_recipe(recipe, target, config, source, draft=draft)
 
     def build(out: Path) -> dict:
         (out / "plan.json").write_text(json.dumps(plan.to_json(), indent=1) + "\n")
@@ -210,7 +264,8 @@ def do_export(recipe: Recipe, target: str) -> dict:
 
     def build_edgellm(out: Path) -> dict:
         from pipeline.edgellm_export import export
-        return export(_model_dir(recipe), quantize_spec(recipe).dir, out, recipe.weights, recipe.kv_cache, plan["sm"])
+        return export(_model_dir(recipe), quantize_spec(recipe).dir, out, recipe.weights, recipe.kv_cache, plan["sm"],
+                      draft_dir=draft_dir(recipe))
 
     def build(out: Path) -> dict:
         from pipeline.calibration import load_texts

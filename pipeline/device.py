@@ -91,7 +91,7 @@ def edgellm_inference_input(goldens: dict) -> dict:
             "requests": [{"messages": [{"role": "user", "content": p["prompt"]}]} for p in goldens["prompts"]]}
 
 
-def _validate_edgellm(kit_dir: Path, engine: Path, work: Path) -> dict:
+def _validate_edgellm(kit_dir: Path, engine: Path, work: Path, speculative: bool) -> dict:
     """Edge-LLM's C++ runtime gives text, not token ids: agreement is then measured on the text (report.py)."""
     goldens = json.loads((kit_dir / "goldens.json").read_text())
     (work / "inference-input.json").write_text(json.dumps(edgellm_inference_input(goldens), indent=1))
@@ -101,7 +101,8 @@ def _validate_edgellm(kit_dir: Path, engine: Path, work: Path) -> dict:
         single["requests"] = single["requests"][i:i + 1]
         (work / f"input-{i}.json").write_text(json.dumps(single))
         seconds = run_logged(["llm_inference", "--engineDir", str(engine), "--inputFile", str(work / f"input-{i}.json"),
-                              "--outputFile", str(work / f"output-{i}.json"), "--warmup", "1"],
+                              "--outputFile", str(work / f"output-{i}.json"), "--warmup", "1",
+                              *(["--specDecode"] if speculative else [])],
                              cwd=work, log=work / f"validate-{i}.log", timeout=3600)
         text = json.loads((work / f"output-{i}.json").read_text())["responses"][0]["output_text"]
         results.append({"prompt": goldens["prompts"][i]["prompt"], "output_text": text, "seconds": seconds,
@@ -114,7 +115,7 @@ def validate(kit_dir: Path, engine: Path, plan: dict, work: Path) -> dict:
     sampler = _sample_tegrastats(stats_log)
     try:
         if plan["backend"] != "trtllm-0.12":
-            return _validate_edgellm(kit_dir, engine, work)
+            return _validate_edgellm(kit_dir, engine, work, bool(plan.get("speculative")))
         run_logged([sys.executable, "-m", "pipeline.trtllm_runner", "--engine-dir", str(engine),
                     "--goldens", str(kit_dir / "goldens.json"), "--out", str(work / "validation.json")],
                    cwd=work, log=work / "validate.log", timeout=3600,
@@ -152,18 +153,21 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
     plan = json.loads((kit_dir / "plan.json").read_text())
     if not force:
         gate.build_memory_gate(plan, device)
-    argv = plan.get("device_build_command")
-    if not argv:
+    argvs = plan.get("device_build_commands") or ([plan["device_build_command"]]
+                                                  if plan.get("device_build_command") else None)
+    if not argvs:
         raise PipelineError(f"{kit}: the kit's plan has no device_build_command", "re-package with this version")
 
     engine, staging = work / "engine", work / "engine.partial"
     if not engine.is_dir():
         shutil.rmtree(staging, ignore_errors=True)
-        _say("building: " + " ".join(staged_argv(argv, str(staging))))
-        seconds = run_logged(staged_argv(argv, str(staging)), cwd=kit_dir, log=work / "build.log",
-                             timeout=build_timeout)
+        seconds = 0.0
+        for i, argv in enumerate(argvs):       # an EAGLE-3 plan: the base engine, then the draft beside it
+            _say("building: " + " ".join(staged_argv(argv, str(staging))))
+            seconds += run_logged(staged_argv(argv, str(staging)), cwd=kit_dir,
+                                  log=work / ("build.log" if i == 0 else f"build-{i}.log"), timeout=build_timeout)
         os.replace(staging, engine)
-        (work / "build.json").write_text(json.dumps({"argv": argv, "seconds": seconds}) + "\n")
+        (work / "build.json").write_text(json.dumps({"argv": argvs[0], "argvs": argvs, "seconds": seconds}) + "\n")
     build = json.loads((work / "build.json").read_text())
 
     validation = validate(kit_dir, engine, plan, work)

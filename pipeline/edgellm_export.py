@@ -39,7 +39,8 @@ def int4_plugin_version(model) -> int:
     return 2
 
 
-def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | None = None) -> dict:
+def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | None = None,
+               extra_outputs: tuple[str, ...] = ()) -> dict:
     """Inputs, outputs and custom ops of the exported graph, checked against what llm_build expects."""
     import onnx
 
@@ -49,8 +50,8 @@ def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | Non
     custom = sorted(o for o in ops if not o.startswith(":"))
     problems = [f"missing input {n}" for n in ["inputs_embeds", *[f"past_key_values_{i}" for i in range(layers)]]
                 if n not in inputs]
-    problems += [f"missing output {n}" for n in ["logits", *[f"present_key_values_{i}" for i in range(layers)]]
-                 if n not in outputs]
+    problems += [f"missing output {n}" for n in ["logits", *[f"present_key_values_{i}" for i in range(layers)],
+                                                 *extra_outputs] if n not in outputs]
     if "trt_edgellm:AttentionPlugin" not in custom:
         problems.append("no trt_edgellm:AttentionPlugin node")
     expected = set(EXPECTED_OPS.get(weights, set())) | ({INT4_OPS[int4_plugin]} if weights == "int4_awq" else set())
@@ -68,7 +69,10 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: str, target_sm: str) -> dict:
+def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: str, target_sm: str,
+           draft_dir: Path | None = None) -> dict:
+    """onnx/ for llm_build; with an EAGLE-3 draft, onnx/base (exported as the EAGLE-3 base: it also emits the
+    hidden states the draft reads) and onnx/draft (the draft in fp16)."""
     try:
         from tensorrt_edgellm import AutoModel, export_onnx
         from tensorrt_edgellm.models.ops import set_int4_gemm_plugin_version, set_nvfp4_a16_export_target_sm
@@ -96,10 +100,22 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: 
     sm = int(round(float(target_sm) * 10))
     set_int4_gemm_plugin_version(plugin or 2)
     set_nvfp4_a16_export_target_sm(sm)
-    onnx_dir = out / ONNX_DIR
+    from pipeline import speculative
+
+    onnx_dir = out / ONNX_DIR / (speculative.ONNX_BASE if draft_dir else "")
     onnx_dir.mkdir(parents=True)
-    export_onnx(AutoModel.from_pretrained(str(hf), device="cpu"), str(onnx_dir / "model.onnx"), model_dir=str(hf))
-    graph = check_onnx(onnx_dir, weights, layers, plugin)
+    eagle = {"eagle_base": True, "eagle_draft_dir": str(draft_dir)} if draft_dir else {}
+    export_onnx(AutoModel.from_pretrained(str(hf), device="cpu", **eagle), str(onnx_dir / "model.onnx"),
+                model_dir=str(hf))
+    graph = check_onnx(onnx_dir, weights, layers, plugin, speculative.BASE_EXTRA_OUTPUTS if draft_dir else ())
+    spec = None
+    if draft_dir:
+        draft_graph = speculative.export_draft(draft_dir, out / ONNX_DIR / speculative.ONNX_DRAFT)
+        draft_cfg = json.loads((out / ONNX_DIR / speculative.ONNX_DRAFT / "config.json").read_text())
+        spec = {"method": "eagle3", "draft_weights": speculative.DRAFT_WEIGHTS,
+                "draft_vocab_size": draft_cfg.get("draft_vocab_size"),
+                "base_hidden_state_layers": json.loads((onnx_dir / "config.json").read_text())
+                .get("eagle_hidden_state_layers"), "draft_onnx": draft_graph}
     quant = json.loads((hf / "hf_quant_config.json").read_text())["quantization"] \
         if (hf / "hf_quant_config.json").is_file() else {}
     runtime_cfg = json.loads((onnx_dir / "config.json").read_text())
@@ -109,5 +125,5 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: 
         "kv_cache_quant_algo": quant.get("kv_cache_quant_algo"), "group_size": quant.get("group_size"),
         "kv_cache_dtype": runtime_cfg.get("kv_cache_dtype"), "target_sm": sm,
         "int4_gemm_plugin_version": plugin,
-        "externalized_weights": [], "onnx": graph,
+        "externalized_weights": [], "onnx": graph, "speculative": spec,
         "versions": {d: _version(d) for d in ("tensorrt-edgellm", "nvidia-modelopt", "transformers", "onnx")}}}

@@ -33,10 +33,15 @@ NOT_IN_012 = {
     "--norm_quant_fusion": "not in 0.12",
 }
 
-# llm_build (Edge-LLM 0.11, examples/llm/llm_build.cpp getopt table): the options used here.
+# llm_build (Edge-LLM 0.11, examples/llm/llm_build.cpp getopt table): the options used here. Speculative decoding
+# is --specBase / --specDraft (--eagleBase / --eagleDraft are its deprecated aliases); the base engine is built with
+# its verify-tree limit, the draft with its draft-tree limit, both into one engine directory
+# (spec_base.engine + base_config.json, spec_draft.engine + draft_config.json), which llm_inference --specDecode loads.
 LLM_BUILD_FLAGS: dict[str, object] = {"--onnxDir": str, "--engineDir": str, "--maxInputLen": INT,
                                       "--maxKVCacheCapacity": INT, "--maxBatchSize": INT,
-                                      "--eagleBase": SWITCH, "--eagleDraft": SWITCH}
+                                      "--specBase": SWITCH, "--specDraft": SWITCH,
+                                      "--maxVerifyTreeSize": INT, "--maxDraftTreeSize": INT}
+LLM_BUILD_RENAMED = {"--eagleBase": "deprecated alias: use --specBase", "--eagleDraft": "deprecated alias: use --specDraft"}
 # Edge-LLM's known issue: engines built for batch 1 fail at run time; build for at least 2.
 EDGELLM_MIN_BATCH = 2
 
@@ -66,11 +71,26 @@ def llm_build_argv(plan: dict, onnx_dir: str = "onnx", engine_dir: str = "engine
             "--maxBatchSize", str(max(EDGELLM_MIN_BATCH, lim["max_batch_size"]))]
 
 
-def device_build_command(plan: dict) -> list[str] | None:
-    """The argv the device runs inside the unpacked kit (None for a refused plan)."""
+def device_build_commands(plan: dict) -> list[list[str]] | None:
+    """The argvs the device runs in order inside the unpacked kit (None for a refused plan): one engine, or with
+    an EAGLE-3 draft the base (onnx/base, --specBase) then the draft (onnx/draft, --specDraft) into one engine dir."""
     if not plan.get("ok", True) or plan.get("backend") is None:
         return None
-    return trtllm_build_argv(plan) if plan["backend"] == "trtllm-0.12" else llm_build_argv(plan)
+    if plan["backend"] == "trtllm-0.12":
+        return [trtllm_build_argv(plan)]
+    spec = plan.get("speculative")
+    if not spec:
+        return [llm_build_argv(plan)]
+    trees = ["--maxVerifyTreeSize", str(spec["max_verify_tree_size"]),
+             "--maxDraftTreeSize", str(spec["max_draft_tree_size"])]
+    return [llm_build_argv(plan, "onnx/base") + trees + ["--specBase"],
+            llm_build_argv(plan, "onnx/draft") + trees + ["--specDraft"]]
+
+
+def device_build_command(plan: dict) -> list[str] | None:
+    """The (base) engine's argv (None for a refused plan)."""
+    argvs = device_build_commands(plan)
+    return argvs[0] if argvs else None
 
 
 def _check(argv: list[str], table: dict, tool: str, unknown_hint: dict) -> list[str]:
@@ -112,7 +132,9 @@ def check_trtllm_012_argv(argv: list[str]) -> list[str]:
 
 
 def check_llm_build_argv(argv: list[str]) -> list[str]:
-    problems = _check(argv, LLM_BUILD_FLAGS, "llm_build", {})
+    problems = _check(argv, LLM_BUILD_FLAGS, "llm_build", LLM_BUILD_RENAMED)
+    if "--specBase" in argv and "--specDraft" in argv:
+        problems.append("llm_build builds a base or a draft engine, not both at once")
     for required in ("--onnxDir", "--engineDir"):
         if required not in argv:
             problems.append(f"llm_build needs {required}")

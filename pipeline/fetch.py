@@ -12,18 +12,20 @@ from pipeline.stages import link_or_copy
 NEEDED = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
           "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
           "merges.txt", "added_tokens.json", "chat_template.jinja"]
+# An EAGLE-3 draft: config and weights only (it uses the base's tokenizer); many ship pytorch_model.bin.
+DRAFT_NEEDED = ["config.json", "*.safetensors", "model.safetensors.index.json", "pytorch_model.bin"]
 
 
-def needed_files(root: Path) -> list[Path]:
+def needed_files(root: Path, patterns: list[str] = NEEDED) -> list[Path]:
     found = set()
-    for pattern in NEEDED:
+    for pattern in patterns:
         found.update(p for p in root.glob(pattern) if p.is_file())
     return sorted(found)
 
 
-def local_fingerprint(root: Path) -> list:
+def local_fingerprint(root: Path, patterns: list[str] = NEEDED) -> list:
     """Cheap identity of a local model directory: names, sizes and mtimes of the files we take."""
-    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in needed_files(root)]
+    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in needed_files(root, patterns)]
 
 
 def check_checkpoint(model_dir: Path, source: str) -> None:
@@ -37,11 +39,12 @@ def check_checkpoint(model_dir: Path, source: str) -> None:
         check_safetensors(shard)
 
 
-def fetch_local(src: Path, out: Path, source: str) -> dict:
+def fetch_local(src: Path, out: Path, source: str, patterns: list[str] = NEEDED, table: str = "model") -> dict:
     if not src.is_dir():
-        raise PipelineError(f"{source}: model.path {src} is not a directory", "point it at a checkpoint directory")
-    check_checkpoint(src, source)
-    for f in needed_files(src):
+        raise PipelineError(f"{source}: {table}.path {src} is not a directory", "point it at a checkpoint directory")
+    if patterns is NEEDED:
+        check_checkpoint(src, source)
+    for f in needed_files(src, patterns):
         link_or_copy(f, out / f.name)
     return {"source": {"kind": "local", "path": str(src)}}
 

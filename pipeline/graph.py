@@ -79,6 +79,23 @@ def task_fetch():
                                  lambda r: f"fetch {r.model.get('repo') or r.model.get('name') or r.model.get('path')}")
 
 
+def task_fetch_draft():
+    """Get the recipe's EAGLE-3 draft checkpoint (recipes with a [draft] table only)."""
+    from pipeline.chain import do_fetch_draft, draft_fetch_spec, stage_label
+    from pipeline.stages import is_current
+
+    for r in selected_recipes():
+        if r.draft:
+            spec = draft_fetch_spec(r)
+            yield _stage_task(r.name, _action(do_fetch_draft, r), lambda spec=spec: is_current(spec),
+                              [f"plan:{stage_label(r, t)}" for t in r.targets],
+                              f"fetch the {r.draft['method']} draft of {r.name}")
+
+
+def _draft_dep(r) -> list[str]:
+    return [f"fetch_draft:{r.name}"] if r.draft else []
+
+
 def task_plan():
     """Gate, size and predict: will it fit, through which backend, how fast. Prints the plan table."""
     from pipeline.chain import stage_label
@@ -126,7 +143,7 @@ def task_export():
     """Write the backend's checkpoint (TensorRT-LLM 0.12: config.json + rank0.safetensors), validated and read back."""
     from pipeline.chain import do_export, export_current
 
-    yield from _per_target_stage(do_export, export_current, lambda r, label: [f"quantize:{r.name}", f"plan:{label}"],
+    yield from _per_target_stage(do_export, export_current, lambda r, label: [f"quantize:{r.name}", f"plan:{label}", *_draft_dep(r)],
                                  lambda r, t: f"export {r.name} for {t}")
 
 
@@ -175,7 +192,7 @@ def task_build():
     for r in selected_recipes():
         device = [] if r.build["builder"] == "offline" else [f"device:{stage_label(r, t)}" for t in r.targets]
         yield {"name": r.name, "actions": [_action(link_recipe, r)], "doc": r.description,
-               "task_dep": [f"plan:{stage_label(r, t)}" for t in r.targets] + [f"fetch:{r.name}"]
+               "task_dep": [f"plan:{stage_label(r, t)}" for t in r.targets] + [f"fetch:{r.name}", *_draft_dep(r)]
                + [f"export:{stage_label(r, t)}" for t in r.targets]
                + [f"goldens:{r.name}", f"accuracy:{r.name}"] + [f"package:{stage_label(r, t)}" for t in r.targets]
                + device}

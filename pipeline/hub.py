@@ -25,7 +25,8 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def fetch_hub(repo: str, revision: str, out: Path, allow_branch: bool = False) -> dict:
+def fetch_hub(repo: str, revision: str, out: Path, allow_branch: bool = False, patterns: list[str] = NEEDED,
+              table: str = "model") -> dict:
     import httpx
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub import errors as hf_errors
@@ -35,22 +36,22 @@ def fetch_hub(repo: str, revision: str, out: Path, allow_branch: bool = False) -
         if _offline():
             if not COMMIT.match(revision):
                 raise PipelineError(f"{where}: HF_HUB_OFFLINE is set, so branch {revision!r} cannot be resolved",
-                                    "pin model.revision to a commit hash, or unset HF_HUB_OFFLINE")
+                                    f"pin {table}.revision to a commit hash, or unset HF_HUB_OFFLINE")
             commit = revision
         else:
             commit = HfApi().model_info(repo, revision=revision).sha
             if commit != revision and not allow_branch:
                 raise PipelineError(f"{where}: revision resolves to commit {commit}, not to itself",
-                                    f'pin model.revision = "{commit}" or set model.allow_branch = true')
-        snapshot = Path(snapshot_download(repo, revision=commit, allow_patterns=NEEDED))
+                                    f'pin {table}.revision = "{commit}" or set {table}.allow_branch = true')
+        snapshot = Path(snapshot_download(repo, revision=commit, allow_patterns=patterns))
     except hf_errors.GatedRepoError:
         raise PipelineError(f"{where}: the repository is gated and this account has no access",
                             "accept the licence on the model page, then export HF_TOKEN=<a read token>") from None
     except hf_errors.RepositoryNotFoundError:
         raise PipelineError(f"{where}: repository not found (or private)",
-                            "check model.repo; for a private repo export HF_TOKEN=<a read token>") from None
+                            f"check {table}.repo; for a private repo export HF_TOKEN=<a read token>") from None
     except hf_errors.RevisionNotFoundError:
-        raise PipelineError(f"{where}: no such revision", "check model.revision against the repo's commits") from None
+        raise PipelineError(f"{where}: no such revision", f"check {table}.revision against the repo's commits") from None
     except (hf_errors.LocalEntryNotFoundError, hf_errors.OfflineModeIsEnabled):
         raise PipelineError(f"{where}: not in the local Hugging Face cache and the hub is not reachable",
                             "fetch once with network access, copy the HF cache over, or use model.source = 'local'"

@@ -56,6 +56,7 @@ class MemoryPlan:
     max_seq_len_that_fits: int
     max_batch_that_fits: int
     build_peak: int        # memory the engine build itself needs on the device
+    draft: int = 0         # an EAGLE-3 draft engine beside it: fp16 weights, its KV cache and activations
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -87,18 +88,19 @@ def activation_bytes(shape: ModelShape, limits: Limits) -> int:
 
 
 def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat, limits: Limits,
-                backend: str, usable: int, usable_headless: int) -> MemoryPlan:
+                backend: str, usable: int, usable_headless: int, draft: int = 0) -> MemoryPlan:
     weights, embedding, lm_head = weight_bytes(shape, fmt, group_size)
     overhead = RUNTIME_OVERHEAD[backend]
 
     def total_for(seq: int, batch: int) -> int:
         lim = Limits(batch, min(limits.max_input_len, seq - 1), seq)
+        # the draft is counted at the recipe's limits (a small share next to the base; kept constant here)
         return weights + embedding + lm_head + kv_bytes(shape, kv, seq, batch) + activation_bytes(shape, lim) + \
-            overhead
+            overhead + draft
 
     kv_cache = kv_bytes(shape, kv, limits.max_seq_len, limits.max_batch_size)
     activations = activation_bytes(shape, limits)
-    total = weights + embedding + lm_head + kv_cache + activations + overhead
+    total = weights + embedding + lm_head + kv_cache + activations + overhead + draft
 
     # Largest max_seq_len at the recipe's batch, and largest batch at the recipe's max_seq_len (0 = not even one).
     lo, hi = 0, shape.max_position_embeddings
@@ -115,7 +117,7 @@ def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv
                       activations=activations, runtime_overhead=overhead, total=total, usable=usable,
                       usable_headless=usable_headless, fits=total <= usable, fits_headless=total <= usable_headless,
                       margin=usable - total, max_seq_len_that_fits=max_seq, max_batch_that_fits=max_batch,
-                      build_peak=build_peak)
+                      build_peak=build_peak, draft=draft)
 
 
 def decode_bytes_per_token(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat,

@@ -19,6 +19,16 @@ BACKEND_NAMES = {"trtllm-0.12": "TensorRT-LLM 0.12", "edgellm": "TensorRT Edge-L
 
 
 @dataclass(frozen=True)
+class DraftRequest:
+    """An EAGLE-3 draft beside the base (speculative decoding)."""
+    shape: "DraftShape"
+    label: str
+    method: str = "eagle3"
+    max_draft_tree_size: int = 60
+    max_verify_tree_size: int = 60
+
+
+@dataclass(frozen=True)
 class PlanRequest:
     shape: ModelShape
     model_label: str
@@ -30,6 +40,7 @@ class PlanRequest:
     group_size: int | None = None
     power_mode: str | None = None
     recipe: str | None = None
+    draft: DraftRequest | None = None
 
 
 @dataclass
@@ -43,6 +54,7 @@ class Plan:
     prediction: dict
     refused: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    draft_memory: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -74,15 +86,31 @@ class Plan:
             "prediction": self.prediction,
             "refused": self.refused,
             "warnings": self.warnings,
-        } | {"device_build_command": self._build_command()}
+            "speculative": self._speculative(),
+        } | self._build_commands()
 
-    def _build_command(self) -> list[str] | None:
-        from pipeline.engine_build import device_build_command
-        if not self.ok:
+    def _speculative(self) -> dict | None:
+        d = self.request.draft
+        if d is None:
             return None
-        return device_build_command({"ok": True, "backend": self.backend, "limits": {
-            "max_batch_size": self.request.limits.max_batch_size, "max_input_len": self.request.limits.max_input_len,
-            "max_seq_len": self.request.limits.max_seq_len, "max_num_tokens": self.request.limits.max_num_tokens}})
+        from pipeline.speculative import DRAFT_WEIGHTS
+        return {"method": d.method, "draft": d.label, "draft_params": d.shape.params, "draft_weights": DRAFT_WEIGHTS,
+                "draft_vocab_size": d.shape.draft_vocab_size, "max_draft_tree_size": d.max_draft_tree_size,
+                "max_verify_tree_size": d.max_verify_tree_size, "memory": self.draft_memory}
+
+    def _build_commands(self) -> dict:
+        """device_build_command: the (base) engine's argv; device_build_commands: every build in order (a draft
+        engine is a second llm_build into the same engine directory)."""
+        from pipeline.engine_build import device_build_commands
+        if not self.ok:
+            return {"device_build_command": None, "device_build_commands": None}
+        lim = self.request.limits
+        argvs = device_build_commands({"ok": True, "backend": self.backend, "speculative": self._speculative(),
+                                       "limits": {"max_batch_size": lim.max_batch_size,
+                                                  "max_input_len": lim.max_input_len,
+                                                  "max_seq_len": lim.max_seq_len,
+                                                  "max_num_tokens": lim.max_num_tokens}})
+        return {"device_build_command": argvs[0] if argvs else None, "device_build_commands": argvs}
 
 
 def _gb(n: float) -> str:
@@ -158,9 +186,22 @@ def make_plan(req: PlanRequest) -> Plan:
         refused.append(f"max_seq_len {req.limits.max_seq_len} exceeds the model's max_position_embeddings "
                        f"{req.shape.max_position_embeddings}.")
 
+    draft_mem = None
+    if req.draft is not None:
+        from pipeline.speculative import draft_memory, pairing_problems, pairing_warnings
+        d = req.draft
+        if backend is not None and backend != "edgellm":
+            refused.append(f"{d.method} speculative decoding is built by TensorRT Edge-LLM only (llm_build "
+                           f"--specBase/--specDraft); {BACKEND_NAMES[backend]} on {req.target.id} has no EAGLE-3 "
+                           "draft engines. Remove [draft], or target a JetPack 7 stack (backend = 'edgellm').")
+        refused.extend(f"{p}. Use the draft trained for this base model." for p in
+                       pairing_problems(d.shape, req.shape, d.label))
+        warnings.extend(pairing_warnings(d.shape, req.shape, d.label))
+        draft_mem = draft_memory(d.shape, req.limits.max_seq_len, req.limits.max_batch_size, d.max_draft_tree_size)
+
     t = req.target
     memory = plan_memory(req.shape, fmt, group_size, kv, req.limits, backend or "trtllm-0.12",
-                         t.usable_bytes, t.usable_headless_bytes)
+                         t.usable_bytes, t.usable_headless_bytes, draft_mem["total"] if draft_mem else 0)
     if not memory.fits:
         if memory.fits_headless:
             warnings.append(f"needs {_gb(memory.total)}: more than the {_gb(memory.usable)} usable with the desktop "
@@ -175,6 +216,7 @@ def make_plan(req: PlanRequest) -> Plan:
             refused.append(
                 f"does not fit: needs {_gb(memory.total)} (weights {_gb(memory.weights)}, embedding "
                 f"{_gb(memory.embedding)}, lm_head {_gb(memory.lm_head)}, KV cache {_gb(memory.kv_cache)}, "
+                + (f"EAGLE-3 draft {_gb(memory.draft)}, " if memory.draft else "") +
                 f"activations {_gb(memory.activations)}, runtime {_gb(memory.runtime_overhead)}) but {t.id} has "
                 f"{_gb(memory.usable)} usable ({_gb(memory.usable_headless)} headless); short by "
                 f"{_gb(-memory.margin)}. Try: {'; '.join(fix)}.")
@@ -196,7 +238,11 @@ def make_plan(req: PlanRequest) -> Plan:
     if backend == "trtllm-0.12":
         warnings.append("decode speed predicted with constants fitted to TensorRT Edge-LLM rows: no TensorRT-LLM "
                         "0.12 Jetson decode figures are published in the reference set.")
-    return Plan(req, backend, stack, group_size, memory, by_mode.get(mode), prediction, refused, warnings)
+    if req.draft is not None:
+        prediction["speculative_note"] = ("decode predicted without speculation: EAGLE-3's gain depends on the "
+                                          "draft's acceptance rate on your prompts (validation measures it)")
+    return Plan(req, backend, stack, group_size, memory, by_mode.get(mode), prediction, refused, warnings,
+                draft_mem)
 
 
 def render_table(plan: Plan) -> str:
@@ -213,7 +259,9 @@ def render_table(plan: Plan) -> str:
     lines.append(f"  limits       batch {lim['max_batch_size']}, input {lim['max_input_len']}, "
                  f"seq {lim['max_seq_len']}, group size {j['quant']['group_size']}")
     if m:
-        for key in ("weights", "embedding", "lm_head", "kv_cache", "activations", "runtime_overhead"):
+        for key in ("weights", "embedding", "lm_head", "kv_cache", "draft", "activations", "runtime_overhead"):
+            if key == "draft" and not m.draft:
+                continue
             lines.append(f"  {key.replace('_overhead', ''):<12} {_gb(getattr(m, key)):>10}")
         lines.append(f"  {'total':<12} {_gb(m.total):>10} of {_gb(m.usable)} usable "
                      f"({'fits' if m.fits else 'DOES NOT FIT'}, margin {_gb(m.margin)})")
@@ -257,17 +305,58 @@ def model_config_for(recipe, fetched_dir=None) -> tuple[dict, str]:
     return fetch_config(recipe.model["repo"], recipe.model["revision"]), f"{recipe.model['repo']}/config.json"
 
 
-def plan_recipe(recipe, target_id: str, config: dict, config_source: str, backend: str | None = None) -> Plan:
+def draft_config_for(recipe, fetched_dir=None) -> tuple[dict, str]:
+    """The EAGLE-3 draft's config.json for planning: fetched, local, builtin, or from the hub (config only)."""
+    import json
+
+    from pipeline.errors import PipelineError
+
+    d = recipe.draft
+    if fetched_dir is not None and (fetched_dir / "config.json").is_file():
+        return json.loads((fetched_dir / "config.json").read_text()), str(fetched_dir / "config.json")
+    if d["source"] == "local":
+        path = recipe.draft_dir / "config.json"
+        if not path.is_file():
+            raise PipelineError(f"{recipe.file}: draft.path = {d['path']!r}: no config.json in {path.parent}",
+                                "point draft.path at the EAGLE-3 draft's checkpoint directory")
+        return json.loads(path.read_text()), str(path)
+    if d["source"] == "builtin":
+        import tempfile
+        from pathlib import Path
+
+        from pipeline.tinymodel import materialize_draft
+        with tempfile.TemporaryDirectory() as tmp:   # a tiny draft is made in a second; its config is exact
+            materialize_draft(d["name"], Path(tmp))
+            return json.loads((Path(tmp) / "config.json").read_text()), f"builtin:{d['name']}"
+    from pipeline.perf import known_model_configs
+    known = known_model_configs().get(d["repo"])
+    if known is not None:
+        return dict(known), f"pipeline/data/model_configs.toml[{d['repo']}]"
+    from pipeline.hub import fetch_config
+    return fetch_config(d["repo"], d["revision"]), f"{d['repo']}/config.json"
+
+
+def plan_recipe(recipe, target_id: str, config: dict, config_source: str, backend: str | None = None,
+                draft: tuple[dict, str] | None = None) -> Plan:
     from pipeline.modelshape import shape_from_config
     from pipeline.targets import get_target
 
     shape = shape_from_config(config, config_source)
+    draft_req = None
+    if recipe.draft:
+        from pipeline.speculative import draft_shape
+        if draft is None:
+            draft = draft_config_for(recipe)
+        d = recipe.draft
+        draft_req = DraftRequest(draft_shape(draft[0], draft[1]), d.get("repo") or d.get("name") or d.get("path"),
+                                 d["method"], d["max_draft_tree_size"], d["max_verify_tree_size"])
     b = recipe.build
     label = recipe.model.get("repo") or recipe.model.get("name") or recipe.model.get("path")
     req = PlanRequest(shape=shape, model_label=label, weights=recipe.weights, kv_cache=recipe.kv_cache,
                       target=get_target(target_id), backend=backend or recipe.backend,
                       limits=Limits(b["max_batch_size"], b["max_input_len"], b["max_seq_len"]),
-                      group_size=recipe.quantization["group_size"], power_mode=b["power_mode"], recipe=recipe.name)
+                      group_size=recipe.quantization["group_size"], power_mode=b["power_mode"], recipe=recipe.name,
+                      draft=draft_req)
     plan = make_plan(req)
     prequant = config.get("quantization_config")
     if prequant:

@@ -72,6 +72,18 @@ SCHEMA: dict = {
                      "builders of the target's family (each build takes the first free one)"),
         "power_mode": F(str, None),
     },
+    # Speculative decoding: an EAGLE-3 draft model beside the base (edgellm backend). Empty: no draft.
+    "draft": {
+        "method": F(str, None, choices=("eagle3",), doc="the speculative-decoding method of the draft"),
+        "source": F(str, None, choices=("hf", "local", "builtin")),
+        "repo": F(str, None, pattern=REPO_RE, pattern_hint="a Hugging Face repo id like 'org/name'"),
+        "revision": F(str, None, doc="40-hex commit; a branch or tag only with allow_branch = true"),
+        "allow_branch": F(bool, False),
+        "path": F(str, None, doc="local draft directory (relative paths are relative to the recipe file)"),
+        "name": F(str, None, doc="builtin draft name"),
+        "max_draft_tree_size": F(int, 60, min=1, max=1024, doc="llm_build --maxDraftTreeSize"),
+        "max_verify_tree_size": F(int, 60, min=1, max=1024, doc="llm_build --maxVerifyTreeSize"),
+    },
     "validation": {
         "prompts": F(list, required=True),
         "max_new_tokens": F(int, 32, min=1, max=4096),
@@ -141,6 +153,7 @@ class Recipe:
     quantization: dict
     build: dict
     validation: dict
+    draft: dict | None = None   # the [draft] table when it names a draft, else None
     raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -153,10 +166,38 @@ class Recipe:
 
     @property
     def model_dir(self) -> Path | None:
-        if self.model["source"] != "local":
+        return self._local(self.model)
+
+    @property
+    def draft_dir(self) -> Path | None:
+        return self._local(self.draft) if self.draft else None
+
+    def _local(self, m: dict) -> Path | None:
+        if m["source"] != "local":
             return None
-        p = Path(os.path.expanduser(self.model["path"]))
+        p = Path(os.path.expanduser(m["path"]))
         return p if p.is_absolute() else (Path(self.file).parent / p).resolve()
+
+
+def _source_checks(file: str, table: str, m: dict, builtins: dict, problems: list[Problem]) -> None:
+    """model.* and draft.*: the keys the source needs, none it does not, a pinned revision, a known builtin."""
+    src = m["source"]
+    need = {"hf": ("repo", "revision"), "local": ("path",), "builtin": ("name",)}.get(src, ())
+    for key in need:
+        if m.get(key) is None:
+            problems.append(Problem(file, f"{table}.{key}", None, f"is required when {table}.source = {src!r}"))
+    for key in ("repo", "revision", "path", "name"):
+        if m.get(key) is not None and key not in need:
+            problems.append(Problem(file, f"{table}.{key}", m[key], f"does not apply to {table}.source = {src!r}",
+                                    f"{table}.source = {src!r} uses: {', '.join(need)}"))
+    rev = m.get("revision")
+    if src == "hf" and isinstance(rev, str) and not COMMIT_RE.match(rev) and not m["allow_branch"]:
+        problems.append(Problem(file, f"{table}.revision", rev, "is not a 40-character commit hash",
+                                "pin the commit (the resolved hash is recorded either way), "
+                                f"or set {table}.allow_branch = true to follow a branch or tag"))
+    if src == "builtin" and m.get("name") and m["name"] not in builtins:
+        problems.append(Problem(file, f"{table}.name", m["name"], f"unknown builtin {table}",
+                                f"builtins: {', '.join(builtins)}"))
 
 
 def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
@@ -170,26 +211,19 @@ def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
     if len(set(map(str, tlist))) != len(tlist):
         problems.append(Problem(file, "targets", tlist, "lists a target twice"))
 
-    m = v["model"]
-    src = m["source"]
-    need = {"hf": ("repo", "revision"), "local": ("path",), "builtin": ("name",)}.get(src, ())
-    for key in need:
-        if m.get(key) is None:
-            problems.append(Problem(file, f"model.{key}", None, f"is required when model.source = {src!r}"))
-    for key in ("repo", "revision", "path", "name"):
-        if m.get(key) is not None and key not in need:
-            problems.append(Problem(file, f"model.{key}", m[key], f"does not apply to model.source = {src!r}",
-                                    f"model.source = {src!r} uses: {', '.join(need)}"))
-    rev = m.get("revision")
-    if src == "hf" and isinstance(rev, str) and not COMMIT_RE.match(rev) and not m["allow_branch"]:
-        problems.append(Problem(file, "model.revision", rev, "is not a 40-character commit hash",
-                                "pin the commit (the resolved hash is recorded either way), "
-                                "or set model.allow_branch = true to follow a branch or tag"))
-    if src == "builtin" and m.get("name"):
-        from pipeline.tinymodel import BUILTINS
-        if m["name"] not in BUILTINS:
-            problems.append(Problem(file, "model.name", m["name"], "unknown builtin model",
-                                    f"builtins: {', '.join(BUILTINS)}"))
+    from pipeline.tinymodel import BUILTINS, DRAFT_BUILTINS
+    _source_checks(file, "model", v["model"], BUILTINS, problems)
+    d = v["draft"]
+    given = [k for k in ("source", "repo", "revision", "path", "name") if d.get(k) is not None]
+    if d["method"] is None and given:
+        problems.append(Problem(file, "draft.method", None, f"is required when [draft] names a draft ({given[0]})",
+                                'method = "eagle3" (the one method the edgellm backend builds)'))
+    if d["method"] is not None:
+        if d["source"] is None:
+            problems.append(Problem(file, "draft.source", None, "is required when draft.method is set",
+                                    "hf, local or builtin, like model.source"))
+        else:
+            _source_checks(file, "draft", d, DRAFT_BUILTINS, problems)
 
     b = v["build"]
     if isinstance(b["max_input_len"], int) and isinstance(b["max_seq_len"], int) and \
@@ -238,7 +272,8 @@ def parse_recipe(data: dict, file: str, name: str | None = None) -> Recipe:
         raise InputError(problems)
     return Recipe(name=name or Path(file).stem, file=file, description=v["description"],
                   targets=tuple(v["targets"]), backend=v["backend"], model=v["model"],
-                  quantization=v["quantization"], build=v["build"], validation=v["validation"], raw=data)
+                  quantization=v["quantization"], build=v["build"], validation=v["validation"],
+                  draft=v["draft"] if v["draft"]["method"] else None, raw=data)
 
 
 def project_root() -> Path:

@@ -48,6 +48,21 @@ BUILTINS: dict[str, Builtin] = {
 }
 
 
+@dataclass(frozen=True)
+class DraftBuiltin:
+    base: str                   # the builtin whose tokenizer and hidden size the draft is made for
+    draft_vocab_size: int = 256
+    intermediate_size: int = 128
+    seed: int = 0
+    notes: str = ""
+
+
+# EAGLE-3 drafts in miniature: the layout of a real draft with random weights (formats and plumbing, not acceptance).
+DRAFT_BUILTINS: dict[str, DraftBuiltin] = {
+    "tiny-llama-eagle3": DraftBuiltin("tiny-llama", notes="EAGLE-3 draft for tiny-llama, random weights"),
+}
+
+
 def corpus_text(name: str) -> str:
     path = CORPUS_DIR / f"{name}.txt"
     if not path.is_file():
@@ -129,3 +144,31 @@ def _train(model, tokenizer, spec: Builtin, progress) -> None:
                 progress(step + 1, spec.train_steps, loss.item())
     finally:
         torch.set_num_threads(threads)
+
+
+def materialize_draft(name: str, out_dir: Path) -> None:
+    """Write builtin EAGLE-3 draft `name`; its draft vocabulary is the base tokenizer's most frequent corpus tokens."""
+    from collections import Counter
+
+    import torch
+
+    from pipeline.speculative import DraftShape, write_builtin
+
+    spec = DRAFT_BUILTINS[name]
+    base = BUILTINS[spec.base]
+    tok = train_tokenizer(base.vocab_size)
+    vocab = tok.get_vocab_size()
+    counts = Counter(tok.encode(corpus_text("calib-en")).ids)
+    top = sorted(t for t, _ in counts.most_common(spec.draft_vocab_size))
+    top += sorted(set(range(vocab)) - set(top))[:spec.draft_vocab_size - len(top)]   # a tiny corpus may lack some
+    c = base.config
+    shape = DraftShape(hidden_size=c["hidden_size"], num_layers=1, num_heads=c["num_attention_heads"],
+                       num_kv_heads=c["num_key_value_heads"], head_dim=c["hidden_size"] // c["num_attention_heads"],
+                       intermediate_size=spec.intermediate_size, vocab_size=vocab,
+                       draft_vocab_size=spec.draft_vocab_size, target_hidden_size=c["hidden_size"])
+    rope = c.get("rope_parameters", {})
+    write_builtin(shape, torch.tensor(sorted(top)), Path(out_dir),
+                  {"rms_norm_eps": c["rms_norm_eps"], "max_position_embeddings": c["max_position_embeddings"],
+                   "rope_theta": rope.get("rope_theta", 10000.0), "hidden_act": "silu", "tie_word_embeddings": False},
+                  spec.seed)
+    (Path(out_dir) / "builtin.json").write_text(json.dumps({"builtin": name, "notes": spec.notes}, indent=1))
