@@ -6,6 +6,7 @@ the stages it affects (validation prompts do not re-quantize; build limits do no
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import asdict
@@ -69,7 +70,8 @@ def quantize_spec(recipe: Recipe) -> StageSpec:
     return StageSpec("quantize", {"weights": q["weights"], "kv_cache": q["kv_cache"], "group_size": q["group_size"],
                                   "calibration": cal if WEIGHT_FORMATS[q["weights"]].needs_calibration
                                   or q["kv_cache"] != "fp16" else None},
-                     inputs=(fetch_spec(recipe),), tools=WORKSTATION_TOOLS, fingerprint=fingerprint)
+                     inputs=(fetch_spec(recipe),), tools=WORKSTATION_TOOLS, fingerprint=fingerprint,
+                     version=2)     # 2: changed tensors in calibrated.safetensors, not in the pickle
 
 
 def export_spec(recipe: Recipe, plan: dict) -> StageSpec:
@@ -281,10 +283,14 @@ def do_export(recipe: Recipe, target: str) -> dict:
     return manifest
 
 
+@contextlib.contextmanager
 def _reference_model(recipe: Recipe):
-    from pipeline.quantize import load_quantized, pick_device
+    """The deployed-numerics model (quantize's saved state restored, weights on the export grid)."""
+    from pipeline.quantize import load_quantized, pick_device, weights_on_grid
 
-    return load_quantized(_model_dir(recipe), quantize_spec(recipe).dir, pick_device(WEIGHT_FORMATS[recipe.weights]))
+    model = load_quantized(_model_dir(recipe), quantize_spec(recipe).dir, pick_device(WEIGHT_FORMATS[recipe.weights]))
+    with weights_on_grid(model):
+        yield model
 
 
 def do_goldens(recipe: Recipe) -> dict:
@@ -295,7 +301,8 @@ def do_goldens(recipe: Recipe) -> dict:
 
     def build(out: Path) -> None:
         tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
-        goldens = make_goldens(_reference_model(recipe), tok, recipe.validation)
+        with _reference_model(recipe) as model:
+            goldens = make_goldens(model, tok, recipe.validation)
         (out / GOLDENS).write_text(json.dumps(goldens, indent=1) + "\n")
 
     manifest = run_stage(spec, build)
@@ -311,10 +318,10 @@ def do_accuracy(recipe: Recipe) -> dict:
     spec = accuracy_spec(recipe)
 
     def build(out: Path) -> None:
-        quantized = _reference_model(recipe)
-        original = load_model(_model_dir(recipe), str(quantized.device).split(":")[0])
         tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
-        write_report(out, accuracy_report(original, quantized, tok), recipe.weights, recipe.name)
+        with _reference_model(recipe) as quantized:
+            original = load_model(_model_dir(recipe), str(quantized.device).split(":")[0])
+            write_report(out, accuracy_report(original, quantized, tok), recipe.weights, recipe.name)
 
     manifest = run_stage(spec, build)
     recipe_link(recipe, "accuracy", None, spec)

@@ -7,6 +7,7 @@ computed from this model therefore match the exported checkpoint (FACTS.md: with
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from pathlib import Path
@@ -16,6 +17,7 @@ from pipeline.progress import StepTimer
 from pipeline.quantization import KV_FORMATS, WEIGHT_FORMATS, KVFormat, WeightFormat
 
 STATE = "modelopt_state.pth"
+TENSORS = "calibrated.safetensors"      # the tensors calibration changed, beside STATE
 # int8_wo deploys TensorRT-LLM's own load-time per-channel INT8 (FACTS.md); the reference model simulates it with
 # ModelOpt's per-channel INT8 weight fake-quantizer so that goldens carry the deployed numerics.
 REFERENCE_CONFIG = {"int8_wo": "INT8_WEIGHT_ONLY_CFG"}
@@ -83,12 +85,14 @@ def load_model(model_dir: Path, device: str):
 
     # The checkpoint is deployed in fp16, so the reference starts from fp16 weights. On the CPU it computes in fp32
     # (fp16 matmuls are slow there): loaded as fp32 and rounded to fp16 values one tensor at a time, which never
-    # holds a second copy of the model.
+    # holds a second copy of the model. An fp16 checkpoint loads as exact fp16 values: no rounding pass (fp16
+    # conversions are slow on a CPU: 4 s of a 1B model's 11 s load).
     if device == "cpu":
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(p.half())
+        if _stored_dtypes(model_dir) != {"F16"}:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.copy_(p.half())
     else:
         from pipeline.placement import probe
         placement = probe(model_dir)
@@ -108,7 +112,22 @@ def load_model(model_dir: Path, device: str):
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16).to(placement.device)
         model.placement = placement.as_dict()
     model.eval()
+    model.pipeline_loaded = {name: _param_fingerprint(p) for name, p in model.named_parameters()}
     return model
+
+
+def _stored_dtypes(model_dir: Path) -> set[str]:
+    """The floating-point dtypes of a checkpoint's tensors, from the safetensors headers."""
+    from pipeline.safetensors_check import check_safetensors
+
+    return {dtype for shard in sorted(Path(model_dir).glob("*.safetensors"))
+            for dtype, _shape in check_safetensors(shard).values() if dtype.startswith(("F", "BF"))}
+
+
+def _param_fingerprint(p) -> tuple:
+    """Identity, storage and version counter of a parameter: every write through it (copy_, mul_, a new
+    Parameter, `.data = ...`) changes one of them."""
+    return id(p), p.data_ptr(), p._version
 
 
 def _unchanged(model, model_dir: Path) -> set[str]:
@@ -122,31 +141,59 @@ def _unchanged(model, model_dir: Path) -> set[str]:
     # changed for certain, and comparing them would only re-read gigabytes of checkpoint
     smoothed = {f"{name}.weight" for name, m in model.named_modules()
                 if getattr(getattr(m, "input_quantizer", None), "pre_quant_scale", None) is not None}
+    # load_model recorded each parameter's fingerprint: one that still matches was not written through the
+    # parameter. ModelOpt also writes through `.data` (SVDQuant, pre-quant-scale folding), which no version counter
+    # sees, so the first and last rows are compared with the checkpoint too; without a record, the whole tensor is.
+    # (Comparing whole tensors re-reads the checkpoint: 5 s of a 1B model's 13 s save on a CPU.)
+    loaded = getattr(model, "pipeline_loaded", None)
+
+    def equal(stored: torch.Tensor, p: torch.Tensor) -> bool:
+        return torch.equal(stored.to(p.device).half().to(p.dtype), p)
+
     same = set()
     for shard in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(shard), "pt") as f:
             for key in f.keys():
                 p = params.get(key)
-                if p is not None and key not in smoothed and \
-                        torch.equal(f.get_tensor(key).to(p.device).half().to(p.dtype), p):
+                if p is None or key in smoothed:
+                    continue
+                if loaded is None or p.dim() < 2:
+                    ok = equal(f.get_tensor(key), p)
+                else:
+                    rows, last = f.get_slice(key), p.shape[0] - 1
+                    ok = loaded.get(key) == _param_fingerprint(p) and equal(rows[0:1], p[0:1]) and \
+                        equal(rows[last:last + 1], p[last:last + 1])
+                if ok:
                     same.add(key)
     return same
 
 
-def save_quantized(model, model_dir: Path, path: Path) -> int:
-    """ModelOpt state + every tensor calibration changed (buffers: amax, pre-quant scales); returns bytes of tensors.
+def save_quantized(model, model_dir: Path, out_dir: Path) -> int:
+    """ModelOpt state (STATE) + every tensor calibration changed (TENSORS: amax, pre-quant scales, smoothed
+    weights); returns bytes of tensors.
 
-    Unchanged weights are not saved again: load_quantized re-reads them from the fetched checkpoint.
+    Unchanged weights are not saved again: load_quantized re-reads them from the fetched checkpoint. The tensors
+    go to safetensors, one write of their bytes: torch.save's zip writer took 3x as long (2 GB of fp16: 2.0 s vs
+    0.7 s), and AWQ / SmoothQuant change every linear (a 3B model on a GPU: 6 GB, most of the quantize overhead).
     """
     import modelopt.torch.opt as mto
     import torch
+    from safetensors.torch import save_file
 
     params = dict(model.named_parameters())
     unchanged = _unchanged(model, model_dir)
     # tied weights (lm_head = embed_tokens) appear in the state dict under a name the checkpoint does not have
     shared = {params[k].data_ptr() for k in unchanged}
-    tensors = {k: v for k, v in model.state_dict().items() if k not in unchanged and v.data_ptr() not in shared}
-    torch.save({"modelopt_state": mto.modelopt_state(model), "tensors": tensors}, path)
+    tensors, storages = {}, set()
+    for k, v in model.state_dict().items():
+        if k in unchanged or v.data_ptr() in shared:
+            continue
+        # safetensors refuses two names on one storage (K and V quantizers share one amax): copy the repeats
+        storage = v.untyped_storage().data_ptr()
+        tensors[k] = v.detach().clone() if storage in storages else v.detach().contiguous()
+        storages.add(storage)
+    torch.save({"modelopt_state": mto.modelopt_state(model)}, out_dir / STATE)
+    save_file(tensors, str(out_dir / TENSORS))
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
@@ -188,24 +235,53 @@ def snap_to_export_grid(model) -> int:
     (tiny Llama calibrated in fp16: 2 of 8192 weights of one layer, top-1 agreement 0.97). On the grid both agree.
     Deterministic in the saved state, so it is re-applied on every restore instead of saving the weights."""
     import torch
-    from modelopt.torch.export.quant_utils import get_weight_block_size, get_weight_scaling_factor
+    from modelopt.torch.export.quant_utils import get_weight_scaling_factor
 
-    n = 0
+    n, exact = 0, True
     with torch.no_grad():
-        for module in model.modules():
-            wq = getattr(module, "weight_quantizer", None)
-            if (wq is None or not getattr(wq, "is_enabled", False) or getattr(wq, "num_bits", None) not in (4, 8)
-                    or getattr(module, "weight", None) is None or module.weight.dim() != 2):
-                continue
+        for module in _grid_modules(model):
             w = module.weight
             scale = get_weight_scaling_factor(module).to(w.device, torch.float32)
-            block = get_weight_block_size(module)
-            scale = scale.repeat_interleave(block, dim=1) if block else scale.reshape(-1, 1)
-            top = 7 if wq.num_bits == 4 else 127
-            q = (w.float() / scale).round().clamp(-top - 1, top)
-            w.copy_((q * scale).to(w.dtype))
+            # in place, per block through a view: same operations in the same precision as
+            # (w / scale.repeat_interleave(block)).round().clamp() * scale, without three weight-sized temporaries
+            x = w if w.dtype == torch.float32 and w.is_contiguous() else w.float().contiguous()
+            s = scale.reshape(w.shape[0], -1, 1)
+            top = 7 if module.weight_quantizer.num_bits == 4 else 127
+            x.view(w.shape[0], s.shape[1], -1).div_(s).round_().clamp_(-top - 1, top).mul_(s)
+            if x is not w:
+                w.copy_(x)
+            exact = exact and w.dtype == torch.float32
             n += 1
+    # fp32 weights hold the grid values exactly; fp16 weights (GPU calibration) only to fp16 precision, and the
+    # fake quantizer then still differs from them by up to half an fp16 ulp: those keep it (weights_on_grid)
+    model.pipeline_on_grid = exact
     return n
+
+
+def _grid_modules(model):
+    """The linears whose weights snap_to_export_grid puts on an integer grid (INT4 / INT8 weight quantizers)."""
+    for module in model.modules():
+        wq = getattr(module, "weight_quantizer", None)
+        if (wq is not None and getattr(wq, "is_enabled", False) and getattr(wq, "num_bits", None) in (4, 8)
+                and getattr(module, "weight", None) is not None and module.weight.dim() == 2):
+            yield module
+
+
+@contextlib.contextmanager
+def weights_on_grid(model):
+    """Forward passes of a snapped model without its INT4/INT8 weight fake-quantizers.
+
+    On grid weights the fake quantizer is the identity (to one ulp: 1e-5 of a logit on a 1B model) and on a CPU
+    it costs 4x the forward pass itself (1B model, 32 tokens: 9.4 s vs 2.2 s). Activation, KV and pre-quant-scale
+    quantizers stay on. A model that was not snapped keeps its weight quantizers."""
+    off = [m.weight_quantizer for m in _grid_modules(model)] if getattr(model, "pipeline_on_grid", False) else []
+    for q in off:
+        q.disable()
+    try:
+        yield model
+    finally:
+        for q in off:
+            q.enable()
 
 
 def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size: int | None, calibration: dict,
@@ -252,7 +328,7 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     # Saved as computed (fp32 on the CPU, fp16 on a GPU): rounding it to fp16 for the CPU case would change
     # SmoothQuant's scales relative to the weights they were derived from. Every later stage restores this file.
     with timer("save"):
-        saved = save_quantized(model, model_dir, out / STATE)
+        saved = save_quantized(model, model_dir, out)
         snap_to_export_grid(model)      # after saving: restores re-apply it (load_quantized)
     _handoff[_state_key(model_dir, out)] = model
     info.update(method="modelopt", modelopt_config=fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name),
@@ -279,9 +355,11 @@ def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu", consum
         import modelopt.torch.opt as mto
         import torch
 
+        from safetensors.torch import load_file
+
         blob = torch.load(quant_dir / STATE, map_location=device, weights_only=False)
         model = mto.restore_from_modelopt_state(model, blob["modelopt_state"])
-        result = model.load_state_dict(blob["tensors"], strict=False)
+        result = model.load_state_dict(load_file(str(quant_dir / TENSORS), device=device), strict=False)
         if result.unexpected_keys:
             raise PipelineError(f"{quant_dir / STATE} does not fit the model in {model_dir}: "
                                 f"{result.unexpected_keys[:3]}", "re-run the quantize stage")

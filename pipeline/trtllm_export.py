@@ -83,7 +83,7 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids:
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
-    from pipeline.quantize import load_quantized
+    from pipeline.quantize import load_quantized, weights_on_grid
     from pipeline.reader import CheckpointModel, agreement
 
     raw = json.loads((model_dir / "config.json").read_text())
@@ -97,7 +97,8 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids:
     with timer("reference"), torch.no_grad():
         # fp32 on either device: the reference and the reader then differ by summation order only. A model
         # calibrated in fp16 (GPU) holds fp16 values only, so it goes back to fp16 exactly for the export.
-        reference = model.float()(ids[None]).logits[0].float()
+        with weights_on_grid(model.float()):
+            reference = model(ids[None]).logits[0].float()
         if calibrated_in_fp16:
             model.half()
     if weights == "int8_wo":

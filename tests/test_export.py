@@ -145,7 +145,8 @@ def test_unsupported_architecture_and_cpu_nvfp4_are_refused_by_name():
         assert "amax must be a CUDA tensor" in str(e.value)
 
 
-@pytest.mark.parametrize("weights,kv,group", [("int4_awq", "int8", 64), ("int8_sq", "fp16", None)])
+@pytest.mark.parametrize("weights,kv,group", [("int4_awq", "int8", 64), ("int8_sq", "fp16", None),
+                                              ("int8_wo", "fp16", None)])
 def test_handed_off_model_is_the_model_restored_from_disk(builtin, tmp_path, weights, kv, group):
     """quantize hands its live model to the next stage in the same process; it must be exactly what a later
     process restores from the saved state (the state is what resumed and parallel builds use)."""
@@ -186,3 +187,83 @@ def test_model_calibrated_in_fp16_exports_exactly(builtin, tmp_path, monkeypatch
     assert q.load_quantized(src, tmp_path).model.layers[0].mlp.down_proj.weight.dtype == torch.float32
     check = export(src, tmp_path, tmp_path / "e", weights, probe_ids(src))["trtllm"]["reader_check"]
     assert check["logit_cosine"] >= 0.99999 and check["top1_agreement"] == 1.0, check
+
+
+def test_save_finds_weights_written_through_the_parameter_or_through_data(builtin):
+    """save_quantized re-reads only what calibration may have changed: a write through the parameter is seen by
+    its version counter, one through `.data` (as ModelOpt's SVDQuant and pre-quant-scale folding write) by
+    comparing first and last rows with the checkpoint; without load_model's record every tensor is compared."""
+    from safetensors import safe_open
+
+    from pipeline.quantize import _unchanged, load_model
+
+    src = builtin("tiny-llama")
+    model = load_model(src, "cpu")
+    params = dict(model.named_parameters())
+    with safe_open(str(src / "model.safetensors"), "pt") as f:
+        stored = {k for k in f.keys() if k in params}
+    layer = model.model.layers[0]
+    assert _unchanged(model, src) == stored
+    with torch.no_grad():
+        layer.mlp.down_proj.weight[3, 5] += 1.0          # a middle row: only the version counter sees it
+        layer.self_attn.o_proj.weight.data.mul_(2.0)     # no version counter sees this
+    changed = {"model.layers.0.mlp.down_proj.weight", "model.layers.0.self_attn.o_proj.weight"}
+    assert _unchanged(model, src) == stored - changed
+    del model.pipeline_loaded
+    assert _unchanged(model, src) == stored - changed
+
+
+@pytest.mark.parametrize("weights,kv,group", [("int4_awq", "int8", 64), ("int8_sq", "fp16", None),
+                                              ("int8_wo", "fp16", None)])
+def test_weights_on_grid_compute_what_the_fake_quantizer_does(builtin, tmp_path, weights, kv, group):
+    """Reference forwards (export's reader check, goldens, accuracy) skip the weight fake-quantizers of snapped
+    fp32 weights: the same logits to float rounding, and every quantizer is back on afterwards."""
+    from pipeline.quantize import snap_to_export_grid, weights_on_grid
+
+    src = builtin("tiny-llama")
+    quantize(src, tmp_path, weights, kv, group, CAL, ".")
+    model = load_quantized(src, tmp_path, "cpu")
+    ids = torch.tensor(probe_ids(src))[None]
+
+    def disabled(m):
+        return sum(1 for mod in m.modules() if getattr(mod, "weight_quantizer", None) is not None
+                   and not mod.weight_quantizer.is_enabled)
+
+    before = disabled(model)
+    with torch.no_grad():
+        fake = model(ids).logits
+        with weights_on_grid(model):
+            assert disabled(model) - before == 7 * model.config.num_hidden_layers
+            grid = model(ids).logits
+        assert disabled(model) == before and torch.equal(model(ids).logits, fake)
+    assert (grid - fake).abs().max() <= 1e-5 * fake.abs().max()
+    assert torch.equal(grid.argmax(-1), fake.argmax(-1))
+    # fp16 weights hold the grid only to fp16 precision: their fake quantizers stay on
+    model.half()
+    snap_to_export_grid(model)
+    with weights_on_grid(model):
+        assert disabled(model) == before
+
+
+def test_load_model_gives_fp16_values_from_fp16_bf16_and_fp32_checkpoints(builtin, tmp_path):
+    """The reference computes in fp32 on the CPU over the fp16 values that get deployed: a wider checkpoint is
+    rounded to fp16 on load, an fp16 one is already exact (and skips that pass)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.quantize import _stored_dtypes, load_model
+
+    src = builtin("tiny-llama")
+    stored = load_file(src / "model.safetensors")
+    assert _stored_dtypes(src) == {"F32"}
+    loaded = {}
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        d = tmp_path / str(dtype).split(".")[1]
+        shutil.copytree(src, d)
+        save_file({k: v.to(dtype) for k, v in stored.items()}, d / "model.safetensors", metadata={"format": "pt"})
+        loaded[dtype] = dict(load_model(d, "cpu").named_parameters())
+    for name, p in loaded[torch.float32].items():
+        assert p.dtype == torch.float32 and torch.equal(p, p.half().float()), name
+        assert torch.equal(p, loaded[torch.float16][name]), name
+        assert torch.equal(loaded[torch.bfloat16][name], stored[name].bfloat16().half().float()), name
