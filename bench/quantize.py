@@ -151,11 +151,13 @@ def main() -> int:
     if not (warm / "config.json").is_file():
         make_model(warm, WARMUP_SHAPE)
     jobs = [("warmup", warm)] + [("plain", model_dir), ("pipeline", model_dir)] * args.repeat
-    subprocess.run(["cat", *map(str, model_dir.glob("*.safetensors"))], stdout=subprocess.DEVNULL)
     for which, mdir in jobs:
         out = root / which
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir()
+        # every run starts with the checkpoint in the page cache: the run before it may have evicted it (a 3B
+        # model in fp32 fills a 24 GB machine), and the next one would then pay a disk read the other did not
+        subprocess.run(["cat", *map(str, mdir.glob("*.safetensors"))], stdout=subprocess.DEVNULL)
         kind = "plain" if which == "warmup" else which
         code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from bench.quantize import child; "
                 f"child({kind!r}, {str(mdir)!r}, {str(out)!r}, {weights!r}, {str(group)!r}, "
