@@ -165,21 +165,28 @@ def link_recipe(recipe: Recipe) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- stage actions
+def _fetch_source(recipe: Recipe, name: str, local_dir: Path | None, out: Path, patterns: list[str],
+                  builtin) -> dict:
+    """A [model] or [draft] table's weights (builtin / local directory / hub) into `out`; returns the fetch info."""
+    from pipeline import fetch
+
+    t = getattr(recipe, name)
+    if t["source"] == "builtin":
+        return builtin(t["name"], out)
+    if t["source"] == "local":
+        return fetch.fetch_local(local_dir, out, recipe.file, patterns, table=name)
+    from pipeline.hub import fetch_hub
+    return fetch_hub(t["repo"], t["revision"], out, allow_branch=t["allow_branch"], patterns=patterns, table=name)
+
+
 def do_fetch(recipe: Recipe) -> dict:
     from pipeline import fetch
 
     spec = fetch_spec(recipe)
-    m = recipe.model
 
     def build(out: Path) -> dict:
         model_dir = out / "model"
-        if m["source"] == "builtin":
-            info = fetch.fetch_builtin(m["name"], model_dir)
-        elif m["source"] == "local":
-            info = fetch.fetch_local(recipe.model_dir, model_dir, recipe.file)
-        else:
-            from pipeline.hub import fetch_hub
-            info = fetch_hub(m["repo"], m["revision"], model_dir, allow_branch=m["allow_branch"])
+        info = _fetch_source(recipe, "model", recipe.model_dir, model_dir, fetch.NEEDED, fetch.fetch_builtin)
         fetch.check_checkpoint(model_dir, recipe.file)
         return info
 
@@ -189,25 +196,20 @@ def do_fetch(recipe: Recipe) -> dict:
 
 
 def do_fetch_draft(recipe: Recipe) -> dict:
-    from pipeline import fetch
     from pipeline.fetch import DRAFT_NEEDED
     from pipeline.speculative import check_draft_checkpoint, ensure_safetensors
 
     spec = draft_fetch_spec(recipe)
     d = recipe.draft
 
+    def builtin(name: str, out: Path) -> dict:
+        from pipeline.tinymodel import materialize_draft
+        materialize_draft(name, out)
+        return {"source": {"kind": "builtin", "name": name}}
+
     def build(out: Path) -> dict:
         target = out / "draft"
-        if d["source"] == "builtin":
-            from pipeline.tinymodel import materialize_draft
-            materialize_draft(d["name"], target)
-            info = {"source": {"kind": "builtin", "name": d["name"]}}
-        elif d["source"] == "local":
-            info = fetch.fetch_local(recipe.draft_dir, target, recipe.file, DRAFT_NEEDED, table="draft")
-        else:
-            from pipeline.hub import fetch_hub
-            info = fetch_hub(d["repo"], d["revision"], target, allow_branch=d["allow_branch"],
-                             patterns=DRAFT_NEEDED, table="draft")
+        info = _fetch_source(recipe, "draft", recipe.draft_dir, target, DRAFT_NEEDED, builtin)
         converted = ensure_safetensors(target)
         shape = check_draft_checkpoint(target, recipe.file)
         return info | {"draft": {"method": d["method"], "params": shape.params, "converted_from": converted}}
