@@ -183,8 +183,17 @@ def test_model_calibrated_in_fp16_exports_exactly(builtin, tmp_path, monkeypatch
     with monkeypatch.context() as m:
         m.setattr(q, "load_model", fp16)
         quantize(src, tmp_path, weights, "fp16", group, CAL, ".")
+    # a later process restores the fp16 state on the CPU (artifacts copied from a GPU workstation, or goldens on
+    # another device than export): it must be the model the GPU calibrated, snapped as the GPU snapped it. Snapping
+    # in fp32 instead put a few weights on the other level (H100, tiny Llama INT4-AWQ: top-1 0.958 vs the export).
+    ids = torch.tensor(probe_ids(src))[None]
+    with torch.no_grad():
+        handed = q.load_quantized(src, tmp_path, "cpu")(ids).logits     # the live fp16 model, computed in fp32
     q.drop_handoff()
-    assert q.load_quantized(src, tmp_path).model.layers[0].mlp.down_proj.weight.dtype == torch.float32
+    restored = q.load_quantized(src, tmp_path)
+    assert restored.model.layers[0].mlp.down_proj.weight.dtype == torch.float32
+    with torch.no_grad():
+        assert torch.equal(restored(ids).logits, handed)
     check = export(src, tmp_path, tmp_path / "e", weights, probe_ids(src))["trtllm"]["reader_check"]
     assert check["logit_cosine"] >= 0.99999 and check["top1_agreement"] == 1.0, check
 
@@ -229,11 +238,13 @@ def test_weights_on_grid_compute_what_the_fake_quantizer_does(builtin, tmp_path,
         return sum(1 for mod in m.modules() if getattr(mod, "weight_quantizer", None) is not None
                    and not mod.weight_quantizer.is_enabled)
 
+    # a GPU calibrates and snaps in fp16: there the weight fake-quantizers stay on
+    skipped = 0 if torch.cuda.is_available() else 7 * model.config.num_hidden_layers
     before = disabled(model)
     with torch.no_grad():
         fake = model(ids).logits
         with weights_on_grid(model):
-            assert disabled(model) - before == 7 * model.config.num_hidden_layers
+            assert disabled(model) - before == skipped
             grid = model(ids).logits
         assert disabled(model) == before and torch.equal(model(ids).logits, fake)
     assert (grid - fake).abs().max() <= 1e-5 * fake.abs().max()
