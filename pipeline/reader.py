@@ -31,9 +31,9 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return both.T.contiguous()
 
 
-def _round_int8(x: torch.Tensor, scale: torch.Tensor, low: int = -128) -> torch.Tensor:
-    """Activations and KV saturate to [-128, 127]; symmetric weight quantization to [-127, 127]."""
-    return torch.clamp(torch.round(x / scale), low, 127) * scale
+def _round_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Activations and KV saturate to [-128, 127] (W8A16 weights, symmetric to [-127, 127], are in Linear.rows)."""
+    return torch.clamp(torch.round(x / scale), -128, 127) * scale
 
 
 ROWS = 512   # output rows dequantized at a time: a block stays in cache (a CPU reads 1B weights ~35% faster)
