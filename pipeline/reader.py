@@ -39,29 +39,46 @@ def _round_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 ROWS = 512   # output rows dequantized at a time: a block stays in cache (a CPU reads 1B weights ~35% faster)
 
 
+class Scratch:
+    """One fp32 block that every linear dequantizes into. A new 16 MB block per call is fresh memory the kernel
+    must fault in page by page: on a CPU, .float() of a block took 3.6x as long as copy_ into this one."""
+
+    def __init__(self, device: str = "cpu"):
+        self.buf = torch.empty(0, device=device)
+
+    def block(self, rows: int, cols: int) -> torch.Tensor:
+        if self.buf.numel() < rows * cols:
+            self.buf = torch.empty(rows * cols, device=self.buf.device)
+        return self.buf[:rows * cols].view(rows, cols)
+
+
 class Linear:
     """One linear as stored; dequantized on each call, by blocks of output rows, so reading a multi-GB checkpoint
     never holds more than one block in fp32."""
 
-    def __init__(self, t: dict, name: str, algo: str | None, group: int | None):
+    def __init__(self, t: dict, name: str, algo: str | None, group: int | None, scratch: Scratch | None = None):
         self.t, self.name, self.algo, self.group = t, name, algo, group
+        self.scratch = scratch or Scratch()
         self.bias = t.get(name + ".bias")
         self.pre = t.get(name + ".prequant_scaling_factor")
         sq = algo == "W8A8_SQ_PER_CHANNEL"
         self.act_scale = t[name + ".activation_scaling_factor"].float() if sq else None
 
     def rows(self, stored: torch.Tensor, scale: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor:
-        """Output rows [lo, hi) of the weight in fp32, dequantized in place on the block's one fp32 copy."""
+        """Output rows [lo, hi) of the weight in fp32, dequantized in place in the scratch block (valid until the
+        next call)."""
         if self.algo == "W4A16_AWQ":
-            q = unpack_int4(stored[lo // 2:hi // 2]).float()                  # packed rows hold row pairs
+            q = unpack_int4(stored[lo // 2:hi // 2])                          # packed rows hold row pairs
+            w = self.scratch.block(*q.shape).copy_(q)
             s = scale[lo:hi].float()                                          # (rows, in / group)
-            q.view(q.shape[0], s.shape[1], self.group).mul_(s[:, :, None])
-            return q
-        w = stored[lo:hi].float()
+            w.view(w.shape[0], s.shape[1], self.group).mul_(s[:, :, None])
+            return w
+        w = self.scratch.block(hi - lo, stored.shape[1]).copy_(stored[lo:hi])
         if self.algo == "W8A8_SQ_PER_CHANNEL":
             return w.mul_(scale[lo:hi].float()[:, None])
-        if self.algo == "W8A16":   # (the inf-norm is max |w| without an |w| temporary)
-            s = torch.linalg.vector_norm(w, ord=math.inf, dim=1, keepdim=True).clamp_(min=1e-12) / 127
+        if self.algo == "W8A16":
+            # max |w| per row as max(max w, -min w): exact, and 8x faster on a CPU than the inf-norm
+            s = torch.maximum(w.amax(1, keepdim=True), w.amin(1, keepdim=True).neg_()).clamp_(min=1e-12) / 127
             return w.div_(s).round_().clamp_(-127, 127).mul_(s)
         return w
 
@@ -144,14 +161,15 @@ class CheckpointModel:
         self.freq = inv_freq(c, self.head).to(device)
         self.kv_int8 = q.get("kv_cache_quant_algo") == "INT8"
         self.layers = []
+        scratch = Scratch(device)
         for i in range(c["num_hidden_layers"]):
             p = f"transformer.layers.{i}."
-            self.layers.append({n: Linear(self.t, p + n, self.algo, self.group) for n in
+            self.layers.append({n: Linear(self.t, p + n, self.algo, self.group, scratch) for n in
                                 ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")}
                                | {"in": self.t[p + "input_layernorm.weight"], "post": self.t[p + "post_layernorm.weight"],
                                   "kv": self.t.get(p + "attention.kv_cache_scaling_factor")})
         self.embed = self.t["transformer.vocab_embedding.weight"]
-        self.lm_head = self.t["lm_head.weight"]
+        self.lm_head = Linear(self.t, "lm_head", None, None, scratch)   # fp16 in every 0.12 format here
 
     @torch.no_grad()
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
@@ -176,7 +194,7 @@ class CheckpointModel:
             h = h + L["attention.dense"](att.transpose(0, 1).reshape(T, nq * d))
             x = _rmsnorm(h, L["post"], eps)
             h = h + L["mlp.proj"](torch.nn.functional.silu(L["mlp.fc"](x)) * L["mlp.gate"](x))
-        return _rmsnorm(h, self.t["transformer.ln_f.weight"], eps) @ self.lm_head.float().T
+        return self.lm_head(_rmsnorm(h, self.t["transformer.ln_f.weight"], eps))
 
 
 def agreement(reference: torch.Tensor, candidate: torch.Tensor, tie: float = 1e-3) -> dict:
