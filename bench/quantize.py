@@ -158,6 +158,9 @@ def main() -> int:
         # every run starts with the checkpoint in the page cache: the run before it may have evicted it (a 3B
         # model in fp32 fills a 24 GB machine), and the next one would then pay a disk read the other did not
         subprocess.run(["cat", *map(str, mdir.glob("*.safetensors"))], stdout=subprocess.DEVNULL)
+        # and with no writeback left over from the run before (a 3B export leaves GBs of dirty pages that would
+        # compete with this run's reads and writes)
+        os.sync()
         kind = "plain" if which == "warmup" else which
         code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from bench.quantize import child; "
                 f"child({kind!r}, {str(mdir)!r}, {str(out)!r}, {weights!r}, {str(group)!r}, "

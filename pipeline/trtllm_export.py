@@ -1,8 +1,8 @@
 """export (trtllm-0.12 backend): the quantized model as a TensorRT-LLM 0.12 checkpoint, fixed, validated, proven.
 
-ModelOpt 0.47's export_tensorrt_llm_checkpoint writes names, dtypes and shapes as 0.12 reads them (FACTS.md) but,
-under transformers 5, omits rotary_base (TensorRT-LLM then silently uses 10000) and rope scaling: both are set here
-from the original config.json. INT8 weight-only follows 0.12's own flow: fp16 weights, quant_algo W8A16, quantized
+ModelOpt 0.47's TensorRT-LLM converter (what its export_tensorrt_llm_checkpoint writes) gives names, dtypes and
+shapes as 0.12 reads them (FACTS.md) but, under transformers 5, omits rotary_base (TensorRT-LLM then silently uses
+10000) and rope scaling: both are set here from the original config.json, before anything is written. INT8 weight-only follows 0.12's own flow: fp16 weights, quant_algo W8A16, quantized
 by TensorRT-LLM at engine load. The written checkpoint is validated against the 0.12 schema and read back by the
 independent reader; an export whose logits disagree with the calibrated model fails the stage.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.progress import StepTimer
-from pipeline.trtllm_checkpoint import ARCHITECTURES, CONFIG, validate
+from pipeline.trtllm_checkpoint import ARCHITECTURES, CONFIG, WEIGHTS, validate
 
 MIN_COSINE = 0.999      # reader vs calibrated model; a packing or name-mapping bug lands far below this
 MIN_TOP1 = 0.99
@@ -31,29 +31,45 @@ def rope_settings(raw: dict) -> tuple[float, dict | None]:
     return float(base), scaling
 
 
-def _merge_kv_scales(out: Path) -> None:
+def _merge_kv_scales(tensors: dict) -> None:
     """ModelOpt 0.47 writes attention.k_cache_scaling_factor and v_cache_scaling_factor; TensorRT-LLM 0.12's
     Attention has one kv_cache_scaling_factor (1,) float32. quantize made them equal; check that and merge."""
     import torch
-    from safetensors.torch import load_file, save_file
 
-    from pipeline.trtllm_checkpoint import WEIGHTS
-
-    from safetensors import safe_open
-
-    with safe_open(str(out / WEIGHTS), "pt") as f:      # headers only: most checkpoints have no KV scales
-        if not any(n.endswith(".attention.k_cache_scaling_factor") for n in f.keys()):
-            return
-    tensors = load_file(str(out / WEIGHTS))
-    ks = [n for n in tensors if n.endswith(".attention.k_cache_scaling_factor")]
-    for k in ks:
+    for k in [n for n in tensors if n.endswith(".attention.k_cache_scaling_factor")]:
         v = k.replace(".k_cache_", ".v_cache_")
         kt, vt = tensors.pop(k), tensors.pop(v)
         if not torch.equal(kt, vt):
             raise PipelineError(f"{k}: K and V cache scales differ ({kt.item()} vs {vt.item()}); TensorRT-LLM 0.12 "
                                 "has one scale per layer", "re-run the quantize stage (it unifies them)")
         tensors[k.replace(".k_cache_", ".kv_cache_")] = kt.float().reshape(1)
-    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+
+
+def convert(model, decoder_type: str) -> tuple[dict, dict]:
+    """(config, tensors) of a one-rank TensorRT-LLM checkpoint, from ModelOpt's converter.
+
+    What ModelOpt's export_tensorrt_llm_checkpoint does before writing, kept in memory so that export fixes the
+    config and merges the KV scales before anything is written, and frees the model before the write (a 3B model
+    in fp32 on a 24 GB machine otherwise pushes the just-written checkpoint out of the page cache, and the reader
+    check then reads it back from disk). The one difference: exclude_modules is sorted (ModelOpt writes a set's
+    order, which changes from run to run and so would the checkpoint's digest)."""
+    import torch
+    from modelopt.torch.export.model_config_export import torch_to_tensorrt_llm_checkpoint
+
+    ranks = list(torch_to_tensorrt_llm_checkpoint(model=model, decoder_type=decoder_type, dtype=torch.float16,
+                                                  inference_tensor_parallel=1, inference_pipeline_parallel=1))
+    (cfg, tensors, quant_config), = ranks           # one rank: tp = pp = 1
+    if "quantized_layers" in quant_config:
+        # ModelOpt's per-layer form: MIXED_PRECISION (AutoQuantize; recipes never make it), or no layer quantized
+        # (fp16, and int8_wo's disabled weight quantizers). ModelOpt then also writes quant_cfg.json, which
+        # TensorRT-LLM 0.12 reads only for MIXED_PRECISION (PretrainedConfig.from_json_file): not written here.
+        if quant_config["quant_algo"] == "MIXED_PRECISION":
+            raise PipelineError("per-layer mixed quantization has no TensorRT-LLM 0.12 export here",
+                                "use one weight format per recipe")
+        cfg["quantization"] = {k: quant_config[k] for k in ("quant_algo", "kv_cache_quant_algo")}
+    else:
+        cfg["quantization"]["exclude_modules"] = sorted(set(cfg["quantization"].get("exclude_modules") or []))
+    return cfg, tensors
 
 
 def check_architecture(raw: dict, source: str) -> str:
@@ -79,9 +95,11 @@ def export_device(model_dir: Path) -> str:
 
 
 def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids: list[int]) -> dict:
+    import gc
+
     import torch
     import modelopt.torch.quantization as mtq
-    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+    from safetensors.torch import save_file
 
     from pipeline.quantize import load_quantized, weights_on_grid
     from pipeline.reader import CheckpointModel, agreement
@@ -105,21 +123,22 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids:
         mtq.disable_quantizer(model, "*weight_quantizer")   # export fp16 weights; TensorRT-LLM quantizes at load
     model.config.architectures = [arch]
     with timer("export"):
-        export_tensorrt_llm_checkpoint(model, decoder_type=ARCHITECTURES[arch], dtype=torch.float16,
-                                       export_dir=out, inference_tensor_parallel=1, inference_pipeline_parallel=1)
-    cfg = json.loads((out / CONFIG).read_text())
-    base, scaling = rope_settings(raw)
-    cfg["rotary_base"] = base
-    if scaling:
-        cfg["rotary_scaling"] = scaling
-    if weights == "int8_wo":
-        cfg["quantization"]["quant_algo"] = "W8A16"
-    (out / CONFIG).write_text(json.dumps(cfg, indent=4))
-    del model          # the reader below must not hold a second copy of the model in memory
-    import gc
+        cfg, tensors = convert(model, ARCHITECTURES[arch])
+    del model          # before the write: the page cache then keeps the checkpoint for the reader below
     gc.collect()
     with timer("fix"):
-        _merge_kv_scales(out)
+        base, scaling = rope_settings(raw)
+        cfg["rotary_base"] = base
+        if scaling:
+            cfg["rotary_scaling"] = scaling
+        if weights == "int8_wo":
+            cfg["quantization"]["quant_algo"] = "W8A16"
+        _merge_kv_scales(tensors)
+    with timer("write"):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / CONFIG).write_text(json.dumps(cfg, indent=4))
+        save_file(tensors, str(out / WEIGHTS))      # as ModelOpt writes it
+        del tensors
         validate(out)
     with timer("reader"):
         vocab = raw["vocab_size"]

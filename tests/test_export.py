@@ -106,6 +106,48 @@ def test_rope_settings_are_written_from_both_config_styles(builtin, tmp_path):
     assert agreement(good, CheckpointModel(edir).logits(ids))["logit_cosine"] < 0.999
 
 
+@pytest.mark.parametrize("weights,kv,group", [("int4_awq", "int8", 64), ("int8_wo", "fp16", None)])
+def test_export_writes_what_modelopts_own_writer_writes_plus_our_fixes(builtin, tmp_path, weights, kv, group):
+    """export converts with ModelOpt and writes the checkpoint itself (to fix the config and free the model before
+    the write): the bytes must be what export_tensorrt_llm_checkpoint writes, but for the documented fixes."""
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
+    src = builtin("tiny-llama")
+    qdir, ours, theirs = tmp_path / "q", tmp_path / "ours", tmp_path / "theirs"
+    qdir.mkdir()
+    quantize(src, qdir, weights, kv, group, CAL, ".")
+    export(src, qdir, ours, weights, probe_ids(src))
+    model = load_quantized(src, qdir)
+    if weights == "int8_wo":
+        mtq.disable_quantizer(model, "*weight_quantizer")
+    model.config.architectures = ["LlamaForCausalLM"]
+    export_tensorrt_llm_checkpoint(model, decoder_type="llama", dtype=torch.float16, export_dir=theirs,
+                                   inference_tensor_parallel=1, inference_pipeline_parallel=1)
+
+    a, b = load_file(str(ours / "rank0.safetensors")), load_file(str(theirs / "rank0.safetensors"))
+    merged = {k.replace(".k_cache_", ".kv_cache_") for k in b if k.endswith("k_cache_scaling_factor")}
+    assert set(a) == {k for k in b if "_cache_scaling_factor" not in k} | merged
+    assert len(merged) == (2 if kv == "int8" else 0)
+    for k in a:
+        if k not in merged:
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    for k in merged:
+        assert torch.equal(a[k], b[k.replace(".kv_cache_", ".k_cache_")].float().reshape(1))
+
+    ca, cb = json.loads((ours / "config.json").read_text()), json.loads((theirs / "config.json").read_text())
+    qa, qb = ca.pop("quantization"), cb.pop("quantization")
+    assert ca.pop("rotary_base") == 500000.0 and cb.pop("rotary_base", 10000.0) == 10000.0
+    assert ca.pop("rotary_scaling")["rope_type"] == "llama3" and "rotary_scaling" not in cb
+    assert ca == cb
+    if weights == "int8_wo":            # ModelOpt sees no quantized layer; 0.12 quantizes them at load
+        assert qa == {"quant_algo": "W8A16", "kv_cache_quant_algo": None} and qb["quant_algo"] is None
+        assert (theirs / "quant_cfg.json").is_file() and not (ours / "quant_cfg.json").exists()
+    else:
+        assert qa["exclude_modules"] == sorted(qb.pop("exclude_modules")) and "lm_head" in qa.pop("exclude_modules")
+        assert qa == qb and qa["quant_algo"] == "W4A16_AWQ" and qa["kv_cache_quant_algo"] == "INT8"
+
+
 def test_unpack_int4_packing_convention():
     # W (out=2, in=1): W[0] = 1 (even output column: low nibble), W[1] = -2 (odd: high nibble) -> byte 0xE1
     packed = torch.tensor([[-31]], dtype=torch.int8)        # stored (out/2, in)
