@@ -148,6 +148,36 @@ def test_export_writes_what_modelopts_own_writer_writes_plus_our_fixes(builtin, 
         assert qa == qb and qa["quant_algo"] == "W4A16_AWQ" and qa["kv_cache_quant_algo"] == "INT8"
 
 
+def test_calibration_data_is_used_exactly_where_the_stage_key_says(builtin, tmp_path):
+    """The quantize stage's key leaves the calibration settings out where ModelOpt needs no data; quantize must
+    then not depend on them, and elsewhere must use them."""
+    from modelopt.torch.quantization.config import need_calibration
+    from pipeline.quantization import KV_FORMATS
+    from pipeline.quantize import modelopt_config
+
+    for name, fmt in WEIGHT_FORMATS.items():
+        for kv in KV_FORMATS:
+            cfg = modelopt_config(fmt, KV_FORMATS[kv], fmt.default_group_size)
+            assert (cfg is not None and need_calibration(cfg)) == (fmt.needs_calibration or kv != "fp16"), (name, kv)
+    src = builtin("tiny-llama")
+    corpus = tmp_path / "other.txt"
+    corpus.write_text("An unrelated calibration text about something else entirely. " * 200)
+    amax = {}
+    for which, source in (("builtin", CAL["source"]), ("file", f"file:{corpus}")):
+        out = tmp_path / which
+        out.mkdir()
+        for weights, kv in (("int8_wo", "fp16"), ("int8_wo", "int8")):
+            info = quantize(src, out, weights, kv, None, {**CAL, "source": source}, str(tmp_path / "r.toml"))
+            assert info["quantize"]["calibration_tokens"] == (0 if kv == "fp16" else 8 * 64)
+            model = load_quantized(src, out, consume=True)
+            attn = model.model.layers[0].self_attn
+            amax[which, kv] = (attn.q_proj.weight_quantizer.amax.clone(),
+                               attn.k_bmm_quantizer.amax.clone() if kv == "int8" else None)
+    assert torch.equal(amax["builtin", "fp16"][0], amax["file", "fp16"][0])      # weights only: data-free
+    assert torch.equal(amax["builtin", "fp16"][0], amax["builtin", "int8"][0])
+    assert not torch.equal(amax["builtin", "int8"][1], amax["file", "int8"][1])  # the KV scale is data
+
+
 def test_unpack_int4_packing_convention():
     # W (out=2, in=1): W[0] = 1 (even output column: low nibble), W[1] = -2 (odd: high nibble) -> byte 0xE1
     packed = torch.tensor([[-31]], dtype=torch.int8)        # stored (out/2, in)
