@@ -73,7 +73,10 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: 
            draft_dir: Path | None = None) -> dict:
     """onnx/ for llm_build; with an EAGLE-3 draft, onnx/base (exported as the EAGLE-3 base: it also emits the
     hidden states the draft reads) and onnx/draft (the draft in fp16)."""
+    from pipeline.quantize import MODELOPT_MODULES, import_clean, load_quantized
+
     try:
+        import_clean(*MODELOPT_MODULES, "tensorrt_edgellm", "tensorrt_edgellm.models.ops")    # (its docstring)
         from tensorrt_edgellm import AutoModel, export_onnx
         from tensorrt_edgellm.models.ops import set_int4_gemm_plugin_version, set_nvfp4_a16_export_target_sm
     except ImportError as exc:
@@ -82,8 +85,6 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: 
                             "breaks CPU torch); ./bootstrap.sh installs it") from None
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoTokenizer
-
-    from pipeline.quantize import load_quantized
 
     hf = out / "hf-checkpoint"
     model = load_quantized(model_dir, quant_dir, "cpu", consume=True).half()   # the unified export is fp16

@@ -30,6 +30,43 @@ KV_BITS = {"int8": 8, "fp8": (4, 3)}
 _handoff: dict = {}
 
 
+MODELOPT_MODULES = ("modelopt.torch.export", "modelopt.torch.opt", "modelopt.torch.quantization")
+
+
+def import_clean(*modules: str) -> None:
+    """Import modules from a thread of their own, before any model exists; their ImportError is raised here.
+
+    ModelOpt imports pulp, which keeps the ImportError of each solver it lacks (class attribute `err`). A stored
+    traceback reaches, through f_back, every frame on the stack of that first import, and a frame that outlives
+    its call keeps its last locals: imported from quantize(), that kept the calibrated model alive for the rest
+    of the process (a 3B model on a CPU: 12.8 GB, so the export's reader check found its checkpoint evicted from
+    the page cache, and goldens held two models). A new thread's stack holds nothing of ours."""
+    import importlib
+    import sys
+    import threading
+
+    missing = [m for m in modules if m not in sys.modules]
+    if not missing:
+        return
+    failed = []
+
+    def run():
+        try:
+            for m in missing:
+                importlib.import_module(m)
+        except BaseException as exc:     # re-raised in the caller's thread
+            failed.append(exc)
+    thread = threading.Thread(target=run, name="import-clean")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
+def import_modelopt() -> None:
+    import_clean(*MODELOPT_MODULES)
+
+
 def _state_key(model_dir: Path, quant_dir: Path) -> tuple:
     st = (quant_dir / STATE).stat()
     return (str(Path(model_dir).resolve()), st.st_ino, st.st_mtime_ns, st.st_size)
@@ -44,6 +81,7 @@ def drop_handoff() -> None:
 
 def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None) -> dict | None:
     """The ModelOpt quant config for a recipe's weight and KV formats (None: nothing to quantize)."""
+    import_modelopt()
     import modelopt.torch.quantization as mtq
 
     name = fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name)
@@ -353,6 +391,7 @@ def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu", consum
 
     consume=True: the caller may change the model (export disables quantizers), so a handed-off model is taken,
     not shared, and later stages restore from disk."""
+    import_modelopt()
     if (quant_dir / STATE).is_file():
         key = _state_key(model_dir, quant_dir)
         model = _handoff.pop(key, None) if consume else _handoff.get(key)

@@ -98,11 +98,13 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids:
     import gc
 
     import torch
-    import modelopt.torch.quantization as mtq
     from safetensors.torch import save_file
 
-    from pipeline.quantize import load_quantized, weights_on_grid
+    from pipeline.quantize import import_modelopt, load_quantized, weights_on_grid
     from pipeline.reader import CheckpointModel, agreement
+
+    import_modelopt()
+    import modelopt.torch.quantization as mtq
 
     raw = json.loads((model_dir / "config.json").read_text())
     arch = check_architecture(raw, str(model_dir / "config.json"))

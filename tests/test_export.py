@@ -178,6 +178,31 @@ def test_calibration_data_is_used_exactly_where_the_stage_key_says(builtin, tmp_
     assert not torch.equal(amax["builtin", "int8"][1], amax["file", "int8"][1])  # the KV scale is data
 
 
+def test_the_calibrated_model_is_freed_once_export_took_it(builtin, tmp_path):
+    """In a fresh process (ModelOpt's first import is what matters), quantize -> export as doit runs them: no model
+    may outlive the export (pulp's stored ImportErrors once kept quantize()'s frame, and so its model, alive)."""
+    import subprocess
+    import sys
+
+    src = builtin("tiny-llama")
+    code = f"""
+import gc, weakref
+from pathlib import Path
+from pipeline import quantize as q
+from pipeline.trtllm_export import export
+src, out = Path({str(src)!r}), Path({str(tmp_path)!r})
+(out / "q").mkdir()
+q.quantize(src, out / "q", "int8_wo", "fp16", None, {CAL!r}, ".")
+alive = weakref.ref(next(iter(q._handoff.values())))
+export(src, out / "q", out / "e", "int8_wo", list(range(3, 35)))
+gc.collect()
+print("ALIVE" if alive() is not None else "FREED")
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "FREED"
+
+
 def test_unpack_int4_packing_convention():
     # W (out=2, in=1): W[0] = 1 (even output column: low nibble), W[1] = -2 (odd: high nibble) -> byte 0xE1
     packed = torch.tensor([[-31]], dtype=torch.int8)        # stored (out/2, in)
