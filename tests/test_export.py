@@ -203,6 +203,27 @@ print("ALIVE" if alive() is not None else "FREED")
     assert run.stdout.strip().splitlines()[-1] == "FREED"
 
 
+def test_converted_tensors_keep_no_parameter_alive(builtin, tmp_path):
+    """export frees the model before writing the checkpoint: the converted tensors must not hold the parameters
+    (with grad on, autograd saved them for backward and a 3B export held 12.8 GB through the write)."""
+    import gc
+    import weakref
+
+    from pipeline.trtllm_export import convert
+
+    src = builtin("tiny-llama")
+    quantize(src, tmp_path, "int4_awq", "fp16", 64, CAL, ".")
+    model = load_quantized(src, tmp_path, consume=True)
+    model.config.architectures = ["LlamaForCausalLM"]
+    params = [weakref.ref(p) for p in model.parameters()]
+    cfg, tensors = convert(model, "llama")
+    del model
+    gc.collect()
+    assert [p for p in params if p() is not None] == []
+    assert not any(t.requires_grad for t in tensors.values())
+    assert tensors["transformer.layers.0.attention.qkv.weight"].dtype == torch.int8
+
+
 def test_unpack_int4_packing_convention():
     # W (out=2, in=1): W[0] = 1 (even output column: low nibble), W[1] = -2 (odd: high nibble) -> byte 0xE1
     packed = torch.tensor([[-31]], dtype=torch.int8)        # stored (out/2, in)
