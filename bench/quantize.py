@@ -124,6 +124,13 @@ def child(which: str, model_dir: str, out: str, weights: str, group: str, cal: s
                       "peak_gpu": gpu}))
 
 
+def drop_page_cache() -> None:
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("1")
+    except OSError:
+        pass     # not root: both runs still start after the same sync and cache warm-up
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--weights", default=None, help="int8_wo on CPU, int4_awq on a GPU by default")
@@ -164,12 +171,13 @@ def main() -> int:
         out = root / which
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir()
-        # every run starts with the checkpoint in the page cache: the run before it may have evicted it (a 3B
-        # model in fp32 fills a 24 GB machine), and the next one would then pay a disk read the other did not
-        subprocess.run(["cat", *map(str, mdir.glob("*.safetensors"))], stdout=subprocess.DEVNULL)
-        # and with no writeback left over from the run before (a 3B export leaves GBs of dirty pages that would
-        # compete with this run's reads and writes)
+        # every run starts from the same page cache: no writeback left over from the run before (a 3B export
+        # leaves GBs of dirty pages that would compete with this run's reads and writes), none of its output
+        # cached (a 3B run fills a 24 GB machine: whichever run comes second would pay the kernel's reclaim of the
+        # first one's 7 GB checkpoint; dropped where this user may), and the model's checkpoint cached
         os.sync()
+        drop_page_cache()
+        subprocess.run(["cat", *map(str, mdir.glob("*.safetensors"))], stdout=subprocess.DEVNULL)
         kind = "plain" if which == "warmup" else which
         code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from bench.quantize import child; "
                 f"child({kind!r}, {str(mdir)!r}, {str(out)!r}, {weights!r}, {str(group)!r}, "
