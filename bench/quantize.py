@@ -1,7 +1,7 @@
 """Calibrate + export at real model size: the pipeline's stages vs plain ModelOpt calls, same model, same run.
 
-    .venv/bin/python bench/quantize.py                                  # CPU: Llama-3.2-3B shape, int8_wo
-    python bench/quantize.py --device cuda --weights int4_awq           # on a GPU machine
+    .venv/bin/python bench/quantize.py                    # CPU: Llama-3.2-3B shape, int8_wo, 4x64 tokens
+    python bench/quantize.py --samples 16 --repeat 2      # on a GPU machine: int4_awq, 16x512 tokens
 
 The model has Llama-3.2-3B's shape (pipeline/data/model_configs.toml) and random weights, so nothing is downloaded.
   plain     load -> mtq.quantize -> export_tensorrt_llm_checkpoint, as a ModelOpt user would write it (as
