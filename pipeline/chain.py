@@ -288,7 +288,8 @@ def do_export(recipe: Recipe, target: str) -> dict:
 @contextlib.contextmanager
 def _reference_model(recipe: Recipe):
     """The deployed-numerics model (quantize's saved state restored, weights on the export grid)."""
-    from pipeline.quantize import load_quantized, pick_device, weights_on_grid
+    from pipeline.grid import weights_on_grid
+    from pipeline.quantize import load_quantized, pick_device
 
     model = load_quantized(_model_dir(recipe), quantize_spec(recipe).dir, pick_device(WEIGHT_FORMATS[recipe.weights]))
     with weights_on_grid(model):

@@ -7,12 +7,12 @@ computed from this model therefore match the exported checkpoint (FACTS.md: with
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.grid import LEVELS, grid_modules, snap_to_export_grid
 from pipeline.progress import StepTimer
 from pipeline.quantization import KV_FORMATS, WEIGHT_FORMATS, KVFormat, WeightFormat
 
@@ -206,25 +206,25 @@ def _unchanged(model, model_dir: Path) -> set[str]:
     return same
 
 
-def save_quantized(model, model_dir: Path, out_dir: Path) -> int:
-    """ModelOpt state (STATE) + every tensor calibration changed (TENSORS: amax, pre-quant scales, smoothed
-    weights); returns bytes of tensors.
+def save_quantized(model, out_dir: Path, unchanged: set[str], levels: dict) -> int:
+    """ModelOpt state (STATE) + every tensor calibration changed (TENSORS: amax, pre-quant scales, and the
+    weights AWQ / SmoothQuant rescaled); returns bytes of tensors.
 
-    Unchanged weights are not saved again: load_quantized re-reads them from the fetched checkpoint. The tensors
-    go to safetensors, one write of their bytes: torch.save's zip writer took 3x as long (2 GB of fp16: 2.0 s vs
-    0.7 s), and AWQ / SmoothQuant change every linear (a 3B model on a GPU: 6 GB, most of the quantize overhead).
+    Unchanged weights are not saved again: load_quantized re-reads them from the fetched checkpoint. Changed
+    weights on the export grid are saved as their integer levels (`levels`, from snap_to_export_grid), int8: a 3B
+    INT4-AWQ model calibrated on a GPU saved 6 GB of fp16 weights in 6 s, a third of the pipeline's overhead there.
+    The tensors go to safetensors, one write of their bytes (torch.save's zip writer took 3x as long).
     """
     import modelopt.torch.opt as mto
     import torch
     from safetensors.torch import save_file
 
     params = dict(model.named_parameters())
-    unchanged = _unchanged(model, model_dir)
     # tied weights (lm_head = embed_tokens) appear in the state dict under a name the checkpoint does not have
     shared = {params[k].data_ptr() for k in unchanged}
-    tensors, storages = {}, set()
+    tensors, storages = {k + LEVELS: v for k, v in levels.items()}, set()
     for k, v in model.state_dict().items():
-        if k in unchanged or v.data_ptr() in shared:
+        if k in unchanged or k in levels or v.data_ptr() in shared:
             continue
         # safetensors refuses two names on one storage (K and V quantizers share one amax): copy the repeats
         storage = v.untyped_storage().data_ptr()
@@ -262,64 +262,6 @@ def fuse_for_export(model) -> int:
         if k is not None and k.is_enabled and k.amax is not None and v.amax is not None:
             k.amax = v.amax = torch.maximum(k.amax, v.amax)
     return n
-
-
-def snap_to_export_grid(model) -> int:
-    """Put every integer-quantized weight on the grid the export writes: w = round(w / s) * s.
-
-    The fake quantizer computes w * (maxbound / amax) and the export w / (amax / maxbound): for a weight exactly
-    halfway between two levels (common when calibration ran in fp16: AWQ-scaled fp16 weights often sit at
-    k + 0.5 steps) the two round differently, and the reference outputs would not be the deployed numerics
-    (tiny Llama calibrated in fp16: 2 of 8192 weights of one layer, top-1 agreement 0.97). On the grid both agree.
-    Deterministic in the saved state, so it is re-applied on every restore instead of saving the weights."""
-    import torch
-    from modelopt.torch.export.quant_utils import get_weight_scaling_factor
-
-    n, exact = 0, True
-    with torch.no_grad():
-        for module in _grid_modules(model):
-            w = module.weight
-            scale = get_weight_scaling_factor(module).to(w.device, torch.float32)
-            # in place, per block through a view: same operations in the same precision as
-            # (w / scale.repeat_interleave(block)).round().clamp() * scale, without three weight-sized temporaries
-            x = w if w.dtype == torch.float32 and w.is_contiguous() else w.float().contiguous()
-            s = scale.reshape(w.shape[0], -1, 1)
-            top = 7 if module.weight_quantizer.num_bits == 4 else 127
-            x.view(w.shape[0], s.shape[1], -1).div_(s).round_().clamp_(-top - 1, top).mul_(s)
-            if x is not w:
-                w.copy_(x)
-            exact = exact and w.dtype == torch.float32
-            n += 1
-    # fp32 weights hold the grid values exactly; fp16 weights (GPU calibration) only to fp16 precision, and the
-    # fake quantizer then still differs from them by up to half an fp16 ulp: those keep it (weights_on_grid)
-    model.pipeline_on_grid = exact
-    return n
-
-
-def _grid_modules(model):
-    """The linears whose weights snap_to_export_grid puts on an integer grid (INT4 / INT8 weight quantizers)."""
-    for module in model.modules():
-        wq = getattr(module, "weight_quantizer", None)
-        if (wq is not None and getattr(wq, "is_enabled", False) and getattr(wq, "num_bits", None) in (4, 8)
-                and getattr(module, "weight", None) is not None and module.weight.dim() == 2):
-            yield module
-
-
-@contextlib.contextmanager
-def weights_on_grid(model):
-    """Forward passes of a snapped model without its INT4/INT8 weight fake-quantizers.
-
-    On grid weights the fake quantizer is the identity (to one ulp: 1e-5 of a logit on a 1B model) and on a CPU
-    it costs 4x the forward pass itself (1B model, 32 tokens: 9.4 s vs 2.2 s). Activation, KV and pre-quant-scale
-    quantizers stay on. A model that was not snapped keeps its weight quantizers."""
-    off = [m.weight_quantizer for m in _grid_modules(model)] if getattr(model, "pipeline_on_grid", False) else []
-    for q in off:
-        q.disable()
-    try:
-        yield model
-    finally:
-        for q in off:
-            q.enable()
 
 
 def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size: int | None, calibration: dict,
@@ -374,8 +316,9 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     # Saved as computed (fp32 on the CPU, fp16 on a GPU): rounding it to fp16 for the CPU case would change
     # SmoothQuant's scales relative to the weights they were derived from. Every later stage restores this file.
     with timer("save"):
-        saved = save_quantized(model, model_dir, out)
-        snap_to_export_grid(model)      # after saving: restores re-apply it (load_quantized)
+        unchanged = _unchanged(model, model_dir)       # before snapping, which moves every grid weight
+        changed = {name + ".weight" for name, _ in grid_modules(model)} - unchanged
+        saved = save_quantized(model, out, unchanged, snap_to_export_grid(model, keep=changed))
     _handoff[_state_key(model_dir, out)] = model
     info.update(method="modelopt", modelopt_config=fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name),
                 device=model.device.type, placement=getattr(model, "placement", {"kind": "cpu"}),
@@ -408,13 +351,14 @@ def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu", consum
 
         blob = torch.load(quant_dir / STATE, map_location=device, weights_only=False)
         model = mto.restore_from_modelopt_state(model, blob["modelopt_state"])
-        result = model.load_state_dict(load_file(str(quant_dir / TENSORS), device=device), strict=False)
-        if result.unexpected_keys:
-            raise PipelineError(f"{quant_dir / STATE} does not fit the model in {model_dir}: "
-                                f"{result.unexpected_keys[:3]}", "re-run the quantize stage")
+        tensors = load_file(str(quant_dir / TENSORS), device=device)
+        levels = {k[:-len(LEVELS)]: tensors.pop(k) for k in list(tensors) if k.endswith(LEVELS)}
+        result = model.load_state_dict(tensors, strict=False)
+        unknown = result.unexpected_keys + sorted(set(levels) - {n + ".weight" for n, _ in grid_modules(model)})
+        if unknown:
+            raise PipelineError(f"{quant_dir / STATE} does not fit the model in {model_dir}: {unknown[:3]}",
+                                "re-run the quantize stage")
         if device == "cpu":
             model = model.float()
-        # Known gap (issue 3 note): a state calibrated on a GPU (fp16 weights) and restored here on the CPU puts a
-        # few INT4 weights one level off the GPU's (tiny Llama: top-1 0.958); same-device restores are exact.
-        snap_to_export_grid(model)
+        snap_to_export_grid(model, levels)
     return model

@@ -103,7 +103,8 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids:
     import torch
     from safetensors.torch import save_file
 
-    from pipeline.quantize import import_modelopt, load_quantized, weights_on_grid
+    from pipeline.grid import weights_on_grid
+    from pipeline.quantize import import_modelopt, load_quantized
     from pipeline.reader import CheckpointModel, agreement
 
     import_modelopt()
