@@ -2,6 +2,7 @@
 (its rank0.engine holds the checkpoint's weights) with the pipeline's independent reader, greedily."""
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -18,11 +19,15 @@ class ModelRunnerCpp:
     def from_dir(cls, engine_dir, rank=0, max_batch_size=1, max_input_len=None, max_output_len=None,
                  use_mmap=False):
         engine = json.loads((Path(engine_dir) / "config.json").read_text())
-        tmp = Path(tempfile.mkdtemp(prefix="engine-view-"))
-        (tmp / "config.json").write_text(json.dumps(engine["pretrained_config"]))
-        os.symlink(Path(engine_dir).absolute() / "rank0.engine", tmp / "rank0.safetensors")
         assert max_input_len <= engine["build_config"]["max_input_len"], "input longer than the engine allows"
-        return cls(CheckpointModel(tmp), engine["build_config"])
+        tmp = Path(tempfile.mkdtemp(prefix="engine-view-"))
+        try:
+            (tmp / "config.json").write_text(json.dumps(engine["pretrained_config"]))
+            os.symlink(Path(engine_dir).absolute() / "rank0.engine", tmp / "rank0.safetensors")
+            model = CheckpointModel(tmp)     # reads the config and maps the weights: the view is not needed after
+        finally:
+            shutil.rmtree(tmp)
+        return cls(model, engine["build_config"])
 
     def generate(self, batch_input_ids, max_new_tokens, end_id, pad_id, top_k=1, temperature=1.0,
                  output_sequence_lengths=True, return_dict=True):
