@@ -2,9 +2,10 @@
 
 ModelOpt 0.47's TensorRT-LLM converter (what its export_tensorrt_llm_checkpoint writes) gives names, dtypes and
 shapes as 0.12 reads them (FACTS.md) but, under transformers 5, omits rotary_base (TensorRT-LLM then silently uses
-10000) and rope scaling: both are set here from the original config.json, before anything is written. INT8 weight-only follows 0.12's own flow: fp16 weights, quant_algo W8A16, quantized
-by TensorRT-LLM at engine load. The written checkpoint is validated against the 0.12 schema and read back by the
-independent reader; an export whose logits disagree with the calibrated model fails the stage.
+10000) and rope scaling: both are set here from the original config.json, before anything is written. INT8
+weight-only follows 0.12's own flow: fp16 weights, quant_algo W8A16, quantized by TensorRT-LLM at engine load.
+The written checkpoint is validated against the 0.12 schema and read back by the independent reader; an export
+whose logits disagree with the calibrated model fails the stage.
 """
 
 from __future__ import annotations
