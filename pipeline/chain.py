@@ -297,6 +297,7 @@ def _reference_model(recipe: Recipe):
 
 
 def do_goldens(recipe: Recipe) -> dict:
+    from pipeline.cpu_linear import skinny_linears
     from pipeline.evaluate import GOLDENS, make_goldens
     from transformers import AutoTokenizer
 
@@ -304,7 +305,7 @@ def do_goldens(recipe: Recipe) -> dict:
 
     def build(out: Path) -> None:
         tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
-        with _reference_model(recipe) as model:
+        with _reference_model(recipe) as model, skinny_linears():
             goldens = make_goldens(model, tok, recipe.validation)
         (out / GOLDENS).write_text(json.dumps(goldens, indent=1) + "\n")
 
@@ -314,6 +315,7 @@ def do_goldens(recipe: Recipe) -> dict:
 
 
 def do_accuracy(recipe: Recipe) -> dict:
+    from pipeline.cpu_linear import skinny_linears
     from pipeline.evaluate import accuracy_report, write_report
     from pipeline.quantize import load_model
     from transformers import AutoTokenizer
@@ -324,7 +326,9 @@ def do_accuracy(recipe: Recipe) -> dict:
         tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
         with _reference_model(recipe) as quantized:
             original = load_model(_model_dir(recipe), str(quantized.device).split(":")[0])
-            write_report(out, accuracy_report(original, quantized, tok), recipe.weights, recipe.name)
+            with skinny_linears():
+                report = accuracy_report(original, quantized, tok)
+            write_report(out, report, recipe.weights, recipe.name)
 
     manifest = run_stage(spec, build)
     recipe_link(recipe, "accuracy", None, spec)

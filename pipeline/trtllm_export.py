@@ -104,6 +104,7 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids:
     import torch
     from safetensors.torch import save_file
 
+    from pipeline.cpu_linear import skinny_linears
     from pipeline.grid import weights_on_grid
     from pipeline.quantize import import_modelopt, load_quantized
     from pipeline.reader import CheckpointModel, agreement
@@ -119,7 +120,7 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids:
         model = load_quantized(model_dir, quant_dir, device, consume=True)
     calibrated_in_fp16 = next(model.parameters()).dtype == torch.float16
     ids = torch.tensor(probe_ids, device=device)
-    with timer("reference"), torch.no_grad():
+    with timer("reference"), torch.no_grad(), skinny_linears():
         # fp32 on either device: the reference and the reader then differ by summation order only. A model
         # calibrated in fp16 (GPU) holds fp16 values only, so it goes back to fp16 exactly for the export.
         with weights_on_grid(model.float()):
