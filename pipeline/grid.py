@@ -31,6 +31,15 @@ def grid_modules(model):
             yield name, module
 
 
+BLOCK_BYTES = 4 << 20     # fp32 rows snapped at a time on a CPU: a block that stays in cache through four passes
+
+
+def _row_blocks(w):
+    """[lo, hi) row ranges of a weight: cache-sized blocks on a CPU, the whole tensor on a GPU (one kernel each)."""
+    rows = w.shape[0] if w.device.type != "cpu" else max(1, BLOCK_BYTES // (4 * w.shape[1]))
+    return [(lo, min(lo + rows, w.shape[0])) for lo in range(0, w.shape[0], rows)]
+
+
 def snap_to_export_grid(model, levels: dict | None = None, keep: frozenset | set = frozenset()) -> dict:
     """Put every integer-quantized weight on the grid the export writes: w = round(w / s) * s.
 
@@ -48,19 +57,27 @@ def snap_to_export_grid(model, levels: dict | None = None, keep: frozenset | set
         for name, module in grid_modules(model):
             w, key = module.weight, name + ".weight"
             s = export_scale(module.weight_quantizer).to(w.device).reshape(w.shape[0], -1, 1)
-            if levels is not None and key in levels:
-                x = levels[key].to(w.device, torch.float32)
-            else:
-                # in place, per block through a view: same operations in the same precision as
-                # (w / scale.repeat_interleave(block)).round().clamp(), without three weight-sized temporaries
-                x = w if w.dtype == torch.float32 and w.is_contiguous() else w.float().contiguous()
-                top = 7 if module.weight_quantizer.num_bits == 4 else 127
-                x.view(w.shape[0], s.shape[1], -1).div_(s).round_().clamp_(-top - 1, top)
-            if key in keep:
-                kept[key] = x.to(torch.int8)
-            x.view(w.shape[0], s.shape[1], -1).mul_(s)
-            if x is not w:
-                w.copy_(x)
+            top = 7 if module.weight_quantizer.num_bits == 4 else 127
+            k = torch.empty(w.shape, dtype=torch.int8, device=w.device) if key in keep else None
+            given = levels.get(key) if levels is not None else None
+            in_place = w.dtype == torch.float32 and w.is_contiguous()
+            for lo, hi in _row_blocks(w):
+                # in place, by blocks of rows that stay in a CPU's cache (one trip through memory instead of four)
+                # and through a per-group view: the same operations in the same precision as
+                # (w / scale.repeat_interleave(group)).round().clamp(), without weight-sized temporaries
+                x = w[lo:hi] if in_place else w[lo:hi].float().contiguous()
+                grouped = x.view(hi - lo, s.shape[1], -1)
+                if given is not None:
+                    grouped.copy_(given[lo:hi].view(grouped.shape))
+                else:
+                    grouped.div_(s[lo:hi]).round_().clamp_(-top - 1, top)
+                if k is not None:
+                    k[lo:hi] = x
+                grouped.mul_(s[lo:hi])
+                if not in_place:
+                    w[lo:hi] = x
+            if k is not None:
+                kept[key] = k
             exact = exact and w.dtype == torch.float32
     # fp32 weights hold the grid values exactly; fp16 weights (GPU calibration) only to fp16 precision, and the
     # fake quantizer then still differs from them by up to half an fp16 ulp: those keep it (weights_on_grid)
