@@ -233,6 +233,16 @@ def test_unpack_int4_packing_convention():
     assert unpack_int4(packed).tolist() == [[-1], [7]]
 
 
+def test_saved_int4_levels_pack_two_per_byte():
+    from pipeline.grid import pack_int4, unpack_int4
+
+    every_pair = torch.cartesian_prod(torch.arange(-8, 8), torch.arange(-8, 8)).to(torch.int8).reshape(16, 32)
+    packed = pack_int4(every_pair)
+    assert packed.dtype == torch.int8 and packed.shape == (16, 16)
+    assert torch.equal(unpack_int4(packed), every_pair)
+    assert pack_int4(torch.tensor([[1, -2]], dtype=torch.int8)).tolist() == [[-31]]   # 0xE1: low nibble = column 0
+
+
 def test_schema_validation_names_what_is_wrong(builtin, tmp_path):
     src = builtin("tiny-llama")
     qdir, edir = tmp_path / "q", tmp_path / "e"
@@ -326,17 +336,24 @@ def test_rescaled_weights_are_saved_as_their_integer_levels(builtin, tmp_path, w
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from pipeline.grid import LEVELS, export_scale, grid_modules
+    from pipeline.grid import LEVELS, LEVELS_INT4, export_scale, grid_modules, split_levels
     from pipeline.quantize import TENSORS, drop_handoff
 
     src = builtin("tiny-llama")
     quantize(src, tmp_path, weights, "fp16", group, CAL, ".")
     with safe_open(str(tmp_path / TENSORS), "pt") as f:
         stored = {k: f.get_tensor(k) for k in f.keys()}
-    levels = {k[:-len(LEVELS)]: v for k, v in stored.items() if k.endswith(LEVELS)}
-    assert len(levels) == saved and all(v.dtype == torch.int8 for v in levels.values())
+    suffix = LEVELS_INT4 if weights == "int4_awq" else LEVELS
+    packed = {k: v for k, v in stored.items() if k.endswith(suffix)}
+    assert len(packed) == saved and all(v.dtype == torch.int8 for v in packed.values())
+    levels = split_levels(dict(stored))
+    assert levels.keys() == {k[:-len(suffix)] for k in packed}
     if weights == "int4_awq":
-        assert max(int(v.abs().max()) for v in levels.values()) == 7      # symmetric INT4: amax is level 7
+        # two levels per byte: half the weight's columns, and symmetric INT4 levels in [-7, 7] with amax at 7
+        with safe_open(str(src / "model.safetensors"), "pt") as f:
+            for name, v in levels.items():
+                assert list(v.shape) == f.get_slice(name).get_shape() == [v.shape[0], 2 * packed[name + suffix].shape[1]]
+        assert max(int(v.abs().max()) for v in levels.values()) == 7
     assert not {k for k in stored if k.endswith(".weight")} & set(levels)        # no float copy beside them
     live = {n: m.weight.clone() for n, m in grid_modules(load_quantized(src, tmp_path, "cpu", consume=True))}
     restored = load_quantized(src, tmp_path, "cpu")
