@@ -21,8 +21,9 @@ def pack_int4(k):
 
 def unpack_int4(packed):
     """pack_int4's inverse: arithmetic shifts sign-extend each nibble."""
-    low, high = (packed << 4) >> 4, packed >> 4
     import torch
+
+    low, high = (packed << 4) >> 4, packed >> 4
     return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)
 
 
