@@ -1,9 +1,9 @@
-"""CPU linears over a few tokens: torch's F.linear (x @ W^T) vs pipeline.cpu_linear.linear ((W @ x^T)^T).
+"""CPU linears over a few tokens: torch's F.linear (x @ W^T) vs pipeline.workstation.cpu_linear.linear ((W @ x^T)^T).
 
     .venv/bin/python bench/linear.py            # Llama-3.2-3B's linear shapes, 1..256 tokens, fp32, this CPU
 
 Each shape is timed over ~800 MB of distinct weights (so that, as in a real forward, the weights come from memory, not
-the cache), both forms alternating in the same run; prints GFLOPS and the ratio. pipeline/cpu_linear.py takes the
+the cache), both forms alternating in the same run; prints GFLOPS and the ratio. pipeline/workstation/cpu_linear.py takes the
 transposed form up to MAX_ROWS tokens.
 """
 
@@ -36,7 +36,7 @@ def gflops(fn, weights, x, repeat: int) -> float:
 def main() -> int:
     import torch
 
-    from pipeline.cpu_linear import MAX_ROWS, linear
+    from pipeline.workstation.cpu_linear import MAX_ROWS, linear
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", default="1,8,32,64,256", help="comma-separated row counts")

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> int:
     import torch
 
-    from pipeline.quantize import load_quantized, quantize
-    from pipeline.tinymodel import materialize
+    from pipeline.workstation.quantize import load_quantized, quantize
+    from pipeline.workstation.tinymodel import materialize
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--builtin", default="tiny-llama")
@@ -38,7 +38,7 @@ def main() -> int:
     info = quantize(model_dir, qdir, "nvfp4", "fp8", None, cal, ".")["quantize"]
     t_quant = time.perf_counter() - t
 
-    from pipeline.edgellm_export import export
+    from pipeline.workstation.edgellm_export import export
     t = time.perf_counter()
     exported = export(model_dir, qdir, edir, "nvfp4", "fp8", "11.0")["edgellm"]
     t_export = time.perf_counter() - t

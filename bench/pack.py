@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> int:
-    from pipeline.kit import check_kit, pack
-    from pipeline.signing import SecretKey
+    from pipeline.kit.archive import check_kit, pack
+    from pipeline.kit.signing import SecretKey
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gb", type=float, default=4.0)

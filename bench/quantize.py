@@ -6,7 +6,7 @@
 The model has Llama-3.2-3B's shape (pipeline/data/model_configs.toml) and random weights, so nothing is downloaded.
   plain     load -> mtq.quantize -> export_tensorrt_llm_checkpoint, as a ModelOpt user would write it (as
             ModelOpt's own PTQ example: no calibration data for weight-only int8_wo, which needs none).
-  pipeline  pipeline.quantize.quantize (calibrate, fuse for export, save state) then pipeline.trtllm_export.export
+  pipeline  pipeline.workstation.quantize.quantize (calibrate, fuse for export, save state) then pipeline.workstation.trtllm_export.export
             (restore, export, fix config, validate schema, independent-reader check), as the doit stages run them.
 Each runs in its own process (peak host memory = that process's max RSS; GPU: max allocated). Prints wall time,
 peak memory and the pipeline/plain ratio.
@@ -37,8 +37,8 @@ def make_model(out: Path, shape: str | dict) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from pipeline.perf import known_model_configs
-    from pipeline.tinymodel import train_tokenizer
+    from pipeline.plan.perf import known_model_configs
+    from pipeline.workstation.tinymodel import train_tokenizer
 
     cfg = dict(known_model_configs()[shape]) if isinstance(shape, str) else dict(shape)
     cfg.pop("architectures", None)
@@ -56,9 +56,9 @@ def run_plain(model_dir: Path, out: Path, weights: str, group: int | None, cal: 
     from modelopt.torch.quantization.config import need_calibration
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.calibration import load_texts, token_windows
-    from pipeline.quantization import KV_FORMATS, WEIGHT_FORMATS
-    from pipeline.quantize import modelopt_config
+    from pipeline.workstation.calibration import load_texts, token_windows
+    from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+    from pipeline.workstation.quantize import modelopt_config
 
     steps, t = {}, time.perf_counter()
 
@@ -93,9 +93,9 @@ def run_plain(model_dir: Path, out: Path, weights: str, group: int | None, cal: 
 def run_pipeline(model_dir: Path, out: Path, weights: str, group: int | None, cal: dict) -> None:
     from transformers import AutoTokenizer
 
-    from pipeline.calibration import load_texts
-    from pipeline.quantize import quantize
-    from pipeline.trtllm_export import export
+    from pipeline.workstation.calibration import load_texts
+    from pipeline.workstation.quantize import quantize
+    from pipeline.workstation.trtllm_export import export
 
     qdir, edir = out / "quantize", out / "export"
     qdir.mkdir(parents=True)

@@ -18,17 +18,17 @@ Exit status: 0 ok, 1 refused (the plan says why), 2 bad input or environment."""
 
 
 def _plan_cmd(args) -> int:
-    from pipeline.memory import Limits
-    from pipeline.modelshape import load_shape
-    from pipeline.planner import PlanRequest, make_plan, render_table
-    from pipeline.targets import get_target
+    from pipeline.plan.memory import Limits
+    from pipeline.plan.shapes import load_shape
+    from pipeline.plan.planner import PlanRequest, make_plan, render_table
+    from pipeline.plan.targets import get_target
 
     if args.recipe and args.model_config:
         raise PipelineError("give a recipe or --model-config, not both")
     if args.recipe:
-        from pipeline.chain import fetch_spec
-        from pipeline.planner import model_config_for, plan_recipe
-        from pipeline.recipe import load_recipe
+        from pipeline.graph.stages import fetch_spec
+        from pipeline.plan.planner import model_config_for, plan_recipe
+        from pipeline.plan.recipe import load_recipe
 
         recipe = load_recipe(args.recipe)
         targets = [args.target] if args.target else list(recipe.targets)
@@ -62,7 +62,7 @@ def _plan_cmd(args) -> int:
 
 
 def _targets_cmd(args) -> int:
-    from pipeline.targets import load_targets
+    from pipeline.plan.targets import load_targets
 
     rows = []
     for t in load_targets().values():
@@ -75,7 +75,7 @@ def _targets_cmd(args) -> int:
 
 
 def _trusted(args):
-    from pipeline.signing import trusted_keys
+    from pipeline.kit.signing import trusted_keys
     keys = trusted_keys([args.pubkey] if getattr(args, "pubkey", None) else [])
     if not keys:
         raise PipelineError("no trusted public keys", "pass --pubkey KEY.pub or run `python -m pipeline trust KEY.pub`")
@@ -90,8 +90,8 @@ def _progress(label: str, total: int):
 
 
 def _pack_cmd(args) -> int:
-    from pipeline.kit import pack
-    from pipeline.signing import signing_key
+    from pipeline.kit.archive import pack
+    from pipeline.kit.signing import signing_key
 
     src = Path(args.src)
     total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and not p.is_symlink())
@@ -111,7 +111,7 @@ def _pack_cmd(args) -> int:
 
 
 def _verify_cmd(args) -> int:
-    from pipeline.kit import check_kit
+    from pipeline.kit.archive import check_kit
     m = check_kit(Path(args.kit), _trusted(args))
     print(f"OK: {args.kit}: {m['kind']} {m['name']}, {len(m['parts'])} part(s), {len(m['files'])} files, "
           f"signed by {m['_signed_by']}")
@@ -119,7 +119,7 @@ def _verify_cmd(args) -> int:
 
 
 def _unpack_cmd(args) -> int:
-    from pipeline.kit import unpack
+    from pipeline.kit.archive import unpack
     kit = Path(args.kit)
     total = json.loads((kit / "MANIFEST.json").read_text()).get("total_size", 0) if (kit / "MANIFEST.json").is_file() \
         else 0
@@ -130,7 +130,7 @@ def _unpack_cmd(args) -> int:
 
 
 def _transfer_cmd(args) -> int:
-    from pipeline.kit import transfer
+    from pipeline.kit.archive import transfer
     kit = Path(args.kit)
     total = sum(p.stat().st_size for p in kit.iterdir() if p.is_file())
     with _progress(f"copying {kit.name}", total) as tick:
@@ -140,7 +140,7 @@ def _transfer_cmd(args) -> int:
 
 
 def _keygen_cmd(args) -> int:
-    from pipeline.signing import default_secret_key, keygen
+    from pipeline.kit.signing import default_secret_key, keygen
     secret, public = keygen(Path(args.out) if args.out else default_secret_key())
     print(f"secret key: {secret} (keep it private)\npublic key: {public}\n"
           f"on each device: python -m pipeline trust {public.name}")
@@ -148,14 +148,14 @@ def _keygen_cmd(args) -> int:
 
 
 def _trust_cmd(args) -> int:
-    from pipeline.signing import trust_key
+    from pipeline.kit.signing import trust_key
     print(f"trusted: {trust_key(Path(args.pubkey))}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipeline.quantization import KV_FORMATS, WEIGHT_FORMATS
-    from pipeline.targets import BACKENDS
+    from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+    from pipeline.plan.targets import BACKENDS
 
     parser = argparse.ArgumentParser(prog="python -m pipeline", description="Deploy LLMs to NVIDIA Jetson.",
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("targets", help="list the Jetson target profiles")
     t.set_defaults(func=_targets_cmd)
 
-    from pipeline.kit import PART_SIZE
+    from pipeline.kit.archive import PART_SIZE
     k = sub.add_parser("pack", help="pack a directory into a signed kit (split tar parts + SHA256SUMS + signature)")
     k.add_argument("src", help="directory to pack (regular files only)")
     k.add_argument("out", help="kit directory to create")
@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _probe_cmd(args) -> int:
     import json
 
-    from pipeline.probe import probe
+    from pipeline.device.probe import probe
     facts = probe(args.root)
     if args.json:
         print(json.dumps(facts, indent=1))
@@ -248,7 +248,7 @@ def _probe_cmd(args) -> int:
 
 
 def _device_cmd(args) -> int:
-    from pipeline.device import run_device
+    from pipeline.device.driver import run_device
     return run_device(Path(args.kit), work=Path(args.work) if args.work else None, out=Path(args.out),
                       root=args.root, pubkey=args.pubkey, build_timeout=args.build_timeout, force=args.force)
 

@@ -38,7 +38,7 @@ def write_checkpoint(path: Path, hidden=64, layers=2, heads=4, kv_heads=2, inter
         "tie_word_embeddings": False, "rope_theta": 10000.0, "torch_dtype": "float32", "eos_token_id": 1}))
     from transformers import PreTrainedTokenizerFast
 
-    from pipeline.tinymodel import train_tokenizer
+    from pipeline.workstation.tinymodel import train_tokenizer
     PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(vocab), bos_token="<|bos|>", eos_token="<|eos|>",
                             pad_token="<|pad|>").save_pretrained(path)
     return path

@@ -4,7 +4,7 @@ import fcntl
 
 import pytest
 
-from pipeline.builder import SSHBuilder, first_free
+from pipeline.graph.builders import SSHBuilder, first_free
 from pipeline.errors import PipelineError
 
 

@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-from pipeline.bundle import bundle_meta, pack_bundle
+from pipeline.kit.bundle import bundle_meta, pack_bundle
 from pipeline.errors import PipelineError
-from pipeline.kit import check_kit, unpack
-from pipeline.signing import SecretKey
+from pipeline.kit.archive import check_kit, unpack
+from pipeline.kit.signing import SecretKey
 
 DEVICE = {"sm": "8.7", "tensorrt": "10.3.0", "jetpack": "6.2", "backend": "trtllm-0.12",
           "backend_version": "0.12.0-jetson", "board": "NVIDIA Jetson AGX Orin Developer Kit", "l4t": "36.4.3"}

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from pipeline.calibration import load_texts, token_windows
+from pipeline.workstation.calibration import load_texts, token_windows
 from pipeline.errors import PipelineError
-from pipeline.evaluate import advice, token_agreement
+from pipeline.workstation.evaluate import advice, token_agreement
 
 
 class ByteTok:

@@ -148,7 +148,7 @@ def test_build_timeout_and_ctrl_c_kill_the_builder(tmp_path):
     import signal
     import time
 
-    from pipeline.device import run_logged
+    from pipeline.device.driver import run_logged
     from pipeline.errors import PipelineError
 
     def alive(pid):
@@ -169,7 +169,7 @@ def test_build_timeout_and_ctrl_c_kill_the_builder(tmp_path):
     # then installs no KeyboardInterrupt handler: restore it, as an interactive terminal would have it
     code = (f"import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
             f"sys.path.insert(0, {str(REPO)!r}); from pathlib import Path; "
-            f"from pipeline.device import run_logged; "
+            f"from pipeline.device.driver import run_logged; "
             f"run_logged({cmd!r}, cwd=Path({str(tmp_path)!r}), log=Path({str(tmp_path / 'b.log')!r}), timeout=600)")
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
     for _ in range(100):

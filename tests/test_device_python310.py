@@ -7,8 +7,8 @@ import subprocess
 import pytest
 
 from conftest import REPO
-from pipeline.kit import pack
-from pipeline.signing import SecretKey
+from pipeline.kit.archive import pack
+from pipeline.kit.signing import SecretKey
 
 def _python310():
     """A working Python 3.10 (a pyenv shim may exist without the version being selected)."""

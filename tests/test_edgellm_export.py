@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from pipeline.edgellm_export import export
-from pipeline.quantize import quantize
+from pipeline.workstation.edgellm_export import export
+from pipeline.workstation.quantize import quantize
 from tests.test_export import CAL, builtin  # noqa: F401  (fixture)
 
 FILES = ("model.onnx", "model.onnx.data", "config.json", "embedding.safetensors")
@@ -48,7 +48,7 @@ def test_edgellm_onnx_export(builtin, tmp_path, weights, kv, group, algo, kv_alg
 def test_int4_plugin_follows_alignment():
     import torch
 
-    from pipeline.edgellm_export import int4_plugin_version
+    from pipeline.workstation.edgellm_export import int4_plugin_version
 
     def model(*shapes):
         m = torch.nn.Sequential(*[torch.nn.Linear(k, n) for n, k in shapes])

@@ -2,7 +2,7 @@
 
 import json
 
-from pipeline.engine_build import (check_llm_build_argv, check_trtllm_012_argv, llm_build_argv,
+from pipeline.device.engine_build import (check_llm_build_argv, check_trtllm_012_argv, llm_build_argv,
                                    trtllm_build_argv)
 
 
@@ -42,7 +42,7 @@ def test_thor_plan_builds_with_llm_build_at_batch_two(project):
 
 
 def test_edgellm_plan_at_batch_one_is_planned_and_built_at_two(project, tmp_path):
-    from pipeline.perf import known_model_configs
+    from pipeline.plan.perf import known_model_configs
 
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(known_model_configs()["meta-llama/Llama-3.1-8B-Instruct"]))
@@ -54,7 +54,7 @@ def test_edgellm_plan_at_batch_one_is_planned_and_built_at_two(project, tmp_path
 
 
 def test_refused_plan_has_no_build_command(project, tmp_path):
-    from pipeline.perf import known_model_configs
+    from pipeline.plan.perf import known_model_configs
 
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(known_model_configs()["meta-llama/Llama-2-70b-hf"]))

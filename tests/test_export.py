@@ -7,11 +7,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pipeline.errors import PipelineError
-from pipeline.quantization import WEIGHT_FORMATS
-from pipeline.quantize import load_quantized, pick_device, quantize
-from pipeline.reader import CheckpointModel, agreement, unpack_int4
-from pipeline.trtllm_checkpoint import validate
-from pipeline.trtllm_export import check_architecture, export, export_device, rope_settings
+from pipeline.plan.formats import WEIGHT_FORMATS
+from pipeline.workstation.quantize import load_quantized, pick_device, quantize
+from pipeline.workstation.reader import CheckpointModel, agreement, unpack_int4
+from pipeline.workstation.trtllm_checkpoint import validate
+from pipeline.workstation.trtllm_export import check_architecture, export, export_device, rope_settings
 
 CAL = {"source": "builtin:calib-en", "samples": 8, "seq_len": 64, "seed": 0}
 
@@ -22,7 +22,7 @@ def builtin(tmp_path_factory):
 
     def get(name):
         if name not in made:
-            from pipeline.tinymodel import materialize
+            from pipeline.workstation.tinymodel import materialize
             made[name] = tmp_path_factory.mktemp(name) / "model"
             materialize(name, made[name])
         return made[name]
@@ -31,7 +31,7 @@ def builtin(tmp_path_factory):
 
 def probe_ids(model_dir, n=96):
     from transformers import AutoTokenizer
-    from pipeline.tinymodel import corpus_text
+    from pipeline.workstation.tinymodel import corpus_text
     return AutoTokenizer.from_pretrained(model_dir)(corpus_text("heldout-en"))["input_ids"][:n]
 
 
@@ -153,8 +153,8 @@ def test_calibration_data_is_used_exactly_where_the_stage_key_says(builtin, tmp_
     """The quantize stage's key leaves the calibration settings out where ModelOpt needs no data; quantize must
     then not depend on them, and elsewhere must use them."""
     from modelopt.torch.quantization.config import need_calibration
-    from pipeline.quantization import KV_FORMATS
-    from pipeline.quantize import modelopt_config
+    from pipeline.plan.formats import KV_FORMATS
+    from pipeline.workstation.quantize import modelopt_config
 
     for name, fmt in WEIGHT_FORMATS.items():
         for kv in KV_FORMATS:
@@ -189,8 +189,8 @@ def test_the_calibrated_model_is_freed_once_export_took_it(builtin, tmp_path):
     code = f"""
 import gc, weakref
 from pathlib import Path
-from pipeline import quantize as q
-from pipeline.trtllm_export import export
+from pipeline.workstation import quantize as q
+from pipeline.workstation.trtllm_export import export
 src, out = Path({str(src)!r}), Path({str(tmp_path)!r})
 (out / "q").mkdir()
 q.quantize(src, out / "q", "int8_wo", "fp16", None, {CAL!r}, ".")
@@ -210,7 +210,7 @@ def test_converted_tensors_keep_no_parameter_alive(builtin, tmp_path):
     import gc
     import weakref
 
-    from pipeline.trtllm_export import convert
+    from pipeline.workstation.trtllm_export import convert
 
     src = builtin("tiny-llama")
     quantize(src, tmp_path, "int4_awq", "fp16", 64, CAL, ".")
@@ -234,7 +234,7 @@ def test_unpack_int4_packing_convention():
 
 
 def test_saved_int4_levels_pack_two_per_byte():
-    from pipeline.grid import pack_int4, unpack_int4
+    from pipeline.workstation.grid import pack_int4, unpack_int4
 
     every_pair = torch.cartesian_prod(torch.arange(-8, 8), torch.arange(-8, 8)).to(torch.int8).reshape(16, 32)
     packed = pack_int4(every_pair)
@@ -279,7 +279,7 @@ def test_unsupported_architecture_and_cpu_nvfp4_are_refused_by_name():
 def test_handed_off_model_is_the_model_restored_from_disk(builtin, tmp_path, weights, kv, group):
     """quantize hands its live model to the next stage in the same process; it must be exactly what a later
     process restores from the saved state (the state is what resumed and parallel builds use)."""
-    from pipeline import quantize as q
+    from pipeline.workstation import quantize as q
 
     src = builtin("tiny-llama")
     quantize(src, tmp_path, weights, kv, group, CAL, ".")
@@ -304,7 +304,7 @@ def test_model_calibrated_in_fp16_exports_exactly(builtin, tmp_path, monkeypatch
     levels, where ModelOpt's fake quantizer and its exporter round differently: without snapping the weights to
     the export grid the reader gate failed (tiny Llama: top-1 0.984; H100, Llama-3.2-3B shape: 0.906). Simulated
     here by calibrating in fp16 on the CPU."""
-    import pipeline.quantize as q
+    import pipeline.workstation.quantize as q
     from transformers import AutoModelForCausalLM
 
     src = builtin("tiny-llama")
@@ -336,8 +336,8 @@ def test_rescaled_weights_are_saved_as_their_integer_levels(builtin, tmp_path, w
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from pipeline.grid import LEVELS, LEVELS_INT4, export_scale, grid_modules, split_levels
-    from pipeline.quantize import TENSORS, drop_handoff
+    from pipeline.workstation.grid import LEVELS, LEVELS_INT4, export_scale, grid_modules, split_levels
+    from pipeline.workstation.quantize import TENSORS, drop_handoff
 
     src = builtin("tiny-llama")
     quantize(src, tmp_path, weights, "fp16", group, CAL, ".")
@@ -380,7 +380,7 @@ def test_save_finds_weights_written_through_the_parameter_or_through_data(builti
     comparing first and last rows with the checkpoint; without load_model's record every tensor is compared."""
     from safetensors import safe_open
 
-    from pipeline.quantize import _unchanged, load_model
+    from pipeline.workstation.quantize import _unchanged, load_model
 
     src = builtin("tiny-llama")
     model = load_model(src, "cpu")
@@ -403,7 +403,7 @@ def test_save_finds_weights_written_through_the_parameter_or_through_data(builti
 def test_weights_on_grid_compute_what_the_fake_quantizer_does(builtin, tmp_path, weights, kv, group):
     """Reference forwards (export's reader check, goldens, accuracy) skip the weight fake-quantizers of snapped
     fp32 weights: the same logits to float rounding, and every quantizer is back on afterwards."""
-    from pipeline.grid import snap_to_export_grid, weights_on_grid
+    from pipeline.workstation.grid import snap_to_export_grid, weights_on_grid
 
     src = builtin("tiny-llama")
     quantize(src, tmp_path, weights, kv, group, CAL, ".")
@@ -439,7 +439,7 @@ def test_load_model_gives_fp16_values_from_fp16_bf16_and_fp32_checkpoints(builti
 
     from safetensors.torch import load_file, save_file
 
-    from pipeline.quantize import _stored_dtypes, load_model
+    from pipeline.workstation.quantize import _stored_dtypes, load_model
 
     src = builtin("tiny-llama")
     stored = load_file(src / "model.safetensors")

@@ -2,9 +2,9 @@ import pytest
 
 from conftest import write_checkpoint
 from pipeline.errors import InputError, PipelineError
-from pipeline.fetch import fetch_local
-from pipeline.recipe import parse_recipe
-from pipeline.safetensors_check import check_safetensors
+from pipeline.workstation.fetch import fetch_local
+from pipeline.plan.recipe import parse_recipe
+from pipeline.workstation.safetensors_check import check_safetensors
 
 
 def test_truncated_or_corrupt_safetensors_are_refused(tmp_path):

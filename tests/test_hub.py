@@ -36,7 +36,7 @@ def hub(tmp_path, monkeypatch):
 
 
 def _run(tmp_path, revision=COMMIT, allow_branch=False):
-    from pipeline.hub import fetch_hub
+    from pipeline.workstation.hub import fetch_hub
     out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
     return fetch_hub(REPO_ID, revision, out, allow_branch=allow_branch), out
 

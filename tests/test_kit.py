@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.kit import MANIFEST, SIG, SUMS, KitError, check_kit, pack, transfer, unpack
-from pipeline.signing import PublicKey, SecretKey, SignatureError
+from pipeline.kit.archive import MANIFEST, SIG, SUMS, KitError, check_kit, pack, transfer, unpack
+from pipeline.kit.signing import PublicKey, SecretKey, SignatureError
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import perf
+from pipeline.plan import perf
 from conftest import REPO
 
 REFERENCE = REPO.parent / "shared" / "reference" / "jetson-llm-benchmarks.csv"
@@ -15,7 +15,7 @@ def test_fit_is_reproducible_and_within_15_percent():
     assert len(rows) >= 40 and all(r.source.startswith("http") for r in rows)
     report = perf.fit_report(rows)
     stored = json.loads(perf.FIT.read_text())
-    assert report["classes"] == stored["classes"], "data/perf_fit.json is stale: run python -m pipeline.perf fit"
+    assert report["classes"] == stored["classes"], "data/perf_fit.json is stale: run python -m pipeline.plan.perf fit"
     assert report["median_abs_error"] <= 0.15
     for cls, err in report["median_abs_error_by_class"].items():
         assert err <= 0.15, cls

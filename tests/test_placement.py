@@ -3,7 +3,7 @@
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.placement import GiB, checkpoint_bytes, choose
+from pipeline.workstation.placement import GiB, checkpoint_bytes, choose
 
 GB = 10**9
 

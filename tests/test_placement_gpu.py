@@ -13,8 +13,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def _run(src, tmp_path, monkeypatch, budgets):
-    from pipeline.quantize import quantize
-    from pipeline.trtllm_export import export
+    from pipeline.workstation.quantize import quantize
+    from pipeline.workstation.trtllm_export import export
 
     if budgets:
         monkeypatch.setenv("PIPELINE_GPU_BUDGET_BYTES", budgets)
@@ -32,7 +32,7 @@ def _run(src, tmp_path, monkeypatch, budgets):
 def test_spread_model_calibrates_and_exports(builtin, tmp_path, monkeypatch, layout):  # noqa: F811
     if layout == "multi-gpu" and torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    from pipeline.placement import checkpoint_bytes
+    from pipeline.workstation.placement import checkpoint_bytes
 
     src = builtin("tiny-llama")
     nbytes = checkpoint_bytes(src)

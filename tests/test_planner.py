@@ -5,12 +5,12 @@ import math
 import pytest
 from conftest import REPO
 
-from pipeline.memory import Limits, plan_memory
-from pipeline.modelshape import shape_from_config
-from pipeline.perf import fitted, known_model_configs
-from pipeline.planner import PlanRequest, make_plan
-from pipeline.quantization import KV_FORMATS, WEIGHT_FORMATS
-from pipeline.targets import get_target, load_targets
+from pipeline.plan.memory import Limits, plan_memory
+from pipeline.plan.shapes import shape_from_config
+from pipeline.plan.perf import fitted, known_model_configs
+from pipeline.plan.planner import PlanRequest, make_plan
+from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+from pipeline.plan.targets import get_target, load_targets
 
 TINY = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1000, "max_position_embeddings": 512}
@@ -177,8 +177,8 @@ def test_cli_bad_input(project, tmp_path):
 
 
 def test_prequantized_checkpoints_are_refused_with_the_reason():
-    from pipeline.planner import plan_recipe
-    from pipeline.recipe import load_recipe
+    from pipeline.plan.planner import plan_recipe
+    from pipeline.plan.recipe import load_recipe
     cfg = dict(known("meta-llama/Llama-3.2-3B-Instruct"),
                quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True})
     plan = plan_recipe(load_recipe("llama3.2-3b-orin-nano"), "orin-nano-8gb", cfg, "hub/config.json")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.gate import build_memory_gate, check, require
-from pipeline.probe import probe
+from pipeline.device.gate import build_memory_gate, check, require
+from pipeline.device.probe import probe
 
 FIX = Path(__file__).parent / "fixtures" / "devices"
 REPO = Path(__file__).resolve().parents[1]

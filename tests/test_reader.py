@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import cpu_linear
-from pipeline.reader import ROWS, Linear, _quantize_w8a16
+from pipeline.workstation import cpu_linear
+from pipeline.workstation.reader import ROWS, Linear, _quantize_w8a16
 
 
 def trtllm_w8a16(w16: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

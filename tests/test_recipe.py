@@ -1,7 +1,7 @@
 import pytest
 
 from pipeline.errors import InputError, PipelineError
-from pipeline.recipe import load_recipe, parse_recipe, recipe_names
+from pipeline.plan.recipe import load_recipe, parse_recipe, recipe_names
 
 SHIPPED = ["tiny-llama-cpu", "llama3.2-3b-orin-nano", "qwen2.5-1.5b-orin-nano", "qwen3-1.7b-orin-nano-jp72",
            "llama3.1-8b-agx-orin", "llama3.1-8b-thor-fp8", "llama3.1-8b-thor-nvfp4"]

@@ -21,7 +21,7 @@ def thor_recipe(extra: str = DRAFT) -> str:
 
 
 def parse(text: str, tmp_path):
-    from pipeline.recipe import load_recipe
+    from pipeline.plan.recipe import load_recipe
     path = tmp_path / "r.toml"
     path.write_text(text)
     return load_recipe(str(path))
@@ -43,9 +43,9 @@ def test_draft_table_errors_name_field_and_fix(tmp_path):
 
 
 def test_plan_of_the_eagle3_recipe_counts_the_draft_and_builds_two_engines():
-    from pipeline.engine_build import check_llm_build_argv
-    from pipeline.speculative import draft_shape
-    from pipeline.perf import known_model_configs
+    from pipeline.device.engine_build import check_llm_build_argv
+    from pipeline.plan.speculative import draft_shape
+    from pipeline.plan.perf import known_model_configs
 
     out = subprocess.run([sys.executable, "-m", "pipeline", "plan", "llama3.1-8b-thor-nvfp4-eagle3", "--json"],
                          capture_output=True, text=True, cwd=REPO, check=True).stdout
@@ -73,7 +73,7 @@ def test_plan_of_the_eagle3_recipe_counts_the_draft_and_builds_two_engines():
 
 
 def test_plan_refuses_a_draft_on_tensorrt_llm_and_a_draft_of_another_base(tmp_path):
-    from pipeline.planner import plan_recipe, model_config_for
+    from pipeline.plan.planner import plan_recipe, model_config_for
 
     orin = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text() + DRAFT
     r = parse(orin, tmp_path)
@@ -92,8 +92,8 @@ def test_draft_checkpoint_is_checked_and_bin_weights_are_converted(tmp_path):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from pipeline.speculative import check_draft_checkpoint, ensure_safetensors
-    from pipeline.tinymodel import materialize_draft
+    from pipeline.plan.speculative import check_draft_checkpoint, ensure_safetensors
+    from pipeline.workstation.tinymodel import materialize_draft
 
     good = tmp_path / "d"
     materialize_draft("tiny-llama-eagle3", good)
@@ -169,9 +169,9 @@ def test_eagle3_recipe_exports_base_and_draft_and_the_device_builds_both(project
 
 
 def test_draft_trained_on_other_base_layers_is_warned_about():
-    from pipeline.modelshape import shape_from_config
-    from pipeline.perf import known_model_configs
-    from pipeline.speculative import draft_shape, edgellm_tapped_layers, pairing_warnings
+    from pipeline.plan.shapes import shape_from_config
+    from pipeline.plan.perf import known_model_configs
+    from pipeline.plan.speculative import draft_shape, edgellm_tapped_layers, pairing_warnings
 
     base = shape_from_config(known_model_configs()["meta-llama/Llama-3.1-8B-Instruct"])
     cfg = dict(known_model_configs()["yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"])

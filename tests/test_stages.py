@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from pipeline import stages
-from pipeline.stages import StageSpec, read_manifest, run_stage, status
+from pipeline.graph import framework as stages
+from pipeline.graph.framework import StageSpec, read_manifest, run_stage, status
 
 
 @pytest.fixture(autouse=True)
@@ -92,7 +92,7 @@ def test_kill_9_mid_stage_resumes_at_that_stage(tmp_path, artifacts):
     script = tmp_path / "slow.py"
     script.write_text(textwrap.dedent("""
         import sys, time
-        from pipeline.stages import StageSpec, run_stage
+        from pipeline.graph.framework import StageSpec, run_stage
         def build(out):
             (out / "part.bin").write_bytes(b"x" * 1000)
             print("started", flush=True)
@@ -116,7 +116,7 @@ def test_concurrent_builders_build_once(tmp_path, artifacts):
     script = tmp_path / "race.py"
     script.write_text(textwrap.dedent("""
         import os, time
-        from pipeline.stages import StageSpec, run_stage
+        from pipeline.graph.framework import StageSpec, run_stage
         def build(out):
             with open(os.environ["LOG"], "a") as fh:
                 fh.write("built\\n")

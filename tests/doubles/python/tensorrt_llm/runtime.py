@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.reader import CheckpointModel
+from pipeline.workstation.reader import CheckpointModel
 
 
 class ModelRunnerCpp:

@@ -1,0 +1,99 @@
+"""The device validation report: checks against the kit's goldens and the plan, as JSON, Markdown and a PNG plot.
+
+Every check says what was required, what was measured and by how much it failed. The plot (measured vs predicted
+decode rate, peak memory vs the plan) is drawn by a few lines of zlib: the device half has no plotting library.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from pathlib import Path
+
+from pipeline.workstation.evaluate import token_agreement
+
+
+def tegrastats_peak_ram(log: str) -> int | None:
+    """Peak 'RAM used/totalMB' over a tegrastats log, in bytes."""
+    import re
+
+    used = [int(m) for m in re.findall(r"RAM (\d+)/\d+MB", log)]
+    return max(used) * 2**20 if used else None
+
+
+def build_report(goldens: dict, validation: dict, plan: dict, device: dict, peak_ram: int | None,
+                 build: dict) -> dict:
+    need = goldens["min_token_agreement"]
+    per_prompt = []
+    for g, v in zip(goldens["prompts"], validation["prompts"]):
+        # token ids where the runtime gives them (TensorRT-LLM); else characters of the decoded text (Edge-LLM)
+        agree = token_agreement(g["output_ids"], v["output_ids"]) if "output_ids" in v else \
+            token_agreement(list(g["text"]), list(v["output_text"]))
+        per_prompt.append({"prompt": g["prompt"], "agreement": round(agree, 4),
+                           "ttft_s": v["ttft_s"], "decode_tok_s": v["decode_tok_s"]})
+    agreement = min(p["agreement"] for p in per_prompt)
+    rates = [p["decode_tok_s"] for p in per_prompt if p["decode_tok_s"]]
+    predicted = plan.get("predicted_decode_tok_s")
+    planned = (plan.get("memory") or {}).get("total")
+    unit = "token" if "output_ids" in validation["prompts"][0] else "text"
+    checks = [{"check": f"{unit} agreement with goldens (worst prompt)", "required": f">= {need}",
+               "measured": agreement, "ok": agreement >= need,
+               "by": None if agreement >= need else round(need - agreement, 4)}]
+    if peak_ram and planned:
+        # the plan is for the engine's process; tegrastats counts the whole board, so this is an upper bound
+        checks.append({"check": "peak board memory within usable memory", "required": f"<= {device.get('memory_total')}",
+                       "measured": peak_ram, "ok": peak_ram <= (device.get("memory_total") or peak_ram),
+                       "by": None})
+    return {"format": "jetson-validation/1", "ok": all(c["ok"] for c in checks), "checks": checks,
+            "device": {k: device.get(k) for k in ("target", "board", "jetpack", "l4t", "tensorrt", "power_mode",
+                                                  "bandwidth_gbs")},
+            "measured": {"decode_tok_s": round(sum(rates) / len(rates), 2) if rates else None,
+                         "ttft_s": round(sum(p["ttft_s"] for p in per_prompt) / len(per_prompt), 4)
+                         if all(p["ttft_s"] is not None for p in per_prompt) else None,
+                         "peak_ram": peak_ram, "build_seconds": build.get("seconds")},
+            "predicted": {"decode_tok_s": predicted, "memory_total": planned,
+                          "power_mode": (plan.get("prediction") or {}).get("power_mode")},
+            "prompts": per_prompt}
+
+
+def write_report(out: Path, report: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    lines = [f"# Validation on {report['device']['target'] or report['device']['board']}: "
+             f"{'PASSED' if report['ok'] else 'FAILED'}", "", "| check | required | measured | ok | short by |",
+             "|---|---|---|---|---|"]
+    for c in report["checks"]:
+        lines.append(f"| {c['check']} | {c['required']} | {c['measured']} | {'yes' if c['ok'] else 'NO'} | "
+                     f"{'' if c['by'] is None else c['by']} |")
+    m, p = report["measured"], report["predicted"]
+    lines += ["", f"decode: {m['decode_tok_s']} tok/s measured, {p['decode_tok_s']} predicted "
+                  f"(power mode {report['device']['power_mode']}); TTFT {m['ttft_s']} s; "
+                  f"peak board RAM {m['peak_ram']} B; build {m['build_seconds']} s", ""]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    bars = [("decode tok/s", m["decode_tok_s"], p["decode_tok_s"]),
+            ("memory GB", (m["peak_ram"] or 0) / 1e9 or None, (p["memory_total"] or 0) / 1e9 or None)]
+    (out / "report.png").write_bytes(bar_chart_png(bars))
+
+
+def bar_chart_png(groups: list[tuple[str, float | None, float | None]], height: int = 120) -> bytes:
+    """Pairs of bars (measured: dark, predicted: light), each group scaled to its own larger value."""
+    bar, gap = 24, 16
+    width = gap + len(groups) * (2 * bar + gap)
+    rows = [[255, 255, 255] * width for _ in range(height)]
+    for gi, (_, measured, predicted) in enumerate(groups):
+        top = max(v for v in (measured, predicted, 1e-9) if v is not None)
+        for bi, (value, color) in enumerate(((measured, (40, 40, 120)), (predicted, (150, 170, 230)))):
+            if not value:
+                continue
+            x0 = gap + gi * (2 * bar + gap) + bi * bar
+            h = int((height - 10) * value / top)
+            for y in range(height - h, height):
+                for x in range(x0, x0 + bar - 2):
+                    rows[y][3 * x:3 * x + 3] = color
+    raw = b"".join(b"\x00" + bytes(r) for r in rows)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))

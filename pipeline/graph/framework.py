@@ -1,0 +1,245 @@
+"""Stage framework: content-keyed stage directories, built in a staging dir, renamed into place, checked by manifest.
+
+A stage's directory is artifacts/stages/<stage>/<id>, where <id> digests the stage's settings and its inputs' ids
+(so recipes that share a download or a quantization share the directory). Inside, `stage.json` records:
+
+  key             digest of: id, tool versions, and each input's content digest -> "is this output current?"
+  files           every output file's size, mtime_ns and sha256
+  content_digest  digest of (path, size, sha256) of all files -> what downstream keys are computed from
+
+Up to date = manifest present, key matches, every file's size and mtime as recorded. Weights are never re-hashed
+for that; a file whose mtime changed but size did not is re-hashed once (like doit's md5 checker) and its manifest
+entry refreshed if the content is unchanged. A stage runs under a lock, writes into `.<id>.partial-<pid>`, and is
+renamed into place only after its manifest is written: a killed stage leaves nothing that looks complete, and the
+next run starts that stage again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+MANIFEST = "stage.json"
+HASH_CHUNK = 4 * 2**20
+
+
+def artifacts_dir() -> Path:
+    from pipeline.plan.recipe import project_root
+    return Path(os.environ.get("PIPELINE_ARTIFACTS") or project_root() / "artifacts")
+
+
+def canonical(obj) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def digest(obj) -> str:
+    return hashlib.sha256(canonical(obj)).hexdigest()
+
+
+def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as fh:
+        buf = bytearray(HASH_CHUNK)
+        view = memoryview(buf)
+        while n := fh.readinto(buf):
+            h.update(view[:n])
+            if progress:
+                progress(n)
+    return h.hexdigest()
+
+
+_TOOL_CACHE: dict[str, str] = {}
+
+
+def tool_versions(dists: tuple[str, ...]) -> dict[str, str]:
+    """Installed versions of the distributions that decide a stage's output (read from metadata, nothing imported)."""
+    out = {}
+    for d in dists:
+        if d not in _TOOL_CACHE:
+            try:
+                _TOOL_CACHE[d] = metadata.version(d)
+            except metadata.PackageNotFoundError:
+                _TOOL_CACHE[d] = "absent"
+        out[d] = _TOOL_CACHE[d]
+    return out
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What a stage is: its name, the settings that decide its output, its inputs and the tools it runs."""
+
+    stage: str
+    identity: dict
+    inputs: tuple["StageSpec", ...] = ()
+    tools: tuple[str, ...] = ()
+    version: int = 1                        # bump when the stage's code changes what it writes
+    fingerprint: Callable[[], object] | None = field(default=None, compare=False, hash=False)
+    # fingerprint: a cheap probe of inputs outside the artifacts tree (a local model directory's file stats)
+
+    @cached_property
+    def id(self) -> str:
+        return digest({"stage": self.stage, "v": self.version, "identity": self.identity,
+                       "inputs": [i.id for i in self.inputs]})[:16]
+
+    @property
+    def dir(self) -> Path:
+        return artifacts_dir() / "stages" / self.stage / self.id
+
+    def expected_key(self) -> str | None:
+        """The key a current output must carry; None while an input is not built."""
+        inputs = {}
+        for inp in self.inputs:
+            m = read_manifest(inp.dir)
+            if m is None:
+                return None
+            inputs[f"{inp.stage}:{inp.id}"] = m["content_digest"]
+        return digest({"id": self.id, "tools": tool_versions(self.tools), "inputs": inputs,
+                       "external": self.fingerprint() if self.fingerprint else None})
+
+
+def read_manifest(stage_dir: Path) -> dict | None:
+    try:
+        return json.loads((stage_dir / MANIFEST).read_bytes())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+
+
+def status(spec: StageSpec) -> tuple[bool, str]:
+    """(up to date, why not). Reads JSON and stats files; hashes only a file whose mtime alone changed."""
+    m = read_manifest(spec.dir)
+    if m is None:
+        return False, "not built"
+    if m.get("key") != spec.expected_key():
+        return False, "settings, inputs or tool versions changed"
+    refreshed = False
+    for rel, info in m["files"].items():
+        try:
+            st = os.stat(spec.dir / rel)
+        except FileNotFoundError:
+            return False, f"{rel} is missing"
+        if st.st_size != info["size"]:
+            return False, f"{rel} changed size"
+        if st.st_mtime_ns != info["mtime_ns"]:
+            if sha256_file(spec.dir / rel) != info["sha256"]:
+                return False, f"{rel} was modified"
+            info["mtime_ns"] = st.st_mtime_ns
+            refreshed = True
+    if refreshed:
+        _write_json_atomic(spec.dir / MANIFEST, m)
+    return True, ""
+
+
+def is_current(spec: StageSpec) -> bool:
+    return status(spec)[0]
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def hash_outputs(root: Path) -> dict[str, dict]:
+    files = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.name != MANIFEST:
+            st = path.stat()
+            files[path.relative_to(root).as_posix()] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                                        "sha256": sha256_file(path)}
+    return files
+
+
+@contextlib.contextmanager
+def stage_lock(spec: StageSpec):
+    """One builder per stage directory, across processes (doit -n N, two recipes sharing a stage)."""
+    lock_path = spec.dir.parent / f".{spec.id}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _remove_stale_partials(spec: StageSpec) -> None:
+    for p in spec.dir.parent.glob(f".{spec.id}.partial-*"):
+        shutil.rmtree(p, ignore_errors=True)  # we hold the lock: no live process is writing these
+
+
+def run_stage(spec: StageSpec, build: Callable[[Path], dict | None]) -> dict:
+    """Build `spec` with build(staging_dir) unless it is current; returns the manifest.
+
+    build() writes the stage's outputs into the staging directory and may return extra manifest fields.
+    """
+    with stage_lock(spec):
+        ok, _ = status(spec)
+        if ok:
+            return read_manifest(spec.dir)
+        key = spec.expected_key()
+        if key is None:
+            missing = [f"{i.stage}:{i.id}" for i in spec.inputs if read_manifest(i.dir) is None]
+            raise RuntimeError(f"stage {spec.stage} started before its inputs were built: {missing}")
+        _remove_stale_partials(spec)
+        staging = spec.dir.parent / f".{spec.id}.partial-{os.getpid()}"
+        staging.mkdir(parents=True)
+        started = time.time()
+        try:
+            extra = build(staging) or {}
+            files = hash_outputs(staging)
+            manifest = {
+                "stage": spec.stage, "id": spec.id, "key": key, "identity": spec.identity,
+                "inputs": {f"{i.stage}:{i.id}": read_manifest(i.dir)["content_digest"] for i in spec.inputs},
+                "tools": tool_versions(spec.tools), "files": files,
+                "content_digest": digest({k: [v["size"], v["sha256"]] for k, v in files.items()}),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "seconds": round(time.time() - started, 3), **extra,
+            }
+            _write_json_atomic(staging / MANIFEST, manifest)
+            _swap_into_place(staging, spec.dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return manifest
+
+
+def _swap_into_place(staging: Path, final: Path) -> None:
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+    os.replace(staging, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link src to dst (no copy of multi-GB weights on one filesystem), else copy it."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def link(name: Path, target: Path) -> None:
+    """Point a convenience symlink (artifacts/<recipe>/<stage>) at a stage directory, atomically."""
+    name.parent.mkdir(parents=True, exist_ok=True)
+    tmp = name.with_name(f".{name.name}.{os.getpid()}.lnk")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    os.symlink(os.path.relpath(target, name.parent), tmp)
+    os.replace(tmp, name)

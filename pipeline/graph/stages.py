@@ -1,0 +1,441 @@
+"""The stage chain of a recipe, as StageSpecs: which settings each stage depends on, and what each stage does.
+
+Each stage's identity holds exactly the recipe fields that change its output, so editing one field re-runs only
+the stages it affects (validation prompts do not re-quantize; build limits do not re-download).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from dataclasses import asdict
+from functools import lru_cache
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.plan.formats import WEIGHT_FORMATS
+from pipeline.plan.recipe import Recipe
+from pipeline.graph.framework import StageSpec, artifacts_dir, link, run_stage
+
+
+@lru_cache(maxsize=None)
+def _data_digest(name: str) -> str:
+    return hashlib.sha256((Path(__file__).parents[1] / "data" / name).read_bytes()).hexdigest()[:16]
+
+
+def _source_spec(stage: str, m: dict, local: Path | None, builtins: dict, patterns) -> StageSpec:
+    if m["source"] == "builtin":
+        from pipeline.workstation.tinymodel import CHAT_TEMPLATE
+        return StageSpec(stage, {"source": "builtin", "name": m["name"], "spec": asdict(builtins[m["name"]]),
+                                 "chat_template": CHAT_TEMPLATE,
+                                 "corpus": _data_digest("corpus/calib-en.txt")},
+                         tools=("torch", "transformers", "tokenizers"))
+    if m["source"] == "local":
+        from pipeline.workstation.fetch import local_fingerprint
+        return StageSpec(stage, {"source": "local", "path": str(local)},
+                         fingerprint=lambda: local_fingerprint(local, patterns))
+    return StageSpec(stage, {"source": "hf", "repo": m["repo"], "revision": m["revision"]})
+
+
+def fetch_spec(recipe: Recipe) -> StageSpec:
+    from pipeline.workstation.fetch import NEEDED
+    from pipeline.workstation.tinymodel import BUILTINS
+    return _source_spec("fetch", recipe.model, recipe.model_dir, BUILTINS, NEEDED)
+
+
+def draft_fetch_spec(recipe: Recipe) -> StageSpec | None:
+    """The EAGLE-3 draft's own fetch stage (None without a draft): a draft edit does not re-fetch the base."""
+    if not recipe.draft:
+        return None
+    from pipeline.workstation.fetch import DRAFT_NEEDED
+    from pipeline.workstation.tinymodel import DRAFT_BUILTINS
+    return _source_spec("fetch-draft", recipe.draft, recipe.draft_dir, DRAFT_BUILTINS, DRAFT_NEEDED)
+
+
+def draft_dir(recipe: Recipe) -> Path | None:
+    spec = draft_fetch_spec(recipe)
+    return spec.dir / "draft" if spec else None
+
+
+WORKSTATION_TOOLS = ("torch", "transformers", "nvidia-modelopt", "safetensors")
+
+
+def quantize_spec(recipe: Recipe) -> StageSpec:
+    q = recipe.quantization
+    cal = dict(q["calibration"])
+    from pipeline.workstation.calibration import source_path
+    path = source_path(cal["source"], recipe.file)
+    fingerprint = (lambda: [path.stat().st_size, path.stat().st_mtime_ns]) if path else None
+    return StageSpec("quantize", {"weights": q["weights"], "kv_cache": q["kv_cache"], "group_size": q["group_size"],
+                                  "calibration": cal if WEIGHT_FORMATS[q["weights"]].needs_calibration
+                                  or q["kv_cache"] != "fp16" else None},
+                     inputs=(fetch_spec(recipe),), tools=WORKSTATION_TOOLS, fingerprint=fingerprint,
+                     version=2)     # 2: changed tensors in calibrated.safetensors, not in the pickle
+
+
+def export_spec(recipe: Recipe, plan: dict) -> StageSpec:
+    """TensorRT-LLM 0.12 checkpoints are the same for every Orin; Edge-LLM's ONNX depends on the target SM."""
+    if plan["backend"] == "trtllm-0.12":
+        return StageSpec("export", {"backend": plan["backend"]}, inputs=(fetch_spec(recipe), quantize_spec(recipe)),
+                         tools=WORKSTATION_TOOLS)
+    draft = draft_fetch_spec(recipe)
+    return StageSpec("export", {"backend": plan["backend"], "target_sm": plan["sm"],
+                                **({"draft": recipe.draft["method"]} if draft else {})},
+                     inputs=(fetch_spec(recipe), quantize_spec(recipe), *([draft] if draft else [])),
+                     tools=WORKSTATION_TOOLS + ("tensorrt-edgellm", "onnx"))
+
+
+def export_payload(plan: dict) -> str:
+    """The export stage's directory the device builds from (and the kit carries)."""
+    return "checkpoint" if plan["backend"] == "trtllm-0.12" else "onnx"
+
+
+def goldens_spec(recipe: Recipe) -> StageSpec:
+    v = recipe.validation
+    return StageSpec("goldens", {k: v[k] for k in ("prompts", "max_new_tokens", "top_k_logprobs",
+                                                   "min_token_agreement")},
+                     inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
+
+
+def accuracy_spec(recipe: Recipe) -> StageSpec:
+    return StageSpec("accuracy", {"heldout": _data_digest("corpus/heldout-en.txt")},
+                     inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
+
+
+def package_spec(recipe: Recipe, target: str, plan: dict, key_id: str) -> StageSpec:
+    """The kit for one target: its identity is the recipe text, the plan, the signing key and the stage outputs."""
+    backend = plan["backend"]
+    return StageSpec("package", {"target": target, "plan": hashlib.sha256(json.dumps(plan, sort_keys=True)
+                                                                           .encode()).hexdigest(),
+                                 "recipe": hashlib.sha256(Path(recipe.file).read_bytes()).hexdigest(),
+                                 "key": key_id},
+                     inputs=(fetch_spec(recipe), export_spec(recipe, plan), goldens_spec(recipe),
+                             accuracy_spec(recipe)))
+
+
+def plan_spec(recipe: Recipe, target: str, model_config: dict, draft_config: dict | None = None) -> StageSpec:
+    """The plan depends on the model's config (not its weights): it can run before the download, as a gate."""
+    q = recipe.quantization
+    d = recipe.draft
+    return StageSpec("plan", {
+        **({"draft": {"config": draft_config, **{k: d[k] for k in ("method", "max_draft_tree_size",
+                                                                   "max_verify_tree_size")}}} if d else {}),
+        "target": target, "backend": recipe.backend, "model_config": model_config,
+        "quant": {"weights": q["weights"], "kv_cache": q["kv_cache"], "group_size": q["group_size"]},
+        "build": {k: recipe.build[k] for k in ("max_batch_size", "max_input_len", "max_seq_len", "power_mode")},
+        "data": {n: _data_digest(n) for n in ("targets.toml", "perf_fit.json")},
+    })
+
+
+def stage_label(recipe: Recipe, target: str | None = None) -> str:
+    """doit task name suffix: the recipe, plus @target where a recipe fans out to several targets."""
+    return f"{recipe.name}@{target}" if target and len(recipe.targets) > 1 else recipe.name
+
+
+def recipe_link(recipe: Recipe, stage: str, target: str | None, spec: StageSpec) -> None:
+    name = stage if target is None or len(recipe.targets) == 1 else f"{stage}@{target}"
+    link(artifacts_dir() / recipe.name / name, spec.dir)
+
+
+def recipe_plan(recipe: Recipe, target: str) -> dict:
+    """The current plan of one target (the plan task always runs before the stages that read it)."""
+    name = "plan" if len(recipe.targets) == 1 else f"plan@{target}"
+    path = artifacts_dir() / recipe.name / name / "plan.json"
+    if not path.is_file():
+        raise PipelineError(f"no plan for {recipe.name} on {target} yet", f"run `doit plan recipe={recipe.name}`")
+    return json.loads(path.read_text())
+
+
+def link_recipe(recipe: Recipe) -> None:
+    """artifacts/<recipe>/<stage> links for every built stage (stages skipped as current are shared, not re-run)."""
+    for stage, spec in (("fetch", fetch_spec(recipe)), ("fetch-draft", draft_fetch_spec(recipe)),
+                        ("quantize", quantize_spec(recipe)),
+                        ("goldens", goldens_spec(recipe)), ("accuracy", accuracy_spec(recipe))):
+        if spec is not None and spec.dir.is_dir():
+            recipe_link(recipe, stage, None, spec)
+    for target in recipe.targets:
+        spec = export_spec(recipe, recipe_plan(recipe, target))
+        if spec.dir.is_dir():
+            recipe_link(recipe, "export", target, spec)
+        spec = _package_spec(recipe, target)
+        if spec.dir.is_dir():
+            recipe_link(recipe, "kit", target, spec)
+            print_device_command(recipe, target)
+
+
+# ---------------------------------------------------------------------------------------------------- stage actions
+def _fetch_source(recipe: Recipe, name: str, local_dir: Path | None, out: Path, patterns: list[str],
+                  builtin) -> dict:
+    """A [model] or [draft] table's weights (builtin / local directory / hub) into `out`; returns the fetch info."""
+    from pipeline.workstation import fetch
+
+    t = getattr(recipe, name)
+    if t["source"] == "builtin":
+        return builtin(t["name"], out)
+    if t["source"] == "local":
+        return fetch.fetch_local(local_dir, out, recipe.file, patterns, table=name)
+    from pipeline.workstation.hub import fetch_hub
+    return fetch_hub(t["repo"], t["revision"], out, allow_branch=t["allow_branch"], patterns=patterns, table=name)
+
+
+def do_fetch(recipe: Recipe) -> dict:
+    from pipeline.workstation import fetch
+
+    spec = fetch_spec(recipe)
+
+    def build(out: Path) -> dict:
+        model_dir = out / "model"
+        info = _fetch_source(recipe, "model", recipe.model_dir, model_dir, fetch.NEEDED, fetch.fetch_builtin)
+        fetch.check_checkpoint(model_dir, recipe.file)
+        return info
+
+    manifest = run_stage(spec, build)
+    recipe_link(recipe, "fetch", None, spec)
+    return manifest
+
+
+def do_fetch_draft(recipe: Recipe) -> dict:
+    from pipeline.workstation.fetch import DRAFT_NEEDED
+    from pipeline.plan.speculative import check_draft_checkpoint, ensure_safetensors
+
+    spec = draft_fetch_spec(recipe)
+    d = recipe.draft
+
+    def builtin(name: str, out: Path) -> dict:
+        from pipeline.workstation.tinymodel import materialize_draft
+        materialize_draft(name, out)
+        return {"source": {"kind": "builtin", "name": name}}
+
+    def build(out: Path) -> dict:
+        target = out / "draft"
+        info = _fetch_source(recipe, "draft", recipe.draft_dir, target, DRAFT_NEEDED, builtin)
+        converted = ensure_safetensors(target)
+        shape = check_draft_checkpoint(target, recipe.file)
+        return info | {"draft": {"method": d["method"], "params": shape.params, "converted_from": converted}}
+
+    manifest = run_stage(spec, build)
+    recipe_link(recipe, "fetch-draft", None, spec)
+    return manifest
+
+
+def do_plan(recipe: Recipe, target: str):
+    """Plan for one target; writes plan.json/plan.md and returns the Plan (refused plans are written too)."""
+    from pipeline.plan.planner import draft_config_for, model_config_for, plan_recipe, render_table
+
+    config, source = model_config_for(recipe, fetch_spec(recipe).dir / "model")
+    draft = draft_config_for(recipe, draft_dir(recipe)) if recipe.draft else None
+    spec = plan_spec(recipe, target, config, draft[0] if draft else None)
+    plan = plan_recipe(recipe, target, config, source, draft=draft)
+
+    def build(out: Path) -> dict:
+        (out / "plan.json").write_text(json.dumps(plan.to_json(), indent=1) + "\n")
+        (out / "plan.md").write_text("```\n" + render_table(plan) + "\n```\n")
+        return {"ok": plan.ok}
+
+    run_stage(spec, build)
+    recipe_link(recipe, "plan", target, spec)
+    return plan
+
+
+def _model_dir(recipe: Recipe) -> Path:
+    return fetch_spec(recipe).dir / "model"
+
+
+def do_quantize(recipe: Recipe) -> dict:
+    from pipeline.workstation.quantize import quantize
+
+    spec = quantize_spec(recipe)
+    group_sizes = {recipe_plan(recipe, t)["quant"]["group_size"] for t in recipe.targets}
+    if len(group_sizes) != 1:
+        raise PipelineError(f"{recipe.file}: targets need different group sizes {sorted(group_sizes)}",
+                            "set quantization.group_size")
+    q = recipe.quantization
+    manifest = run_stage(spec, lambda out: quantize(_model_dir(recipe), out, q["weights"], q["kv_cache"],
+                                                    group_sizes.pop(), q["calibration"], recipe.file))
+    recipe_link(recipe, "quantize", None, spec)
+    return manifest
+
+
+def export_current(recipe: Recipe, target: str) -> bool:
+    from pipeline.graph.framework import is_current
+    return is_current(export_spec(recipe, recipe_plan(recipe, target)))
+
+
+def do_export(recipe: Recipe, target: str) -> dict:
+    plan = recipe_plan(recipe, target)
+    spec = export_spec(recipe, plan)
+
+    def build_edgellm(out: Path) -> dict:
+        from pipeline.workstation.edgellm_export import export
+        return export(_model_dir(recipe), quantize_spec(recipe).dir, out, recipe.weights, recipe.kv_cache, plan["sm"],
+                      draft_dir=draft_dir(recipe))
+
+    def build(out: Path) -> dict:
+        from pipeline.workstation.calibration import load_texts
+        from pipeline.workstation.trtllm_export import export
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
+        probe = tok(" ".join(load_texts("builtin:heldout-en")), add_special_tokens=False)["input_ids"][:32]
+        return export(_model_dir(recipe), quantize_spec(recipe).dir, out / "checkpoint", recipe.weights, probe)
+
+    manifest = run_stage(spec, build if plan["backend"] == "trtllm-0.12" else build_edgellm)
+    recipe_link(recipe, "export", target, spec)
+    return manifest
+
+
+@contextlib.contextmanager
+def _reference_model(recipe: Recipe):
+    """The deployed-numerics model (quantize's saved state restored, weights on the export grid)."""
+    from pipeline.workstation.grid import weights_on_grid
+    from pipeline.workstation.quantize import load_quantized, pick_device
+
+    model = load_quantized(_model_dir(recipe), quantize_spec(recipe).dir, pick_device(WEIGHT_FORMATS[recipe.weights]))
+    with weights_on_grid(model):
+        yield model
+
+
+def do_goldens(recipe: Recipe) -> dict:
+    from pipeline.workstation.cpu_linear import skinny_linears
+    from pipeline.workstation.evaluate import GOLDENS, make_goldens
+    from transformers import AutoTokenizer
+
+    spec = goldens_spec(recipe)
+
+    def build(out: Path) -> None:
+        tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
+        with _reference_model(recipe) as model, skinny_linears():
+            goldens = make_goldens(model, tok, recipe.validation)
+        (out / GOLDENS).write_text(json.dumps(goldens, indent=1) + "\n")
+
+    manifest = run_stage(spec, build)
+    recipe_link(recipe, "goldens", None, spec)
+    return manifest
+
+
+def do_accuracy(recipe: Recipe) -> dict:
+    from pipeline.workstation.cpu_linear import skinny_linears
+    from pipeline.workstation.evaluate import accuracy_report, write_report
+    from pipeline.workstation.quantize import load_model
+    from transformers import AutoTokenizer
+
+    spec = accuracy_spec(recipe)
+
+    def build(out: Path) -> None:
+        tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
+        with _reference_model(recipe) as quantized:
+            original = load_model(_model_dir(recipe), str(quantized.device).split(":")[0])
+            with skinny_linears():
+                report = accuracy_report(original, quantized, tok)
+            write_report(out, report, recipe.weights, recipe.name)
+
+    manifest = run_stage(spec, build)
+    recipe_link(recipe, "accuracy", None, spec)
+    return manifest
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
+
+
+def _package_spec(recipe: Recipe, target: str) -> StageSpec:
+    from pipeline.kit.signing import signing_key
+    return package_spec(recipe, target, recipe_plan(recipe, target), signing_key(create=True).public.id_hex)
+
+
+def package_current(recipe: Recipe, target: str) -> bool:
+    from pipeline.graph.framework import is_current
+    return is_current(_package_spec(recipe, target))
+
+
+def kit_name(recipe: Recipe, target: str) -> str:
+    return f"{recipe.name}@{target}"
+
+
+def do_package(recipe: Recipe, target: str) -> dict:
+    """Assemble the kit's contents and pack them, signed, into the stage directory."""
+    import shutil
+
+    from pipeline import __version__
+    from pipeline.kit.archive import pack
+    from pipeline.kit.signing import signing_key
+    from pipeline.graph.framework import link_or_copy, read_manifest
+
+    plan = recipe_plan(recipe, target)
+    key = signing_key(create=True)
+    spec = package_spec(recipe, target, plan, key.public.id_hex)
+    export_dir, payload = export_spec(recipe, plan).dir, export_payload(plan)
+
+    def build(out: Path) -> dict:
+        content = out / ".content"
+        for f in sorted((export_dir / payload).rglob("*")):
+            if f.is_file():
+                link_or_copy(f, content / payload / f.relative_to(export_dir / payload))
+        for name in TOKENIZER_FILES:
+            if (_model_dir(recipe) / name).is_file():
+                link_or_copy(_model_dir(recipe) / name, content / "tokenizer" / name)
+        link_or_copy(goldens_spec(recipe).dir / "goldens.json", content / "goldens.json")
+        for name in ("accuracy.json", "accuracy.md"):
+            link_or_copy(accuracy_spec(recipe).dir / name, content / name)
+        shutil.copy2(recipe.file, content / "recipe.toml")
+        (content / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
+        stages = {s.stage: {k: read_manifest(s.dir)[k] for k in ("id", "key", "content_digest", "tools")}
+                  for s in spec.inputs}
+        (content / "stages.json").write_text(json.dumps(stages, indent=1, sort_keys=True) + "\n")
+        meta = {"recipe": recipe.name, "target": target, "sm": plan["sm"], "backend": plan["backend"],
+                "stack": plan["stack"], "quant": plan["quant"], "limits": plan["limits"],
+                "versions": {"jetson-trtllm-pipeline": __version__, **stages["export"]["tools"]},
+                "reader_check": read_manifest(export_dir).get("trtllm", {}).get("reader_check"),
+                "edgellm": {k: v for k, v in read_manifest(export_dir).get("edgellm", {}).items() if k != "onnx"}
+                or None}
+        manifest = pack(content, out / kit_name(recipe, target), kit_name(recipe, target), "kit", key, meta=meta)
+        shutil.rmtree(content)
+        return {"kit": {"name": kit_name(recipe, target), "parts": len(manifest["parts"]),
+                        "total_size": manifest["total_size"], "signed_by": key.public.id_hex}}
+
+    manifest = run_stage(spec, build)
+    recipe_link(recipe, "kit", target, spec)
+    print_device_command(recipe, target)
+    return manifest
+
+
+def kit_path(recipe: Recipe, target: str) -> Path:
+    link_name = "kit" if len(recipe.targets) == 1 else f"kit@{target}"
+    return artifacts_dir() / recipe.name / link_name / kit_name(recipe, target)
+
+
+def print_device_command(recipe: Recipe, target: str) -> None:
+    """No builder configured: the kit is the result; say exactly what to run on the device."""
+    print(f"kit for {target}: {kit_path(recipe, target)}\n  copy it to the Jetson (python -m pipeline transfer KIT "
+          f"/media/stick), then run there:\n  python -m pipeline device {kit_path(recipe, target)}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ device (builders)
+def device_results(recipe: Recipe, target: str) -> Path:
+    return artifacts_dir() / recipe.name / ("device" if len(recipe.targets) == 1 else f"device@{target}")
+
+
+def _kit_digest(recipe: Recipe, target: str) -> str:
+    return hashlib.sha256((kit_path(recipe, target) / "SHA256SUMS").read_bytes()).hexdigest()
+
+
+def device_current(recipe: Recipe, target: str) -> bool:
+    stamp = device_results(recipe, target) / "kit.sha256"
+    return stamp.is_file() and kit_path(recipe, target).is_dir() and stamp.read_text() == _kit_digest(recipe, target)
+
+
+def do_device(recipe: Recipe, target: str) -> None:
+    """The device half through the recipe's builder: the bundle and report land in artifacts/<recipe>/device."""
+    builder = recipe.build["builder"]
+    kit, results = kit_path(recipe, target), device_results(recipe, target)
+    if builder == "local":
+        from pipeline.device.driver import run_device
+        rc = run_device(kit, work=results.with_name(results.name + ".work"), out=results)
+    else:
+        from pipeline.graph.builders import run_remote
+        rc = run_remote(builder, kit, results)
+    if rc != 0:
+        raise PipelineError(f"{recipe.name} on {target}: the engine was built but failed validation; "
+                            f"see {results}", "the report names the failed check and by how much")
+    (results / "kit.sha256").write_text(_kit_digest(recipe, target))

@@ -1,0 +1,207 @@
+"""doit task generators: the graph `dodo.py` exposes. Wiring only; each action calls into pipeline.graph.stages.
+
+Tasks are `<stage>:<recipe>` (`<stage>:<recipe>@<target>` for per-target stages of a recipe with several targets);
+`build:<recipe>` depends on every stage of the recipe. `recipe=a,b` on the command line selects recipes (default:
+all of them); any other command-line variable is an error, because doit itself accepts misspellings silently.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+
+from pipeline.errors import PipelineError
+
+KNOWN_VARS = {"recipe": "comma-separated recipe names (default: every recipe in recipes/)"}
+
+
+def _cmdline_vars() -> dict:
+    # doit keeps `name=value` arguments in a module global; get_var() reads one name, we need them all.
+    from doit import doit_cmd
+    return dict(doit_cmd._CMDLINE_VARS or {})
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+@lru_cache(maxsize=None)
+def selected_recipes() -> tuple:
+    from pipeline.plan.recipe import load_recipe, recipe_names
+
+    unknown = sorted(set(_cmdline_vars()) - set(KNOWN_VARS))
+    if unknown:
+        known = ", ".join(f"{k}=... ({v})" for k, v in KNOWN_VARS.items())
+        fail(f"unknown command-line variable(s): {', '.join(unknown)}; known: {known}")
+    wanted = _cmdline_vars().get("recipe")
+    names = [n.strip() for n in wanted.split(",") if n.strip()] if wanted else recipe_names()
+    if wanted is not None and not names:
+        fail("recipe= is empty; name a recipe, e.g. recipe=tiny-llama-cpu")
+    recipes = []
+    for name in names:
+        try:
+            recipes.append(load_recipe(name))
+        except PipelineError as exc:
+            fail(str(exc))
+    return tuple(recipes)
+
+
+def _action(fn, *args):
+    """Run a stage action; a PipelineError becomes a clean message and a failed task (no traceback)."""
+    def run():
+        try:
+            fn(*args)
+        except PipelineError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return False
+        return None
+    run.__name__ = fn.__name__
+    return run
+
+
+def _plan_action(recipe, target):
+    from pipeline.graph.stages import do_plan
+    from pipeline.plan.planner import render_table
+
+    plan = do_plan(recipe, target)
+    print(render_table(plan))
+    if not plan.ok:
+        raise PipelineError(f"{recipe.file}: plan for {target} refused:\n  " + "\n  ".join(plan.refused))
+
+
+def task_fetch():
+    """Get the model checkpoint (builtin, local directory or pinned hub revision)."""
+    from pipeline.graph.stages import do_fetch, fetch_spec, stage_label
+
+    # After the plans: a refused plan stops the chain before a multi-GB download.
+    yield from _per_recipe_stage(fetch_spec, do_fetch, lambda r: [f"plan:{stage_label(r, t)}" for t in r.targets],
+                                 lambda r: f"fetch {r.model.get('repo') or r.model.get('name') or r.model.get('path')}")
+
+
+def task_fetch_draft():
+    """Get the recipe's EAGLE-3 draft checkpoint (recipes with a [draft] table only)."""
+    from pipeline.graph.stages import do_fetch_draft, draft_fetch_spec, stage_label
+    from pipeline.graph.framework import is_current
+
+    for r in selected_recipes():
+        if r.draft:
+            spec = draft_fetch_spec(r)
+            yield _stage_task(r.name, _action(do_fetch_draft, r), lambda spec=spec: is_current(spec),
+                              [f"plan:{stage_label(r, t)}" for t in r.targets],
+                              f"fetch the {r.draft['method']} draft of {r.name}")
+
+
+def _draft_dep(r) -> list[str]:
+    return [f"fetch_draft:{r.name}"] if r.draft else []
+
+
+def task_plan():
+    """Gate, size and predict: will it fit, through which backend, how fast. Prints the plan table."""
+    from pipeline.graph.stages import stage_label
+
+    for r in selected_recipes():
+        for t in r.targets:
+            # Always runs (milliseconds) so that `doit plan` prints the table; plan.json is rewritten only on change.
+            yield {"name": stage_label(r, t), "actions": [_action(_plan_action, r, t)],
+                   "doc": f"plan {r.name} for {t}", "verbosity": 2}
+
+
+def _stage_task(name: str, action, current, deps: list[str], doc: str) -> dict:
+    return {"name": name, "actions": [action], "uptodate": [current], "task_dep": deps, "doc": doc, "verbosity": 2}
+
+
+def _per_recipe_stage(spec_of, action, deps, doc):
+    """One task per recipe for a stage whose directory is known from the recipe alone."""
+    from pipeline.graph.framework import is_current
+
+    for r in selected_recipes():
+        spec = spec_of(r)
+        yield _stage_task(r.name, _action(action, r), lambda spec=spec: is_current(spec), deps(r), doc(r))
+
+
+def _per_target_stage(action, current, deps, doc):
+    """One task per (recipe, target) for a stage whose directory depends on the target's plan."""
+    from pipeline.graph.stages import stage_label
+
+    for r in selected_recipes():
+        for t in r.targets:
+            label = stage_label(r, t)
+            yield _stage_task(label, _action(action, r, t), lambda r=r, t=t: current(r, t), deps(r, label),
+                              doc(r, t))
+
+
+def task_quantize():
+    """Calibrate with NVIDIA ModelOpt (CPU for tiny models, GPU where present); saves the quantized state."""
+    from pipeline.graph.stages import do_quantize, quantize_spec
+
+    yield from _per_recipe_stage(quantize_spec, do_quantize, lambda r: [f"fetch:{r.name}"],
+                                 lambda r: f"quantize {r.name} to {r.weights} (KV {r.kv_cache})")
+
+
+def task_export():
+    """Write the backend's checkpoint (TensorRT-LLM 0.12: config.json + rank0.safetensors), validated and read back."""
+    from pipeline.graph.stages import do_export, export_current
+
+    yield from _per_target_stage(do_export, export_current, lambda r, label: [f"quantize:{r.name}", f"plan:{label}", *_draft_dep(r)],
+                                 lambda r, t: f"export {r.name} for {t}")
+
+
+def task_goldens():
+    """Reference greedy outputs and top-k log-probs for the recipe's validation prompts (deployed numerics)."""
+    from pipeline.graph.stages import do_goldens, goldens_spec
+
+    yield from _per_recipe_stage(goldens_spec, do_goldens, lambda r: [f"quantize:{r.name}"],
+                                 lambda r: f"goldens for {r.name}")
+
+
+def task_accuracy():
+    """Perplexity, logit cosine and top-1 agreement of the quantized vs the original model (JSON + Markdown)."""
+    from pipeline.graph.stages import accuracy_spec, do_accuracy
+
+    yield from _per_recipe_stage(accuracy_spec, do_accuracy, lambda r: [f"quantize:{r.name}"],
+                                 lambda r: f"accuracy report for {r.name}")
+
+
+def task_package():
+    """Pack the target's kit: checkpoint, tokenizer, recipe, plan, goldens, accuracy; signed, split, checksummed."""
+    from pipeline.graph.stages import do_package, package_current
+
+    yield from _per_target_stage(do_package, package_current,
+                                 lambda r, label: [f"export:{label}", f"goldens:{r.name}", f"accuracy:{r.name}"],
+                                 lambda r, t: f"kit of {r.name} for {t}")
+
+
+def task_device():
+    """On the recipe's builder (local or ssh://): verify, gate, build the engine, validate, bring back the bundle."""
+    from pipeline.graph.stages import device_current, do_device, stage_label
+
+    for r in selected_recipes():
+        if r.build["builder"] == "offline":
+            continue
+        for t in r.targets:
+            label = stage_label(r, t)
+            yield _stage_task(label, _action(do_device, r, t), lambda r=r, t=t: device_current(r, t),
+                              [f"package:{label}"], f"engine for {r.name} on {t} via {r.build['builder']}")
+
+
+def task_build():
+    """Every stage of the selected recipes."""
+    from pipeline.graph.stages import link_recipe, stage_label
+
+    for r in selected_recipes():
+        device = [] if r.build["builder"] == "offline" else [f"device:{stage_label(r, t)}" for t in r.targets]
+        yield {"name": r.name, "actions": [_action(link_recipe, r)], "doc": r.description,
+               "task_dep": [f"plan:{stage_label(r, t)}" for t in r.targets] + [f"fetch:{r.name}", *_draft_dep(r)]
+               + [f"export:{stage_label(r, t)}" for t in r.targets]
+               + [f"goldens:{r.name}", f"accuracy:{r.name}"] + [f"package:{stage_label(r, t)}" for t in r.targets]
+               + device}
+
+
+def doit_config() -> dict:
+    from pipeline.graph.framework import artifacts_dir
+
+    root = artifacts_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    # sqlite3: one file, written transactionally. No file_dep anywhere: up-to-date comes from stage manifests.
+    return {"backend": "sqlite3", "dep_file": str(root / ".doit.db"), "verbosity": 2, "subtasks": True}

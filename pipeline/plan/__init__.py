@@ -1,0 +1,1 @@
+"""Planning (both halves, standard library only): recipes, targets, formats, model shapes, memory, speed, the plan."""

@@ -1,0 +1,127 @@
+"""Memory plan: what an engine needs at run time (and to build) on a Jetson, component by component.
+
+Jetson memory is unified: engine weights, KV cache, activations, the CUDA context and the runtime all come out of
+the same DRAM as the OS. Every component is in bytes; the assumptions are named constants with their reasons.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from pipeline.plan.shapes import ModelShape
+from pipeline.plan.formats import KVFormat, WeightFormat
+
+# CUDA context, TensorRT and the runtime's own libraries, resident next to the engine. TensorRT-LLM 0.12's Python
+# runtime also imports torch. Llama-3-8B INT4 on AGX Orin runs in 7.3 GB total with --use_mmap (FACTS.md): its
+# weights are 5.7 GB by the count below, leaving ~1.6 GB for overhead, KV and activations at default limits.
+RUNTIME_OVERHEAD = {"trtllm-0.12": 1_000_000_000, "edgellm": 500_000_000}
+# Scratch beyond the activations proper: cuBLAS/cuBLASLt workspace and TensorRT's per-context scratch.
+WORKSPACE = 64 * 2**20
+# trtllm-build holds the checkpoint and the engine being serialized at once, plus the builder's tactic memory;
+# llm_build parses ONNX with external weights and builds similarly. Observed: an 8 GB Orin Nano OOMs building 3B.
+BUILD_WEIGHT_COPIES = 2.0
+BUILD_OVERHEAD = 1_500_000_000
+MAX_NUM_TOKENS_CAP = 8192     # trtllm-build 0.12's default --max_num_tokens, used as a ceiling
+TOKENS_PER_BLOCK = 64         # paged KV cache block (trtllm-build 0.12 default --tokens_per_block)
+VOCAB_PAD = 64                # ModelOpt pads the vocabulary to a multiple of 64 for TensorRT-LLM AWQ checkpoints
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+
+    @property
+    def max_num_tokens(self) -> int:
+        """Tokens in flight in one context step with remove_input_padding (what activations are sized for)."""
+        return min(self.max_batch_size * self.max_input_len, MAX_NUM_TOKENS_CAP)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    weights: int           # decoder-layer linears at their quantized precision (scales included) + norms/biases
+    embedding: int         # input embedding table, fp16 (engine input or a separate file; same DRAM either way)
+    lm_head: int           # output projection, fp16 (ModelOpt keeps it unquantized by default)
+    kv_cache: int
+    activations: int
+    runtime_overhead: int
+    total: int
+    usable: int
+    usable_headless: int
+    fits: bool
+    fits_headless: bool
+    margin: int            # usable - total (negative: short by that much)
+    max_seq_len_that_fits: int
+    max_batch_that_fits: int
+    build_peak: int        # memory the engine build itself needs on the device
+    draft: int = 0         # an EAGLE-3 draft engine beside it: fp16 weights, its KV cache and activations
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def weight_bytes(shape: ModelShape, fmt: WeightFormat, group_size: int | None) -> tuple[int, int, int]:
+    """(decoder weights, embedding, lm_head) in bytes for this format."""
+    layer = sum(fmt.bytes_for(i, o, group_size) for _, i, o in shape.layer_linears())
+    layer += shape.small_params_per_layer * 2
+    if fmt.name in ("int4_awq", "w4a8_awq"):
+        layer += sum(i * 2 for _, i, _ in shape.layer_linears())  # per-input-channel pre-quant scales, fp16
+    vocab = shape.vocab_size if fmt.name == "fp16" else math.ceil(shape.vocab_size / VOCAB_PAD) * VOCAB_PAD
+    table = vocab * shape.hidden_size * 2
+    # Tied embeddings are still two tensors in the engine (TensorRT-LLM writes lm_head separately; Edge-LLM keeps
+    # the embedding outside the ONNX), so both count.
+    return int(shape.num_layers * layer + shape.hidden_size * 2), table, table
+
+
+def kv_bytes(shape: ModelShape, kv: KVFormat, seq: int, batch: int) -> int:
+    blocks = math.ceil(seq / TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK
+    return shape.kv_bytes_per_token(kv.bytes_per_element) * blocks * batch
+
+
+def activation_bytes(shape: ModelShape, limits: Limits) -> int:
+    """One layer's live tensors for max_num_tokens (TensorRT reuses them across layers) plus fp32 logits."""
+    per_token = 4 * shape.hidden_size + shape.q_size + 2 * shape.kv_size + 2 * shape.intermediate_size
+    logits = limits.max_batch_size * shape.vocab_size * 4 * 2
+    return limits.max_num_tokens * per_token * 2 + logits + WORKSPACE
+
+
+def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat, limits: Limits,
+                backend: str, usable: int, usable_headless: int, draft: int = 0) -> MemoryPlan:
+    weights, embedding, lm_head = weight_bytes(shape, fmt, group_size)
+    overhead = RUNTIME_OVERHEAD[backend]
+
+    def total_for(seq: int, batch: int) -> int:
+        lim = Limits(batch, min(limits.max_input_len, seq - 1), seq)
+        # the draft is counted at the recipe's limits (a small share next to the base; kept constant here)
+        return weights + embedding + lm_head + kv_bytes(shape, kv, seq, batch) + activation_bytes(shape, lim) + \
+            overhead + draft
+
+    kv_cache = kv_bytes(shape, kv, limits.max_seq_len, limits.max_batch_size)
+    activations = activation_bytes(shape, limits)
+    total = weights + embedding + lm_head + kv_cache + activations + overhead + draft
+
+    # Largest max_seq_len at the recipe's batch, and largest batch at the recipe's max_seq_len (0 = not even one).
+    lo, hi = 0, shape.max_position_embeddings
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if mid >= 2 and total_for(mid, limits.max_batch_size) <= usable else (lo, mid - 1)
+    max_seq = lo
+    max_batch = 0
+    while max_batch < 256 and total_for(limits.max_seq_len, max_batch + 1) <= usable:
+        max_batch += 1
+
+    build_peak = int(BUILD_WEIGHT_COPIES * (weights + embedding + lm_head) + BUILD_OVERHEAD)
+    return MemoryPlan(weights=weights, embedding=embedding, lm_head=lm_head, kv_cache=kv_cache,
+                      activations=activations, runtime_overhead=overhead, total=total, usable=usable,
+                      usable_headless=usable_headless, fits=total <= usable, fits_headless=total <= usable_headless,
+                      margin=usable - total, max_seq_len_that_fits=max_seq, max_batch_that_fits=max_batch,
+                      build_peak=build_peak, draft=draft)
+
+
+def decode_bytes_per_token(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat,
+                           context: int) -> float:
+    """Bytes one decode step reads: every weight except the embedding table (one row) plus the KV cache so far."""
+    weights, _, lm_head = weight_bytes(shape, fmt, group_size)
+    return weights + lm_head + shape.kv_bytes_per_token(kv.bytes_per_element) * context

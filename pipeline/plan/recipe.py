@@ -1,0 +1,304 @@
+"""Recipes: model x quantization x targets x build limits x validation, read from TOML and validated strictly.
+
+Every problem in a recipe is collected and reported at once, each naming the file, the field, the value and what to
+do. Unknown keys are errors (a misspelled key silently ignored is a wrong build later), and so are versions or
+revisions written as numbers (TOML reads `6.10` as 6.1).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.errors import InputError, PipelineError, Problem
+from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+from pipeline.plan.targets import BACKENDS, load_targets
+from pipeline.tomlcompat import TOMLDecodeError, load_toml
+
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+SSH_RE = re.compile(r"^ssh://(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9._\[\]:-]+?(?::\d{1,5})?$")
+CALIB_RE = re.compile(r"^(builtin|file|hf):.+$")
+
+
+# ----------------------------------------------------------------------------------------------------------- schema
+@dataclass(frozen=True)
+class F:
+    """One recipe field: its type, default (None = required unless optional) and checks."""
+
+    type: type | tuple
+    default: object = None
+    required: bool = False
+    choices: tuple = ()
+    min: float | None = None
+    max: float | None = None
+    pattern: re.Pattern | None = None
+    pattern_hint: str = ""
+    doc: str = ""
+
+
+SCHEMA: dict = {
+    "description": F(str, ""),
+    "targets": F(list, required=True, doc="target ids, see `python -m pipeline targets`"),
+    "backend": F(str, None, choices=BACKENDS, doc="engine backend; default: the target's first stack that fits"),
+    "model": {
+        "source": F(str, required=True, choices=("hf", "local", "builtin")),
+        "repo": F(str, None, pattern=REPO_RE, pattern_hint="a Hugging Face repo id like 'org/name'"),
+        "revision": F(str, None, doc="40-hex commit; a branch or tag only with allow_branch = true"),
+        "allow_branch": F(bool, False),
+        "path": F(str, None, doc="local model directory (relative paths are relative to the recipe file)"),
+        "name": F(str, None, doc="builtin model name"),
+    },
+    "quantization": {
+        "weights": F(str, required=True, choices=tuple(WEIGHT_FORMATS)),
+        "kv_cache": F(str, "fp16", choices=tuple(KV_FORMATS)),
+        "group_size": F(int, None, choices=(16, 32, 64, 128)),
+        "calibration": {
+            "source": F(str, "builtin:calib-en", pattern=CALIB_RE,
+                        pattern_hint="builtin:NAME, file:PATH (.txt or .jsonl) or hf:DATASET"),
+            "samples": F(int, 32, min=1, max=4096),
+            "seq_len": F(int, 256, min=8, max=16384),
+            "seed": F(int, 0, min=0),
+        },
+    },
+    "build": {
+        "max_batch_size": F(int, 1, min=1, max=256),
+        "max_input_len": F(int, 1024, min=1),
+        "max_seq_len": F(int, 2048, min=2),
+        "builder": F((str, list), "offline", doc="local | offline | ssh://user@host[:port], or a list of ssh:// "
+                     "builders of the target's family (each build takes the first free one)"),
+        "power_mode": F(str, None),
+    },
+    # Speculative decoding: an EAGLE-3 draft model beside the base (edgellm backend). Empty: no draft.
+    "draft": {
+        "method": F(str, None, choices=("eagle3",), doc="the speculative-decoding method of the draft"),
+        "source": F(str, None, choices=("hf", "local", "builtin")),
+        "repo": F(str, None, pattern=REPO_RE, pattern_hint="a Hugging Face repo id like 'org/name'"),
+        "revision": F(str, None, doc="40-hex commit; a branch or tag only with allow_branch = true"),
+        "allow_branch": F(bool, False),
+        "path": F(str, None, doc="local draft directory (relative paths are relative to the recipe file)"),
+        "name": F(str, None, doc="builtin draft name"),
+        "max_draft_tree_size": F(int, 60, min=1, max=1024, doc="llm_build --maxDraftTreeSize"),
+        "max_verify_tree_size": F(int, 60, min=1, max=1024, doc="llm_build --maxVerifyTreeSize"),
+    },
+    "validation": {
+        "prompts": F(list, required=True),
+        "max_new_tokens": F(int, 32, min=1, max=4096),
+        "min_token_agreement": F(float, 0.9, min=0.0, max=1.0),
+        "top_k_logprobs": F(int, 5, min=1, max=50),
+    },
+}
+
+
+def _type_name(t) -> str:
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list",
+            dict: "a table"}.get(t, str(t))
+
+
+def _check(file: str, path: str, spec, value, problems: list[Problem]) -> object:
+    """Type- and range-check one value against its spec; returns the value with defaults applied."""
+    if isinstance(spec, dict):
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            problems.append(Problem(file, path, value, "must be a table", f"write [{path}]"))
+            return {}
+        out = {}
+        for key in value:
+            if key not in spec:
+                close = difflib.get_close_matches(key, list(spec), n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(spec)}"
+                problems.append(Problem(file, f"{path}.{key}" if path else key, value[key], "unknown key", hint))
+        for key, sub in spec.items():
+            out[key] = _check(file, f"{path}.{key}" if path else key, sub, value.get(key), problems)
+        return out
+    if value is None:
+        if spec.required:
+            problems.append(Problem(file, path, None, "is required", spec.doc))
+        return spec.default
+    want = spec.type
+    ok = isinstance(value, want) and not (want in (int, float) and isinstance(value, bool))
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        hint = ""
+        if want is str and isinstance(value, (int, float)):
+            hint = f'quote it: {path.rsplit(".", 1)[-1]} = "{value}" (versions and revisions are strings)'
+        problems.append(Problem(file, path, value, f"must be {_type_name(want)}, not {type(value).__name__}", hint))
+        return spec.default
+    if spec.choices and value not in spec.choices:
+        problems.append(Problem(file, path, value, "is not one of the allowed values",
+                                f"allowed: {', '.join(map(str, spec.choices))}"))
+    if spec.min is not None and value < spec.min:
+        problems.append(Problem(file, path, value, f"must be >= {spec.min}"))
+    if spec.max is not None and value > spec.max:
+        problems.append(Problem(file, path, value, f"must be <= {spec.max}"))
+    if spec.pattern is not None and not spec.pattern.match(value):
+        problems.append(Problem(file, path, value, "has the wrong form", spec.pattern_hint))
+    return value
+
+
+# ----------------------------------------------------------------------------------------------------------- model
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    file: str
+    description: str
+    targets: tuple[str, ...]
+    backend: str | None
+    model: dict
+    quantization: dict
+    build: dict
+    validation: dict
+    draft: dict | None = None   # the [draft] table when it names a draft, else None
+    raw: dict = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def weights(self) -> str:
+        return self.quantization["weights"]
+
+    @property
+    def kv_cache(self) -> str:
+        return self.quantization["kv_cache"]
+
+    @property
+    def model_dir(self) -> Path | None:
+        return self._local(self.model)
+
+    @property
+    def draft_dir(self) -> Path | None:
+        return self._local(self.draft) if self.draft else None
+
+    def _local(self, m: dict) -> Path | None:
+        if m["source"] != "local":
+            return None
+        p = Path(os.path.expanduser(m["path"]))
+        return p if p.is_absolute() else (Path(self.file).parent / p).resolve()
+
+
+def _source_checks(file: str, table: str, m: dict, builtins: dict, problems: list[Problem]) -> None:
+    """model.* and draft.*: the keys the source needs, none it does not, a pinned revision, a known builtin."""
+    src = m["source"]
+    need = {"hf": ("repo", "revision"), "local": ("path",), "builtin": ("name",)}.get(src, ())
+    for key in need:
+        if m.get(key) is None:
+            problems.append(Problem(file, f"{table}.{key}", None, f"is required when {table}.source = {src!r}"))
+    for key in ("repo", "revision", "path", "name"):
+        if m.get(key) is not None and key not in need:
+            problems.append(Problem(file, f"{table}.{key}", m[key], f"does not apply to {table}.source = {src!r}",
+                                    f"{table}.source = {src!r} uses: {', '.join(need)}"))
+    rev = m.get("revision")
+    if src == "hf" and isinstance(rev, str) and not COMMIT_RE.match(rev) and not m["allow_branch"]:
+        problems.append(Problem(file, f"{table}.revision", rev, "is not a 40-character commit hash",
+                                "pin the commit (the resolved hash is recorded either way), "
+                                f"or set {table}.allow_branch = true to follow a branch or tag"))
+    if src == "builtin" and m.get("name") and m["name"] not in builtins:
+        problems.append(Problem(file, f"{table}.name", m["name"], f"unknown builtin {table}",
+                                f"builtins: {', '.join(builtins)}"))
+
+
+def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
+    targets = load_targets()
+    tlist = v["targets"] or []
+    if not tlist and v["targets"] is not None:
+        problems.append(Problem(file, "targets", tlist, "must name at least one target"))
+    for i, t in enumerate(tlist):
+        if not isinstance(t, str) or t not in targets:
+            problems.append(Problem(file, f"targets[{i}]", t, "unknown target", f"known: {', '.join(targets)}"))
+    if len(set(map(str, tlist))) != len(tlist):
+        problems.append(Problem(file, "targets", tlist, "lists a target twice"))
+
+    from pipeline.workstation.tinymodel import BUILTINS, DRAFT_BUILTINS
+    _source_checks(file, "model", v["model"], BUILTINS, problems)
+    d = v["draft"]
+    given = [k for k in ("source", "repo", "revision", "path", "name") if d.get(k) is not None]
+    if d["method"] is None and given:
+        problems.append(Problem(file, "draft.method", None, f"is required when [draft] names a draft ({given[0]})",
+                                'method = "eagle3" (the one method the edgellm backend builds)'))
+    if d["method"] is not None:
+        if d["source"] is None:
+            problems.append(Problem(file, "draft.source", None, "is required when draft.method is set",
+                                    "hf, local or builtin, like model.source"))
+        else:
+            _source_checks(file, "draft", d, DRAFT_BUILTINS, problems)
+
+    b = v["build"]
+    if isinstance(b["max_input_len"], int) and isinstance(b["max_seq_len"], int) and \
+            b["max_input_len"] >= b["max_seq_len"]:
+        problems.append(Problem(file, "build.max_input_len", b["max_input_len"],
+                                f"must be below build.max_seq_len ({b['max_seq_len']}) to leave room for output"))
+    mode = b["power_mode"]
+    for t in tlist:
+        if mode is not None and t in targets and mode not in targets[t].bandwidth_gbs:
+            problems.append(Problem(file, "build.power_mode", mode, f"target {t} has no such power mode",
+                                    f"{t} modes: {', '.join(targets[t].bandwidth_gbs)}"))
+    builder = b["builder"]
+    if isinstance(builder, str) and builder not in ("local", "offline") and not SSH_RE.match(builder):
+        problems.append(Problem(file, "build.builder", builder, "is not a builder",
+                                "use 'local', 'offline' or 'ssh://user@host[:port]'"))
+    if isinstance(builder, list) and (not builder or not all(isinstance(u, str) and SSH_RE.match(u)
+                                                               for u in builder)):
+        problems.append(Problem(file, "build.builder", builder, "a list of builders holds ssh:// URLs only",
+                                "e.g. ['ssh://nvidia@orin-a', 'ssh://nvidia@orin-b']"))
+
+    cal = v["quantization"]["calibration"]["source"]
+    if isinstance(cal, str) and cal.startswith("file:"):
+        from pipeline.workstation.calibration import source_path
+        path = source_path(cal, file)
+        if path.suffix not in (".txt", ".jsonl"):
+            problems.append(Problem(file, "quantization.calibration.source", cal, "must be a .txt or .jsonl file"))
+        elif not path.is_file():
+            problems.append(Problem(file, "quantization.calibration.source", cal, f"no file {path}",
+                                    "paths are relative to the recipe file"))
+
+    prompts = v["validation"]["prompts"]
+    if isinstance(prompts, list):
+        if not prompts:
+            problems.append(Problem(file, "validation.prompts", prompts, "must list at least one prompt"))
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str) or not p.strip():
+                problems.append(Problem(file, f"validation.prompts[{i}]", p, "must be a non-empty string"))
+
+
+def parse_recipe(data: dict, file: str, name: str | None = None) -> Recipe:
+    problems: list[Problem] = []
+    v = _check(file, "", SCHEMA, data, problems)
+    if not problems:
+        _cross_checks(file, v, problems)
+    if problems:
+        raise InputError(problems)
+    return Recipe(name=name or Path(file).stem, file=file, description=v["description"],
+                  targets=tuple(v["targets"]), backend=v["backend"], model=v["model"],
+                  quantization=v["quantization"], build=v["build"], validation=v["validation"],
+                  draft=v["draft"] if v["draft"]["method"] else None, raw=data)
+
+
+def project_root() -> Path:
+    """The project directory: $PIPELINE_ROOT, else the current directory (where dodo.py runs)."""
+    return Path(os.environ.get("PIPELINE_ROOT") or os.getcwd()).resolve()
+
+
+def recipes_dir() -> Path:
+    return Path(os.environ.get("PIPELINE_RECIPES") or project_root() / "recipes")
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in recipes_dir().glob("*.toml"))
+
+
+def load_recipe(name_or_path: str) -> Recipe:
+    """A recipe by name (recipes/NAME.toml) or by path to a .toml file."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = recipes_dir() / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = ", ".join(recipe_names()) or "(none)"
+        raise PipelineError(f"no recipe {name_or_path!r} (looked for {path})", f"known recipes: {known}")
+    try:
+        data = load_toml(path)
+    except TOMLDecodeError as exc:
+        raise InputError([Problem(str(path), "(file)", None, f"is not valid TOML: {exc}")]) from None
+    return parse_recipe(data, str(path), path.stem)

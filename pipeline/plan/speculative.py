@@ -1,0 +1,240 @@
+"""EAGLE-3 drafts for speculative decoding (edgellm backend): their checkpoint layout, checks, memory and export.
+
+An EAGLE-3 draft is one decoder layer that reads the base model's hidden states from three of its layers (fused by
+`fc`), the base's token embeddings (it has none of its own) and its own previous hidden state, and predicts tokens
+over a reduced draft vocabulary (`d2t` maps a draft token id to a base token id as an offset). Edge-LLM builds it
+as a second engine beside the base, which is exported with extra outputs for it (`eagle_base`).
+
+The layout below is the Hugging Face EAGLE-3 checkpoint (e.g. yuhuili/EAGLE3-LLaMA3.1-Instruct-8B) that Edge-LLM's
+loader reads; it is written down once here and used both to check a fetched draft and to make the builtin one.
+The draft stays in fp16 (Edge-LLM: quantizing the draft lowers its acceptance rate); its KV cache is fp16 too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.plan.memory import TOKENS_PER_BLOCK
+from pipeline.plan.shapes import ModelShape
+
+DRAFT_WEIGHTS = "fp16"
+ONNX_BASE, ONNX_DRAFT = "base", "draft"          # onnx/base and onnx/draft, the layout of Edge-LLM's guide
+# what the draft ONNX must have beyond the plain LLM graph (seen in Edge-LLM 0.11's export of the tiny draft)
+DRAFT_INPUTS = ("inputs_embeds", "hidden_states_input", "hidden_states_from_draft", "past_key_values_0")
+DRAFT_OUTPUTS = ("logits", "hidden_states", "present_key_values_0")
+BASE_EXTRA_OUTPUTS = ("hidden_states",)
+
+
+def is_eagle3(config: dict) -> bool:
+    """Edge-LLM's own test: an Eagle3 architecture name, or EAGLE-3 training's ttt_length / draft_vocab_size."""
+    return any("Eagle3" in str(a) for a in config.get("architectures") or []) or "ttt_length" in config \
+        or "draft_vocab_size" in config
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int            # the base vocabulary d2t maps into
+    draft_vocab_size: int
+    target_hidden_size: int    # the base's hidden size, as the draft was trained
+    num_target_layers: int = 3
+    target_layer_ids: tuple[int, ...] | None = None   # base layers the draft was trained on, where it says
+
+    def tensors(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor of the checkpoint with its shape (one layer is `midlayer`, more are `layers.N`)."""
+        h, q, kv, i = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, \
+            self.intermediate_size
+        out: dict[str, tuple[int, ...]] = {
+            "d2t": (self.draft_vocab_size,), "fc.weight": (h, self.target_hidden_size * self.num_target_layers),
+            "lm_head.weight": (self.draft_vocab_size, h), "norm.weight": (h,)}
+        prefixes = ["midlayer."] if self.num_layers == 1 else [f"layers.{n}." for n in range(self.num_layers)]
+        for p in prefixes:
+            out |= {p + "hidden_norm.weight": (h,), p + "input_layernorm.weight": (h,),
+                    p + "post_attention_layernorm.weight": (h,),
+                    # attention reads [embedding, hidden] concatenated: twice the hidden size in
+                    p + "self_attn.q_proj.weight": (q, 2 * h), p + "self_attn.k_proj.weight": (kv, 2 * h),
+                    p + "self_attn.v_proj.weight": (kv, 2 * h), p + "self_attn.o_proj.weight": (h, q),
+                    p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                    p + "mlp.down_proj.weight": (h, i)}
+        return out
+
+    @property
+    def params(self) -> int:
+        return sum(math.prod(s) for s in self.tensors().values())
+
+
+def draft_shape(config: dict, source: str) -> DraftShape:
+    if not is_eagle3(config):
+        raise PipelineError(f"{source}: not an EAGLE-3 draft (architectures {config.get('architectures')})",
+                            "draft.repo / draft.path must name an EAGLE-3 draft checkpoint, e.g. "
+                            "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B for Llama-3.1-8B-Instruct")
+    try:
+        h, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        return DraftShape(
+            hidden_size=h, num_layers=int(config.get("num_hidden_layers", 1)), num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads", heads)),
+            head_dim=int(config.get("head_dim") or h // heads), intermediate_size=int(config["intermediate_size"]),
+            vocab_size=int(config["vocab_size"]),
+            draft_vocab_size=int(config.get("draft_vocab_size") or config["vocab_size"]),
+            target_hidden_size=int(config.get("target_hidden_size") or h),
+            target_layer_ids=tuple(ids) if (ids := config.get("target_layer_ids")
+                                            or config.get("eagle_aux_hidden_state_layer_ids")) else None)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PipelineError(f"{source}: EAGLE-3 draft config lacks or mangles {exc}",
+                            "the draft's config.json needs hidden_size, num_attention_heads, intermediate_size "
+                            "and vocab_size") from None
+
+
+def edgellm_tapped_layers(base_layers: int) -> list[int]:
+    """Base layers whose outputs Edge-LLM 0.11's Llama/Qwen EAGLE-3 base export hands the draft: fixed, as EAGLE-3
+    training's default (hidden_states[2], [L//2], [L-3] = outputs of layers 1, L//2 - 1, L - 4); a draft's own
+    target_layer_ids are not read for these models."""
+    return [1, base_layers // 2 - 1, base_layers - 4]
+
+
+def pairing_warnings(draft: DraftShape, base: ModelShape, draft_label: str) -> list[str]:
+    tapped = edgellm_tapped_layers(base.num_layers)
+    if draft.target_layer_ids is not None and list(draft.target_layer_ids) != tapped:
+        return [f"the draft {draft_label} says it was trained on base layers {list(draft.target_layer_ids)}; "
+                f"Edge-LLM's EAGLE-3 base export hands it layers {tapped} of this {base.num_layers}-layer base: "
+                "expect a low acceptance rate (validation reports the measured speed)"]
+    if base.num_layers < 5:
+        return [f"a {base.num_layers}-layer base is too shallow for EAGLE-3's layer taps {tapped}: fine for "
+                "exercising the format, not for speed"]
+    return []
+
+
+def pairing_problems(draft: DraftShape, base: ModelShape, draft_label: str) -> list[str]:
+    """Why this draft cannot run beside this base (empty: it can). Each one would fail at build or run time."""
+    out = []
+    if draft.target_hidden_size != base.hidden_size:
+        out.append(f"the draft {draft_label} was trained on a base of hidden size {draft.target_hidden_size}; this "
+                   f"base has {base.hidden_size} (its fc fuses the base's hidden states)")
+    if draft.hidden_size != base.hidden_size:
+        out.append(f"the draft's hidden size {draft.hidden_size} differs from the base's {base.hidden_size} (the "
+                   "draft reads the base's token embeddings)")
+    if draft.vocab_size != base.vocab_size:
+        out.append(f"the draft maps into a vocabulary of {draft.vocab_size} tokens, the base has "
+                   f"{base.vocab_size} (a draft for another tokenizer)")
+    if draft.draft_vocab_size > draft.vocab_size:
+        out.append(f"draft_vocab_size {draft.draft_vocab_size} exceeds vocab_size {draft.vocab_size}")
+    return out
+
+
+def draft_memory(draft: DraftShape, max_seq_len: int, max_batch_size: int, max_draft_tree_size: int) -> dict:
+    """Bytes the draft engine adds on the device: fp16 weights, its own fp16 KV cache (its layers only, sized for
+    the sequence plus one draft tree) and one step of activations over the tree (fp32 logits over the draft vocab)."""
+    weights = draft.params * 2
+    seq = math.ceil((max_seq_len + max_draft_tree_size) / TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK
+    kv = 2 * draft.num_layers * draft.num_kv_heads * draft.head_dim * 2 * seq * max_batch_size
+    tokens = max_batch_size * max_draft_tree_size
+    act = tokens * (6 * draft.hidden_size + 2 * draft.intermediate_size + 3 * draft.target_hidden_size) * 2 + \
+        tokens * draft.draft_vocab_size * 4 * 2
+    return {"weights": weights, "kv_cache": kv, "activations": act, "total": weights + kv + act}
+
+
+def ensure_safetensors(draft_dir: Path) -> str | None:
+    """Many EAGLE-3 drafts ship pytorch_model.bin: convert it (tensors only: weights_only loading runs no pickled
+    code) so the rest of the pipeline reads one checked format. Returns the converted file's name, if any."""
+    binary = draft_dir / "pytorch_model.bin"
+    if not binary.is_file() or any(draft_dir.glob("*.safetensors")):
+        return None
+    import torch
+    from safetensors.torch import save_file
+
+    state = torch.load(binary, map_location="cpu", weights_only=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(draft_dir / "model.safetensors"))
+    binary.unlink()
+    return binary.name
+
+
+def check_draft_checkpoint(draft_dir: Path, source: str) -> DraftShape:
+    """Config and every tensor's shape against the EAGLE-3 layout, from the safetensors headers alone."""
+    import json
+
+    from pipeline.workstation.safetensors_check import check_safetensors
+
+    config_path = draft_dir / "config.json"
+    if not config_path.is_file():
+        raise PipelineError(f"{source}: no config.json in {draft_dir}", "an EAGLE-3 draft directory has one")
+    shape = draft_shape(json.loads(config_path.read_text()), str(config_path))
+    found: dict[str, tuple] = {}
+    for shard in sorted(draft_dir.glob("*.safetensors")):
+        found |= {k: s for k, (_, s) in check_safetensors(shard).items()}
+    if not found:
+        raise PipelineError(f"{source}: no weights in {draft_dir} (model.safetensors or pytorch_model.bin)",
+                            "point the draft at the EAGLE-3 checkpoint's directory")
+    want = shape.tensors()
+    missing = sorted(set(want) - set(found))
+    wrong = [f"{k} is {list(found[k])}, config says {list(s)}" for k, s in want.items()
+             if k in found and tuple(found[k]) != s]
+    if missing or wrong:
+        raise PipelineError(f"{source}: {draft_dir} is not an EAGLE-3 draft of its config.json: "
+                            + "; ".join(([f"missing {', '.join(missing[:5])}"] if missing else []) + wrong[:5]),
+                            "use the draft repository's own files (config.json and weights of one revision)")
+    return shape
+
+
+def write_builtin(shape: DraftShape, d2t_targets, out: Path, config_extra: dict, seed: int) -> None:
+    """A draft with random weights in the exact layout (acceptance is meaningless, the format is not)."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, s in shape.tensors().items():
+        if name == "d2t":
+            tensors[name] = (d2t_targets - torch.arange(shape.draft_vocab_size)).to(torch.int64)
+        elif name.endswith("norm.weight"):
+            tensors[name] = torch.ones(s, dtype=torch.float16)
+        else:
+            tensors[name] = (torch.randn(s, generator=gen) * 0.05).to(torch.float16)
+    t2d = torch.zeros(shape.vocab_size, dtype=torch.bool)
+    t2d[d2t_targets] = True
+    tensors["t2d"] = t2d                         # target-to-draft mask: EAGLE-3 repos ship it; Edge-LLM skips it
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"))
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": shape.hidden_size,
+              "intermediate_size": shape.intermediate_size, "num_attention_heads": shape.num_heads,
+              "num_key_value_heads": shape.num_kv_heads, "num_hidden_layers": shape.num_layers,
+              "vocab_size": shape.vocab_size, "draft_vocab_size": shape.draft_vocab_size,
+              "target_hidden_size": shape.target_hidden_size, "torch_dtype": "float16", **config_extra}
+    (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+
+
+def export_draft(draft_dir: Path, onnx_dir: Path) -> dict:
+    """The draft as Edge-LLM ONNX (fp16): model.onnx(.data), config.json (engine_role draft), d2t.safetensors."""
+    from tensorrt_edgellm import AutoModel, export_onnx
+
+    onnx_dir.mkdir(parents=True)
+    export_onnx(AutoModel.from_pretrained(str(draft_dir), device="cpu"), str(onnx_dir / "model.onnx"),
+                model_dir=str(draft_dir))
+    return check_graph(onnx_dir / "model.onnx", DRAFT_INPUTS, DRAFT_OUTPUTS, extra_files=("d2t.safetensors",))
+
+
+def check_graph(path: Path, inputs, outputs, extra_files=()) -> dict:
+    import onnx
+
+    m = onnx.load(str(path), load_external_data=False)
+    have_in, have_out = [i.name for i in m.graph.input], [o.name for o in m.graph.output]
+    problems = [f"missing input {n}" for n in inputs if n not in have_in]
+    problems += [f"missing output {n}" for n in outputs if n not in have_out]
+    problems += [f"no {f} beside it" for f in extra_files if not (path.parent / f).is_file()]
+    ops = sorted({f"{n.domain}:{n.op_type}" for n in m.graph.node})
+    if "trt_edgellm:AttentionPlugin" not in ops:
+        problems.append("no trt_edgellm:AttentionPlugin node")
+    if problems:
+        raise PipelineError(f"{path} is not what llm_build --specDraft expects: " + "; ".join(problems),
+                            "this is a bug in the EAGLE-3 export path; please report it with the recipe")
+    return {"inputs": have_in, "outputs": have_out, "custom_ops": [o for o in ops if not o.startswith(":")],
+            "ops": len(m.graph.node)}

@@ -1,0 +1,130 @@
+"""export (edgellm backend): the quantized model as TensorRT Edge-LLM ONNX, for llm_build on Thor / JetPack 7.2 Orin.
+
+ModelOpt's unified HF checkpoint (export_hf_checkpoint, the format Edge-LLM reads) is written from the calibrated
+model in fp16, then Edge-LLM's exporter (its Python API: AutoModel + export_onnx, offline) turns it into
+onnx/{model.onnx, model.onnx.data, config.json, embedding.safetensors, tokenizer files, chat_template.jinja}.
+Edge-LLM's config.json records neither the weight precision nor the export's target knobs, which change the ONNX
+(target SM, INT4 GEMM plugin version, externalized weights): the stage manifest records them, with the versions.
+The ONNX is checked for the inputs, outputs and custom ops the format needs before the stage succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from importlib import metadata
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+
+# Edge-LLM 0.11's default INT4 GEMM is the cuteDSL Int4GroupwiseGemmPluginV2, whose weight layout needs every
+# quantized projection's N and K to be multiples of 64; otherwise the legacy AWQ-layout plugin (version 1).
+INT4_V2_ALIGN = 64
+ONNX_DIR = "onnx"
+# what each format must leave in the graph (ops by domain:type; FP8 is standard Q/DQ)
+EXPECTED_OPS = {"fp8": {":QuantizeLinear", ":DequantizeLinear"}, "fp16": set(),
+                # seen in the NVFP4 export of tiny-llama on an H100 (bench/nvfp4.py)
+                "nvfp4": {"trt:TRT_FP4DynamicQuantize", "trt:DequantizeLinear"},
+                "int8_sq": {":QuantizeLinear", ":DequantizeLinear"}}
+INT4_OPS = {1: "trt_edgellm:Int4GroupwiseGemmPlugin", 2: "trt_edgellm:Int4GroupwiseGemmPluginV2"}
+
+
+def int4_plugin_version(model) -> int:
+    """2 where every quantized linear is 64-aligned in N and K, else 1."""
+    for module in model.modules():
+        w = getattr(module, "weight", None)
+        if getattr(module, "weight_quantizer", None) is not None and w is not None and w.dim() == 2:
+            if w.shape[0] % INT4_V2_ALIGN or w.shape[1] % INT4_V2_ALIGN:
+                return 1
+    return 2
+
+
+def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | None = None,
+               extra_outputs: tuple[str, ...] = ()) -> dict:
+    """Inputs, outputs and custom ops of the exported graph, checked against what llm_build expects."""
+    import onnx
+
+    m = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False)
+    inputs, outputs = [i.name for i in m.graph.input], [o.name for o in m.graph.output]
+    ops = sorted({f"{n.domain}:{n.op_type}" for n in m.graph.node})
+    custom = sorted(o for o in ops if not o.startswith(":"))
+    problems = [f"missing input {n}" for n in ["inputs_embeds", *[f"past_key_values_{i}" for i in range(layers)]]
+                if n not in inputs]
+    problems += [f"missing output {n}" for n in ["logits", *[f"present_key_values_{i}" for i in range(layers)],
+                                                 *extra_outputs] if n not in outputs]
+    if "trt_edgellm:AttentionPlugin" not in custom:
+        problems.append("no trt_edgellm:AttentionPlugin node")
+    expected = set(EXPECTED_OPS.get(weights, set())) | ({INT4_OPS[int4_plugin]} if weights == "int4_awq" else set())
+    problems += [f"no {op} node for {weights}" for op in sorted(expected - set(ops))]
+    if problems:
+        raise PipelineError(f"{onnx_dir / 'model.onnx'} is not what llm_build expects: " + "; ".join(problems),
+                            "this is a bug in the Edge-LLM export path; please report it with the recipe")
+    return {"inputs": inputs, "outputs": outputs, "custom_ops": custom, "ops": len(m.graph.node)}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: str, target_sm: str,
+           draft_dir: Path | None = None) -> dict:
+    """onnx/ for llm_build; with an EAGLE-3 draft, onnx/base (exported as the EAGLE-3 base: it also emits the
+    hidden states the draft reads) and onnx/draft (the draft in fp16)."""
+    from pipeline.workstation.quantize import MODELOPT_MODULES, import_clean, load_quantized
+
+    try:
+        import_clean(*MODELOPT_MODULES, "tensorrt_edgellm", "tensorrt_edgellm.models.ops")    # (its docstring)
+        from tensorrt_edgellm import AutoModel, export_onnx
+        from tensorrt_edgellm.models.ops import set_int4_gemm_plugin_version, set_nvfp4_a16_export_target_sm
+    except ImportError as exc:
+        raise PipelineError(f"the edgellm export needs TensorRT Edge-LLM's exporter ({exc})",
+                            "pip install 'tensorrt-edgellm[export]==0.11.0' (never [tools]: its CUDA torchvision "
+                            "breaks CPU torch); ./bootstrap.sh installs it") from None
+    from modelopt.torch.export import export_hf_checkpoint
+    from transformers import AutoTokenizer
+
+    hf = out / "hf-checkpoint"
+    model = load_quantized(model_dir, quant_dir, "cpu", consume=True).half()   # the unified export is fp16
+    export_hf_checkpoint(model, export_dir=hf)
+    layers = model.config.num_hidden_layers
+    plugin = int4_plugin_version(model) if weights == "int4_awq" else None
+    del model
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(hf)
+    if not (hf / "chat_template.jinja").is_file() and "chat_template" not in json.loads(
+            (hf / "tokenizer_config.json").read_text()):
+        raise PipelineError(f"{model_dir}: the tokenizer has no chat template; Edge-LLM's runtime needs one",
+                            "use the instruct model's repository, or add chat_template.jinja to the local model")
+
+    sm = int(round(float(target_sm) * 10))
+    set_int4_gemm_plugin_version(plugin or 2)
+    set_nvfp4_a16_export_target_sm(sm)
+    from pipeline.plan import speculative
+
+    onnx_dir = out / ONNX_DIR / (speculative.ONNX_BASE if draft_dir else "")
+    onnx_dir.mkdir(parents=True)
+    eagle = {"eagle_base": True, "eagle_draft_dir": str(draft_dir)} if draft_dir else {}
+    export_onnx(AutoModel.from_pretrained(str(hf), device="cpu", **eagle), str(onnx_dir / "model.onnx"),
+                model_dir=str(hf))
+    graph = check_onnx(onnx_dir, weights, layers, plugin, speculative.BASE_EXTRA_OUTPUTS if draft_dir else ())
+    spec = None
+    if draft_dir:
+        draft_graph = speculative.export_draft(draft_dir, out / ONNX_DIR / speculative.ONNX_DRAFT)
+        draft_cfg = json.loads((out / ONNX_DIR / speculative.ONNX_DRAFT / "config.json").read_text())
+        spec = {"method": "eagle3", "draft_weights": speculative.DRAFT_WEIGHTS,
+                "draft_vocab_size": draft_cfg.get("draft_vocab_size"),
+                "base_hidden_state_layers": json.loads((onnx_dir / "config.json").read_text())
+                .get("eagle_hidden_state_layers"), "draft_onnx": draft_graph}
+    quant = json.loads((hf / "hf_quant_config.json").read_text())["quantization"] \
+        if (hf / "hf_quant_config.json").is_file() else {}
+    runtime_cfg = json.loads((onnx_dir / "config.json").read_text())
+    shutil.rmtree(hf)        # the kit carries the ONNX; the unified checkpoint is rebuilt from the state if needed
+    return {"edgellm": {
+        "weights": weights, "kv_cache": kv_cache, "quant_algo": quant.get("quant_algo"),
+        "kv_cache_quant_algo": quant.get("kv_cache_quant_algo"), "group_size": quant.get("group_size"),
+        "kv_cache_dtype": runtime_cfg.get("kv_cache_dtype"), "target_sm": sm,
+        "int4_gemm_plugin_version": plugin,
+        "externalized_weights": [], "onnx": graph, "speculative": spec,
+        "versions": {d: _version(d) for d in ("tensorrt-edgellm", "nvidia-modelopt", "transformers", "onnx")}}}

@@ -1,0 +1,105 @@
+"""Reference outputs ("goldens") for the device to match, and the accuracy report of a quantization.
+
+Both come from the calibrated model saved by the quantize stage, which computes exactly what the exported checkpoint
+computes (see quantize.fuse_for_export): goldens are what a correct engine must reproduce, up to fp16 arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+GOLDENS = "goldens.json"
+HELDOUT = "heldout-en"
+
+
+def greedy(model, ids: list[int], max_new_tokens: int, top_k: int, eos: int | None) -> dict:
+    import torch
+
+    out = model.generate(torch.tensor([ids], device=model.device), max_new_tokens=max_new_tokens, do_sample=False,
+                         output_logits=True, return_dict_in_generate=True, eos_token_id=eos, pad_token_id=eos)
+    new = out.sequences[0, len(ids):].tolist()
+    steps = []
+    for logits in out.logits:
+        lp = torch.log_softmax(logits[0].float(), -1)
+        vals, idx = lp.topk(top_k)
+        steps.append([[int(i), round(float(v), 5)] for i, v in zip(idx, vals)])
+    return {"output_ids": new, "top_logprobs": steps}
+
+
+def make_goldens(model, tokenizer, validation: dict) -> dict:
+    """Greedy completions and per-step top-k log-probs for every validation prompt."""
+    prompts = []
+    for prompt in validation["prompts"]:
+        ids = tokenizer(prompt)["input_ids"]
+        g = greedy(model, ids, validation["max_new_tokens"], validation["top_k_logprobs"], tokenizer.eos_token_id)
+        prompts.append({"prompt": prompt, "input_ids": ids, **g,
+                        "text": tokenizer.decode(g["output_ids"], skip_special_tokens=True)})
+    return {"format": "jetson-goldens/1", "max_new_tokens": validation["max_new_tokens"],
+            "min_token_agreement": validation["min_token_agreement"], "top_k": validation["top_k_logprobs"],
+            "eos_token_id": tokenizer.eos_token_id, "prompts": prompts}
+
+
+def token_agreement(golden: list[int], produced: list[int]) -> float:
+    """Fraction of golden tokens reproduced up to the first divergence (greedy decoding diverges for good after)."""
+    n = 0
+    for a, b in zip(golden, produced):
+        if a != b:
+            break
+        n += 1
+    return n / max(1, len(golden))
+
+
+def _windows(tokenizer, seq_len: int) -> list[list[int]]:
+    from pipeline.workstation.tinymodel import corpus_text
+
+    ids = tokenizer(corpus_text(HELDOUT), add_special_tokens=False)["input_ids"]
+    return [ids[i:i + seq_len] for i in range(0, max(1, len(ids) - 1), seq_len) if len(ids[i:i + seq_len]) > 1]
+
+
+def accuracy_report(original, quantized, tokenizer, seq_len: int = 256) -> dict:
+    """Perplexity of both models on held-out text shipped with the repo, logit cosine and top-1 agreement."""
+    import torch
+
+    nll = {"original": 0.0, "quantized": 0.0}
+    count, cos_sum, agree = 0, 0.0, 0
+    with torch.no_grad():
+        for w in _windows(tokenizer, seq_len):
+            x = torch.tensor([w], device=original.device)
+            lo, lq = original(x).logits[0].float(), quantized(x).logits[0].float()
+            target = x[0, 1:]
+            for name, lg in (("original", lo), ("quantized", lq)):
+                nll[name] += float(torch.nn.functional.cross_entropy(lg[:-1], target, reduction="sum"))
+            cos_sum += float(torch.nn.functional.cosine_similarity(lo, lq, dim=-1).sum())
+            agree += int((lo.argmax(-1) == lq.argmax(-1)).sum())
+            count += len(w)
+    predicted = count - len(_windows(tokenizer, seq_len))
+    ppl = {k: math.exp(v / predicted) for k, v in nll.items()}
+    return {"heldout": HELDOUT, "tokens": count, "perplexity_original": round(ppl["original"], 4),
+            "perplexity_quantized": round(ppl["quantized"], 4),
+            "perplexity_change": round(ppl["quantized"] / ppl["original"] - 1, 4),
+            "logit_cosine": round(cos_sum / count, 6), "top1_agreement": round(agree / count, 6)}
+
+
+def advice(report: dict, weights: str) -> str:
+    change = report["perplexity_change"]
+    if change <= 0.02 and report["top1_agreement"] >= 0.95:
+        return f"{weights} keeps the model's behaviour: perplexity {change:+.1%}, top-1 agreement " \
+               f"{report['top1_agreement']:.1%}."
+    alt = "int8_sq or int8_wo (Orin), fp8 (Thor)" if weights in ("int4_awq", "w4a8_awq", "nvfp4") else "fp16"
+    return f"{weights} changes the model measurably: perplexity {change:+.1%}, top-1 agreement " \
+           f"{report['top1_agreement']:.1%}. If validation answers degrade, try {alt}, more calibration samples, " \
+           "or calibration text closer to your prompts."
+
+
+def write_report(out: Path, report: dict, weights: str, recipe: str) -> None:
+    report = {**report, "advice": advice(report, weights), "weights": weights, "recipe": recipe}
+    (out / "accuracy.json").write_text(json.dumps(report, indent=1) + "\n")
+    md = [f"# Accuracy: {recipe} ({weights})", "",
+          "| metric | original | quantized |", "|---|---|---|",
+          f"| perplexity ({report['heldout']}, {report['tokens']} tokens) | {report['perplexity_original']} | "
+          f"{report['perplexity_quantized']} ({report['perplexity_change']:+.2%}) |",
+          f"| logit cosine vs original | 1 | {report['logit_cosine']} |",
+          f"| top-1 agreement vs original | 1 | {report['top1_agreement']:.2%} |", "", report["advice"], ""]
+    (out / "accuracy.md").write_text("\n".join(md))

@@ -1,0 +1,174 @@
+"""Builtin tiny models, made locally and offline: a real Hugging Face checkpoint (config, safetensors, tokenizer).
+
+The hub is unreachable in CI and on many workstations, yet every stage after fetch needs a real checkpoint. A
+builtin is a transformers model of a known architecture with a BPE tokenizer trained on the corpus shipped in
+pipeline/data/corpus, briefly trained on that corpus so that its next-token distributions are peaked like a real
+model's (random weights give near-uniform logits, where top-1 comparisons are meaningless).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CORPUS_DIR = Path(__file__).parents[1] / "data" / "corpus"
+
+
+@dataclass(frozen=True)
+class Builtin:
+    architecture: str           # transformers class name
+    config: dict                # transformers config kwargs
+    vocab_size: int = 1000      # tokenizer vocabulary the BPE trainer aims for; the model's vocab_size matches it
+    train_steps: int = 300
+    seed: int = 0
+    notes: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 128, "rope_theta": 500000.0}
+
+BUILTINS: dict[str, Builtin] = {
+    # Llama 3.x in miniature: GQA, llama3 rope scaling, untied lm_head.
+    "tiny-llama": Builtin("LlamaForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, rope_parameters=_LLAMA3_ROPE, tie_word_embeddings=False,
+        rms_norm_eps=1e-5), notes="Llama-3-style, hidden 64"),
+    # Hidden 96: INT4 group size 128 and 64 do not divide it, 32 does (the planner must pick 32).
+    "tiny-llama-h96": Builtin("LlamaForCausalLM", dict(
+        hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False, rms_norm_eps=1e-5), notes="hidden 96, not a multiple of 64 or 128"),
+    # Qwen2 in miniature: q/k/v bias, tied embeddings.
+    "tiny-qwen2": Builtin("Qwen2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=True, rms_norm_eps=1e-6), notes="Qwen2-style, tied embeddings, qkv bias"),
+}
+
+
+@dataclass(frozen=True)
+class DraftBuiltin:
+    base: str                   # the builtin whose tokenizer and hidden size the draft is made for
+    draft_vocab_size: int = 256
+    intermediate_size: int = 128
+    seed: int = 0
+    notes: str = ""
+
+
+# EAGLE-3 drafts in miniature: the layout of a real draft with random weights (formats and plumbing, not acceptance).
+DRAFT_BUILTINS: dict[str, DraftBuiltin] = {
+    "tiny-llama-eagle3": DraftBuiltin("tiny-llama", notes="EAGLE-3 draft for tiny-llama, random weights"),
+}
+
+
+def corpus_text(name: str) -> str:
+    path = CORPUS_DIR / f"{name}.txt"
+    if not path.is_file():
+        known = ", ".join(p.stem for p in CORPUS_DIR.glob("*.txt"))
+        from pipeline.errors import PipelineError
+        raise PipelineError(f"no builtin corpus {name!r}", f"builtin corpora: {known}")
+    return path.read_text(encoding="utf-8")
+
+
+def train_tokenizer(vocab_size: int):
+    """A byte-level BPE tokenizer trained on the shipped corpus, deterministically."""
+    import os
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|bos|>", "<|eos|>", "<|pad|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    lines = corpus_text("calib-en").splitlines()
+    tok.train_from_iterator(lines, trainer=trainer)
+    return tok
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def materialize(name: str, out_dir: Path, progress=None) -> None:
+    """Write builtin `name` as a Hugging Face checkpoint directory into out_dir."""
+    import torch
+    import transformers
+    from transformers import PreTrainedTokenizerFast
+
+    spec = BUILTINS[name]
+    out_dir = Path(out_dir)
+    tok = train_tokenizer(spec.vocab_size)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
+                                   pad_token="<|pad|>")
+    # Like a real instruct model's: Edge-LLM's export requires a chat template (and writes it for its runtime).
+    fast.chat_template = CHAT_TEMPLATE
+    vocab = tok.get_vocab_size()
+    config_cls = getattr(transformers, spec.architecture.replace("ForCausalLM", "Config"))
+    config = config_cls(vocab_size=vocab, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+                        architectures=[spec.architecture], **spec.config)
+    torch.manual_seed(spec.seed)
+    model = getattr(transformers, spec.architecture)(config).float()
+    _train(model, fast, spec, progress)
+    model.eval()
+    model.generation_config.do_sample = False
+    model.save_pretrained(out_dir, safe_serialization=True)
+    fast.save_pretrained(out_dir)
+    (out_dir / "builtin.json").write_text(json.dumps({"builtin": name, "notes": spec.notes,
+                                                      "train_steps": spec.train_steps, "seed": spec.seed}, indent=1))
+
+
+def _train(model, tokenizer, spec: Builtin, progress) -> None:
+    """A few hundred steps of next-token training on the shipped corpus (seconds on one CPU core)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: the same bits on every machine
+    try:
+        ids = torch.tensor(tokenizer(corpus_text("calib-en"))["input_ids"], dtype=torch.long)
+        seq, batch = 32, 16
+        gen = torch.Generator().manual_seed(spec.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+        model.train()
+        for step in range(spec.train_steps):
+            starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=gen)
+            x = torch.stack([ids[s:s + seq] for s in starts])
+            loss = model(input_ids=x, labels=x).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if progress:
+                progress(step + 1, spec.train_steps, loss.item())
+    finally:
+        torch.set_num_threads(threads)
+
+
+def materialize_draft(name: str, out_dir: Path) -> None:
+    """Write builtin EAGLE-3 draft `name`; its draft vocabulary is the base tokenizer's most frequent corpus tokens."""
+    from collections import Counter
+
+    import torch
+
+    from pipeline.plan.speculative import DraftShape, write_builtin
+
+    spec = DRAFT_BUILTINS[name]
+    base = BUILTINS[spec.base]
+    tok = train_tokenizer(base.vocab_size)
+    vocab = tok.get_vocab_size()
+    counts = Counter(tok.encode(corpus_text("calib-en")).ids)
+    top = sorted(t for t, _ in counts.most_common(spec.draft_vocab_size))
+    top += sorted(set(range(vocab)) - set(top))[:spec.draft_vocab_size - len(top)]   # a tiny corpus may lack some
+    c = base.config
+    shape = DraftShape(hidden_size=c["hidden_size"], num_layers=1, num_heads=c["num_attention_heads"],
+                       num_kv_heads=c["num_key_value_heads"], head_dim=c["hidden_size"] // c["num_attention_heads"],
+                       intermediate_size=spec.intermediate_size, vocab_size=vocab,
+                       draft_vocab_size=spec.draft_vocab_size, target_hidden_size=c["hidden_size"])
+    rope = c.get("rope_parameters", {})
+    write_builtin(shape, torch.tensor(sorted(top)), Path(out_dir),
+                  {"rms_norm_eps": c["rms_norm_eps"], "max_position_embeddings": c["max_position_embeddings"],
+                   "rope_theta": rope.get("rope_theta", 10000.0), "hidden_act": "silu", "tie_word_embeddings": False},
+                  spec.seed)
+    (Path(out_dir) / "builtin.json").write_text(json.dumps({"builtin": name, "notes": spec.notes}, indent=1))

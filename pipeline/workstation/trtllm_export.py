@@ -1,0 +1,160 @@
+"""export (trtllm-0.12 backend): the quantized model as a TensorRT-LLM 0.12 checkpoint, fixed, validated, proven.
+
+ModelOpt 0.47's TensorRT-LLM converter (what its export_tensorrt_llm_checkpoint writes) gives names, dtypes and
+shapes as 0.12 reads them (FACTS.md) but, under transformers 5, omits rotary_base (TensorRT-LLM then silently uses
+10000) and rope scaling: both are set here from the original config.json, before anything is written. INT8
+weight-only follows 0.12's own flow: fp16 weights, quant_algo W8A16, quantized by TensorRT-LLM at engine load.
+The written checkpoint is validated against the 0.12 schema and read back by the independent reader; an export
+whose logits disagree with the calibrated model fails the stage.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.progress import StepTimer
+from pipeline.workstation.trtllm_checkpoint import ARCHITECTURES, CONFIG, WEIGHTS, validate
+
+MIN_COSINE = 0.999      # reader vs calibrated model; a packing or name-mapping bug lands far below this
+MIN_TOP1 = 0.99
+
+
+def rope_settings(raw: dict) -> tuple[float, dict | None]:
+    """(rotary_base, rotary_scaling) from an HF config: legacy rope_theta/rope_scaling or transformers 5's
+    rope_parameters. rotary_scaling is HF's rope_scaling dict, copied as TensorRT-LLM 0.12's converter copies it."""
+    params = raw.get("rope_parameters") or {}
+    base = raw.get("rope_theta", params.get("rope_theta", 10000.0))
+    scaling = raw.get("rope_scaling")
+    if scaling is None and params.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    return float(base), scaling
+
+
+def _merge_kv_scales(tensors: dict) -> None:
+    """ModelOpt 0.47 writes attention.k_cache_scaling_factor and v_cache_scaling_factor; TensorRT-LLM 0.12's
+    Attention has one kv_cache_scaling_factor (1,) float32. quantize made them equal; check that and merge."""
+    import torch
+
+    for k in [n for n in tensors if n.endswith(".attention.k_cache_scaling_factor")]:
+        v = k.replace(".k_cache_", ".v_cache_")
+        kt, vt = tensors.pop(k), tensors.pop(v)
+        if not torch.equal(kt, vt):
+            raise PipelineError(f"{k}: K and V cache scales differ ({kt.item()} vs {vt.item()}); TensorRT-LLM 0.12 "
+                                "has one scale per layer", "re-run the quantize stage (it unifies them)")
+        tensors[k.replace(".k_cache_", ".kv_cache_")] = kt.float().reshape(1)
+
+
+def convert(model, decoder_type: str) -> tuple[dict, dict]:
+    """(config, tensors) of a one-rank TensorRT-LLM checkpoint, from ModelOpt's converter.
+
+    What ModelOpt's export_tensorrt_llm_checkpoint does before writing, kept in memory so that export fixes the
+    config and merges the KV scales before anything is written, and frees the model before the write (a 3B model
+    in fp32 on a 24 GB machine otherwise pushes the just-written checkpoint out of the page cache, and the reader
+    check then reads it back from disk). The one difference: exclude_modules is sorted (ModelOpt writes a set's
+    order, which changes from run to run and so would the checkpoint's digest)."""
+    import torch
+    from modelopt.torch.export.model_config_export import torch_to_tensorrt_llm_checkpoint
+
+    # without grad: ModelOpt's converter computes on the parameters, and autograd would keep each one alive (saved
+    # for backward) for as long as the tensors made from it: 12.8 GB of a 3B fp32 model through the write
+    with torch.no_grad():
+        ranks = list(torch_to_tensorrt_llm_checkpoint(model=model, decoder_type=decoder_type, dtype=torch.float16,
+                                                      inference_tensor_parallel=1, inference_pipeline_parallel=1))
+    (cfg, tensors, quant_config), = ranks           # one rank: tp = pp = 1
+    if "quantized_layers" in quant_config:
+        # ModelOpt's per-layer form: MIXED_PRECISION (AutoQuantize; recipes never make it), or no layer quantized
+        # (fp16, and int8_wo's disabled weight quantizers). ModelOpt then also writes quant_cfg.json, which
+        # TensorRT-LLM 0.12 reads only for MIXED_PRECISION (PretrainedConfig.from_json_file): not written here.
+        if quant_config["quant_algo"] == "MIXED_PRECISION":
+            raise PipelineError("per-layer mixed quantization has no TensorRT-LLM 0.12 export here",
+                                "use one weight format per recipe")
+        cfg["quantization"] = {k: quant_config[k] for k in ("quant_algo", "kv_cache_quant_algo")}
+    else:
+        cfg["quantization"]["exclude_modules"] = sorted(set(cfg["quantization"].get("exclude_modules") or []))
+    return cfg, tensors
+
+
+def check_architecture(raw: dict, source: str) -> str:
+    arch = (raw.get("architectures") or ["?"])[0]
+    if arch not in ARCHITECTURES:
+        raise PipelineError(f"{source}: architecture {arch} has no TensorRT-LLM 0.12 exporter here",
+                            f"supported: {', '.join(ARCHITECTURES)}; Qwen3 and newer go through Edge-LLM "
+                            "(backend = 'edgellm' on JetPack 7.2 / Thor)")
+    return arch
+
+
+def export_device(model_dir: Path) -> str:
+    """Export where the model was calibrated when one GPU holds it in fp32 (ModelOpt's usual flow, and the
+    reference and reader forwards take seconds there, minutes on a CPU); else on the CPU."""
+    import torch
+
+    from pipeline.workstation.placement import checkpoint_bytes
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    free = torch.cuda.mem_get_info(0)[0]
+    return "cuda" if checkpoint_bytes(model_dir, 4) * 1.3 < free else "cpu"
+
+
+def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids: list[int]) -> dict:
+    import gc
+
+    import torch
+    from safetensors.torch import save_file
+
+    from pipeline.workstation.cpu_linear import skinny_linears
+    from pipeline.workstation.grid import weights_on_grid
+    from pipeline.workstation.quantize import import_modelopt, load_quantized
+    from pipeline.workstation.reader import CheckpointModel, agreement
+
+    import_modelopt()
+    import modelopt.torch.quantization as mtq
+
+    raw = json.loads((model_dir / "config.json").read_text())
+    arch = check_architecture(raw, str(model_dir / "config.json"))
+    timer = StepTimer()
+    device = export_device(model_dir)
+    with timer("load"):
+        model = load_quantized(model_dir, quant_dir, device, consume=True)
+    calibrated_in_fp16 = next(model.parameters()).dtype == torch.float16
+    ids = torch.tensor(probe_ids, device=device)
+    with timer("reference"), torch.no_grad(), skinny_linears():
+        # fp32 on either device: the reference and the reader then differ by summation order only. A model
+        # calibrated in fp16 (GPU) holds fp16 values only, so it goes back to fp16 exactly for the export.
+        with weights_on_grid(model.float()):
+            reference = model(ids[None]).logits[0].float()
+        if calibrated_in_fp16:
+            model.half()
+    if weights == "int8_wo":
+        mtq.disable_quantizer(model, "*weight_quantizer")   # export fp16 weights; TensorRT-LLM quantizes at load
+    model.config.architectures = [arch]
+    with timer("export"):
+        cfg, tensors = convert(model, ARCHITECTURES[arch])
+    del model          # before the write: the page cache then keeps the checkpoint for the reader below
+    gc.collect()
+    with timer("fix"):
+        base, scaling = rope_settings(raw)
+        cfg["rotary_base"] = base
+        if scaling:
+            cfg["rotary_scaling"] = scaling
+        if weights == "int8_wo":
+            cfg["quantization"]["quant_algo"] = "W8A16"
+        _merge_kv_scales(tensors)
+    with timer("write"):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / CONFIG).write_text(json.dumps(cfg, indent=4))
+        save_file(tensors, str(out / WEIGHTS))      # as ModelOpt writes it
+        del tensors
+        validate(out)
+    with timer("reader"):
+        vocab = raw["vocab_size"]
+        check = agreement(reference[:, :vocab].cpu(), CheckpointModel(out, device).logits(ids)[:, :vocab].cpu())
+    if check["logit_cosine"] < MIN_COSINE or check["top1_tie_aware"] < MIN_TOP1:
+        raise PipelineError(f"exported checkpoint disagrees with the calibrated model: {check}",
+                            "this is a bug in the export path; please report it with the recipe")
+    return {"trtllm": {"quant_algo": cfg["quantization"]["quant_algo"],
+                       "kv_cache_quant_algo": cfg["quantization"].get("kv_cache_quant_algo"),
+                       "rotary_base": base, "rotary_scaling": scaling, "reader_check": check,
+                       "seconds": timer.seconds}}
