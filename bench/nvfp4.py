@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> int:
     import torch
 
-    from pipeline.workstation.quantize import load_quantized, quantize
+    from pipeline.workstation.quantize import quantize
     from pipeline.workstation.tinymodel import materialize
 
     ap = argparse.ArgumentParser(description=__doc__)
@@ -40,7 +40,7 @@ def main() -> int:
 
     from pipeline.workstation.edgellm_export import export
     t = time.perf_counter()
-    exported = export(model_dir, qdir, edir, "nvfp4", "fp8", "11.0")["edgellm"]
+    exported = export(model_dir, qdir, edir, "nvfp4", "fp8", "11.0")["export"]
     t_export = time.perf_counter() - t
     print(json.dumps({"gpu": torch.cuda.get_device_name(), "model": args.builtin, "device": info["device"],
                       "calibrate_s": round(t_quant, 2), "calibrate_steps_s": info["seconds"],

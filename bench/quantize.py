@@ -6,7 +6,8 @@
 The model has Llama-3.2-3B's shape (pipeline/data/model_configs.toml) and random weights, so nothing is downloaded.
   plain     load -> mtq.quantize -> export_tensorrt_llm_checkpoint, as a ModelOpt user would write it (as
             ModelOpt's own PTQ example: no calibration data for weight-only int8_wo, which needs none).
-  pipeline  pipeline.workstation.quantize.quantize (calibrate, fuse for export, save state) then pipeline.workstation.trtllm_export.export
+  pipeline  pipeline.workstation.quantize.quantize (calibrate, fuse for export, save state) then
+            pipeline.workstation.trtllm_export.export
             (restore, export, fix config, validate schema, independent-reader check), as the doit stages run them.
 Each runs in its own process (peak host memory = that process's max RSS; GPU: max allocated). Prints wall time,
 peak memory and the pipeline/plain ratio.
@@ -15,6 +16,7 @@ peak memory and the pipeline/plain ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -40,6 +42,8 @@ def make_model(out: Path, shape: str | dict) -> None:
     from pipeline.plan.perf import known_model_configs
     from pipeline.workstation.tinymodel import train_tokenizer
 
+    if shape == "tiny":         # the warm-up model's shape: seconds on a CPU (bench/smoke.py)
+        shape = WARMUP_SHAPE
     cfg = dict(known_model_configs()[shape]) if isinstance(shape, str) else dict(shape)
     cfg.pop("architectures", None)
     torch.manual_seed(0)
@@ -50,14 +54,14 @@ def make_model(out: Path, shape: str | dict) -> None:
 
 
 def run_plain(model_dir: Path, out: Path, weights: str, group: int | None, cal: dict) -> None:
-    import torch
     import modelopt.torch.quantization as mtq
+    import torch
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
     from modelopt.torch.quantization.config import need_calibration
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.workstation.calibration import load_texts, token_windows
     from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+    from pipeline.workstation.calibration import load_texts, token_windows
     from pipeline.workstation.quantize import modelopt_config
 
     steps, t = {}, time.perf_counter()
@@ -104,7 +108,7 @@ def run_pipeline(model_dir: Path, out: Path, weights: str, group: int | None, ca
     t1 = time.perf_counter()
     probe = AutoTokenizer.from_pretrained(model_dir)(" ".join(load_texts("builtin:heldout-en")))["input_ids"][:32]
     t2 = time.perf_counter()
-    info = export(model_dir, qdir, edir, weights, probe)["trtllm"]
+    info = export(model_dir, qdir, edir, weights, probe)["export"]
     t3 = time.perf_counter()
     print(json.dumps({"steps": {"quantize": steps, "export": info["seconds"],
                                 "walls": {"quantize": round(t1 - t0, 2), "probe": round(t2 - t1, 2),
@@ -125,16 +129,15 @@ def child(which: str, model_dir: str, out: str, weights: str, group: str, cal: s
 
 
 def drop_page_cache() -> None:
-    try:
+    with contextlib.suppress(OSError):  # not root: both runs still start after the same sync and cache warm-up
         Path("/proc/sys/vm/drop_caches").write_text("1")
-    except OSError:
-        pass     # not root: both runs still start after the same sync and cache warm-up
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--weights", default=None, help="int8_wo on CPU, int4_awq on a GPU by default")
-    ap.add_argument("--shape", default="meta-llama/Llama-3.2-3B-Instruct")
+    ap.add_argument("--shape", default="meta-llama/Llama-3.2-3B-Instruct",
+                    help="a repo of pipeline/data/model_configs.toml, or 'tiny' (a smoke run)")
     ap.add_argument("--samples", type=int, default=None)
     ap.add_argument("--seq-len", type=int, default=None)
     ap.add_argument("--workdir", default=None, help="where to write the model and outputs (default: a temp dir)")
@@ -197,7 +200,8 @@ def main() -> int:
         if which not in results or run["wall_s"] < results[which]["wall_s"]:
             results[which] = run
     p, q = results["plain"], results["pipeline"]
-    print(f"\nminimum of {args.repeat} run(s) each; {weights} on {'cuda: ' + torch.cuda.get_device_name() if gpu else 'cpu'}, {args.shape} shape, "
+    where = "cuda: " + torch.cuda.get_device_name() if gpu else "cpu"
+    print(f"\nminimum of {args.repeat} run(s) each; {weights} on {where}, {args.shape} shape, "
           f"{cal['samples']}x{cal['seq_len']} calibration tokens")
     print(f"{'':<10}{'wall s':>10}{'peak RSS GB':>14}{'peak GPU GB':>14}")
     for name, r in (("plain", p), ("pipeline", q)):

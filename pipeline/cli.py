@@ -17,22 +17,47 @@ The workstation half runs through doit:  doit build recipe=NAME   (doit list sho
 Exit status: 0 ok, 1 refused (the plan says why), 2 bad input or environment."""
 
 
+# `plan` flags that describe an ad-hoc deployment; a recipe sets each of them itself (flag -> argparse dest)
+AD_HOC_FLAGS = {"--quant": "quant", "--kv-quant": "kv_quant", "--max-seq": "max_seq", "--max-input": "max_input",
+                "--batch": "batch", "--group-size": "group_size", "--power-mode": "power_mode"}
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _plan_cmd(args) -> int:
     from pipeline.plan.memory import Limits
-    from pipeline.plan.shapes import load_shape
     from pipeline.plan.planner import PlanRequest, make_plan, render_table
+    from pipeline.plan.shapes import load_shape
     from pipeline.plan.targets import get_target
 
     if args.recipe and args.model_config:
         raise PipelineError("give a recipe or --model-config, not both")
     if args.recipe:
         from pipeline.graph.stages import fetch_spec
-        from pipeline.plan.planner import model_config_for, plan_recipe
+        from pipeline.plan.planner import config_for, plan_recipe
         from pipeline.plan.recipe import load_recipe
 
+        ignored = [flag for flag, dest in AD_HOC_FLAGS.items() if getattr(args, dest) is not None]
+        if ignored:
+            verb = "applies" if len(ignored) == 1 else "apply"
+            raise PipelineError(f"{', '.join(ignored)} {verb} to plans from --model-config; the recipe "
+                                f"{args.recipe} sets {'it' if len(ignored) == 1 else 'them'}",
+                                "edit the recipe, or plan ad hoc with --model-config")
         recipe = load_recipe(args.recipe)
+        if args.target and args.target not in recipe.targets:
+            raise PipelineError(f"--target {args.target}: not one of the recipe's targets "
+                                f"({', '.join(recipe.targets)})", "add it to the recipe's targets first")
         targets = [args.target] if args.target else list(recipe.targets)
-        config, source = model_config_for(recipe, fetch_spec(recipe).dir / "model")
+        config, source = config_for(recipe, "model", fetch_spec(recipe).dir / "model")
         plans = [plan_recipe(recipe, t, config, source, backend=args.backend) for t in targets]
     else:
         missing = [f for f, v in (("--model-config", args.model_config), ("--quant", args.quant),
@@ -43,11 +68,11 @@ def _plan_cmd(args) -> int:
         target = get_target(args.target)
         shape = load_shape(args.model_config)
         seq = args.max_seq or min(2048, shape.max_position_embeddings)
-        limits = Limits(args.batch, args.max_input or max(1, seq // 2), seq)
+        limits = Limits(args.batch or 1, args.max_input or max(1, seq // 2), seq)
         if limits.max_input_len >= limits.max_seq_len:
             raise PipelineError(f"--max-input {limits.max_input_len} must be below --max-seq {limits.max_seq_len}")
         plans = [make_plan(PlanRequest(shape=shape, model_label=str(args.model_config), weights=args.quant,
-                                       kv_cache=args.kv_quant, target=target, limits=limits,
+                                       kv_cache=args.kv_quant or "fp16", target=target, limits=limits,
                                        backend=args.backend, group_size=args.group_size,
                                        power_mode=args.power_mode))]
     if args.json:
@@ -154,8 +179,8 @@ def _trust_cmd(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pipeline import backends
     from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
-    from pipeline.plan.targets import BACKENDS
 
     parser = argparse.ArgumentParser(prog="python -m pipeline", description="Deploy LLMs to NVIDIA Jetson.",
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -171,12 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", nargs="?", help="recipe name (recipes/NAME.toml) or path to a .toml")
     p.add_argument("--model-config", metavar="PATH", help="a Hugging Face config.json (or its directory)")
     p.add_argument("--quant", choices=list(WEIGHT_FORMATS), help="weight format")
-    p.add_argument("--kv-quant", choices=list(KV_FORMATS), default="fp16", help="KV-cache format (default fp16)")
+    p.add_argument("--kv-quant", choices=list(KV_FORMATS), help="KV-cache format (default fp16)")
     p.add_argument("--target", help="target id (see `python -m pipeline targets`); with a recipe: one of its targets")
-    p.add_argument("--backend", choices=list(BACKENDS), help="engine backend (default: first stack that fits)")
-    p.add_argument("--max-seq", type=int, help="max sequence length (default min(2048, model max))")
-    p.add_argument("--max-input", type=int, help="max input length (default half of --max-seq)")
-    p.add_argument("--batch", type=int, default=1, help="max batch size (default 1)")
+    p.add_argument("--backend", choices=list(backends.NAMES), help="engine backend (default: first stack that fits)")
+    p.add_argument("--max-seq", type=positive_int, help="max sequence length (default min(2048, model max))")
+    p.add_argument("--max-input", type=positive_int, help="max input length (default half of --max-seq)")
+    p.add_argument("--batch", type=positive_int, help="max batch size (default 1)")
     p.add_argument("--group-size", type=int, choices=(16, 32, 64, 128), help="INT4 group size (default: auto)")
     p.add_argument("--power-mode", help="nvpmodel mode for the prediction (default: the fastest)")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -87,7 +87,13 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         return value
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(tp):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        rest = [o for o in options if o is not type(None)]
+        if len(rest) == 1:          # X | None with a value: X's own error names the innermost field
+            return _convert(rest[0], value, where)
+        for option in rest:
             try:
                 return _convert(option, value, where)
             except ContractError:
@@ -319,8 +325,7 @@ class KitManifest(Record):
     quant: dict[str, Any] | None = None
     limits: dict[str, Any] | None = None
     versions: dict[str, str] | None = None
-    reader_check: dict[str, Any] | None = None
-    edgellm: dict[str, Any] | None = None
+    export: dict[str, Any] | None = None       # the backend export's own record (quant algo, checks, versions)
     compat: Compat | None = None
     built_on: dict[str, Any] | None = None
     kit: dict[str, Any] | None = None

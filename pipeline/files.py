@@ -50,10 +50,11 @@ def read_regular(path: Path, limit: int) -> bytes:
     except OSError as exc:      # ELOOP: a symlink; EACCES; ENXIO: a FIFO or socket with no writer
         raise PipelineError(f"{path}: cannot be opened as a regular file ({exc.strerror})",
                             "replace it with the file itself") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise PipelineError(f"{path}: not a regular file", "replace it with the file itself")
     with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PipelineError(f"{path}: not a regular file", "replace it with the file itself")
         if st.st_size > limit:
             raise PipelineError(f"{path}: {st.st_size} bytes, more than the {limit} such a file may have",
                                 "this is not the file the pipeline wrote: replace it")

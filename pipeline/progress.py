@@ -1,15 +1,42 @@
-"""Progress for long stages: a tqdm bar on a terminal, sparse plain lines in logs (CI, ssh, doit's captured output)."""
+"""Progress for long stages: a tqdm bar on a terminal, sparse plain lines in logs (CI, ssh, doit's captured output).
+
+While a doit stage runs, its stdout and stderr go to the stage's log (pipeline.graph.terminal); `terminal()` is
+where the user is looking: the stream our own lines and progress bars are written to.
+"""
 
 from __future__ import annotations
 
 import sys
 import time
+from typing import TextIO
+
+_terminal: TextIO | None = None          # where stderr pointed before a stage's output went to its log
+_terminal_out: TextIO | None = None      # where stdout pointed
+PLAIN_INTERVAL_S = 30       # a plain (non-terminal) progress line at most this often: CI logs stay short
+
+
+def terminal() -> TextIO:
+    """The user's stderr: errors and progress bars."""
+    return _terminal or sys.stderr
+
+
+def terminal_out() -> TextIO:
+    """The user's stdout: one line per finished stage."""
+    return _terminal_out or sys.stdout
+
+
+def set_terminal(err: TextIO | None, out: TextIO | None = None) -> tuple[TextIO | None, TextIO | None]:
+    """Make `err`/`out` the user's terminal (None: sys.stderr/sys.stdout again); returns the previous pair."""
+    global _terminal, _terminal_out
+    previous = (_terminal, _terminal_out)
+    _terminal, _terminal_out = err, out
+    return previous
 
 
 class Progress:
     def __init__(self, label: str, unit: str = "it", stream=None):
         self.label, self.unit = label, unit
-        self.stream = stream or sys.stderr
+        self.stream = stream or terminal()
         self._bar = None
         self._last = 0.0
         self._start = time.monotonic()
@@ -32,7 +59,7 @@ class Progress:
             self._bar.refresh()
             return
         now = time.monotonic()
-        if now - self._last >= 5 or (total is not None and done >= total):
+        if now - self._start >= PLAIN_INTERVAL_S and now - self._last >= PLAIN_INTERVAL_S:
             self._last = now
             of = f"/{total}" if total else ""
             print(f"[{self.label}] {done}{of} {self.unit} {note} ({now - self._start:.0f}s)".rstrip(),

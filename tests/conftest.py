@@ -21,11 +21,14 @@ def write_checkpoint(path: Path, hidden=64, layers=2, heads=4, kv_heads=2, inter
     path.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     hd = hidden // heads
-    t = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,), "lm_head.weight": (vocab, hidden)}
+    t = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,),
+         "lm_head.weight": (vocab, hidden)}
     for i in range(layers):
         p = f"model.layers.{i}."
-        t.update({p + "self_attn.q_proj.weight": (heads * hd, hidden), p + "self_attn.k_proj.weight": (kv_heads * hd, hidden),
-                  p + "self_attn.v_proj.weight": (kv_heads * hd, hidden), p + "self_attn.o_proj.weight": (hidden, heads * hd),
+        t.update({p + "self_attn.q_proj.weight": (heads * hd, hidden),
+                  p + "self_attn.k_proj.weight": (kv_heads * hd, hidden),
+                  p + "self_attn.v_proj.weight": (kv_heads * hd, hidden),
+                  p + "self_attn.o_proj.weight": (hidden, heads * hd),
                   p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
                   p + "mlp.down_proj.weight": (hidden, inter), p + "input_layernorm.weight": (hidden,),
                   p + "post_attention_layernorm.weight": (hidden,)})

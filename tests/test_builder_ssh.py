@@ -20,8 +20,9 @@ DOUBLES = Path(__file__).parent / "doubles"
 FIX = Path(__file__).parent / "fixtures" / "devices"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
-pytestmark = pytest.mark.skipif(not Path(SSHD).exists(), reason="needs OpenSSH's sshd (Debian openssh-server; "
-                                                                 ".ci/run installs it)")
+pytestmark = [pytest.mark.integration,      # runs doit and the device half as subprocesses
+              pytest.mark.skipif(not Path(SSHD).exists(), reason="needs OpenSSH's sshd (Debian openssh-server; "
+                                                                   "./bootstrap.sh --test-tools installs it)")]
 
 
 def _free_port() -> int:
@@ -44,7 +45,7 @@ def sshd(tmp_path):
         f"PidFile {d / 'sshd.pid'}\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nPermitRootLogin yes\n"
         "KbdInteractiveAuthentication no\nSubsystem sftp /usr/lib/openssh/sftp-server\n")
     Path("/run/sshd").mkdir(exist_ok=True)
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stderr=open(d / "log", "w"))
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stderr=open(d / "log", "w"))  # noqa: SIM115
     for _ in range(100):
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
@@ -74,7 +75,8 @@ def test_doit_build_through_an_ssh_builder(project, sshd, tmp_path):
     remote_python.chmod(0o755)
     env = dict(project.env, HF_HUB_OFFLINE="1", JETSON_PIPELINE_REMOTE_PYTHON=str(remote_python),
                JETSON_PIPELINE_REMOTE_DIR=str(tmp_path / "remote"),
-               JETSON_PIPELINE_SSH_OPTS=f"-i {d / 'client'} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null")
+               JETSON_PIPELINE_SSH_OPTS=f"-i {d / 'client'} -o StrictHostKeyChecking=no "
+                                        "-o UserKnownHostsFile=/dev/null")
     doit = [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py")]
     r = subprocess.run(doit + ["package", "recipe=tiny-ssh"], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -87,6 +89,7 @@ def test_doit_build_through_an_ssh_builder(project, sshd, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr + (d / "log").read_text()
     assert f"[builder] copying tiny-ssh@orin-nano-8gb to root@127.0.0.1:{tmp_path / 'remote'}/" in r.stderr
     assert "[device] kit tiny-ssh@orin-nano-8gb: signature and hashes OK" in r.stderr     # streamed back
+    assert "device   tiny-ssh: engine built and validated" in r.stdout
     results = project.artifacts / "tiny-ssh" / "device"
     import json
     report = json.loads((results / "tiny-ssh@orin-nano-8gb.report" / "report.json").read_text())
@@ -96,4 +99,6 @@ def test_doit_build_through_an_ssh_builder(project, sshd, tmp_path):
     assert (tmp_path / "remote" / "tiny-ssh@orin-nano-8gb.build" / "build.log").is_file()    # on the device
 
     again = subprocess.run(doit + ["build", "recipe=tiny-ssh"], env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and "-- device:tiny-ssh" in again.stdout       # up to date: not rebuilt
+    # up to date: not rebuilt (no device line, no builder copying the kit again)
+    assert again.returncode == 0 and "[builder]" not in again.stderr
+    assert not [line for line in again.stdout.splitlines() if line.startswith("device ")]

@@ -4,8 +4,8 @@ import fcntl
 
 import pytest
 
-from pipeline.graph.builders import SSHBuilder, first_free
 from pipeline.errors import PipelineError
+from pipeline.graph.builders import SSHBuilder, first_free
 
 
 def test_first_free_builder_skips_a_busy_one(tmp_path, monkeypatch):
@@ -15,7 +15,7 @@ def test_first_free_builder_skips_a_busy_one(tmp_path, monkeypatch):
         assert url == urls[0]
         with first_free(urls) as other:             # a second build while the first holds orin-a
             assert other == urls[1]
-    busy = open(tmp_path / ".locks" / "orin-b_2222.lock", "w")
+    busy = open(tmp_path / ".locks" / "orin-b_2222.lock", "w")  # noqa: SIM115 (held: the builder is busy)
     fcntl.flock(busy, fcntl.LOCK_EX)
     with first_free(urls) as url:
         assert url == urls[0]
@@ -39,3 +39,18 @@ def test_recipe_builder_list_is_checked(project):
     (project.recipes / "bad.toml").write_text(text.replace('builder = "offline"', 'builder = ["local"]'))
     r = project.cli("plan", "bad")
     assert r.returncode == 2 and "build.builder" in r.stderr and "a list of builders holds ssh:// URLs only" in r.stderr
+
+
+@pytest.mark.parametrize("url", ["ssh://a@b:x", "ssh://a@b:99999", "ssh://[::1", "ssh://a b"])
+def test_recipe_and_builder_agree_on_every_url(url):
+    """One grammar: a URL the recipe check accepts is one the builder parses (ssh://a@b:x once passed the recipe
+    and failed only after the whole workstation run)."""
+    from pipeline.plan.recipe import parse_recipe
+    from tests.test_recipe import base
+
+    data = base()
+    data["build"] = {"builder": url}
+    with pytest.raises(PipelineError, match=r"build\.builder"):
+        parse_recipe(data, "x.toml")
+    with pytest.raises(PipelineError, match="is not ssh://user@host"):
+        SSHBuilder.parse(url)

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from pipeline.kit.bundle import bundle_meta, pack_bundle
 from pipeline.errors import PipelineError
 from pipeline.kit.archive import check_kit, unpack
+from pipeline.kit.bundle import bundle_meta, pack_bundle
 from pipeline.kit.signing import SecretKey
 
 DEVICE = {"sm": "8.7", "tensorrt": "10.3.0", "jetpack": "6.2", "backend": "trtllm-0.12",

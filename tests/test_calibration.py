@@ -1,9 +1,8 @@
-import json
 
 import pytest
 
-from pipeline.workstation.calibration import load_texts, token_windows
 from pipeline.errors import PipelineError
+from pipeline.workstation.calibration import load_texts, token_windows
 from pipeline.workstation.evaluate import advice, token_agreement
 
 

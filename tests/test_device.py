@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration   # runs doit or the device half as subprocesses
+
 REPO = Path(__file__).resolve().parents[1]
 FIX = Path(__file__).parent / "fixtures" / "devices"
 DOUBLES = Path(__file__).parent / "doubles"
@@ -26,7 +28,7 @@ def kit(tmp_path_factory):
     project = Project(tmp_path_factory.mktemp("devkit") / "proj")
     (project.recipes / "tiny-llama-cpu.toml").write_text((REPO / "recipes" / "tiny-llama-cpu.toml").read_text())
     env = dict(project.env, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "package",
+    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "build",
                            "recipe=tiny-llama-cpu"], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return project, project.artifacts / "tiny-llama-cpu" / "kit" / "tiny-llama-cpu@orin-nano-8gb", proc.stdout
@@ -47,7 +49,9 @@ def device(project, kit, tmp, board="orin-nano-8gb-jp62-super", **extra_env):
 def test_device_builds_validates_and_bundles(kit, tmp_path):
     project, kit_dir, doit_out = kit
     plan = json.loads((project.artifacts / "tiny-llama-cpu" / "plan" / "plan.json").read_text())
-    assert f"python -m pipeline device {kit_dir}" in doit_out          # offline: the exact device command
+    # offline: where the kit is, and the device command where it will sit (not the workstation's path)
+    assert f"kit {kit_dir}" in doit_out and f"python -m pipeline transfer {kit_dir} /media/usb" in doit_out
+    assert "python -m pipeline device /media/usb/tiny-llama-cpu@orin-nano-8gb" in doit_out
     proc = device(project, kit_dir, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "made for orin-nano-8gb; this board is orin-nano-8gb-super (same SM 8.7)" in proc.stderr
@@ -137,7 +141,7 @@ def test_thor_kit_builds_with_llm_build_and_reports_text_agreement(project, tmp_
     answer = " (double: no engine was run)"
 
     def prefix(a, b):
-        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         return n / len(a)
     worst = round(min(prefix(p["text"], answer) for p in goldens["prompts"]), 4)
     assert check["check"] == "text agreement with goldens (worst prompt)" and check["measured"] == worst < 0.1
@@ -148,13 +152,13 @@ def test_build_timeout_and_ctrl_c_kill_the_builder(tmp_path):
     import signal
     import time
 
-    from pipeline.device.driver import run_logged
+    from pipeline.device.process import run_logged
     from pipeline.errors import PipelineError
 
     def alive(pid):
         try:
             os.kill(pid, 0)
-            return not Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
         except (ProcessLookupError, FileNotFoundError):
             return False
 
@@ -169,7 +173,7 @@ def test_build_timeout_and_ctrl_c_kill_the_builder(tmp_path):
     # then installs no KeyboardInterrupt handler: restore it, as an interactive terminal would have it
     code = (f"import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
             f"sys.path.insert(0, {str(REPO)!r}); from pathlib import Path; "
-            f"from pipeline.device.driver import run_logged; "
+            f"from pipeline.device.process import run_logged; "
             f"run_logged({cmd!r}, cwd=Path({str(tmp_path)!r}), log=Path({str(tmp_path / 'b.log')!r}), timeout=600)")
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
     for _ in range(100):

@@ -5,15 +5,19 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import REPO
+
 from pipeline.kit.archive import pack
 from pipeline.kit.signing import SecretKey
+
+pytestmark = pytest.mark.integration   # runs doit or the device half as subprocesses
+
 
 def _python310():
     """A working Python 3.10 (a pyenv shim may exist without the version being selected)."""
     from pathlib import Path
-    candidates = [shutil.which("python3.10")] + sorted(map(str, Path.home().glob(".pyenv/versions/3.10*/bin/python3.10")))
+    pyenv = sorted(map(str, Path.home().glob(".pyenv/versions/3.10*/bin/python3.10")))
+    candidates = [shutil.which("python3.10"), *pyenv]
     for c in filter(None, candidates):
         if subprocess.run([c, "--version"], capture_output=True).returncode == 0:
             return c
@@ -40,8 +44,8 @@ def test_verify_and_unpack_on_python310_without_torch(tmp_path):
     pack(src, tmp_path / "kit", "demo", "kit", key, zstd_level=1, part_size=20_000)
     (tmp_path / "k.pub").write_text(key.public.dump())
     env = dict(os.environ, JETSON_PIPELINE_HOME=str(tmp_path / "home"))
-    run = lambda *a: subprocess.run([str(py), "-m", "pipeline", *a], capture_output=True, text=True, env=env,
-                                    cwd=tmp_path)
+    def run(*a):
+        return subprocess.run([str(py), "-m", "pipeline", *a], capture_output=True, text=True, env=env, cwd=tmp_path)
     r = run("--help")
     assert r.returncode == 0 and "unpack" in r.stdout
     r = run("trust", str(tmp_path / "k.pub"))
@@ -51,3 +55,26 @@ def test_verify_and_unpack_on_python310_without_torch(tmp_path):
     r = run("unpack", str(tmp_path / "kit"), str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "rank0.safetensors").read_bytes() == (src / "rank0.safetensors").read_bytes()
+
+    # Every module of the halves that run on the device imports there, with the workstation's libraries blocked
+    # (a module that needs torch at import time would break `python -m pipeline device` on a Jetson).
+    code = r"""
+import importlib, pkgutil, sys
+BLOCKED = ("torch", "transformers", "modelopt", "safetensors", "numpy", "doit", "tensorrt_edgellm", "onnx")
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"blocked on the device: {name}")
+sys.meta_path.insert(0, Block())
+import pipeline
+names = [m.name for pkg in ("device", "kit", "backends", "plan")
+         for m in pkgutil.walk_packages([f"{pipeline.__path__[0]}/{pkg}"], f"pipeline.{pkg}.")]
+names += ["pipeline.cli", "pipeline.contract", "pipeline.errors", "pipeline.files", "pipeline.progress",
+          "pipeline.tomlcompat"]
+for name in names:
+    importlib.import_module(name)
+print(len(names), "modules")
+"""
+    r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split()[0]) >= 20

@@ -24,7 +24,7 @@ def test_edgellm_onnx_export(builtin, tmp_path, weights, kv, group, algo, kv_alg
     q = tmp_path / "q"
     q.mkdir()
     quantize(src, q, weights, kv, group, CAL, ".")
-    first = export(src, q, tmp_path / "a", weights, kv, "11.0")["edgellm"]
+    first = export(src, q, tmp_path / "a", weights, kv, "11.0")["export"]
     onnx_dir = tmp_path / "a" / "onnx"
     assert first["quant_algo"] == algo and first["kv_cache_quant_algo"] == kv_algo and first["target_sm"] == 110
     assert first["versions"]["tensorrt-edgellm"] == "0.11.0" and first["externalized_weights"] == []
@@ -59,6 +59,7 @@ def test_int4_plugin_follows_alignment():
     assert int4_plugin_version(model((128, 64), (32, 64))) == 1
 
 
+@pytest.mark.integration
 def test_thor_recipe_through_doit_packages_onnx_with_the_llm_build_command(project):
     from tests.test_graph import REPO
 
@@ -69,11 +70,11 @@ def test_thor_recipe_through_doit_packages_onnx_with_the_llm_build_command(proje
     (project.recipes / "tiny-thor.toml").write_text(text)
     out = project.doit("build", "recipe=tiny-thor", timeout=900).stdout
     kit = project.artifacts / "tiny-thor" / "kit" / "tiny-thor@agx-thor"
-    assert f"python -m pipeline device {kit}" in out
+    assert f"kit {kit}" in out and "python -m pipeline device /media/usb/tiny-thor@agx-thor" in out
     m = json.loads((kit / "MANIFEST.json").read_text())
     assert m["backend"] == "edgellm" and m["sm"] == "11.0" and m["stack"]["tensorrt"] == "10.13"
-    assert m["edgellm"]["quant_algo"] == "FP8" and m["edgellm"]["kv_cache_quant_algo"] == "FP8"
-    assert m["edgellm"]["target_sm"] == 110 and m["edgellm"]["versions"]["tensorrt-edgellm"] == "0.11.0"
+    assert m["export"]["quant_algo"] == "FP8" and m["export"]["kv_cache_quant_algo"] == "FP8"
+    assert m["export"]["target_sm"] == 110 and m["export"]["versions"]["tensorrt-edgellm"] == "0.11.0"
     files = {f["path"] for f in m["files"]}
     assert {"onnx/model.onnx", "onnx/model.onnx.data", "onnx/config.json", "onnx/embedding.safetensors",
             "goldens.json", "plan.json"} <= files and not any(f.startswith("checkpoint/") for f in files)

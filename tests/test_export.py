@@ -31,6 +31,7 @@ def builtin(tmp_path_factory):
 
 def probe_ids(model_dir, n=96):
     from transformers import AutoTokenizer
+
     from pipeline.workstation.tinymodel import corpus_text
     return AutoTokenizer.from_pretrained(model_dir)(corpus_text("heldout-en"))["input_ids"][:n]
 
@@ -49,7 +50,7 @@ def test_exported_checkpoint_reads_back_as_the_calibrated_model(builtin, tmp_pat
     qdir.mkdir()
     edir.mkdir()
     quantize(src, qdir, weights, kv, group, CAL, ".")
-    info = export(src, qdir, edir, weights, probe_ids(src))["trtllm"]
+    info = export(src, qdir, edir, weights, probe_ids(src))["export"]
     cfg = validate(edir)
 
     # the independent reader, run here again, against the calibrated (fake-quantized) model on held-out tokens
@@ -153,6 +154,7 @@ def test_calibration_data_is_used_exactly_where_the_stage_key_says(builtin, tmp_
     """The quantize stage's key leaves the calibration settings out where ModelOpt needs no data; quantize must
     then not depend on them, and elsewhere must use them."""
     from modelopt.torch.quantization.config import need_calibration
+
     from pipeline.plan.formats import KV_FORMATS
     from pipeline.workstation.quantize import modelopt_config
 
@@ -304,8 +306,9 @@ def test_model_calibrated_in_fp16_exports_exactly(builtin, tmp_path, monkeypatch
     levels, where ModelOpt's fake quantizer and its exporter round differently: without snapping the weights to
     the export grid the reader gate failed (tiny Llama: top-1 0.984; H100, Llama-3.2-3B shape: 0.906). Simulated
     here by calibrating in fp16 on the CPU."""
-    import pipeline.workstation.quantize as q
     from transformers import AutoModelForCausalLM
+
+    import pipeline.workstation.quantize as q
 
     src = builtin("tiny-llama")
     fp16 = lambda model_dir, device: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16).eval()  # noqa: E731
@@ -324,7 +327,7 @@ def test_model_calibrated_in_fp16_exports_exactly(builtin, tmp_path, monkeypatch
     assert restored.model.layers[0].mlp.down_proj.weight.dtype == torch.float32
     with torch.no_grad():
         assert torch.equal(restored(ids).logits, handed)
-    check = export(src, tmp_path, tmp_path / "e", weights, probe_ids(src))["trtllm"]["reader_check"]
+    check = export(src, tmp_path, tmp_path / "e", weights, probe_ids(src))["export"]["reader_check"]
     assert check["logit_cosine"] >= 0.99999 and check["top1_agreement"] == 1.0, check
 
 
@@ -352,7 +355,8 @@ def test_rescaled_weights_are_saved_as_their_integer_levels(builtin, tmp_path, w
         # two levels per byte: half the weight's columns, and symmetric INT4 levels in [-7, 7] with amax at 7
         with safe_open(str(src / "model.safetensors"), "pt") as f:
             for name, v in levels.items():
-                assert list(v.shape) == f.get_slice(name).get_shape() == [v.shape[0], 2 * packed[name + suffix].shape[1]]
+                width = 2 * packed[name + suffix].shape[1]
+                assert list(v.shape) == f.get_slice(name).get_shape() == [v.shape[0], width]
         assert max(int(v.abs().max()) for v in levels.values()) == 7
     assert not {k for k in stored if k.endswith(".weight")} & set(levels)        # no float copy beside them
     live = {n: m.weight.clone() for n, m in grid_modules(load_quantized(src, tmp_path, "cpu", consume=True))}

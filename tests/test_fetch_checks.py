@@ -1,9 +1,9 @@
 import pytest
-
 from conftest import write_checkpoint
+
 from pipeline.errors import InputError, PipelineError
-from pipeline.workstation.fetch import fetch_local
 from pipeline.plan.recipe import parse_recipe
+from pipeline.workstation.fetch import fetch_local
 from pipeline.workstation.safetensors_check import check_safetensors
 
 
@@ -12,7 +12,8 @@ def test_truncated_or_corrupt_safetensors_are_refused(tmp_path):
     f = ckpt / "model.safetensors"
     data = f.read_bytes()
     f.write_bytes(data[:-100])
-    with pytest.raises(PipelineError, match="not a valid safetensors file: tensor .* lies outside the .*-byte data section"):
+    with pytest.raises(PipelineError,
+                       match="not a valid safetensors file: tensor .* lies outside the .*-byte data section"):
         check_safetensors(f)
     with pytest.raises(PipelineError, match="truncated or corrupt"):
         fetch_local(ckpt, tmp_path / "out", "r.toml")

@@ -1,14 +1,13 @@
 """fetch from the hub for real: the huggingface_hub client against a local server (tests/hubserver.py)."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, write_checkpoint
 from hubserver import Hub
+
 from pipeline.errors import PipelineError
 
 COMMIT = "a" * 40
@@ -108,6 +107,7 @@ def test_dropped_connection_resumes_and_a_dead_network_fails_clearly(hub, tmp_pa
         _run(tmp_path, revision=hub.commit)
 
 
+@pytest.mark.integration
 def test_doit_fetch_through_the_hub_records_commit_not_token(hub, tmp_path, project):
     (project.recipes / "h.toml").write_text(f"""
 targets = ["orin-nano-8gb"]

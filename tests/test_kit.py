@@ -173,7 +173,8 @@ def forge(tmp_path, key, members, listed=None) -> Path:
     (kit / "demo.tar.000").write_bytes(part)
     files = listed if listed is not None else [
         {"path": i.name, "size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for i, d in members]
-    manifest = {"format": "jetson-kit/1", "kind": "kit", "name": "demo", "compression": "none",
+    manifest = {"format": "jetson-kit-manifest/1", "kind": "kit", "name": "demo", "compression": "none",
+                "created": "2026-11-23T00:00:00Z", "part_size": len(part),
                 "parts": [{"name": "demo.tar.000", "size": len(part), "sha256": hashlib.sha256(part).hexdigest()}],
                 "files": files, "total_size": sum(f["size"] for f in files)}
     (kit / MANIFEST).write_text(json.dumps(manifest))

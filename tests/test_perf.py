@@ -1,11 +1,10 @@
 import csv
 import json
-from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from pipeline.plan import perf
-from conftest import REPO
 
 REFERENCE = REPO.parent / "shared" / "reference" / "jetson-llm-benchmarks.csv"
 

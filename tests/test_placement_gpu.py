@@ -1,5 +1,5 @@
-"""On a GPU workstation: a model spread over GPUs, or larger than them (calibrated on the CPU), calibrates and exports the same
-checkpoint format, and the reader gate holds. Skipped without CUDA (CI); run on a GPU machine with `pytest
+"""On a GPU workstation: a model spread over GPUs, or larger than them (calibrated on the CPU), calibrates and exports
+the same checkpoint format, and the reader gate holds. Skipped without CUDA (CI); run on a GPU machine with `pytest
 tests/test_placement_gpu.py`. PIPELINE_GPU_BUDGET_BYTES shrinks what each GPU may hold so a tiny model spreads."""
 
 import json
@@ -9,7 +9,7 @@ import torch
 
 from tests.test_export import CAL, builtin, probe_ids  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def _run(src, tmp_path, monkeypatch, budgets):
@@ -24,7 +24,7 @@ def _run(src, tmp_path, monkeypatch, budgets):
     qdir.mkdir(parents=True)
     info = quantize(src, qdir, "int4_awq", "int8", 64, CAL, ".")["quantize"]
     # export takes the live model (moved to the CPU), or reloads it where it is spread over devices
-    check = export(src, qdir, edir, "int4_awq", probe_ids(src))["trtllm"]["reader_check"]
+    check = export(src, qdir, edir, "int4_awq", probe_ids(src))["export"]["reader_check"]
     return info, check, edir
 
 

@@ -1,15 +1,15 @@
 import dataclasses
 import json
-import math
 
 import pytest
 from conftest import REPO
 
+from pipeline import backends
+from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
 from pipeline.plan.memory import Limits, plan_memory
-from pipeline.plan.shapes import shape_from_config
 from pipeline.plan.perf import fitted, known_model_configs
 from pipeline.plan.planner import PlanRequest, make_plan
-from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+from pipeline.plan.shapes import shape_from_config
 from pipeline.plan.targets import get_target, load_targets
 
 TINY = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -63,7 +63,8 @@ def test_largest_seq_and_batch_are_the_boundary():
     assert 1024 < n < 131072
 
     def total(seq, batch=1):
-        return plan_memory(req.shape, fmt, 128, kv, Limits(batch, 512, seq), "trtllm-0.12", t.usable_bytes,
+        return plan_memory(req.shape, fmt, 128, kv, Limits(batch, 512, seq),
+                           backends.get("trtllm-0.12").runtime_overhead, t.usable_bytes,
                            t.usable_headless_bytes).total
     assert total(n) <= t.usable_bytes < total(n + 1)
     b = m.max_batch_that_fits
@@ -104,7 +105,8 @@ def test_int4_group_size_is_chosen_or_refused():
     assert "group_size 128 does not divide quantized input dimension(s) [576]; use group_size = 64" in pinned.refused[0]
     odd = dict(TINY, hidden_size=72, num_attention_heads=4)  # 72 = 8 x 9: no INT4 group size divides it
     refused = make_plan(request(odd))
-    assert "no INT4 group size in [128, 64, 32] divides input dimension(s) [72]; use int8_wo or fp16" in refused.refused[0]
+    want = "no INT4 group size in [128, 64, 32] divides input dimension(s) [72]; use int8_wo or fp16"
+    assert want in refused.refused[0]
 
 
 def test_desktop_vs_headless_memory():
@@ -120,7 +122,7 @@ def test_desktop_vs_headless_memory():
 def test_prediction_follows_the_fitted_model():
     cfg = known("meta-llama/Llama-3.2-3B-Instruct")
     plan = make_plan(request(cfg, target="orin-nano-8gb-super", limits=Limits(1, 1024, 2048)))
-    c = fitted()["edgellm"]
+    c = fitted()["tensorrt"]
     p = plan.prediction
     assert p["power_mode"] == "MAXN_SUPER" and p["bandwidth_gbs"] == 102.0 and p["context_tokens"] == 1024
     assert plan.predicted_decode_tok_s == pytest.approx(1 / (p["bytes_per_token"] / (c.efficiency * 102e9) + c.fixed_s),

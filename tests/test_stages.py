@@ -4,11 +4,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
-from pipeline.graph import framework as stages
 from pipeline.graph.framework import StageSpec, read_manifest, run_stage, status
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipeline import backends
 from pipeline.errors import PipelineError
 
 
@@ -46,8 +47,9 @@ def _expected(meta: dict, kind: str) -> dict:
 
 def check(meta: dict, kind: str, device: dict) -> GateResult:
     want, r = _expected(meta, kind), GateResult()
-    built_for = f"{want['what']} was made for {want['target']} (SM {want['sm']}, JetPack {'/'.join(want['jetpack'])}, " \
-                f"TensorRT {want['tensorrt']}, {want['backend']} {want['backend_version']})"
+    built_for = f"{want['what']} was made for {want['target']} (SM {want['sm']}, " \
+                f"JetPack {'/'.join(want['jetpack'])}, TensorRT {want['tensorrt']}, " \
+                f"{want['backend']} {want['backend_version']})"
     board = f"this board is {device.get('target') or device.get('board') or 'an unknown Jetson'}"
     if device.get("sm") != want["sm"]:
         r.refusals.append(f"{built_for}; {board}, SM {device.get('sm')}: engines do not load across SMs. Use a kit "
@@ -59,12 +61,12 @@ def check(meta: dict, kind: str, device: dict) -> GateResult:
     if jp not in want["jetpack"]:
         r.refusals.append(f"{built_for}; {board} runs JetPack {jp} (L4T {device.get('l4t')}). Flash JetPack "
                           f"{' or '.join(want['jetpack'])}, or re-plan the recipe for JetPack {jp}.")
-    installed = device.get("tensorrt_llm" if want["backend"] == "trtllm-0.12" else "edgellm")
+    backend = backends.get(want["backend"])
+    installed = device.get(backend.board_version)
     if _minor(installed) != _minor(want["backend_version"]):
-        have = f"{want['backend']} {installed}" if installed else f"no {want['backend']} installed"
-        fix = ("NVIDIA's TensorRT-LLM 0.12.0-jetson wheel for JetPack 6 (or dustynv/tensorrt_llm:0.12-r36.4.0)"
-               if want["backend"] == "trtllm-0.12" else f"tensorrt-edgellm {want['backend_version']}")
-        r.refusals.append(f"{built_for}; {board} has {have}. Install {fix}.")
+        have = f"{backend.name} {installed}" if installed else f"no {backend.name} installed"
+        r.refusals.append(f"{built_for}; {board} has {have}. Install "
+                          f"{backend.install_hint.format(version=want['backend_version'])}.")
     if not r.refusals and want["target"] and device.get("target") and device["target"] != want["target"]:
         r.warnings.append(f"{want['what']} was made for {want['target']}; {board} (same SM {want['sm']}): the "
                           "engine loads, TensorRT warns about the device model; validate on each board model.")

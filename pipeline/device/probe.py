@@ -13,6 +13,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from pipeline import contract
+
 # L4T release -> JetPack (NVIDIA's JetPack archive; jetson_stats' table)
 L4T_TO_JETPACK = {"36.3.0": "6.0", "36.4.0": "6.1", "36.4.2": "6.1", "36.4.3": "6.2", "36.4.4": "6.2.1",
                   "36.4.7": "6.2.2", "38.2.0": "7.0", "38.2.1": "7.0", "38.4.0": "7.1"}
@@ -106,21 +108,21 @@ def probe(root: str | Path = "/") -> dict:
     trt = next((dpkg[p] for p in DPKG["tensorrt"] if p in dpkg), None)
     emc = next((int(t) for t in (_read(root, f) for f in EMC_RATE_FILES) if t and t.strip().isdigit()), None)
     bus = target.memory_bus_bits if target else None
-    return {
-        "l4t": l4t,
-        "jetpack": L4T_TO_JETPACK.get(l4t or "") or (f"7.2 (L4T {l4t})" if l4t and l4t.startswith("39.") else None),
-        "board": (_read(root, "proc/device-tree/model") or "").strip("\0\n ") or None,
-        "compatible": compatible,
-        "soc": soc,
-        "sm": SOC_SM.get(soc or ""),
-        "target": target.id if target else None,
-        "cuda": cuda,
-        "tensorrt": trt.split("-")[0] if trt else None,
-        "tensorrt_llm": _python_package(root, "tensorrt_llm"),
-        "edgellm": _python_package(root, "tensorrt_edgellm"),
-        "memory_total": int(meminfo["MemTotal"]) * 1024 if "MemTotal" in meminfo else None,
-        "memory_available": int(meminfo["MemAvailable"]) * 1024 if "MemAvailable" in meminfo else None,
-        "power_mode": power_mode,
-        "emc_hz": emc,
-        "bandwidth_gbs": round(2 * emc * bus / 8 / 1e9, 1) if emc and bus else None,
-    }
+    return contract.Board(
+        l4t=l4t,
+        jetpack=L4T_TO_JETPACK.get(l4t or "") or (f"7.2 (L4T {l4t})" if l4t and l4t.startswith("39.") else None),
+        board=(_read(root, "proc/device-tree/model") or "").strip("\0\n ") or None,
+        compatible=compatible,
+        soc=soc,
+        sm=SOC_SM.get(soc or ""),
+        target=target.id if target else None,
+        cuda=cuda,
+        tensorrt=trt.split("-")[0] if trt else None,
+        tensorrt_llm=_python_package(root, "tensorrt_llm"),
+        edgellm=_python_package(root, "tensorrt_edgellm"),
+        memory_total=int(meminfo["MemTotal"]) * 1024 if "MemTotal" in meminfo else None,
+        memory_available=int(meminfo["MemAvailable"]) * 1024 if "MemAvailable" in meminfo else None,
+        power_mode=power_mode,
+        emc_hz=emc,
+        bandwidth_gbs=round(2 * emc * bus / 8 / 1e9, 1) if emc and bus else None,
+    ).to_dict()

@@ -11,6 +11,8 @@ import struct
 import zlib
 from pathlib import Path
 
+from pipeline import contract
+from pipeline.errors import PipelineError
 from pipeline.workstation.evaluate import token_agreement
 
 
@@ -26,7 +28,11 @@ def build_report(goldens: dict, validation: dict, plan: dict, device: dict, peak
                  build: dict) -> dict:
     need = goldens["min_token_agreement"]
     per_prompt = []
-    for g, v in zip(goldens["prompts"], validation["prompts"]):
+    if len(validation["prompts"]) != len(goldens["prompts"]):
+        # zip() would drop the prompts the runtime did not answer and pass the report on the rest
+        raise PipelineError(f"the runtime answered {len(validation['prompts'])} of the kit's "
+                            f"{len(goldens['prompts'])} golden prompts", "see the validation log in the work directory")
+    for g, v in zip(goldens["prompts"], validation["prompts"], strict=True):
         # token ids where the runtime gives them (TensorRT-LLM); else characters of the decoded text (Edge-LLM)
         agree = token_agreement(g["output_ids"], v["output_ids"]) if "output_ids" in v else \
             token_agreement(list(g["text"]), list(v["output_text"]))
@@ -42,10 +48,11 @@ def build_report(goldens: dict, validation: dict, plan: dict, device: dict, peak
                "by": None if agreement >= need else round(need - agreement, 4)}]
     if peak_ram and planned:
         # the plan is for the engine's process; tegrastats counts the whole board, so this is an upper bound
-        checks.append({"check": "peak board memory within usable memory", "required": f"<= {device.get('memory_total')}",
+        checks.append({"check": "peak board memory within usable memory",
+                       "required": f"<= {device.get('memory_total')}",
                        "measured": peak_ram, "ok": peak_ram <= (device.get("memory_total") or peak_ram),
                        "by": None})
-    return {"format": "jetson-validation/1", "ok": all(c["ok"] for c in checks), "checks": checks,
+    return {"format": contract.Report.FORMAT, "ok": all(c["ok"] for c in checks), "checks": checks,
             "device": {k: device.get(k) for k in ("target", "board", "jetpack", "l4t", "tensorrt", "power_mode",
                                                   "bandwidth_gbs")},
             "measured": {"decode_tok_s": round(sum(rates) / len(rates), 2) if rates else None,

@@ -23,9 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-
-SSH_URL = re.compile(r"^ssh://(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9a-fA-F:]+\])"
-                     r"(?::(?P<port>\d{1,5}))?$")
+from pipeline.plan.recipe import SSH_URL
 
 
 @dataclass(frozen=True)
@@ -35,7 +33,7 @@ class SSHBuilder:
     port: int
 
     @classmethod
-    def parse(cls, url: str) -> "SSHBuilder":
+    def parse(cls, url: str) -> SSHBuilder:
         m = SSH_URL.match(url)
         if not m:
             raise PipelineError(f"builder {url!r} is not ssh://user@host[:port]")
@@ -67,11 +65,15 @@ def first_free(urls: list[str]):
 
     locks = artifacts_dir() / ".locks"
     locks.mkdir(parents=True, exist_ok=True)
-    handles = [open(locks / f"{re.sub(r'[^A-Za-z0-9._-]', '_', SSHBuilder.parse(u).host)}_"
-                        f"{SSHBuilder.parse(u).port}.lock", "w") for u in urls]
+    def lock_file(url: str) -> Path:
+        b = SSHBuilder.parse(url)
+        return locks / f"{re.sub(r'[^A-Za-z0-9._-]', '_', b.host)}_{b.port}.lock"
+
+    # held open while the build runs: closing releases the lock
+    handles = [open(lock_file(u), "w") for u in urls]  # noqa: SIM115
     try:
         chosen = None
-        for url, fh in zip(urls, handles):
+        for url, fh in zip(urls, handles, strict=True):
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 chosen = (url, fh)
@@ -94,7 +96,7 @@ def run_remote(urls: str | list[str], kit: Path, results: Path) -> int:
         return _run_on(SSHBuilder.parse(url), url, kit, results)
 
 
-def _run_on(b: "SSHBuilder", url: str, kit: Path, results: Path) -> int:
+def _run_on(b: SSHBuilder, url: str, kit: Path, results: Path) -> int:
     python = os.environ.get("JETSON_PIPELINE_REMOTE_PYTHON", "python3")
     rdir = os.environ.get("JETSON_PIPELINE_REMOTE_DIR", "jetson-builds")
     name = kit.name

@@ -23,14 +23,15 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
+
+from pipeline.files import sha256_file
 
 MANIFEST = "stage.json"
-HASH_CHUNK = 4 * 2**20
 
 
 def artifacts_dir() -> Path:
@@ -44,18 +45,6 @@ def canonical(obj) -> bytes:
 
 def digest(obj) -> str:
     return hashlib.sha256(canonical(obj)).hexdigest()
-
-
-def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as fh:
-        buf = bytearray(HASH_CHUNK)
-        view = memoryview(buf)
-        while n := fh.readinto(buf):
-            h.update(view[:n])
-            if progress:
-                progress(n)
-    return h.hexdigest()
 
 
 _TOOL_CACHE: dict[str, str] = {}
@@ -80,7 +69,7 @@ class StageSpec:
 
     stage: str
     identity: dict
-    inputs: tuple["StageSpec", ...] = ()
+    inputs: tuple[StageSpec, ...] = ()
     tools: tuple[str, ...] = ()
     version: int = 1                        # bump when the stage's code changes what it writes
     fingerprint: Callable[[], object] | None = field(default=None, compare=False, hash=False)
@@ -112,6 +101,14 @@ def read_manifest(stage_dir: Path) -> dict | None:
         return json.loads((stage_dir / MANIFEST).read_bytes())
     except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
         return None
+
+
+def built_manifest(stage_dir: Path) -> dict:
+    """The manifest of a stage that must have been built (an input of the stage being built or packed)."""
+    m = read_manifest(stage_dir)
+    if m is None:
+        raise RuntimeError(f"{stage_dir}: its stage was not built (a task ran before its input)")
+    return m
 
 
 def status(spec: StageSpec) -> tuple[bool, str]:
@@ -188,7 +185,7 @@ def run_stage(spec: StageSpec, build: Callable[[Path], dict | None]) -> dict:
     with stage_lock(spec):
         ok, _ = status(spec)
         if ok:
-            return read_manifest(spec.dir)
+            return built_manifest(spec.dir)
         key = spec.expected_key()
         if key is None:
             missing = [f"{i.stage}:{i.id}" for i in spec.inputs if read_manifest(i.dir) is None]
@@ -202,7 +199,7 @@ def run_stage(spec: StageSpec, build: Callable[[Path], dict | None]) -> dict:
             files = hash_outputs(staging)
             manifest = {
                 "stage": spec.stage, "id": spec.id, "key": key, "identity": spec.identity,
-                "inputs": {f"{i.stage}:{i.id}": read_manifest(i.dir)["content_digest"] for i in spec.inputs},
+                "inputs": {f"{i.stage}:{i.id}": built_manifest(i.dir)["content_digest"] for i in spec.inputs},
                 "tools": tool_versions(spec.tools), "files": files,
                 "content_digest": digest({k: [v["size"], v["sha256"]] for k, v in files.items()}),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -224,15 +221,6 @@ def _swap_into_place(staging: Path, final: Path) -> None:
     os.replace(staging, final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def link_or_copy(src: Path, dst: Path) -> None:
-    """Hard-link src to dst (no copy of multi-GB weights on one filesystem), else copy it."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def link(name: Path, target: Path) -> None:

@@ -10,16 +10,17 @@ import contextlib
 import hashlib
 import json
 from dataclasses import asdict
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
+from pipeline import backends
 from pipeline.errors import PipelineError
+from pipeline.graph.framework import StageSpec, artifacts_dir, link, run_stage
 from pipeline.plan.formats import WEIGHT_FORMATS
 from pipeline.plan.recipe import Recipe
-from pipeline.graph.framework import StageSpec, artifacts_dir, link, run_stage
 
 
-@lru_cache(maxsize=None)
+@cache
 def _data_digest(name: str) -> str:
     return hashlib.sha256((Path(__file__).parents[1] / "data" / name).read_bytes()).hexdigest()[:16]
 
@@ -33,6 +34,7 @@ def _source_spec(stage: str, m: dict, local: Path | None, builtins: dict, patter
                          tools=("torch", "transformers", "tokenizers"))
     if m["source"] == "local":
         from pipeline.workstation.fetch import local_fingerprint
+        assert local is not None        # Recipe.model_dir / draft_dir for a local source
         return StageSpec(stage, {"source": "local", "path": str(local)},
                          fingerprint=lambda: local_fingerprint(local, patterns))
     return StageSpec(stage, {"source": "hf", "repo": m["repo"], "revision": m["revision"]})
@@ -75,20 +77,22 @@ def quantize_spec(recipe: Recipe) -> StageSpec:
 
 
 def export_spec(recipe: Recipe, plan: dict) -> StageSpec:
-    """TensorRT-LLM 0.12 checkpoints are the same for every Orin; Edge-LLM's ONNX depends on the target SM."""
-    if plan["backend"] == "trtllm-0.12":
-        return StageSpec("export", {"backend": plan["backend"]}, inputs=(fetch_spec(recipe), quantize_spec(recipe)),
-                         tools=WORKSTATION_TOOLS)
-    draft = draft_fetch_spec(recipe)
-    return StageSpec("export", {"backend": plan["backend"], "target_sm": plan["sm"],
-                                **({"draft": recipe.draft["method"]} if draft else {})},
+    """One export per model for a backend whose export is target-independent (TensorRT-LLM 0.12 checkpoints serve
+    every Orin); one per SM (and draft) where it is not (Edge-LLM's ONNX)."""
+    backend = backends.get(plan["backend"])
+    if not backend.export_depends_on_sm:
+        return StageSpec("export", {"backend": backend.name}, inputs=(fetch_spec(recipe), quantize_spec(recipe)),
+                         tools=WORKSTATION_TOOLS + backend.export_tools)
+    draft = draft_fetch_spec(recipe) if backend.speculative else None
+    return StageSpec("export", {"backend": backend.name, "target_sm": plan["sm"],
+                                **({"draft": recipe.draft["method"]} if draft and recipe.draft else {})},
                      inputs=(fetch_spec(recipe), quantize_spec(recipe), *([draft] if draft else [])),
-                     tools=WORKSTATION_TOOLS + ("tensorrt-edgellm", "onnx"))
+                     tools=WORKSTATION_TOOLS + backend.export_tools)
 
 
 def export_payload(plan: dict) -> str:
     """The export stage's directory the device builds from (and the kit carries)."""
-    return "checkpoint" if plan["backend"] == "trtllm-0.12" else "onnx"
+    return backends.get(plan["backend"]).payload
 
 
 def goldens_spec(recipe: Recipe) -> StageSpec:
@@ -105,7 +109,6 @@ def accuracy_spec(recipe: Recipe) -> StageSpec:
 
 def package_spec(recipe: Recipe, target: str, plan: dict, key_id: str) -> StageSpec:
     """The kit for one target: its identity is the recipe text, the plan, the signing key and the stage outputs."""
-    backend = plan["backend"]
     return StageSpec("package", {"target": target, "plan": hashlib.sha256(json.dumps(plan, sort_keys=True)
                                                                            .encode()).hexdigest(),
                                  "recipe": hashlib.sha256(Path(recipe.file).read_bytes()).hexdigest(),
@@ -147,8 +150,10 @@ def recipe_plan(recipe: Recipe, target: str) -> dict:
     return json.loads(path.read_text())
 
 
-def link_recipe(recipe: Recipe) -> None:
-    """artifacts/<recipe>/<stage> links for every built stage (stages skipped as current are shared, not re-run)."""
+def link_recipe(recipe: Recipe) -> str:
+    """artifacts/<recipe>/<stage> links for every built stage (stages skipped as current are shared, not re-run);
+    returns what to do with the recipe's kits."""
+    handoffs = []
     for stage, spec in (("fetch", fetch_spec(recipe)), ("fetch-draft", draft_fetch_spec(recipe)),
                         ("quantize", quantize_spec(recipe)),
                         ("goldens", goldens_spec(recipe)), ("accuracy", accuracy_spec(recipe))):
@@ -161,7 +166,8 @@ def link_recipe(recipe: Recipe) -> None:
         spec = _package_spec(recipe, target)
         if spec.dir.is_dir():
             recipe_link(recipe, "kit", target, spec)
-            print_device_command(recipe, target)
+            handoffs.append(handoff(recipe, target))
+    return "\n".join(handoffs)
 
 
 # ---------------------------------------------------------------------------------------------------- stage actions
@@ -174,6 +180,7 @@ def _fetch_source(recipe: Recipe, name: str, local_dir: Path | None, out: Path, 
     if t["source"] == "builtin":
         return builtin(t["name"], out)
     if t["source"] == "local":
+        assert local_dir is not None
         return fetch.fetch_local(local_dir, out, recipe.file, patterns, table=name)
     from pipeline.workstation.hub import fetch_hub
     return fetch_hub(t["repo"], t["revision"], out, allow_branch=t["allow_branch"], patterns=patterns, table=name)
@@ -196,11 +203,12 @@ def do_fetch(recipe: Recipe) -> dict:
 
 
 def do_fetch_draft(recipe: Recipe) -> dict:
-    from pipeline.workstation.fetch import DRAFT_NEEDED
     from pipeline.plan.speculative import check_draft_checkpoint, ensure_safetensors
+    from pipeline.workstation.fetch import DRAFT_NEEDED
 
     spec = draft_fetch_spec(recipe)
     d = recipe.draft
+    assert spec is not None and d is not None      # the task exists for recipes with a [draft] only
 
     def builtin(name: str, out: Path) -> dict:
         from pipeline.workstation.tinymodel import materialize_draft
@@ -221,10 +229,10 @@ def do_fetch_draft(recipe: Recipe) -> dict:
 
 def do_plan(recipe: Recipe, target: str):
     """Plan for one target; writes plan.json/plan.md and returns the Plan (refused plans are written too)."""
-    from pipeline.plan.planner import draft_config_for, model_config_for, plan_recipe, render_table
+    from pipeline.plan.planner import config_for, plan_recipe, render_table
 
-    config, source = model_config_for(recipe, fetch_spec(recipe).dir / "model")
-    draft = draft_config_for(recipe, draft_dir(recipe)) if recipe.draft else None
+    config, source = config_for(recipe, "model", fetch_spec(recipe).dir / "model")
+    draft = config_for(recipe, "draft", draft_dir(recipe)) if recipe.draft else None
     spec = plan_spec(recipe, target, config, draft[0] if draft else None)
     plan = plan_recipe(recipe, target, config, source, draft=draft)
 
@@ -266,21 +274,14 @@ def do_export(recipe: Recipe, target: str) -> dict:
     plan = recipe_plan(recipe, target)
     spec = export_spec(recipe, plan)
 
-    def build_edgellm(out: Path) -> dict:
-        from pipeline.workstation.edgellm_export import export
-        return export(_model_dir(recipe), quantize_spec(recipe).dir, out, recipe.weights, recipe.kv_cache, plan["sm"],
-                      draft_dir=draft_dir(recipe))
+    backend = backends.get(plan["backend"])
 
     def build(out: Path) -> dict:
-        from pipeline.workstation.calibration import load_texts
-        from pipeline.workstation.trtllm_export import export
-        from transformers import AutoTokenizer
+        job = backends.ExportJob(_model_dir(recipe), quantize_spec(recipe).dir, out, backend.payload, recipe.weights,
+                                 recipe.kv_cache, plan["sm"], draft_dir(recipe) if backend.speculative else None)
+        return backend.function("export")(job)
 
-        tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
-        probe = tok(" ".join(load_texts("builtin:heldout-en")), add_special_tokens=False)["input_ids"][:32]
-        return export(_model_dir(recipe), quantize_spec(recipe).dir, out / "checkpoint", recipe.weights, probe)
-
-    manifest = run_stage(spec, build if plan["backend"] == "trtllm-0.12" else build_edgellm)
+    manifest = run_stage(spec, build)
     recipe_link(recipe, "export", target, spec)
     return manifest
 
@@ -297,17 +298,20 @@ def _reference_model(recipe: Recipe):
 
 
 def do_goldens(recipe: Recipe) -> dict:
+    from transformers import AutoTokenizer
+
     from pipeline.workstation.cpu_linear import skinny_linears
     from pipeline.workstation.evaluate import GOLDENS, make_goldens
-    from transformers import AutoTokenizer
 
     spec = goldens_spec(recipe)
 
-    def build(out: Path) -> None:
+    def build(out: Path) -> dict:
         tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
         with _reference_model(recipe) as model, skinny_linears():
             goldens = make_goldens(model, tok, recipe.validation)
         (out / GOLDENS).write_text(json.dumps(goldens, indent=1) + "\n")
+        return {"goldens": {"prompts": len(goldens["prompts"]),
+                            "new_tokens": sum(len(p["output_ids"]) for p in goldens["prompts"])}}
 
     manifest = run_stage(spec, build)
     recipe_link(recipe, "goldens", None, spec)
@@ -315,20 +319,22 @@ def do_goldens(recipe: Recipe) -> dict:
 
 
 def do_accuracy(recipe: Recipe) -> dict:
+    from transformers import AutoTokenizer
+
     from pipeline.workstation.cpu_linear import skinny_linears
     from pipeline.workstation.evaluate import accuracy_report, write_report
     from pipeline.workstation.quantize import load_model
-    from transformers import AutoTokenizer
 
     spec = accuracy_spec(recipe)
 
-    def build(out: Path) -> None:
+    def build(out: Path) -> dict:
         tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
         with _reference_model(recipe) as quantized:
             original = load_model(_model_dir(recipe), str(quantized.device).split(":")[0])
             with skinny_linears():
                 report = accuracy_report(original, quantized, tok)
             write_report(out, report, recipe.weights, recipe.name)
+        return {"accuracy": {k: report[k] for k in ("perplexity_change", "top1_agreement", "logit_cosine")}}
 
     manifest = run_stage(spec, build)
     recipe_link(recipe, "accuracy", None, spec)
@@ -358,9 +364,10 @@ def do_package(recipe: Recipe, target: str) -> dict:
     import shutil
 
     from pipeline import __version__
+    from pipeline.files import link_or_copy
+    from pipeline.graph.framework import built_manifest
     from pipeline.kit.archive import pack
     from pipeline.kit.signing import signing_key
-    from pipeline.graph.framework import link_or_copy, read_manifest
 
     plan = recipe_plan(recipe, target)
     key = signing_key(create=True)
@@ -380,14 +387,13 @@ def do_package(recipe: Recipe, target: str) -> dict:
             link_or_copy(accuracy_spec(recipe).dir / name, content / name)
         shutil.copy2(recipe.file, content / "recipe.toml")
         (content / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
-        stages = {s.stage: {k: read_manifest(s.dir)[k] for k in ("id", "key", "content_digest", "tools")}
+        stages = {s.stage: {k: built_manifest(s.dir)[k] for k in ("id", "key", "content_digest", "tools")}
                   for s in spec.inputs}
         (content / "stages.json").write_text(json.dumps(stages, indent=1, sort_keys=True) + "\n")
         meta = {"recipe": recipe.name, "target": target, "sm": plan["sm"], "backend": plan["backend"],
                 "stack": plan["stack"], "quant": plan["quant"], "limits": plan["limits"],
                 "versions": {"jetson-trtllm-pipeline": __version__, **stages["export"]["tools"]},
-                "reader_check": read_manifest(export_dir).get("trtllm", {}).get("reader_check"),
-                "edgellm": {k: v for k, v in read_manifest(export_dir).get("edgellm", {}).items() if k != "onnx"}
+                "export": {k: v for k, v in built_manifest(export_dir).get("export", {}).items() if k != "onnx"}
                 or None}
         manifest = pack(content, out / kit_name(recipe, target), kit_name(recipe, target), "kit", key, meta=meta)
         shutil.rmtree(content)
@@ -396,7 +402,6 @@ def do_package(recipe: Recipe, target: str) -> dict:
 
     manifest = run_stage(spec, build)
     recipe_link(recipe, "kit", target, spec)
-    print_device_command(recipe, target)
     return manifest
 
 
@@ -405,10 +410,65 @@ def kit_path(recipe: Recipe, target: str) -> Path:
     return artifacts_dir() / recipe.name / link_name / kit_name(recipe, target)
 
 
-def print_device_command(recipe: Recipe, target: str) -> None:
-    """No builder configured: the kit is the result; say exactly what to run on the device."""
-    print(f"kit for {target}: {kit_path(recipe, target)}\n  copy it to the Jetson (python -m pipeline transfer KIT "
-          f"/media/stick), then run there:\n  python -m pipeline device {kit_path(recipe, target)}", flush=True)
+def handoff(recipe: Recipe, target: str) -> str:
+    """What to do with a kit: where it is, how to copy it, and the command to run where it will sit on the device
+    (a stick mounted at /media/usb: the workstation's path means nothing there)."""
+    kit = kit_path(recipe, target)
+    try:
+        shown = kit.relative_to(Path.cwd())
+    except ValueError:
+        shown = kit
+    name = kit_name(recipe, target)
+    if recipe.build["builder"] != "offline":
+        return f"kit {shown} built on {recipe.build['builder']}: see {device_results(recipe, target)}"
+    return (f"kit {shown}\n"
+            f"  copy it:      python -m pipeline transfer {shown} /media/usb\n"
+            f"  on the Jetson: python -m pipeline device /media/usb/{name}")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def stage_summary(stage: str, result) -> str:
+    """The key figure of a finished stage, for its one line on the terminal."""
+    if stage == "plan":
+        m, j = result.memory, result.to_json()
+        lim = j["limits"]
+        return (f"{j['quant']['label']} on {j['target']} via {backends.get(j['backend']).label}, batch "
+                f"{lim['max_batch_size']}, seq {lim['max_seq_len']}: {'fits' if m.fits else 'fits only headless'}, "
+                f"{m.total / 1e9:.2f} of "
+                f"{m.usable / 1e9:.2f} GB, ~{j['predicted_decode_tok_s']} tok/s decode")
+    if stage == "build":
+        return result
+    if stage in ("fetch", "fetch-draft"):
+        size = sum(f["size"] for f in result["files"].values())
+        src = result.get("source", {})
+        what = src.get("name") or src.get("repo") or src.get("path") or src.get("kind", "")
+        return f"{src.get('kind', 'model')} {what}, {_count(len(result['files']), 'file')}, {size / 1e6:.1f} MB"
+    if stage == "quantize":
+        q = result["quantize"]
+        tokens = q.get("calibration_tokens") or 0
+        data = f"{tokens} calibration tokens" if tokens else "no calibration data"
+        return f"{q['weights']} (KV {q['kv_cache']}) on {q['device']}, {data}"
+    if stage == "export":
+        e = result.get("export", {})
+        check = e.get("reader_check")
+        if check:
+            return f"{e.get('quant_algo') or 'fp16'} checkpoint, read back: logit cosine {check['logit_cosine']:.4f}"
+        return f"{e.get('quant_algo') or 'fp16'} ONNX for SM {e.get('target_sm')}"
+    if stage == "goldens":
+        g = result["goldens"]
+        return f"{_count(g['prompts'], 'prompt')}, {_count(g['new_tokens'], 'reference token')}"
+    if stage == "accuracy":
+        a = result["accuracy"]
+        return f"perplexity {a['perplexity_change']:+.1%}, top-1 agreement {a['top1_agreement']:.1%}"
+    if stage == "package":
+        k = result["kit"]
+        return f"{k['name']}, {_count(k['parts'], 'part')}, {k['total_size'] / 1e6:.1f} MB, signed by {k['signed_by']}"
+    if stage == "device":
+        return "engine built and validated"
+    return "done"
 
 
 # ------------------------------------------------------------------------------------------------ device (builders)

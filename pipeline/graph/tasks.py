@@ -8,7 +8,7 @@ all of them); any other command-line variable is an error, because doit itself a
 from __future__ import annotations
 
 import sys
-from functools import lru_cache
+from functools import cache
 
 from pipeline.errors import PipelineError
 
@@ -26,8 +26,19 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-@lru_cache(maxsize=None)
 def selected_recipes() -> tuple:
+    return _load_selection()[0]
+
+
+def invalid_recipes() -> dict[str, str]:
+    """Recipes of recipes/ that failed validation (only without recipe=: a named recipe must be valid)."""
+    return _load_selection()[1]
+
+
+@cache
+def _load_selection() -> tuple[tuple, dict[str, str]]:
+    """The recipes `recipe=` names (each must be valid), or every recipe in recipes/: then an invalid one is
+    reported, with all its problems, and the valid ones go on (`build:<invalid>` fails at the end of the run)."""
     from pipeline.plan.recipe import load_recipe, recipe_names
 
     unknown = sorted(set(_cmdline_vars()) - set(KNOWN_VARS))
@@ -35,29 +46,45 @@ def selected_recipes() -> tuple:
         known = ", ".join(f"{k}=... ({v})" for k, v in KNOWN_VARS.items())
         fail(f"unknown command-line variable(s): {', '.join(unknown)}; known: {known}")
     wanted = _cmdline_vars().get("recipe")
-    names = [n.strip() for n in wanted.split(",") if n.strip()] if wanted else recipe_names()
-    if wanted is not None and not names:
+    named = wanted is not None
+    names = [n.strip() for n in wanted.split(",") if n.strip()] if wanted is not None else recipe_names()
+    if named and not names:
         fail("recipe= is empty; name a recipe, e.g. recipe=tiny-llama-cpu")
-    recipes = []
+    recipes, invalid = [], {}
     for name in names:
         try:
             recipes.append(load_recipe(name))
         except PipelineError as exc:
-            fail(str(exc))
-    return tuple(recipes)
+            if named:
+                fail(str(exc))
+            invalid[name] = str(exc)
+            print(f"error: recipe {name} is invalid, skipped (the others go on): {exc}", file=sys.stderr)
+    return tuple(recipes), invalid
 
 
-def _action(fn, *args):
-    """Run a stage action; a PipelineError becomes a clean message and a failed task (no traceback)."""
-    def run():
-        try:
-            fn(*args)
-        except PipelineError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return False
-        return None
+def _action(fn, recipe, target: str | None = None, stage: str | None = None, capture: bool = True):
+    """A stage action for doit: one line on the terminal, third-party output in the stage's log, a PipelineError
+    as one `error:` line with its hint and the log (no traceback), False to doit on failure."""
+    from pipeline.graph.framework import artifacts_dir
+    from pipeline.graph.stages import stage_label, stage_summary
+    from pipeline.graph.terminal import log_path, run_stage_action
+
+    stage = stage or fn.__name__.removeprefix("do_").replace("_", "-")
+    label = stage_label(recipe, target)
+    name = stage if target is None or len(recipe.targets) == 1 else f"{stage}@{target}"
+    args = (recipe,) if target is None else (recipe, target)
+
+    def run() -> bool | None:
+        ok = run_stage_action(stage, label, log_path(artifacts_dir(), recipe.name, name), lambda: fn(*args),
+                              lambda result: stage_summary(stage, result), capture=capture)
+        return None if ok else False
     run.__name__ = fn.__name__
     return run
+
+
+def _explicitly_selected(task: str) -> bool:
+    """`doit plan ...` (the task named on the command line, not reached as a dependency of build)."""
+    return any(a == task or a.startswith(task + ":") for a in sys.argv[1:])
 
 
 def _plan_action(recipe, target):
@@ -65,9 +92,14 @@ def _plan_action(recipe, target):
     from pipeline.plan.planner import render_table
 
     plan = do_plan(recipe, target)
-    print(render_table(plan))
+    print(render_table(plan))                   # into the plan's log; `doit plan` shows it on the terminal
+    if _explicitly_selected("plan"):
+        from pipeline.progress import terminal_out
+        print(render_table(plan), file=terminal_out())
     if not plan.ok:
-        raise PipelineError(f"{recipe.file}: plan for {target} refused:\n  " + "\n  ".join(plan.refused))
+        raise PipelineError(f"{recipe.file}: plan for {target} refused: " + " ".join(plan.refused),
+                            "the plan says what would work instead; change the recipe")
+    return plan
 
 
 def task_fetch():
@@ -81,8 +113,8 @@ def task_fetch():
 
 def task_fetch_draft():
     """Get the recipe's EAGLE-3 draft checkpoint (recipes with a [draft] table only)."""
-    from pipeline.graph.stages import do_fetch_draft, draft_fetch_spec, stage_label
     from pipeline.graph.framework import is_current
+    from pipeline.graph.stages import do_fetch_draft, draft_fetch_spec, stage_label
 
     for r in selected_recipes():
         if r.draft:
@@ -103,7 +135,7 @@ def task_plan():
     for r in selected_recipes():
         for t in r.targets:
             # Always runs (milliseconds) so that `doit plan` prints the table; plan.json is rewritten only on change.
-            yield {"name": stage_label(r, t), "actions": [_action(_plan_action, r, t)],
+            yield {"name": stage_label(r, t), "actions": [_action(_plan_action, r, t, stage="plan")],
                    "doc": f"plan {r.name} for {t}", "verbosity": 2}
 
 
@@ -143,7 +175,8 @@ def task_export():
     """Write the backend's checkpoint (TensorRT-LLM 0.12: config.json + rank0.safetensors), validated and read back."""
     from pipeline.graph.stages import do_export, export_current
 
-    yield from _per_target_stage(do_export, export_current, lambda r, label: [f"quantize:{r.name}", f"plan:{label}", *_draft_dep(r)],
+    yield from _per_target_stage(do_export, export_current,
+                                 lambda r, label: [f"quantize:{r.name}", f"plan:{label}", *_draft_dep(r)],
                                  lambda r, t: f"export {r.name} for {t}")
 
 
@@ -181,8 +214,17 @@ def task_device():
             continue
         for t in r.targets:
             label = stage_label(r, t)
-            yield _stage_task(label, _action(do_device, r, t), lambda r=r, t=t: device_current(r, t),
-                              [f"package:{label}"], f"engine for {r.name} on {t} via {r.build['builder']}")
+            # not captured: the device half's own progress lines (build, validation) stream to the terminal
+            yield _stage_task(label, _action(do_device, r, t, capture=False),
+                              lambda r=r, t=t: device_current(r, t), [f"package:{label}"],
+                              f"engine for {r.name} on {t} via {r.build['builder']}")
+
+
+def _invalid(name: str):
+    def report() -> bool:
+        print(f"error: recipe {name} is invalid and was not built (its problems are listed above)", file=sys.stderr)
+        return False
+    return report
 
 
 def task_build():
@@ -191,11 +233,15 @@ def task_build():
 
     for r in selected_recipes():
         device = [] if r.build["builder"] == "offline" else [f"device:{stage_label(r, t)}" for t in r.targets]
-        yield {"name": r.name, "actions": [_action(link_recipe, r)], "doc": r.description,
+        yield {"name": r.name, "actions": [_action(link_recipe, r, stage="build")], "doc": r.description,
                "task_dep": [f"plan:{stage_label(r, t)}" for t in r.targets] + [f"fetch:{r.name}", *_draft_dep(r)]
                + [f"export:{stage_label(r, t)}" for t in r.targets]
                + [f"goldens:{r.name}", f"accuracy:{r.name}"] + [f"package:{stage_label(r, t)}" for t in r.targets]
                + device}
+    # after the valid recipes (it depends on their builds): they are built, then the run fails on these
+    for name in invalid_recipes():
+        yield {"name": name, "actions": [_invalid(name)], "doc": "INVALID recipe: see `doit list` for its problems",
+               "uptodate": [False], "task_dep": [f"build:{r.name}" for r in selected_recipes()]}
 
 
 def doit_config() -> dict:
@@ -204,4 +250,8 @@ def doit_config() -> dict:
     root = artifacts_dir()
     root.mkdir(parents=True, exist_ok=True)
     # sqlite3: one file, written transactionally. No file_dep anywhere: up-to-date comes from stage manifests.
-    return {"backend": "sqlite3", "dep_file": str(root / ".doit.db"), "verbosity": 2, "subtasks": True}
+    from pipeline.graph.terminal import StageReporter
+
+    # verbosity 2: doit does not capture a stage's output; the stage sends it to its own log (graph/terminal.py)
+    return {"backend": "sqlite3", "dep_file": str(root / ".doit.db"), "verbosity": 2, "subtasks": True,
+            "reporter": StageReporter}

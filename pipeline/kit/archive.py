@@ -20,14 +20,16 @@ import re
 import shutil
 import tarfile
 import time
+import typing
 from pathlib import Path, PurePosixPath
 
+from pipeline import contract
 from pipeline.errors import PipelineError
+from pipeline.files import read_regular, sha256_file
 from pipeline.kit.signing import PublicKey, SecretKey, verify_file
-from pipeline.graph.framework import sha256_file
 
-FORMAT = "jetson-kit/1"
-MANIFEST, SUMS, SIG = "MANIFEST.json", "SHA256SUMS", "SHA256SUMS.minisig"
+FORMAT = contract.KitManifest.FORMAT
+MANIFEST, SUMS, SIG = contract.MANIFEST, contract.SUMS, contract.SIG
 PART_SIZE = 4 * 2**30 - 2**20          # FAT32 caps a file at 4 GiB - 1 byte
 CHUNK = 4 * 2**20
 PART_RE = re.compile(r"^(?P<base>.+\.tar(?:\.zst)?)\.(?P<n>\d{3,})$")
@@ -51,7 +53,7 @@ class _PartWriter:
 
         self.dir, self.base, self.part_size = directory, base, part_size
         self.parts: list[dict] = []
-        self._fh = None
+        self._fh: typing.BinaryIO | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=8)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._drain, daemon=True)
@@ -74,7 +76,7 @@ class _PartWriter:
     def _next(self):
         self._close_part()
         name = f"{self.base}.{len(self.parts):03d}"
-        self._fh = open(self.dir / name, "wb")
+        self._fh = open(self.dir / name, "wb")  # noqa: SIM115 (one part open at a time, closed by _close_part)
         self.parts.append({"name": name, "size": 0, "hash": hashlib.sha256()})
 
     def _write_now(self, data: bytes) -> None:
@@ -84,6 +86,7 @@ class _PartWriter:
                 self._next()
             part = self.parts[-1]
             n = min(len(view), self.part_size - part["size"])
+            assert self._fh is not None     # _next() opened the part
             self._fh.write(view[:n])
             part["hash"].update(view[:n])
             part["size"] += n
@@ -138,10 +141,12 @@ def pack(src: Path, out: Path, name: str, kind: str, key: SecretKey, meta: dict 
     out.mkdir(parents=True)
     base = f"{name}.tar.zst" if zstd_level else f"{name}.tar"
     writer = _PartWriter(out, base, part_size)
-    sink = writer
+    sink: typing.Any = writer      # the part writer, or a zstd stream in front of it
     if zstd_level:
         import zstandard
-        sink = zstandard.ZstdCompressor(level=zstd_level, threads=-1).stream_writer(writer, closefd=False)
+        # a write-only stream is all zstandard needs of its sink
+        sink = zstandard.ZstdCompressor(level=zstd_level, threads=-1).stream_writer(
+            writer, closefd=False)  # type: ignore[arg-type]
     entries, done = [], 0
     with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:
         for f in files:
@@ -166,6 +171,7 @@ def pack(src: Path, out: Path, name: str, kind: str, key: SecretKey, meta: dict 
                                                                                       time.gmtime()),
                 "compression": f"zstd-{zstd_level}" if zstd_level else "none", "part_size": part_size,
                 "parts": parts, "files": entries, "total_size": sum(e["size"] for e in entries), **(meta or {})}
+    contract.KitManifest.from_dict(manifest, f"the manifest being packed into {out}")   # the contract, or a bug here
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     sums = [(hashlib.sha256((out / MANIFEST).read_bytes()).hexdigest(), MANIFEST)]
     sums += [(p["sha256"], p["name"]) for p in parts]
@@ -205,9 +211,11 @@ def check_kit(kit: Path, trusted: list[PublicKey], hash_parts: bool = True) -> d
                        "remove them, or re-copy the kit; a renamed part is reported here too")
     if MANIFEST not in sums or sha256_file(kit / MANIFEST) != sums[MANIFEST]:
         raise KitError(f"{kit / MANIFEST}: does not match its signed checksum: the manifest was edited")
-    manifest = json.loads((kit / MANIFEST).read_text())
-    if manifest.get("format") != FORMAT:
-        raise KitError(f"{kit / MANIFEST}: format {manifest.get('format')!r}, expected {FORMAT}")
+    try:
+        manifest = json.loads(read_regular(kit / MANIFEST, contract.MAX_RECORD_BYTES).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise KitError(f"{kit / MANIFEST}: not valid JSON ({str(exc)[:80]})") from None
+    contract.KitManifest.from_dict(manifest, str(kit / MANIFEST))     # format, version, every field's type
     parts = manifest["parts"]
     if [p["name"] for p in parts] != sorted(set(sums) - {MANIFEST}):
         raise KitError(f"{kit}: the parts in {MANIFEST} and {SUMS} disagree")
@@ -237,7 +245,8 @@ class _PartsReader:
                 if self.i + 1 >= len(self.parts):
                     return b""
                 self.i += 1
-                self.fh, self.hash = open(self.kit / self.parts[self.i]["name"], "rb"), hashlib.sha256()
+                self.fh = open(self.kit / self.parts[self.i]["name"], "rb")  # noqa: SIM115 (closed at its end)
+                self.hash = hashlib.sha256()
             data = self.fh.read(n if n and n > 0 else CHUNK)
             if data:
                 self.hash.update(data)
@@ -273,7 +282,7 @@ def unpack(kit: Path, dest: Path, trusted: list[PublicKey], progress=None) -> di
     staging = dest.with_name(f".{dest.name}.unpacking-{os.getpid()}")
     staging.mkdir()
     try:
-        stream = _PartsReader(kit, manifest["parts"])
+        stream: typing.Any = _PartsReader(kit, manifest["parts"])   # or a zstd stream reading it
         if manifest["compression"].startswith("zstd"):
             import zstandard
             stream = zstandard.ZstdDecompressor().stream_reader(stream)
@@ -294,6 +303,7 @@ def unpack(kit: Path, dest: Path, trusted: list[PublicKey], progress=None) -> di
                 target.parent.mkdir(parents=True, exist_ok=True)
                 h, size = hashlib.sha256(), 0
                 src = tar.extractfile(m)
+                assert src is not None      # a regular member (checked above) always has a file object
                 fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
                 with os.fdopen(fd, "wb") as out:
                     while chunk := src.read(CHUNK):

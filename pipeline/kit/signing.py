@@ -87,8 +87,8 @@ class PublicKey:
         return self.key_id[::-1].hex().upper()   # minisign prints the little-endian id as hex
 
     @classmethod
-    def load(cls, path: Path) -> "PublicKey":
-        lines = [l for l in Path(path).read_text().splitlines() if l.strip()]
+    def load(cls, path: Path) -> PublicKey:
+        lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
         raw = _b64line(lines[-1] if lines else "", "public key", path)
         if len(raw) != 42 or raw[:2] != ALG_KEY:
             raise SignatureError(f"{path}: not a minisign Ed25519 public key")
@@ -108,12 +108,12 @@ class SecretKey:
         return PublicKey(self.key_id, _backend()[1](self.seed))
 
     @classmethod
-    def generate(cls) -> "SecretKey":
+    def generate(cls) -> SecretKey:
         return cls(os.urandom(8), os.urandom(32))
 
     @classmethod
-    def load(cls, path: Path) -> "SecretKey":
-        lines = [l for l in Path(path).read_text().splitlines() if l.strip()]
+    def load(cls, path: Path) -> SecretKey:
+        lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
         raw = _b64line(lines[-1] if lines else "", "secret key", path)
         if len(raw) != 42 or raw[:2] != ALG_KEY:
             raise SignatureError(f"{path}: not a jetson-pipeline secret key")
@@ -177,7 +177,7 @@ def default_secret_key() -> Path:
     return Path(os.environ.get("JETSON_PIPELINE_SIGNING_KEY") or config_dir() / "signing.key")
 
 
-def trusted_keys(extra: list[Path] = ()) -> list[PublicKey]:
+def trusted_keys(extra: list[Path] | tuple[Path, ...] = ()) -> list[PublicKey]:
     """Public keys in <config>/trusted/*.pub, plus any given explicitly."""
     paths = sorted((config_dir() / "trusted").glob("*.pub")) + [Path(p) for p in extra]
     return [PublicKey.load(p) for p in paths]
@@ -210,7 +210,7 @@ def signing_key(path: Path | None = None, create: bool = False) -> SecretKey:
         if not create:
             raise PipelineError(f"no signing key at {path}", "create one with `python -m pipeline keygen`")
         _, pub = keygen(path)
-        import sys
+        from pipeline.progress import terminal
         print(f"created signing key {path}; copy {pub} to each device and run "
-              f"`python -m pipeline trust {pub.name}` there", file=sys.stderr)
+              f"`python -m pipeline trust {pub.name}` there", file=terminal())
     return SecretKey.load(path)

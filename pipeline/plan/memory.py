@@ -9,13 +9,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from pipeline.plan.shapes import ModelShape
 from pipeline.plan.formats import KVFormat, WeightFormat
+from pipeline.plan.shapes import ModelShape
 
 # CUDA context, TensorRT and the runtime's own libraries, resident next to the engine. TensorRT-LLM 0.12's Python
 # runtime also imports torch. Llama-3-8B INT4 on AGX Orin runs in 7.3 GB total with --use_mmap (FACTS.md): its
 # weights are 5.7 GB by the count below, leaving ~1.6 GB for overhead, KV and activations at default limits.
-RUNTIME_OVERHEAD = {"trtllm-0.12": 1_000_000_000, "edgellm": 500_000_000}
 # Scratch beyond the activations proper: cuBLAS/cuBLASLt workspace and TensorRT's per-context scratch.
 WORKSPACE = 64 * 2**20
 # trtllm-build holds the checkpoint and the engine being serialized at once, plus the builder's tactic memory;
@@ -88,9 +87,9 @@ def activation_bytes(shape: ModelShape, limits: Limits) -> int:
 
 
 def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat, limits: Limits,
-                backend: str, usable: int, usable_headless: int, draft: int = 0) -> MemoryPlan:
+                runtime_overhead: int, usable: int, usable_headless: int, draft: int = 0) -> MemoryPlan:
     weights, embedding, lm_head = weight_bytes(shape, fmt, group_size)
-    overhead = RUNTIME_OVERHEAD[backend]
+    overhead = runtime_overhead   # the backend's runtime beside weights, KV cache and activations
 
     def total_for(seq: int, batch: int) -> int:
         lim = Limits(batch, min(limits.max_input_len, seq - 1), seq)

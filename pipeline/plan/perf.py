@@ -5,7 +5,8 @@
 Single-stream decode on Jetson is memory-bound: every token reads all weights (embedding excepted: one row) and the
 KV cache so far. `efficiency` and `fixed_s` are fitted per engine class to the published Jetson rows in
 data/perf_rows.csv (extracted from the workspace's jetson-llm-benchmarks.csv with their sources by
-`python -m pipeline.plan.perf extract`, refitted by `python -m pipeline.plan.perf fit`, which rewrites data/perf_fit.json).
+`python -m pipeline.plan.perf extract`, refitted by `python -m pipeline.plan.perf fit`, which rewrites
+data/perf_fit.json).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import re
 import statistics
 import sys
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
+from pipeline.errors import PipelineError
 from pipeline.plan.shapes import ModelShape, shape_from_config
 from pipeline.tomlcompat import load_toml
 
@@ -26,21 +28,21 @@ DATA = Path(__file__).parents[1] / "data"
 ROWS = DATA / "perf_rows.csv"
 FIT = DATA / "perf_fit.json"
 
+# Engine classes of the published rows: "tensorrt" = TensorRT engines built from ModelOpt checkpoints (the rows are
+# TensorRT Edge-LLM's; each backend's registry record names the class whose constants predict it), "mlc" = MLC/TVM.
+TENSORRT, MLC = "tensorrt", "mlc"
 # How each engine class stores a benchmarked precision: (bits per body weight incl. scales, lm_head bits).
-# TensorRT engines (Edge-LLM, TensorRT-LLM) from ModelOpt keep lm_head in fp16; MLC's q4f16 quantizes it too.
+# TensorRT engines from ModelOpt keep lm_head in fp16; MLC's q4f16 quantizes it too.
 ROW_PRECISIONS = {
-    ("edgellm", "int4"): (4 + 16 / 128, 16),
-    ("edgellm", "nvfp4"): (4 + 8 / 16, 16),
-    ("edgellm", "fp8"): (8, 16),
-    ("edgellm", "fp16"): (16, 16),
-    ("mlc", "int4"): (4 + 16 / 32, 4 + 16 / 32),
+    (TENSORRT, "int4"): (4 + 16 / 128, 16),
+    (TENSORRT, "nvfp4"): (4 + 8 / 16, 16),
+    (TENSORRT, "fp8"): (8, 16),
+    (TENSORRT, "fp16"): (16, 16),
+    (MLC, "int4"): (4 + 16 / 32, 4 + 16 / 32),
 }
-# Backend -> engine class whose constants predict it. No TensorRT-LLM 0.12 Jetson decode figures are published in
-# the reference set; its engines use the same TensorRT kernels, so it borrows Edge-LLM's (the plan says so).
-BACKEND_CLASS = {"edgellm": "edgellm", "trtllm-0.12": "edgellm"}
 
 
-@lru_cache(maxsize=None)
+@cache
 def known_model_configs() -> dict[str, dict]:
     return load_toml(DATA / "model_configs.toml")["models"]
 
@@ -65,7 +67,7 @@ class Constants:
         return 1.0 / (bytes_read / (self.efficiency * bandwidth) + self.fixed_s)
 
 
-@lru_cache(maxsize=None)
+@cache
 def fitted() -> dict[str, Constants]:
     data = json.loads(FIT.read_text())
     return {k: Constants(v["efficiency"], v["fixed_s"]) for k, v in data["classes"].items()}
@@ -85,7 +87,11 @@ class Row:
 
     def bytes_read(self) -> float:
         body, head = ROW_PRECISIONS[(self.engine_class, self.precision)]
-        return bytes_per_token(known_shape(self.model), body, head, self.context, 2)
+        shape = known_shape(self.model)
+        if shape is None:
+            raise PipelineError(f"perf_rows.csv: model {self.model!r} is not in model_configs.toml",
+                                "add its config there, or drop the row")
+        return bytes_per_token(shape, body, head, self.context, 2)
 
     def bandwidth(self) -> float:
         from pipeline.plan.targets import get_target
@@ -108,10 +114,10 @@ def fit(rows: list[Row]) -> dict[str, Constants]:
         pts = [(r.bytes_read() / r.bandwidth(), 1.0 / r.decode_tok_s) for r in rows if r.engine_class == cls]
         w = [1 / y ** 2 for _, y in pts]
         sw = sum(w)
-        sx = sum(wi * x for wi, (x, _) in zip(w, pts))
-        sy = sum(wi * y for wi, (_, y) in zip(w, pts))
-        sxx = sum(wi * x * x for wi, (x, _) in zip(w, pts))
-        sxy = sum(wi * x * y for wi, (x, y) in zip(w, pts))
+        sx = sum(wi * x for wi, (x, _) in zip(w, pts, strict=True))
+        sy = sum(wi * y for wi, (_, y) in zip(w, pts, strict=True))
+        sxx = sum(wi * x * x for wi, (x, _) in zip(w, pts, strict=True))
+        sxy = sum(wi * x * y for wi, (x, y) in zip(w, pts, strict=True))
         a = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
         b = (sy - a * sx) / sw
         if b < 0:  # a negative fixed cost is unphysical: refit through the origin
@@ -129,7 +135,8 @@ def fit_report(rows: list[Row] | None = None) -> dict:
     rows = rows if rows is not None else load_rows()
     constants = fit(rows)
     errs = errors(rows, constants)
-    by_class = {c: statistics.median(abs(e) for r, e in zip(rows, errs) if r.engine_class == c) for c in constants}
+    by_class = {c: statistics.median(abs(e) for r, e in zip(rows, errs, strict=True) if r.engine_class == c)
+                for c in constants}
     return {"classes": {k: {"efficiency": v.efficiency, "fixed_s": v.fixed_s} for k, v in constants.items()},
             "rows": len(rows), "median_abs_error": round(statistics.median(abs(e) for e in errs), 4),
             "median_abs_error_by_class": {k: round(v, 4) for k, v in by_class.items()},
@@ -149,13 +156,21 @@ DEVICE_MAP = {  # reference device name -> (target id, power mode the benchmark 
     "Jetson AGX Thor T5000 devkit": ("agx-thor", "MAXN"),
 }
 MODEL_MAP = {
-    r"^llama[ -]3\.1[ -]8b": "meta-llama/Llama-3.1-8B-Instruct", r"^llama[ -]3\.2[ -]3b": "meta-llama/Llama-3.2-3B-Instruct",
-    r"^llama-3\.2-1b": "meta-llama/Llama-3.2-1B-Instruct", r"^llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
-    r"^llama-2-7b": "meta-llama/Llama-2-7b-hf", r"^llama2-70b": "meta-llama/Llama-2-70b-hf",
-    r"^tinyllama-1\.1b": "TinyLlama/TinyLlama-1.1B-Chat-v1.0", r"^smollm2 \(1\.7b\)": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
-    r"^qwen2\.5 7b": "Qwen/Qwen2.5-7B-Instruct", r"^qwen3-0\.6b$": "Qwen/Qwen3-0.6B", r"^qwen3-1\.7b$": "Qwen/Qwen3-1.7B",
-    r"^qwen3-4b-instruct-2507$": "Qwen/Qwen3-4B-Instruct-2507", r"^qwen3-8b$": "Qwen/Qwen3-8B",
-    r"^gemma 2 2b": "google/gemma-2-2b-it", r"^gemma 2 9b": "google/gemma-2-9b-it",
+    r"^llama[ -]3\.1[ -]8b": "meta-llama/Llama-3.1-8B-Instruct",
+    r"^llama[ -]3\.2[ -]3b": "meta-llama/Llama-3.2-3B-Instruct",
+    r"^llama-3\.2-1b": "meta-llama/Llama-3.2-1B-Instruct",
+    r"^llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
+    r"^llama-2-7b": "meta-llama/Llama-2-7b-hf",
+    r"^llama2-70b": "meta-llama/Llama-2-70b-hf",
+    r"^tinyllama-1\.1b": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+    r"^smollm2 \(1\.7b\)": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+    r"^qwen2\.5 7b": "Qwen/Qwen2.5-7B-Instruct",
+    r"^qwen3-0\.6b$": "Qwen/Qwen3-0.6B",
+    r"^qwen3-1\.7b$": "Qwen/Qwen3-1.7B",
+    r"^qwen3-4b-instruct-2507$": "Qwen/Qwen3-4B-Instruct-2507",
+    r"^qwen3-8b$": "Qwen/Qwen3-8B",
+    r"^gemma 2 2b": "google/gemma-2-2b-it",
+    r"^gemma 2 9b": "google/gemma-2-9b-it",
     r"^phi 3\.5 3b": "microsoft/Phi-3.5-mini-instruct",
 }
 
@@ -164,7 +179,7 @@ def _precision(engine_class: str, text: str) -> str | None:
     t = text.lower()
     if any(s in t for s in ("eagle", "dflash", "/", "draft")):
         return None  # speculative decoding or several precisions in one row: not a single-model decode figure
-    if engine_class == "mlc":
+    if engine_class == MLC:
         return "int4" if t.startswith("int4") else None
     for key, name in (("nvfp4", "nvfp4"), ("int4", "int4"), ("w4a16", "int4"), ("fp8", "fp8"), ("fp16", "fp16")):
         if key in t:
@@ -178,8 +193,8 @@ def extract(reference_csv: Path) -> list[dict]:
     with open(reference_csv, newline="") as fh:
         for r in csv.DictReader(fh):
             engine = r["engine"]
-            cls = "edgellm" if engine.startswith("TensorRT Edge-LLM") and "EAGLE" not in engine else \
-                "mlc" if engine == "MLC/TVM" else None
+            cls = TENSORRT if engine.startswith("TensorRT Edge-LLM") and "EAGLE" not in engine else \
+                MLC if engine == "MLC/TVM" else None
             dev = DEVICE_MAP.get(r["device"])
             model = next((m for pat, m in MODEL_MAP.items() if re.search(pat, r["model"].lower())), None)
             prec = _precision(cls, r["precision"]) if cls else None

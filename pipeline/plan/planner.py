@@ -7,21 +7,27 @@ so the user sees how far off it is.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from pipeline.plan.memory import Limits, MemoryPlan, decode_bytes_per_token, plan_memory
-from pipeline.plan.shapes import ModelShape
-from pipeline.plan.perf import BACKEND_CLASS, fitted
+from pipeline import backends, contract
+from pipeline.errors import PipelineError
 from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS, pick_group_size
+from pipeline.plan.memory import Limits, MemoryPlan, decode_bytes_per_token, plan_memory
+from pipeline.plan.perf import fitted
+from pipeline.plan.shapes import ModelShape
 from pipeline.plan.targets import GB, SoftwareStack, TargetProfile, load_targets
 
-BACKEND_NAMES = {"trtllm-0.12": "TensorRT-LLM 0.12", "edgellm": "TensorRT Edge-LLM"}
+if TYPE_CHECKING:
+    from pipeline.plan.speculative import DraftShape
+
 
 
 @dataclass(frozen=True)
 class DraftRequest:
     """An EAGLE-3 draft beside the base (speculative decoding)."""
-    shape: "DraftShape"
+    shape: DraftShape
     label: str
     method: str = "eagle3"
     max_draft_tree_size: int = 60
@@ -64,53 +70,37 @@ class Plan:
     def fits(self) -> bool:
         return bool(self.memory and self.memory.fits)
 
-    def to_json(self) -> dict:
+    def to_record(self) -> contract.Plan:
+        """The plan as the kit carries it (jetson-plan/1): what the device builds, checks and predicts from."""
         r = self.request
         stack = self.stack
-        return {
-            "recipe": r.recipe,
-            "model": {"name": r.model_label, "architecture": r.shape.architecture, "params": r.shape.total_params},
-            "target": r.target.id, "target_name": r.target.name, "sm": r.target.sm,
-            "backend": self.backend,
-            "stack": None if stack is None else {
-                "id": stack.id, "backend_version": stack.backend_version, "jetpack": list(stack.jetpack),
-                "l4t": stack.l4t, "cuda": stack.cuda, "tensorrt": stack.tensorrt},
-            "quant": {"weights": r.weights, "kv_cache": r.kv_cache, "group_size": self.group_size,
-                      "label": WEIGHT_FORMATS[r.weights].label},
-            "limits": {"max_batch_size": r.limits.max_batch_size, "max_input_len": r.limits.max_input_len,
-                       "max_seq_len": r.limits.max_seq_len, "max_num_tokens": r.limits.max_num_tokens},
-            "fits": self.fits,
-            "ok": self.ok,
-            "memory": self.memory.as_dict() if self.memory else None,
-            "predicted_decode_tok_s": self.predicted_decode_tok_s,
-            "prediction": self.prediction,
-            "refused": self.refused,
-            "warnings": self.warnings,
-            "speculative": self._speculative(),
-        } | self._build_commands()
+        lim = r.limits
+        limits = contract.BuildLimits(lim.max_batch_size, lim.max_input_len, lim.max_seq_len, lim.max_num_tokens)
+        speculative = self._speculative()
+        argvs = backends.get(self.backend).build_commands(limits, speculative) if self.ok and self.backend else None
+        return contract.Plan(
+            recipe=r.recipe,
+            model=contract.ModelInfo(r.model_label, r.shape.architecture, r.shape.total_params),
+            target=r.target.id, target_name=r.target.name, sm=r.target.sm, backend=self.backend,
+            stack=None if stack is None else contract.Stack(stack.id, stack.backend_version, list(stack.jetpack),
+                                                            stack.l4t, stack.cuda, stack.tensorrt),
+            quant=contract.QuantSettings(r.weights, r.kv_cache, self.group_size, WEIGHT_FORMATS[r.weights].label),
+            limits=limits, fits=self.fits, ok=self.ok,
+            memory=self.memory.as_dict() if self.memory else None,
+            predicted_decode_tok_s=self.predicted_decode_tok_s, prediction=self.prediction,
+            refused=self.refused, warnings=self.warnings, speculative=speculative,
+            device_build_command=argvs[0] if argvs else None, device_build_commands=argvs)
 
-    def _speculative(self) -> dict | None:
+    def to_json(self) -> dict:
+        return self.to_record().to_dict()
+
+    def _speculative(self) -> contract.Speculative | None:
         d = self.request.draft
         if d is None:
             return None
         from pipeline.plan.speculative import DRAFT_WEIGHTS
-        return {"method": d.method, "draft": d.label, "draft_params": d.shape.params, "draft_weights": DRAFT_WEIGHTS,
-                "draft_vocab_size": d.shape.draft_vocab_size, "max_draft_tree_size": d.max_draft_tree_size,
-                "max_verify_tree_size": d.max_verify_tree_size, "memory": self.draft_memory}
-
-    def _build_commands(self) -> dict:
-        """device_build_command: the (base) engine's argv; device_build_commands: every build in order (a draft
-        engine is a second llm_build into the same engine directory)."""
-        from pipeline.device.engine_build import device_build_commands
-        if not self.ok:
-            return {"device_build_command": None, "device_build_commands": None}
-        lim = self.request.limits
-        argvs = device_build_commands({"ok": True, "backend": self.backend, "speculative": self._speculative(),
-                                       "limits": {"max_batch_size": lim.max_batch_size,
-                                                  "max_input_len": lim.max_input_len,
-                                                  "max_seq_len": lim.max_seq_len,
-                                                  "max_num_tokens": lim.max_num_tokens}})
-        return {"device_build_command": argvs[0] if argvs else None, "device_build_commands": argvs}
+        return contract.Speculative(d.method, d.label, d.shape.params, DRAFT_WEIGHTS, d.shape.draft_vocab_size,
+                                    d.max_draft_tree_size, d.max_verify_tree_size, self.draft_memory)
 
 
 def _gb(n: float) -> str:
@@ -131,20 +121,18 @@ def _choose_stack(req: PlanRequest, refused: list[str]) -> SoftwareStack | None:
     if req.backend:
         stack = t.stack_for(req.backend)
         if stack is None:
-            why = ""
-            if req.backend == "trtllm-0.12" and t.family == "thor":
-                why = (" TensorRT-LLM has no working Thor path (it refuses INT4/INT8 on SM >= 100); Thor engines "
-                       "are built with TensorRT Edge-LLM: use backend = 'edgellm'.")
-            refused.append(f"target {t.id} has no {BACKEND_NAMES[req.backend]} stack.{why}")
+            wanted = backends.get(req.backend)
+            family_note = wanted.refuse_on_family.get(t.family)
+            refused.append(f"target {t.id} has no {wanted.label} stack." + (f" {family_note}" if family_note else ""))
             return None
         candidates = [stack]
     else:
         candidates = list(t.stacks)
 
-    reasons = []
+    reasons: list[str] = []
     for stack in candidates:
-        why = []
-        name = f"{BACKEND_NAMES[stack.backend]} {stack.backend_version} (JetPack {stack.jetpack[-1]})"
+        why: list[str] = []
+        name = f"{backends.get(stack.backend).label} {stack.backend_version} (JetPack {stack.jetpack[-1]})"
         if arch not in stack.architectures:
             why.append(f"{name} does not support {arch} (supported: {', '.join(stack.architectures)})")
         if req.weights not in stack.weights:
@@ -168,13 +156,13 @@ def make_plan(req: PlanRequest) -> Plan:
     stack = _choose_stack(req, refused)
     backend = stack.backend if stack else req.backend
     fmt, kv = WEIGHT_FORMATS[req.weights], KV_FORMATS[req.kv_cache]
-    from pipeline.device.engine_build import EDGELLM_MIN_BATCH
-    if backend == "edgellm" and req.limits.max_batch_size < EDGELLM_MIN_BATCH:
+    engine = backends.get(backend or backends.DEFAULT)   # sizes memory and speed while no stack could be chosen
+    if req.limits.max_batch_size < engine.min_batch_size:
         import dataclasses
         lim = req.limits
-        req = dataclasses.replace(req, limits=Limits(EDGELLM_MIN_BATCH, lim.max_input_len, lim.max_seq_len))
-        warnings.append(f"Edge-LLM engines built for batch 1 fail at run time (known issue): built and planned "
-                        f"for max_batch_size {EDGELLM_MIN_BATCH}.")
+        req = dataclasses.replace(req, limits=Limits(engine.min_batch_size, lim.max_input_len, lim.max_seq_len))
+        warnings.append(f"{engine.label} engines built for batch 1 fail at run time (known issue): built and "
+                        f"planned for max_batch_size {engine.min_batch_size}.")
 
     group_size, problem = pick_group_size(fmt, req.shape.quantized_input_dims(), req.group_size)
     if problem:
@@ -190,17 +178,18 @@ def make_plan(req: PlanRequest) -> Plan:
     if req.draft is not None:
         from pipeline.plan.speculative import draft_memory, pairing_problems, pairing_warnings
         d = req.draft
-        if backend is not None and backend != "edgellm":
+        if backend is not None and not engine.speculative:
             refused.append(f"{d.method} speculative decoding is built by TensorRT Edge-LLM only (llm_build "
-                           f"--specBase/--specDraft); {BACKEND_NAMES[backend]} on {req.target.id} has no EAGLE-3 "
-                           "draft engines. Remove [draft], or target a JetPack 7 stack (backend = 'edgellm').")
+                           f"--specBase/--specDraft); {engine.label} on {req.target.id} has no EAGLE-3 "
+                           f"draft engines. Remove [draft], or target a stack whose backend builds them "
+                           f"(backend = {backends.speculative_names()}).")
         refused.extend(f"{p}. Use the draft trained for this base model." for p in
                        pairing_problems(d.shape, req.shape, d.label))
         warnings.extend(pairing_warnings(d.shape, req.shape, d.label))
         draft_mem = draft_memory(d.shape, req.limits.max_seq_len, req.limits.max_batch_size, d.max_draft_tree_size)
 
     t = req.target
-    memory = plan_memory(req.shape, fmt, group_size, kv, req.limits, backend or "trtllm-0.12",
+    memory = plan_memory(req.shape, fmt, group_size, kv, req.limits, engine.runtime_overhead,
                          t.usable_bytes, t.usable_headless_bytes, draft_mem["total"] if draft_mem else 0)
     if not memory.fits:
         if memory.fits_headless:
@@ -229,15 +218,14 @@ def make_plan(req: PlanRequest) -> Plan:
 
     context = req.limits.max_input_len
     mode = req.power_mode or t.fastest_power_mode
-    constants = fitted()[BACKEND_CLASS[backend or "trtllm-0.12"]]
+    constants = fitted()[engine.perf_class]
     bytes_read = decode_bytes_per_token(req.shape, fmt, group_size, kv, context)
     by_mode = {m: round(constants.tok_s(bytes_read, t.bandwidth_bytes(m)), 1) for m in t.bandwidth_gbs}
     prediction = {"power_mode": mode, "bandwidth_gbs": t.bandwidth_gbs.get(mode), "context_tokens": context,
-                  "bytes_per_token": int(bytes_read), "engine_class": BACKEND_CLASS[backend or "trtllm-0.12"],
+                  "bytes_per_token": int(bytes_read), "engine_class": engine.perf_class,
                   "efficiency": constants.efficiency, "fixed_s": constants.fixed_s, "by_power_mode": by_mode}
-    if backend == "trtllm-0.12":
-        warnings.append("decode speed predicted with constants fitted to TensorRT Edge-LLM rows: no TensorRT-LLM "
-                        "0.12 Jetson decode figures are published in the reference set.")
+    if backend is not None and engine.perf_note:
+        warnings.append(engine.perf_note)
     if req.draft is not None:
         prediction["speculative_note"] = ("decode predicted without speculation: EAGLE-3's gain depends on the "
                                           "draft's acceptance rate on your prompts (validation measures it)")
@@ -250,7 +238,7 @@ def render_table(plan: Plan) -> str:
     j = plan.to_json()
     m = plan.memory
     lines = [f"plan: {j['model']['name']} ({j['quant']['label']}, KV {j['quant']['kv_cache']}) on {j['target_name']} "
-             f"[SM {j['sm']}] via {BACKEND_NAMES.get(j['backend'] or '', j['backend'])}"]
+             f"[SM {j['sm']}] via {backends.get(j['backend']).label if j['backend'] else 'no backend'}"]
     if j["stack"]:
         s = j["stack"]
         lines.append(f"  stack        JetPack {'/'.join(s['jetpack'])}, CUDA {s['cuda']}, TensorRT {s['tensorrt']}, "
@@ -277,63 +265,52 @@ def render_table(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def model_config_for(recipe, fetched_dir=None) -> tuple[dict, str]:
-    """The model's config.json for planning: the fetched one if there is one, else what the repo ships or knows."""
-    import json
-
-    from pipeline.errors import PipelineError
-    from pipeline.plan.perf import known_model_configs
-
-    if fetched_dir is not None and (fetched_dir / "config.json").is_file():
-        return json.loads((fetched_dir / "config.json").read_text()), str(fetched_dir / "config.json")
-    src = recipe.model["source"]
-    if src == "local":
-        path = recipe.model_dir / "config.json"
-        if not path.is_file():
-            raise PipelineError(f"{recipe.file}: model.path = {recipe.model['path']!r}: no config.json in {path.parent}",
-                                "point model.path at a Hugging Face checkpoint directory")
-        return json.loads(path.read_text()), str(path)
-    if src == "builtin":
+def _builtin_config(table: str, name: str) -> dict:
+    if table == "model":
         from pipeline.workstation.tinymodel import BUILTINS
-        spec = BUILTINS[recipe.model["name"]]
-        return {"architectures": [spec.architecture], "vocab_size": spec.vocab_size, **spec.config}, \
-            f"builtin:{recipe.model['name']}"
-    known = known_model_configs().get(recipe.model["repo"])
-    if known is not None:
-        return dict(known), f"pipeline/data/model_configs.toml[{recipe.model['repo']}]"
-    from pipeline.workstation.hub import fetch_config
-    return fetch_config(recipe.model["repo"], recipe.model["revision"]), f"{recipe.model['repo']}/config.json"
+        spec = BUILTINS[name]
+        return {"architectures": [spec.architecture], "vocab_size": spec.vocab_size, **spec.config}
+    import tempfile
+    from pathlib import Path
+
+    from pipeline.workstation.tinymodel import materialize_draft
+    with tempfile.TemporaryDirectory() as tmp:   # a tiny draft is made in a second; its config is exact
+        materialize_draft(name, Path(tmp))
+        return json.loads((Path(tmp) / "config.json").read_text())
 
 
-def draft_config_for(recipe, fetched_dir=None) -> tuple[dict, str]:
-    """The EAGLE-3 draft's config.json for planning: fetched, local, builtin, or from the hub (config only)."""
-    import json
+def _read_config(path, table: str, recipe) -> dict:
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise PipelineError(f"{path}: not a readable config.json ({str(exc)[:80]})",
+                            f"point {table}.path at a Hugging Face checkpoint directory") from None
+    if not isinstance(config, dict):
+        raise PipelineError(f"{path}: not a config.json (a JSON object)", f"check {table} in {recipe.file}")
+    return config
 
-    from pipeline.errors import PipelineError
 
-    d = recipe.draft
-    if fetched_dir is not None and (fetched_dir / "config.json").is_file():
-        return json.loads((fetched_dir / "config.json").read_text()), str(fetched_dir / "config.json")
-    if d["source"] == "local":
-        path = recipe.draft_dir / "config.json"
-        if not path.is_file():
-            raise PipelineError(f"{recipe.file}: draft.path = {d['path']!r}: no config.json in {path.parent}",
-                                "point draft.path at the EAGLE-3 draft's checkpoint directory")
-        return json.loads(path.read_text()), str(path)
-    if d["source"] == "builtin":
-        import tempfile
-        from pathlib import Path
-
-        from pipeline.workstation.tinymodel import materialize_draft
-        with tempfile.TemporaryDirectory() as tmp:   # a tiny draft is made in a second; its config is exact
-            materialize_draft(d["name"], Path(tmp))
-            return json.loads((Path(tmp) / "config.json").read_text()), f"builtin:{d['name']}"
+def config_for(recipe, table: str, fetched_dir=None) -> tuple[dict, str]:
+    """The config.json of the recipe's [model] or [draft] table for planning, and where it came from: the fetched
+    one if there is one, else the local directory's, the builtin's (exact), a known one, or the hub's (config only)."""
     from pipeline.plan.perf import known_model_configs
-    known = known_model_configs().get(d["repo"])
+
+    t = getattr(recipe, table)
+    if fetched_dir is not None and (fetched_dir / "config.json").is_file():
+        return _read_config(fetched_dir / "config.json", table, recipe), str(fetched_dir / "config.json")
+    if t["source"] == "local":
+        path = (recipe.model_dir if table == "model" else recipe.draft_dir) / "config.json"
+        if not path.is_file():
+            raise PipelineError(f"{recipe.file}: {table}.path = {t['path']!r}: no config.json in {path.parent}",
+                                f"point {table}.path at a Hugging Face checkpoint directory")
+        return _read_config(path, table, recipe), str(path)
+    if t["source"] == "builtin":
+        return _builtin_config(table, t["name"]), f"builtin:{t['name']}"
+    known = known_model_configs().get(t["repo"])
     if known is not None:
-        return dict(known), f"pipeline/data/model_configs.toml[{d['repo']}]"
+        return dict(known), f"pipeline/data/model_configs.toml[{t['repo']}]"
     from pipeline.workstation.hub import fetch_config
-    return fetch_config(d["repo"], d["revision"]), f"{d['repo']}/config.json"
+    return fetch_config(t["repo"], t["revision"]), f"{t['repo']}/config.json"
 
 
 def plan_recipe(recipe, target_id: str, config: dict, config_source: str, backend: str | None = None,
@@ -346,7 +323,7 @@ def plan_recipe(recipe, target_id: str, config: dict, config_source: str, backen
     if recipe.draft:
         from pipeline.plan.speculative import draft_shape
         if draft is None:
-            draft = draft_config_for(recipe)
+            draft = config_for(recipe, "draft")
         d = recipe.draft
         draft_req = DraftRequest(draft_shape(draft[0], draft[1]), d.get("repo") or d.get("name") or d.get("path"),
                                  d["method"], d["max_draft_tree_size"], d["max_verify_tree_size"])

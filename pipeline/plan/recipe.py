@@ -13,14 +13,18 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline import backends
 from pipeline.errors import InputError, PipelineError, Problem
 from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
-from pipeline.plan.targets import BACKENDS, load_targets
+from pipeline.plan.targets import load_targets
 from pipeline.tomlcompat import TOMLDecodeError, load_toml
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-SSH_RE = re.compile(r"^ssh://(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9._\[\]:-]+?(?::\d{1,5})?$")
+# The one grammar of a builder URL: the recipe check and the builder's parser both use it, so a URL the recipe
+# accepts is one the builder can reach (ssh://a@b:x once passed here and failed after the whole workstation run).
+SSH_URL = re.compile(r"^ssh://(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9a-fA-F:]+\])"
+                     r"(?::(?P<port>6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3}))?$")
 CALIB_RE = re.compile(r"^(builtin|file|hf):.+$")
 
 
@@ -43,7 +47,7 @@ class F:
 SCHEMA: dict = {
     "description": F(str, ""),
     "targets": F(list, required=True, doc="target ids, see `python -m pipeline targets`"),
-    "backend": F(str, None, choices=BACKENDS, doc="engine backend; default: the target's first stack that fits"),
+    "backend": F(str, None, choices=backends.NAMES, doc="engine backend; default: the target's first stack that fits"),
     "model": {
         "source": F(str, required=True, choices=("hf", "local", "builtin")),
         "repo": F(str, None, pattern=REPO_RE, pattern_hint="a Hugging Face repo id like 'org/name'"),
@@ -236,10 +240,10 @@ def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
             problems.append(Problem(file, "build.power_mode", mode, f"target {t} has no such power mode",
                                     f"{t} modes: {', '.join(targets[t].bandwidth_gbs)}"))
     builder = b["builder"]
-    if isinstance(builder, str) and builder not in ("local", "offline") and not SSH_RE.match(builder):
+    if isinstance(builder, str) and builder not in ("local", "offline") and not SSH_URL.match(builder):
         problems.append(Problem(file, "build.builder", builder, "is not a builder",
                                 "use 'local', 'offline' or 'ssh://user@host[:port]'"))
-    if isinstance(builder, list) and (not builder or not all(isinstance(u, str) and SSH_RE.match(u)
+    if isinstance(builder, list) and (not builder or not all(isinstance(u, str) and SSH_URL.match(u)
                                                                for u in builder)):
         problems.append(Problem(file, "build.builder", builder, "a list of builders holds ssh:// URLs only",
                                 "e.g. ['ssh://nvidia@orin-a', 'ssh://nvidia@orin-b']"))
@@ -248,6 +252,7 @@ def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
     if isinstance(cal, str) and cal.startswith("file:"):
         from pipeline.workstation.calibration import source_path
         path = source_path(cal, file)
+        assert path is not None     # a file: source always has a path
         if path.suffix not in (".txt", ".jsonl"):
             problems.append(Problem(file, "quantization.calibration.source", cal, "must be a .txt or .jsonl file"))
         elif not path.is_file():
@@ -266,6 +271,7 @@ def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
 def parse_recipe(data: dict, file: str, name: str | None = None) -> Recipe:
     problems: list[Problem] = []
     v = _check(file, "", SCHEMA, data, problems)
+    assert isinstance(v, dict)      # the schema's root is a table
     if not problems:
         _cross_checks(file, v, problems)
     if problems:

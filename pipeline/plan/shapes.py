@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import Problem, InputError
+from pipeline.errors import InputError, Problem
 
 # Architectures whose config.json this module understands (dense decoder, GQA attention, gated MLP).
 DENSE_DECODERS = {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from pipeline.errors import PipelineError
@@ -18,7 +18,7 @@ class SoftwareStack:
     """One JetPack release line and the engine backend built on it."""
 
     id: str
-    backend: str            # "trtllm-0.12" | "edgellm"
+    backend: str            # a pipeline.backends name
     backend_version: str
     jetpack: tuple[str, ...]
     l4t: str
@@ -74,11 +74,12 @@ class TargetProfile:
         return next((s for s in self.stacks if s.backend == backend), None)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_targets(path: Path = DATA) -> dict[str, TargetProfile]:
     data = load_toml(path)
-    stacks = {s["id"]: SoftwareStack(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()})
-              for s in data["stack"]}
+    stacks: dict[str, SoftwareStack] = {
+        s["id"]: SoftwareStack(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()})  # type: ignore[arg-type]
+        for s in data["stack"]}
     targets = {}
     for t in data["target"]:
         t = dict(t)
@@ -95,5 +96,3 @@ def get_target(target_id: str) -> TargetProfile:
         raise PipelineError(f"unknown target {target_id!r}", f"known targets: {', '.join(targets)}")
     return targets[target_id]
 
-
-BACKENDS = ("trtllm-0.12", "edgellm")

@@ -14,6 +14,7 @@ from pipeline.errors import PipelineError
 
 
 def source_path(source: str, recipe_file: str) -> Path | None:
+    """The file of a `file:PATH` calibration source (relative to the recipe file); None for other sources."""
     if not source.startswith("file:"):
         return None
     p = Path(source[5:]).expanduser()
@@ -26,7 +27,8 @@ def load_texts(source: str, recipe_file: str = ".") -> list[str]:
         from pipeline.workstation.tinymodel import corpus_text
         return [p for p in corpus_text(name).split("\n") if p.strip()]
     if kind == "file":
-        path = source_path(source, recipe_file)
+        path = Path(source[5:]).expanduser()
+        path = path if path.is_absolute() else (Path(recipe_file).parent / path).resolve()
         if not path.is_file():
             raise PipelineError(f"{recipe_file}: quantization.calibration.source = {source!r}: no file {path}",
                                 "give a .txt (one passage per line) or .jsonl ({\"text\": ...} per line) file")

@@ -33,8 +33,8 @@ def int4_plugin_version(model) -> int:
     """2 where every quantized linear is 64-aligned in N and K, else 1."""
     for module in model.modules():
         w = getattr(module, "weight", None)
-        if getattr(module, "weight_quantizer", None) is not None and w is not None and w.dim() == 2:
-            if w.shape[0] % INT4_V2_ALIGN or w.shape[1] % INT4_V2_ALIGN:
+        if getattr(module, "weight_quantizer", None) is not None and w is not None and w.dim() == 2 \
+                and (w.shape[0] % INT4_V2_ALIGN or w.shape[1] % INT4_V2_ALIGN):
                 return 1
     return 2
 
@@ -54,7 +54,9 @@ def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | Non
                                                  *extra_outputs] if n not in outputs]
     if "trt_edgellm:AttentionPlugin" not in custom:
         problems.append("no trt_edgellm:AttentionPlugin node")
-    expected = set(EXPECTED_OPS.get(weights, set())) | ({INT4_OPS[int4_plugin]} if weights == "int4_awq" else set())
+    expected = set(EXPECTED_OPS.get(weights, set()))
+    if weights == "int4_awq":
+        expected.add(INT4_OPS[int4_plugin or 2])
     problems += [f"no {op} node for {weights}" for op in sorted(expected - set(ops))]
     if problems:
         raise PipelineError(f"{onnx_dir / 'model.onnx'} is not what llm_build expects: " + "; ".join(problems),
@@ -121,10 +123,17 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: 
         if (hf / "hf_quant_config.json").is_file() else {}
     runtime_cfg = json.loads((onnx_dir / "config.json").read_text())
     shutil.rmtree(hf)        # the kit carries the ONNX; the unified checkpoint is rebuilt from the state if needed
-    return {"edgellm": {
+    return {"export": {
         "weights": weights, "kv_cache": kv_cache, "quant_algo": quant.get("quant_algo"),
         "kv_cache_quant_algo": quant.get("kv_cache_quant_algo"), "group_size": quant.get("group_size"),
         "kv_cache_dtype": runtime_cfg.get("kv_cache_dtype"), "target_sm": sm,
         "int4_gemm_plugin_version": plugin,
         "externalized_weights": [], "onnx": graph, "speculative": spec,
         "versions": {d: _version(d) for d in ("tensorrt-edgellm", "nvidia-modelopt", "transformers", "onnx")}}}
+
+
+def export_job(job) -> dict:
+    """The edgellm backend's export step (pipeline.backends.ExportJob -> stage manifest fields)."""
+    assert job.payload == ONNX_DIR, job.payload
+    return export(job.model_dir, job.quant_dir, job.out, job.weights, job.kv_cache, job.target_sm,
+                  draft_dir=job.draft_dir)

@@ -10,6 +10,8 @@ import json
 import math
 from pathlib import Path
 
+from pipeline import contract
+
 GOLDENS = "goldens.json"
 HELDOUT = "heldout-en"
 
@@ -24,7 +26,7 @@ def greedy(model, ids: list[int], max_new_tokens: int, top_k: int, eos: int | No
     for logits in out.logits:
         lp = torch.log_softmax(logits[0].float(), -1)
         vals, idx = lp.topk(top_k)
-        steps.append([[int(i), round(float(v), 5)] for i, v in zip(idx, vals)])
+        steps.append([[int(i), round(float(v), 5)] for i, v in zip(idx, vals, strict=True)])
     return {"output_ids": new, "top_logprobs": steps}
 
 
@@ -36,7 +38,7 @@ def make_goldens(model, tokenizer, validation: dict) -> dict:
         g = greedy(model, ids, validation["max_new_tokens"], validation["top_k_logprobs"], tokenizer.eos_token_id)
         prompts.append({"prompt": prompt, "input_ids": ids, **g,
                         "text": tokenizer.decode(g["output_ids"], skip_special_tokens=True)})
-    return {"format": "jetson-goldens/1", "max_new_tokens": validation["max_new_tokens"],
+    return {"format": contract.Goldens.FORMAT, "max_new_tokens": validation["max_new_tokens"],
             "min_token_agreement": validation["min_token_agreement"], "top_k": validation["top_k_logprobs"],
             "eos_token_id": tokenizer.eos_token_id, "prompts": prompts}
 
@@ -44,7 +46,7 @@ def make_goldens(model, tokenizer, validation: dict) -> dict:
 def token_agreement(golden: list[int], produced: list[int]) -> float:
     """Fraction of golden tokens reproduced up to the first divergence (greedy decoding diverges for good after)."""
     n = 0
-    for a, b in zip(golden, produced):
+    for a, b in zip(golden, produced, strict=False):  # up to the shorter: a short answer is a divergence
         if a != b:
             break
         n += 1

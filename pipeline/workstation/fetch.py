@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.files import link_or_copy
 from pipeline.workstation.safetensors_check import check_safetensors
-from pipeline.graph.framework import link_or_copy
 
 # Files a checkpoint needs downstream; everything else in a repo (other formats, READMEs, images) is left behind.
 NEEDED = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -17,7 +17,7 @@ DRAFT_NEEDED = ["config.json", "*.safetensors", "model.safetensors.index.json", 
 
 
 def needed_files(root: Path, patterns: list[str] = NEEDED) -> list[Path]:
-    found = set()
+    found: set[Path] = set()
     for pattern in patterns:
         found.update(p for p in root.glob(pattern) if p.is_file())
     return sorted(found)

@@ -11,14 +11,12 @@ The token is read by huggingface_hub from the environment and never passed throu
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.files import link_or_copy
+from pipeline.plan.recipe import COMMIT_RE
 from pipeline.workstation.fetch import NEEDED
-from pipeline.graph.framework import link_or_copy
-
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def _offline() -> bool:
@@ -34,12 +32,16 @@ def fetch_hub(repo: str, revision: str, out: Path, allow_branch: bool = False, p
     where = f"{repo}@{revision}"
     try:
         if _offline():
-            if not COMMIT.match(revision):
+            if not COMMIT_RE.match(revision):
                 raise PipelineError(f"{where}: HF_HUB_OFFLINE is set, so branch {revision!r} cannot be resolved",
                                     f"pin {table}.revision to a commit hash, or unset HF_HUB_OFFLINE")
             commit = revision
         else:
-            commit = HfApi().model_info(repo, revision=revision).sha
+            resolved = HfApi().model_info(repo, revision=revision).sha
+            if resolved is None:
+                raise PipelineError(f"{where}: the hub returned no commit for this revision",
+                                    f"pin {table}.revision to a commit hash")
+            commit = resolved
             if commit != revision and not allow_branch:
                 raise PipelineError(f"{where}: revision resolves to commit {commit}, not to itself",
                                     f'pin {table}.revision = "{commit}" or set {table}.allow_branch = true')
@@ -51,7 +53,8 @@ def fetch_hub(repo: str, revision: str, out: Path, allow_branch: bool = False, p
         raise PipelineError(f"{where}: repository not found (or private)",
                             f"check {table}.repo; for a private repo export HF_TOKEN=<a read token>") from None
     except hf_errors.RevisionNotFoundError:
-        raise PipelineError(f"{where}: no such revision", f"check {table}.revision against the repo's commits") from None
+        raise PipelineError(f"{where}: no such revision",
+                            f"check {table}.revision against the repo's commits") from None
     except (hf_errors.LocalEntryNotFoundError, hf_errors.OfflineModeIsEnabled):
         raise PipelineError(f"{where}: not in the local Hugging Face cache and the hub is not reachable",
                             "fetch once with network access, copy the HF cache over, or use model.source = 'local'"
@@ -69,8 +72,8 @@ def fetch_config(repo: str, revision: str) -> dict:
     """Only config.json (a few KB), so that a plan can gate a model before its weights are downloaded."""
     import json
 
-    from huggingface_hub import hf_hub_download
     from huggingface_hub import errors as hf_errors
+    from huggingface_hub import hf_hub_download
 
     try:
         return json.loads(Path(hf_hub_download(repo, "config.json", revision=revision)).read_text())

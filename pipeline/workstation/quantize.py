@@ -10,11 +10,12 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.workstation.grid import grid_modules, snap_to_export_grid, split_levels
-from pipeline.progress import StepTimer
 from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS, KVFormat, WeightFormat
+from pipeline.progress import StepTimer
+from pipeline.workstation.grid import grid_modules, snap_to_export_grid, split_levels
 
 STATE = "modelopt_state.pth"
 TENSORS = "calibrated.safetensors"      # the tensors calibration changed, beside STATE
@@ -87,8 +88,8 @@ def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None) -> 
     name = fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name)
     if name is None and kv.name == "fp16":
         return None
-    cfg = copy.deepcopy(getattr(mtq, name)) if name else {"quant_cfg": [{"quantizer_name": "*", "enable": False}],
-                                                          "algorithm": "max"}
+    cfg: dict[str, Any] = copy.deepcopy(getattr(mtq, name)) if name else {
+        "quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
     if group_size and fmt.name in ("int4_awq", "w4a8_awq"):
         for entry in cfg["quant_cfg"]:
             if entry.get("quantizer_name") == "*weight_quantizer":
@@ -125,6 +126,7 @@ def load_model(model_dir: Path, device: str):
     # (fp16 matmuls are slow there): loaded as fp32 and rounded to fp16 values one tensor at a time, which never
     # holds a second copy of the model. An fp16 checkpoint loads as exact fp16 values: no rounding pass (fp16
     # conversions are slow on a CPU: 4 s of a 1B model's 11 s load).
+    model: Any        # a transformers model, with the attributes this module sets on it
     if device == "cpu":
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         if _stored_dtypes(model_dir) != {"F16"}:
@@ -147,7 +149,8 @@ def load_model(model_dir: Path, device: str):
                                     f"budgets {placement.max_memory}", "set PIPELINE_GPU_BUDGET_BYTES higher, or "
                                     "use a workstation with more GPU memory")
         else:
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16).to(placement.device)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16)
+            model = model.to(placement.device)
         model.placement = placement.as_dict()
     model.eval()
     model.pipeline_loaded = {name: _param_fingerprint(p) for name, p in model.named_parameters()}
@@ -261,7 +264,7 @@ def fuse_for_export(model) -> int:
             if quantizer is not None and quantizer.pre_quant_scale is not None:
                 quantizer.pre_quant_scale = quantizer.pre_quant_scale.half().float()
         k, v = getattr(attn, "k_bmm_quantizer", None), getattr(attn, "v_bmm_quantizer", None)
-        if k is not None and k.is_enabled and k.amax is not None and v.amax is not None:
+        if k is not None and v is not None and k.is_enabled and k.amax is not None and v.amax is not None:
             k.amax = v.amax = torch.maximum(k.amax, v.amax)
     return n
 
@@ -271,12 +274,12 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     """Calibrate and save ModelOpt state into `out`; returns the stage's manifest extras."""
     import torch
 
-    from pipeline.workstation.calibration import load_texts, token_windows
     from pipeline.progress import Progress
+    from pipeline.workstation.calibration import load_texts, token_windows
 
     fmt, kv = WEIGHT_FORMATS[weights], KV_FORMATS[kv_cache]
     cfg = modelopt_config(fmt, kv, group_size)
-    info = {"weights": weights, "kv_cache": kv_cache, "group_size": group_size, "modelopt_config": None}
+    info: dict[str, Any] = {"weights": weights, "kv_cache": kv_cache, "group_size": group_size, "modelopt_config": None}
     if cfg is None:
         (out / "quantize.json").write_text(json.dumps({**info, "method": "none"}, indent=1))
         return {"quantize": {**info, "method": "none"}}
@@ -348,7 +351,6 @@ def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu", consum
     if (quant_dir / STATE).is_file():
         import modelopt.torch.opt as mto
         import torch
-
         from safetensors.torch import load_file
 
         blob = torch.load(quant_dir / STATE, map_location=device, weights_only=False)

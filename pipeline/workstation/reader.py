@@ -79,7 +79,8 @@ class Linear:
     """One linear as stored; dequantized on each call, by blocks of output rows, so reading a multi-GB checkpoint
     never holds more than one block in fp32."""
 
-    def __init__(self, t: dict, name: str, algo: str | None, group: int | None, scratch: Scratch | None = None):
+    def __init__(self, t: _LazyTensors, name: str, algo: str | None, group: int | None,
+                 scratch: Scratch | None = None):
         self.t, self.name, self.algo, self.group = t, name, algo, group
         self.scratch = scratch or Scratch()
         self.bias = t.get(name + ".bias")
@@ -92,6 +93,7 @@ class Linear:
         """Output rows [lo, hi) of the weight in fp32, dequantized in place in the scratch block (valid until the
         next call), and a per-row scale still to apply to the outputs (W8A16) or None."""
         if self.algo == "W4A16_AWQ":
+            assert scale is not None and self.group is not None    # W4A16_AWQ always stores both
             q = unpack_int4(stored[lo // 2:hi // 2])                          # packed rows hold row pairs
             w = self.scratch.block(*q.shape).copy_(q)
             s = scale[lo:hi].float()                                          # (rows, in / group)
@@ -99,6 +101,7 @@ class Linear:
             return w, None
         w = self.scratch.block(hi - lo, stored.shape[1]).copy_(stored[lo:hi])
         if self.algo == "W8A8_SQ_PER_CHANNEL":
+            assert scale is not None
             return w.mul_(scale[lo:hi].float()[:, None]), None
         if self.algo == "W8A16":
             return _quantize_w8a16(w)
@@ -190,7 +193,8 @@ class CheckpointModel:
             p = f"transformer.layers.{i}."
             self.layers.append({n: Linear(self.t, p + n, self.algo, self.group, scratch) for n in
                                 ("attention.qkv", "attention.dense", "mlp.fc", "mlp.gate", "mlp.proj")}
-                               | {"in": self.t[p + "input_layernorm.weight"], "post": self.t[p + "post_layernorm.weight"],
+                               | {"in": self.t[p + "input_layernorm.weight"],
+                                  "post": self.t[p + "post_layernorm.weight"],
                                   "kv": self.t.get(p + "attention.kv_cache_scaling_factor")})
         self.embed = self.t["transformer.vocab_embedding.weight"]
         self.lm_head = Linear(self.t, "lm_head", None, None, scratch)   # fp16 in every 0.12 format here

@@ -37,8 +37,9 @@ def expected_tensors(cfg: dict) -> dict[str, tuple[tuple[str, ...], tuple[int, .
     act = cfg["dtype"]
     shapes = {"attention.qkv": (qkv, h), "attention.dense": (h, cfg["num_attention_heads"] * head),
               "mlp.fc": (inter, h), "mlp.gate": (inter, h), "mlp.proj": (h, inter)}
-    out = {"transformer.vocab_embedding.weight": ((act,), (v, h)), "transformer.ln_f.weight": ((act,), (h,)),
-           "lm_head.weight": ((act,), (v, h))}
+    out: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {
+        "transformer.vocab_embedding.weight": ((act,), (v, h)), "transformer.ln_f.weight": ((act,), (h,)),
+        "lm_head.weight": ((act,), (v, h))}
     for i in range(cfg["num_hidden_layers"]):
         p = f"transformer.layers.{i}."
         out[p + "input_layernorm.weight"] = ((act,), (h,))

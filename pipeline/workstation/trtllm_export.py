@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline import backends
 from pipeline.errors import PipelineError
 from pipeline.progress import StepTimer
 from pipeline.workstation.trtllm_checkpoint import ARCHITECTURES, CONFIG, WEIGHTS, validate
@@ -80,8 +81,8 @@ def check_architecture(raw: dict, source: str) -> str:
     arch = (raw.get("architectures") or ["?"])[0]
     if arch not in ARCHITECTURES:
         raise PipelineError(f"{source}: architecture {arch} has no TensorRT-LLM 0.12 exporter here",
-                            f"supported: {', '.join(ARCHITECTURES)}; Qwen3 and newer go through Edge-LLM "
-                            "(backend = 'edgellm' on JetPack 7.2 / Thor)")
+                            f"supported: {', '.join(ARCHITECTURES)}; Qwen3 and newer go through TensorRT Edge-LLM "
+                            f"on JetPack 7.2 / Thor (the recipe's backend, one of {', '.join(backends.NAMES)})")
     return arch
 
 
@@ -98,7 +99,7 @@ def export_device(model_dir: Path) -> str:
     return "cuda" if checkpoint_bytes(model_dir, 4) * 1.3 < free else "cpu"
 
 
-def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids: list[int]) -> dict:
+def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, check_ids: list[int]) -> dict:
     import gc
 
     import torch
@@ -119,7 +120,7 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids:
     with timer("load"):
         model = load_quantized(model_dir, quant_dir, device, consume=True)
     calibrated_in_fp16 = next(model.parameters()).dtype == torch.float16
-    ids = torch.tensor(probe_ids, device=device)
+    ids = torch.tensor(check_ids, device=device)
     with timer("reference"), torch.no_grad(), skinny_linears():
         # fp32 on either device: the reference and the reader then differ by summation order only. A model
         # calibrated in fp16 (GPU) holds fp16 values only, so it goes back to fp16 exactly for the export.
@@ -154,7 +155,25 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, probe_ids:
     if check["logit_cosine"] < MIN_COSINE or check["top1_tie_aware"] < MIN_TOP1:
         raise PipelineError(f"exported checkpoint disagrees with the calibrated model: {check}",
                             "this is a bug in the export path; please report it with the recipe")
-    return {"trtllm": {"quant_algo": cfg["quantization"]["quant_algo"],
+    return {"export": {"quant_algo": cfg["quantization"]["quant_algo"],
                        "kv_cache_quant_algo": cfg["quantization"].get("kv_cache_quant_algo"),
                        "rotary_base": base, "rotary_scaling": scaling, "reader_check": check,
                        "seconds": timer.seconds}}
+
+
+CHECK_TOKENS = 32      # held-out tokens the reference and the independent reader both run
+
+
+def check_token_ids(model_dir: Path) -> list[int]:
+    """The tokens the export's reader check runs: the start of the shipped held-out text (not calibration text)."""
+    from transformers import AutoTokenizer
+
+    from pipeline.workstation.calibration import load_texts
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return tok(" ".join(load_texts("builtin:heldout-en")), add_special_tokens=False)["input_ids"][:CHECK_TOKENS]
+
+
+def export_job(job) -> dict:
+    """The trtllm-0.12 backend's export step (pipeline.backends.ExportJob -> stage manifest fields)."""
+    return export(job.model_dir, job.quant_dir, job.out / job.payload, job.weights, check_token_ids(job.model_dir))

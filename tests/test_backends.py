@@ -2,8 +2,12 @@
 
 import json
 
-from pipeline.device.engine_build import (check_llm_build_argv, check_trtllm_012_argv, llm_build_argv,
-                                   trtllm_build_argv)
+import pytest
+
+from pipeline import backends
+from pipeline.backends.edgellm import check_llm_build_argv, llm_build_argv
+from pipeline.backends.trtllm012 import check_trtllm_012_argv, trtllm_build_argv
+from pipeline.contract import BuildLimits
 
 
 def _plan(project, recipe):
@@ -77,6 +81,33 @@ def test_012_flag_check_names_what_is_wrong():
 
 
 def test_argv_builders_take_the_plan_limits():
-    plan = {"limits": {"max_batch_size": 2, "max_input_len": 512, "max_seq_len": 1024, "max_num_tokens": 1024}}
-    assert _value(trtllm_build_argv(plan, "/k/checkpoint", "/k/engine"), "--checkpoint_dir") == "/k/checkpoint"
-    assert llm_build_argv({"limits": dict(plan["limits"], max_batch_size=1)})[-1] == "2"
+    limits = BuildLimits(max_batch_size=2, max_input_len=512, max_seq_len=1024, max_num_tokens=1024)
+    assert _value(trtllm_build_argv(limits, "/k/checkpoint", "/k/engine"), "--checkpoint_dir") == "/k/checkpoint"
+    assert llm_build_argv(BuildLimits(1, 512, 1024, 1024))[-1] == "2"
+
+
+def test_each_backend_accepts_its_own_commands_and_refuses_other_programs():
+    limits = BuildLimits(2, 512, 1024, 1024)
+    for b in backends.REGISTRY.values():
+        for argv in b.build_commands(limits, None):
+            assert b.check_argv(argv) == [], (b.name, argv)
+        assert b.check_argv(["sh", "-c", "id"]) == [f"sh is not a {b.label} builder (allowed: {', '.join(b.builders)})"]
+        assert b.check_argv([]) and b.payload in ("checkpoint", "onnx")
+    assert backends.get("edgellm").check_argv(["trtllm-build", "--workers", "1"])[0].startswith("trtllm-build is not")
+
+
+def test_backend_names_are_compared_only_in_the_registry():
+    import re
+    from pathlib import Path
+
+    root = Path(backends.__file__).parents[1]
+    hits = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if "backends" not in p.parts
+            for i, line in enumerate(p.read_text().splitlines(), 1)
+            if re.search(r'["\'](trtllm-0\.12|edgellm)["\']', line)]
+    assert hits == []
+
+
+def test_unknown_backend_is_a_clear_error():
+    from pipeline.errors import PipelineError
+    with pytest.raises(PipelineError, match="(?s)unknown backend 'tensorrt-llm'.*known backends: trtllm-0.12, edgellm"):
+        backends.get("tensorrt-llm")

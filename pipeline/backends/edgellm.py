@@ -1,0 +1,67 @@
+"""TensorRT Edge-LLM (JetPack 7: Thor, and Orin on 7.2): llm_build's options, the build commands, the record.
+
+llm_build (Edge-LLM 0.11, examples/llm/llm_build.cpp getopt table): the options used here. Speculative decoding
+is --specBase / --specDraft (--eagleBase / --eagleDraft are its deprecated aliases); the base engine is built with
+its verify-tree limit, the draft with its draft-tree limit, both into one engine directory
+(spec_base.engine + base_config.json, spec_draft.engine + draft_config.json), which llm_inference --specDecode loads.
+"""
+
+from __future__ import annotations
+
+from pipeline.backends import INT, SWITCH, Backend, FlagTable, check_flags
+from pipeline.contract import BuildLimits, Speculative
+
+LLM_BUILD_FLAGS: FlagTable = {"--onnxDir": str, "--engineDir": str, "--maxInputLen": INT,
+                              "--maxKVCacheCapacity": INT, "--maxBatchSize": INT,
+                              "--specBase": SWITCH, "--specDraft": SWITCH,
+                              "--maxVerifyTreeSize": INT, "--maxDraftTreeSize": INT}
+LLM_BUILD_RENAMED = {"--eagleBase": "deprecated alias: use --specBase",
+                     "--eagleDraft": "deprecated alias: use --specDraft"}
+# Edge-LLM's known issue: engines built for batch 1 fail at run time; build for at least 2.
+EDGELLM_MIN_BATCH = 2
+
+
+def check_llm_build_argv(argv: list[str]) -> list[str]:
+    problems = check_flags(argv, LLM_BUILD_FLAGS, "llm_build", LLM_BUILD_RENAMED)
+    if "--specBase" in argv and "--specDraft" in argv:
+        problems.append("llm_build builds a base or a draft engine, not both at once")
+    for required in ("--onnxDir", "--engineDir"):
+        if required not in argv:
+            problems.append(f"llm_build needs {required}")
+    return problems
+
+
+def llm_build_argv(limits: BuildLimits, onnx_dir: str = "onnx", engine_dir: str = "engine") -> list[str]:
+    return ["llm_build", "--onnxDir", onnx_dir, "--engineDir", engine_dir,
+            "--maxInputLen", str(limits.max_input_len), "--maxKVCacheCapacity", str(limits.max_seq_len),
+            "--maxBatchSize", str(max(EDGELLM_MIN_BATCH, limits.max_batch_size))]
+
+
+def build_commands(limits: BuildLimits, speculative: Speculative | None) -> list[list[str]]:
+    """One engine, or with an EAGLE-3 draft the base (onnx/base, --specBase) then the draft (onnx/draft,
+    --specDraft) into one engine directory."""
+    if speculative is None:
+        return [llm_build_argv(limits)]
+    trees = ["--maxVerifyTreeSize", str(speculative.max_verify_tree_size),
+             "--maxDraftTreeSize", str(speculative.max_draft_tree_size)]
+    return [llm_build_argv(limits, "onnx/base") + trees + ["--specBase"],
+            llm_build_argv(limits, "onnx/draft") + trees + ["--specDraft"]]
+
+
+class _Backend(Backend):
+    def check_argv(self, argv: list[str]) -> list[str]:
+        if argv and argv[0] == "llm_build":
+            return check_llm_build_argv(argv)
+        return super().check_argv(argv)
+
+
+BACKEND = _Backend(
+    name="edgellm", label="TensorRT Edge-LLM", payload="onnx", board_version="edgellm",
+    install_hint="tensorrt-edgellm {version} (its llm_build and llm_inference for this JetPack)",
+    runtime_overhead=500_000_000, perf_class="tensorrt", perf_note=None, min_batch_size=EDGELLM_MIN_BATCH,
+    speculative=True,
+    export_depends_on_sm=True, export_tools=("tensorrt-edgellm", "onnx"),
+    builders={"llm_build": LLM_BUILD_FLAGS}, renamed_flags=LLM_BUILD_RENAMED, build_commands=build_commands,
+    export="pipeline.workstation.edgellm_export:export_job",
+    validate="pipeline.device.runners:validate_edgellm",
+)

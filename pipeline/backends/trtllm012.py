@@ -1,0 +1,78 @@
+"""TensorRT-LLM 0.12 (v0.12.0-jetson, JetPack 6 on Orin): its flags, its build command, its registry record.
+
+The 0.12 flag set is written down here once; the argv builder only emits flags from it, and the device refuses a
+plan whose command holds anything else (also what the tests' trtllm-build double runs). Limits always come from
+the memory plan: 0.12's own defaults (--max_batch_size 256, --max_num_tokens 8192) size buffers an 8 GB board
+cannot hold. Paths are relative to the unpacked kit (checkpoint/) and its build dir (engine/).
+"""
+
+from __future__ import annotations
+
+from pipeline.backends import INT, SWITCH, Backend, FlagTable, check_flags
+from pipeline.contract import BuildLimits, Speculative
+
+ENABLE = ("enable", "disable")
+PLUGIN_DTYPE = ("auto", "float16", "float32", "bfloat16", "int32", "disable")
+
+# trtllm-build 0.12 (tensorrt_llm/commands/build.py + plugin arguments), the subset this pipeline may emit,
+# with what each takes. FACTS.md: --use_fused_mlp is a bare switch in 0.12; "flash attention" is --context_fmha.
+TRTLLM_012_FLAGS: FlagTable = {
+    "--checkpoint_dir": str, "--output_dir": str, "--log_level": ("error", "warning", "info", "verbose"),
+    "--max_batch_size": INT, "--max_input_len": INT, "--max_seq_len": INT, "--max_num_tokens": INT,
+    "--max_beam_width": INT, "--workers": INT, "--tokens_per_block": INT,
+    "--gemm_plugin": PLUGIN_DTYPE, "--gpt_attention_plugin": PLUGIN_DTYPE,
+    "--context_fmha": ENABLE, "--paged_kv_cache": ENABLE, "--remove_input_padding": ENABLE,
+    "--use_paged_context_fmha": ENABLE, "--multiple_profiles": ENABLE,
+    "--use_fused_mlp": SWITCH,
+}
+# Spelled in guides and later releases, rejected by 0.12 (FACTS.md): a clear message instead of argparse's.
+NOT_IN_012 = {
+    "--use_flash_attn": "use --context_fmha enable",
+    "--strongly_typed": "removed before 0.12 (strongly typed is the default)",
+    "--weight_only_precision": "a convert_checkpoint.py flag; the checkpoint's quantization config decides",
+    "--kv_cache_type": "0.13+; 0.12 has --paged_kv_cache enable",
+    "--norm_quant_fusion": "not in 0.12",
+}
+
+
+def check_trtllm_012_argv(argv: list[str]) -> list[str]:
+    """Problems with a trtllm-build argv for TensorRT-LLM 0.12 (argv[0] is the program)."""
+    return check_flags(argv, TRTLLM_012_FLAGS, "trtllm-build 0.12", NOT_IN_012)
+
+
+def trtllm_build_argv(limits: BuildLimits, checkpoint_dir: str = "checkpoint", output_dir: str = "engine") -> list[str]:
+    argv = ["trtllm-build", "--checkpoint_dir", checkpoint_dir, "--output_dir", output_dir,
+            "--max_batch_size", str(limits.max_batch_size), "--max_input_len", str(limits.max_input_len),
+            "--max_seq_len", str(limits.max_seq_len), "--max_num_tokens", str(limits.max_num_tokens),
+            "--max_beam_width", "1",
+            # fp16 GEMM and attention plugins: the checkpoint is fp16; 0.12 switches the quantized GEMMs
+            # (W4A16 groupwise, SmoothQuant) to their plugins from the checkpoint's quantization config.
+            "--gemm_plugin", "float16", "--gpt_attention_plugin", "float16",
+            "--context_fmha", "enable", "--paged_kv_cache", "enable", "--remove_input_padding", "enable",
+            "--tokens_per_block", "64", "--use_fused_mlp",
+            # one builder process: a second one doubles the peak memory on a board that is already the limit
+            "--workers", "1", "--log_level", "info"]
+    problems = check_trtllm_012_argv(argv)
+    assert not problems, problems         # our own table disagreeing with our own builder is a bug here
+    return argv
+
+
+def build_commands(limits: BuildLimits, speculative: Speculative | None) -> list[list[str]]:
+    return [trtllm_build_argv(limits)]
+
+
+BACKEND = Backend(
+    name="trtllm-0.12", label="TensorRT-LLM 0.12", payload="checkpoint", board_version="tensorrt_llm",
+    install_hint="NVIDIA's TensorRT-LLM 0.12.0-jetson wheel for JetPack 6 (or dustynv/tensorrt_llm:0.12-r36.4.0)",
+    runtime_overhead=1_000_000_000,
+    perf_class="tensorrt",
+    perf_note="decode speed predicted with constants fitted to TensorRT Edge-LLM rows: no TensorRT-LLM 0.12 Jetson "
+              "decode figures are published in the reference set.",
+    min_batch_size=1, speculative=False, export_depends_on_sm=False,
+    export_tools=(), builders={"trtllm-build": TRTLLM_012_FLAGS}, renamed_flags=NOT_IN_012,
+    build_commands=build_commands,
+    export="pipeline.workstation.trtllm_export:export_job",
+    validate="pipeline.device.runners:validate_trtllm",
+    refuse_on_family={"thor": "TensorRT-LLM has no working Thor path (it refuses INT4/INT8 on SM >= 100); Thor "
+                              "engines are built with TensorRT Edge-LLM: use backend = 'edgellm'."},
+)

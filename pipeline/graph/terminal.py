@@ -1,0 +1,125 @@
+"""What `doit build` shows: one line per stage, progress bars for long loops, one `error:` line per failure.
+
+Stage lines go to stdout, errors and progress bars to stderr. Everything else a stage prints (ModelOpt,
+transformers, torch.onnx: warnings, their own progress bars, log lines) goes to the stage's log file,
+`artifacts/<recipe>/logs/<stage>.log`, which the error line names when the stage fails. Capturing happens at the
+file-descriptor level, so output written by C extensions and child processes lands in the log too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from doit.reporter import ConsoleReporter
+
+from pipeline import progress
+from pipeline.errors import PipelineError
+
+
+class StageReporter(ConsoleReporter):
+    """doit's reporter, quiet: stages print their own line; a failed stage has already said why, once."""
+
+    desc = "one line per stage (jetson-trtllm-pipeline)"
+
+    def execute_task(self, task) -> None:
+        pass
+
+    def skip_uptodate(self, task) -> None:
+        pass
+
+    def skip_ignore(self, task) -> None:
+        pass
+
+    def add_failure(self, task, fail) -> None:
+        # A stage action that failed returned False after printing its error line; anything else (an action that
+        # raised past our wrapper, a bad uptodate check) is reported here as one line.
+        if type(fail).__name__ != "TaskFailed":
+            first = fail.get_msg().strip().splitlines()
+            self.write(f"error: {task.name}: {first[-1] if first else type(fail).__name__}\n")
+
+    def complete_run(self) -> None:
+        for msg in self.runtime_errors:
+            line = " ".join(msg.split())
+            hint = ""
+            if "database" in line.lower() or "disk" in line.lower():
+                hint = " (hint: free disk space where artifacts/ lives; doit keeps its state in artifacts/.doit.db)"
+            self.write(f"error: doit: {line}{hint}\n")
+
+
+def log_path(artifacts: Path, recipe: str, stage: str) -> Path:
+    return artifacts / recipe / "logs" / f"{stage}.log"
+
+
+@contextlib.contextmanager
+def captured(log: Path) -> Iterator[None]:
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to `log` while the block runs; our own
+    terminal output goes through progress.terminal() to where stderr pointed before."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    err = os.fdopen(os.dup(saved_err), "w", buffering=1)
+    out = os.fdopen(os.dup(saved_out), "w", buffering=1)
+    with open(log, "wb") as fh:
+        os.dup2(fh.fileno(), 1)
+        os.dup2(fh.fileno(), 2)
+        previous = progress.set_terminal(err, out)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved_out, 1)
+            os.dup2(saved_err, 2)
+            os.close(saved_out)
+            os.close(saved_err)
+            progress.set_terminal(*previous)
+            err.close()
+            out.close()
+
+
+def run_stage_action(stage: str, label: str, log: Path, action: Callable[[], object],
+                     summary: Callable[[object], str], capture: bool = True) -> bool:
+    """Run one stage's action and print its line: `stage  label: summary (seconds)`, or one error line with the
+    hint and the log. Returns False on failure (doit then fails the task without printing anything itself)."""
+    out, err = progress.terminal_out(), progress.terminal()
+    tty = out.isatty()
+    if tty:
+        out.write(f"{stage:<9}{label} ...")
+        out.flush()
+    started = time.monotonic()
+    line_end = "\r\033[K" if tty else ""
+    try:
+        with captured(log) if capture else contextlib.nullcontext():
+            try:
+                result = action()
+            except PipelineError:
+                raise
+            except Exception:
+                traceback.print_exc()       # into the log
+                raise
+    except PipelineError as exc:
+        hint = f"\n  hint: {exc.hint}" if exc.hint else ""
+        out.write(line_end)
+        err.write(f"error: {stage} {label}: {exc.message}{hint}\n  log: {log}\n")
+        return False
+    except Exception as exc:
+        out.write(line_end)
+        err.write(f"error: {stage} {label} failed: {type(exc).__name__}: {str(exc)[:300]}\n"
+                  f"  hint: this is a bug in the pipeline; the traceback is in the log: {log}\n")
+        return False
+    seconds = time.monotonic() - started
+    try:
+        text = summary(result)
+    except Exception:       # a summary must never fail a stage that succeeded
+        text = "done"
+    first, _, rest = text.partition("\n")
+    out.write(f"{line_end}{stage:<9}{label}: {first} ({seconds:.1f} s)\n" + (rest + "\n" if rest else ""))
+    out.flush()
+    return True

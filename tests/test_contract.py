@@ -1,0 +1,111 @@
+"""The workstation <-> device contract: every record round-trips, and a bad file is one line naming the file, the
+field and what was expected, never a traceback or a hang."""
+
+import json
+import os
+import threading
+
+import pytest
+
+from pipeline import contract
+from pipeline.errors import PipelineError
+
+
+def plan_dict() -> dict:
+    from pipeline.plan.memory import Limits
+    from pipeline.plan.perf import known_shape
+    from pipeline.plan.planner import PlanRequest, make_plan
+    from pipeline.plan.targets import get_target
+
+    shape = known_shape("meta-llama/Llama-3.2-3B-Instruct")
+    plan = make_plan(PlanRequest(shape, "llama", "int4_awq", "fp16", get_target("agx-orin-64gb"),
+                                 Limits(1, 512, 1024)))
+    return plan.to_json()
+
+
+def test_plan_round_trips_through_its_record(tmp_path):
+    d = plan_dict()
+    assert d["format"] == "jetson-plan/1" and d["device_build_command"] == d["device_build_commands"][0]
+    record = contract.Plan.from_dict(d, "plan.json")
+    assert record.limits.max_seq_len == 1024 and record.stack.tensorrt == "10.3"
+    assert record.memory_figure("build_peak") == d["memory"]["build_peak"] > 0
+    record.dump(tmp_path / "plan.json")
+    assert contract.Plan.load(tmp_path / "plan.json") == record
+    assert json.loads((tmp_path / "plan.json").read_text()) == json.loads(json.dumps(d))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.pop("limits"), "plan.json: limits: missing (expected an object (BuildLimits))"),
+    (lambda d: d["limits"].update(max_seq_len="1024"), 'plan.json: limits.max_seq_len = "1024": expected an integer'),
+    (lambda d: d["limits"].update(max_seq_len=True), "plan.json: limits.max_seq_len = true: expected an integer"),
+    (lambda d: d.update(surprise=1), "plan.json: .surprise: unknown field"),
+    (lambda d: d.update(format="jetson-plan/2"), "plan.json: format = \"jetson-plan/2\": expected 'jetson-plan/1' "
+                                                 "(an older or newer version)"),
+    (lambda d: d.update(format="jetson-kit-manifest/1"), "(another kind of file)"),
+    (lambda d: d.update(device_build_commands=[["trtllm-build", 3]]),
+     "plan.json: device_build_commands[0][1] = 3: expected a string"),
+])
+def test_a_bad_plan_is_one_line_naming_file_field_and_expectation(edit, message):
+    d = plan_dict()
+    edit(d)
+    with pytest.raises(contract.ContractError) as err:
+        contract.Plan.from_dict(d, "plan.json")
+    assert message in str(err.value) and "\n" in str(err.value)   # the message, then its hint
+    assert str(err.value).count("\n") == 1
+
+
+def test_hostile_files_are_refused_without_hanging(tmp_path):
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    link = tmp_path / "zero.json"
+    link.symlink_to("/dev/zero")
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (contract.MAX_RECORD_BYTES + 1))
+    (tmp_path / "dir.json").mkdir()
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe{")
+    (tmp_path / "deep.json").write_text("[" * 100_000)
+    cases = {fifo: "not a regular file", link: "cannot be opened as a regular file",
+             big: "more than the", tmp_path / "dir.json": "not a regular file",
+             tmp_path / "bin.json": "not valid JSON", tmp_path / "deep.json": "not valid JSON",
+             tmp_path / "missing.json": "no such file"}
+    messages: dict = {}
+
+    def load_all():
+        for path in cases:
+            try:
+                contract.Goldens.load(path)
+            except PipelineError as exc:
+                messages[path] = str(exc)
+    t = threading.Thread(target=load_all, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), f"hung after {list(messages)}"
+    for path, want in cases.items():
+        assert messages[path].startswith(str(path)) and want in messages[path], (path, messages.get(path))
+
+
+def test_goldens_and_board_records_round_trip(tmp_path):
+    goldens = {"format": "jetson-goldens/1", "max_new_tokens": 4, "min_token_agreement": 0.9, "top_k": 2,
+               "eos_token_id": None, "prompts": [{"prompt": "Hi", "input_ids": [1, 2], "output_ids": [3],
+                                                  "top_logprobs": [[[3, -0.1], [4, -2.5]]], "text": "!"}]}
+    g = contract.Goldens.from_dict(goldens, "goldens.json")
+    assert g.prompts[0].top_logprobs[0][1] == [4.0, -2.5] and g.to_dict()["format"] == "jetson-goldens/1"
+    from pipeline.device.probe import probe
+    from tests.test_probe_gate import FIX
+    board = contract.Board.from_dict(probe(FIX / "agx-thor-jp70"), "probe")
+    assert board.is_jetson and board.sm == "11.0" and board.name == "agx-thor"
+
+
+def test_kit_manifest_of_a_packed_kit_is_the_contract(tmp_path):
+    from pipeline.kit.archive import check_kit, pack
+    from pipeline.kit.signing import SecretKey
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.bin").write_bytes(b"x" * 100)
+    key = SecretKey.generate()
+    pack(tmp_path / "src", tmp_path / "kit", "demo", "kit", key, meta={"recipe": "r", "target": "agx-thor"})
+    m = contract.KitManifest.load(tmp_path / "kit" / contract.MANIFEST)
+    assert m.files[0].path == "a.bin" and m.files[0].size == 100 and m.recipe == "r"
+    assert check_kit(tmp_path / "kit", [key.public])["name"] == "demo"
+    with pytest.raises(contract.ContractError, match="the manifest being packed into .*: .undeclared: unknown field"):
+        pack(tmp_path / "src", tmp_path / "kit2", "demo", "kit", key, meta={"undeclared": 1})
