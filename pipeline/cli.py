@@ -262,13 +262,22 @@ def build_parser() -> argparse.ArgumentParser:
 def _probe_cmd(args) -> int:
     import json
 
+    from pipeline.contract import Board
     from pipeline.device.probe import probe
+
     facts = probe(args.root)
     if args.json:
         print(json.dumps(facts, indent=1))
     else:
         for k, v in facts.items():
-            print(f"{k:<18}{v}")
+            if k != "format":
+                print(f"{k:<18}{v}")
+    if not Board.from_dict(facts, "probe").is_jetson:
+        where = Path(args.root) / "proc/device-tree/compatible"
+        print(f"error: this is not a Jetson: {where} names no Orin or Thor SoC (tegra234/tegra264)\n"
+              "  hint: run probe and device on the Jetson itself, or pass --root DIR holding a board's files",
+              file=sys.stderr)
+        return 2
     return 0
 
 

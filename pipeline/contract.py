@@ -275,10 +275,6 @@ class Plan(Record):
     device_build_command: list[str] | None       # the (base) engine's argv: device_build_commands[0]
     device_build_commands: list[list[str]] | None
 
-    def memory_figure(self, name: str) -> int | None:
-        value = (self.memory or {}).get(name)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
 
 @dataclass(frozen=True)
 class Entry(Part):

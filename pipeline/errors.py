@@ -40,6 +40,3 @@ class InputError(PipelineError):
         lines = [f"{len(self.problems)} problem(s):"] + [f"  - {p}" for p in self.problems]
         super().__init__("\n".join(lines))
 
-
-class PlanRefused(PipelineError):
-    """The combination of model, precision, backend and target cannot work; the message says why."""

@@ -102,3 +102,14 @@ def test_build_memory_gate_names_boards_that_can_build():
     assert "needs ~7.6 GB; this board has 6.1 GB available" in str(e.value)
     assert "orin-nx-16gb" in e.value.hint and "agx-orin-64gb" in e.value.hint
     build_memory_gate(plan, probe(FIX / "agx-orin-64gb-jp61"))       # enough: no error
+
+
+def test_probe_on_a_machine_that_is_not_a_jetson_says_so(tmp_path):
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("MemTotal:       16000000 kB\n")
+    r = subprocess.run([sys.executable, "-m", "pipeline", "probe", "--root", str(tmp_path)], capture_output=True,
+                       text=True, cwd=REPO)
+    assert r.returncode == 2 and "error: this is not a Jetson" in r.stderr and "memory_total" in r.stdout
+    ok = subprocess.run([sys.executable, "-m", "pipeline", "probe", "--root", str(FIX / "agx-thor-jp70")],
+                        capture_output=True, text=True, cwd=REPO)
+    assert ok.returncode == 0 and "agx-thor" in ok.stdout and "format" not in ok.stdout

@@ -66,6 +66,11 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
     manifest = check_kit(kit, trusted)
     say(f"kit {manifest['name']}: signature and hashes OK (signed by {manifest['_signed_by']})")
     device = probe(root)
+    board = contract.Board.from_dict(device, "probe")
+    if not board.is_jetson:
+        raise PipelineError(f"this is not a Jetson ({Path(root) / 'proc/device-tree/compatible'} names no Orin or "
+                            "Thor SoC): engines are built on a board of the kit's SM",
+                            "run this on the Jetson, or pass --root DIR holding a recorded board's files")
     say(f"this board: {device['target'] or device['board']}, JetPack {device['jetpack']}, SM {device['sm']}, "
          f"TensorRT {device['tensorrt']}, {device['power_mode']}")
     for w in gate.require(manifest, "kit", device).warnings:
@@ -75,6 +80,7 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
     if not kit_dir.is_dir():
         work.mkdir(parents=True, exist_ok=True)
         unpack(kit, kit_dir, trusted)
+    board.dump(work / contract.BOARD)      # what this run built on, beside the build log
     plan = contract.Plan.load(kit_dir / contract.PLAN)
     goldens = contract.Goldens.load(kit_dir / contract.GOLDENS)
     if not force:

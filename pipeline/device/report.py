@@ -66,7 +66,7 @@ def build_report(goldens: dict, validation: dict, plan: dict, device: dict, peak
 
 def write_report(out: Path, report: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / contract.REPORT_JSON).write_text(json.dumps(report, indent=1) + "\n")
     lines = [f"# Validation on {report['device']['target'] or report['device']['board']}: "
              f"{'PASSED' if report['ok'] else 'FAILED'}", "", "| check | required | measured | ok | short by |",
              "|---|---|---|---|---|"]
@@ -77,10 +77,10 @@ def write_report(out: Path, report: dict) -> None:
     lines += ["", f"decode: {m['decode_tok_s']} tok/s measured, {p['decode_tok_s']} predicted "
                   f"(power mode {report['device']['power_mode']}); TTFT {m['ttft_s']} s; "
                   f"peak board RAM {m['peak_ram']} B; build {m['build_seconds']} s", ""]
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    (out / contract.REPORT_MD).write_text("\n".join(lines) + "\n")
     bars = [("decode tok/s", m["decode_tok_s"], p["decode_tok_s"]),
             ("memory GB", (m["peak_ram"] or 0) / 1e9 or None, (p["memory_total"] or 0) / 1e9 or None)]
-    (out / "report.png").write_bytes(bar_chart_png(bars))
+    (out / contract.REPORT_PNG).write_bytes(bar_chart_png(bars))
 
 
 def bar_chart_png(groups: list[tuple[str, float | None, float | None]], height: int = 120) -> bytes:

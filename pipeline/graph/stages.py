@@ -13,7 +13,7 @@ from dataclasses import asdict
 from functools import cache
 from pathlib import Path
 
-from pipeline import backends
+from pipeline import backends, contract
 from pipeline.errors import PipelineError
 from pipeline.graph.framework import StageSpec, artifacts_dir, link, run_stage
 from pipeline.plan.formats import WEIGHT_FORMATS
@@ -144,7 +144,7 @@ def recipe_link(recipe: Recipe, stage: str, target: str | None, spec: StageSpec)
 def recipe_plan(recipe: Recipe, target: str) -> dict:
     """The current plan of one target (the plan task always runs before the stages that read it)."""
     name = "plan" if len(recipe.targets) == 1 else f"plan@{target}"
-    path = artifacts_dir() / recipe.name / name / "plan.json"
+    path = artifacts_dir() / recipe.name / name / contract.PLAN
     if not path.is_file():
         raise PipelineError(f"no plan for {recipe.name} on {target} yet", f"run `doit plan recipe={recipe.name}`")
     return json.loads(path.read_text())
@@ -237,7 +237,7 @@ def do_plan(recipe: Recipe, target: str):
     plan = plan_recipe(recipe, target, config, source, draft=draft)
 
     def build(out: Path) -> dict:
-        (out / "plan.json").write_text(json.dumps(plan.to_json(), indent=1) + "\n")
+        (out / contract.PLAN).write_text(json.dumps(plan.to_json(), indent=1) + "\n")
         (out / "plan.md").write_text("```\n" + render_table(plan) + "\n```\n")
         return {"ok": plan.ok}
 
@@ -381,15 +381,15 @@ def do_package(recipe: Recipe, target: str) -> dict:
                 link_or_copy(f, content / payload / f.relative_to(export_dir / payload))
         for name in TOKENIZER_FILES:
             if (_model_dir(recipe) / name).is_file():
-                link_or_copy(_model_dir(recipe) / name, content / "tokenizer" / name)
-        link_or_copy(goldens_spec(recipe).dir / "goldens.json", content / "goldens.json")
-        for name in ("accuracy.json", "accuracy.md"):
+                link_or_copy(_model_dir(recipe) / name, content / contract.TOKENIZER_DIR / name)
+        link_or_copy(goldens_spec(recipe).dir / contract.GOLDENS, content / contract.GOLDENS)
+        for name in (contract.ACCURACY_JSON, contract.ACCURACY_MD):
             link_or_copy(accuracy_spec(recipe).dir / name, content / name)
-        shutil.copy2(recipe.file, content / "recipe.toml")
-        (content / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
+        shutil.copy2(recipe.file, content / contract.RECIPE)
+        (content / contract.PLAN).write_text(json.dumps(plan, indent=1) + "\n")
         stages = {s.stage: {k: built_manifest(s.dir)[k] for k in ("id", "key", "content_digest", "tools")}
                   for s in spec.inputs}
-        (content / "stages.json").write_text(json.dumps(stages, indent=1, sort_keys=True) + "\n")
+        (content / contract.STAGES).write_text(json.dumps(stages, indent=1, sort_keys=True) + "\n")
         meta = {"recipe": recipe.name, "target": target, "sm": plan["sm"], "backend": plan["backend"],
                 "stack": plan["stack"], "quant": plan["quant"], "limits": plan["limits"],
                 "versions": {"jetson-trtllm-pipeline": __version__, **stages["export"]["tools"]},

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import backends
@@ -158,7 +158,6 @@ class Recipe:
     build: dict
     validation: dict
     draft: dict | None = None   # the [draft] table when it names a draft, else None
-    raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     @property
     def weights(self) -> str:
@@ -279,7 +278,7 @@ def parse_recipe(data: dict, file: str, name: str | None = None) -> Recipe:
     return Recipe(name=name or Path(file).stem, file=file, description=v["description"],
                   targets=tuple(v["targets"]), backend=v["backend"], model=v["model"],
                   quantization=v["quantization"], build=v["build"], validation=v["validation"],
-                  draft=v["draft"] if v["draft"]["method"] else None, raw=data)
+                  draft=v["draft"] if v["draft"]["method"] else None)
 
 
 def project_root() -> Path:

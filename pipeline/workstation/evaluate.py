@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pipeline import contract
 
-GOLDENS = "goldens.json"
+GOLDENS = contract.GOLDENS
 HELDOUT = "heldout-en"
 
 
@@ -97,11 +97,11 @@ def advice(report: dict, weights: str) -> str:
 
 def write_report(out: Path, report: dict, weights: str, recipe: str) -> None:
     report = {**report, "advice": advice(report, weights), "weights": weights, "recipe": recipe}
-    (out / "accuracy.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / contract.ACCURACY_JSON).write_text(json.dumps(report, indent=1) + "\n")
     md = [f"# Accuracy: {recipe} ({weights})", "",
           "| metric | original | quantized |", "|---|---|---|",
           f"| perplexity ({report['heldout']}, {report['tokens']} tokens) | {report['perplexity_original']} | "
           f"{report['perplexity_quantized']} ({report['perplexity_change']:+.2%}) |",
           f"| logit cosine vs original | 1 | {report['logit_cosine']} |",
           f"| top-1 agreement vs original | 1 | {report['top1_agreement']:.2%} |", "", report["advice"], ""]
-    (out / "accuracy.md").write_text("\n".join(md))
+    (out / contract.ACCURACY_MD).write_text("\n".join(md))
