@@ -3,8 +3,8 @@
     .venv/bin/python bench/linear.py            # Llama-3.2-3B's linear shapes, 1..256 tokens, fp32, this CPU
 
 Each shape is timed over ~800 MB of distinct weights (so that, as in a real forward, the weights come from memory, not
-the cache), both forms alternating in the same run; prints GFLOPS and the ratio. pipeline/workstation/cpu_linear.py takes the
-transposed form up to MAX_ROWS tokens.
+the cache), both forms alternating in the same run; prints GFLOPS and the ratio. pipeline/workstation/cpu_linear.py
+takes the transposed form up to MAX_ROWS tokens.
 """
 
 from __future__ import annotations
@@ -41,12 +41,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", default="1,8,32,64,256", help="comma-separated row counts")
     ap.add_argument("--repeat", type=int, default=3, help="best of N passes over the weights")
+    ap.add_argument("--mb", type=int, default=800, help="MB of distinct weights per shape (default 800: more than "
+                                                         "any cache, as in a real forward)")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; transposed form used up to {MAX_ROWS} rows")
     print(f"{'tokens':>6} {'out x in':>12} {'F.linear':>9} {'(W@x^T)^T':>10} {'ratio':>6}  GFLOPS")
     for m in map(int, args.tokens.split(",")):
         for out, inp in SHAPES:
-            weights = [torch.randn(out, inp) for _ in range(max(1, 800_000_000 // (out * inp * 4)))]
+            weights = [torch.randn(out, inp) for _ in range(max(1, args.mb * 1_000_000 // (out * inp * 4)))]
             x = torch.randn(m, inp)
             plain = gflops(torch.nn.functional.linear, weights, x, args.repeat)
             ours = gflops(lambda a, w: torch.mm(w, a.T).T.contiguous(), weights, x, args.repeat)

@@ -92,7 +92,9 @@ def main() -> int:
             """))
         env = dict(os.environ, PIPELINE_RECIPES=str(recipes), PIPELINE_ARTIFACTS=str(artifacts))
         doit = [sys.executable, "-m", "doit"]
-        ours = doit + ["-f", str(REPO / "dodo.py"), "build"]
+        # the plan and fetch stages of every recipe: fetch holds the multi-GB outputs whose up-to-date check is
+        # measured (the checkpoints are sparse stand-ins, which nothing after fetch could load)
+        ours = doit + ["-f", str(REPO / "dodo.py"), "fetch"]
         md5_dodo = root / "md5_dodo.py"
         md5_dodo.write_text(MD5_DODO)
         md5 = doit + ["-f", str(md5_dodo), "use"]
@@ -104,7 +106,9 @@ def main() -> int:
         t_md5_first = run(md5, env)
         print(f"  stage outputs: {total / 1e9:.1f} GB apparent; first build {t_first:.1f} s; "
               f"md5 graph first run {t_md5_first:.1f} s")
-        assert total >= 20e9 or args.recipes < 20, "outputs must total >= 20 GB"
+        if total < 20e9 and args.recipes >= 20:
+            print("FAIL: the stage outputs must total >= 20 GB", file=sys.stderr)
+            return 1
 
         def lost(db: str):
             for p in artifacts.glob(db + "*"):

@@ -1,0 +1,57 @@
+"""Every benchmark, run at a tiny size, so that a change that breaks one fails CI (`.ci/run` calls this).
+
+    .venv/bin/python bench/smoke.py
+
+A smoke run checks that each script runs to its verdict without a traceback; its figures at these sizes are noise,
+so a FAIL verdict (exit 1) is accepted here and only the full-size runs (see README, Benchmarks) are figures.
+A GPU-only script must refuse cleanly (exit 2, "needs a CUDA GPU") on a machine without one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+RUNS = {
+    "linear.py": ["--tokens", "1,8", "--repeat", "1", "--mb", "4"],
+    "noop_rebuild.py": ["--recipes", "2", "--gib-per-recipe", "0.001", "--repeat", "1"],
+    "pack.py": ["--gb", "0.02"],
+    "quantize.py": ["--shape", "tiny", "--samples", "2", "--seq-len", "16"],
+    "nvfp4.py": [],
+}
+
+
+def gpu() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def main() -> int:
+    scripts = sorted(p.name for p in BENCH.glob("*.py") if p.name not in ("__init__.py", "smoke.py"))
+    unknown = sorted(set(scripts) - set(RUNS))
+    if unknown:
+        print(f"bench/smoke.py: no smoke run for {', '.join(unknown)}: add one to RUNS", file=sys.stderr)
+        return 1
+    failed = []
+    for name in scripts:
+        t = time.perf_counter()
+        r = subprocess.run([sys.executable, str(BENCH / name), *RUNS[name]], capture_output=True, text=True,
+                           timeout=600)
+        gpu_only_refused = r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not gpu()
+        ok = "Traceback" not in r.stderr and (r.returncode in (0, 1) or gpu_only_refused)
+        print(f"bench smoke: {name:<18} exit {r.returncode}  {time.perf_counter() - t:5.1f} s  "
+              f"{'ok' if ok else 'BROKEN'}", flush=True)
+        if not ok:
+            failed.append(name)
+            print(r.stdout[-3000:] + r.stderr[-3000:], file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
