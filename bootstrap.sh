@@ -1,12 +1,49 @@
 #!/usr/bin/env bash
-# Creates .venv with the workstation environment (CPU torch, ModelOpt, doit, ...). Safe to re-run: it does nothing
-# when pyproject.toml has not changed since the last successful run.
+# Creates .venv with the workstation environment (CPU torch, ModelOpt, doit, ruff, mypy, pytest, ...). Safe to
+# re-run: it does nothing when pyproject.toml has not changed since the last successful run.
+#
+#   ./bootstrap.sh                the Python environment only
+#   ./bootstrap.sh --test-tools   also the system tools the tests drive, where missing (Debian/Ubuntu packages:
+#                                 minisign checks our signatures, zstd and sha256sum check kits with stock tools,
+#                                 OpenSSH's sshd/ssh serve the ssh:// builder test); as root, or through sudo
 #
 #   TORCH_INDEX_URL=<index>  where to take torch from (e.g. PyTorch's CPU or cu126 index); default: pip's own
 #                            configuration (this project's CI machines provide the CPU wheel locally)
 #   PYTHON=python3.11        interpreter for the venv (>= 3.10)
 set -euo pipefail
 cd "$(dirname "$0")"
+
+test_tools=0
+for arg in "$@"; do
+  case "$arg" in
+    --test-tools) test_tools=1 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "bootstrap: unknown argument '$arg' (see ./bootstrap.sh --help)" >&2; exit 2 ;;
+  esac
+done
+
+if [ "$test_tools" = 1 ]; then
+  missing=()
+  command -v minisign >/dev/null || missing+=(minisign)
+  command -v zstd >/dev/null || missing+=(zstd)
+  { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } || missing+=(openssh-server)
+  command -v ssh >/dev/null || missing+=(openssh-client)
+  if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then sudo=(); elif command -v sudo >/dev/null; then sudo=(sudo); else
+      echo "bootstrap: the tests need ${missing[*]}; install them as root: apt-get install ${missing[*]}" >&2
+      exit 2
+    fi
+    if ! command -v apt-get >/dev/null; then
+      echo "bootstrap: the tests need ${missing[*]} and this machine has no apt-get: install them with its" \
+           "package manager" >&2
+      exit 2
+    fi
+    echo "bootstrap: installing ${missing[*]} (the tests drive them)" >&2
+    "${sudo[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+fi
+
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=".venv/.bootstrap-$(sha256sum pyproject.toml | cut -c1-16)"
