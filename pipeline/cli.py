@@ -42,7 +42,7 @@ def _plan_cmd(args) -> int:
     if args.recipe and args.model_config:
         raise PipelineError("give a recipe or --model-config, not both")
     if args.recipe:
-        from pipeline.graph.stages import fetch_spec
+        from pipeline.graph.specs import fetch_spec
         from pipeline.plan.planner import config_for, plan_recipe
         from pipeline.plan.recipe import load_recipe
 

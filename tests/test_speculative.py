@@ -92,7 +92,7 @@ def test_draft_checkpoint_is_checked_and_bin_weights_are_converted(tmp_path):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from pipeline.plan.speculative import check_draft_checkpoint, ensure_safetensors
+    from pipeline.workstation.drafts import check_draft_checkpoint, ensure_safetensors
     from pipeline.workstation.tinymodel import materialize_draft
 
     good = tmp_path / "d"

@@ -1,4 +1,4 @@
-"""doit task generators: the graph `dodo.py` exposes. Wiring only; each action calls into pipeline.graph.stages.
+"""doit task generators: the graph `dodo.py` exposes. Wiring only; each action calls into pipeline.graph.actions.
 
 Tasks are `<stage>:<recipe>` (`<stage>:<recipe>@<target>` for per-target stages of a recipe with several targets);
 `build:<recipe>` depends on every stage of the recipe. `recipe=a,b` on the command line selects recipes (default:
@@ -65,17 +65,17 @@ def _load_selection() -> tuple[tuple, dict[str, str]]:
 def _action(fn, recipe, target: str | None = None, stage: str | None = None, capture: bool = True):
     """A stage action for doit: one line on the terminal, third-party output in the stage's log, a PipelineError
     as one `error:` line with its hint and the log (no traceback), False to doit on failure."""
-    from pipeline.graph.framework import artifacts_dir
-    from pipeline.graph.stages import stage_label, stage_summary
-    from pipeline.graph.terminal import log_path, run_stage_action
+    from pipeline.graph.actions import stage_summary
+    from pipeline.graph.specs import recipe_path, stage_label
+    from pipeline.graph.terminal import run_stage_action
 
     stage = stage or fn.__name__.removeprefix("do_").replace("_", "-")
     label = stage_label(recipe, target)
-    name = stage if target is None or len(recipe.targets) == 1 else f"{stage}@{target}"
     args = (recipe,) if target is None else (recipe, target)
+    log = recipe_path(recipe, "logs") / f"{recipe_path(recipe, stage, target).name}.log"   # logs/<stage>[@target].log
 
     def run() -> bool | None:
-        ok = run_stage_action(stage, label, log_path(artifacts_dir(), recipe.name, name), lambda: fn(*args),
+        ok = run_stage_action(stage, label, log, lambda: fn(*args),
                               lambda result: stage_summary(stage, result), capture=capture)
         return None if ok else False
     run.__name__ = fn.__name__
@@ -88,7 +88,7 @@ def _explicitly_selected(task: str) -> bool:
 
 
 def _plan_action(recipe, target):
-    from pipeline.graph.stages import do_plan
+    from pipeline.graph.actions import do_plan
     from pipeline.plan.planner import render_table
 
     plan = do_plan(recipe, target)
@@ -104,7 +104,8 @@ def _plan_action(recipe, target):
 
 def task_fetch():
     """Get the model checkpoint (builtin, local directory or pinned hub revision)."""
-    from pipeline.graph.stages import do_fetch, fetch_spec, stage_label
+    from pipeline.graph.actions import do_fetch
+    from pipeline.graph.specs import fetch_spec, stage_label
 
     # After the plans: a refused plan stops the chain before a multi-GB download.
     yield from _per_recipe_stage(fetch_spec, do_fetch, lambda r: [f"plan:{stage_label(r, t)}" for t in r.targets],
@@ -113,8 +114,9 @@ def task_fetch():
 
 def task_fetch_draft():
     """Get the recipe's EAGLE-3 draft checkpoint (recipes with a [draft] table only)."""
+    from pipeline.graph.actions import do_fetch_draft
     from pipeline.graph.framework import is_current
-    from pipeline.graph.stages import do_fetch_draft, draft_fetch_spec, stage_label
+    from pipeline.graph.specs import draft_fetch_spec, stage_label
 
     for r in selected_recipes():
         if r.draft:
@@ -130,7 +132,7 @@ def _draft_dep(r) -> list[str]:
 
 def task_plan():
     """Gate, size and predict: will it fit, through which backend, how fast. Prints the plan table."""
-    from pipeline.graph.stages import stage_label
+    from pipeline.graph.specs import stage_label
 
     for r in selected_recipes():
         for t in r.targets:
@@ -154,7 +156,7 @@ def _per_recipe_stage(spec_of, action, deps, doc):
 
 def _per_target_stage(action, current, deps, doc):
     """One task per (recipe, target) for a stage whose directory depends on the target's plan."""
-    from pipeline.graph.stages import stage_label
+    from pipeline.graph.specs import stage_label
 
     for r in selected_recipes():
         for t in r.targets:
@@ -165,7 +167,8 @@ def _per_target_stage(action, current, deps, doc):
 
 def task_quantize():
     """Calibrate with NVIDIA ModelOpt (CPU for tiny models, GPU where present); saves the quantized state."""
-    from pipeline.graph.stages import do_quantize, quantize_spec
+    from pipeline.graph.actions import do_quantize
+    from pipeline.graph.specs import quantize_spec
 
     yield from _per_recipe_stage(quantize_spec, do_quantize, lambda r: [f"fetch:{r.name}"],
                                  lambda r: f"quantize {r.name} to {r.weights} (KV {r.kv_cache})")
@@ -173,7 +176,7 @@ def task_quantize():
 
 def task_export():
     """Write the backend's checkpoint (TensorRT-LLM 0.12: config.json + rank0.safetensors), validated and read back."""
-    from pipeline.graph.stages import do_export, export_current
+    from pipeline.graph.actions import do_export, export_current
 
     yield from _per_target_stage(do_export, export_current,
                                  lambda r, label: [f"quantize:{r.name}", f"plan:{label}", *_draft_dep(r)],
@@ -182,7 +185,8 @@ def task_export():
 
 def task_goldens():
     """Reference greedy outputs and top-k log-probs for the recipe's validation prompts (deployed numerics)."""
-    from pipeline.graph.stages import do_goldens, goldens_spec
+    from pipeline.graph.actions import do_goldens
+    from pipeline.graph.specs import goldens_spec
 
     yield from _per_recipe_stage(goldens_spec, do_goldens, lambda r: [f"quantize:{r.name}"],
                                  lambda r: f"goldens for {r.name}")
@@ -190,7 +194,8 @@ def task_goldens():
 
 def task_accuracy():
     """Perplexity, logit cosine and top-1 agreement of the quantized vs the original model (JSON + Markdown)."""
-    from pipeline.graph.stages import accuracy_spec, do_accuracy
+    from pipeline.graph.actions import do_accuracy
+    from pipeline.graph.specs import accuracy_spec
 
     yield from _per_recipe_stage(accuracy_spec, do_accuracy, lambda r: [f"quantize:{r.name}"],
                                  lambda r: f"accuracy report for {r.name}")
@@ -198,7 +203,7 @@ def task_accuracy():
 
 def task_package():
     """Pack the target's kit: checkpoint, tokenizer, recipe, plan, goldens, accuracy; signed, split, checksummed."""
-    from pipeline.graph.stages import do_package, package_current
+    from pipeline.graph.actions import do_package, package_current
 
     yield from _per_target_stage(do_package, package_current,
                                  lambda r, label: [f"export:{label}", f"goldens:{r.name}", f"accuracy:{r.name}"],
@@ -207,7 +212,8 @@ def task_package():
 
 def task_device():
     """On the recipe's builder (local or ssh://): verify, gate, build the engine, validate, bring back the bundle."""
-    from pipeline.graph.stages import device_current, do_device, stage_label
+    from pipeline.graph.actions import device_current, do_device
+    from pipeline.graph.specs import stage_label
 
     for r in selected_recipes():
         if r.build["builder"] == "offline":
@@ -229,7 +235,8 @@ def _invalid(name: str):
 
 def task_build():
     """Every stage of the selected recipes."""
-    from pipeline.graph.stages import link_recipe, stage_label
+    from pipeline.graph.actions import link_recipe
+    from pipeline.graph.specs import stage_label
 
     for r in selected_recipes():
         device = [] if r.build["builder"] == "offline" else [f"device:{stage_label(r, t)}" for t in r.targets]

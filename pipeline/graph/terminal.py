@@ -52,10 +52,6 @@ class StageReporter(ConsoleReporter):
             self.write(f"error: doit: {line}{hint}\n")
 
 
-def log_path(artifacts: Path, recipe: str, stage: str) -> Path:
-    return artifacts / recipe / "logs" / f"{stage}.log"
-
-
 @contextlib.contextmanager
 def captured(log: Path) -> Iterator[None]:
     """Send this process's stdout and stderr (file descriptors 1 and 2) to `log` while the block runs; our own

@@ -39,29 +39,35 @@ def int4_plugin_version(model) -> int:
     return 2
 
 
-def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | None = None,
-               extra_outputs: tuple[str, ...] = ()) -> dict:
-    """Inputs, outputs and custom ops of the exported graph, checked against what llm_build expects."""
+def check_graph(path: Path, inputs, outputs, ops=(), extra_files=(), consumer: str = "llm_build",
+                path_name: str = "Edge-LLM") -> dict:
+    """An exported graph's inputs, outputs, custom ops and sidecar files against what `consumer` expects (ONNX
+    Runtime cannot check graphs with Edge-LLM's plugins, so this is what we can check on the workstation)."""
     import onnx
 
-    m = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False)
-    inputs, outputs = [i.name for i in m.graph.input], [o.name for o in m.graph.output]
-    ops = sorted({f"{n.domain}:{n.op_type}" for n in m.graph.node})
-    custom = sorted(o for o in ops if not o.startswith(":"))
-    problems = [f"missing input {n}" for n in ["inputs_embeds", *[f"past_key_values_{i}" for i in range(layers)]]
-                if n not in inputs]
-    problems += [f"missing output {n}" for n in ["logits", *[f"present_key_values_{i}" for i in range(layers)],
-                                                 *extra_outputs] if n not in outputs]
-    if "trt_edgellm:AttentionPlugin" not in custom:
-        problems.append("no trt_edgellm:AttentionPlugin node")
+    m = onnx.load(str(path), load_external_data=False)
+    have_in, have_out = [i.name for i in m.graph.input], [o.name for o in m.graph.output]
+    have_ops = sorted({f"{n.domain}:{n.op_type}" for n in m.graph.node})
+    problems = [f"missing input {n}" for n in inputs if n not in have_in]
+    problems += [f"missing output {n}" for n in outputs if n not in have_out]
+    problems += [f"no {f} beside it" for f in extra_files if not (path.parent / f).is_file()]
+    problems += [f"no {op} node" for op in ("trt_edgellm:AttentionPlugin", *ops) if op not in have_ops]
+    if problems:
+        raise PipelineError(f"{path} is not what {consumer} expects: " + "; ".join(problems),
+                            f"this is a bug in the {path_name} export path; please report it with the recipe")
+    return {"inputs": have_in, "outputs": have_out, "custom_ops": [o for o in have_ops if not o.startswith(":")],
+            "ops": len(m.graph.node)}
+
+
+def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | None = None,
+               extra_outputs: tuple[str, ...] = ()) -> dict:
+    """The base model's graph: the inputs, outputs and quantization ops llm_build expects for `weights`."""
     expected = set(EXPECTED_OPS.get(weights, set()))
     if weights == "int4_awq":
         expected.add(INT4_OPS[int4_plugin or 2])
-    problems += [f"no {op} node for {weights}" for op in sorted(expected - set(ops))]
-    if problems:
-        raise PipelineError(f"{onnx_dir / 'model.onnx'} is not what llm_build expects: " + "; ".join(problems),
-                            "this is a bug in the Edge-LLM export path; please report it with the recipe")
-    return {"inputs": inputs, "outputs": outputs, "custom_ops": custom, "ops": len(m.graph.node)}
+    return check_graph(onnx_dir / "model.onnx", ["inputs_embeds", *[f"past_key_values_{i}" for i in range(layers)]],
+                       ["logits", *[f"present_key_values_{i}" for i in range(layers)], *extra_outputs],
+                       ops=sorted(expected))
 
 
 def _version(dist: str) -> str | None:
@@ -104,6 +110,7 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: 
     set_int4_gemm_plugin_version(plugin or 2)
     set_nvfp4_a16_export_target_sm(sm)
     from pipeline.plan import speculative
+    from pipeline.workstation.drafts import export_draft
 
     onnx_dir = out / ONNX_DIR / (speculative.ONNX_BASE if draft_dir else "")
     onnx_dir.mkdir(parents=True)
@@ -113,7 +120,7 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: 
     graph = check_onnx(onnx_dir, weights, layers, plugin, speculative.BASE_EXTRA_OUTPUTS if draft_dir else ())
     spec = None
     if draft_dir:
-        draft_graph = speculative.export_draft(draft_dir, out / ONNX_DIR / speculative.ONNX_DRAFT)
+        draft_graph = export_draft(draft_dir, out / ONNX_DIR / speculative.ONNX_DRAFT)
         draft_cfg = json.loads((out / ONNX_DIR / speculative.ONNX_DRAFT / "config.json").read_text())
         spec = {"method": "eagle3", "draft_weights": speculative.DRAFT_WEIGHTS,
                 "draft_vocab_size": draft_cfg.get("draft_vocab_size"),

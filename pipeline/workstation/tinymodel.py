@@ -152,7 +152,8 @@ def materialize_draft(name: str, out_dir: Path) -> None:
 
     import torch
 
-    from pipeline.plan.speculative import DraftShape, write_builtin
+    from pipeline.plan.speculative import DraftShape
+    from pipeline.workstation.drafts import write_builtin
 
     spec = DRAFT_BUILTINS[name]
     base = BUILTINS[spec.base]

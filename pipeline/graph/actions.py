@@ -1,7 +1,7 @@
-"""The stage chain of a recipe, as StageSpecs: which settings each stage depends on, and what each stage does.
+"""What each stage does: fetch, plan, quantize, export, goldens, accuracy, package, device; and each one's line.
 
-Each stage's identity holds exactly the recipe fields that change its output, so editing one field re-runs only
-the stages it affects (validation prompts do not re-quantize; build limits do not re-download).
+Each action runs its StageSpec (pipeline/graph/specs.py) through the stage framework: built in a staging
+directory, renamed into place with its manifest, linked as artifacts/<recipe>/<stage>.
 """
 
 from __future__ import annotations
@@ -9,145 +9,28 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from dataclasses import asdict
-from functools import cache
 from pathlib import Path
 
 from pipeline import backends, contract
 from pipeline.errors import PipelineError
-from pipeline.graph.framework import StageSpec, artifacts_dir, link, run_stage
+from pipeline.graph.framework import StageSpec, run_stage
+from pipeline.graph.specs import (
+    accuracy_spec,
+    draft_dir,
+    draft_fetch_spec,
+    export_payload,
+    export_spec,
+    fetch_spec,
+    goldens_spec,
+    package_spec,
+    plan_spec,
+    quantize_spec,
+    recipe_link,
+    recipe_path,
+    recipe_plan,
+)
 from pipeline.plan.formats import WEIGHT_FORMATS
 from pipeline.plan.recipe import Recipe
-
-
-@cache
-def _data_digest(name: str) -> str:
-    return hashlib.sha256((Path(__file__).parents[1] / "data" / name).read_bytes()).hexdigest()[:16]
-
-
-def _source_spec(stage: str, m: dict, local: Path | None, builtins: dict, patterns) -> StageSpec:
-    if m["source"] == "builtin":
-        from pipeline.workstation.tinymodel import CHAT_TEMPLATE
-        return StageSpec(stage, {"source": "builtin", "name": m["name"], "spec": asdict(builtins[m["name"]]),
-                                 "chat_template": CHAT_TEMPLATE,
-                                 "corpus": _data_digest("corpus/calib-en.txt")},
-                         tools=("torch", "transformers", "tokenizers"))
-    if m["source"] == "local":
-        from pipeline.workstation.fetch import local_fingerprint
-        assert local is not None        # Recipe.model_dir / draft_dir for a local source
-        return StageSpec(stage, {"source": "local", "path": str(local)},
-                         fingerprint=lambda: local_fingerprint(local, patterns))
-    return StageSpec(stage, {"source": "hf", "repo": m["repo"], "revision": m["revision"]})
-
-
-def fetch_spec(recipe: Recipe) -> StageSpec:
-    from pipeline.workstation.fetch import NEEDED
-    from pipeline.workstation.tinymodel import BUILTINS
-    return _source_spec("fetch", recipe.model, recipe.model_dir, BUILTINS, NEEDED)
-
-
-def draft_fetch_spec(recipe: Recipe) -> StageSpec | None:
-    """The EAGLE-3 draft's own fetch stage (None without a draft): a draft edit does not re-fetch the base."""
-    if not recipe.draft:
-        return None
-    from pipeline.workstation.fetch import DRAFT_NEEDED
-    from pipeline.workstation.tinymodel import DRAFT_BUILTINS
-    return _source_spec("fetch-draft", recipe.draft, recipe.draft_dir, DRAFT_BUILTINS, DRAFT_NEEDED)
-
-
-def draft_dir(recipe: Recipe) -> Path | None:
-    spec = draft_fetch_spec(recipe)
-    return spec.dir / "draft" if spec else None
-
-
-WORKSTATION_TOOLS = ("torch", "transformers", "nvidia-modelopt", "safetensors")
-
-
-def quantize_spec(recipe: Recipe) -> StageSpec:
-    q = recipe.quantization
-    cal = dict(q["calibration"])
-    from pipeline.workstation.calibration import source_path
-    path = source_path(cal["source"], recipe.file)
-    fingerprint = (lambda: [path.stat().st_size, path.stat().st_mtime_ns]) if path else None
-    return StageSpec("quantize", {"weights": q["weights"], "kv_cache": q["kv_cache"], "group_size": q["group_size"],
-                                  "calibration": cal if WEIGHT_FORMATS[q["weights"]].needs_calibration
-                                  or q["kv_cache"] != "fp16" else None},
-                     inputs=(fetch_spec(recipe),), tools=WORKSTATION_TOOLS, fingerprint=fingerprint,
-                     version=2)     # 2: changed tensors in calibrated.safetensors, not in the pickle
-
-
-def export_spec(recipe: Recipe, plan: dict) -> StageSpec:
-    """One export per model for a backend whose export is target-independent (TensorRT-LLM 0.12 checkpoints serve
-    every Orin); one per SM (and draft) where it is not (Edge-LLM's ONNX)."""
-    backend = backends.get(plan["backend"])
-    if not backend.export_depends_on_sm:
-        return StageSpec("export", {"backend": backend.name}, inputs=(fetch_spec(recipe), quantize_spec(recipe)),
-                         tools=WORKSTATION_TOOLS + backend.export_tools)
-    draft = draft_fetch_spec(recipe) if backend.speculative else None
-    return StageSpec("export", {"backend": backend.name, "target_sm": plan["sm"],
-                                **({"draft": recipe.draft["method"]} if draft and recipe.draft else {})},
-                     inputs=(fetch_spec(recipe), quantize_spec(recipe), *([draft] if draft else [])),
-                     tools=WORKSTATION_TOOLS + backend.export_tools)
-
-
-def export_payload(plan: dict) -> str:
-    """The export stage's directory the device builds from (and the kit carries)."""
-    return backends.get(plan["backend"]).payload
-
-
-def goldens_spec(recipe: Recipe) -> StageSpec:
-    v = recipe.validation
-    return StageSpec("goldens", {k: v[k] for k in ("prompts", "max_new_tokens", "top_k_logprobs",
-                                                   "min_token_agreement")},
-                     inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
-
-
-def accuracy_spec(recipe: Recipe) -> StageSpec:
-    return StageSpec("accuracy", {"heldout": _data_digest("corpus/heldout-en.txt")},
-                     inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
-
-
-def package_spec(recipe: Recipe, target: str, plan: dict, key_id: str) -> StageSpec:
-    """The kit for one target: its identity is the recipe text, the plan, the signing key and the stage outputs."""
-    return StageSpec("package", {"target": target, "plan": hashlib.sha256(json.dumps(plan, sort_keys=True)
-                                                                           .encode()).hexdigest(),
-                                 "recipe": hashlib.sha256(Path(recipe.file).read_bytes()).hexdigest(),
-                                 "key": key_id},
-                     inputs=(fetch_spec(recipe), export_spec(recipe, plan), goldens_spec(recipe),
-                             accuracy_spec(recipe)))
-
-
-def plan_spec(recipe: Recipe, target: str, model_config: dict, draft_config: dict | None = None) -> StageSpec:
-    """The plan depends on the model's config (not its weights): it can run before the download, as a gate."""
-    q = recipe.quantization
-    d = recipe.draft
-    return StageSpec("plan", {
-        **({"draft": {"config": draft_config, **{k: d[k] for k in ("method", "max_draft_tree_size",
-                                                                   "max_verify_tree_size")}}} if d else {}),
-        "target": target, "backend": recipe.backend, "model_config": model_config,
-        "quant": {"weights": q["weights"], "kv_cache": q["kv_cache"], "group_size": q["group_size"]},
-        "build": {k: recipe.build[k] for k in ("max_batch_size", "max_input_len", "max_seq_len", "power_mode")},
-        "data": {n: _data_digest(n) for n in ("targets.toml", "perf_fit.json")},
-    })
-
-
-def stage_label(recipe: Recipe, target: str | None = None) -> str:
-    """doit task name suffix: the recipe, plus @target where a recipe fans out to several targets."""
-    return f"{recipe.name}@{target}" if target and len(recipe.targets) > 1 else recipe.name
-
-
-def recipe_link(recipe: Recipe, stage: str, target: str | None, spec: StageSpec) -> None:
-    name = stage if target is None or len(recipe.targets) == 1 else f"{stage}@{target}"
-    link(artifacts_dir() / recipe.name / name, spec.dir)
-
-
-def recipe_plan(recipe: Recipe, target: str) -> dict:
-    """The current plan of one target (the plan task always runs before the stages that read it)."""
-    name = "plan" if len(recipe.targets) == 1 else f"plan@{target}"
-    path = artifacts_dir() / recipe.name / name / contract.PLAN
-    if not path.is_file():
-        raise PipelineError(f"no plan for {recipe.name} on {target} yet", f"run `doit plan recipe={recipe.name}`")
-    return json.loads(path.read_text())
 
 
 def link_recipe(recipe: Recipe) -> str:
@@ -203,7 +86,7 @@ def do_fetch(recipe: Recipe) -> dict:
 
 
 def do_fetch_draft(recipe: Recipe) -> dict:
-    from pipeline.plan.speculative import check_draft_checkpoint, ensure_safetensors
+    from pipeline.workstation.drafts import check_draft_checkpoint, ensure_safetensors
     from pipeline.workstation.fetch import DRAFT_NEEDED
 
     spec = draft_fetch_spec(recipe)
@@ -406,8 +289,7 @@ def do_package(recipe: Recipe, target: str) -> dict:
 
 
 def kit_path(recipe: Recipe, target: str) -> Path:
-    link_name = "kit" if len(recipe.targets) == 1 else f"kit@{target}"
-    return artifacts_dir() / recipe.name / link_name / kit_name(recipe, target)
+    return recipe_path(recipe, "kit", target) / kit_name(recipe, target)
 
 
 def handoff(recipe: Recipe, target: str) -> str:
@@ -473,7 +355,7 @@ def stage_summary(stage: str, result) -> str:
 
 # ------------------------------------------------------------------------------------------------ device (builders)
 def device_results(recipe: Recipe, target: str) -> Path:
-    return artifacts_dir() / recipe.name / ("device" if len(recipe.targets) == 1 else f"device@{target}")
+    return recipe_path(recipe, "device", target)
 
 
 def _kit_digest(recipe: Recipe, target: str) -> str:
