@@ -148,7 +148,10 @@ def pack(src: Path, out: Path, name: str, kind: str, key: SecretKey, meta: dict 
         sink = zstandard.ZstdCompressor(level=zstd_level, threads=-1).stream_writer(
             writer, closefd=False)  # type: ignore[arg-type]
     entries, done = [], 0
+    # copybufsize = bufsize: tarfile's stream appends each copied block to a bytes buffer of `bufsize`; with its
+    # default 16 KiB copy blocks that buffer is re-copied 256 times per 4 MiB written (5.6 of 8.7 s for 1 GB here)
     with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK) as tar:
+        tar.copybufsize = CHUNK  # type: ignore[attr-defined]  # TarFile has it since 3.8; typeshed lacks it
         for f in files:
             rel = f.relative_to(src).as_posix()
             st = f.stat()
