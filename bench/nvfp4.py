@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> int:
     import torch
 
-    from pipeline.workstation.quantize import quantize
+    from pipeline.workstation.calibrate import quantize
+    from pipeline.workstation.state import ModelHandoff
     from pipeline.workstation.tinymodel import materialize
 
     ap = argparse.ArgumentParser(description=__doc__)
@@ -35,12 +36,13 @@ def main() -> int:
     cal = {"source": "builtin:calib-en", "samples": 16, "seq_len": 64, "seed": 0}
     torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
-    info = quantize(model_dir, qdir, "nvfp4", "fp8", None, cal, ".")["quantize"]
+    handoff = ModelHandoff()
+    info = quantize(model_dir, qdir, "nvfp4", "fp8", None, cal, ".", handoff=handoff)["quantize"]
     t_quant = time.perf_counter() - t
 
     from pipeline.workstation.edgellm_export import export
     t = time.perf_counter()
-    exported = export(model_dir, qdir, edir, "nvfp4", "fp8", "11.0")["export"]
+    exported = export(model_dir, qdir, edir, "nvfp4", "fp8", "11.0", handoff=handoff)["export"]
     t_export = time.perf_counter() - t
     print(json.dumps({"gpu": torch.cuda.get_device_name(), "model": args.builtin, "device": info["device"],
                       "calibrate_s": round(t_quant, 2), "calibrate_steps_s": info["seconds"],

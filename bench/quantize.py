@@ -6,7 +6,7 @@
 The model has Llama-3.2-3B's shape (pipeline/data/model_configs.toml) and random weights, so nothing is downloaded.
   plain     load -> mtq.quantize -> export_tensorrt_llm_checkpoint, as a ModelOpt user would write it (as
             ModelOpt's own PTQ example: no calibration data for weight-only int8_wo, which needs none).
-  pipeline  pipeline.workstation.quantize.quantize (calibrate, fuse for export, save state) then
+  pipeline  pipeline.workstation.calibrate.quantize (calibrate, fuse for export, save state) then
             pipeline.workstation.trtllm_export.export
             (restore, export, fix config, validate schema, independent-reader check), as the doit stages run them.
 Each runs in its own process (peak host memory = that process's max RSS; GPU: max allocated). Prints wall time,
@@ -61,8 +61,8 @@ def run_plain(model_dir: Path, out: Path, weights: str, group: int | None, cal: 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+    from pipeline.workstation.calibrate import modelopt_config
     from pipeline.workstation.calibration import load_texts, token_windows
-    from pipeline.workstation.quantize import modelopt_config
 
     steps, t = {}, time.perf_counter()
 
@@ -97,18 +97,20 @@ def run_plain(model_dir: Path, out: Path, weights: str, group: int | None, cal: 
 def run_pipeline(model_dir: Path, out: Path, weights: str, group: int | None, cal: dict) -> None:
     from transformers import AutoTokenizer
 
+    from pipeline.workstation.calibrate import quantize
     from pipeline.workstation.calibration import load_texts
-    from pipeline.workstation.quantize import quantize
+    from pipeline.workstation.state import ModelHandoff
     from pipeline.workstation.trtllm_export import export
 
     qdir, edir = out / "quantize", out / "export"
     qdir.mkdir(parents=True)
     t0 = time.perf_counter()
-    steps = quantize(model_dir, qdir, weights, "fp16", group, cal, ".")["quantize"]["seconds"]
+    handoff = ModelHandoff()        # as doit runs the stages: the calibrated model passes to export in-process
+    steps = quantize(model_dir, qdir, weights, "fp16", group, cal, ".", handoff=handoff)["quantize"]["seconds"]
     t1 = time.perf_counter()
     probe = AutoTokenizer.from_pretrained(model_dir)(" ".join(load_texts("builtin:heldout-en")))["input_ids"][:32]
     t2 = time.perf_counter()
-    info = export(model_dir, qdir, edir, weights, probe)["export"]
+    info = export(model_dir, qdir, edir, weights, probe, handoff=handoff)["export"]
     t3 = time.perf_counter()
     print(json.dumps({"steps": {"quantize": steps, "export": info["seconds"],
                                 "walls": {"quantize": round(t1 - t0, 2), "probe": round(t2 - t1, 2),

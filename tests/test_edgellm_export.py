@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from pipeline.workstation.calibrate import quantize
 from pipeline.workstation.edgellm_export import export
-from pipeline.workstation.quantize import quantize
 from tests.test_export import CAL, builtin  # noqa: F401  (fixture)
 
 FILES = ("model.onnx", "model.onnx.data", "config.json", "embedding.safetensors")

@@ -8,8 +8,10 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.errors import PipelineError
 from pipeline.plan.formats import WEIGHT_FORMATS
-from pipeline.workstation.quantize import load_quantized, pick_device, quantize
+from pipeline.workstation.calibrate import quantize
+from pipeline.workstation.models import pick_device
 from pipeline.workstation.reader import CheckpointModel, agreement, unpack_int4
+from pipeline.workstation.state import ModelHandoff, load_quantized
 from pipeline.workstation.trtllm_checkpoint import validate
 from pipeline.workstation.trtllm_export import check_architecture, export, export_device, rope_settings
 
@@ -156,7 +158,7 @@ def test_calibration_data_is_used_exactly_where_the_stage_key_says(builtin, tmp_
     from modelopt.torch.quantization.config import need_calibration
 
     from pipeline.plan.formats import KV_FORMATS
-    from pipeline.workstation.quantize import modelopt_config
+    from pipeline.workstation.calibrate import modelopt_config
 
     for name, fmt in WEIGHT_FORMATS.items():
         for kv in KV_FORMATS:
@@ -191,13 +193,15 @@ def test_the_calibrated_model_is_freed_once_export_took_it(builtin, tmp_path):
     code = f"""
 import gc, weakref
 from pathlib import Path
-from pipeline.workstation import quantize as q
+from pipeline.workstation.calibrate import quantize
+from pipeline.workstation.state import ModelHandoff
 from pipeline.workstation.trtllm_export import export
 src, out = Path({str(src)!r}), Path({str(tmp_path)!r})
 (out / "q").mkdir()
-q.quantize(src, out / "q", "int8_wo", "fp16", None, {CAL!r}, ".")
-alive = weakref.ref(next(iter(q._handoff.values())))
-export(src, out / "q", out / "e", "int8_wo", list(range(3, 35)))
+handoff = ModelHandoff()
+quantize(src, out / "q", "int8_wo", "fp16", None, {CAL!r}, ".", handoff=handoff)
+alive = weakref.ref(next(iter(handoff.models.values())))
+export(src, out / "q", out / "e", "int8_wo", list(range(3, 35)), handoff=handoff)
 gc.collect()
 print("ALIVE" if alive() is not None else "FREED")
 """
@@ -281,23 +285,22 @@ def test_unsupported_architecture_and_cpu_nvfp4_are_refused_by_name():
 def test_handed_off_model_is_the_model_restored_from_disk(builtin, tmp_path, weights, kv, group):
     """quantize hands its live model to the next stage in the same process; it must be exactly what a later
     process restores from the saved state (the state is what resumed and parallel builds use)."""
-    from pipeline.workstation import quantize as q
-
+    h = ModelHandoff()
     src = builtin("tiny-llama")
-    quantize(src, tmp_path, weights, kv, group, CAL, ".")
+    quantize(src, tmp_path, weights, kv, group, CAL, ".", handoff=h)
     ids = torch.tensor(probe_ids(src))[None]
-    live = load_quantized(src, tmp_path, "cpu")
-    assert q._handoff and live is next(iter(q._handoff.values()))       # shared, not copied
+    live = load_quantized(src, tmp_path, "cpu", handoff=h)
+    assert h and live is next(iter(h.models.values()))       # shared, not copied
     with torch.no_grad():
         handed = live(ids).logits
-    assert load_quantized(src, tmp_path, "cpu", consume=True) is live and not q._handoff
+    assert load_quantized(src, tmp_path, "cpu", consume=True, handoff=h) is live and not h
     with torch.no_grad():
         restored = load_quantized(src, tmp_path, "cpu")(ids).logits
     assert torch.equal(handed, restored)
     # a state file replaced by a re-run is not matched by the old model
-    quantize(src, tmp_path, weights, kv, group, CAL, ".")
-    stale = q._handoff[("stale",)] = q._handoff.popitem()[1]
-    assert load_quantized(src, tmp_path, "cpu") is not stale and not q._handoff    # dropped before loading
+    quantize(src, tmp_path, weights, kv, group, CAL, ".", handoff=h)
+    stale = h.models[("stale",)] = h.models.popitem()[1]
+    assert load_quantized(src, tmp_path, "cpu", handoff=h) is not stale and not h    # dropped before loading
 
 
 @pytest.mark.parametrize("weights,group", [("int4_awq", 64), ("int8_sq", None)])
@@ -308,22 +311,23 @@ def test_model_calibrated_in_fp16_exports_exactly(builtin, tmp_path, monkeypatch
     here by calibrating in fp16 on the CPU."""
     from transformers import AutoModelForCausalLM
 
-    import pipeline.workstation.quantize as q
+    import pipeline.workstation.calibrate as q
 
     src = builtin("tiny-llama")
+    h = ModelHandoff()
     fp16 = lambda model_dir, device: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16).eval()  # noqa: E731
     with monkeypatch.context() as m:
         m.setattr(q, "load_model", fp16)
-        quantize(src, tmp_path, weights, "fp16", group, CAL, ".")
+        quantize(src, tmp_path, weights, "fp16", group, CAL, ".", handoff=h)
     # a later process restores the fp16 state on the CPU (artifacts copied from a GPU workstation, or goldens on
     # another device than export): it must be the model the GPU calibrated, snapped as the GPU snapped it (on a GPU
     # machine this test and test_handed_off_model_is_the_model_restored_from_disk check that across devices:
     # export_scale).
     ids = torch.tensor(probe_ids(src))[None]
     with torch.no_grad():
-        handed = q.load_quantized(src, tmp_path, "cpu")(ids).logits     # the live fp16 model, computed in fp32
-    q.drop_handoff()
-    restored = q.load_quantized(src, tmp_path)
+        handed = load_quantized(src, tmp_path, "cpu", handoff=h)(ids).logits   # the live fp16 model, in fp32
+    h.drop()
+    restored = load_quantized(src, tmp_path)
     assert restored.model.layers[0].mlp.down_proj.weight.dtype == torch.float32
     with torch.no_grad():
         assert torch.equal(restored(ids).logits, handed)
@@ -340,10 +344,11 @@ def test_rescaled_weights_are_saved_as_their_integer_levels(builtin, tmp_path, w
     from safetensors.torch import save_file
 
     from pipeline.workstation.grid import LEVELS, LEVELS_INT4, export_scale, grid_modules, split_levels
-    from pipeline.workstation.quantize import TENSORS, drop_handoff
+    from pipeline.workstation.state import TENSORS
 
     src = builtin("tiny-llama")
-    quantize(src, tmp_path, weights, "fp16", group, CAL, ".")
+    h = ModelHandoff()
+    quantize(src, tmp_path, weights, "fp16", group, CAL, ".", handoff=h)
     with safe_open(str(tmp_path / TENSORS), "pt") as f:
         stored = {k: f.get_tensor(k) for k in f.keys()}
     suffix = LEVELS_INT4 if weights == "int4_awq" else LEVELS
@@ -359,7 +364,9 @@ def test_rescaled_weights_are_saved_as_their_integer_levels(builtin, tmp_path, w
                 assert list(v.shape) == f.get_slice(name).get_shape() == [v.shape[0], width]
         assert max(int(v.abs().max()) for v in levels.values()) == 7
     assert not {k for k in stored if k.endswith(".weight")} & set(levels)        # no float copy beside them
-    live = {n: m.weight.clone() for n, m in grid_modules(load_quantized(src, tmp_path, "cpu", consume=True))}
+    live = {n: m.weight.clone() for n, m in grid_modules(load_quantized(src, tmp_path, "cpu", consume=True,
+                                                                          handoff=h))}
+    assert not h                                    # the live model was taken, so `restored` comes from disk
     restored = load_quantized(src, tmp_path, "cpu")
     # a GPU calibrates in fp16: its live weights hold the same grid values rounded to fp16
     as_live = (lambda w: w.half().float()) if torch.cuda.is_available() else (lambda w: w)  # noqa: E731
@@ -370,7 +377,6 @@ def test_rescaled_weights_are_saved_as_their_integer_levels(builtin, tmp_path, w
             k = levels[name + ".weight"].float().view(m.weight.shape[0], s.shape[1], -1)
             assert torch.equal(m.weight, (k * s).view_as(m.weight)), name
     # levels for a linear this model does not have: refused, naming the state
-    drop_handoff()
     save_file(stored | {"model.layers.7.mlp.up_proj.weight" + LEVELS: torch.zeros(4, 4, dtype=torch.int8)},
               str(tmp_path / TENSORS))
     with pytest.raises(PipelineError, match="does not fit the model") as e:
@@ -384,7 +390,8 @@ def test_save_finds_weights_written_through_the_parameter_or_through_data(builti
     comparing first and last rows with the checkpoint; without load_model's record every tensor is compared."""
     from safetensors import safe_open
 
-    from pipeline.workstation.quantize import _unchanged, load_model
+    from pipeline.workstation.models import load_model
+    from pipeline.workstation.state import unchanged_parameters as _unchanged
 
     src = builtin("tiny-llama")
     model = load_model(src, "cpu")
@@ -443,7 +450,7 @@ def test_load_model_gives_fp16_values_from_fp16_bf16_and_fp32_checkpoints(builti
 
     from safetensors.torch import load_file, save_file
 
-    from pipeline.workstation.quantize import _stored_dtypes, load_model
+    from pipeline.workstation.models import _stored_dtypes, load_model
 
     src = builtin("tiny-llama")
     stored = load_file(src / "model.safetensors")

@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _run(src, tmp_path, monkeypatch, budgets):
-    from pipeline.workstation.quantize import quantize
+    from pipeline.workstation.calibrate import quantize
     from pipeline.workstation.trtllm_export import export
 
     if budgets:

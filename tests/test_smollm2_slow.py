@@ -32,8 +32,9 @@ def test_int4_awq_perplexity_within_20_percent_of_fp32(smollm2, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from pipeline.workstation.calibrate import quantize
     from pipeline.workstation.evaluate import accuracy_report
-    from pipeline.workstation.quantize import load_quantized, quantize
+    from pipeline.workstation.state import load_quantized
 
     cal = {"source": "builtin:calib-en", "samples": 16, "seq_len": 128, "seed": 0}
     info = quantize(smollm2, tmp_path, "int4_awq", "fp16", 64, cal, ".")["quantize"]   # hidden 576: group 64

@@ -35,6 +35,7 @@ class ExportJob:
     kv_cache: str
     target_sm: str
     draft_dir: Path | None = None
+    handoff: Any = None         # the process's ModelHandoff (pipeline/workstation/state.py): the live calibrated model
 
 
 @dataclass(frozen=True)

@@ -129,12 +129,25 @@ def do_plan(recipe: Recipe, target: str):
     return plan
 
 
+_HANDOFF = None
+
+
+def _handoff():
+    """This doit process's ModelHandoff: quantize leaves the calibrated model in it for export, goldens and
+    accuracy, which run next in the same process (made on first use: the device half never imports torch)."""
+    global _HANDOFF
+    if _HANDOFF is None:
+        from pipeline.workstation.state import ModelHandoff
+        _HANDOFF = ModelHandoff()
+    return _HANDOFF
+
+
 def _model_dir(recipe: Recipe) -> Path:
     return fetch_spec(recipe).dir / "model"
 
 
 def do_quantize(recipe: Recipe) -> dict:
-    from pipeline.workstation.quantize import quantize
+    from pipeline.workstation.calibrate import quantize
 
     spec = quantize_spec(recipe)
     group_sizes = {recipe_plan(recipe, t)["quant"]["group_size"] for t in recipe.targets}
@@ -143,7 +156,8 @@ def do_quantize(recipe: Recipe) -> dict:
                             "set quantization.group_size")
     q = recipe.quantization
     manifest = run_stage(spec, lambda out: quantize(_model_dir(recipe), out, q["weights"], q["kv_cache"],
-                                                    group_sizes.pop(), q["calibration"], recipe.file))
+                                                    group_sizes.pop(), q["calibration"], recipe.file,
+                                                    handoff=_handoff()))
     recipe_link(recipe, "quantize", None, spec)
     return manifest
 
@@ -161,7 +175,8 @@ def do_export(recipe: Recipe, target: str) -> dict:
 
     def build(out: Path) -> dict:
         job = backends.ExportJob(_model_dir(recipe), quantize_spec(recipe).dir, out, backend.payload, recipe.weights,
-                                 recipe.kv_cache, plan["sm"], draft_dir(recipe) if backend.speculative else None)
+                                 recipe.kv_cache, plan["sm"], draft_dir(recipe) if backend.speculative else None,
+                                 _handoff())
         return backend.function("export")(job)
 
     manifest = run_stage(spec, build)
@@ -173,9 +188,11 @@ def do_export(recipe: Recipe, target: str) -> dict:
 def _reference_model(recipe: Recipe):
     """The deployed-numerics model (quantize's saved state restored, weights on the export grid)."""
     from pipeline.workstation.grid import weights_on_grid
-    from pipeline.workstation.quantize import load_quantized, pick_device
+    from pipeline.workstation.models import pick_device
+    from pipeline.workstation.state import load_quantized
 
-    model = load_quantized(_model_dir(recipe), quantize_spec(recipe).dir, pick_device(WEIGHT_FORMATS[recipe.weights]))
+    model = load_quantized(_model_dir(recipe), quantize_spec(recipe).dir, pick_device(WEIGHT_FORMATS[recipe.weights]),
+                           handoff=_handoff())
     with weights_on_grid(model):
         yield model
 
@@ -206,13 +223,14 @@ def do_accuracy(recipe: Recipe) -> dict:
 
     from pipeline.workstation.cpu_linear import skinny_linears
     from pipeline.workstation.evaluate import accuracy_report, write_report
-    from pipeline.workstation.quantize import load_model
+    from pipeline.workstation.models import load_model
 
     spec = accuracy_spec(recipe)
 
     def build(out: Path) -> dict:
         tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
         with _reference_model(recipe) as quantized:
+            _handoff().drop()     # the quantized model stays referenced here; the hand-off lets go of it
             original = load_model(_model_dir(recipe), str(quantized.device).split(":")[0])
             with skinny_linears():
                 report = accuracy_report(original, quantized, tok)

@@ -78,10 +78,11 @@ def _version(dist: str) -> str | None:
 
 
 def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: str, target_sm: str,
-           draft_dir: Path | None = None) -> dict:
+           draft_dir: Path | None = None, handoff=None) -> dict:
     """onnx/ for llm_build; with an EAGLE-3 draft, onnx/base (exported as the EAGLE-3 base: it also emits the
     hidden states the draft reads) and onnx/draft (the draft in fp16)."""
-    from pipeline.workstation.quantize import MODELOPT_MODULES, import_clean, load_quantized
+    from pipeline.workstation.models import MODELOPT_MODULES, import_clean
+    from pipeline.workstation.state import load_quantized
 
     try:
         import_clean(*MODELOPT_MODULES, "tensorrt_edgellm", "tensorrt_edgellm.models.ops")    # (its docstring)
@@ -95,7 +96,8 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: 
     from transformers import AutoTokenizer
 
     hf = out / "hf-checkpoint"
-    model = load_quantized(model_dir, quant_dir, "cpu", consume=True).half()   # the unified export is fp16
+    # the unified export is fp16
+    model = load_quantized(model_dir, quant_dir, "cpu", consume=True, handoff=handoff).half()
     export_hf_checkpoint(model, export_dir=hf)
     layers = model.config.num_hidden_layers
     plugin = int4_plugin_version(model) if weights == "int4_awq" else None
@@ -143,4 +145,4 @@ def export_job(job) -> dict:
     """The edgellm backend's export step (pipeline.backends.ExportJob -> stage manifest fields)."""
     assert job.payload == ONNX_DIR, job.payload
     return export(job.model_dir, job.quant_dir, job.out, job.weights, job.kv_cache, job.target_sm,
-                  draft_dir=job.draft_dir)
+                  draft_dir=job.draft_dir, handoff=job.handoff)

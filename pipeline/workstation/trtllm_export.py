@@ -99,7 +99,8 @@ def export_device(model_dir: Path) -> str:
     return "cuda" if checkpoint_bytes(model_dir, 4) * 1.3 < free else "cpu"
 
 
-def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, check_ids: list[int]) -> dict:
+def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, check_ids: list[int],
+           handoff=None) -> dict:
     import gc
 
     import torch
@@ -107,8 +108,9 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, check_ids:
 
     from pipeline.workstation.cpu_linear import skinny_linears
     from pipeline.workstation.grid import weights_on_grid
-    from pipeline.workstation.quantize import import_modelopt, load_quantized
+    from pipeline.workstation.models import import_modelopt
     from pipeline.workstation.reader import CheckpointModel, agreement
+    from pipeline.workstation.state import load_quantized
 
     import_modelopt()
     import modelopt.torch.quantization as mtq
@@ -118,7 +120,7 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, check_ids:
     timer = StepTimer()
     device = export_device(model_dir)
     with timer("load"):
-        model = load_quantized(model_dir, quant_dir, device, consume=True)
+        model = load_quantized(model_dir, quant_dir, device, consume=True, handoff=handoff)
     calibrated_in_fp16 = next(model.parameters()).dtype == torch.float16
     ids = torch.tensor(check_ids, device=device)
     with timer("reference"), torch.no_grad(), skinny_linears():
@@ -176,4 +178,5 @@ def check_token_ids(model_dir: Path) -> list[int]:
 
 def export_job(job) -> dict:
     """The trtllm-0.12 backend's export step (pipeline.backends.ExportJob -> stage manifest fields)."""
-    return export(job.model_dir, job.quant_dir, job.out / job.payload, job.weights, check_token_ids(job.model_dir))
+    return export(job.model_dir, job.quant_dir, job.out / job.payload, job.weights, check_token_ids(job.model_dir),
+                  handoff=job.handoff)

@@ -1,0 +1,146 @@
+"""calibrate: NVIDIA ModelOpt post-training quantization of a fetched checkpoint, saved as ModelOpt state.
+
+The saved model is exactly the numerics that get deployed: after calibration, q/k/v and gate/up are pre-processed
+for fusion here (shared pre-quant scale, shared input amax), as the TensorRT-LLM export would do. Reference outputs
+computed from this model therefore match the exported checkpoint (FACTS.md: without this, cosine 0.993).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
+from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS, KVFormat, WeightFormat
+from pipeline.progress import StepTimer
+from pipeline.workstation.grid import grid_modules, snap_to_export_grid
+from pipeline.workstation.models import import_modelopt, load_model, pick_device
+from pipeline.workstation.state import ModelHandoff, save_quantized, unchanged_parameters
+
+# int8_wo deploys TensorRT-LLM's own load-time per-channel INT8 (FACTS.md); the reference model simulates it with
+# ModelOpt's per-channel INT8 weight fake-quantizer so that goldens carry the deployed numerics.
+REFERENCE_CONFIG = {"int8_wo": "INT8_WEIGHT_ONLY_CFG"}
+KV_BITS = {"int8": 8, "fp8": (4, 3)}
+
+
+def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None) -> dict | None:
+    """The ModelOpt quant config for a recipe's weight and KV formats (None: nothing to quantize)."""
+    import_modelopt()
+    import modelopt.torch.quantization as mtq
+
+    name = fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name)
+    if name is None and kv.name == "fp16":
+        return None
+    cfg: dict[str, Any] = copy.deepcopy(getattr(mtq, name)) if name else {
+        "quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
+    if group_size and fmt.name in ("int4_awq", "w4a8_awq"):
+        for entry in cfg["quant_cfg"]:
+            if entry.get("quantizer_name") == "*weight_quantizer":
+                blocks = entry["cfg"] if isinstance(entry["cfg"], list) else [entry["cfg"]]
+                for b in blocks:
+                    if "block_sizes" in b:
+                        b["block_sizes"][-1] = group_size
+    if kv.name in KV_BITS:
+        cfg["quant_cfg"].append({"quantizer_name": "*[kv]_bmm_quantizer",
+                                 "cfg": {"num_bits": KV_BITS[kv.name], "axis": None}})
+    return cfg
+
+
+def fuse_for_export(model) -> int:
+    """Make the calibrated model compute what the exported checkpoint will, before anything is derived from it.
+
+    - fused groups (q/k/v; gate/up) get one pre-quant scale and one input amax, as the export will do;
+    - pre-quant scales are rounded to fp16, the precision they are exported in (SmoothQuant activations are
+      rounded to int8 after this scale: an fp32 scale flips some roundings the engine will make differently);
+    - K and V quantizers share one amax: TensorRT-LLM 0.12 has one kv_cache_scaling_factor per layer.
+    """
+    import torch
+    from modelopt.torch.export.quant_utils import preprocess_linear_fusion
+
+    n = 0
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for group in ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]):
+            if hasattr(group[0], "weight_quantizer"):
+                preprocess_linear_fusion(group)
+                n += 1
+        for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
+                       mlp.down_proj):
+            quantizer = getattr(linear, "input_quantizer", None)
+            if quantizer is not None and quantizer.pre_quant_scale is not None:
+                quantizer.pre_quant_scale = quantizer.pre_quant_scale.half().float()
+        k, v = getattr(attn, "k_bmm_quantizer", None), getattr(attn, "v_bmm_quantizer", None)
+        if k is not None and v is not None and k.is_enabled and k.amax is not None and v.amax is not None:
+            k.amax = v.amax = torch.maximum(k.amax, v.amax)
+    return n
+
+
+def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size: int | None, calibration: dict,
+             recipe_file: str, handoff: ModelHandoff | None = None) -> dict:
+    """Calibrate and save ModelOpt state into `out`; returns the stage's manifest extras. With a `handoff`, the
+    calibrated model is left there for the next stage of this process."""
+    import torch
+
+    from pipeline.progress import Progress
+    from pipeline.workstation.calibration import load_texts, token_windows
+
+    fmt, kv = WEIGHT_FORMATS[weights], KV_FORMATS[kv_cache]
+    cfg = modelopt_config(fmt, kv, group_size)
+    info: dict[str, Any] = {"weights": weights, "kv_cache": kv_cache, "group_size": group_size, "modelopt_config": None}
+    if cfg is None:
+        (out / "quantize.json").write_text(json.dumps({**info, "method": "none"}, indent=1))
+        return {"quantize": {**info, "method": "none"}}
+
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.quantization.config import need_calibration
+    from transformers import AutoTokenizer
+
+    device = pick_device(fmt)
+    timer = StepTimer()
+    torch.manual_seed(calibration["seed"])
+    # Weight-only max calibration (int8_wo with an fp16 KV cache) reads the weights, not data: ModelOpt documents
+    # forward_loop as not required there and its own PTQ example skips it. The stage key leaves calibration out
+    # for these formats too (chain.quantize_spec), so running data through them would be only time (a 3B model
+    # on a CPU: 30 s of 4 x 64 tokens).
+    windows = []
+    if need_calibration(cfg):
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        texts = load_texts(calibration["source"], recipe_file)
+        windows = token_windows(tokenizer, texts, calibration["samples"], calibration["seq_len"],
+                                calibration["seed"])
+    if handoff is not None:
+        handoff.drop()
+    with timer("load"):
+        model = load_model(model_dir, device)
+
+    if model.device.type == "cpu" and fmt.gpu_calibration_only:
+        raise PipelineError(f"{fmt.label} calibration needs a CUDA GPU, and this model does not fit this "
+                            f"workstation's GPUs ({model.placement['note']})", "use a workstation with more GPU memory")
+
+    def forward_loop(m):
+        with Progress(f"calibrating {fmt.label}", unit="sample") as bar:
+            for i, w in enumerate(windows, 1):
+                m(torch.tensor([w], device=model.device))
+                bar.update(i, len(windows))
+
+    with timer("calibrate"), torch.no_grad():
+        mtq.quantize(model, cfg, forward_loop if windows else None)
+    with timer("fuse"):
+        fused = fuse_for_export(model)
+    # Saved as computed (fp32 on the CPU, fp16 on a GPU): rounding it to fp16 for the CPU case would change
+    # SmoothQuant's scales relative to the weights they were derived from. Every later stage restores this file.
+    with timer("save"):
+        unchanged = unchanged_parameters(model, model_dir)       # before snapping, which moves every grid weight
+        changed = {name + ".weight" for name, _ in grid_modules(model)} - unchanged
+        saved = save_quantized(model, out, unchanged, snap_to_export_grid(model, keep=changed))
+    if handoff is not None:
+        handoff.put(model_dir, out, model)
+    info.update(method="modelopt", modelopt_config=fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name),
+                device=model.device.type, placement=getattr(model, "placement", {"kind": "cpu"}),
+                calibration_tokens=sum(map(len, windows)),      # 0: weight-only, calibrated from the weights
+                fused_groups=fused, saved_bytes=saved,
+                seconds=timer.seconds)
+    (out / "quantize.json").write_text(json.dumps(info, indent=1))
+    return {"quantize": info}

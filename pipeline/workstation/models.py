@@ -1,0 +1,114 @@
+"""Loading a fetched checkpoint for calibration and reference forwards, and importing ModelOpt safely.
+
+The checkpoint is deployed in fp16, so every model made here starts from fp16 values (computed in fp32 on a CPU).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
+from pipeline.plan.formats import WeightFormat
+
+MODELOPT_MODULES = ("modelopt.torch.export", "modelopt.torch.opt", "modelopt.torch.quantization")
+
+
+def import_clean(*modules: str) -> None:
+    """Import modules from a thread of their own, before any model exists; their ImportError is raised here.
+
+    ModelOpt imports pulp, which keeps the ImportError of each solver it lacks (class attribute `err`). A stored
+    traceback reaches, through f_back, every frame on the stack of that first import, and a frame that outlives
+    its call keeps its last locals: imported from quantize(), that kept the calibrated model alive for the rest
+    of the process (a 3B model on a CPU: 12.8 GB, so the export's reader check found its checkpoint evicted from
+    the page cache, and goldens held two models). A new thread's stack holds nothing of ours."""
+    import importlib
+    import sys
+    import threading
+
+    missing = [m for m in modules if m not in sys.modules]
+    if not missing:
+        return
+    failed = []
+
+    def run():
+        try:
+            for m in missing:
+                importlib.import_module(m)
+        except BaseException as exc:     # re-raised in the caller's thread
+            failed.append(exc)
+    thread = threading.Thread(target=run, name="import-clean")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
+def import_modelopt() -> None:
+    import_clean(*MODELOPT_MODULES)
+
+
+def pick_device(fmt: WeightFormat) -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if fmt.gpu_calibration_only:
+        raise PipelineError(f"{fmt.label} calibration needs a CUDA GPU: ModelOpt's {fmt.label} quantizer does not run "
+                            "on the CPU (it fails with 'amax must be a CUDA tensor')",
+                            "run the quantize stage on a workstation with an NVIDIA GPU (SM >= 8.0), then copy "
+                            "artifacts/ back, or pick int4_awq / fp8 for a CPU-only workstation")
+    return "cpu"
+
+
+def load_model(model_dir: Path, device: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    # The checkpoint is deployed in fp16, so the reference starts from fp16 weights. On the CPU it computes in fp32
+    # (fp16 matmuls are slow there): loaded as fp32 and rounded to fp16 values one tensor at a time, which never
+    # holds a second copy of the model. An fp16 checkpoint loads as exact fp16 values: no rounding pass (fp16
+    # conversions are slow on a CPU: 4 s of a 1B model's 11 s load).
+    model: Any        # a transformers model, with the attributes this module sets on it
+    if device == "cpu":
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        if _stored_dtypes(model_dir) != {"F16"}:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.copy_(p.half())
+    else:
+        from pipeline.workstation.placement import probe
+        placement = probe(model_dir)
+        if placement.kind == "cpu":
+            model = load_model(model_dir, "cpu")
+            model.placement = placement.as_dict()
+            return model
+        if placement.max_memory:     # larger than one GPU: spread over the GPUs (and host memory) by layer
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16, device_map="auto",
+                                                         max_memory=placement.max_memory)
+            offloaded = sorted({str(d) for d in model.hf_device_map.values()} - {str(i) for i in placement.max_memory})
+            if offloaded:
+                raise PipelineError(f"accelerate placed part of {model_dir} on {offloaded} beyond the GPUs' "
+                                    f"budgets {placement.max_memory}", "set PIPELINE_GPU_BUDGET_BYTES higher, or "
+                                    "use a workstation with more GPU memory")
+        else:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16)
+            model = model.to(placement.device)
+        model.placement = placement.as_dict()
+    model.eval()
+    model.pipeline_loaded = {name: param_fingerprint(p) for name, p in model.named_parameters()}
+    return model
+
+
+def _stored_dtypes(model_dir: Path) -> set[str]:
+    """The floating-point dtypes of a checkpoint's tensors, from the safetensors headers."""
+    from pipeline.workstation.safetensors_check import check_safetensors
+
+    return {dtype for shard in sorted(Path(model_dir).glob("*.safetensors"))
+            for dtype, _shape in check_safetensors(shard).values() if dtype.startswith(("F", "BF"))}
+
+
+def param_fingerprint(p) -> tuple:
+    """Identity, storage and version counter of a parameter: every write through it (copy_, mul_, a new
+    Parameter, `.data = ...`) changes one of them."""
+    return id(p), p.data_ptr(), p._version

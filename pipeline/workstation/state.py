@@ -1,0 +1,158 @@
+"""The calibrated model's saved state (ModelOpt state + the tensors calibration changed), its restore, and the
+hand-off of the live model from quantize to the next stage of the same process.
+
+The saved model is exactly the numerics that get deployed: weights AWQ / SmoothQuant rescaled are saved as their
+levels on the export grid, and every later stage (export, goldens, accuracy) restores this state, or takes the
+live model quantize handed off, which is the same model bit for bit (tests/test_export.py).
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
+from pipeline.workstation.grid import grid_modules, snap_to_export_grid, split_levels
+from pipeline.workstation.models import import_modelopt, load_model, param_fingerprint
+
+STATE = "modelopt_state.pth"
+TENSORS = "calibrated.safetensors"      # the tensors calibration changed, beside STATE
+
+
+class ModelHandoff:
+    """The live calibrated model, handed from quantize to the next stage that would restore the same saved state
+    (export, goldens, accuracy) in the same process, instead of loading the checkpoint and the state again (for a
+    3B model on a CPU that reload was the largest part of the pipeline's overhead). Keyed by the state file's inode,
+    mtime and size: the stage directory's rename keeps them; a re-run or a copy changes them. The doit process
+    holds one (pipeline/graph/actions.py) and passes it to the stages; without one, every stage restores."""
+
+    def __init__(self) -> None:
+        self.models: dict[tuple, Any] = {}
+
+    @staticmethod
+    def key(model_dir: Path, quant_dir: Path) -> tuple:
+        st = (quant_dir / STATE).stat()
+        return (str(Path(model_dir).resolve()), st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def put(self, model_dir: Path, quant_dir: Path, model) -> None:
+        self.drop()
+        self.models[self.key(model_dir, quant_dir)] = model
+
+    def get(self, model_dir: Path, quant_dir: Path, consume: bool):
+        key = self.key(model_dir, quant_dir)
+        return self.models.pop(key, None) if consume else self.models.get(key)
+
+    def drop(self) -> None:
+        """Let go of every handed-off model (before loading another one: never two models at once)."""
+        if self.models:
+            self.models.clear()
+            gc.collect()
+
+    def __bool__(self) -> bool:
+        return bool(self.models)
+
+
+def unchanged_parameters(model, model_dir: Path) -> set[str]:
+    """Parameters still equal to what load_model makes of the checkpoint (max calibration changes no weight;
+    AWQ and SmoothQuant rescale the linears)."""
+    import torch
+    from safetensors import safe_open
+
+    params = dict(model.named_parameters())
+    # AWQ and SmoothQuant fold their smoothing into the weight of every linear that has a pre-quant scale: those
+    # changed for certain, and comparing them would only re-read gigabytes of checkpoint
+    smoothed = {f"{name}.weight" for name, m in model.named_modules()
+                if getattr(getattr(m, "input_quantizer", None), "pre_quant_scale", None) is not None}
+    # load_model recorded each parameter's fingerprint: one that still matches was not written through the
+    # parameter. ModelOpt also writes through `.data` (SVDQuant, pre-quant-scale folding), which no version counter
+    # sees, so the first and last rows are compared with the checkpoint too; without a record, the whole tensor is.
+    # (Comparing whole tensors re-reads the checkpoint: 5 s of a 1B model's 13 s save on a CPU.)
+    loaded = getattr(model, "pipeline_loaded", None)
+
+    def equal(stored: torch.Tensor, p: torch.Tensor) -> bool:
+        return torch.equal(stored.to(p.device).half().to(p.dtype), p)
+
+    same = set()
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            for key in f.keys():
+                p = params.get(key)
+                if p is None or key in smoothed:
+                    continue
+                if loaded is None or p.dim() < 2:
+                    ok = equal(f.get_tensor(key), p)
+                else:
+                    rows, last = f.get_slice(key), p.shape[0] - 1
+                    ok = loaded.get(key) == param_fingerprint(p) and equal(rows[0:1], p[0:1]) and \
+                        equal(rows[last:last + 1], p[last:last + 1])
+                if ok:
+                    same.add(key)
+    return same
+
+
+def save_quantized(model, out_dir: Path, unchanged: set[str], levels: dict) -> int:
+    """ModelOpt state (STATE) + every tensor calibration changed (TENSORS: amax, pre-quant scales, and the
+    weights AWQ / SmoothQuant rescaled); returns bytes of tensors.
+
+    Unchanged weights are not saved again: load_quantized re-reads them from the fetched checkpoint. Changed
+    weights on the export grid are saved as their integer levels (`levels`, from snap_to_export_grid, keyed by
+    weight name + a levels suffix): a 3B INT4-AWQ model calibrated on a GPU saved 6 GB of fp16 weights in 6 s,
+    a third of the pipeline's overhead there; as INT4 levels, 1.5 GB.
+    The tensors go to safetensors, one write of their bytes (torch.save's zip writer took 3x as long).
+    """
+    import modelopt.torch.opt as mto
+    import torch
+    from safetensors.torch import save_file
+
+    params = dict(model.named_parameters())
+    # tied weights (lm_head = embed_tokens) appear in the state dict under a name the checkpoint does not have
+    shared = {params[k].data_ptr() for k in unchanged}
+    tensors, storages = dict(levels), set()
+    as_levels = {k.rsplit(".", 1)[0] for k in levels}
+    for k, v in model.state_dict().items():
+        if k in unchanged or k in as_levels or v.data_ptr() in shared:
+            continue
+        # safetensors refuses two names on one storage (K and V quantizers share one amax): copy the repeats
+        storage = v.untyped_storage().data_ptr()
+        tensors[k] = v.detach().clone() if storage in storages else v.detach().contiguous()
+        storages.add(storage)
+    torch.save({"modelopt_state": mto.modelopt_state(model)}, out_dir / STATE)
+    save_file(tensors, str(out_dir / TENSORS))
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu", consume: bool = False,
+                   handoff: ModelHandoff | None = None):
+    """The deployed-numerics model: the fetched checkpoint with the saved ModelOpt state restored.
+
+    consume=True: the caller may change the model (export disables quantizers), so a handed-off model is taken,
+    not shared, and later stages restore from disk."""
+    import_modelopt()
+    if (quant_dir / STATE).is_file():
+        model = handoff.get(model_dir, quant_dir, consume) if handoff is not None else None
+        dispatched = model is not None and len(set(getattr(model, "hf_device_map", {}).values())) > 1
+        if model is not None and not (dispatched and device == "cpu"):
+            model = model if dispatched else model.to(device)
+            return model.float() if device == "cpu" else model
+    if handoff is not None:
+        handoff.drop()      # never hold a handed-off model while loading another one
+    model = load_model(model_dir, device)
+    if (quant_dir / STATE).is_file():
+        import modelopt.torch.opt as mto
+        import torch
+        from safetensors.torch import load_file
+
+        blob = torch.load(quant_dir / STATE, map_location=device, weights_only=False)
+        model = mto.restore_from_modelopt_state(model, blob["modelopt_state"])
+        tensors = load_file(str(quant_dir / TENSORS), device=device)
+        levels = split_levels(tensors)
+        result = model.load_state_dict(tensors, strict=False)
+        unknown = result.unexpected_keys + sorted(set(levels) - {n + ".weight" for n, _ in grid_modules(model)})
+        if unknown:
+            raise PipelineError(f"{quant_dir / STATE} does not fit the model in {model_dir}: {unknown[:3]}",
+                                "re-run the quantize stage")
+        if device == "cpu":
+            model = model.float()
+        snap_to_export_grid(model, levels)
+    return model
