@@ -150,9 +150,9 @@ def do_quantize(recipe: Recipe) -> dict:
     from pipeline.workstation.calibrate import quantize
 
     spec = quantize_spec(recipe)
-    group_sizes = {recipe_plan(recipe, t)["quant"]["group_size"] for t in recipe.targets}
+    group_sizes = {recipe_plan(recipe, t).quant.group_size for t in recipe.targets}
     if len(group_sizes) != 1:
-        raise PipelineError(f"{recipe.file}: targets need different group sizes {sorted(group_sizes)}",
+        raise PipelineError(f"{recipe.file}: targets need different group sizes {sorted(group_sizes, key=str)}",
                             "set quantization.group_size")
     q = recipe.quantization
     manifest = run_stage(spec, lambda out: quantize(_model_dir(recipe), out, q["weights"], q["kv_cache"],
@@ -171,11 +171,11 @@ def do_export(recipe: Recipe, target: str) -> dict:
     plan = recipe_plan(recipe, target)
     spec = export_spec(recipe, plan)
 
-    backend = backends.get(plan["backend"])
+    backend = backends.get(plan.backend)
 
     def build(out: Path) -> dict:
         job = backends.ExportJob(_model_dir(recipe), quantize_spec(recipe).dir, out, backend.payload, recipe.weights,
-                                 recipe.kv_cache, plan["sm"], draft_dir(recipe) if backend.speculative else None,
+                                 recipe.kv_cache, plan.sm, draft_dir(recipe) if backend.speculative else None,
                                  _handoff())
         return backend.function("export")(job)
 
@@ -287,12 +287,13 @@ def do_package(recipe: Recipe, target: str) -> dict:
         for name in (contract.ACCURACY_JSON, contract.ACCURACY_MD):
             link_or_copy(accuracy_spec(recipe).dir / name, content / name)
         shutil.copy2(recipe.file, content / contract.RECIPE)
-        (content / contract.PLAN).write_text(json.dumps(plan, indent=1) + "\n")
+        plan.dump(content / contract.PLAN)
         stages = {s.stage: {k: built_manifest(s.dir)[k] for k in ("id", "key", "content_digest", "tools")}
                   for s in spec.inputs}
         (content / contract.STAGES).write_text(json.dumps(stages, indent=1, sort_keys=True) + "\n")
-        meta = {"recipe": recipe.name, "target": target, "sm": plan["sm"], "backend": plan["backend"],
-                "stack": plan["stack"], "quant": plan["quant"], "limits": plan["limits"],
+        fields = plan.to_dict()
+        meta = {"recipe": recipe.name, "target": target, "sm": plan.sm, "backend": plan.backend,
+                "stack": fields["stack"], "quant": fields["quant"], "limits": fields["limits"],
                 "versions": {"jetson-trtllm-pipeline": __version__, **stages["export"]["tools"]},
                 "export": {k: v for k, v in built_manifest(export_dir).get("export", {}).items() if k != "onnx"}
                 or None}

@@ -8,7 +8,6 @@ build them are in pipeline/graph/actions.py.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import asdict
 from functools import cache
 from pathlib import Path
@@ -76,23 +75,23 @@ def quantize_spec(recipe: Recipe) -> StageSpec:
                      version=2)     # 2: changed tensors in calibrated.safetensors, not in the pickle
 
 
-def export_spec(recipe: Recipe, plan: dict) -> StageSpec:
+def export_spec(recipe: Recipe, plan: contract.Plan) -> StageSpec:
     """One export per model for a backend whose export is target-independent (TensorRT-LLM 0.12 checkpoints serve
     every Orin); one per SM (and draft) where it is not (Edge-LLM's ONNX)."""
-    backend = backends.get(plan["backend"])
+    backend = backends.get(plan.backend)
     if not backend.export_depends_on_sm:
         return StageSpec("export", {"backend": backend.name}, inputs=(fetch_spec(recipe), quantize_spec(recipe)),
                          tools=WORKSTATION_TOOLS + backend.export_tools)
     draft = draft_fetch_spec(recipe) if backend.speculative else None
-    return StageSpec("export", {"backend": backend.name, "target_sm": plan["sm"],
+    return StageSpec("export", {"backend": backend.name, "target_sm": plan.sm,
                                 **({"draft": recipe.draft["method"]} if draft and recipe.draft else {})},
                      inputs=(fetch_spec(recipe), quantize_spec(recipe), *([draft] if draft else [])),
                      tools=WORKSTATION_TOOLS + backend.export_tools)
 
 
-def export_payload(plan: dict) -> str:
+def export_payload(plan: contract.Plan) -> str:
     """The export stage's directory the device builds from (and the kit carries)."""
-    return backends.get(plan["backend"]).payload
+    return backends.get(plan.backend).payload
 
 
 def goldens_spec(recipe: Recipe) -> StageSpec:
@@ -107,10 +106,9 @@ def accuracy_spec(recipe: Recipe) -> StageSpec:
                      inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
 
 
-def package_spec(recipe: Recipe, target: str, plan: dict, key_id: str) -> StageSpec:
+def package_spec(recipe: Recipe, target: str, plan: contract.Plan, key_id: str) -> StageSpec:
     """The kit for one target: its identity is the recipe text, the plan, the signing key and the stage outputs."""
-    return StageSpec("package", {"target": target, "plan": hashlib.sha256(json.dumps(plan, sort_keys=True)
-                                                                           .encode()).hexdigest(),
+    return StageSpec("package", {"target": target, "plan": hashlib.sha256(plan.dumps().encode()).hexdigest(),
                                  "recipe": hashlib.sha256(Path(recipe.file).read_bytes()).hexdigest(),
                                  "key": key_id},
                      inputs=(fetch_spec(recipe), export_spec(recipe, plan), goldens_spec(recipe),
@@ -147,9 +145,9 @@ def recipe_link(recipe: Recipe, stage: str, target: str | None, spec: StageSpec)
     link(recipe_path(recipe, stage, target), spec.dir)
 
 
-def recipe_plan(recipe: Recipe, target: str) -> dict:
-    """The current plan of one target (the plan task always runs before the stages that read it)."""
+def recipe_plan(recipe: Recipe, target: str) -> contract.Plan:
+    """The current plan of one target (the plan task always runs before the stages that read it), checked."""
     path = recipe_path(recipe, "plan", target) / contract.PLAN
     if not path.is_file():
         raise PipelineError(f"no plan for {recipe.name} on {target} yet", f"run `doit plan recipe={recipe.name}`")
-    return json.loads(path.read_text())
+    return contract.Plan.load(path)
