@@ -74,7 +74,7 @@ class Progress:
 class StepTimer:
     """Wall seconds per named step of a stage, recorded in its manifest so a slow stage says where time went."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
 
     def __call__(self, name: str):
