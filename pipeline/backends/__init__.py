@@ -3,7 +3,7 @@
     trtllm-0.12   TensorRT-LLM 0.12 (JetPack 6, Orin): checkpoint/ -> trtllm-build -> ModelRunnerCpp
     edgellm       TensorRT Edge-LLM (JetPack 7): onnx/ -> llm_build -> llm_inference
 
-Callers ask the record (`get(name).payload`, `.build_commands(plan)`, `.installed(board)`) and never compare
+Callers ask the record (`get(name).payload`, `.build_commands(limits, draft)`, `.check_argv(argv)`) and never compare
 backend names. A third backend is one new module defining a `Backend` plus its line in `_MODULES`. Which precisions
 and architectures a backend version builds on a board is data (pipeline/data/targets.toml, per stack).
 Standard library only: the device half imports this on Python 3.10 without torch.
@@ -52,22 +52,18 @@ class Backend:
     speculative: bool           # builds EAGLE-3 draft engines
     export_depends_on_sm: bool  # its export differs per target SM (Edge-LLM's ONNX), else one per model
     export_tools: tuple[str, ...]   # distributions whose versions decide the export's bytes
-    builders: dict[str, FlagTable]  # program -> the flags we may pass it (anything else is refused)
-    renamed_flags: dict[str, str]   # flags people try that this version lacks -> what to do instead
+    builders: dict[str, Callable[[list[str]], list[str]]]   # program -> its argv checker (its flag table and rules)
     build_commands: Callable[[Any, Any], list[list[str]]]   # (limits, speculative) -> argvs, in the unpacked kit
     export: str                 # "module:function" (workstation): (ExportJob) -> manifest fields
     validate: str               # "module:function" (device): (kit_dir, engine, plan, goldens, work) -> validation
     refuse_on_family: dict[str, str] = field(default_factory=dict)   # target family -> why it cannot work there
 
-    def installed(self, board: Any) -> str | None:
-        return getattr(board, self.board_version)
-
     def check_argv(self, argv: list[str]) -> list[str]:
-        """Problems with one build argv: a program this backend does not build with, or flags outside its table."""
+        """Problems with one build argv: a program this backend does not build with, or what its checker finds."""
         if not argv or argv[0] not in self.builders:
             return [f"{argv[0] if argv else '(empty)'} is not a {self.label} builder "
                     f"(allowed: {', '.join(self.builders)})"]
-        return check_flags(argv, self.builders[argv[0]], argv[0], self.renamed_flags)
+        return self.builders[argv[0]](argv)
 
     def function(self, which: str) -> Callable:
         module, name = getattr(self, which).split(":")

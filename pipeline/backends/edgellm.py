@@ -48,20 +48,13 @@ def build_commands(limits: BuildLimits, speculative: Speculative | None) -> list
             llm_build_argv(limits, "onnx/draft") + trees + ["--specDraft"]]
 
 
-class _Backend(Backend):
-    def check_argv(self, argv: list[str]) -> list[str]:
-        if argv and argv[0] == "llm_build":
-            return check_llm_build_argv(argv)
-        return super().check_argv(argv)
-
-
-BACKEND = _Backend(
+BACKEND = Backend(
     name="edgellm", label="TensorRT Edge-LLM", payload="onnx", board_version="edgellm",
     install_hint="tensorrt-edgellm {version} (its llm_build and llm_inference for this JetPack)",
     runtime_overhead=500_000_000, perf_class="tensorrt", perf_note=None, min_batch_size=EDGELLM_MIN_BATCH,
     speculative=True,
     export_depends_on_sm=True, export_tools=("tensorrt-edgellm", "onnx"),
-    builders={"llm_build": LLM_BUILD_FLAGS}, renamed_flags=LLM_BUILD_RENAMED, build_commands=build_commands,
+    builders={"llm_build": check_llm_build_argv}, build_commands=build_commands,
     export="pipeline.workstation.edgellm_export:export_job",
     validate="pipeline.device.runners:validate_edgellm",
 )

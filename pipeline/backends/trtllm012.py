@@ -69,7 +69,7 @@ BACKEND = Backend(
     perf_note="decode speed predicted with constants fitted to TensorRT Edge-LLM rows: no TensorRT-LLM 0.12 Jetson "
               "decode figures are published in the reference set.",
     min_batch_size=1, speculative=False, export_depends_on_sm=False,
-    export_tools=(), builders={"trtllm-build": TRTLLM_012_FLAGS}, renamed_flags=NOT_IN_012,
+    export_tools=(), builders={"trtllm-build": check_trtllm_012_argv},
     build_commands=build_commands,
     export="pipeline.workstation.trtllm_export:export_job",
     validate="pipeline.device.runners:validate_trtllm",
