@@ -63,8 +63,8 @@ import importlib, pkgutil, sys
 BLOCKED = ("torch", "transformers", "modelopt", "safetensors", "numpy", "doit", "tensorrt_edgellm", "onnx")
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ImportError(f"blocked on the device: {name}")
+        if name.split(".")[0] in BLOCKED or name.startswith(("pipeline.workstation", "pipeline.graph")):
+            raise ImportError(f"blocked on the device: {name}")     # the workstation half stays off the device
 sys.meta_path.insert(0, Block())
 import pipeline
 names = [m.name for pkg in ("device", "kit", "backends", "plan")

@@ -13,7 +13,16 @@ from pathlib import Path
 
 from pipeline import contract
 from pipeline.errors import PipelineError
-from pipeline.workstation.evaluate import token_agreement
+
+
+def token_agreement(golden: list[int], produced: list[int]) -> float:
+    """Fraction of golden tokens reproduced up to the first divergence (greedy decoding diverges for good after)."""
+    n = 0
+    for a, b in zip(golden, produced, strict=False):  # up to the shorter: a short answer is a divergence
+        if a != b:
+            break
+        n += 1
+    return n / max(1, len(golden))
 
 
 def tegrastats_peak_ram(log: str) -> int | None:

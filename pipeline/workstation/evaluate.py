@@ -43,16 +43,6 @@ def make_goldens(model, tokenizer, validation: dict) -> dict:
             "eos_token_id": tokenizer.eos_token_id, "prompts": prompts}
 
 
-def token_agreement(golden: list[int], produced: list[int]) -> float:
-    """Fraction of golden tokens reproduced up to the first divergence (greedy decoding diverges for good after)."""
-    n = 0
-    for a, b in zip(golden, produced, strict=False):  # up to the shorter: a short answer is a divergence
-        if a != b:
-            break
-        n += 1
-    return n / max(1, len(golden))
-
-
 def _windows(tokenizer, seq_len: int) -> list[list[int]]:
     from pipeline.workstation.tinymodel import corpus_text
 
