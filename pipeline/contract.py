@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from pipeline.errors import PipelineError
-from pipeline.files import read_regular
+from pipeline.files import read_regular, write_atomic
 
 # ---------------------------------------------------------------------------------------------------- file names
 # A kit (or an engine bundle) directory, as it travels:
@@ -195,13 +194,7 @@ class Record(Part):
 
     def dump(self, path: Path) -> None:
         """Write atomically: a killed writer leaves the old file or none, never half a record."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w") as fh:
-            fh.write(self.dumps())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        write_atomic(Path(path), self.dumps())
 
 
 # ------------------------------------------------------------------------------------------------------- records
@@ -278,7 +271,7 @@ class Plan(Record):
 
 @dataclass(frozen=True)
 class Entry(Part):
-    """One file of a kit's payload, or one part file of the kit."""
+    """One part file of a kit (NAME.tar.000 ...)."""
     name: str
     size: int
     sha256: str

@@ -38,6 +38,18 @@ def link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file, synced, then renamed: a killed writer leaves the old file or
+    none, never half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
 def read_regular(path: Path, limit: int) -> bytes:
     """The bytes of `path`, which must be a regular file (not a link, FIFO, device or directory) of at most
     `limit` bytes. Opened without following a final symlink and without blocking, so a planted FIFO or a link

@@ -71,7 +71,7 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
         raise PipelineError(f"this is not a Jetson ({Path(root) / 'proc/device-tree/compatible'} names no Orin or "
                             "Thor SoC): engines are built on a board of the kit's SM",
                             "run this on the Jetson, or pass --root DIR holding a recorded board's files")
-    say(f"this board: {device['target'] or device['board']}, JetPack {device['jetpack']}, SM {device['sm']}, "
+    say(f"this board: {board.name}, JetPack {device['jetpack']}, SM {device['sm']}, "
          f"TensorRT {device['tensorrt']}, {device['power_mode']}")
     for w in gate.require(manifest, "kit", device).warnings:
         say(f"warning: {w}")

@@ -29,7 +29,7 @@ from functools import cached_property
 from importlib import metadata
 from pathlib import Path
 
-from pipeline.files import sha256_file
+from pipeline.files import sha256_file, write_atomic
 
 MANIFEST = "stage.json"
 
@@ -141,12 +141,7 @@ def is_current(spec: StageSpec) -> bool:
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=1, sort_keys=True))
 
 
 def hash_outputs(root: Path) -> dict[str, dict]:
