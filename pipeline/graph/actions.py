@@ -36,7 +36,7 @@ from pipeline.plan.recipe import Recipe
 def link_recipe(recipe: Recipe) -> str:
     """artifacts/<recipe>/<stage> links for every built stage (stages skipped as current are shared, not re-run);
     returns what to do with the recipe's kits."""
-    handoffs = []
+    instructions = []
     for stage, spec in (("fetch", fetch_spec(recipe)), ("fetch-draft", draft_fetch_spec(recipe)),
                         ("quantize", quantize_spec(recipe)),
                         ("goldens", goldens_spec(recipe)), ("accuracy", accuracy_spec(recipe))):
@@ -49,8 +49,8 @@ def link_recipe(recipe: Recipe) -> str:
         spec = _package_spec(recipe, target)
         if spec.dir.is_dir():
             recipe_link(recipe, "kit", target, spec)
-            handoffs.append(handoff(recipe, target))
-    return "\n".join(handoffs)
+            instructions.append(kit_instructions(recipe, target))
+    return "\n".join(instructions)
 
 
 # ---------------------------------------------------------------------------------------------------- stage actions
@@ -120,7 +120,7 @@ def do_plan(recipe: Recipe, target: str):
     plan = plan_recipe(recipe, target, config, source, draft=draft)
 
     def build(out: Path) -> dict:
-        (out / contract.PLAN).write_text(json.dumps(plan.to_json(), indent=1) + "\n")
+        plan.to_record().dump(out / contract.PLAN)
         (out / "plan.md").write_text("```\n" + render_table(plan) + "\n```\n")
         return {"ok": plan.ok}
 
@@ -134,7 +134,7 @@ _HANDOFF = None
 
 def _handoff():
     """This doit process's ModelHandoff: quantize leaves the calibrated model in it for export, goldens and
-    accuracy, which run next in the same process (made on first use: the device half never imports torch)."""
+    accuracy, which run next in the same process (made on first use: `doit list` loads no workstation module)."""
     global _HANDOFF
     if _HANDOFF is None:
         from pipeline.workstation.state import ModelHandoff
@@ -201,7 +201,7 @@ def do_goldens(recipe: Recipe) -> dict:
     from transformers import AutoTokenizer
 
     from pipeline.workstation.cpu_linear import skinny_linears
-    from pipeline.workstation.evaluate import GOLDENS, make_goldens
+    from pipeline.workstation.evaluate import make_goldens
 
     spec = goldens_spec(recipe)
 
@@ -209,7 +209,7 @@ def do_goldens(recipe: Recipe) -> dict:
         tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
         with _reference_model(recipe) as model, skinny_linears():
             goldens = make_goldens(model, tok, recipe.validation)
-        (out / GOLDENS).write_text(json.dumps(goldens, indent=1) + "\n")
+        (out / contract.GOLDENS).write_text(json.dumps(goldens, indent=1) + "\n")
         return {"goldens": {"prompts": len(goldens["prompts"]),
                             "new_tokens": sum(len(p["output_ids"]) for p in goldens["prompts"])}}
 
@@ -311,7 +311,7 @@ def kit_path(recipe: Recipe, target: str) -> Path:
     return recipe_path(recipe, "kit", target) / kit_name(recipe, target)
 
 
-def handoff(recipe: Recipe, target: str) -> str:
+def kit_instructions(recipe: Recipe, target: str) -> str:
     """What to do with a kit: where it is, how to copy it, and the command to run where it will sit on the device
     (a stick mounted at /media/usb: the workstation's path means nothing there)."""
     kit = kit_path(recipe, target)

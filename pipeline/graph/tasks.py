@@ -253,12 +253,11 @@ def task_build():
 
 def doit_config() -> dict:
     from pipeline.graph.framework import artifacts_dir
+    from pipeline.graph.terminal import StageReporter
 
     root = artifacts_dir()
     root.mkdir(parents=True, exist_ok=True)
     # sqlite3: one file, written transactionally. No file_dep anywhere: up-to-date comes from stage manifests.
-    from pipeline.graph.terminal import StageReporter
-
     # verbosity 2: doit does not capture a stage's output; the stage sends it to its own log (graph/terminal.py)
     return {"backend": "sqlite3", "dep_file": str(root / ".doit.db"), "verbosity": 2, "subtasks": True,
             "reporter": StageReporter}

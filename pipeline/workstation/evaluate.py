@@ -12,7 +12,6 @@ from pathlib import Path
 
 from pipeline import contract
 
-GOLDENS = contract.GOLDENS
 HELDOUT = "heldout-en"
 
 
