@@ -188,3 +188,36 @@ def test_build_timeout_and_ctrl_c_kill_the_builder(tmp_path):
             break
         time.sleep(0.1)
     assert not alive(pid)
+
+
+def test_a_signed_plan_runs_only_the_backends_builder(kit, tmp_path):
+    """A stolen signing key must not mean arbitrary commands on the device: a validly signed plan whose build
+    command is `sh` is refused before anything runs."""
+    from pipeline.kit.archive import pack, unpack
+    from pipeline.kit.signing import PublicKey, SecretKey
+
+    project, kit_dir, _ = kit
+    home = project.root / "home"
+    content = tmp_path / "content"
+    unpack(kit_dir, content, [PublicKey.load(home / "signing.pub")])
+    plan = json.loads((content / "plan.json").read_text())
+    plan["device_build_commands"] = [["sh", "-c", f"touch {tmp_path / 'pwned'}"]]
+    plan["device_build_command"] = plan["device_build_commands"][0]
+    (content / "plan.json").write_text(json.dumps(plan))
+    forged = tmp_path / "kits" / kit_dir.name
+    manifest = json.loads((kit_dir / "MANIFEST.json").read_text())
+    meta = {k: manifest[k] for k in ("recipe", "target", "sm", "backend", "stack", "quant", "limits")}
+    pack(content, forged, kit_dir.name, "kit", SecretKey.load(home / "signing.key"), meta=meta)
+    proc = device(project, forged, tmp_path)
+    assert proc.returncode == 2 and not (tmp_path / "pwned").exists()
+    assert "device_build_commands refused: sh is not a TensorRT-LLM 0.12 builder (allowed: trtllm-build)" \
+        in proc.stderr
+
+
+def test_device_on_a_machine_that_is_not_a_jetson_refuses(kit, tmp_path):
+    project, kit_dir, _ = kit
+    (tmp_path / "root" / "proc").mkdir(parents=True)
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "device", str(kit_dir), "--root", str(tmp_path / "root"),
+                           "--work", str(tmp_path / "w"), "--pubkey", str(project.root / "home" / "signing.pub")],
+                          env=project.env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and "error: this is not a Jetson" in proc.stderr and not (tmp_path / "w").exists()

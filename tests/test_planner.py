@@ -188,3 +188,40 @@ def test_prequantized_checkpoints_are_refused_with_the_reason():
     assert "hub/config.json is already quantized (quant_method 'awq'" in plan.refused[-1]
     assert "Point the recipe at the unquantized base model" in plan.refused[-1]
     assert "W4A16_GPTQ" in plan.refused[-1]
+
+
+def test_cli_flags_are_named_when_refused(project, tmp_path):
+    cfg = REPO / "pipeline" / "data"       # any readable path; argparse refuses --max-seq before it is read
+    zero = project.cli("plan", "--model-config", str(cfg), "--quant", "int4_awq", "--target", "orin-nano-8gb",
+                       "--max-seq", "0")
+    assert zero.returncode == 2 and "argument --max-seq: must be at least 1, got 0" in zero.stderr
+    word = project.cli("plan", "--model-config", str(cfg), "--quant", "int4_awq", "--target", "orin-nano-8gb",
+                       "--batch", "two")
+    assert word.returncode == 2 and "argument --batch: expected a positive integer, got 'two'" in word.stderr
+    ad_hoc = project.cli("plan", "llama3.2-3b-orin-nano", "--max-seq", "100", "--batch", "2", repo_recipes=True)
+    assert ad_hoc.returncode == 2 and "error: --max-seq, --batch apply to plans from --model-config; the " \
+        "recipe llama3.2-3b-orin-nano sets them" in ad_hoc.stderr
+    one = project.cli("plan", "llama3.2-3b-orin-nano", "--quant", "fp16", repo_recipes=True)
+    assert one.returncode == 2 and "error: --quant applies to plans from --model-config" in one.stderr
+    other = project.cli("plan", "llama3.2-3b-orin-nano", "--target", "agx-thor", repo_recipes=True)
+    assert other.returncode == 2 and "--target agx-thor: not one of the recipe's targets (orin-nano-8gb)" \
+        in other.stderr
+
+
+def test_unreadable_local_config_is_named(tmp_path):
+    from conftest import local_recipe
+
+    from pipeline.errors import PipelineError
+    from pipeline.plan.planner import config_for
+    from pipeline.plan.recipe import load_recipe
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_bytes(b"\xff{ not json")
+    recipe = load_recipe(str(local_recipe(tmp_path / "r.toml", model)))
+    with pytest.raises(PipelineError, match=r"config\.json: not a readable config\.json") as e:
+        config_for(recipe, "model")
+    assert "point model.path at a Hugging Face checkpoint directory" in e.value.hint
+    (model / "config.json").write_text("[1, 2]")
+    with pytest.raises(PipelineError, match=r"config\.json: not a config\.json \(a JSON object\)"):
+        config_for(recipe, "model")
