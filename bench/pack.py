@@ -28,8 +28,9 @@ HASH = "openssl dgst -sha256" if shutil.which("openssl") else "sha256sum"
 
 
 def main() -> int:
-    from pipeline.kit.archive import check_kit, pack
+    from pipeline.kit.archive import pack
     from pipeline.kit.signing import SecretKey
+    from pipeline.kit.verify import check_kit
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gb", type=float, default=4.0)
@@ -65,7 +66,7 @@ def main() -> int:
         shutil.rmtree(base_dir)
         subprocess.run("sync", check=True)
         key = SecretKey.generate()
-        kit = root / "kit"
+        kit = root / "bench"
         t_pack = timed(lambda: pack(src, kit, "bench", "kit", key, zstd_level=args.zstd))
         subprocess.run(f"cat {kit}/* > /dev/null", shell=True, check=True)
         t_verify = timed(lambda: check_kit(kit, [key.public]))

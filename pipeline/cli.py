@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -119,48 +118,59 @@ def _pack_cmd(args) -> int:
     from pipeline.kit.signing import signing_key
 
     src = Path(args.src)
+    if not src.is_dir():
+        raise PipelineError(f"{src}: not a directory", "pass the directory to pack")
     total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and not p.is_symlink())
     out = Path(args.out)
-    if out.exists():
-        raise PipelineError(f"{out} already exists", "pack into a new directory")
-    staging = out.with_name(f".{out.name}.packing-{os.getpid()}")
-    try:
-        with _progress(f"packing {src.name}", total) as tick:
-            m = pack(src, staging, args.name or out.name, args.kind, signing_key(args.key, create=args.key is None),
-                     zstd_level=args.zstd, part_size=args.part_size, progress=tick)
-        os.replace(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    print(f"packed {len(m['files'])} files, {m['total_size'] / 1e9:.2f} GB into {len(m['parts'])} part(s): {out}")
+    with _progress(f"packing {src.name}", total) as tick:
+        kit = pack(src, out, args.name or out.name, args.kind, signing_key(args.key, create=args.key is None),
+                   zstd_level=args.zstd, part_size=args.part_size, progress=tick)
+    m = kit.manifest
+    print(f"packed {len(m.files)} files, {m.total_size / 1e9:.2f} GB into {len(m.parts)} part(s): {out}")
     return 0
 
 
+def _kit_size(kit: Path) -> int:
+    """Bytes of the kit's parts, for a progress bar only (the verifier checks them)."""
+    try:
+        return sum(e.stat(follow_symlinks=False).st_size for e in os.scandir(kit) if e.is_file(follow_symlinks=False))
+    except OSError:
+        return 0
+
+
 def _verify_cmd(args) -> int:
-    from pipeline.kit.archive import check_kit
-    m = check_kit(Path(args.kit), _trusted(args))
-    print(f"OK: {args.kit}: {m['kind']} {m['name']}, {len(m['parts'])} part(s), {len(m['files'])} files, "
-          f"signed by {m['_signed_by']}")
+    from pipeline.kit.verify import check_kit
+    kit = Path(args.kit)
+    with _progress(f"verifying {kit.name}", _kit_size(kit)) as tick:
+        done = 0
+
+        def step(n: int) -> None:
+            nonlocal done
+            done += n
+            tick(done)
+        v = check_kit(kit, _trusted(args), progress=step)
+    m = v.manifest
+    print(f"OK: {kit}: {m.kind} {m.name}, created {m.created}, {len(m.parts)} part(s), {len(m.files)} files, "
+          f"signed by {v.signed_by}")
     return 0
 
 
 def _unpack_cmd(args) -> int:
-    from pipeline.kit.archive import unpack
+    from pipeline.kit.unpack import unpack
     kit = Path(args.kit)
-    total = json.loads((kit / "MANIFEST.json").read_text()).get("total_size", 0) if (kit / "MANIFEST.json").is_file() \
-        else 0
-    with _progress(f"unpacking {kit.name}", total) as tick:
-        m = unpack(kit, Path(args.dest), _trusted(args), progress=tick)
-    print(f"OK: unpacked {len(m['files'])} files into {args.dest}")
+    with _progress(f"unpacking {kit.name}", _kit_size(kit)) as tick:
+        v = unpack(kit, Path(args.dest), _trusted(args), progress=tick, allow_downgrade=args.allow_downgrade)
+    print(f"OK: unpacked {len(v.manifest.files)} files of {v.name} (created {v.created}, signed by {v.signed_by}) "
+          f"into {args.dest}")
     return 0
 
 
 def _transfer_cmd(args) -> int:
-    from pipeline.kit.archive import transfer
+    from pipeline.kit.transfer import transfer
     kit = Path(args.kit)
-    total = sum(p.stat().st_size for p in kit.iterdir() if p.is_file())
-    with _progress(f"copying {kit.name}", total) as tick:
+    with _progress(f"copying {kit.name}", _kit_size(kit)) as tick:
         dest = transfer(kit, Path(args.dest), _trusted(args), progress=tick)
-    print(f"OK: {dest} copied and verified")
+    print(f"OK: {dest} copied and verified: sha256 of every part matches the source kit's signed SHA256SUMS")
     return 0
 
 
@@ -174,7 +184,7 @@ def _keygen_cmd(args) -> int:
 
 def _trust_cmd(args) -> int:
     from pipeline.kit.signing import trust_key
-    print(f"trusted: {trust_key(Path(args.pubkey))}")
+    print(f"trusted: {trust_key(Path(args.pubkey), replace=args.replace)}")
     return 0
 
 
@@ -230,13 +240,18 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("kit", help="kit directory")
         if name != "verify":
             c.add_argument("dest", help="destination directory" if name == "unpack" else "mounted stick or directory")
+        if name == "unpack":
+            c.add_argument("--allow-downgrade", action="store_true",
+                           help="replace an unpacked kit of the same name with an older one")
         c.add_argument("--pubkey", help="trust this public key too (default: ~/.config/jetson-pipeline/trusted/)")
         c.set_defaults(func=fn)
     g = sub.add_parser("keygen", help="create a signing key pair (and trust its public half here)")
     g.add_argument("--out", help="secret key path (default: ~/.config/jetson-pipeline/signing.key)")
     g.set_defaults(func=_keygen_cmd)
     tr = sub.add_parser("trust", help="trust a public key for verify/unpack/transfer")
-    tr.add_argument("pubkey")
+    tr.add_argument("pubkey", help="a minisign public key file (.pub); secret keys are refused")
+    tr.add_argument("--replace", metavar="KEY_ID", help="replace the trusted key that has this id (as printed by "
+                    "the refusal)")
     tr.set_defaults(func=_trust_cmd)
     pr = sub.add_parser("probe", help="what this Jetson is: L4T/JetPack, board, SM, versions, memory, bandwidth")
     pr.add_argument("--root", default="/", help="read a directory laid out like a device's filesystem (default /)")
@@ -255,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--pubkey", help="trust this public key too")
     d.add_argument("--build-timeout", type=int, default=4 * 3600, help="seconds (default 4 h)")
     d.add_argument("--force", action="store_true", help="build even where the memory gate refuses")
+    d.add_argument("--allow-downgrade", action="store_true",
+                   help="use a kit older than the one last unpacked into --work")
     d.set_defaults(func=_device_cmd)
     return parser
 
@@ -284,7 +301,8 @@ def _probe_cmd(args) -> int:
 def _device_cmd(args) -> int:
     from pipeline.device.driver import run_device
     return run_device(Path(args.kit), work=Path(args.work) if args.work else None, out=Path(args.out),
-                      root=args.root, pubkey=args.pubkey, build_timeout=args.build_timeout, force=args.force)
+                      root=args.root, pubkey=args.pubkey, build_timeout=args.build_timeout, force=args.force,
+                      allow_downgrade=args.allow_downgrade)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:      # disk full, permissions, a path the OS refuses: one line, never a traceback
+        from pipeline.files import os_error_text
+        print(f"error: {os_error_text(exc)}\n  hint: free space or fix the path, then run the command again; "
+              "nothing incomplete was left in place", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

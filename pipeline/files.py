@@ -9,6 +9,7 @@ import hashlib
 import os
 import shutil
 import stat
+import typing
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,9 +52,21 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def read_regular(path: Path, limit: int) -> bytes:
-    """The bytes of `path`, which must be a regular file (not a link, FIFO, device or directory) of at most
-    `limit` bytes. Opened without following a final symlink and without blocking, so a planted FIFO or a link
-    to /dev/zero is an error, never a hang or an endless read."""
+    """The bytes of `path`, a regular file (see open_regular) of at most `limit` bytes."""
+    with open_regular(path) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > limit:
+            raise PipelineError(f"{path}: {size} bytes, more than the {limit} such a file may have",
+                                "this is not the file the pipeline wrote: replace it")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise PipelineError(f"{path}: grew past {limit} bytes while being read")
+    return data
+
+
+def open_regular(path: Path) -> typing.BinaryIO:
+    """Open `path` for reading only if it is a regular file: a final symlink, FIFO, device or directory is an error
+    (never a hang on a FIFO, never an endless read from a link to /dev/zero)."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -62,15 +75,36 @@ def read_regular(path: Path, limit: int) -> bytes:
     except OSError as exc:      # ELOOP: a symlink; EACCES; ENXIO: a FIFO or socket with no writer
         raise PipelineError(f"{path}: cannot be opened as a regular file ({exc.strerror})",
                             "replace it with the file itself") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise PipelineError(f"{path}: not a regular file", "replace it with the file itself")
-    with os.fdopen(fd, "rb") as fh:
-        if st.st_size > limit:
-            raise PipelineError(f"{path}: {st.st_size} bytes, more than the {limit} such a file may have",
-                                "this is not the file the pipeline wrote: replace it")
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise PipelineError(f"{path}: grew past {limit} bytes while being read")
-    return data
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def create_new(path: Path, mode: int = 0o644) -> typing.BinaryIO:
+    """Create `path` for writing; it must not exist, and a symlink planted there is never followed."""
+    fd = os.open(Path(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    return os.fdopen(fd, "wb")
+
+
+def os_error_text(exc: OSError) -> str:
+    """One line for an OSError, with the disk-full case said plainly."""
+    import errno
+    what = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror or str(exc)
+    return f"{exc.filename}: {what}" if exc.filename else what
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB': free-space messages must never say '0.00 GB' for a few MB."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def allocated_size(size: int, block: int) -> int:
+    """Bytes a file of `size` occupies on a filesystem of `block`-byte allocation units (FAT32 clusters, ext4
+    blocks): a free-space check that ignores the rounding passes and then fails the last write."""
+    return -(-size // block) * block if size else 0

@@ -97,15 +97,17 @@ def test_goldens_and_board_records_round_trip(tmp_path):
 
 
 def test_kit_manifest_of_a_packed_kit_is_the_contract(tmp_path):
-    from pipeline.kit.archive import check_kit, pack
+    from pipeline.kit.archive import pack
     from pipeline.kit.signing import SecretKey
+    from pipeline.kit.verify import check_kit
 
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.bin").write_bytes(b"x" * 100)
     key = SecretKey.generate()
-    pack(tmp_path / "src", tmp_path / "kit", "demo", "kit", key, meta={"recipe": "r", "target": "agx-thor"})
-    m = contract.KitManifest.load(tmp_path / "kit" / contract.MANIFEST)
+    pack(tmp_path / "src", tmp_path / "demo", "demo", "kit", key, meta={"recipe": "r", "target": "agx-thor"})
+    m = contract.KitManifest.load(tmp_path / "demo" / contract.MANIFEST)
     assert m.files[0].path == "a.bin" and m.files[0].size == 100 and m.recipe == "r"
-    assert check_kit(tmp_path / "kit", [key.public])["name"] == "demo"
+    assert check_kit(tmp_path / "demo", [key.public]).manifest == m
     with pytest.raises(contract.ContractError, match="the manifest being packed into .*: .undeclared: unknown field"):
-        pack(tmp_path / "src", tmp_path / "kit2", "demo", "kit", key, meta={"undeclared": 1})
+        pack(tmp_path / "src", tmp_path / "two" / "demo", "demo", "kit", key, meta={"undeclared": 1})
+    assert not (tmp_path / "two" / "demo").exists() and list((tmp_path / "two").iterdir()) == []

@@ -193,8 +193,9 @@ def test_build_timeout_and_ctrl_c_kill_the_builder(tmp_path):
 def test_a_signed_plan_runs_only_the_backends_builder(kit, tmp_path):
     """A stolen signing key must not mean arbitrary commands on the device: a validly signed plan whose build
     command is `sh` is refused before anything runs."""
-    from pipeline.kit.archive import pack, unpack
+    from pipeline.kit.archive import pack
     from pipeline.kit.signing import PublicKey, SecretKey
+    from pipeline.kit.unpack import unpack
 
     project, kit_dir, _ = kit
     home = project.root / "home"

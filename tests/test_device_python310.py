@@ -41,7 +41,7 @@ def test_verify_and_unpack_on_python310_without_torch(tmp_path):
     src.mkdir()
     (src / "rank0.safetensors").write_bytes(os.urandom(50_000))
     key = SecretKey.generate()
-    pack(src, tmp_path / "kit", "demo", "kit", key, zstd_level=1, part_size=20_000)
+    pack(src, tmp_path / "demo", "demo", "kit", key, zstd_level=1, part_size=20_000)
     (tmp_path / "k.pub").write_text(key.public.dump())
     env = dict(os.environ, JETSON_PIPELINE_HOME=str(tmp_path / "home"))
     def run(*a):
@@ -50,9 +50,9 @@ def test_verify_and_unpack_on_python310_without_torch(tmp_path):
     assert r.returncode == 0 and "unpack" in r.stdout
     r = run("trust", str(tmp_path / "k.pub"))
     assert r.returncode == 0, r.stderr
-    r = run("verify", str(tmp_path / "kit"))
+    r = run("verify", str(tmp_path / "demo"))
     assert r.returncode == 0 and r.stdout.startswith("OK:"), r.stderr
-    r = run("unpack", str(tmp_path / "kit"), str(tmp_path / "out"))
+    r = run("unpack", str(tmp_path / "demo"), str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "rank0.safetensors").read_bytes() == (src / "rank0.safetensors").read_bytes()
 

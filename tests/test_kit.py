@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.kit.archive import MANIFEST, SIG, SUMS, KitError, check_kit, pack, transfer, unpack
+from pipeline.kit.archive import pack
 from pipeline.kit.signing import PublicKey, SecretKey, SignatureError
+from pipeline.kit.transfer import transfer
+from pipeline.kit.unpack import unpack
+from pipeline.kit.verify import MANIFEST, SIG, SUMS, KitError, check_kit
 
 
 @pytest.fixture
@@ -33,7 +36,7 @@ def src(tmp_path):
 
 
 def packed(tmp_path, src, key, **kw):
-    out = tmp_path / "kit"
+    out = tmp_path / "demo"
     pack(src, out, "demo", "kit", key, meta={"recipe": "r"}, **kw)
     return out
 
@@ -45,9 +48,10 @@ def tree(d: Path) -> dict:
 
 def test_roundtrip_with_parts_and_stock_tools(tmp_path, src, key):
     kit = packed(tmp_path, src, key, part_size=100_000)
-    m = check_kit(kit, [key.public])
-    assert len(m["parts"]) >= 3 and m["recipe"] == "r" and m["_signed_by"] == key.public.id_hex
-    assert {f["path"] for f in m["files"]} == set(tree(src))
+    v = check_kit(kit, [key.public])
+    m = v.manifest
+    assert len(m.parts) >= 3 and m.recipe == "r" and v.signed_by == key.public.id_hex
+    assert {f.path for f in m.files} == set(tree(src))
     out = tmp_path / "out"
     unpack(kit, out, [key.public])
     assert tree(out) == tree(src) and os.access(out / "run.sh", os.X_OK)
@@ -77,7 +81,7 @@ def test_zstd_kit_unpacks_with_stock_tools_too(tmp_path, src, key):
 
 def test_same_inputs_give_the_same_parts(tmp_path, src, key):
     a = json.loads((packed(tmp_path, src, key) / MANIFEST).read_text())
-    b_out = tmp_path / "kit2"
+    b_out = tmp_path / "two" / "demo"
     pack(src, b_out, "demo", "kit", key)
     assert a["parts"] == json.loads((b_out / MANIFEST).read_text())["parts"]
 
@@ -131,7 +135,7 @@ def test_missing_wrong_and_untrusted_signatures(tmp_path, src, key):
     expect(kit, key, "SHA256SUMS.minisig is missing")
     other = SecretKey(key.key_id, SecretKey.generate().seed)       # same key id, different key: forged
     (kit / SIG).write_text(other.sign_file(kit / SUMS))
-    expect(kit, key, f"signature does not match SHA256SUMS \\(key {key.public.id_hex}\\)")
+    expect(kit, key, f"signature does not match the signed file \\(key {key.public.id_hex}\\)")
     (kit / SIG).write_text(sig.replace("kit:demo", "kit:evil"))
     expect(kit, key, "the trusted comment was modified")
     stranger = SecretKey.generate()
@@ -144,17 +148,17 @@ def test_edited_manifest_and_sums(tmp_path, src, key):
     m = json.loads((kit / MANIFEST).read_text())
     m["recipe"] = "other"
     (kit / MANIFEST).write_text(json.dumps(m))
-    expect(kit, key, "MANIFEST.json: does not match its signed checksum: the manifest was edited")
-    kit2 = tmp_path / "kit2"
+    expect(kit, key, "MANIFEST.json does not match its signed checksum: the manifest was edited")
+    kit2 = tmp_path / "two" / "demo"
     pack(src, kit2, "demo", "kit", key)
     (kit2 / SUMS).write_text((kit2 / SUMS).read_text().replace("demo.tar.000", "demo.tar.999"))
-    expect(kit2, key, "signature does not match SHA256SUMS")
+    expect(kit2, key, "signature does not match the signed file")
 
 
 def test_extra_and_renamed_files(tmp_path, src, key):
     kit = packed(tmp_path, src, key, part_size=100_000)
     (kit / "evil.sh").write_text("rm -rf /")
-    expect(kit, key, r"unexpected file\(s\) evil.sh")
+    expect(kit, key, r"unexpected file\(s\) 'evil.sh'")
     (kit / "evil.sh").unlink()
     (kit / "demo.tar.001").rename(kit / "demo.tar.01")
     expect(kit, key, "missing demo.tar.001")
@@ -162,8 +166,8 @@ def test_extra_and_renamed_files(tmp_path, src, key):
 
 def forge(tmp_path, key, members, listed=None) -> Path:
     """A correctly signed kit whose tar holds `members` [(TarInfo, bytes)]: a compromised packer's output."""
-    kit = tmp_path / "forged"
-    kit.mkdir()
+    kit = tmp_path / "forged" / "demo"
+    kit.mkdir(parents=True)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for info, data in members:
@@ -181,7 +185,7 @@ def forge(tmp_path, key, members, listed=None) -> Path:
     sums = f"{hashlib.sha256((kit / MANIFEST).read_bytes()).hexdigest()}  {MANIFEST}\n" \
            f"{manifest['parts'][0]['sha256']}  demo.tar.000\n"
     (kit / SUMS).write_text(sums)
-    (kit / SIG).write_text(key.sign_file(kit / SUMS))
+    (kit / SIG).write_text(key.sign_file(kit / SUMS, "timestamp:0\tfile:SHA256SUMS\tkit:demo"))
     return kit
 
 
@@ -192,8 +196,8 @@ def info(name, type_=tarfile.REGTYPE, linkname=""):
 
 
 @pytest.mark.parametrize("name,message", [
-    ("../escape.txt", "tar member '../escape.txt': absolute or escaping path refused"),
-    ("/tmp/abs.txt", "tar member '/tmp/abs.txt': absolute or escaping path refused"),
+    ("../escape.txt", "'../escape.txt': absolute or escaping path refused"),
+    ("/tmp/abs.txt", "'/tmp/abs.txt': absolute or escaping path refused"),
     ("a/../../b.txt", "escaping path refused"),
 ])
 def test_escaping_member_paths(tmp_path, key, name, message):
@@ -202,7 +206,7 @@ def test_escaping_member_paths(tmp_path, key, name, message):
     with pytest.raises(KitError, match=message):
         unpack(kit, dest, [key.public])
     assert not dest.exists() and not (tmp_path / "escape.txt").exists() and not Path("/tmp/abs.txt").exists()
-    assert list((tmp_path / "d").iterdir()) == []
+    assert not (tmp_path / "d").exists() or list((tmp_path / "d").iterdir()) == []
 
 
 @pytest.mark.parametrize("ti,kind", [
@@ -233,9 +237,15 @@ def test_duplicate_and_unlisted_members(tmp_path, key):
 
 def test_not_enough_free_space_is_checked_before_extracting(tmp_path, src, key, monkeypatch):
     kit = packed(tmp_path, src, key)
-    real = shutil.disk_usage
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=100_000))
-    with pytest.raises(KitError, match="not enough free space in .*: the kit unpacks to 0.00 GB, 0.00 GB free"):
+    real = os.statvfs
+
+    def small(p):
+        st = real(p)
+        return os.statvfs_result((st.f_bsize, 4096, st.f_blocks, 24, 24, st.f_files, st.f_ffree, st.f_favail,
+                                  st.f_flag, st.f_namemax))
+    monkeypatch.setattr(os, "statvfs", small)
+    with pytest.raises(KitError, match=r"not enough free space in .*: the kit unpacks to 16.3 MiB \(with block "
+                                       r"rounding\), 96.0 KiB free"):
         unpack(kit, tmp_path / "dest", [key.public])
     assert not (tmp_path / "dest").exists()
     with pytest.raises(KitError, match="not enough free space on"):
@@ -245,7 +255,7 @@ def test_not_enough_free_space_is_checked_before_extracting(tmp_path, src, key, 
 def test_transfer_resumes_and_verifies(tmp_path, src, key):
     kit = packed(tmp_path, src, key, part_size=100_000)
     stick = tmp_path / "stick"
-    dest = stick / "kit"
+    dest = stick / "demo"
     dest.mkdir(parents=True)
     # an interrupted earlier copy: one part half-written, one complete-looking part that is corrupt
     data = (kit / "demo.tar.001").read_bytes()
@@ -265,7 +275,8 @@ def test_public_key_file_format_roundtrips(tmp_path, key):
     loaded = PublicKey.load(p)
     assert loaded.key == key.public.key and loaded.key_id == key.key_id
     k = tmp_path / "s.key"
-    key.save(k)
+    k.write_text(key.dump())
+    k.chmod(0o600)
     assert (k.stat().st_mode & 0o777) == 0o600 and SecretKey.load(k).seed == key.seed
 
 
@@ -278,17 +289,17 @@ def test_command_line_round_trip(tmp_path, src):
     r = cli("keygen")
     assert r.returncode == 0 and "secret key:" in r.stdout
     assert cli("keygen").returncode == 2          # never overwrites a key
-    r = cli("pack", str(src), str(tmp_path / "kit"), "--name", "demo", "--part-size", "100000", "--zstd", "1")
+    r = cli("pack", str(src), str(tmp_path / "demo"), "--part-size", "100000", "--zstd", "1")
     assert r.returncode == 0, r.stderr
     assert "packed 4 files" in r.stdout
-    assert cli("verify", str(tmp_path / "kit")).returncode == 0
-    r = cli("transfer", str(tmp_path / "kit"), str(tmp_path / "stick"))
+    assert cli("verify", str(tmp_path / "demo")).returncode == 0
+    r = cli("transfer", str(tmp_path / "demo"), str(tmp_path / "stick"))
     assert r.returncode == 0 and "copied and verified" in r.stdout
-    r = cli("unpack", str(tmp_path / "stick" / "kit"), str(tmp_path / "out"))
+    r = cli("unpack", str(tmp_path / "stick" / "demo"), str(tmp_path / "out"))
     assert r.returncode == 0 and tree(tmp_path / "out") == tree(src)
-    (tmp_path / "kit" / "demo.tar.zst.000").unlink()
-    r = cli("verify", str(tmp_path / "kit"))
+    (tmp_path / "demo" / "demo.tar.zst.000").unlink()
+    r = cli("verify", str(tmp_path / "demo"))
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "missing demo.tar.zst.000" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "pipeline", "verify", str(tmp_path / "stick" / "kit")],
+    r = subprocess.run([sys.executable, "-m", "pipeline", "verify", str(tmp_path / "stick" / "demo")],
                        env=dict(env, JETSON_PIPELINE_HOME=str(tmp_path / "elsewhere")), capture_output=True, text=True)
     assert r.returncode == 2 and "no trusted public keys" in r.stderr

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import contract
 from pipeline.device.gate import build_memory_gate, check, require
-from pipeline.device.probe import probe
+from pipeline.device.probe import probe as probe_facts
 from pipeline.errors import PipelineError
 
 FIX = Path(__file__).parent / "fixtures" / "devices"
@@ -45,63 +46,82 @@ def test_probe_falls_back_to_dpkg_for_l4t(tmp_path):
     assert p["l4t"] == "36.4.4" and p["jetpack"] == "6.2.1" and p["target"] is None and p["bandwidth_gbs"] is None
 
 
+def probe(root):
+    return probe_facts(root)
+
+
+def board(root, **override) -> contract.Board:
+    """The typed board record, as the device driver hands it to the gate."""
+    return contract.Board.from_dict(dict(probe_facts(root), **override), str(root))
+
+
+def manifest(kind="kit", name="r@orin-nano-8gb", **fields) -> contract.KitManifest:
+    """A complete signed-manifest record (the gate reads kits and bundles only as verified records)."""
+    return contract.KitManifest.from_dict({
+        "format": contract.KitManifest.FORMAT, "kind": kind, "name": name, "created": "2026-11-23T00:00:00Z",
+        "compression": "none", "part_size": 4096, "parts": [{"name": f"{name}.tar.000", "size": 1024,
+                                                            "sha256": "0" * 64}],
+        "files": [{"path": "plan.json", "size": 2, "sha256": "1" * 64}], "total_size": 2, **fields}, "test")
+
+
 def kit_meta(target="orin-nano-8gb", sm="8.7"):
-    return {"name": f"r@{target}", "target": target, "sm": sm, "backend": "trtllm-0.12",
-            "stack": {"backend_version": "0.12.0-jetson", "jetpack": ["6.1", "6.2", "6.2.1", "6.2.2"],
-                      "l4t": "36.4", "cuda": "12.6", "tensorrt": "10.3"}}
+    return manifest(name=f"r@{target}", target=target, sm=sm, backend="trtllm-0.12",
+                    stack={"id": "jp6-trtllm012", "backend_version": "0.12.0-jetson",
+                           "jetpack": ["6.1", "6.2", "6.2.1", "6.2.2"], "l4t": "36.4", "cuda": "12.6",
+                           "tensorrt": "10.3"})
 
 
 def test_gate_passes_the_board_it_was_planned_for_and_warns_on_same_sm_other_board():
-    nano = probe(FIX / "orin-nano-8gb-jp62-super")
-    assert check(kit_meta("orin-nano-8gb-super"), "kit", nano).ok
-    agx = dict(probe(FIX / "agx-orin-64gb-jp61"), tensorrt_llm="0.12.0")
-    r = require(kit_meta("orin-nano-8gb"), "kit", agx)
+    nano = board(FIX / "orin-nano-8gb-jp62-super")
+    assert check(kit_meta("orin-nano-8gb-super"), nano).ok
+    agx = board(FIX / "agx-orin-64gb-jp61", tensorrt_llm="0.12.0")
+    r = require(kit_meta("orin-nano-8gb"), agx)
     assert r.warnings == ["kit r@orin-nano-8gb was made for orin-nano-8gb; this board is agx-orin-64gb (same SM "
                           "8.7): the engine loads, TensorRT warns about the device model; validate on each board "
                           "model."]
 
 
 def test_gate_refuses_wrong_sm():
-    thor = probe(FIX / "agx-thor-jp70")
+    thor = board(FIX / "agx-thor-jp70")
     with pytest.raises(PipelineError) as e:
-        require(kit_meta(), "kit", thor)
+        require(kit_meta(), thor)
     assert "kit r@orin-nano-8gb was made for orin-nano-8gb (SM 8.7" in str(e.value)
     assert "this board is agx-thor, SM 11.0: engines do not load across SMs" in str(e.value)
 
 
 def test_gate_refuses_wrong_tensorrt_and_jetpack():
-    nano = dict(probe(FIX / "orin-nano-8gb-jp62-super"), tensorrt="10.7.0.23", jetpack="6.3", l4t="36.5.0")
-    r = check(kit_meta("orin-nano-8gb-super"), "kit", nano)
+    nano = board(FIX / "orin-nano-8gb-jp62-super", tensorrt="10.7.0.23", jetpack="6.3", l4t="36.5.0")
+    r = check(kit_meta("orin-nano-8gb-super"), nano)
     assert any("has TensorRT 10.7.0.23: TensorRT rejects engines of another version" in x for x in r.refusals)
     assert any("runs JetPack 6.3 (L4T 36.5.0). Flash JetPack 6.1 or 6.2" in x for x in r.refusals)
 
 
 def test_gate_refuses_missing_or_wrong_backend():
-    agx = probe(FIX / "agx-orin-64gb-jp61")          # no TensorRT-LLM installed
-    r = check(kit_meta("agx-orin-64gb"), "kit", agx)
+    agx = board(FIX / "agx-orin-64gb-jp61")          # no TensorRT-LLM installed
+    r = check(kit_meta("agx-orin-64gb"), agx)
     assert r.refusals == [r.refusals[0]] and "has no trtllm-0.12 installed. Install NVIDIA's TensorRT-LLM " \
         "0.12.0-jetson wheel" in r.refusals[0]
-    r = check(kit_meta("agx-orin-64gb"), "kit", dict(agx, tensorrt_llm="0.13.0"))
+    r = check(kit_meta("agx-orin-64gb"), board(FIX / "agx-orin-64gb-jp61", tensorrt_llm="0.13.0"))
     assert "has trtllm-0.12 0.13.0" in r.refusals[0]
 
 
 def test_gate_reads_bundle_compat():
-    bundle = {"name": "b", "compat": {"sm": "11.0", "tensorrt": "10.13.3.9", "jetpack": "7.0", "backend": "edgellm",
-                                      "backend_version": "0.11.0"}, "built_on": {"target": "agx-thor"}}
-    thor = probe(FIX / "agx-thor-jp70")
-    assert check(bundle, "bundle", thor).ok
-    r = check(dict(bundle, compat=dict(bundle["compat"], jetpack="7.1")), "bundle", thor)
+    compat = {"sm": "11.0", "tensorrt": "10.13.3.9", "jetpack": "7.0", "backend": "edgellm",
+              "backend_version": "0.11.0"}
+    thor = board(FIX / "agx-thor-jp70")
+    assert check(manifest("bundle", "b", compat=compat, built_on={"target": "agx-thor"}), thor).ok
+    r = check(manifest("bundle", "b", compat=dict(compat, jetpack="7.1"), built_on={"target": "agx-thor"}), thor)
     assert "runs JetPack 7.0 (L4T 38.2.0). Flash JetPack 7.1" in r.refusals[0]
 
 
 def test_build_memory_gate_names_boards_that_can_build():
-    nano = probe(FIX / "orin-nano-8gb-jp62-super")
-    plan = {"sm": "8.7", "memory": {"build_peak": 7_600_000_000}}
+    nano = board(FIX / "orin-nano-8gb-jp62-super")
+    plan = _plan(build_peak=7_600_000_000)
     with pytest.raises(PipelineError) as e:
         build_memory_gate(plan, nano)
     assert "needs ~7.6 GB; this board has 6.1 GB available" in str(e.value)
     assert "orin-nx-16gb" in e.value.hint and "agx-orin-64gb" in e.value.hint
-    build_memory_gate(plan, probe(FIX / "agx-orin-64gb-jp61"))       # enough: no error
+    build_memory_gate(plan, board(FIX / "agx-orin-64gb-jp61"))       # enough: no error
 
 
 def test_probe_on_a_machine_that_is_not_a_jetson_says_so(tmp_path):
@@ -113,3 +133,11 @@ def test_probe_on_a_machine_that_is_not_a_jetson_says_so(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "pipeline", "probe", "--root", str(FIX / "agx-thor-jp70")],
                         capture_output=True, text=True, cwd=REPO)
     assert ok.returncode == 0 and "agx-thor" in ok.stdout and "format" not in ok.stdout
+
+
+def _plan(build_peak: int) -> contract.Plan:
+    """A real Llama-3.2-3B INT4 plan record for the Orin Nano, with the build peak under test."""
+    from tests.test_contract import plan_dict
+    d = plan_dict()
+    d["memory"]["build_peak"] = build_peak
+    return contract.Plan.from_dict(d, "plan.json")

@@ -53,38 +53,60 @@ def validate(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract
             sampler.wait()
 
 
+def _engine_files(engine: Path) -> dict[str, str]:
+    from pipeline.files import sha256_file
+    return {p.relative_to(engine).as_posix(): sha256_file(p) for p in sorted(engine.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+def _reusable_build(work: Path, engine: Path, kit_sha256: str, argvs: list[list[str]]) -> dict | None:
+    """The previous run's build record if its engine was built from this very kit with these commands and its
+    files still hash as recorded then (so an engine planted or left in --work by another kit is never used)."""
+    try:
+        build = json.loads((work / contract.BUILD_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(build, dict) or build.get("kit_manifest_sha256") != kit_sha256 or build.get("argvs") != argvs:
+        return None
+    if not engine.is_dir() or engine.is_symlink() or build.get("engine_files") != _engine_files(engine):
+        return None
+    return build
+
+
 def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey: str | None = None,
-               build_timeout: int = 4 * 3600, force: bool = False) -> int:
+               build_timeout: int = 4 * 3600, force: bool = False, allow_downgrade: bool = False) -> int:
     from pipeline.device import gate
     from pipeline.device.probe import probe
     from pipeline.device.report import build_report, tegrastats_peak_ram, write_report
-    from pipeline.kit.archive import check_kit, unpack
+    from pipeline.files import write_atomic
     from pipeline.kit.bundle import pack_bundle
     from pipeline.kit.signing import signing_key, trusted_keys
+    from pipeline.kit.unpack import unpack
+    from pipeline.kit.verify import check_kit
 
     trusted = trusted_keys([Path(pubkey)] if pubkey else [])
-    manifest = check_kit(kit, trusted)
-    say(f"kit {manifest['name']}: signature and hashes OK (signed by {manifest['_signed_by']})")
-    device = probe(root)
-    board = contract.Board.from_dict(device, "probe")
+    verified = check_kit(kit, trusted, hash_parts=False)      # every part is hashed while it is unpacked below
+    say(f"kit {verified.name} (signed {verified.created} by {verified.signed_by}): signature and manifest OK")
+    board = contract.Board.from_dict(probe(root), "probe")
     if not board.is_jetson:
         raise PipelineError(f"this is not a Jetson ({Path(root) / 'proc/device-tree/compatible'} names no Orin or "
                             "Thor SoC): engines are built on a board of the kit's SM",
                             "run this on the Jetson, or pass --root DIR holding a recorded board's files")
-    say(f"this board: {board.name}, JetPack {device['jetpack']}, SM {device['sm']}, "
-         f"TensorRT {device['tensorrt']}, {device['power_mode']}")
-    for w in gate.require(manifest, "kit", device).warnings:
+    say(f"this board: {board.name}, JetPack {board.jetpack}, SM {board.sm}, TensorRT {board.tensorrt}, "
+        f"{board.power_mode}")
+    for w in gate.require(verified.manifest, board).warnings:
         say(f"warning: {w}")
-    work = (work or Path(f"{manifest['name']}.build")).absolute()
+    work = (work or Path(f"{verified.name}.build")).absolute()
     kit_dir = work / contract.KIT_DIR
-    if not kit_dir.is_dir():
-        work.mkdir(parents=True, exist_ok=True)
-        unpack(kit, kit_dir, trusted)
+    work.mkdir(parents=True, exist_ok=True)
+    # always from the kit verified in this run: a tree left in --work (an older kit, a planted plan.json) is replaced
+    unpack(kit, kit_dir, trusted, allow_downgrade=allow_downgrade, verified=verified)
+    say(f"unpacked and verified: {kit_dir}")
     board.dump(work / contract.BOARD)      # what this run built on, beside the build log
     plan = contract.Plan.load(kit_dir / contract.PLAN)
     goldens = contract.Goldens.load(kit_dir / contract.GOLDENS)
     if not force:
-        gate.build_memory_gate(plan.to_dict(), device)
+        gate.build_memory_gate(plan, board)
     argvs = plan.device_build_commands
     if not argvs or not plan.backend:
         raise PipelineError(f"{kit}: the kit's plan has no device build commands (a refused plan)",
@@ -97,7 +119,9 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
                                 "nothing was run; re-package the kit with this version of the pipeline")
 
     engine, staging = work / contract.ENGINE_DIR, work / contract.ENGINE_STAGING
-    if not engine.is_dir():
+    build = _reusable_build(work, engine, verified.manifest_sha256, argvs)
+    if build is None:
+        (work / contract.BUILD_RECORD).unlink(missing_ok=True)
         shutil.rmtree(staging, ignore_errors=True)
         seconds = 0.0
         for i, argv in enumerate(argvs):       # an EAGLE-3 plan: the base engine, then the draft beside it
@@ -105,17 +129,21 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
             seconds += run_logged(staged_argv(argv, str(staging)), cwd=kit_dir,
                                   log=work / (contract.BUILD_LOG if i == 0 else f"build-{i}.log"),
                                   timeout=build_timeout)
+        if engine.exists() or engine.is_symlink():
+            shutil.rmtree(engine) if engine.is_dir() and not engine.is_symlink() else engine.unlink()
         os.replace(staging, engine)
-        (work / contract.BUILD_RECORD).write_text(json.dumps({"argv": argvs[0], "argvs": argvs,
-                                                              "seconds": seconds}) + "\n")
-    build = json.loads((work / contract.BUILD_RECORD).read_text())
+        build = {"argv": argvs[0], "argvs": argvs, "seconds": seconds,
+                 "kit_manifest_sha256": verified.manifest_sha256, "engine_files": _engine_files(engine)}
+        write_atomic(work / contract.BUILD_RECORD, json.dumps(build) + "\n")
+    else:
+        say(f"engine: reusing {engine}, built from this kit in an earlier run (its files hash as recorded)")
 
     validation = validate(kit_dir, engine, plan, goldens, work)
     stats = work / contract.TEGRASTATS_LOG
-    report = build_report(goldens.to_dict(), validation, plan.to_dict(), device,
+    report = build_report(goldens, validation, plan, board,
                           tegrastats_peak_ram(stats.read_text()) if stats.is_file() else None, build)
     out.mkdir(parents=True, exist_ok=True)
-    report_dir = out / f"{manifest['name']}.report"
+    report_dir = out / f"{verified.name}.report"
     write_report(report_dir, report)
     say(f"report: {report_dir / contract.REPORT_MD} ({'passed' if report['ok'] else 'FAILED'})")
     if not report["ok"]:
@@ -124,7 +152,6 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
                 say(f"failed: {c['check']}: required {c['required']}, measured {c['measured']}, short by {c['by']}")
         return 1
     key = signing_key(create=True)
-    facts = {**device, "backend": backend.name, "backend_version": device[backend.board_version]}
-    bundle = pack_bundle(engine, out, manifest, facts, key)
-    say(f"bundle: {out / bundle['name']} (signed by {key.public.id_hex})")
+    bundle = pack_bundle(engine, out, verified, board, key)
+    say(f"bundle: {bundle.path} (signed by {key.public.id_hex})")
     return 0

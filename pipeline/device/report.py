@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
+import typing
 import zlib
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from pipeline import contract
 from pipeline.errors import PipelineError
 
 
-def token_agreement(golden: list[int], produced: list[int]) -> float:
+def token_agreement(golden: typing.Sequence, produced: typing.Sequence) -> float:
     """Fraction of golden tokens reproduced up to the first divergence (greedy decoding diverges for good after)."""
     n = 0
     for a, b in zip(golden, produced, strict=False):  # up to the shorter: a short answer is a divergence
@@ -33,24 +34,24 @@ def tegrastats_peak_ram(log: str) -> int | None:
     return max(used) * 2**20 if used else None
 
 
-def build_report(goldens: dict, validation: dict, plan: dict, device: dict, peak_ram: int | None,
-                 build: dict) -> dict:
-    need = goldens["min_token_agreement"]
+def build_report(goldens: contract.Goldens, validation: dict, plan: contract.Plan, board: contract.Board,
+                 peak_ram: int | None, build: dict) -> dict:
+    need = goldens.min_token_agreement
     per_prompt = []
-    if len(validation["prompts"]) != len(goldens["prompts"]):
+    if len(validation["prompts"]) != len(goldens.prompts):
         # zip() would drop the prompts the runtime did not answer and pass the report on the rest
         raise PipelineError(f"the runtime answered {len(validation['prompts'])} of the kit's "
-                            f"{len(goldens['prompts'])} golden prompts", "see the validation log in the work directory")
-    for g, v in zip(goldens["prompts"], validation["prompts"], strict=True):
+                            f"{len(goldens.prompts)} golden prompts", "see the validation log in the work directory")
+    for g, v in zip(goldens.prompts, validation["prompts"], strict=True):
         # token ids where the runtime gives them (TensorRT-LLM); else characters of the decoded text (Edge-LLM)
-        agree = token_agreement(g["output_ids"], v["output_ids"]) if "output_ids" in v else \
-            token_agreement(list(g["text"]), list(v["output_text"]))
-        per_prompt.append({"prompt": g["prompt"], "agreement": round(agree, 4),
+        agree = token_agreement(g.output_ids, v["output_ids"]) if "output_ids" in v else \
+            token_agreement(list(g.text), list(v["output_text"]))
+        per_prompt.append({"prompt": g.prompt, "agreement": round(agree, 4),
                            "ttft_s": v["ttft_s"], "decode_tok_s": v["decode_tok_s"]})
     agreement = min(p["agreement"] for p in per_prompt)
     rates = [p["decode_tok_s"] for p in per_prompt if p["decode_tok_s"]]
-    predicted = plan.get("predicted_decode_tok_s")
-    planned = (plan.get("memory") or {}).get("total")
+    predicted = plan.predicted_decode_tok_s
+    planned = (plan.memory or {}).get("total")
     unit = "token" if "output_ids" in validation["prompts"][0] else "text"
     checks = [{"check": f"{unit} agreement with goldens (worst prompt)", "required": f">= {need}",
                "measured": agreement, "ok": agreement >= need,
@@ -58,18 +59,18 @@ def build_report(goldens: dict, validation: dict, plan: dict, device: dict, peak
     if peak_ram and planned:
         # the plan is for the engine's process; tegrastats counts the whole board, so this is an upper bound
         checks.append({"check": "peak board memory within usable memory",
-                       "required": f"<= {device.get('memory_total')}",
-                       "measured": peak_ram, "ok": peak_ram <= (device.get("memory_total") or peak_ram),
+                       "required": f"<= {board.memory_total}",
+                       "measured": peak_ram, "ok": peak_ram <= (board.memory_total or peak_ram),
                        "by": None})
     return {"format": contract.Report.FORMAT, "ok": all(c["ok"] for c in checks), "checks": checks,
-            "device": {k: device.get(k) for k in ("target", "board", "jetpack", "l4t", "tensorrt", "power_mode",
-                                                  "bandwidth_gbs")},
+            "device": {k: getattr(board, k) for k in ("target", "board", "jetpack", "l4t", "tensorrt", "power_mode",
+                                                      "bandwidth_gbs")},
             "measured": {"decode_tok_s": round(sum(rates) / len(rates), 2) if rates else None,
                          "ttft_s": round(sum(p["ttft_s"] for p in per_prompt) / len(per_prompt), 4)
                          if all(p["ttft_s"] is not None for p in per_prompt) else None,
                          "peak_ram": peak_ram, "build_seconds": build.get("seconds")},
             "predicted": {"decode_tok_s": predicted, "memory_total": planned,
-                          "power_mode": (plan.get("prediction") or {}).get("power_mode")},
+                          "power_mode": plan.prediction.get("power_mode")},
             "prompts": per_prompt}
 
 

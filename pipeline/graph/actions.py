@@ -49,8 +49,25 @@ def link_recipe(recipe: Recipe) -> str:
         spec = _package_spec(recipe, target)
         if spec.dir.is_dir():
             recipe_link(recipe, "kit", target, spec)
+            check_built_kit(recipe, target, spec)
             instructions.append(kit_instructions(recipe, target))
     return "\n".join(instructions)
+
+
+def check_built_kit(recipe: Recipe, target: str, spec: StageSpec) -> None:
+    """The finished kit, checked exactly as a device will check it (signature, name, file set, every part's
+    sha256): an extra file in the kit folder or a flipped byte in a part whose size and mtime were kept is a
+    failed build, and the kit is re-packed by the next one."""
+    from pipeline.graph.framework import MANIFEST
+    from pipeline.kit.signing import signing_key
+    from pipeline.kit.verify import check_kit
+
+    try:
+        check_kit(kit_path(recipe, target), [signing_key(create=True).public])
+    except PipelineError as exc:
+        (spec.dir / MANIFEST).unlink(missing_ok=True)
+        raise PipelineError(f"the kit would not pass `verify` on a device: {exc.message}",
+                            "run the build again: the kit is re-packed from the stages' outputs") from None
 
 
 # ---------------------------------------------------------------------------------------------------- stage actions
@@ -112,11 +129,19 @@ def do_fetch_draft(recipe: Recipe) -> dict:
 
 def do_plan(recipe: Recipe, target: str):
     """Plan for one target; writes plan.json/plan.md and returns the Plan (refused plans are written too)."""
+    import dataclasses
+
     from pipeline.plan.planner import config_for, plan_recipe, render_table
+    from pipeline.plan.shapes import shape_from_config
+    from pipeline.plan.speculative import draft_shape
 
     config, source = config_for(recipe, "model", fetch_spec(recipe).dir / "model")
     draft = config_for(recipe, "draft", draft_dir(recipe)) if recipe.draft else None
-    spec = plan_spec(recipe, target, config, draft[0] if draft else None)
+    # keyed on the shape the planner reads, not the config's bytes: the builtin or hub config before the fetch and
+    # the fetched config.json after it (which adds transformers_version & co.) plan the same, so the second build
+    # of a fresh checkout is a no-op
+    spec = plan_spec(recipe, target, dataclasses.asdict(shape_from_config(config, source)),
+                     dataclasses.asdict(draft_shape(*draft)) if draft else None)
     plan = plan_recipe(recipe, target, config, source, draft=draft)
 
     def build(out: Path) -> dict:
@@ -266,8 +291,8 @@ def do_package(recipe: Recipe, target: str) -> dict:
 
     from pipeline import __version__
     from pipeline.files import link_or_copy
-    from pipeline.graph.framework import built_manifest
-    from pipeline.kit.archive import pack
+    from pipeline.graph.framework import MANIFEST, built_manifest
+    from pipeline.kit.archive import DamagedInput, pack
     from pipeline.kit.signing import signing_key
 
     plan = recipe_plan(recipe, target)
@@ -297,14 +322,54 @@ def do_package(recipe: Recipe, target: str) -> dict:
                 "versions": {"jetson-trtllm-pipeline": __version__, **stages["export"]["tools"]},
                 "export": {k: v for k, v in built_manifest(export_dir).get("export", {}).items() if k != "onnx"}
                 or None}
-        manifest = pack(content, out / kit_name(recipe, target), kit_name(recipe, target), "kit", key, meta=meta)
+        # every file as its producing stage recorded it: same-size damage since (bit rot, a restored copy) is
+        # refused while packing, naming the file and its stage, and the stage re-runs on the next build
+        owners: dict[str, tuple[StageSpec, str]] = {}
+        for stage, src, inside, names in ((export_spec(recipe, plan), export_dir / payload, payload, ()),
+                                          (fetch_spec(recipe), _model_dir(recipe), contract.TOKENIZER_DIR,
+                                           TOKENIZER_FILES),
+                                          (goldens_spec(recipe), goldens_spec(recipe).dir, "", (contract.GOLDENS,)),
+                                          (accuracy_spec(recipe), accuracy_spec(recipe).dir, "",
+                                           (contract.ACCURACY_JSON, contract.ACCURACY_MD))):
+            for rel, sha in _recorded_hashes(stage.dir, src, inside, names).items():
+                owners[rel] = (stage, sha)
+        from pipeline.files import sha256_file
+        recorded = {rel: sha for rel, (_, sha) in owners.items()}
+        for p in sorted(content.rglob("*")):
+            rel = p.relative_to(content).as_posix()
+            if p.is_file() and rel not in recorded:
+                recorded[rel] = sha256_file(p)      # written by this stage: plan, stage list, recipe
+        try:
+            kit = pack(content, out / kit_name(recipe, target), kit_name(recipe, target), "kit", key, meta=meta,
+                       expected=recorded)
+        except DamagedInput as exc:
+            owner = owners[exc.rel][0] if exc.rel in owners else None
+            if owner is not None:      # its stage re-runs on the next build
+                (owner.dir / MANIFEST).unlink(missing_ok=True)
+            raise PipelineError(f"{exc.message}; written by the {owner.stage if owner else 'package'} stage "
+                                f"({owner.dir if owner else out})", "run the build again: that stage re-runs "
+                                "and the kit is packed from its fresh output; nothing was signed") from None
         shutil.rmtree(content)
-        return {"kit": {"name": kit_name(recipe, target), "parts": len(manifest["parts"]),
-                        "total_size": manifest["total_size"], "signed_by": key.public.id_hex}}
+        return {"kit": {"name": kit.name, "parts": len(kit.manifest.parts),
+                        "total_size": kit.manifest.total_size, "signed_by": kit.signed_by}}
 
     manifest = run_stage(spec, build)
     recipe_link(recipe, "kit", target, spec)
     return manifest
+
+
+def _recorded_hashes(stage_dir: Path, src: Path, inside: str, names: tuple[str, ...] = ()) -> dict[str, str]:
+    """sha256 of the stage's files under `src` as its stage.json recorded them, keyed by their path in the kit."""
+    from pipeline.graph.framework import built_manifest
+    files = built_manifest(stage_dir)["files"]
+    out = {}
+    prefix = src.relative_to(stage_dir).as_posix()
+    for rel, f in files.items():
+        under = rel if prefix == "." else rel[len(prefix) + 1:] if rel.startswith(prefix + "/") else None
+        if under is None or (names and under not in names):
+            continue
+        out[f"{inside}/{under}" if inside else under] = f["sha256"]
+    return out
 
 
 def kit_path(recipe: Recipe, target: str) -> Path:

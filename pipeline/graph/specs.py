@@ -108,7 +108,9 @@ def accuracy_spec(recipe: Recipe) -> StageSpec:
 
 def package_spec(recipe: Recipe, target: str, plan: contract.Plan, key_id: str) -> StageSpec:
     """The kit for one target: its identity is the recipe text, the plan, the signing key and the stage outputs."""
-    return StageSpec("package", {"target": target, "plan": hashlib.sha256(plan.dumps().encode()).hexdigest(),
+    # the recipe's name is part of the key: a copied recipe (same bytes) gets its own kit, named after it
+    return StageSpec("package", {"name": recipe.name, "target": target,
+                                 "plan": hashlib.sha256(plan.dumps().encode()).hexdigest(),
                                  "recipe": hashlib.sha256(Path(recipe.file).read_bytes()).hexdigest(),
                                  "key": key_id},
                      inputs=(fetch_spec(recipe), export_spec(recipe, plan), goldens_spec(recipe),
@@ -120,6 +122,7 @@ def plan_spec(recipe: Recipe, target: str, model_config: dict, draft_config: dic
     q = recipe.quantization
     d = recipe.draft
     return StageSpec("plan", {
+        "recipe": recipe.name,      # the plan record names its recipe: a copied recipe must not share it
         **({"draft": {"config": draft_config, **{k: d[k] for k in ("method", "max_draft_tree_size",
                                                                    "max_verify_tree_size")}}} if d else {}),
         "target": target, "backend": recipe.backend, "model_config": model_config,

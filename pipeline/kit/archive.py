@@ -5,10 +5,10 @@
     NAME/SHA256SUMS             sha256 of MANIFEST.json and every part (`sha256sum -c SHA256SUMS` checks them)
     NAME/SHA256SUMS.minisig     Ed25519 signature of SHA256SUMS (`minisign -Vm SHA256SUMS -p KEY.pub` checks it)
 
-Everything is streamed: files are hashed as they are written into the tar, parts as they are written to disk;
-unpacking hashes parts and members as it extracts into a staging directory that is renamed into place only when
-every check passed. Runs on the device's Python 3.10 with the standard library (+ an Ed25519 backend, zstandard for
-compressed kits).
+Everything is streamed: files are hashed as they are written into the tar, parts as they are written to disk. The
+kit is written into a staging directory, checked by the same verifier a device runs (`kit/verify.py`), and renamed
+into place only then. Runs on the device's Python 3.10 with the standard library (+ an Ed25519 backend, zstandard
+for compressed kits). Unpacking lives in `kit/unpack.py`, copying to a stick in `kit/transfer.py`.
 """
 
 from __future__ import annotations
@@ -16,27 +16,28 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import tarfile
 import time
 import typing
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from pipeline import contract
-from pipeline.errors import PipelineError
-from pipeline.files import read_regular, sha256_file
-from pipeline.kit.signing import PublicKey, SecretKey, verify_file
+from pipeline.kit.signing import SecretKey
+from pipeline.kit.verify import KitError, VerifiedKit, check_kit
 
 FORMAT = contract.KitManifest.FORMAT
 MANIFEST, SUMS, SIG = contract.MANIFEST, contract.SUMS, contract.SIG
 PART_SIZE = 4 * 2**30 - 2**20          # FAT32 caps a file at 4 GiB - 1 byte
 CHUNK = 4 * 2**20
-PART_RE = re.compile(r"^(?P<base>.+\.tar(?:\.zst)?)\.(?P<n>\d{3,})$")
 
 
-class KitError(PipelineError):
-    pass
+class DamagedInput(KitError):
+    """A file whose bytes differ from what its producing stage recorded (`rel`: its path in the kit)."""
+
+    def __init__(self, message: str, hint: str, rel: str):
+        super().__init__(message, hint)
+        self.rel = rel
 
 
 # ---------------------------------------------------------------------------------------------------------- pack
@@ -134,11 +135,50 @@ def _source_files(src: Path) -> list[Path]:
 
 
 def pack(src: Path, out: Path, name: str, kind: str, key: SecretKey, meta: dict | None = None,
-         zstd_level: int | None = None, part_size: int = PART_SIZE, progress=None) -> dict:
-    """Pack directory `src` into kit directory `out` (created; must not exist). Returns the manifest."""
+         zstd_level: int | None = None, part_size: int = PART_SIZE, progress=None, replace: bool = False,
+         expected: dict[str, str] | None = None) -> VerifiedKit:
+    """Pack directory `src` into kit directory `out` (named `name`), verified as a device would verify it.
+
+    Built in a staging directory beside `out` and renamed into place only after that check, so a killed or failed
+    pack never leaves a kit that looks complete; an existing `out` is replaced only with replace=True.
+    `expected` maps payload paths to the sha256 the producing stage recorded: a file whose bytes changed since
+    (same-size damage that size and mtime do not show) is refused while it is hashed, before anything is signed."""
     src, out = Path(src), Path(out)
+    if out.name != name:
+        raise KitError(f"{out}: a kit's directory must carry its name ({name!r})", "pack into a directory of that name")
+    if (out.exists() or out.is_symlink()) and not replace:
+        raise KitError(f"{out} already exists", "pack into a new directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(f".{out.name}.packing-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir()
+        _write_kit(src, staging / name, name, kind, key, meta, zstd_level, part_size, progress, expected)
+        # the device's checks of signature, name binding, file set, manifest and sizes (the parts were hashed as they
+        # were written; `doit build` re-hashes the finished kit in full, as a device will)
+        verified = check_kit(staging / name, [key.public], hash_parts=False)
+        if out.exists() or out.is_symlink():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(staging / name, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging / name, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return VerifiedKit(out, verified.manifest, verified.signed_by, verified.comment, verified.manifest_sha256)
+
+
+def _write_kit(src: Path, out: Path, name: str, kind: str, key: SecretKey, meta: dict | None, zstd_level: int | None,
+               part_size: int, progress, expected: dict[str, str] | None) -> None:
     files = _source_files(src)
-    out.mkdir(parents=True)
+    if expected is not None:
+        rels = {f.relative_to(src).as_posix() for f in files}
+        if rels != set(expected):
+            diff = sorted(rels ^ set(expected))[:3]
+            raise KitError(f"{src}: holds other files than its stage recorded ({', '.join(diff)})",
+                           "the stage's output was changed after it ran; it will re-run")
+    out.mkdir()
     base = f"{name}.tar.zst" if zstd_level else f"{name}.tar"
     writer = _PartWriter(out, base, part_size)
     sink: typing.Any = writer      # the part writer, or a zstd stream in front of it
@@ -163,7 +203,12 @@ def pack(src: Path, out: Path, name: str, kind: str, key: SecretKey, meta: dict 
                 tar.addfile(info, reader)
             if reader.size != st.st_size:
                 raise KitError(f"{f}: changed size while being packed")
-            entries.append({"path": rel, "size": st.st_size, "sha256": reader.hash.hexdigest()})
+            digest = reader.hash.hexdigest()
+            if expected is not None and expected[rel] != digest:
+                raise DamagedInput(f"{rel}: its bytes changed since the stage that wrote it recorded them (sha256 "
+                                   f"{digest[:12]}..., recorded {expected[rel][:12]}...): damaged or edited",
+                                   "the stage that wrote it re-runs on the next build; nothing was signed", rel)
+            entries.append({"path": rel, "size": st.st_size, "sha256": digest})
             done += st.st_size
             if progress:
                 progress(done)
@@ -180,200 +225,3 @@ def pack(src: Path, out: Path, name: str, kind: str, key: SecretKey, meta: dict 
     sums += [(p["sha256"], p["name"]) for p in parts]
     (out / SUMS).write_text("".join(f"{h}  {n}\n" for h, n in sums))
     (out / SIG).write_text(key.sign_file(out / SUMS, f"timestamp:{int(time.time())}\tfile:{SUMS}\tkit:{name}"))
-    return manifest
-
-
-# -------------------------------------------------------------------------------------------------------- verify
-def _read_sums(kit: Path) -> dict[str, str]:
-    sums: dict[str, str] = {}
-    for i, line in enumerate((kit / SUMS).read_text().splitlines(), 1):
-        m = re.fullmatch(r"([0-9a-f]{64})  ([^/\\]+)", line)
-        if not m or m.group(2) in (SUMS, SIG, ".", ".."):
-            raise KitError(f"{kit / SUMS}:{i}: malformed line {line!r}")
-        if m.group(2) in sums:
-            raise KitError(f"{kit / SUMS}:{i}: {m.group(2)} listed twice")
-        sums[m.group(2)] = m.group(1)
-    return sums
-
-
-def check_kit(kit: Path, trusted: list[PublicKey], hash_parts: bool = True) -> dict:
-    """Signature, file set, manifest and (unless hash_parts=False) every part's sha256. Returns the manifest."""
-    kit = Path(kit)
-    if not kit.is_dir():
-        raise KitError(f"{kit}: no such kit directory")
-    if not (kit / SUMS).is_file():
-        raise KitError(f"{kit}: {SUMS} is missing", "copy the whole kit directory")
-    key = verify_file(kit / SUMS, kit / SIG, trusted)
-    sums = _read_sums(kit)
-    present = {p.name for p in kit.iterdir()} - {SUMS, SIG}
-    extra, missing = sorted(present - set(sums)), sorted(set(sums) - present)
-    if missing:
-        raise KitError(f"{kit}: missing {', '.join(missing)}", "copy the whole kit directory again")
-    if extra:
-        raise KitError(f"{kit}: unexpected file(s) {', '.join(extra)} (not in the signed {SUMS})",
-                       "remove them, or re-copy the kit; a renamed part is reported here too")
-    if MANIFEST not in sums or sha256_file(kit / MANIFEST) != sums[MANIFEST]:
-        raise KitError(f"{kit / MANIFEST}: does not match its signed checksum: the manifest was edited")
-    try:
-        manifest = json.loads(read_regular(kit / MANIFEST, contract.MAX_RECORD_BYTES).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise KitError(f"{kit / MANIFEST}: not valid JSON ({str(exc)[:80]})") from None
-    contract.KitManifest.from_dict(manifest, str(kit / MANIFEST))     # format, version, every field's type
-    parts = manifest["parts"]
-    if [p["name"] for p in parts] != sorted(set(sums) - {MANIFEST}):
-        raise KitError(f"{kit}: the parts in {MANIFEST} and {SUMS} disagree")
-    for p in parts:
-        if sums[p["name"]] != p["sha256"]:
-            raise KitError(f"{kit}: {p['name']}: manifest and {SUMS} disagree")
-        size = (kit / p["name"]).stat().st_size
-        if size != p["size"]:
-            raise KitError(f"{kit / p['name']}: {size} bytes, expected {p['size']}: "
-                           f"{'truncated' if size < p['size'] else 'too long'}", "copy that part again")
-        if hash_parts and sha256_file(kit / p["name"]) != p["sha256"]:
-            raise KitError(f"{kit / p['name']}: sha256 does not match: the part is corrupt", "copy it again")
-    manifest["_signed_by"] = key.id_hex
-    return manifest
-
-
-# -------------------------------------------------------------------------------------------------------- unpack
-class _PartsReader:
-    """The parts as one stream; each part's sha256 is checked when its last byte has been read."""
-
-    def __init__(self, kit: Path, parts: list[dict]):
-        self.kit, self.parts, self.i, self.fh, self.hash = kit, parts, -1, None, None
-
-    def read(self, n=-1):
-        while True:
-            if self.fh is None:
-                if self.i + 1 >= len(self.parts):
-                    return b""
-                self.i += 1
-                self.fh = open(self.kit / self.parts[self.i]["name"], "rb")  # noqa: SIM115 (closed at its end)
-                self.hash = hashlib.sha256()
-            data = self.fh.read(n if n and n > 0 else CHUNK)
-            if data:
-                self.hash.update(data)
-                return data
-            self.fh.close()
-            self.fh = None
-            if self.hash.hexdigest() != self.parts[self.i]["sha256"]:
-                raise KitError(f"{self.kit / self.parts[self.i]['name']}: sha256 does not match: the part is corrupt",
-                               "copy it again")
-
-
-def _member_path(name: str) -> str:
-    p = PurePosixPath(name)
-    if p.is_absolute() or not p.parts or any(part in ("..", "", ".") for part in p.parts) or "\\" in name:
-        raise KitError(f"tar member {name!r}: absolute or escaping path refused")
-    return p.as_posix()
-
-
-def unpack(kit: Path, dest: Path, trusted: list[PublicKey], progress=None) -> dict:
-    """Verify and extract `kit` into `dest` (created; must not exist). Nothing outside `dest` is written, and
-    `dest` appears only once every file was extracted and checked."""
-    kit, dest = Path(kit), Path(dest).absolute()
-    if dest.exists():
-        raise KitError(f"{dest} already exists", "unpack into a new directory")
-    manifest = check_kit(kit, trusted, hash_parts=False)   # parts are hashed while extracting
-    expected = {e["path"]: e for e in manifest["files"]}
-    need = manifest["total_size"]
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(dest.parent).free
-    if need + 64 * 2**20 > free:
-        raise KitError(f"not enough free space in {dest.parent}: the kit unpacks to {need / 1e9:.2f} GB, "
-                       f"{free / 1e9:.2f} GB free", "free space or unpack elsewhere")
-    staging = dest.with_name(f".{dest.name}.unpacking-{os.getpid()}")
-    staging.mkdir()
-    try:
-        stream: typing.Any = _PartsReader(kit, manifest["parts"])   # or a zstd stream reading it
-        if manifest["compression"].startswith("zstd"):
-            import zstandard
-            stream = zstandard.ZstdDecompressor().stream_reader(stream)
-        seen, done = set(), 0
-        with tarfile.open(fileobj=stream, mode="r|", bufsize=CHUNK) as tar:
-            for m in tar:
-                rel = _member_path(m.name)
-                if not m.isreg():
-                    kind = "symlink" if m.issym() else "hardlink" if m.islnk() else "device file" if (
-                        m.ischr() or m.isblk()) else "directory" if m.isdir() else "special file"
-                    raise KitError(f"tar member {rel!r} is a {kind}: refused")
-                if rel in seen:
-                    raise KitError(f"tar member {rel!r} appears twice: refused")
-                if rel not in expected:
-                    raise KitError(f"tar member {rel!r} is not listed in {MANIFEST}: refused")
-                seen.add(rel)
-                target = staging / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                h, size = hashlib.sha256(), 0
-                src = tar.extractfile(m)
-                assert src is not None      # a regular member (checked above) always has a file object
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-                with os.fdopen(fd, "wb") as out:
-                    while chunk := src.read(CHUNK):
-                        h.update(chunk)
-                        out.write(chunk)
-                        size += len(chunk)
-                        done += len(chunk)
-                        if progress:
-                            progress(done)
-                e = expected[rel]
-                if size != e["size"] or h.hexdigest() != e["sha256"]:
-                    raise KitError(f"{rel}: content does not match {MANIFEST}")
-                os.chmod(target, m.mode & 0o755)
-            while stream.read(CHUNK):   # drain: the last part's hash is checked at its end
-                pass
-        if set(expected) - seen:
-            raise KitError(f"kit is missing {sorted(set(expected) - seen)[:5]} listed in {MANIFEST}")
-        os.replace(staging, dest)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return manifest
-
-
-# ------------------------------------------------------------------------------------------------------ transfer
-def transfer(kit: Path, dest_root: Path, trusted: list[PublicKey], progress=None) -> Path:
-    """Copy a kit to a mounted stick or directory, resuming an interrupted copy, then verify the copy."""
-    kit = Path(kit)
-    check_kit(kit, trusted, hash_parts=False)
-    dest = Path(dest_root) / kit.name
-    dest.mkdir(parents=True, exist_ok=True)
-    names = sorted(p.name for p in kit.iterdir())
-    todo = 0
-    for n in names:
-        have = (dest / n).stat().st_size if (dest / n).exists() else (
-            (dest / f"{n}.partial").stat().st_size if (dest / f"{n}.partial").exists() else 0)
-        todo += max(0, (kit / n).stat().st_size - have)
-    free = shutil.disk_usage(dest).free
-    if todo > free:
-        raise KitError(f"not enough free space on {dest}: {todo / 1e9:.2f} GB to copy, {free / 1e9:.2f} GB free")
-    done = 0
-    for attempt in range(2):
-        for n in names:
-            src, final, part = kit / n, dest / n, dest / f"{n}.partial"
-            size = src.stat().st_size
-            if final.exists() and final.stat().st_size == size:
-                continue
-            start = part.stat().st_size if part.exists() and part.stat().st_size <= size else 0
-            with open(src, "rb") as fi, open(part, "r+b" if start else "wb") as fo:
-                fi.seek(start)
-                fo.seek(start)
-                while chunk := fi.read(CHUNK):
-                    fo.write(chunk)
-                    done += len(chunk)
-                    if progress:
-                        progress(done)
-                fo.truncate()
-                fo.flush()
-                os.fsync(fo.fileno())
-            os.replace(part, final)
-        try:
-            check_kit(dest, trusted)
-            return dest
-        except KitError as exc:
-            bad = [n for n in names if n in str(exc)]
-            if attempt or not bad:
-                raise
-            for n in bad:   # a corrupt or stale file at the destination: copy it once more
-                (dest / n).unlink(missing_ok=True)
-    return dest

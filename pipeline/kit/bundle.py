@@ -9,31 +9,42 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline import backends, contract
 from pipeline.errors import PipelineError
 from pipeline.kit.archive import pack
 from pipeline.kit.signing import SecretKey
-
-COMPAT_KEYS = ("sm", "tensorrt", "jetpack", "backend", "backend_version")
-
-
-def bundle_name(kit_manifest: dict, device: dict) -> str:
-    return f"{kit_manifest['name']}-sm{device['sm'].replace('.', '')}-trt{device['tensorrt']}"
+from pipeline.kit.verify import VerifiedKit
 
 
-def bundle_meta(kit_manifest: dict, device: dict) -> dict:
-    """Manifest fields of a bundle built from `kit_manifest` on the device described by `device` (the probe)."""
-    missing = [k for k in COMPAT_KEYS if not device.get(k)]
+def compat_of(kit: contract.KitManifest, board: contract.Board) -> contract.Compat:
+    """What another board must match to load an engine built from `kit` on `board`."""
+    backend = backends.get(kit.backend) if kit.backend else None
+    facts = {"sm": board.sm, "tensorrt": board.tensorrt, "jetpack": board.jetpack,
+             "backend": backend.name if backend else None,
+             "backend_version": getattr(board, backend.board_version) if backend else None}
+    missing = [k for k, v in facts.items() if not v]
     if missing:
         raise PipelineError(f"cannot record the engine's compatibility: the device facts lack {', '.join(missing)}",
                             "run the build through `python -m pipeline device`, which probes the board first")
-    return {"recipe": kit_manifest.get("recipe"), "target": kit_manifest.get("target"),
-            "compat": {k: device[k] for k in COMPAT_KEYS},
-            "built_on": {k: v for k, v in device.items() if k not in COMPAT_KEYS},
-            "kit": {"name": kit_manifest["name"], "signed_by": kit_manifest.get("_signed_by"),
-                    "quant": kit_manifest.get("quant"), "limits": kit_manifest.get("limits")}}
+    return contract.Compat(**facts)  # type: ignore[arg-type]
 
 
-def pack_bundle(engine_dir: Path, out_root: Path, kit_manifest: dict, device: dict, key: SecretKey) -> dict:
-    """Pack a device build's output directory into out_root/<bundle name>/ as a signed bundle."""
-    name = bundle_name(kit_manifest, device)
-    return pack(engine_dir, Path(out_root) / name, name, "bundle", key, meta=bundle_meta(kit_manifest, device))
+def bundle_name(kit: contract.KitManifest, compat: contract.Compat) -> str:
+    return f"{kit.name}-sm{compat.sm.replace('.', '')}-trt{compat.tensorrt}"
+
+
+def bundle_meta(kit: VerifiedKit, board: contract.Board) -> dict:
+    """Manifest fields of a bundle built from `kit` on `board`."""
+    m, compat = kit.manifest, compat_of(kit.manifest, board)
+    return {"recipe": m.recipe, "target": m.target, "compat": compat.to_dict(),
+            "built_on": {k: v for k, v in board.to_dict().items() if k not in compat.to_dict() and k != "format"},
+            "kit": {"name": m.name, "signed_by": kit.signed_by, "created": m.created, "quant": m.quant,
+                    "limits": m.limits}}
+
+
+def pack_bundle(engine_dir: Path, out_root: Path, kit: VerifiedKit, board: contract.Board,
+                key: SecretKey) -> VerifiedKit:
+    """Pack a device build's output directory into out_root/<bundle name>/ as a signed bundle (an earlier bundle of
+    the same name, from an earlier run with the same --out, is replaced)."""
+    name = bundle_name(kit.manifest, compat_of(kit.manifest, board))
+    return pack(engine_dir, Path(out_root) / name, name, "bundle", key, meta=bundle_meta(kit, board), replace=True)

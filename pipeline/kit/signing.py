@@ -3,7 +3,9 @@
 Public key file    untrusted comment: ...\\n base64("Ed" | key id (8) | public key (32))
 Signature file     untrusted comment: ...\\n base64("ED" | key id (8) | ed25519(BLAKE2b-512(file)))
                    trusted comment: ...\\n base64(ed25519(signature (64) | trusted comment))
-Secret key file    ours, not minisign's (which is scrypt-encrypted): base64("Ed" | key id | 32-byte seed), mode 0600.
+Secret key file    ours, not minisign's (which is scrypt-encrypted): base64("JS" | key id | 32-byte seed), mode 0600.
+                   Keys written before the "JS" tag used "Ed", the public key's tag: they still load as secret keys,
+                   and `trust` refuses any file that says it is a secret key, whatever its tag.
 
 Ed25519 comes from PyNaCl or, failing that, `cryptography` (JetPack's Ubuntu ships python3-cryptography), so the
 device needs no compiler and no torch to verify.
@@ -21,6 +23,8 @@ from pipeline.errors import PipelineError
 
 ALG_KEY = b"Ed"
 ALG_PREHASHED = b"ED"
+ALG_SECRET = b"JS"
+MAX_KEY_FILE = 4096             # a key or signature file is a few lines; anything larger is not one
 
 
 class SignatureError(PipelineError):
@@ -88,10 +92,14 @@ class PublicKey:
 
     @classmethod
     def load(cls, path: Path) -> PublicKey:
-        lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+        lines = _key_lines(path, "public key")
         raw = _b64line(lines[-1] if lines else "", "public key", path)
+        if raw[:2] == ALG_SECRET or any("secret key" in line for line in lines[:-1]):
+            raise SignatureError(f"{path}: this is a secret (signing) key, not a public key",
+                                 f"trust the .pub file beside it; keep {Path(path).name} private (it signs kits)")
         if len(raw) != 42 or raw[:2] != ALG_KEY:
-            raise SignatureError(f"{path}: not a minisign Ed25519 public key")
+            raise SignatureError(f"{path}: not a minisign Ed25519 public key",
+                                 "pass the .pub file written by `python -m pipeline keygen` or `minisign -G`")
         return cls(raw[2:10], raw[10:], str(path))
 
     def dump(self) -> str:
@@ -113,18 +121,17 @@ class SecretKey:
 
     @classmethod
     def load(cls, path: Path) -> SecretKey:
-        lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+        lines = _key_lines(path, "secret key")
         raw = _b64line(lines[-1] if lines else "", "secret key", path)
-        if len(raw) != 42 or raw[:2] != ALG_KEY:
-            raise SignatureError(f"{path}: not a jetson-pipeline secret key")
+        legacy = raw[:2] == ALG_KEY and any("secret key" in line for line in lines[:-1])
+        if len(raw) != 42 or not (raw[:2] == ALG_SECRET or legacy):
+            raise SignatureError(f"{path}: not a jetson-pipeline secret key",
+                                 "pass the signing.key written by `python -m pipeline keygen`")
         return cls(raw[2:10], raw[10:])
 
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(f"untrusted comment: jetson-pipeline secret key {self.public.id_hex} (keep private)\n"
-                     + base64.b64encode(ALG_KEY + self.key_id + self.seed).decode() + "\n")
+    def dump(self) -> str:
+        return (f"untrusted comment: jetson-pipeline secret key {self.public.id_hex} (keep private)\n"
+                + base64.b64encode(ALG_SECRET + self.key_id + self.seed).decode() + "\n")
 
     def sign_file(self, path: Path, trusted_comment: str | None = None) -> str:
         """The .minisig text for `path`."""
@@ -138,13 +145,22 @@ class SecretKey:
                 + f"trusted comment: {comment}\n" + base64.b64encode(global_sig).decode() + "\n")
 
 
-def verify_file(path: Path, sig_path: Path, trusted: list[PublicKey]) -> PublicKey:
-    """Check `sig_path` over `path` against the trusted keys; returns the key that signed it."""
+def _key_lines(path: Path, what: str) -> list[str]:
+    from pipeline.files import read_regular
+    try:
+        text = read_regular(Path(path), MAX_KEY_FILE).decode("utf-8")
+    except UnicodeDecodeError:
+        raise SignatureError(f"{path}: not a {what} file (binary content)") from None
+    except PipelineError as exc:
+        raise SignatureError(f"{exc.message} (expected a {what} file)", exc.hint) from None
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def verify_signature(data: bytes, sig_text: str, trusted: list[PublicKey], sig_path: Path) -> tuple[PublicKey, str]:
+    """Check the minisign signature `sig_text` (read from `sig_path`) over `data`; returns the key that signed it
+    and the trusted comment (signed too: it binds the kit's name and creation time)."""
     verify = _backend()[2]
-    if not sig_path.is_file():
-        raise SignatureError(f"{sig_path.name} is missing: the kit is unsigned or incomplete",
-                             "copy the whole kit directory; kits are always signed by `pack`")
-    lines = sig_path.read_text().splitlines()
+    lines = sig_text.splitlines()
     if len(lines) < 4 or not lines[2].startswith("trusted comment: "):
         raise SignatureError(f"{sig_path}: not a minisign signature file")
     raw = _b64line(lines[1], "signature", sig_path)
@@ -157,15 +173,15 @@ def verify_file(path: Path, sig_path: Path, trusted: list[PublicKey]) -> PublicK
         raise SignatureError(f"{sig_path.name} was made by key {key_id[::-1].hex().upper()}, which is not trusted "
                              f"here (trusted: {known})",
                              "if you trust it, add its .pub file with `python -m pipeline trust KEY.pub`")
-    data = path.read_bytes()
     message = hashlib.blake2b(data, digest_size=64).digest() if raw[:2] == ALG_PREHASHED else data
     if not verify(key.key, message, sig):
-        raise SignatureError(f"{sig_path.name}: signature does not match {path.name} (key {key.id_hex})",
+        raise SignatureError(f"{sig_path.name}: signature does not match the signed file (key {key.id_hex})",
                              "the file was modified after signing, or the kit is corrupt: do not use it")
     comment = lines[2][len("trusted comment: "):]
-    if not verify(key.key, sig + comment.encode(), _b64line(lines[3], "global signature", sig_path)):
+    global_sig = _b64line(lines[3], "global signature", sig_path)
+    if len(global_sig) != 64 or not verify(key.key, sig + comment.encode(), global_sig):
         raise SignatureError(f"{sig_path.name}: the trusted comment was modified")
-    return key
+    return key, comment
 
 
 # ------------------------------------------------------------------------------------------------ key locations
@@ -183,24 +199,55 @@ def trusted_keys(extra: list[Path] | tuple[Path, ...] = ()) -> list[PublicKey]:
     return [PublicKey.load(p) for p in paths]
 
 
+def _write_new(path: Path, text: str, mode: int) -> Path:
+    """A synced temporary file of `text` with `mode` from its creation (a secret is never world-readable, not even
+    for a moment), ready to be renamed into place."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return tmp
+
+
 def keygen(secret_path: Path, trust: bool = True) -> tuple[Path, Path]:
-    """A new signing key; its public half is written beside it and (by default) trusted locally."""
-    if secret_path.exists():
+    """A new signing key; its public half is written beside it and (by default) trusted locally.
+
+    Both halves are written to temporary files and renamed, the public half first: a kill leaves no key (the
+    next run makes one) or a complete pair, never an empty key or a key without its .pub."""
+    secret_path = Path(secret_path)
+    if secret_path.exists() or secret_path.is_symlink():
         raise PipelineError(f"{secret_path} already exists", "remove it first, or pass another path")
+    secret_path.parent.mkdir(parents=True, exist_ok=True)
     key = SecretKey.generate()
-    key.save(secret_path)
     pub_path = secret_path.with_suffix(".pub")
-    pub_path.write_text(key.public.dump())
+    tmp_secret = _write_new(secret_path, key.dump(), 0o600)
+    os.replace(_write_new(pub_path, key.public.dump(), 0o644), pub_path)
+    os.replace(tmp_secret, secret_path)
     if trust:
-        trust_key(pub_path)
+        trust_key(pub_path, replace=key.public.id_hex)
     return secret_path, pub_path
 
 
-def trust_key(pub_path: Path) -> Path:
+def trust_key(pub_path: Path, replace: str | None = None) -> Path:
+    """Trust the public key in `pub_path`. A trusted key of the same id but other bytes (key ids are chosen by whoever
+    made the key) is replaced only with `replace` = that id, as printed by this refusal."""
     key = PublicKey.load(pub_path)
     dest = config_dir() / "trusted" / f"{key.id_hex}.pub"
+    if dest.exists() or dest.is_symlink():
+        try:
+            old = PublicKey.load(dest)
+        except PipelineError:
+            old = None
+        if old is not None and old.key == key.key:
+            return dest
+        if (replace or "").upper() != key.id_hex:
+            raise PipelineError(f"{dest} already trusts another key with id {key.id_hex}: refusing to replace it",
+                                f"if you mean to, run `python -m pipeline trust {pub_path} --replace {key.id_hex}`")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(key.dump())
+    os.replace(_write_new(dest, key.dump(), 0o644), dest)
     return dest
 
 

@@ -1,0 +1,203 @@
+"""Unpack a verified kit: all or nothing, never more bytes than the signed manifest declares.
+
+The parts are streamed through the tar reader once; each part's sha256 is checked when its last byte was read, each
+member's size is checked against the manifest *before* a byte of it is written (so a damaged or planted part naming
+a listed file cannot fill the disk), and each member's sha256 when it ends. Extraction goes to a staging directory
+beside the destination that is renamed into place only when every check passed; a killed unpack's staging
+directory is removed by the next unpack into the same place.
+
+An unpacked kit leaves a small record beside it (`<dest>.installed.json`: name, signed creation time, manifest
+hash) so that a later unpack into the same place can refuse an older kit (a replayed, validly signed old version)
+unless the user allows the downgrade.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import typing
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.files import allocated_size, create_new, human_bytes, write_atomic
+from pipeline.kit.signing import PublicKey
+from pipeline.kit.verify import CHUNK, MANIFEST, KitError, VerifiedKit, check_kit, open_part, payload_path, read_part
+
+HEADROOM = 16 * 2**20
+
+
+class _PartsStream:
+    """The parts as one read() stream; each part's size and sha256 are checked at its end."""
+
+    def __init__(self, kit: VerifiedKit, progress=None):
+        self.kit, self.progress = kit, progress
+        self._chunks = self._generate()
+        self._buf = b""
+
+    def _generate(self):
+        for p in self.kit.manifest.parts:
+            h = hashlib.sha256()
+            with open_part(self.kit.path, p.name) as fh:
+                for data in read_part(fh, p.size, self.kit.path / p.name):
+                    h.update(data)
+                    yield data
+            if h.hexdigest() != p.sha256:
+                raise KitError(f"{self.kit.path / p.name}: sha256 does not match: the part is corrupt", "copy it again")
+
+    def read(self, n: int = -1) -> bytes:
+        if not self._buf:
+            self._buf = next(self._chunks, b"")
+        if n is None or n < 0:
+            n = len(self._buf)
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+
+def installed_record(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".installed.json")
+
+
+def _installed(dest: Path) -> dict | None:
+    try:
+        rec = json.loads(installed_record(dest).read_text())
+        return rec if isinstance(rec, dict) and isinstance(rec.get("created"), str) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _remove_stale_staging(dest: Path) -> None:
+    """Staging directories of killed unpacks into `dest` (their pid is gone) hold hundreds of MB each."""
+    prefix = f".{dest.name}.unpacking-"
+    try:
+        siblings = os.listdir(dest.parent)
+    except OSError:
+        return
+    for n in siblings:
+        if n.startswith(prefix) and n[len(prefix):].isdigit():
+            pid = int(n[len(prefix):])
+            try:
+                os.kill(pid, 0)
+                continue            # still running: another unpack's
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            shutil.rmtree(dest.parent / n, ignore_errors=True)
+
+
+def _check_destination(kit: VerifiedKit, dest: Path, allow_downgrade: bool) -> bool:
+    """Whether `dest` holds an earlier unpack to replace (False: it does not exist). Refuses what must not go."""
+    if not (dest.exists() or dest.is_symlink()):
+        return False
+    prior = _installed(dest)
+    if dest.is_symlink() or not dest.is_dir() or prior is None:
+        raise KitError(f"{dest} already exists and is not a kit unpacked by the pipeline",
+                       "unpack into a new directory, or remove it first")
+    if prior.get("name") != kit.name:
+        raise KitError(f"{dest} holds kit {prior.get('name')!r}, not {kit.name!r}", "unpack into another directory")
+    if kit.created < prior["created"] and not allow_downgrade:
+        raise KitError(f"{kit.path}: this kit was signed {kit.created}, older than the one installed at {dest} "
+                       f"({prior['created']}): refusing to downgrade",
+                       "pass --allow-downgrade if you mean to go back to the older kit")
+    return True
+
+
+def unpack(kit_path: Path, dest: Path, trusted: list[PublicKey], progress=None, allow_downgrade: bool = False,
+           verified: VerifiedKit | None = None) -> VerifiedKit:
+    """Verify `kit_path` and extract it into `dest`. `dest` must not exist, or hold an earlier unpack of the same kit
+    (replaced; an older kit only with allow_downgrade). Nothing outside `dest` and its staging directory is
+    written, and `dest` changes only once every file was extracted and checked."""
+    dest = Path(dest).absolute()
+    kit = verified or check_kit(kit_path, trusted, hash_parts=False)   # parts are hashed while extracting
+    replace = _check_destination(kit, dest, allow_downgrade)
+    expected = {payload_path(f.path): f for f in kit.manifest.files}
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise KitError(f"{dest.parent}: is a file, not a directory", "choose another destination") from None
+    _remove_stale_staging(dest)
+    vfs = os.statvfs(dest.parent)
+    block, free = vfs.f_frsize or 4096, vfs.f_bavail * (vfs.f_frsize or 4096)
+    need = sum(allocated_size(f.size, block) for f in kit.manifest.files) + HEADROOM
+    if need > free:
+        raise KitError(f"not enough free space in {dest.parent}: the kit unpacks to {human_bytes(need)} "
+                       f"(with block rounding), {human_bytes(free)} free", "free space or unpack elsewhere")
+    staging = dest.with_name(f".{dest.name}.unpacking-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        _extract(kit, staging, expected, progress)
+        if replace:
+            old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+            os.replace(dest, old)
+            os.replace(staging, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, dest)
+        write_atomic(installed_record(dest), json.dumps({"name": kit.name, "created": kit.created,
+                                                         "manifest_sha256": kit.manifest_sha256}) + "\n")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return kit
+
+
+def _extract(kit: VerifiedKit, staging: Path, expected: dict, progress) -> None:
+    stream: typing.Any = _PartsStream(kit)
+    if kit.manifest.compression.startswith("zstd"):
+        import zstandard
+        stream = zstandard.ZstdDecompressor().stream_reader(stream)
+    seen: set[str] = set()
+    done = 0
+    try:
+        with tarfile.open(fileobj=stream, mode="r|", bufsize=CHUNK) as tar:
+            for m in tar:
+                rel = payload_path(m.name)
+                if not m.isreg() or m.issparse():
+                    kind = "sparse file" if m.isreg() else "symlink" if m.issym() else "hardlink" if m.islnk() \
+                        else "device file" if (m.ischr() or m.isblk()) else "directory" if m.isdir() \
+                        else "special file"
+                    raise KitError(f"tar member {rel!r} is a {kind}: refused")
+                if rel in seen:
+                    raise KitError(f"tar member {rel!r} appears twice: refused")
+                e = expected.get(rel)
+                if e is None:
+                    raise KitError(f"tar member {rel!r} is not listed in {MANIFEST}: refused")
+                if m.size != e.size:        # before writing a byte: a planted 50 GB member stops here
+                    raise KitError(f"tar member {rel!r} declares {m.size} bytes, the signed {MANIFEST} {e.size}: "
+                                   "refused", "the kit's parts were swapped or damaged: copy the kit again")
+                seen.add(rel)
+                target = staging / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                h = hashlib.sha256()
+                src = tar.extractfile(m)
+                assert src is not None      # a regular member always has a file object
+                with create_new(target, 0o755 if m.mode & 0o111 else 0o644) as out:
+                    left = e.size
+                    while left and (chunk := src.read(min(CHUNK, left))):
+                        h.update(chunk)
+                        out.write(chunk)
+                        left -= len(chunk)
+                        done += len(chunk)
+                        if progress:
+                            progress(done)
+                if left or h.hexdigest() != e.sha256:
+                    raise KitError(f"{rel}: content does not match {MANIFEST}", "copy the kit again")
+            while stream.read(CHUNK):   # drain: the last part's hash is checked at its end
+                pass
+    except (tarfile.TarError, EOFError) as exc:
+        raise KitError(f"{kit.path}: the payload is not a valid tar stream ({str(exc)[:80]})",
+                       "the kit's parts are damaged or swapped: copy the kit again") from None
+    except PipelineError:
+        raise
+    except Exception as exc:
+        if type(exc).__name__ != "ZstdError":
+            raise
+        raise KitError(f"{kit.path}: the payload's zstd stream is damaged ({str(exc)[:80]})",
+                       "copy the kit again") from None
+    missing = sorted(set(expected) - seen)
+    if missing:
+        raise KitError(f"{kit.path}: the payload lacks {missing[:5]} listed in {MANIFEST}", "copy the kit again")
