@@ -108,3 +108,11 @@ def allocated_size(size: int, block: int) -> int:
     """Bytes a file of `size` occupies on a filesystem of `block`-byte allocation units (FAT32 clusters, ext4
     blocks): a free-space check that ignores the rounding passes and then fails the last write."""
     return -(-size // block) * block if size else 0
+
+
+def sibling(path: Path, suffix: str, hidden: bool = True) -> Path:
+    """A work file beside `path` (staging directory, old copy, record): `.<name>.<suffix>`, with a long name replaced
+    by its digest so the sibling stays within NAME_MAX (a 250-character destination is legal)."""
+    path = Path(path)
+    name = path.name if len(os.fsencode(path.name)) <= 200 else hashlib.sha256(os.fsencode(path.name)).hexdigest()[:16]
+    return path.with_name(f"{'.' if hidden else ''}{name}.{suffix}")

@@ -222,3 +222,50 @@ def test_device_on_a_machine_that_is_not_a_jetson_refuses(kit, tmp_path):
                            "--work", str(tmp_path / "w"), "--pubkey", str(project.root / "home" / "signing.pub")],
                           env=project.env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2 and "error: this is not a Jetson" in proc.stderr and not (tmp_path / "w").exists()
+
+
+def test_a_second_run_uses_only_what_it_verified(kit, tmp_path):
+    """Same --work and --out twice: the second run works (it was a traceback), replaces a plan.json planted in the
+    unpacked tree (with a forged install record), never uses an engine left in --work by another kit, and reuses
+    the engine it built itself only because its files still hash as recorded."""
+    project, kit_dir, _ = kit
+    assert device(project, kit_dir, tmp_path).returncode == 0
+    builds = len((tmp_path / "argv.jsonl").read_text().splitlines())
+    proc = device(project, kit_dir, tmp_path)                                   # same --work, same --out
+    assert proc.returncode == 0, proc.stderr
+    assert "engine: reusing" in proc.stderr and len((tmp_path / "argv.jsonl").read_text().splitlines()) == builds
+
+    work = tmp_path / "work"
+    plan = json.loads((work / "kit" / "plan.json").read_text())
+    plan["device_build_commands"] = [["trtllm-build", "--checkpoint_dir", "elsewhere", "--output_dir", "x"]]
+    (work / "kit" / "plan.json").write_text(json.dumps(plan))                  # planted after the last run
+    (work / "engine" / "rank0.engine").write_bytes(b"planted engine")          # swapped engine, same name
+    proc = device(project, kit_dir, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "engine: reusing" not in proc.stderr
+    argvs = [json.loads(line) for line in (tmp_path / "argv.jsonl").read_text().splitlines()]
+    assert len(argvs) == builds + 1 and "elsewhere" not in argvs[-1]            # rebuilt with the kit's own plan
+    assert json.loads((work / "kit" / "plan.json").read_text())["device_build_commands"] != \
+        plan["device_build_commands"]
+    assert (work / "engine" / "rank0.engine").read_bytes() != b"planted engine"
+
+
+def test_device_refuses_a_damaged_kit_and_an_older_kit(kit, tmp_path):
+    project, kit_dir, _ = kit
+    copy = tmp_path / "usb" / kit_dir.name
+    import shutil
+    shutil.copytree(kit_dir, copy)
+    part = sorted(copy.glob("*.tar.*"))[0]
+    data = bytearray(part.read_bytes())
+    data[700] ^= 1
+    part.write_bytes(bytes(data))
+    proc = device(project, copy, tmp_path)
+    assert proc.returncode == 2 and "sha256 does not match" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "argv.jsonl").exists() and not (tmp_path / "work" / "kit").exists()
+
+    assert device(project, kit_dir, tmp_path).returncode == 0
+    record = tmp_path / "work" / "kit.installed.json"
+    installed = json.loads(record.read_text())
+    record.write_text(json.dumps(dict(installed, created="2099-01-01T00:00:00Z")))   # a newer kit ran here since
+    proc = device(project, kit_dir, tmp_path)
+    assert proc.returncode == 2 and "refusing to downgrade" in proc.stderr and "--allow-downgrade" in proc.stderr

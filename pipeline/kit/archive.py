@@ -23,6 +23,7 @@ import typing
 from pathlib import Path
 
 from pipeline import contract
+from pipeline.files import sibling
 from pipeline.kit.signing import SecretKey
 from pipeline.kit.verify import KitError, VerifiedKit, check_kit
 
@@ -149,7 +150,7 @@ def pack(src: Path, out: Path, name: str, kind: str, key: SecretKey, meta: dict 
     if (out.exists() or out.is_symlink()) and not replace:
         raise KitError(f"{out} already exists", "pack into a new directory")
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.with_name(f".{out.name}.packing-{os.getpid()}")
+    staging = sibling(out, f"packing-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
         staging.mkdir()
@@ -158,7 +159,7 @@ def pack(src: Path, out: Path, name: str, kind: str, key: SecretKey, meta: dict 
         # were written; `doit build` re-hashes the finished kit in full, as a device will)
         verified = check_kit(staging / name, [key.public], hash_parts=False)
         if out.exists() or out.is_symlink():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            old = sibling(out, f"old-{os.getpid()}")
             os.replace(out, old)
             os.replace(staging / name, out)
             shutil.rmtree(old, ignore_errors=True)

@@ -150,9 +150,11 @@ def _key_lines(path: Path, what: str) -> list[str]:
     try:
         text = read_regular(Path(path), MAX_KEY_FILE).decode("utf-8")
     except UnicodeDecodeError:
-        raise SignatureError(f"{path}: not a {what} file (binary content)") from None
+        raise SignatureError(f"{path}: not a {what} file (binary content)",
+                             f"pass the {what} file itself (a few lines of text)") from None
     except PipelineError as exc:
-        raise SignatureError(f"{exc.message} (expected a {what} file)", exc.hint) from None
+        raise SignatureError(f"{exc.message} (expected a {what} file)",
+                             exc.hint or f"pass the path of the {what} file") from None
     return [line for line in text.splitlines() if line.strip()]
 
 

@@ -22,9 +22,19 @@ import typing
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.files import allocated_size, create_new, human_bytes, write_atomic
+from pipeline.files import allocated_size, create_new, human_bytes, sibling, write_atomic
 from pipeline.kit.signing import PublicKey
-from pipeline.kit.verify import CHUNK, MANIFEST, KitError, VerifiedKit, check_kit, open_part, payload_path, read_part
+from pipeline.kit.verify import (
+    CHUNK,
+    HOSTILE,
+    MANIFEST,
+    KitError,
+    VerifiedKit,
+    check_kit,
+    open_part,
+    payload_path,
+    read_part,
+)
 
 HEADROOM = 16 * 2**20
 
@@ -57,7 +67,11 @@ class _PartsStream:
 
 
 def installed_record(dest: Path) -> Path:
-    return dest.with_name(dest.name + ".installed.json")
+    return sibling(dest, "installed.json", hidden=False)
+
+
+def staging_dir(dest: Path, pid: int) -> Path:
+    return sibling(dest, f"unpacking-{pid}")
 
 
 def _installed(dest: Path) -> dict | None:
@@ -70,7 +84,7 @@ def _installed(dest: Path) -> dict | None:
 
 def _remove_stale_staging(dest: Path) -> None:
     """Staging directories of killed unpacks into `dest` (their pid is gone) hold hundreds of MB each."""
-    prefix = f".{dest.name}.unpacking-"
+    prefix = staging_dir(dest, 0).name[:-1]
     try:
         siblings = os.listdir(dest.parent)
     except OSError:
@@ -125,13 +139,13 @@ def unpack(kit_path: Path, dest: Path, trusted: list[PublicKey], progress=None, 
     if need > free:
         raise KitError(f"not enough free space in {dest.parent}: the kit unpacks to {human_bytes(need)} "
                        f"(with block rounding), {human_bytes(free)} free", "free space or unpack elsewhere")
-    staging = dest.with_name(f".{dest.name}.unpacking-{os.getpid()}")
+    staging = staging_dir(dest, os.getpid())
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
         _extract(kit, staging, expected, progress)
         if replace:
-            old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+            old = sibling(dest, f"old-{os.getpid()}")
             os.replace(dest, old)
             os.replace(staging, dest)
             shutil.rmtree(old, ignore_errors=True)
@@ -143,6 +157,11 @@ def unpack(kit_path: Path, dest: Path, trusted: list[PublicKey], progress=None, 
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return kit
+
+
+def _blame_parts(kit: VerifiedKit) -> None:
+    """Raise the part's own error if a part's bytes are not the signed ones (the tar error they caused is a symptom)."""
+    check_kit(kit.path, [], hash_parts=True, signature=False)
 
 
 def _extract(kit: VerifiedKit, staging: Path, expected: dict, progress) -> None:
@@ -160,12 +179,12 @@ def _extract(kit: VerifiedKit, staging: Path, expected: dict, progress) -> None:
                     kind = "sparse file" if m.isreg() else "symlink" if m.issym() else "hardlink" if m.islnk() \
                         else "device file" if (m.ischr() or m.isblk()) else "directory" if m.isdir() \
                         else "special file"
-                    raise KitError(f"tar member {rel!r} is a {kind}: refused")
+                    raise KitError(f"tar member {rel!r} is a {kind}: refused", HOSTILE)
                 if rel in seen:
-                    raise KitError(f"tar member {rel!r} appears twice: refused")
+                    raise KitError(f"tar member {rel!r} appears twice: refused", HOSTILE)
                 e = expected.get(rel)
                 if e is None:
-                    raise KitError(f"tar member {rel!r} is not listed in {MANIFEST}: refused")
+                    raise KitError(f"tar member {rel!r} is not listed in {MANIFEST}: refused", HOSTILE)
                 if m.size != e.size:        # before writing a byte: a planted 50 GB member stops here
                     raise KitError(f"tar member {rel!r} declares {m.size} bytes, the signed {MANIFEST} {e.size}: "
                                    "refused", "the kit's parts were swapped or damaged: copy the kit again")
@@ -185,10 +204,12 @@ def _extract(kit: VerifiedKit, staging: Path, expected: dict, progress) -> None:
                         if progress:
                             progress(done)
                 if left or h.hexdigest() != e.sha256:
+                    _blame_parts(kit)
                     raise KitError(f"{rel}: content does not match {MANIFEST}", "copy the kit again")
             while stream.read(CHUNK):   # drain: the last part's hash is checked at its end
                 pass
     except (tarfile.TarError, EOFError) as exc:
+        _blame_parts(kit)       # a damaged or swapped part is the likelier cause: name it
         raise KitError(f"{kit.path}: the payload is not a valid tar stream ({str(exc)[:80]})",
                        "the kit's parts are damaged or swapped: copy the kit again") from None
     except PipelineError:
@@ -196,6 +217,7 @@ def _extract(kit: VerifiedKit, staging: Path, expected: dict, progress) -> None:
     except Exception as exc:
         if type(exc).__name__ != "ZstdError":
             raise
+        _blame_parts(kit)
         raise KitError(f"{kit.path}: the payload's zstd stream is damaged ({str(exc)[:80]})",
                        "copy the kit again") from None
     missing = sorted(set(expected) - seen)

@@ -21,12 +21,13 @@ from pathlib import Path, PurePosixPath
 from pipeline import contract
 from pipeline.errors import PipelineError
 from pipeline.files import open_regular, read_regular
-from pipeline.kit.signing import PublicKey, verify_signature
+from pipeline.kit.signing import PublicKey, SignatureError, verify_signature
 
 MANIFEST, SUMS, SIG = contract.MANIFEST, contract.SUMS, contract.SIG
 CHUNK = 4 * 2**20
 MAX_SUMS = 2**20            # a line per part: a 4 TB kit has ~1000 lines
 MAX_SIG = 4096
+HOSTILE = "the kit was made by a buggy or compromised packer: do not use it, and check who signed it"
 NAME_MAX, PATH_MAX = 255, 4096
 
 
@@ -72,9 +73,9 @@ def _entries(kit: Path) -> dict[str, os.stat_result]:
     except NotADirectoryError:
         raise KitError(f"{kit}: not a directory", "pass the kit directory (it holds MANIFEST.json)") from None
     except FileNotFoundError:
-        raise KitError(f"{kit}: no such kit directory") from None
+        raise KitError(f"{kit}: no such kit directory", "pass the kit directory (it holds MANIFEST.json)") from None
     except OSError as exc:
-        raise KitError(f"{kit}: cannot be read ({exc.strerror})") from None
+        raise KitError(f"{kit}: cannot be read ({exc.strerror})", "check the path and its permissions") from None
     out = {}
     for n in names:
         st = os.lstat(kit / n)
@@ -103,11 +104,11 @@ def payload_path(name: str) -> str:
     p = PurePosixPath(name)
     if (not name or p.is_absolute() or "\\" in name or "\x00" in name
             or any(part in ("..", ".", "") for part in name.split("/"))):
-        raise KitError(f"payload path {name[:80]!r}: absolute or escaping path refused")
+        raise KitError(f"payload path {name[:80]!r}: absolute or escaping path refused", HOSTILE)
     if len(name.encode("utf-8", "surrogateescape")) > PATH_MAX or \
             any(len(c.encode("utf-8", "surrogateescape")) > NAME_MAX for c in p.parts):
         raise KitError(f"payload path {name[:60]!r}...: longer than a filesystem allows ({NAME_MAX} bytes a "
-                       f"name, {PATH_MAX} a path)")
+                       f"name, {PATH_MAX} a path)", HOSTILE)
     return p.as_posix()
 
 
@@ -159,16 +160,26 @@ def read_part(fh, size: int, path: Path, progress=None):
         raise KitError(f"{path}: longer than its signed {size} bytes", "copy it again")
 
 
-def check_kit(kit: Path, trusted: list[PublicKey], hash_parts: bool = True, progress=None) -> VerifiedKit:
+def check_kit(kit: Path, trusted: list[PublicKey], hash_parts: bool = True, progress=None,
+              signature: bool = True) -> VerifiedKit:
     """Signature, file set, manifest and (unless hash_parts=False: a caller that streams the parts and hashes them
-    itself) every part's size and sha256."""
+    itself) every part's size and sha256. signature=False only re-checks a kit verified earlier in this run."""
     kit = Path(kit)
     entries = _entries(kit)
     for required in (SUMS, SIG, MANIFEST):
         if required not in entries:
             raise _fail(kit, f"{required} is missing: the kit is unsigned or incomplete")
     sums_text = _text(kit, SUMS, MAX_SUMS)
-    key, comment_text = verify_signature(sums_text.encode("utf-8"), _text(kit, SIG, MAX_SIG), trusted, kit / SIG)
+    if signature:
+        try:
+            key, comment_text = verify_signature(sums_text.encode("utf-8"), _text(kit, SIG, MAX_SIG), trusted,
+                                                 kit / SIG)
+        except SignatureError as exc:
+            raise KitError(exc.message, exc.hint or "the signature does not hold: copy the whole kit again, and do "
+                           "not use this copy") from None
+        signed_by = key.id_hex
+    else:
+        comment_text, signed_by = _text(kit, SIG, MAX_SIG).splitlines()[2][len("trusted comment: "):], ""
     comment = dict(f.split(":", 1) for f in comment_text.split("\t") if ":" in f)
     sums = parse_sums(kit, sums_text)
     present = set(entries) - {SUMS, SIG}
@@ -203,7 +214,7 @@ def check_kit(kit: Path, trusted: list[PublicKey], hash_parts: bool = True, prog
                     h.update(data)
             if h.hexdigest() != p.sha256:
                 raise _fail(kit, f"{p.name}: sha256 does not match: the part is corrupt", "copy it again")
-    return VerifiedKit(kit, manifest, key.id_hex, comment, digest)
+    return VerifiedKit(kit, manifest, signed_by, comment, digest)
 
 
 def open_part(kit: Path, name: str):
