@@ -251,9 +251,34 @@ def task_build():
                "uptodate": [False], "task_dep": [f"build:{r.name}" for r in selected_recipes()]}
 
 
+def _tolerate_full_disk_in_doits_database() -> None:
+    """doit saves its task state (sqlite) when a run ends; on a full disk that raised a traceback that buried the
+    stage's own one-line error. Nothing of ours depends on that state (up to date comes from the stage manifests,
+    which are written atomically), so a failed save is one line and the run's exit code stays what the tasks made it."""
+    import sqlite3
+
+    from doit import dependency
+
+    if getattr(dependency.SqliteDB.dump, "_pipeline", False):
+        return
+    dump = dependency.SqliteDB.dump
+
+    def tolerant_dump(self):
+        try:
+            dump(self)
+        except sqlite3.OperationalError as exc:
+            from pipeline import progress
+            progress.terminal().write(f"  (doit could not save its task state in {self.name}: {exc}; the stages' "
+                                      "own manifests are intact)\n")
+    tolerant_dump._pipeline = True  # type: ignore[attr-defined]
+    dependency.SqliteDB.dump = tolerant_dump  # type: ignore[method-assign]
+
+
 def doit_config() -> dict:
     from pipeline.graph.framework import artifacts_dir
     from pipeline.graph.terminal import StageReporter
+
+    _tolerate_full_disk_in_doits_database()
 
     root = artifacts_dir()
     root.mkdir(parents=True, exist_ok=True)

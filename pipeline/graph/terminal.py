@@ -9,7 +9,9 @@ file-descriptor level, so output written by C extensions and child processes lan
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -80,6 +82,18 @@ def captured(log: Path) -> Iterator[None]:
             out.close()
 
 
+def _disk_full(exc: BaseException) -> bool:
+    """ENOSPC, also where a library wraps it in its own error (safetensors: 'I/O error: No space left on device')."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(seen) or "os error 28" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def run_stage_action(stage: str, label: str, log: Path, action: Callable[[], object],
                      summary: Callable[[object], str], capture: bool = True) -> bool:
     """Run one stage's action and print its line: `stage  label: summary (seconds)`, or one error line with the
@@ -107,6 +121,17 @@ def run_stage_action(stage: str, label: str, log: Path, action: Callable[[], obj
         return False
     except Exception as exc:
         out.write(line_end)
+        if _disk_full(exc):
+            from pipeline.files import human_bytes
+            where = log.parent.parent.parent     # artifacts/
+            try:
+                free = human_bytes(shutil.disk_usage(where).free)
+            except OSError:
+                free = "unknown"
+            err.write(f"error: {stage} {label}: the disk is full ({where}: {free} free)\n"
+                      f"  hint: free space there (or point PIPELINE_ARTIFACTS at a larger disk) and run the build "
+                      f"again: the stage's partial output was removed and it starts over\n  log: {log}\n")
+            return False
         err.write(f"error: {stage} {label} failed: {type(exc).__name__}: {str(exc)[:300]}\n"
                   f"  hint: this is a bug in the pipeline; the traceback is in the log: {log}\n")
         return False

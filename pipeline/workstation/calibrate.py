@@ -140,7 +140,8 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     info.update(method="modelopt", modelopt_config=fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name),
                 device=model.device.type, placement=getattr(model, "placement", {"kind": "cpu"}),
                 calibration_tokens=sum(map(len, windows)),      # 0: weight-only, calibrated from the weights
-                fused_groups=fused, saved_bytes=saved,
-                seconds=timer.seconds)
-    (out / "quantize.json").write_text(json.dumps(info, indent=1))
-    return {"quantize": info}
+                fused_groups=fused, saved_bytes=saved)
+    # the timings go to the stage's manifest (and its terminal line), not into quantize.json: an output file that
+    # held them would differ on every run and make everything downstream of an identical re-run run again
+    (out / "quantize.json").write_text(json.dumps(info, indent=1, sort_keys=True))
+    return {"quantize": {**info, "seconds": timer.seconds}}

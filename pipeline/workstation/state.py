@@ -102,7 +102,6 @@ def save_quantized(model, out_dir: Path, unchanged: set[str], levels: dict) -> i
     The tensors go to safetensors, one write of their bytes (torch.save's zip writer took 3x as long).
     """
     import modelopt.torch.opt as mto
-    import torch
     from safetensors.torch import save_file
 
     params = dict(model.named_parameters())
@@ -117,9 +116,44 @@ def save_quantized(model, out_dir: Path, unchanged: set[str], levels: dict) -> i
         storage = v.untyped_storage().data_ptr()
         tensors[k] = v.detach().clone() if storage in storages else v.detach().contiguous()
         storages.add(storage)
-    torch.save({"modelopt_state": mto.modelopt_state(model)}, out_dir / STATE)
+    save_state_deterministically({"modelopt_state": _sorted(mto.modelopt_state(model))}, out_dir / STATE)
     save_file(tensors, str(out_dir / TENSORS))
     return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _sorted(obj):
+    """Dicts with their keys in sorted order, recursively: ModelOpt collects quantizer attributes through sets, so
+    their order (and the pickle's bytes) changes from run to run while the state is equal."""
+    if isinstance(obj, dict):
+        return {k: _sorted(obj[k]) for k in sorted(obj, key=str)}
+    if isinstance(obj, list):
+        return [_sorted(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_sorted(v) for v in obj)
+    return obj
+
+
+def save_state_deterministically(obj, path: Path) -> None:
+    """torch.save, then the archive rewritten without what changes between identical saves: the random
+    `.data/serialization_id` (replaced by a digest of the pickle) and zip timestamps. Same state, same bytes, so a
+    re-run of quantize does not change its content digest and re-run everything downstream. torch.load reads it."""
+    import hashlib
+    import io
+    import zipfile
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zout:
+        pickled = b"".join(zin.read(i) for i in zin.infolist() if i.filename.endswith("data.pkl"))
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename.endswith(".data/serialization_id"):
+                data = str(int(hashlib.sha256(pickled).hexdigest(), 16)).encode()[:len(data)].rjust(len(data), b"0")
+            zout.writestr(zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0)), data)
+    Path(path).write_bytes(out.getvalue())
 
 
 def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu", consume: bool = False,
