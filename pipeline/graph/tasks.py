@@ -271,7 +271,7 @@ def _tolerate_full_disk_in_doits_database() -> None:
             progress.terminal().write(f"  (doit could not save its task state in {self.name}: {exc}; the stages' "
                                       "own manifests are intact)\n")
     tolerant_dump._pipeline = True  # type: ignore[attr-defined]
-    dependency.SqliteDB.dump = tolerant_dump  # type: ignore[method-assign]
+    dependency.SqliteDB.dump = tolerant_dump
 
 
 def doit_config() -> dict:
