@@ -267,6 +267,8 @@ class Plan(Record):
     speculative: Speculative | None
     device_build_command: list[str] | None       # the (base) engine's argv: device_build_commands[0]
     device_build_commands: list[list[str]] | None
+    build_on_board: dict[str, Any] | None = None   # how to build on the target itself (plan/buildmem.py)
+    predicted_ttft_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -360,6 +362,7 @@ class Board(Record):
     power_mode: str | None
     emc_hz: int | None
     bandwidth_gbs: float | None
+    swap_free: int | None = None        # SwapFree: what the pageable part of an engine build can page out to
 
     @property
     def is_jetson(self) -> bool:
@@ -389,3 +392,4 @@ class Report(Record):
     measured: dict[str, Any]
     predicted: dict[str, Any]
     prompts: list[dict[str, Any]] = field(default_factory=list)
+    gaps: list[dict[str, Any]] = field(default_factory=list)   # figures > 25% off their prediction, with causes

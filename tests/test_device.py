@@ -35,6 +35,7 @@ def kit(tmp_path_factory):
 
 
 def device(project, kit, tmp, board="orin-nano-8gb-jp62-super", **extra_env):
+    tmp.mkdir(parents=True, exist_ok=True)
     # the doubles run with this interpreter's python3 (they import the pipeline's checkpoint schema)
     path = os.pathsep.join([str(DOUBLES / "bin"), str(Path(sys.executable).parent), os.environ["PATH"]])
     env = dict(project.env, PATH=path,
@@ -70,6 +71,10 @@ def test_device_builds_validates_and_bundles(kit, tmp_path):
     assert report["device"]["power_mode"] == "MAXN_SUPER" and report["device"]["bandwidth_gbs"] == 102.4
     assert report["measured"]["peak_ram"] >= 2100 * 2**20                      # from the tegrastats double
     assert report["predicted"]["decode_tok_s"] == plan["predicted_decode_tok_s"]
+    assert report["predicted"]["ttft_ms"] > 0 and report["predicted"]["build_peak"] == plan["memory"]["build_peak"]
+    assert report["measured"]["prompt_tokens"] > 0 and isinstance(report["gaps"], list)
+    md = (tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.md").read_text()
+    assert "| TTFT, " in md and "| engine build |" in md
     png = (tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and b"IEND" in png[-12:]
 
@@ -269,3 +274,36 @@ def test_device_refuses_a_damaged_kit_and_an_older_kit(kit, tmp_path):
     record.write_text(json.dumps(dict(installed, created="2099-01-01T00:00:00Z")))   # a newer kit ran here since
     proc = device(project, kit_dir, tmp_path)
     assert proc.returncode == 2 and "refusing to downgrade" in proc.stderr and "--allow-downgrade" in proc.stderr
+
+
+def _repacked_with_build_memory(project, kit_dir, tmp_path, peak: int, pinned: int):
+    """The tiny kit, its plan's build memory set to what the 3B headline recipe needs, re-signed by the project's
+    key (as if planned for a model that large)."""
+    from pipeline.kit.archive import pack
+    from pipeline.kit.signing import PublicKey, SecretKey
+    from pipeline.kit.unpack import unpack
+
+    home = project.root / "home"
+    content = tmp_path / "content"
+    unpack(kit_dir, content, [PublicKey.load(home / "signing.pub")])
+    plan = json.loads((content / "plan.json").read_text())
+    plan["memory"].update(build_peak=peak, build_device=pinned, build_host=peak - pinned)
+    (content / "plan.json").write_text(json.dumps(plan))
+    manifest = json.loads((kit_dir / "MANIFEST.json").read_text())
+    meta = {k: manifest[k] for k in ("recipe", "target", "sm", "backend", "stack", "quant", "limits")}
+    out = tmp_path / "kits" / kit_dir.name
+    pack(content, out, kit_dir.name, "kit", SecretKey.load(home / "signing.key"), meta=meta)
+    return out
+
+
+def test_orin_nano_builds_a_large_engine_with_swap_and_says_how_to_add_it(kit, tmp_path):
+    project, kit_dir, _ = kit
+    big = _repacked_with_build_memory(project, kit_dir, tmp_path, peak=11_040_000_000, pinned=3_970_000_000)
+    proc = device(project, big, tmp_path / "noswap", board="orin-nano-8gb-jp62-super")
+    assert proc.returncode == 2 and "0.0 GB swap free: short by" in proc.stderr
+    assert "sudo fallocate -l " in proc.stderr and "sudo swapon /ssd/" in proc.stderr
+    assert not (tmp_path / "noswap" / "argv.jsonl").exists()                   # nothing was built
+    proc = device(project, big, tmp_path / "swap", board="orin-nano-8gb-jp62-swap")
+    assert proc.returncode == 0, proc.stderr
+    assert "it will page out and take longer" in proc.stderr
+    assert (tmp_path / "swap" / "argv.jsonl").exists()

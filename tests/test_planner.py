@@ -225,3 +225,39 @@ def test_unreadable_local_config_is_named(tmp_path):
     (model / "config.json").write_text("[1, 2]")
     with pytest.raises(PipelineError, match=r"config\.json: not a config\.json \(a JSON object\)"):
         config_for(recipe, "model")
+
+
+def test_headline_recipe_builds_on_its_own_board_and_predicts_ttft():
+    """`plan llama3.2-3b-orin-nano` ends with a way to build on the Orin Nano 8GB itself, and predicts TTFT."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "pipeline", "plan", "llama3.2-3b-orin-nano"], capture_output=True,
+                       text=True, cwd=repo)
+    assert r.returncode == 0, r.stderr
+    tail = r.stdout.rstrip().splitlines()
+    assert tail[-6].startswith("  build on the orin-nano-8gb: swap: the build needs")
+    assert "GPU-pinned" in tail[-6] and "pageable" in tail[-6]
+    assert tail[-5].strip().startswith("sudo systemctl isolate multi-user.target")
+    assert tail[-4].strip().startswith("sudo fallocate -l ") and tail[-1].strip().startswith("sudo swapon /ssd/")
+    j = json.loads(subprocess.run([sys.executable, "-m", "pipeline", "plan", "llama3.2-3b-orin-nano", "--json"],
+                                  capture_output=True, text=True, cwd=repo).stdout)
+    j = j[0] if isinstance(j, list) else j
+    assert j["build_on_board"]["how"] == "swap" and j["build_on_board"]["swap_bytes"] > 0
+    m = j["memory"]
+    assert m["build_peak"] == m["build_host"] + m["build_device"] and m["build_device"] < 6.0e9
+    # a 1024-token prompt: compute-bound on 10.2 FP16 TFLOPS, ~6.4 GFLOP per token for the 3B body
+    assert 300 < j["predicted_ttft_ms"] < 3000 and j["prediction"]["ttft_input_tokens"] == 1024
+    assert 0 < j["prediction"]["ttft_error_band"] < 0.3 and 0 < j["prediction"]["decode_error_band"] < 0.15
+
+
+def test_fit_reports_leave_one_out_error_for_decode_and_prefill():
+    from pipeline.plan import perf, prefill
+
+    d, p = perf.fit_report(), prefill.fit_report()
+    assert d["rows"] >= 50 and p["rows"] >= 40
+    assert d["loo_median_abs_error"] <= 0.10 and p["loo_median_abs_error"] <= 0.20
+    assert p["loo_max_abs_error"] >= p["loo_median_abs_error"] and set(p["classes"]) >= {"all", "orin-fp16"}

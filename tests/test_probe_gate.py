@@ -1,6 +1,7 @@
 """Probe (device facts from files, so fixtures stand in for boards) and the compatibility gate."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -114,14 +115,39 @@ def test_gate_reads_bundle_compat():
     assert "runs JetPack 7.0 (L4T 38.2.0). Flash JetPack 7.1" in r.refusals[0]
 
 
-def test_build_memory_gate_names_boards_that_can_build():
-    nano = board(FIX / "orin-nano-8gb-jp62-super")
-    plan = _plan(build_peak=7_600_000_000)
+def nano_3b_plan(**memory) -> contract.Plan:
+    """The headline recipe's plan: Llama-3.2-3B INT4-AWQ on the Orin Nano 8GB (the real planner)."""
+    from pipeline.plan.memory import Limits
+    from pipeline.plan.perf import known_shape
+    from pipeline.plan.planner import PlanRequest, make_plan
+    from pipeline.plan.targets import get_target
+    d = make_plan(PlanRequest(known_shape("meta-llama/Llama-3.2-3B-Instruct"), "llama", "int4_awq", "fp16",
+                              get_target("orin-nano-8gb"), Limits(1, 1024, 2048))).to_json()
+    d["memory"].update(memory)
+    return contract.Plan.from_dict(d, "plan.json")
+
+
+def test_build_memory_gate_builds_with_swap_and_says_how_to_add_it():
+    plan = nano_3b_plan()
+    m = plan.memory
+    assert m is not None and m["build_device"] < 5962204 * 1024 < m["build_peak"]     # pinned part fits the RAM
     with pytest.raises(PipelineError) as e:
-        build_memory_gate(plan, nano)
-    assert "needs ~7.6 GB; this board has 6.1 GB available" in str(e.value)
+        build_memory_gate(plan, board(FIX / "orin-nano-8gb-jp62-super"))               # no swap
+    assert f"needs ~{m['build_peak'] / 1e9:.1f} GB" in str(e.value) and "0.0 GB swap free" in str(e.value)
+    need = math.ceil((m["build_peak"] - 5962204 * 1024 + 1e9) / 1e9)
+    assert f"sudo fallocate -l {need}G /ssd/{need}GB.swap" in e.value.hint and "sudo swapon" in e.value.hint
+    assert "sudo systemctl isolate multi-user.target" in e.value.hint
+    paging = build_memory_gate(plan, board(FIX / "orin-nano-8gb-jp62-swap"))          # 8 GB swap: builds
+    assert paging is not None and "it will page out and take longer" in paging
+    assert build_memory_gate(plan, board(FIX / "agx-orin-64gb-jp61")) is None          # enough RAM: silent
+
+
+def test_build_memory_gate_refuses_when_the_pinned_part_does_not_fit():
+    plan = nano_3b_plan(build_device=7_000_000_000, build_peak=9_000_000_000)
+    with pytest.raises(PipelineError) as e:
+        build_memory_gate(plan, board(FIX / "orin-nano-8gb-jp62-swap"))
+    assert "pins ~7.0 GB on the GPU side" in str(e.value)
     assert "orin-nx-16gb" in e.value.hint and "agx-orin-64gb" in e.value.hint
-    build_memory_gate(plan, board(FIX / "agx-orin-64gb-jp61"))       # enough: no error
 
 
 def test_probe_on_a_machine_that_is_not_a_jetson_says_so(tmp_path):
@@ -135,9 +161,14 @@ def test_probe_on_a_machine_that_is_not_a_jetson_says_so(tmp_path):
     assert ok.returncode == 0 and "agx-thor" in ok.stdout and "format" not in ok.stdout
 
 
-def _plan(build_peak: int) -> contract.Plan:
-    """A real Llama-3.2-3B INT4 plan record for the Orin Nano, with the build peak under test."""
-    from tests.test_contract import plan_dict
-    d = plan_dict()
-    d["memory"]["build_peak"] = build_peak
-    return contract.Plan.from_dict(d, "plan.json")
+def test_report_flags_a_speed_gap_with_the_power_mode_first():
+    from pipeline.device.report import speed_gaps, ttft_at
+
+    assert ttft_at({"8": 100.0, "32": 200.0, "1024": 1000.0}, 20) == 150.0
+    assert ttft_at({"8": 100.0}, 500) == 100.0 and ttft_at({}, 5) is None
+    slow = board(FIX / "orin-nano-8gb-jp62-super", power_mode="15W")
+    gaps = speed_gaps(10.0, 20.0, 360.0, 300.0, slow)
+    assert [g["figure"] for g in gaps] == ["decode tok/s"]            # TTFT +20%: within the 25% band
+    assert gaps[0]["off_by"] == -0.5 and gaps[0]["likely_causes"][0].startswith("power mode is 15W, not MAXN")
+    gaps = speed_gaps(19.0, 20.0, 500.0, 300.0, board(FIX / "orin-nano-8gb-jp62-super"))
+    assert [g["figure"] for g in gaps] == ["TTFT ms"] and gaps[0]["likely_causes"][0].startswith("jetson_clocks")

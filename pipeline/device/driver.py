@@ -106,7 +106,9 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
     plan = contract.Plan.load(kit_dir / contract.PLAN)
     goldens = contract.Goldens.load(kit_dir / contract.GOLDENS)
     if not force:
-        gate.build_memory_gate(plan, board)
+        paging = gate.build_memory_gate(plan, board)
+        if paging:
+            say(paging)
     argvs = plan.device_build_commands
     if not argvs or not plan.backend:
         raise PipelineError(f"{kit}: the kit's plan has no device build commands (a refused plan)",

@@ -91,17 +91,33 @@ def require(m: contract.KitManifest, board: contract.Board) -> GateResult:
     return r
 
 
-def build_memory_gate(plan: contract.Plan, board: contract.Board) -> None:
-    """Refuse to build where the plan says the build needs more memory than the board has (8 GB boards OOM or
-    reboot); name the same-SM boards that can build it."""
+def build_memory_gate(plan: contract.Plan, board: contract.Board) -> str | None:
+    """Build only where this board's free memory and swap (now, from /proc/meminfo) cover the plan's build peak:
+    the GPU-pinned part must fit in available RAM, the rest may page out to swap. 8 GB boards that start a build
+    they cannot finish run out of memory or reboot. Returns a line to say when the build will page (slower), or
+    refuses with the commands that would make it fit."""
+    from pipeline.plan.buildmem import GB, HEADLESS, SWAP_MARGIN, swap_commands
     from pipeline.plan.targets import load_targets
 
-    need = (plan.memory or {}).get("build_peak")
-    have = board.memory_available
-    if not need or not have or have >= need:
-        return
-    boards = [t.id for t in load_targets().values() if t.sm == plan.sm and t.usable_headless_bytes >= need]
-    raise PipelineError(f"building this engine needs ~{need / 1e9:.1f} GB; this board has {have / 1e9:.1f} GB "
-                        "available (8 GB boards run out of memory or reboot during large builds)",
-                        f"build on a same-SM board with more memory ({', '.join(boards) or 'none known'}) and copy "
-                        "the engine bundle here; or stop the desktop (sudo systemctl isolate multi-user.target)")
+    m = plan.memory or {}
+    peak, pinned = int(m.get("build_peak") or 0), int(m.get("build_device") or 0)
+    have, swap = board.memory_available, board.swap_free or 0
+    if not peak or have is None:
+        return None
+    if pinned <= have and peak <= have + swap:
+        return None if peak <= have else (f"the build needs {peak / GB:.1f} GB; {have / GB:.1f} GB RAM available + "
+                                          f"{swap / GB:.1f} GB swap: it will page out and take longer")
+    boards = [t.id for t in load_targets().values() if t.sm == plan.sm and t.usable_headless_bytes >= peak]
+    where = f"build on a same-SM board with more memory ({', '.join(boards) or 'none known'}) and copy the engine " \
+            "bundle here"
+    if pinned > have:
+        raise PipelineError(f"building this engine pins ~{pinned / GB:.1f} GB on the GPU side (of ~{peak / GB:.1f} "
+                            f"GB in all); this board has {have / GB:.1f} GB available now",
+                            f"free memory: {HEADLESS.split('#')[0].strip()}, stop other processes, then run again; "
+                            f"or {where}")
+    need = peak - have - swap + SWAP_MARGIN
+    commands = "; ".join(c.split("#")[0].strip() for c in (HEADLESS, *swap_commands(need)))
+    raise PipelineError(f"building this engine needs ~{peak / GB:.1f} GB (GPU-pinned {pinned / GB:.1f} GB, pageable "
+                        f"{(peak - pinned) / GB:.1f} GB); this board has {have / GB:.1f} GB RAM available and "
+                        f"{swap / GB:.1f} GB swap free: short by {(peak - have - swap) / GB:.1f} GB",
+                        f"add swap on NVMe for the pageable part: {commands}; then run this again (or {where})")

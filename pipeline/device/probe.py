@@ -122,6 +122,7 @@ def probe(root: str | Path = "/") -> dict:
         edgellm=_python_package(root, "tensorrt_edgellm"),
         memory_total=int(meminfo["MemTotal"]) * 1024 if "MemTotal" in meminfo else None,
         memory_available=int(meminfo["MemAvailable"]) * 1024 if "MemAvailable" in meminfo else None,
+        swap_free=int(meminfo["SwapFree"]) * 1024 if "SwapFree" in meminfo else None,
         power_mode=power_mode,
         emc_hz=emc,
         bandwidth_gbs=round(2 * emc * bus / 8 / 1e9, 1) if emc and bus else None,

@@ -62,19 +62,61 @@ def build_report(goldens: contract.Goldens, validation: dict, plan: contract.Pla
                        "required": f"<= {board.memory_total}",
                        "measured": peak_ram, "ok": peak_ram <= (board.memory_total or peak_ram),
                        "by": None})
+    measured_decode = round(sum(rates) / len(rates), 2) if rates else None
+    measured_ttft = round(sum(p["ttft_s"] for p in per_prompt) / len(per_prompt), 4) \
+        if all(p["ttft_s"] is not None for p in per_prompt) else None
+    prompt_tokens = round(sum(len(g.input_ids) for g in goldens.prompts) / len(goldens.prompts))
+    predicted_ttft = ttft_at(plan.prediction.get("ttft_ms_by_input_tokens") or {}, prompt_tokens)
+    gaps = speed_gaps(measured_decode, predicted, None if measured_ttft is None else measured_ttft * 1000,
+                      predicted_ttft, board)
     return {"format": contract.Report.FORMAT, "ok": all(c["ok"] for c in checks), "checks": checks,
             "device": {k: getattr(board, k) for k in ("target", "board", "jetpack", "l4t", "tensorrt", "power_mode",
                                                       "bandwidth_gbs")},
-            "measured": {"decode_tok_s": round(sum(rates) / len(rates), 2) if rates else None,
-                         "ttft_s": round(sum(p["ttft_s"] for p in per_prompt) / len(per_prompt), 4)
-                         if all(p["ttft_s"] is not None for p in per_prompt) else None,
+            "measured": {"decode_tok_s": measured_decode, "ttft_s": measured_ttft, "prompt_tokens": prompt_tokens,
                          "peak_ram": peak_ram, "build_seconds": build.get("seconds")},
-            "predicted": {"decode_tok_s": predicted, "memory_total": planned,
+            "predicted": {"decode_tok_s": predicted, "ttft_ms": predicted_ttft, "memory_total": planned,
+                          "build_peak": (plan.memory or {}).get("build_peak"),
                           "power_mode": plan.prediction.get("power_mode")},
+            "gaps": gaps,
             "prompts": per_prompt}
 
 
+GAP = 0.25      # measured vs predicted beyond this is flagged, with the usual causes
+
+
+def ttft_at(by_len: dict[str, float], tokens: int) -> float | None:
+    """The plan's TTFT prediction at `tokens`, interpolated linearly between the lengths it was computed for."""
+    pts = sorted((int(k), v) for k, v in by_len.items())
+    if not pts:
+        return None
+    lo = max((p for p in pts if p[0] <= tokens), default=pts[0])
+    hi = min((p for p in pts if p[0] >= tokens), default=pts[-1])
+    if hi[0] == lo[0]:
+        return round(lo[1], 1)
+    return round(lo[1] + (hi[1] - lo[1]) * (tokens - lo[0]) / (hi[0] - lo[0]), 1)
+
+
+def speed_gaps(decode: float | None, decode_pred: float | None, ttft_ms: float | None, ttft_pred: float | None,
+               board: contract.Board) -> list[dict]:
+    """Each figure more than GAP off its prediction, with the likely causes (usually the power mode)."""
+    causes = []
+    if board.power_mode and not board.power_mode.startswith("MAXN"):
+        causes.append(f"power mode is {board.power_mode}, not MAXN (sudo nvpmodel -m 0)")
+    causes += ["jetson_clocks not run (sudo jetson_clocks pins the clocks at their maximum)",
+               "the desktop is running (sudo systemctl isolate multi-user.target)",
+               "another process holds memory or the GPU (see tegrastats / jtop)"]
+    out = []
+    for what, got, want, slower in (("decode tok/s", decode, decode_pred, lambda g, w: g < w),
+                                    ("TTFT ms", ttft_ms, ttft_pred, lambda g, w: g > w)):
+        if got and want and abs(got / want - 1) > GAP:
+            out.append({"figure": what, "measured": got, "predicted": want, "off_by": round(got / want - 1, 3),
+                        "likely_causes": causes if slower(got, want) else
+                        ["faster than predicted: the prediction is conservative here; please report it"]})
+    return out
+
+
 def write_report(out: Path, report: dict) -> None:
+    contract.Report.from_dict(report, f"the report being written to {out}")     # the contract, or a bug here
     out.mkdir(parents=True, exist_ok=True)
     (out / contract.REPORT_JSON).write_text(json.dumps(report, indent=1) + "\n")
     lines = [f"# Validation on {report['device']['target'] or report['device']['board']}: "
@@ -84,11 +126,23 @@ def write_report(out: Path, report: dict) -> None:
         lines.append(f"| {c['check']} | {c['required']} | {c['measured']} | {'yes' if c['ok'] else 'NO'} | "
                      f"{'' if c['by'] is None else c['by']} |")
     m, p = report["measured"], report["predicted"]
-    lines += ["", f"decode: {m['decode_tok_s']} tok/s measured, {p['decode_tok_s']} predicted "
-                  f"(power mode {report['device']['power_mode']}); TTFT {m['ttft_s']} s; "
-                  f"peak board RAM {m['peak_ram']} B; build {m['build_seconds']} s", ""]
+
+    def gb(v):
+        return "n/a" if not v else f"{v / 1e9:.2f} GB"
+    ttft = "n/a" if m["ttft_s"] is None else f"{m['ttft_s'] * 1000:.0f} ms"
+    lines += ["", "| figure | measured | predicted |", "|---|---|---|",
+              f"| decode tok/s (power mode {report['device']['power_mode']}) | {m['decode_tok_s']} | "
+              f"{p['decode_tok_s']} |",
+              f"| TTFT, {m['prompt_tokens']}-token prompts | {ttft} | "
+              f"{'n/a' if p['ttft_ms'] is None else str(round(p['ttft_ms'])) + ' ms'} |",
+              f"| peak board memory (run) | {gb(m['peak_ram'])} | {gb(p['memory_total'])} (plan total) |",
+              f"| engine build | {m['build_seconds']} s | peak {gb(p['build_peak'])} |", ""]
+    for g in report.get("gaps", []):
+        lines.append(f"**{g['figure']} is {g['off_by']:+.0%} off the prediction** ({g['measured']} vs "
+                     f"{g['predicted']}). Likely causes: " + "; ".join(g["likely_causes"]) + ".")
     (out / contract.REPORT_MD).write_text("\n".join(lines) + "\n")
     bars = [("decode tok/s", m["decode_tok_s"], p["decode_tok_s"]),
+            ("TTFT ms", None if m["ttft_s"] is None else m["ttft_s"] * 1000, p["ttft_ms"]),
             ("memory GB", (m["peak_ram"] or 0) / 1e9 or None, (p["memory_total"] or 0) / 1e9 or None)]
     (out / contract.REPORT_PNG).write_bytes(bar_chart_png(bars))
 

@@ -17,10 +17,6 @@ from pipeline.plan.shapes import ModelShape
 # weights are 5.7 GB by the count below, leaving ~1.6 GB for overhead, KV and activations at default limits.
 # Scratch beyond the activations proper: cuBLAS/cuBLASLt workspace and TensorRT's per-context scratch.
 WORKSPACE = 64 * 2**20
-# trtllm-build holds the checkpoint and the engine being serialized at once, plus the builder's tactic memory;
-# llm_build parses ONNX with external weights and builds similarly. Observed: an 8 GB Orin Nano OOMs building 3B.
-BUILD_WEIGHT_COPIES = 2.0
-BUILD_OVERHEAD = 1_500_000_000
 MAX_NUM_TOKENS_CAP = 8192     # trtllm-build 0.12's default --max_num_tokens, used as a ceiling
 TOKENS_PER_BLOCK = 64         # paged KV cache block (trtllm-build 0.12 default --tokens_per_block)
 VOCAB_PAD = 64                # ModelOpt pads the vocabulary to a multiple of 64 for TensorRT-LLM AWQ checkpoints
@@ -54,8 +50,10 @@ class MemoryPlan:
     margin: int            # usable - total (negative: short by that much)
     max_seq_len_that_fits: int
     max_batch_that_fits: int
-    build_peak: int        # memory the engine build itself needs on the device
+    build_peak: int = 0    # memory the engine build needs on the device (plan/buildmem.py, per builder)
     draft: int = 0         # an EAGLE-3 draft engine beside it: fp16 weights, its KV cache and activations
+    build_host: int = 0    # of build_peak: pageable (swap can hold it)
+    build_device: int = 0  # of build_peak: pinned on the GPU side (must fit in RAM)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -111,12 +109,11 @@ def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv
     while max_batch < 256 and total_for(limits.max_seq_len, max_batch + 1) <= usable:
         max_batch += 1
 
-    build_peak = int(BUILD_WEIGHT_COPIES * (weights + embedding + lm_head) + BUILD_OVERHEAD)
     return MemoryPlan(weights=weights, embedding=embedding, lm_head=lm_head, kv_cache=kv_cache,
                       activations=activations, runtime_overhead=overhead, total=total, usable=usable,
                       usable_headless=usable_headless, fits=total <= usable, fits_headless=total <= usable_headless,
                       margin=usable - total, max_seq_len_that_fits=max_seq, max_batch_that_fits=max_batch,
-                      build_peak=build_peak, draft=draft)
+                      draft=draft)
 
 
 def decode_bytes_per_token(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat,

@@ -131,16 +131,29 @@ def errors(rows: list[Row], constants: dict[str, Constants]) -> list[float]:
     return [constants[r.engine_class].tok_s(r.bytes_read(), r.bandwidth()) / r.decode_tok_s - 1 for r in rows]
 
 
+def leave_one_out(rows: list[Row]) -> list[float]:
+    """Relative error of each row predicted by its class's constants fitted to all the other rows."""
+    out = []
+    for i, r in enumerate(rows):
+        others = rows[:i] + rows[i + 1:]
+        c = fit([o for o in others if o.engine_class == r.engine_class])[r.engine_class]
+        out.append(c.tok_s(r.bytes_read(), r.bandwidth()) / r.decode_tok_s - 1)
+    return out
+
+
 def fit_report(rows: list[Row] | None = None) -> dict:
     rows = rows if rows is not None else load_rows()
     constants = fit(rows)
     errs = errors(rows, constants)
+    loo = leave_one_out(rows)
     by_class = {c: statistics.median(abs(e) for r, e in zip(rows, errs, strict=True) if r.engine_class == c)
                 for c in constants}
     return {"classes": {k: {"efficiency": v.efficiency, "fixed_s": v.fixed_s} for k, v in constants.items()},
             "rows": len(rows), "median_abs_error": round(statistics.median(abs(e) for e in errs), 4),
             "median_abs_error_by_class": {k: round(v, 4) for k, v in by_class.items()},
-            "max_abs_error": round(max(abs(e) for e in errs), 4)}
+            "max_abs_error": round(max(abs(e) for e in errs), 4),
+            "loo_median_abs_error": round(statistics.median(abs(e) for e in loo), 4),
+            "loo_max_abs_error": round(max(abs(e) for e in loo), 4)}
 
 
 # ---------------------------------------------------------------------------------------------- extraction (once)
@@ -215,20 +228,27 @@ def extract(reference_csv: Path) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
+    from pipeline.plan import prefill
+
     if argv[:1] == ["extract"] and len(argv) == 2:
-        rows = extract(Path(argv[1]))
-        with open(ROWS, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        print(f"wrote {len(rows)} rows to {ROWS}")
+        for path, rows in ((ROWS, extract(Path(argv[1]))), (prefill.ROWS, prefill.extract(Path(argv[1])))):
+            with open(path, "w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
+            print(f"wrote {len(rows)} rows to {path}")
         return 0
     if argv[:1] == ["fit"]:
-        report = fit_report()
+        report = {**fit_report(), "prefill": prefill.fit_report()}
         FIT.write_text(json.dumps(report, indent=1) + "\n")
+        fitted.cache_clear()
+        d, p = report, report["prefill"]
         print(json.dumps(report, indent=1))
+        print(f"leave-one-out error, decode ({d['rows']} rows): median {d['loo_median_abs_error']:.1%}, worst "
+              f"{d['loo_max_abs_error']:.1%}; prefill/TTFT ({p['rows']} rows): median {p['loo_median_abs_error']:.1%}"
+              f", worst {p['loo_max_abs_error']:.1%}")
         return 0
-    print("usage: python -m pipeline.plan.perf extract REFERENCE.csv | fit", file=sys.stderr)
+    print("usage: python -m pipeline.perf extract REFERENCE.csv | fit", file=sys.stderr)
     return 2
 
 

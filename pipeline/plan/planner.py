@@ -61,6 +61,8 @@ class Plan:
     refused: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     draft_memory: dict | None = None
+    build_on_board: dict | None = None
+    predicted_ttft_ms: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -89,7 +91,8 @@ class Plan:
             memory=self.memory.as_dict() if self.memory else None,
             predicted_decode_tok_s=self.predicted_decode_tok_s, prediction=self.prediction,
             refused=self.refused, warnings=self.warnings, speculative=speculative,
-            device_build_command=argvs[0] if argvs else None, device_build_commands=argvs)
+            device_build_command=argvs[0] if argvs else None, device_build_commands=argvs,
+            build_on_board=self.build_on_board, predicted_ttft_ms=self.predicted_ttft_ms)
 
     def to_json(self) -> dict:
         return self.to_record().to_dict()
@@ -209,12 +212,7 @@ def make_plan(req: PlanRequest) -> Plan:
                 f"activations {_gb(memory.activations)}, runtime {_gb(memory.runtime_overhead)}) but {t.id} has "
                 f"{_gb(memory.usable)} usable ({_gb(memory.usable_headless)} headless); short by "
                 f"{_gb(-memory.margin)}. Try: {'; '.join(fix)}.")
-    if memory.build_peak > t.usable_headless_bytes:
-        bigger = [o.id for o in load_targets().values() if o.sm == t.sm and o.family == t.family
-                  and o.usable_headless_bytes >= memory.build_peak]
-        where = f" (same SM: {', '.join(bigger)})" if bigger else ""
-        warnings.append(f"building the engine needs ~{_gb(memory.build_peak)}, more than a {t.id} has: build on a "
-                        f"larger board of the same SM and software stack{where} and copy the engine bundle.")
+    memory, on_board = _build_memory(req, engine, fmt, memory)     # shown with its commands by render_table
 
     context = req.limits.max_input_len
     mode = req.power_mode or t.fastest_power_mode
@@ -229,8 +227,55 @@ def make_plan(req: PlanRequest) -> Plan:
     if req.draft is not None:
         prediction["speculative_note"] = ("decode predicted without speculation: EAGLE-3's gain depends on the "
                                           "draft's acceptance rate on your prompts (validation measures it)")
+    ttft = _ttft(req, mode, prediction)
     return Plan(req, backend, stack, group_size, memory, by_mode.get(mode), prediction, refused, warnings,
-                draft_mem)
+                draft_mem, on_board.as_dict(), ttft)
+
+
+def _build_memory(req: PlanRequest, engine, fmt, memory):
+    """The backend's build-memory model, and the first way to build on the target board itself."""
+    import dataclasses
+
+    from pipeline.plan.buildmem import build_on_board
+
+    t = req.target
+    estimate = engine.function("build_memory")
+    engine_weights = memory.weights + memory.embedding + memory.lm_head
+    build = estimate(engine_weights, memory.activations)
+    externalized = None
+    if engine.externalizes_int4_ffn and fmt.name == "int4_awq":
+        ffn = sum(i * o for n, i, o in req.shape.layer_linears() if n.endswith(("gate_proj", "up_proj", "down_proj")))
+        share = ffn / sum(i * o for _, i, o in req.shape.layer_linears())
+        externalized = estimate(engine_weights, memory.activations, int(memory.weights * share))
+    bigger = tuple(o.id for o in load_targets().values() if o.sm == t.sm and o.family == t.family and o.id != t.id
+                   and o.usable_headless_bytes >= build.peak)
+    on_board = build_on_board(build, t.usable_bytes, t.usable_headless_bytes, t.id, externalized, bigger)
+    memory = dataclasses.replace(memory, build_peak=build.peak, build_host=build.host_total,
+                                 build_device=build.device_total)
+    return memory, on_board
+
+
+def _ttft(req: PlanRequest, mode: str, prediction: dict) -> float | None:
+    """Time to first token for a prompt of max_input_len tokens, and the fits' leave-one-out error bands."""
+    import json
+
+    from pipeline.plan.perf import FIT
+    from pipeline.plan.prefill import predict_ttft_ms
+
+    data = json.loads(FIT.read_text())
+    prediction["decode_error_band"] = data.get("loo_median_abs_error")
+    pre = data.get("prefill")
+    if pre is None:
+        return None
+    ms = predict_ttft_ms(req.shape, req.weights, req.target.id, req.limits.max_input_len, mode, pre)
+    prediction["ttft_input_tokens"] = req.limits.max_input_len
+    # at a few prompt lengths too: the device interpolates at its golden prompts' length to compare with what it
+    # measured (it has no model shape of its own)
+    lengths = sorted({n for n in (8, 32, 128, 512) if n < req.limits.max_input_len} | {req.limits.max_input_len})
+    by_len = {str(n): predict_ttft_ms(req.shape, req.weights, req.target.id, n, mode, pre) for n in lengths}
+    prediction["ttft_ms_by_input_tokens"] = {k: round(v, 1) for k, v in by_len.items() if v is not None}
+    prediction["ttft_error_band"] = pre["loo_median_abs_error"]
+    return None if ms is None else round(ms, 1)
 
 
 def render_table(plan: Plan) -> str:
@@ -255,12 +300,20 @@ def render_table(plan: Plan) -> str:
                      f"({'fits' if m.fits else 'DOES NOT FIT'}, margin {_gb(m.margin)})")
         lines.append(f"  largest      max_seq_len {m.max_seq_len_that_fits} at batch {lim['max_batch_size']}; "
                      f"batch {m.max_batch_that_fits} at max_seq_len {lim['max_seq_len']}")
-        lines.append(f"  build peak   {_gb(m.build_peak):>10} on the device")
+        lines.append(f"  build peak   {_gb(m.build_peak):>10} on the device (GPU-pinned {_gb(m.build_device)}, "
+                     f"pageable {_gb(m.build_host)})")
     p = j["prediction"]
     if j["predicted_decode_tok_s"] is not None:
         lines.append(f"  decode       ~{j['predicted_decode_tok_s']} tok/s at {p['power_mode']} "
                      f"({p['bandwidth_gbs']} GB/s), context {p['context_tokens']}")
+    if j["predicted_ttft_ms"] is not None:
+        lines.append(f"  TTFT         ~{j['predicted_ttft_ms']:.0f} ms for a {p['ttft_input_tokens']}-token prompt "
+                     f"(+-{p['ttft_error_band']:.0%}, the fit's leave-one-out median error)")
     lines += [f"  warning: {w}" for w in j["warnings"]]
+    b = j.get("build_on_board")
+    if b and b["how"] != "as-is" and not j["refused"]:
+        lines.append(f"  build on the {j['target']}: {b['how']}: {b['note']}")
+        lines += [f"    {c}" for c in b["commands"]]
     lines += [f"  REFUSED: {r}" for r in j["refused"]]
     return "\n".join(lines)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -46,6 +47,9 @@ class TargetProfile:
     default_power_mode: str
     stacks: tuple[SoftwareStack, ...]
     sources: tuple[str, ...]
+    # dense tensor-core throughput at the fastest power mode, TFLOPS (TOPS for int8) by math precision: prefill is
+    # compute-bound (plan/prefill.py). Empty where no source states it.
+    tensor_tflops: dict = dataclasses.field(default_factory=dict)
 
     @property
     def sm_float(self) -> float:

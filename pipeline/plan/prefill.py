@@ -1,0 +1,190 @@
+"""Prefill (time to first token) model: a prompt costs its matrix FLOPs over the effective tensor throughput, plus a
+fixed cost.
+
+    prefill_s(isl) = flops(isl) / (efficiency x tensor_tflops[math precision]) + fixed_s + read_s
+    flops(isl)     = 2 x linear_params x isl            (every body linear, every prompt token)
+                   + 2 x num_layers x isl^2 x q_size    (QK^T and AV, causal: half of 2 x 2 x isl^2 x q_size each)
+                   + 2 x embedding_params               (lm_head for the last token only)
+
+`read_s` is one decode step of the decode model (plan/perf.py): the weights are read once for the whole prompt, which
+dominates short prompts; long prompts are compute-bound, scaled by the board's dense tensor-core throughput at the
+format's math precision (INT4-AWQ and INT8 weight-only dequantize to FP16 math, INT8 SmoothQuant uses INT8, FP8 and
+NVFP4 their own). `efficiency` and `fixed_s` are fitted per class (board family x math precision; all rows together
+where a class has none) to the published prefill/TTFT rows of TensorRT engines (data/prefill_rows.csv, extracted
+from the workspace's jetson-llm-benchmarks.csv with their sources). `python -m pipeline.perf fit` refits them and
+prints the leave-one-out error, which the plan quotes as the prediction's error band.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.plan.shapes import ModelShape
+
+DATA = Path(__file__).parents[1] / "data"
+ROWS = DATA / "prefill_rows.csv"
+# math precision of each weight format's prefill GEMMs
+MATH = {"fp16": "fp16", "int4_awq": "fp16", "int8_wo": "fp16", "int8_sq": "int8", "fp8": "fp8", "nvfp4": "fp4",
+        "int4": "fp16"}
+
+
+def prefill_flops(shape: ModelShape, isl: int) -> float:
+    return 2.0 * shape.linear_params * isl + 2.0 * shape.num_layers * isl * isl * shape.q_size \
+        + 2.0 * shape.embedding_params
+
+
+@dataclass(frozen=True)
+class PrefillConstants:
+    efficiency: float
+    fixed_s: float
+
+    def seconds(self, flops: float, tflops: float, read_s: float) -> float:
+        return flops / (self.efficiency * tflops * 1e12) + self.fixed_s + read_s
+
+
+def weight_read_s(shape: ModelShape, weights: str, target_id: str, context: int,
+                  power_mode: str | None = None) -> float:
+    """One decode step's time by the fitted decode model: reading the weights (and the KV cache) once."""
+    from pipeline.plan import perf
+    from pipeline.plan.targets import get_target
+    body, head = perf.ROW_PRECISIONS[(perf.TENSORRT, ROW_PRECISION[weights])]
+    return 1 / perf.fitted()[perf.TENSORRT].tok_s(perf.bytes_per_token(shape, body, head, context, 2),
+                                                   get_target(target_id).bandwidth_bytes(power_mode))
+
+
+ROW_PRECISION = {"int4_awq": "int4", "int8_wo": "fp16", "int8_sq": "fp8", "fp8": "fp8", "nvfp4": "nvfp4",
+                 "fp16": "fp16"}     # the decode model's byte classes (int8 formats read 8-bit weights like fp8)
+
+
+def prefill_class(target_id: str, weights: str) -> str:
+    from pipeline.plan.targets import get_target
+    return f"{get_target(target_id).family}-{MATH[weights]}"
+
+
+@dataclass(frozen=True)
+class PrefillRow:
+    target: str
+    model: str
+    precision: str          # a weight format name (MATH's keys)
+    isl: int
+    prefill_ms: float
+    source: str
+
+    @property
+    def shape(self) -> ModelShape:
+        from pipeline.plan.perf import known_shape
+        shape = known_shape(self.model)
+        assert shape is not None, self.model      # extract() keeps only rows of known models
+        return shape
+
+    def x(self) -> float:
+        """Seconds at 100% of the tensor peak."""
+        from pipeline.plan.targets import get_target
+        peak = get_target(self.target).tensor_tflops[MATH[self.precision]] * 1e12
+        return prefill_flops(self.shape, self.isl) / peak
+
+    def read_s(self) -> float:
+        return weight_read_s(self.shape, self.precision, self.target, self.isl)
+
+
+def load_rows(path: Path = ROWS) -> list[PrefillRow]:
+    with open(path, newline="") as fh:
+        return [PrefillRow(r["target"], r["model"], r["precision"], int(r["isl"]), float(r["prefill_ms"]), r["source"])
+                for r in csv.DictReader(fh)]
+
+
+def fit(rows: list[PrefillRow]) -> PrefillConstants:
+    """Least squares on relative error: y - read_s = a*x + b, weights 1/y^2; efficiency = 1/a."""
+    pts = [(r.x(), r.prefill_ms / 1000 - r.read_s(), r.prefill_ms / 1000) for r in rows]
+    w = [1 / y ** 2 for _, _, y in pts]
+    sw, sx = sum(w), sum(wi * x for wi, (x, _, _) in zip(w, pts, strict=True))
+    sy = sum(wi * y for wi, (_, y, _) in zip(w, pts, strict=True))
+    sxx = sum(wi * x * x for wi, (x, _, _) in zip(w, pts, strict=True))
+    sxy = sum(wi * x * y for wi, (x, y, _) in zip(w, pts, strict=True))
+    a = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
+    b = (sy - a * sx) / sw
+    if b < 0:
+        a, b = sxy / sxx, 0.0
+    return PrefillConstants(round(1 / a, 6), round(b, 6))
+
+
+def fit_classes(rows: list[PrefillRow]) -> dict[str, PrefillConstants]:
+    classes = {prefill_class(r.target, r.precision) for r in rows}
+    out = {c: fit([r for r in rows if prefill_class(r.target, r.precision) == c]) for c in sorted(classes)
+           if sum(prefill_class(r.target, r.precision) == c for r in rows) >= 3}
+    out["all"] = fit(rows)
+    return out
+
+
+def constants_for(classes: dict[str, PrefillConstants], target_id: str, weights: str) -> PrefillConstants:
+    return classes.get(prefill_class(target_id, weights), classes["all"])
+
+
+def predict_ms(classes: dict[str, PrefillConstants], row: PrefillRow) -> float:
+    c = constants_for(classes, row.target, row.precision)
+    return 1000 * (row.x() / c.efficiency + c.fixed_s + row.read_s())
+
+
+def leave_one_out(rows: list[PrefillRow]) -> list[float]:
+    """Relative error of each row predicted by constants fitted to all the other rows."""
+    return [predict_ms(fit_classes(rows[:i] + rows[i + 1:]), r) / r.prefill_ms - 1 for i, r in enumerate(rows)]
+
+
+def fit_report(rows: list[PrefillRow] | None = None) -> dict:
+    rows = rows if rows is not None else load_rows()
+    loo = leave_one_out(rows)
+    return {"classes": {k: {"efficiency": c.efficiency, "fixed_s": c.fixed_s} for k, c in fit_classes(rows).items()},
+            "rows": len(rows), "loo_median_abs_error": round(statistics.median(abs(e) for e in loo), 4),
+            "loo_max_abs_error": round(max(abs(e) for e in loo), 4)}
+
+
+def predict_ttft_ms(shape: ModelShape, weights: str, target_id: str, isl: int, power_mode: str | None = None,
+                    fit_data: dict | None = None) -> float | None:
+    """Time to first token for a prompt of `isl` tokens at batch 1 (None where the board's throughput is unknown)."""
+    from pipeline.plan.targets import get_target
+    tflops = get_target(target_id).tensor_tflops.get(MATH[weights])
+    if not tflops or fit_data is None:
+        return None
+    classes = {k: PrefillConstants(v["efficiency"], v["fixed_s"]) for k, v in fit_data["classes"].items()}
+    c = constants_for(classes, target_id, weights)
+    read = weight_read_s(shape, weights, target_id, isl, power_mode)
+    return 1000 * c.seconds(prefill_flops(shape, isl), tflops, read)
+
+
+def extract(reference_csv: Path) -> list[dict]:
+    """Batch-1 prefill/TTFT rows of TensorRT engines on known boards and models, one precision each."""
+    from pipeline.plan.perf import DEVICE_MAP, MODEL_MAP, TENSORRT, _precision
+    from pipeline.plan.targets import get_target
+
+    names = {"int4": "int4_awq", "fp8": "fp8", "fp16": "fp16", "nvfp4": "nvfp4"}
+    out = []
+    with open(reference_csv, newline="") as fh:
+        for r in csv.DictReader(fh):
+            engine = r["engine"]
+            if not (engine.startswith("TensorRT Edge-LLM") or engine.startswith("TensorRT-LLM")) or "EAGLE" in engine:
+                continue
+            dev = DEVICE_MAP.get(r["device"])
+            model = next((m for pat, m in MODEL_MAP.items() if re.search(pat, r["model"].lower())), None)
+            prec = names.get(_precision(TENSORRT, r["precision"]) or "")
+            isl = re.sub(r"[^0-9]", "", r["isl_tokens"])
+            if not (dev and model and prec and isl) or r["batch_or_concurrency"] != "1":
+                continue
+            ms = None
+            try:
+                ms = float(r["ttft_or_prefill_ms"])
+            except ValueError:
+                try:
+                    ms = int(isl) / float(r["prefill_tok_s"]) * 1000
+                except (ValueError, ZeroDivisionError):
+                    continue
+            if not get_target(dev[0]).tensor_tflops.get(MATH[prec]):
+                continue
+            out.append({"target": dev[0], "model": model, "precision": prec, "isl": int(isl),
+                        "prefill_ms": round(ms, 3), "reference_device": r["device"], "reference_engine": engine,
+                        "reference_model": r["model"], "reference_precision": r["precision"],
+                        "source": r["source_url"]})
+    return out
