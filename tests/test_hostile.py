@@ -587,3 +587,29 @@ def test_keygen_writes_a_private_secret_and_its_public_half(world, capsys):
     assert (root / "k" / "signing.pub").read_text().startswith("untrusted comment: jetson-pipeline public key")
     refused(capsys, root, None, ["keygen", "--out", root / "k" / "signing.key"], "already exists")
     refused(capsys, root, root / "home", ["trust", root / "k" / "signing.key"], "secret (signing) key")
+
+
+def test_keygen_killed_between_its_writes_leaves_no_half_key(world, capsys, monkeypatch):
+    """The public half is renamed into place first: a kill before the secret's rename leaves a .pub and no key (the
+    next keygen makes a complete pair), never an empty key or a key without its .pub."""
+    root, _ = world
+    real = os.replace
+    calls = []
+
+    def killed_after_first(a, b):
+        calls.append(b)
+        if len(calls) == 2:
+            raise KeyboardInterrupt       # stands in for the kill between the two renames
+        return real(a, b)
+    monkeypatch.setattr(os, "replace", killed_after_first)
+    key = root / "k" / "signing.key"
+    with pytest.raises(KeyboardInterrupt):
+        from pipeline.kit.signing import keygen
+        keygen(key, trust=False)
+    assert not key.exists() and key.with_suffix(".pub").exists()
+    monkeypatch.setattr(os, "replace", real)
+    rc, _, err = run(capsys, "keygen", "--out", key)
+    assert rc == 0, err
+    assert key.stat().st_size > 0 and stat.S_IMODE(key.stat().st_mode) == 0o600
+    from pipeline.kit.signing import PublicKey, SecretKey
+    assert SecretKey.load(key).public.key == PublicKey.load(key.with_suffix(".pub")).key
