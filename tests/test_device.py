@@ -73,6 +73,9 @@ def test_device_builds_validates_and_bundles(kit, tmp_path):
     assert report["predicted"]["decode_tok_s"] == plan["predicted_decode_tok_s"]
     assert report["predicted"]["ttft_ms"] > 0 and report["predicted"]["build_peak"] == plan["memory"]["build_peak"]
     assert report["measured"]["prompt_tokens"] > 0 and isinstance(report["gaps"], list)
+    lim = plan["limits"]           # the KV cache capped at the plan's budget, and the report says what was reserved
+    assert report["measured"]["kv_cache_reserved"] == {"max_tokens_in_paged_kv_cache":
+                                                       lim["max_batch_size"] * lim["max_seq_len"]}
     md = (tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.md").read_text()
     assert "| TTFT, " in md and "| engine build |" in md
     png = (tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.png").read_bytes()

@@ -45,7 +45,8 @@ def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: 
 def validate_trtllm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path) -> dict:
     out = work / contract.VALIDATION
     run_logged([sys.executable, "-m", "pipeline.device.trtllm_runner", "--engine-dir", str(engine),
-                "--goldens", str(kit_dir / contract.GOLDENS), "--out", str(out)],
+                "--goldens", str(kit_dir / contract.GOLDENS), "--out", str(out),
+                "--kv-tokens", str(plan.limits.max_batch_size * plan.limits.max_seq_len)],
                cwd=work, log=work / "validate.log", timeout=3600,
                env=dict(os.environ, PYTHONPATH=os.pathsep.join(
                    [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])))

@@ -17,9 +17,11 @@ class ModelRunnerCpp:
 
     @classmethod
     def from_dir(cls, engine_dir, rank=0, max_batch_size=1, max_input_len=None, max_output_len=None,
-                 use_mmap=False):
+                 use_mmap=False, max_tokens_in_paged_kv_cache=None, kv_cache_free_gpu_memory_fraction=None):
         engine = json.loads((Path(engine_dir) / "config.json").read_text())
         assert max_input_len <= engine["build_config"]["max_input_len"], "input longer than the engine allows"
+        # the real 0.12 reserves 90% of free memory without one of these (a Jetson's whole RAM): the double insists
+        assert max_tokens_in_paged_kv_cache or kv_cache_free_gpu_memory_fraction, "KV cache left uncapped"
         tmp = Path(tempfile.mkdtemp(prefix="engine-view-"))
         try:
             (tmp / "config.json").write_text(json.dumps(engine["pretrained_config"]))
