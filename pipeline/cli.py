@@ -316,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:     # `... | head`: the reader went away; nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:      # disk full, permissions, a path the OS refuses: one line, never a traceback
         from pipeline.files import os_error_text
         print(f"error: {os_error_text(exc)}\n  hint: free space or fix the path, then run the command again; "

@@ -207,6 +207,17 @@ class Stack(Part):
     l4t: str
     cuda: str
     tensorrt: str
+    tensorrt_by_jetpack: dict[str, str] | None = None     # where JetPack releases of the line differ in TensorRT
+
+    def tensorrt_for(self, jetpack: str | None) -> str:
+        return (self.tensorrt_by_jetpack or {}).get(jetpack or "", self.tensorrt)
+
+    def combinations(self) -> str:
+        """'JetPack 7.0/7.1 + TensorRT 10.13, JetPack 7.2 + TensorRT 10.16': what a board may run."""
+        by_trt: dict[str, list[str]] = {}
+        for jp in self.jetpack:
+            by_trt.setdefault(self.tensorrt_for(jp), []).append(jp)
+        return ", ".join(f"JetPack {'/'.join(jps)} + TensorRT {trt}" for trt, jps in by_trt.items())
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,8 @@ def test_gate_refuses_wrong_sm():
 def test_gate_refuses_wrong_tensorrt_and_jetpack():
     nano = board(FIX / "orin-nano-8gb-jp62-super", tensorrt="10.7.0.23", jetpack="6.3", l4t="36.5.0")
     r = check(kit_meta("orin-nano-8gb-super"), nano)
-    assert any("has TensorRT 10.7.0.23: TensorRT rejects engines of another version" in x for x in r.refusals)
+    assert any("has TensorRT 10.7.0.23 on JetPack 6.3: trtllm-0.12 0.12.0-jetson is supported with JetPack "
+               "6.1/6.2/6.2.1/6.2.2 + TensorRT 10.3 only" in x for x in r.refusals)
     assert any("runs JetPack 6.3 (L4T 36.5.0). Flash JetPack 6.1 or 6.2" in x for x in r.refusals)
 
 
@@ -172,3 +173,25 @@ def test_report_flags_a_speed_gap_with_the_power_mode_first():
     assert gaps[0]["off_by"] == -0.5 and gaps[0]["likely_causes"][0].startswith("power mode is 15W, not MAXN")
     gaps = speed_gaps(19.0, 20.0, 500.0, 300.0, board(FIX / "orin-nano-8gb-jp62-super"))
     assert [g["figure"] for g in gaps] == ["TTFT ms"] and gaps[0]["likely_causes"][0].startswith("jetson_clocks")
+
+
+def thor_kit():
+    """A kit planned by the real planner for AGX Thor (Edge-LLM 0.11), as the device reads it."""
+    from pipeline.plan.memory import Limits
+    from pipeline.plan.perf import known_shape
+    from pipeline.plan.planner import PlanRequest, make_plan
+    from pipeline.plan.targets import get_target
+    plan = make_plan(PlanRequest(known_shape("Qwen/Qwen3-8B"), "qwen", "nvfp4", "fp16", get_target("agx-thor"),
+                                 Limits(1, 512, 1024))).to_json()
+    return manifest(name="r@agx-thor", target="agx-thor", sm="11.0", backend=plan["backend"], stack=plan["stack"])
+
+
+def test_thor_on_jetpack_72_is_accepted_with_its_own_tensorrt():
+    kit = thor_kit()
+    assert check(kit, board(FIX / "agx-thor-jp72")).ok                    # JetPack 7.2 + TensorRT 10.16
+    assert check(kit, board(FIX / "agx-thor-jp70")).ok                    # JetPack 7.0 + TensorRT 10.13
+    r = check(kit, board(FIX / "agx-thor-jp72", tensorrt="10.13.3.9"))   # 7.2 with 7.1's TensorRT: not a combination
+    assert len(r.refusals) == 1
+    assert "supported with JetPack 7.0/7.1 + TensorRT 10.13, JetPack 7.2 + TensorRT 10.16 only" in r.refusals[0]
+    r = check(kit, board(FIX / "agx-thor-jp72", jetpack="7.3"))
+    assert any("runs JetPack 7.3" in x for x in r.refusals)

@@ -42,6 +42,9 @@ class Requirement:
     jetpack: list[str]
     backend: str
     backend_version: str
+    stack: contract.Stack | None = None     # a kit's: which TensorRT goes with which JetPack
+
+
 
 
 def requirement(m: contract.KitManifest) -> Requirement:
@@ -54,20 +57,24 @@ def requirement(m: contract.KitManifest) -> Requirement:
         raise PipelineError(f"{m.kind} {m.name}: its manifest names no SM, backend or software stack",
                             "re-package it with this version of the pipeline")
     s = m.stack
-    return Requirement(f"kit {m.name}", m.target, m.sm, s.tensorrt, list(s.jetpack), m.backend, s.backend_version)
+    return Requirement(f"kit {m.name}", m.target, m.sm, s.tensorrt, list(s.jetpack), m.backend, s.backend_version,
+                       s)
 
 
 def check(m: contract.KitManifest, board: contract.Board) -> GateResult:
     want, r = requirement(m), GateResult()
-    built_for = f"{want.what} was made for {want.target} (SM {want.sm}, JetPack {'/'.join(want.jetpack)}, " \
-                f"TensorRT {want.tensorrt}, {want.backend} {want.backend_version})"
+    combos = want.stack.combinations() if want.stack else f"JetPack {'/'.join(want.jetpack)}, TensorRT {want.tensorrt}"
+    built_for = f"{want.what} was made for {want.target} (SM {want.sm}, {combos}, " \
+                f"{want.backend} {want.backend_version})"
+    tensorrt = want.stack.tensorrt_for(board.jetpack) if want.stack else want.tensorrt
     here = f"this board is {board.name}"
     if board.sm != want.sm:
         r.refusals.append(f"{built_for}; {here}, SM {board.sm}: engines do not load across SMs. Use a kit "
                           f"planned for {board.target or 'this board'} (add it to the recipe's targets).")
-    if _minor(board.tensorrt) != _minor(want.tensorrt):
-        r.refusals.append(f"{built_for}; {here} has TensorRT {board.tensorrt}: TensorRT rejects engines of "
-                          f"another version. Flash JetPack {want.jetpack[0]} or re-plan for this JetPack.")
+    if _minor(board.tensorrt) != _minor(tensorrt):
+        r.refusals.append(f"{built_for}; {here} has TensorRT {board.tensorrt} on JetPack {board.jetpack}: "
+                          f"{want.backend} {want.backend_version} is supported with {combos} only. Install the "
+                          f"TensorRT of this JetPack ({tensorrt}), or flash a listed JetPack.")
     if board.jetpack not in want.jetpack:
         r.refusals.append(f"{built_for}; {here} runs JetPack {board.jetpack} (L4T {board.l4t}). Flash JetPack "
                           f"{' or '.join(want.jetpack)}, or re-plan the recipe for JetPack {board.jetpack}.")

@@ -110,7 +110,8 @@ def probe(root: str | Path = "/") -> dict:
     bus = target.memory_bus_bits if target else None
     return contract.Board(
         l4t=l4t,
-        jetpack=L4T_TO_JETPACK.get(l4t or "") or (f"7.2 (L4T {l4t})" if l4t and l4t.startswith("39.") else None),
+        # L4T 39 is JetPack 7.2's release line (targets.toml's 7.2 stacks); its point releases are not mapped yet
+        jetpack=L4T_TO_JETPACK.get(l4t or "") or ("7.2" if l4t and l4t.startswith("39.") else None),
         board=(_read(root, "proc/device-tree/model") or "").strip("\0\n ") or None,
         compatible=compatible,
         soc=soc,

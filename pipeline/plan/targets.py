@@ -30,6 +30,9 @@ class SoftwareStack:
     kv_cache: tuple[str, ...]
     architectures: tuple[str, ...]
     sources: tuple[str, ...]
+    # where one backend version supports several JetPack releases with different TensorRT (Edge-LLM 0.11 on Thor:
+    # JetPack 7.0/7.1 with TensorRT 10.13, 7.2 with 10.16): the TensorRT of each; `tensorrt` is the first's
+    tensorrt_by_jetpack: dict | None = None
 
 
 @dataclass(frozen=True)
