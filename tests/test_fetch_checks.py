@@ -36,3 +36,32 @@ def test_unknown_builtin_model_is_a_recipe_error():
             "quantization": {"weights": "fp16"}, "validation": {"prompts": ["hi"]}}
     with pytest.raises(InputError, match="model.name = 'tiny-gpt': unknown builtin model"):
         parse_recipe(data, "r.toml")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("damage,message", [
+    ("remove", "has no tokenizer (tokenizer.json, tokenizer.model, vocab.json)"),
+    ("garbage", "does not load"),
+])
+def test_a_checkpoint_without_a_usable_tokenizer_is_refused_at_fetch(project, checkpoint, damage, message):
+    from conftest import local_recipe
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if damage == "remove":
+            (checkpoint / f).unlink(missing_ok=True)
+        elif f == "tokenizer.json":
+            (checkpoint / f).write_text('{"version": "1.0", "model": {"type": "nonsense"}}')
+    local_recipe(project.recipes / "t.toml", checkpoint)
+    proc = project.doit("build", "recipe=t", check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "error: fetch t:" in proc.stderr and message in proc.stderr, proc.stderr
+    assert not (project.artifacts / "stages" / "quantize").exists()
+
+
+@pytest.mark.integration
+def test_edgellm_without_a_chat_template_is_refused_before_calibration(project, checkpoint):
+    from conftest import local_recipe
+    local_recipe(project.recipes / "e.toml", checkpoint, targets=("agx-thor",))
+    proc = project.doit("build", "recipe=e", check=False)
+    assert proc.returncode != 0
+    assert "renders prompts with the tokenizer's chat template, and this model's tokenizer has none" in proc.stderr
+    assert not list((project.artifacts / "stages").glob("quantize/*/stage.json"))      # nothing was calibrated

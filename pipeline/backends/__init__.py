@@ -58,6 +58,7 @@ class Backend:
     validate: str               # "module:function" (device): (kit_dir, engine, plan, goldens, work) -> validation
     build_memory: str           # "module:function" (plan): (engine weight bytes, activations, int4 ffn) -> BuildMemory
     externalizes_int4_ffn: bool  # its export can keep INT4 FFN weights outside the engine (less build memory)
+    needs_chat_template: bool   # its runtime renders prompts with the tokenizer's chat template
     refuse_on_family: dict[str, str] = field(default_factory=dict)   # target family -> why it cannot work there
 
     def check_argv(self, argv: list[str]) -> list[str]:

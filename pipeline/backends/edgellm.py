@@ -57,5 +57,5 @@ BACKEND = Backend(
     builders={"llm_build": check_llm_build_argv}, build_commands=build_commands,
     export="pipeline.workstation.edgellm_export:export_job",
     validate="pipeline.device.runners:validate_edgellm",
-    build_memory="pipeline.plan.buildmem:llm_build", externalizes_int4_ffn=True,
+    build_memory="pipeline.plan.buildmem:llm_build", externalizes_int4_ffn=True, needs_chat_template=True,
 )

@@ -73,7 +73,7 @@ BACKEND = Backend(
     build_commands=build_commands,
     export="pipeline.workstation.trtllm_export:export_job",
     validate="pipeline.device.runners:validate_trtllm",
-    build_memory="pipeline.plan.buildmem:trtllm_build", externalizes_int4_ffn=False,
+    build_memory="pipeline.plan.buildmem:trtllm_build", externalizes_int4_ffn=False, needs_chat_template=False,
     refuse_on_family={"thor": "TensorRT-LLM has no working Thor path (it refuses INT4/INT8 on SM >= 100); Thor "
                               "engines are built with TensorRT Edge-LLM: use backend = 'edgellm'."},
 )

@@ -95,6 +95,7 @@ def do_fetch(recipe: Recipe) -> dict:
         model_dir = out / "model"
         info = _fetch_source(recipe, "model", recipe.model_dir, model_dir, fetch.NEEDED, fetch.fetch_builtin)
         fetch.check_checkpoint(model_dir, recipe.file)
+        fetch.check_tokenizer(model_dir, recipe.file)
         return info
 
     manifest = run_stage(spec, build)
@@ -171,6 +172,19 @@ def _model_dir(recipe: Recipe) -> Path:
     return fetch_spec(recipe).dir / "model"
 
 
+def _refuse_what_export_would(recipe: Recipe) -> None:
+    """What an export would refuse for reasons known from the recipe and the fetched files, refused before the
+    calibration (minutes to hours) instead of after it."""
+    from pipeline.workstation.fetch import has_chat_template
+
+    for target in recipe.targets:
+        backend = backends.get(recipe_plan(recipe, target).backend)
+        if backend.needs_chat_template and not has_chat_template(_model_dir(recipe)):
+            raise PipelineError(f"{recipe.file}: {backend.label} (target {target}) renders prompts with the "
+                                "tokenizer's chat template, and this model's tokenizer has none",
+                                "use the instruct model's repository, or add chat_template.jinja to the local model")
+
+
 def do_quantize(recipe: Recipe) -> dict:
     from pipeline.workstation.calibrate import quantize
 
@@ -179,6 +193,7 @@ def do_quantize(recipe: Recipe) -> dict:
     if len(group_sizes) != 1:
         raise PipelineError(f"{recipe.file}: targets need different group sizes {sorted(group_sizes, key=str)}",
                             "set quantization.group_size")
+    _refuse_what_export_would(recipe)
     q = recipe.quantization
     manifest = run_stage(spec, lambda out: quantize(_model_dir(recipe), out, q["weights"], q["kv_cache"],
                                                     group_sizes.pop(), q["calibration"], recipe.file,

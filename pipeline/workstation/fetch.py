@@ -39,6 +39,32 @@ def check_checkpoint(model_dir: Path, source: str) -> None:
         check_safetensors(shard)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def check_tokenizer(model_dir: Path, source: str) -> None:
+    """The checkpoint has a tokenizer every later stage can load (checked at fetch, not in quantize's traceback)."""
+    if not any((model_dir / f).is_file() for f in TOKENIZER_FILES):
+        raise PipelineError(f"{source}: {model_dir} has no tokenizer ({', '.join(TOKENIZER_FILES)})",
+                            "copy the tokenizer files from the model's repository into the checkpoint directory")
+    from transformers import AutoTokenizer
+    try:
+        AutoTokenizer.from_pretrained(model_dir)
+    except Exception as exc:        # transformers raises ValueError, OSError, TypeError, ... for a broken tokenizer
+        raise PipelineError(f"{source}: the tokenizer in {model_dir} does not load: {str(exc).splitlines()[0][:200]}",
+                            "copy tokenizer.json / tokenizer_config.json from the model's repository") from None
+
+
+def has_chat_template(model_dir: Path) -> bool:
+    import json
+    if (model_dir / "chat_template.jinja").is_file():
+        return True
+    try:
+        return bool(json.loads((model_dir / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def fetch_local(src: Path, out: Path, source: str, patterns: list[str] = NEEDED, table: str = "model") -> dict:
     if not src.is_dir():
         raise PipelineError(f"{source}: {table}.path {src} is not a directory", "point it at a checkpoint directory")
