@@ -351,6 +351,7 @@ class Goldens(Record):
     top_k: int
     eos_token_id: int | None
     prompts: list[GoldenPrompt]
+    stop_token_ids: list[int] = field(default_factory=list)    # every id that ends a generation (eos first)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,15 @@ def _generate(runner, ids: list[int], new_tokens: int, eos: int | None) -> list[
     return [int(t) for t in out["output_ids"][0][0][len(ids):length]]
 
 
+def _cut_at_stop(ids: list[int], stops: list[int]) -> list[int]:
+    """End where the goldens' generation ended: at the first of the model's stop ids (end_id takes only one;
+    transformers stops at any of generation_config's eos ids)."""
+    for i, t in enumerate(ids):
+        if t in stops:
+            return ids[:i + 1]
+    return ids
+
+
 def run(engine_dir: Path, goldens: dict, kv_tokens: int) -> dict:
     prompts = goldens["prompts"]
     longest = max(len(p["input_ids"]) for p in prompts)
@@ -52,7 +61,8 @@ def run(engine_dir: Path, goldens: dict, kv_tokens: int) -> dict:
         _generate(runner, p["input_ids"], 1, eos)
         ttft = time.perf_counter() - t0
         t0 = time.perf_counter()
-        ids = _generate(runner, p["input_ids"], goldens["max_new_tokens"], eos)
+        ids = _cut_at_stop(_generate(runner, p["input_ids"], goldens["max_new_tokens"], eos),
+                           goldens.get("stop_token_ids") or [])
         full = time.perf_counter() - t0
         rate = (len(ids) - 1) / (full - ttft) if len(ids) > 1 and full > ttft else None
         results.append({"prompt": p["prompt"], "output_ids": ids, "ttft_s": round(ttft, 4),

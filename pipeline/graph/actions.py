@@ -252,7 +252,7 @@ def do_goldens(recipe: Recipe) -> dict:
     def build(out: Path) -> dict:
         tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
         with _reference_model(recipe) as model, skinny_linears():
-            goldens = make_goldens(model, tok, recipe.validation)
+            goldens = make_goldens(model, tok, recipe.validation, _model_dir(recipe))
         (out / contract.GOLDENS).write_text(json.dumps(goldens, indent=1) + "\n")
         return {"goldens": {"prompts": len(goldens["prompts"]),
                             "new_tokens": sum(len(p["output_ids"]) for p in goldens["prompts"])}}

@@ -15,11 +15,28 @@ from pipeline import contract
 HELDOUT = "heldout-en"
 
 
-def greedy(model, ids: list[int], max_new_tokens: int, top_k: int, eos: int | None) -> dict:
+def stop_ids(model_dir, tokenizer) -> list[int]:
+    """The ids that end a generation: generation_config.json's eos_token_id (an int or a list: Llama-3 Instruct stops
+    at <|eot_id|> and <|eom_id|> as well as <|end_of_text|>) when the checkpoint has one, else the tokenizer's eos.
+    The tokenizer's alone is wrong for several Instruct models."""
+    import json
+    from pathlib import Path
+    try:
+        eos = json.loads((Path(model_dir) / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError, AttributeError):
+        eos = None
+    ids = eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
+    if not ids and tokenizer.eos_token_id is not None:
+        ids = [tokenizer.eos_token_id]
+    return [int(i) for i in ids]
+
+
+def greedy(model, ids: list[int], max_new_tokens: int, top_k: int, eos: list[int]) -> dict:
     import torch
 
     out = model.generate(torch.tensor([ids], device=model.device), max_new_tokens=max_new_tokens, do_sample=False,
-                         output_logits=True, return_dict_in_generate=True, eos_token_id=eos, pad_token_id=eos)
+                         output_logits=True, return_dict_in_generate=True, eos_token_id=eos or None,
+                         pad_token_id=eos[0] if eos else None)
     new = out.sequences[0, len(ids):].tolist()
     steps = []
     for logits in out.logits:
@@ -29,17 +46,19 @@ def greedy(model, ids: list[int], max_new_tokens: int, top_k: int, eos: int | No
     return {"output_ids": new, "top_logprobs": steps}
 
 
-def make_goldens(model, tokenizer, validation: dict) -> dict:
+def make_goldens(model, tokenizer, validation: dict, model_dir=None) -> dict:
     """Greedy completions and per-step top-k log-probs for every validation prompt."""
     prompts = []
+    stops = stop_ids(model_dir, tokenizer) if model_dir is not None else \
+        ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
     for prompt in validation["prompts"]:
         ids = tokenizer(prompt)["input_ids"]
-        g = greedy(model, ids, validation["max_new_tokens"], validation["top_k_logprobs"], tokenizer.eos_token_id)
+        g = greedy(model, ids, validation["max_new_tokens"], validation["top_k_logprobs"], stops)
         prompts.append({"prompt": prompt, "input_ids": ids, **g,
                         "text": tokenizer.decode(g["output_ids"], skip_special_tokens=True)})
     return {"format": contract.Goldens.FORMAT, "max_new_tokens": validation["max_new_tokens"],
             "min_token_agreement": validation["min_token_agreement"], "top_k": validation["top_k_logprobs"],
-            "eos_token_id": tokenizer.eos_token_id, "prompts": prompts}
+            "eos_token_id": stops[0] if stops else None, "stop_token_ids": stops, "prompts": prompts}
 
 
 def _windows(tokenizer, seq_len: int) -> list[list[int]]:
