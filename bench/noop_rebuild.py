@@ -42,6 +42,21 @@ MD5_DODO = textwrap.dedent("""
 """)
 
 
+_TOKENIZER = None
+
+
+def _tokenizer():
+    """A small real BPE tokenizer, trained once offline (the same as the tests' checkpoints)."""
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        from transformers import PreTrainedTokenizerFast
+
+        from pipeline.workstation.tinymodel import train_tokenizer
+        _TOKENIZER = PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(320), bos_token="<|bos|>",
+                                             eos_token="<|eos|>", pad_token="<|pad|>")
+    return _TOKENIZER
+
+
 def make_checkpoint(path: Path, size: int) -> None:
     """A valid Llama checkpoint directory whose weights file is one sparse all-zero tensor of `size` bytes."""
     path.mkdir(parents=True)
@@ -49,6 +64,7 @@ def make_checkpoint(path: Path, size: int) -> None:
         "architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "num_hidden_layers": 16,
         "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256,
         "max_position_embeddings": 8192}))
+    _tokenizer().save_pretrained(path)      # fetch loads the tokenizer: a checkpoint without one is refused
     header = json.dumps({"w": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}}).encode()
     with open(path / "model.safetensors", "wb") as fh:
         fh.write(struct.pack("<Q", len(header)) + header)
