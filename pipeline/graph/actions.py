@@ -262,6 +262,23 @@ def do_goldens(recipe: Recipe) -> dict:
     return manifest
 
 
+def _fetch_digest(recipe: Recipe) -> str:
+    from pipeline.graph.framework import built_manifest
+    return built_manifest(fetch_spec(recipe).dir)["content_digest"]
+
+
+def _quality_gate(recipe: Recipe) -> str | None:
+    """The recipe's accuracy limits, before anything is signed (graph/quality.py)."""
+    from pipeline.graph.framework import artifacts_dir
+    from pipeline.graph.quality import gate, measured_formats
+    from pipeline.graph.tasks import accept_quality
+
+    accuracy = json.loads((accuracy_spec(recipe).dir / contract.ACCURACY_JSON).read_text())
+    others = measured_formats(artifacts_dir() / "stages", _fetch_digest(recipe), accuracy["heldout"])
+    return gate(accuracy, recipe.validation, others, recipe.file,
+                recipe.validation["accept_quality"] or accept_quality())
+
+
 def do_accuracy(recipe: Recipe) -> dict:
     from transformers import AutoTokenizer
 
@@ -277,7 +294,7 @@ def do_accuracy(recipe: Recipe) -> dict:
             original = load_model(_model_dir(recipe), str(quantized.device).split(":")[0])
             with skinny_linears():
                 report = accuracy_report(original, quantized, tok)
-            write_report(out, report, recipe.weights, recipe.name)
+            write_report(out, report, recipe.weights, recipe.name, _fetch_digest(recipe))
         return {"accuracy": {k: report[k] for k in ("perplexity_change", "top1_agreement", "logit_cosine")}}
 
     manifest = run_stage(spec, build)
@@ -317,6 +334,8 @@ def do_package(recipe: Recipe, target: str) -> dict:
     key = signing_key(create=True)
     spec = package_spec(recipe, target, plan, key.public.id_hex)
     export_dir, payload = export_spec(recipe, plan).dir, export_payload(plan)
+
+    quality = _quality_gate(recipe)     # refuses here, before anything is assembled or signed
 
     def build(out: Path) -> dict:
         content = out / ".content"
@@ -369,7 +388,7 @@ def do_package(recipe: Recipe, target: str) -> dict:
                                 "and the kit is packed from its fresh output; nothing was signed") from None
         shutil.rmtree(content)
         return {"kit": {"name": kit.name, "parts": len(kit.manifest.parts),
-                        "total_size": kit.manifest.total_size, "signed_by": kit.signed_by}}
+                        "total_size": kit.manifest.total_size, "signed_by": kit.signed_by, "quality": quality}}
 
     manifest = run_stage(spec, build)
     recipe_link(recipe, "kit", target, spec)
@@ -449,7 +468,8 @@ def stage_summary(stage: str, result) -> str:
         return f"perplexity {a['perplexity_change']:+.1%}, top-1 agreement {a['top1_agreement']:.1%}"
     if stage == "package":
         k = result["kit"]
-        return f"{k['name']}, {_count(k['parts'], 'part')}, {k['total_size'] / 1e6:.1f} MB, signed by {k['signed_by']}"
+        line = f"{k['name']}, {_count(k['parts'], 'part')}, {k['total_size'] / 1e6:.1f} MB, signed by {k['signed_by']}"
+        return line + (f"\n  warning: {k['quality']}" if k.get("quality") else "")
     if stage == "device":
         return "engine built and validated"
     return "done"

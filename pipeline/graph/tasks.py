@@ -12,7 +12,12 @@ from functools import cache
 
 from pipeline.errors import PipelineError
 
-KNOWN_VARS = {"recipe": "comma-separated recipe names (default: every recipe in recipes/)"}
+KNOWN_VARS = {"recipe": "comma-separated recipe names (default: every recipe in recipes/)",
+              "accept-quality": "1: sign kits that miss their recipe's quality gate (it is said in the output)"}
+
+
+def accept_quality() -> bool:
+    return _cmdline_vars().get("accept-quality", "").strip().lower() in ("1", "true", "yes")
 
 
 def _cmdline_vars() -> dict:

@@ -93,6 +93,11 @@ SCHEMA: dict = {
         "max_new_tokens": F(int, 32, min=1, max=4096),
         "min_token_agreement": F(float, 0.9, min=0.0, max=1.0),
         "top_k_logprobs": F(int, 5, min=1, max=50),
+        "max_perplexity_increase": F(float, 0.25, min=0.0, max=100.0,
+                                     doc="quality gate: largest relative perplexity increase on the held-out text"),
+        "min_top1_agreement": F(float, 0.7, min=0.0, max=1.0,
+                                doc="quality gate: next-token agreement with the original"),
+        "accept_quality": F(bool, False, doc="sign a kit that misses the quality gate (the build says so)"),
     },
 }
 

@@ -103,8 +103,9 @@ def advice(report: dict, weights: str) -> str:
            "or calibration text closer to your prompts."
 
 
-def write_report(out: Path, report: dict, weights: str, recipe: str) -> None:
-    report = {**report, "advice": advice(report, weights), "weights": weights, "recipe": recipe}
+def write_report(out: Path, report: dict, weights: str, recipe: str, model_digest: str | None = None) -> None:
+    report = {**report, "advice": advice(report, weights), "weights": weights, "recipe": recipe,
+              "model_digest": model_digest}     # the fetched model's content digest: formats compare on the same model
     (out / contract.ACCURACY_JSON).write_text(json.dumps(report, indent=1) + "\n")
     md = [f"# Accuracy: {recipe} ({weights})", "",
           "| metric | original | quantized |", "|---|---|---|",

@@ -1,0 +1,63 @@
+"""The quality gate before a kit is signed: the recipe's accuracy limits against the accuracy stage's measurement,
+with advice drawn from what was measured for the same model in other formats (not a fixed list).
+
+    [validation]
+    max_perplexity_increase = 0.25    # perplexity of the quantized model on the held-out text, relative: +25%
+    min_top1_agreement = 0.7          # next-token agreement with the original model
+    accept_quality = false            # true (or `doit build ... accept-quality=1`): sign anyway, say so
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+
+
+def misses(accuracy: dict, validation: dict) -> list[str]:
+    """Each limit the measurement misses, with by how much."""
+    out = []
+    change, limit = accuracy["perplexity_change"], validation["max_perplexity_increase"]
+    if change > limit:
+        out.append(f"perplexity {change:+.1%} on {accuracy['heldout']} exceeds max_perplexity_increase "
+                   f"{limit:+.0%} by {(change - limit) * 100:.1f} points")
+    top1, need = accuracy["top1_agreement"], validation["min_top1_agreement"]
+    if top1 < need:
+        out.append(f"top-1 agreement {top1:.1%} is below min_top1_agreement {need:.0%} by {(need - top1) * 100:.1f} "
+                   "points")
+    return out
+
+
+def measured_formats(stages: Path, fetch_digest: str, heldout: str) -> dict[str, dict]:
+    """The other formats measured for the same fetched model on the same held-out text (accuracy stages on disk)."""
+    found: dict[str, dict] = {}
+    for report in sorted(stages.glob("accuracy/*/accuracy.json")):
+        try:
+            r = json.loads(report.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(r, dict) and r.get("model_digest") == fetch_digest and r.get("heldout") == heldout \
+                and isinstance(r.get("weights"), str):
+            found[r["weights"]] = r
+    return found
+
+
+def gate(accuracy: dict, validation: dict, others: dict[str, dict], recipe_file: str, accept: bool) -> str | None:
+    """None when the kit may be signed silently; a line to print when accepted despite a miss; else refuses."""
+    missed = misses(accuracy, validation)
+    if not missed:
+        return None
+    better = sorted((w for w, r in others.items() if w != accuracy["weights"] and not misses(r, validation)),
+                    key=lambda w: others[w]["perplexity_change"])
+    advice = ("formats measured within the limits on this model: " + ", ".join(
+        f"{w} (perplexity {others[w]['perplexity_change']:+.1%}, top-1 {others[w]['top1_agreement']:.0%})"
+        for w in better)) if better else \
+        "no other format has been measured on this model yet: build the recipe with another quantization.weights " \
+        "to measure it"
+    text = f"{accuracy['weights']} misses the recipe's quality gate: {'; '.join(missed)}"
+    if accept:
+        return f"signed anyway (accept_quality): {text}"
+    raise PipelineError(f"{recipe_file}: {text}; {advice}",
+                        "use a format that measured better (quantization.weights), or sign anyway with "
+                        "[validation] accept_quality = true or `doit build recipe=... accept-quality=1`")
