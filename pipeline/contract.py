@@ -340,6 +340,7 @@ class GoldenPrompt(Part):
     output_ids: list[int]
     top_logprobs: list[list[list[float]]]
     text: str
+    rendered: str = ""      # the exact text the model is given (chat template applied, or raw with its special tokens)
 
 
 @dataclass(frozen=True)
@@ -352,6 +353,7 @@ class Goldens(Record):
     eos_token_id: int | None
     prompts: list[GoldenPrompt]
     stop_token_ids: list[int] = field(default_factory=list)    # every id that ends a generation (eos first)
+    chat_template: bool = False         # prompts were rendered with the model's chat template
 
 
 @dataclass(frozen=True)
@@ -405,3 +407,4 @@ class Report(Record):
     predicted: dict[str, Any]
     prompts: list[dict[str, Any]] = field(default_factory=list)
     gaps: list[dict[str, Any]] = field(default_factory=list)   # figures > 25% off their prediction, with causes
+    notes: list[str] = field(default_factory=list)             # e.g. golden answers too short to be a strong check

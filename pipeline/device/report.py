@@ -79,6 +79,9 @@ def build_report(goldens: contract.Goldens, validation: dict, plan: contract.Pla
                           "build_peak": (plan.memory or {}).get("build_peak"),
                           "power_mode": plan.prediction.get("power_mode")},
             "gaps": gaps,
+            "notes": [f"weak check: the golden answer to {g.prompt!r} has {len(g.output_ids)} tokens, less than half "
+                      f"of max_new_tokens ({goldens.max_new_tokens}); ask for longer answers" for g in goldens.prompts
+                      if len(g.output_ids) < goldens.max_new_tokens / 2],
             "prompts": per_prompt}
 
 
@@ -138,6 +141,7 @@ def write_report(out: Path, report: dict) -> None:
               f"{'n/a' if p['ttft_ms'] is None else str(round(p['ttft_ms'])) + ' ms'} |",
               f"| peak board memory (run) | {gb(m['peak_ram'])} | {gb(p['memory_total'])} (plan total) |",
               f"| engine build | {m['build_seconds']} s | peak {gb(p['build_peak'])} |", ""]
+    lines += [f"Note: {n}." for n in report.get("notes", [])]
     for g in report.get("gaps", []):
         lines.append(f"**{g['figure']} is {g['off_by']:+.0%} off the prediction** ({g['measured']} vs "
                      f"{g['predicted']}). Likely causes: " + "; ".join(g["likely_causes"]) + ".")

@@ -17,11 +17,16 @@ from pipeline.device.process import run_logged
 
 
 def edgellm_inference_input(goldens: contract.Goldens) -> dict:
-    """llm_inference's input file: the golden prompts, raw (goldens were made without a chat template), greedy."""
+    """llm_inference's input file, greedy, asking the engine exactly what the goldens asked the reference model:
+    with the chat template, the user message and apply_chat_template + add_generation_prompt (the runtime renders the
+    kit's chat_template.jinja, as transformers did for the goldens); raw, the rendered text, which keeps the special
+    tokens the goldens' ids began with (raw mode encodes with addBos=false, FACTS.md)."""
+    chat = goldens.chat_template
     return {"batch_size": 1, "temperature": 0.0, "top_p": 1.0, "top_k": 1,
-            "max_generate_length": goldens.max_new_tokens, "apply_chat_template": False,
-            "add_generation_prompt": False,
-            "requests": [{"messages": [{"role": "user", "content": p.prompt}]} for p in goldens.prompts]}
+            "max_generate_length": goldens.max_new_tokens, "apply_chat_template": chat,
+            "add_generation_prompt": chat,
+            "requests": [{"messages": [{"role": "user", "content": p.prompt if chat else (p.rendered or p.prompt)}]}
+                         for p in goldens.prompts]}
 
 
 def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path) -> dict:

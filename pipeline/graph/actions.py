@@ -245,7 +245,7 @@ def do_goldens(recipe: Recipe) -> dict:
     from transformers import AutoTokenizer
 
     from pipeline.workstation.cpu_linear import skinny_linears
-    from pipeline.workstation.evaluate import make_goldens
+    from pipeline.workstation.evaluate import make_goldens, weak_prompts
 
     spec = goldens_spec(recipe)
 
@@ -253,9 +253,11 @@ def do_goldens(recipe: Recipe) -> dict:
         tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
         with _reference_model(recipe) as model, skinny_linears():
             goldens = make_goldens(model, tok, recipe.validation, _model_dir(recipe))
+        contract.Goldens.from_dict(goldens, f"the goldens being written to {out}")   # the contract, or a bug
         (out / contract.GOLDENS).write_text(json.dumps(goldens, indent=1) + "\n")
-        return {"goldens": {"prompts": len(goldens["prompts"]),
-                            "new_tokens": sum(len(p["output_ids"]) for p in goldens["prompts"])}}
+        return {"goldens": {"prompts": len(goldens["prompts"]), "chat_template": goldens["chat_template"],
+                            "new_tokens": sum(len(p["output_ids"]) for p in goldens["prompts"]),
+                            "weak": weak_prompts(goldens)}}
 
     manifest = run_stage(spec, build)
     recipe_link(recipe, "goldens", None, spec)
@@ -462,7 +464,11 @@ def stage_summary(stage: str, result) -> str:
         return f"{e.get('quant_algo') or 'fp16'} ONNX for SM {e.get('target_sm')}"
     if stage == "goldens":
         g = result["goldens"]
-        return f"{_count(g['prompts'], 'prompt')}, {_count(g['new_tokens'], 'reference token')}"
+        line = f"{_count(g['prompts'], 'prompt')}{' (chat template)' if g.get('chat_template') else ''}, " \
+               f"{_count(g['new_tokens'], 'reference token')}"
+        weak = g.get("weak") or []
+        return line + (f"\n  warning: {len(weak)} golden answer(s) shorter than half of max_new_tokens: a weak "
+                       f"check (e.g. {weak[0]!r}); ask for longer answers" if weak else "")
     if stage == "accuracy":
         a = result["accuracy"]
         return f"perplexity {a['perplexity_change']:+.1%}, top-1 agreement {a['top1_agreement']:.1%}"

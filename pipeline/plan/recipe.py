@@ -98,6 +98,8 @@ SCHEMA: dict = {
         "min_top1_agreement": F(float, 0.7, min=0.0, max=1.0,
                                 doc="quality gate: next-token agreement with the original"),
         "accept_quality": F(bool, False, doc="sign a kit that misses the quality gate (the build says so)"),
+        "chat_template": F(bool, None, doc="render prompts with the tokenizer's chat template and the generation "
+                                           "prompt, as the deployed model is asked (default: when it has one)"),
     },
 }
 

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 from pipeline import contract
+from pipeline.errors import PipelineError
 
 HELDOUT = "heldout-en"
 
@@ -46,19 +47,53 @@ def greedy(model, ids: list[int], max_new_tokens: int, top_k: int, eos: list[int
     return {"output_ids": new, "top_logprobs": steps}
 
 
+def uses_chat_template(tokenizer, validation: dict) -> bool:
+    """[validation] chat_template, defaulting to whether the tokenizer has one (Instruct models do)."""
+    wanted = validation.get("chat_template")
+    return bool(tokenizer.chat_template) if wanted is None else bool(wanted)
+
+
+def render_prompt(tokenizer, prompt: str, chat: bool) -> tuple[str, list[int]]:
+    """The text and the exact token ids the deployed model is given for `prompt`.
+
+    chat: the tokenizer's chat template with the generation prompt, as a chat application asks an Instruct model.
+    The ids are the rendered text encoded without adding special tokens (the template already holds BOS where the
+    model wants one: Llama-3's `{{ bos_token }}`), which is what transformers' apply_chat_template does and what
+    Edge-LLM's runtime does with apply_chat_template: true. raw: the tokenizer's own encoding (it adds BOS where the
+    model wants one); the rendered text then keeps the special tokens, so Edge-LLM's raw mode (which encodes with
+    addBos=false) sees exactly these ids."""
+    if chat:
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                 tokenize=False)
+        return rendered, tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(prompt)["input_ids"]
+    return tokenizer.decode(ids, skip_special_tokens=False), ids
+
+
 def make_goldens(model, tokenizer, validation: dict, model_dir=None) -> dict:
-    """Greedy completions and per-step top-k log-probs for every validation prompt."""
+    """Greedy completions and per-step top-k log-probs for every validation prompt, asked as the deployed model is
+    asked (render_prompt)."""
+    chat = uses_chat_template(tokenizer, validation)
+    if chat and not tokenizer.chat_template:
+        raise PipelineError("validation.chat_template = true, but the model's tokenizer has no chat template",
+                            "set [validation] chat_template = false for a base model, or use the instruct model")
     prompts = []
     stops = stop_ids(model_dir, tokenizer) if model_dir is not None else \
         ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
     for prompt in validation["prompts"]:
-        ids = tokenizer(prompt)["input_ids"]
+        rendered, ids = render_prompt(tokenizer, prompt, chat)
         g = greedy(model, ids, validation["max_new_tokens"], validation["top_k_logprobs"], stops)
-        prompts.append({"prompt": prompt, "input_ids": ids, **g,
+        prompts.append({"prompt": prompt, "rendered": rendered, "input_ids": ids, **g,
                         "text": tokenizer.decode(g["output_ids"], skip_special_tokens=True)})
     return {"format": contract.Goldens.FORMAT, "max_new_tokens": validation["max_new_tokens"],
             "min_token_agreement": validation["min_token_agreement"], "top_k": validation["top_k_logprobs"],
-            "eos_token_id": stops[0] if stops else None, "stop_token_ids": stops, "prompts": prompts}
+            "eos_token_id": stops[0] if stops else None, "stop_token_ids": stops, "chat_template": chat,
+            "prompts": prompts}
+
+
+def weak_prompts(goldens: dict) -> list[str]:
+    """Prompts whose golden answer is shorter than half of max_new_tokens: few tokens to compare, a weak check."""
+    return [p["prompt"] for p in goldens["prompts"] if len(p["output_ids"]) < goldens["max_new_tokens"] / 2]
 
 
 def _windows(tokenizer, seq_len: int) -> list[list[int]]:
