@@ -285,7 +285,7 @@ def do_accuracy(recipe: Recipe) -> dict:
     from transformers import AutoTokenizer
 
     from pipeline.workstation.cpu_linear import skinny_linears
-    from pipeline.workstation.evaluate import accuracy_report, write_report
+    from pipeline.workstation.evaluate import accuracy_report, heldout_text, write_report
     from pipeline.workstation.models import load_model
 
     spec = accuracy_spec(recipe)
@@ -295,9 +295,11 @@ def do_accuracy(recipe: Recipe) -> dict:
         with _reference_model(recipe) as quantized:
             original = load_model(_model_dir(recipe), str(quantized.device).split(":")[0])
             with skinny_linears():
-                report = accuracy_report(original, quantized, tok)
+                name, text = heldout_text(recipe.validation["heldout"], recipe.file)
+                report = accuracy_report(original, quantized, tok, text, name)
             write_report(out, report, recipe.weights, recipe.name, _fetch_digest(recipe))
-        return {"accuracy": {k: report[k] for k in ("perplexity_change", "top1_agreement", "logit_cosine")}}
+        return {"accuracy": {k: report[k] for k in ("perplexity_change", "perplexity_change_interval",
+                                                              "top1_agreement", "logit_cosine", "heldout", "tokens")}}
 
     manifest = run_stage(spec, build)
     recipe_link(recipe, "accuracy", None, spec)
@@ -471,7 +473,9 @@ def stage_summary(stage: str, result) -> str:
                        f"check (e.g. {weak[0]!r}); ask for longer answers" if weak else "")
     if stage == "accuracy":
         a = result["accuracy"]
-        return f"perplexity {a['perplexity_change']:+.1%}, top-1 agreement {a['top1_agreement']:.1%}"
+        lo, hi = a.get("perplexity_change_interval") or (a["perplexity_change"],) * 2
+        return f"perplexity {a['perplexity_change']:+.1%} (95% {lo:+.1%} to {hi:+.1%}), top-1 agreement " \
+               f"{a['top1_agreement']:.1%}"
     if stage == "package":
         k = result["kit"]
         line = f"{k['name']}, {_count(k['parts'], 'part')}, {k['total_size'] / 1e6:.1f} MB, signed by {k['signed_by']}"

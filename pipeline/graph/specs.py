@@ -101,8 +101,21 @@ def goldens_spec(recipe: Recipe) -> StageSpec:
                      inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
 
 
+def _heldout_digest(recipe: Recipe) -> str:
+    """The held-out text's content, so a changed text re-measures (an unreadable file: the stage says why)."""
+    kind, _, value = recipe.validation["heldout"].partition(":")
+    if kind == "builtin":
+        return _data_digest(f"corpus/{value}.txt") if (Path(__file__).parents[1] / "data" / "corpus" /
+                                                       f"{value}.txt").is_file() else f"missing:{value}"
+    path = Path(value) if Path(value).is_absolute() else Path(recipe.file).parent / value
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return f"unreadable:{path}"
+
+
 def accuracy_spec(recipe: Recipe) -> StageSpec:
-    return StageSpec("accuracy", {"heldout": _data_digest("corpus/heldout-en.txt")},
+    return StageSpec("accuracy", {"heldout": _heldout_digest(recipe)},
                      inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
 
 

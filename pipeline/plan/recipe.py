@@ -98,6 +98,9 @@ SCHEMA: dict = {
         "min_top1_agreement": F(float, 0.7, min=0.0, max=1.0,
                                 doc="quality gate: next-token agreement with the original"),
         "accept_quality": F(bool, False, doc="sign a kit that misses the quality gate (the build says so)"),
+        "heldout": F(str, "builtin:heldout-long-en", pattern=re.compile(r"^(builtin|file):.+$"),
+                     pattern_hint="builtin:NAME or file:PATH (relative to the recipe)",
+                     doc="held-out text for the perplexity change (at least a few thousand tokens)"),
         "chat_template": F(bool, None, doc="render prompts with the tokenizer's chat template and the generation "
                                            "prompt, as the deployed model is asked (default: when it has one)"),
     },

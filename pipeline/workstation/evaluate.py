@@ -13,7 +13,24 @@ from pathlib import Path
 from pipeline import contract
 from pipeline.errors import PipelineError
 
-HELDOUT = "heldout-en"
+HELDOUT = "heldout-long-en"      # the default held-out text: ~4,800 tokens of varied English written for this project
+
+
+def heldout_text(spec: str, recipe_file: str) -> tuple[str, str]:
+    """(name, text) of [validation] heldout: "builtin:NAME" (pipeline/data/corpus) or "file:PATH" (relative to the
+    recipe)."""
+    from pathlib import Path
+
+    from pipeline.workstation.tinymodel import corpus_text
+    kind, _, value = spec.partition(":")
+    if kind == "builtin":
+        return value, corpus_text(value)
+    path = (Path(recipe_file).parent / value) if not Path(value).is_absolute() else Path(value)
+    try:
+        return path.name, path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PipelineError(f"{recipe_file}: validation.heldout = {spec!r}: cannot read {path} ({exc})",
+                            "point it at a UTF-8 text file of your domain, or use builtin:heldout-long-en") from None
 
 
 def stop_ids(model_dir, tokenizer) -> list[int]:
@@ -96,34 +113,52 @@ def weak_prompts(goldens: dict) -> list[str]:
     return [p["prompt"] for p in goldens["prompts"] if len(p["output_ids"]) < goldens["max_new_tokens"] / 2]
 
 
-def _windows(tokenizer, seq_len: int) -> list[list[int]]:
-    from pipeline.workstation.tinymodel import corpus_text
-
-    ids = tokenizer(corpus_text(HELDOUT), add_special_tokens=False)["input_ids"]
+def _windows(tokenizer, text: str, seq_len: int) -> list[list[int]]:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return [ids[i:i + seq_len] for i in range(0, max(1, len(ids) - 1), seq_len) if len(ids[i:i + seq_len]) > 1]
 
 
-def accuracy_report(original, quantized, tokenizer, seq_len: int = 256) -> dict:
-    """Perplexity of both models on held-out text shipped with the repo, logit cosine and top-1 agreement."""
+def bootstrap_interval(per_window: list[tuple[float, float, int]], rounds: int = 2000, seed: int = 0,
+                       level: float = 0.95) -> tuple[float, float]:
+    """Interval of the perplexity change from resampling the held-out windows with replacement: per window (nll of
+    the original, nll of the quantized, predicted tokens). A change inside the interval of 0 is noise."""
+    import random
+
+    rng = random.Random(seed)
+    n, changes = len(per_window), []
+    for _ in range(rounds):
+        sample = [per_window[rng.randrange(n)] for _ in range(n)]
+        tokens = sum(s[2] for s in sample)
+        changes.append(math.exp((sum(s[1] for s in sample) - sum(s[0] for s in sample)) / tokens) - 1)
+    changes.sort()
+    lo, hi = changes[int((1 - level) / 2 * rounds)], changes[min(rounds - 1, int((1 + level) / 2 * rounds))]
+    return round(lo, 4), round(hi, 4)
+
+
+def accuracy_report(original, quantized, tokenizer, text: str, name: str, seq_len: int = 256) -> dict:
+    """Perplexity of both models on held-out text (with a bootstrap interval over its windows), logit cosine and
+    top-1 agreement."""
     import torch
 
-    nll = {"original": 0.0, "quantized": 0.0}
     count, cos_sum, agree = 0, 0.0, 0
+    per_window: list[tuple[float, float, int]] = []
     with torch.no_grad():
-        for w in _windows(tokenizer, seq_len):
+        for w in _windows(tokenizer, text, seq_len):
             x = torch.tensor([w], device=original.device)
             lo, lq = original(x).logits[0].float(), quantized(x).logits[0].float()
             target = x[0, 1:]
-            for name, lg in (("original", lo), ("quantized", lq)):
-                nll[name] += float(torch.nn.functional.cross_entropy(lg[:-1], target, reduction="sum"))
+            nll = [float(torch.nn.functional.cross_entropy(lg[:-1], target, reduction="sum")) for lg in (lo, lq)]
+            per_window.append((nll[0], nll[1], len(w) - 1))
             cos_sum += float(torch.nn.functional.cosine_similarity(lo, lq, dim=-1).sum())
             agree += int((lo.argmax(-1) == lq.argmax(-1)).sum())
             count += len(w)
-    predicted = count - len(_windows(tokenizer, seq_len))
-    ppl = {k: math.exp(v / predicted) for k, v in nll.items()}
-    return {"heldout": HELDOUT, "tokens": count, "perplexity_original": round(ppl["original"], 4),
-            "perplexity_quantized": round(ppl["quantized"], 4),
+    predicted = sum(p[2] for p in per_window)
+    ppl = {"original": math.exp(sum(p[0] for p in per_window) / predicted),
+           "quantized": math.exp(sum(p[1] for p in per_window) / predicted)}
+    return {"heldout": name, "tokens": count, "windows": len(per_window),
+            "perplexity_original": round(ppl["original"], 4), "perplexity_quantized": round(ppl["quantized"], 4),
             "perplexity_change": round(ppl["quantized"] / ppl["original"] - 1, 4),
+            "perplexity_change_interval": list(bootstrap_interval(per_window)),
             "logit_cosine": round(cos_sum / count, 6), "top1_agreement": round(agree / count, 6)}
 
 
@@ -132,10 +167,12 @@ def advice(report: dict, weights: str) -> str:
     if change <= 0.02 and report["top1_agreement"] >= 0.95:
         return f"{weights} keeps the model's behaviour: perplexity {change:+.1%}, top-1 agreement " \
                f"{report['top1_agreement']:.1%}."
-    alt = "int8_sq or int8_wo (Orin), fp8 (Thor)" if weights in ("int4_awq", "w4a8_awq", "nvfp4") else "fp16"
-    return f"{weights} changes the model measurably: perplexity {change:+.1%}, top-1 agreement " \
-           f"{report['top1_agreement']:.1%}. If validation answers degrade, try {alt}, more calibration samples, " \
-           "or calibration text closer to your prompts."
+    lo, hi = report.get("perplexity_change_interval") or (change, change)
+    noise = " (within noise: the interval holds 0)" if lo <= 0 <= hi else ""
+    return f"{weights} changes the model measurably: perplexity {change:+.1%}{noise}, top-1 agreement " \
+           f"{report['top1_agreement']:.1%}. Build the recipe with other quantization.weights to measure them on " \
+           "this model (the package stage names those within the recipe's quality gate), or try more calibration " \
+           "samples or calibration text closer to your prompts."
 
 
 def write_report(out: Path, report: dict, weights: str, recipe: str, model_digest: str | None = None) -> None:
@@ -145,7 +182,8 @@ def write_report(out: Path, report: dict, weights: str, recipe: str, model_diges
     md = [f"# Accuracy: {recipe} ({weights})", "",
           "| metric | original | quantized |", "|---|---|---|",
           f"| perplexity ({report['heldout']}, {report['tokens']} tokens) | {report['perplexity_original']} | "
-          f"{report['perplexity_quantized']} ({report['perplexity_change']:+.2%}) |",
+          f"{report['perplexity_quantized']} ({report['perplexity_change']:+.2%}; 95% interval "
+          f"{report['perplexity_change_interval'][0]:+.2%} to {report['perplexity_change_interval'][1]:+.2%}) |",
           f"| logit cosine vs original | 1 | {report['logit_cosine']} |",
           f"| top-1 agreement vs original | 1 | {report['top1_agreement']:.2%} |", "", report["advice"], ""]
     (out / contract.ACCURACY_MD).write_text("\n".join(md))
