@@ -33,15 +33,17 @@ def test_int4_awq_perplexity_within_20_percent_of_fp32(smollm2, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.workstation.calibrate import quantize
-    from pipeline.workstation.evaluate import accuracy_report
+    from pipeline.workstation.evaluate import accuracy_report, heldout_text
     from pipeline.workstation.state import load_quantized
 
     cal = {"source": "builtin:calib-en", "samples": 16, "seq_len": 128, "seed": 0}
     info = quantize(smollm2, tmp_path, "int4_awq", "fp16", 64, cal, ".")["quantize"]   # hidden 576: group 64
     assert info["group_size"] == 64
     fp32 = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
-    report = accuracy_report(fp32, load_quantized(smollm2, tmp_path),
-                             AutoTokenizer.from_pretrained(smollm2))
+    # the short paragraph FACTS.md's figures were measured on (the default held-out text is now longer)
+    name, text = heldout_text("builtin:heldout-en", ".")
+    report = accuracy_report(fp32, load_quantized(smollm2, tmp_path), AutoTokenizer.from_pretrained(smollm2),
+                             text, name)
     print(report)                                       # the figures, with pytest -s
     assert report["perplexity_original"] < 40          # a real model: 15.6 on FACTS.md's paragraph
     assert report["perplexity_quantized"] <= 1.2 * report["perplexity_original"], report
