@@ -269,13 +269,28 @@ def _fetch_digest(recipe: Recipe) -> str:
     return built_manifest(fetch_spec(recipe).dir)["content_digest"]
 
 
+def _recorded_json(spec: StageSpec, name: str) -> dict:
+    """A stage's JSON output, read only if its bytes are what the stage recorded (same-size damage is refused as at
+    packaging, and the stage re-runs on the next build)."""
+    from pipeline.graph.framework import MANIFEST, built_manifest
+    path = spec.dir / name
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != built_manifest(spec.dir)["files"][name]["sha256"]:
+        (spec.dir / MANIFEST).unlink(missing_ok=True)
+        raise PipelineError(f"{name}: its bytes changed since the stage that wrote it recorded them; written by the "
+                            f"{spec.stage} stage ({spec.dir})", "run the build again: that stage re-runs; nothing "
+                            "was signed")
+    return json.loads(data)
+
+
 def _quality_gate(recipe: Recipe) -> str | None:
     """The recipe's accuracy limits, before anything is signed (graph/quality.py)."""
     from pipeline.graph.framework import artifacts_dir
     from pipeline.graph.quality import gate, measured_formats
     from pipeline.graph.tasks import accept_quality
 
-    accuracy = json.loads((accuracy_spec(recipe).dir / contract.ACCURACY_JSON).read_text())
+    spec = accuracy_spec(recipe)
+    accuracy = _recorded_json(spec, contract.ACCURACY_JSON)
     others = measured_formats(artifacts_dir() / "stages", _fetch_digest(recipe), accuracy["heldout"])
     return gate(accuracy, recipe.validation, others, recipe.file,
                 recipe.validation["accept_quality"] or accept_quality())
