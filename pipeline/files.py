@@ -6,6 +6,7 @@ Standard library only: the device half (JetPack 6, Python 3.10, no torch) import
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -62,6 +63,16 @@ def read_regular(path: Path, limit: int) -> bytes:
     if len(data) > limit:
         raise PipelineError(f"{path}: grew past {limit} bytes while being read")
     return data
+
+
+def load_json_or_none(path: Path, limit: int = 64 * 2**20):
+    """The JSON in `path` if it is a readable regular file of at most `limit` bytes holding valid JSON, else None:
+    for the pipeline's own bookkeeping files (stage manifests, install and build records), which may be stale,
+    damaged or planted and are then treated as absent (never a hang on a FIFO, never an endless read)."""
+    try:
+        return json.loads(read_regular(path, limit))
+    except (PipelineError, OSError, ValueError, RecursionError):
+        return None
 
 
 def open_regular(path: Path) -> typing.BinaryIO:

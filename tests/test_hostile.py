@@ -613,3 +613,28 @@ def test_keygen_killed_between_its_writes_leaves_no_half_key(world, capsys, monk
     assert key.stat().st_size > 0 and stat.S_IMODE(key.stat().st_mode) == 0o600
     from pipeline.kit.signing import PublicKey, SecretKey
     assert SecretKey.load(key).public.key == PublicKey.load(key.with_suffix(".pub")).key
+
+
+def test_planted_fifos_in_bookkeeping_files_are_absent_records_not_hangs(world, capsys, tmp_path):
+    """The pipeline's own records (unpack's install record, the device's build record, a stage manifest) may be
+    planted too: a FIFO there reads as no record, under the 20 s alarm."""
+    root, _ = world
+    (root / "dest").mkdir()
+    os.mkfifo(root / "dest.installed.json")
+    refused(capsys, root, root / "dest", ["unpack", root / "kits" / "demo", root / "dest"],
+            "already exists and is not a kit unpacked by the pipeline")
+
+    from pipeline.device.driver import _reusable_build
+    from pipeline.graph.framework import read_manifest
+    work = tmp_path / "work"
+    (work / "engine").mkdir(parents=True)
+    os.mkfifo(work / "build.json")
+    os.mkfifo(work / "engine" / "stage.json")
+    old = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("HANG")))
+    signal.alarm(20)
+    try:
+        assert _reusable_build(work, work / "engine", "0" * 64, [["trtllm-build"]]) is None
+        assert read_manifest(work / "engine") is None
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

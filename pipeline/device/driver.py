@@ -62,10 +62,8 @@ def _engine_files(engine: Path) -> dict[str, str]:
 def _reusable_build(work: Path, engine: Path, kit_sha256: str, argvs: list[list[str]]) -> dict | None:
     """The previous run's build record if its engine was built from this very kit with these commands and its
     files still hash as recorded then (so an engine planted or left in --work by another kit is never used)."""
-    try:
-        build = json.loads((work / contract.BUILD_RECORD).read_text())
-    except (OSError, ValueError):
-        return None
+    from pipeline.files import load_json_or_none
+    build = load_json_or_none(work / contract.BUILD_RECORD)
     if not isinstance(build, dict) or build.get("kit_manifest_sha256") != kit_sha256 or build.get("argvs") != argvs:
         return None
     if not engine.is_dir() or engine.is_symlink() or build.get("engine_files") != _engine_files(engine):

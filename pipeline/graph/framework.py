@@ -29,7 +29,7 @@ from functools import cached_property
 from importlib import metadata
 from pathlib import Path
 
-from pipeline.files import sha256_file, write_atomic
+from pipeline.files import load_json_or_none, sha256_file, write_atomic
 
 MANIFEST = "stage.json"
 
@@ -97,10 +97,8 @@ class StageSpec:
 
 
 def read_manifest(stage_dir: Path) -> dict | None:
-    try:
-        return json.loads((stage_dir / MANIFEST).read_bytes())
-    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
-        return None
+    m = load_json_or_none(stage_dir / MANIFEST)
+    return m if isinstance(m, dict) else None
 
 
 def built_manifest(stage_dir: Path) -> dict:

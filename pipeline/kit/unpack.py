@@ -22,7 +22,7 @@ import typing
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.files import allocated_size, create_new, human_bytes, sibling, write_atomic
+from pipeline.files import allocated_size, create_new, human_bytes, load_json_or_none, sibling, write_atomic
 from pipeline.kit.signing import PublicKey
 from pipeline.kit.verify import (
     CHUNK,
@@ -75,11 +75,8 @@ def staging_dir(dest: Path, pid: int) -> Path:
 
 
 def _installed(dest: Path) -> dict | None:
-    try:
-        rec = json.loads(installed_record(dest).read_text())
-        return rec if isinstance(rec, dict) and isinstance(rec.get("created"), str) else None
-    except (OSError, ValueError):
-        return None
+    rec = load_json_or_none(installed_record(dest), 4096)
+    return rec if isinstance(rec, dict) and isinstance(rec.get("created"), str) else None
 
 
 def _remove_stale_staging(dest: Path) -> None:
