@@ -121,6 +121,21 @@ def allocated_size(size: int, block: int) -> int:
     return -(-size // block) * block if size else 0
 
 
+def move_into_place(staging: Path, dest: Path) -> None:
+    """Rename a finished staging directory to `dest`, replacing whatever is there (a directory or a link): the old
+    one is renamed aside first and removed after, so `dest` is never a half-written mix of old and new."""
+    if not (dest.exists() or dest.is_symlink()):
+        os.replace(staging, dest)
+        return
+    old = sibling(dest, f"old-{os.getpid()}")
+    os.replace(dest, old)
+    os.replace(staging, dest)
+    if old.is_dir() and not old.is_symlink():
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        old.unlink()
+
+
 def sibling(path: Path, suffix: str, hidden: bool = True) -> Path:
     """A work file beside `path` (staging directory, old copy, record): `.<name>.<suffix>`, with a long name replaced
     by its digest so the sibling stays within NAME_MAX (a 250-character destination is legal)."""

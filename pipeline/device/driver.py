@@ -76,7 +76,7 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
     from pipeline.device import gate
     from pipeline.device.probe import probe
     from pipeline.device.report import build_report, tegrastats_peak_ram, write_report
-    from pipeline.files import write_atomic
+    from pipeline.files import move_into_place, write_atomic
     from pipeline.kit.bundle import pack_bundle
     from pipeline.kit.signing import signing_key, trusted_keys
     from pipeline.kit.unpack import unpack
@@ -129,9 +129,7 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
             seconds += run_logged(staged_argv(argv, str(staging)), cwd=kit_dir,
                                   log=work / (contract.BUILD_LOG if i == 0 else f"build-{i}.log"),
                                   timeout=build_timeout)
-        if engine.exists() or engine.is_symlink():
-            shutil.rmtree(engine) if engine.is_dir() and not engine.is_symlink() else engine.unlink()
-        os.replace(staging, engine)
+        move_into_place(staging, engine)
         build = {"argv": argvs[0], "argvs": argvs, "seconds": seconds,
                  "kit_manifest_sha256": verified.manifest_sha256, "engine_files": _engine_files(engine)}
         write_atomic(work / contract.BUILD_RECORD, json.dumps(build) + "\n")

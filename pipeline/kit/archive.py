@@ -23,7 +23,7 @@ import typing
 from pathlib import Path
 
 from pipeline import contract
-from pipeline.files import sibling
+from pipeline.files import move_into_place, sibling
 from pipeline.kit.signing import SecretKey
 from pipeline.kit.verify import KitError, VerifiedKit, check_kit
 
@@ -158,13 +158,7 @@ def pack(src: Path, out: Path, name: str, kind: str, key: SecretKey, meta: dict 
         # the device's checks of signature, name binding, file set, manifest and sizes (the parts were hashed as they
         # were written; `doit build` re-hashes the finished kit in full, as a device will)
         verified = check_kit(staging / name, [key.public], hash_parts=False)
-        if out.exists() or out.is_symlink():
-            old = sibling(out, f"old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(staging / name, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging / name, out)
+        move_into_place(staging / name, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return VerifiedKit(out, verified.manifest, verified.signed_by, verified.comment, verified.manifest_sha256)

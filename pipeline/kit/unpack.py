@@ -22,7 +22,15 @@ import typing
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.files import allocated_size, create_new, human_bytes, load_json_or_none, sibling, write_atomic
+from pipeline.files import (
+    allocated_size,
+    create_new,
+    human_bytes,
+    load_json_or_none,
+    move_into_place,
+    sibling,
+    write_atomic,
+)
 from pipeline.kit.signing import PublicKey
 from pipeline.kit.verify import (
     CHUNK,
@@ -99,10 +107,11 @@ def _remove_stale_staging(dest: Path) -> None:
             shutil.rmtree(dest.parent / n, ignore_errors=True)
 
 
-def _check_destination(kit: VerifiedKit, dest: Path, allow_downgrade: bool) -> bool:
-    """Whether `dest` holds an earlier unpack to replace (False: it does not exist). Refuses what must not go."""
+def _check_destination(kit: VerifiedKit, dest: Path, allow_downgrade: bool) -> None:
+    """Refuse a destination that must not be replaced: anything but an earlier unpack of this kit (an older one only
+    with allow_downgrade). A missing destination is fine."""
     if not (dest.exists() or dest.is_symlink()):
-        return False
+        return
     prior = _installed(dest)
     if dest.is_symlink() or not dest.is_dir() or prior is None:
         raise KitError(f"{dest} already exists and is not a kit unpacked by the pipeline",
@@ -113,7 +122,6 @@ def _check_destination(kit: VerifiedKit, dest: Path, allow_downgrade: bool) -> b
         raise KitError(f"{kit.path}: this kit was signed {kit.created}, older than the one installed at {dest} "
                        f"({prior['created']}): refusing to downgrade",
                        "pass --allow-downgrade if you mean to go back to the older kit")
-    return True
 
 
 def unpack(kit_path: Path, dest: Path, trusted: list[PublicKey], progress=None, allow_downgrade: bool = False,
@@ -123,7 +131,7 @@ def unpack(kit_path: Path, dest: Path, trusted: list[PublicKey], progress=None, 
     written, and `dest` changes only once every file was extracted and checked."""
     dest = Path(dest).absolute()
     kit = verified or check_kit(kit_path, trusted, hash_parts=False)   # parts are hashed while extracting
-    replace = _check_destination(kit, dest, allow_downgrade)
+    _check_destination(kit, dest, allow_downgrade)
     expected = {payload_path(f.path): f for f in kit.manifest.files}
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -141,13 +149,7 @@ def unpack(kit_path: Path, dest: Path, trusted: list[PublicKey], progress=None, 
     staging.mkdir()
     try:
         _extract(kit, staging, expected, progress)
-        if replace:
-            old = sibling(dest, f"old-{os.getpid()}")
-            os.replace(dest, old)
-            os.replace(staging, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, dest)
+        move_into_place(staging, dest)        # replaces an earlier unpack (_check_destination allowed it)
         write_atomic(installed_record(dest), json.dumps({"name": kit.name, "created": kit.created,
                                                          "manifest_sha256": kit.manifest_sha256}) + "\n")
     except BaseException:
