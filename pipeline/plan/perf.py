@@ -68,9 +68,14 @@ class Constants:
 
 
 @cache
+def fit_data() -> dict:
+    """perf_fit.json: the decode constants per class, the prefill constants and both fits' leave-one-out errors."""
+    return json.loads(FIT.read_text())
+
+
+@cache
 def fitted() -> dict[str, Constants]:
-    data = json.loads(FIT.read_text())
-    return {k: Constants(v["efficiency"], v["fixed_s"]) for k, v in data["classes"].items()}
+    return {k: Constants(v["efficiency"], v["fixed_s"]) for k, v in fit_data()["classes"].items()}
 
 
 # ------------------------------------------------------------------------------------------------------------ rows
@@ -104,24 +109,30 @@ def load_rows(path: Path = ROWS) -> list[Row]:
                     float(r["decode_tok_s"]), r["source"]) for r in csv.DictReader(fh)]
 
 
+def weighted_line(points: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """Weighted least squares y = a*x + b over (x, y, weight) points; a negative intercept (an unphysical negative
+    fixed cost) refits through the origin. The decode and prefill fits both use it."""
+    sw = sum(w for _, _, w in points)
+    sx = sum(w * x for x, _, w in points)
+    sy = sum(w * y for _, y, w in points)
+    sxx = sum(w * x * x for x, _, w in points)
+    sxy = sum(w * x * y for x, y, w in points)
+    a = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
+    b = (sy - a * sx) / sw
+    if b < 0:
+        a, b = sxy / sxx, 0.0
+    return a, b
+
+
 def fit(rows: list[Row]) -> dict[str, Constants]:
-    """Per engine class, least squares on seconds/token with weights 1/y, i.e. on relative error.
+    """Per engine class, least squares on seconds/token with weights 1/y^2, i.e. on relative error.
 
     y = a*x + b with x = bytes/bandwidth, y = 1/tok_s; efficiency = 1/a, fixed_s = b (clamped at >= 0).
     """
     out = {}
     for cls in sorted({r.engine_class for r in rows}):
-        pts = [(r.bytes_read() / r.bandwidth(), 1.0 / r.decode_tok_s) for r in rows if r.engine_class == cls]
-        w = [1 / y ** 2 for _, y in pts]
-        sw = sum(w)
-        sx = sum(wi * x for wi, (x, _) in zip(w, pts, strict=True))
-        sy = sum(wi * y for wi, (_, y) in zip(w, pts, strict=True))
-        sxx = sum(wi * x * x for wi, (x, _) in zip(w, pts, strict=True))
-        sxy = sum(wi * x * y for wi, (x, y) in zip(w, pts, strict=True))
-        a = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
-        b = (sy - a * sx) / sw
-        if b < 0:  # a negative fixed cost is unphysical: refit through the origin
-            a, b = sxy / sxx, 0.0
+        a, b = weighted_line([(r.bytes_read() / r.bandwidth(), 1.0 / r.decode_tok_s, r.decode_tok_s ** 2)
+                              for r in rows if r.engine_class == cls])
         out[cls] = Constants(round(1 / a, 6), round(b, 9))
     return out
 
@@ -200,6 +211,13 @@ def _precision(engine_class: str, text: str) -> str | None:
     return None
 
 
+def reference_match(r: dict) -> tuple[tuple[str, str], str] | None:
+    """((target, power mode), model repo) of a batch-1 reference row on a known board and model, else None."""
+    dev = DEVICE_MAP.get(r["device"])
+    model = next((m for pat, m in MODEL_MAP.items() if re.search(pat, r["model"].lower())), None)
+    return (dev, model) if dev and model and r["batch_or_concurrency"] == "1" else None
+
+
 def extract(reference_csv: Path) -> list[dict]:
     """Rows of the reference CSV this model can be fitted to: batch 1, known device and model, one precision."""
     out = []
@@ -208,15 +226,15 @@ def extract(reference_csv: Path) -> list[dict]:
             engine = r["engine"]
             cls = TENSORRT if engine.startswith("TensorRT Edge-LLM") and "EAGLE" not in engine else \
                 MLC if engine == "MLC/TVM" else None
-            dev = DEVICE_MAP.get(r["device"])
-            model = next((m for pat, m in MODEL_MAP.items() if re.search(pat, r["model"].lower())), None)
+            match = reference_match(r)
             prec = _precision(cls, r["precision"]) if cls else None
             try:
                 tok = float(r["decode_tok_s"])
             except ValueError:
                 continue
-            if not (cls and dev and model and prec) or r["batch_or_concurrency"] != "1":
+            if not (cls and match and prec):
                 continue
+            dev, model = match
             isl = re.sub(r"[^0-9]", "", r["isl_tokens"]) or "16"
             osl = re.sub(r"[^0-9]", "", r["osl_tokens"]) or "128"
             out.append({"target": dev[0], "power_mode": dev[1], "engine_class": cls, "model": model,
@@ -241,6 +259,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["fit"]:
         report = {**fit_report(), "prefill": prefill.fit_report()}
         FIT.write_text(json.dumps(report, indent=1) + "\n")
+        fit_data.cache_clear()
         fitted.cache_clear()
         d, p = report, report["prefill"]
         print(json.dumps(report, indent=1))

@@ -258,12 +258,10 @@ def _build_memory(req: PlanRequest, engine, fmt, memory):
 
 def _ttft(req: PlanRequest, mode: str, prediction: dict) -> float | None:
     """Time to first token for a prompt of max_input_len tokens, and the fits' leave-one-out error bands."""
-    import json
-
-    from pipeline.plan.perf import FIT
+    from pipeline.plan.perf import fit_data
     from pipeline.plan.prefill import predict_ttft_ms
 
-    data = json.loads(FIT.read_text())
+    data = fit_data()
     prediction["decode_error_band"] = data.get("loo_median_abs_error")
     pre = data.get("prefill")
     if pre is None:

@@ -43,7 +43,11 @@ class PrefillConstants:
     fixed_s: float
 
     def seconds(self, flops: float, tflops: float, read_s: float) -> float:
-        return flops / (self.efficiency * tflops * 1e12) + self.fixed_s + read_s
+        return self.seconds_at_peak(flops / (tflops * 1e12), read_s)
+
+    def seconds_at_peak(self, peak_s: float, read_s: float) -> float:
+        """peak_s: the FLOPs' time at 100% of the tensor peak."""
+        return peak_s / self.efficiency + self.fixed_s + read_s
 
 
 def weight_read_s(shape: ModelShape, weights: str, target_id: str, context: int,
@@ -98,17 +102,10 @@ def load_rows(path: Path = ROWS) -> list[PrefillRow]:
 
 
 def fit(rows: list[PrefillRow]) -> PrefillConstants:
-    """Least squares on relative error: y - read_s = a*x + b, weights 1/y^2; efficiency = 1/a."""
-    pts = [(r.x(), r.prefill_ms / 1000 - r.read_s(), r.prefill_ms / 1000) for r in rows]
-    w = [1 / y ** 2 for _, _, y in pts]
-    sw, sx = sum(w), sum(wi * x for wi, (x, _, _) in zip(w, pts, strict=True))
-    sy = sum(wi * y for wi, (_, y, _) in zip(w, pts, strict=True))
-    sxx = sum(wi * x * x for wi, (x, _, _) in zip(w, pts, strict=True))
-    sxy = sum(wi * x * y for wi, (x, y, _) in zip(w, pts, strict=True))
-    a = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
-    b = (sy - a * sx) / sw
-    if b < 0:
-        a, b = sxy / sxx, 0.0
+    """Least squares on relative error: y - read_s = a*x + b, weights 1/y^2 (y: the published time); efficiency =
+    1/a."""
+    from pipeline.plan.perf import weighted_line
+    a, b = weighted_line([(r.x(), r.prefill_ms / 1000 - r.read_s(), (1000 / r.prefill_ms) ** 2) for r in rows])
     return PrefillConstants(round(1 / a, 6), round(b, 6))
 
 
@@ -125,8 +122,7 @@ def constants_for(classes: dict[str, PrefillConstants], target_id: str, weights:
 
 
 def predict_ms(classes: dict[str, PrefillConstants], row: PrefillRow) -> float:
-    c = constants_for(classes, row.target, row.precision)
-    return 1000 * (row.x() / c.efficiency + c.fixed_s + row.read_s())
+    return 1000 * constants_for(classes, row.target, row.precision).seconds_at_peak(row.x(), row.read_s())
 
 
 def leave_one_out(rows: list[PrefillRow]) -> list[float]:
@@ -157,7 +153,7 @@ def predict_ttft_ms(shape: ModelShape, weights: str, target_id: str, isl: int, p
 
 def extract(reference_csv: Path) -> list[dict]:
     """Batch-1 prefill/TTFT rows of TensorRT engines on known boards and models, one precision each."""
-    from pipeline.plan.perf import DEVICE_MAP, MODEL_MAP, TENSORRT, _precision
+    from pipeline.plan.perf import TENSORRT, _precision, reference_match
     from pipeline.plan.targets import get_target
 
     names = {"int4": "int4_awq", "fp8": "fp8", "fp16": "fp16", "nvfp4": "nvfp4"}
@@ -167,12 +163,12 @@ def extract(reference_csv: Path) -> list[dict]:
             engine = r["engine"]
             if not (engine.startswith("TensorRT Edge-LLM") or engine.startswith("TensorRT-LLM")) or "EAGLE" in engine:
                 continue
-            dev = DEVICE_MAP.get(r["device"])
-            model = next((m for pat, m in MODEL_MAP.items() if re.search(pat, r["model"].lower())), None)
+            match = reference_match(r)
             prec = names.get(_precision(TENSORRT, r["precision"]) or "")
             isl = re.sub(r"[^0-9]", "", r["isl_tokens"])
-            if not (dev and model and prec and isl) or r["batch_or_concurrency"] != "1":
+            if not (match and prec and isl):
                 continue
+            dev, model = match
             ms = None
             try:
                 ms = float(r["ttft_or_prefill_ms"])
