@@ -36,3 +36,10 @@ def test_bootstrap_interval_contains_the_change_and_shrinks_with_more_windows():
     noise = [(100.0, 100.0 + rng.gauss(0, 4), 100) for _ in range(40)]
     lo, hi = bootstrap_interval(noise)
     assert lo < 0 < hi                                                      # noise: the interval holds 0
+
+
+def test_a_heldout_path_that_is_a_fifo_is_an_error_not_a_hang(tmp_path):
+    import os
+    os.mkfifo(tmp_path / "pipe.txt")
+    with pytest.raises(PipelineError, match=r"validation.heldout = 'file:pipe.txt': cannot read .*not a regular file"):
+        heldout_text("file:pipe.txt", str(tmp_path / "r.toml"))

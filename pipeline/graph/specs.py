@@ -103,14 +103,12 @@ def goldens_spec(recipe: Recipe) -> StageSpec:
 
 def _heldout_digest(recipe: Recipe) -> str:
     """The held-out text's content, so a changed text re-measures (an unreadable file: the stage says why)."""
-    kind, _, value = recipe.validation["heldout"].partition(":")
-    if kind == "builtin":
-        return _data_digest(f"corpus/{value}.txt") if (Path(__file__).parents[1] / "data" / "corpus" /
-                                                       f"{value}.txt").is_file() else f"missing:{value}"
-    path = Path(value) if Path(value).is_absolute() else Path(recipe.file).parent / value
+    from pipeline.files import read_regular
+    from pipeline.plan.recipe import HELDOUT_MAX, heldout_path
+    path = heldout_path(recipe.validation["heldout"], recipe.file)
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    except OSError:
+        return hashlib.sha256(read_regular(path, HELDOUT_MAX)).hexdigest()[:16]
+    except (OSError, PipelineError):
         return f"unreadable:{path}"
 
 

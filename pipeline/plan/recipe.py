@@ -317,3 +317,16 @@ def load_recipe(name_or_path: str) -> Recipe:
     except TOMLDecodeError as exc:
         raise InputError([Problem(str(path), "(file)", None, f"is not valid TOML: {exc}")]) from None
     return parse_recipe(data, str(path), path.stem)
+
+
+CORPUS_DIR = Path(__file__).parents[1] / "data" / "corpus"
+HELDOUT_MAX = 64 * 2**20      # a held-out text of a few thousand tokens is tens of KB; more is not one
+
+
+def heldout_path(spec: str, recipe_file: str) -> Path:
+    """The file of [validation] heldout: "builtin:NAME" (pipeline/data/corpus/NAME.txt) or "file:PATH" (relative to
+    the recipe). The accuracy stage's key hashes it and the stage reads it: one resolution for both."""
+    kind, _, value = spec.partition(":")
+    if kind == "builtin":
+        return CORPUS_DIR / f"{value}.txt"
+    return Path(value) if Path(value).is_absolute() else Path(recipe_file).parent / value

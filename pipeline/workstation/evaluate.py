@@ -19,17 +19,18 @@ HELDOUT = "heldout-long-en"      # the default held-out text: ~4,800 tokens of v
 def heldout_text(spec: str, recipe_file: str) -> tuple[str, str]:
     """(name, text) of [validation] heldout: "builtin:NAME" (pipeline/data/corpus) or "file:PATH" (relative to the
     recipe)."""
-    from pathlib import Path
-
+    from pipeline.files import read_regular
+    from pipeline.plan.recipe import HELDOUT_MAX, heldout_path
     from pipeline.workstation.tinymodel import corpus_text
     kind, _, value = spec.partition(":")
     if kind == "builtin":
-        return value, corpus_text(value)
-    path = (Path(recipe_file).parent / value) if not Path(value).is_absolute() else Path(value)
-    try:
-        return path.name, path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PipelineError(f"{recipe_file}: validation.heldout = {spec!r}: cannot read {path} ({exc})",
+        return value, corpus_text(value)       # its error lists the builtin corpora
+    path = heldout_path(spec, recipe_file)
+    try:        # a regular file of bounded size: a FIFO or a link to /dev/zero named here is an error, not a hang
+        return path.name, read_regular(path, HELDOUT_MAX).decode("utf-8")
+    except (OSError, UnicodeDecodeError, PipelineError) as exc:
+        why = exc.message if isinstance(exc, PipelineError) else str(exc)
+        raise PipelineError(f"{recipe_file}: validation.heldout = {spec!r}: cannot read {path} ({why})",
                             "point it at a UTF-8 text file of your domain, or use builtin:heldout-long-en") from None
 
 
