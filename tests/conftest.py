@@ -121,3 +121,14 @@ def project(tmp_path) -> Project:
 def _isolated_keys(tmp_path, monkeypatch):
     """Signing keys and trusted keys live under a temporary home, never in ~/.config."""
     monkeypatch.setenv("JETSON_PIPELINE_HOME", str(tmp_path / "jetson-pipeline-home"))
+
+
+def small_disk(monkeypatch, free_blocks: int, block: int = 4096) -> None:
+    """os.statvfs reports `free_blocks` free blocks of `block` bytes everywhere (a nearly full disk)."""
+    real = os.statvfs
+
+    def small(path):
+        s = real(path)
+        return os.statvfs_result((s.f_bsize, block, s.f_blocks, free_blocks, free_blocks, s.f_files, s.f_ffree,
+                                  s.f_favail, s.f_flag, s.f_namemax))
+    monkeypatch.setattr(os, "statvfs", small)

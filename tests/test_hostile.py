@@ -94,6 +94,13 @@ def refused(capsys, root: Path, dest: Path | None, argv: list, match: str) -> st
     return err
 
 
+def unpacked(capsys, root: Path, dest: Path, *flags: str) -> None:
+    """`unpack` of the world's kit into dest succeeds and dest holds the kit's payload."""
+    rc, _, err = run(capsys, "unpack", root / "kits" / "demo", dest, *flags)
+    assert rc == 0, err
+    assert (dest / "plan.json").read_text() == '{"a": 1}'
+
+
 def flip(path: Path, at: int = 500) -> None:
     st = os.stat(path)
     with open(path, "r+b") as fh:
@@ -383,10 +390,7 @@ def test_unpack_onto_a_dangling_symlink(world, capsys):
 
 def test_unpack_into_a_250_character_name(world, capsys):
     root, _ = world
-    dest = root / ("d" * 250)
-    rc, out, err = run(capsys, "unpack", root / "kits" / "demo", dest)
-    assert rc == 0, err
-    assert (dest / "plan.json").read_text() == '{"a": 1}'
+    unpacked(capsys, root, root / ("d" * 250))
 
 
 def test_unpack_refuses_a_downgrade_unless_allowed(world, capsys):
@@ -398,9 +402,7 @@ def test_unpack_refuses_a_downgrade_unless_allowed(world, capsys):
     (root / "dest.installed.json").write_text(json.dumps(record))
     err = refused(capsys, root, dest, ["unpack", root / "kits" / "demo", dest], "refusing to downgrade")
     assert "--allow-downgrade" in err
-    rc, _, err = run(capsys, "unpack", root / "kits" / "demo", dest, "--allow-downgrade")
-    assert rc == 0, err
-    assert (dest / "plan.json").read_text() == '{"a": 1}'
+    unpacked(capsys, root, dest, "--allow-downgrade")
 
 
 def test_unpack_again_replaces_the_same_kit(world, capsys):
@@ -408,8 +410,7 @@ def test_unpack_again_replaces_the_same_kit(world, capsys):
     dest = root / "dest"
     assert run(capsys, "unpack", root / "kits" / "demo", dest)[0] == 0
     (dest / "plan.json").write_text("planted")
-    assert run(capsys, "unpack", root / "kits" / "demo", dest)[0] == 0
-    assert (dest / "plan.json").read_text() == '{"a": 1}'
+    unpacked(capsys, root, dest)
 
 
 def test_unpack_removes_a_killed_unpacks_staging(world, capsys):
@@ -446,14 +447,9 @@ def test_disk_full_during_unpack(world, capsys, monkeypatch):
 
 
 def test_not_enough_space_says_how_much_in_useful_units(world, capsys, monkeypatch):
+    from conftest import small_disk
     root, _ = world
-    real = os.statvfs
-
-    def small(p):
-        s = real(p)
-        return os.statvfs_result((s.f_bsize, 4096, s.f_blocks, 50, 50, s.f_files, s.f_ffree, s.f_favail,
-                                  s.f_flag, s.f_namemax))
-    monkeypatch.setattr(os, "statvfs", small)
+    small_disk(monkeypatch, 50)
     refused(capsys, root, root / "dest", ["unpack", root / "kits" / "demo", root / "dest"],
             "the kit unpacks to 16.2 MiB (with block rounding), 200.0 KiB free")
     refused(capsys, root, root / "stick", ["transfer", root / "kits" / "demo", root / "stick"],

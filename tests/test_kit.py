@@ -236,14 +236,9 @@ def test_duplicate_and_unlisted_members(tmp_path, key):
 
 
 def test_not_enough_free_space_is_checked_before_extracting(tmp_path, src, key, monkeypatch):
+    from conftest import small_disk
     kit = packed(tmp_path, src, key)
-    real = os.statvfs
-
-    def small(p):
-        st = real(p)
-        return os.statvfs_result((st.f_bsize, 4096, st.f_blocks, 24, 24, st.f_files, st.f_ffree, st.f_favail,
-                                  st.f_flag, st.f_namemax))
-    monkeypatch.setattr(os, "statvfs", small)
+    small_disk(monkeypatch, 24)
     with pytest.raises(KitError, match=r"not enough free space in .*: the kit unpacks to 16.3 MiB \(with block "
                                        r"rounding\), 96.0 KiB free"):
         unpack(kit, tmp_path / "dest", [key.public])
