@@ -59,9 +59,10 @@ def _destination(kit: Path, dest_root: Path) -> Path:
 
 def transfer(kit: Path, dest_root: Path, trusted: list[PublicKey], progress=None) -> Path:
     """Copy `kit` into `dest_root/<kit name>`, keeping only destination files proven equal to the source's, then
-    verify the copy in full against the source's signed hashes. Returns the destination kit directory."""
+    verify the copy against the source's signed hashes: every file is hashed once at the destination (a kept file
+    when it is kept, a copied one after its copy). Returns the destination kit directory."""
     kit = Path(kit)
-    source = check_kit(kit, trusted, hash_parts=False)      # the copy is hashed in full at the end
+    source = check_kit(kit, trusted, hash_parts=False)      # the parts are hashed at the destination below
     dest = _destination(kit, dest_root)
     want = {MANIFEST: source.manifest_sha256, **{p.name: p.sha256 for p in source.manifest.parts}}
     names = [MANIFEST, *want.keys() - {MANIFEST}, SUMS, SIG]
@@ -106,8 +107,12 @@ def transfer(kit: Path, dest_root: Path, trusted: list[PublicKey], progress=None
             fo.flush()
             os.fsync(fo.fileno())
         os.replace(partial, final)
-    copy = check_kit(dest, trusted, progress=None)
+    copy = check_kit(dest, trusted, hash_parts=False)       # signature, name, file set, manifest, sizes
     if copy.manifest_sha256 != source.manifest_sha256 or (dest / SUMS).read_bytes() != (kit / SUMS).read_bytes():
         raise KitError(f"{dest}: the copy is not the source kit", "copy it again")
+    for n in sorted(set(want) - keep):      # kept files were hashed against the same signed sums by _same()
+        if sha256_file(dest / n) != want[n]:
+            raise KitError(f"{dest / n}: sha256 does not match the source kit's signed {SUMS}: the source or the "
+                           "copy is damaged", "check the source with `python -m pipeline verify`, then copy again")
     return dest
 
