@@ -269,17 +269,27 @@ def _fetch_digest(recipe: Recipe) -> str:
     return built_manifest(fetch_spec(recipe).dir)["content_digest"]
 
 
+def _damaged(spec: StageSpec, what: str) -> PipelineError:
+    """A stage output whose bytes are no longer what its stage recorded: the stage's manifest is dropped so it
+    re-runs on the next build, and the error says which file and stage. Nothing was signed."""
+    from pipeline.graph.framework import MANIFEST
+    (spec.dir / MANIFEST).unlink(missing_ok=True)
+    return PipelineError(f"{what}; written by the {spec.stage} stage ({spec.dir})",
+                         "run the build again: that stage re-runs and the kit is packed from its fresh output; "
+                         "nothing was signed")
+
+
 def _recorded_json(spec: StageSpec, name: str) -> dict:
     """A stage's JSON output, read only if its bytes are what the stage recorded (same-size damage is refused as at
     packaging, and the stage re-runs on the next build)."""
-    from pipeline.graph.framework import MANIFEST, built_manifest
-    path = spec.dir / name
-    data = path.read_bytes()
+    from pipeline.files import read_regular
+    from pipeline.graph.framework import built_manifest
+    try:
+        data = read_regular(spec.dir / name, contract.MAX_RECORD_BYTES)
+    except PipelineError as exc:
+        raise _damaged(spec, exc.message) from None
     if hashlib.sha256(data).hexdigest() != built_manifest(spec.dir)["files"][name]["sha256"]:
-        (spec.dir / MANIFEST).unlink(missing_ok=True)
-        raise PipelineError(f"{name}: its bytes changed since the stage that wrote it recorded them; written by the "
-                            f"{spec.stage} stage ({spec.dir})", "run the build again: that stage re-runs; nothing "
-                            "was signed")
+        raise _damaged(spec, f"{name}: its bytes changed since the stage that wrote it recorded them")
     return json.loads(data)
 
 
@@ -345,7 +355,7 @@ def do_package(recipe: Recipe, target: str) -> dict:
 
     from pipeline import __version__
     from pipeline.files import link_or_copy
-    from pipeline.graph.framework import MANIFEST, built_manifest
+    from pipeline.graph.framework import built_manifest
     from pipeline.kit.archive import DamagedInput, pack
     from pipeline.kit.signing import signing_key
 
@@ -399,12 +409,9 @@ def do_package(recipe: Recipe, target: str) -> dict:
             kit = pack(content, out / kit_name(recipe, target), kit_name(recipe, target), "kit", key, meta=meta,
                        expected=recorded)
         except DamagedInput as exc:
-            owner = owners[exc.rel][0] if exc.rel in owners else None
-            if owner is not None:      # its stage re-runs on the next build
-                (owner.dir / MANIFEST).unlink(missing_ok=True)
-            raise PipelineError(f"{exc.message}; written by the {owner.stage if owner else 'package'} stage "
-                                f"({owner.dir if owner else out})", "run the build again: that stage re-runs "
-                                "and the kit is packed from its fresh output; nothing was signed") from None
+            if exc.rel not in owners:      # a file this stage wrote itself: the package stage re-runs anyway
+                raise PipelineError(f"{exc.message}; written by the package stage ({out})", exc.hint) from None
+            raise _damaged(owners[exc.rel][0], exc.message) from None
         shutil.rmtree(content)
         return {"kit": {"name": kit.name, "parts": len(kit.manifest.parts),
                         "total_size": kit.manifest.total_size, "signed_by": kit.signed_by, "quality": quality}}
