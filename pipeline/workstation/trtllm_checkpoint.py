@@ -19,6 +19,7 @@ REQUIRED_CONFIG = ("architecture", "dtype", "hidden_size", "num_hidden_layers", 
                    "norm_epsilon", "position_embedding_type", "rotary_base", "mapping", "quantization")
 QUANT_ALGOS = (None, "W4A16_AWQ", "W8A16", "W8A8_SQ_PER_CHANNEL")
 KV_ALGOS = (None, "INT8")
+ROUNDS_ACTIVATIONS = ("W8A8_SQ_PER_CHANNEL",)     # quant_algos whose engines round every linear's input to INT8
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen"}  # -> ModelOpt decoder_type
 
 # HF linear -> (TensorRT-LLM module, fused group). q/k/v are concatenated along the output dimension.
