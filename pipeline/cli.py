@@ -85,6 +85,28 @@ def _plan_cmd(args) -> int:
     return 1 if refused else 0
 
 
+def _compare_cmd(args) -> int:
+    from pipeline.graph import compare
+    from pipeline.graph.specs import recipe_path
+    from pipeline.plan.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe)
+    formats = compare.parse_formats(args.formats) if args.formats else compare.default_formats(recipe)
+    out = Path(args.out) if args.out else recipe_path(recipe, "compare")
+    from pipeline import progress
+    # with --json, stdout carries the JSON alone: the stages' lines go to stderr
+    previous = progress.set_terminal(sys.stderr, sys.stderr) if args.json else None
+    try:
+        result = compare.run(recipe, formats)
+    finally:
+        if previous is not None:
+            progress.set_terminal(*previous)
+    js, png = compare.write(result, out)
+    print(json.dumps(result, indent=1) if args.json else compare.render(result, recipe.weights))
+    print(f"wrote {js} and {png}", file=sys.stderr)
+    return 0
+
+
 def _targets_cmd(args) -> int:
     from pipeline.plan.targets import load_targets
 
@@ -216,6 +238,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--power-mode", help="nvpmodel mode for the prediction (default: the fastest)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_plan_cmd)
+
+    c = sub.add_parser("compare", help="which format? quantize, measure and plan each one (table, JSON, chart)",
+                       description="Quantize the recipe's model in each weight format (one fetch, shared), measure "
+                                   "perplexity change (with its 95%% interval) and top-1 agreement on the recipe's "
+                                   "held-out text, and plan each format for each target: memory, fits, predicted "
+                                   "decode and TTFT. Prints one table per target and writes compare.json and "
+                                   "compare.png (accuracy vs speed). Formats measured before are not measured again, "
+                                   "and `doit build` reuses these stages.",
+                       epilog="examples:\n  python -m pipeline compare tiny-llama-cpu\n"
+                              "  python -m pipeline compare llama3.2-3b-orin-nano --formats int4_awq,int8_wo,fp16",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("recipe", help="recipe name (recipes/NAME.toml) or path to a .toml")
+    c.add_argument("--formats", metavar="A,B,...",
+                   help=f"weight formats to compare (default: every format the recipe's targets build; known: "
+                        f"{', '.join(WEIGHT_FORMATS)})")
+    c.add_argument("--out", metavar="DIR", help="where compare.json and compare.png go "
+                                                "(default artifacts/RECIPE/compare)")
+    c.add_argument("--json", action="store_true", help="print compare.json instead of the tables")
+    c.set_defaults(func=_compare_cmd)
 
     t = sub.add_parser("targets", help="list the Jetson target profiles")
     t.set_defaults(func=_targets_cmd)

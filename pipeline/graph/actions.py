@@ -172,33 +172,41 @@ def _model_dir(recipe: Recipe) -> Path:
     return fetch_spec(recipe).dir / "model"
 
 
-def _refuse_what_export_would(recipe: Recipe) -> None:
-    """What an export would refuse for reasons known from the recipe and the fetched files, refused before the
-    calibration (minutes to hours) instead of after it."""
+def export_refusal(recipe: Recipe, plan: contract.Plan) -> str | None:
+    """Why the export for this plan's target would refuse, where that is known from the recipe and the fetched
+    files alone (so it is said before a calibration of minutes to hours, not after it)."""
     from pipeline.workstation.fetch import has_chat_template
 
-    for target in recipe.targets:
-        backend = backends.get(recipe_plan(recipe, target).backend)
-        if backend.needs_chat_template and not has_chat_template(_model_dir(recipe)):
-            raise PipelineError(f"{recipe.file}: {backend.label} (target {target}) renders prompts with the "
-                                "tokenizer's chat template, and this model's tokenizer has none",
-                                "use the instruct model's repository, or add chat_template.jinja to the local model")
+    backend = backends.get(plan.backend)
+    if backend.needs_chat_template and not has_chat_template(_model_dir(recipe)):
+        return (f"{backend.label} (target {plan.target}) renders prompts with the tokenizer's chat template, and "
+                "this model's tokenizer has none")
+    return None
 
 
-def do_quantize(recipe: Recipe) -> dict:
+def quantize_stage(recipe: Recipe, plans: list[contract.Plan], for_export: bool = True) -> dict:
+    """The quantize stage of `recipe` for its targets' plans (built unless current); returns its manifest.
+    for_export: first refuse what the export would refuse (compare measures without exporting)."""
     from pipeline.workstation.calibrate import quantize
 
-    spec = quantize_spec(recipe)
-    group_sizes = {recipe_plan(recipe, t).quant.group_size for t in recipe.targets}
+    group_sizes = {p.quant.group_size for p in plans}
     if len(group_sizes) != 1:
         raise PipelineError(f"{recipe.file}: targets need different group sizes {sorted(group_sizes, key=str)}",
                             "set quantization.group_size")
-    _refuse_what_export_would(recipe)
+    for plan in plans if for_export else []:
+        refusal = export_refusal(recipe, plan)
+        if refusal:
+            raise PipelineError(f"{recipe.file}: {refusal}",
+                                "use the instruct model's repository, or add chat_template.jinja to the local model")
     q = recipe.quantization
-    manifest = run_stage(spec, lambda out: quantize(_model_dir(recipe), out, q["weights"], q["kv_cache"],
-                                                    group_sizes.pop(), q["calibration"], recipe.file,
-                                                    handoff=_handoff()))
-    recipe_link(recipe, "quantize", None, spec)
+    return run_stage(quantize_spec(recipe), lambda out: quantize(_model_dir(recipe), out, q["weights"],
+                                                                 q["kv_cache"], group_sizes.pop(), q["calibration"],
+                                                                 recipe.file, handoff=_handoff()))
+
+
+def do_quantize(recipe: Recipe) -> dict:
+    manifest = quantize_stage(recipe, [recipe_plan(recipe, t) for t in recipe.targets])
+    recipe_link(recipe, "quantize", None, quantize_spec(recipe))
     return manifest
 
 
@@ -306,14 +314,13 @@ def _quality_gate(recipe: Recipe) -> str | None:
                 recipe.validation["accept_quality"] or accept_quality())
 
 
-def do_accuracy(recipe: Recipe) -> dict:
+def accuracy_stage(recipe: Recipe) -> dict:
+    """The accuracy stage of `recipe` (built unless current); returns its manifest."""
     from transformers import AutoTokenizer
 
     from pipeline.workstation.cpu_linear import skinny_linears
     from pipeline.workstation.evaluate import accuracy_report, heldout_text, write_report
     from pipeline.workstation.models import load_model
-
-    spec = accuracy_spec(recipe)
 
     def build(out: Path) -> dict:
         tok = AutoTokenizer.from_pretrained(_model_dir(recipe))
@@ -326,8 +333,12 @@ def do_accuracy(recipe: Recipe) -> dict:
         return {"accuracy": {k: report[k] for k in ("perplexity_change", "perplexity_change_interval",
                                                               "top1_agreement", "logit_cosine", "heldout", "tokens")}}
 
-    manifest = run_stage(spec, build)
-    recipe_link(recipe, "accuracy", None, spec)
+    return run_stage(accuracy_spec(recipe), build)
+
+
+def do_accuracy(recipe: Recipe) -> dict:
+    manifest = accuracy_stage(recipe)
+    recipe_link(recipe, "accuracy", None, accuracy_spec(recipe))
     return manifest
 
 
@@ -477,6 +488,8 @@ def stage_summary(stage: str, result) -> str:
         return f"{src.get('kind', 'model')} {what}, {_count(len(result['files']), 'file')}, {size / 1e6:.1f} MB"
     if stage == "quantize":
         q = result["quantize"]
+        if q.get("method") == "none":
+            return f"{q['weights']} (KV {q['kv_cache']}): nothing to quantize"
         tokens = q.get("calibration_tokens") or 0
         data = f"{tokens} calibration tokens" if tokens else "no calibration data"
         return f"{q['weights']} (KV {q['kv_cache']}) on {q['device']}, {data}"
