@@ -200,50 +200,57 @@ class CheckpointModel:
         self.lm_head = Linear(self.t, "lm_head", None, None, scratch)   # fp16 in every 0.12 format here
 
     def _layer(self, L: dict, h: torch.Tensor) -> torch.Tensor:
-        """One decoder layer on the residual stream h (T, hidden) -> (T, hidden)."""
+        """One decoder layer on residual streams h (B, T, hidden) -> (B, T, hidden): B sequences of the same T
+        tokens share one dequantization of each weight."""
         eps = self.cfg["norm_epsilon"]
-        T, nq, nkv, d = h.shape[0], self.heads, self.kv_heads, self.head
+        B, T, nq, nkv, d = h.shape[0], h.shape[1], self.heads, self.kv_heads, self.head
         mask = torch.full((T, T), float("-inf"), device=self.device).triu(1)
         qkv = L["attention.qkv"](_rmsnorm(h, L["in"], eps))
         q, k, v = qkv.split([nq * d, nkv * d, nkv * d], -1)
-        q = _rope(q.view(T, nq, d).transpose(0, 1), self.freq)
-        k = _rope(k.view(T, nkv, d).transpose(0, 1), self.freq)
-        v = v.view(T, nkv, d).transpose(0, 1)
+        q = _rope(q.view(B, T, nq, d).transpose(1, 2), self.freq)          # (B, heads, T, d)
+        k = _rope(k.view(B, T, nkv, d).transpose(1, 2), self.freq)
+        v = v.view(B, T, nkv, d).transpose(1, 2)
         if self.kv_int8:
             s = L["kv"].float()
             k, v = _round_int8(k, s), _round_int8(v, s)
         rep = nq // nkv
-        k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
-        att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d) + mask, -1) @ v
-        h = h + L["attention.dense"](att.transpose(0, 1).reshape(T, nq * d))
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d) + mask, -1) @ v
+        h = h + L["attention.dense"](att.transpose(1, 2).reshape(B, T, nq * d))
         x = _rmsnorm(h, L["post"], eps)
         return h + L["mlp.proj"](torch.nn.functional.silu(L["mlp.fc"](x)) * L["mlp.gate"](x))
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(_rmsnorm(h, self.t["transformer.ln_f.weight"], self.cfg["norm_epsilon"]))
 
     @torch.no_grad()
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (T,) -> logits (T, vocab) over the padded vocabulary."""
-        h = self.embed[ids.to(self.device)].float()
+        h = self.embed[ids.to(self.device)].float()[None]
         for L in self.layers:
             h = self._layer(L, h)
-        return self.lm_head(_rmsnorm(h, self.t["transformer.ln_f.weight"], self.cfg["norm_epsilon"]))
+        return self._head(h)[0]
 
     @torch.no_grad()
-    def layer_errors(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> list[float]:
-        """Each decoder layer run on the reference model's own input to it (teacher forcing): the relative error
-        of what the layer adds to the residual stream, ||reader delta - reference delta|| / ||reference delta||.
+    def logits_and_layer_errors(self, ids: torch.Tensor, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+                                ) -> tuple[torch.Tensor, list[float]]:
+        """logits(ids), and each decoder layer run on the reference model's own input to it (teacher forcing): the
+        relative error of what the layer adds to the residual stream, ||reader delta - reference delta|| /
+        ||reference delta||. Both streams go through each layer together, so each weight is dequantized once.
 
         Where the deployed numerics round activations (SmoothQuant's INT8 inputs, an INT8 KV cache), two correct
         implementations that sum in a different order round a few values near a level boundary differently, and
         end to end those one-level differences compound over the layers (SmolLM2-135M, 30 layers: logit cosine
         down to 0.996 at some positions). Layer by layer nothing compounds: an exact export stays near 1e-3,
         while a wrong scale, packing, norm or RoPE setting is off by far more in the layer that holds it."""
+        h = self.embed[ids.to(self.device)].float()
         errors = []
         for L, x, y in zip(self.layers, inputs, outputs, strict=True):
             x, y = x.to(self.device).float(), y.to(self.device).float()
+            h, forced = self._layer(L, torch.stack([h, x]))
             want = y - x
-            got = self._layer(L, x) - x
-            errors.append(float((got - want).norm() / want.norm().clamp(min=1e-30)))
-        return errors
+            errors.append(float((forced - x - want).norm() / want.norm().clamp(min=1e-30)))
+        return self._head(h), errors
 
 
 def agreement(reference: torch.Tensor, candidate: torch.Tensor, tie: float = 1e-3) -> dict:

@@ -19,7 +19,7 @@ from pipeline.progress import StepTimer
 from pipeline.workstation.trtllm_checkpoint import ARCHITECTURES, CONFIG, ROUNDS_ACTIVATIONS, WEIGHTS, validate
 
 MIN_COSINE = 0.999      # reader vs calibrated model; a packing or name-mapping bug lands far below this
-MIN_TOP1 = 0.99         # only where nothing rounds activations (see reader.CheckpointModel.layer_errors)
+MIN_TOP1 = 0.99         # only where nothing rounds activations (see CheckpointModel.logits_and_layer_errors)
 # each layer on the reference's own input: an exact export measured <= 0.0018 (SmolLM2, INT8 SQ); a 1% weight scale
 # error or a wrong norm epsilon 0.0096-0.010, a wrong RoPE base 0.13
 MAX_LAYER_ERROR = 0.005
@@ -116,8 +116,8 @@ def fidelity(reference, reader, ids, inputs, outputs, vocab: int, rounds_activat
     differences between two correct summation orders compound over the layers (the layer check still holds)."""
     from pipeline.workstation.reader import agreement
 
-    check = agreement(reference[:, :vocab].cpu(), reader.logits(ids)[:, :vocab].cpu())
-    errors = reader.layer_errors(inputs, outputs)
+    logits, errors = reader.logits_and_layer_errors(ids, inputs, outputs)
+    check = agreement(reference[:, :vocab].cpu(), logits[:, :vocab].cpu())
     worst = max(range(len(errors)), key=errors.__getitem__)
     check.update(layer_error_max=round(errors[worst], 6), layer_error_worst=worst,
                  rounds_activations=rounds_activations)
