@@ -86,6 +86,7 @@ def _plan_cmd(args) -> int:
 
 
 def _compare_cmd(args) -> int:
+    from pipeline import progress
     from pipeline.graph import compare
     from pipeline.graph.specs import recipe_path
     from pipeline.plan.recipe import load_recipe
@@ -93,7 +94,6 @@ def _compare_cmd(args) -> int:
     recipe = load_recipe(args.recipe)
     formats = compare.parse_formats(args.formats) if args.formats else compare.default_formats(recipe)
     out = Path(args.out) if args.out else recipe_path(recipe, "compare")
-    from pipeline import progress
     # with --json, stdout carries the JSON alone: the stages' lines go to stderr
     previous = progress.set_terminal(sys.stderr, sys.stderr) if args.json else None
     try:

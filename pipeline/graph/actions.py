@@ -287,7 +287,7 @@ def _damaged(spec: StageSpec, what: str) -> PipelineError:
                          "nothing was signed")
 
 
-def _recorded_json(spec: StageSpec, name: str) -> dict:
+def recorded_json(spec: StageSpec, name: str) -> dict:
     """A stage's JSON output, read only if its bytes are what the stage recorded (same-size damage is refused as at
     packaging, and the stage re-runs on the next build)."""
     from pipeline.files import read_regular
@@ -308,7 +308,7 @@ def _quality_gate(recipe: Recipe) -> str | None:
     from pipeline.graph.tasks import accept_quality
 
     spec = accuracy_spec(recipe)
-    accuracy = _recorded_json(spec, contract.ACCURACY_JSON)
+    accuracy = recorded_json(spec, contract.ACCURACY_JSON)
     others = measured_formats(artifacts_dir() / "stages", _fetch_digest(recipe), accuracy["heldout"])
     return gate(accuracy, recipe.validation, others, recipe.file,
                 recipe.validation["accept_quality"] or accept_quality())

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import contract
 from pipeline.errors import PipelineError
+from pipeline.files import write_atomic
 from pipeline.graph.specs import accuracy_spec, fetch_spec, quantize_spec, recipe_path
 from pipeline.plan.formats import WEIGHT_FORMATS
 from pipeline.plan.recipe import Recipe
@@ -104,6 +104,7 @@ def run(recipe: Recipe, formats: list[str]) -> dict:
     plans = {w: {t: plan_recipe(variant(recipe, w), t, config, source).to_record() for t in recipe.targets}
              for w in formats}
     measured: dict[str, Measurement] = {}
+    heldout: dict = {}              # the held-out text's name and token count (the same in every report)
     failed: dict[str, str] = {}
     for w in formats:
         buildable = [p for p in plans[w].values() if p.stack is not None]
@@ -119,7 +120,7 @@ def run(recipe: Recipe, formats: list[str]) -> dict:
             _stage("accuracy", label, logs / f"compare-{w}-accuracy.log", lambda v=v: actions.accuracy_stage(v),
                    lambda r: actions.stage_summary("accuracy", r))
         if ok:
-            measured[w] = _measurement(v)
+            measured[w], heldout = _measurement(v)
         else:
             failed[w] = f"quantize or accuracy failed (above; logs in {logs})"
     if not measured:
@@ -127,8 +128,6 @@ def run(recipe: Recipe, formats: list[str]) -> dict:
             f"none of {', '.join(formats)} is built by a stack of {', '.join(recipe.targets)}"
         raise PipelineError(f"{recipe.name}: no format could be measured: {why}",
                             "compare formats the recipe's targets build (python -m pipeline compare --help)")
-    heldout = json.loads((accuracy_spec(variant(recipe, next(iter(measured)))).dir /
-                          contract.ACCURACY_JSON).read_text())
     return {"format": FORMAT, "recipe": recipe.name, "model": plans[formats[0]][recipe.targets[0]].model.name,
             "kv_cache": recipe.kv_cache, "heldout": heldout["heldout"], "heldout_tokens": heldout["tokens"],
             "limits": {k: recipe.validation[k] for k in ("max_perplexity_increase", "min_top1_agreement")},
@@ -143,13 +142,16 @@ def _export_refusal(recipe: Recipe, plan: contract.Plan) -> str | None:
     return export_refusal(recipe, plan) if plan.stack is not None else None
 
 
-def _measurement(recipe: Recipe) -> Measurement:
+def _measurement(recipe: Recipe) -> tuple[Measurement, dict]:
+    """The accuracy stage's figures (read as the quality gate reads them: bounded, and only if its bytes are what
+    the stage recorded), and the report itself."""
+    from pipeline.graph.actions import recorded_json
     from pipeline.graph.framework import built_manifest
 
-    a = json.loads((accuracy_spec(recipe).dir / contract.ACCURACY_JSON).read_text())
+    a = recorded_json(accuracy_spec(recipe), contract.ACCURACY_JSON)
     seconds = sum(built_manifest(spec.dir)["seconds"] for spec in (quantize_spec(recipe), accuracy_spec(recipe)))
     lo, hi = a["perplexity_change_interval"]
-    return Measurement(a["perplexity_change"], (lo, hi), a["top1_agreement"], a["logit_cosine"], round(seconds, 1))
+    return Measurement(a["perplexity_change"], (lo, hi), a["top1_agreement"], a["logit_cosine"], round(seconds, 1)), a
 
 
 def _row(weights: str, plan: contract.Plan, m: Measurement | None, failed: str | None) -> Row:
@@ -216,8 +218,6 @@ def write(result: dict, out: Path) -> tuple[Path, Path]:
 
     out.mkdir(parents=True, exist_ok=True)
     js, png = out / JSON_NAME, out / PNG_NAME
-    tmp = js.with_name(f".{JSON_NAME}.{os.getpid()}")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, js)
+    write_atomic(js, json.dumps(result, indent=1) + "\n")
     save_chart(result, png)
     return js, png
