@@ -111,6 +111,8 @@ def test_an_unknown_format_is_refused_before_any_work(tmp_path):
     assert "error: --formats 'int4_awq,int3': unknown format 'int3'" in proc.stderr
     assert "fp16, int4_awq" in proc.stderr and "Traceback" not in proc.stderr
     assert not project.artifacts.exists() or not any(os.scandir(project.artifacts))
+    proc = project.cli("compare", "cmp", "--formats", " , ")
+    assert proc.returncode == 2 and "error: --formats ' , ': empty" in proc.stderr
 
 
 def test_recommendation_is_the_fastest_format_that_fits_within_the_limits():
