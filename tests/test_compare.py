@@ -124,6 +124,6 @@ def test_recommendation_is_the_fastest_format_that_fits_within_the_limits():
     limits = {"max_perplexity_increase": 0.25, "min_top1_agreement": 0.7}
     target = {"rows": [row("fp16", False, 10.0, 0.0, 1.0), row("int8_wo", True, 18.0, 0.01, 0.97),
                        row("int4_awq", True, 30.0, 0.40, 0.8), row("int8_sq", True, 20.0, 0.05, 0.6)]}
-    assert recommendation(target, limits) == "fastest that fits within the quality limits: int8_wo (~18.0 tok/s)"
+    assert recommendation(target, limits) == "fastest that fits within the quality limits: int8_wo (~18 tok/s)"
     target["rows"] = target["rows"][2:]
     assert recommendation(target, limits).startswith("no compared format both fits")

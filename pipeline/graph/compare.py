@@ -182,7 +182,7 @@ def recommendation(target: dict, limits: dict) -> str:
     if not good:
         return "no compared format both fits and meets the recipe's quality limits"
     best = max(good, key=lambda r: r["decode_tok_s"] or 0.0)
-    return f"fastest that fits within the quality limits: {best['weights']} (~{best['decode_tok_s']} tok/s)"
+    return f"fastest that fits within the quality limits: {best['weights']} (~{best['decode_tok_s']:.0f} tok/s)"
 
 
 def render(result: dict, recipe_weights: str) -> str:
@@ -197,7 +197,7 @@ def render(result: dict, recipe_weights: str) -> str:
             mark = "*" if r["weights"] == recipe_weights else " "
             mem = f"{r['memory_bytes'] / 1e9:.2f} GB" if r["memory_bytes"] else "-"
             fits = ("yes" if r["fits"] else "no") if r["planned"] else "-"
-            decode = f"{r['decode_tok_s']:g} tok/s" if r["decode_tok_s"] is not None and r["planned"] else "-"
+            decode = f"{r['decode_tok_s']:.0f} tok/s" if r["decode_tok_s"] is not None and r["planned"] else "-"
             ttft = f"{r['ttft_ms']:.0f} ms" if r["ttft_ms"] is not None and r["planned"] else "-"
             m = r["measured"]
             ppl = f"{m['perplexity_change']:+.1%} ({m['interval'][0]:+.1%} to {m['interval'][1]:+.1%})" if m else "-"

@@ -38,7 +38,7 @@ def save_chart(result: dict, path: Path) -> None:
             k = near[round(x, 0)] = near.get(round(x, 0), -1) + 1
             ax.annotate(f"{r['weights']}{'' if r['fits'] else ' (does not fit)'}, top-1 {m['top1_agreement']:.0%}",
                         (x, y), textcoords="offset points", xytext=(8, 6 - 12 * k), fontsize=8,
-                        color=line[0].get_color())
+                        color=line[0].get_color(), bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none"})
         ax.axhline(limit, linestyle="--", color="grey", linewidth=1)
         ax.annotate(f"max_perplexity_increase {limit:+.0f}%", (0, limit), xycoords=("axes fraction", "data"),
                     xytext=(4, 3), textcoords="offset points", fontsize=7, color="grey")
