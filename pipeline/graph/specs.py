@@ -2,7 +2,7 @@
 
 Each stage's identity holds exactly the recipe fields that change its output, so editing one field re-runs only
 the stages it affects (validation prompts do not re-quantize; build limits do not re-download). The actions that
-build them are in pipeline/graph/actions.py.
+build them are in pipeline/graph/actions.py and kit_stages.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""doit task generators: the graph `dodo.py` exposes. Wiring only; each action calls into pipeline.graph.actions.
+"""doit task generators: the graph `dodo.py` exposes. Wiring only; each action calls into pipeline.graph.actions
+(fetch ... accuracy) or pipeline.graph.kit_stages (package, device).
 
 Tasks are `<stage>:<recipe>` (`<stage>:<recipe>@<target>` for per-target stages of a recipe with several targets);
 `build:<recipe>` depends on every stage of the recipe. `recipe=a,b` on the command line selects recipes (default:
@@ -208,7 +209,7 @@ def task_accuracy():
 
 def task_package():
     """Pack the target's kit: checkpoint, tokenizer, recipe, plan, goldens, accuracy; signed, split, checksummed."""
-    from pipeline.graph.actions import do_package, package_current
+    from pipeline.graph.kit_stages import do_package, package_current
 
     yield from _per_target_stage(do_package, package_current,
                                  lambda r, label: [f"export:{label}", f"goldens:{r.name}", f"accuracy:{r.name}"],
@@ -217,7 +218,7 @@ def task_package():
 
 def task_device():
     """On the recipe's builder (local or ssh://): verify, gate, build the engine, validate, bring back the bundle."""
-    from pipeline.graph.actions import device_current, do_device
+    from pipeline.graph.kit_stages import device_current, do_device
     from pipeline.graph.specs import stage_label
 
     for r in selected_recipes():
@@ -240,7 +241,7 @@ def _invalid(name: str):
 
 def task_build():
     """Every stage of the selected recipes."""
-    from pipeline.graph.actions import link_recipe
+    from pipeline.graph.kit_stages import link_recipe
     from pipeline.graph.specs import stage_label
 
     for r in selected_recipes():

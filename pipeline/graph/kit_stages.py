@@ -1,0 +1,235 @@
+"""The kit end of the graph: the package stage (quality gate, assembly, signing), the check of the finished kit,
+what to do with it, and the device stage that hands it to the recipe's builder.
+
+The stages before it (fetch ... accuracy) are in pipeline/graph/actions.py; this module only reads their outputs,
+each as its stage recorded it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from pipeline import contract
+from pipeline.errors import PipelineError
+from pipeline.graph.actions import damaged_output, fetch_digest, model_dir, recorded_json
+from pipeline.graph.framework import StageSpec, run_stage
+from pipeline.graph.specs import (
+    accuracy_spec,
+    draft_fetch_spec,
+    export_payload,
+    export_spec,
+    fetch_spec,
+    goldens_spec,
+    package_spec,
+    quantize_spec,
+    recipe_link,
+    recipe_path,
+    recipe_plan,
+)
+from pipeline.plan.recipe import Recipe
+
+
+def link_recipe(recipe: Recipe) -> str:
+    """artifacts/<recipe>/<stage> links for every built stage (stages skipped as current are shared, not re-run);
+    returns what to do with the recipe's kits."""
+    instructions = []
+    for stage, spec in (("fetch", fetch_spec(recipe)), ("fetch-draft", draft_fetch_spec(recipe)),
+                        ("quantize", quantize_spec(recipe)),
+                        ("goldens", goldens_spec(recipe)), ("accuracy", accuracy_spec(recipe))):
+        if spec is not None and spec.dir.is_dir():
+            recipe_link(recipe, stage, None, spec)
+    for target in recipe.targets:
+        spec = export_spec(recipe, recipe_plan(recipe, target))
+        if spec.dir.is_dir():
+            recipe_link(recipe, "export", target, spec)
+        spec = _package_spec(recipe, target)
+        if spec.dir.is_dir():
+            recipe_link(recipe, "kit", target, spec)
+            check_built_kit(recipe, target, spec)
+            instructions.append(kit_instructions(recipe, target))
+    return "\n".join(instructions)
+
+
+def check_built_kit(recipe: Recipe, target: str, spec: StageSpec) -> None:
+    """The finished kit, checked exactly as a device will check it (signature, name, file set, every part's
+    sha256): an extra file in the kit folder or a flipped byte in a part whose size and mtime were kept is a
+    failed build, and the kit is re-packed by the next one."""
+    from pipeline.graph.framework import MANIFEST
+    from pipeline.kit.signing import signing_key
+    from pipeline.kit.verify import check_kit
+
+    try:
+        check_kit(kit_path(recipe, target), [signing_key(create=True).public])
+    except PipelineError as exc:
+        (spec.dir / MANIFEST).unlink(missing_ok=True)
+        raise PipelineError(f"the kit would not pass `verify` on a device: {exc.message}",
+                            "run the build again: the kit is re-packed from the stages' outputs") from None
+
+
+def _quality_gate(recipe: Recipe) -> str | None:
+    """The recipe's accuracy limits, before anything is signed (graph/quality.py)."""
+    from pipeline.graph.framework import artifacts_dir
+    from pipeline.graph.quality import gate, measured_formats
+    from pipeline.graph.tasks import accept_quality
+
+    spec = accuracy_spec(recipe)
+    accuracy = recorded_json(spec, contract.ACCURACY_JSON)
+    others = measured_formats(artifacts_dir() / "stages", fetch_digest(recipe), accuracy["heldout"])
+    return gate(accuracy, recipe.validation, others, recipe.file,
+                recipe.validation["accept_quality"] or accept_quality())
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
+
+
+def _package_spec(recipe: Recipe, target: str) -> StageSpec:
+    from pipeline.kit.signing import signing_key
+    return package_spec(recipe, target, recipe_plan(recipe, target), signing_key(create=True).public.id_hex)
+
+
+def package_current(recipe: Recipe, target: str) -> bool:
+    from pipeline.graph.framework import is_current
+    return is_current(_package_spec(recipe, target))
+
+
+def kit_name(recipe: Recipe, target: str) -> str:
+    return f"{recipe.name}@{target}"
+
+
+def do_package(recipe: Recipe, target: str) -> dict:
+    """Assemble the kit's contents and pack them, signed, into the stage directory."""
+    import shutil
+
+    from pipeline import __version__
+    from pipeline.files import link_or_copy
+    from pipeline.graph.framework import built_manifest
+    from pipeline.kit.archive import DamagedInput, pack
+    from pipeline.kit.signing import signing_key
+
+    plan = recipe_plan(recipe, target)
+    key = signing_key(create=True)
+    spec = package_spec(recipe, target, plan, key.public.id_hex)
+    export_dir, payload = export_spec(recipe, plan).dir, export_payload(plan)
+
+    quality = _quality_gate(recipe)     # refuses here, before anything is assembled or signed
+
+    def build(out: Path) -> dict:
+        content = out / ".content"
+        for f in sorted((export_dir / payload).rglob("*")):
+            if f.is_file():
+                link_or_copy(f, content / payload / f.relative_to(export_dir / payload))
+        for name in TOKENIZER_FILES:
+            if (model_dir(recipe) / name).is_file():
+                link_or_copy(model_dir(recipe) / name, content / contract.TOKENIZER_DIR / name)
+        link_or_copy(goldens_spec(recipe).dir / contract.GOLDENS, content / contract.GOLDENS)
+        for name in (contract.ACCURACY_JSON, contract.ACCURACY_MD):
+            link_or_copy(accuracy_spec(recipe).dir / name, content / name)
+        shutil.copy2(recipe.file, content / contract.RECIPE)
+        plan.dump(content / contract.PLAN)
+        stages = {s.stage: {k: built_manifest(s.dir)[k] for k in ("id", "key", "content_digest", "tools")}
+                  for s in spec.inputs}
+        (content / contract.STAGES).write_text(json.dumps(stages, indent=1, sort_keys=True) + "\n")
+        fields = plan.to_dict()
+        meta = {"recipe": recipe.name, "target": target, "sm": plan.sm, "backend": plan.backend,
+                "stack": fields["stack"], "quant": fields["quant"], "limits": fields["limits"],
+                "versions": {"jetson-trtllm-pipeline": __version__, **stages["export"]["tools"]},
+                "export": {k: v for k, v in built_manifest(export_dir).get("export", {}).items() if k != "onnx"}
+                or None}
+        # every file as its producing stage recorded it: same-size damage since (bit rot, a restored copy) is
+        # refused while packing, naming the file and its stage, and the stage re-runs on the next build
+        owners: dict[str, tuple[StageSpec, str]] = {}
+        for stage, src, inside, names in ((export_spec(recipe, plan), export_dir / payload, payload, ()),
+                                          (fetch_spec(recipe), model_dir(recipe), contract.TOKENIZER_DIR,
+                                           TOKENIZER_FILES),
+                                          (goldens_spec(recipe), goldens_spec(recipe).dir, "", (contract.GOLDENS,)),
+                                          (accuracy_spec(recipe), accuracy_spec(recipe).dir, "",
+                                           (contract.ACCURACY_JSON, contract.ACCURACY_MD))):
+            for rel, sha in _recorded_hashes(stage.dir, src, inside, names).items():
+                owners[rel] = (stage, sha)
+        from pipeline.files import sha256_file
+        recorded = {rel: sha for rel, (_, sha) in owners.items()}
+        for p in sorted(content.rglob("*")):
+            rel = p.relative_to(content).as_posix()
+            if p.is_file() and rel not in recorded:
+                recorded[rel] = sha256_file(p)      # written by this stage: plan, stage list, recipe
+        try:
+            kit = pack(content, out / kit_name(recipe, target), kit_name(recipe, target), "kit", key, meta=meta,
+                       expected=recorded)
+        except DamagedInput as exc:
+            if exc.rel not in owners:      # a file this stage wrote itself: the package stage re-runs anyway
+                raise PipelineError(f"{exc.message}; written by the package stage ({out})", exc.hint) from None
+            raise damaged_output(owners[exc.rel][0], exc.message) from None
+        shutil.rmtree(content)
+        return {"kit": {"name": kit.name, "parts": len(kit.manifest.parts),
+                        "total_size": kit.manifest.total_size, "signed_by": kit.signed_by, "quality": quality}}
+
+    manifest = run_stage(spec, build)
+    recipe_link(recipe, "kit", target, spec)
+    return manifest
+
+
+def _recorded_hashes(stage_dir: Path, src: Path, inside: str, names: tuple[str, ...] = ()) -> dict[str, str]:
+    """sha256 of the stage's files under `src` as its stage.json recorded them, keyed by their path in the kit."""
+    from pipeline.graph.framework import built_manifest
+    files = built_manifest(stage_dir)["files"]
+    out = {}
+    prefix = src.relative_to(stage_dir).as_posix()
+    for rel, f in files.items():
+        under = rel if prefix == "." else rel[len(prefix) + 1:] if rel.startswith(prefix + "/") else None
+        if under is None or (names and under not in names):
+            continue
+        out[f"{inside}/{under}" if inside else under] = f["sha256"]
+    return out
+
+
+def kit_path(recipe: Recipe, target: str) -> Path:
+    return recipe_path(recipe, "kit", target) / kit_name(recipe, target)
+
+
+def kit_instructions(recipe: Recipe, target: str) -> str:
+    """What to do with a kit: where it is, how to copy it, and the command to run where it will sit on the device
+    (a stick mounted at /media/usb: the workstation's path means nothing there)."""
+    kit = kit_path(recipe, target)
+    try:
+        shown = kit.relative_to(Path.cwd())
+    except ValueError:
+        shown = kit
+    name = kit_name(recipe, target)
+    if recipe.build["builder"] != "offline":
+        return f"kit {shown} built on {recipe.build['builder']}: see {device_results(recipe, target)}"
+    return (f"kit {shown}\n"
+            f"  copy it:      python -m pipeline transfer {shown} /media/usb\n"
+            f"  on the Jetson: python -m pipeline device /media/usb/{name}")
+
+
+# ------------------------------------------------------------------------------------------------ device (builders)
+def device_results(recipe: Recipe, target: str) -> Path:
+    return recipe_path(recipe, "device", target)
+
+
+def _kit_digest(recipe: Recipe, target: str) -> str:
+    return hashlib.sha256((kit_path(recipe, target) / "SHA256SUMS").read_bytes()).hexdigest()
+
+
+def device_current(recipe: Recipe, target: str) -> bool:
+    stamp = device_results(recipe, target) / "kit.sha256"
+    return stamp.is_file() and kit_path(recipe, target).is_dir() and stamp.read_text() == _kit_digest(recipe, target)
+
+
+def do_device(recipe: Recipe, target: str) -> None:
+    """The device half through the recipe's builder: the bundle and report land in artifacts/<recipe>/device."""
+    builder = recipe.build["builder"]
+    kit, results = kit_path(recipe, target), device_results(recipe, target)
+    if builder == "local":
+        from pipeline.device.driver import run_device
+        rc = run_device(kit, work=results.with_name(results.name + ".work"), out=results)
+    else:
+        from pipeline.graph.builders import run_remote
+        rc = run_remote(builder, kit, results)
+    if rc != 0:
+        raise PipelineError(f"{recipe.name} on {target}: the engine was built but failed validation; "
+                            f"see {results}", "the report names the failed check and by how much")
+    (results / "kit.sha256").write_text(_kit_digest(recipe, target))
