@@ -239,9 +239,10 @@ class CheckpointModel:
         ||reference delta||. Both streams go through each layer together, so each weight is dequantized once.
 
         Where the deployed numerics round activations (SmoothQuant's INT8 inputs, an INT8 KV cache), two correct
-        implementations that sum in a different order round a few values near a level boundary differently, and
-        end to end those one-level differences compound over the layers (SmolLM2-135M, 30 layers: logit cosine
-        down to 0.996 at some positions). Layer by layer nothing compounds: an exact export stays near 1e-3,
+        implementations (another summation order; x * (127 / amax) in ModelOpt, x / (amax / 127) in TensorRT) round
+        a few values near a level boundary differently, and end to end those one-level differences compound over
+        the layers (SmolLM2-135M, 30 layers: logit cosine down to 0.996 at some positions with INT8 SQ, to 0.976
+        with an INT8 KV cache as well). Layer by layer nothing compounds: an exact export stays near 1e-3,
         while a wrong scale, packing, norm or RoPE setting is off by far more in the layer that holds it."""
         h = self.embed[ids.to(self.device)].float()
         errors = []

@@ -20,6 +20,12 @@ from pipeline.workstation.trtllm_checkpoint import ARCHITECTURES, CONFIG, ROUNDS
 
 MIN_COSINE = 0.999      # reader vs calibrated model; a packing or name-mapping bug lands far below this
 MIN_TOP1 = 0.99         # only where nothing rounds activations (see CheckpointModel.logits_and_layer_errors)
+# End to end where activations or the KV cache are rounded: a floor for gross errors, the layer check is the gate.
+# SmolLM2-135M as INT8 SQ with an INT8 KV cache, exported exactly (every layer within 0.0018), reads back at mean
+# cosine 0.99668 / min 0.976; the calibrated model itself, with only ModelOpt's rounding x * (127 / amax) replaced
+# by TensorRT's x / (amax / 127), differs from itself by the same 0.99666 / 0.976: one-level rounding differences
+# of two correct implementations compound over 30 layers.
+MIN_COSINE_ROUNDED = 0.99
 # each layer on the reference's own input: an exact export measured <= 0.0018 (SmolLM2, INT8 SQ); a 1% weight scale
 # error or a wrong norm epsilon 0.0096-0.010, a wrong RoPE base 0.13
 MAX_LAYER_ERROR = 0.005
@@ -112,8 +118,9 @@ def fidelity(reference, reader, ids, inputs, outputs, vocab: int, rounds_activat
              ) -> tuple[dict, list[str]]:
     """The export's reader check: (figures, what failed). End to end, the logits must agree; layer by layer,
     each decoder layer of the checkpoint must add what the calibrated model's layer adds. Where the deployed
-    numerics round activations, end-to-end top-1 is reported but not required: there, one-level rounding
-    differences between two correct summation orders compound over the layers (the layer check still holds)."""
+    numerics round activations (or the KV cache), end to end only a floor applies (MIN_COSINE_ROUNDED) and top-1 is
+    reported, not required: there, one-level rounding differences between two correct implementations compound
+    over the layers. The layer check holds for every format."""
     from pipeline.workstation.reader import agreement
 
     logits, errors = reader.logits_and_layer_errors(ids, inputs, outputs)
@@ -122,8 +129,9 @@ def fidelity(reference, reader, ids, inputs, outputs, vocab: int, rounds_activat
     check.update(layer_error_max=round(errors[worst], 6), layer_error_worst=worst,
                  rounds_activations=rounds_activations)
     failed = []
-    if check["logit_cosine"] < MIN_COSINE:
-        failed.append(f"mean logit cosine {check['logit_cosine']} < {MIN_COSINE}")
+    floor = MIN_COSINE_ROUNDED if rounds_activations else MIN_COSINE
+    if check["logit_cosine"] < floor:
+        failed.append(f"mean logit cosine {check['logit_cosine']} < {floor}")
     if not rounds_activations and check["top1_tie_aware"] < MIN_TOP1:
         failed.append(f"top-1 agreement {check['top1_tie_aware']} < {MIN_TOP1}")
     if errors[worst] > MAX_LAYER_ERROR:
