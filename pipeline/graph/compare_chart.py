@@ -7,10 +7,11 @@ max_perplexity_increase. Formats no stack of the target builds, or not measured,
 
 from __future__ import annotations
 
-import os
+import io
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.files import write_atomic
 
 
 def save_chart(result: dict, path: Path) -> None:
@@ -49,10 +50,9 @@ def save_chart(result: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.margins(x=0.25, y=0.2)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.png")
+    png = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=110, metadata={"Software": None})
-        os.replace(tmp, path)
+        fig.savefig(png, format="png", dpi=110, metadata={"Software": None})
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
+    write_atomic(path, png.getvalue())
