@@ -80,14 +80,18 @@ def test_the_table_json_and_chart_are_written(compared):
 
 
 def test_a_second_compare_measures_nothing_again(compared):
+    from pipeline.graph.framework import MANIFEST
+
     project, result, _ = compared
-    manifests = sorted(project.artifacts.glob("stages/*/*/manifest.json"))
+    manifests = sorted(project.artifacts.glob(f"stages/*/*/{MANIFEST}"))
+    # fetch, and quantize + accuracy for each of int4_awq, int8_wo, fp16 (nvfp4 is measured nowhere here)
+    assert {p.parent.parent.name for p in manifests} == {"fetch", "quantize", "accuracy"} and len(manifests) == 7
     before = {p: p.stat().st_mtime_ns for p in manifests}
     proc = project.cli("compare", "cmp", "--formats", "int4_awq,int8_wo,fp16,nvfp4", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == result
     assert {p: p.stat().st_mtime_ns for p in manifests} == before
-    assert sorted(project.artifacts.glob("stages/*/*/manifest.json")) == manifests
+    assert sorted(project.artifacts.glob(f"stages/*/*/{MANIFEST}")) == manifests
 
 
 def test_compare_shares_the_builds_stages():
