@@ -50,13 +50,20 @@ def test_int4_plugin_follows_alignment():
 
     from pipeline.workstation.edgellm_export import int4_plugin_version
 
-    def model(*shapes):
+    class Quantizer:
+        def __init__(self, enabled=True):
+            self.is_enabled = enabled
+
+    def model(*shapes, disabled=()):
         m = torch.nn.Sequential(*[torch.nn.Linear(k, n) for n, k in shapes])
-        for lin in m:
-            lin.weight_quantizer = object()
+        for i, lin in enumerate(m):
+            lin.weight_quantizer = Quantizer(i not in disabled)
         return m
     assert int4_plugin_version(model((128, 64), (64, 192))) == 2
     assert int4_plugin_version(model((128, 64), (32, 64))) == 1
+    # an lm_head over a 1000-token vocabulary carries a disabled quantizer: it is not an INT4 GEMM
+    assert int4_plugin_version(model((128, 64), (1000, 64), disabled=(1,))) == 2
+    assert int4_plugin_version(model((128, 64), (1000, 64))) == 1
 
 
 @pytest.mark.integration

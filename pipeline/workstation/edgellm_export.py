@@ -30,10 +30,13 @@ INT4_OPS = {1: "trt_edgellm:Int4GroupwiseGemmPlugin", 2: "trt_edgellm:Int4Groupw
 
 
 def int4_plugin_version(model) -> int:
-    """2 where every quantized linear is 64-aligned in N and K, else 1."""
+    """2 where every quantized linear is 64-aligned in N and K, else 1. Only enabled weight quantizers count: the
+    embedding and lm_head carry disabled ones (and a vocabulary of any size). Read before the unified export packs
+    the weights."""
     for module in model.modules():
         w = getattr(module, "weight", None)
-        if getattr(module, "weight_quantizer", None) is not None and w is not None and w.dim() == 2 \
+        q = getattr(module, "weight_quantizer", None)
+        if q is not None and getattr(q, "is_enabled", True) and w is not None and w.dim() == 2 \
                 and (w.shape[0] % INT4_V2_ALIGN or w.shape[1] % INT4_V2_ALIGN):
                 return 1
     return 2
@@ -98,9 +101,10 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: 
     hf = out / "hf-checkpoint"
     # the unified export is fp16
     model = load_quantized(model_dir, quant_dir, "cpu", consume=True, handoff=handoff).half()
+    # before the unified export, which packs INT4 weights in place (two per byte: half the rows)
+    plugin = int4_plugin_version(model) if weights == "int4_awq" else None
     export_hf_checkpoint(model, export_dir=hf)
     layers = model.config.num_hidden_layers
-    plugin = int4_plugin_version(model) if weights == "int4_awq" else None
     del model
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(hf)
     if not (hf / "chat_template.jinja").is_file() and "chat_template" not in json.loads(
