@@ -261,3 +261,35 @@ def test_fit_reports_leave_one_out_error_for_decode_and_prefill():
     assert d["rows"] >= 50 and p["rows"] >= 40
     assert d["loo_median_abs_error"] <= 0.10 and p["loo_median_abs_error"] <= 0.20
     assert p["loo_max_abs_error"] >= p["loo_median_abs_error"] and set(p["classes"]) >= {"all", "orin-fp16"}
+
+
+PRODUCT_SHAPES = {"llama-3.2-3b": known("meta-llama/Llama-3.2-3B-Instruct"),
+                  "qwen2.5-1.5b": known("Qwen/Qwen2.5-1.5B-Instruct"),
+                  "hidden-96": dict(TINY, hidden_size=96, intermediate_size=160, max_position_embeddings=4096)}
+
+
+@pytest.mark.parametrize("shape", PRODUCT_SHAPES)
+def test_planning_never_crashes_over_every_format_kv_target_and_backend(shape, tmp_path, capsys):
+    """Every weight x KV x target x backend the CLI offers gives a plan or a refusal with its reason (exit 0 or 1),
+    never a traceback; the same through make_plan, whose refusals are sentences."""
+    import itertools
+
+    from pipeline.cli import main
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(PRODUCT_SHAPES[shape]))
+    seen = set()
+    for w, kv, t, b in itertools.product(WEIGHT_FORMATS, KV_FORMATS, load_targets(), (None, *backends.NAMES)):
+        plan = make_plan(request(PRODUCT_SHAPES[shape], weights=w, kv=kv, target=t, backend=b,
+                                 limits=Limits(1, 256, 1024)))
+        record = plan.to_json()
+        assert plan.ok or all(isinstance(r, str) and len(r) > 20 for r in plan.refused), (w, kv, t, b)
+        assert plan.ok == (record["device_build_commands"] is not None)
+        seen.add(plan.ok)
+        args = ["plan", "--model-config", str(config), "--quant", w, "--kv-quant", kv, "--target", t, "--json",
+                "--max-seq", "1024", "--max-input", "256"] + (["--backend", b] if b else [])
+        rc = main(args)
+        out, err = capsys.readouterr()
+        assert rc == (0 if plan.ok else 1), (w, kv, t, b, err)
+        assert json.loads(out)["refused"] == plan.refused and "Traceback" not in err
+    assert seen == {True, False}

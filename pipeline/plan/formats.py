@@ -19,6 +19,8 @@ class WeightFormat:
     min_sm: float                   # lowest compute capability with kernels for it
     modelopt_config: str | None     # ModelOpt config name (None: nothing to calibrate)
     trtllm_quant_algo: str | None   # TensorRT-LLM 0.12 checkpoint quant_algo
+    math: str                       # precision of the prefill GEMMs: a key of a target's tensor_tflops
+    decode_class: str               # how the decode model counts its weight bytes (plan/perf.py ROW_PRECISIONS)
     gpu_calibration_only: bool = False  # ModelOpt cannot run its quantized forward on CPU
     needs_calibration: bool = True
 
@@ -41,19 +43,23 @@ class KVFormat:
 
 
 WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in [
-    WeightFormat("fp16", "FP16", 16, 0, None, 5.3, None, None, needs_calibration=False),
+    WeightFormat("fp16", "FP16", 16, 0, None, 5.3, None, None, "fp16", "fp16", needs_calibration=False),
     # W4A16 AWQ: int4 weights, one fp16 scale per group of input channels, fp16 pre-quant scale per input channel
-    # (the latter is negligible and counted in the per-layer small tensors).
-    WeightFormat("int4_awq", "INT4-AWQ (W4A16)", 4, 16, 128, 8.0, "INT4_AWQ_CFG", "W4A16_AWQ"),
+    # (the latter is negligible and counted in the per-layer small tensors). Prefill dequantizes to FP16 math.
+    WeightFormat("int4_awq", "INT4-AWQ (W4A16)", 4, 16, 128, 8.0, "INT4_AWQ_CFG", "W4A16_AWQ", "fp16", "int4"),
     WeightFormat("int8_sq", "INT8 SmoothQuant (W8A8)", 8, 32, None, 7.2, "INT8_SMOOTHQUANT_CFG",
-                 "W8A8_SQ_PER_CHANNEL"),
-    # TensorRT-LLM 0.12's own int8_wo flow calibrates nothing and quantizes at engine load (FACTS.md).
-    WeightFormat("int8_wo", "INT8 weight-only (W8A16)", 8, 16, None, 7.0, None, "W8A16", needs_calibration=False),
+                 "W8A8_SQ_PER_CHANNEL", "int8", "fp8"),
+    # TensorRT-LLM 0.12's own int8_wo flow calibrates nothing and quantizes at engine load (FACTS.md); decode reads
+    # its 8-bit weights, prefill dequantizes to FP16 math.
+    WeightFormat("int8_wo", "INT8 weight-only (W8A16)", 8, 16, None, 7.0, None, "W8A16", "fp16", "fp8",
+                 needs_calibration=False),
+    # INT4 weights with FP8 activations: prefill runs FP8 math (SM >= 8.9), decode reads 4-bit weights.
     WeightFormat("w4a8_awq", "INT4-AWQ weights, FP8 activations (W4A8)", 4, 16, 128, 8.9, "W4A8_AWQ_BETA_CFG",
-                 "W4A8_AWQ"),
-    WeightFormat("fp8", "FP8 (E4M3)", 8, 32, None, 8.9, "FP8_DEFAULT_CFG", "FP8"),
+                 "W4A8_AWQ", "fp8", "int4"),
+    WeightFormat("fp8", "FP8 (E4M3)", 8, 32, None, 8.9, "FP8_DEFAULT_CFG", "FP8", "fp8", "fp8"),
     # NVFP4: E2M1 values, one FP8 scale per 16 elements (plus a per-tensor FP32 scale, negligible).
-    WeightFormat("nvfp4", "NVFP4", 4, 8, 16, 10.0, "NVFP4_DEFAULT_CFG", "NVFP4", gpu_calibration_only=True),
+    WeightFormat("nvfp4", "NVFP4", 4, 8, 16, 10.0, "NVFP4_DEFAULT_CFG", "NVFP4", "fp4", "nvfp4",
+                 gpu_calibration_only=True),
 ]}
 
 KV_FORMATS: dict[str, KVFormat] = {f.name: f for f in [

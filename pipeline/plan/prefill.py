@@ -27,9 +27,12 @@ from pipeline.plan.shapes import ModelShape
 
 DATA = Path(__file__).parents[1] / "data"
 ROWS = DATA / "prefill_rows.csv"
-# math precision of each weight format's prefill GEMMs
-MATH = {"fp16": "fp16", "int4_awq": "fp16", "int8_wo": "fp16", "int8_sq": "int8", "fp8": "fp8", "nvfp4": "fp4",
-        "int4": "fp16"}
+
+
+def _math(weights: str) -> str:
+    """The precision of a weight format's prefill GEMMs (plan/formats.py)."""
+    from pipeline.plan.formats import WEIGHT_FORMATS
+    return WEIGHT_FORMATS[weights].math
 
 
 def prefill_flops(shape: ModelShape, isl: int) -> float:
@@ -54,26 +57,24 @@ def weight_read_s(shape: ModelShape, weights: str, target_id: str, context: int,
                   power_mode: str | None = None) -> float:
     """One decode step's time by the fitted decode model: reading the weights (and the KV cache) once."""
     from pipeline.plan import perf
+    from pipeline.plan.formats import WEIGHT_FORMATS
     from pipeline.plan.targets import get_target
-    body, head = perf.ROW_PRECISIONS[(perf.TENSORRT, ROW_PRECISION[weights])]
+    body, head = perf.ROW_PRECISIONS[(perf.TENSORRT, WEIGHT_FORMATS[weights].decode_class)]
     return 1 / perf.fitted()[perf.TENSORRT].tok_s(perf.bytes_per_token(shape, body, head, context, 2),
                                                    get_target(target_id).bandwidth_bytes(power_mode))
 
 
-ROW_PRECISION = {"int4_awq": "int4", "int8_wo": "fp16", "int8_sq": "fp8", "fp8": "fp8", "nvfp4": "nvfp4",
-                 "fp16": "fp16"}     # the decode model's byte classes (int8 formats read 8-bit weights like fp8)
-
 
 def prefill_class(target_id: str, weights: str) -> str:
     from pipeline.plan.targets import get_target
-    return f"{get_target(target_id).family}-{MATH[weights]}"
+    return f"{get_target(target_id).family}-{_math(weights)}"
 
 
 @dataclass(frozen=True)
 class PrefillRow:
     target: str
     model: str
-    precision: str          # a weight format name (MATH's keys)
+    precision: str          # a weight format name (plan/formats.py)
     isl: int
     prefill_ms: float
     source: str
@@ -88,7 +89,7 @@ class PrefillRow:
     def x(self) -> float:
         """Seconds at 100% of the tensor peak."""
         from pipeline.plan.targets import get_target
-        peak = get_target(self.target).tensor_tflops[MATH[self.precision]] * 1e12
+        peak = get_target(self.target).tensor_tflops[_math(self.precision)] * 1e12
         return prefill_flops(self.shape, self.isl) / peak
 
     def read_s(self) -> float:
@@ -142,7 +143,7 @@ def predict_ttft_ms(shape: ModelShape, weights: str, target_id: str, isl: int, p
                     fit_data: dict | None = None) -> float | None:
     """Time to first token for a prompt of `isl` tokens at batch 1 (None where the board's throughput is unknown)."""
     from pipeline.plan.targets import get_target
-    tflops = get_target(target_id).tensor_tflops.get(MATH[weights])
+    tflops = get_target(target_id).tensor_tflops.get(_math(weights))
     if not tflops or fit_data is None:
         return None
     classes = {k: PrefillConstants(v["efficiency"], v["fixed_s"]) for k, v in fit_data["classes"].items()}
@@ -177,7 +178,7 @@ def extract(reference_csv: Path) -> list[dict]:
                     ms = int(isl) / float(r["prefill_tok_s"]) * 1000
                 except (ValueError, ZeroDivisionError):
                     continue
-            if not get_target(dev[0]).tensor_tflops.get(MATH[prec]):
+            if not get_target(dev[0]).tensor_tflops.get(_math(prec)):
                 continue
             out.append({"target": dev[0], "model": model, "precision": prec, "isl": int(isl),
                         "prefill_ms": round(ms, 3), "reference_device": r["device"], "reference_engine": engine,
