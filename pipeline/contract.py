@@ -7,7 +7,7 @@ that crosses from one half to the other is a dataclass with a format tag and ver
     jetson-kit-manifest/1    MANIFEST.json    pack -> verify, unpack, transfer, device driver, gate, bundles
     jetson-goldens/1         goldens.json     goldens stage -> device runners, report
     jetson-board/1           board.json       probe -> gate, device driver, report, bundles
-    jetson-report/1          report.json      report -> the user, builders
+    jetson-report/2          report.json      report -> the user, builders
 
 Writers build the record and call `dump`/`to_dict`; readers call `Record.load(path)` or `Record.from_dict(obj,
 source)`, which checks the tag, the version, every field's type and that no field is missing or unknown, and fails
@@ -49,10 +49,9 @@ BOARD = "board.json"
 BUILD_RECORD = "build.json"
 BUILD_LOG = "build.log"
 VALIDATION = "validation.json"
-TEGRASTATS_LOG = "tegrastats.log"
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
-REPORT_PNG = "report.png"
+REPORT_SVG = "report.svg"
 
 MAX_RECORD_BYTES = 64 * 2**20     # the largest record we write is a manifest of a few thousand files
 
@@ -398,8 +397,10 @@ class Check(Part):
 
 @dataclass(frozen=True)
 class Report(Record):
-    """The device's validation report: each check with what was required, measured and how far off."""
-    FORMAT: ClassVar[str] = "jetson-report/1"
+    """The device's validation report: each check with what was required, measured and how far off.
+    2: every figure under "measured" is measured (memory per phase, the KV cache the runtime allocated), the chart is
+    an SVG with labels and values."""
+    FORMAT: ClassVar[str] = "jetson-report/2"
     ok: bool
     checks: list[Check]
     device: dict[str, Any]

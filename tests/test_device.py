@@ -1,9 +1,11 @@
 """The device half on the default recipe's kit: verify -> probe -> gate -> build -> validate -> report -> bundle.
 
-The board is a recorded Orin Nano 8GB on JetPack 6.2 (Super mode; tests/fixtures/devices); trtllm-build,
-tegrastats and tensorrt_llm's runtime are TEST DOUBLES (tests/doubles; TensorRT cannot exist in CI): the build
-double checks its argv against the 0.12 flag set and the checkpoint against the 0.12 schema, the runtime double
-computes with the checkpoint's weights through the independent reader. Everything else is the production code.
+The board is a recorded Orin Nano 8GB on JetPack 6.2 (Super mode; tests/fixtures/devices, copied per test so that
+the doubles can make its /proc/meminfo show the memory they take); trtllm-build, llm_build, llm_inference and
+tensorrt_llm's runtime are TEST DOUBLES (tests/doubles; TensorRT cannot exist in CI): the build doubles check their argv
+against the backends' flag sets and their inputs against the export formats, the runtime doubles compute with the
+engine's weights (the TensorRT-LLM checkpoint through the independent reader, the Edge-LLM ONNX through an
+interpreter of its graph). Everything else is the production code.
 """
 
 import json
@@ -34,17 +36,30 @@ def kit(tmp_path_factory):
     return project, project.artifacts / "tiny-llama-cpu" / "kit" / "tiny-llama-cpu@orin-nano-8gb", proc.stdout
 
 
+def board_copy(tmp: Path, board: str) -> Path:
+    """The recorded board, copied: the doubles write its /proc/meminfo while they "take" memory."""
+    import shutil
+    root = tmp / "board"
+    if not root.is_dir():
+        shutil.copytree(FIX / board, root, symlinks=True)
+    return root
+
+
 def device(project, kit, tmp, board="orin-nano-8gb-jp62-super", **extra_env):
     tmp.mkdir(parents=True, exist_ok=True)
+    root = board_copy(tmp, board)
     # the doubles run with this interpreter's python3 (they import the pipeline's checkpoint schema)
     path = os.pathsep.join([str(DOUBLES / "bin"), str(Path(sys.executable).parent), os.environ["PATH"]])
     env = dict(project.env, PATH=path,
-               PYTHONPATH=os.pathsep.join([str(DOUBLES / "python"), str(REPO)]),
+               PYTHONPATH=os.pathsep.join([str(DOUBLES / "python"), str(REPO)]), FAKE_BOARD_ROOT=str(root),
                TRTLLM_BUILD_DOUBLE_RECORD=str(tmp / "argv.jsonl"), **extra_env)
-    return subprocess.run([sys.executable, "-m", "pipeline", "device", str(kit), "--root", str(FIX / board),
+    return subprocess.run([sys.executable, "-m", "pipeline", "device", str(kit), "--root", str(root),
                            "--work", str(tmp / "work"), "--out", str(tmp / "out"),
                            "--pubkey", str(project.root / "home" / "signing.pub")],
                           env=env, capture_output=True, text=True, timeout=600, cwd=tmp)
+
+
+BUILD_TAKES, RUNTIME_TAKES = 900_000 * 1024, 800_000 * 1024     # what the doubles take from the fake board (kB)
 
 
 def test_device_builds_validates_and_bundles(kit, tmp_path):
@@ -53,9 +68,12 @@ def test_device_builds_validates_and_bundles(kit, tmp_path):
     # offline: where the kit is, and the device command where it will sit (not the workstation's path)
     assert f"kit {kit_dir}" in doit_out and f"python -m pipeline transfer {kit_dir} /media/usb" in doit_out
     assert "python -m pipeline device /media/usb/tiny-llama-cpu@orin-nano-8gb" in doit_out
-    proc = device(project, kit_dir, tmp_path)
+    proc = device(project, kit_dir, tmp_path, BUILD_DOUBLE_TAKES_BYTES=str(BUILD_TAKES),
+                  RUNTIME_DOUBLE_TAKES_BYTES=str(RUNTIME_TAKES))
     assert proc.returncode == 0, proc.stderr
     assert "made for orin-nano-8gb; this board is orin-nano-8gb-super (same SM 8.7)" in proc.stderr
+    assert f"it took {BUILD_TAKES / 1e9:.2f} GB from the board (plan: {plan['memory']['build_peak'] / 1e9:.2f} GB)" \
+        in proc.stderr
 
     argv = json.loads((tmp_path / "argv.jsonl").read_text().splitlines()[0])
     want = list(plan["device_build_command"])
@@ -65,21 +83,34 @@ def test_device_builds_validates_and_bundles(kit, tmp_path):
     assert (work / "engine" / "config.json").is_file() and not (work / "engine.partial").exists()
     assert (work / "build.log").read_text().startswith("$ trtllm-build --checkpoint_dir")
 
-    report = json.loads((tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.json").read_text())
+    rdir = tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb.report"
+    report = json.loads((rdir / "report.json").read_text())
+    checks = {c["check"]: c for c in report["checks"]}
     assert report["ok"] and report["checks"][0]["measured"] == 1.0            # engine double == goldens, all tokens
     assert len(report["prompts"]) == 3 and all(p["decode_tok_s"] > 0 for p in report["prompts"])
     assert report["device"]["power_mode"] == "MAXN_SUPER" and report["device"]["bandwidth_gbs"] == 102.4
-    assert report["measured"]["peak_ram"] >= 2100 * 2**20                      # from the tegrastats double
+    m, p, mem, lim = report["measured"], report["predicted"], plan["memory"], plan["limits"]
+    # memory: what each phase took from the (fake) board, as the doubles took it, next to the plan
+    assert m["build_memory"]["taken"] == BUILD_TAKES and m["runtime_memory"]["taken"] == RUNTIME_TAKES
+    assert m["build_memory"]["samples"] >= 2 and m["build_memory"]["peak_rss"] > 10 * 2**20     # the double itself
+    assert p["build_peak"] == mem["build_peak"] and p["memory_total"] == mem["total"]
+    assert checks["engine build memory within the plan's estimate (+20%)"]["measured"] == BUILD_TAKES
+    assert checks["runtime memory within the plan's estimate (+20%)"]["measured"] == RUNTIME_TAKES
+    # the KV cache as the runtime reported allocating it: the plan's cap, in whole 64-token blocks
+    cap = -(-lim["max_seq_len"] // 64) * 64 * lim["max_batch_size"]
+    assert m["kv_cache"]["tokens"] == cap == p["kv_cache_tokens"] and "[MemUsageChange]" in m["kv_cache"]["source"]
+    assert checks["KV cache allocated by the runtime within the plan's budget"]["ok"]
+    assert "[MemUsageChange] Allocated 0.00 GiB for max tokens in paged KV cache (512)." in \
+        (work / "validate.log").read_text()
     assert report["predicted"]["decode_tok_s"] == plan["predicted_decode_tok_s"]
-    assert report["predicted"]["ttft_ms"] > 0 and report["predicted"]["build_peak"] == plan["memory"]["build_peak"]
-    assert report["measured"]["prompt_tokens"] > 0 and isinstance(report["gaps"], list)
-    lim = plan["limits"]           # the KV cache capped at the plan's budget, and the report says what was reserved
-    assert report["measured"]["kv_cache_reserved"] == {"max_tokens_in_paged_kv_cache":
-                                                       lim["max_batch_size"] * lim["max_seq_len"]}
-    md = (tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.md").read_text()
-    assert "| TTFT, " in md and "| engine build |" in md
-    png = (tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.png").read_bytes()
-    assert png.startswith(b"\x89PNG\r\n\x1a\n") and b"IEND" in png[-12:]
+    assert report["predicted"]["ttft_ms"] > 0 and m["prompt_tokens"] > 0 and isinstance(report["gaps"], list)
+    assert m["speed_source"] == "runner wall clock around ModelRunnerCpp.generate"
+    md = (rdir / "report.md").read_text()
+    assert "| TTFT, " in md and f"| engine build memory | {BUILD_TAKES / 1e9:.2f} GB | " \
+        f"{mem['build_peak'] / 1e9:.2f} GB | {BUILD_TAKES / mem['build_peak']:.2f} |" in md
+    svg = (rdir / "report.svg").read_text()
+    assert svg.startswith("<svg") and "PASSED" in svg and f"{BUILD_TAKES / 1e9:.2f} GB" in svg
+    assert "engine build memory (GB)" in svg and "KV cache (tokens)" in svg and "512 tokens" in svg
 
     bundle = tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb-sm87-trt10.3.0.30"
     m = json.loads((bundle / "MANIFEST.json").read_text())
@@ -106,54 +137,202 @@ def test_wrong_board_is_refused_before_anything_is_unpacked(kit, tmp_path):
     assert not (tmp_path / "work").exists() and not (tmp_path / "argv.jsonl").exists()
 
 
-def test_validation_failure_says_which_check_and_by_how_much(kit, tmp_path):
+def _goldens_of_two_lengths(limit):
+    """The first golden answer cut to half its tokens (goldens of different lengths: with the same divergence point
+    its agreement is twice the others'), and the agreement limit set to `limit`."""
+    def edit(content):
+        g = json.loads((content / "goldens.json").read_text())
+        first = g["prompts"][0]
+        half = len(first["output_ids"]) // 2
+        first.update(output_ids=first["output_ids"][:half], top_logprobs=first["top_logprobs"][:half])
+        (content / "goldens.json").write_text(json.dumps(dict(g, min_token_agreement=limit)))
+    return edit
+
+
+def test_token_agreement_is_the_worst_prompts_and_the_limit_holds_at_its_edge(kit, tmp_path):
+    """The runtime double's third token is wrong; with goldens of two lengths the prompts agree 2/8 and 2/16: the
+    report's figure is the worst (2/16), a limit equal to it passes, a limit 0.0001 above fails by exactly that, and
+    the failure names the check and the figures."""
     project, kit_dir, _ = kit
-    proc = device(project, kit_dir, tmp_path, TRTLLM_RUNTIME_DOUBLE_WRONG_AT="2")
-    assert proc.returncode == 1, proc.stderr
     goldens = json.loads((project.artifacts / "tiny-llama-cpu" / "goldens" / "goldens.json").read_text())
-    worst = min(min(2, len(p["output_ids"])) / len(p["output_ids"]) for p in goldens["prompts"])  # then it diverges
-    need = goldens["min_token_agreement"]
+    n = len(goldens["prompts"][0]["output_ids"])
+    assert all(len(p["output_ids"]) == n for p in goldens["prompts"]) and n >= 8
+    worst, best = round(2 / n, 4), round(2 / (n // 2), 4)
+    for limit, ok in ((worst, True), (round(worst + 0.0001, 4), False)):
+        kit_copy = _resigned(project, kit_dir, tmp_path / str(limit), _goldens_of_two_lengths(limit))
+        run = tmp_path / f"run-{limit}"
+        proc = device(project, kit_copy, run, TRTLLM_RUNTIME_DOUBLE_WRONG_AT="2")
+        assert proc.returncode == (0 if ok else 1), proc.stderr
+        report = json.loads((run / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.json").read_text())
+        check = report["checks"][0]
+        assert [p["agreement"] for p in report["prompts"]] == [best] + [worst] * (len(report["prompts"]) - 1)
+        assert check["measured"] == worst and check["ok"] is ok and check["by"] == (None if ok else 0.0001)
+        if not ok:
+            assert "failed: token agreement with goldens (worst prompt): required >= " \
+                f"{limit}, measured {worst}, short by 0.0001" in proc.stderr
+            assert "FAILED" in (run / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.md").read_text()
+            assert not list((run / "out").glob("*-sm87-*"))                # no bundle for a failed engine
+
+
+def _kb(n: float) -> int:
+    return int(n) // 1024 * 1024          # meminfo counts kB: the most a double can take at or below n
+
+
+def test_memory_checks_hold_at_the_plans_estimate_and_fail_just_past_it(kit, tmp_path):
+    """The build and the runtime take exactly the plan's estimate + 20% (rounded down to meminfo's kB): both pass;
+    1 KiB more: both fail by exactly what they exceed."""
+    project, kit_dir, _ = kit
+    mem = json.loads((project.artifacts / "tiny-llama-cpu" / "plan" / "plan.json").read_text())["memory"]
+    build_limit, runtime_limit = int(mem["build_peak"] * 1.2), int(mem["total"] * 1.2)
+    for extra, ok in ((0, True), (1024, False)):
+        run = tmp_path / f"extra-{extra}"
+        proc = device(project, kit_dir, run, BUILD_DOUBLE_TAKES_BYTES=str(_kb(build_limit) + extra),
+                      RUNTIME_DOUBLE_TAKES_BYTES=str(_kb(runtime_limit) + extra))
+        assert proc.returncode == (0 if ok else 1), proc.stderr
+        report = json.loads((run / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.json").read_text())
+        checks = {c["check"]: c for c in report["checks"]}
+        build = checks["engine build memory within the plan's estimate (+20%)"]
+        runtime = checks["runtime memory within the plan's estimate (+20%)"]
+        assert build["measured"] == _kb(build_limit) + extra and runtime["measured"] == _kb(runtime_limit) + extra
+        assert build["ok"] is ok and runtime["ok"] is ok
+        if not ok:
+            assert build["by"] == _kb(build_limit) + 1024 - build_limit
+            assert runtime["by"] == _kb(runtime_limit) + 1024 - runtime_limit
+            assert "failed: engine build memory within the plan's estimate (+20%)" in proc.stderr
+
+
+def test_memory_checks_fail_past_the_boards_usable_memory(kit, tmp_path):
+    """On a board with more free RAM than its kind's usable memory (headless, 6.0 GB on an Orin Nano 8GB), a build
+    and a runtime that take 6.1 GB of RAM fail the usable-memory checks (and the plan's, which is far lower)."""
+    project, kit_dir, _ = kit
+    root = board_copy(tmp_path, "orin-nano-8gb-jp62-super")
+    info = (root / "proc" / "meminfo").read_text()
+    (root / "proc" / "meminfo").write_text(info.replace("MemAvailable:    5962204 kB", "MemAvailable:    7400000 kB"))
+    took = 6_100_000_000 // 1024 * 1024
+    proc = device(project, kit_dir, tmp_path, BUILD_DOUBLE_TAKES_BYTES=str(took), RUNTIME_DOUBLE_TAKES_BYTES=str(took))
+    assert proc.returncode == 1, proc.stderr
     report = json.loads((tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.json").read_text())
-    check = report["checks"][0]
-    assert not report["ok"] and check["measured"] == round(worst, 4) and check["by"] == round(need - worst, 4)
-    assert f"failed: token agreement with goldens (worst prompt): required >= {need}, measured {check['measured']}" \
-        in proc.stderr
-    assert "FAILED" in (tmp_path / "out" / "tiny-llama-cpu@orin-nano-8gb.report" / "report.md").read_text()
-    assert not list((tmp_path / "out").glob("*-sm87-*"))                 # no bundle for a failed engine
+    checks = {c["check"]: c for c in report["checks"]}
+    ram = checks["engine build RAM within a headless board's usable memory (the rest may page out to swap)"]
+    run = checks["runtime memory within the board's usable memory (headless)"]
+    assert not ram["ok"] and ram["measured"] == took and ram["by"] == took - 6_000_000_000
+    assert not run["ok"] and run["measured"] == took and run["by"] == took - 6_000_000_000
+    assert checks["token agreement with goldens (worst prompt)"]["ok"]
 
 
-def test_thor_kit_builds_with_llm_build_and_reports_text_agreement(project, tmp_path):
-    """An Edge-LLM kit on the recorded AGX Thor: llm_build gets the plan's argv; llm_inference's double cannot run
-    an engine and answers a fixed text, so validation fails and the report says by how much (no bundle)."""
+@pytest.fixture(scope="module")
+def thor_kit(tmp_path_factory):
+    """The default recipe for the recorded AGX Thor: FP8 weights through Edge-LLM's exporter, packaged."""
+    from tests.conftest import Project
+
+    project = Project(tmp_path_factory.mktemp("thorkit") / "proj")
     text = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text()
     text = text.replace('targets = ["orin-nano-8gb"]', 'targets = ["agx-thor"]').replace(
         'weights = "int4_awq"', 'weights = "fp8"').replace("group_size = 64\n", "")
     (project.recipes / "tiny-thor.toml").write_text(text)
     project.doit("package", "recipe=tiny-thor", timeout=900)
-    kit_dir = project.artifacts / "tiny-thor" / "kit" / "tiny-thor@agx-thor"
-    thor = FIX / "agx-thor-jp70"
+    return project, project.artifacts / "tiny-thor" / "kit" / "tiny-thor@agx-thor"
+
+
+def test_thor_kit_builds_validates_and_bundles_through_edgellm(thor_kit, tmp_path):
+    """An Edge-LLM kit on the recorded AGX Thor, end to end: llm_build gets the plan's argv; llm_inference (its
+    double runs the exported ONNX graph) answers the goldens; TTFT and decode come from llm_inference's own profile;
+    the engine bundle is made and signed."""
+    project, kit_dir = thor_kit
     proc = device(project, kit_dir, tmp_path, board="agx-thor-jp70",
-                  LLM_BUILD_DOUBLE_RECORD=str(tmp_path / "llm_build.jsonl"))
-    assert thor.is_dir() and proc.returncode == 1, proc.stderr
+                  LLM_BUILD_DOUBLE_RECORD=str(tmp_path / "llm_build.jsonl"),
+                  RUNTIME_DOUBLE_TAKES_BYTES=str(400_000 * 1024))
+    assert proc.returncode == 0, proc.stderr
     plan = json.loads((project.artifacts / "tiny-thor" / "plan" / "plan.json").read_text())
     argv = json.loads((tmp_path / "llm_build.jsonl").read_text())
     want = list(plan["device_build_command"])
     want[want.index("--engineDir") + 1] = str(tmp_path / "work" / "engine.partial")
-    assert argv == want and (tmp_path / "work" / "engine" / "llm.engine").is_file()
-    inp = json.loads((tmp_path / "work" / "inference-input.json").read_text())
+    work = tmp_path / "work"
+    assert argv == want and (work / "engine" / "llm.engine").is_file()
+    inp = json.loads((work / "inference-input.json").read_text())
     assert [r["messages"][0]["content"] for r in inp["requests"]] == [
         "The small computer sat on a shelf", "To bake bread you need", "What is the capital of France?"]
     report = json.loads((tmp_path / "out" / "tiny-thor@agx-thor.report" / "report.json").read_text())
-    check = report["checks"][0]
-    goldens = json.loads((project.artifacts / "tiny-thor" / "goldens" / "goldens.json").read_text())
-    answer = " (double: no engine was run)"
+    assert report["ok"] and report["checks"][0]["check"] == "text agreement with goldens (worst prompt)"
+    assert report["checks"][0]["measured"] == 1.0 and report["device"]["target"] == "agx-thor"
+    # TTFT and decode as llm_inference's profiler measured them, per prompt
+    m = report["measured"]
+    profiles = [json.loads((work / f"profile-{i}.json").read_text()) for i in range(3)]
+    assert [p["ttft_s"] for p in report["prompts"]] == [round(p["prefill"]["average_time_per_run_ms"] / 1000, 6)
+                                                        for p in profiles]
+    assert [p["decode_tok_s"] for p in report["prompts"]] == [p["generation"]["tokens_per_second"] for p in profiles]
+    assert m["speed_source"] == "llm_inference --dumpProfile --profileOutputFile" and m["decode_tok_s"] > 0
+    for i in range(3):
+        line = (work / f"validate-{i}.log").read_text().splitlines()[0]
+        assert "--dumpProfile --profileOutputFile" in line and "--warmup 1" in line
+    assert m["peak_unified_memory"] == m["runtime_memory"]["taken"] == 400_000 * 1024
+    assert m["kv_cache"] is None and not any(c["check"].startswith("KV cache") for c in report["checks"])
+    assert any("does not report its KV cache allocation" in n for n in report["notes"])
+    bundle = tmp_path / "out" / "tiny-thor@agx-thor-sm110-trt10.13.3.9"
+    assert (bundle / "MANIFEST.json").is_file()
+    r = subprocess.run([sys.executable, "-m", "pipeline", "verify", str(bundle), "--pubkey",
+                        str(project.root / "home" / "signing.pub")], env=project.env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
 
-    def prefix(a, b):
-        n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-        return n / len(a)
-    worst = round(min(prefix(p["text"], answer) for p in goldens["prompts"]), 4)
-    assert check["check"] == "text agreement with goldens (worst prompt)" and check["measured"] == worst < 0.1
-    assert check["by"] == round(0.9 - worst, 4) and report["device"]["target"] == "agx-thor"
+
+def _resigned(project, kit_dir, tmp_path, edit):
+    """The kit, its payload edited by `edit(content_dir)`, re-signed by the project's key."""
+    from pipeline.kit.archive import pack
+    from pipeline.kit.signing import PublicKey, SecretKey
+    from pipeline.kit.unpack import unpack
+
+    home = project.root / "home"
+    content = tmp_path / "content"
+    unpack(kit_dir, content, [PublicKey.load(home / "signing.pub")])
+    edit(content)
+    manifest = json.loads((kit_dir / "MANIFEST.json").read_text())
+    meta = {k: manifest[k] for k in ("recipe", "target", "sm", "backend", "stack", "quant", "limits")}
+    out = tmp_path / "kits" / kit_dir.name
+    pack(content, out, kit_dir.name, "kit", SecretKey.load(home / "signing.key"), meta=meta)
+    return out
+
+
+def _with_agreement_limit(limit):
+    def edit(content):
+        g = json.loads((content / "goldens.json").read_text())
+        (content / "goldens.json").write_text(json.dumps(dict(g, min_token_agreement=limit)))
+    return edit
+
+
+def _text_agreement_after(project, recipe, wrong_at):
+    """What the llm_inference double's answers agree with the goldens, per prompt, when its wrong_at-th token is
+    wrong: the same replacement on the golden ids, decoded with the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from pipeline.device.report import token_agreement
+    tok = AutoTokenizer.from_pretrained(project.artifacts / recipe / "fetch" / "model")
+    goldens = json.loads((project.artifacts / recipe / "goldens" / "goldens.json").read_text())
+    vocab = json.loads((project.artifacts / recipe / "fetch" / "model" / "config.json").read_text())["vocab_size"]
+    out = []
+    for p in goldens["prompts"]:
+        ids = list(p["output_ids"])
+        if len(ids) >= wrong_at:
+            ids[wrong_at - 1] = (ids[wrong_at - 1] + 1) % vocab
+        out.append(round(token_agreement(list(p["text"]), list(tok.decode(ids, skip_special_tokens=True))), 4))
+    return out
+
+
+def test_edgellm_text_agreement_at_the_edge_of_the_limit(thor_kit, tmp_path):
+    """A wrong 4th token: the worst prompt's text agreement is computed from the goldens; a limit equal to it passes,
+    one 0.0001 above it fails by exactly that."""
+    project, kit_dir = thor_kit
+    per_prompt = _text_agreement_after(project, "tiny-thor", 4)
+    worst = min(per_prompt)
+    assert worst < max(per_prompt) and 0.05 < worst < 0.95            # prompts differ: the worst one decides
+    for limit, ok in ((worst, True), (round(worst + 0.0001, 4), False)):
+        kit = _resigned(project, kit_dir, tmp_path / str(limit), _with_agreement_limit(limit))
+        proc = device(project, kit, tmp_path / f"run-{limit}", board="agx-thor-jp70", LLM_INFERENCE_DOUBLE_WRONG_AT="4")
+        assert proc.returncode == (0 if ok else 1), proc.stderr
+        report = json.loads((tmp_path / f"run-{limit}" / "out" / "tiny-thor@agx-thor.report" / "report.json")
+                            .read_text())
+        check = report["checks"][0]
+        assert [p["agreement"] for p in report["prompts"]] == per_prompt and check["measured"] == worst
+        assert check["ok"] is ok and check["by"] == (None if ok else 0.0001)
 
 
 def test_build_timeout_and_ctrl_c_kill_the_builder(tmp_path):
@@ -282,21 +461,11 @@ def test_device_refuses_a_damaged_kit_and_an_older_kit(kit, tmp_path):
 def _repacked_with_build_memory(project, kit_dir, tmp_path, peak: int, pinned: int):
     """The tiny kit, its plan's build memory set to what the 3B headline recipe needs, re-signed by the project's
     key (as if planned for a model that large)."""
-    from pipeline.kit.archive import pack
-    from pipeline.kit.signing import PublicKey, SecretKey
-    from pipeline.kit.unpack import unpack
-
-    home = project.root / "home"
-    content = tmp_path / "content"
-    unpack(kit_dir, content, [PublicKey.load(home / "signing.pub")])
-    plan = json.loads((content / "plan.json").read_text())
-    plan["memory"].update(build_peak=peak, build_device=pinned, build_host=peak - pinned)
-    (content / "plan.json").write_text(json.dumps(plan))
-    manifest = json.loads((kit_dir / "MANIFEST.json").read_text())
-    meta = {k: manifest[k] for k in ("recipe", "target", "sm", "backend", "stack", "quant", "limits")}
-    out = tmp_path / "kits" / kit_dir.name
-    pack(content, out, kit_dir.name, "kit", SecretKey.load(home / "signing.key"), meta=meta)
-    return out
+    def edit(content):
+        plan = json.loads((content / "plan.json").read_text())
+        plan["memory"].update(build_peak=peak, build_device=pinned, build_host=peak - pinned)
+        (content / "plan.json").write_text(json.dumps(plan))
+    return _resigned(project, kit_dir, tmp_path, edit)
 
 
 def test_orin_nano_builds_a_large_engine_with_swap_and_says_how_to_add_it(kit, tmp_path):

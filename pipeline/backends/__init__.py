@@ -59,6 +59,8 @@ class Backend:
     build_memory: str           # "module:function" (plan): (engine weight bytes, activations, int4 ffn) -> BuildMemory
     externalizes_int4_ffn: bool  # its export can keep INT4 FFN weights outside the engine (less build memory)
     needs_chat_template: bool   # its runtime renders prompts with the tokenizer's chat template
+    agreement_unit: str         # what its runtime returns and validation compares with the goldens: token | text
+    reports_kv_allocation: bool  # its runtime says how much paged KV cache it allocated (a report check requires it)
     refuse_on_family: dict[str, str] = field(default_factory=dict)   # target family -> why it cannot work there
 
     def check_argv(self, argv: list[str]) -> list[str]:

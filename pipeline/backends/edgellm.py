@@ -58,4 +58,5 @@ BACKEND = Backend(
     export="pipeline.workstation.edgellm_export:export_job",
     validate="pipeline.device.runners:validate_edgellm",
     build_memory="pipeline.plan.buildmem:llm_build", externalizes_int4_ffn=True, needs_chat_template=True,
+    agreement_unit="text", reports_kv_allocation=False,
 )

@@ -74,6 +74,7 @@ BACKEND = Backend(
     export="pipeline.workstation.trtllm_export:export_job",
     validate="pipeline.device.runners:validate_trtllm",
     build_memory="pipeline.plan.buildmem:trtllm_build", externalizes_int4_ffn=False, needs_chat_template=False,
+    agreement_unit="token", reports_kv_allocation=True,
     refuse_on_family={"thor": "TensorRT-LLM has no working Thor path (it refuses INT4/INT8 on SM >= 100); Thor "
                               "engines are built with TensorRT Edge-LLM: use backend = 'edgellm'."},
 )

@@ -12,13 +12,11 @@ or failed build never leaves an engine that looks complete; the build log is kep
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
 from pathlib import Path
 
 from pipeline import backends, contract
+from pipeline.device.memwatch import MemoryWatch
 from pipeline.device.process import run_logged, say
 from pipeline.errors import PipelineError
 
@@ -34,25 +32,6 @@ def staged_argv(argv: list[str], staging: str) -> list[str]:
     return out
 
 
-def _sample_tegrastats(log: Path):
-    """Start tegrastats writing to `log` (None where it is not installed)."""
-    if not shutil.which("tegrastats"):
-        return None
-    return subprocess.Popen(["tegrastats", "--interval", "200", "--logfile", str(log)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-def validate(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path) -> dict:
-    """The backend's runner over the golden prompts, with tegrastats sampling the board meanwhile."""
-    sampler = _sample_tegrastats(work / contract.TEGRASTATS_LOG)
-    try:
-        return backends.get(plan.backend).function("validate")(kit_dir, engine, plan, goldens, work)
-    finally:
-        if sampler:
-            os.killpg(sampler.pid, signal.SIGTERM)
-            sampler.wait()
-
-
 def _engine_files(engine: Path) -> dict[str, str]:
     from pipeline.files import sha256_file
     return {p.relative_to(engine).as_posix(): sha256_file(p) for p in sorted(engine.rglob("*"))
@@ -64,18 +43,23 @@ def _reusable_build(work: Path, engine: Path, kit_sha256: str, argvs: list[list[
     files still hash as recorded then (so an engine planted or left in --work by another kit is never used)."""
     from pipeline.files import load_json_or_none
     build = load_json_or_none(work / contract.BUILD_RECORD)
-    if not isinstance(build, dict) or build.get("kit_manifest_sha256") != kit_sha256 or build.get("argvs") != argvs:
+    if not isinstance(build, dict) or build.get("kit_manifest_sha256") != kit_sha256 or build.get("argvs") != argvs \
+            or not isinstance(build.get("memory"), dict):       # a record without the build's measured memory: rebuild
         return None
     if not engine.is_dir() or engine.is_symlink() or build.get("engine_files") != _engine_files(engine):
         return None
     return build
 
 
+def _taken(watch: MemoryWatch) -> str:
+    return "an unmeasured amount of memory" if watch.taken is None else f"{watch.taken / 1e9:.2f} GB"
+
+
 def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey: str | None = None,
                build_timeout: int = 4 * 3600, force: bool = False, allow_downgrade: bool = False) -> int:
     from pipeline.device import gate
     from pipeline.device.probe import probe
-    from pipeline.device.report import build_report, tegrastats_peak_ram, write_report
+    from pipeline.device.report import build_report, write_report
     from pipeline.files import move_into_place, write_atomic
     from pipeline.kit.bundle import pack_bundle
     from pipeline.kit.signing import signing_key, trusted_keys
@@ -123,23 +107,25 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
     if build is None:
         (work / contract.BUILD_RECORD).unlink(missing_ok=True)
         shutil.rmtree(staging, ignore_errors=True)
-        seconds = 0.0
+        seconds, watch = 0.0, MemoryWatch(Path(root))
         for i, argv in enumerate(argvs):       # an EAGLE-3 plan: the base engine, then the draft beside it
             say("building: " + " ".join(staged_argv(argv, str(staging))))
             seconds += run_logged(staged_argv(argv, str(staging)), cwd=kit_dir,
                                   log=work / (contract.BUILD_LOG if i == 0 else f"build-{i}.log"),
-                                  timeout=build_timeout)
+                                  timeout=build_timeout, watch=watch)
         move_into_place(staging, engine)
-        build = {"argv": argvs[0], "argvs": argvs, "seconds": seconds,
+        build = {"argv": argvs[0], "argvs": argvs, "seconds": seconds, "memory": watch.as_dict(),
                  "kit_manifest_sha256": verified.manifest_sha256, "engine_files": _engine_files(engine)}
         write_atomic(work / contract.BUILD_RECORD, json.dumps(build) + "\n")
+        say(f"engine built in {seconds:.0f} s; it took {_taken(watch)} from the board "
+            f"(plan: {(plan.memory or {}).get('build_peak', 0) / 1e9:.2f} GB)")
     else:
+        build = dict(build, reused=True)
         say(f"engine: reusing {engine}, built from this kit in an earlier run (its files hash as recorded)")
 
-    validation = validate(kit_dir, engine, plan, goldens, work)
-    stats = work / contract.TEGRASTATS_LOG
-    report = build_report(goldens, validation, plan, board,
-                          tegrastats_peak_ram(stats.read_text()) if stats.is_file() else None, build)
+    watch = MemoryWatch(Path(root))
+    validation = backend.function("validate")(kit_dir, engine, plan, goldens, work, watch)
+    report = build_report(goldens, validation, plan, board, build, watch.as_dict())
     out.mkdir(parents=True, exist_ok=True)
     report_dir = out / f"{verified.name}.report"
     write_report(report_dir, report)

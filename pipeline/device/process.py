@@ -12,17 +12,25 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline.device.memwatch import SAMPLE_S, MemoryWatch
 from pipeline.errors import PipelineError
+
+PROGRESS_S = 30
 
 
 def say(msg: str) -> None:
     print(f"[device] {msg}", file=sys.stderr, flush=True)
 
 
-def run_logged(argv: list[str], cwd: Path, log: Path, timeout: int, env: dict | None = None) -> float:
+def run_logged(argv: list[str], cwd: Path, log: Path, timeout: int, env: dict | None = None,
+               watch: MemoryWatch | None = None) -> float:
     """Run argv in its own process group with output to `log` (and a line every ~30 s to stderr); on timeout or
-    Ctrl-C the whole group is killed. Returns seconds; raises PipelineError on failure."""
+    Ctrl-C the whole group is killed. With a `watch`, the board's memory and the process tree's are sampled while
+    it runs. Returns seconds; raises PipelineError on failure."""
+    if watch is not None:
+        watch.start()
     start = time.monotonic()
+    said = start
     with open(log, "wb") as fh:
         fh.write(("$ " + " ".join(argv) + "\n").encode())
         fh.flush()
@@ -35,16 +43,20 @@ def run_logged(argv: list[str], cwd: Path, log: Path, timeout: int, env: dict | 
         try:
             while True:
                 try:
-                    rc = proc.wait(timeout=min(30, max(1, timeout)))
+                    rc = proc.wait(timeout=SAMPLE_S if watch is not None else min(PROGRESS_S, max(1, timeout)))
                     break
                 except subprocess.TimeoutExpired:
-                    elapsed = time.monotonic() - start
-                    if elapsed > timeout:
+                    if watch is not None:
+                        watch.sample(proc.pid)
+                    now = time.monotonic()
+                    if now - start > timeout:
                         os.killpg(proc.pid, signal.SIGKILL)
                         proc.wait()
                         raise PipelineError(f"{argv[0]} ran over its {timeout} s limit; log: {log}",
                                             "raise --build-timeout, or build on a faster same-SM board") from None
-                    say(f"{argv[0]} running, {elapsed:.0f} s (log: {log})")
+                    if now - said >= PROGRESS_S:
+                        said = now
+                        say(f"{argv[0]} running, {now - start:.0f} s (log: {log})")
         except KeyboardInterrupt:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

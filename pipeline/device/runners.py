@@ -1,8 +1,11 @@
 """Validation runners, one per backend (named by each backend's registry record): run the kit's golden prompts
-on the built engine and return what each produced, timed.
+on the built engine and return what each produced, with what the runtime itself measured.
 
-    trtllm-0.12   python -m pipeline.device.trtllm_runner (ModelRunnerCpp; returns token ids)
-    edgellm       llm_inference (Edge-LLM's C++ runtime; returns text, so agreement is measured on the text)
+    trtllm-0.12   python -m pipeline.device.trtllm_runner (ModelRunnerCpp; returns token ids; TTFT and decode timed
+                  around generate(); the paged KV cache allocation as TensorRT-LLM reports it)
+    edgellm       llm_inference (Edge-LLM's C++ runtime; returns text, so agreement is measured on the text; TTFT,
+                  decode tok/s and the EAGLE-3 acceptance rate from its own profiler: --dumpProfile
+                  --profileOutputFile, examples/utils/profileFormatter.cpp)
 """
 
 from __future__ import annotations
@@ -11,9 +14,26 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from pipeline import contract
+from pipeline.device.memwatch import MemoryWatch
 from pipeline.device.process import run_logged
+from pipeline.errors import PipelineError
+from pipeline.files import read_regular
+
+RECORD_MAX = 16 * 2**20
+
+
+def _json(path: Path, what: str) -> Any:
+    """A runtime's output file: a bounded regular-file read of valid JSON, or one error naming it."""
+    try:
+        return json.loads(read_regular(path, RECORD_MAX))
+    except PipelineError as exc:
+        raise PipelineError(f"{what}: {exc.message}", "see the validation log in the work directory") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise PipelineError(f"{what}: {path} is not valid JSON ({str(exc)[:80]})",
+                            "see the validation log in the work directory") from None
 
 
 def edgellm_inference_input(goldens: contract.Goldens) -> dict:
@@ -29,7 +49,32 @@ def edgellm_inference_input(goldens: contract.Goldens) -> dict:
                          for p in goldens.prompts]}
 
 
-def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path) -> dict:
+def _number(obj: Any, *keys: str) -> float | None:
+    """obj[keys[0]][keys[1]]... as a positive finite number, else None."""
+    for k in keys:
+        obj = obj.get(k) if isinstance(obj, dict) else None
+    if isinstance(obj, (int, float)) and not isinstance(obj, bool) and 0 < obj < float("inf"):
+        return float(obj)
+    return None
+
+
+def edgellm_profile(profile: Any) -> dict:
+    """What llm_inference's profiler measured (--dumpProfile --profileOutputFile): time to first token as its
+    average prefill time per run, decode tok/s as its generation rate (with speculative decoding: tokens per second
+    over the draft and verification steps), EAGLE-3's average acceptance (tokens per base step) and the peak unified
+    memory its monitor saw. A figure the profile lacks is None: not measured."""
+    spec = next((profile[k] for k in ("eagle_generation", "spec_decode_generation")
+                 if isinstance(profile, dict) and k in profile), None)
+    ttft_ms = _number(profile, "prefill", "average_time_per_run_ms")
+    return {"ttft_s": None if ttft_ms is None else round(ttft_ms / 1000, 6),
+            "decode_tok_s": _number(spec, "overall_tokens_per_second_excluding_base_prefill") if spec is not None
+            else _number(profile, "generation", "tokens_per_second"),
+            "acceptance": _number(spec, "average_acceptance_rate") if spec is not None else None,
+            "peak_unified_memory": _number(profile, "peak_unified_memory_bytes")}
+
+
+def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
+                     watch: MemoryWatch | None = None) -> dict:
     """Edge-LLM's C++ runtime gives text, not token ids: agreement is then measured on the text (report.py)."""
     (work / "inference-input.json").write_text(json.dumps(edgellm_inference_input(goldens), indent=1))
     results = []
@@ -37,22 +82,42 @@ def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: 
         single = edgellm_inference_input(goldens)
         single["requests"] = single["requests"][i:i + 1]
         (work / f"input-{i}.json").write_text(json.dumps(single))
+        out, prof = work / f"output-{i}.json", work / f"profile-{i}.json"
+        for stale in (out, prof):
+            stale.unlink(missing_ok=True)
         seconds = run_logged(["llm_inference", "--engineDir", str(engine), "--inputFile", str(work / f"input-{i}.json"),
-                              "--outputFile", str(work / f"output-{i}.json"), "--warmup", "1",
-                              *(["--specDecode"] if plan.speculative else [])],
-                             cwd=work, log=work / f"validate-{i}.log", timeout=3600)
-        text = json.loads((work / f"output-{i}.json").read_text())["responses"][0]["output_text"]
+                              "--outputFile", str(out), "--warmup", "1", "--dumpProfile", "--profileOutputFile",
+                              str(prof), *(["--specDecode"] if plan.speculative else [])],
+                             cwd=work, log=work / f"validate-{i}.log", timeout=3600, watch=watch)
+        answer = _json(out, "llm_inference's output")
+        responses = answer.get("responses") if isinstance(answer, dict) else None
+        text = responses[0].get("output_text") if isinstance(responses, list) and responses and \
+            isinstance(responses[0], dict) else None
+        if not isinstance(text, str):
+            raise PipelineError(f"llm_inference's output {out} holds no response text",
+                                f"see {work / f'validate-{i}.log'}")
         results.append({"prompt": golden.prompt, "output_text": text, "seconds": seconds,
-                        "ttft_s": None, "decode_tok_s": None})
-    return {"runtime": "llm_inference", "prompts": results}
+                        **edgellm_profile(_json(prof, "llm_inference's profile"))})
+    return {"runtime": "llm_inference", "speed_source": "llm_inference --dumpProfile --profileOutputFile",
+            "prompts": results}
 
 
-def validate_trtllm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path) -> dict:
-    out = work / contract.VALIDATION
+def validate_trtllm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
+                    watch: MemoryWatch | None = None) -> dict:
+    from pipeline.device.trtllm_runner import reported_kv_allocation
+
+    out, log = work / contract.VALIDATION, work / "validate.log"
+    out.unlink(missing_ok=True)
     run_logged([sys.executable, "-m", "pipeline.device.trtllm_runner", "--engine-dir", str(engine),
                 "--goldens", str(kit_dir / contract.GOLDENS), "--out", str(out),
                 "--kv-tokens", str(plan.limits.max_batch_size * plan.limits.max_seq_len)],
-               cwd=work, log=work / "validate.log", timeout=3600,
-               env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+               cwd=work, log=log, timeout=3600, watch=watch,
+               env=dict(os.environ, TLLM_LOG_LEVEL="INFO", PYTHONPATH=os.pathsep.join(
                    [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])))
-    return json.loads(out.read_text())
+    result = _json(out, "the TensorRT-LLM runner's result")
+    if not isinstance(result, dict) or not isinstance(result.get("prompts"), list):
+        raise PipelineError(f"the TensorRT-LLM runner's result {out} is not what it writes", f"see {log}")
+    result["speed_source"] = "runner wall clock around ModelRunnerCpp.generate"
+    result["kv_cache"] = reported_kv_allocation(read_regular(log, RECORD_MAX).decode("utf-8", "replace"),
+                                                result.get("kv_cache_stats"))
+    return result

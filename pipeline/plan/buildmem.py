@@ -17,7 +17,8 @@ can keep INT4 FFN weights outside the engine, which removes them from all three)
     host   = libraries + parsed ONNX weights + serialized engine
     device = engine weights + tactic workspace + CUDA context
 These are estimates from how the builders work, not measurements: the device report records the measured peak
-(tegrastats) next to them so the first real builds tell us how far off they are.
+(pipeline/device/memwatch.py: the board's MemAvailable and SwapFree sampled through the build) next to them, with
+their ratio, so the first real builds tell us how far off they are.
 """
 
 from __future__ import annotations

@@ -1,0 +1,268 @@
+"""TEST DOUBLE of a TensorRT Edge-LLM engine (TensorRT and its plugins cannot exist in CI).
+
+The llm_build double writes the exporter's ONNX graph, weights included, as the "engine"; this module runs that graph
+as Edge-LLM's runtime would drive the engine: token embeddings from embedding.safetensors, RoPE cos/sin from the
+runtime config, a paged KV cache, prefill then one token per step, greedy. Standard ONNX ops run in ONNX's reference
+evaluator (GEMMs accumulated in fp32, as tensor cores do); Edge-LLM's custom ops run as written here from their
+published interfaces (tensorrt_edgellm/models/ops.py, checkpoint/repacking.py of the 0.11 wheel):
+
+    AttentionPlugin                qkv [T, (Hq + 2 Hkv) D] token-major; RoPE (rotate-half) from rope_rotary_cos_sin
+                                   [T, D] (cos | sin); K/V written into the paged pool at past_lengths; softmax
+                                   attention with attention_scale over the past and the current tokens, causally or,
+                                   with tree attention (EAGLE-3 bases), as packed_attention_mask [T, words] allows;
+                                   FP8 KV cache with qkv_scales; returns [T, Hq, D]
+    Int4GroupwiseGemmPlugin(V2)    W4A16: biased nibbles (value - 8) x scales [K/group, N]; v1: AWQ-swizzled int16,
+                                   v2: cuteDSL fragment order (128 x 64 tiles)
+    QkvConcatPlugin                concat on the last dimension
+
+So the answer is what a correct engine built from this ONNX computes: the same checkpoint-to-numerics path the
+TensorRT-LLM runtime double follows with the independent reader.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+PAGE = 128      # tokens per KV page: the pool shape the exporter declares, [2, pages, 128, Hkv, D]
+
+
+def _fp8(x):
+    import ml_dtypes
+    return x.astype(ml_dtypes.float8_e4m3fn)
+
+
+class AttentionPlugin(OpRun):
+    op_domain = "trt_edgellm"
+
+    def _run(self, qkv, past, query_lengths, cos_sin, past_lengths, page_table, *rest, **attrs):
+        hq, hkv, d = attrs["num_q_heads"], attrs["num_kv_heads"], attrs["head_size"]
+        tree_mask = rest[0] if attrs.get("enable_tree_attention") else None
+        scale = attrs["attention_scale"]
+        fp8 = bool(attrs.get("enable_fp8_kv_cache"))
+        _, k_scale, v_scale = attrs.get("qkv_scales") or (1.0, 1.0, 1.0)
+        present = past.copy()
+        out = np.zeros((qkv.shape[0], hq, d), dtype=qkv.dtype)
+        start = 0
+        for s, (ql, pl) in enumerate(zip(query_lengths.tolist(), past_lengths.tolist(), strict=True)):
+            x = qkv[start:start + ql].astype(np.float32)
+            q = x[:, :hq * d].reshape(ql, hq, d)
+            k = x[:, hq * d:(hq + hkv) * d].reshape(ql, hkv, d)
+            v = x[:, (hq + hkv) * d:].reshape(ql, hkv, d)
+            cs = cos_sin[start:start + ql].astype(np.float32)
+            cos, sin = cs[:, None, :d // 2], cs[:, None, d // 2:]
+
+            def rope(t, cos=cos, sin=sin):
+                a, b = t[..., :d // 2], t[..., d // 2:]
+                return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+            q, k = rope(q), rope(k)
+            for i in range(ql):
+                pos = pl + i
+                kp, vp = page_table[s, 0, pos // PAGE], page_table[s, 1, pos // PAGE]
+                present[0, kp, pos % PAGE] = _fp8(k[i] / k_scale) if fp8 else k[i]
+                present[1, vp, pos % PAGE] = _fp8(v[i] / v_scale) if fp8 else v[i]
+            total = pl + ql
+            keys, vals = (np.stack([present[kv, page_table[s, kv, p // PAGE], p % PAGE] for p in range(total)])
+                          .astype(np.float32) for kv in (0, 1))
+            if fp8:
+                keys, vals = keys * k_scale, vals * v_scale
+            keys, vals = np.repeat(keys, hq // hkv, axis=1), np.repeat(vals, hq // hkv, axis=1)
+            att = np.einsum("qhd,khd->hqk", q, keys) * scale
+            if tree_mask is None:
+                hidden = np.arange(total)[None, :] > (pl + np.arange(ql))[:, None]
+            else:       # bit j of row i: current token i sees current token j; every past token is seen
+                rows = tree_mask[start:start + ql].astype(np.uint32)
+                bits = (rows[:, np.arange(ql) // 32] >> (np.arange(ql) % 32)) & 1
+                hidden = np.concatenate([np.zeros((ql, pl), bool), bits == 0], axis=1)
+            att = np.where(hidden[None], -np.inf, att)
+            att = np.exp(att - att.max(-1, keepdims=True))
+            att /= att.sum(-1, keepdims=True)
+            out[start:start + ql] = np.einsum("hqk,khd->qhd", att, vals).astype(qkv.dtype)
+            start += ql
+        return out, present
+
+
+class MatMul(OpRun):
+    def _run(self, a, b):
+        return (np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype),)
+
+
+class Gemm(OpRun):
+    def _run(self, a, b, c=None, alpha=1.0, beta=1.0, transA=0, transB=0):  # noqa: N803 (ONNX's attribute names)
+        y = alpha * np.matmul((a.T if transA else a).astype(np.float32), (b.T if transB else b).astype(np.float32))
+        if c is not None:
+            y = y + beta * c.astype(np.float32)
+        return (y.astype(a.dtype),)
+
+
+def _v1_positions(n: int, k: int) -> np.ndarray:
+    """Where each nibble of the v1 (AWQ swizzle) buffer comes from: the packer's permutation applied to indices."""
+    idx = np.arange(n * k).reshape(n, k)
+    pk = idx.reshape(n, k // 32, 4, 4, 2).transpose(0, 1, 3, 2, 4).reshape(n, k // 32, 32)
+    pk = pk.reshape(n, k // 32, 4, 4, 2).transpose(0, 1, 2, 4, 3).reshape(n, k)
+    return pk.reshape(n // 4, 4, k // 64, 64).transpose(0, 2, 1, 3).reshape(n // 4, k // 64, 64, 4)
+
+
+def v1_nibbles(qweight: np.ndarray, n: int, k: int) -> np.ndarray:
+    words = (np.ascontiguousarray(qweight).view(np.int16).reshape(n // 4, k).astype(np.int32) & 0xFFFF)
+    words = words.reshape(n // 4, k // 64, 64)
+    nib = np.stack([(words >> (4 * j)) & 0xF for j in range(4)], axis=-1)
+    out = np.empty(n * k, np.int32)
+    out[_v1_positions(n, k).reshape(-1)] = nib.reshape(-1)
+    return out.reshape(n, k)
+
+
+# (bit shift, upper half of the N pair, K offset) of the eight nibbles of one 32-bit fragment word
+_V2_NIBBLES = ((0, False, 0), (4, False, 8), (8, True, 0), (12, True, 8), (16, False, 1), (20, False, 9),
+               (24, True, 1), (28, True, 9))
+
+
+def v2_nibbles(qweight: np.ndarray, n: int, k: int) -> np.ndarray:
+    bn, bk, threads = 128, 64, 128
+    nnb, nkt = -(-n // bn), -(-k // bk)
+    words = np.ascontiguousarray(qweight).view(np.uint32).reshape(nnb * nkt * 8, threads).astype(np.int64)
+    b = np.full((nnb * bn, nkt * bk), 8, np.int64)
+    nb, kt = np.arange(nnb).reshape(-1, 1), np.arange(nkt).reshape(1, -1)
+    for t in range(threads):
+        n_base, kb = t // 4, 2 * (t % 4)
+        for kbl in range(4):
+            for p in range(2):
+                n_lo = nb * bn + (n_base + 64 * p)
+                rows = (nb * nkt + kt) * 8 + kbl * 2 + p
+                k0 = kt * bk + (16 * kbl + kb)
+                word = words[rows, t]
+                for shift, hi, koff in _V2_NIBBLES:
+                    nrow = np.broadcast_to(n_lo + 32 if hi else n_lo, rows.shape)
+                    b[nrow, np.broadcast_to(k0 + koff, rows.shape)] = (word >> shift) & 0xF
+    return b[:n, :k]
+
+
+class _Int4Gemm(OpRun):
+    op_domain = "trt_edgellm"
+    cache: dict = {}
+
+    def nibbles(self, qweight, n, k):
+        raise NotImplementedError
+
+    def _run(self, x, qweight, scales, gemm_n=None, gemm_k=None, group_size=None, **_):
+        key = (type(self).__name__, qweight.ctypes.data, qweight.shape, gemm_n, gemm_k)
+        w = self.cache.get(key)
+        if w is None:
+            nib = self.nibbles(qweight, gemm_n, gemm_k)
+            w = (nib - 8).astype(np.float32) * np.repeat(scales.astype(np.float32), group_size, axis=0).T
+            self.cache[key] = w
+        return ((x.astype(np.float32) @ w.T).astype(x.dtype),)
+
+
+class Int4GroupwiseGemmPlugin(_Int4Gemm):
+    def nibbles(self, qweight, n, k):
+        return v1_nibbles(qweight, n, k)
+
+
+class Int4GroupwiseGemmPluginV2(_Int4Gemm):
+    def nibbles(self, qweight, n, k):
+        return v2_nibbles(qweight, n, k)
+
+
+class QkvConcatPlugin(OpRun):
+    op_domain = "trt_edgellm"
+
+    def _run(self, q, k, v, **_):
+        return (np.concatenate([q, k, v], axis=-1),)
+
+
+OPS = [AttentionPlugin, MatMul, Gemm, Int4GroupwiseGemmPlugin, Int4GroupwiseGemmPluginV2, QkvConcatPlugin]
+
+
+def inv_freq(cfg: dict) -> np.ndarray:
+    """The runtime's RoPE frequencies from its config: default, or Llama-3 frequency scaling."""
+    d = int(cfg["head_dim"] * cfg.get("partial_rotary_factor", 1.0))
+    inv = 1.0 / (cfg["rope_theta"] ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    rs = cfg.get("rope_scaling") or {}
+    kind = rs.get("rope_type") or rs.get("type") or "default"
+    if kind == "default":
+        return inv
+    if kind != "llama3":
+        raise NotImplementedError(f"rope_scaling {kind!r} is not part of this double")
+    f, lo, hi, om = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"], rs["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > om / lo, inv / f, inv)
+    smooth = (om / wavelen - lo) / (hi - lo)
+    mid = (wavelen >= om / hi) & (wavelen <= om / lo)
+    return np.where(mid, (1 - smooth) * scaled / f + smooth * scaled, scaled)
+
+
+class Engine:
+    """One engine file of the llm_build double, run as the runtime runs it (one sequence at a time)."""
+
+    def __init__(self, engine_file: Path, config: dict, embedding: np.ndarray, external: dict[str, np.ndarray]):
+        self.model = onnx.load(str(engine_file))
+        self.session = ReferenceEvaluator(self.model, new_ops=OPS)
+        self.cfg, self.embedding, self.external = config, embedding, external
+        self.layers = config["num_hidden_layers"]
+        self.inv = inv_freq(config)
+        pools = {i.name: i for i in self.model.graph.input if i.name.startswith("past_key_values_")}
+        self.pool_dtype = onnx.helper.tensor_dtype_to_np_dtype(pools["past_key_values_0"].type.tensor_type.elem_type)
+        self.outputs = [o.name for o in self.model.graph.output]
+
+    def step(self, tokens: list[int], past: int, pools: list[np.ndarray], table: np.ndarray) -> np.ndarray:
+        """Run `tokens` (at positions past..) through the graph; the KV pools are updated; returns the last logits."""
+        t = len(tokens)
+        pos = np.arange(past, past + t)
+        angles = np.outer(pos, self.inv)
+        feeds = {"inputs_embeds": self.embedding[tokens].astype(np.float16),
+                 "rope_rotary_cos_sin": np.concatenate([np.cos(angles), np.sin(angles)], -1).astype(np.float32),
+                 "positions": pos.astype(np.int32), "query_start_offsets": np.array([0, t], np.int32),
+                 "query_lengths": np.array([t], np.int32), "past_lengths": np.array([past], np.int32),
+                 "attention_sequence_lengths": np.array([past + t], np.int32),
+                 "state_indices": np.array([0], np.int32),
+                 "execution_phase_marker": np.zeros(1 if past == 0 else 0, np.int8),
+                 "context_sequence_count_carrier": np.zeros(1 if past == 0 else 0, np.int8),
+                 "kv_page_table": table, "logits_indices": np.array([t - 1], np.int32), **self.external,
+                 # an EAGLE-3 base decoding one chain (no draft): token i sees tokens 0..i of this step
+                 "packed_attention_mask": np.array([[sum(1 << j for j in range(i + 1) if j // 32 == w) for w in
+                                                     range(-(-t // 32))] for i in range(t)], np.int64).astype(np.int32),
+                 "attention_position_ids": pos.astype(np.int32),
+                 "tree_parent_ids": np.arange(-1, t - 1, dtype=np.int32), "tree_depths": np.arange(t, dtype=np.int32),
+                 "valid_tree_counts": np.array([t], np.int32)}
+        for i in range(self.layers):
+            feeds[f"past_key_values_{i}"] = pools[i]
+        wanted = {i.name for i in self.model.graph.input}
+        out = dict(zip(self.outputs, self.session.run(self.outputs, {k: v for k, v in feeds.items() if k in wanted}),
+                       strict=True))
+        for i in range(self.layers):
+            pools[i] = out[f"present_key_values_{i}"]
+        return out["logits"][0]
+
+    def generate(self, ids: list[int], max_new: int, stops: set[int], on_token=None) -> list[int]:
+        pages = -(-(len(ids) + max_new) // PAGE)
+        pools = [np.zeros((2, pages, PAGE, self.cfg["num_key_value_heads"], self.cfg["head_dim"]), self.pool_dtype)
+                 for _ in range(self.layers)]
+        table = np.stack([np.arange(pages), np.arange(pages)])[None].astype(np.int32)
+        logits = self.step(ids, 0, pools, table)
+        out: list[int] = []
+        while True:
+            nxt = int(np.argmax(logits[:self.cfg["vocab_size"]]))
+            out.append(nxt)
+            if on_token:
+                on_token(len(out))
+            if nxt in stops or len(out) >= max_new:
+                return out
+            logits = self.step([nxt], len(ids) + len(out) - 1, pools, table)
+
+
+def load_engine(engine_dir: Path, name: str, config_name: str) -> Engine:
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((engine_dir / config_name).read_text())
+    embedding = load_file(str(engine_dir / "embedding.safetensors"))["embedding"]
+    external: dict[str, np.ndarray] = {}
+    for entry in cfg.get("external_weight_files", []):      # as the runtime loads them: from the engine directory
+        external.update(load_file(str(engine_dir / entry["file"])))
+    return Engine(engine_dir / name, cfg, embedding, external)

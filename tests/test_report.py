@@ -1,0 +1,112 @@
+"""The device report's measured figures: the KV cache as the runtime reports it, llm_inference's profile, and the
+checks that compare them with the plan (unit level; test_device.py runs them end to end)."""
+
+import pytest
+
+from pipeline import backends, contract
+from pipeline.device.report import build_report, kv_check, memory_checks
+from pipeline.device.runners import edgellm_profile
+from pipeline.device.trtllm_runner import reported_kv_allocation
+
+LOG_012 = """[TensorRT-LLM][INFO] Engine version 0.12.0 found in the config file.
+[TensorRT-LLM][INFO] Number of blocks in KV cache primary pool: 8
+[TensorRT-LLM][INFO] Number of tokens per block: 64.
+[TensorRT-LLM][INFO] [MemUsageChange] Allocated 0.03 GiB for max tokens in paged KV cache (512).
+"""
+
+
+def test_the_kv_allocation_is_what_the_runtime_logged():
+    kv = reported_kv_allocation(LOG_012, None)
+    assert kv == {"tokens": 512, "bytes": int(0.03 * 2**30), "source": "TensorRT-LLM log: [MemUsageChange] "
+                  "Allocated 0.03 GiB for max tokens in paged KV cache (512)"}
+    blocks_only = "\n".join(LOG_012.splitlines()[1:3])
+    assert reported_kv_allocation(blocks_only, None)["tokens"] == 8 * 64
+    stats = {"max_num_blocks": 9, "tokens_per_block": 64, "used_num_blocks": 1, "free_num_blocks": 8}
+    assert reported_kv_allocation("", stats)["tokens"] == 576
+    assert reported_kv_allocation("[TensorRT-LLM][INFO] Using 10718 tokens in paged KV cache.", None)["tokens"] == 10718
+    assert reported_kv_allocation("nothing about it", {"max_num_blocks": "x"}) is None
+
+
+def _plan(batch=2, seq=256, kv_bytes=131072, backend="trtllm-0.12"):
+    from pipeline.plan.memory import Limits
+    from pipeline.plan.planner import PlanRequest, make_plan
+    from pipeline.plan.shapes import shape_from_config
+    from pipeline.plan.targets import get_target
+    from tests.test_planner import TINY
+
+    rec = make_plan(PlanRequest(shape_from_config(TINY), "m", "int4_awq", "fp16", get_target("orin-nano-8gb"),
+                                Limits(batch, 128, seq), backend=backend, group_size=64)).to_record()
+    assert rec.memory["kv_cache"] == kv_bytes
+    return rec
+
+
+def test_the_kv_check_holds_at_the_plans_cap_and_fails_one_token_past_it():
+    plan = _plan()
+    trt = backends.get("trtllm-0.12")
+    at_cap = kv_check({"tokens": 512, "bytes": 131072, "source": "log"}, plan, trt)[0]
+    assert at_cap["ok"] and at_cap["measured"] == 512 and at_cap["required"].startswith("<= 512 tokens (2 x 256")
+    over = kv_check({"tokens": 513, "bytes": None, "source": "log"}, plan, trt)[0]
+    assert not over["ok"] and over["by"] == 1
+    # bytes over the plan's budget (beyond the runtime's two-decimal GiB rounding) fail too
+    assert not kv_check({"tokens": 512, "bytes": 131072 + int(0.006 * 2**30), "source": "log"}, plan, trt)[0]["ok"]
+    silent = kv_check(None, plan, trt)[0]
+    assert not silent["ok"] and silent["measured"] is None and "did not report" in silent["by"]
+    assert kv_check(None, plan, backends.get("edgellm")) == []     # Edge-LLM's runtime reports none: a note instead
+
+
+def test_memory_checks_fail_when_nothing_measured():
+    checks = memory_checks("runtime", None, 1_000_000, 6_000_000, "usable")
+    assert [c["ok"] for c in checks] == [False, False] and all(c["measured"] is None for c in checks)
+    ok = memory_checks("runtime", {"taken": 1_200_000, "swapped": 0}, 1_000_000, 6_000_000, "usable")
+    assert [c["ok"] for c in ok] == [True, True]
+    over = memory_checks("runtime", {"taken": 1_200_001, "swapped": 0}, 1_000_000, 6_000_000, "usable")
+    assert [c["ok"] for c in over] == [False, True] and over[0]["by"] == 1
+    # RAM only: what paged out to swap does not count against the RAM the board has
+    ram = memory_checks("build", {"taken": 7_000_000, "swapped": 2_000_000}, None, 6_000_000, "usable", ram_only=True)
+    assert ram[0]["ok"] and ram[0]["measured"] == 5_000_000
+
+
+def test_llm_inference_profile_figures_and_their_absence():
+    profile = {"prefill": {"average_time_per_run_ms": 12.5}, "generation": {"tokens_per_second": 40.0},
+               "peak_unified_memory_bytes": 123}
+    assert edgellm_profile(profile) == {"ttft_s": 0.0125, "decode_tok_s": 40.0, "acceptance": None,
+                                        "peak_unified_memory": 123.0}
+    eagle = {"prefill": {"average_time_per_run_ms": 10}, "eagle_generation": {
+        "average_acceptance_rate": 2.6, "overall_tokens_per_second_excluding_base_prefill": 95.5}}
+    assert edgellm_profile(eagle)["acceptance"] == 2.6 and edgellm_profile(eagle)["decode_tok_s"] == 95.5
+    newer = {"spec_decode_generation": eagle["eagle_generation"]}
+    assert edgellm_profile(newer)["acceptance"] == 2.6
+    # llm_inference without --dumpProfile writes zeros or nothing: not measured, never 0 tok/s
+    for empty in ({}, [], {"prefill": {"average_time_per_run_ms": 0}, "generation": {"tokens_per_second": "x"}},
+                  {"prefill": {"average_time_per_run_ms": float("inf")}}):
+        assert edgellm_profile(empty) == {"ttft_s": None, "decode_tok_s": None, "acceptance": None,
+                                          "peak_unified_memory": None}
+
+
+def test_a_report_says_not_measured_and_fails_rather_than_pass_on_a_guess(tmp_path):
+    from pipeline.device.report import write_report
+
+    plan = _plan()
+    goldens = contract.Goldens(max_new_tokens=4, min_token_agreement=0.5, top_k=1, eos_token_id=None, prompts=[
+        contract.GoldenPrompt("p", [1, 2], [3, 4, 5, 6], [], "x y z w")])
+    board = contract.Board(l4t="36.4.3", jetpack="6.2", board="b", compatible=[], soc="tegra234", sm="8.7",
+                           target="orin-nano-8gb", cuda=None, tensorrt="10.3", tensorrt_llm="0.12.0", edgellm=None,
+                           memory_total=None, memory_available=None, power_mode="15W", emc_hz=None, bandwidth_gbs=None)
+    validation = {"prompts": [{"output_ids": [3, 4, 5, 6], "ttft_s": None, "decode_tok_s": None}], "kv_cache": None}
+    report = build_report(goldens, validation, plan, board, {"seconds": 1.0, "memory": None}, None)
+    failed = [c["check"] for c in report["checks"] if not c["ok"]]
+    assert not report["ok"] and report["checks"][0]["ok"]
+    assert failed == ["KV cache allocated by the runtime within the plan's budget",
+                      "engine build memory within the plan's estimate (+20%)",
+                      "engine build RAM within a headless board's usable memory (the rest may page out to swap)",
+                      "runtime memory within the plan's estimate (+20%)",
+                      "runtime memory within the board's usable memory (headless)"]
+    write_report(tmp_path / "r", report)
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "| decode | not measured |" in md and "| runtime memory | not measured |" in md
+    assert "not measured" in (tmp_path / "r" / "report.svg").read_text()
+
+
+@pytest.mark.parametrize("unit", ["token", "text"])
+def test_every_backend_says_its_agreement_unit(unit):
+    assert unit in {b.agreement_unit for b in backends.REGISTRY.values()}
