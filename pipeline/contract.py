@@ -279,6 +279,7 @@ class Plan(Record):
     device_build_commands: list[list[str]] | None
     build_on_board: dict[str, Any] | None = None   # how to build on the target itself (plan/buildmem.py)
     predicted_ttft_ms: float | None = None
+    externalized_weights: list[str] = field(default_factory=list)  # Edge-LLM weight kinds the export keeps outside
 
 
 @dataclass(frozen=True)

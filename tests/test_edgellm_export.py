@@ -87,3 +87,73 @@ def test_thor_recipe_through_doit_packages_onnx_with_the_llm_build_command(proje
             "goldens.json", "plan.json"} <= files and not any(f.startswith("checkpoint/") for f in files)
     plan = json.loads((project.artifacts / "tiny-thor" / "plan" / "plan.json").read_text())
     assert plan["device_build_command"][:5] == ["llm_build", "--onnxDir", "onnx", "--engineDir", "engine"]
+
+
+def _engine_answer(onnx_dir, tmp_path, prompt_ids, new_tokens):
+    """The exported ONNX, built by the llm_build double and run by the llm_inference double's engine: greedy ids and
+    the logits of the prompt's last position."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    doubles = Path(__file__).parent / "doubles"
+    engine = tmp_path / "engine"
+    subprocess.run([sys.executable, str(doubles / "bin" / "llm_build"), "--onnxDir", str(onnx_dir), "--engineDir",
+                    str(engine), "--maxInputLen", "64", "--maxKVCacheCapacity", "128", "--maxBatchSize", "2"],
+                   check=True, capture_output=True, env={"PYTHONPATH": str(Path(__file__).parents[1]), "PATH": ""})
+    sys.path.insert(0, str(doubles / "python"))
+    try:
+        from edgellm_engine import PAGE, load_engine
+    finally:
+        sys.path.remove(str(doubles / "python"))
+    import numpy as np
+    eng = load_engine(engine, "llm.engine", "config.json")
+    pools = [np.zeros((2, 1, PAGE, eng.cfg["num_key_value_heads"], eng.cfg["head_dim"]), eng.pool_dtype)
+             for _ in range(eng.layers)]
+    logits = eng.step(prompt_ids, 0, pools, np.zeros((1, 2, 1), np.int32))
+    return eng.generate(prompt_ids, new_tokens, set()), logits, engine
+
+
+@pytest.mark.parametrize("name,plugin,externalize", [("tiny-llama", 1, ()), ("tiny-llama-h128", 2, ()),
+                                                     ("tiny-llama-h128", 2, ("int4_ffn",))])
+def test_int4_onnx_computes_the_calibrated_model(builtin, tmp_path, name, plugin, externalize):  # noqa: F811
+    """Edge-LLM's INT4-AWQ ONNX, run as the runtime runs its engine, reproduces the calibrated model: the same
+    greedy tokens and logits within fp16 rounding; with every projection 64-aligned the V2 plugin is chosen (read from
+    the model before the unified export packs it), and with int4_ffn externalized the FFN weights leave the graph for
+    an external weight file that llm_build copies and the runtime loads, with the same answer."""
+    import numpy as np
+    import torch
+
+    from pipeline.workstation.grid import weights_on_grid
+    from pipeline.workstation.state import load_quantized
+    from tests.test_export import probe_ids
+
+    src = builtin(name)
+    q = tmp_path / "q"
+    q.mkdir()
+    quantize(src, q, "int4_awq", "fp16", 64, CAL, ".")
+    info = export(src, q, tmp_path / "e", "int4_awq", "fp16", "11.0", externalize=externalize)["export"]
+    assert info["int4_gemm_plugin_version"] == plugin
+    onnx_dir = tmp_path / "e" / "onnx"
+    ids = probe_ids(src, 24)
+    model = load_quantized(src, q, "cpu")
+    with weights_on_grid(model), torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0, -1].float().numpy()
+        ref_ids = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
+    got_ids, logits, engine = _engine_answer(onnx_dir, tmp_path, ids, 12)
+    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    cos = float(np.dot(ref, logits[:vocab]) / np.linalg.norm(ref) / np.linalg.norm(logits[:vocab]))
+    assert got_ids == ref_ids and cos > 0.999, cos
+    cfg = json.loads((onnx_dir / "config.json").read_text())
+    if externalize:
+        (ext,) = info["externalized_weights"]
+        assert ext["file"] == "external_int4_ffn_weights.safetensors" and ext["kind"] == "int4_ffn_weights"
+        assert ext["tensors"] == 2 * 3 * 2 and ext["size"] == (onnx_dir / ext["file"]).stat().st_size   # w, s x 3 x L
+        import onnx
+        graph = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False)
+        inits, inputs = {i.name for i in graph.graph.initializer}, {i.name for i in graph.graph.input}
+        listed = set(cfg["external_weight_files"][0]["tensors"])
+        assert listed <= inputs and not listed & inits and all(".mlp." in t for t in listed)
+        assert (engine / ext["file"]).is_file()            # copied beside the engine by the builder
+    else:
+        assert info["externalized_weights"] == [] and "external_weight_files" not in cfg

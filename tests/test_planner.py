@@ -293,3 +293,30 @@ def test_planning_never_crashes_over_every_format_kv_target_and_backend(shape, t
         assert rc == (0 if plan.ok else 1), (w, kv, t, b, err)
         assert json.loads(out)["refused"] == plan.refused and "Traceback" not in err
     assert seen == {True, False}
+
+
+def test_externalized_int4_ffn_weights_are_planned_where_the_build_needs_them():
+    """Qwen2.5-1.5B INT4-AWQ through Edge-LLM: on a 4 GB Orin Nano only a build with the INT4 FFN weights outside
+    the engine keeps its GPU-pinned part within the board: the plan says so and sizes the build that way; on an 8 GB
+    board swap for the pageable part is enough and nothing is externalized."""
+    from pipeline.plan.buildmem import llm_build
+    from pipeline.plan.memory import weight_bytes
+
+    cfg = known("Qwen/Qwen2.5-1.5B-Instruct")
+    small = make_plan(request(cfg, target="orin-nano-4gb", backend="edgellm", limits=Limits(2, 512, 1024)))
+    big = make_plan(request(cfg, target="orin-nano-8gb", backend="edgellm", limits=Limits(2, 512, 1024)))
+    assert small.ok and small.externalized_weights == ["int4_ffn"] and small.build_on_board["how"] == "externalize"
+    assert big.ok and big.externalized_weights == [] and big.build_on_board["how"] == "swap"
+    shape = shape_from_config(cfg)
+    w, e, h = weight_bytes(shape, WEIGHT_FORMATS["int4_awq"], small.group_size)
+    ffn = sum(i * o for n, i, o in shape.layer_linears() if n.endswith(("gate_proj", "up_proj", "down_proj")))
+    inside = llm_build(w + e + h, small.memory.activations, int(w * ffn / sum(i * o for _, i, o in
+                                                                                shape.layer_linears())))
+    assert (small.memory.build_peak, small.memory.build_device) == (inside.peak, inside.device_total)
+    assert small.memory.build_device < llm_build(w + e + h, small.memory.activations).device_total
+    rec = small.to_record()
+    # llm_build takes external weights from the ONNX directory's config.json: the build command has no flag for them
+    assert rec.externalized_weights == ["int4_ffn"]
+    assert rec.device_build_commands == big.to_record().device_build_commands
+    from pipeline.plan.planner import render_table
+    assert "int4_ffn weights kept outside the engine" in render_table(small)

@@ -36,6 +36,7 @@ class ExportJob:
     target_sm: str
     draft_dir: Path | None = None
     handoff: Any = None         # the process's ModelHandoff (pipeline/workstation/state.py): the live calibrated model
+    externalize: tuple[str, ...] = ()   # weight kinds the plan keeps outside the engine (Edge-LLM external weights)
 
 
 @dataclass(frozen=True)

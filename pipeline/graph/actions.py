@@ -185,7 +185,7 @@ def do_export(recipe: Recipe, target: str) -> dict:
     def build(out: Path) -> dict:
         job = backends.ExportJob(model_dir(recipe), quantize_spec(recipe).dir, out, backend.payload, recipe.weights,
                                  recipe.kv_cache, plan.sm, draft_dir(recipe) if backend.speculative else None,
-                                 _handoff())
+                                 _handoff(), tuple(plan.externalized_weights))
         return backend.function("export")(job)
 
     manifest = run_stage(spec, build)

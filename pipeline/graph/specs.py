@@ -84,7 +84,9 @@ def export_spec(recipe: Recipe, plan: contract.Plan) -> StageSpec:
                          tools=WORKSTATION_TOOLS + backend.export_tools)
     draft = draft_fetch_spec(recipe) if backend.speculative else None
     return StageSpec("export", {"backend": backend.name, "target_sm": plan.sm,
-                                **({"draft": recipe.draft["method"]} if draft and recipe.draft else {})},
+                                **({"draft": recipe.draft["method"]} if draft and recipe.draft else {}),
+                                # weights kept outside the engine change the ONNX: one export per choice
+                                **({"externalize": plan.externalized_weights} if plan.externalized_weights else {})},
                      inputs=(fetch_spec(recipe), quantize_spec(recipe), *([draft] if draft else [])),
                      tools=WORKSTATION_TOOLS + backend.export_tools)
 

@@ -90,12 +90,20 @@ def swap_commands(size_bytes: int) -> list[str]:
             f"sudo swapon {path}   # for this boot; add it to /etc/fstab to keep it"]
 
 
+EXTERNAL_INT4_FFN = "int4_ffn"   # Edge-LLM's export kind (external_weights.py): dense FFN INT4 GEMM weights + scales
+
+
 @dataclass(frozen=True)
 class BuildOnBoard:
     how: str                    # as-is | headless | swap | externalize | other-board | none
     swap_bytes: int
     commands: list[str]
     note: str
+
+    @property
+    def externalize(self) -> tuple[str, ...]:
+        """The weight kinds the export must keep outside the engine for this way of building."""
+        return (EXTERNAL_INT4_FFN,) if self.how == "externalize" else ()
 
     def as_dict(self) -> dict:
         return {"how": self.how, "swap_bytes": self.swap_bytes, "commands": self.commands, "note": self.note}
@@ -111,14 +119,15 @@ def build_on_board(build: BuildMemory, usable: int, usable_headless: int, target
         return BuildOnBoard("headless", 0, [HEADLESS], f"the build needs {_gb(build.peak)}: fits without the desktop")
     for how, b in (("swap", build), ("externalize", externalized)):
         if b is not None and b.device_total <= usable_headless:
-            swap = b.peak - usable_headless + SWAP_MARGIN
-            extra = "; export with INT4 FFN weights kept outside the engine (Edge-LLM 0.8.0+)" if how == "externalize" \
-                else ""
-            return BuildOnBoard(how, swap, [HEADLESS, *swap_commands(swap)],
+            swap = b.peak - usable_headless + SWAP_MARGIN if b.peak > usable_headless else 0
+            extra = "; the export keeps the INT4 FFN weights outside the engine (Edge-LLM external weight files, " \
+                "which llm_build copies beside the engine and the runtime loads)" if how == "externalize" else ""
+            where = f"headless with {math.ceil(swap / GB)} GB of swap on NVMe for the pageable part" if swap else \
+                "headless"
+            slower = " The build will be slower while it pages; the engine is the same" if swap else ""
+            return BuildOnBoard(how, swap, [HEADLESS, *(swap_commands(swap) if swap else [])],
                                 f"the build needs {_gb(b.peak)} (GPU-pinned {_gb(b.device_total)}, pageable "
-                                f"{_gb(b.host_total)}; largest part: {b.dominant}): headless with "
-                                f"{math.ceil(swap / GB)} GB of swap on NVMe for the pageable part{extra}. The "
-                                "build will be slower while it pages; the engine is the same")
+                                f"{_gb(b.host_total)}; largest part: {b.dominant}): {where}{extra}.{slower}")
     if same_sm_boards:
         return BuildOnBoard("other-board", 0, [], f"the GPU-pinned part alone ({_gb(build.device_total)}) exceeds "
                             f"what a headless {target_id} has ({_gb(usable_headless)}): build on "

@@ -63,6 +63,7 @@ class Plan:
     draft_memory: dict | None = None
     build_on_board: dict | None = None
     predicted_ttft_ms: float | None = None
+    externalized_weights: list[str] = field(default_factory=list)   # Edge-LLM export kinds kept outside the engine
 
     @property
     def ok(self) -> bool:
@@ -93,7 +94,8 @@ class Plan:
             predicted_decode_tok_s=self.predicted_decode_tok_s, prediction=self.prediction,
             refused=self.refused, warnings=self.warnings, speculative=speculative,
             device_build_command=argvs[0] if argvs else None, device_build_commands=argvs,
-            build_on_board=self.build_on_board, predicted_ttft_ms=self.predicted_ttft_ms)
+            build_on_board=self.build_on_board, predicted_ttft_ms=self.predicted_ttft_ms,
+            externalized_weights=list(self.externalized_weights))
 
     def to_json(self) -> dict:
         return self.to_record().to_dict()
@@ -230,7 +232,7 @@ def make_plan(req: PlanRequest) -> Plan:
                                           "draft's acceptance rate on your prompts (validation measures it)")
     ttft = _ttft(req, mode, prediction)
     return Plan(req, backend, stack, group_size, memory, by_mode.get(mode), prediction, refused, warnings,
-                draft_mem, on_board.as_dict(), ttft)
+                draft_mem, on_board.as_dict(), ttft, list(on_board.externalize))
 
 
 def _build_memory(req: PlanRequest, engine, fmt, memory):
@@ -251,6 +253,9 @@ def _build_memory(req: PlanRequest, engine, fmt, memory):
     bigger = tuple(o.id for o in load_targets().values() if o.sm == t.sm and o.family == t.family and o.id != t.id
                    and o.usable_headless_bytes >= build.peak)
     on_board = build_on_board(build, t.usable_bytes, t.usable_headless_bytes, t.id, externalized, bigger)
+    if on_board.externalize:        # the export keeps them outside the engine: the device builds with less
+        assert externalized is not None
+        build = externalized
     memory = dataclasses.replace(memory, build_peak=build.peak, build_host=build.host_total,
                                  build_device=build.device_total)
     return memory, on_board
@@ -310,6 +315,9 @@ def render_table(plan: Plan) -> str:
                      f"(+-{p['ttft_error_band']:.0%}, the fit's leave-one-out median error)")
     lines += [f"  warning: {w}" for w in j["warnings"]]
     b = j.get("build_on_board")
+    if j["externalized_weights"]:
+        lines.append(f"  export       {', '.join(j['externalized_weights'])} weights kept outside the engine (Edge-LLM "
+                     "external weight files): the build holds less")
     if b and b["how"] != "as-is" and not j["refused"]:
         lines.append(f"  build on the {j['target']}: {b['how']}: {b['note']}")
         lines += [f"    {c}" for c in b["commands"]]

@@ -6,6 +6,11 @@ onnx/{model.onnx, model.onnx.data, config.json, embedding.safetensors, tokenizer
 Edge-LLM's config.json records neither the weight precision nor the export's target knobs, which change the ONNX
 (target SM, INT4 GEMM plugin version, externalized weights): the stage manifest records them, with the versions.
 The ONNX is checked for the inputs, outputs and custom ops the format needs before the stage succeeds.
+
+Where the plan says the engine build needs it (plan/buildmem.py), the INT4 FFN weights are exported as external
+weight files (export_onnx(externalize_weights=["int4_ffn"]): the FFN's INT4 GEMM weights and scales become graph
+inputs, written to external_int4_ffn_weights.safetensors and listed in config.json's external_weight_files). llm_build
+needs no flag for it: it copies the listed files beside the engine and the runtime loads them from there.
 """
 
 from __future__ import annotations
@@ -62,13 +67,42 @@ def check_graph(path: Path, inputs, outputs, ops=(), extra_files=(), consumer: s
             "ops": len(m.graph.node)}
 
 
+def external_weights(onnx_dir: Path, externalize: tuple[str, ...]) -> list[dict]:
+    """config.json's external weight files, checked: one per kind asked for, each a file beside the graph holding
+    exactly the tensors it lists. Returns them as the export records them (file, kind, tensors, size)."""
+    from safetensors import safe_open
+
+    listed = json.loads((onnx_dir / "config.json").read_text()).get("external_weight_files") or []
+    out, problems = [], []
+    if len(listed) != len(externalize):
+        problems.append(f"{len(listed)} external weight file(s) for {len(externalize)} kind(s) asked for "
+                        f"({', '.join(externalize) or 'none'})")
+    for entry in listed:
+        path = onnx_dir / entry["file"]
+        if "/" in entry["file"] or not path.is_file():
+            problems.append(f"no external weight file {entry['file']!r} beside the graph")
+            continue
+        with safe_open(str(path), "np") as fh:
+            names = set(fh.keys())
+        if names != set(entry["tensors"]):
+            problems.append(f"{entry['file']} holds {len(names)} tensors, config.json lists {len(entry['tensors'])}")
+        out.append({"file": entry["file"], "kind": entry["kind"], "tensors": sorted(entry["tensors"]),
+                    "size": path.stat().st_size})
+    if problems:
+        raise PipelineError(f"{onnx_dir}: external weights are not what llm_build expects: " + "; ".join(problems),
+                            "this is a bug in the Edge-LLM export path; please report it with the recipe")
+    return out
+
+
 def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | None = None,
-               extra_outputs: tuple[str, ...] = ()) -> dict:
-    """The base model's graph: the inputs, outputs and quantization ops llm_build expects for `weights`."""
+               extra_outputs: tuple[str, ...] = (), external_inputs: tuple[str, ...] = ()) -> dict:
+    """The base model's graph: the inputs, outputs and quantization ops llm_build expects for `weights` (and the
+    externalized weights as graph inputs)."""
     expected = set(EXPECTED_OPS.get(weights, set()))
     if weights == "int4_awq":
         expected.add(INT4_OPS[int4_plugin or 2])
-    return check_graph(onnx_dir / "model.onnx", ["inputs_embeds", *[f"past_key_values_{i}" for i in range(layers)]],
+    return check_graph(onnx_dir / "model.onnx", ["inputs_embeds", *[f"past_key_values_{i}" for i in range(layers)],
+                                                 *external_inputs],
                        ["logits", *[f"present_key_values_{i}" for i in range(layers)], *extra_outputs],
                        ops=sorted(expected))
 
@@ -81,7 +115,7 @@ def _version(dist: str) -> str | None:
 
 
 def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: str, target_sm: str,
-           draft_dir: Path | None = None, handoff=None) -> dict:
+           draft_dir: Path | None = None, handoff=None, externalize: tuple[str, ...] = ()) -> dict:
     """onnx/ for llm_build; with an EAGLE-3 draft, onnx/base (exported as the EAGLE-3 base: it also emits the
     hidden states the draft reads) and onnx/draft (the draft in fp16)."""
     from pipeline.workstation.models import MODELOPT_MODULES, import_clean
@@ -122,8 +156,10 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: 
     onnx_dir.mkdir(parents=True)
     eagle = {"eagle_base": True, "eagle_draft_dir": str(draft_dir)} if draft_dir else {}
     export_onnx(AutoModel.from_pretrained(str(hf), device="cpu", **eagle), str(onnx_dir / "model.onnx"),
-                model_dir=str(hf))
-    graph = check_onnx(onnx_dir, weights, layers, plugin, speculative.BASE_EXTRA_OUTPUTS if draft_dir else ())
+                model_dir=str(hf), externalize_weights=list(externalize) or None)
+    external = external_weights(onnx_dir, externalize)
+    graph = check_onnx(onnx_dir, weights, layers, plugin, speculative.BASE_EXTRA_OUTPUTS if draft_dir else (),
+                       tuple(t for e in external for t in e["tensors"]))
     spec = None
     if draft_dir:
         draft_graph = export_draft(draft_dir, out / ONNX_DIR / speculative.ONNX_DRAFT)
@@ -141,7 +177,8 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: 
         "kv_cache_quant_algo": quant.get("kv_cache_quant_algo"), "group_size": quant.get("group_size"),
         "kv_cache_dtype": runtime_cfg.get("kv_cache_dtype"), "target_sm": sm,
         "int4_gemm_plugin_version": plugin,
-        "externalized_weights": [], "onnx": graph, "speculative": spec,
+        "externalized_weights": [dict(e, tensors=len(e["tensors"])) for e in external], "onnx": graph,
+        "speculative": spec,
         "versions": {d: _version(d) for d in ("tensorrt-edgellm", "nvidia-modelopt", "transformers", "onnx")}}}
 
 
@@ -149,4 +186,4 @@ def export_job(job) -> dict:
     """The edgellm backend's export step (pipeline.backends.ExportJob -> stage manifest fields)."""
     assert job.payload == ONNX_DIR, job.payload
     return export(job.model_dir, job.quant_dir, job.out, job.weights, job.kv_cache, job.target_sm,
-                  draft_dir=job.draft_dir, handoff=job.handoff)
+                  draft_dir=job.draft_dir, handoff=job.handoff, externalize=job.externalize)

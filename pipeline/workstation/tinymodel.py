@@ -40,6 +40,11 @@ BUILTINS: dict[str, Builtin] = {
         hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=512, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=False, rms_norm_eps=1e-5), notes="hidden 96, not a multiple of 64 or 128"),
+    # Every projection a multiple of 64 wide (k/v 64, MLP 256): Edge-LLM's INT4 GEMM then uses its V2 (cuteDSL) plugin.
+    "tiny-llama-h128": Builtin("LlamaForCausalLM", dict(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, rope_parameters=_LLAMA3_ROPE, tie_word_embeddings=False,
+        rms_norm_eps=1e-5), train_steps=100, notes="hidden 128: every INT4 projection 64-aligned"),
     # Qwen2 in miniature: q/k/v bias, tied embeddings.
     "tiny-qwen2": Builtin("Qwen2ForCausalLM", dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
