@@ -17,7 +17,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 RUNS = {
     "linear.py": ["--tokens", "1,8", "--repeat", "1", "--mb", "4"],
-    "noop_rebuild.py": ["--recipes", "2", "--gib-per-recipe", "0.001", "--repeat", "1"],
+    "noop_rebuild.py": ["--recipes", "2", "--gib-per-recipe", "0.002", "--repeat", "1"],
     "pack.py": ["--gb", "0.02"],
     "quantize.py": ["--shape", "tiny", "--samples", "2", "--seq-len", "16"],
     "nvfp4.py": [],

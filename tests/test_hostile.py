@@ -366,6 +366,23 @@ def test_validly_signed_hostile_kit_is_refused(world, capsys, case, command):
 
 
 # ---------------------------------------------------------------------------------------- unpack destinations
+def test_a_part_whose_tar_header_was_edited_is_refused_while_unpacking(world, capsys):
+    """A part's tar header edited in place (the member's mode made executable, its header checksum fixed): the member's
+    bytes still match the manifest, so only the part's own sha256 sees it. unpack hashes each part as it streams
+    through the tar reader: refused, and nothing lands with the edited mode."""
+    root, _ = world
+    part = root / "kits" / "demo" / "demo.tar.000"
+    data = bytearray(part.read_bytes())
+    assert data[257:262] == b"ustar" and data[100:107] == b"0000644"     # the first member's plain ustar header
+    data[100:107] = b"0000755"
+    data[148:156] = b" " * 8
+    data[148:156] = b"%06o\0 " % sum(data[:512])
+    part.write_bytes(bytes(data))
+    dest = root / "dest"
+    refused(capsys, root, dest, ["unpack", root / "kits" / "demo", dest], "demo.tar.000: sha256 does not match")
+    assert not dest.exists()
+
+
 def test_unpack_into_a_path_under_a_file(world, capsys):
     root, _ = world
     refused(capsys, root, root / "outside.txt" / "dest", ["unpack", root / "kits" / "demo",

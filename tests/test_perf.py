@@ -4,7 +4,7 @@ import json
 import pytest
 from conftest import REPO
 
-from pipeline.plan import perf
+from pipeline.plan import perf, prefill
 
 REFERENCE = REPO.parent / "shared" / "reference" / "jetson-llm-benchmarks.csv"
 
@@ -15,6 +15,9 @@ def test_fit_is_reproducible_and_within_15_percent():
     report = perf.fit_report(rows)
     stored = json.loads(perf.FIT.read_text())
     assert report["classes"] == stored["classes"], "data/perf_fit.json is stale: run python -m pipeline.plan.perf fit"
+    # the prefill (TTFT) constants too: a change to the prefill model that is not refitted leaves them stale
+    assert prefill.fit_report()["classes"] == stored["prefill"]["classes"], \
+        "data/perf_fit.json's prefill constants are stale: run python -m pipeline.plan.perf fit"
     assert report["median_abs_error"] <= 0.15
     for cls, err in report["median_abs_error_by_class"].items():
         assert err <= 0.15, cls
@@ -32,3 +35,14 @@ def test_rows_are_exactly_what_extract_takes_from_the_reference(tmp_path):
     with open(perf.ROWS, newline="") as fh:
         committed = list(csv.DictReader(fh))
     assert [{k: str(v) for k, v in r.items()} for r in extracted] == committed
+
+
+def test_prefill_flops_count_every_linear_the_attention_and_the_last_lm_head():
+    """Llama-3.2-3B at 512 tokens, counted by hand: 2 x linear params x tokens, plus QK^T and AV (causal: half of
+    2 x 2 x isl^2 x q_size per layer), plus the lm_head for the last token."""
+    shape = perf.known_shape("meta-llama/Llama-3.2-3B-Instruct")
+    h, i, layers, q, kv, vocab = 3072, 8192, 28, 24 * 128, 8 * 128, 128256
+    linear = layers * (h * q + 2 * h * kv + q * h + 3 * h * i)
+    assert shape.linear_params == linear
+    isl = 512
+    assert prefill.prefill_flops(shape, isl) == 2.0 * linear * isl + 2.0 * layers * isl * isl * q + 2.0 * vocab * h

@@ -51,6 +51,9 @@ def test_memory_components_are_counted_exactly():
     assert m.embedding == m.lm_head == 1024 * 64 * 2           # vocab 1000 padded to 1024, fp16
     assert m.kv_cache == 2 * 2 * 2 * 16 * 2 * 320 * 2          # 2 x layers x kv x head_dim x fp16 x 5 blocks x batch
     assert m.total == m.weights + m.embedding + m.lm_head + m.kv_cache + m.activations + m.runtime_overhead
+    # the runtime beside them: TensorRT-LLM 0.12's (CUDA context, TensorRT, its Python runtime with torch), 1 GB
+    assert m.runtime_overhead == backends.get("trtllm-0.12").runtime_overhead == 1_000_000_000
+    assert m.total - m.weights - m.embedding - m.lm_head - m.kv_cache - m.activations == 1_000_000_000
     assert m.margin == m.usable - m.total and m.usable == 5_200_000_000
 
 

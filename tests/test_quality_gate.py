@@ -29,6 +29,15 @@ def test_a_miss_says_which_figure_by_how_much_and_which_formats_measured_better(
     assert line is not None and line.startswith("signed anyway (accept_quality): int4_awq misses")
 
 
+def test_the_limits_hold_at_their_edges():
+    """A measurement exactly at a limit passes; the smallest step past it misses, by that step."""
+    assert misses(acc("int4_awq", 0.25, 0.7), LIMITS) == []
+    (top1,) = misses(acc("int4_awq", 0.25, 0.699), LIMITS)
+    assert top1 == "top-1 agreement 69.9% is below min_top1_agreement 70% by 0.1 points"
+    (ppl,) = misses(acc("int4_awq", 0.251, 0.7), LIMITS)
+    assert ppl == "perplexity +25.1% on heldout-en exceeds max_perplexity_increase +25% by 0.1 points"
+
+
 @pytest.mark.integration
 def test_the_package_stage_refuses_to_sign_below_the_gate(tmp_path):
     project = Project(tmp_path / "proj")

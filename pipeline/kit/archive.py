@@ -156,7 +156,7 @@ def pack(src: Path, out: Path, name: str, kind: str, key: SecretKey, meta: dict 
         staging.mkdir()
         _write_kit(src, staging / name, name, kind, key, meta, zstd_level, part_size, progress, expected)
         # the device's checks of signature, name binding, file set, manifest and sizes (the parts were hashed as they
-        # were written; `doit build` re-hashes the finished kit in full, as a device will)
+        # were written; the package stage re-reads the finished kit in full once, as a device will)
         verified = check_kit(staging / name, [key.public], hash_parts=False)
         move_into_place(staging / name, out)
     finally:
