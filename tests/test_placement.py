@@ -21,15 +21,24 @@ def test_model_larger_than_one_gpu_is_spread_over_all_gpus():
     assert sum(p.max_memory.values()) >= 141 * GB and "spread over 2 GPUs" in p.note
 
 
-def test_larger_than_all_gpus_calibrates_on_the_cpu():
+def test_larger_than_all_gpus_is_spread_over_the_gpus_and_host_memory():
+    # 141 GB on one 80 GB GPU: 68 GiB on the GPU, the rest (~68 GB) in host memory, moved in per layer
     p = choose(141 * GB, [80 * GiB], 300 * GB)
+    assert (p.kind, p.device) == ("gpu+cpu", "cuda:0")
+    assert p.max_memory == {0: 68 * GiB, "cpu": 300 * GB - 4 * GiB}
+    assert "in host memory, moved to a GPU per layer" in p.note
+    # the offloaded part must fit the host, with its headroom; GPUs with no room at all calibrate on the CPU
+    assert choose(141 * GB, [80 * GiB], 141 * GB - 68 * GiB + 4 * GiB).kind == "gpu+cpu"
+    with pytest.raises(PipelineError, match="does not fit the GPUs"):
+        choose(141 * GB, [80 * GiB], 141 * GB - 68 * GiB + 4 * GiB - 1)
+    p = choose(10 * GB, [80 * GiB], 300 * GB, budgets=[0])
     assert (p.kind, p.device) == ("cpu", "cpu") and "does not fit the GPUs" in p.note
 
 
 def test_nothing_fits():
     with pytest.raises(PipelineError, match=r"does not fit the GPUs \(.* usable\), and calibrating on the CPU in "
-                                            r"fp32 needs 286.3 GB of host memory, 200.0 GB free"):
-        choose(141 * GB, [24 * GiB], 200 * GB)
+                                            r"fp32 needs 286.3 GB of host memory, 110.0 GB free"):
+        choose(141 * GB, [24 * GiB], 110 * GB)
 
 
 def test_cpu_only_needs_fp32_in_host_memory():

@@ -1,6 +1,7 @@
-"""On a GPU workstation: a model spread over GPUs, or larger than them (calibrated on the CPU), calibrates and exports
-the same checkpoint format, and the reader gate holds. Skipped without CUDA (CI); run on a GPU machine with `pytest
-tests/test_placement_gpu.py`. PIPELINE_GPU_BUDGET_BYTES shrinks what each GPU may hold so a tiny model spreads."""
+"""On a GPU workstation: a model spread over GPUs, spread over a GPU and host memory (layers moved in for their
+forward), or with no GPU room at all (calibrated on the CPU), calibrates and exports the same checkpoint format, and
+the reader gate holds. Skipped without CUDA (CI); run on a GPU machine with `pytest -m gpu` (alone or with -n 4).
+PIPELINE_GPU_BUDGET_BYTES shrinks what each GPU may hold so a tiny model spreads."""
 
 import json
 
@@ -28,7 +29,7 @@ def _run(src, tmp_path, monkeypatch, budgets):
     return info, check, edir
 
 
-@pytest.mark.parametrize("layout", ["multi-gpu", "cpu"])
+@pytest.mark.parametrize("layout", ["multi-gpu", "gpu+cpu", "cpu"])
 def test_spread_model_calibrates_and_exports(builtin, tmp_path, monkeypatch, layout):  # noqa: F811
     if layout == "multi-gpu" and torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
@@ -37,10 +38,16 @@ def test_spread_model_calibrates_and_exports(builtin, tmp_path, monkeypatch, lay
     src = builtin("tiny-llama")
     nbytes = checkpoint_bytes(src)
     one, _, one_dir = _run(src, tmp_path / "one", monkeypatch, None)
-    budgets = f"{nbytes * 8 // 10},{nbytes * 8 // 10}" if layout == "multi-gpu" else str(nbytes // 3) + ",0"
+    # gpu+cpu: three quarters on the GPU, beside the room accelerate keeps there to run the offloaded layers
+    budgets = {"multi-gpu": f"{nbytes * 8 // 10},{nbytes * 8 // 10}", "gpu+cpu": str(nbytes * 3 // 4),
+               "cpu": "0"}[layout]
     spread, check, spread_dir = _run(src, tmp_path / "spread", monkeypatch, budgets)
-    assert one["placement"]["kind"] == "gpu"
-    assert spread["placement"]["kind"] == layout
+    # where the whole model fits one GPU it goes there; tests running beside it (-n 4) leave a tiny model room
+    assert one["placement"]["kind"] == "gpu", one["placement"]
+    assert spread["placement"]["kind"] == layout, spread["placement"]
+    if layout == "gpu+cpu":     # really spread: layers on the GPU and layers in host memory
+        assert {"0", "cpu"} <= set(spread["placement"]["devices"]), spread["placement"]
+        assert spread["placement"]["gathered"] is True
     assert check["logit_cosine"] >= 0.999 and check["top1_tie_aware"] >= 0.99, check
     a = json.loads((one_dir / "config.json").read_text())
     b = json.loads((spread_dir / "config.json").read_text())

@@ -268,12 +268,12 @@ def accuracy_stage(recipe: Recipe) -> dict:
 
     from pipeline.workstation.cpu_linear import skinny_linears
     from pipeline.workstation.evaluate import accuracy_report, heldout_text, write_report
-    from pipeline.workstation.models import load_model
+    from pipeline.workstation.models import input_device, load_model
 
     def build(out: Path) -> dict:
         tok = AutoTokenizer.from_pretrained(model_dir(recipe))
         with _reference_model(recipe) as quantized:
-            original = load_model(model_dir(recipe), str(quantized.device).split(":")[0])
+            original = load_model(model_dir(recipe), input_device(quantized).split(":")[0])
             with skinny_linears():
                 name, text = heldout_text(recipe.validation["heldout"], recipe.file)
                 report = accuracy_report(original, quantized, tok, text, name)

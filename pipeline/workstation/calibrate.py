@@ -16,7 +16,7 @@ from pipeline.errors import PipelineError
 from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS, KVFormat, WeightFormat
 from pipeline.progress import StepTimer
 from pipeline.workstation.grid import grid_modules, snap_to_export_grid
-from pipeline.workstation.models import import_modelopt, load_model, pick_device
+from pipeline.workstation.models import gather_on_cpu, import_modelopt, input_device, load_model, pick_device
 from pipeline.workstation.state import ModelHandoff, save_quantized, unchanged_parameters
 
 # int8_wo deploys TensorRT-LLM's own load-time per-channel INT8 (FACTS.md); the reference model simulates it with
@@ -115,18 +115,22 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     with timer("load"):
         model = load_model(model_dir, device)
 
-    if model.device.type == "cpu" and fmt.gpu_calibration_only:
+    inputs = input_device(model)
+    if inputs == "cpu" and fmt.gpu_calibration_only:
         raise PipelineError(f"{fmt.label} calibration needs a CUDA GPU, and this model does not fit this "
                             f"workstation's GPUs ({model.placement['note']})", "use a workstation with more GPU memory")
 
     def forward_loop(m):
         with Progress(f"calibrating {fmt.label}", unit="sample") as bar:
             for i, w in enumerate(windows, 1):
-                m(torch.tensor([w], device=model.device))
+                m(torch.tensor([w], device=inputs))
                 bar.update(i, len(windows))
 
     with timer("calibrate"), torch.no_grad():
         mtq.quantize(model, cfg, forward_loop if windows else None)
+    if getattr(model, "placement", {}).get("kind") == "gpu+cpu":
+        with timer("gather"):
+            model = gather_on_cpu(model)     # offloaded layers: read through their hooks, then an ordinary model
     with timer("fuse"):
         fused = fuse_for_export(model)
     # Saved as computed (fp32 on the CPU, fp16 on a GPU): rounding it to fp16 for the CPU case would change
@@ -138,7 +142,7 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     if handoff is not None:
         handoff.put(model_dir, out, model)
     info.update(method="modelopt", modelopt_config=fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name),
-                device=model.device.type, placement=getattr(model, "placement", {"kind": "cpu"}),
+                device=inputs.split(":")[0], placement=getattr(model, "placement", {"kind": "cpu"}),
                 calibration_tokens=sum(map(len, windows)),      # 0: weight-only, calibrated from the weights
                 fused_groups=fused, saved_bytes=saved)
     # the timings go to the stage's manifest (and its terminal line), not into quantize.json: an output file that

@@ -53,9 +53,11 @@ def stop_ids(model_dir, tokenizer) -> list[int]:
 def greedy(model, ids: list[int], max_new_tokens: int, top_k: int, eos: list[int]) -> dict:
     import torch
 
-    out = model.generate(torch.tensor([ids], device=model.device), max_new_tokens=max_new_tokens, do_sample=False,
-                         output_logits=True, return_dict_in_generate=True, eos_token_id=eos or None,
-                         pad_token_id=eos[0] if eos else None)
+    from pipeline.workstation.models import input_device
+
+    out = model.generate(torch.tensor([ids], device=input_device(model)), max_new_tokens=max_new_tokens,
+                         do_sample=False, output_logits=True, return_dict_in_generate=True,
+                         eos_token_id=eos or None, pad_token_id=eos[0] if eos else None)
     new = out.sequences[0, len(ids):].tolist()
     steps = []
     for logits in out.logits:
@@ -141,11 +143,13 @@ def accuracy_report(original, quantized, tokenizer, text: str, name: str, seq_le
     top-1 agreement."""
     import torch
 
+    from pipeline.workstation.models import input_device
+
     count, cos_sum, agree = 0, 0.0, 0
     per_window: list[tuple[float, float, int]] = []
     with torch.no_grad():
         for w in _windows(tokenizer, text, seq_len):
-            x = torch.tensor([w], device=original.device)
+            x = torch.tensor([w], device=input_device(original))
             lo, lq = original(x).logits[0].float(), quantized(x).logits[0].float()
             target = x[0, 1:]
             nll = [float(torch.nn.functional.cross_entropy(lg[:-1], target, reduction="sum")) for lg in (lo, lq)]

@@ -5,6 +5,7 @@ The checkpoint is deployed in fp16, so every model made here starts from fp16 va
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -86,17 +87,70 @@ def load_model(model_dir: Path, device: str):
         if placement.max_memory:     # larger than one GPU: spread over the GPUs (and host memory) by layer
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16, device_map="auto",
                                                          max_memory=placement.max_memory)
-            offloaded = sorted({str(d) for d in model.hf_device_map.values()} - {str(i) for i in placement.max_memory})
-            if offloaded:
-                raise PipelineError(f"accelerate placed part of {model_dir} on {offloaded} beyond the GPUs' "
-                                    f"budgets {placement.max_memory}", "set PIPELINE_GPU_BUDGET_BYTES higher, or "
-                                    "use a workstation with more GPU memory")
+            # transformers records the map only where it spread the model
+            devices = {str(d) for d in getattr(model, "hf_device_map", {"": next(model.parameters()).device.type})
+                       .values()}
+            beyond = sorted(devices - {str(i) for i in placement.max_memory})
+            if beyond:       # "disk": accelerate found the budgets too small even with host memory
+                raise PipelineError(f"accelerate placed part of {model_dir} on {beyond} beyond the budgets "
+                                    f"{placement.max_memory}", "set PIPELINE_GPU_BUDGET_BYTES higher, or use a "
+                                    "workstation with more GPU or host memory")
+            if devices == {"cpu"}:      # no layer fitted beside the room accelerate keeps for moving layers in
+                del model
+                return load_model(model_dir, "cpu")
+            placement = dataclasses.replace(placement, devices=tuple(sorted(devices)))
         else:
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16)
             model = model.to(placement.device)
         model.placement = placement.as_dict()
     model.eval()
     model.pipeline_loaded = {name: param_fingerprint(p) for name, p in model.named_parameters()}
+    return model
+
+
+def input_device(model) -> str:
+    """Where a model's inputs go: its placement's input device where it was placed (a model spread over devices, or
+    one that fell back to the CPU), else the device of its parameters."""
+    placement = getattr(model, "placement", None)
+    if isinstance(placement, dict) and placement.get("device"):
+        return str(placement["device"])
+    return str(next(model.parameters()).device)
+
+
+def dispatched(model) -> bool:
+    """A model spread over several devices by accelerate (its hooks move activations and offloaded weights)."""
+    return len({str(d) for d in getattr(model, "hf_device_map", {}).values()}) > 1
+
+
+def gather_on_cpu(model):
+    """A model spread over GPUs and host memory, gathered on the CPU as plain tensors: each module's weights read
+    through accelerate's offload hooks (ModelOpt's writeback context: offloaded weights live in host memory, the
+    module holds meta tensors outside its forward), then every hook removed. Whatever follows (fusing, saving,
+    handing the model to the export) then sees an ordinary model."""
+    if not dispatched(model):
+        return model
+    import torch
+    from accelerate.hooks import remove_hook_from_module
+    from modelopt.torch.quantization.utils import enable_weight_access_and_writeback
+
+    modules = dict(model.named_modules())
+    tensors: dict[str, Any] = {}
+    for name, module in modules.items():
+        with enable_weight_access_and_writeback(module, model, modules, writeback=False):
+            for pname, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+                if t is not None:
+                    tensors[f"{name}.{pname}" if name else pname] = t.detach().to("cpu", copy=True)
+    remove_hook_from_module(model, recurse=True)
+    with torch.no_grad():
+        for full, t in tensors.items():
+            owner, _, leaf = full.rpartition(".")
+            module = modules[owner]
+            if leaf in module._parameters:
+                module._parameters[leaf] = torch.nn.Parameter(t, requires_grad=False)
+            else:
+                module._buffers[leaf] = t
+    del model.hf_device_map
+    model.placement = dict(getattr(model, "placement", {}), device="cpu", gathered=True)
     return model
 
 

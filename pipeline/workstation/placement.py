@@ -1,9 +1,12 @@
-"""Where the workstation calibrates a model: one GPU, spread over several, offloaded to host memory, or the CPU.
+"""Where the workstation calibrates a model: one GPU, spread over several, spread over GPU and CPU, or the CPU.
 
 Calibration holds the fp16 model plus activations of one calibration window; a model larger than one GPU is spread
 layer by layer over the workstation's GPUs with an accelerate device map (ModelOpt calibrates dispatched models).
-A model larger than all GPUs, or a CPU-only workstation, calibrates on the CPU in fp32 (fp16 matmuls are slow on
-CPUs), from host memory.
+A model larger than all GPUs is spread over the GPUs and host memory ("gpu+cpu"): accelerate keeps the layers that do
+not fit in host memory and moves each one to the GPU for its forward (ModelOpt 0.47 calibrates such offloaded models,
+reading and writing their weights through the offload hooks), so every matmul still runs on a GPU; after
+calibration the model is gathered on the CPU (workstation/calibrate.py). A CPU-only workstation (or GPUs with no
+room at all) calibrates on the CPU in fp32 (fp16 matmuls are slow on CPUs), from host memory.
 """
 
 from __future__ import annotations
@@ -23,15 +26,17 @@ HOST_HEADROOM = 4 * GiB
 
 @dataclass(frozen=True)
 class Placement:
-    kind: str                              # "gpu" | "multi-gpu" | "cpu"
+    kind: str                              # "gpu" | "multi-gpu" | "gpu+cpu" | "cpu"
     device: str                            # where inputs go: "cuda:0" or "cpu"
     max_memory: dict = field(default_factory=dict)   # accelerate max_memory (empty: no device map)
     model_bytes: int = 0
     note: str = ""
+    devices: tuple[str, ...] = ()          # where accelerate put the layers of a spread model, once loaded
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["max_memory"] = {str(k): v for k, v in self.max_memory.items()}
+        d["devices"] = list(self.devices)
         return d
 
 
@@ -57,9 +62,12 @@ def choose(model_bytes: int, gpu_free: list[int], host_free: int, budgets: list[
     if model_bytes <= sum(budgets):
         return Placement("multi-gpu", "cuda:0", max_memory, model_bytes,
                          f"spread over {len(max_memory)} GPUs ({gb(model_bytes)} over {gb(sum(budgets))})")
-    # Beyond the GPUs: accelerate's CPU offload (weights in host memory, moved in per layer) broke ModelOpt's
-    # calibration on an H100 (the offloaded embedding ran on the CPU against CUDA token ids), so what does not fit
-    # the GPUs calibrates on the CPU, in fp32: slow but exact, and what a CPU-only workstation does anyway.
+    # Beyond the GPUs: the rest in host memory, moved to a GPU layer by layer for its forward (fp16 throughout)
+    offloaded = model_bytes - sum(budgets)
+    if sum(budgets) > 0 and offloaded + HOST_HEADROOM <= host_free:
+        return Placement("gpu+cpu", "cuda:0", {**max_memory, "cpu": host_free - HOST_HEADROOM}, model_bytes,
+                         f"spread over {len(max_memory)} GPU(s) and host memory ({gb(sum(budgets))} on the GPUs, "
+                         f"{gb(offloaded)} in host memory, moved to a GPU per layer)")
     need = model_bytes * 2 + HOST_HEADROOM
     if need > host_free:
         raise PipelineError(f"the model ({gb(model_bytes)} in fp16) does not fit the GPUs ({gb(sum(budgets))} "

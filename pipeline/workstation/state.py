@@ -161,17 +161,27 @@ def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu", consum
     """The deployed-numerics model: the fetched checkpoint with the saved ModelOpt state restored.
 
     consume=True: the caller may change the model (export disables quantizers), so a handed-off model is taken,
-    not shared, and later stages restore from disk."""
+    not shared, and later stages restore from disk. A model no GPU holds (placement "gpu+cpu" or "cpu") is restored
+    on the CPU in fp32 for its reference forwards; the caller reads where it went with models.input_device."""
+    from pipeline.workstation.models import dispatched, input_device
+
     import_modelopt()
     if (quant_dir / STATE).is_file():
         model = handoff.get(model_dir, quant_dir, consume) if handoff is not None else None
-        dispatched = model is not None and len(set(getattr(model, "hf_device_map", {}).values())) > 1
-        if model is not None and not (dispatched and device == "cpu"):
-            model = model if dispatched else model.to(device)
+        spread = model is not None and dispatched(model)
+        if model is not None and not (spread and device == "cpu"):
+            model = model if spread else model.to(device)
+            if not spread and isinstance(getattr(model, "placement", None), dict):
+                model.placement = dict(model.placement, device=str(next(model.parameters()).device))
             return model.float() if device == "cpu" else model
     if handoff is not None:
         handoff.drop()      # never hold a handed-off model while loading another one
+    if device != "cpu":
+        from pipeline.workstation.placement import probe
+        if probe(model_dir).kind in ("gpu+cpu", "cpu"):
+            device = "cpu"
     model = load_model(model_dir, device)
+    device = input_device(model)
     if (quant_dir / STATE).is_file():
         import modelopt.torch.opt as mto
         import torch

@@ -162,7 +162,7 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, check_ids:
 
     from pipeline.workstation.cpu_linear import skinny_linears
     from pipeline.workstation.grid import weights_on_grid
-    from pipeline.workstation.models import import_modelopt
+    from pipeline.workstation.models import import_modelopt, input_device
     from pipeline.workstation.reader import CheckpointModel
     from pipeline.workstation.state import load_quantized
 
@@ -175,6 +175,7 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, check_ids:
     device = export_device(model_dir)
     with timer("load"):
         model = load_quantized(model_dir, quant_dir, device, consume=True, handoff=handoff)
+    device = input_device(model)        # where the model went: a model no GPU holds runs on the CPU
     calibrated_in_fp16 = next(model.parameters()).dtype == torch.float16
     ids = torch.tensor(check_ids, device=device)
     with timer("reference"), torch.no_grad(), skinny_linears():
