@@ -33,6 +33,8 @@ from pipeline.files import read_regular, write_atomic
 MANIFEST = "MANIFEST.json"
 SUMS = "SHA256SUMS"
 SIG = "SHA256SUMS.minisig"
+# A workstation stage directory's record of its outputs (pipeline/graph/framework.py):
+STAGE_MANIFEST = "stage.json"
 # Inside a kit's payload:
 PLAN = "plan.json"
 GOLDENS = "goldens.json"
@@ -54,6 +56,10 @@ REPORT_MD = "report.md"
 REPORT_SVG = "report.svg"
 
 MAX_RECORD_BYTES = 64 * 2**20     # the largest record we write is a manifest of a few thousand files
+# Bounds of an engine's limits, which recipes, plans and the device all hold to (a validly signed plan is still
+# refused past them): a batch no Jetson holds, a context longer than any model's
+MAX_BATCH_SIZE = 256
+MAX_CONTEXT = 1_048_576
 
 
 class ContractError(PipelineError):
@@ -226,6 +232,19 @@ class BuildLimits(Part):
     max_seq_len: int
     max_num_tokens: int
 
+    def problems(self) -> list[str]:
+        """What makes these limits no engine's: out of bounds or inconsistent."""
+        out = []
+        if not 1 <= self.max_batch_size <= MAX_BATCH_SIZE:
+            out.append(f"max_batch_size {self.max_batch_size} is outside 1..{MAX_BATCH_SIZE}")
+        if not 2 <= self.max_seq_len <= MAX_CONTEXT:
+            out.append(f"max_seq_len {self.max_seq_len} is outside 2..{MAX_CONTEXT}")
+        if not 1 <= self.max_input_len < self.max_seq_len:
+            out.append(f"max_input_len {self.max_input_len} is not within 1..max_seq_len - 1")
+        if not 1 <= self.max_num_tokens <= self.max_batch_size * self.max_input_len:
+            out.append(f"max_num_tokens {self.max_num_tokens} is outside 1..max_batch_size x max_input_len")
+        return out
+
 
 @dataclass(frozen=True)
 class QuantSettings(Part):
@@ -280,6 +299,7 @@ class Plan(Record):
     build_on_board: dict[str, Any] | None = None   # how to build on the target itself (plan/buildmem.py)
     predicted_ttft_ms: float | None = None
     externalized_weights: list[str] = field(default_factory=list)  # Edge-LLM weight kinds the export keeps outside
+    predicted_build_s: float | None = None      # a generous bound for the device's build timeout, not a measurement
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,9 @@ class Problem:
     hint: str = ""
 
     def __str__(self) -> str:
-        text = f"{self.file}: {self.field} = {self.value!r}: {self.message}"
+        # a problem with the whole file names no field or value
+        text = f"{self.file}: {self.message}" if self.field == "(file)" else \
+            f"{self.file}: {self.field} = {self.value!r}: {self.message}"
         return text + (f" (hint: {self.hint})" if self.hint else "")
 
 

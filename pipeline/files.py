@@ -6,6 +6,7 @@ Standard library only: the device half (JetPack 6, Python 3.10, no torch) import
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -20,8 +21,9 @@ HASH_CHUNK = 4 * 2**20
 
 
 def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
+    """sha256 of a regular file (a FIFO or device planted in its place is an error, never a hang)."""
     h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as fh:
+    with open_regular(path, follow=True) as fh:
         buf = bytearray(HASH_CHUNK)
         view = memoryview(buf)
         while n := fh.readinto(buf):
@@ -45,16 +47,17 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     none, never half of one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb" if isinstance(data, bytes) else "w") as fh:
-        fh.write(data)
+    remove_entry(tmp)           # a link planted under the temporary name is removed, never written through
+    with create_new(tmp) as fh:
+        fh.write(data.encode() if isinstance(data, str) else data)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    os.replace(tmp, path)       # replaces a link planted at `path` itself, not what it points to
 
 
-def read_regular(path: Path, limit: int) -> bytes:
+def read_regular(path: Path, limit: int, follow: bool = False) -> bytes:
     """The bytes of `path`, a regular file (see open_regular) of at most `limit` bytes."""
-    with open_regular(path) as fh:
+    with open_regular(path, follow) as fh:
         size = os.fstat(fh.fileno()).st_size
         if size > limit:
             raise PipelineError(f"{path}: {size} bytes, more than the {limit} such a file may have",
@@ -75,12 +78,34 @@ def load_json_or_none(path: Path, limit: int = 64 * 2**20):
         return None
 
 
-def open_regular(path: Path) -> typing.BinaryIO:
+def read_json_file(path: Path, limit: int, what: str, hint: str, follow: bool = True):
+    """A JSON file we were handed (a config.json, a tokenizer's settings): a bounded read of a regular file (a link to
+    one is followed), UTF-8, valid JSON not nested past what the parser takes; anything else is one PipelineError
+    saying what `what` is and `hint`."""
+    try:
+        data = read_regular(path, limit, follow)
+    except PipelineError as exc:
+        raise PipelineError(f"{what}: {exc.message}", hint) from None
+    except OSError as exc:
+        raise PipelineError(f"{what}: {path}: {os_error_text(exc)}", hint) from None
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise PipelineError(f"{what}: {path}: not UTF-8 text (byte {exc.start})", hint) from None
+    except RecursionError:
+        raise PipelineError(f"{what}: {path}: nested too deeply to be this file", hint) from None
+    except ValueError as exc:
+        raise PipelineError(f"{what}: {path}: not valid JSON ({str(exc)[:80]})", hint) from None
+
+
+def open_regular(path: Path, follow: bool = False) -> io.BufferedReader:
     """Open `path` for reading only if it is a regular file: a final symlink, FIFO, device or directory is an error
-    (never a hang on a FIFO, never an endless read from a link to /dev/zero)."""
+    (never a hang on a FIFO, never an endless read from a link to /dev/zero). follow=True: a symlink whose target is a
+    regular file is read (a model directory the user named, a Hugging Face cache snapshot, /etc/nvpmodel.conf); the
+    target is still checked, and a link loop is an error."""
     path = Path(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
     except FileNotFoundError:
         raise PipelineError(f"{path}: no such file") from None
     except OSError as exc:      # ELOOP: a symlink; EACCES; ENXIO: a FIFO or socket with no writer
@@ -90,13 +115,53 @@ def open_regular(path: Path) -> typing.BinaryIO:
         os.close(fd)
         raise PipelineError(f"{path}: not a regular file", "replace it with the file itself")
     os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+    return io.BufferedReader(io.FileIO(fd, "rb"))
 
 
 def create_new(path: Path, mode: int = 0o644) -> typing.BinaryIO:
     """Create `path` for writing; it must not exist, and a symlink planted there is never followed."""
     fd = os.open(Path(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     return os.fdopen(fd, "wb")
+
+
+def remove_entry(path: Path) -> None:
+    """Remove whatever is at `path` without following it: a file, a symlink (not its target), a FIFO, or a directory
+    tree (whose links rmtree removes as links). Nothing there is fine."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def replace_file(path: Path, data: str | bytes, mode: int = 0o644) -> None:
+    """Write `path` afresh in a directory we own: whatever was planted there (a link out of the directory, a FIFO)
+    is removed first, and the new file is created without following links."""
+    remove_entry(path)
+    with create_new(path, mode) as fh:
+        fh.write(data.encode() if isinstance(data, str) else data)
+
+
+def real_dir(path: Path) -> Path:
+    """`path` as a directory of our own: made where missing; a symlink or file planted in its place is removed first
+    (so what we write there never lands where it pointed)."""
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        remove_entry(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def fresh_dir(path: Path) -> Path:
+    """An empty directory at `path`, made by us: whatever was there (a planted link to a directory elsewhere, a stale
+    tree) is removed first, so nothing written into it lands outside."""
+    remove_entry(path)
+    Path(path).mkdir()
+    return Path(path)
 
 
 def os_error_text(exc: OSError) -> str:

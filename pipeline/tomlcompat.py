@@ -13,3 +13,7 @@ TOMLDecodeError = tomllib.TOMLDecodeError
 def load_toml(path):
     with open(path, "rb") as fh:
         return tomllib.load(fh)
+
+
+def load_toml_text(text: str):
+    return tomllib.loads(text)
