@@ -92,7 +92,7 @@ def _compare_cmd(args) -> int:
     from pipeline.plan.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)
-    formats = compare.parse_formats(args.formats) if args.formats else compare.default_formats(recipe)
+    formats = compare.parse_formats(args.formats) if args.formats is not None else compare.default_formats(recipe)
     out = Path(args.out) if args.out else recipe_path(recipe, "compare")
     # with --json, stdout carries the JSON alone: the stages' lines go to stderr
     previous = progress.set_terminal(sys.stderr, sys.stderr) if args.json else None
@@ -309,7 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="probe this directory instead of / (a recorded board; default $JETSON_PIPELINE_PROBE_ROOT "
                    "or /)")
     d.add_argument("--pubkey", help="trust this public key too")
-    d.add_argument("--build-timeout", type=int, default=4 * 3600, help="seconds (default 4 h)")
+    d.add_argument("--build-timeout", type=positive_int, default=None,
+                   help="seconds (default: the plan's generous build estimate x 3, at least 30 min)")
+    d.add_argument("--validate-timeout", type=positive_int, default=None,
+                   help="seconds per validation run (default: the plan's predicted time x 10, at least 5 min)")
     d.add_argument("--force", action="store_true", help="build even where the memory gate refuses")
     d.add_argument("--allow-downgrade", action="store_true",
                    help="use a kit older than the one last unpacked into --work")
@@ -343,7 +346,7 @@ def _device_cmd(args) -> int:
     from pipeline.device.driver import run_device
     return run_device(Path(args.kit), work=Path(args.work) if args.work else None, out=Path(args.out),
                       root=args.root, pubkey=args.pubkey, build_timeout=args.build_timeout, force=args.force,
-                      allow_downgrade=args.allow_downgrade)
+                      allow_downgrade=args.allow_downgrade, validate_timeout=args.validate_timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

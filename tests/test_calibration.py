@@ -21,7 +21,7 @@ def test_sources(tmp_path):
     (tmp_path / "c.jsonl").write_text('{"text": "a"}\n\n{"text": "b"}\n')
     assert load_texts(f"file:{tmp_path / 'c.jsonl'}") == ["a", "b"]
     (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"body": "b"}\n')
-    with pytest.raises(PipelineError, match=r"bad.jsonl:2: not a JSON object with a \"text\" field"):
+    with pytest.raises(PipelineError, match=r"bad.jsonl:2: not a JSON object with a \"text\" string"):
         load_texts(f"file:{tmp_path / 'bad.jsonl'}")
     with pytest.raises(PipelineError, match=r"quantization.calibration.source = 'file:nope.txt': no file"):
         load_texts("file:nope.txt", str(tmp_path / "recipe.toml"))

@@ -8,15 +8,20 @@ from pipeline.device.trtllm_runner import _cut_at_stop
 from pipeline.workstation.evaluate import stop_ids
 
 
+class Tok(SimpleNamespace):
+    def __len__(self):
+        return 128256
+
+
 def test_generation_config_eos_list_wins_over_the_tokenizer(tmp_path):
-    tok = SimpleNamespace(eos_token_id=128001)
+    tok = Tok(eos_token_id=128001)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [128001, 128008, 128009]}))
     assert stop_ids(tmp_path, tok) == [128001, 128008, 128009]
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
     assert stop_ids(tmp_path, tok) == [2]
     (tmp_path / "generation_config.json").unlink()
     assert stop_ids(tmp_path, tok) == [128001]
-    assert stop_ids(tmp_path, SimpleNamespace(eos_token_id=None)) == []
+    assert stop_ids(tmp_path, Tok(eos_token_id=None)) == []
 
 
 def test_runner_output_ends_at_the_first_stop_id():

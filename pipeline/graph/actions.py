@@ -159,10 +159,32 @@ def quantize_stage(recipe: Recipe, plans: list[contract.Plan], for_export: bool 
         if refusal:
             raise PipelineError(f"{recipe.file}: {refusal}",
                                 "use the instruct model's repository, or add chat_template.jinja to the local model")
+    if for_export:      # before calibration: a prompt the engine cannot take would fail on the device, after signing
+        from pipeline.workstation.evaluate import prompt_lengths, prompts_too_long
+        lengths = prompt_lengths(model_dir(recipe), recipe.validation)
+        for plan in plans:
+            lim = plan.limits
+            long = prompts_too_long(lengths, recipe.validation["max_new_tokens"], lim.max_input_len, lim.max_seq_len)
+            if long:
+                raise PipelineError(f"{recipe.file}: {long[0]}", "shorten the prompt or max_new_tokens, or raise "
+                                    "build.max_input_len / build.max_seq_len")
     q = recipe.quantization
+    _read_texts(recipe)
     return run_stage(quantize_spec(recipe), lambda out: quantize(model_dir(recipe), out, q["weights"],
                                                                  q["kv_cache"], group_sizes.pop(), q["calibration"],
                                                                  recipe.file, handoff=_handoff()))
+
+
+def _read_texts(recipe: Recipe) -> None:
+    """The text files the recipe names (calibration, held-out), read and checked before a model is loaded: a binary,
+    non-UTF-8 or malformed one is one error naming its line now, not after calibration."""
+    from pipeline.workstation.calibration import load_texts
+    from pipeline.workstation.evaluate import heldout_text
+
+    source = recipe.quantization["calibration"]["source"]
+    if source.startswith("file:"):
+        load_texts(source, recipe.file)
+    heldout_text(recipe.validation["heldout"], recipe.file)
 
 
 def do_quantize(recipe: Recipe) -> dict:

@@ -8,24 +8,32 @@ revisions written as numbers (TOML reads `6.10` as 6.1).
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import backends
+from pipeline.contract import MAX_BATCH_SIZE, MAX_CONTEXT
 from pipeline.errors import InputError, PipelineError, Problem
 from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
 from pipeline.plan.targets import load_targets
-from pipeline.tomlcompat import TOMLDecodeError, load_toml
+from pipeline.tomlcompat import TOMLDecodeError, load_toml_text
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 # The one grammar of a builder URL: the recipe check and the builder's parser both use it, so a URL the recipe
 # accepts is one the builder can reach (ssh://a@b:x once passed here and failed after the whole workstation run).
-SSH_URL = re.compile(r"^ssh://(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9a-fA-F:]+\])"
+# user and host start with a letter or digit: "ssh -oProxyCommand=..." must never be spelled as a builder
+SSH_URL = re.compile(r"^ssh://(?:(?P<user>[A-Za-z0-9][A-Za-z0-9._-]*)@)?(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*"
+                     r"|\[[0-9a-fA-F:]+\])"
                      r"(?::(?P<port>6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3}))?$")
 CALIB_RE = re.compile(r"^(builtin|file|hf):.+$")
+# A recipe's name becomes directory, file and doit task names: short, and no character a shell or path treats specially
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MAX_RECIPE_BYTES = 1 * 2**20        # a recipe is a few hundred bytes; a megabyte is not one
+MAX_PROMPTS, MAX_PROMPT_CHARS = 64, 16_384
 
 
 # ----------------------------------------------------------------------------------------------------------- schema
@@ -39,6 +47,7 @@ class F:
     choices: tuple = ()
     min: float | None = None
     max: float | None = None
+    max_items: int | None = None        # lists: at most this many entries
     pattern: re.Pattern | None = None
     pattern_hint: str = ""
     doc: str = ""
@@ -46,7 +55,7 @@ class F:
 
 SCHEMA: dict = {
     "description": F(str, ""),
-    "targets": F(list, required=True, doc="target ids, see `python -m pipeline targets`"),
+    "targets": F(list, required=True, max_items=16, doc="target ids, see `python -m pipeline targets`"),
     "backend": F(str, None, choices=backends.NAMES, doc="engine backend; default: the target's first stack that fits"),
     "model": {
         "source": F(str, required=True, choices=("hf", "local", "builtin")),
@@ -65,15 +74,16 @@ SCHEMA: dict = {
                         pattern_hint="builtin:NAME, file:PATH (.txt or .jsonl) or hf:DATASET"),
             "samples": F(int, 32, min=1, max=4096),
             "seq_len": F(int, 256, min=8, max=16384),
-            "seed": F(int, 0, min=0),
+            "seed": F(int, 0, min=0, max=2**32 - 1),
         },
     },
     "build": {
-        "max_batch_size": F(int, 1, min=1, max=256),
-        "max_input_len": F(int, 1024, min=1),
-        "max_seq_len": F(int, 2048, min=2),
-        "builder": F((str, list), "offline", doc="local | offline | ssh://user@host[:port], or a list of ssh:// "
-                     "builders of the target's family (each build takes the first free one)"),
+        "max_batch_size": F(int, 1, min=1, max=MAX_BATCH_SIZE),
+        "max_input_len": F(int, 1024, min=1, max=MAX_CONTEXT - 1),
+        "max_seq_len": F(int, 2048, min=2, max=MAX_CONTEXT),
+        "builder": F((str, list), "offline", max_items=32,
+                     doc="local | offline | ssh://user@host[:port], or a list of ssh:// builders of the target's "
+                         "family (each build takes the first free one)"),
         "power_mode": F(str, None),
     },
     # Speculative decoding: an EAGLE-3 draft model beside the base (edgellm backend). Empty: no draft.
@@ -89,7 +99,7 @@ SCHEMA: dict = {
         "max_verify_tree_size": F(int, 60, min=1, max=1024, doc="llm_build --maxVerifyTreeSize"),
     },
     "validation": {
-        "prompts": F(list, required=True),
+        "prompts": F(list, required=True, max_items=MAX_PROMPTS),
         "max_new_tokens": F(int, 32, min=1, max=4096),
         "min_token_agreement": F(float, 0.9, min=0.0, max=1.0),
         "top_k_logprobs": F(int, 5, min=1, max=50),
@@ -131,28 +141,48 @@ def _check(file: str, path: str, spec, value, problems: list[Problem]) -> object
         return out
     if value is None:
         if spec.required:
-            problems.append(Problem(file, path, None, "is required", spec.doc))
+            problems.append(Problem(file, path, None, "is required",
+                                    spec.doc or f"add {path} = <{_type_name(spec.type)}>"))
         return spec.default
     want = spec.type
     ok = isinstance(value, want) and not (want in (int, float) and isinstance(value, bool))
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True
+    if ok and isinstance(value, float) and not math.isfinite(value):
+        # NaN compares false with everything: a NaN limit would pass any measurement
+        problems.append(Problem(file, path, value, "must be a finite number", _range(spec) or spec.doc or
+                                "a decimal number such as 0.9"))
+        return spec.default
     if not ok:
         hint = ""
         if want is str and isinstance(value, (int, float)):
             hint = f'quote it: {path.rsplit(".", 1)[-1]} = "{value}" (versions and revisions are strings)'
-        problems.append(Problem(file, path, value, f"must be {_type_name(want)}, not {type(value).__name__}", hint))
+        problems.append(Problem(file, path, value, f"must be {_type_name(want)}, not {type(value).__name__}",
+                                hint or spec.doc or f"write {path.rsplit('.', 1)[-1]} as {_type_name(want)}"))
         return spec.default
     if spec.choices and value not in spec.choices:
         problems.append(Problem(file, path, value, "is not one of the allowed values",
                                 f"allowed: {', '.join(map(str, spec.choices))}"))
     if spec.min is not None and value < spec.min:
-        problems.append(Problem(file, path, value, f"must be >= {spec.min}"))
+        problems.append(Problem(file, path, value, f"must be at least {spec.min}", _range(spec)))
     if spec.max is not None and value > spec.max:
-        problems.append(Problem(file, path, value, f"must be <= {spec.max}"))
+        problems.append(Problem(file, path, value, f"must be at most {spec.max}", _range(spec)))
     if spec.pattern is not None and not spec.pattern.match(value):
-        problems.append(Problem(file, path, value, "has the wrong form", spec.pattern_hint))
+        problems.append(Problem(file, path, value, "has the wrong form", spec.pattern_hint or spec.doc or
+                                f"it must match {spec.pattern.pattern}"))
+    if spec.max_items is not None and isinstance(value, list) and len(value) > spec.max_items:
+        problems.append(Problem(file, path, f"{len(value)} entries", f"must list at most {spec.max_items}",
+                                "remove entries (or split the recipe in two)"))
     return value
+
+
+def _range(spec: F) -> str:
+    """The allowed range of a numeric field, as a hint."""
+    if spec.min is not None and spec.max is not None:
+        return f"allowed: {spec.min} to {spec.max}"
+    if spec.min is not None:
+        return f"allowed: {spec.min} or more"
+    return f"allowed: up to {spec.max}" if spec.max is not None else ""
 
 
 # ----------------------------------------------------------------------------------------------------------- model
@@ -198,7 +228,8 @@ def _source_checks(file: str, table: str, m: dict, builtins: dict, problems: lis
     need = {"hf": ("repo", "revision"), "local": ("path",), "builtin": ("name",)}.get(src, ())
     for key in need:
         if m.get(key) is None:
-            problems.append(Problem(file, f"{table}.{key}", None, f"is required when {table}.source = {src!r}"))
+            problems.append(Problem(file, f"{table}.{key}", None, f"is required when {table}.source = {src!r}",
+                                    f"{table}.source = {src!r} uses: {', '.join(need)}"))
     for key in ("repo", "revision", "path", "name"):
         if m.get(key) is not None and key not in need:
             problems.append(Problem(file, f"{table}.{key}", m[key], f"does not apply to {table}.source = {src!r}",
@@ -217,12 +248,13 @@ def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
     targets = load_targets()
     tlist = v["targets"] or []
     if not tlist and v["targets"] is not None:
-        problems.append(Problem(file, "targets", tlist, "must name at least one target"))
+        problems.append(Problem(file, "targets", tlist, "must name at least one target",
+                                "see `python -m pipeline targets`"))
     for i, t in enumerate(tlist):
         if not isinstance(t, str) or t not in targets:
             problems.append(Problem(file, f"targets[{i}]", t, "unknown target", f"known: {', '.join(targets)}"))
     if len(set(map(str, tlist))) != len(tlist):
-        problems.append(Problem(file, "targets", tlist, "lists a target twice"))
+        problems.append(Problem(file, "targets", tlist, "lists a target twice", "list each target once"))
 
     from pipeline.workstation.tinymodel import BUILTINS, DRAFT_BUILTINS
     _source_checks(file, "model", v["model"], BUILTINS, problems)
@@ -242,7 +274,8 @@ def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
     if isinstance(b["max_input_len"], int) and isinstance(b["max_seq_len"], int) and \
             b["max_input_len"] >= b["max_seq_len"]:
         problems.append(Problem(file, "build.max_input_len", b["max_input_len"],
-                                f"must be below build.max_seq_len ({b['max_seq_len']}) to leave room for output"))
+                                f"must be below build.max_seq_len ({b['max_seq_len']}) to leave room for output",
+                                "max_input_len is the prompt's share of max_seq_len, e.g. half of it"))
     mode = b["power_mode"]
     for t in tlist:
         if mode is not None and t in targets and mode not in targets[t].bandwidth_gbs:
@@ -263,29 +296,44 @@ def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
         path = source_path(cal, file)
         assert path is not None     # a file: source always has a path
         if path.suffix not in (".txt", ".jsonl"):
-            problems.append(Problem(file, "quantization.calibration.source", cal, "must be a .txt or .jsonl file"))
-        elif not path.is_file():
+            problems.append(Problem(file, "quantization.calibration.source", cal, "must be a .txt or .jsonl file",
+                                    'one passage per line (.txt) or {"text": "..."} per line (.jsonl)'))
+        elif not os.path.lexists(path):
             problems.append(Problem(file, "quantization.calibration.source", cal, f"no file {path}",
                                     "paths are relative to the recipe file"))
+        elif not path.is_file():
+            problems.append(Problem(file, "quantization.calibration.source", cal, f"{path} is not a regular file",
+                                    "name the text file itself (not a directory, FIFO or device)"))
 
     prompts = v["validation"]["prompts"]
     if isinstance(prompts, list):
         if not prompts:
-            problems.append(Problem(file, "validation.prompts", prompts, "must list at least one prompt"))
+            problems.append(Problem(file, "validation.prompts", prompts, "must list at least one prompt",
+                                    "the device validates the engine on them"))
         for i, p in enumerate(prompts):
             if not isinstance(p, str) or not p.strip():
-                problems.append(Problem(file, f"validation.prompts[{i}]", p, "must be a non-empty string"))
+                problems.append(Problem(file, f"validation.prompts[{i}]", p, "must be a non-empty string",
+                                        'write it in quotes: "What is the capital of France?"'))
+            elif len(p) > MAX_PROMPT_CHARS:
+                problems.append(Problem(file, f"validation.prompts[{i}]", p[:40] + "...",
+                                        f"is {len(p)} characters; at most {MAX_PROMPT_CHARS}",
+                                        "a validation prompt is a sentence or a paragraph, not a document"))
 
 
 def parse_recipe(data: dict, file: str, name: str | None = None) -> Recipe:
     problems: list[Problem] = []
+    name = name or Path(file).stem
+    if not NAME_RE.match(name):
+        problems.append(Problem(file, "(recipe name)", name if len(name) <= 80 else name[:77] + "...",
+                                "is not a recipe name: 1-64 letters, digits, '.', '_' or '-', starting with a letter "
+                                "or digit", "rename the file: its name becomes directory and task names"))
     v = _check(file, "", SCHEMA, data, problems)
     assert isinstance(v, dict)      # the schema's root is a table
     if not problems:
         _cross_checks(file, v, problems)
     if problems:
         raise InputError(problems)
-    return Recipe(name=name or Path(file).stem, file=file, description=v["description"],
+    return Recipe(name=name, file=file, description=v["description"],
                   targets=tuple(v["targets"]), backend=v["backend"], model=v["model"],
                   quantization=v["quantization"], build=v["build"], validation=v["validation"],
                   draft=v["draft"] if v["draft"]["method"] else None)
@@ -309,14 +357,32 @@ def load_recipe(name_or_path: str) -> Recipe:
     path = Path(name_or_path)
     if path.suffix != ".toml":
         path = recipes_dir() / f"{name_or_path}.toml"
-    if not path.is_file():
+    if not os.path.lexists(path):         # anything else there (a FIFO, a directory, a loop) is read and refused
         known = ", ".join(recipe_names()) or "(none)"
         raise PipelineError(f"no recipe {name_or_path!r} (looked for {path})", f"known recipes: {known}")
+    return parse_recipe(read_toml(path, MAX_RECIPE_BYTES), str(path), path.stem)
+
+
+def read_toml(path: Path, limit: int) -> dict:
+    """A TOML file we were handed: a bounded read of a regular file, UTF-8, valid TOML, not nested past what the
+    parser's recursion takes; anything else is one error naming the file."""
+    from pipeline.files import read_regular
     try:
-        data = load_toml(path)
+        text = read_regular(path, limit, follow=True).decode("utf-8")
+    except PipelineError as exc:
+        raise InputError([Problem(str(path), "(file)", None, exc.message.removeprefix(f"{path}: "),
+                                  "point at the recipe's TOML file")]) from None
+    except UnicodeDecodeError as exc:
+        raise InputError([Problem(str(path), "(file)", None, f"is not UTF-8 text (byte {exc.start})",
+                                  "save the recipe as UTF-8")]) from None
+    try:
+        return load_toml_text(text)
     except TOMLDecodeError as exc:
-        raise InputError([Problem(str(path), "(file)", None, f"is not valid TOML: {exc}")]) from None
-    return parse_recipe(data, str(path), path.stem)
+        raise InputError([Problem(str(path), "(file)", None, f"is not valid TOML: {exc}",
+                                  "fix the line it names (https://toml.io)")]) from None
+    except RecursionError:
+        raise InputError([Problem(str(path), "(file)", None, "nests arrays or tables too deeply to be a recipe",
+                                  "a recipe nests three levels at most")]) from None
 
 
 CORPUS_DIR = Path(__file__).parents[1] / "data" / "corpus"

@@ -7,6 +7,7 @@ same recipe calibrates on the same tokens everywhere.
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -18,7 +19,28 @@ def source_path(source: str, recipe_file: str) -> Path | None:
     if not source.startswith("file:"):
         return None
     p = Path(source[5:]).expanduser()
-    return p if p.is_absolute() else (Path(recipe_file).parent / p).resolve()
+    # not resolved: the recipe's own path is the one checked and named (a link there is read as a link)
+    return p if p.is_absolute() else (Path(recipe_file).parent / p).absolute()
+
+
+MAX_TEXT_BYTES = 256 * 2**20     # more text than 4096 windows of 16384 tokens; a bigger file is not a calibration set
+FORMAT_HINT = 'give a UTF-8 .txt (one passage per line) or .jsonl ({"text": "..."} per line) file'
+
+
+def read_text_file(path: Path, what: str, limit: int = MAX_TEXT_BYTES) -> str:
+    """A text file a recipe names: a bounded read of a regular file (never a FIFO, a device or a link's target
+    read without end), UTF-8; anything else is one error naming the file and the line."""
+    from pipeline.files import read_regular
+    try:
+        data = read_regular(path, limit, follow=True)     # a link to a text file is fine; to /dev/zero it is not
+    except PipelineError as exc:
+        raise PipelineError(f"{what}: cannot read {exc.message}", FORMAT_HINT) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise PipelineError(f"{what}: {path}:{line}: not UTF-8 text (byte {exc.start}: a binary file?)",
+                            FORMAT_HINT) from None
 
 
 def load_texts(source: str, recipe_file: str = ".") -> list[str]:
@@ -27,23 +49,27 @@ def load_texts(source: str, recipe_file: str = ".") -> list[str]:
         from pipeline.workstation.tinymodel import corpus_text
         return [p for p in corpus_text(name).split("\n") if p.strip()]
     if kind == "file":
-        path = Path(source[5:]).expanduser()
-        path = path if path.is_absolute() else (Path(recipe_file).parent / path).resolve()
-        if not path.is_file():
-            raise PipelineError(f"{recipe_file}: quantization.calibration.source = {source!r}: no file {path}",
-                                "give a .txt (one passage per line) or .jsonl ({\"text\": ...} per line) file")
+        path = source_path(source, recipe_file)
+        assert path is not None         # a file: source always has a path
+        what = f"{recipe_file}: quantization.calibration.source = {source!r}"
+        if not os.path.lexists(path):
+            raise PipelineError(f"{what}: no file {path}", FORMAT_HINT)
+        text = read_text_file(path, what)
         if path.suffix == ".jsonl":
             texts = []
-            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for i, line in enumerate(text.splitlines(), 1):
                 if not line.strip():
                     continue
                 try:
-                    texts.append(json.loads(line)["text"])
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise PipelineError(f"{path}:{i}: not a JSON object with a \"text\" field",
-                                        'each line must look like {"text": "..."}') from None
+                    row = json.loads(line)
+                except (ValueError, RecursionError):
+                    row = None
+                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                    raise PipelineError(f"{what}: {path}:{i}: not a JSON object with a \"text\" string",
+                                        'each line must look like {"text": "..."}')
+                texts.append(row["text"])
             return texts
-        return [p for p in path.read_text(encoding="utf-8").split("\n") if p.strip()]
+        return [p for p in text.split("\n") if p.strip()]
     if kind == "hf":
         try:
             import datasets

@@ -19,32 +19,25 @@ HELDOUT = "heldout-long-en"      # the default held-out text: ~4,800 tokens of v
 def heldout_text(spec: str, recipe_file: str) -> tuple[str, str]:
     """(name, text) of [validation] heldout: "builtin:NAME" (pipeline/data/corpus) or "file:PATH" (relative to the
     recipe)."""
-    from pipeline.files import read_regular
     from pipeline.plan.recipe import HELDOUT_MAX, heldout_path
+    from pipeline.workstation.calibration import read_text_file
     from pipeline.workstation.tinymodel import corpus_text
     kind, _, value = spec.partition(":")
     if kind == "builtin":
         return value, corpus_text(value)       # its error lists the builtin corpora
     path = heldout_path(spec, recipe_file)
-    try:        # a regular file of bounded size: a FIFO or a link to /dev/zero named here is an error, not a hang
-        return path.name, read_regular(path, HELDOUT_MAX).decode("utf-8")
-    except (OSError, UnicodeDecodeError, PipelineError) as exc:
-        why = exc.message if isinstance(exc, PipelineError) else str(exc)
-        raise PipelineError(f"{recipe_file}: validation.heldout = {spec!r}: cannot read {path} ({why})",
-                            "point it at a UTF-8 text file of your domain, or use builtin:heldout-long-en") from None
+    # a regular file of bounded size: a FIFO or a link to /dev/zero named here is an error, not a hang
+    return path.name, read_text_file(path, f"{recipe_file}: validation.heldout = {spec!r}", HELDOUT_MAX)
 
 
 def stop_ids(model_dir, tokenizer) -> list[int]:
     """The ids that end a generation: generation_config.json's eos_token_id (an int or a list: Llama-3 Instruct stops
     at <|eot_id|> and <|eom_id|> as well as <|end_of_text|>) when the checkpoint has one, else the tokenizer's eos.
     The tokenizer's alone is wrong for several Instruct models."""
-    import json
     from pathlib import Path
-    try:
-        eos = json.loads((Path(model_dir) / "generation_config.json").read_text()).get("eos_token_id")
-    except (OSError, ValueError, AttributeError):
-        eos = None
-    ids = eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
+
+    from pipeline.workstation.fetch import generation_stop_ids
+    ids = generation_stop_ids(Path(model_dir), len(tokenizer)) or []
     if not ids and tokenizer.eos_token_id is not None:
         ids = [tokenizer.eos_token_id]
     return [int(i) for i in ids]
@@ -67,6 +60,89 @@ def greedy(model, ids: list[int], max_new_tokens: int, top_k: int, eos: list[int
     return {"output_ids": new, "top_logprobs": steps}
 
 
+RENDER_TIMEOUT_S = 10
+RENDER_MAX_BYTES = 1 * 2**20       # a prompt rendered by its template: a few KB; a megabyte is a runaway template
+RENDER_MEMORY = 1 * 2**30          # what the rendering may allocate beyond the process it is forked from
+
+
+def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """The tokenizer's chat template applied as transformers applies it (its Jinja sandbox), in a forked child with
+    a time, memory and output bound: a template from a model directory that raises, loops for ever, allocates
+    without end or probes the sandbox is one error naming the template, never a hang or a crash of this process."""
+    import json
+    import os
+    import resource
+    import select
+    import signal
+    import time
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:        # the child: render, write the JSON answer, exit without running the parent's handlers
+        code = 0
+        try:
+            os.close(r)
+            with open("/proc/self/statm") as fh:
+                vm = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            resource.setrlimit(resource.RLIMIT_AS, (vm + RENDER_MEMORY, vm + RENDER_MEMORY))
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                 tokenize=False)
+            out = json.dumps({"text": text} if isinstance(text, str) and len(text) <= RENDER_MAX_BYTES else
+                             {"error": f"it rendered more than {RENDER_MAX_BYTES} bytes for one prompt"}
+                             if isinstance(text, str) else {"error": "it rendered no text"})
+        except BaseException as exc:    # noqa: BLE001 - whatever the template raised is the answer
+            out = json.dumps({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"})
+        try:
+            data = out.encode()[:RENDER_MAX_BYTES + 64]
+            while data:
+                data = data[os.write(w, data):]
+        except BaseException:           # noqa: BLE001
+            code = 1
+        os._exit(code)
+    os.close(w)
+    chunks, size, deadline, why = [], 0, time.monotonic() + RENDER_TIMEOUT_S, None
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                why = f"ran longer than {RENDER_TIMEOUT_S} s"
+                break
+            if not select.select([r], [], [], left)[0]:
+                continue
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > RENDER_MAX_BYTES + 64:
+                why = f"rendered more than {RENDER_MAX_BYTES} bytes for one prompt"
+                break
+    finally:
+        os.close(r)
+        if why:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    hint = "fix or remove the chat template, or set [validation] chat_template = false"
+    if why:
+        raise PipelineError(f"{template_source(tokenizer)}: the chat template {why}", hint)
+    try:
+        answer = json.loads(b"".join(chunks))
+    except ValueError:
+        answer = {"error": "the renderer died (out of memory?)"}
+    if "text" not in answer:
+        raise PipelineError(f"{template_source(tokenizer)}: the chat template fails: {answer.get('error')}", hint)
+    return answer["text"]
+
+
+def template_source(tokenizer) -> str:
+    """Where the tokenizer's chat template came from, to name it in an error: chat_template.jinja beside the
+    tokenizer (transformers prefers it), else tokenizer_config.json's chat_template."""
+    from pathlib import Path
+    where = Path(str(getattr(tokenizer, "name_or_path", "") or "."))
+    jinja = where / "chat_template.jinja"
+    return str(jinja) if jinja.is_file() else f"{where / 'tokenizer_config.json'} (chat_template)"
+
+
 def uses_chat_template(tokenizer, validation: dict) -> bool:
     """[validation] chat_template, defaulting to whether the tokenizer has one (Instruct models do)."""
     wanted = validation.get("chat_template")
@@ -83,11 +159,35 @@ def render_prompt(tokenizer, prompt: str, chat: bool) -> tuple[str, list[int]]:
     model wants one); the rendered text then keeps the special tokens, so Edge-LLM's raw mode (which encodes with
     addBos=false) sees exactly these ids."""
     if chat:
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                 tokenize=False)
+        rendered = render_chat(tokenizer, [{"role": "user", "content": prompt}])
         return rendered, tokenizer(rendered, add_special_tokens=False)["input_ids"]
     ids = tokenizer(prompt)["input_ids"]
     return tokenizer.decode(ids, skip_special_tokens=False), ids
+
+
+def prompts_too_long(lengths: list[tuple[str, int]], max_new_tokens: int, max_input_len: int,
+                     max_seq_len: int) -> list[str]:
+    """Each validation prompt that the engine could not take: longer than max_input_len, or with its answer longer
+    than max_seq_len (TensorRT-LLM refuses such a request; the device would fail after the kit was signed)."""
+    out = []
+    for i, (prompt, n) in enumerate(lengths):
+        short = prompt if len(prompt) <= 40 else prompt[:37] + "..."
+        if n > max_input_len:
+            out.append(f"validation.prompts[{i}] ({short!r}) is {n} tokens as the model is asked it; the engine "
+                       f"takes at most build.max_input_len = {max_input_len}")
+        elif n + max_new_tokens > max_seq_len:
+            out.append(f"validation.prompts[{i}] ({short!r}) is {n} tokens + max_new_tokens {max_new_tokens} = "
+                       f"{n + max_new_tokens}, more than build.max_seq_len = {max_seq_len}")
+    return out
+
+
+def prompt_lengths(model_dir, validation: dict) -> list[tuple[str, int]]:
+    """(prompt, tokens) as the goldens will render each validation prompt (chat template or raw)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    chat = uses_chat_template(tok, validation) and bool(tok.chat_template)
+    return [(p, len(render_prompt(tok, p, chat)[1])) for p in validation["prompts"]]
 
 
 def make_goldens(model, tokenizer, validation: dict, model_dir=None) -> dict:
