@@ -178,7 +178,7 @@ def test_cli_bad_input(project, tmp_path):
     assert proc.returncode == 2 and "missing --model-config, --target" in proc.stderr
     proc = project.cli("plan", "--model-config", str(tmp_path / "none.json"), "--quant", "int4_awq",
                        "--target", "orin-nano-8gb")
-    assert proc.returncode == 2 and "none.json: (file) = None: no such file" in proc.stderr
+    assert proc.returncode == 2 and "none.json: no such file" in proc.stderr
 
 
 def test_prequantized_checkpoints_are_refused_with_the_reason():
@@ -222,11 +222,11 @@ def test_unreadable_local_config_is_named(tmp_path):
     model.mkdir()
     (model / "config.json").write_bytes(b"\xff{ not json")
     recipe = load_recipe(str(local_recipe(tmp_path / "r.toml", model)))
-    with pytest.raises(PipelineError, match=r"config\.json: not a readable config\.json") as e:
+    with pytest.raises(PipelineError, match=r"config\.json: not UTF-8 text \(byte 0\)") as e:
         config_for(recipe, "model")
-    assert "point model.path at a Hugging Face checkpoint directory" in e.value.hint
+    assert "point model.path at a Hugging Face checkpoint directory" in str(e.value)
     (model / "config.json").write_text("[1, 2]")
-    with pytest.raises(PipelineError, match=r"config\.json: not a config\.json \(a JSON object\)"):
+    with pytest.raises(PipelineError, match=r"config\.json: is a JSON list, not a config object"):
         config_for(recipe, "model")
 
 

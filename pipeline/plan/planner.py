@@ -8,6 +8,7 @@ so the user sees how far off it is.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -64,6 +65,7 @@ class Plan:
     build_on_board: dict | None = None
     predicted_ttft_ms: float | None = None
     externalized_weights: list[str] = field(default_factory=list)   # Edge-LLM export kinds kept outside the engine
+    predicted_build_s: float | None = None      # a generous bound for the device's build timeout (buildmem.py)
 
     @property
     def ok(self) -> bool:
@@ -95,7 +97,7 @@ class Plan:
             refused=self.refused, warnings=self.warnings, speculative=speculative,
             device_build_command=argvs[0] if argvs else None, device_build_commands=argvs,
             build_on_board=self.build_on_board, predicted_ttft_ms=self.predicted_ttft_ms,
-            externalized_weights=list(self.externalized_weights))
+            externalized_weights=list(self.externalized_weights), predicted_build_s=self.predicted_build_s)
 
     def to_json(self) -> dict:
         return self.to_record().to_dict()
@@ -231,8 +233,10 @@ def make_plan(req: PlanRequest) -> Plan:
         prediction["speculative_note"] = ("decode predicted without speculation: EAGLE-3's gain depends on the "
                                           "draft's acceptance rate on your prompts (validation measures it)")
     ttft = _ttft(req, mode, prediction)
+    from pipeline.plan.buildmem import build_seconds
+    build_s = build_seconds(memory.weights + memory.embedding + memory.lm_head, on_board.swap_bytes > 0)
     return Plan(req, backend, stack, group_size, memory, by_mode.get(mode), prediction, refused, warnings,
-                draft_mem, on_board.as_dict(), ttft, list(on_board.externalize))
+                draft_mem, on_board.as_dict(), ttft, list(on_board.externalize), build_s)
 
 
 def _build_memory(req: PlanRequest, engine, fmt, memory):
@@ -340,14 +344,8 @@ def _builtin_config(table: str, name: str) -> dict:
 
 
 def _read_config(path, table: str, recipe) -> dict:
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise PipelineError(f"{path}: not a readable config.json ({str(exc)[:80]})",
-                            f"point {table}.path at a Hugging Face checkpoint directory") from None
-    if not isinstance(config, dict):
-        raise PipelineError(f"{path}: not a config.json (a JSON object)", f"check {table} in {recipe.file}")
-    return config
+    from pipeline.plan.shapes import load_config
+    return load_config(path, f"point {table}.path at a Hugging Face checkpoint directory (in {recipe.file})")
 
 
 def config_for(recipe, table: str, fetched_dir=None) -> tuple[dict, str]:
@@ -360,7 +358,7 @@ def config_for(recipe, table: str, fetched_dir=None) -> tuple[dict, str]:
         return _read_config(fetched_dir / "config.json", table, recipe), str(fetched_dir / "config.json")
     if t["source"] == "local":
         path = (recipe.model_dir if table == "model" else recipe.draft_dir) / "config.json"
-        if not path.is_file():
+        if not os.path.lexists(path):       # anything else there (a FIFO, a link to /dev/zero) is read and refused
             raise PipelineError(f"{recipe.file}: {table}.path = {t['path']!r}: no config.json in {path.parent}",
                                 f"point {table}.path at a Hugging Face checkpoint directory")
         return _read_config(path, table, recipe), str(path)

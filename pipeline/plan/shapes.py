@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,12 +70,27 @@ class ModelShape:
         return 2 * self.num_layers * self.kv_size * bytes_per_element
 
 
+# Bounds of a real decoder's config: a field past them is damaged or crafted (and would overflow the planner's
+# arithmetic: JSON integers have no size)
+BOUNDS = {"hidden_size": 2**20, "num_hidden_layers": 4096, "num_attention_heads": 4096, "num_key_value_heads": 4096,
+          "head_dim": 4096, "intermediate_size": 2**22, "vocab_size": 2**24, "max_position_embeddings": 2**24}
+MAX_CONFIG_BYTES = 16 * 2**20
+
+
 def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     """Validate and read the fields the planner needs; every missing or odd field is reported at once."""
+    if not isinstance(config, dict):
+        raise InputError([Problem(source, "(file)", None, f"is a JSON {type(config).__name__}, not a config object",
+                                  "pass a model's config.json")])
     problems: list[Problem] = []
-    archs = config.get("architectures") or []
+    archs = config.get("architectures")
+    if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
+        problems.append(Problem(source, "architectures", archs, "must be a list of architecture names",
+                                'e.g. ["LlamaForCausalLM"], as transformers writes it'))
+        archs = []
+    archs = archs or []
     arch = archs[0] if archs else config.get("model_type", "?")
-    if arch not in DENSE_DECODERS:
+    if not isinstance(arch, str) or arch not in DENSE_DECODERS:
         problems.append(Problem(source, "architectures", archs, "not a dense decoder architecture this pipeline knows",
                                 f"supported: {', '.join(sorted(DENSE_DECODERS))}"))
     if config.get("num_local_experts") or config.get("num_experts"):
@@ -85,8 +99,11 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
 
     def need_int(key: str, default=None) -> int:
         value = config.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            problems.append(Problem(source, key, value, "must be a positive integer"))
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= BOUNDS[key]:
+            shown = value if not isinstance(value, int) or value < 10**12 else f"{str(value)[:12]}... " \
+                f"({len(str(value))} digits)"
+            problems.append(Problem(source, key, shown, f"must be a positive integer up to {BOUNDS[key]}",
+                                    "use the model's own config.json, as transformers saved it"))
             return 1
         return value
 
@@ -99,20 +116,34 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
         intermediate_size=need_int("intermediate_size"), vocab_size=need_int("vocab_size"),
         max_position_embeddings=need_int("max_position_embeddings", 2048),
     )
+    heads, kv = shape["num_heads"], shape["num_kv_heads"]
+    if not problems and (kv > heads or heads % kv):
+        problems.append(Problem(source, "num_key_value_heads", kv, f"must divide num_attention_heads ({heads}): "
+                                "grouped-query attention shares each K/V head among a whole number of query heads",
+                                "use the model's own config.json, as transformers saved it"))
     if problems:
         raise InputError(problems)
     return ModelShape(architecture=arch, tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
                       attention_bias=bool(config.get("attention_bias", arch == "Qwen2ForCausalLM")), **shape)
 
 
+def load_config(path: Path, hint: str = "pass a model's config.json") -> dict:
+    """A model's config.json as a JSON object: read bounded (a regular file, or a link to one), valid, an object;
+    anything else is one error naming the file."""
+    from pipeline.errors import PipelineError
+    from pipeline.files import read_json_file
+    try:
+        config = read_json_file(path, MAX_CONFIG_BYTES, "config", hint)
+    except PipelineError as exc:
+        raise InputError([Problem(str(path), "(file)", None, exc.message.split(f"{path}: ", 1)[-1], hint)]) from None
+    if not isinstance(config, dict):
+        raise InputError([Problem(str(path), "(file)", None, f"is a JSON {type(config).__name__}, not a config object",
+                                  hint)])
+    return config
+
+
 def load_shape(path: str | Path) -> ModelShape:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError([Problem(str(path), "(file)", None, "no such file", "pass a model's config.json")]) from None
-    except json.JSONDecodeError as exc:
-        raise InputError([Problem(str(path), "(file)", None, f"not valid JSON: {exc}")]) from None
-    return shape_from_config(config, str(path))
+    return shape_from_config(load_config(path), str(path))

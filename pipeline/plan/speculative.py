@@ -29,7 +29,8 @@ BASE_EXTRA_OUTPUTS = ("hidden_states",)
 
 def is_eagle3(config: dict) -> bool:
     """Edge-LLM's own test: an Eagle3 architecture name, or EAGLE-3 training's ttt_length / draft_vocab_size."""
-    return any("Eagle3" in str(a) for a in config.get("architectures") or []) or "ttt_length" in config \
+    archs = config.get("architectures")
+    return any("Eagle3" in str(a) for a in (archs if isinstance(archs, list) else [])) or "ttt_length" in config \
         or "draft_vocab_size" in config
 
 
@@ -71,25 +72,34 @@ class DraftShape:
 
 
 def draft_shape(config: dict, source: str) -> DraftShape:
-    if not is_eagle3(config):
-        raise PipelineError(f"{source}: not an EAGLE-3 draft (architectures {config.get('architectures')})",
+    if not isinstance(config, dict) or not is_eagle3(config):
+        archs = config.get("architectures") if isinstance(config, dict) else None
+        raise PipelineError(f"{source}: not an EAGLE-3 draft (architectures {str(archs)[:80]})",
                             "draft.repo / draft.path must name an EAGLE-3 draft checkpoint, e.g. "
                             "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B for Llama-3.1-8B-Instruct")
-    try:
-        h, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-        return DraftShape(
-            hidden_size=h, num_layers=int(config.get("num_hidden_layers", 1)), num_heads=heads,
-            num_kv_heads=int(config.get("num_key_value_heads", heads)),
-            head_dim=int(config.get("head_dim") or h // heads), intermediate_size=int(config["intermediate_size"]),
-            vocab_size=int(config["vocab_size"]),
-            draft_vocab_size=int(config.get("draft_vocab_size") or config["vocab_size"]),
-            target_hidden_size=int(config.get("target_hidden_size") or h),
-            target_layer_ids=tuple(ids) if (ids := config.get("target_layer_ids")
-                                            or config.get("eagle_aux_hidden_state_layer_ids")) else None)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PipelineError(f"{source}: EAGLE-3 draft config lacks or mangles {exc}",
-                            "the draft's config.json needs hidden_size, num_attention_heads, intermediate_size "
-                            "and vocab_size") from None
+    from pipeline.plan.shapes import BOUNDS
+
+    def num(key: str, default=None, bound: str | None = None) -> int:
+        value = config.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= BOUNDS[bound or key]:
+            raise PipelineError(f"{source}: {key} = {str(value)[:40]}: must be a positive integer up to "
+                                f"{BOUNDS[bound or key]}", "the draft's config.json needs hidden_size, "
+                                "num_attention_heads, intermediate_size and vocab_size")
+        return value
+    h, heads = num("hidden_size"), num("num_attention_heads")
+    ids = config.get("target_layer_ids") or config.get("eagle_aux_hidden_state_layer_ids")
+    if ids is not None and (not isinstance(ids, list) or len(ids) > 64 or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 4096 for i in ids)):
+        raise PipelineError(f"{source}: target_layer_ids = {str(ids)[:60]}: not a list of layer numbers",
+                            "use the draft repository's own config.json")
+    return DraftShape(
+        hidden_size=h, num_layers=num("num_hidden_layers", 1), num_heads=heads,
+        num_kv_heads=num("num_key_value_heads", heads), head_dim=num("head_dim", config.get("head_dim") or h // heads),
+        intermediate_size=num("intermediate_size"), vocab_size=num("vocab_size"),
+        draft_vocab_size=num("draft_vocab_size", config.get("draft_vocab_size") or config.get("vocab_size"),
+                             "vocab_size"),
+        target_hidden_size=num("target_hidden_size", config.get("target_hidden_size") or h, "hidden_size"),
+        target_layer_ids=tuple(ids) if ids else None)
 
 
 def edgellm_tapped_layers(base_layers: int) -> list[int]:

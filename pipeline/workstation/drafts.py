@@ -20,7 +20,15 @@ def ensure_safetensors(draft_dir: Path) -> str | None:
     import torch
     from safetensors.torch import save_file
 
-    state = torch.load(binary, map_location="cpu", weights_only=True)
+    try:    # tensors only: a pickle that would build objects or run code is refused, never unpickled
+        state = torch.load(binary, map_location="cpu", weights_only=True)
+    except Exception as exc:        # UnpicklingError for a crafted pickle; a damaged zip raises others
+        raise PipelineError(f"{binary}: refused: it holds something other than tensors, or is damaged "
+                            f"({str(exc).splitlines()[0][:120]})", "use the draft repository's model.safetensors, or "
+                            "a pytorch_model.bin of plain tensors (torch.save of a state dict)") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
+        raise PipelineError(f"{binary}: not a state dict of tensors", "use the draft repository's own weights")
     save_file({k: v.contiguous() for k, v in state.items()}, str(draft_dir / "model.safetensors"))
     binary.unlink()
     return binary.name
@@ -28,14 +36,13 @@ def ensure_safetensors(draft_dir: Path) -> str | None:
 
 def check_draft_checkpoint(draft_dir: Path, source: str) -> DraftShape:
     """Config and every tensor's shape against the EAGLE-3 layout, from the safetensors headers alone."""
-    import json
-
+    from pipeline.plan.shapes import load_config
     from pipeline.workstation.safetensors_check import check_safetensors
 
     config_path = draft_dir / "config.json"
-    if not config_path.is_file():
+    if not config_path.exists():
         raise PipelineError(f"{source}: no config.json in {draft_dir}", "an EAGLE-3 draft directory has one")
-    shape = draft_shape(json.loads(config_path.read_text()), str(config_path))
+    shape = draft_shape(load_config(config_path, "point [draft] at an EAGLE-3 draft's directory"), str(config_path))
     found: dict[str, tuple] = {}
     for shard in sorted(draft_dir.glob("*.safetensors")):
         found |= {k: s for k, (_, s) in check_safetensors(shard).items()}

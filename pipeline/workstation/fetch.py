@@ -29,14 +29,91 @@ def local_fingerprint(root: Path, patterns: list[str] = NEEDED) -> list:
 
 
 def check_checkpoint(model_dir: Path, source: str) -> None:
-    if not (model_dir / "config.json").is_file():
+    """A checkpoint every later stage can load, checked from its config and headers before anything is copied or
+    computed: a config we can plan (a known architecture, numbers within bounds), no model code of its own to run,
+    weights whose headers are sound and whose shapes are the ones the config describes, stop ids that are tokens."""
+    from pipeline.plan.shapes import load_config, shape_from_config
+
+    if not (model_dir / "config.json").exists():
         raise PipelineError(f"{source}: no config.json in {model_dir}", "a Hugging Face checkpoint directory has one")
     shards = sorted(model_dir.glob("*.safetensors"))
     if not shards:
         raise PipelineError(f"{source}: no .safetensors weights in {model_dir}",
                             "convert .bin/.pth weights with transformers' save_pretrained(safe_serialization=True)")
+    config = load_config(model_dir / "config.json")
+    refuse_remote_code(config, model_dir / "config.json")
+    shape = shape_from_config(config, str(model_dir / "config.json"))
+    headers: dict[str, tuple] = {}
     for shard in shards:
-        check_safetensors(shard)
+        headers |= {k: shape for k, (_, shape) in check_safetensors(shard).items()}
+    mismatch = config_mismatch(shape, headers)
+    if mismatch:
+        raise PipelineError(f"{source}: the weights in {model_dir} are not the model its config.json describes: "
+                            + "; ".join(mismatch[:3]), "use config.json and weights of one revision of one model")
+    generation_stop_ids(model_dir, shape.vocab_size)
+
+
+def refuse_remote_code(config: dict, path: Path) -> None:
+    """A model whose config needs its own Python code (auto_map, a model type transformers does not know) is refused:
+    the pipeline never runs code that comes with a model (no trust_remote_code). A known type that also names remote
+    code (older Phi-3 repositories) loads with transformers' own implementation."""
+    auto_map, model_type = config.get("auto_map"), config.get("model_type")
+    if auto_map is None:
+        return
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    if isinstance(model_type, str) and model_type in CONFIG_MAPPING:
+        return
+    names = sorted(auto_map)[:3] if isinstance(auto_map, dict) else [str(auto_map)[:40]]
+    raise PipelineError(f"{path}: the model needs its own Python code (auto_map: {', '.join(names)}; model_type "
+                        f"{str(model_type)[:40]!r} is not one transformers implements): the pipeline never runs code "
+                        "that comes with a model", "use a model whose architecture transformers implements natively")
+
+
+SEPARATE_PROJECTIONS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                        "GemmaForCausalLM", "Gemma2ForCausalLM"}
+
+
+def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
+    """Tensors whose shape in the weights differs from what config.json says (Llama-style names, which the dense
+    decoders this pipeline builds share), and decoder layers the config counts but the weights lack or add."""
+    if shape.architecture not in SEPARATE_PROJECTIONS:
+        return []           # fused q/k/v or gate/up tensors (Phi-3): not these names
+    h, q, kv, i = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size
+    want = {"model.embed_tokens.weight": (shape.vocab_size, h), "model.norm.weight": (h,)}
+    for n in range(shape.num_layers):
+        p = f"model.layers.{n}."
+        want |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                 p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+                 p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                 p + "mlp.down_proj.weight": (h, i)}
+    out = [f"{k} is {list(headers[k])}, config.json says {list(s)}" for k, s in want.items()
+           if k in headers and tuple(headers[k]) != s]
+    missing = sorted(k for k in want if k not in headers)
+    if missing:
+        out.append(f"{len(missing)} tensors the config implies are missing (e.g. {missing[0]})")
+    extra = sorted(k for k in headers if k.startswith(f"model.layers.{shape.num_layers}."))
+    if extra:
+        out.append(f"the weights hold more decoder layers than num_hidden_layers = {shape.num_layers} ({extra[0]})")
+    return out
+
+
+def generation_stop_ids(model_dir: Path, vocab_size: int) -> list[int] | None:
+    """generation_config.json's eos_token_id as a list of token ids (None without the file or the field); ids that
+    are no token of the vocabulary are one error naming the file."""
+    from pipeline.files import read_json_file
+
+    path = model_dir / "generation_config.json"
+    if not path.exists():
+        return None
+    cfg = read_json_file(path, 1 * 2**20, "generation config", "use the model's own generation_config.json")
+    eos = cfg.get("eos_token_id") if isinstance(cfg, dict) else None
+    if eos is None:
+        return None
+    ids = eos if isinstance(eos, list) else [eos]
+    if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in ids):
+        raise PipelineError(f"{path}: eos_token_id = {str(eos)[:60]}: not token ids of this model's vocabulary "
+                            f"(0..{vocab_size - 1})", "use the model's own generation_config.json")
+    return [int(t) for t in ids]
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -44,9 +121,19 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 def check_tokenizer(model_dir: Path, source: str) -> None:
     """The checkpoint has a tokenizer every later stage can load (checked at fetch, not in quantize's traceback)."""
+    from pipeline.files import read_json_file
+
     if not any((model_dir / f).is_file() for f in TOKENIZER_FILES):
         raise PipelineError(f"{source}: {model_dir} has no tokenizer ({', '.join(TOKENIZER_FILES)})",
                             "copy the tokenizer files from the model's repository into the checkpoint directory")
+    settings = model_dir / "tokenizer_config.json"
+    if settings.exists():
+        cfg = read_json_file(settings, 64 * 2**20, "tokenizer settings", "copy tokenizer_config.json from the "
+                             "model's repository")
+        if isinstance(cfg, dict) and cfg.get("auto_map"):
+            raise PipelineError(f"{settings}: the tokenizer needs its own Python code (auto_map): the pipeline never "
+                                "runs code that comes with a model", "use a model whose tokenizer transformers "
+                                "implements (tokenizer.json)")
     from transformers import AutoTokenizer
     try:
         AutoTokenizer.from_pretrained(model_dir)
