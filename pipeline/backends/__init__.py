@@ -71,6 +71,19 @@ class Backend:
                     f"(allowed: {', '.join(self.builders)})"]
         return self.builders[argv[0]](argv)
 
+    def command_problems(self, plan) -> list[str]:
+        """Why a (signed) plan's build commands must not run here: limits no engine has, a program or flag this
+        backend does not build with, or any difference from the commands this version makes from the plan's own
+        limits (a second output directory, a checkpoint path outside the kit, limits that disagree with the plan)."""
+        argvs = plan.device_build_commands or []
+        problems = list(plan.limits.problems())
+        for argv in argvs:
+            problems += self.check_argv(argv)
+        if not problems and argvs != self.build_commands(plan.limits, plan.speculative):
+            problems.append("they are not the commands this version makes from the plan's limits "
+                            f"({' '.join(self.build_commands(plan.limits, plan.speculative)[0])})")
+        return problems
+
     def function(self, which: str) -> Callable:
         module, name = getattr(self, which).split(":")
         return getattr(importlib.import_module(module), name)

@@ -7,20 +7,30 @@ signed bundle and report are in --out; 1 = built but validation failed (the repo
 much); 2 = refused before building (bad kit, wrong board, not enough memory) or the build failed.
 The engine is built into a staging directory and renamed into place only when the build succeeded, so a killed
 or failed build never leaves an engine that looks complete; the build log is kept either way.
+
+--work and --out may hold anything by the time this runs (an earlier run, another user, a planted link or FIFO):
+every file and directory written there is made afresh without following a link (files.replace_file, fresh_dir;
+the report is written into a private directory and renamed into place); everything read there is read bounded, as
+a regular file; an engine found there is reused only if its build record carries this device's own key
+(kit/signing.device_secret) and its files still hash as recorded.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
-import shutil
 from pathlib import Path
 
 from pipeline import backends, contract
 from pipeline.device.memwatch import MemoryWatch
-from pipeline.device.process import run_logged, say
+from pipeline.device.process import claim_work, run_logged, say, terminate_as_interrupt
 from pipeline.errors import PipelineError
 
 OUTPUT_FLAGS = ("--output_dir", "--engineDir")
+BUILD_TIMEOUT_MARGIN, BUILD_TIMEOUT_FLOOR = 3.0, 1800          # x the plan's generous build bound, at least 30 min
+VALIDATE_TIMEOUT_MARGIN, VALIDATE_TIMEOUT_FLOOR = 10.0, 300    # x the predicted time of one run, at least 5 min
+LOAD_S, LOAD_BYTES_PER_S = 60, 500e6                           # engine load: a fixed cost and a read of its weights
 
 
 def staged_argv(argv: list[str], staging: str) -> list[str]:
@@ -38,12 +48,21 @@ def _engine_files(engine: Path) -> dict[str, str]:
             if p.is_file() and not p.is_symlink()}
 
 
+def _mac(record: dict) -> str:
+    from pipeline.kit.signing import device_secret
+    body = json.dumps({k: v for k, v in record.items() if k != "mac"}, sort_keys=True).encode()
+    return hmac.new(device_secret(), body, hashlib.sha256).hexdigest()
+
+
 def _reusable_build(work: Path, engine: Path, kit_sha256: str, argvs: list[list[str]]) -> dict | None:
-    """The previous run's build record if its engine was built from this very kit with these commands and its
-    files still hash as recorded then (so an engine planted or left in --work by another kit is never used)."""
+    """The previous run's build record if this device wrote it (its key), its engine was built from this very kit
+    with these commands, and its files still hash as recorded then (so an engine planted or left in --work by
+    another kit, or a record forged to name this kit, is never used)."""
     from pipeline.files import load_json_or_none
     build = load_json_or_none(work / contract.BUILD_RECORD)
-    if not isinstance(build, dict) or build.get("kit_manifest_sha256") != kit_sha256 or build.get("argvs") != argvs \
+    if not isinstance(build, dict) or not hmac.compare_digest(str(build.get("mac", "")), _mac(build)):
+        return None
+    if build.get("kit_manifest_sha256") != kit_sha256 or build.get("argvs") != argvs \
             or not isinstance(build.get("memory"), dict):       # a record without the build's measured memory: rebuild
         return None
     if not engine.is_dir() or engine.is_symlink() or build.get("engine_files") != _engine_files(engine):
@@ -55,12 +74,35 @@ def _taken(watch: MemoryWatch) -> str:
     return "an unmeasured amount of memory" if watch.taken is None else f"{watch.taken / 1e9:.2f} GB"
 
 
+def timeouts(plan: contract.Plan, goldens: contract.Goldens, build: int | None,
+             validate: int | None) -> tuple[int, int]:
+    """The build's and each validation run's time limits: given, or the plan's predicted times with a margin (a
+    hung builder or runtime then frees the board in minutes, not after a fixed hour)."""
+    if build is None:
+        build = int(max(BUILD_TIMEOUT_FLOOR, BUILD_TIMEOUT_MARGIN * plan.predicted_build_s)) \
+            if plan.predicted_build_s else 4 * 3600
+    if validate is None:
+        m = plan.memory or {}
+        weights = sum(int(m.get(k) or 0) for k in ("weights", "embedding", "lm_head"))
+        decode = plan.predicted_decode_tok_s or 1.0
+        one = LOAD_S + weights / LOAD_BYTES_PER_S + (plan.predicted_ttft_ms or 0) / 1000 + \
+            goldens.max_new_tokens * len(goldens.prompts) / decode
+        validate = int(max(VALIDATE_TIMEOUT_FLOOR, VALIDATE_TIMEOUT_MARGIN * one))
+    return build, validate
+
+
 def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey: str | None = None,
-               build_timeout: int = 4 * 3600, force: bool = False, allow_downgrade: bool = False) -> int:
+               build_timeout: int | None = None, force: bool = False, allow_downgrade: bool = False,
+               validate_timeout: int | None = None) -> int:
+    with terminate_as_interrupt():
+        return _run(kit, work, out, root, pubkey, build_timeout, force, allow_downgrade, validate_timeout)
+
+
+def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None, build_timeout: int | None,
+         force: bool, allow_downgrade: bool, validate_timeout: int | None) -> int:
     from pipeline.device import gate
     from pipeline.device.probe import probe
-    from pipeline.device.report import build_report, write_report
-    from pipeline.files import move_into_place, write_atomic
+    from pipeline.files import fresh_dir, move_into_place, remove_entry, write_atomic
     from pipeline.kit.bundle import pack_bundle
     from pipeline.kit.signing import signing_key, trusted_keys
     from pipeline.kit.unpack import unpack
@@ -79,16 +121,19 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
     for w in gate.require(verified.manifest, board).warnings:
         say(f"warning: {w}")
     work = (work or Path(f"{verified.name}.build")).absolute()
-    kit_dir = work / contract.KIT_DIR
     work.mkdir(parents=True, exist_ok=True)
+    claim_work(work)                # what an earlier run here left running is stopped
+    kit_dir = work / contract.KIT_DIR
+    if kit_dir.is_symlink() or (kit_dir.exists() and not kit_dir.is_dir()):
+        remove_entry(kit_dir)       # planted in our work directory: never unpacked through
     # always from the kit verified in this run: a tree left in --work (an older kit, a planted plan.json) is replaced
     unpack(kit, kit_dir, trusted, allow_downgrade=allow_downgrade, verified=verified)
     say(f"unpacked and verified: {kit_dir}")
-    board.dump(work / contract.BOARD)      # what this run built on, beside the build log
+    write_atomic(work / contract.BOARD, board.dumps())      # what this run built on, beside the build log
     plan = contract.Plan.load(kit_dir / contract.PLAN)
     goldens = contract.Goldens.load(kit_dir / contract.GOLDENS)
     if not force:
-        paging = gate.build_memory_gate(plan, board)
+        paging = gate.build_memory_gate(plan, board, root)
         if paging:
             say(paging)
     argvs = plan.device_build_commands
@@ -96,26 +141,28 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
         raise PipelineError(f"{kit}: the kit's plan has no device build commands (a refused plan)",
                             "re-plan and re-package the recipe")
     backend = backends.get(plan.backend)
-    for argv in argvs:      # a signed plan still runs only the backend's builders with flags it knows
-        problems = backend.check_argv(argv)
-        if problems:
-            raise PipelineError(f"{kit_dir / contract.PLAN}: device_build_commands refused: {'; '.join(problems)}",
-                                "nothing was run; re-package the kit with this version of the pipeline")
+    # a signed plan still runs only the commands this version makes from its limits, and only within bounds
+    problems = backend.command_problems(plan)
+    if problems:
+        raise PipelineError(f"{kit_dir / contract.PLAN}: device_build_commands refused: {'; '.join(problems)}",
+                            "nothing was run; re-package the kit with this version of the pipeline")
+    build_limit, validate_limit = timeouts(plan, goldens, build_timeout, validate_timeout)
 
     engine, staging = work / contract.ENGINE_DIR, work / contract.ENGINE_STAGING
     build = _reusable_build(work, engine, verified.manifest_sha256, argvs)
     if build is None:
-        (work / contract.BUILD_RECORD).unlink(missing_ok=True)
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_entry(work / contract.BUILD_RECORD)
+        fresh_dir(staging)          # ours: a link planted here would send the engine elsewhere
         seconds, watch = 0.0, MemoryWatch(Path(root))
         for i, argv in enumerate(argvs):       # an EAGLE-3 plan: the base engine, then the draft beside it
             say("building: " + " ".join(staged_argv(argv, str(staging))))
             seconds += run_logged(staged_argv(argv, str(staging)), cwd=kit_dir,
                                   log=work / (contract.BUILD_LOG if i == 0 else f"build-{i}.log"),
-                                  timeout=build_timeout, watch=watch)
+                                  timeout=build_limit, watch=watch)
         move_into_place(staging, engine)
         build = {"argv": argvs[0], "argvs": argvs, "seconds": seconds, "memory": watch.as_dict(),
                  "kit_manifest_sha256": verified.manifest_sha256, "engine_files": _engine_files(engine)}
+        build["mac"] = _mac(build)
         write_atomic(work / contract.BUILD_RECORD, json.dumps(build) + "\n")
         say(f"engine built in {seconds:.0f} s; it took {_taken(watch)} from the board "
             f"(plan: {(plan.memory or {}).get('build_peak', 0) / 1e9:.2f} GB)")
@@ -124,11 +171,11 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
         say(f"engine: reusing {engine}, built from this kit in an earlier run (its files hash as recorded)")
 
     watch = MemoryWatch(Path(root))
-    validation = backend.function("validate")(kit_dir, engine, plan, goldens, work, watch)
-    report = build_report(goldens, validation, plan, board, build, watch.as_dict())
+    validation = backend.function("validate")(kit_dir, engine, plan, goldens, work, watch, validate_limit)
+    report = _report(goldens, validation, plan, board, build, watch)
     out.mkdir(parents=True, exist_ok=True)
     report_dir = out / f"{verified.name}.report"
-    write_report(report_dir, report)
+    _write_report(report_dir, report)
     say(f"report: {report_dir / contract.REPORT_MD} ({'passed' if report['ok'] else 'FAILED'})")
     if not report["ok"]:
         for c in report["checks"]:
@@ -139,3 +186,27 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
     bundle = pack_bundle(engine, out, verified, board, key)
     say(f"bundle: {bundle.path} (signed by {key.public.id_hex})")
     return 0
+
+
+def _report(goldens, validation, plan, board, build, watch) -> dict:
+    from pipeline.device.report import build_report
+    return build_report(goldens, validation, plan, board, build, watch.as_dict())
+
+
+def _write_report(report_dir: Path, report: dict) -> None:
+    """The report written into a private directory beside its place and renamed there: whatever --out held under
+    that name (an earlier report, a planted link) is replaced, never written through."""
+    import os
+    import shutil
+    import tempfile
+
+    from pipeline.device.report import write_report
+    from pipeline.files import move_into_place
+
+    staging = Path(tempfile.mkdtemp(prefix=f".{report_dir.name[:40]}.", dir=report_dir.parent))
+    try:
+        write_report(staging, report)
+        os.chmod(staging, 0o755)
+        move_into_place(staging, report_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -98,7 +98,7 @@ def require(m: contract.KitManifest, board: contract.Board) -> GateResult:
     return r
 
 
-def build_memory_gate(plan: contract.Plan, board: contract.Board) -> str | None:
+def build_memory_gate(plan: contract.Plan, board: contract.Board, root: str = "/") -> str | None:
     """Build only where this board's free memory and swap (now, from /proc/meminfo) cover the plan's build peak:
     the GPU-pinned part must fit in available RAM, the rest may page out to swap. 8 GB boards that start a build
     they cannot finish run out of memory or reboot. Returns a line to say when the build will page (slower), or
@@ -109,8 +109,13 @@ def build_memory_gate(plan: contract.Plan, board: contract.Board) -> str | None:
     m = plan.memory or {}
     peak, pinned = int(m.get("build_peak") or 0), int(m.get("build_device") or 0)
     have, swap = board.memory_available, board.swap_free or 0
-    if not peak or have is None:
+    if not peak:
         return None
+    if have is None:        # never "enough memory" by default: an unreadable meminfo is not a free board
+        from pathlib import Path
+        raise PipelineError(f"cannot tell how much memory this board has free: {Path(root) / 'proc/meminfo'} has "
+                            "no readable MemAvailable line", "check /proc/meminfo (a Jetson's kernel writes it), or "
+                            "pass --force to build without the memory check")
     if pinned <= have and peak <= have + swap:
         return None if peak <= have else (f"the build needs {peak / GB:.1f} GB; {have / GB:.1f} GB RAM available + "
                                           f"{swap / GB:.1f} GB swap: it will page out and take longer")

@@ -4,6 +4,11 @@ Everything is read from files, so `--root DIR` reads a directory laid out like a
 fixtures) exactly as it reads / on a device. Only the power mode falls back to running `nvpmodel -q` on a real
 device whose nvpmodel status file is missing. Live bandwidth = 2 x EMC clock x bus width (the SKU's figure is
 wrong on an Orin Nano in Super mode, and a power mode can lower the clock).
+
+Every file is read bounded and only if it is a regular file (a link to one is followed: /etc/nvpmodel.conf is one on
+JetPack), so a FIFO, /dev/zero or a huge file in its place is "could not be read", never a hang; every number is
+parsed strictly and kept only within physical bounds; what cannot be read is None, and whoever needs it (the memory
+gate) refuses rather than guess.
 """
 
 from __future__ import annotations
@@ -23,11 +28,58 @@ EMC_RATE_FILES = ("sys/kernel/debug/bpmp/debug/clk/emc/rate", "sys/kernel/debug/
 DPKG = {"l4t": "nvidia-l4t-core", "tensorrt": ("libnvinfer10", "tensorrt-libs", "tensorrt")}
 
 
+READ_MAX = {"var/lib/dpkg/status": 64 * 2**20}     # dpkg's database is a few MB; every other file a few KB
+READ_MAX_DEFAULT = 1 * 2**20
+MAX_BYTES = 2**50                                  # a meminfo figure past a petabyte is no Jetson's
+MAX_EMC_HZ = 10**10
+
+
 def _read(root: Path, rel: str) -> str | None:
+    from pipeline.errors import PipelineError
+    from pipeline.files import read_regular
     try:
-        return (root / rel).read_text(errors="replace")
-    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError):
+        return read_regular(root / rel, READ_MAX.get(rel, READ_MAX_DEFAULT), follow=True).decode("utf-8", "replace")
+    except (PipelineError, OSError):
         return None
+
+
+def _printable(text: str, limit: int = 128) -> str | None:
+    """A name read from the board (its model, a compatible string) as the report shows it: printable and short, or
+    unknown."""
+    text = text.strip("\0\n ")
+    return text if text and len(text) <= limit and text.isprintable() else None
+
+
+def meminfo(root: Path) -> dict[str, int]:
+    """The kB figures of <root>/proc/meminfo, in bytes: a line that is not `Name:  <digits> kB` within bounds is
+    left out (so a missing, negative or odd MemAvailable is unknown, not enough)."""
+    out = {}
+    for name, value in re.findall(r"^(\w+):[ \t]+(\d{1,16}) kB[ \t]*$", _read(root, "proc/meminfo") or "", re.M):
+        if int(value) * 1024 <= MAX_BYTES:
+            out[name] = int(value) * 1024
+    # more available than there is: not a kernel's figure, so not one to build on
+    for part, whole in (("MemAvailable", "MemTotal"), ("SwapFree", "SwapTotal")):
+        if part in out and out[part] > out.get(whole, MAX_BYTES if whole == "SwapTotal" else -1):
+            del out[part]
+    return out
+
+
+def _cuda_version(root: Path) -> str | None:
+    try:
+        info = json.loads(_read(root, "usr/local/cuda/version.json") or "{}")
+    except (ValueError, RecursionError):
+        return None
+    version = info.get("cuda", {}).get("version") if isinstance(info, dict) and isinstance(info.get("cuda"), dict) \
+        else None
+    return version if isinstance(version, str) and re.fullmatch(r"\d{1,3}(\.\d{1,4}){0,3}", version) else None
+
+
+def _emc_hz(root: Path) -> int | None:
+    for f in EMC_RATE_FILES:
+        text = (_read(root, f) or "").strip()
+        if text.isascii() and text.isdigit() and 0 < int(text) <= MAX_EMC_HZ:
+            return int(text)
+    return None
 
 
 def _dpkg_versions(root: Path) -> dict[str, str]:
@@ -53,21 +105,32 @@ def l4t_release(root: Path, dpkg: dict) -> str | None:
     return ".".join(m.groups()) if m else None
 
 
+PACKAGE_DEPTH = 6      # <base>/python3.10/dist-packages/X.dist-info, or a venv under /opt: a few levels down
+
+
 def _python_package(root: Path, name: str) -> str | None:
-    """Version of an installed Python distribution, from its dist-info directory name."""
+    """Version of an installed Python distribution, from its dist-info directory name (a bounded walk that follows
+    no links: a link loop under /opt is not an endless search)."""
+    import os
     for base in ("usr/local/lib", "usr/lib", "opt"):
-        for info in sorted((root / base).glob(f"**/{name}-*.dist-info")) if (root / base).is_dir() else []:
-            m = re.match(rf"{name}-([^-]+)\.dist-info", info.name)
-            if m:
-                return m.group(1)
+        top = root / base
+        for dirpath, dirnames, _ in os.walk(top, followlinks=False):
+            depth = len(Path(dirpath).relative_to(top).parts)
+            found = sorted(d for d in dirnames if re.fullmatch(rf"{name}-[^-/]+\.dist-info", d))
+            if found:
+                return found[0][len(name) + 1:-len(".dist-info")]
+            if depth >= PACKAGE_DEPTH:
+                dirnames[:] = []
+            else:
+                dirnames.sort()
     return None
 
 
 def _power_mode(root: Path, real: bool) -> str | None:
     conf = _read(root, "etc/nvpmodel.conf") or ""
-    names = dict(re.findall(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=(\S+?)\s*>", conf))
+    names = dict(re.findall(r"<\s*POWER_MODEL\s+ID=(\d{1,4})\s+NAME=(\S{1,64}?)\s*>", conf))
     status = _read(root, "var/lib/nvpmodel/status") or ""
-    m = re.search(r"pmode:(\d+)", status)
+    m = re.search(r"pmode:(\d{1,4})", status)
     if m:
         return names.get(str(int(m.group(1))), f"mode {int(m.group(1))}")
     if real:
@@ -99,20 +162,20 @@ def probe(root: str | Path = "/") -> dict:
     real = root == Path("/")
     dpkg = _dpkg_versions(root)
     l4t = l4t_release(root, dpkg)
-    compatible = [c for c in (_read(root, "proc/device-tree/compatible") or "").split("\0") if c]
+    compatible = [c for c in map(_printable, (_read(root, "proc/device-tree/compatible") or "").split("\0")) if c][:16]
     soc = next((c.split(",", 1)[1] for c in compatible if c.split(",", 1)[-1] in SOC_SM), None)
     power_mode = _power_mode(root, real)
     target = match_target(compatible, power_mode)
-    meminfo = dict(re.findall(r"^(\w+):\s+(\d+) kB", _read(root, "proc/meminfo") or "", re.M))
-    cuda = json.loads(_read(root, "usr/local/cuda/version.json") or "{}").get("cuda", {}).get("version")
+    mem = meminfo(root)
+    cuda = _cuda_version(root)
     trt = next((dpkg[p] for p in DPKG["tensorrt"] if p in dpkg), None)
-    emc = next((int(t) for t in (_read(root, f) for f in EMC_RATE_FILES) if t and t.strip().isdigit()), None)
+    emc = _emc_hz(root)
     bus = target.memory_bus_bits if target else None
     return contract.Board(
         l4t=l4t,
         # L4T 39 is JetPack 7.2's release line (targets.toml's 7.2 stacks); its point releases are not mapped yet
         jetpack=L4T_TO_JETPACK.get(l4t or "") or ("7.2" if l4t and l4t.startswith("39.") else None),
-        board=(_read(root, "proc/device-tree/model") or "").strip("\0\n ") or None,
+        board=_printable(_read(root, "proc/device-tree/model") or ""),
         compatible=compatible,
         soc=soc,
         sm=SOC_SM.get(soc or ""),
@@ -121,9 +184,9 @@ def probe(root: str | Path = "/") -> dict:
         tensorrt=trt.split("-")[0] if trt else None,
         tensorrt_llm=_python_package(root, "tensorrt_llm"),
         edgellm=_python_package(root, "tensorrt_edgellm"),
-        memory_total=int(meminfo["MemTotal"]) * 1024 if "MemTotal" in meminfo else None,
-        memory_available=int(meminfo["MemAvailable"]) * 1024 if "MemAvailable" in meminfo else None,
-        swap_free=int(meminfo["SwapFree"]) * 1024 if "SwapFree" in meminfo else None,
+        memory_total=mem.get("MemTotal"),
+        memory_available=mem.get("MemAvailable"),
+        swap_free=mem.get("SwapFree"),
         power_mode=power_mode,
         emc_hz=emc,
         bandwidth_gbs=round(2 * emc * bus / 8 / 1e9, 1) if emc and bus else None,

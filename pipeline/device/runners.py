@@ -20,7 +20,7 @@ from pipeline import contract
 from pipeline.device.memwatch import MemoryWatch
 from pipeline.device.process import run_logged
 from pipeline.errors import PipelineError
-from pipeline.files import read_regular
+from pipeline.files import read_regular, remove_entry, replace_file
 
 RECORD_MAX = 16 * 2**20
 
@@ -74,21 +74,21 @@ def edgellm_profile(profile: Any) -> dict:
 
 
 def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
-                     watch: MemoryWatch | None = None) -> dict:
+                     watch: MemoryWatch | None = None, timeout: int = 3600) -> dict:
     """Edge-LLM's C++ runtime gives text, not token ids: agreement is then measured on the text (report.py)."""
-    (work / "inference-input.json").write_text(json.dumps(edgellm_inference_input(goldens), indent=1))
+    replace_file(work / "inference-input.json", json.dumps(edgellm_inference_input(goldens), indent=1))
     results = []
     for i, golden in enumerate(goldens.prompts):
         single = edgellm_inference_input(goldens)
         single["requests"] = single["requests"][i:i + 1]
-        (work / f"input-{i}.json").write_text(json.dumps(single))
+        replace_file(work / f"input-{i}.json", json.dumps(single))
         out, prof = work / f"output-{i}.json", work / f"profile-{i}.json"
-        for stale in (out, prof):
-            stale.unlink(missing_ok=True)
+        for stale in (out, prof):       # the runtime writes these: nothing planted there is written through
+            remove_entry(stale)
         seconds = run_logged(["llm_inference", "--engineDir", str(engine), "--inputFile", str(work / f"input-{i}.json"),
                               "--outputFile", str(out), "--warmup", "1", "--dumpProfile", "--profileOutputFile",
                               str(prof), *(["--specDecode"] if plan.speculative else [])],
-                             cwd=work, log=work / f"validate-{i}.log", timeout=3600, watch=watch)
+                             cwd=work, log=work / f"validate-{i}.log", timeout=timeout, watch=watch)
         answer = _json(out, "llm_inference's output")
         responses = answer.get("responses") if isinstance(answer, dict) else None
         text = responses[0].get("output_text") if isinstance(responses, list) and responses and \
@@ -103,15 +103,15 @@ def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: 
 
 
 def validate_trtllm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
-                    watch: MemoryWatch | None = None) -> dict:
+                    watch: MemoryWatch | None = None, timeout: int = 3600) -> dict:
     from pipeline.device.trtllm_runner import reported_kv_allocation
 
     out, log = work / contract.VALIDATION, work / "validate.log"
-    out.unlink(missing_ok=True)
+    remove_entry(out)
     run_logged([sys.executable, "-m", "pipeline.device.trtllm_runner", "--engine-dir", str(engine),
                 "--goldens", str(kit_dir / contract.GOLDENS), "--out", str(out),
                 "--kv-tokens", str(plan.limits.max_batch_size * plan.limits.max_seq_len)],
-               cwd=work, log=log, timeout=3600, watch=watch,
+               cwd=work, log=log, timeout=timeout, watch=watch,
                env=dict(os.environ, TLLM_LOG_LEVEL="INFO", PYTHONPATH=os.pathsep.join(
                    [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])))
     result = _json(out, "the TensorRT-LLM runner's result")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import re
 import sys
 import time
@@ -134,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-tokens", type=int, required=True, help="paged KV cache cap: the plan's batch x max_seq_len")
     args = ap.parse_args(argv)
     result = run(Path(args.engine_dir), json.loads(Path(args.goldens).read_text()), args.kv_tokens)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    # created, never written through: the work directory may hold anything under this name
+    fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(result, indent=1) + "\n")
     return 0
 
 

@@ -253,6 +253,25 @@ def trust_key(pub_path: Path, replace: str | None = None) -> Path:
     return dest
 
 
+def device_secret() -> bytes:
+    """This device's own secret (<config>/device.secret, made on first use, readable by its owner only): the key of
+    its build records, so that whoever can write --work cannot forge one (everything a record says can be computed
+    from the kit)."""
+    import secrets
+
+    from pipeline.files import read_regular
+    path = config_dir() / "device.secret"
+    try:
+        text = read_regular(path, 256).decode("ascii").strip()
+    except (PipelineError, OSError, UnicodeDecodeError):
+        text = ""
+    if len(text) == 64 and all(c in "0123456789abcdef" for c in text):
+        return bytes.fromhex(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(_write_new(path, secrets.token_hex(32) + "\n", 0o600), path)
+    return bytes.fromhex(read_regular(path, 256).decode("ascii").strip())
+
+
 def signing_key(path: Path | None = None, create: bool = False) -> SecretKey:
     path = Path(path) if path else default_secret_key()
     if not path.is_file():

@@ -79,6 +79,17 @@ def llm_build(engine_weights: int, activations: int, ffn_int4: int = 0) -> Build
                 "CUDA context": CUDA_CONTEXT})
 
 
+# Engine build time, for the device's timeout only: no build times are published for these boards, so this is a
+# generous bound from how the builders work (parse, tactic timing per layer, serialize), not a figure to compare
+# with: a few minutes of fixed cost and five minutes per GB of engine weights, doubled where the build pages to swap.
+BUILD_FIXED_S = 180
+BUILD_S_PER_GB = 300
+
+
+def build_seconds(engine_weights: int, pages: bool) -> float:
+    return round((BUILD_FIXED_S + BUILD_S_PER_GB * engine_weights / GB) * (2 if pages else 1), 1)
+
+
 def _gb(n: float) -> str:
     return f"{n / GB:.2f} GB"
 
