@@ -88,7 +88,7 @@ def _cuda() -> bool:
 
 def _stage(stage: str, label: str, log: Path, action, summary) -> bool:
     from pipeline.graph.terminal import run_stage_action
-    return run_stage_action(stage, label, log, action, summary)
+    return run_stage_action(stage, label, log, action, summary) == 0
 
 
 def run(recipe: Recipe, formats: list[str]) -> dict:

@@ -17,6 +17,7 @@ next run starts that stage again.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -29,9 +30,11 @@ from functools import cached_property
 from importlib import metadata
 from pathlib import Path
 
-from pipeline.files import load_json_or_none, sha256_file, write_atomic
+from pipeline import contract
+from pipeline.errors import PipelineError
+from pipeline.files import load_json_or_none, remove_entry, sha256_file, write_atomic
 
-MANIFEST = "stage.json"
+MANIFEST = contract.STAGE_MANIFEST
 
 
 def artifacts_dir() -> Path:
@@ -125,7 +128,11 @@ def status(spec: StageSpec) -> tuple[bool, str]:
         if st.st_size != info["size"]:
             return False, f"{rel} changed size"
         if st.st_mtime_ns != info["mtime_ns"]:
-            if sha256_file(spec.dir / rel) != info["sha256"]:
+            try:
+                same = sha256_file(spec.dir / rel) == info["sha256"]
+            except (PipelineError, OSError):        # no longer a readable regular file (a FIFO planted there)
+                same = False
+            if not same:
                 return False, f"{rel} was modified"
             info["mtime_ns"] = st.st_mtime_ns
             refreshed = True
@@ -157,12 +164,35 @@ def stage_lock(spec: StageSpec):
     """One builder per stage directory, across processes (doit -n N, two recipes sharing a stage)."""
     lock_path = spec.dir.parent / f".{spec.id}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    fd = _open_lock(lock_path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _open_lock(path: Path) -> int:
+    """The lock file, opened without truncating it and without following a link: a symlink or FIFO planted under its
+    name is removed and a plain file made in its place."""
+    import stat as st
+
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as exc:      # ELOOP: a symlink; ENXIO: a FIFO with no reader
+            if exc.errno not in (errno.ELOOP, errno.ENXIO):
+                raise
+            remove_entry(path)
+            continue
+        if st.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        os.close(fd)
+        remove_entry(path)
+    raise PipelineError(f"{path}: cannot be made a lock file", "remove it and run again")
 
 
 def _remove_stale_partials(spec: StageSpec) -> None:

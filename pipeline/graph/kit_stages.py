@@ -99,6 +99,18 @@ def _quality_gate(recipe: Recipe) -> str | None:
                 recipe.validation["accept_quality"] or accept_quality())
 
 
+def _prompts_fit(recipe: Recipe, plan: contract.Plan) -> None:
+    """Every golden prompt fits the engine the plan builds (the limits may have changed since the goldens ran)."""
+    from pipeline.workstation.evaluate import prompts_too_long
+
+    goldens = recorded_json(goldens_spec(recipe), contract.GOLDENS)
+    lengths = [(p["prompt"], len(p["input_ids"])) for p in goldens["prompts"]]
+    long = prompts_too_long(lengths, goldens["max_new_tokens"], plan.limits.max_input_len, plan.limits.max_seq_len)
+    if long:
+        raise PipelineError(f"{recipe.file}: {long[0]}; nothing was signed",
+                            "shorten the prompt or max_new_tokens, or raise build.max_input_len / build.max_seq_len")
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
 
@@ -133,6 +145,7 @@ def do_package(recipe: Recipe, target: str) -> dict:
     export_dir, payload = export_spec(recipe, plan).dir, export_payload(plan)
 
     quality = _quality_gate(recipe)     # refuses here, before anything is assembled or signed
+    _prompts_fit(recipe, plan)
 
     def build(out: Path) -> dict:
         content = out / ".content"
@@ -229,13 +242,22 @@ def device_results(recipe: Recipe, target: str) -> Path:
     return recipe_path(recipe, "device", target)
 
 
-def _kit_digest(recipe: Recipe, target: str) -> str:
-    return hashlib.sha256((kit_path(recipe, target) / "SHA256SUMS").read_bytes()).hexdigest()
+def _kit_digest(recipe: Recipe, target: str) -> str | None:
+    from pipeline.files import read_regular
+    try:
+        return hashlib.sha256(read_regular(kit_path(recipe, target) / contract.SUMS, 2**20)).hexdigest()
+    except (PipelineError, OSError):
+        return None
 
 
 def device_current(recipe: Recipe, target: str) -> bool:
-    stamp = device_results(recipe, target) / "kit.sha256"
-    return stamp.is_file() and kit_path(recipe, target).is_dir() and stamp.read_text() == _kit_digest(recipe, target)
+    from pipeline.files import read_regular
+    try:        # bounded, regular files only: a FIFO planted in artifacts/ is "not built", not a hang
+        stamp = read_regular(device_results(recipe, target) / "kit.sha256", 256).decode("ascii", "replace")
+    except (PipelineError, OSError):
+        return False
+    digest = _kit_digest(recipe, target)
+    return digest is not None and stamp == digest
 
 
 def do_device(recipe: Recipe, target: str) -> None:
@@ -251,4 +273,5 @@ def do_device(recipe: Recipe, target: str) -> None:
     if rc != 0:
         raise PipelineError(f"{recipe.name} on {target}: the engine was built but failed validation; "
                             f"see {results}", "the report names the failed check and by how much")
-    (results / "kit.sha256").write_text(_kit_digest(recipe, target))
+    from pipeline.files import write_atomic
+    write_atomic(results / "kit.sha256", _kit_digest(recipe, target) or "")

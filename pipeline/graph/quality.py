@@ -9,7 +9,6 @@ with advice drawn from what was measured for the same model in other formats (no
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pipeline.errors import PipelineError
@@ -31,12 +30,11 @@ def misses(accuracy: dict, validation: dict) -> list[str]:
 
 def measured_formats(stages: Path, fetch_digest: str, heldout: str) -> dict[str, dict]:
     """The other formats measured for the same fetched model on the same held-out text (accuracy stages on disk)."""
+    from pipeline.files import load_json_or_none
+
     found: dict[str, dict] = {}
     for report in sorted(stages.glob("accuracy/*/accuracy.json")):
-        try:
-            r = json.loads(report.read_text())
-        except (OSError, ValueError):
-            continue
+        r = load_json_or_none(report, 16 * 2**20)      # bounded, regular files only: a planted FIFO is no report
         if isinstance(r, dict) and r.get("model_digest") == fetch_digest and r.get("heldout") == heldout \
                 and isinstance(r.get("weights"), str):
             found[r["weights"]] = r

@@ -73,17 +73,17 @@ def _action(fn, recipe, target: str | None = None, stage: str | None = None, cap
     as one `error:` line with its hint and the log (no traceback), False to doit on failure."""
     from pipeline.graph.actions import stage_summary
     from pipeline.graph.specs import recipe_path, stage_label
-    from pipeline.graph.terminal import run_stage_action
+    from pipeline.graph.terminal import StageStopped, run_stage_action
 
     stage = stage or fn.__name__.removeprefix("do_").replace("_", "-")
     label = stage_label(recipe, target)
     args = (recipe,) if target is None else (recipe, target)
     log = recipe_path(recipe, "logs") / f"{recipe_path(recipe, stage, target).name}.log"   # logs/<stage>[@target].log
 
-    def run() -> bool | None:
-        ok = run_stage_action(stage, label, log, lambda: fn(*args),
-                              lambda result: stage_summary(stage, result), capture=capture)
-        return None if ok else False
+    def run() -> bool | StageStopped | None:
+        status = run_stage_action(stage, label, log, lambda: fn(*args),
+                                  lambda result: stage_summary(stage, result), capture=capture)
+        return None if status == 0 else StageStopped() if status == 2 else False
     run.__name__ = fn.__name__
     return run
 
@@ -287,7 +287,14 @@ def doit_config() -> dict:
     _tolerate_full_disk_in_doits_database()
 
     root = artifacts_dir()
+    if root.exists() and not root.is_dir():
+        fail(f"artifacts directory {root} is not a directory (PIPELINE_ARTIFACTS or ./artifacts)\n"
+             "  hint: point PIPELINE_ARTIFACTS at a directory, or remove the file")
     root.mkdir(parents=True, exist_ok=True)
+    db = root / ".doit.db"
+    if db.is_symlink() or (db.exists() and not db.is_file()):
+        fail(f"{db} is not doit's database file (a link, FIFO or directory was put there)\n"
+             "  hint: remove it: doit makes a new one, and the stages' own manifests say what is built")
     # sqlite3: one file, written transactionally. No file_dep anywhere: up-to-date comes from stage manifests.
     # verbosity 2: doit does not capture a stage's output; the stage sends it to its own log (graph/terminal.py)
     return {"backend": "sqlite3", "dep_file": str(root / ".doit.db"), "verbosity": 2, "subtasks": True,

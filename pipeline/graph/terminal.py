@@ -18,10 +18,19 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from doit.exceptions import TaskError, TaskFailed
 from doit.reporter import ConsoleReporter
 
 from pipeline import progress
 from pipeline.errors import PipelineError
+
+
+class StageStopped(TaskError):
+    """A stage stopped with its `error:` line already printed (bad input, a refusal, a full disk): doit counts it an
+    error, so `doit build` exits 2 as the command line does; a bug (a traceback in the log) stays a failure, 1."""
+
+    def __init__(self):
+        super().__init__("stopped; its error line says why")
 
 
 class StageReporter(ConsoleReporter):
@@ -41,7 +50,7 @@ class StageReporter(ConsoleReporter):
     def add_failure(self, task, fail) -> None:
         # A stage action that failed returned False after printing its error line; anything else (an action that
         # raised past our wrapper, a bad uptodate check) is reported here as one line.
-        if type(fail).__name__ != "TaskFailed":
+        if not isinstance(fail, (StageStopped, TaskFailed)):
             first = fail.get_msg().strip().splitlines()
             self.write(f"error: {task.name}: {first[-1] if first else type(fail).__name__}\n")
 
@@ -58,13 +67,16 @@ class StageReporter(ConsoleReporter):
 def captured(log: Path) -> Iterator[None]:
     """Send this process's stdout and stderr (file descriptors 1 and 2) to `log` while the block runs; our own
     terminal output goes through progress.terminal() to where stderr pointed before."""
-    log.parent.mkdir(parents=True, exist_ok=True)
+    from pipeline.files import create_new, real_dir, remove_entry
+
+    real_dir(log.parent)        # a logs link planted in artifacts/ is replaced, never written through
+    remove_entry(log)
     sys.stdout.flush()
     sys.stderr.flush()
     saved_out, saved_err = os.dup(1), os.dup(2)
     err = os.fdopen(os.dup(saved_err), "w", buffering=1)
     out = os.fdopen(os.dup(saved_out), "w", buffering=1)
-    with open(log, "wb") as fh:
+    with create_new(log) as fh:
         os.dup2(fh.fileno(), 1)
         os.dup2(fh.fileno(), 2)
         previous = progress.set_terminal(err, out)
@@ -95,9 +107,10 @@ def _disk_full(exc: BaseException) -> bool:
 
 
 def run_stage_action(stage: str, label: str, log: Path, action: Callable[[], object],
-                     summary: Callable[[object], str], capture: bool = True) -> bool:
+                     summary: Callable[[object], str], capture: bool = True) -> int:
     """Run one stage's action and print its line: `stage  label: summary (seconds)`, or one error line with the
-    hint and the log. Returns False on failure (doit then fails the task without printing anything itself)."""
+    hint and the log. Returns 0, 2 when the stage stopped with an error line (a PipelineError, a full disk), 1 on a
+    bug (its traceback is in the log); doit then fails the task without printing anything itself."""
     out, err = progress.terminal_out(), progress.terminal()
     tty = out.isatty()
     if tty:
@@ -118,7 +131,7 @@ def run_stage_action(stage: str, label: str, log: Path, action: Callable[[], obj
         hint = f"\n  hint: {exc.hint}" if exc.hint else ""
         out.write(line_end)
         err.write(f"error: {stage} {label}: {exc.message}{hint}\n  log: {log}\n")
-        return False
+        return 2
     except Exception as exc:
         out.write(line_end)
         if _disk_full(exc):
@@ -131,10 +144,10 @@ def run_stage_action(stage: str, label: str, log: Path, action: Callable[[], obj
             err.write(f"error: {stage} {label}: the disk is full ({where}: {free} free)\n"
                       f"  hint: free space there (or point PIPELINE_ARTIFACTS at a larger disk) and run the build "
                       f"again: the stage's partial output was removed and it starts over\n  log: {log}\n")
-            return False
+            return 2
         err.write(f"error: {stage} {label} failed: {type(exc).__name__}: {str(exc)[:300]}\n"
                   f"  hint: this is a bug in the pipeline; the traceback is in the log: {log}\n")
-        return False
+        return 1
     seconds = time.monotonic() - started
     try:
         text = summary(result)
@@ -143,4 +156,4 @@ def run_stage_action(stage: str, label: str, log: Path, action: Callable[[], obj
     first, _, rest = text.partition("\n")
     out.write(f"{line_end}{stage:<9}{label}: {first} ({seconds:.1f} s)\n" + (rest + "\n" if rest else ""))
     out.flush()
-    return True
+    return 0

@@ -156,6 +156,29 @@ def save_state_deterministically(obj, path: Path) -> None:
     Path(path).write_bytes(out.getvalue())
 
 
+def check_saved_state(quant_dir: Path) -> None:
+    """The saved state's files hash as the quantize stage recorded them (where it recorded them: its stage.json):
+    a file swapped in a shared artifacts/ since, same size and mtime or not, is refused before it is read."""
+    from pipeline.contract import STAGE_MANIFEST
+    from pipeline.files import load_json_or_none, sha256_file
+    manifest = load_json_or_none(quant_dir / STAGE_MANIFEST)
+    if not isinstance(manifest, dict):
+        return          # not a stage directory (a direct call); torch.load below reads data only either way
+    files = manifest.get("files")
+    recorded: dict = files if isinstance(files, dict) else {}
+    for name in (STATE, TENSORS):
+        entry = recorded.get(name)
+        want = entry.get("sha256") if isinstance(entry, dict) else None
+        try:
+            same = want is not None and sha256_file(quant_dir / name) == want
+        except (PipelineError, OSError):
+            same = False
+        if not same:
+            (quant_dir / STAGE_MANIFEST).unlink(missing_ok=True)    # the quantize stage re-runs on the next build
+            raise PipelineError(f"{quant_dir / name}: its bytes are not what the quantize stage recorded (changed or "
+                                "replaced since); nothing was loaded", "run the build again: quantize re-runs")
+
+
 def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu", consume: bool = False,
                    handoff: ModelHandoff | None = None):
     """The deployed-numerics model: the fetched checkpoint with the saved ModelOpt state restored.
@@ -187,7 +210,12 @@ def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu", consum
         import torch
         from safetensors.torch import load_file
 
-        blob = torch.load(quant_dir / STATE, map_location=device, weights_only=False)
+        check_saved_state(quant_dir)
+        try:        # data only: a pickle planted in a shared artifacts/ cannot run code here
+            blob = torch.load(quant_dir / STATE, map_location=device, weights_only=True)
+        except Exception as exc:    # UnpicklingError and whatever a damaged zip gives
+            raise PipelineError(f"{quant_dir / STATE}: not the ModelOpt state the quantize stage saves "
+                                f"({str(exc).splitlines()[0][:120]})", "re-run the quantize stage") from None
         model = mto.restore_from_modelopt_state(model, blob["modelopt_state"])
         tensors = load_file(str(quant_dir / TENSORS), device=device)
         levels = split_levels(tensors)
