@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +135,129 @@ def small_disk(monkeypatch, free_blocks: int, block: int = 4096) -> None:
         return os.statvfs_result((s.f_bsize, block, s.f_blocks, free_blocks, free_blocks, s.f_files, s.f_ffree,
                                   s.f_favail, s.f_flag, s.f_namemax))
     monkeypatch.setattr(os, "statvfs", small)
+
+
+# ---------------------------------------------------------------------------------------- hostile-input harness
+# The command line run in-process under a 20 s alarm (a hang fails the test instead of stalling CI), and snapshots
+# that prove nothing outside the named directories changed. Shared by the hostile suites.
+def snapshot(root: Path, skip: Path | None = None) -> dict:
+    """Every entry under root (not following links): type, size and content hash; `skip` (the destination) left out."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in dirnames + filenames:
+            p = Path(dirpath) / n
+            if skip is not None and (p == skip or skip in p.parents):
+                continue
+            st = os.lstat(p)
+            if stat.S_ISREG(st.st_mode) and st.st_size > 64 * 2**20:      # a planted huge (sparse) file
+                out[str(p)] = ("f", st.st_size, st.st_mtime_ns)
+            elif stat.S_ISREG(st.st_mode):
+                out[str(p)] = ("f", st.st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+            elif stat.S_ISLNK(st.st_mode):
+                out[str(p)] = ("l", os.readlink(p))
+            else:
+                out[str(p)] = ("d" if stat.S_ISDIR(st.st_mode) else "other",)
+    return out
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    def hang(*_):
+        raise TimeoutError(f"HANG: `{' '.join(map(str, argv))}` did not finish in 20 s")
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(20)
+    try:
+        from pipeline.cli import main
+        rc = main([str(a) for a in argv])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def refused(capsys, root: Path, dest: Path | None, argv: list, match: str) -> str:
+    """The command exits 2 with one error line containing `match` and a hint; nothing outside `dest` changed, and
+    whatever `dest` held is still there."""
+    before, inside = snapshot(root, dest), (snapshot(dest) if dest is not None and dest.exists() else {})
+    rc, _, err = run(capsys, *argv)
+    assert rc == 2, f"ACCEPTED: rc {rc}: {err}"
+    assert err.startswith("error: ") and "Traceback" not in err and match in err, f"MESSAGE: {err}"
+    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
+    assert "hint: " in err, f"NO-HINT: {err}"
+    assert snapshot(root, dest) == before, "DAMAGE: something outside the destination changed"
+    after = snapshot(dest) if dest is not None and dest.exists() else {}
+    assert all(after.get(k) == v for k, v in inside.items()), "DAMAGE: something in the destination was lost"
+    return err
+
+
+def one_error(proc) -> str:
+    """The graph's stderr: exactly one `error:` line, a hint, no traceback; returns it."""
+    err = proc.stderr
+    assert "Traceback" not in err + proc.stdout, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err
+    assert "hint: " in err, f"NO-HINT: {err}"
+    return err
+
+
+# ------------------------------------------------------------------------------ the device half on the default kit
+# One kit of the default recipe for every device test (built once per session); the board is a recorded Orin Nano
+# 8GB on JetPack 6.2, copied per test so the doubles can make its /proc/meminfo show the memory they take.
+FIX = Path(__file__).parent / "fixtures" / "devices"
+DOUBLES = Path(__file__).parent / "doubles"
+
+
+@pytest.fixture(scope="session")
+def kit(tmp_path_factory):
+    project = Project(tmp_path_factory.mktemp("devkit") / "proj")
+    (project.recipes / "tiny-llama-cpu.toml").write_text((REPO / "recipes" / "tiny-llama-cpu.toml").read_text())
+    env = dict(project.env, HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "build",
+                           "recipe=tiny-llama-cpu"], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return project, project.artifacts / "tiny-llama-cpu" / "kit" / "tiny-llama-cpu@orin-nano-8gb", proc.stdout
+
+
+def board_copy(tmp: Path, board: str) -> Path:
+    """The recorded board, copied: the doubles write its /proc/meminfo while they "take" memory."""
+    import shutil
+    root = tmp / "board"
+    if not root.is_dir():
+        shutil.copytree(FIX / board, root, symlinks=True)
+    return root
+
+
+def device_command(project, kit, tmp, board="orin-nano-8gb-jp62-super", args=(), **extra_env):
+    """argv and environment of `pipeline device` on the kit, with the doubles on PATH and a copied board."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    root = board_copy(tmp, board)
+    # the doubles run with this interpreter's python3 (they import the pipeline's checkpoint schema)
+    path = os.pathsep.join([str(DOUBLES / "bin"), str(Path(sys.executable).parent), os.environ["PATH"]])
+    env = dict(project.env, PATH=path,
+               PYTHONPATH=os.pathsep.join([str(DOUBLES / "python"), str(REPO)]), FAKE_BOARD_ROOT=str(root),
+               TRTLLM_BUILD_DOUBLE_RECORD=str(tmp / "argv.jsonl"), **extra_env)
+    argv = [sys.executable, "-m", "pipeline", "device", str(kit), "--root", str(root), "--work", str(tmp / "work"),
+            "--out", str(tmp / "out"), "--pubkey", str(project.root / "home" / "signing.pub"), *map(str, args)]
+    return argv, env
+
+
+def device(project, kit, tmp, board="orin-nano-8gb-jp62-super", args=(), **extra_env):
+    argv, env = device_command(project, kit, tmp, board, args, **extra_env)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=tmp)
+
+
+def resigned(project, kit_dir, tmp_path, edit):
+    """The kit, its payload edited by `edit(content_dir)`, re-signed by the project's key."""
+    from pipeline.kit.archive import pack
+    from pipeline.kit.signing import PublicKey, SecretKey
+    from pipeline.kit.unpack import unpack
+
+    home = project.root / "home"
+    content = tmp_path / "content"
+    unpack(kit_dir, content, [PublicKey.load(home / "signing.pub")])
+    edit(content)
+    manifest = json.loads((kit_dir / "MANIFEST.json").read_text())
+    meta = {k: manifest[k] for k in ("recipe", "target", "sm", "backend", "stack", "quant", "limits")}
+    out = tmp_path / "kits" / kit_dir.name
+    pack(content, out, kit_dir.name, "kit", SecretKey.load(home / "signing.key"), meta=meta)
+    return out

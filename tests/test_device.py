@@ -15,48 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import board_copy, device
+from conftest import resigned as _resigned
 
 pytestmark = pytest.mark.integration   # runs doit or the device half as subprocesses
 
 REPO = Path(__file__).resolve().parents[1]
-FIX = Path(__file__).parent / "fixtures" / "devices"
-DOUBLES = Path(__file__).parent / "doubles"
-
-
-@pytest.fixture(scope="module")
-def kit(tmp_path_factory):
-    from tests.conftest import Project
-
-    project = Project(tmp_path_factory.mktemp("devkit") / "proj")
-    (project.recipes / "tiny-llama-cpu.toml").write_text((REPO / "recipes" / "tiny-llama-cpu.toml").read_text())
-    env = dict(project.env, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "build",
-                           "recipe=tiny-llama-cpu"], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return project, project.artifacts / "tiny-llama-cpu" / "kit" / "tiny-llama-cpu@orin-nano-8gb", proc.stdout
-
-
-def board_copy(tmp: Path, board: str) -> Path:
-    """The recorded board, copied: the doubles write its /proc/meminfo while they "take" memory."""
-    import shutil
-    root = tmp / "board"
-    if not root.is_dir():
-        shutil.copytree(FIX / board, root, symlinks=True)
-    return root
-
-
-def device(project, kit, tmp, board="orin-nano-8gb-jp62-super", **extra_env):
-    tmp.mkdir(parents=True, exist_ok=True)
-    root = board_copy(tmp, board)
-    # the doubles run with this interpreter's python3 (they import the pipeline's checkpoint schema)
-    path = os.pathsep.join([str(DOUBLES / "bin"), str(Path(sys.executable).parent), os.environ["PATH"]])
-    env = dict(project.env, PATH=path,
-               PYTHONPATH=os.pathsep.join([str(DOUBLES / "python"), str(REPO)]), FAKE_BOARD_ROOT=str(root),
-               TRTLLM_BUILD_DOUBLE_RECORD=str(tmp / "argv.jsonl"), **extra_env)
-    return subprocess.run([sys.executable, "-m", "pipeline", "device", str(kit), "--root", str(root),
-                           "--work", str(tmp / "work"), "--out", str(tmp / "out"),
-                           "--pubkey", str(project.root / "home" / "signing.pub")],
-                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp)
 
 
 BUILD_TAKES, RUNTIME_TAKES = 900_000 * 1024, 800_000 * 1024     # what the doubles take from the fake board (kB)
@@ -273,23 +237,6 @@ def test_thor_kit_builds_validates_and_bundles_through_edgellm(thor_kit, tmp_pat
     r = subprocess.run([sys.executable, "-m", "pipeline", "verify", str(bundle), "--pubkey",
                         str(project.root / "home" / "signing.pub")], env=project.env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-
-
-def _resigned(project, kit_dir, tmp_path, edit):
-    """The kit, its payload edited by `edit(content_dir)`, re-signed by the project's key."""
-    from pipeline.kit.archive import pack
-    from pipeline.kit.signing import PublicKey, SecretKey
-    from pipeline.kit.unpack import unpack
-
-    home = project.root / "home"
-    content = tmp_path / "content"
-    unpack(kit_dir, content, [PublicKey.load(home / "signing.pub")])
-    edit(content)
-    manifest = json.loads((kit_dir / "MANIFEST.json").read_text())
-    meta = {k: manifest[k] for k in ("recipe", "target", "sm", "backend", "stack", "quant", "limits")}
-    out = tmp_path / "kits" / kit_dir.name
-    pack(content, out, kit_dir.name, "kit", SecretKey.load(home / "signing.key"), meta=meta)
-    return out
 
 
 def _with_agreement_limit(limit):

@@ -22,8 +22,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import refused, run, snapshot
 
-from pipeline.cli import main
 from pipeline.kit.archive import pack
 from pipeline.kit.signing import SecretKey
 
@@ -45,53 +45,6 @@ def world(tmp_path, monkeypatch):
     pack(src, tmp_path / "kits" / "demo", "demo", "kit", key, part_size=100_000)
     (tmp_path / "outside.txt").write_text("precious")
     return tmp_path, key
-
-
-def snapshot(root: Path, skip: Path | None = None) -> dict:
-    """Every entry under root (not following links): type, size and content hash; `skip` (the destination) left out."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for n in dirnames + filenames:
-            p = Path(dirpath) / n
-            if skip is not None and (p == skip or skip in p.parents):
-                continue
-            st = os.lstat(p)
-            if stat.S_ISREG(st.st_mode):
-                out[str(p)] = ("f", st.st_size, hashlib.sha256(p.read_bytes()).hexdigest())
-            elif stat.S_ISLNK(st.st_mode):
-                out[str(p)] = ("l", os.readlink(p))
-            else:
-                out[str(p)] = ("d" if stat.S_ISDIR(st.st_mode) else "other",)
-    return out
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    def hang(*_):
-        raise TimeoutError(f"HANG: `{' '.join(map(str, argv))}` did not finish in 20 s")
-    old = signal.signal(signal.SIGALRM, hang)
-    signal.alarm(20)
-    try:
-        rc = main([str(a) for a in argv])
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def refused(capsys, root: Path, dest: Path | None, argv: list, match: str) -> str:
-    """The command exits 2 with one error line containing `match` and a hint; nothing outside `dest` changed, and
-    whatever `dest` held is still there."""
-    before, inside = snapshot(root, dest), (snapshot(dest) if dest is not None and dest.exists() else {})
-    rc, _, err = run(capsys, *argv)
-    assert rc == 2, f"ACCEPTED: rc {rc}: {err}"
-    assert err.startswith("error: ") and "Traceback" not in err and match in err, f"MESSAGE: {err}"
-    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
-    assert "hint: " in err, f"NO-HINT: {err}"
-    assert snapshot(root, dest) == before, "DAMAGE: something outside the destination changed"
-    after = snapshot(dest) if dest is not None and dest.exists() else {}
-    assert all(after.get(k) == v for k, v in inside.items()), "DAMAGE: something in the destination was lost"
-    return err
 
 
 def unpacked(capsys, root: Path, dest: Path, *flags: str) -> None:

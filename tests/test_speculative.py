@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pipeline.errors import InputError, PipelineError
-from tests.test_device import DOUBLES, FIX, REPO, device
+from tests.conftest import DOUBLES, FIX, REPO, device
 
 DRAFT = '\n[draft]\nmethod = "eagle3"\nsource = "builtin"\nname = "tiny-llama-eagle3"\n'
 

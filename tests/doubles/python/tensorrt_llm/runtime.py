@@ -55,6 +55,8 @@ class ModelRunnerCpp:
     @classmethod
     def from_dir(cls, engine_dir, rank=0, max_batch_size=1, max_input_len=None, max_output_len=None,
                  use_mmap=False, max_tokens_in_paged_kv_cache=None, kv_cache_free_gpu_memory_fraction=None):
+        from stall import stall_if_asked
+        stall_if_asked("runtime")
         engine = json.loads((Path(engine_dir) / "config.json").read_text())
         assert max_input_len <= engine["build_config"]["max_input_len"], "input longer than the engine allows"
         cfg, build = engine["pretrained_config"], engine["build_config"]
