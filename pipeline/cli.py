@@ -33,6 +33,7 @@ def positive_int(text: str) -> int:
 
 
 def _plan_cmd(args) -> int:
+    from pipeline.plan.formats import DEFAULT_KV
     from pipeline.plan.memory import Limits
     from pipeline.plan.planner import PlanRequest, make_plan, render_table
     from pipeline.plan.shapes import load_shape
@@ -71,7 +72,7 @@ def _plan_cmd(args) -> int:
         if limits.max_input_len >= limits.max_seq_len:
             raise PipelineError(f"--max-input {limits.max_input_len} must be below --max-seq {limits.max_seq_len}")
         plans = [make_plan(PlanRequest(shape=shape, model_label=str(args.model_config), weights=args.quant,
-                                       kv_cache=args.kv_quant or "fp16", target=target, limits=limits,
+                                       kv_cache=args.kv_quant or DEFAULT_KV.name, target=target, limits=limits,
                                        backend=args.backend, group_size=args.group_size,
                                        power_mode=args.power_mode))]
     if args.json:

@@ -24,7 +24,6 @@ from pipeline.plan.recipe import Recipe
 
 FORMAT = "jetson-compare/1"
 JSON_NAME, PNG_NAME = "compare.json", "compare.png"
-GROUPED = ("int4_awq", "w4a8_awq")      # formats that take the recipe's quantization.group_size
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,7 @@ def parse_formats(text: str) -> list[str]:
 def variant(recipe: Recipe, weights: str) -> Recipe:
     """The recipe with another weight format (KV cache, calibration, limits and validation unchanged)."""
     q = dict(recipe.quantization, weights=weights)
-    if weights not in GROUPED or recipe.weights not in GROUPED:
+    if not WEIGHT_FORMATS[weights].takes_group_size or not WEIGHT_FORMATS[recipe.weights].takes_group_size:
         q["group_size"] = None          # the planner chooses; a pinned INT4 group means nothing to other formats
     return dataclasses.replace(recipe, quantization=q)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from pipeline import backends, contract
 from pipeline.errors import PipelineError
 from pipeline.graph.framework import StageSpec, artifacts_dir, link
-from pipeline.plan.formats import WEIGHT_FORMATS
+from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
 from pipeline.plan.recipe import Recipe
 
 
@@ -70,7 +70,7 @@ def quantize_spec(recipe: Recipe) -> StageSpec:
     fingerprint = (lambda: [path.stat().st_size, path.stat().st_mtime_ns]) if path else None
     return StageSpec("quantize", {"weights": q["weights"], "kv_cache": q["kv_cache"], "group_size": q["group_size"],
                                   "calibration": cal if WEIGHT_FORMATS[q["weights"]].needs_calibration
-                                  or q["kv_cache"] != "fp16" else None},
+                                  or KV_FORMATS[q["kv_cache"]].needs_calibration else None},
                      inputs=(fetch_spec(recipe),), tools=WORKSTATION_TOOLS, fingerprint=fingerprint,
                      version=2)     # 2: changed tensors in calibrated.safetensors, not in the pickle
 

@@ -1,7 +1,8 @@
 """Quantization formats as data: what each costs in memory, what hardware it needs, what each tool calls it.
 
 Recipes name formats by `WeightFormat.name` / `KVFormat.name`. Everything else (planner, quantize, export, build
-command) looks the format up here instead of branching on strings.
+command, the speed models) looks the format up here and asks its record; no module outside this one compares a format
+name or keeps a table keyed by one (tests/test_formats.py checks the whole package for it).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class WeightFormat:
+    """Everything any module asks of a weight format: its memory cost, hardware, calibration and each tool's name."""
     name: str
     label: str
     bits: float                     # bits per quantized weight element, scales excluded
@@ -20,17 +22,37 @@ class WeightFormat:
     modelopt_config: str | None     # ModelOpt config name (None: nothing to calibrate)
     trtllm_quant_algo: str | None   # TensorRT-LLM 0.12 checkpoint quant_algo
     math: str                       # precision of the prefill GEMMs: a key of a target's tensor_tflops
-    decode_class: str               # how the decode model counts its weight bytes (plan/perf.py ROW_PRECISIONS)
+    decode_class: str               # the published rows' precision whose storage decode counts (ROW_PRECISIONS)
     gpu_calibration_only: bool = False  # ModelOpt cannot run its quantized forward on CPU
     needs_calibration: bool = True
+    unquantized: bool = False       # fp16: weights as the checkpoint has them (no scales, no vocabulary padding)
+    awq: bool = False               # AWQ: per-input-channel fp16 pre-quant scales; takes the recipe's group_size
+    fixed_group_size: int | None = None     # a block size the format fixes (NVFP4: 16), not a choice
+    # the ModelOpt config that simulates the deployed numerics where nothing is calibrated (int8_wo: TensorRT-LLM
+    # quantizes at engine load, per channel; the reference model fake-quantizes the same way for the goldens)
+    reference_modelopt_config: str | None = None
+    quantized_at_engine_load: bool = False  # exported as fp16 weights; the engine builder quantizes them
+    edgellm_ops: frozenset[str] = frozenset()   # ops (domain:type) Edge-LLM's ONNX export must hold for it
+    edgellm_int4_plugin: bool = False   # Edge-LLM exports it through its INT4 groupwise GEMM plugin
+    hardware: str = ""              # the tensor cores it needs, for refusals ("FP8", "FP4")
 
     def bytes_for(self, in_features: int, out_features: int, group_size: int | None) -> float:
         """Bytes of one linear weight of shape (out, in) in this format, scales included."""
         elements = in_features * out_features
-        if self.name == "fp16":
+        if self.unquantized:
             return elements * 2.0
         groups = out_features * (in_features / group_size if group_size else 1)
         return elements * self.bits / 8 + groups * self.scale_bits_per_group / 8
+
+    @property
+    def calibration_config(self) -> str | None:
+        """The ModelOpt config the quantize stage applies: the format's own, or its reference simulation."""
+        return self.modelopt_config or self.reference_modelopt_config
+
+    @property
+    def takes_group_size(self) -> bool:
+        """The recipe's quantization.group_size applies (INT4 AWQ formats)."""
+        return self.awq
 
 
 @dataclass(frozen=True)
@@ -40,33 +62,90 @@ class KVFormat:
     bytes_per_element: int
     min_sm: float
     trtllm_kv_algo: str | None
+    modelopt_num_bits: int | tuple[int, int] | None = None   # ModelOpt's K/V quantizer: 8 (INT8) or (4, 3) (E4M3)
 
+    @property
+    def unquantized(self) -> bool:
+        return self.modelopt_num_bits is None
+
+    @property
+    def needs_calibration(self) -> bool:
+        return not self.unquantized
+
+
+@dataclass(frozen=True)
+class RowPrecision:
+    """A precision as the published Jetson benchmark rows name it (data/perf_rows.csv), and how an engine class
+    stores it: the decode model counts bytes per token from this."""
+    name: str
+    aliases: tuple[str, ...]            # substrings of the reference CSV's precision text, in the order tried
+    weight_format: str                  # the weight format those engines run (prefill rows are filed under it)
+    bits: dict[str, tuple[float, float]]   # engine class -> (bits per body weight incl. scales, lm_head bits)
+
+
+Q_DQ = frozenset({":QuantizeLinear", ":DequantizeLinear"})
 
 WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in [
-    WeightFormat("fp16", "FP16", 16, 0, None, 5.3, None, None, "fp16", "fp16", needs_calibration=False),
+    WeightFormat("fp16", "FP16", 16, 0, None, 5.3, None, None, "fp16", "fp16", needs_calibration=False,
+                 unquantized=True),
     # W4A16 AWQ: int4 weights, one fp16 scale per group of input channels, fp16 pre-quant scale per input channel
     # (the latter is negligible and counted in the per-layer small tensors). Prefill dequantizes to FP16 math.
-    WeightFormat("int4_awq", "INT4-AWQ (W4A16)", 4, 16, 128, 8.0, "INT4_AWQ_CFG", "W4A16_AWQ", "fp16", "int4"),
+    WeightFormat("int4_awq", "INT4-AWQ (W4A16)", 4, 16, 128, 8.0, "INT4_AWQ_CFG", "W4A16_AWQ", "fp16", "int4",
+                 awq=True, edgellm_int4_plugin=True),
     WeightFormat("int8_sq", "INT8 SmoothQuant (W8A8)", 8, 32, None, 7.2, "INT8_SMOOTHQUANT_CFG",
-                 "W8A8_SQ_PER_CHANNEL", "int8", "fp8"),
+                 "W8A8_SQ_PER_CHANNEL", "int8", "fp8", edgellm_ops=Q_DQ),
     # TensorRT-LLM 0.12's own int8_wo flow calibrates nothing and quantizes at engine load (FACTS.md); decode reads
     # its 8-bit weights, prefill dequantizes to FP16 math.
     WeightFormat("int8_wo", "INT8 weight-only (W8A16)", 8, 16, None, 7.0, None, "W8A16", "fp16", "fp8",
-                 needs_calibration=False),
+                 needs_calibration=False, reference_modelopt_config="INT8_WEIGHT_ONLY_CFG",
+                 quantized_at_engine_load=True),
     # INT4 weights with FP8 activations: prefill runs FP8 math (SM >= 8.9), decode reads 4-bit weights.
     WeightFormat("w4a8_awq", "INT4-AWQ weights, FP8 activations (W4A8)", 4, 16, 128, 8.9, "W4A8_AWQ_BETA_CFG",
-                 "W4A8_AWQ", "fp8", "int4"),
-    WeightFormat("fp8", "FP8 (E4M3)", 8, 32, None, 8.9, "FP8_DEFAULT_CFG", "FP8", "fp8", "fp8"),
-    # NVFP4: E2M1 values, one FP8 scale per 16 elements (plus a per-tensor FP32 scale, negligible).
+                 "W4A8_AWQ", "fp8", "int4", awq=True, hardware="FP8"),
+    WeightFormat("fp8", "FP8 (E4M3)", 8, 32, None, 8.9, "FP8_DEFAULT_CFG", "FP8", "fp8", "fp8", edgellm_ops=Q_DQ,
+                 hardware="FP8"),
+    # NVFP4: E2M1 values, one FP8 scale per 16 elements (plus a per-tensor FP32 scale, negligible). Its ops were
+    # seen in the NVFP4 export of tiny-llama on an H100 (bench/nvfp4.py).
     WeightFormat("nvfp4", "NVFP4", 4, 8, 16, 10.0, "NVFP4_DEFAULT_CFG", "NVFP4", "fp4", "nvfp4",
-                 gpu_calibration_only=True),
+                 gpu_calibration_only=True, fixed_group_size=16, hardware="FP4",
+                 edgellm_ops=frozenset({"trt:TRT_FP4DynamicQuantize", "trt:DequantizeLinear"})),
 ]}
 
 KV_FORMATS: dict[str, KVFormat] = {f.name: f for f in [
     KVFormat("fp16", "FP16 KV cache", 2, 5.3, None),
-    KVFormat("int8", "INT8 KV cache", 1, 7.2, "INT8"),
-    KVFormat("fp8", "FP8 KV cache", 1, 8.9, "FP8"),
+    KVFormat("int8", "INT8 KV cache", 1, 7.2, "INT8", modelopt_num_bits=8),
+    KVFormat("fp8", "FP8 KV cache", 1, 8.9, "FP8", modelopt_num_bits=(4, 3)),
 ]}
+
+# Engine classes of the published rows (plan/perf.py): TensorRT engines from ModelOpt checkpoints keep lm_head in
+# fp16; MLC's q4f16 quantizes it too.
+ROW_PRECISIONS: dict[str, RowPrecision] = {r.name: r for r in [
+    RowPrecision("nvfp4", ("nvfp4",), "nvfp4", {"tensorrt": (4 + 8 / 16, 16)}),
+    RowPrecision("int4", ("int4", "w4a16"), "int4_awq", {"tensorrt": (4 + 16 / 128, 16), "mlc": (4 + 16 / 32,
+                                                                                                4 + 16 / 32)}),
+    RowPrecision("fp8", ("fp8",), "fp8", {"tensorrt": (8, 16)}),
+    RowPrecision("fp16", ("fp16",), "fp16", {"tensorrt": (16, 16)}),
+]}
+
+DEFAULT_KV = KV_FORMATS["fp16"]             # a recipe's and an ad-hoc plan's KV cache unless they say otherwise
+UNQUANTIZED = WEIGHT_FORMATS["fp16"]        # what drafts are exported in, and the no-quantization format
+SMALLEST = WEIGHT_FORMATS["int4_awq"]       # the smallest format every Jetson builds: the advice when a model is big
+
+
+def row_precision(text: str) -> RowPrecision | None:
+    """The row precision a reference CSV's precision text names (the first whose alias it holds)."""
+    t = text.lower()
+    return next((r for r in ROW_PRECISIONS.values() if any(a in t for a in r.aliases)), None)
+
+
+def quantized_formats_for(sm: float) -> list[str]:
+    """The quantized weight formats a board of this SM has kernels for, in registry order (for advice)."""
+    return [f.name for f in WEIGHT_FORMATS.values() if not f.unquantized and f.min_sm <= sm]
+
+
+def kv_formats_for(sm: float) -> list[str]:
+    return [k.name for k in KV_FORMATS.values() if k.min_sm <= sm]
+
 
 INT4_GROUP_SIZES = (128, 64, 32)  # what TensorRT-LLM's W4A16 kernels and ModelOpt accept, preferred first
 
@@ -79,9 +158,11 @@ def pick_group_size(fmt: WeightFormat, dims: list[int], requested: int | None) -
     """
     if fmt.default_group_size is None:
         return None, None
-    if fmt.name == "nvfp4":  # the block size is fixed by the format
-        bad = sorted({d for d in dims if d % 16})
-        return 16, (f"NVFP4 needs every quantized input dimension divisible by 16; {bad} are not" if bad else None)
+    if fmt.fixed_group_size:  # the block size is fixed by the format
+        g = fmt.fixed_group_size
+        bad = sorted({d for d in dims if d % g})
+        return g, (f"{fmt.label} needs every quantized input dimension divisible by {g}; {bad} are not" if bad
+                   else None)
     candidates = (requested,) if requested else INT4_GROUP_SIZES
     for g in candidates:
         if all(d % g == 0 for d in dims):

@@ -63,9 +63,9 @@ def weight_bytes(shape: ModelShape, fmt: WeightFormat, group_size: int | None) -
     """(decoder weights, embedding, lm_head) in bytes for this format."""
     layer = sum(fmt.bytes_for(i, o, group_size) for _, i, o in shape.layer_linears())
     layer += shape.small_params_per_layer * 2
-    if fmt.name in ("int4_awq", "w4a8_awq"):
+    if fmt.awq:
         layer += sum(i * 2 for _, i, _ in shape.layer_linears())  # per-input-channel pre-quant scales, fp16
-    vocab = shape.vocab_size if fmt.name == "fp16" else math.ceil(shape.vocab_size / VOCAB_PAD) * VOCAB_PAD
+    vocab = shape.vocab_size if fmt.unquantized else math.ceil(shape.vocab_size / VOCAB_PAD) * VOCAB_PAD
     table = vocab * shape.hidden_size * 2
     # Tied embeddings are still two tensors in the engine (TensorRT-LLM writes lm_head separately; Edge-LLM keeps
     # the embedding outside the ONNX), so both count.

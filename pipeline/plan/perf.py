@@ -21,6 +21,7 @@ from functools import cache
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.plan.formats import ROW_PRECISIONS, row_precision
 from pipeline.plan.shapes import ModelShape, shape_from_config
 from pipeline.tomlcompat import load_toml
 
@@ -30,16 +31,8 @@ FIT = DATA / "perf_fit.json"
 
 # Engine classes of the published rows: "tensorrt" = TensorRT engines built from ModelOpt checkpoints (the rows are
 # TensorRT Edge-LLM's; each backend's registry record names the class whose constants predict it), "mlc" = MLC/TVM.
+# How each class stores each row precision is the format registry's (plan/formats.py ROW_PRECISIONS).
 TENSORRT, MLC = "tensorrt", "mlc"
-# How each engine class stores a benchmarked precision: (bits per body weight incl. scales, lm_head bits).
-# TensorRT engines from ModelOpt keep lm_head in fp16; MLC's q4f16 quantizes it too.
-ROW_PRECISIONS = {
-    (TENSORRT, "int4"): (4 + 16 / 128, 16),
-    (TENSORRT, "nvfp4"): (4 + 8 / 16, 16),
-    (TENSORRT, "fp8"): (8, 16),
-    (TENSORRT, "fp16"): (16, 16),
-    (MLC, "int4"): (4 + 16 / 32, 4 + 16 / 32),
-}
 
 
 @cache
@@ -91,7 +84,7 @@ class Row:
     source: str
 
     def bytes_read(self) -> float:
-        body, head = ROW_PRECISIONS[(self.engine_class, self.precision)]
+        body, head = ROW_PRECISIONS[self.precision].bits[self.engine_class]
         shape = known_shape(self.model)
         if shape is None:
             raise PipelineError(f"perf_rows.csv: model {self.model!r} is not in model_configs.toml",
@@ -200,15 +193,17 @@ MODEL_MAP = {
 
 
 def _precision(engine_class: str, text: str) -> str | None:
+    """The row precision (plan/formats.py ROW_PRECISIONS) of a reference row's precision text, for this engine class;
+    None for a row that is no single-model decode figure."""
     t = text.lower()
     if any(s in t for s in ("eagle", "dflash", "/", "draft")):
         return None  # speculative decoding or several precisions in one row: not a single-model decode figure
-    if engine_class == MLC:
-        return "int4" if t.startswith("int4") else None
-    for key, name in (("nvfp4", "nvfp4"), ("int4", "int4"), ("w4a16", "int4"), ("fp8", "fp8"), ("fp16", "fp16")):
-        if key in t:
-            return name
-    return None
+    row = row_precision(t)
+    if row is None or engine_class not in row.bits:
+        return None
+    if engine_class == MLC and not any(t.startswith(a) for a in row.aliases):
+        return None  # MLC's rows name their quantization first (q4f16 = "int4 ...")
+    return row.name
 
 
 def reference_match(r: dict) -> tuple[tuple[str, str], str] | None:

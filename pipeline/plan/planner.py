@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING
 
 from pipeline import backends, contract
 from pipeline.errors import PipelineError
-from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS, pick_group_size
+from pipeline.plan.formats import (
+    DEFAULT_KV,
+    KV_FORMATS,
+    SMALLEST,
+    WEIGHT_FORMATS,
+    kv_formats_for,
+    pick_group_size,
+    quantized_formats_for,
+)
 from pipeline.plan.memory import Limits, MemoryPlan, decode_bytes_per_token, plan_memory
 from pipeline.plan.perf import fitted
 from pipeline.plan.shapes import ModelShape
@@ -119,12 +127,15 @@ def _choose_stack(req: PlanRequest, refused: list[str]) -> SoftwareStack | None:
     t, arch = req.target, req.shape.architecture
     fmt = WEIGHT_FORMATS[req.weights]
     if fmt.min_sm > t.sm_float:
+        usable = quantized_formats_for(t.sm_float)
         refused.append(f"{fmt.label} needs SM >= {fmt.min_sm}; {t.id} is SM {t.sm}, which has no "
-                       f"{'FP8' if fmt.min_sm < 10 else 'FP4'} tensor cores. Use int4_awq, int8_sq or int8_wo on "
+                       f"{fmt.hardware} tensor cores. Use {', '.join(usable[:-1])} or {usable[-1]} on "
                        f"this target, or target a Thor (SM 11.0) for {req.weights}.")
     kv = KV_FORMATS[req.kv_cache]
     if kv.min_sm > t.sm_float:
-        refused.append(f"{kv.label} needs SM >= {kv.min_sm}; {t.id} is SM {t.sm}. Use kv_cache = 'int8' or 'fp16'.")
+        usable_kv = sorted(kv_formats_for(t.sm_float), key=lambda k: k == DEFAULT_KV.name)     # the default last
+        refused.append(f"{kv.label} needs SM >= {kv.min_sm}; {t.id} is SM {t.sm}. Use kv_cache = "
+                       + " or ".join(repr(k) for k in usable_kv) + ".")
 
     if req.backend:
         stack = t.stack_for(req.backend)
@@ -208,7 +219,7 @@ def make_plan(req: PlanRequest) -> Plan:
             fix = []
             if memory.max_seq_len_that_fits >= 2:
                 fix.append(f"max_seq_len <= {memory.max_seq_len_that_fits} at batch {req.limits.max_batch_size}")
-            fix.append("a smaller weight format (int4_awq)" if req.weights != "int4_awq" else "a smaller model")
+            fix.append(f"a smaller weight format ({SMALLEST.name})" if fmt is not SMALLEST else "a smaller model")
             fix.append("a target with more memory")
             refused.append(
                 f"does not fit: needs {_gb(memory.total)} (weights {_gb(memory.weights)}, embedding "
@@ -250,7 +261,7 @@ def _build_memory(req: PlanRequest, engine, fmt, memory):
     engine_weights = memory.weights + memory.embedding + memory.lm_head
     build = estimate(engine_weights, memory.activations)
     externalized = None
-    if engine.externalizes_int4_ffn and fmt.name == "int4_awq":
+    if engine.externalizes_int4_ffn and fmt.edgellm_int4_plugin:
         ffn = sum(i * o for n, i, o in req.shape.layer_linears() if n.endswith(("gate_proj", "up_proj", "down_proj")))
         share = ffn / sum(i * o for _, i, o in req.shape.layer_linears())
         externalized = estimate(engine_weights, memory.activations, int(memory.weights * share))
@@ -401,5 +412,6 @@ def plan_recipe(recipe, target_id: str, config: dict, config_source: str, backen
             "with zero points in AutoAWQ's GEMM packing and no pre-quant scales). TensorRT-LLM's own converters load "
             "them as W4A16_GPTQ (`use_autoawq`, asymmetric), not as W4A16_AWQ (ModelOpt's symmetric INT4 with "
             "pre-quant scales, the format this pipeline exports and verifies); Edge-LLM takes ModelOpt checkpoints "
-            "only. Point the recipe at the unquantized base model and set quantization.weights = 'int4_awq'.")
+            "only. Point the recipe at the unquantized base model and set quantization.weights = "
+            f"'{SMALLEST.name}'.")
     return plan

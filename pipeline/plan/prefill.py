@@ -57,9 +57,9 @@ def weight_read_s(shape: ModelShape, weights: str, target_id: str, context: int,
                   power_mode: str | None = None) -> float:
     """One decode step's time by the fitted decode model: reading the weights (and the KV cache) once."""
     from pipeline.plan import perf
-    from pipeline.plan.formats import WEIGHT_FORMATS
+    from pipeline.plan.formats import ROW_PRECISIONS, WEIGHT_FORMATS
     from pipeline.plan.targets import get_target
-    body, head = perf.ROW_PRECISIONS[(perf.TENSORRT, WEIGHT_FORMATS[weights].decode_class)]
+    body, head = ROW_PRECISIONS[WEIGHT_FORMATS[weights].decode_class].bits[perf.TENSORRT]
     return 1 / perf.fitted()[perf.TENSORRT].tok_s(perf.bytes_per_token(shape, body, head, context, 2),
                                                    get_target(target_id).bandwidth_bytes(power_mode))
 
@@ -154,10 +154,10 @@ def predict_ttft_ms(shape: ModelShape, weights: str, target_id: str, isl: int, p
 
 def extract(reference_csv: Path) -> list[dict]:
     """Batch-1 prefill/TTFT rows of TensorRT engines on known boards and models, one precision each."""
+    from pipeline.plan.formats import ROW_PRECISIONS
     from pipeline.plan.perf import TENSORRT, _precision, reference_match
     from pipeline.plan.targets import get_target
 
-    names = {"int4": "int4_awq", "fp8": "fp8", "fp16": "fp16", "nvfp4": "nvfp4"}
     out = []
     with open(reference_csv, newline="") as fh:
         for r in csv.DictReader(fh):
@@ -165,7 +165,8 @@ def extract(reference_csv: Path) -> list[dict]:
             if not (engine.startswith("TensorRT Edge-LLM") or engine.startswith("TensorRT-LLM")) or "EAGLE" in engine:
                 continue
             match = reference_match(r)
-            prec = names.get(_precision(TENSORRT, r["precision"]) or "")
+            row = _precision(TENSORRT, r["precision"])
+            prec = ROW_PRECISIONS[row].weight_format if row else None
             isl = re.sub(r"[^0-9]", "", r["isl_tokens"])
             if not (match and prec and isl):
                 continue

@@ -17,7 +17,7 @@ from pathlib import Path
 from pipeline import backends
 from pipeline.contract import MAX_BATCH_SIZE, MAX_CONTEXT
 from pipeline.errors import InputError, PipelineError, Problem
-from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+from pipeline.plan.formats import DEFAULT_KV, KV_FORMATS, WEIGHT_FORMATS
 from pipeline.plan.targets import load_targets
 from pipeline.tomlcompat import TOMLDecodeError, load_toml_text
 
@@ -67,7 +67,7 @@ SCHEMA: dict = {
     },
     "quantization": {
         "weights": F(str, required=True, choices=tuple(WEIGHT_FORMATS)),
-        "kv_cache": F(str, "fp16", choices=tuple(KV_FORMATS)),
+        "kv_cache": F(str, DEFAULT_KV.name, choices=tuple(KV_FORMATS)),
         "group_size": F(int, None, choices=(16, 32, 64, 128)),
         "calibration": {
             "source": F(str, "builtin:calib-en", pattern=CALIB_RE,

@@ -16,10 +16,11 @@ import math
 from dataclasses import dataclass
 
 from pipeline.errors import PipelineError
+from pipeline.plan.formats import UNQUANTIZED
 from pipeline.plan.memory import TOKENS_PER_BLOCK
 from pipeline.plan.shapes import ModelShape
 
-DRAFT_WEIGHTS = "fp16"
+DRAFT_WEIGHTS = UNQUANTIZED.name       # drafts are exported and built unquantized
 ONNX_BASE, ONNX_DRAFT = "base", "draft"          # onnx/base and onnx/draft, the layout of Edge-LLM's guide
 # what the draft ONNX must have beyond the plain LLM graph (seen in Edge-LLM 0.11's export of the tiny draft)
 DRAFT_INPUTS = ("inputs_embeds", "hidden_states_input", "hidden_states_from_draft", "past_key_values_0")

@@ -19,32 +19,29 @@ from pipeline.workstation.grid import grid_modules, snap_to_export_grid
 from pipeline.workstation.models import gather_on_cpu, import_modelopt, input_device, load_model, pick_device
 from pipeline.workstation.state import ModelHandoff, save_quantized, unchanged_parameters
 
-# int8_wo deploys TensorRT-LLM's own load-time per-channel INT8 (FACTS.md); the reference model simulates it with
-# ModelOpt's per-channel INT8 weight fake-quantizer so that goldens carry the deployed numerics.
-REFERENCE_CONFIG = {"int8_wo": "INT8_WEIGHT_ONLY_CFG"}
-KV_BITS = {"int8": 8, "fp8": (4, 3)}
-
 
 def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None) -> dict | None:
     """The ModelOpt quant config for a recipe's weight and KV formats (None: nothing to quantize)."""
     import_modelopt()
     import modelopt.torch.quantization as mtq
 
-    name = fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name)
-    if name is None and kv.name == "fp16":
+    # a format calibrated by nothing (int8_wo: quantized at engine load) is simulated by its reference config, so
+    # that the goldens carry the deployed numerics (plan/formats.py)
+    name = fmt.calibration_config
+    if name is None and kv.unquantized:
         return None
     cfg: dict[str, Any] = copy.deepcopy(getattr(mtq, name)) if name else {
         "quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
-    if group_size and fmt.name in ("int4_awq", "w4a8_awq"):
+    if group_size and fmt.takes_group_size:
         for entry in cfg["quant_cfg"]:
             if entry.get("quantizer_name") == "*weight_quantizer":
                 blocks = entry["cfg"] if isinstance(entry["cfg"], list) else [entry["cfg"]]
                 for b in blocks:
                     if "block_sizes" in b:
                         b["block_sizes"][-1] = group_size
-    if kv.name in KV_BITS:
+    if kv.modelopt_num_bits is not None:
         cfg["quant_cfg"].append({"quantizer_name": "*[kv]_bmm_quantizer",
-                                 "cfg": {"num_bits": KV_BITS[kv.name], "axis": None}})
+                                 "cfg": {"num_bits": kv.modelopt_num_bits, "axis": None}})
     return cfg
 
 
@@ -141,7 +138,7 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
         saved = save_quantized(model, out, unchanged, snap_to_export_grid(model, keep=changed))
     if handoff is not None:
         handoff.put(model_dir, out, model)
-    info.update(method="modelopt", modelopt_config=fmt.modelopt_config or REFERENCE_CONFIG.get(fmt.name),
+    info.update(method="modelopt", modelopt_config=fmt.calibration_config,
                 device=inputs.split(":")[0], placement=getattr(model, "placement", {"kind": "cpu"}),
                 calibration_tokens=sum(map(len, windows)),      # 0: weight-only, calibrated from the weights
                 fused_groups=fused, saved_bytes=saved)

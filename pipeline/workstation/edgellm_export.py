@@ -26,11 +26,6 @@ from pipeline.errors import PipelineError
 # quantized projection's N and K to be multiples of 64; otherwise the legacy AWQ-layout plugin (version 1).
 INT4_V2_ALIGN = 64
 ONNX_DIR = "onnx"
-# what each format must leave in the graph (ops by domain:type; FP8 is standard Q/DQ)
-EXPECTED_OPS = {"fp8": {":QuantizeLinear", ":DequantizeLinear"}, "fp16": set(),
-                # seen in the NVFP4 export of tiny-llama on an H100 (bench/nvfp4.py)
-                "nvfp4": {"trt:TRT_FP4DynamicQuantize", "trt:DequantizeLinear"},
-                "int8_sq": {":QuantizeLinear", ":DequantizeLinear"}}
 INT4_OPS = {1: "trt_edgellm:Int4GroupwiseGemmPlugin", 2: "trt_edgellm:Int4GroupwiseGemmPluginV2"}
 
 
@@ -98,8 +93,10 @@ def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | Non
                extra_outputs: tuple[str, ...] = (), external_inputs: tuple[str, ...] = ()) -> dict:
     """The base model's graph: the inputs, outputs and quantization ops llm_build expects for `weights` (and the
     externalized weights as graph inputs)."""
-    expected = set(EXPECTED_OPS.get(weights, set()))
-    if weights == "int4_awq":
+    from pipeline.plan.formats import WEIGHT_FORMATS
+    fmt = WEIGHT_FORMATS[weights]
+    expected = set(fmt.edgellm_ops)      # what the format must leave in the graph (plan/formats.py)
+    if fmt.edgellm_int4_plugin:
         expected.add(INT4_OPS[int4_plugin or 2])
     return check_graph(onnx_dir / "model.onnx", ["inputs_embeds", *[f"past_key_values_{i}" for i in range(layers)],
                                                  *external_inputs],
@@ -136,7 +133,8 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: 
     # the unified export is fp16
     model = load_quantized(model_dir, quant_dir, "cpu", consume=True, handoff=handoff).half()
     # before the unified export, which packs INT4 weights in place (two per byte: half the rows)
-    plugin = int4_plugin_version(model) if weights == "int4_awq" else None
+    from pipeline.plan.formats import WEIGHT_FORMATS
+    plugin = int4_plugin_version(model) if WEIGHT_FORMATS[weights].edgellm_int4_plugin else None
     export_hf_checkpoint(model, export_dir=hf)
     layers = model.config.num_hidden_layers
     del model

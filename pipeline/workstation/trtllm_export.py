@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pipeline import backends
 from pipeline.errors import PipelineError
+from pipeline.plan.formats import WEIGHT_FORMATS
 from pipeline.progress import StepTimer
 from pipeline.workstation.trtllm_checkpoint import ARCHITECTURES, CONFIG, ROUNDS_ACTIVATIONS, WEIGHTS, validate
 
@@ -185,7 +186,8 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, check_ids:
             reference, layer_in, layer_out = reference_logits(model, ids)
         if calibrated_in_fp16:
             model.half()
-    if weights == "int8_wo":
+    fmt = WEIGHT_FORMATS[weights]
+    if fmt.quantized_at_engine_load:
         mtq.disable_quantizer(model, "*weight_quantizer")   # export fp16 weights; TensorRT-LLM quantizes at load
     model.config.architectures = [arch]
     with timer("export"):
@@ -197,8 +199,8 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, check_ids:
         cfg["rotary_base"] = base
         if scaling:
             cfg["rotary_scaling"] = scaling
-        if weights == "int8_wo":
-            cfg["quantization"]["quant_algo"] = "W8A16"
+        if fmt.quantized_at_engine_load:
+            cfg["quantization"]["quant_algo"] = fmt.trtllm_quant_algo
         _merge_kv_scales(tensors)
     with timer("write"):
         out.mkdir(parents=True, exist_ok=True)
