@@ -42,7 +42,7 @@ def main() -> int:
 
     from pipeline.workstation.edgellm_export import export
     t = time.perf_counter()
-    exported = export(model_dir, qdir, edir, "nvfp4", "fp8", "11.0", handoff=handoff)["export"]
+    exported = export(model_dir, qdir, edir, edir / "onnx", "nvfp4", "fp8", "11.0", handoff=handoff).to_dict()
     t_export = time.perf_counter() - t
     print(json.dumps({"gpu": torch.cuda.get_device_name(), "model": args.builtin, "device": info["device"],
                       "calibrate_s": round(t_quant, 2), "calibrate_steps_s": info["seconds"],

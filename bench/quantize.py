@@ -110,7 +110,7 @@ def run_pipeline(model_dir: Path, out: Path, weights: str, group: int | None, ca
     t1 = time.perf_counter()
     probe = AutoTokenizer.from_pretrained(model_dir)(" ".join(load_texts("builtin:heldout-en")))["input_ids"][:32]
     t2 = time.perf_counter()
-    info = export(model_dir, qdir, edir, weights, probe, handoff=handoff)["export"]
+    info = export(model_dir, qdir, edir, weights, probe, handoff=handoff).to_dict()
     t3 = time.perf_counter()
     print(json.dumps({"steps": {"quantize": steps, "export": info["seconds"],
                                 "walls": {"quantize": round(t1 - t0, 2), "probe": round(t2 - t1, 2),

@@ -33,8 +33,8 @@ def positive_int(text: str) -> int:
 
 
 def _plan_cmd(args) -> int:
+    from pipeline.contract import BuildLimits
     from pipeline.plan.formats import DEFAULT_KV
-    from pipeline.plan.memory import Limits
     from pipeline.plan.planner import PlanRequest, make_plan, render_table
     from pipeline.plan.shapes import load_shape
     from pipeline.plan.targets import get_target
@@ -68,7 +68,7 @@ def _plan_cmd(args) -> int:
         target = get_target(args.target)
         shape = load_shape(args.model_config)
         seq = args.max_seq or min(2048, shape.max_position_embeddings)
-        limits = Limits(args.batch or 1, args.max_input or max(1, seq // 2), seq)
+        limits = BuildLimits.of(args.batch or 1, args.max_input or max(1, seq // 2), seq)
         if limits.max_input_len >= limits.max_seq_len:
             raise PipelineError(f"--max-input {limits.max_input_len} must be below --max-seq {limits.max_seq_len}")
         plans = [make_plan(PlanRequest(shape=shape, model_label=str(args.model_config), weights=args.quant,
@@ -76,13 +76,13 @@ def _plan_cmd(args) -> int:
                                        backend=args.backend, group_size=args.group_size,
                                        power_mode=args.power_mode))]
     if args.json:
-        out = [p.to_json() for p in plans]
+        out = [p.to_dict() for p in plans]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=1))
     else:
         print("\n\n".join(render_table(p) for p in plans))
     refused = [p for p in plans if not p.ok]
     for p in refused:
-        print(f"refused: {p.request.target.id}: " + " ".join(p.refused), file=sys.stderr)
+        print(f"refused: {p.target}: " + " ".join(p.refused), file=sys.stderr)
     return 1 if refused else 0
 
 
@@ -113,7 +113,7 @@ def _targets_cmd(args) -> int:
 
     rows = []
     for t in load_targets().values():
-        stacks = ", ".join(f"{s.backend} (JetPack {'/'.join(s.jetpack)})" for s in t.stacks)
+        stacks = ", ".join(f"{s.backend} (JetPack {'/'.join(s.stack.jetpack)})" for s in t.stacks)
         bw = ", ".join(f"{m} {v:g} GB/s" for m, v in t.bandwidth_gbs.items())
         rows.append(f"{t.id:<20} SM {t.sm:<5} {t.dram_gb:>5g} GB ({t.usable_gb:g} usable)  {bw}\n"
                     f"{'':<20} {stacks}")

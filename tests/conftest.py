@@ -248,6 +248,7 @@ def device(project, kit, tmp, board="orin-nano-8gb-jp62-super", args=(), **extra
 
 def resigned(project, kit_dir, tmp_path, edit):
     """The kit, its payload edited by `edit(content_dir)`, re-signed by the project's key."""
+    from pipeline import contract
     from pipeline.kit.archive import pack
     from pipeline.kit.signing import PublicKey, SecretKey
     from pipeline.kit.unpack import unpack
@@ -256,8 +257,15 @@ def resigned(project, kit_dir, tmp_path, edit):
     content = tmp_path / "content"
     unpack(kit_dir, content, [PublicKey.load(home / "signing.pub")])
     edit(content)
-    manifest = json.loads((kit_dir / "MANIFEST.json").read_text())
-    meta = {k: manifest[k] for k in ("recipe", "target", "sm", "backend", "stack", "quant", "limits")}
     out = tmp_path / "kits" / kit_dir.name
-    pack(content, out, kit_dir.name, "kit", SecretKey.load(home / "signing.key"), meta=meta)
+    pack(content, out, kit_dir.name, "kit", SecretKey.load(home / "signing.key"),
+         meta=kit_meta(contract.KitManifest.load(kit_dir / "MANIFEST.json")))
     return out
+
+
+def kit_meta(manifest):
+    """A kit manifest's own fields (what it was made for), to re-sign an edited copy as the same kit."""
+    import dataclasses
+
+    from pipeline import contract
+    return contract.KitMeta(**{f.name: getattr(manifest, f.name) for f in dataclasses.fields(contract.KitMeta)})

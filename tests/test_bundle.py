@@ -11,7 +11,7 @@ from pipeline.kit.unpack import unpack
 from pipeline.kit.verify import VerifiedKit, check_kit
 from tests.test_probe_gate import FIX, board, kit_meta
 
-BOARD = board(FIX / "agx-orin-64gb-jp61", tensorrt_llm="0.12.0")
+BOARD = board(FIX / "agx-orin-64gb-jp61", python_packages={"tensorrt_llm": "0.12.0"})
 KIT = VerifiedKit(Path("llama3.2-3b-orin-nano@orin-nano-8gb"), kit_meta("orin-nano-8gb"), "ABCD", {}, "0" * 64)
 
 
@@ -26,7 +26,7 @@ def test_bundle_records_what_other_boards_must_match(tmp_path):
     m = b.manifest
     assert m.kind == "bundle" and m.name == "r@orin-nano-8gb-sm87-trt10.3.0.30"
     assert m.compat == contract.Compat("8.7", "10.3.0.30", "6.1", "trtllm-0.12", "0.12.0")
-    assert m.built_on is not None and m.built_on["target"] == "agx-orin-64gb" and "sm" not in m.built_on
+    assert isinstance(m, contract.BundleManifest) and m.built_on == BOARD and m.built_on.target == "agx-orin-64gb"
     assert check_kit(b.path, [key.public]).manifest.compat == m.compat
     unpack(b.path, tmp_path / "unpacked", [key.public])
     assert (tmp_path / "unpacked" / "rank0.engine").stat().st_size == 4096

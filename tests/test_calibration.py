@@ -1,7 +1,7 @@
 
 import pytest
 
-from pipeline.device.report import token_agreement
+from pipeline.backends import token_agreement
 from pipeline.errors import PipelineError
 from pipeline.workstation.calibration import load_texts, token_windows
 from pipeline.workstation.evaluate import advice

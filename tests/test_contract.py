@@ -12,23 +12,24 @@ from pipeline.errors import PipelineError
 
 
 def plan_dict() -> dict:
-    from pipeline.plan.memory import Limits
+    from pipeline.contract import BuildLimits
     from pipeline.plan.perf import known_shape
     from pipeline.plan.planner import PlanRequest, make_plan
     from pipeline.plan.targets import get_target
 
     shape = known_shape("meta-llama/Llama-3.2-3B-Instruct")
     plan = make_plan(PlanRequest(shape, "llama", "int4_awq", "fp16", get_target("agx-orin-64gb"),
-                                 Limits(1, 512, 1024)))
-    return plan.to_json()
+                                 BuildLimits.of(1, 512, 1024)))
+    return plan.to_dict()
 
 
 def test_plan_round_trips_through_its_record(tmp_path):
     d = plan_dict()
-    assert d["format"] == "jetson-plan/1" and d["device_build_command"] == d["device_build_commands"][0]
+    assert d["format"] == "jetson-plan/2" and "device_build_command" not in d
     record = contract.Plan.from_dict(d, "plan.json")
     assert record.limits.max_seq_len == 1024 and record.stack.tensorrt == "10.3"
-    assert record.memory is not None and record.memory["build_peak"] == d["memory"]["build_peak"] > 0
+    assert record.memory is not None and record.memory.build_peak == d["memory"]["build_peak"] > 0
+    assert record.prediction.by_power_mode == d["prediction"]["by_power_mode"] and record.build_on_board.how
     record.dump(tmp_path / "plan.json")
     assert contract.Plan.load(tmp_path / "plan.json") == record
     assert json.loads((tmp_path / "plan.json").read_text()) == json.loads(json.dumps(d))
@@ -39,8 +40,11 @@ def test_plan_round_trips_through_its_record(tmp_path):
     (lambda d: d["limits"].update(max_seq_len="1024"), 'plan.json: limits.max_seq_len = "1024": expected an integer'),
     (lambda d: d["limits"].update(max_seq_len=True), "plan.json: limits.max_seq_len = true: expected an integer"),
     (lambda d: d.update(surprise=1), "plan.json: .surprise: unknown field"),
-    (lambda d: d.update(format="jetson-plan/2"), "plan.json: format = \"jetson-plan/2\": expected 'jetson-plan/1' "
-                                                 "(an older or newer version)"),
+    (lambda d: d.update(format="jetson-plan/3"), "plan.json: format = 'jetson-plan/3': made by a newer pipeline; this "
+                                                 "one reads 'jetson-plan/2' and jetson-plan/1"),
+    (lambda d: d.update(format="jetson-plan/0"), "an older version this pipeline no longer reads"),
+    (lambda d: d["memory"].update(total="lots"), 'plan.json: memory.total = "lots": expected an integer'),
+    (lambda d: d["prediction"].pop("by_power_mode"), "plan.json: prediction.by_power_mode: missing"),
     (lambda d: d.update(format="jetson-kit-manifest/1"), "(another kind of file)"),
     (lambda d: d.update(device_build_commands=[["trtllm-build", 3]]),
      "plan.json: device_build_commands[0][1] = 3: expected a string"),
@@ -104,10 +108,31 @@ def test_kit_manifest_of_a_packed_kit_is_the_contract(tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.bin").write_bytes(b"x" * 100)
     key = SecretKey.generate()
-    pack(tmp_path / "src", tmp_path / "demo", "demo", "kit", key, meta={"recipe": "r", "target": "agx-thor"})
+    pack(tmp_path / "src", tmp_path / "demo", "demo", "kit", key, meta=contract.KitMeta(recipe="r", target="agx-thor"))
     m = contract.KitManifest.load(tmp_path / "demo" / contract.MANIFEST)
     assert m.files[0].path == "a.bin" and m.files[0].size == 100 and m.recipe == "r"
     assert check_kit(tmp_path / "demo", [key.public]).manifest == m
-    with pytest.raises(contract.ContractError, match="the manifest being packed into .*: .undeclared: unknown field"):
-        pack(tmp_path / "src", tmp_path / "two" / "demo", "demo", "kit", key, meta={"undeclared": 1})
+    with pytest.raises(contract.ContractError, match="kit meta: .undeclared: unknown field"):
+        contract.KitMeta.from_part({"undeclared": 1}, "kit meta")       # the meta is typed: read strictly too
+    with pytest.raises(PipelineError, match="an engine bundle is packed by `python -m pipeline device`"):
+        pack(tmp_path / "src", tmp_path / "two" / "demo", "demo", "bundle", key)
     assert not (tmp_path / "two" / "demo").exists() and list((tmp_path / "two").iterdir()) == []
+
+
+def test_records_evolve_by_the_stated_rule():
+    """A reader reads its own version and each older one it has an upgrade for (the upgrade is exact); a newer one
+    is refused before anything is used, saying which side to update."""
+    d = plan_dict()
+    old = dict(d, format="jetson-plan/1", device_build_command=d["device_build_commands"][0])   # what 1 held
+    assert contract.Plan.from_dict(old, "plan.json") == contract.Plan.from_dict(d, "plan.json")
+    from pipeline.device.probe import probe
+    from tests.test_probe_gate import FIX
+    board = probe(FIX / "orin-nano-8gb-jp62-super")
+    one = {k: v for k, v in board.items() if k != "python_packages"} | {
+        "format": "jetson-board/1", "tensorrt_llm": "0.12.0", "edgellm": None}
+    assert contract.Board.from_dict(one, "board.json") == contract.Board.from_dict(board, "board.json")
+    for record in (contract.Plan, contract.Board, contract.Goldens, contract.KitManifest, contract.Report):
+        kind, version = record.FORMAT.split("/")
+        with pytest.raises(contract.ContractError, match="made by a newer pipeline.*\n.*update the pipeline on this "
+                                                         "side"):
+            record.from_dict({"format": f"{kind}/{int(version) + 1}"}, "x.json")

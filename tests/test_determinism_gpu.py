@@ -34,7 +34,7 @@ def run_once(weights: str = "fp8", kv: str = "fp8") -> dict:
         (root / "q").mkdir()
         info = quantize(root / "model", root / "q", weights, kv, None,
                         {"source": "builtin:calib-en", "samples": 8, "seq_len": 64, "seed": 0}, ".")
-        export(root / "model", root / "q", root / "e", weights, kv, "11.0")
+        export(root / "model", root / "q", root / "e", root / "e" / "onnx", weights, kv, "11.0")
         return {"device": info["quantize"]["device"], "quantize": _tree(root / "q"), "onnx": _tree(root / "e" / "onnx")}
 
 

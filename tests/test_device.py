@@ -15,8 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import board_copy, device
+from conftest import board_copy, device, kit_meta
 from conftest import resigned as _resigned
+
+from pipeline import contract
 
 pytestmark = pytest.mark.integration   # runs doit or the device half as subprocesses
 
@@ -40,7 +42,7 @@ def test_device_builds_validates_and_bundles(kit, tmp_path):
         in proc.stderr
 
     argv = json.loads((tmp_path / "argv.jsonl").read_text().splitlines()[0])
-    want = list(plan["device_build_command"])
+    want = list(plan["device_build_commands"][0])
     want[want.index("--output_dir") + 1] = str(tmp_path / "work" / "engine.partial")
     assert argv == want
     work = tmp_path / "work"
@@ -209,7 +211,7 @@ def test_thor_kit_builds_validates_and_bundles_through_edgellm(thor_kit, tmp_pat
     assert proc.returncode == 0, proc.stderr
     plan = json.loads((project.artifacts / "tiny-thor" / "plan" / "plan.json").read_text())
     argv = json.loads((tmp_path / "llm_build.jsonl").read_text())
-    want = list(plan["device_build_command"])
+    want = list(plan["device_build_commands"][0])
     want[want.index("--engineDir") + 1] = str(tmp_path / "work" / "engine.partial")
     work = tmp_path / "work"
     assert argv == want and (work / "engine" / "llm.engine").is_file()
@@ -251,7 +253,7 @@ def _text_agreement_after(project, recipe, wrong_at):
     wrong: the same replacement on the golden ids, decoded with the model's tokenizer."""
     from transformers import AutoTokenizer
 
-    from pipeline.device.report import token_agreement
+    from pipeline.backends import token_agreement
     tok = AutoTokenizer.from_pretrained(project.artifacts / recipe / "fetch" / "model")
     goldens = json.loads((project.artifacts / recipe / "goldens" / "goldens.json").read_text())
     vocab = json.loads((project.artifacts / recipe / "fetch" / "model" / "config.json").read_text())["vocab_size"]
@@ -337,12 +339,10 @@ def test_a_signed_plan_runs_only_the_backends_builder(kit, tmp_path):
     unpack(kit_dir, content, [PublicKey.load(home / "signing.pub")])
     plan = json.loads((content / "plan.json").read_text())
     plan["device_build_commands"] = [["sh", "-c", f"touch {tmp_path / 'pwned'}"]]
-    plan["device_build_command"] = plan["device_build_commands"][0]
     (content / "plan.json").write_text(json.dumps(plan))
     forged = tmp_path / "kits" / kit_dir.name
-    manifest = json.loads((kit_dir / "MANIFEST.json").read_text())
-    meta = {k: manifest[k] for k in ("recipe", "target", "sm", "backend", "stack", "quant", "limits")}
-    pack(content, forged, kit_dir.name, "kit", SecretKey.load(home / "signing.key"), meta=meta)
+    manifest = contract.KitManifest.load(kit_dir / "MANIFEST.json")
+    pack(content, forged, kit_dir.name, "kit", SecretKey.load(home / "signing.key"), meta=kit_meta(manifest))
     proc = device(project, forged, tmp_path)
     assert proc.returncode == 2 and not (tmp_path / "pwned").exists()
     assert "device_build_commands refused: sh is not a TensorRT-LLM 0.12 builder (allowed: trtllm-build)" \

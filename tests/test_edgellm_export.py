@@ -24,7 +24,7 @@ def test_edgellm_onnx_export(builtin, tmp_path, weights, kv, group, algo, kv_alg
     q = tmp_path / "q"
     q.mkdir()
     quantize(src, q, weights, kv, group, CAL, ".")
-    first = export(src, q, tmp_path / "a", weights, kv, "11.0")["export"]
+    first = export(src, q, tmp_path / "a", tmp_path / "a" / "onnx", weights, kv, "11.0").to_dict()
     onnx_dir = tmp_path / "a" / "onnx"
     assert first["quant_algo"] == algo and first["kv_cache_quant_algo"] == kv_algo and first["target_sm"] == 110
     assert first["versions"]["tensorrt-edgellm"] == "0.11.0" and first["externalized_weights"] == []
@@ -41,7 +41,7 @@ def test_edgellm_onnx_export(builtin, tmp_path, weights, kv, group, algo, kv_alg
     assert not (tmp_path / "a" / "hf-checkpoint").exists()
 
     # the same state exported again (a fresh process would restore it; here the handoff is gone) is byte-identical
-    export(src, q, tmp_path / "b", weights, kv, "11.0")
+    export(src, q, tmp_path / "b", tmp_path / "b" / "onnx", weights, kv, "11.0")
     assert _digests(onnx_dir) == _digests(tmp_path / "b" / "onnx")
 
 
@@ -86,7 +86,7 @@ def test_thor_recipe_through_doit_packages_onnx_with_the_llm_build_command(proje
     assert {"onnx/model.onnx", "onnx/model.onnx.data", "onnx/config.json", "onnx/embedding.safetensors",
             "goldens.json", "plan.json"} <= files and not any(f.startswith("checkpoint/") for f in files)
     plan = json.loads((project.artifacts / "tiny-thor" / "plan" / "plan.json").read_text())
-    assert plan["device_build_command"][:5] == ["llm_build", "--onnxDir", "onnx", "--engineDir", "engine"]
+    assert plan["device_build_commands"][0][:5] == ["llm_build", "--onnxDir", "onnx", "--engineDir", "engine"]
 
 
 def _engine_answer(onnx_dir, tmp_path, prompt_ids, new_tokens):
@@ -132,7 +132,8 @@ def test_int4_onnx_computes_the_calibrated_model(builtin, tmp_path, name, plugin
     q = tmp_path / "q"
     q.mkdir()
     quantize(src, q, "int4_awq", "fp16", 64, CAL, ".")
-    info = export(src, q, tmp_path / "e", "int4_awq", "fp16", "11.0", externalize=externalize)["export"]
+    info = export(src, q, tmp_path / "e", tmp_path / "e" / "onnx", "int4_awq", "fp16", "11.0",
+                  externalize=externalize).to_dict()
     assert info["int4_gemm_plugin_version"] == plugin
     onnx_dir = tmp_path / "e" / "onnx"
     ids = probe_ids(src, 24)

@@ -52,7 +52,7 @@ def test_exported_checkpoint_reads_back_as_the_calibrated_model(builtin, tmp_pat
     qdir.mkdir()
     edir.mkdir()
     quantize(src, qdir, weights, kv, group, CAL, ".")
-    info = export(src, qdir, edir, weights, probe_ids(src))["export"]
+    info = export(src, qdir, edir, weights, probe_ids(src)).to_dict()
     cfg = validate(edir)
 
     # the independent reader, run here again, against the calibrated (fake-quantized) model on held-out tokens
@@ -334,7 +334,7 @@ def test_model_calibrated_in_fp16_exports_exactly(builtin, tmp_path, monkeypatch
     assert restored.model.layers[0].mlp.down_proj.weight.dtype == torch.float32
     with torch.no_grad():
         assert torch.equal(restored(ids).logits, handed)
-    check = export(src, tmp_path, tmp_path / "e", weights, probe_ids(src))["export"]["reader_check"]
+    check = export(src, tmp_path, tmp_path / "e", weights, probe_ids(src)).to_dict()["reader_check"]
     assert check["logit_cosine"] >= 0.99999 and check["top1_agreement"] == 1.0, check
 
 

@@ -289,7 +289,7 @@ FORGED = {
                                 "part_size = \"4G\": expected an integer", ("verify", "unpack")),
     "unknown format version": (dict(members=[member("a", b"1")],
                                     manifest_edit=lambda m: m.update(format="jetson-kit-manifest/9")),
-                               "an older or newer version", ("verify", "unpack")),
+                               "made by a newer pipeline", ("verify", "unpack")),
     "manifest not UTF-8": (dict(members=[member("a", b"1")], raw_manifest=b"\xff{}"), "not valid JSON",
                            ("verify", "unpack")),
     "manifest 100k deep": (dict(members=[member("a", b"1")], raw_manifest=b"[" * 100_000), "not valid JSON",

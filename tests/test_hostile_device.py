@@ -199,14 +199,12 @@ def _limits(**kv):
         plan["limits"].update(kv)
         limits = contract.Plan.from_dict(plan, "plan").limits
         plan["device_build_commands"] = backends.get(plan["backend"]).build_commands(limits, None)
-        plan["device_build_command"] = plan["device_build_commands"][0]
     return fn
 
 
 def _argv(fn):
     def edit(plan):
         fn(plan["device_build_commands"][0])
-        plan["device_build_command"] = plan["device_build_commands"][0]
     return edit
 
 
@@ -311,16 +309,16 @@ def test_the_time_limits_come_from_the_plans_predictions():
     from pipeline import contract
     from pipeline.device.driver import timeouts
 
-    def plan(**kw):
-        base = {"predicted_build_s": 1500.0, "predicted_decode_tok_s": 20.0, "predicted_ttft_ms": 500.0,
-                "memory": {"weights": 2_000_000_000, "embedding": 500_000_000, "lm_head": 500_000_000}}
+    def plan(memory=(2_000_000_000, 500_000_000, 500_000_000), **kw):
+        m = type("M", (), dict(zip(("weights", "embedding", "lm_head"), memory, strict=True)))()
+        base = {"predicted_build_s": 1500.0, "predicted_decode_tok_s": 20.0, "predicted_ttft_ms": 500.0, "memory": m}
         return type("P", (), base | kw)()
     goldens = type("G", (), {"max_new_tokens": 64, "prompts": [1, 2, 3]})()
     # one validation run: 60 s load + 3e9 B / 500e6 B/s = 6 s + 0.5 s prefill + 3 x 64 tokens / 20 tok/s = 9.6 s
     assert timeouts(plan(), goldens, None, None) == (4500, int(10 * (60 + 6 + 0.5 + 9.6)))
     assert timeouts(plan(predicted_build_s=100.0, predicted_decode_tok_s=1000.0), goldens, None, None)[0] == 1800
     # nothing to load, a fast model: the engine load's fixed minute decides
-    assert timeouts(plan(predicted_decode_tok_s=1000.0, memory={}), goldens, None, None)[1] == int(10 * 60.692)
+    assert timeouts(plan(predicted_decode_tok_s=1000.0, memory=(0, 0, 0)), goldens, None, None)[1] == int(10 * 60.692)
     assert timeouts(plan(predicted_build_s=None), goldens, None, None)[0] == 4 * 3600
     assert timeouts(plan(), goldens, 7, 9) == (7, 9)
     assert contract.Plan.__dataclass_fields__["predicted_build_s"]             # the plan carries the estimate

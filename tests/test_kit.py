@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import contract
 from pipeline.kit.archive import pack
 from pipeline.kit.signing import PublicKey, SecretKey, SignatureError
 from pipeline.kit.transfer import transfer
@@ -37,7 +38,7 @@ def src(tmp_path):
 
 def packed(tmp_path, src, key, **kw):
     out = tmp_path / "demo"
-    pack(src, out, "demo", "kit", key, meta={"recipe": "r"}, **kw)
+    pack(src, out, "demo", "kit", key, meta=contract.KitMeta(recipe="r"), **kw)
     return out
 
 

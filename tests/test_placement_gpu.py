@@ -25,7 +25,7 @@ def _run(src, tmp_path, monkeypatch, budgets):
     qdir.mkdir(parents=True)
     info = quantize(src, qdir, "int4_awq", "int8", 64, CAL, ".")["quantize"]
     # export takes the live model (moved to the CPU), or reloads it where it is spread over devices
-    check = export(src, qdir, edir, "int4_awq", probe_ids(src))["export"]["reader_check"]
+    check = export(src, qdir, edir, "int4_awq", probe_ids(src)).to_dict()["reader_check"]
     return info, check, edir
 
 

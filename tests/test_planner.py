@@ -5,8 +5,9 @@ import pytest
 from conftest import REPO
 
 from pipeline import backends
+from pipeline.contract import BuildLimits
 from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
-from pipeline.plan.memory import Limits, plan_memory
+from pipeline.plan.memory import plan_memory
 from pipeline.plan.perf import fitted, known_model_configs
 from pipeline.plan.planner import PlanRequest, make_plan
 from pipeline.plan.shapes import shape_from_config
@@ -16,7 +17,7 @@ TINY = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_la
         "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1000, "max_position_embeddings": 512}
 
 
-def request(config, weights="int4_awq", target="orin-nano-8gb", kv="fp16", limits=Limits(1, 64, 256), **kw):
+def request(config, weights="int4_awq", target="orin-nano-8gb", kv="fp16", limits=BuildLimits.of(1, 64, 256), **kw):
     shape = shape_from_config(config)
     tgt = target if not isinstance(target, str) else get_target(target)
     return PlanRequest(shape=shape, model_label="m", weights=weights, kv_cache=kv, target=tgt, limits=limits, **kw)
@@ -37,13 +38,13 @@ def test_target_profiles_cover_the_issue_ids_with_sources():
         assert max(t.bandwidth_gbs.values()) <= 2 * 4.3e9 * t.memory_bus_bits / 8 / 1e9
     orin = get_target("orin-nano-8gb")
     assert [s.backend for s in orin.stacks] == ["trtllm-0.12", "edgellm"]
-    assert orin.stacks[0].tensorrt == "10.3" and orin.stacks[0].cuda == "12.6"
+    assert orin.stacks[0].stack.tensorrt == "10.3" and orin.stacks[0].stack.cuda == "12.6"
     assert [s.backend for s in get_target("agx-thor").stacks] == ["edgellm"]
     assert get_target("orin-nano-8gb-super").bandwidth_bytes() == 102e9
 
 
 def test_memory_components_are_counted_exactly():
-    plan = make_plan(request(TINY, limits=Limits(2, 100, 300), group_size=64))
+    plan = make_plan(request(TINY, limits=BuildLimits.of(2, 100, 300), group_size=64))
     m = plan.memory
     linears = [(64, 64), (64, 32), (64, 32), (64, 64), (64, 128), (64, 128), (128, 64)]  # (in, out)
     per_layer = sum(i * o // 2 + o * (i // 64) * 2 + i * 2 for i, o in linears) + 2 * 64 * 2
@@ -59,14 +60,14 @@ def test_memory_components_are_counted_exactly():
 
 def test_largest_seq_and_batch_are_the_boundary():
     cfg = known("meta-llama/Llama-3.1-8B-Instruct")
-    req = request(cfg, target="orin-nx-16gb", limits=Limits(1, 512, 1024))
+    req = request(cfg, target="orin-nx-16gb", limits=BuildLimits.of(1, 512, 1024))
     fmt, kv, t = WEIGHT_FORMATS["int4_awq"], KV_FORMATS["fp16"], req.target
     m = make_plan(req).memory
     n = m.max_seq_len_that_fits
     assert 1024 < n < 131072
 
     def total(seq, batch=1):
-        return plan_memory(req.shape, fmt, 128, kv, Limits(batch, 512, seq),
+        return plan_memory(req.shape, fmt, 128, kv, BuildLimits.of(batch, 512, seq),
                            backends.get("trtllm-0.12").runtime_overhead, t.usable_bytes,
                            t.usable_headless_bytes).total
     assert total(n) <= t.usable_bytes < total(n + 1)
@@ -85,7 +86,7 @@ def test_trtllm_on_thor_is_refused_towards_edgellm():
     assert not plan.ok and "TensorRT-LLM has no working Thor path" in plan.refused[0]
     assert "backend = 'edgellm'" in plan.refused[0]
     auto = make_plan(request(known("meta-llama/Llama-3.1-8B-Instruct"), weights="nvfp4", kv="fp8", target="agx-thor"))
-    assert auto.ok and auto.backend == "edgellm" and auto.group_size == 16
+    assert auto.ok and auto.backend == "edgellm" and auto.quant.group_size == 16
 
 
 def test_qwen3_goes_through_edgellm_on_orin_and_trtllm_012_refuses_it():
@@ -101,7 +102,7 @@ def test_qwen3_goes_through_edgellm_on_orin_and_trtllm_012_refuses_it():
 def test_int4_group_size_is_chosen_or_refused():
     cfg = known("HuggingFaceTB/SmolLM2-135M-Instruct")   # hidden 576: 128 does not divide it, 64 does
     auto = make_plan(request(cfg))
-    assert auto.ok and auto.group_size == 64
+    assert auto.ok and auto.quant.group_size == 64
     assert any("group size 64 chosen" in w for w in auto.warnings)
     pinned = make_plan(request(cfg, group_size=128))
     assert not pinned.ok
@@ -114,26 +115,26 @@ def test_int4_group_size_is_chosen_or_refused():
 
 def test_desktop_vs_headless_memory():
     cfg = known("meta-llama/Llama-3.2-3B-Instruct")
-    base = make_plan(request(cfg, limits=Limits(1, 1024, 2048))).memory.total
+    base = make_plan(request(cfg, limits=BuildLimits.of(1, 1024, 2048))).memory.total
     squeezed = dataclasses.replace(get_target("orin-nano-8gb"), usable_gb=(base - 1e8) / 1e9,
                                    usable_headless_gb=(base + 1e8) / 1e9)
-    plan = make_plan(request(cfg, target=squeezed, limits=Limits(1, 1024, 2048)))
+    plan = make_plan(request(cfg, target=squeezed, limits=BuildLimits.of(1, 1024, 2048)))
     assert plan.ok and not plan.fits and plan.memory.fits_headless
     assert any("Boot to multi-user.target" in w for w in plan.warnings)
 
 
 def test_prediction_follows_the_fitted_model():
     cfg = known("meta-llama/Llama-3.2-3B-Instruct")
-    plan = make_plan(request(cfg, target="orin-nano-8gb-super", limits=Limits(1, 1024, 2048)))
+    plan = make_plan(request(cfg, target="orin-nano-8gb-super", limits=BuildLimits.of(1, 1024, 2048)))
     c = fitted()["tensorrt"]
     p = plan.prediction
-    assert p["power_mode"] == "MAXN_SUPER" and p["bandwidth_gbs"] == 102.0 and p["context_tokens"] == 1024
-    assert plan.predicted_decode_tok_s == pytest.approx(1 / (p["bytes_per_token"] / (c.efficiency * 102e9) + c.fixed_s),
+    assert p.power_mode == "MAXN_SUPER" and p.bandwidth_gbs == 102.0 and p.context_tokens == 1024
+    assert plan.predicted_decode_tok_s == pytest.approx(1 / (p.bytes_per_token / (c.efficiency * 102e9) + c.fixed_s),
                                                         abs=0.05)
-    assert p["by_power_mode"]["15W"] < p["by_power_mode"]["MAXN_SUPER"]
+    assert p.by_power_mode["15W"] < p.by_power_mode["MAXN_SUPER"]
     # bytes per token: every weight except the embedding table, plus the KV cache at the context length
     m = plan.memory
-    assert p["bytes_per_token"] == int(m.weights + m.lm_head + 28 * 2 * 8 * 128 * 2 * 1024)
+    assert p.bytes_per_token == int(m.weights + m.lm_head + 28 * 2 * 8 * 128 * 2 * 1024)
 
 
 def test_cli_plan_recipe_json(project):
@@ -284,8 +285,8 @@ def test_planning_never_crashes_over_every_format_kv_target_and_backend(shape, t
     seen = set()
     for w, kv, t, b in itertools.product(WEIGHT_FORMATS, KV_FORMATS, load_targets(), (None, *backends.NAMES)):
         plan = make_plan(request(PRODUCT_SHAPES[shape], weights=w, kv=kv, target=t, backend=b,
-                                 limits=Limits(1, 256, 1024)))
-        record = plan.to_json()
+                                 limits=BuildLimits.of(1, 256, 1024)))
+        record = plan.to_dict()
         assert plan.ok or all(isinstance(r, str) and len(r) > 20 for r in plan.refused), (w, kv, t, b)
         assert plan.ok == (record["device_build_commands"] is not None)
         seen.add(plan.ok)
@@ -302,24 +303,24 @@ def test_externalized_int4_ffn_weights_are_planned_where_the_build_needs_them():
     """Qwen2.5-1.5B INT4-AWQ through Edge-LLM: on a 4 GB Orin Nano only a build with the INT4 FFN weights outside
     the engine keeps its GPU-pinned part within the board: the plan says so and sizes the build that way; on an 8 GB
     board swap for the pageable part is enough and nothing is externalized."""
-    from pipeline.plan.buildmem import llm_build
+    from pipeline.backends.edgellm import build_memory as llm_build
     from pipeline.plan.memory import weight_bytes
 
     cfg = known("Qwen/Qwen2.5-1.5B-Instruct")
-    small = make_plan(request(cfg, target="orin-nano-4gb", backend="edgellm", limits=Limits(2, 512, 1024)))
-    big = make_plan(request(cfg, target="orin-nano-8gb", backend="edgellm", limits=Limits(2, 512, 1024)))
-    assert small.ok and small.externalized_weights == ["int4_ffn"] and small.build_on_board["how"] == "externalize"
-    assert big.ok and big.externalized_weights == [] and big.build_on_board["how"] == "swap"
+    small = make_plan(request(cfg, target="orin-nano-4gb", backend="edgellm", limits=BuildLimits.of(2, 512, 1024)))
+    big = make_plan(request(cfg, target="orin-nano-8gb", backend="edgellm", limits=BuildLimits.of(2, 512, 1024)))
+    assert small.ok and small.externalized_weights == ["int4_ffn"] and small.build_on_board.how == "externalize"
+    assert big.ok and big.externalized_weights == [] and big.build_on_board.how == "swap"
     shape = shape_from_config(cfg)
-    w, e, h = weight_bytes(shape, WEIGHT_FORMATS["int4_awq"], small.group_size)
+    w, e, h = weight_bytes(shape, WEIGHT_FORMATS["int4_awq"], small.quant.group_size)
     ffn = sum(i * o for n, i, o in shape.layer_linears() if n.endswith(("gate_proj", "up_proj", "down_proj")))
     inside = llm_build(w + e + h, small.memory.activations, int(w * ffn / sum(i * o for _, i, o in
                                                                                 shape.layer_linears())))
     assert (small.memory.build_peak, small.memory.build_device) == (inside.peak, inside.device_total)
-    assert small.memory.build_device < llm_build(w + e + h, small.memory.activations).device_total
-    rec = small.to_record()
+    assert small.memory.build_device < llm_build(w + e + h, small.memory.activations, 0).device_total
+    rec = small
     # llm_build takes external weights from the ONNX directory's config.json: the build command has no flag for them
     assert rec.externalized_weights == ["int4_ffn"]
-    assert rec.device_build_commands == big.to_record().device_build_commands
+    assert rec.device_build_commands == big.device_build_commands
     from pipeline.plan.planner import render_table
     assert "int4_ffn weights kept outside the engine" in render_table(small)

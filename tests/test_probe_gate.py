@@ -33,10 +33,11 @@ def test_probe_cli_json_and_details():
                          capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     p = json.loads(out.stdout)
-    assert p["tensorrt"] == "10.13.3.9" and p["cuda"] == "13.0.48" and p["edgellm"] == "0.11.0"
+    assert p["tensorrt"] == "10.13.3.9" and p["cuda"] == "13.0.48"
+    assert p["python_packages"] == {"tensorrt_edgellm": "0.11.0"}
     assert p["memory_total"] == 128312256 * 1024 and p["soc"] == "tegra264"
     nano = probe(FIX / "orin-nano-8gb-jp62-super")
-    assert nano["tensorrt_llm"] == "0.12.0" and nano["memory_available"] == 5962204 * 1024
+    assert nano["python_packages"] == {"tensorrt_llm": "0.12.0"} and nano["memory_available"] == 5962204 * 1024
 
 
 def test_probe_falls_back_to_dpkg_for_l4t(tmp_path):
@@ -56,10 +57,10 @@ def board(root, **override) -> contract.Board:
     return contract.Board.from_dict(dict(probe_facts(root), **override), str(root))
 
 
-def manifest(kind="kit", name="r@orin-nano-8gb", **fields) -> contract.KitManifest:
+def manifest(kind="kit", name="r@orin-nano-8gb", **fields) -> contract.Manifest:
     """A complete signed-manifest record (the gate reads kits and bundles only as verified records)."""
-    return contract.KitManifest.from_dict({
-        "format": contract.KitManifest.FORMAT, "kind": kind, "name": name, "created": "2026-11-23T00:00:00Z",
+    return contract.manifest_from_dict({
+        "format": contract.MANIFESTS[kind].FORMAT, "kind": kind, "name": name, "created": "2026-11-23T00:00:00Z",
         "compression": "none", "part_size": 4096, "parts": [{"name": f"{name}.tar.000", "size": 1024,
                                                             "sha256": "0" * 64}],
         "files": [{"path": "plan.json", "size": 2, "sha256": "1" * 64}], "total_size": 2, **fields}, "test")
@@ -75,7 +76,7 @@ def kit_meta(target="orin-nano-8gb", sm="8.7"):
 def test_gate_passes_the_board_it_was_planned_for_and_warns_on_same_sm_other_board():
     nano = board(FIX / "orin-nano-8gb-jp62-super")
     assert check(kit_meta("orin-nano-8gb-super"), nano).ok
-    agx = board(FIX / "agx-orin-64gb-jp61", tensorrt_llm="0.12.0")
+    agx = board(FIX / "agx-orin-64gb-jp61", python_packages={"tensorrt_llm": "0.12.0"})
     r = require(kit_meta("orin-nano-8gb"), agx)
     assert r.warnings == ["kit r@orin-nano-8gb was made for orin-nano-8gb; this board is agx-orin-64gb (same SM "
                           "8.7): the engine loads, TensorRT warns about the device model; validate on each board "
@@ -103,7 +104,7 @@ def test_gate_refuses_missing_or_wrong_backend():
     r = check(kit_meta("agx-orin-64gb"), agx)
     assert r.refusals == [r.refusals[0]] and "has no trtllm-0.12 installed. Install NVIDIA's TensorRT-LLM " \
         "0.12.0-jetson wheel" in r.refusals[0]
-    r = check(kit_meta("agx-orin-64gb"), board(FIX / "agx-orin-64gb-jp61", tensorrt_llm="0.13.0"))
+    r = check(kit_meta("agx-orin-64gb"), board(FIX / "agx-orin-64gb-jp61", python_packages={"tensorrt_llm": "0.13.0"}))
     assert "has trtllm-0.12 0.13.0" in r.refusals[0]
 
 
@@ -111,19 +112,22 @@ def test_gate_reads_bundle_compat():
     compat = {"sm": "11.0", "tensorrt": "10.13.3.9", "jetpack": "7.0", "backend": "edgellm",
               "backend_version": "0.11.0"}
     thor = board(FIX / "agx-thor-jp70")
-    assert check(manifest("bundle", "b", compat=compat, built_on={"target": "agx-thor"}), thor).ok
-    r = check(manifest("bundle", "b", compat=dict(compat, jetpack="7.1"), built_on={"target": "agx-thor"}), thor)
+    built = dict(thor.to_dict(), target="agx-thor")
+    kit = {"name": "k", "signed_by": "ABCD", "created": "2026-11-23T00:00:00Z", "quant": None, "limits": None}
+    bundle = dict(recipe="r", target="agx-thor", built_on=built, kit=kit)
+    assert check(manifest("bundle", "b", compat=compat, **bundle), thor).ok
+    r = check(manifest("bundle", "b", compat=dict(compat, jetpack="7.1"), **bundle), thor)
     assert "runs JetPack 7.0 (L4T 38.2.0). Flash JetPack 7.1" in r.refusals[0]
 
 
 def nano_3b_plan(**memory) -> contract.Plan:
     """The headline recipe's plan: Llama-3.2-3B INT4-AWQ on the Orin Nano 8GB (the real planner)."""
-    from pipeline.plan.memory import Limits
+    from pipeline.contract import BuildLimits
     from pipeline.plan.perf import known_shape
     from pipeline.plan.planner import PlanRequest, make_plan
     from pipeline.plan.targets import get_target
     d = make_plan(PlanRequest(known_shape("meta-llama/Llama-3.2-3B-Instruct"), "llama", "int4_awq", "fp16",
-                              get_target("orin-nano-8gb"), Limits(1, 1024, 2048))).to_json()
+                              get_target("orin-nano-8gb"), BuildLimits.of(1, 1024, 2048))).to_dict()
     d["memory"].update(memory)
     return contract.Plan.from_dict(d, "plan.json")
 
@@ -131,11 +135,11 @@ def nano_3b_plan(**memory) -> contract.Plan:
 def test_build_memory_gate_builds_with_swap_and_says_how_to_add_it():
     plan = nano_3b_plan()
     m = plan.memory
-    assert m is not None and m["build_device"] < 5962204 * 1024 < m["build_peak"]     # pinned part fits the RAM
+    assert m is not None and m.build_device < 5962204 * 1024 < m.build_peak             # pinned part fits the RAM
     with pytest.raises(PipelineError) as e:
         build_memory_gate(plan, board(FIX / "orin-nano-8gb-jp62-super"))               # no swap
-    assert f"needs ~{m['build_peak'] / 1e9:.1f} GB" in str(e.value) and "0.0 GB swap free" in str(e.value)
-    need = math.ceil((m["build_peak"] - 5962204 * 1024 + 1e9) / 1e9)
+    assert f"needs ~{m.build_peak / 1e9:.1f} GB" in str(e.value) and "0.0 GB swap free" in str(e.value)
+    need = math.ceil((m.build_peak - 5962204 * 1024 + 1e9) / 1e9)
     assert f"sudo fallocate -l {need}G /ssd/{need}GB.swap" in e.value.hint and "sudo swapon" in e.value.hint
     assert "sudo systemctl isolate multi-user.target" in e.value.hint
     paging = build_memory_gate(plan, board(FIX / "orin-nano-8gb-jp62-swap"))          # 8 GB swap: builds
@@ -169,20 +173,20 @@ def test_report_flags_a_speed_gap_with_the_power_mode_first():
     assert ttft_at({"8": 100.0}, 500) == 100.0 and ttft_at({}, 5) is None
     slow = board(FIX / "orin-nano-8gb-jp62-super", power_mode="15W")
     gaps = speed_gaps(10.0, 20.0, 360.0, 300.0, slow)
-    assert [g["figure"] for g in gaps] == ["decode tok/s"]            # TTFT +20%: within the 25% band
-    assert gaps[0]["off_by"] == -0.5 and gaps[0]["likely_causes"][0].startswith("power mode is 15W, not MAXN")
+    assert [g.figure for g in gaps] == ["decode tok/s"]            # TTFT +20%: within the 25% band
+    assert gaps[0].off_by == -0.5 and gaps[0].likely_causes[0].startswith("power mode is 15W, not MAXN")
     gaps = speed_gaps(19.0, 20.0, 500.0, 300.0, board(FIX / "orin-nano-8gb-jp62-super"))
-    assert [g["figure"] for g in gaps] == ["TTFT ms"] and gaps[0]["likely_causes"][0].startswith("jetson_clocks")
+    assert [g.figure for g in gaps] == ["TTFT ms"] and gaps[0].likely_causes[0].startswith("jetson_clocks")
 
 
 def thor_kit():
     """A kit planned by the real planner for AGX Thor (Edge-LLM 0.11), as the device reads it."""
-    from pipeline.plan.memory import Limits
+    from pipeline.contract import BuildLimits
     from pipeline.plan.perf import known_shape
     from pipeline.plan.planner import PlanRequest, make_plan
     from pipeline.plan.targets import get_target
     plan = make_plan(PlanRequest(known_shape("Qwen/Qwen3-8B"), "qwen", "nvfp4", "fp16", get_target("agx-thor"),
-                                 Limits(1, 512, 1024))).to_json()
+                                 BuildLimits.of(1, 512, 1024))).to_dict()
     return manifest(name="r@agx-thor", target="agx-thor", sm="11.0", backend=plan["backend"], stack=plan["stack"])
 
 

@@ -87,6 +87,8 @@ def test_edgellm_is_asked_what_the_goldens_asked(family):
 
 def test_short_golden_answers_are_called_a_weak_check():
     from pipeline.workstation.evaluate import weak_prompts
-    goldens = {"max_new_tokens": 32, "prompts": [{"prompt": "What is the capital of France?", "output_ids": [7, 2]},
-                                                 {"prompt": "Tell me a story", "output_ids": list(range(20))}]}
+    def golden(prompt, ids):
+        return contract.GoldenPrompt(prompt=prompt, input_ids=[1], output_ids=ids, top_logprobs=[], text="")
+    goldens = contract.Goldens(max_new_tokens=32, min_token_agreement=0.9, top_k=1, eos_token_id=None, prompts=[
+        golden("What is the capital of France?", [7, 2]), golden("Tell me a story", list(range(20)))])
     assert weak_prompts(goldens) == ["What is the capital of France?"]

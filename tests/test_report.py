@@ -28,42 +28,45 @@ def test_the_kv_allocation_is_what_the_runtime_logged():
 
 
 def _plan(batch=2, seq=256, kv_bytes=131072, backend="trtllm-0.12"):
-    from pipeline.plan.memory import Limits
+    from pipeline.contract import BuildLimits
     from pipeline.plan.planner import PlanRequest, make_plan
     from pipeline.plan.shapes import shape_from_config
     from pipeline.plan.targets import get_target
     from tests.test_planner import TINY
 
     rec = make_plan(PlanRequest(shape_from_config(TINY), "m", "int4_awq", "fp16", get_target("orin-nano-8gb"),
-                                Limits(batch, 128, seq), backend=backend, group_size=64)).to_record()
-    assert rec.memory["kv_cache"] == kv_bytes
+                                BuildLimits.of(batch, 128, seq), backend=backend, group_size=64))
+    assert rec.memory.kv_cache == kv_bytes
     return rec
 
 
 def test_the_kv_check_holds_at_the_plans_cap_and_fails_one_token_past_it():
     plan = _plan()
     trt = backends.get("trtllm-0.12")
-    at_cap = kv_check({"tokens": 512, "bytes": 131072, "source": "log"}, plan, trt)[0]
-    assert at_cap["ok"] and at_cap["measured"] == 512 and at_cap["required"].startswith("<= 512 tokens (2 x 256")
-    over = kv_check({"tokens": 513, "bytes": None, "source": "log"}, plan, trt)[0]
-    assert not over["ok"] and over["by"] == 1
+    kv = contract.KvAllocation
+    at_cap = kv_check(kv(512, 131072, "log"), plan, trt)[0]
+    assert at_cap.ok and at_cap.measured == 512 and at_cap.required.startswith("<= 512 tokens (2 x 256")
+    over = kv_check(kv(513, None, "log"), plan, trt)[0]
+    assert not over.ok and over.by == 1
     # bytes over the plan's budget (beyond the runtime's two-decimal GiB rounding) fail too
-    assert not kv_check({"tokens": 512, "bytes": 131072 + int(0.006 * 2**30), "source": "log"}, plan, trt)[0]["ok"]
+    assert not kv_check(kv(512, 131072 + int(0.006 * 2**30), "log"), plan, trt)[0].ok
     silent = kv_check(None, plan, trt)[0]
-    assert not silent["ok"] and silent["measured"] is None and "did not report" in silent["by"]
+    assert not silent.ok and silent.measured is None and "did not report" in str(silent.by)
     assert kv_check(None, plan, backends.get("edgellm")) == []     # Edge-LLM's runtime reports none: a note instead
 
 
 def test_memory_checks_fail_when_nothing_measured():
+    def took(taken, swapped=0):
+        return contract.PhaseMemory(taken=taken, swapped=swapped, peak_rss=None, min_available=None, samples=2)
     checks = memory_checks("runtime", None, 1_000_000, 6_000_000, "usable")
-    assert [c["ok"] for c in checks] == [False, False] and all(c["measured"] is None for c in checks)
-    ok = memory_checks("runtime", {"taken": 1_200_000, "swapped": 0}, 1_000_000, 6_000_000, "usable")
-    assert [c["ok"] for c in ok] == [True, True]
-    over = memory_checks("runtime", {"taken": 1_200_001, "swapped": 0}, 1_000_000, 6_000_000, "usable")
-    assert [c["ok"] for c in over] == [False, True] and over[0]["by"] == 1
+    assert [c.ok for c in checks] == [False, False] and all(c.measured is None for c in checks)
+    ok = memory_checks("runtime", took(1_200_000), 1_000_000, 6_000_000, "usable")
+    assert [c.ok for c in ok] == [True, True]
+    over = memory_checks("runtime", took(1_200_001), 1_000_000, 6_000_000, "usable")
+    assert [c.ok for c in over] == [False, True] and over[0].by == 1
     # RAM only: what paged out to swap does not count against the RAM the board has
-    ram = memory_checks("build", {"taken": 7_000_000, "swapped": 2_000_000}, None, 6_000_000, "usable", ram_only=True)
-    assert ram[0]["ok"] and ram[0]["measured"] == 5_000_000
+    ram = memory_checks("build", took(7_000_000, 2_000_000), None, 6_000_000, "usable", ram_only=True)
+    assert ram[0].ok and ram[0].measured == 5_000_000
 
 
 def test_llm_inference_profile_figures_and_their_absence():
@@ -90,12 +93,16 @@ def test_a_report_says_not_measured_and_fails_rather_than_pass_on_a_guess(tmp_pa
     goldens = contract.Goldens(max_new_tokens=4, min_token_agreement=0.5, top_k=1, eos_token_id=None, prompts=[
         contract.GoldenPrompt("p", [1, 2], [3, 4, 5, 6], [], "x y z w")])
     board = contract.Board(l4t="36.4.3", jetpack="6.2", board="b", compatible=[], soc="tegra234", sm="8.7",
-                           target="orin-nano-8gb", cuda=None, tensorrt="10.3", tensorrt_llm="0.12.0", edgellm=None,
+                           target="orin-nano-8gb", cuda=None, tensorrt="10.3",
+                           python_packages={"tensorrt_llm": "0.12.0"},
                            memory_total=None, memory_available=None, power_mode="15W", emc_hz=None, bandwidth_gbs=None)
-    validation = {"prompts": [{"output_ids": [3, 4, 5, 6], "ttft_s": None, "decode_tok_s": None}], "kv_cache": None}
-    report = build_report(goldens, validation, plan, board, {"seconds": 1.0, "memory": None}, None)
-    failed = [c["check"] for c in report["checks"] if not c["ok"]]
-    assert not report["ok"] and report["checks"][0]["ok"]
+    validation = contract.Validation(runtime="r", speed_source="s", prompts=[
+        contract.PromptResult(prompt="p", output_ids=[3, 4, 5, 6])])
+    nothing = contract.PhaseMemory(taken=None, swapped=0, peak_rss=None, min_available=None, samples=0)
+    build = contract.BuildRecord(argvs=[], seconds=1.0, memory=nothing, kit_manifest_sha256="", engine_files={})
+    report = build_report(goldens, validation, plan, board, build, False, None)
+    failed = [c.check for c in report.checks if not c.ok]
+    assert not report.ok and report.checks[0].ok
     assert failed == ["KV cache allocated by the runtime within the plan's budget",
                       "engine build memory within the plan's estimate (+20%)",
                       "engine build RAM within a headless board's usable memory (the rest may page out to swap)",

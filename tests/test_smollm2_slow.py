@@ -68,7 +68,8 @@ def test_every_orin_format_exports_faithfully(smollm2, tmp_path, weights, kv, sa
     cal = {"source": "builtin:calib-en", "samples": samples, "seq_len": seq_len, "seed": 0}
     (tmp_path / "q").mkdir()
     quantize(smollm2, tmp_path / "q", weights, kv, 64 if weights == "int4_awq" else None, cal, ".")
-    check = export(smollm2, tmp_path / "q", tmp_path / "e", weights, check_token_ids(smollm2))["export"]["reader_check"]
+    check = export(smollm2, tmp_path / "q", tmp_path / "e", weights,
+                   check_token_ids(smollm2)).to_dict()["reader_check"]
     print(weights, kv, samples, seq_len, check)
     assert check["logit_cosine"] >= (0.999 if kv == "fp16" else MIN_COSINE_ROUNDED), check
     assert check["layer_error_max"] <= MAX_LAYER_ERROR, check

@@ -62,7 +62,7 @@ def test_plan_of_the_eagle3_recipe_counts_the_draft_and_builds_two_engines():
     assert plan["memory"]["total"] - base["memory"]["total"] == spec["memory"]["total"]
     assert plan["backend"] == "edgellm" and plan["ok"]
     base_argv, draft_argv = plan["device_build_commands"]
-    assert plan["device_build_command"] == base_argv
+    assert plan["device_build_commands"][0] == base_argv
     assert base_argv[:3] == ["llm_build", "--onnxDir", "onnx/base"] and base_argv[-1] == "--specBase"
     assert draft_argv[:3] == ["llm_build", "--onnxDir", "onnx/draft"] and draft_argv[-1] == "--specDraft"
     for argv in (base_argv, draft_argv):
@@ -79,7 +79,7 @@ def test_plan_refuses_a_draft_on_tensorrt_llm_and_a_draft_of_another_base(tmp_pa
     r = parse(orin, tmp_path)
     plan = plan_recipe(r, "orin-nano-8gb", *config_for(r, "model"))
     assert not plan.ok and "EAGLE-3 draft engines" in plan.refused[-1] and "backend = 'edgellm'" in plan.refused[-1]
-    assert plan.to_json()["device_build_commands"] is None
+    assert plan.to_dict()["device_build_commands"] is None
 
     other = parse(thor_recipe().replace('name = "tiny-llama"', 'name = "tiny-llama-h96"'), tmp_path)
     plan = plan_recipe(other, "agx-thor", *config_for(other, "model"))

@@ -3,10 +3,14 @@
     trtllm-0.12   TensorRT-LLM 0.12 (JetPack 6, Orin): checkpoint/ -> trtllm-build -> ModelRunnerCpp
     edgellm       TensorRT Edge-LLM (JetPack 7): onnx/ -> llm_build -> llm_inference
 
-Callers ask the record (`get(name).payload`, `.build_commands(limits, draft)`, `.check_argv(argv)`) and never compare
-backend names. A third backend is one new module defining a `Backend` plus its line in `_MODULES`. Which precisions
-and architectures a backend version builds on a board is data (pipeline/data/targets.toml, per stack).
-Standard library only: the device half imports this on Python 3.10 without torch.
+Callers ask the record (`get(name).payload`, `.build_commands(limits, draft)`, `.check_argv(argv)`,
+`.build_memory(...)`, `.agreement(golden, produced)`, `.export_summary(record)`) and never compare backend names. Its
+callables are typed attributes, so mypy checks every call. The two halves' own steps register per backend beside the
+code that runs them (the workstation's exporters: pipeline/workstation/exporters.py; the device's validation
+runners: pipeline/device/runners.py), so this package stays below both and imports neither; tests check that every
+backend has both. A third backend is one new module defining a `Backend` plus its line in `_MODULES` and one line in
+each of those two tables. Which precisions and architectures a backend version builds on a board is data
+(pipeline/data/targets.toml, per stack). Standard library only: the device imports this on Python 3.10 without torch.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.contract import BuildLimits, ExportRecord, GoldenPrompt, PromptResult, Speculative
 from pipeline.errors import PipelineError
 
 INT = "int"
@@ -29,8 +34,8 @@ class ExportJob:
     """What every backend's export step is handed (the workstation's export stage builds one)."""
     model_dir: Path             # the fetched checkpoint
     quant_dir: Path             # the quantize stage's saved state
-    out: Path                   # the stage's staging directory; the payload goes to out / payload
-    payload: str
+    stage_dir: Path             # the export stage's staging directory (scratch space beside the payload)
+    payload: str                # the payload's directory name in the stage directory and in the kit
     weights: str
     kv_cache: str
     target_sm: str
@@ -38,13 +43,57 @@ class ExportJob:
     handoff: Any = None         # the process's ModelHandoff (pipeline/workstation/state.py): the live calibrated model
     externalize: tuple[str, ...] = ()   # weight kinds the plan keeps outside the engine (Edge-LLM external weights)
 
+    @property
+    def payload_dir(self) -> Path:
+        """Where the export writes what the kit carries and the device builds from."""
+        return self.stage_dir / self.payload
+
+
+CUDA_CONTEXT = 400_000_000          # CUDA context + TensorRT builder kernels resident on the GPU side
+TACTIC_FLOOR = 256 * 2**20          # builder scratch beyond the activations it times tactics with
+
+
+@dataclass(frozen=True)
+class BuildMemory:
+    """What an engine build holds at its peak, by part (pipeline/plan/buildmem.py explains the model)."""
+    host: dict[str, int]        # pageable: swap can hold it
+    device: dict[str, int]      # pinned on the GPU side of the unified memory: must fit in RAM
+
+    @property
+    def host_total(self) -> int:
+        return sum(self.host.values())
+
+    @property
+    def device_total(self) -> int:
+        return sum(self.device.values())
+
+    @property
+    def peak(self) -> int:
+        return self.host_total + self.device_total
+
+    @property
+    def dominant(self) -> str:
+        parts = {**{f"{k} (host)": v for k, v in self.host.items()},
+                 **{f"{k} (GPU)": v for k, v in self.device.items()}}
+        return max(parts, key=lambda k: parts[k])
+
+
+def token_agreement(golden: list | str, produced: list | str) -> float:
+    """Fraction of golden tokens reproduced up to the first divergence (greedy decoding diverges for good after)."""
+    n = 0
+    for a, b in zip(golden, produced, strict=False):  # up to the shorter: a short answer is a divergence
+        if a != b:
+            break
+        n += 1
+    return n / max(1, len(golden))
+
 
 @dataclass(frozen=True)
 class Backend:
     name: str                   # what recipes and plans call it
     label: str                  # what people call it
     payload: str                # the kit directory the device builds from
-    board_version: str          # the jetson-board/1 field holding the installed version on a device
+    python_package: str         # the distribution a device's probe reads the installed version of
     install_hint: str           # what to install, {version} filled in
     runtime_overhead: int       # bytes the runtime holds beside weights, KV cache and activations
     perf_class: str             # the fitted speed constants this backend's decode uses (pipeline/data/perf_fit.json)
@@ -54,15 +103,23 @@ class Backend:
     export_depends_on_sm: bool  # its export differs per target SM (Edge-LLM's ONNX), else one per model
     export_tools: tuple[str, ...]   # distributions whose versions decide the export's bytes
     builders: dict[str, Callable[[list[str]], list[str]]]   # program -> its argv checker (its flag table and rules)
-    build_commands: Callable[[Any, Any], list[list[str]]]   # (limits, speculative) -> argvs, in the unpacked kit
-    export: str                 # "module:function" (workstation): (ExportJob) -> manifest fields
-    validate: str               # "module:function" (device): (kit_dir, engine, plan, goldens, work) -> validation
-    build_memory: str           # "module:function" (plan): (engine weight bytes, activations, int4 ffn) -> BuildMemory
+    build_commands: Callable[[BuildLimits, Speculative | None], list[list[str]]]   # argvs, in the unpacked kit
+    output_flag: str            # the build command's flag naming the engine directory (the device stages it)
+    # the build's peak by part from (engine weight bytes, activation bytes, INT4 FFN bytes kept outside the engine)
+    build_memory: Callable[[int, int, int], BuildMemory]
     externalizes_int4_ffn: bool  # its export can keep INT4 FFN weights outside the engine (less build memory)
     needs_chat_template: bool   # its runtime renders prompts with the tokenizer's chat template
     agreement_unit: str         # what its runtime returns and validation compares with the goldens: token | text
     reports_kv_allocation: bool  # its runtime says how much paged KV cache it allocated (a report check requires it)
+    export_summary: Callable[[ExportRecord], str]   # the export stage's line
     refuse_on_family: dict[str, str] = field(default_factory=dict)   # target family -> why it cannot work there
+
+    def agreement(self, golden: GoldenPrompt, produced: PromptResult) -> float:
+        """How much of the golden answer the engine reproduced, in this backend's unit: token ids where its runtime
+        returns them, else characters of the decoded text (missing output agrees with nothing)."""
+        if self.agreement_unit == TOKEN:
+            return token_agreement(golden.output_ids, produced.output_ids or [])
+        return token_agreement(golden.text, produced.output_text or "")
 
     def check_argv(self, argv: list[str]) -> list[str]:
         """Problems with one build argv: a program this backend does not build with, or what its checker finds."""
@@ -71,22 +128,28 @@ class Backend:
                     f"(allowed: {', '.join(self.builders)})"]
         return self.builders[argv[0]](argv)
 
-    def command_problems(self, plan) -> list[str]:
+    def command_problems(self, limits: BuildLimits, speculative: Speculative | None,
+                         argvs: list[list[str]] | None) -> list[str]:
         """Why a (signed) plan's build commands must not run here: limits no engine has, a program or flag this
         backend does not build with, or any difference from the commands this version makes from the plan's own
         limits (a second output directory, a checkpoint path outside the kit, limits that disagree with the plan)."""
-        argvs = plan.device_build_commands or []
-        problems = list(plan.limits.problems())
-        for argv in argvs:
+        problems = list(limits.problems())
+        for argv in argvs or []:
             problems += self.check_argv(argv)
-        if not problems and argvs != self.build_commands(plan.limits, plan.speculative):
+        if not problems and argvs != self.build_commands(limits, speculative):
             problems.append("they are not the commands this version makes from the plan's limits "
-                            f"({' '.join(self.build_commands(plan.limits, plan.speculative)[0])})")
+                            f"({' '.join(self.build_commands(limits, speculative)[0])})")
         return problems
 
-    def function(self, which: str) -> Callable:
-        module, name = getattr(self, which).split(":")
-        return getattr(importlib.import_module(module), name)
+    def staged(self, argv: list[str], engine_dir: str) -> list[str]:
+        """A build command with its engine output redirected (the device builds into a staging directory)."""
+        out = list(argv)
+        if self.output_flag in out:
+            out[out.index(self.output_flag) + 1] = engine_dir
+        return out
+
+
+TOKEN, TEXT = "token", "text"       # agreement units
 
 
 def check_flags(argv: list[str], table: FlagTable, tool: str, unknown_hint: dict[str, str]) -> list[str]:

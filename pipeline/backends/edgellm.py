@@ -8,8 +8,18 @@ its verify-tree limit, the draft with its draft-tree limit, both into one engine
 
 from __future__ import annotations
 
-from pipeline.backends import INT, SWITCH, Backend, FlagTable, check_flags
-from pipeline.contract import BuildLimits, Speculative
+from pipeline.backends import (
+    CUDA_CONTEXT,
+    INT,
+    SWITCH,
+    TACTIC_FLOOR,
+    TEXT,
+    Backend,
+    BuildMemory,
+    FlagTable,
+    check_flags,
+)
+from pipeline.contract import BuildLimits, ExportRecord, Speculative
 
 LLM_BUILD_FLAGS: FlagTable = {"--onnxDir": str, "--engineDir": str, "--maxInputLen": INT,
                               "--maxKVCacheCapacity": INT, "--maxBatchSize": INT,
@@ -48,15 +58,33 @@ def build_commands(limits: BuildLimits, speculative: Speculative | None) -> list
             llm_build_argv(limits, "onnx/draft") + trees + ["--specDraft"]]
 
 
+# llm_build is C++: the ONNX parser keeps the external weight data in host memory, TensorRT copies it to the GPU, the
+# serialized engine is one host buffer; its issue tracker reports ~3-4x the parameter bytes, and 0.8.0+ exports can
+# keep INT4 FFN weights outside the engine, which removes them from all three
+LIBRARIES = 400_000_000        # TensorRT and the ONNX parser
+
+
+def build_memory(engine_weights: int, activations: int, ffn_int4: int = 0) -> BuildMemory:
+    """host = libraries + parsed ONNX weights + serialized engine; device = engine weights + tactic workspace +
+    CUDA context. ffn_int4: bytes of INT4 FFN weights the export keeps outside the engine (0: all inside)."""
+    inside = engine_weights - ffn_int4
+    return BuildMemory(
+        host={"libraries": LIBRARIES, "parsed ONNX weights": inside, "serialized engine": inside},
+        device={"engine weights": inside, "tactic workspace": 2 * activations + TACTIC_FLOOR,
+                "CUDA context": CUDA_CONTEXT})
+
+
+def export_summary(e: ExportRecord) -> str:
+    return f"{e.quant_algo or e.weights} ONNX for SM {e.target_sm}"
+
+
 BACKEND = Backend(
-    name="edgellm", label="TensorRT Edge-LLM", payload="onnx", board_version="edgellm",
+    name="edgellm", label="TensorRT Edge-LLM", payload="onnx", python_package="tensorrt_edgellm",
     install_hint="tensorrt-edgellm {version} (its llm_build and llm_inference for this JetPack)",
     runtime_overhead=500_000_000, perf_class="tensorrt", perf_note=None, min_batch_size=EDGELLM_MIN_BATCH,
     speculative=True,
     export_depends_on_sm=True, export_tools=("tensorrt-edgellm", "onnx"),
-    builders={"llm_build": check_llm_build_argv}, build_commands=build_commands,
-    export="pipeline.workstation.edgellm_export:export_job",
-    validate="pipeline.device.runners:validate_edgellm",
-    build_memory="pipeline.plan.buildmem:llm_build", externalizes_int4_ffn=True, needs_chat_template=True,
-    agreement_unit="text", reports_kv_allocation=False,
+    builders={"llm_build": check_llm_build_argv}, build_commands=build_commands, output_flag="--engineDir",
+    build_memory=build_memory, externalizes_int4_ffn=True, needs_chat_template=True,
+    agreement_unit=TEXT, reports_kv_allocation=False, export_summary=export_summary,
 )

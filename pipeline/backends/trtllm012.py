@@ -8,8 +8,18 @@ cannot hold. Paths are relative to the unpacked kit (checkpoint/) and its build 
 
 from __future__ import annotations
 
-from pipeline.backends import INT, SWITCH, Backend, FlagTable, check_flags
-from pipeline.contract import BuildLimits, Speculative
+from pipeline.backends import (
+    CUDA_CONTEXT,
+    INT,
+    SWITCH,
+    TACTIC_FLOOR,
+    TOKEN,
+    Backend,
+    BuildMemory,
+    FlagTable,
+    check_flags,
+)
+from pipeline.contract import BuildLimits, ExportRecord, Speculative
 
 ENABLE = ("enable", "disable")
 PLUGIN_DTYPE = ("auto", "float16", "float32", "bfloat16", "int32", "disable")
@@ -61,8 +71,29 @@ def build_commands(limits: BuildLimits, speculative: Speculative | None) -> list
     return [trtllm_build_argv(limits)]
 
 
+# trtllm-build 0.12 (TensorRT-LLM's `build` path: `from_checkpoint` loads every tensor of rank*.safetensors into the
+# model's parameters as numpy arrays; `to_trt` builds the network whose weights TensorRT copies to the GPU; the builder
+# returns the serialized engine as one IHostMemory buffer that `Engine.save` writes while the model is still alive)
+LIBRARIES = 1_000_000_000         # python + torch + tensorrt_llm + TensorRT libraries (trtllm-build is Python)
+
+
+def build_memory(engine_weights: int, activations: int, ffn_int4: int = 0) -> BuildMemory:
+    """host = libraries + checkpoint arrays + serialized engine; device = engine weights + tactic workspace (~2x the
+    engine's activations) + CUDA context. ffn_int4: ignored (0.12 keeps every weight inside the engine)."""
+    return BuildMemory(
+        host={"libraries": LIBRARIES, "checkpoint arrays": engine_weights, "serialized engine": engine_weights},
+        device={"engine weights": engine_weights, "tactic workspace": 2 * activations + TACTIC_FLOOR,
+                "CUDA context": CUDA_CONTEXT})
+
+
+def export_summary(e: ExportRecord) -> str:
+    check = e.reader_check
+    cosine = f", read back: logit cosine {check.logit_cosine:.4f}" if check else ""
+    return f"{e.quant_algo or e.weights} checkpoint{cosine}"
+
+
 BACKEND = Backend(
-    name="trtllm-0.12", label="TensorRT-LLM 0.12", payload="checkpoint", board_version="tensorrt_llm",
+    name="trtllm-0.12", label="TensorRT-LLM 0.12", payload="checkpoint", python_package="tensorrt_llm",
     install_hint="NVIDIA's TensorRT-LLM 0.12.0-jetson wheel for JetPack 6 (or dustynv/tensorrt_llm:0.12-r36.4.0)",
     runtime_overhead=1_000_000_000,
     perf_class="tensorrt",
@@ -70,11 +101,9 @@ BACKEND = Backend(
               "decode figures are published in the reference set.",
     min_batch_size=1, speculative=False, export_depends_on_sm=False,
     export_tools=(), builders={"trtllm-build": check_trtllm_012_argv},
-    build_commands=build_commands,
-    export="pipeline.workstation.trtllm_export:export_job",
-    validate="pipeline.device.runners:validate_trtllm",
-    build_memory="pipeline.plan.buildmem:trtllm_build", externalizes_int4_ffn=False, needs_chat_template=False,
-    agreement_unit="token", reports_kv_allocation=True,
+    build_commands=build_commands, output_flag="--output_dir",
+    build_memory=build_memory, externalizes_int4_ffn=False, needs_chat_template=False,
+    agreement_unit=TOKEN, reports_kv_allocation=True, export_summary=export_summary,
     refuse_on_family={"thor": "TensorRT-LLM has no working Thor path (it refuses INT4/INT8 on SM >= 100); Thor "
                               "engines are built with TensorRT Edge-LLM: use backend = 'edgellm'."},
 )

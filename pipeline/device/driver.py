@@ -17,6 +17,7 @@ a regular file; an engine found there is reused only if its build record carries
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -27,19 +28,9 @@ from pipeline.device.memwatch import MemoryWatch
 from pipeline.device.process import claim_work, run_logged, say, terminate_as_interrupt
 from pipeline.errors import PipelineError
 
-OUTPUT_FLAGS = ("--output_dir", "--engineDir")
 BUILD_TIMEOUT_MARGIN, BUILD_TIMEOUT_FLOOR = 3.0, 1800          # x the plan's generous build bound, at least 30 min
 VALIDATE_TIMEOUT_MARGIN, VALIDATE_TIMEOUT_FLOOR = 10.0, 300    # x the predicted time of one run, at least 5 min
 LOAD_S, LOAD_BYTES_PER_S = 60, 500e6                           # engine load: a fixed cost and a read of its weights
-
-
-def staged_argv(argv: list[str], staging: str) -> list[str]:
-    """The plan's build command with its engine output redirected into the staging directory."""
-    out = list(argv)
-    for flag in OUTPUT_FLAGS:
-        if flag in out:
-            out[out.index(flag) + 1] = staging
-    return out
 
 
 def _engine_files(engine: Path) -> dict[str, str]:
@@ -48,24 +39,27 @@ def _engine_files(engine: Path) -> dict[str, str]:
             if p.is_file() and not p.is_symlink()}
 
 
-def _mac(record: dict) -> str:
+def _mac(record: contract.BuildRecord) -> str:
+    """The record's HMAC, keyed with this device's own secret (nothing in --work or the kit can compute it)."""
     from pipeline.kit.signing import device_secret
-    body = json.dumps({k: v for k, v in record.items() if k != "mac"}, sort_keys=True).encode()
+    body = json.dumps({k: v for k, v in record.to_dict().items() if k != "mac"}, sort_keys=True).encode()
     return hmac.new(device_secret(), body, hashlib.sha256).hexdigest()
 
 
-def _reusable_build(work: Path, engine: Path, kit_sha256: str, argvs: list[list[str]]) -> dict | None:
+def _reusable_build(work: Path, engine: Path, kit_sha256: str, argvs: list[list[str]]) -> contract.BuildRecord | None:
     """The previous run's build record if this device wrote it (its key), its engine was built from this very kit
     with these commands, and its files still hash as recorded then (so an engine planted or left in --work by
     another kit, or a record forged to name this kit, is never used)."""
     from pipeline.files import load_json_or_none
-    build = load_json_or_none(work / contract.BUILD_RECORD)
-    if not isinstance(build, dict) or not hmac.compare_digest(str(build.get("mac", "")), _mac(build)):
+    try:
+        build = contract.BuildRecord.from_dict(load_json_or_none(work / contract.BUILD_RECORD), "build record")
+    except PipelineError:       # absent, damaged, planted, or another version's: build again
         return None
-    if build.get("kit_manifest_sha256") != kit_sha256 or build.get("argvs") != argvs \
-            or not isinstance(build.get("memory"), dict):       # a record without the build's measured memory: rebuild
+    if not hmac.compare_digest(build.mac, _mac(build)):
         return None
-    if not engine.is_dir() or engine.is_symlink() or build.get("engine_files") != _engine_files(engine):
+    if build.kit_manifest_sha256 != kit_sha256 or build.argvs != argvs:
+        return None
+    if not engine.is_dir() or engine.is_symlink() or build.engine_files != _engine_files(engine):
         return None
     return build
 
@@ -82,8 +76,8 @@ def timeouts(plan: contract.Plan, goldens: contract.Goldens, build: int | None,
         build = int(max(BUILD_TIMEOUT_FLOOR, BUILD_TIMEOUT_MARGIN * plan.predicted_build_s)) \
             if plan.predicted_build_s else 4 * 3600
     if validate is None:
-        m = plan.memory or {}
-        weights = sum(int(m.get(k) or 0) for k in ("weights", "embedding", "lm_head"))
+        m = plan.memory
+        weights = m.weights + m.embedding + m.lm_head if m else 0
         decode = plan.predicted_decode_tok_s or 1.0
         one = LOAD_S + weights / LOAD_BYTES_PER_S + (plan.predicted_ttft_ms or 0) / 1000 + \
             goldens.max_new_tokens * len(goldens.prompts) / decode
@@ -118,6 +112,9 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
                             "run this on the Jetson, or pass --root DIR holding a recorded board's files")
     say(f"this board: {board.name}, JetPack {board.jetpack}, SM {board.sm}, TensorRT {board.tensorrt}, "
         f"{board.power_mode}")
+    if not isinstance(verified.manifest, contract.KitManifest):
+        raise PipelineError(f"{kit} is an engine bundle, not a kit: `device` builds engines from kits",
+                            "pass the kit the workstation made (a bundle's engine is already built)")
     for w in gate.require(verified.manifest, board).warnings:
         say(f"warning: {w}")
     work = (work or Path(f"{verified.name}.build")).absolute()
@@ -142,7 +139,7 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
                             "re-plan and re-package the recipe")
     backend = backends.get(plan.backend)
     # a signed plan still runs only the commands this version makes from its limits, and only within bounds
-    problems = backend.command_problems(plan)
+    problems = backend.command_problems(plan.limits, plan.speculative, argvs)
     if problems:
         raise PipelineError(f"{kit_dir / contract.PLAN}: device_build_commands refused: {'; '.join(problems)}",
                             "nothing was run; re-package the kit with this version of the pipeline")
@@ -150,37 +147,39 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
 
     engine, staging = work / contract.ENGINE_DIR, work / contract.ENGINE_STAGING
     build = _reusable_build(work, engine, verified.manifest_sha256, argvs)
+    reused = build is not None
     if build is None:
         remove_entry(work / contract.BUILD_RECORD)
         fresh_dir(staging)          # ours: a link planted here would send the engine elsewhere
         seconds, watch = 0.0, MemoryWatch(Path(root))
         for i, argv in enumerate(argvs):       # an EAGLE-3 plan: the base engine, then the draft beside it
-            say("building: " + " ".join(staged_argv(argv, str(staging))))
-            seconds += run_logged(staged_argv(argv, str(staging)), cwd=kit_dir,
+            say("building: " + " ".join(backend.staged(argv, str(staging))))
+            seconds += run_logged(backend.staged(argv, str(staging)), cwd=kit_dir,
                                   log=work / (contract.BUILD_LOG if i == 0 else f"build-{i}.log"),
                                   timeout=build_limit, watch=watch)
         move_into_place(staging, engine)
-        build = {"argv": argvs[0], "argvs": argvs, "seconds": seconds, "memory": watch.as_dict(),
-                 "kit_manifest_sha256": verified.manifest_sha256, "engine_files": _engine_files(engine)}
-        build["mac"] = _mac(build)
-        write_atomic(work / contract.BUILD_RECORD, json.dumps(build) + "\n")
+        build = contract.BuildRecord(argvs=argvs, seconds=seconds, memory=watch.measured(),
+                                     kit_manifest_sha256=verified.manifest_sha256, engine_files=_engine_files(engine))
+        build = dataclasses.replace(build, mac=_mac(build))
+        write_atomic(work / contract.BUILD_RECORD, build.dumps())
         say(f"engine built in {seconds:.0f} s; it took {_taken(watch)} from the board "
-            f"(plan: {(plan.memory or {}).get('build_peak', 0) / 1e9:.2f} GB)")
+            f"(plan: {(plan.memory.build_peak if plan.memory else 0) / 1e9:.2f} GB)")
     else:
-        build = dict(build, reused=True)
         say(f"engine: reusing {engine}, built from this kit in an earlier run (its files hash as recorded)")
 
+    from pipeline.device.report import build_report
+    from pipeline.device.runners import RUNNERS
     watch = MemoryWatch(Path(root))
-    validation = backend.function("validate")(kit_dir, engine, plan, goldens, work, watch, validate_limit)
-    report = _report(goldens, validation, plan, board, build, watch)
+    validation = RUNNERS[backend.name](kit_dir, engine, plan, goldens, work, watch, validate_limit)
+    report = build_report(goldens, validation, plan, board, build, reused, watch.measured())
     out.mkdir(parents=True, exist_ok=True)
     report_dir = out / f"{verified.name}.report"
     _write_report(report_dir, report)
-    say(f"report: {report_dir / contract.REPORT_MD} ({'passed' if report['ok'] else 'FAILED'})")
-    if not report["ok"]:
-        for c in report["checks"]:
-            if not c["ok"]:
-                say(f"failed: {c['check']}: required {c['required']}, measured {c['measured']}, short by {c['by']}")
+    say(f"report: {report_dir / contract.REPORT_MD} ({'passed' if report.ok else 'FAILED'})")
+    if not report.ok:
+        for c in report.checks:
+            if not c.ok:
+                say(f"failed: {c.check}: required {c.required}, measured {c.measured}, short by {c.by}")
         return 1
     key = signing_key(create=True)
     bundle = pack_bundle(engine, out, verified, board, key)
@@ -188,12 +187,7 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
     return 0
 
 
-def _report(goldens, validation, plan, board, build, watch) -> dict:
-    from pipeline.device.report import build_report
-    return build_report(goldens, validation, plan, board, build, watch.as_dict())
-
-
-def _write_report(report_dir: Path, report: dict) -> None:
+def _write_report(report_dir: Path, report: contract.Report) -> None:
     """The report written into a private directory beside its place and renamed there: whatever --out held under
     that name (an earlier report, a planted link) is replaced, never written through."""
     import os

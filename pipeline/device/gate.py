@@ -47,12 +47,11 @@ class Requirement:
 
 
 
-def requirement(m: contract.KitManifest) -> Requirement:
-    if m.kind == "bundle" and m.compat is not None:
+def requirement(m: contract.Manifest) -> Requirement:
+    if isinstance(m, contract.BundleManifest):
         c = m.compat
-        built_for = (m.built_on or {}).get("target") or m.target
-        return Requirement(f"bundle {m.name}", built_for, c.sm, c.tensorrt, [c.jetpack], c.backend,
-                           c.backend_version)
+        return Requirement(f"bundle {m.name}", m.built_on.target or m.target, c.sm, c.tensorrt, [c.jetpack],
+                           c.backend, c.backend_version)
     if m.stack is None or m.sm is None or m.backend is None:
         raise PipelineError(f"{m.kind} {m.name}: its manifest names no SM, backend or software stack",
                             "re-package it with this version of the pipeline")
@@ -61,7 +60,7 @@ def requirement(m: contract.KitManifest) -> Requirement:
                        s)
 
 
-def check(m: contract.KitManifest, board: contract.Board) -> GateResult:
+def check(m: contract.Manifest, board: contract.Board) -> GateResult:
     want, r = requirement(m), GateResult()
     combos = want.stack.combinations() if want.stack else f"JetPack {'/'.join(want.jetpack)}, TensorRT {want.tensorrt}"
     built_for = f"{want.what} was made for {want.target} (SM {want.sm}, {combos}, " \
@@ -79,7 +78,7 @@ def check(m: contract.KitManifest, board: contract.Board) -> GateResult:
         r.refusals.append(f"{built_for}; {here} runs JetPack {board.jetpack} (L4T {board.l4t}). Flash JetPack "
                           f"{' or '.join(want.jetpack)}, or re-plan the recipe for JetPack {board.jetpack}.")
     backend = backends.get(want.backend)
-    installed = getattr(board, backend.board_version)
+    installed = board.python_packages.get(backend.python_package)
     if _minor(installed) != _minor(want.backend_version):
         have = f"{backend.name} {installed}" if installed else f"no {backend.name} installed"
         r.refusals.append(f"{built_for}; {here} has {have}. Install "
@@ -90,7 +89,7 @@ def check(m: contract.KitManifest, board: contract.Board) -> GateResult:
     return r
 
 
-def require(m: contract.KitManifest, board: contract.Board) -> GateResult:
+def require(m: contract.Manifest, board: contract.Board) -> GateResult:
     r = check(m, board)
     if r.refusals:
         raise PipelineError("incompatible: " + " | ".join(r.refusals),
@@ -106,8 +105,8 @@ def build_memory_gate(plan: contract.Plan, board: contract.Board, root: str = "/
     from pipeline.plan.buildmem import GB, HEADLESS, SWAP_MARGIN, swap_commands
     from pipeline.plan.targets import load_targets
 
-    m = plan.memory or {}
-    peak, pinned = int(m.get("build_peak") or 0), int(m.get("build_device") or 0)
+    m = plan.memory
+    peak, pinned = (m.build_peak, m.build_device) if m else (0, 0)
     have, swap = board.memory_available, board.swap_free or 0
     if not peak:
         return None

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.contract import PhaseMemory
 from pipeline.errors import PipelineError
 from pipeline.files import read_regular
 
@@ -103,6 +104,6 @@ class MemoryWatch:
         if pid is not None:
             self.peak_rss = max(self.peak_rss, tree_rss(pid))
 
-    def as_dict(self) -> dict:
-        return {"taken": self.taken, "swapped": self.swapped, "peak_rss": self.peak_rss or None,
-                "min_available": self.min_available, "samples": self.samples}
+    def measured(self) -> PhaseMemory:
+        return PhaseMemory(taken=self.taken, swapped=self.swapped, peak_rss=self.peak_rss or None,
+                           min_available=self.min_available, samples=self.samples)

@@ -18,7 +18,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from pipeline import contract
+from pipeline import backends, contract
 
 # L4T release -> JetPack (NVIDIA's JetPack archive; jetson_stats' table)
 L4T_TO_JETPACK = {"36.3.0": "6.0", "36.4.0": "6.1", "36.4.2": "6.1", "36.4.3": "6.2", "36.4.4": "6.2.1",
@@ -182,8 +182,8 @@ def probe(root: str | Path = "/") -> dict:
         target=target.id if target else None,
         cuda=cuda,
         tensorrt=trt.split("-")[0] if trt else None,
-        tensorrt_llm=_python_package(root, "tensorrt_llm"),
-        edgellm=_python_package(root, "tensorrt_edgellm"),
+        python_packages={b.python_package: v for b in backends.REGISTRY.values()
+                         if (v := _python_package(root, b.python_package)) is not None},
         memory_total=mem.get("MemTotal"),
         memory_available=mem.get("MemAvailable"),
         swap_free=mem.get("SwapFree"),

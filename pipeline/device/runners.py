@@ -1,5 +1,6 @@
-"""Validation runners, one per backend (named by each backend's registry record): run the kit's golden prompts
-on the built engine and return what each produced, with what the runtime itself measured.
+"""Validation runners, one per backend (RUNNERS, registered per backend beside the code they run): run the kit's
+golden prompts on the built engine and return what each produced, with what the runtime itself measured, as a
+jetson-validation/1 record.
 
     trtllm-0.12   python -m pipeline.device.trtllm_runner (ModelRunnerCpp; returns token ids; TTFT and decode timed
                   around generate(); the paged KV cache allocation as TensorRT-LLM reports it)
@@ -10,13 +11,16 @@ on the built engine and return what each produced, with what the runtime itself 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pipeline import contract
+from pipeline.backends import edgellm, trtllm012
 from pipeline.device.memwatch import MemoryWatch
 from pipeline.device.process import run_logged
 from pipeline.errors import PipelineError
@@ -74,7 +78,7 @@ def edgellm_profile(profile: Any) -> dict:
 
 
 def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
-                     watch: MemoryWatch | None = None, timeout: int = 3600) -> dict:
+                     watch: MemoryWatch | None = None, timeout: int = 3600) -> contract.Validation:
     """Edge-LLM's C++ runtime gives text, not token ids: agreement is then measured on the text (report.py)."""
     replace_file(work / "inference-input.json", json.dumps(edgellm_inference_input(goldens), indent=1))
     results = []
@@ -96,14 +100,14 @@ def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: 
         if not isinstance(text, str):
             raise PipelineError(f"llm_inference's output {out} holds no response text",
                                 f"see {work / f'validate-{i}.log'}")
-        results.append({"prompt": golden.prompt, "output_text": text, "seconds": seconds,
-                        **edgellm_profile(_json(prof, "llm_inference's profile"))})
-    return {"runtime": "llm_inference", "speed_source": "llm_inference --dumpProfile --profileOutputFile",
-            "prompts": results}
+        results.append(contract.PromptResult(prompt=golden.prompt, output_text=text, seconds=seconds,
+                                             **edgellm_profile(_json(prof, "llm_inference's profile"))))
+    return contract.Validation(runtime="llm_inference", speed_source="llm_inference --dumpProfile --profileOutputFile",
+                               prompts=results)
 
 
 def validate_trtllm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
-                    watch: MemoryWatch | None = None, timeout: int = 3600) -> dict:
+                    watch: MemoryWatch | None = None, timeout: int = 3600) -> contract.Validation:
     from pipeline.device.trtllm_runner import reported_kv_allocation
 
     out, log = work / contract.VALIDATION, work / "validate.log"
@@ -114,10 +118,13 @@ def validate_trtllm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: c
                cwd=work, log=log, timeout=timeout, watch=watch,
                env=dict(os.environ, TLLM_LOG_LEVEL="INFO", PYTHONPATH=os.pathsep.join(
                    [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])))
-    result = _json(out, "the TensorRT-LLM runner's result")
-    if not isinstance(result, dict) or not isinstance(result.get("prompts"), list):
-        raise PipelineError(f"the TensorRT-LLM runner's result {out} is not what it writes", f"see {log}")
-    result["speed_source"] = "runner wall clock around ModelRunnerCpp.generate"
-    result["kv_cache"] = reported_kv_allocation(read_regular(log, RECORD_MAX).decode("utf-8", "replace"),
-                                                result.get("kv_cache_stats"))
-    return result
+    try:
+        result = contract.Validation.from_dict(_json(out, "the TensorRT-LLM runner's result"), str(out))
+    except PipelineError as exc:
+        raise PipelineError(exc.message, f"see {log}") from None
+    kv = reported_kv_allocation(read_regular(log, RECORD_MAX).decode("utf-8", "replace"), result.kv_cache_stats)
+    return dataclasses.replace(result, kv_cache=None if kv is None else contract.KvAllocation(**kv))
+
+
+Runner = Callable[[Path, Path, contract.Plan, contract.Goldens, Path, MemoryWatch | None, int], contract.Validation]
+RUNNERS: dict[str, Runner] = {trtllm012.BACKEND.name: validate_trtllm, edgellm.BACKEND.name: validate_edgellm}

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline.contract import PromptResult, Validation
+
 # TensorRT-LLM's KV cache manager, as it logs its allocation (newest wording first)
 KV_ALLOCATED = re.compile(r"Allocated ([0-9.]+) GiB for max tokens in paged KV cache \((\d+)\)")
 KV_BLOCKS = re.compile(r"Number of blocks in KV cache primary pool: (\d+)")
@@ -104,7 +106,7 @@ def _cut_at_stop(ids: list[int], stops: list[int]) -> list[int]:
     return ids
 
 
-def run(engine_dir: Path, goldens: dict, kv_tokens: int) -> dict:
+def run(engine_dir: Path, goldens: dict, kv_tokens: int) -> Validation:
     prompts = goldens["prompts"]
     longest = max(len(p["input_ids"]) for p in prompts)
     runner = load_runner(engine_dir, longest, goldens["max_new_tokens"], kv_tokens)
@@ -120,10 +122,12 @@ def run(engine_dir: Path, goldens: dict, kv_tokens: int) -> dict:
                            goldens.get("stop_token_ids") or [])
         full = time.perf_counter() - t0
         rate = (len(ids) - 1) / (full - ttft) if len(ids) > 1 and full > ttft else None
-        results.append({"prompt": p["prompt"], "output_ids": ids, "ttft_s": round(ttft, 4),
-                        "decode_tok_s": round(rate, 2) if rate else None, "seconds": round(full, 4)})
-    return {"runtime": "tensorrt_llm.ModelRunnerCpp", "prompts": results, "kv_tokens_requested": kv_tokens,
-            "kv_cache_stats": executor_kv_stats(runner)}
+        results.append(PromptResult(prompt=p["prompt"], output_ids=ids, ttft_s=round(ttft, 4),
+                                    decode_tok_s=round(rate, 2) if rate else None, seconds=round(full, 4)))
+    # the driver adds the KV allocation this runtime logged (reported_kv_allocation)
+    return Validation(runtime="tensorrt_llm.ModelRunnerCpp",
+                      speed_source="runner wall clock around ModelRunnerCpp.generate", prompts=results,
+                      kv_tokens_requested=kv_tokens, kv_cache_stats=executor_kv_stats(runner))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     # created, never written through: the work directory may hold anything under this name
     fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w") as fh:
-        fh.write(json.dumps(result, indent=1) + "\n")
+        fh.write(result.dumps())
     return 0
 
 

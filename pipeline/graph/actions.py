@@ -107,7 +107,7 @@ def do_plan(recipe: Recipe, target: str):
     plan = plan_recipe(recipe, target, config, source, draft=draft)
 
     def build(out: Path) -> dict:
-        plan.to_record().dump(out / contract.PLAN)
+        plan.dump(out / contract.PLAN)
         (out / "plan.md").write_text("```\n" + render_table(plan) + "\n```\n")
         return {"ok": plan.ok}
 
@@ -205,10 +205,11 @@ def do_export(recipe: Recipe, target: str) -> dict:
     backend = backends.get(plan.backend)
 
     def build(out: Path) -> dict:
+        from pipeline.workstation.exporters import EXPORTERS
         job = backends.ExportJob(model_dir(recipe), quantize_spec(recipe).dir, out, backend.payload, recipe.weights,
                                  recipe.kv_cache, plan.sm, draft_dir(recipe) if backend.speculative else None,
                                  _handoff(), tuple(plan.externalized_weights))
-        return backend.function("export")(job)
+        return {"backend": backend.name, "export": EXPORTERS[backend.name](job).to_dict()}
 
     manifest = run_stage(spec, build)
     recipe_link(recipe, "export", target, spec)
@@ -244,10 +245,9 @@ def do_goldens(recipe: Recipe) -> dict:
         tok = AutoTokenizer.from_pretrained(model_dir(recipe))
         with _reference_model(recipe) as model, skinny_linears():
             goldens = make_goldens(model, tok, recipe.validation, model_dir(recipe))
-        contract.Goldens.from_dict(goldens, f"the goldens being written to {out}")   # the contract, or a bug
-        (out / contract.GOLDENS).write_text(json.dumps(goldens, indent=1) + "\n")
-        return {"goldens": {"prompts": len(goldens["prompts"]), "chat_template": goldens["chat_template"],
-                            "new_tokens": sum(len(p["output_ids"]) for p in goldens["prompts"]),
+        goldens.dump(out / contract.GOLDENS)
+        return {"goldens": {"prompts": len(goldens.prompts), "chat_template": goldens.chat_template,
+                            "new_tokens": sum(len(p.output_ids) for p in goldens.prompts),
                             "weak": weak_prompts(goldens)}}
 
     manifest = run_stage(spec, build)
@@ -319,12 +319,10 @@ def _count(n: int, noun: str) -> str:
 def stage_summary(stage: str, result) -> str:
     """The key figure of a finished stage, for its one line on the terminal."""
     if stage == "plan":
-        m, j = result.memory, result.to_json()
-        lim = j["limits"]
-        return (f"{j['quant']['label']} on {j['target']} via {backends.get(j['backend']).label}, batch "
-                f"{lim['max_batch_size']}, seq {lim['max_seq_len']}: {'fits' if m.fits else 'fits only headless'}, "
-                f"{m.total / 1e9:.2f} of "
-                f"{m.usable / 1e9:.2f} GB, ~{j['predicted_decode_tok_s']} tok/s decode")
+        m, lim = result.memory, result.limits
+        return (f"{result.quant.label} on {result.target} via {backends.get(result.backend).label}, batch "
+                f"{lim.max_batch_size}, seq {lim.max_seq_len}: {'fits' if m.fits else 'fits only headless'}, "
+                f"{m.total / 1e9:.2f} of {m.usable / 1e9:.2f} GB, ~{result.predicted_decode_tok_s} tok/s decode")
     if stage == "build":
         return result
     if stage in ("fetch", "fetch-draft"):
@@ -340,11 +338,8 @@ def stage_summary(stage: str, result) -> str:
         data = f"{tokens} calibration tokens" if tokens else "no calibration data"
         return f"{q['weights']} (KV {q['kv_cache']}) on {q['device']}, {data}"
     if stage == "export":
-        e = result.get("export", {})
-        check = e.get("reader_check")
-        if check:
-            return f"{e.get('quant_algo') or 'fp16'} checkpoint, read back: logit cosine {check['logit_cosine']:.4f}"
-        return f"{e.get('quant_algo') or 'fp16'} ONNX for SM {e.get('target_sm')}"
+        record = contract.ExportRecord.from_part(result["export"], "the export stage's manifest")
+        return backends.get(result["backend"]).export_summary(record)
     if stage == "goldens":
         g = result["goldens"]
         line = f"{_count(g['prompts'], 'prompt')}{' (chat template)' if g.get('chat_template') else ''}, " \

@@ -100,7 +100,7 @@ def run(recipe: Recipe, formats: list[str]) -> dict:
                   lambda r: actions.stage_summary("fetch", r)):
         raise PipelineError(f"{recipe.name}: the model could not be fetched (above)")
     config, source = config_for(recipe, "model", fetch_spec(recipe).dir / "model")
-    plans = {w: {t: plan_recipe(variant(recipe, w), t, config, source).to_record() for t in recipe.targets}
+    plans = {w: {t: plan_recipe(variant(recipe, w), t, config, source) for t in recipe.targets}
              for w in formats}
     measured: dict[str, Measurement] = {}
     heldout: dict = {}              # the held-out text's name and token count (the same in every report)
@@ -156,11 +156,12 @@ def _measurement(recipe: Recipe) -> tuple[Measurement, dict]:
 def _row(weights: str, plan: contract.Plan, m: Measurement | None, failed: str | None) -> Row:
     """failed: why this format was not measured, or why its export for this target would be refused."""
     planned = plan.stack is not None
-    memory = (plan.memory or {}) if planned else {}
+    memory = plan.memory if planned else None
     # unplanned: the planner's first reason is the specific one (the format's hardware needs), the rest per stack
     note = (plan.refused[:1] if not planned else [failed] if failed else [] if plan.ok else plan.refused)
     return Row(weights, WEIGHT_FORMATS[weights].label, planned, bool(planned and plan.ok and plan.fits and not failed),
-               _int(memory.get("total")), _int(memory.get("usable")), plan.predicted_decode_tok_s if planned else None,
+               memory.total if memory else None, memory.usable if memory else None,
+               plan.predicted_decode_tok_s if planned else None,
                plan.predicted_ttft_ms if planned else None, m if planned else None, "; ".join(note))
 
 

@@ -8,7 +8,6 @@ each as its stage recorded it.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from pipeline import contract
@@ -160,15 +159,15 @@ def do_package(recipe: Recipe, target: str) -> dict:
             link_or_copy(accuracy_spec(recipe).dir / name, content / name)
         shutil.copy2(recipe.file, content / contract.RECIPE)
         plan.dump(content / contract.PLAN)
-        stages = {s.stage: {k: built_manifest(s.dir)[k] for k in ("id", "key", "content_digest", "tools")}
-                  for s in spec.inputs}
-        (content / contract.STAGES).write_text(json.dumps(stages, indent=1, sort_keys=True) + "\n")
-        fields = plan.to_dict()
-        meta = {"recipe": recipe.name, "target": target, "sm": plan.sm, "backend": plan.backend,
-                "stack": fields["stack"], "quant": fields["quant"], "limits": fields["limits"],
-                "versions": {"jetson-trtllm-pipeline": __version__, **stages["export"]["tools"]},
-                "export": {k: v for k, v in built_manifest(export_dir).get("export", {}).items() if k != "onnx"}
-                or None}
+        stages = contract.Stages({s.stage: contract.StageRef.from_part(
+            {k: built_manifest(s.dir)[k] for k in ("id", "key", "content_digest", "tools")}, str(s.dir))
+            for s in spec.inputs})
+        stages.dump(content / contract.STAGES)
+        export = built_manifest(export_dir).get("export")
+        meta = contract.KitMeta(
+            recipe=recipe.name, target=target, sm=plan.sm, backend=plan.backend, stack=plan.stack, quant=plan.quant,
+            limits=plan.limits, versions={"jetson-trtllm-pipeline": __version__, **stages.stages["export"].tools},
+            export=contract.ExportRecord.from_part(export, str(export_dir)).for_kit() if export else None)
         # every file as its producing stage recorded it: same-size damage since (bit rot, a restored copy) is
         # refused while packing, naming the file and its stage, and the stage re-runs on the next build
         owners: dict[str, tuple[StageSpec, str]] = {}

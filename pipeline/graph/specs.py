@@ -100,7 +100,8 @@ def goldens_spec(recipe: Recipe) -> StageSpec:
     v = recipe.validation
     return StageSpec("goldens", {k: v[k] for k in ("prompts", "max_new_tokens", "top_k_logprobs",
                                                    "min_token_agreement")},
-                     inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
+                     inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS,
+                     version=2)     # 2: goldens.json written from its record (keys sorted)
 
 
 def _heldout_digest(recipe: Recipe) -> str:
@@ -116,7 +117,8 @@ def _heldout_digest(recipe: Recipe) -> str:
 
 def accuracy_spec(recipe: Recipe) -> StageSpec:
     return StageSpec("accuracy", {"heldout": _heldout_digest(recipe)},
-                     inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
+                     inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS,
+                     version=2)     # 2: goldens.json written from its record (keys sorted)
 
 
 def package_spec(recipe: Recipe, target: str, plan: contract.Plan, key_id: str) -> StageSpec:
@@ -142,7 +144,7 @@ def plan_spec(recipe: Recipe, target: str, model_config: dict, draft_config: dic
         "quant": {"weights": q["weights"], "kv_cache": q["kv_cache"], "group_size": q["group_size"]},
         "build": {k: recipe.build[k] for k in ("max_batch_size", "max_input_len", "max_seq_len", "power_mode")},
         "data": {n: _data_digest(n) for n in ("targets.toml", "perf_fit.json")},
-    })
+    }, version=2)      # 2: jetson-plan/2
 
 
 def stage_label(recipe: Recipe, target: str | None = None) -> str:

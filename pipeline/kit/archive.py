@@ -13,8 +13,8 @@ for compressed kits). Unpacking lives in `kit/unpack.py`, copying to a stick in 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import json
 import os
 import shutil
 import tarfile
@@ -27,7 +27,6 @@ from pipeline.files import move_into_place, sibling
 from pipeline.kit.signing import SecretKey
 from pipeline.kit.verify import KitError, VerifiedKit, check_kit
 
-FORMAT = contract.KitManifest.FORMAT
 MANIFEST, SUMS, SIG = contract.MANIFEST, contract.SUMS, contract.SIG
 PART_SIZE = 4 * 2**30 - 2**20          # FAT32 caps a file at 4 GiB - 1 byte
 CHUNK = 4 * 2**20
@@ -135,7 +134,8 @@ def _source_files(src: Path) -> list[Path]:
     return files
 
 
-def pack(src: Path, out: Path, name: str, kind: str, key: SecretKey, meta: dict | None = None,
+def pack(src: Path, out: Path, name: str, kind: str, key: SecretKey,
+         meta: contract.KitMeta | contract.BundleMeta | None = None,
          zstd_level: int | None = None, part_size: int = PART_SIZE, progress=None, replace: bool = False,
          expected: dict[str, str] | None = None) -> VerifiedKit:
     """Pack directory `src` into kit directory `out` (named `name`), verified as a device would verify it.
@@ -164,8 +164,15 @@ def pack(src: Path, out: Path, name: str, kind: str, key: SecretKey, meta: dict 
     return VerifiedKit(out, verified.manifest, verified.signed_by, verified.comment, verified.manifest_sha256)
 
 
-def _write_kit(src: Path, out: Path, name: str, kind: str, key: SecretKey, meta: dict | None, zstd_level: int | None,
-               part_size: int, progress, expected: dict[str, str] | None) -> None:
+def _write_kit(src: Path, out: Path, name: str, kind: str, key: SecretKey,
+               meta: contract.KitMeta | contract.BundleMeta | None, zstd_level: int | None, part_size: int, progress,
+               expected: dict[str, str] | None) -> None:
+    record = contract.MANIFESTS.get(kind)
+    if record is None or (meta is not None and not isinstance(meta, (contract.KitMeta, contract.BundleMeta))):
+        raise KitError(f"unknown kind {kind!r}", f"one of {', '.join(contract.MANIFESTS)}")
+    if record is contract.BundleManifest and not isinstance(meta, contract.BundleMeta):
+        raise KitError("an engine bundle is packed by `python -m pipeline device` (its manifest records the board "
+                       "and the kit it was built from)", "pack a kit instead (--kind kit)")
     files = _source_files(src)
     if expected is not None:
         rels = {f.relative_to(src).as_posix() for f in files}
@@ -203,19 +210,20 @@ def _write_kit(src: Path, out: Path, name: str, kind: str, key: SecretKey, meta:
                 raise DamagedInput(f"{rel}: its bytes changed since the stage that wrote it recorded them (sha256 "
                                    f"{digest[:12]}..., recorded {expected[rel][:12]}...): damaged or edited",
                                    "the stage that wrote it re-runs on the next build; nothing was signed", rel)
-            entries.append({"path": rel, "size": st.st_size, "sha256": digest})
+            entries.append(contract.PayloadFile(path=rel, size=st.st_size, sha256=digest))
             done += st.st_size
             if progress:
                 progress(done)
     if zstd_level:
         sink.close()
     parts = writer.close()
-    manifest = {"format": FORMAT, "kind": kind, "name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                      time.gmtime()),
-                "compression": f"zstd-{zstd_level}" if zstd_level else "none", "part_size": part_size,
-                "parts": parts, "files": entries, "total_size": sum(e["size"] for e in entries), **(meta or {})}
-    contract.KitManifest.from_dict(manifest, f"the manifest being packed into {out}")   # the contract, or a bug here
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    common = {"kind": kind, "name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "compression": f"zstd-{zstd_level}" if zstd_level else "none", "part_size": part_size,
+              "parts": [contract.Entry(**p) for p in parts], "files": entries,
+              "total_size": sum(e.size for e in entries)}
+    fields = {f.name: getattr(meta, f.name) for f in dataclasses.fields(meta)} if meta is not None else {}
+    manifest = record(**common, **fields)   # type: ignore[arg-type]
+    (out / MANIFEST).write_text(manifest.dumps())
     sums = [(hashlib.sha256((out / MANIFEST).read_bytes()).hexdigest(), MANIFEST)]
     sums += [(p["sha256"], p["name"]) for p in parts]
     (out / SUMS).write_text("".join(f"{h}  {n}\n" for h, n in sums))

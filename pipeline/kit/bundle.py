@@ -21,7 +21,7 @@ def compat_of(kit: contract.KitManifest, board: contract.Board) -> contract.Comp
     backend = backends.get(kit.backend) if kit.backend else None
     facts = {"sm": board.sm, "tensorrt": board.tensorrt, "jetpack": board.jetpack,
              "backend": backend.name if backend else None,
-             "backend_version": getattr(board, backend.board_version) if backend else None}
+             "backend_version": board.python_packages.get(backend.python_package) if backend else None}
     missing = [k for k, v in facts.items() if not v]
     if missing:
         raise PipelineError(f"cannot record the engine's compatibility: the device facts lack {', '.join(missing)}",
@@ -33,18 +33,23 @@ def bundle_name(kit: contract.KitManifest, compat: contract.Compat) -> str:
     return f"{kit.name}-sm{compat.sm.replace('.', '')}-trt{compat.tensorrt}"
 
 
-def bundle_meta(kit: VerifiedKit, board: contract.Board) -> dict:
+def _kit(kit: VerifiedKit) -> contract.KitManifest:
+    if not isinstance(kit.manifest, contract.KitManifest):
+        raise PipelineError(f"{kit.path} is an engine bundle, not a kit", "build from the kit the workstation made")
+    return kit.manifest
+
+
+def bundle_meta(kit: VerifiedKit, board: contract.Board) -> contract.BundleMeta:
     """Manifest fields of a bundle built from `kit` on `board`."""
-    m, compat = kit.manifest, compat_of(kit.manifest, board)
-    return {"recipe": m.recipe, "target": m.target, "compat": compat.to_dict(),
-            "built_on": {k: v for k, v in board.to_dict().items() if k not in compat.to_dict() and k != "format"},
-            "kit": {"name": m.name, "signed_by": kit.signed_by, "created": m.created, "quant": m.quant,
-                    "limits": m.limits}}
+    m = _kit(kit)
+    return contract.BundleMeta(recipe=m.recipe, target=m.target, compat=compat_of(m, board), built_on=board,
+                               kit=contract.KitRef(name=m.name, signed_by=kit.signed_by, created=m.created,
+                                                   quant=m.quant, limits=m.limits))
 
 
 def pack_bundle(engine_dir: Path, out_root: Path, kit: VerifiedKit, board: contract.Board,
                 key: SecretKey) -> VerifiedKit:
     """Pack a device build's output directory into out_root/<bundle name>/ as a signed bundle (an earlier bundle of
     the same name, from an earlier run with the same --out, is replaced)."""
-    name = bundle_name(kit.manifest, compat_of(kit.manifest, board))
+    name = bundle_name(_kit(kit), compat_of(_kit(kit), board))
     return pack(engine_dir, Path(out_root) / name, name, "bundle", key, meta=bundle_meta(kit, board), replace=True)

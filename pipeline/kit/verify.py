@@ -39,7 +39,7 @@ class KitError(PipelineError):
 class VerifiedKit:
     """A kit whose signature, manifest and (unless checked with hash_parts=False) part hashes passed."""
     path: Path
-    manifest: contract.KitManifest
+    manifest: contract.Manifest
     signed_by: str              # the signing key's id, as minisign prints it
     comment: dict[str, str]     # the signed trusted comment's fields (timestamp, file, kit)
     manifest_sha256: str
@@ -112,7 +112,7 @@ def payload_path(name: str) -> str:
     return p.as_posix()
 
 
-def _check_manifest(kit: Path, m: contract.KitManifest, sums: dict[str, str], comment: dict[str, str]) -> None:
+def _check_manifest(kit: Path, m: contract.Manifest, sums: dict[str, str], comment: dict[str, str]) -> None:
     where = kit / MANIFEST
     if m.name != kit.name:
         raise _fail(kit, f"the kit is named {m.name!r} in its signed {MANIFEST}, but its directory is named "
@@ -198,7 +198,7 @@ def check_kit(kit: Path, trusted: list[PublicKey], hash_parts: bool = True, prog
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise _fail(kit, f"{MANIFEST}: not valid JSON ({str(exc)[:80]})") from None
     try:
-        manifest = contract.KitManifest.from_dict(obj, str(kit / MANIFEST))
+        manifest = contract.manifest_from_dict(obj, str(kit / MANIFEST))
     except PipelineError as exc:
         raise KitError(exc.message, exc.hint) from None
     _check_manifest(kit, manifest, sums, comment)

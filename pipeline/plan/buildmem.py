@@ -16,7 +16,8 @@ GPU, the serialized engine is one host buffer; its issue tracker reports ~3-4x t
 can keep INT4 FFN weights outside the engine, which removes them from all three):
     host   = libraries + parsed ONNX weights + serialized engine
     device = engine weights + tactic workspace + CUDA context
-These are estimates from how the builders work, not measurements: the device report records the measured peak
+Each backend's record holds its builder's estimate (pipeline/backends: build_memory). These are estimates from how
+the builders work, not measurements: the device report records the measured peak
 (pipeline/device/memwatch.py: the board's MemAvailable and SwapFree sampled through the build) next to them, with
 their ratio, so the first real builds tell us how far off they are.
 """
@@ -24,59 +25,14 @@ their ratio, so the first real builds tell us how far off they are.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+
+from pipeline.backends import BuildMemory
+from pipeline.contract import BuildOnBoard
 
 GB = 1e9
-CUDA_CONTEXT = 400_000_000          # CUDA context + TensorRT builder kernels resident on the GPU side
-TACTIC_FLOOR = 256 * 2**20          # builder scratch beyond the activations it times tactics with
-TRTLLM_LIBS = 1_000_000_000         # python + torch + tensorrt_llm + TensorRT libraries (trtllm-build is Python)
-LLM_BUILD_LIBS = 400_000_000        # llm_build is C++: TensorRT and the ONNX parser
 SWAP_MARGIN = 1_000_000_000         # swap beyond the computed shortfall: page cache, the desktop waking up
 SWAP_FILE = "/ssd/{size}GB.swap"    # NVMe mounted at /ssd, as jetson-containers' setup guide does
 HEADLESS = "sudo systemctl isolate multi-user.target   # stop the desktop for this boot (~0.8 GB back)"
-
-
-@dataclass(frozen=True)
-class BuildMemory:
-    host: dict[str, int]        # pageable: swap can hold it
-    device: dict[str, int]      # pinned on the GPU side of the unified memory: must fit in RAM
-
-    @property
-    def host_total(self) -> int:
-        return sum(self.host.values())
-
-    @property
-    def device_total(self) -> int:
-        return sum(self.device.values())
-
-    @property
-    def peak(self) -> int:
-        return self.host_total + self.device_total
-
-    @property
-    def dominant(self) -> str:
-        parts = {**{f"{k} (host)": v for k, v in self.host.items()},
-                 **{f"{k} (GPU)": v for k, v in self.device.items()}}
-        return max(parts, key=lambda k: parts[k])
-
-    def as_dict(self) -> dict:
-        return {"build_peak": self.peak, "build_host": self.host_total, "build_device": self.device_total}
-
-
-def trtllm_build(engine_weights: int, activations: int, ffn_int4: int = 0) -> BuildMemory:
-    return BuildMemory(
-        host={"libraries": TRTLLM_LIBS, "checkpoint arrays": engine_weights, "serialized engine": engine_weights},
-        device={"engine weights": engine_weights, "tactic workspace": 2 * activations + TACTIC_FLOOR,
-                "CUDA context": CUDA_CONTEXT})
-
-
-def llm_build(engine_weights: int, activations: int, ffn_int4: int = 0) -> BuildMemory:
-    """ffn_int4: bytes of INT4 FFN weights the export keeps outside the engine (0: all inside)."""
-    inside = engine_weights - ffn_int4
-    return BuildMemory(
-        host={"libraries": LLM_BUILD_LIBS, "parsed ONNX weights": inside, "serialized engine": inside},
-        device={"engine weights": inside, "tactic workspace": 2 * activations + TACTIC_FLOOR,
-                "CUDA context": CUDA_CONTEXT})
 
 
 # Engine build time, for the device's timeout only: no build times are published for these boards, so this is a
@@ -104,20 +60,9 @@ def swap_commands(size_bytes: int) -> list[str]:
 EXTERNAL_INT4_FFN = "int4_ffn"   # Edge-LLM's export kind (external_weights.py): dense FFN INT4 GEMM weights + scales
 
 
-@dataclass(frozen=True)
-class BuildOnBoard:
-    how: str                    # as-is | headless | swap | externalize | other-board | none
-    swap_bytes: int
-    commands: list[str]
-    note: str
-
-    @property
-    def externalize(self) -> tuple[str, ...]:
-        """The weight kinds the export must keep outside the engine for this way of building."""
-        return (EXTERNAL_INT4_FFN,) if self.how == "externalize" else ()
-
-    def as_dict(self) -> dict:
-        return {"how": self.how, "swap_bytes": self.swap_bytes, "commands": self.commands, "note": self.note}
+def externalized_kinds(on_board: BuildOnBoard) -> tuple[str, ...]:
+    """The weight kinds the export must keep outside the engine for this way of building."""
+    return (EXTERNAL_INT4_FFN,) if on_board.how == "externalize" else ()
 
 
 def build_on_board(build: BuildMemory, usable: int, usable_headless: int, target_id: str,

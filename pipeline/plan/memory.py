@@ -7,8 +7,8 @@ the same DRAM as the OS. Every component is in bytes; the assumptions are named 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
+from pipeline.contract import BuildLimits, MemoryPlan
 from pipeline.plan.formats import KVFormat, WeightFormat
 from pipeline.plan.shapes import ModelShape
 
@@ -17,46 +17,8 @@ from pipeline.plan.shapes import ModelShape
 # weights are 5.7 GB by the count below, leaving ~1.6 GB for overhead, KV and activations at default limits.
 # Scratch beyond the activations proper: cuBLAS/cuBLASLt workspace and TensorRT's per-context scratch.
 WORKSPACE = 64 * 2**20
-MAX_NUM_TOKENS_CAP = 8192     # trtllm-build 0.12's default --max_num_tokens, used as a ceiling
 TOKENS_PER_BLOCK = 64         # paged KV cache block (trtllm-build 0.12 default --tokens_per_block)
 VOCAB_PAD = 64                # ModelOpt pads the vocabulary to a multiple of 64 for TensorRT-LLM AWQ checkpoints
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_batch_size: int
-    max_input_len: int
-    max_seq_len: int
-
-    @property
-    def max_num_tokens(self) -> int:
-        """Tokens in flight in one context step with remove_input_padding (what activations are sized for)."""
-        return min(self.max_batch_size * self.max_input_len, MAX_NUM_TOKENS_CAP)
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    weights: int           # decoder-layer linears at their quantized precision (scales included) + norms/biases
-    embedding: int         # input embedding table, fp16 (engine input or a separate file; same DRAM either way)
-    lm_head: int           # output projection, fp16 (ModelOpt keeps it unquantized by default)
-    kv_cache: int
-    activations: int
-    runtime_overhead: int
-    total: int
-    usable: int
-    usable_headless: int
-    fits: bool
-    fits_headless: bool
-    margin: int            # usable - total (negative: short by that much)
-    max_seq_len_that_fits: int
-    max_batch_that_fits: int
-    build_peak: int = 0    # memory the engine build needs on the device (plan/buildmem.py, per builder)
-    draft: int = 0         # an EAGLE-3 draft engine beside it: fp16 weights, its KV cache and activations
-    build_host: int = 0    # of build_peak: pageable (swap can hold it)
-    build_device: int = 0  # of build_peak: pinned on the GPU side (must fit in RAM)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def weight_bytes(shape: ModelShape, fmt: WeightFormat, group_size: int | None) -> tuple[int, int, int]:
@@ -77,20 +39,20 @@ def kv_bytes(shape: ModelShape, kv: KVFormat, seq: int, batch: int) -> int:
     return shape.kv_bytes_per_token(kv.bytes_per_element) * blocks * batch
 
 
-def activation_bytes(shape: ModelShape, limits: Limits) -> int:
+def activation_bytes(shape: ModelShape, limits: BuildLimits) -> int:
     """One layer's live tensors for max_num_tokens (TensorRT reuses them across layers) plus fp32 logits."""
     per_token = 4 * shape.hidden_size + shape.q_size + 2 * shape.kv_size + 2 * shape.intermediate_size
     logits = limits.max_batch_size * shape.vocab_size * 4 * 2
     return limits.max_num_tokens * per_token * 2 + logits + WORKSPACE
 
 
-def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat, limits: Limits,
+def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat, limits: BuildLimits,
                 runtime_overhead: int, usable: int, usable_headless: int, draft: int = 0) -> MemoryPlan:
     weights, embedding, lm_head = weight_bytes(shape, fmt, group_size)
     overhead = runtime_overhead   # the backend's runtime beside weights, KV cache and activations
 
     def total_for(seq: int, batch: int) -> int:
-        lim = Limits(batch, min(limits.max_input_len, seq - 1), seq)
+        lim = BuildLimits.of(batch, min(limits.max_input_len, seq - 1), seq)
         # the draft is counted at the recipe's limits (a small share next to the base; kept constant here)
         return weights + embedding + lm_head + kv_bytes(shape, kv, seq, batch) + activation_bytes(shape, lim) + \
             overhead + draft

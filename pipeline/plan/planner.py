@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline import backends, contract
+from pipeline.contract import BuildLimits, MemoryPlan, Plan, Prediction
 from pipeline.errors import PipelineError
 from pipeline.plan.formats import (
     DEFAULT_KV,
@@ -23,10 +24,10 @@ from pipeline.plan.formats import (
     pick_group_size,
     quantized_formats_for,
 )
-from pipeline.plan.memory import Limits, MemoryPlan, decode_bytes_per_token, plan_memory
+from pipeline.plan.memory import decode_bytes_per_token, plan_memory
 from pipeline.plan.perf import fitted
 from pipeline.plan.shapes import ModelShape
-from pipeline.plan.targets import GB, SoftwareStack, TargetProfile, load_targets
+from pipeline.plan.targets import GB, StackSupport, TargetProfile, load_targets
 
 if TYPE_CHECKING:
     from pipeline.plan.speculative import DraftShape
@@ -50,7 +51,7 @@ class PlanRequest:
     weights: str
     kv_cache: str
     target: TargetProfile
-    limits: Limits
+    limits: BuildLimits
     backend: str | None = None
     group_size: int | None = None
     power_mode: str | None = None
@@ -58,72 +59,11 @@ class PlanRequest:
     draft: DraftRequest | None = None
 
 
-@dataclass
-class Plan:
-    request: PlanRequest
-    backend: str | None
-    stack: SoftwareStack | None
-    group_size: int | None
-    memory: MemoryPlan | None
-    predicted_decode_tok_s: float | None
-    prediction: dict
-    refused: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    draft_memory: dict | None = None
-    build_on_board: dict | None = None
-    predicted_ttft_ms: float | None = None
-    externalized_weights: list[str] = field(default_factory=list)   # Edge-LLM export kinds kept outside the engine
-    predicted_build_s: float | None = None      # a generous bound for the device's build timeout (buildmem.py)
-
-    @property
-    def ok(self) -> bool:
-        return not self.refused
-
-    @property
-    def fits(self) -> bool:
-        return bool(self.memory and self.memory.fits)
-
-    def to_record(self) -> contract.Plan:
-        """The plan as the kit carries it (jetson-plan/1): what the device builds, checks and predicts from."""
-        r = self.request
-        stack = self.stack
-        lim = r.limits
-        limits = contract.BuildLimits(lim.max_batch_size, lim.max_input_len, lim.max_seq_len, lim.max_num_tokens)
-        speculative = self._speculative()
-        argvs = backends.get(self.backend).build_commands(limits, speculative) if self.ok and self.backend else None
-        return contract.Plan(
-            recipe=r.recipe,
-            model=contract.ModelInfo(r.model_label, r.shape.architecture, r.shape.total_params),
-            target=r.target.id, target_name=r.target.name, sm=r.target.sm, backend=self.backend,
-            stack=None if stack is None else contract.Stack(stack.id, stack.backend_version, list(stack.jetpack),
-                                                            stack.l4t, stack.cuda, stack.tensorrt,
-                                                            stack.tensorrt_by_jetpack),
-            quant=contract.QuantSettings(r.weights, r.kv_cache, self.group_size, WEIGHT_FORMATS[r.weights].label),
-            limits=limits, fits=self.fits, ok=self.ok,
-            memory=self.memory.as_dict() if self.memory else None,
-            predicted_decode_tok_s=self.predicted_decode_tok_s, prediction=self.prediction,
-            refused=self.refused, warnings=self.warnings, speculative=speculative,
-            device_build_command=argvs[0] if argvs else None, device_build_commands=argvs,
-            build_on_board=self.build_on_board, predicted_ttft_ms=self.predicted_ttft_ms,
-            externalized_weights=list(self.externalized_weights), predicted_build_s=self.predicted_build_s)
-
-    def to_json(self) -> dict:
-        return self.to_record().to_dict()
-
-    def _speculative(self) -> contract.Speculative | None:
-        d = self.request.draft
-        if d is None:
-            return None
-        from pipeline.plan.speculative import DRAFT_WEIGHTS
-        return contract.Speculative(d.method, d.label, d.shape.params, DRAFT_WEIGHTS, d.shape.draft_vocab_size,
-                                    d.max_draft_tree_size, d.max_verify_tree_size, self.draft_memory)
-
-
 def _gb(n: float) -> str:
     return f"{n / GB:.2f} GB" if abs(n) >= 0.1 * GB else f"{n / 1e6:.1f} MB"
 
 
-def _choose_stack(req: PlanRequest, refused: list[str]) -> SoftwareStack | None:
+def _choose_stack(req: PlanRequest, refused: list[str]) -> StackSupport | None:
     t, arch = req.target, req.shape.architecture
     fmt = WEIGHT_FORMATS[req.weights]
     if fmt.min_sm > t.sm_float:
@@ -151,7 +91,7 @@ def _choose_stack(req: PlanRequest, refused: list[str]) -> SoftwareStack | None:
     reasons: list[str] = []
     for stack in candidates:
         why: list[str] = []
-        name = f"{backends.get(stack.backend).label} {stack.backend_version} (JetPack {stack.jetpack[-1]})"
+        name = f"{backends.get(stack.backend).label} {stack.stack.backend_version} (JetPack {stack.stack.jetpack[-1]})"
         if arch not in stack.architectures:
             why.append(f"{name} does not support {arch} (supported: {', '.join(stack.architectures)})")
         if req.weights not in stack.weights:
@@ -162,8 +102,7 @@ def _choose_stack(req: PlanRequest, refused: list[str]) -> SoftwareStack | None:
             return stack
         reasons.extend(why)
     if reasons:
-        others = [s for s in t.stacks if s not in candidates and arch in s.architectures
-                  and req.weights in s.weights and req.kv_cache in s.kv_cache]
+        others = [s for s in t.stacks if s not in candidates and s.builds(arch, req.weights, req.kv_cache)]
         hint = f" The {others[0].id} stack can (backend = '{others[0].backend}')." if others else ""
         refused.append("; ".join(reasons) + "." + hint)
     return None
@@ -179,7 +118,8 @@ def make_plan(req: PlanRequest) -> Plan:
     if req.limits.max_batch_size < engine.min_batch_size:
         import dataclasses
         lim = req.limits
-        req = dataclasses.replace(req, limits=Limits(engine.min_batch_size, lim.max_input_len, lim.max_seq_len))
+        req = dataclasses.replace(req, limits=BuildLimits.of(engine.min_batch_size, lim.max_input_len,
+                                                              lim.max_seq_len))
         warnings.append(f"{engine.label} engines built for batch 1 fail at run time (known issue): built and "
                         f"planned for max_batch_size {engine.min_batch_size}.")
 
@@ -209,7 +149,7 @@ def make_plan(req: PlanRequest) -> Plan:
 
     t = req.target
     memory = plan_memory(req.shape, fmt, group_size, kv, req.limits, engine.runtime_overhead,
-                         t.usable_bytes, t.usable_headless_bytes, draft_mem["total"] if draft_mem else 0)
+                         t.usable_bytes, t.usable_headless_bytes, draft_mem.total if draft_mem else 0)
     if not memory.fits:
         if memory.fits_headless:
             warnings.append(f"needs {_gb(memory.total)}: more than the {_gb(memory.usable)} usable with the desktop "
@@ -235,31 +175,54 @@ def make_plan(req: PlanRequest) -> Plan:
     constants = fitted()[engine.perf_class]
     bytes_read = decode_bytes_per_token(req.shape, fmt, group_size, kv, context)
     by_mode = {m: round(constants.tok_s(bytes_read, t.bandwidth_bytes(m)), 1) for m in t.bandwidth_gbs}
-    prediction = {"power_mode": mode, "bandwidth_gbs": t.bandwidth_gbs.get(mode), "context_tokens": context,
-                  "bytes_per_token": int(bytes_read), "engine_class": engine.perf_class,
-                  "efficiency": constants.efficiency, "fixed_s": constants.fixed_s, "by_power_mode": by_mode}
     if backend is not None and engine.perf_note:
         warnings.append(engine.perf_note)
-    if req.draft is not None:
-        prediction["speculative_note"] = ("decode predicted without speculation: EAGLE-3's gain depends on the "
-                                          "draft's acceptance rate on your prompts (validation measures it)")
-    ttft = _ttft(req, mode, prediction)
-    from pipeline.plan.buildmem import build_seconds
+    ttft, ttft_fields = _ttft(req, mode)
+    prediction = Prediction(
+        power_mode=mode, bandwidth_gbs=t.bandwidth_gbs.get(mode), context_tokens=context,
+        bytes_per_token=int(bytes_read), engine_class=engine.perf_class, efficiency=constants.efficiency,
+        fixed_s=constants.fixed_s, by_power_mode=by_mode,
+        speculative_note=("decode predicted without speculation: EAGLE-3's gain depends on the draft's acceptance "
+                          "rate on your prompts (validation measures it)") if req.draft is not None else None,
+        **ttft_fields)
+    from pipeline.plan.buildmem import build_seconds, externalized_kinds
     build_s = build_seconds(memory.weights + memory.embedding + memory.lm_head, on_board.swap_bytes > 0)
-    return Plan(req, backend, stack, group_size, memory, by_mode.get(mode), prediction, refused, warnings,
-                draft_mem, on_board.as_dict(), ttft, list(on_board.externalize), build_s)
+    ok = not refused
+    limits = req.limits
+    speculative = None
+    if req.draft is not None:
+        from pipeline.plan.speculative import DRAFT_WEIGHTS
+        d = req.draft
+        speculative = contract.Speculative(d.method, d.label, d.shape.params, DRAFT_WEIGHTS, d.shape.draft_vocab_size,
+                                           d.max_draft_tree_size, d.max_verify_tree_size, draft_mem)
+    argvs = backends.get(backend).build_commands(limits, speculative) if ok and backend else None
+    return Plan(
+        recipe=req.recipe, model=contract.ModelInfo(req.model_label, req.shape.architecture, req.shape.total_params),
+        target=t.id, target_name=t.name, sm=t.sm, backend=backend, stack=stack.stack if stack else None,
+        quant=contract.QuantSettings(req.weights, req.kv_cache, group_size, fmt.label), limits=limits,
+        fits=memory.fits, ok=ok, memory=memory, predicted_decode_tok_s=by_mode.get(mode), prediction=prediction,
+        refused=refused, warnings=warnings, speculative=speculative, device_build_commands=argvs,
+        build_on_board=on_board, predicted_ttft_ms=ttft, externalized_weights=list(externalized_kinds(on_board)),
+        predicted_build_s=build_s)
 
 
-def _build_memory(req: PlanRequest, engine, fmt, memory):
+def refuse(plan: Plan, reason: str) -> Plan:
+    """The plan with one more reason it cannot be built (no build commands then)."""
+    import dataclasses
+    return dataclasses.replace(plan, refused=[*plan.refused, reason], ok=False, device_build_commands=None)
+
+
+def _build_memory(req: PlanRequest, engine: backends.Backend, fmt, memory: MemoryPlan
+                  ) -> tuple[MemoryPlan, contract.BuildOnBoard]:
     """The backend's build-memory model, and the first way to build on the target board itself."""
     import dataclasses
 
-    from pipeline.plan.buildmem import build_on_board
+    from pipeline.plan.buildmem import build_on_board, externalized_kinds
 
     t = req.target
-    estimate = engine.function("build_memory")
+    estimate = engine.build_memory
     engine_weights = memory.weights + memory.embedding + memory.lm_head
-    build = estimate(engine_weights, memory.activations)
+    build = estimate(engine_weights, memory.activations, 0)
     externalized = None
     if engine.externalizes_int4_ffn and fmt.edgellm_int4_plugin:
         ffn = sum(i * o for n, i, o in req.shape.layer_linears() if n.endswith(("gate_proj", "up_proj", "down_proj")))
@@ -268,7 +231,7 @@ def _build_memory(req: PlanRequest, engine, fmt, memory):
     bigger = tuple(o.id for o in load_targets().values() if o.sm == t.sm and o.family == t.family and o.id != t.id
                    and o.usable_headless_bytes >= build.peak)
     on_board = build_on_board(build, t.usable_bytes, t.usable_headless_bytes, t.id, externalized, bigger)
-    if on_board.externalize:        # the export keeps them outside the engine: the device builds with less
+    if externalized_kinds(on_board):        # the export keeps them outside the engine: the device builds with less
         assert externalized is not None
         build = externalized
     memory = dataclasses.replace(memory, build_peak=build.peak, build_host=build.host_total,
@@ -276,40 +239,39 @@ def _build_memory(req: PlanRequest, engine, fmt, memory):
     return memory, on_board
 
 
-def _ttft(req: PlanRequest, mode: str, prediction: dict) -> float | None:
-    """Time to first token for a prompt of max_input_len tokens, and the fits' leave-one-out error bands."""
+def _ttft(req: PlanRequest, mode: str) -> tuple[float | None, dict]:
+    """Time to first token for a prompt of max_input_len tokens, and the prediction's fields: the decode and
+    prefill fits' leave-one-out error bands and the TTFT at a few prompt lengths."""
     from pipeline.plan.perf import fit_data
     from pipeline.plan.prefill import predict_ttft_ms
 
     data = fit_data()
-    prediction["decode_error_band"] = data.get("loo_median_abs_error")
+    fields: dict = {"decode_error_band": data.get("loo_median_abs_error")}
     pre = data.get("prefill")
     if pre is None:
-        return None
+        return None, fields
     ms = predict_ttft_ms(req.shape, req.weights, req.target.id, req.limits.max_input_len, mode, pre)
-    prediction["ttft_input_tokens"] = req.limits.max_input_len
     # at a few prompt lengths too: the device interpolates at its golden prompts' length to compare with what it
     # measured (it has no model shape of its own)
     lengths = sorted({n for n in (8, 32, 128, 512) if n < req.limits.max_input_len} | {req.limits.max_input_len})
     by_len = {str(n): predict_ttft_ms(req.shape, req.weights, req.target.id, n, mode, pre) for n in lengths}
-    prediction["ttft_ms_by_input_tokens"] = {k: round(v, 1) for k, v in by_len.items() if v is not None}
-    prediction["ttft_error_band"] = pre["loo_median_abs_error"]
-    return None if ms is None else round(ms, 1)
+    fields.update(ttft_input_tokens=req.limits.max_input_len,
+                  ttft_ms_by_input_tokens={k: round(v, 1) for k, v in by_len.items() if v is not None},
+                  ttft_error_band=pre["loo_median_abs_error"])
+    return (None if ms is None else round(ms, 1)), fields
 
 
 def render_table(plan: Plan) -> str:
     """The plan as a text table for terminals (doit plan, python -m pipeline plan)."""
-    j = plan.to_json()
-    m = plan.memory
-    lines = [f"plan: {j['model']['name']} ({j['quant']['label']}, KV {j['quant']['kv_cache']}) on {j['target_name']} "
-             f"[SM {j['sm']}] via {backends.get(j['backend']).label if j['backend'] else 'no backend'}"]
-    if j["stack"]:
-        s = j["stack"]
-        lines.append(f"  stack        JetPack {'/'.join(s['jetpack'])}, CUDA {s['cuda']}, TensorRT {s['tensorrt']}, "
-                     f"{j['backend']} {s['backend_version']}")
-    lim = j["limits"]
-    lines.append(f"  limits       batch {lim['max_batch_size']}, input {lim['max_input_len']}, "
-                 f"seq {lim['max_seq_len']}, group size {j['quant']['group_size']}")
+    m, q, lim, p = plan.memory, plan.quant, plan.limits, plan.prediction
+    lines = [f"plan: {plan.model.name} ({q.label}, KV {q.kv_cache}) on {plan.target_name} [SM {plan.sm}] via "
+             f"{backends.get(plan.backend).label if plan.backend else 'no backend'}"]
+    if plan.stack:
+        s = plan.stack
+        lines.append(f"  stack        JetPack {'/'.join(s.jetpack)}, CUDA {s.cuda}, TensorRT {s.tensorrt}, "
+                     f"{plan.backend} {s.backend_version}")
+    lines.append(f"  limits       batch {lim.max_batch_size}, input {lim.max_input_len}, "
+                 f"seq {lim.max_seq_len}, group size {q.group_size}")
     if m:
         for key in ("weights", "embedding", "lm_head", "kv_cache", "draft", "activations", "runtime_overhead"):
             if key == "draft" and not m.draft:
@@ -317,26 +279,25 @@ def render_table(plan: Plan) -> str:
             lines.append(f"  {key.replace('_overhead', ''):<12} {_gb(getattr(m, key)):>10}")
         lines.append(f"  {'total':<12} {_gb(m.total):>10} of {_gb(m.usable)} usable "
                      f"({'fits' if m.fits else 'DOES NOT FIT'}, margin {_gb(m.margin)})")
-        lines.append(f"  largest      max_seq_len {m.max_seq_len_that_fits} at batch {lim['max_batch_size']}; "
-                     f"batch {m.max_batch_that_fits} at max_seq_len {lim['max_seq_len']}")
+        lines.append(f"  largest      max_seq_len {m.max_seq_len_that_fits} at batch {lim.max_batch_size}; "
+                     f"batch {m.max_batch_that_fits} at max_seq_len {lim.max_seq_len}")
         lines.append(f"  build peak   {_gb(m.build_peak):>10} on the device (GPU-pinned {_gb(m.build_device)}, "
                      f"pageable {_gb(m.build_host)})")
-    p = j["prediction"]
-    if j["predicted_decode_tok_s"] is not None:
-        lines.append(f"  decode       ~{j['predicted_decode_tok_s']} tok/s at {p['power_mode']} "
-                     f"({p['bandwidth_gbs']} GB/s), context {p['context_tokens']}")
-    if j["predicted_ttft_ms"] is not None:
-        lines.append(f"  TTFT         ~{j['predicted_ttft_ms']:.0f} ms for a {p['ttft_input_tokens']}-token prompt "
-                     f"(+-{p['ttft_error_band']:.0%}, the fit's leave-one-out median error)")
-    lines += [f"  warning: {w}" for w in j["warnings"]]
-    b = j.get("build_on_board")
-    if j["externalized_weights"]:
-        lines.append(f"  export       {', '.join(j['externalized_weights'])} weights kept outside the engine (Edge-LLM "
+    if plan.predicted_decode_tok_s is not None and p is not None:
+        lines.append(f"  decode       ~{plan.predicted_decode_tok_s} tok/s at {p.power_mode} "
+                     f"({p.bandwidth_gbs} GB/s), context {p.context_tokens}")
+    if plan.predicted_ttft_ms is not None and p is not None and p.ttft_error_band is not None:
+        lines.append(f"  TTFT         ~{plan.predicted_ttft_ms:.0f} ms for a {p.ttft_input_tokens}-token prompt "
+                     f"(+-{p.ttft_error_band:.0%}, the fit's leave-one-out median error)")
+    lines += [f"  warning: {w}" for w in plan.warnings]
+    b = plan.build_on_board
+    if plan.externalized_weights:
+        lines.append(f"  export       {', '.join(plan.externalized_weights)} weights kept outside the engine (Edge-LLM "
                      "external weight files): the build holds less")
-    if b and b["how"] != "as-is" and not j["refused"]:
-        lines.append(f"  build on the {j['target']}: {b['how']}: {b['note']}")
-        lines += [f"    {c}" for c in b["commands"]]
-    lines += [f"  REFUSED: {r}" for r in j["refused"]]
+    if b and b.how != "as-is" and not plan.refused:
+        lines.append(f"  build on the {plan.target}: {b.how}: {b.note}")
+        lines += [f"    {c}" for c in b.commands]
+    lines += [f"  REFUSED: {r}" for r in plan.refused]
     return "\n".join(lines)
 
 
@@ -400,14 +361,14 @@ def plan_recipe(recipe, target_id: str, config: dict, config_source: str, backen
     label = recipe.model.get("repo") or recipe.model.get("name") or recipe.model.get("path")
     req = PlanRequest(shape=shape, model_label=label, weights=recipe.weights, kv_cache=recipe.kv_cache,
                       target=get_target(target_id), backend=backend or recipe.backend,
-                      limits=Limits(b["max_batch_size"], b["max_input_len"], b["max_seq_len"]),
+                      limits=BuildLimits.of(b["max_batch_size"], b["max_input_len"], b["max_seq_len"]),
                       group_size=recipe.quantization["group_size"], power_mode=b["power_mode"], recipe=recipe.name,
                       draft=draft_req)
     plan = make_plan(req)
     prequant = config.get("quantization_config")
     if prequant:
         method = prequant.get("quant_method", "?")
-        plan.refused.append(
+        plan = refuse(plan,
             f"{config_source} is already quantized (quant_method {method!r}; AutoAWQ checkpoints hold asymmetric INT4 "
             "with zero points in AutoAWQ's GEMM packing and no pre-quant scales). TensorRT-LLM's own converters load "
             "them as W4A16_GPTQ (`use_autoawq`, asymmetric), not as W4A16_AWQ (ModelOpt's symmetric INT4 with "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pipeline.contract import DraftMemory
 from pipeline.errors import PipelineError
 from pipeline.plan.formats import UNQUANTIZED
 from pipeline.plan.memory import TOKENS_PER_BLOCK
@@ -139,7 +140,7 @@ def pairing_problems(draft: DraftShape, base: ModelShape, draft_label: str) -> l
     return out
 
 
-def draft_memory(draft: DraftShape, max_seq_len: int, max_batch_size: int, max_draft_tree_size: int) -> dict:
+def draft_memory(draft: DraftShape, max_seq_len: int, max_batch_size: int, max_draft_tree_size: int) -> DraftMemory:
     """Bytes the draft engine adds on the device: fp16 weights, its own fp16 KV cache (its layers only, sized for
     the sequence plus one draft tree) and one step of activations over the tree (fp32 logits over the draft vocab)."""
     weights = draft.params * 2
@@ -148,4 +149,4 @@ def draft_memory(draft: DraftShape, max_seq_len: int, max_batch_size: int, max_d
     tokens = max_batch_size * max_draft_tree_size
     act = tokens * (6 * draft.hidden_size + 2 * draft.intermediate_size + 3 * draft.target_hidden_size) * 2 + \
         tokens * draft.draft_vocab_size * 4 * 2
-    return {"weights": weights, "kv_cache": kv, "activations": act, "total": weights + kv + act}
+    return DraftMemory(weights=weights, kv_cache=kv, activations=act, total=weights + kv + act)

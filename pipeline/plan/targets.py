@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from pipeline.contract import Stack
 from pipeline.errors import PipelineError
 from pipeline.tomlcompat import load_toml
 
@@ -15,24 +16,24 @@ GB = 1e9
 
 
 @dataclass(frozen=True)
-class SoftwareStack:
-    """One JetPack release line and the engine backend built on it."""
+class StackSupport:
+    """One JetPack release line and engine backend version (the Stack a plan and a kit record), and what that
+    backend version builds on it: weight and KV formats, architectures."""
 
-    id: str
+    stack: Stack
     backend: str            # a pipeline.backends name
-    backend_version: str
-    jetpack: tuple[str, ...]
-    l4t: str
-    cuda: str
-    tensorrt: str
     python: str
     weights: tuple[str, ...]
     kv_cache: tuple[str, ...]
     architectures: tuple[str, ...]
     sources: tuple[str, ...]
-    # where one backend version supports several JetPack releases with different TensorRT (Edge-LLM 0.11 on Thor:
-    # JetPack 7.0/7.1 with TensorRT 10.13, 7.2 with 10.16): the TensorRT of each; `tensorrt` is the first's
-    tensorrt_by_jetpack: dict | None = None
+
+    @property
+    def id(self) -> str:
+        return self.stack.id
+
+    def builds(self, architecture: str, weights: str, kv_cache: str) -> bool:
+        return architecture in self.architectures and weights in self.weights and kv_cache in self.kv_cache
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class TargetProfile:
     memory_bus_bits: int
     bandwidth_gbs: dict
     default_power_mode: str
-    stacks: tuple[SoftwareStack, ...]
+    stacks: tuple[StackSupport, ...]
     sources: tuple[str, ...]
     # dense tensor-core throughput at the fastest power mode, TFLOPS (TOPS for int8) by math precision: prefill is
     # compute-bound (plan/prefill.py). Empty where no source states it.
@@ -77,16 +78,20 @@ class TargetProfile:
                                 f"known modes: {', '.join(self.bandwidth_gbs)}")
         return self.bandwidth_gbs[mode] * GB
 
-    def stack_for(self, backend: str) -> SoftwareStack | None:
+    def stack_for(self, backend: str) -> StackSupport | None:
         return next((s for s in self.stacks if s.backend == backend), None)
 
 
 @cache
 def load_targets(path: Path = DATA) -> dict[str, TargetProfile]:
     data = load_toml(path)
-    stacks: dict[str, SoftwareStack] = {
-        s["id"]: SoftwareStack(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()})  # type: ignore[arg-type]
-        for s in data["stack"]}
+    stacks: dict[str, StackSupport] = {}
+    for s in data["stack"]:
+        stack = Stack(id=s["id"], backend_version=s["backend_version"], jetpack=list(s["jetpack"]), l4t=s["l4t"],
+                      cuda=s["cuda"], tensorrt=s["tensorrt"], tensorrt_by_jetpack=s.get("tensorrt_by_jetpack"))
+        stacks[s["id"]] = StackSupport(stack=stack, backend=s["backend"], python=s["python"],
+                                       weights=tuple(s["weights"]), kv_cache=tuple(s["kv_cache"]),
+                                       architectures=tuple(s["architectures"]), sources=tuple(s["sources"]))
     targets = {}
     for t in data["target"]:
         t = dict(t)

@@ -20,6 +20,8 @@ import shutil
 from importlib import metadata
 from pathlib import Path
 
+from pipeline.backends import ExportJob
+from pipeline.contract import ExportRecord, ExternalWeights, OnnxGraph, SpeculativeExport
 from pipeline.errors import PipelineError
 
 # Edge-LLM 0.11's default INT4 GEMM is the cuteDSL Int4GroupwiseGemmPluginV2, whose weight layout needs every
@@ -111,10 +113,12 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: str, target_sm: str,
-           draft_dir: Path | None = None, handoff=None, externalize: tuple[str, ...] = ()) -> dict:
-    """onnx/ for llm_build; with an EAGLE-3 draft, onnx/base (exported as the EAGLE-3 base: it also emits the
-    hidden states the draft reads) and onnx/draft (the draft in fp16)."""
+def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, weights: str, kv_cache: str,
+           target_sm: str, draft_dir: Path | None = None, handoff=None, externalize: tuple[str, ...] = ()
+           ) -> ExportRecord:
+    """payload_dir (onnx/) for llm_build; with an EAGLE-3 draft, onnx/base (exported as the EAGLE-3 base: it also
+    emits the hidden states the draft reads) and onnx/draft (the draft in fp16). scratch holds the unified HF
+    checkpoint while the ONNX is made from it."""
     from pipeline.workstation.models import MODELOPT_MODULES, import_clean
     from pipeline.workstation.state import load_quantized
 
@@ -129,7 +133,7 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: 
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoTokenizer
 
-    hf = out / "hf-checkpoint"
+    hf = scratch / "hf-checkpoint"
     # the unified export is fp16
     model = load_quantized(model_dir, quant_dir, "cpu", consume=True, handoff=handoff).half()
     # before the unified export, which packs INT4 weights in place (two per byte: half the rows)
@@ -150,7 +154,7 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: 
     from pipeline.plan import speculative
     from pipeline.workstation.drafts import export_draft
 
-    onnx_dir = out / ONNX_DIR / (speculative.ONNX_BASE if draft_dir else "")
+    onnx_dir = payload_dir / (speculative.ONNX_BASE if draft_dir else "")
     onnx_dir.mkdir(parents=True)
     eagle = {"eagle_base": True, "eagle_draft_dir": str(draft_dir)} if draft_dir else {}
     export_onnx(AutoModel.from_pretrained(str(hf), device="cpu", **eagle), str(onnx_dir / "model.onnx"),
@@ -160,28 +164,27 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, kv_cache: 
                        tuple(t for e in external for t in e["tensors"]))
     spec = None
     if draft_dir:
-        draft_graph = export_draft(draft_dir, out / ONNX_DIR / speculative.ONNX_DRAFT)
-        draft_cfg = json.loads((out / ONNX_DIR / speculative.ONNX_DRAFT / "config.json").read_text())
-        spec = {"method": "eagle3", "draft_weights": speculative.DRAFT_WEIGHTS,
-                "draft_vocab_size": draft_cfg.get("draft_vocab_size"),
-                "base_hidden_state_layers": json.loads((onnx_dir / "config.json").read_text())
-                .get("eagle_hidden_state_layers"), "draft_onnx": draft_graph}
+        draft_graph = export_draft(draft_dir, payload_dir / speculative.ONNX_DRAFT)
+        draft_cfg = json.loads((payload_dir / speculative.ONNX_DRAFT / "config.json").read_text())
+        spec = SpeculativeExport(method="eagle3", draft_weights=speculative.DRAFT_WEIGHTS,
+                                 draft_vocab_size=draft_cfg.get("draft_vocab_size"),
+                                 base_hidden_state_layers=json.loads((onnx_dir / "config.json").read_text())
+                                 .get("eagle_hidden_state_layers"), draft_onnx=OnnxGraph(**draft_graph))
     quant = json.loads((hf / "hf_quant_config.json").read_text())["quantization"] \
         if (hf / "hf_quant_config.json").is_file() else {}
     runtime_cfg = json.loads((onnx_dir / "config.json").read_text())
     shutil.rmtree(hf)        # the kit carries the ONNX; the unified checkpoint is rebuilt from the state if needed
-    return {"export": {
-        "weights": weights, "kv_cache": kv_cache, "quant_algo": quant.get("quant_algo"),
-        "kv_cache_quant_algo": quant.get("kv_cache_quant_algo"), "group_size": quant.get("group_size"),
-        "kv_cache_dtype": runtime_cfg.get("kv_cache_dtype"), "target_sm": sm,
-        "int4_gemm_plugin_version": plugin,
-        "externalized_weights": [dict(e, tensors=len(e["tensors"])) for e in external], "onnx": graph,
-        "speculative": spec,
-        "versions": {d: _version(d) for d in ("tensorrt-edgellm", "nvidia-modelopt", "transformers", "onnx")}}}
+    return ExportRecord(
+        weights=weights, kv_cache=kv_cache, quant_algo=quant.get("quant_algo"),
+        kv_cache_quant_algo=quant.get("kv_cache_quant_algo"), group_size=quant.get("group_size"),
+        kv_cache_dtype=runtime_cfg.get("kv_cache_dtype"), target_sm=sm, int4_gemm_plugin_version=plugin,
+        externalized_weights=[ExternalWeights(file=e["file"], kind=e["kind"], tensors=len(e["tensors"]),
+                                              size=e["size"]) for e in external],
+        onnx=OnnxGraph(**graph), speculative=spec,
+        versions={d: _version(d) for d in ("tensorrt-edgellm", "nvidia-modelopt", "transformers", "onnx")})
 
 
-def export_job(job) -> dict:
-    """The edgellm backend's export step (pipeline.backends.ExportJob -> stage manifest fields)."""
-    assert job.payload == ONNX_DIR, job.payload
-    return export(job.model_dir, job.quant_dir, job.out, job.weights, job.kv_cache, job.target_sm,
-                  draft_dir=job.draft_dir, handoff=job.handoff, externalize=job.externalize)
+def export_job(job: ExportJob) -> ExportRecord:
+    """The edgellm backend's export step (pipeline/workstation/exporters.py)."""
+    return export(job.model_dir, job.quant_dir, job.stage_dir, job.payload_dir, job.weights, job.kv_cache,
+                  job.target_sm, draft_dir=job.draft_dir, handoff=job.handoff, externalize=job.externalize)

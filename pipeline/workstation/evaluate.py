@@ -190,7 +190,7 @@ def prompt_lengths(model_dir, validation: dict) -> list[tuple[str, int]]:
     return [(p, len(render_prompt(tok, p, chat)[1])) for p in validation["prompts"]]
 
 
-def make_goldens(model, tokenizer, validation: dict, model_dir=None) -> dict:
+def make_goldens(model, tokenizer, validation: dict, model_dir=None) -> contract.Goldens:
     """Greedy completions and per-step top-k log-probs for every validation prompt, asked as the deployed model is
     asked (render_prompt)."""
     chat = uses_chat_template(tokenizer, validation)
@@ -203,17 +203,18 @@ def make_goldens(model, tokenizer, validation: dict, model_dir=None) -> dict:
     for prompt in validation["prompts"]:
         rendered, ids = render_prompt(tokenizer, prompt, chat)
         g = greedy(model, ids, validation["max_new_tokens"], validation["top_k_logprobs"], stops)
-        prompts.append({"prompt": prompt, "rendered": rendered, "input_ids": ids, **g,
-                        "text": tokenizer.decode(g["output_ids"], skip_special_tokens=True)})
-    return {"format": contract.Goldens.FORMAT, "max_new_tokens": validation["max_new_tokens"],
-            "min_token_agreement": validation["min_token_agreement"], "top_k": validation["top_k_logprobs"],
-            "eos_token_id": stops[0] if stops else None, "stop_token_ids": stops, "chat_template": chat,
-            "prompts": prompts}
+        prompts.append(contract.GoldenPrompt(
+            prompt=prompt, rendered=rendered, input_ids=ids, output_ids=g["output_ids"],
+            top_logprobs=g["top_logprobs"], text=tokenizer.decode(g["output_ids"], skip_special_tokens=True)))
+    return contract.Goldens(max_new_tokens=validation["max_new_tokens"],
+                            min_token_agreement=validation["min_token_agreement"], top_k=validation["top_k_logprobs"],
+                            eos_token_id=stops[0] if stops else None, stop_token_ids=stops, chat_template=chat,
+                            prompts=prompts)
 
 
-def weak_prompts(goldens: dict) -> list[str]:
+def weak_prompts(goldens: contract.Goldens) -> list[str]:
     """Prompts whose golden answer is shorter than half of max_new_tokens: few tokens to compare, a weak check."""
-    return [p["prompt"] for p in goldens["prompts"] if len(p["output_ids"]) < goldens["max_new_tokens"] / 2]
+    return [p.prompt for p in goldens.prompts if len(p.output_ids) < goldens.max_new_tokens / 2]
 
 
 def _windows(tokenizer, text: str, seq_len: int) -> list[list[int]]:

@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 
 from pipeline import backends
+from pipeline.backends import ExportJob
+from pipeline.contract import ExportRecord, ReaderCheck
 from pipeline.errors import PipelineError
 from pipeline.plan.formats import WEIGHT_FORMATS
 from pipeline.progress import StepTimer
@@ -155,7 +157,7 @@ def export_device(model_dir: Path) -> str:
 
 
 def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, check_ids: list[int],
-           handoff=None) -> dict:
+           handoff=None) -> ExportRecord:
     import gc
 
     import torch
@@ -215,10 +217,10 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, check_ids:
     if failed:
         raise PipelineError(f"exported checkpoint disagrees with the calibrated model: {'; '.join(failed)} "
                             f"({check})", "this is a bug in the export path; please report it with the recipe")
-    return {"export": {"quant_algo": cfg["quantization"]["quant_algo"],
-                       "kv_cache_quant_algo": cfg["quantization"].get("kv_cache_quant_algo"),
-                       "rotary_base": base, "rotary_scaling": scaling, "reader_check": check,
-                       "seconds": timer.seconds}}
+    return ExportRecord(quant_algo=cfg["quantization"]["quant_algo"],
+                        kv_cache_quant_algo=cfg["quantization"].get("kv_cache_quant_algo"), weights=weights,
+                        rotary_base=base, rotary_scaling=scaling, reader_check=ReaderCheck(**check),
+                        seconds=timer.seconds)
 
 
 CHECK_TOKENS = 32      # held-out tokens the reference and the independent reader both run
@@ -234,7 +236,7 @@ def check_token_ids(model_dir: Path) -> list[int]:
     return tok(" ".join(load_texts("builtin:heldout-en")), add_special_tokens=False)["input_ids"][:CHECK_TOKENS]
 
 
-def export_job(job) -> dict:
-    """The trtllm-0.12 backend's export step (pipeline.backends.ExportJob -> stage manifest fields)."""
-    return export(job.model_dir, job.quant_dir, job.out / job.payload, job.weights, check_token_ids(job.model_dir),
+def export_job(job: ExportJob) -> ExportRecord:
+    """The trtllm-0.12 backend's export step (pipeline/workstation/exporters.py)."""
+    return export(job.model_dir, job.quant_dir, job.payload_dir, job.weights, check_token_ids(job.model_dir),
                   handoff=job.handoff)

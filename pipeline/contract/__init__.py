@@ -1,0 +1,154 @@
+"""The contract between the workstation and the device: file names, and the JSON records they exchange.
+
+Every file a kit, a device work directory or an engine bundle holds is named here once, and every JSON record
+that crosses from one half to the other (or from one run to the next) is a typed dataclass with a format tag and
+version, built typed by its writer and read strictly by its reader (pipeline/contract/base.py: the machinery and the
+evolution rule: a reader reads its own version and each older one it has an upgrade for; anything newer is refused,
+naming which side to update):
+
+    jetson-plan/2              plan.json         planner -> package, device driver, gate, builders      (plan.py)
+    jetson-kit-manifest/1      MANIFEST.json     pack -> verify, unpack, transfer, device driver, gate  (kit.py)
+    jetson-bundle-manifest/1   MANIFEST.json     device -> verify, unpack                               (kit.py)
+    jetson-stages/1            stages.json       package -> the user                                    (kit.py)
+    jetson-goldens/1           goldens.json      goldens stage -> device runners, report                (kit.py)
+    jetson-board/2             board.json        probe -> gate, device driver, report, bundles          (device.py)
+    jetson-validation/1        validation.json   a backend's runner -> report                           (device.py)
+    jetson-build/1             build.json        device driver -> its next run                          (device.py)
+    jetson-report/2            report.json       report -> the user, builders                           (device.py)
+
+Standard library only: this package runs on the device's Python 3.10 without torch.
+"""
+
+from pipeline.contract.base import MAX_RECORD_BYTES, ContractError, Part, Record
+from pipeline.contract.device import (
+    Board,
+    BuildRecord,
+    Check,
+    DeviceFacts,
+    Gap,
+    KvAllocation,
+    Measured,
+    PhaseMemory,
+    Predicted,
+    PromptOutcome,
+    PromptResult,
+    Report,
+    Validation,
+)
+from pipeline.contract.kit import (
+    MANIFESTS,
+    BundleManifest,
+    BundleMeta,
+    Compat,
+    Entry,
+    ExportRecord,
+    ExternalWeights,
+    GoldenPrompt,
+    Goldens,
+    KitManifest,
+    KitMeta,
+    KitRef,
+    Manifest,
+    OnnxGraph,
+    PayloadFile,
+    ReaderCheck,
+    SpeculativeExport,
+    StageRef,
+    Stages,
+    manifest_from_dict,
+)
+from pipeline.contract.plan import (
+    MAX_BATCH_SIZE,
+    MAX_CONTEXT,
+    MAX_NUM_TOKENS_CAP,
+    BuildLimits,
+    BuildOnBoard,
+    DraftMemory,
+    MemoryPlan,
+    ModelInfo,
+    Plan,
+    Prediction,
+    QuantSettings,
+    Speculative,
+    Stack,
+)
+
+__all__ = [
+    "Board",
+    "BuildLimits",
+    "BuildOnBoard",
+    "BuildRecord",
+    "BundleManifest",
+    "BundleMeta",
+    "Check",
+    "Compat",
+    "ContractError",
+    "DeviceFacts",
+    "DraftMemory",
+    "Entry",
+    "ExportRecord",
+    "ExternalWeights",
+    "Gap",
+    "GoldenPrompt",
+    "Goldens",
+    "KitManifest",
+    "KitMeta",
+    "KitRef",
+    "KvAllocation",
+    "MANIFESTS",
+    "MAX_BATCH_SIZE",
+    "MAX_CONTEXT",
+    "MAX_NUM_TOKENS_CAP",
+    "MAX_RECORD_BYTES",
+    "Manifest",
+    "Measured",
+    "MemoryPlan",
+    "ModelInfo",
+    "OnnxGraph",
+    "Part",
+    "PayloadFile",
+    "PhaseMemory",
+    "Plan",
+    "Predicted",
+    "Prediction",
+    "PromptOutcome",
+    "PromptResult",
+    "QuantSettings",
+    "ReaderCheck",
+    "Record",
+    "Report",
+    "Speculative",
+    "SpeculativeExport",
+    "Stack",
+    "StageRef",
+    "Stages",
+    "Validation",
+    "manifest_from_dict",
+]
+
+# ---------------------------------------------------------------------------------------------------- file names
+# A kit (or an engine bundle) directory, as it travels:
+MANIFEST = "MANIFEST.json"
+SUMS = "SHA256SUMS"
+SIG = "SHA256SUMS.minisig"
+# A workstation stage directory's record of its outputs (pipeline/graph/framework.py):
+STAGE_MANIFEST = "stage.json"
+# Inside a kit's payload:
+PLAN = "plan.json"
+GOLDENS = "goldens.json"
+RECIPE = "recipe.toml"
+STAGES = "stages.json"
+ACCURACY_JSON = "accuracy.json"
+ACCURACY_MD = "accuracy.md"
+TOKENIZER_DIR = "tokenizer"
+# The device's work directory (`--work`) and results (`--out`):
+KIT_DIR = "kit"
+ENGINE_DIR = "engine"
+ENGINE_STAGING = "engine.partial"
+BOARD = "board.json"
+BUILD_RECORD = "build.json"
+BUILD_LOG = "build.log"
+VALIDATION = "validation.json"
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+REPORT_SVG = "report.svg"

@@ -1,0 +1,195 @@
+"""What the device half reads and writes: the board, a validation run's result, the build record, the report.
+
+    jetson-board/2        board.json        probe -> gate, device driver, report, bundles
+    jetson-validation/1   validation.json   a backend's runner -> report
+    jetson-build/1        build.json        device driver -> the next run (engine reuse)
+    jetson-report/2       report.json       report -> the user, builders
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from pipeline.contract.base import Part, Record
+
+# jetson-board/1's installed-version fields -> the Python distribution each named (now python_packages)
+_BOARD_1_PACKAGES = {"tensorrt_llm": "tensorrt_llm", "edgellm": "tensorrt_edgellm"}
+
+
+def _board_1_to_2(obj: dict) -> dict:
+    out = {k: v for k, v in obj.items() if k not in _BOARD_1_PACKAGES}
+    out["python_packages"] = {p: obj[k] for k, p in _BOARD_1_PACKAGES.items() if obj.get(k)}
+    return out
+
+
+@dataclass(frozen=True)
+class Board(Record):
+    """What a Jetson is, as `probe` read it from its files (None: could not be read).
+    2: the installed engine backends' Python distributions and versions (python_packages; a backend's record names
+    its distribution), not one field per backend."""
+    FORMAT: ClassVar[str] = "jetson-board/2"
+    UPGRADES: ClassVar = {"jetson-board/1": _board_1_to_2}
+    l4t: str | None
+    jetpack: str | None
+    board: str | None
+    compatible: list[str]
+    soc: str | None
+    sm: str | None
+    target: str | None
+    cuda: str | None
+    tensorrt: str | None
+    python_packages: dict[str, str]     # distribution -> version, of the engine backends' runtimes found
+    memory_total: int | None
+    memory_available: int | None
+    power_mode: str | None
+    emc_hz: int | None
+    bandwidth_gbs: float | None
+    swap_free: int | None = None        # SwapFree: what the pageable part of an engine build can page out to
+
+    @property
+    def is_jetson(self) -> bool:
+        return self.soc is not None
+
+    @property
+    def name(self) -> str:
+        return self.target or self.board or "an unknown Jetson"
+
+
+@dataclass(frozen=True)
+class PhaseMemory(Part):
+    """What one phase (the engine build, a validation run) took from the board (pipeline/device/memwatch.py)."""
+    taken: int | None           # largest MemAvailable + SwapFree drop against the phase's baseline
+    swapped: int                # largest SwapFree drop
+    peak_rss: int | None        # largest resident memory of the phase's process tree
+    min_available: int | None   # lowest MemAvailable seen
+    samples: int
+
+
+@dataclass(frozen=True)
+class KvAllocation(Part):
+    """The paged KV cache the runtime said it allocated, and which of its lines said so."""
+    tokens: int
+    bytes: int | None
+    source: str
+
+
+@dataclass(frozen=True)
+class PromptResult(Part):
+    """What the engine produced for one golden prompt, and what the runtime measured while it did: token ids where
+    the runtime returns them (TensorRT-LLM), else the decoded text (Edge-LLM's llm_inference)."""
+    prompt: str
+    output_ids: list[int] | None = None
+    output_text: str | None = None
+    ttft_s: float | None = None
+    decode_tok_s: float | None = None
+    seconds: float | None = None
+    acceptance: float | None = None             # EAGLE-3: tokens per base step
+    peak_unified_memory: float | None = None    # the runtime's own memory monitor
+
+
+@dataclass(frozen=True)
+class Validation(Record):
+    """One validation run of the kit's golden prompts on the built engine (a backend's runner)."""
+    FORMAT: ClassVar[str] = "jetson-validation/1"
+    runtime: str
+    speed_source: str
+    prompts: list[PromptResult]
+    kv_cache: KvAllocation | None = None
+    kv_tokens_requested: int | None = None
+    kv_cache_stats: dict[str, int] | None = None     # the executor's KvCacheStats, where it exposes them
+
+
+@dataclass(frozen=True)
+class BuildRecord(Record):
+    """The device's record of an engine it built: reused by a later run only if its MAC (keyed with this device's
+    secret) holds, it names this kit and these commands, and the engine's files still hash as recorded."""
+    FORMAT: ClassVar[str] = "jetson-build/1"
+    argvs: list[list[str]]
+    seconds: float
+    memory: PhaseMemory
+    kit_manifest_sha256: str
+    engine_files: dict[str, str]
+    mac: str = ""
+
+
+@dataclass(frozen=True)
+class Check(Part):
+    check: str
+    required: str
+    measured: int | float | None
+    ok: bool
+    by: int | float | str | None = None
+
+
+@dataclass(frozen=True)
+class DeviceFacts(Part):
+    target: str | None
+    board: str | None
+    jetpack: str | None
+    l4t: str | None
+    tensorrt: str | None
+    power_mode: str | None
+    bandwidth_gbs: float | None
+
+
+@dataclass(frozen=True)
+class Measured(Part):
+    """Every figure here was measured in this run (or, for a reused engine, in the run that built it)."""
+    decode_tok_s: float | None
+    ttft_s: float | None
+    prompt_tokens: int
+    speed_source: str | None
+    acceptance: float | None
+    kv_cache: KvAllocation | None
+    build_seconds: float | None
+    build_memory: PhaseMemory | None
+    runtime_memory: PhaseMemory | None
+    peak_unified_memory: float | None
+
+
+@dataclass(frozen=True)
+class Predicted(Part):
+    decode_tok_s: float | None
+    ttft_ms: float | None
+    memory_total: int | None
+    build_peak: int | None
+    kv_cache_bytes: int | None
+    kv_cache_tokens: int
+    usable_headless: int | None
+    power_mode: str | None
+
+
+@dataclass(frozen=True)
+class PromptOutcome(Part):
+    prompt: str
+    agreement: float
+    ttft_s: float | None
+    decode_tok_s: float | None
+    acceptance: float | None
+
+
+@dataclass(frozen=True)
+class Gap(Part):
+    """A figure more than the report's tolerance off its prediction, with its likely causes."""
+    figure: str
+    measured: float
+    predicted: float
+    off_by: float
+    likely_causes: list[str]
+
+
+@dataclass(frozen=True)
+class Report(Record):
+    """The device's validation report: each check with what was required, measured and how far off.
+    2: every figure under "measured" is measured (memory per phase, the KV cache the runtime allocated), the chart is
+    an SVG with labels and values."""
+    FORMAT: ClassVar[str] = "jetson-report/2"
+    ok: bool
+    checks: list[Check]
+    device: DeviceFacts
+    measured: Measured
+    predicted: Predicted
+    prompts: list[PromptOutcome] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)      # figures > 25% off their prediction, with causes
+    notes: list[str] = field(default_factory=list)     # e.g. golden answers too short to be a strong check

@@ -1,0 +1,226 @@
+"""What travels: kit and bundle manifests, the export record a kit carries, the stages record and the goldens.
+
+    jetson-kit-manifest/1      MANIFEST.json of a kit     pack -> verify, unpack, transfer, device driver, gate
+    jetson-bundle-manifest/1   MANIFEST.json of a bundle  device -> verify, unpack, install
+    jetson-stages/1            stages.json                package -> the user (which stage outputs made the kit)
+    jetson-goldens/1           goldens.json               goldens stage -> device runners, report
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pipeline.contract.base import ContractError, Part, Record, _short
+from pipeline.contract.device import Board
+from pipeline.contract.plan import BuildLimits, QuantSettings, Stack
+
+
+@dataclass(frozen=True)
+class Entry(Part):
+    """One part file of a kit (NAME.tar.000 ...)."""
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class PayloadFile(Part):
+    path: str
+    size: int
+    sha256: str
+
+
+# -------------------------------------------------------------------------------------------------- the export
+@dataclass(frozen=True)
+class ReaderCheck(Part):
+    """The TensorRT-LLM checkpoint read back by the independent reader against the calibrated model."""
+    logit_cosine: float
+    logit_cosine_min: float
+    top1_agreement: float
+    top1_tie_aware: float
+    positions: int
+    layer_error_max: float
+    layer_error_worst: int
+    rounds_activations: bool
+
+
+@dataclass(frozen=True)
+class OnnxGraph(Part):
+    """An exported ONNX graph as checked against what llm_build expects."""
+    inputs: list[str]
+    outputs: list[str]
+    custom_ops: list[str]
+    ops: int
+
+
+@dataclass(frozen=True)
+class ExternalWeights(Part):
+    """An Edge-LLM external weight file beside the graph (config.json's external_weight_files)."""
+    file: str
+    kind: str
+    tensors: int
+    size: int
+
+
+@dataclass(frozen=True)
+class SpeculativeExport(Part):
+    method: str
+    draft_weights: str
+    draft_vocab_size: int | None
+    base_hidden_state_layers: list[int] | None
+    draft_onnx: OnnxGraph | None = None
+
+
+@dataclass(frozen=True)
+class ExportRecord(Part):
+    """What a backend's export step made (its stage manifest's "export" field; the kit carries it without the graph
+    listing). Fields a backend does not make are None: the TensorRT-LLM checkpoint has a reader check, Edge-LLM's
+    ONNX a graph, a target SM and its plugin and external-weight choices."""
+    quant_algo: str | None
+    kv_cache_quant_algo: str | None
+    weights: str | None = None
+    kv_cache: str | None = None
+    group_size: int | None = None
+    rotary_base: float | None = None
+    rotary_scaling: dict[str, Any] | None = None    # the checkpoint's rope scaling as transformers defines it
+    reader_check: ReaderCheck | None = None
+    seconds: dict[str, float] | None = None
+    kv_cache_dtype: str | None = None
+    target_sm: int | None = None
+    int4_gemm_plugin_version: int | None = None
+    externalized_weights: list[ExternalWeights] = field(default_factory=list)
+    onnx: OnnxGraph | None = None
+    speculative: SpeculativeExport | None = None
+    versions: dict[str, str | None] | None = None
+
+    def for_kit(self) -> ExportRecord:
+        """What a kit's manifest carries: the record without the graph listings."""
+        import dataclasses
+        spec = self.speculative
+        return dataclasses.replace(self, onnx=None, speculative=None if spec is None else
+                                   dataclasses.replace(spec, draft_onnx=None))
+
+
+# ---------------------------------------------------------------------------------------------------- manifests
+@dataclass(frozen=True)
+class _Packed(Record):
+    """What every packed directory's MANIFEST.json holds: its parts and its payload files."""
+    kind: str
+    name: str
+    created: str
+    compression: str
+    part_size: int
+    parts: list[Entry]
+    files: list[PayloadFile]
+    total_size: int
+
+
+@dataclass(frozen=True)
+class KitMeta(Part):
+    """A kit's own fields: what it was made for (the gate's requirement) and how."""
+    recipe: str | None = None
+    target: str | None = None
+    sm: str | None = None
+    backend: str | None = None
+    stack: Stack | None = None
+    quant: QuantSettings | None = None
+    limits: BuildLimits | None = None
+    versions: dict[str, str] | None = None
+    export: ExportRecord | None = None      # the backend export's record (quant algo, checks, versions)
+
+
+@dataclass(frozen=True)
+class KitManifest(KitMeta, _Packed):
+    """MANIFEST.json of a kit: what the workstation made."""
+    FORMAT: ClassVar[str] = "jetson-kit-manifest/1"
+
+
+@dataclass(frozen=True)
+class Compat(Part):
+    """What another board must match to load an engine bundle without rebuilding."""
+    sm: str
+    tensorrt: str
+    jetpack: str
+    backend: str
+    backend_version: str
+
+
+@dataclass(frozen=True)
+class KitRef(Part):
+    """The kit a bundle's engine was built from."""
+    name: str
+    signed_by: str
+    created: str
+    quant: QuantSettings | None
+    limits: BuildLimits | None
+
+
+@dataclass(frozen=True)
+class BundleMeta(Part):
+    recipe: str | None
+    target: str | None
+    compat: Compat
+    built_on: Board
+    kit: KitRef
+
+
+@dataclass(frozen=True)
+class BundleManifest(BundleMeta, _Packed):
+    """MANIFEST.json of an engine bundle: what a device built from a kit, and what another board must match."""
+    FORMAT: ClassVar[str] = "jetson-bundle-manifest/1"
+
+
+Manifest = KitManifest | BundleManifest
+MANIFESTS: dict[str, type[KitManifest] | type[BundleManifest]] = {"kit": KitManifest, "bundle": BundleManifest}
+
+
+def manifest_from_dict(obj: Any, source: str) -> Manifest:
+    """A MANIFEST.json of either kind, read as the record its `kind` names."""
+    if not isinstance(obj, dict):
+        raise ContractError(f"{source}: expected a JSON object, found {type(obj).__name__}",
+                            "this file is damaged or was not written by the pipeline: re-create or re-copy it")
+    kind = obj.get("kind")
+    if kind not in MANIFESTS:
+        raise ContractError(f"{source}: kind = {_short(kind)}: expected one of {', '.join(MANIFESTS)}",
+                            "this file is damaged or was not written by the pipeline: re-create or re-copy it")
+    return MANIFESTS[kind].from_dict(obj, source)
+
+
+# ------------------------------------------------------------------------------------------ stages and goldens
+@dataclass(frozen=True)
+class StageRef(Part):
+    """One workstation stage whose outputs went into the kit: its key and its outputs' digest."""
+    id: str
+    key: str
+    content_digest: str
+    tools: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Stages(Record):
+    FORMAT: ClassVar[str] = "jetson-stages/1"
+    stages: dict[str, StageRef]
+
+
+@dataclass(frozen=True)
+class GoldenPrompt(Part):
+    prompt: str
+    input_ids: list[int]
+    output_ids: list[int]
+    top_logprobs: list[list[list[float]]]
+    text: str
+    rendered: str = ""      # the exact text the model is given (chat template applied, or raw with its special tokens)
+
+
+@dataclass(frozen=True)
+class Goldens(Record):
+    """Reference greedy outputs of the deployed numerics, which the engine must reproduce."""
+    FORMAT: ClassVar[str] = "jetson-goldens/1"
+    max_new_tokens: int
+    min_token_agreement: float
+    top_k: int
+    eos_token_id: int | None
+    prompts: list[GoldenPrompt]
+    stop_token_ids: list[int] = field(default_factory=list)    # every id that ends a generation (eos first)
+    chat_template: bool = False         # prompts were rendered with the model's chat template
