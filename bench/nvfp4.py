@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipeline.recipe import Calibration
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
@@ -33,7 +35,7 @@ def main() -> int:
     model_dir, qdir, edir = root / "model", root / "quantize", root / "export"
     materialize(args.builtin, model_dir)
     qdir.mkdir()
-    cal = {"source": "builtin:calib-en", "samples": 16, "seq_len": 64, "seed": 0}
+    cal = Calibration("builtin:calib-en", 16, 64, 0)
     torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
     handoff = ModelHandoff()

@@ -76,7 +76,7 @@ def run_plain(model_dir: Path, out: Path, weights: str, group: int | None, cal: 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
     step("load")
     tok = AutoTokenizer.from_pretrained(model_dir)
-    windows = token_windows(tok, load_texts(cal["source"]), cal["samples"], cal["seq_len"], cal["seed"])
+    windows = token_windows(tok, load_texts(cal.source), cal.samples, cal.seq_len, cal.seed)
     step("tokenize")
 
     def loop(m):
@@ -149,8 +149,8 @@ def main() -> int:
     import torch
     gpu = torch.cuda.is_available()
     weights = args.weights or ("int4_awq" if gpu else "int8_wo")
-    cal = {"source": "builtin:calib-en", "samples": args.samples or (128 if gpu else 4),
-           "seq_len": args.seq_len or (512 if gpu else 64), "seed": 0}
+    from pipeline.recipe import Calibration
+    cal = Calibration("builtin:calib-en", args.samples or (128 if gpu else 4), args.seq_len or (512 if gpu else 64), 0)
     group = 128 if weights == "int4_awq" else None
 
     root = Path(args.workdir or tempfile.mkdtemp(prefix="quant-bench-"))
@@ -206,7 +206,7 @@ def main() -> int:
     p, q = results["plain"], results["pipeline"]
     where = "cuda: " + torch.cuda.get_device_name() if gpu else "cpu"
     print(f"\nminimum of {args.repeat} run(s) each; {weights} on {where}, {args.shape} shape, "
-          f"{cal['samples']}x{cal['seq_len']} calibration tokens")
+          f"{cal.samples}x{cal.seq_len} calibration tokens")
     print(f"{'':<10}{'wall s':>10}{'peak RSS GB':>14}{'peak GPU GB':>14}")
     for name, r in (("plain", p), ("pipeline", q)):
         print(f"{name:<10}{r['wall_s']:>10.1f}{r['peak_rss'] / 1e9:>14.2f}{r['peak_gpu'] / 1e9:>14.2f}")

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from pipeline import settings
 from pipeline.errors import PipelineError
 
 EPILOG = """\
@@ -43,8 +44,7 @@ def _plan_cmd(args) -> int:
         raise PipelineError("give a recipe or --model-config, not both")
     if args.recipe:
         from pipeline.graph.specs import fetch_spec
-        from pipeline.plan.planner import config_for, plan_recipe
-        from pipeline.plan.recipe import load_recipe
+        from pipeline.recipe import config_for, load_recipe, plan_recipe
 
         ignored = [flag for flag, dest in AD_HOC_FLAGS.items() if getattr(args, dest) is not None]
         if ignored:
@@ -57,7 +57,7 @@ def _plan_cmd(args) -> int:
             raise PipelineError(f"--target {args.target}: not one of the recipe's targets "
                                 f"({', '.join(recipe.targets)})", "add it to the recipe's targets first")
         targets = [args.target] if args.target else list(recipe.targets)
-        config, source = config_for(recipe, "model", fetch_spec(recipe).dir / "model")
+        config, source = config_for(recipe, recipe.model, fetch_spec(recipe).dir / "model")
         plans = [plan_recipe(recipe, t, config, source, backend=args.backend) for t in targets]
     else:
         missing = [f for f, v in (("--model-config", args.model_config), ("--quant", args.quant),
@@ -90,7 +90,7 @@ def _compare_cmd(args) -> int:
     from pipeline import progress
     from pipeline.graph import compare
     from pipeline.graph.specs import recipe_path
-    from pipeline.plan.recipe import load_recipe
+    from pipeline.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)
     formats = compare.parse_formats(args.formats) if args.formats is not None else compare.default_formats(recipe)
@@ -108,7 +108,7 @@ def _compare_cmd(args) -> int:
     return 0
 
 
-def _targets_cmd(args) -> int:
+def _targets_cmd(_args) -> int:
     from pipeline.plan.targets import load_targets
 
     rows = []
@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
 
     parser = argparse.ArgumentParser(prog="python -m pipeline", description="Deploy LLMs to NVIDIA Jetson.",
-                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=EPILOG + "\n\n" + settings.help_text(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("plan", help="will it fit, through which backend, how fast",
@@ -306,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("kit", help="kit directory (as copied from the workstation)")
     d.add_argument("--work", default=None, help="where to unpack and build (default: ./<kit name>.build)")
     d.add_argument("--out", default=".", help="where the bundle and report go (default: .)")
-    d.add_argument("--root", default=os.environ.get("JETSON_PIPELINE_PROBE_ROOT", "/"),
+    d.add_argument("--root", default=settings.get("JETSON_PIPELINE_PROBE_ROOT", "/"),
                    help="probe this directory instead of / (a recorded board; default $JETSON_PIPELINE_PROBE_ROOT "
                    "or /)")
     d.add_argument("--pubkey", help="trust this public key too")

@@ -5,6 +5,7 @@ Standard library only: the device half (JetPack 6, Python 3.10, no torch) import
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -207,3 +208,9 @@ def sibling(path: Path, suffix: str, hidden: bool = True) -> Path:
     path = Path(path)
     name = path.name if len(os.fsencode(path.name)) <= 200 else hashlib.sha256(os.fsencode(path.name)).hexdigest()[:16]
     return path.with_name(f"{'.' if hidden else ''}{name}.{suffix}")
+
+
+@functools.cache
+def data_digest(name: str) -> str:
+    """A short digest of a data file shipped with the pipeline (pipeline/data/NAME): stage keys depend on it."""
+    return hashlib.sha256((Path(__file__).parent / "data" / name).read_bytes()).hexdigest()[:16]

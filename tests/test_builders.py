@@ -4,8 +4,8 @@ import fcntl
 
 import pytest
 
+from pipeline.builders import SshHost, first_free
 from pipeline.errors import PipelineError
-from pipeline.graph.builders import SSHBuilder, first_free
 
 
 def test_first_free_builder_skips_a_busy_one(tmp_path, monkeypatch):
@@ -23,10 +23,10 @@ def test_first_free_builder_skips_a_busy_one(tmp_path, monkeypatch):
 
 
 def test_ssh_urls_parse_and_bad_ones_are_named():
-    assert SSHBuilder.parse("ssh://nvidia@10.0.0.7:2222") == SSHBuilder("nvidia", "10.0.0.7", 2222)
-    assert SSHBuilder.parse("ssh://orin").target == "orin" and SSHBuilder.parse("ssh://orin").port == 22
+    assert SshHost.parse("ssh://nvidia@10.0.0.7:2222") == SshHost("nvidia", "10.0.0.7", 2222)
+    assert SshHost.parse("ssh://orin").target == "orin" and SshHost.parse("ssh://orin").port == 22
     with pytest.raises(PipelineError, match="builder 'ssh://a@b:x' is not ssh://user@host"):
-        SSHBuilder.parse("ssh://a@b:x")
+        SshHost.parse("ssh://a@b:x")
 
 
 def test_recipe_builder_list_is_checked(project):
@@ -45,7 +45,7 @@ def test_recipe_builder_list_is_checked(project):
 def test_recipe_and_builder_agree_on_every_url(url):
     """One grammar: a URL the recipe check accepts is one the builder parses (ssh://a@b:x once passed the recipe
     and failed only after the whole workstation run)."""
-    from pipeline.plan.recipe import parse_recipe
+    from pipeline.recipe import parse_recipe
     from tests.test_recipe import base
 
     data = base()
@@ -53,4 +53,4 @@ def test_recipe_and_builder_agree_on_every_url(url):
     with pytest.raises(PipelineError, match=r"build\.builder"):
         parse_recipe(data, "x.toml")
     with pytest.raises(PipelineError, match="is not ssh://user@host"):
-        SSHBuilder.parse(url)
+        SshHost.parse(url)

@@ -97,13 +97,14 @@ def test_a_second_compare_measures_nothing_again(compared):
 def test_compare_shares_the_builds_stages():
     from pipeline.graph.compare import variant
     from pipeline.graph.specs import accuracy_spec, quantize_spec
-    from pipeline.plan.recipe import load_recipe
+    from pipeline.recipe import load_recipe
 
     recipe = load_recipe("tiny-llama-cpu")
     same = variant(recipe, recipe.weights)
     assert quantize_spec(same).id == quantize_spec(recipe).id and accuracy_spec(same).id == accuracy_spec(recipe).id
     other = variant(recipe, "int8_wo")
-    edited = dataclasses.replace(recipe, quantization=dict(recipe.quantization, weights="int8_wo", group_size=None))
+    edited = dataclasses.replace(recipe, quantization=dataclasses.replace(recipe.quantization, weights="int8_wo",
+                                                                                group_size=None))
     assert accuracy_spec(other).id == accuracy_spec(edited).id != accuracy_spec(recipe).id
 
 

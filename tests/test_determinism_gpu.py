@@ -15,6 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pipeline.recipe import Calibration
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -33,7 +35,7 @@ def run_once(weights: str = "fp8", kv: str = "fp8") -> dict:
         materialize("tiny-llama", root / "model")
         (root / "q").mkdir()
         info = quantize(root / "model", root / "q", weights, kv, None,
-                        {"source": "builtin:calib-en", "samples": 8, "seq_len": 64, "seed": 0}, ".")
+                        Calibration("builtin:calib-en", 8, 64, 0), ".")
         export(root / "model", root / "q", root / "e", root / "e" / "onnx", weights, kv, "11.0")
         return {"device": info["quantize"]["device"], "quantize": _tree(root / "q"), "onnx": _tree(root / "e" / "onnx")}
 

@@ -67,10 +67,10 @@ class Block:
             raise ImportError(f"blocked on the device: {name}")     # the workstation half stays off the device
 sys.meta_path.insert(0, Block())
 import pipeline
-names = [m.name for pkg in ("device", "kit", "backends", "plan")
+names = [m.name for pkg in ("device", "kit", "backends", "plan", "contract")
          for m in pkgutil.walk_packages([f"{pipeline.__path__[0]}/{pkg}"], f"pipeline.{pkg}.")]
 names += ["pipeline.cli", "pipeline.contract", "pipeline.errors", "pipeline.files", "pipeline.progress",
-          "pipeline.tomlcompat"]
+          "pipeline.tomlcompat", "pipeline.settings", "pipeline.builders"]
 for name in names:
     importlib.import_module(name)
 print(len(names), "modules")

@@ -1,5 +1,6 @@
 """Workstation stages for Orin: quantize -> TensorRT-LLM 0.12 checkpoint -> independent reader, on tiny models."""
 
+import dataclasses
 import json
 
 import pytest
@@ -8,6 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.errors import PipelineError
 from pipeline.plan.formats import WEIGHT_FORMATS
+from pipeline.recipe import Calibration
 from pipeline.workstation.calibrate import quantize
 from pipeline.workstation.models import pick_device
 from pipeline.workstation.reader import CheckpointModel, agreement, unpack_int4
@@ -15,7 +17,7 @@ from pipeline.workstation.state import ModelHandoff, load_quantized
 from pipeline.workstation.trtllm_checkpoint import validate
 from pipeline.workstation.trtllm_export import check_architecture, export, export_device, rope_settings
 
-CAL = {"source": "builtin:calib-en", "samples": 8, "seq_len": 64, "seed": 0}
+CAL = Calibration("builtin:calib-en", 8, 64, 0)
 
 
 @pytest.fixture(scope="session")
@@ -171,11 +173,12 @@ def test_calibration_data_is_used_exactly_where_the_stage_key_says(builtin, tmp_
     corpus = tmp_path / "other.txt"
     corpus.write_text("An unrelated calibration text about something else entirely. " * 200)
     amax = {}
-    for which, source in (("builtin", CAL["source"]), ("file", f"file:{corpus}")):
+    for which, source in (("builtin", CAL.source), ("file", f"file:{corpus}")):
         out = tmp_path / which
         out.mkdir()
         for weights, kv in (("int8_wo", "fp16"), ("int8_wo", "int8")):
-            info = quantize(src, out, weights, kv, None, {**CAL, "source": source}, str(tmp_path / "r.toml"))
+            info = quantize(src, out, weights, kv, None, dataclasses.replace(CAL, source=source),
+                            str(tmp_path / "r.toml"))
             assert info["quantize"]["calibration_tokens"] == (0 if kv == "fp16" else 8 * 64)
             model = load_quantized(src, out, consume=True)
             attn = model.model.layers[0].self_attn
@@ -196,6 +199,7 @@ def test_the_calibrated_model_is_freed_once_export_took_it(builtin, tmp_path):
     code = f"""
 import gc, weakref
 from pathlib import Path
+from pipeline.recipe import Calibration
 from pipeline.workstation.calibrate import quantize
 from pipeline.workstation.state import ModelHandoff
 from pipeline.workstation.trtllm_export import export

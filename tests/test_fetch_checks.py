@@ -2,7 +2,7 @@ import pytest
 from conftest import write_checkpoint
 
 from pipeline.errors import InputError, PipelineError
-from pipeline.plan.recipe import parse_recipe
+from pipeline.recipe import parse_recipe
 from pipeline.workstation.fetch import fetch_local
 from pipeline.workstation.safetensors_check import check_safetensors
 

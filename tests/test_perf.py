@@ -14,10 +14,10 @@ def test_fit_is_reproducible_and_within_15_percent():
     assert len(rows) >= 40 and all(r.source.startswith("http") for r in rows)
     report = perf.fit_report(rows)
     stored = json.loads(perf.FIT.read_text())
-    assert report["classes"] == stored["classes"], "data/perf_fit.json is stale: run python -m pipeline.plan.perf fit"
+    assert report["classes"] == stored["classes"], "data/perf_fit.json is stale: run python -m pipeline.perf fit"
     # the prefill (TTFT) constants too: a change to the prefill model that is not refitted leaves them stale
     assert prefill.fit_report()["classes"] == stored["prefill"]["classes"], \
-        "data/perf_fit.json's prefill constants are stale: run python -m pipeline.plan.perf fit"
+        "data/perf_fit.json's prefill constants are stale: run python -m pipeline.perf fit"
     assert report["median_abs_error"] <= 0.15
     for cls, err in report["median_abs_error_by_class"].items():
         assert err <= 0.15, cls

@@ -183,8 +183,7 @@ def test_cli_bad_input(project, tmp_path):
 
 
 def test_prequantized_checkpoints_are_refused_with_the_reason():
-    from pipeline.plan.planner import plan_recipe
-    from pipeline.plan.recipe import load_recipe
+    from pipeline.recipe import load_recipe, plan_recipe
     cfg = dict(known("meta-llama/Llama-3.2-3B-Instruct"),
                quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True})
     plan = plan_recipe(load_recipe("llama3.2-3b-orin-nano"), "orin-nano-8gb", cfg, "hub/config.json")
@@ -216,19 +215,18 @@ def test_unreadable_local_config_is_named(tmp_path):
     from conftest import local_recipe
 
     from pipeline.errors import PipelineError
-    from pipeline.plan.planner import config_for
-    from pipeline.plan.recipe import load_recipe
+    from pipeline.recipe import config_for, load_recipe
 
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_bytes(b"\xff{ not json")
     recipe = load_recipe(str(local_recipe(tmp_path / "r.toml", model)))
     with pytest.raises(PipelineError, match=r"config\.json: not UTF-8 text \(byte 0\)") as e:
-        config_for(recipe, "model")
+        config_for(recipe, recipe.model)
     assert "point model.path at a Hugging Face checkpoint directory" in str(e.value)
     (model / "config.json").write_text("[1, 2]")
     with pytest.raises(PipelineError, match=r"config\.json: is a JSON list, not a config object"):
-        config_for(recipe, "model")
+        config_for(recipe, recipe.model)
 
 
 def test_headline_recipe_builds_on_its_own_board_and_predicts_ttft():

@@ -2,6 +2,8 @@
 ids the engine sees, for a Llama-3-style tokenizer (BOS in the template) and a Qwen-style one (no BOS), both built
 offline (a BPE trained with `tokenizers`, the special tokens and chat templates of those families)."""
 
+from types import SimpleNamespace
+
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -45,7 +47,8 @@ def family(request):
 def test_chat_rendering_has_one_bos_and_ends_with_the_generation_prompt(family):
     name, tok = family
     rendered, ids = render_prompt(tok, "What is the capital of France?", chat=True)
-    assert uses_chat_template(tok, {"chat_template": None}) and not uses_chat_template(tok, {"chat_template": False})
+    assert uses_chat_template(tok, SimpleNamespace(chat_template=None)) and \
+        not uses_chat_template(tok, SimpleNamespace(chat_template=False))
     if name == "llama3":
         bos = tok.convert_tokens_to_ids("<|begin_of_text|>")
         assert ids[0] == bos and ids.count(bos) == 1          # the template's BOS, not a second one from encoding

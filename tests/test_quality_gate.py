@@ -4,9 +4,9 @@ import pytest
 from conftest import REPO, Project
 
 from pipeline.errors import PipelineError
-from pipeline.graph.quality import gate, misses
+from pipeline.graph.quality import GateLimits, gate, misses
 
-LIMITS = {"max_perplexity_increase": 0.25, "min_top1_agreement": 0.7}
+LIMITS = GateLimits(max_perplexity_increase=0.25, min_top1_agreement=0.7)
 
 
 def acc(weights, change, top1):

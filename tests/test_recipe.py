@@ -1,7 +1,9 @@
 import pytest
 
+from pipeline.builders import Offline, Ssh
 from pipeline.errors import InputError, PipelineError
-from pipeline.plan.recipe import load_recipe, parse_recipe, recipe_names
+from pipeline.recipe import Calibration, load_recipe, parse_recipe, recipe_names
+from pipeline.recipe.sources import Hub
 
 SHIPPED = ["tiny-llama-cpu", "llama3.2-3b-orin-nano", "qwen2.5-1.5b-orin-nano", "qwen3-1.7b-orin-nano-jp72",
            "llama3.1-8b-agx-orin", "llama3.1-8b-thor-fp8", "llama3.1-8b-thor-nvfp4"]
@@ -30,8 +32,8 @@ def test_every_shipped_recipe_loads():
 def test_defaults_are_applied():
     r = parse_recipe(base(), "recipes/x.toml")
     assert r.kv_cache == "fp16"
-    assert r.quantization["calibration"] == {"source": "builtin:calib-en", "samples": 32, "seq_len": 256, "seed": 0}
-    assert r.build["builder"] == "offline" and r.build["max_seq_len"] == 2048
+    assert r.quantization.calibration == Calibration(source="builtin:calib-en", samples=32, seq_len=256, seed=0)
+    assert r.build.builder == Offline() and not r.build.builder.builds and r.build.max_seq_len == 2048
 
 
 def test_unknown_key_is_rejected_with_a_suggestion():
@@ -80,7 +82,7 @@ def test_branch_revision_needs_opt_in():
     assert p.field == "model.revision" and "not a 40-character commit hash" in p.message
     assert "allow_branch" in p.hint
     data["model"]["allow_branch"] = True
-    assert parse_recipe(data, "x.toml").model["revision"] == "main"
+    assert parse_recipe(data, "x.toml").model == Hub("model", "org/model", "main", allow_branch=True)
 
 
 def test_fields_that_do_not_apply_to_the_source():
@@ -97,7 +99,7 @@ def test_input_len_must_leave_room_and_ssh_builder_is_accepted():
     (p,) = problems(data)
     assert p.field == "build.max_input_len" and "below build.max_seq_len (2048)" in p.message
     data["build"] = {"builder": "ssh://nvidia@orin-agx.local:2222"}
-    assert parse_recipe(data, "x.toml").build["builder"] == "ssh://nvidia@orin-agx.local:2222"
+    assert parse_recipe(data, "x.toml").build.builder == Ssh(("ssh://nvidia@orin-agx.local:2222",))
 
 
 def test_missing_and_invalid_files(tmp_path):
@@ -128,4 +130,4 @@ def test_calibration_file_must_exist(tmp_path):
     assert "must be a .txt or .jsonl file" in p.message
     (tmp_path / "calib.txt").write_text("some text")
     data["quantization"]["calibration"] = {"source": "file:calib.txt"}
-    assert parse_recipe(data, str(tmp_path / "r.toml")).quantization["calibration"]["source"] == "file:calib.txt"
+    assert parse_recipe(data, str(tmp_path / "r.toml")).quantization.calibration.source == "file:calib.txt"

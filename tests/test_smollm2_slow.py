@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.recipe import Calibration
+
 pytestmark = pytest.mark.slow
 
 
@@ -36,7 +38,7 @@ def test_int4_awq_perplexity_within_20_percent_of_fp32(smollm2, tmp_path):
     from pipeline.workstation.evaluate import accuracy_report, heldout_text
     from pipeline.workstation.state import load_quantized
 
-    cal = {"source": "builtin:calib-en", "samples": 16, "seq_len": 128, "seed": 0}
+    cal = Calibration("builtin:calib-en", 16, 128, 0)
     info = quantize(smollm2, tmp_path, "int4_awq", "fp16", 64, cal, ".")["quantize"]   # hidden 576: group 64
     assert info["group_size"] == 64
     fp32 = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
@@ -65,7 +67,7 @@ def test_every_orin_format_exports_faithfully(smollm2, tmp_path, weights, kv, sa
     from pipeline.workstation.calibrate import quantize
     from pipeline.workstation.trtllm_export import MAX_LAYER_ERROR, MIN_COSINE_ROUNDED, check_token_ids, export
 
-    cal = {"source": "builtin:calib-en", "samples": samples, "seq_len": seq_len, "seed": 0}
+    cal = Calibration("builtin:calib-en", samples, seq_len, 0)
     (tmp_path / "q").mkdir()
     quantize(smollm2, tmp_path / "q", weights, kv, 64 if weights == "int4_awq" else None, cal, ".")
     check = export(smollm2, tmp_path / "q", tmp_path / "e", weights,

@@ -21,7 +21,7 @@ def thor_recipe(extra: str = DRAFT) -> str:
 
 
 def parse(text: str, tmp_path):
-    from pipeline.plan.recipe import load_recipe
+    from pipeline.recipe import load_recipe
     path = tmp_path / "r.toml"
     path.write_text(text)
     return load_recipe(str(path))
@@ -73,16 +73,16 @@ def test_plan_of_the_eagle3_recipe_counts_the_draft_and_builds_two_engines():
 
 
 def test_plan_refuses_a_draft_on_tensorrt_llm_and_a_draft_of_another_base(tmp_path):
-    from pipeline.plan.planner import config_for, plan_recipe
+    from pipeline.recipe import config_for, plan_recipe
 
     orin = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text() + DRAFT
     r = parse(orin, tmp_path)
-    plan = plan_recipe(r, "orin-nano-8gb", *config_for(r, "model"))
+    plan = plan_recipe(r, "orin-nano-8gb", *config_for(r, r.model))
     assert not plan.ok and "EAGLE-3 draft engines" in plan.refused[-1] and "backend = 'edgellm'" in plan.refused[-1]
     assert plan.to_dict()["device_build_commands"] is None
 
     other = parse(thor_recipe().replace('name = "tiny-llama"', 'name = "tiny-llama-h96"'), tmp_path)
-    plan = plan_recipe(other, "agx-thor", *config_for(other, "model"))
+    plan = plan_recipe(other, "agx-thor", *config_for(other, other.model))
     why = " ".join(plan.refused)
     assert "trained on a base of hidden size 64; this base has 96" in why
     assert "the draft's hidden size 64 differs from the base's 96" in why

@@ -67,7 +67,7 @@ def trtllm_build_argv(limits: BuildLimits, checkpoint_dir: str = "checkpoint", o
     return argv
 
 
-def build_commands(limits: BuildLimits, speculative: Speculative | None) -> list[list[str]]:
+def build_commands(limits: BuildLimits, _speculative: Speculative | None) -> list[list[str]]:
     return [trtllm_build_argv(limits)]
 
 
@@ -77,7 +77,7 @@ def build_commands(limits: BuildLimits, speculative: Speculative | None) -> list
 LIBRARIES = 1_000_000_000         # python + torch + tensorrt_llm + TensorRT libraries (trtllm-build is Python)
 
 
-def build_memory(engine_weights: int, activations: int, ffn_int4: int = 0) -> BuildMemory:
+def build_memory(engine_weights: int, activations: int, _ffn_int4: int = 0) -> BuildMemory:
     """host = libraries + checkpoint arrays + serialized engine; device = engine weights + tactic workspace (~2x the
     engine's activations) + CUDA context. ffn_int4: ignored (0.12 keeps every weight inside the engine)."""
     return BuildMemory(

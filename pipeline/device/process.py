@@ -77,7 +77,7 @@ def _marked(run_id: str) -> list[int]:
 @contextlib.contextmanager
 def terminate_as_interrupt():
     """SIGTERM (systemd, a scheduler, `kill`) handled like Ctrl-C: the running child's group is killed."""
-    def handler(signum, frame):
+    def handler(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
     try:
         old = signal.signal(signal.SIGTERM, handler)

@@ -77,7 +77,7 @@ def edgellm_profile(profile: Any) -> dict:
             "peak_unified_memory": _number(profile, "peak_unified_memory_bytes")}
 
 
-def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
+def validate_edgellm(_kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
                      watch: MemoryWatch | None = None, timeout: int = 3600) -> contract.Validation:
     """Edge-LLM's C++ runtime gives text, not token ids: agreement is then measured on the text (report.py)."""
     replace_file(work / "inference-input.json", json.dumps(edgellm_inference_input(goldens), indent=1))
@@ -106,7 +106,7 @@ def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: 
                                prompts=results)
 
 
-def validate_trtllm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
+def validate_trtllm(kit_dir: Path, engine: Path, plan: contract.Plan, _goldens: contract.Goldens, work: Path,
                     watch: MemoryWatch | None = None, timeout: int = 3600) -> contract.Validation:
     from pipeline.device.trtllm_runner import reported_kv_allocation
 

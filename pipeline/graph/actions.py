@@ -28,25 +28,10 @@ from pipeline.graph.specs import (
     recipe_plan,
 )
 from pipeline.plan.formats import WEIGHT_FORMATS
-from pipeline.plan.recipe import Recipe
+from pipeline.recipe import Recipe
 
 
 # ---------------------------------------------------------------------------------------------------- stage actions
-def _fetch_source(recipe: Recipe, name: str, local_dir: Path | None, out: Path, patterns: list[str],
-                  builtin) -> dict:
-    """A [model] or [draft] table's weights (builtin / local directory / hub) into `out`; returns the fetch info."""
-    from pipeline.workstation import fetch
-
-    t = getattr(recipe, name)
-    if t["source"] == "builtin":
-        return builtin(t["name"], out)
-    if t["source"] == "local":
-        assert local_dir is not None
-        return fetch.fetch_local(local_dir, out, recipe.file, patterns, table=name)
-    from pipeline.workstation.hub import fetch_hub
-    return fetch_hub(t["repo"], t["revision"], out, allow_branch=t["allow_branch"], patterns=patterns, table=name)
-
-
 def do_fetch(recipe: Recipe) -> dict:
     from pipeline.workstation import fetch
 
@@ -54,7 +39,7 @@ def do_fetch(recipe: Recipe) -> dict:
 
     def build(out: Path) -> dict:
         model_dir = out / "model"
-        info = _fetch_source(recipe, "model", recipe.model_dir, model_dir, fetch.NEEDED, fetch.fetch_builtin)
+        info = recipe.model.fetch(model_dir, recipe.file, fetch.NEEDED)
         fetch.check_checkpoint(model_dir, recipe.file)
         fetch.check_tokenizer(model_dir, recipe.file)
         return info
@@ -72,17 +57,12 @@ def do_fetch_draft(recipe: Recipe) -> dict:
     d = recipe.draft
     assert spec is not None and d is not None      # the task exists for recipes with a [draft] only
 
-    def builtin(name: str, out: Path) -> dict:
-        from pipeline.workstation.tinymodel import materialize_draft
-        materialize_draft(name, out)
-        return {"source": {"kind": "builtin", "name": name}}
-
     def build(out: Path) -> dict:
         target = out / "draft"
-        info = _fetch_source(recipe, "draft", recipe.draft_dir, target, DRAFT_NEEDED, builtin)
+        info = d.source.fetch(target, recipe.file, DRAFT_NEEDED)
         converted = ensure_safetensors(target)
         shape = check_draft_checkpoint(target, recipe.file)
-        return info | {"draft": {"method": d["method"], "params": shape.params, "converted_from": converted}}
+        return info | {"draft": {"method": d.method, "params": shape.params, "converted_from": converted}}
 
     manifest = run_stage(spec, build)
     recipe_link(recipe, "fetch-draft", None, spec)
@@ -93,12 +73,13 @@ def do_plan(recipe: Recipe, target: str):
     """Plan for one target; writes plan.json/plan.md and returns the Plan (refused plans are written too)."""
     import dataclasses
 
-    from pipeline.plan.planner import config_for, plan_recipe, render_table
+    from pipeline.plan.planner import render_table
     from pipeline.plan.shapes import shape_from_config
     from pipeline.plan.speculative import draft_shape
+    from pipeline.recipe import config_for, plan_recipe
 
-    config, source = config_for(recipe, "model", fetch_spec(recipe).dir / "model")
-    draft = config_for(recipe, "draft", draft_dir(recipe)) if recipe.draft else None
+    config, source = config_for(recipe, recipe.model, fetch_spec(recipe).dir / "model")
+    draft = config_for(recipe, recipe.draft.source, draft_dir(recipe)) if recipe.draft else None
     # keyed on the shape the planner reads, not the config's bytes: the builtin or hub config before the fetch and
     # the fetched config.json after it (which adds transformers_version & co.) plan the same, so the second build
     # of a fresh checkout is a no-op
@@ -164,14 +145,14 @@ def quantize_stage(recipe: Recipe, plans: list[contract.Plan], for_export: bool 
         lengths = prompt_lengths(model_dir(recipe), recipe.validation)
         for plan in plans:
             lim = plan.limits
-            long = prompts_too_long(lengths, recipe.validation["max_new_tokens"], lim.max_input_len, lim.max_seq_len)
+            long = prompts_too_long(lengths, recipe.validation.max_new_tokens, lim.max_input_len, lim.max_seq_len)
             if long:
                 raise PipelineError(f"{recipe.file}: {long[0]}", "shorten the prompt or max_new_tokens, or raise "
                                     "build.max_input_len / build.max_seq_len")
     q = recipe.quantization
     _read_texts(recipe)
-    return run_stage(quantize_spec(recipe), lambda out: quantize(model_dir(recipe), out, q["weights"],
-                                                                 q["kv_cache"], group_sizes.pop(), q["calibration"],
+    return run_stage(quantize_spec(recipe), lambda out: quantize(model_dir(recipe), out, q.weights,
+                                                                 q.kv_cache, group_sizes.pop(), q.calibration,
                                                                  recipe.file, handoff=_handoff()))
 
 
@@ -181,10 +162,10 @@ def _read_texts(recipe: Recipe) -> None:
     from pipeline.workstation.calibration import load_texts
     from pipeline.workstation.evaluate import heldout_text
 
-    source = recipe.quantization["calibration"]["source"]
+    source = recipe.quantization.calibration.source
     if source.startswith("file:"):
         load_texts(source, recipe.file)
-    heldout_text(recipe.validation["heldout"], recipe.file)
+    heldout_text(recipe.validation.heldout, recipe.file)
 
 
 def do_quantize(recipe: Recipe) -> dict:
@@ -297,7 +278,7 @@ def accuracy_stage(recipe: Recipe) -> dict:
         with _reference_model(recipe) as quantized:
             original = load_model(model_dir(recipe), input_device(quantized).split(":")[0])
             with skinny_linears():
-                name, text = heldout_text(recipe.validation["heldout"], recipe.file)
+                name, text = heldout_text(recipe.validation.heldout, recipe.file)
                 report = accuracy_report(original, quantized, tok, text, name)
             write_report(out, report, recipe.weights, recipe.name, fetch_digest(recipe))
         return {"accuracy": {k: report[k] for k in ("perplexity_change", "perplexity_change_interval",

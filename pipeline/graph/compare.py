@@ -20,7 +20,7 @@ from pipeline.errors import PipelineError
 from pipeline.files import write_atomic
 from pipeline.graph.specs import accuracy_spec, fetch_spec, quantize_spec, recipe_path
 from pipeline.plan.formats import WEIGHT_FORMATS
-from pipeline.plan.recipe import Recipe
+from pipeline.recipe import Recipe
 
 FORMAT = "jetson-compare/1"
 JSON_NAME, PNG_NAME = "compare.json", "compare.png"
@@ -74,9 +74,9 @@ def parse_formats(text: str) -> list[str]:
 
 def variant(recipe: Recipe, weights: str) -> Recipe:
     """The recipe with another weight format (KV cache, calibration, limits and validation unchanged)."""
-    q = dict(recipe.quantization, weights=weights)
+    q = dataclasses.replace(recipe.quantization, weights=weights)
     if not WEIGHT_FORMATS[weights].takes_group_size or not WEIGHT_FORMATS[recipe.weights].takes_group_size:
-        q["group_size"] = None          # the planner chooses; a pinned INT4 group means nothing to other formats
+        q = dataclasses.replace(q, group_size=None)  # the planner chooses; a pinned INT4 group means nothing elsewhere
     return dataclasses.replace(recipe, quantization=q)
 
 
@@ -93,13 +93,13 @@ def _stage(stage: str, label: str, log: Path, action, summary) -> bool:
 def run(recipe: Recipe, formats: list[str]) -> dict:
     """Fetch once, then quantize and measure each format; returns the comparison record (compare.json)."""
     from pipeline.graph import actions
-    from pipeline.plan.planner import config_for, plan_recipe
+    from pipeline.recipe import config_for, plan_recipe
 
     logs = recipe_path(recipe, "logs")
     if not _stage("fetch", recipe.name, logs / "fetch.log", lambda: actions.do_fetch(recipe),
                   lambda r: actions.stage_summary("fetch", r)):
         raise PipelineError(f"{recipe.name}: the model could not be fetched (above)")
-    config, source = config_for(recipe, "model", fetch_spec(recipe).dir / "model")
+    config, source = config_for(recipe, recipe.model, fetch_spec(recipe).dir / "model")
     plans = {w: {t: plan_recipe(variant(recipe, w), t, config, source) for t in recipe.targets}
              for w in formats}
     measured: dict[str, Measurement] = {}
@@ -129,7 +129,8 @@ def run(recipe: Recipe, formats: list[str]) -> dict:
                             "compare formats the recipe's targets build (python -m pipeline compare --help)")
     return {"format": FORMAT, "recipe": recipe.name, "model": plans[formats[0]][recipe.targets[0]].model.name,
             "kv_cache": recipe.kv_cache, "heldout": heldout["heldout"], "heldout_tokens": heldout["tokens"],
-            "limits": {k: recipe.validation[k] for k in ("max_perplexity_increase", "min_top1_agreement")},
+            "limits": {"max_perplexity_increase": recipe.validation.max_perplexity_increase,
+                       "min_top1_agreement": recipe.validation.min_top1_agreement},
             "targets": [{"target": t, "target_name": plans[formats[0]][t].target_name,
                          "rows": [dataclasses.asdict(_row(w, plans[w][t], measured.get(w),
                                                           failed.get(w) or _export_refusal(recipe, plans[w][t])))
@@ -172,8 +173,9 @@ def _int(v) -> int | None:
 def within_limits(row: dict, limits: dict) -> bool:
     from pipeline.graph.quality import misses
     m = row["measured"]
+    from pipeline.graph.quality import GateLimits
     return m is not None and not misses({"perplexity_change": m["perplexity_change"], "heldout": "",
-                                         "top1_agreement": m["top1_agreement"]}, limits)
+                                         "top1_agreement": m["top1_agreement"]}, GateLimits(**limits))
 
 
 def recommendation(target: dict, limits: dict) -> str:

@@ -38,8 +38,8 @@ MANIFEST = contract.STAGE_MANIFEST
 
 
 def artifacts_dir() -> Path:
-    from pipeline.plan.recipe import project_root
-    return Path(os.environ.get("PIPELINE_ARTIFACTS") or project_root() / "artifacts")
+    from pipeline.settings import artifacts_dir
+    return artifacts_dir()
 
 
 def canonical(obj) -> bytes:

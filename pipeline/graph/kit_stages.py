@@ -27,7 +27,7 @@ from pipeline.graph.specs import (
     recipe_path,
     recipe_plan,
 )
-from pipeline.plan.recipe import Recipe
+from pipeline.recipe import Recipe
 
 
 def link_recipe(recipe: Recipe) -> str:
@@ -87,15 +87,15 @@ def _verify(kit: Path) -> None:
 
 def _quality_gate(recipe: Recipe) -> str | None:
     """The recipe's accuracy limits, before anything is signed (graph/quality.py)."""
+    from pipeline.graph.cmdline import accept_quality
     from pipeline.graph.framework import artifacts_dir
     from pipeline.graph.quality import gate, measured_formats
-    from pipeline.graph.tasks import accept_quality
 
     spec = accuracy_spec(recipe)
     accuracy = recorded_json(spec, contract.ACCURACY_JSON)
     others = measured_formats(artifacts_dir() / "stages", fetch_digest(recipe), accuracy["heldout"])
     return gate(accuracy, recipe.validation, others, recipe.file,
-                recipe.validation["accept_quality"] or accept_quality())
+                recipe.validation.accept_quality or accept_quality())
 
 
 def _prompts_fit(recipe: Recipe, plan: contract.Plan) -> None:
@@ -229,8 +229,8 @@ def kit_instructions(recipe: Recipe, target: str) -> str:
     except ValueError:
         shown = kit
     name = kit_name(recipe, target)
-    if recipe.build["builder"] != "offline":
-        return f"kit {shown} built on {recipe.build['builder']}: see {device_results(recipe, target)}"
+    if recipe.build.builder.builds:
+        return f"kit {shown} built on {recipe.build.builder.label}: see {device_results(recipe, target)}"
     return (f"kit {shown}\n"
             f"  copy it:      python -m pipeline transfer {shown} /media/usb\n"
             f"  on the Jetson: python -m pipeline device /media/usb/{name}")
@@ -261,14 +261,8 @@ def device_current(recipe: Recipe, target: str) -> bool:
 
 def do_device(recipe: Recipe, target: str) -> None:
     """The device half through the recipe's builder: the bundle and report land in artifacts/<recipe>/device."""
-    builder = recipe.build["builder"]
     kit, results = kit_path(recipe, target), device_results(recipe, target)
-    if builder == "local":
-        from pipeline.device.driver import run_device
-        rc = run_device(kit, work=results.with_name(results.name + ".work"), out=results)
-    else:
-        from pipeline.graph.builders import run_remote
-        rc = run_remote(builder, kit, results)
+    rc = recipe.build.builder.run(kit, results)
     if rc != 0:
         raise PipelineError(f"{recipe.name} on {target}: the engine was built but failed validation; "
                             f"see {results}", "the report names the failed check and by how much")

@@ -9,19 +9,36 @@ with advice drawn from what was measured for the same model in other formats (no
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from pipeline.errors import PipelineError
+from pipeline.recipe import ValidationSettings
 
 
-def misses(accuracy: dict, validation: dict) -> list[str]:
+class QualityLimits(Protocol):
+    """The gate's limits, as a recipe's [validation] holds them (and GateLimits, where no recipe is at hand)."""
+    @property
+    def max_perplexity_increase(self) -> float: ...
+    @property
+    def min_top1_agreement(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class GateLimits:
+    max_perplexity_increase: float
+    min_top1_agreement: float
+
+
+def misses(accuracy: dict, validation: QualityLimits) -> list[str]:
     """Each limit the measurement misses, with by how much."""
     out = []
-    change, limit = accuracy["perplexity_change"], validation["max_perplexity_increase"]
+    change, limit = accuracy["perplexity_change"], validation.max_perplexity_increase
     if change > limit:
         out.append(f"perplexity {change:+.1%} on {accuracy['heldout']} exceeds max_perplexity_increase "
                    f"{limit:+.0%} by {(change - limit) * 100:.1f} points")
-    top1, need = accuracy["top1_agreement"], validation["min_top1_agreement"]
+    top1, need = accuracy["top1_agreement"], validation.min_top1_agreement
     if top1 < need:
         out.append(f"top-1 agreement {top1:.1%} is below min_top1_agreement {need:.0%} by {(need - top1) * 100:.1f} "
                    "points")
@@ -41,7 +58,8 @@ def measured_formats(stages: Path, fetch_digest: str, heldout: str) -> dict[str,
     return found
 
 
-def gate(accuracy: dict, validation: dict, others: dict[str, dict], recipe_file: str, accept: bool) -> str | None:
+def gate(accuracy: dict, validation: ValidationSettings, others: dict[str, dict], recipe_file: str,
+         accept: bool) -> str | None:
     """None when the kit may be signed silently; a line to print when accepted despite a miss; else refuses."""
     missed = misses(accuracy, validation)
     if not missed:

@@ -9,40 +9,25 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict
-from functools import cache
 from pathlib import Path
 
 from pipeline import backends, contract
 from pipeline.errors import PipelineError
+from pipeline.files import data_digest
 from pipeline.graph.framework import StageSpec, artifacts_dir, link
 from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
-from pipeline.plan.recipe import Recipe
+from pipeline.recipe import Recipe
+from pipeline.recipe.sources import ModelSource
 
 
-@cache
-def _data_digest(name: str) -> str:
-    return hashlib.sha256((Path(__file__).parents[1] / "data" / name).read_bytes()).hexdigest()[:16]
-
-
-def _source_spec(stage: str, m: dict, local: Path | None, builtins: dict, patterns) -> StageSpec:
-    if m["source"] == "builtin":
-        from pipeline.workstation.tinymodel import CHAT_TEMPLATE
-        return StageSpec(stage, {"source": "builtin", "name": m["name"], "spec": asdict(builtins[m["name"]]),
-                                 "chat_template": CHAT_TEMPLATE,
-                                 "corpus": _data_digest("corpus/calib-en.txt")},
-                         tools=("torch", "transformers", "tokenizers"))
-    if m["source"] == "local":
-        from pipeline.workstation.fetch import local_fingerprint
-        assert local is not None        # Recipe.model_dir / draft_dir for a local source
-        return StageSpec(stage, {"source": "local", "path": str(local)},
-                         fingerprint=lambda: local_fingerprint(local, patterns))
-    return StageSpec(stage, {"source": "hf", "repo": m["repo"], "revision": m["revision"]})
+def _source_spec(stage: str, source: ModelSource, patterns: list[str]) -> StageSpec:
+    key = source.fetch_key(patterns)
+    return StageSpec(stage, key.identity, tools=key.tools, fingerprint=key.fingerprint)
 
 
 def fetch_spec(recipe: Recipe) -> StageSpec:
     from pipeline.workstation.fetch import NEEDED
-    from pipeline.workstation.tinymodel import BUILTINS
-    return _source_spec("fetch", recipe.model, recipe.model_dir, BUILTINS, NEEDED)
+    return _source_spec("fetch", recipe.model, NEEDED)
 
 
 def draft_fetch_spec(recipe: Recipe) -> StageSpec | None:
@@ -50,8 +35,7 @@ def draft_fetch_spec(recipe: Recipe) -> StageSpec | None:
     if not recipe.draft:
         return None
     from pipeline.workstation.fetch import DRAFT_NEEDED
-    from pipeline.workstation.tinymodel import DRAFT_BUILTINS
-    return _source_spec("fetch-draft", recipe.draft, recipe.draft_dir, DRAFT_BUILTINS, DRAFT_NEEDED)
+    return _source_spec("fetch-draft", recipe.draft.source, DRAFT_NEEDED)
 
 
 def draft_dir(recipe: Recipe) -> Path | None:
@@ -64,13 +48,13 @@ WORKSTATION_TOOLS = ("torch", "transformers", "nvidia-modelopt", "safetensors")
 
 def quantize_spec(recipe: Recipe) -> StageSpec:
     q = recipe.quantization
-    cal = dict(q["calibration"])
+    cal = asdict(q.calibration)
     from pipeline.workstation.calibration import source_path
     path = source_path(cal["source"], recipe.file)
     fingerprint = (lambda: [path.stat().st_size, path.stat().st_mtime_ns]) if path else None
-    return StageSpec("quantize", {"weights": q["weights"], "kv_cache": q["kv_cache"], "group_size": q["group_size"],
-                                  "calibration": cal if WEIGHT_FORMATS[q["weights"]].needs_calibration
-                                  or KV_FORMATS[q["kv_cache"]].needs_calibration else None},
+    return StageSpec("quantize", {"weights": q.weights, "kv_cache": q.kv_cache, "group_size": q.group_size,
+                                  "calibration": cal if WEIGHT_FORMATS[q.weights].needs_calibration
+                                  or KV_FORMATS[q.kv_cache].needs_calibration else None},
                      inputs=(fetch_spec(recipe),), tools=WORKSTATION_TOOLS, fingerprint=fingerprint,
                      version=2)     # 2: changed tensors in calibrated.safetensors, not in the pickle
 
@@ -84,7 +68,7 @@ def export_spec(recipe: Recipe, plan: contract.Plan) -> StageSpec:
                          tools=WORKSTATION_TOOLS + backend.export_tools)
     draft = draft_fetch_spec(recipe) if backend.speculative else None
     return StageSpec("export", {"backend": backend.name, "target_sm": plan.sm,
-                                **({"draft": recipe.draft["method"]} if draft and recipe.draft else {}),
+                                **({"draft": recipe.draft.method} if draft and recipe.draft else {}),
                                 # weights kept outside the engine change the ONNX: one export per choice
                                 **({"externalize": plan.externalized_weights} if plan.externalized_weights else {})},
                      inputs=(fetch_spec(recipe), quantize_spec(recipe), *([draft] if draft else [])),
@@ -98,8 +82,8 @@ def export_payload(plan: contract.Plan) -> str:
 
 def goldens_spec(recipe: Recipe) -> StageSpec:
     v = recipe.validation
-    return StageSpec("goldens", {k: v[k] for k in ("prompts", "max_new_tokens", "top_k_logprobs",
-                                                   "min_token_agreement")},
+    return StageSpec("goldens", {"prompts": list(v.prompts), "max_new_tokens": v.max_new_tokens,
+                                 "top_k_logprobs": v.top_k_logprobs, "min_token_agreement": v.min_token_agreement},
                      inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS,
                      version=2)     # 2: goldens.json written from its record (keys sorted)
 
@@ -107,8 +91,8 @@ def goldens_spec(recipe: Recipe) -> StageSpec:
 def _heldout_digest(recipe: Recipe) -> str:
     """The held-out text's content, so a changed text re-measures (an unreadable file: the stage says why)."""
     from pipeline.files import read_regular
-    from pipeline.plan.recipe import HELDOUT_MAX, heldout_path
-    path = heldout_path(recipe.validation["heldout"], recipe.file)
+    from pipeline.workstation.evaluate import HELDOUT_MAX, heldout_path
+    path = heldout_path(recipe.validation.heldout, recipe.file)
     try:
         return hashlib.sha256(read_regular(path, HELDOUT_MAX)).hexdigest()[:16]
     except (OSError, PipelineError):
@@ -117,8 +101,7 @@ def _heldout_digest(recipe: Recipe) -> str:
 
 def accuracy_spec(recipe: Recipe) -> StageSpec:
     return StageSpec("accuracy", {"heldout": _heldout_digest(recipe)},
-                     inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS,
-                     version=2)     # 2: goldens.json written from its record (keys sorted)
+                     inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
 
 
 def package_spec(recipe: Recipe, target: str, plan: contract.Plan, key_id: str) -> StageSpec:
@@ -134,16 +117,16 @@ def package_spec(recipe: Recipe, target: str, plan: contract.Plan, key_id: str) 
 
 def plan_spec(recipe: Recipe, target: str, model_config: dict, draft_config: dict | None = None) -> StageSpec:
     """The plan depends on the model's config (not its weights): it can run before the download, as a gate."""
-    q = recipe.quantization
-    d = recipe.draft
+    q, b, d = recipe.quantization, recipe.build, recipe.draft
     return StageSpec("plan", {
         "recipe": recipe.name,      # the plan record names its recipe: a copied recipe must not share it
-        **({"draft": {"config": draft_config, **{k: d[k] for k in ("method", "max_draft_tree_size",
-                                                                   "max_verify_tree_size")}}} if d else {}),
+        **({"draft": {"config": draft_config, "method": d.method, "max_draft_tree_size": d.max_draft_tree_size,
+                      "max_verify_tree_size": d.max_verify_tree_size}} if d else {}),
         "target": target, "backend": recipe.backend, "model_config": model_config,
-        "quant": {"weights": q["weights"], "kv_cache": q["kv_cache"], "group_size": q["group_size"]},
-        "build": {k: recipe.build[k] for k in ("max_batch_size", "max_input_len", "max_seq_len", "power_mode")},
-        "data": {n: _data_digest(n) for n in ("targets.toml", "perf_fit.json")},
+        "quant": {"weights": q.weights, "kv_cache": q.kv_cache, "group_size": q.group_size},
+        "build": {"max_batch_size": b.max_batch_size, "max_input_len": b.max_input_len,
+                  "max_seq_len": b.max_seq_len, "power_mode": b.power_mode},
+        "data": {n: data_digest(n) for n in ("targets.toml", "perf_fit.json")},
     }, version=2)      # 2: jetson-plan/2
 
 

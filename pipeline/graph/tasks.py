@@ -10,21 +10,16 @@ from __future__ import annotations
 
 import sys
 from functools import cache
+from typing import TYPE_CHECKING
 
 from pipeline.errors import PipelineError
 
-KNOWN_VARS = {"recipe": "comma-separated recipe names (default: every recipe in recipes/)",
-              "accept-quality": "1: sign kits that miss their recipe's quality gate (it is said in the output)"}
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-
-def accept_quality() -> bool:
-    return _cmdline_vars().get("accept-quality", "").strip().lower() in ("1", "true", "yes")
-
-
-def _cmdline_vars() -> dict:
-    # doit keeps `name=value` arguments in a module global; get_var() reads one name, we need them all.
-    from doit import doit_cmd
-    return dict(doit_cmd._CMDLINE_VARS or {})
+    from pipeline.graph.framework import StageSpec
+    from pipeline.recipe import Recipe
+from pipeline.graph.cmdline import KNOWN_VARS, cmdline_vars
 
 
 def fail(message: str) -> None:
@@ -32,7 +27,7 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-def selected_recipes() -> tuple:
+def selected_recipes() -> tuple[Recipe, ...]:
     return _load_selection()[0]
 
 
@@ -42,16 +37,16 @@ def invalid_recipes() -> dict[str, str]:
 
 
 @cache
-def _load_selection() -> tuple[tuple, dict[str, str]]:
+def _load_selection() -> tuple[tuple[Recipe, ...], dict[str, str]]:
     """The recipes `recipe=` names (each must be valid), or every recipe in recipes/: then an invalid one is
     reported, with all its problems, and the valid ones go on (`build:<invalid>` fails at the end of the run)."""
-    from pipeline.plan.recipe import load_recipe, recipe_names
+    from pipeline.recipe import load_recipe, recipe_names
 
-    unknown = sorted(set(_cmdline_vars()) - set(KNOWN_VARS))
+    unknown = sorted(set(cmdline_vars()) - set(KNOWN_VARS))
     if unknown:
         known = ", ".join(f"{k}=... ({v})" for k, v in KNOWN_VARS.items())
         fail(f"unknown command-line variable(s): {', '.join(unknown)}; known: {known}")
-    wanted = _cmdline_vars().get("recipe")
+    wanted = cmdline_vars().get("recipe")
     named = wanted is not None
     names = [n.strip() for n in wanted.split(",") if n.strip()] if wanted is not None else recipe_names()
     if named and not names:
@@ -115,7 +110,7 @@ def task_fetch():
 
     # After the plans: a refused plan stops the chain before a multi-GB download.
     yield from _per_recipe_stage(fetch_spec, do_fetch, lambda r: [f"plan:{stage_label(r, t)}" for t in r.targets],
-                                 lambda r: f"fetch {r.model.get('repo') or r.model.get('name') or r.model.get('path')}")
+                                 lambda r: f"fetch {r.model.label}")
 
 
 def task_fetch_draft():
@@ -129,7 +124,7 @@ def task_fetch_draft():
             spec = draft_fetch_spec(r)
             yield _stage_task(r.name, _action(do_fetch_draft, r), lambda spec=spec: is_current(spec),
                               [f"plan:{stage_label(r, t)}" for t in r.targets],
-                              f"fetch the {r.draft['method']} draft of {r.name}")
+                              f"fetch the {r.draft.method} draft of {r.name}")
 
 
 def _draft_dep(r) -> list[str]:
@@ -151,7 +146,8 @@ def _stage_task(name: str, action, current, deps: list[str], doc: str) -> dict:
     return {"name": name, "actions": [action], "uptodate": [current], "task_dep": deps, "doc": doc, "verbosity": 2}
 
 
-def _per_recipe_stage(spec_of, action, deps, doc):
+def _per_recipe_stage(spec_of: Callable[[Recipe], StageSpec | None], action: Callable[[Recipe], object],
+                      deps: Callable[[Recipe], list[str]], doc: Callable[[Recipe], str]):
     """One task per recipe for a stage whose directory is known from the recipe alone."""
     from pipeline.graph.framework import is_current
 
@@ -160,7 +156,8 @@ def _per_recipe_stage(spec_of, action, deps, doc):
         yield _stage_task(r.name, _action(action, r), lambda spec=spec: is_current(spec), deps(r), doc(r))
 
 
-def _per_target_stage(action, current, deps, doc):
+def _per_target_stage(action: Callable[[Recipe, str], object], current: Callable[[Recipe, str], bool],
+                      deps: Callable[[Recipe, str], list[str]], doc: Callable[[Recipe, str], str]):
     """One task per (recipe, target) for a stage whose directory depends on the target's plan."""
     from pipeline.graph.specs import stage_label
 
@@ -222,14 +219,14 @@ def task_device():
     from pipeline.graph.specs import stage_label
 
     for r in selected_recipes():
-        if r.build["builder"] == "offline":
+        if not r.build.builder.builds:
             continue
         for t in r.targets:
             label = stage_label(r, t)
             # not captured: the device half's own progress lines (build, validation) stream to the terminal
             yield _stage_task(label, _action(do_device, r, t, capture=False),
                               lambda r=r, t=t: device_current(r, t), [f"package:{label}"],
-                              f"engine for {r.name} on {t} via {r.build['builder']}")
+                              f"engine for {r.name} on {t} via {r.build.builder.label}")
 
 
 def _invalid(name: str):
@@ -245,7 +242,7 @@ def task_build():
     from pipeline.graph.specs import stage_label
 
     for r in selected_recipes():
-        device = [] if r.build["builder"] == "offline" else [f"device:{stage_label(r, t)}" for t in r.targets]
+        device = [f"device:{stage_label(r, t)}" for t in r.targets] if r.build.builder.builds else []
         yield {"name": r.name, "actions": [_action(link_recipe, r, stage="build")], "doc": r.description,
                "task_dep": [f"plan:{stage_label(r, t)}" for t in r.targets] + [f"fetch:{r.name}", *_draft_dep(r)]
                + [f"export:{stage_label(r, t)}" for t in r.targets]

@@ -19,6 +19,7 @@ import os
 import time
 from pathlib import Path
 
+from pipeline import settings
 from pipeline.errors import PipelineError
 
 ALG_KEY = b"Ed"
@@ -33,24 +34,31 @@ class SignatureError(PipelineError):
 
 def _backend():
     try:
-        import nacl.signing as ns
-
-        def sign(seed: bytes, msg: bytes) -> bytes:
-            return ns.SigningKey(seed).sign(msg).signature
-
-        def public(seed: bytes) -> bytes:
-            return bytes(ns.SigningKey(seed).verify_key)
-
-        def verify(pub: bytes, msg: bytes, sig: bytes) -> bool:
-            from nacl.exceptions import BadSignatureError
-            try:
-                ns.VerifyKey(pub).verify(msg, sig)
-                return True
-            except BadSignatureError:
-                return False
-        return sign, public, verify
+        return _nacl()
     except ImportError:
-        pass
+        return _cryptography()
+
+
+def _nacl():
+    import nacl.signing as ns
+
+    def sign(seed: bytes, msg: bytes) -> bytes:
+        return ns.SigningKey(seed).sign(msg).signature
+
+    def public(seed: bytes) -> bytes:
+        return bytes(ns.SigningKey(seed).verify_key)
+
+    def verify(pub: bytes, msg: bytes, sig: bytes) -> bool:
+        from nacl.exceptions import BadSignatureError
+        try:
+            ns.VerifyKey(pub).verify(msg, sig)
+            return True
+        except BadSignatureError:
+            return False
+    return sign, public, verify
+
+
+def _cryptography():
     try:
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives import serialization
@@ -188,11 +196,11 @@ def verify_signature(data: bytes, sig_text: str, trusted: list[PublicKey], sig_p
 
 # ------------------------------------------------------------------------------------------------ key locations
 def config_dir() -> Path:
-    return Path(os.environ.get("JETSON_PIPELINE_HOME") or Path.home() / ".config" / "jetson-pipeline")
+    return settings.config_dir()
 
 
 def default_secret_key() -> Path:
-    return Path(os.environ.get("JETSON_PIPELINE_SIGNING_KEY") or config_dir() / "signing.key")
+    return Path(settings.get("JETSON_PIPELINE_SIGNING_KEY") or config_dir() / "signing.key")
 
 
 def trusted_keys(extra: list[Path] | tuple[Path, ...] = ()) -> list[PublicKey]:

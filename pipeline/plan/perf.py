@@ -5,7 +5,7 @@
 Single-stream decode on Jetson is memory-bound: every token reads all weights (embedding excepted: one row) and the
 KV cache so far. `efficiency` and `fixed_s` are fitted per engine class to the published Jetson rows in
 data/perf_rows.csv (extracted from the workspace's jetson-llm-benchmarks.csv with their sources by
-`python -m pipeline.plan.perf extract`, refitted by `python -m pipeline.plan.perf fit`, which rewrites
+`python -m pipeline.perf extract`, refitted by `python -m pipeline.perf fit`, which rewrites
 data/perf_fit.json).
 """
 
@@ -15,7 +15,6 @@ import csv
 import json
 import re
 import statistics
-import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -238,33 +237,3 @@ def extract(reference_csv: Path) -> list[dict]:
                         "reference_model": r["model"], "reference_precision": r["precision"],
                         "source": r["source_url"]})
     return out
-
-
-def main(argv: list[str]) -> int:
-    from pipeline.plan import prefill
-
-    if argv[:1] == ["extract"] and len(argv) == 2:
-        for path, rows in ((ROWS, extract(Path(argv[1]))), (prefill.ROWS, prefill.extract(Path(argv[1])))):
-            with open(path, "w", newline="") as fh:
-                w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-                w.writeheader()
-                w.writerows(rows)
-            print(f"wrote {len(rows)} rows to {path}")
-        return 0
-    if argv[:1] == ["fit"]:
-        report = {**fit_report(), "prefill": prefill.fit_report()}
-        FIT.write_text(json.dumps(report, indent=1) + "\n")
-        fit_data.cache_clear()
-        fitted.cache_clear()
-        d, p = report, report["prefill"]
-        print(json.dumps(report, indent=1))
-        print(f"leave-one-out error, decode ({d['rows']} rows): median {d['loo_median_abs_error']:.1%}, worst "
-              f"{d['loo_max_abs_error']:.1%}; prefill/TTFT ({p['rows']} rows): median {p['loo_median_abs_error']:.1%}"
-              f", worst {p['loo_max_abs_error']:.1%}")
-        return 0
-    print("usage: python -m pipeline.perf extract REFERENCE.csv | fit", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

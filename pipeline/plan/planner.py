@@ -7,14 +7,11 @@ so the user sees how far off it is.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline import backends, contract
 from pipeline.contract import BuildLimits, MemoryPlan, Plan, Prediction
-from pipeline.errors import PipelineError
 from pipeline.plan.formats import (
     DEFAULT_KV,
     KV_FORMATS,
@@ -299,80 +296,3 @@ def render_table(plan: Plan) -> str:
         lines += [f"    {c}" for c in b.commands]
     lines += [f"  REFUSED: {r}" for r in plan.refused]
     return "\n".join(lines)
-
-
-def _builtin_config(table: str, name: str) -> dict:
-    if table == "model":
-        from pipeline.workstation.tinymodel import BUILTINS
-        spec = BUILTINS[name]
-        return {"architectures": [spec.architecture], "vocab_size": spec.vocab_size, **spec.config}
-    import tempfile
-    from pathlib import Path
-
-    from pipeline.workstation.tinymodel import materialize_draft
-    with tempfile.TemporaryDirectory() as tmp:   # a tiny draft is made in a second; its config is exact
-        materialize_draft(name, Path(tmp))
-        return json.loads((Path(tmp) / "config.json").read_text())
-
-
-def _read_config(path, table: str, recipe) -> dict:
-    from pipeline.plan.shapes import load_config
-    return load_config(path, f"point {table}.path at a Hugging Face checkpoint directory (in {recipe.file})")
-
-
-def config_for(recipe, table: str, fetched_dir=None) -> tuple[dict, str]:
-    """The config.json of the recipe's [model] or [draft] table for planning, and where it came from: the fetched
-    one if there is one, else the local directory's, the builtin's (exact), a known one, or the hub's (config only)."""
-    from pipeline.plan.perf import known_model_configs
-
-    t = getattr(recipe, table)
-    if fetched_dir is not None and (fetched_dir / "config.json").is_file():
-        return _read_config(fetched_dir / "config.json", table, recipe), str(fetched_dir / "config.json")
-    if t["source"] == "local":
-        path = (recipe.model_dir if table == "model" else recipe.draft_dir) / "config.json"
-        if not os.path.lexists(path):       # anything else there (a FIFO, a link to /dev/zero) is read and refused
-            raise PipelineError(f"{recipe.file}: {table}.path = {t['path']!r}: no config.json in {path.parent}",
-                                f"point {table}.path at a Hugging Face checkpoint directory")
-        return _read_config(path, table, recipe), str(path)
-    if t["source"] == "builtin":
-        return _builtin_config(table, t["name"]), f"builtin:{t['name']}"
-    known = known_model_configs().get(t["repo"])
-    if known is not None:
-        return dict(known), f"pipeline/data/model_configs.toml[{t['repo']}]"
-    from pipeline.workstation.hub import fetch_config
-    return fetch_config(t["repo"], t["revision"]), f"{t['repo']}/config.json"
-
-
-def plan_recipe(recipe, target_id: str, config: dict, config_source: str, backend: str | None = None,
-                draft: tuple[dict, str] | None = None) -> Plan:
-    from pipeline.plan.shapes import shape_from_config
-    from pipeline.plan.targets import get_target
-
-    shape = shape_from_config(config, config_source)
-    draft_req = None
-    if recipe.draft:
-        from pipeline.plan.speculative import draft_shape
-        if draft is None:
-            draft = config_for(recipe, "draft")
-        d = recipe.draft
-        draft_req = DraftRequest(draft_shape(draft[0], draft[1]), d.get("repo") or d.get("name") or d.get("path"),
-                                 d["method"], d["max_draft_tree_size"], d["max_verify_tree_size"])
-    b = recipe.build
-    label = recipe.model.get("repo") or recipe.model.get("name") or recipe.model.get("path")
-    req = PlanRequest(shape=shape, model_label=label, weights=recipe.weights, kv_cache=recipe.kv_cache,
-                      target=get_target(target_id), backend=backend or recipe.backend,
-                      limits=BuildLimits.of(b["max_batch_size"], b["max_input_len"], b["max_seq_len"]),
-                      group_size=recipe.quantization["group_size"], power_mode=b["power_mode"], recipe=recipe.name,
-                      draft=draft_req)
-    plan = make_plan(req)
-    prequant = config.get("quantization_config")
-    if prequant:
-        method = prequant.get("quant_method", "?")
-        plan = refuse(plan,
-            f"{config_source} is already quantized (quant_method {method!r}; AutoAWQ checkpoints hold asymmetric INT4 "
-            "with zero points in AutoAWQ's GEMM packing and no pre-quant scales). TensorRT-LLM's own converters load "
-            "them as W4A16_GPTQ (`use_autoawq`, asymmetric), not as W4A16_AWQ (ModelOpt's symmetric INT4 with "
-            "pre-quant scales, the format this pipeline exports and verifies); Edge-LLM takes ModelOpt checkpoints "
-            "only. Point the recipe at the unquantized base model and set quantization.weights = "
-            f"'{SMALLEST.name}'.")
-    return plan

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pipeline.errors import PipelineError
 from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS, KVFormat, WeightFormat
@@ -18,6 +18,18 @@ from pipeline.progress import StepTimer
 from pipeline.workstation.grid import grid_modules, snap_to_export_grid
 from pipeline.workstation.models import gather_on_cpu, import_modelopt, input_device, load_model, pick_device
 from pipeline.workstation.state import ModelHandoff, save_quantized, unchanged_parameters
+
+
+class CalibrationSettings(Protocol):
+    """What calibration reads of a recipe's [quantization.calibration] (pipeline.recipe.Calibration)."""
+    @property
+    def source(self) -> str: ...
+    @property
+    def samples(self) -> int: ...
+    @property
+    def seq_len(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
 
 
 def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None) -> dict | None:
@@ -74,7 +86,8 @@ def fuse_for_export(model) -> int:
     return n
 
 
-def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size: int | None, calibration: dict,
+def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size: int | None,
+             calibration: CalibrationSettings,
              recipe_file: str, handoff: ModelHandoff | None = None) -> dict:
     """Calibrate and save ModelOpt state into `out`; returns the stage's manifest extras. With a `handoff`, the
     calibrated model is left there for the next stage of this process."""
@@ -96,7 +109,7 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
 
     device = pick_device(fmt)
     timer = StepTimer()
-    torch.manual_seed(calibration["seed"])
+    torch.manual_seed(calibration.seed)
     # Weight-only max calibration (int8_wo with an fp16 KV cache) reads the weights, not data: ModelOpt documents
     # forward_loop as not required there and its own PTQ example skips it. The stage key leaves calibration out
     # for these formats too (chain.quantize_spec), so running data through them would be only time (a 3B model
@@ -104,9 +117,8 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     windows = []
     if need_calibration(cfg):
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        texts = load_texts(calibration["source"], recipe_file)
-        windows = token_windows(tokenizer, texts, calibration["samples"], calibration["seq_len"],
-                                calibration["seed"])
+        texts = load_texts(calibration.source, recipe_file)
+        windows = token_windows(tokenizer, texts, calibration.samples, calibration.seq_len, calibration.seed)
     if handoff is not None:
         handoff.drop()
     with timer("load"):

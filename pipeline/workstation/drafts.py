@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.plan.speculative import DRAFT_INPUTS, DRAFT_OUTPUTS, DraftShape, draft_shape
+from pipeline.plan.speculative import DraftShape, draft_shape
 
 
 def ensure_safetensors(draft_dir: Path) -> str | None:
@@ -87,15 +87,3 @@ def write_builtin(shape: DraftShape, d2t_targets, out: Path, config_extra: dict,
               "vocab_size": shape.vocab_size, "draft_vocab_size": shape.draft_vocab_size,
               "target_hidden_size": shape.target_hidden_size, "torch_dtype": "float16", **config_extra}
     (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-
-
-def export_draft(draft_dir: Path, onnx_dir: Path) -> dict:
-    """The draft as Edge-LLM ONNX (fp16): model.onnx(.data), config.json (engine_role draft), d2t.safetensors."""
-    from tensorrt_edgellm import AutoModel, export_onnx
-
-    onnx_dir.mkdir(parents=True)
-    export_onnx(AutoModel.from_pretrained(str(draft_dir), device="cpu"), str(onnx_dir / "model.onnx"),
-                model_dir=str(draft_dir))
-    from pipeline.workstation.edgellm_export import check_graph
-    return check_graph(onnx_dir / "model.onnx", DRAFT_INPUTS, DRAFT_OUTPUTS, extra_files=("d2t.safetensors",),
-                       consumer="llm_build --specDraft", path_name="EAGLE-3")

@@ -106,6 +106,19 @@ def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | Non
                        ops=sorted(expected))
 
 
+def export_draft(draft_dir: Path, onnx_dir: Path) -> dict:
+    """An EAGLE-3 draft as Edge-LLM ONNX (fp16): model.onnx(.data), config.json (engine_role draft), d2t.safetensors."""
+    from tensorrt_edgellm import AutoModel, export_onnx
+
+    from pipeline.plan.speculative import DRAFT_INPUTS, DRAFT_OUTPUTS
+
+    onnx_dir.mkdir(parents=True)
+    export_onnx(AutoModel.from_pretrained(str(draft_dir), device="cpu"), str(onnx_dir / "model.onnx"),
+                model_dir=str(draft_dir))
+    return check_graph(onnx_dir / "model.onnx", DRAFT_INPUTS, DRAFT_OUTPUTS, extra_files=("d2t.safetensors",),
+                       consumer="llm_build --specDraft", path_name="EAGLE-3")
+
+
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
@@ -152,7 +165,6 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     set_int4_gemm_plugin_version(plugin or 2)
     set_nvfp4_a16_export_target_sm(sm)
     from pipeline.plan import speculative
-    from pipeline.workstation.drafts import export_draft
 
     onnx_dir = payload_dir / (speculative.ONNX_BASE if draft_dir else "")
     onnx_dir.mkdir(parents=True)

@@ -9,17 +9,28 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Protocol
 
 from pipeline import contract
 from pipeline.errors import PipelineError
 
 HELDOUT = "heldout-long-en"      # the default held-out text: ~4,800 tokens of varied English written for this project
+HELDOUT_MAX = 64 * 2**20      # a held-out text of a few thousand tokens is tens of KB; more is not one
+
+
+def heldout_path(spec: str, recipe_file: str) -> Path:
+    """The file of [validation] heldout: "builtin:NAME" (pipeline/data/corpus/NAME.txt) or "file:PATH" (relative to
+    the recipe). The accuracy stage's key hashes it and the stage reads it: one resolution for both."""
+    from pipeline.workstation.tinymodel import CORPUS_DIR
+    kind, _, value = spec.partition(":")
+    if kind == "builtin":
+        return CORPUS_DIR / f"{value}.txt"
+    return Path(value) if Path(value).is_absolute() else Path(recipe_file).parent / value
 
 
 def heldout_text(spec: str, recipe_file: str) -> tuple[str, str]:
     """(name, text) of [validation] heldout: "builtin:NAME" (pipeline/data/corpus) or "file:PATH" (relative to the
     recipe)."""
-    from pipeline.plan.recipe import HELDOUT_MAX, heldout_path
     from pipeline.workstation.calibration import read_text_file
     from pipeline.workstation.tinymodel import corpus_text
     kind, _, value = spec.partition(":")
@@ -143,9 +154,23 @@ def template_source(tokenizer) -> str:
     return str(jinja) if jinja.is_file() else f"{where / 'tokenizer_config.json'} (chat_template)"
 
 
-def uses_chat_template(tokenizer, validation: dict) -> bool:
+class GoldenSettings(Protocol):
+    """What the goldens read of a recipe's [validation] (pipeline.recipe.ValidationSettings)."""
+    @property
+    def prompts(self) -> tuple[str, ...]: ...
+    @property
+    def max_new_tokens(self) -> int: ...
+    @property
+    def top_k_logprobs(self) -> int: ...
+    @property
+    def min_token_agreement(self) -> float: ...
+    @property
+    def chat_template(self) -> bool | None: ...
+
+
+def uses_chat_template(tokenizer, validation: GoldenSettings) -> bool:
     """[validation] chat_template, defaulting to whether the tokenizer has one (Instruct models do)."""
-    wanted = validation.get("chat_template")
+    wanted = validation.chat_template
     return bool(tokenizer.chat_template) if wanted is None else bool(wanted)
 
 
@@ -181,16 +206,16 @@ def prompts_too_long(lengths: list[tuple[str, int]], max_new_tokens: int, max_in
     return out
 
 
-def prompt_lengths(model_dir, validation: dict) -> list[tuple[str, int]]:
+def prompt_lengths(model_dir, validation: GoldenSettings) -> list[tuple[str, int]]:
     """(prompt, tokens) as the goldens will render each validation prompt (chat template or raw)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     chat = uses_chat_template(tok, validation) and bool(tok.chat_template)
-    return [(p, len(render_prompt(tok, p, chat)[1])) for p in validation["prompts"]]
+    return [(p, len(render_prompt(tok, p, chat)[1])) for p in validation.prompts]
 
 
-def make_goldens(model, tokenizer, validation: dict, model_dir=None) -> contract.Goldens:
+def make_goldens(model, tokenizer, validation: GoldenSettings, model_dir=None) -> contract.Goldens:
     """Greedy completions and per-step top-k log-probs for every validation prompt, asked as the deployed model is
     asked (render_prompt)."""
     chat = uses_chat_template(tokenizer, validation)
@@ -200,14 +225,14 @@ def make_goldens(model, tokenizer, validation: dict, model_dir=None) -> contract
     prompts = []
     stops = stop_ids(model_dir, tokenizer) if model_dir is not None else \
         ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
-    for prompt in validation["prompts"]:
+    for prompt in validation.prompts:
         rendered, ids = render_prompt(tokenizer, prompt, chat)
-        g = greedy(model, ids, validation["max_new_tokens"], validation["top_k_logprobs"], stops)
+        g = greedy(model, ids, validation.max_new_tokens, validation.top_k_logprobs, stops)
         prompts.append(contract.GoldenPrompt(
             prompt=prompt, rendered=rendered, input_ids=ids, output_ids=g["output_ids"],
             top_logprobs=g["top_logprobs"], text=tokenizer.decode(g["output_ids"], skip_special_tokens=True)))
-    return contract.Goldens(max_new_tokens=validation["max_new_tokens"],
-                            min_token_agreement=validation["min_token_agreement"], top_k=validation["top_k_logprobs"],
+    return contract.Goldens(max_new_tokens=validation.max_new_tokens,
+                            min_token_agreement=validation.min_token_agreement, top_k=validation.top_k_logprobs,
                             eos_token_id=stops[0] if stops else None, stop_token_ids=stops, chat_template=chat,
                             prompts=prompts)
 

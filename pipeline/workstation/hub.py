@@ -10,17 +10,19 @@ The token is read by huggingface_hub from the environment and never passed throu
 
 from __future__ import annotations
 
-import os
+import re
 from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.files import link_or_copy
-from pipeline.plan.recipe import COMMIT_RE
 from pipeline.workstation.fetch import NEEDED
+
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")      # a pinned revision: a commit hash, not a branch or tag
 
 
 def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    from pipeline.settings import hub_offline
+    return hub_offline()
 
 
 def fetch_hub(repo: str, revision: str, out: Path, allow_branch: bool = False, patterns: list[str] = NEEDED,

@@ -98,5 +98,6 @@ def probe(model_dir) -> Placement:
         if torch.cuda.is_available() else []
     host = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     # PIPELINE_GPU_BUDGET_BYTES="N[,N...]": weights allowed per GPU (a shared GPU; tests that force a spread)
-    budgets = [int(b) for b in os.environ.get("PIPELINE_GPU_BUDGET_BYTES", "").split(",") if b.strip()]
+    from pipeline.settings import get
+    budgets = [int(b) for b in (get("PIPELINE_GPU_BUDGET_BYTES") or "").split(",") if b.strip()]
     return choose(checkpoint_bytes(model_dir), gpus, host, budgets[:len(gpus)] or None)

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.plan.recipe import CORPUS_DIR  # the shipped corpora: one place says where
+CORPUS_DIR = Path(__file__).parents[1] / "data" / "corpus"     # the shipped corpora: one place says where
 
 
 @dataclass(frozen=True)

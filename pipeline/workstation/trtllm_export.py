@@ -103,7 +103,7 @@ def reference_logits(model, ids) -> tuple:
     for the reader's layer-by-layer check."""
     inputs, outputs = [], []
 
-    def record(module, args, kwargs, out):
+    def record(_module, args, kwargs, out):
         hidden = args[0] if args else kwargs["hidden_states"]
         inputs.append(hidden[0].detach().float().clone())
         outputs.append((out[0] if isinstance(out, tuple) else out)[0].detach().float().clone())

@@ -1,12 +1,13 @@
-"""Builders: where a kit's device half runs. `local` (this machine is the Jetson), `ssh://user@host[:port]`
-(a Jetson reachable from the workstation), or `offline` (the kit and the device command are the result).
+"""Builders: where a kit's device half runs, as the recipe's build.builder names it. `offline` (the kit and the
+device command are the result), `local` (this machine is the Jetson), or `ssh://user@host[:port]` (a Jetson
+reachable from the workstation; a list of them: each build takes the first free one). Each is a type that owns its
+label, its stage key and how it runs the device half; nothing else branches on which it is.
 
 Over SSH: the kit is copied (scp; the device command verifies its signature and every hash before use), the
 device half runs remotely with its progress streamed here, and the bundle and report are copied back. One build
 per device at a time: a lock file per builder host, so `doit -n N` builds recipes in parallel across devices.
-Knobs for the remote side (environment): JETSON_PIPELINE_REMOTE_PYTHON (default python3, with the pipeline's
-device extra installed), JETSON_PIPELINE_REMOTE_DIR (default jetson-builds, under the remote home),
-JETSON_PIPELINE_SSH_OPTS (extra ssh/scp options, e.g. "-i ~/.ssh/jetson").
+Knobs for the remote side (pipeline/settings.py): JETSON_PIPELINE_REMOTE_PYTHON, JETSON_PIPELINE_REMOTE_DIR,
+JETSON_PIPELINE_SSH_OPTS.
 """
 
 from __future__ import annotations
@@ -18,22 +19,105 @@ import shlex
 import shutil
 import subprocess
 import sys
+from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import settings
 from pipeline.errors import PipelineError
-from pipeline.plan.recipe import SSH_URL
+
+# The one grammar of a builder URL: the recipe check and the builder's parser both use it, so a URL the recipe
+# accepts is one the builder can reach (ssh://a@b:x once passed here and failed after the whole workstation run).
+# user and host start with a letter or digit: "ssh -oProxyCommand=..." must never be spelled as a builder
+SSH_URL = re.compile(r"^ssh://(?:(?P<user>[A-Za-z0-9][A-Za-z0-9._-]*)@)?(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*"
+                     r"|\[[0-9a-fA-F:]+\])"
+                     r"(?::(?P<port>6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3}))?$")
+
+
+class Builder(ABC):
+    """Where the device half of a recipe's kits runs."""
+
+    @property
+    @abstractmethod
+    def label(self) -> str:
+        """What the recipe wrote: offline, local, or the ssh:// URL(s)."""
+
+    @property
+    def builds(self) -> bool:
+        """Whether the graph has a device stage that builds the engine (offline: the kit is the result)."""
+        return True
+
+    @abstractmethod
+    def run(self, kit: Path, results: Path) -> int:
+        """Build, validate and bundle the engine from `kit`; bundle and report into `results`. 0 built and
+        validated, 1 validation failed; PipelineError otherwise."""
 
 
 @dataclass(frozen=True)
-class SSHBuilder:
+class Offline(Builder):
+    @property
+    def label(self) -> str:
+        return "offline"
+
+    @property
+    def builds(self) -> bool:
+        return False
+
+    def run(self, _kit: Path, _results: Path) -> int:
+        raise PipelineError("an offline recipe's kit is copied to the device by hand",
+                            "python -m pipeline transfer KIT /media/usb, then `python -m pipeline device` there")
+
+
+@dataclass(frozen=True)
+class Local(Builder):
+    @property
+    def label(self) -> str:
+        return "local"
+
+    def run(self, kit: Path, results: Path) -> int:
+        from pipeline.device.driver import run_device
+        return run_device(kit, work=results.with_name(results.name + ".work"), out=results)
+
+
+@dataclass(frozen=True)
+class Ssh(Builder):
+    urls: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return self.urls[0] if len(self.urls) == 1 else "[" + ", ".join(self.urls) + "]"
+
+    def run(self, kit: Path, results: Path) -> int:
+        return run_remote(self.urls, kit, results)
+
+
+def builder_problem(value: str | list) -> str | None:
+    """Why build.builder's value names no builder (None: it does)."""
+    if isinstance(value, str) and value not in ("local", "offline") and not SSH_URL.match(value):
+        return "is not a builder"
+    if isinstance(value, list) and (not value or not all(isinstance(u, str) and SSH_URL.match(u) for u in value)):
+        return "a list of builders holds ssh:// URLs only"
+    return None
+
+
+def builder_from(value: str | list[str]) -> Builder:
+    """The Builder a checked build.builder value names."""
+    if value == "offline":
+        return Offline()
+    if value == "local":
+        return Local()
+    return Ssh(tuple(value) if isinstance(value, list) else (value,))
+
+
+@dataclass(frozen=True)
+class SshHost:
     user: str | None
     host: str
     port: int
 
     @classmethod
-    def parse(cls, url: str) -> SSHBuilder:
+    def parse(cls, url: str) -> SshHost:
         m = SSH_URL.match(url)
         if not m:
             raise PipelineError(f"builder {url!r} is not ssh://user@host[:port]")
@@ -45,7 +129,7 @@ class SSHBuilder:
 
     def _opts(self) -> list[str]:
         return ["-o", "BatchMode=yes", "-o", "ConnectTimeout=15",
-                *shlex.split(os.environ.get("JETSON_PIPELINE_SSH_OPTS", ""))]
+                *shlex.split(settings.get("JETSON_PIPELINE_SSH_OPTS") or "")]
 
     def ssh(self, command: str, **kw) -> subprocess.CompletedProcess:
         return subprocess.run(["ssh", "-p", str(self.port), *self._opts(), self.target, command], **kw)
@@ -61,12 +145,10 @@ class SSHBuilder:
 @contextmanager
 def first_free(urls: list[str]):
     """Hold the lock of the first builder nobody is building on (waiting for the first one if all are busy)."""
-    from pipeline.graph.framework import artifacts_dir
-
-    locks = artifacts_dir() / ".locks"
+    locks = settings.artifacts_dir() / ".locks"
     locks.mkdir(parents=True, exist_ok=True)
     def lock_file(url: str) -> Path:
-        b = SSHBuilder.parse(url)
+        b = SshHost.parse(url)
         return locks / f"{re.sub(r'[^A-Za-z0-9._-]', '_', b.host)}_{b.port}.lock"
 
     # held open while the build runs: closing releases the lock
@@ -89,16 +171,16 @@ def first_free(urls: list[str]):
             fh.close()          # closing releases the lock
 
 
-def run_remote(urls: str | list[str], kit: Path, results: Path) -> int:
+def run_remote(urls: tuple[str, ...], kit: Path, results: Path) -> int:
     """Copy the kit to a free builder, run the device half there, bring back its bundle and report into `results`.
     Returns the device command's exit code (0 built and validated, 1 validation failed)."""
-    with first_free([urls] if isinstance(urls, str) else list(urls)) as url:
-        return _run_on(SSHBuilder.parse(url), url, kit, results)
+    with first_free(list(urls)) as url:
+        return _run_on(SshHost.parse(url), url, kit, results)
 
 
-def _run_on(b: SSHBuilder, url: str, kit: Path, results: Path) -> int:
-    python = os.environ.get("JETSON_PIPELINE_REMOTE_PYTHON", "python3")
-    rdir = os.environ.get("JETSON_PIPELINE_REMOTE_DIR", "jetson-builds")
+def _run_on(b: SshHost, url: str, kit: Path, results: Path) -> int:
+    python = settings.get("JETSON_PIPELINE_REMOTE_PYTHON") or "python3"
+    rdir = settings.get("JETSON_PIPELINE_REMOTE_DIR") or "jetson-builds"
     name = kit.name
     r = b.ssh(f"mkdir -p {shlex.quote(rdir)} && rm -rf {shlex.quote(f'{rdir}/{name}.out')}",
               capture_output=True, text=True)

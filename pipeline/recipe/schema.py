@@ -1,4 +1,4 @@
-"""Recipes: model x quantization x targets x build limits x validation, read from TOML and validated strictly.
+"""The recipe schema: every field's type, default and bounds, and the checks across fields; read strictly.
 
 Every problem in a recipe is collected and reported at once, each naming the file, the field, the value and what to
 do. Unknown keys are errors (a misspelled key silently ignored is a wrong build later), and so are versions or
@@ -15,20 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import backends
+from pipeline.builders import builder_problem
 from pipeline.contract import MAX_BATCH_SIZE, MAX_CONTEXT
 from pipeline.errors import InputError, PipelineError, Problem
 from pipeline.plan.formats import DEFAULT_KV, KV_FORMATS, WEIGHT_FORMATS
 from pipeline.plan.targets import load_targets
 from pipeline.tomlcompat import TOMLDecodeError, load_toml_text
+from pipeline.workstation.calibration import source_path
+from pipeline.workstation.hub import COMMIT_RE
+from pipeline.workstation.tinymodel import BUILTINS, DRAFT_BUILTINS
 
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-# The one grammar of a builder URL: the recipe check and the builder's parser both use it, so a URL the recipe
-# accepts is one the builder can reach (ssh://a@b:x once passed here and failed after the whole workstation run).
-# user and host start with a letter or digit: "ssh -oProxyCommand=..." must never be spelled as a builder
-SSH_URL = re.compile(r"^ssh://(?:(?P<user>[A-Za-z0-9][A-Za-z0-9._-]*)@)?(?P<host>[A-Za-z0-9][A-Za-z0-9._-]*"
-                     r"|\[[0-9a-fA-F:]+\])"
-                     r"(?::(?P<port>6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3}))?$")
 CALIB_RE = re.compile(r"^(builtin|file|hf):.+$")
 # A recipe's name becomes directory, file and doit task names: short, and no character a shell or path treats specially
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -122,7 +119,7 @@ def _type_name(t) -> str:
             dict: "a table"}.get(t, str(t))
 
 
-def _check(file: str, path: str, spec, value, problems: list[Problem]) -> object:
+def check_table(file: str, path: str, spec, value, problems: list[Problem]) -> object:
     """Type- and range-check one value against its spec; returns the value with defaults applied."""
     if isinstance(spec, dict):
         if value is None:
@@ -137,7 +134,7 @@ def _check(file: str, path: str, spec, value, problems: list[Problem]) -> object
                 hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(spec)}"
                 problems.append(Problem(file, f"{path}.{key}" if path else key, value[key], "unknown key", hint))
         for key, sub in spec.items():
-            out[key] = _check(file, f"{path}.{key}" if path else key, sub, value.get(key), problems)
+            out[key] = check_table(file, f"{path}.{key}" if path else key, sub, value.get(key), problems)
         return out
     if value is None:
         if spec.required:
@@ -185,43 +182,6 @@ def _range(spec: F) -> str:
     return f"allowed: up to {spec.max}" if spec.max is not None else ""
 
 
-# ----------------------------------------------------------------------------------------------------------- model
-@dataclass(frozen=True)
-class Recipe:
-    name: str
-    file: str
-    description: str
-    targets: tuple[str, ...]
-    backend: str | None
-    model: dict
-    quantization: dict
-    build: dict
-    validation: dict
-    draft: dict | None = None   # the [draft] table when it names a draft, else None
-
-    @property
-    def weights(self) -> str:
-        return self.quantization["weights"]
-
-    @property
-    def kv_cache(self) -> str:
-        return self.quantization["kv_cache"]
-
-    @property
-    def model_dir(self) -> Path | None:
-        return self._local(self.model)
-
-    @property
-    def draft_dir(self) -> Path | None:
-        return self._local(self.draft) if self.draft else None
-
-    def _local(self, m: dict) -> Path | None:
-        if m["source"] != "local":
-            return None
-        p = Path(os.path.expanduser(m["path"]))
-        return p if p.is_absolute() else (Path(self.file).parent / p).resolve()
-
-
 def _source_checks(file: str, table: str, m: dict, builtins: dict, problems: list[Problem]) -> None:
     """model.* and draft.*: the keys the source needs, none it does not, a pinned revision, a known builtin."""
     src = m["source"]
@@ -244,7 +204,8 @@ def _source_checks(file: str, table: str, m: dict, builtins: dict, problems: lis
                                 f"builtins: {', '.join(builtins)}"))
 
 
-def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
+def cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
+    """What no single field shows: targets, sources, limits against each other, builders, files, prompts."""
     targets = load_targets()
     tlist = v["targets"] or []
     if not tlist and v["targets"] is not None:
@@ -256,7 +217,6 @@ def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
     if len(set(map(str, tlist))) != len(tlist):
         problems.append(Problem(file, "targets", tlist, "lists a target twice", "list each target once"))
 
-    from pipeline.workstation.tinymodel import BUILTINS, DRAFT_BUILTINS
     _source_checks(file, "model", v["model"], BUILTINS, problems)
     d = v["draft"]
     given = [k for k in ("source", "repo", "revision", "path", "name") if d.get(k) is not None]
@@ -282,17 +242,14 @@ def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
             problems.append(Problem(file, "build.power_mode", mode, f"target {t} has no such power mode",
                                     f"{t} modes: {', '.join(targets[t].bandwidth_gbs)}"))
     builder = b["builder"]
-    if isinstance(builder, str) and builder not in ("local", "offline") and not SSH_URL.match(builder):
-        problems.append(Problem(file, "build.builder", builder, "is not a builder",
-                                "use 'local', 'offline' or 'ssh://user@host[:port]'"))
-    if isinstance(builder, list) and (not builder or not all(isinstance(u, str) and SSH_URL.match(u)
-                                                               for u in builder)):
-        problems.append(Problem(file, "build.builder", builder, "a list of builders holds ssh:// URLs only",
-                                "e.g. ['ssh://nvidia@orin-a', 'ssh://nvidia@orin-b']"))
+    why = builder_problem(builder)
+    if why:
+        problems.append(Problem(file, "build.builder", builder, why,
+                                "use 'local', 'offline' or 'ssh://user@host[:port]' (a list: ssh:// URLs, e.g. "
+                                "['ssh://nvidia@orin-a', 'ssh://nvidia@orin-b'])"))
 
     cal = v["quantization"]["calibration"]["source"]
     if isinstance(cal, str) and cal.startswith("file:"):
-        from pipeline.workstation.calibration import source_path
         path = source_path(cal, file)
         assert path is not None     # a file: source always has a path
         if path.suffix not in (".txt", ".jsonl"):
@@ -320,53 +277,11 @@ def _cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
                                         "a validation prompt is a sentence or a paragraph, not a document"))
 
 
-def parse_recipe(data: dict, file: str, name: str | None = None) -> Recipe:
-    problems: list[Problem] = []
-    name = name or Path(file).stem
-    if not NAME_RE.match(name):
-        problems.append(Problem(file, "(recipe name)", name if len(name) <= 80 else name[:77] + "...",
-                                "is not a recipe name: 1-64 letters, digits, '.', '_' or '-', starting with a letter "
-                                "or digit", "rename the file: its name becomes directory and task names"))
-    v = _check(file, "", SCHEMA, data, problems)
-    assert isinstance(v, dict)      # the schema's root is a table
-    if not problems:
-        _cross_checks(file, v, problems)
-    if problems:
-        raise InputError(problems)
-    return Recipe(name=name, file=file, description=v["description"],
-                  targets=tuple(v["targets"]), backend=v["backend"], model=v["model"],
-                  quantization=v["quantization"], build=v["build"], validation=v["validation"],
-                  draft=v["draft"] if v["draft"]["method"] else None)
-
-
-def project_root() -> Path:
-    """The project directory: $PIPELINE_ROOT, else the current directory (where dodo.py runs)."""
-    return Path(os.environ.get("PIPELINE_ROOT") or os.getcwd()).resolve()
-
-
-def recipes_dir() -> Path:
-    return Path(os.environ.get("PIPELINE_RECIPES") or project_root() / "recipes")
-
-
-def recipe_names() -> list[str]:
-    return sorted(p.stem for p in recipes_dir().glob("*.toml"))
-
-
-def load_recipe(name_or_path: str) -> Recipe:
-    """A recipe by name (recipes/NAME.toml) or by path to a .toml file."""
-    path = Path(name_or_path)
-    if path.suffix != ".toml":
-        path = recipes_dir() / f"{name_or_path}.toml"
-    if not os.path.lexists(path):         # anything else there (a FIFO, a directory, a loop) is read and refused
-        known = ", ".join(recipe_names()) or "(none)"
-        raise PipelineError(f"no recipe {name_or_path!r} (looked for {path})", f"known recipes: {known}")
-    return parse_recipe(read_toml(path, MAX_RECIPE_BYTES), str(path), path.stem)
-
-
 def read_toml(path: Path, limit: int) -> dict:
     """A TOML file we were handed: a bounded read of a regular file, UTF-8, valid TOML, not nested past what the
     parser's recursion takes; anything else is one error naming the file."""
     from pipeline.files import read_regular
+
     try:
         text = read_regular(path, limit, follow=True).decode("utf-8")
     except PipelineError as exc:
@@ -383,16 +298,3 @@ def read_toml(path: Path, limit: int) -> dict:
     except RecursionError:
         raise InputError([Problem(str(path), "(file)", None, "nests arrays or tables too deeply to be a recipe",
                                   "a recipe nests three levels at most")]) from None
-
-
-CORPUS_DIR = Path(__file__).parents[1] / "data" / "corpus"
-HELDOUT_MAX = 64 * 2**20      # a held-out text of a few thousand tokens is tens of KB; more is not one
-
-
-def heldout_path(spec: str, recipe_file: str) -> Path:
-    """The file of [validation] heldout: "builtin:NAME" (pipeline/data/corpus/NAME.txt) or "file:PATH" (relative to
-    the recipe). The accuracy stage's key hashes it and the stage reads it: one resolution for both."""
-    kind, _, value = spec.partition(":")
-    if kind == "builtin":
-        return CORPUS_DIR / f"{value}.txt"
-    return Path(value) if Path(value).is_absolute() else Path(recipe_file).parent / value

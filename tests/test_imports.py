@@ -1,0 +1,120 @@
+"""The package's import graph has no cycle, between modules or between subpackages, counting every import (those
+inside functions too: deferring an import hides a cycle from Python, not from the design). Imports under
+`if TYPE_CHECKING:` are annotations only and do not count."""
+
+import ast
+from pathlib import Path
+
+import pipeline
+
+ROOT = Path(pipeline.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _type_checking_blocks(tree: ast.AST) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:`."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            out |= {id(n) for child in node.body for n in ast.walk(child)}
+    return out
+
+
+def imports_of(name: str) -> set[str]:
+    """The pipeline modules `name` imports (a package import counts as its __init__; `from pkg import mod` as mod)."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_blocks(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                out.add(full if full in MODULES else base)
+    return {m for m in out if m in MODULES and m != name}
+
+
+def subpackage(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "pipeline"
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (found := visit(m)):
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
+
+
+def test_no_module_import_cycle():
+    graph = {m: imports_of(m) for m in MODULES}
+    assert find_cycle(graph) is None
+
+
+def test_no_subpackage_import_cycle():
+    graph: dict[str, set[str]] = {}
+    for m in MODULES:
+        graph.setdefault(subpackage(m), set()).update(subpackage(i) for i in imports_of(m) if subpackage(i) !=
+                                                      subpackage(m))
+    assert find_cycle(graph) is None
+
+
+def test_the_stage_framework_knows_no_recipe():
+    assert "pipeline.plan.recipe" not in imports_of("pipeline.graph.framework")
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    assert "pipeline.contract" in imports_of("pipeline.device.driver")        # `from pipeline import contract`
+    assert "pipeline.plan.formats" in imports_of("pipeline.plan.planner")
+
+
+def test_environment_variables_are_read_in_the_settings_module_only():
+    """Every variable the package reads is listed (and documented) in pipeline/settings.py; the CLI's --help and
+    the README name them from there."""
+    from pipeline import settings
+    passed_through = {"PYTHONPATH"}       # handed on to a child process, not a setting
+    hits = []
+    for name, path in MODULES.items():
+        if name == "pipeline.settings":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv") or \
+                    isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+                arg = node.args[0] if isinstance(node, ast.Call) else node.slice
+                if not (isinstance(arg, ast.Constant) and arg.value in passed_through):
+                    hits.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    assert hits == []
+    assert all(v for v in settings.ENV.values()) and "PIPELINE_ARTIFACTS" in settings.help_text()
