@@ -57,7 +57,7 @@ if [ ! -e "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # torch alone and first, pinned: nothing installed after it can then resolve a multi-GB CUDA build by accident.
   .venv/bin/python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
-  .venv/bin/python -m pip install -q -e ".[workstation,dev]"
+  .venv/bin/python -m pip install -q -e ".[workstation,serve,dev]"
   rm -f .venv/.bootstrap-*
   touch "$stamp"
 fi

@@ -70,7 +70,8 @@ def test_device_builds_validates_and_bundles(kit, tmp_path):
         (work / "validate.log").read_text()
     assert report["predicted"]["decode_tok_s"] == plan["predicted_decode_tok_s"]
     assert report["predicted"]["ttft_ms"] > 0 and m["prompt_tokens"] > 0 and isinstance(report["gaps"], list)
-    assert m["speed_source"] == "runner wall clock around ModelRunnerCpp.generate"
+    assert m["speed_source"] == "streamed request through the serve session: submit to first token, first to last " \
+        "token"
     md = (rdir / "report.md").read_text()
     assert "| TTFT, " in md and f"| engine build memory | {BUILD_TAKES / 1e9:.2f} GB | " \
         f"{mem['build_peak'] / 1e9:.2f} GB | {BUILD_TAKES / mem['build_peak']:.2f} |" in md

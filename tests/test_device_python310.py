@@ -1,4 +1,5 @@
-"""The device half on JetPack 6's Python 3.10 with only the light `device` extra (no torch): verify and unpack."""
+"""The device half on JetPack 6's Python 3.10 with only the light `device` and `serve` extras (no torch): verify,
+unpack, and every device and serving module importable."""
 
 import os
 import shutil
@@ -32,7 +33,7 @@ def test_verify_and_unpack_on_python310_without_torch(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([PY310, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
-    r = subprocess.run([str(py), "-m", "pip", "install", "-q", f"{REPO}[device]"], capture_output=True, text=True,
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", f"{REPO}[device,serve]"], capture_output=True, text=True,
                        env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert subprocess.run([str(py), "-c", "import torch"], capture_output=True).returncode != 0
@@ -48,6 +49,8 @@ def test_verify_and_unpack_on_python310_without_torch(tmp_path):
         return subprocess.run([str(py), "-m", "pipeline", *a], capture_output=True, text=True, env=env, cwd=tmp_path)
     r = run("--help")
     assert r.returncode == 0 and "unpack" in r.stdout
+    r = run("serve", "--help")      # the [serve] extra installs on 3.10 and stays torch-free
+    assert r.returncode == 0 and "OpenAI" in r.stdout
     r = run("trust", str(tmp_path / "k.pub"))
     assert r.returncode == 0, r.stderr
     r = run("verify", str(tmp_path / "demo"))
@@ -67,7 +70,7 @@ class Block:
             raise ImportError(f"blocked on the device: {name}")     # the workstation half stays off the device
 sys.meta_path.insert(0, Block())
 import pipeline
-names = [m.name for pkg in ("device", "kit", "backends", "plan", "contract")
+names = [m.name for pkg in ("device", "kit", "backends", "plan", "contract", "serve")
          for m in pkgutil.walk_packages([f"{pipeline.__path__[0]}/{pkg}"], f"pipeline.{pkg}.")]
 names += ["pipeline.cli", "pipeline.contract", "pipeline.errors", "pipeline.files", "pipeline.progress",
           "pipeline.tomlcompat", "pipeline.settings", "pipeline.builders"]

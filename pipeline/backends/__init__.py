@@ -1,6 +1,6 @@
 """The engine backends, as a registry: one record per backend holds everything that differs between them.
 
-    trtllm-0.12   TensorRT-LLM 0.12 (JetPack 6, Orin): checkpoint/ -> trtllm-build -> ModelRunnerCpp
+    trtllm-0.12   TensorRT-LLM 0.12 (JetPack 6, Orin): checkpoint/ -> trtllm-build -> the executor (serve session)
     edgellm       TensorRT Edge-LLM (JetPack 7): onnx/ -> llm_build -> llm_inference
 
 Callers ask the record (`get(name).payload`, `.build_commands(limits, draft)`, `.check_argv(argv)`,

@@ -182,7 +182,7 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
                 say(f"failed: {c.check}: required {c.required}, measured {c.measured}, short by {c.by}")
         return 1
     key = signing_key(create=True)
-    bundle = pack_bundle(engine, out, verified, board, key)
+    bundle = pack_bundle(engine, kit_dir, out, verified, board, key)
     say(f"bundle: {bundle.path} (signed by {key.public.id_hex})")
     return 0
 

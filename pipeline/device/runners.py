@@ -2,8 +2,8 @@
 golden prompts on the built engine and return what each produced, with what the runtime itself measured, as a
 jetson-validation/1 record.
 
-    trtllm-0.12   python -m pipeline.device.trtllm_runner (ModelRunnerCpp; returns token ids; TTFT and decode timed
-                  around generate(); the paged KV cache allocation as TensorRT-LLM reports it)
+    trtllm-0.12   python -m pipeline.device.trtllm_runner (the serve session: 0.12's executor; returns token ids;
+                  TTFT and decode rate from the token stream; the paged KV cache allocation as TensorRT-LLM reports it)
     edgellm       llm_inference (Edge-LLM's C++ runtime; returns text, so agreement is measured on the text; TTFT,
                   decode tok/s and the EAGLE-3 acceptance rate from its own profiler: --dumpProfile
                   --profileOutputFile, examples/utils/profileFormatter.cpp)

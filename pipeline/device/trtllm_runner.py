@@ -1,25 +1,25 @@
-"""On the device: load a TensorRT-LLM 0.12 engine and run the kit's golden prompts greedily, timing each.
+"""On the device: load a TensorRT-LLM 0.12 engine and run the kit's golden prompts greedily, timing each, through the
+same session `serve` uses (pipeline.serve.trtllm_session: the executor with in-flight batching), so what is
+validated is what is served.
 
     python3 -m pipeline.device.trtllm_runner --engine-dir engine --goldens goldens.json --out validation.json
 
-Runs with the device's tensorrt_llm (Python 3.10, JetPack 6) and torch from that install; nothing from the
-workstation. Each prompt runs twice: one new token (time to first token) and the full greedy completion (decode
-rate = (new tokens - 1) / (full - first)). `use_mmap` is passed where this ModelRunnerCpp takes it (the Jetson
-branch: Llama-3-8B INT4 on AGX Orin in 7.3 GB instead of 12.3 GB, FACTS.md). The paged KV cache is capped at the
-plan's budget (--kv-tokens = max_batch_size x max_seq_len): without `max_tokens_in_paged_kv_cache` 0.12 reserves 90%
-of free GPU memory for it (runtime/model_runner_cpp.py), which on a Jetson is 90% of the board's unified RAM.
+Runs with the device's tensorrt_llm (Python 3.10, JetPack 6); nothing from the workstation. Each prompt is one
+streamed request: time to first token is submit -> first token, the decode rate (new tokens - 1) / (last token -
+first token), both as a client of the server would see them. The paged KV cache is capped at the plan's budget
+(--kv-tokens = max_batch_size x max_seq_len): without a cap 0.12 reserves 90% of free GPU memory for it, which on a
+Jetson is 90% of the board's unified RAM.
 
 What the runtime actually allocated is read from the runtime itself, never from the cap we asked for: its log line
 "[MemUsageChange] Allocated X GiB for max tokens in paged KV cache (N)." (TensorRT-LLM's KVCacheManager, at INFO:
 TLLM_LOG_LEVEL=INFO is set for this process), else its "Number of blocks in KV cache primary pool" and "Number of
 tokens per block" lines, and the executor's own iteration statistics (KvCacheStats: max_num_blocks x
-tokens_per_block) where this ModelRunnerCpp exposes its executor.
+tokens_per_block).
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import re
@@ -58,13 +58,10 @@ def reported_kv_allocation(log: str, stats: dict | None) -> dict | None:
     return None
 
 
-def executor_kv_stats(runner) -> dict | None:
-    """The executor's latest KV cache statistics, where this ModelRunnerCpp keeps its executor (`session`)."""
-    stats_of = getattr(getattr(runner, "session", None), "get_latest_iteration_stats", None)
-    if stats_of is None:
-        return None
+def executor_kv_stats(executor) -> dict | None:
+    """The executor's latest KV cache statistics."""
     try:
-        for it in reversed(list(stats_of())):
+        for it in reversed(list(executor.get_latest_iteration_stats())):
             kv = getattr(it, "kv_cache_stats", None)
             if kv is not None:
                 return {k: int(getattr(kv, k)) for k in ("max_num_blocks", "free_num_blocks", "used_num_blocks",
@@ -74,60 +71,48 @@ def executor_kv_stats(runner) -> dict | None:
     return None
 
 
-def load_runner(engine_dir: Path, max_input_len: int, max_output_len: int, kv_tokens: int):
-    from tensorrt_llm.logger import logger
-    from tensorrt_llm.runtime import ModelRunnerCpp
+def _timed(session, gen) -> tuple[list[int], float, float | None, float]:
+    """(ids, ttft, decode tok/s, seconds) of one streamed request."""
+    from pipeline.serve.session import generate_blocking
 
-    logger.set_level("info")        # the KV cache manager reports its allocation at INFO
-
-    kwargs = {"engine_dir": str(engine_dir), "rank": 0, "max_batch_size": 1, "max_input_len": max_input_len,
-              "max_output_len": max_output_len, "max_tokens_in_paged_kv_cache": kv_tokens}
-    if "use_mmap" in inspect.signature(ModelRunnerCpp.from_dir).parameters:
-        kwargs["use_mmap"] = True
-    return ModelRunnerCpp.from_dir(**kwargs)
-
-
-def _generate(runner, ids: list[int], new_tokens: int, eos: int | None) -> list[int]:
-    import torch
-
-    out = runner.generate(batch_input_ids=[torch.tensor(ids, dtype=torch.int32)], max_new_tokens=new_tokens,
-                          end_id=eos if eos is not None else -1, pad_id=eos if eos is not None else 0,
-                          top_k=1, temperature=1.0, output_sequence_lengths=True, return_dict=True)
-    length = int(out["sequence_lengths"][0][0])
-    return [int(t) for t in out["output_ids"][0][0][len(ids):length]]
-
-
-def _cut_at_stop(ids: list[int], stops: list[int]) -> list[int]:
-    """End where the goldens' generation ended: at the first of the model's stop ids (end_id takes only one;
-    transformers stops at any of generation_config's eos ids)."""
-    for i, t in enumerate(ids):
-        if t in stops:
-            return ids[:i + 1]
-    return ids
+    stamps: list[tuple[float, int]] = []
+    t0 = time.perf_counter()
+    ids, _ = generate_blocking(session, gen, on_tokens=lambda toks: stamps.append((time.perf_counter(), len(toks))))
+    full = time.perf_counter() - t0
+    ttft = stamps[0][0] - t0 if stamps else full
+    span = stamps[-1][0] - stamps[0][0] if stamps else 0.0
+    rate = (len(ids) - 1) / span if len(ids) > 1 and span > 0 else None
+    return ids, ttft, rate, full
 
 
 def run(engine_dir: Path, goldens: dict, kv_tokens: int) -> Validation:
-    prompts = goldens["prompts"]
+    from tensorrt_llm.logger import logger
+
+    from pipeline.serve.session import Generation, Limits, Sampling
+    from pipeline.serve.trtllm_session import TrtllmSession
+
+    logger.set_level("info")        # the KV cache manager reports its allocation at INFO
+    prompts, new = goldens["prompts"], goldens["max_new_tokens"]
+    stops = tuple(goldens.get("stop_token_ids") or ([goldens["eos_token_id"]] if goldens.get("eos_token_id")
+                                                    is not None else []))
     longest = max(len(p["input_ids"]) for p in prompts)
-    runner = load_runner(engine_dir, longest, goldens["max_new_tokens"], kv_tokens)
-    eos = goldens.get("eos_token_id")
-    _generate(runner, prompts[0]["input_ids"], 2, eos)        # warm-up: first-call allocations are not TTFT
-    results = []
-    for p in prompts:
-        t0 = time.perf_counter()
-        _generate(runner, p["input_ids"], 1, eos)
-        ttft = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        ids = _cut_at_stop(_generate(runner, p["input_ids"], goldens["max_new_tokens"], eos),
-                           goldens.get("stop_token_ids") or [])
-        full = time.perf_counter() - t0
-        rate = (len(ids) - 1) / (full - ttft) if len(ids) > 1 and full > ttft else None
-        results.append(PromptResult(prompt=p["prompt"], output_ids=ids, ttft_s=round(ttft, 4),
-                                    decode_tok_s=round(rate, 2) if rate else None, seconds=round(full, 4)))
-    # the driver adds the KV allocation this runtime logged (reported_kv_allocation)
-    return Validation(runtime="tensorrt_llm.ModelRunnerCpp",
-                      speed_source="runner wall clock around ModelRunnerCpp.generate", prompts=results,
-                      kv_tokens_requested=kv_tokens, kv_cache_stats=executor_kv_stats(runner))
+    session = TrtllmSession(engine_dir, Limits(1, longest, longest + new), kv_tokens)
+    try:
+        def gen(p: dict, n: int) -> Generation:
+            return Generation(tuple(p["input_ids"]), p.get("rendered") or "", n, Sampling(temperature=0.0), stops)
+        _timed(session, gen(prompts[0], 2))        # warm-up: first-call allocations are not TTFT
+        results = []
+        for p in prompts:
+            ids, ttft, rate, full = _timed(session, gen(p, new))
+            results.append(PromptResult(prompt=p["prompt"], output_ids=ids, ttft_s=round(ttft, 4),
+                                        decode_tok_s=round(rate, 2) if rate else None, seconds=round(full, 4)))
+        # the driver adds the KV allocation this runtime logged (reported_kv_allocation)
+        return Validation(runtime="tensorrt_llm.bindings.executor.Executor (the serve session)",
+                          speed_source="streamed request through the serve session: submit to first token, "
+                          "first to last token", prompts=results, kv_tokens_requested=kv_tokens,
+                          kv_cache_stats=executor_kv_stats(session.executor))
+    finally:
+        session.close()
 
 
 def main(argv: list[str] | None = None) -> int:

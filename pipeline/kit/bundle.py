@@ -47,9 +47,36 @@ def bundle_meta(kit: VerifiedKit, board: contract.Board) -> contract.BundleMeta:
                                                    quant=m.quant, limits=m.limits))
 
 
-def pack_bundle(engine_dir: Path, out_root: Path, kit: VerifiedKit, board: contract.Board,
+SERVING_DIR = "serving"     # beside the engine files: what `serve` needs that the engine directory lacks
+
+
+def bundle_content(engine_dir: Path, kit_dir: Path, content: Path) -> Path:
+    """The bundle's payload in `content` (fresh; hard links, no copies): the engine files, and under serving/ the
+    kit's plan (limits), goldens (stop ids, the startup check of the tokenizer) and tokenizer files."""
+    from pipeline.files import fresh_dir, link_or_copy
+
+    fresh_dir(content)
+    for f in sorted(Path(engine_dir).rglob("*")):
+        if f.is_file() and not f.is_symlink():
+            link_or_copy(f, content / f.relative_to(engine_dir))
+    for name in (contract.PLAN, contract.GOLDENS):
+        link_or_copy(Path(kit_dir) / name, content / SERVING_DIR / name)
+    tokenizer = Path(kit_dir) / contract.TOKENIZER_DIR
+    for f in sorted(tokenizer.iterdir()) if tokenizer.is_dir() else []:
+        if f.is_file() and not f.is_symlink():
+            link_or_copy(f, content / SERVING_DIR / contract.TOKENIZER_DIR / f.name)
+    return content
+
+
+def pack_bundle(engine_dir: Path, kit_dir: Path, out_root: Path, kit: VerifiedKit, board: contract.Board,
                 key: SecretKey) -> VerifiedKit:
-    """Pack a device build's output directory into out_root/<bundle name>/ as a signed bundle (an earlier bundle of
-    the same name, from an earlier run with the same --out, is replaced)."""
+    """Pack a device build's engine, with what serving it needs from the unpacked kit, into out_root/<bundle name>/
+    as a signed bundle (an earlier bundle of the same name, from an earlier run with the same --out, is replaced)."""
+    import shutil
+
     name = bundle_name(_kit(kit), compat_of(_kit(kit), board))
-    return pack(engine_dir, Path(out_root) / name, name, "bundle", key, meta=bundle_meta(kit, board), replace=True)
+    content = bundle_content(engine_dir, kit_dir, Path(engine_dir).parent / "bundle.content")
+    try:
+        return pack(content, Path(out_root) / name, name, "bundle", key, meta=bundle_meta(kit, board), replace=True)
+    finally:
+        shutil.rmtree(content, ignore_errors=True)

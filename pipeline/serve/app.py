@@ -1,0 +1,299 @@
+"""The OpenAI-compatible HTTP server over one Session (FastAPI + uvicorn, as vLLM and trtllm-serve).
+
+    GET  /v1/models             the one model served
+    POST /v1/chat/completions   chat, rendered with the kit's chat template; streaming (SSE) or not
+    POST /v1/completions        raw prompt; streaming or not
+    GET  /health                200 ready; 503 while loading or after an engine failure
+    GET  /metrics               Prometheus text format (metrics.py)
+
+Admission: at most max_batch_size requests run in the engine; up to `max_queue` more wait; past that a 429 with
+Retry-After. Limits are checked before any work: a prompt longer than the engine's max_input_len, or max_tokens past
+max_seq_len, is a 400 naming the limit. A client that disconnects mid-stream has its request cancelled in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import threading
+import time
+from collections.abc import AsyncGenerator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request  # module level: FastAPI resolves the handlers' annotations here
+
+from pipeline.errors import PipelineError
+from pipeline.serve import protocol
+from pipeline.serve.metrics import Metrics
+from pipeline.serve.protocol import ApiError
+from pipeline.serve.session import Event, Generation, Session
+from pipeline.serve.text import TextStream
+
+if TYPE_CHECKING:
+    from pipeline.serve.sources import Served
+
+log = logging.getLogger("pipeline.serve")
+ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions")
+
+
+@dataclass(frozen=True)
+class Settings:
+    api_key: str | None = None
+    max_queue: int = 16
+    request_timeout: float = 600.0
+    max_body_bytes: int = 2 * 2**20
+
+
+class Server:
+    """The served model, its session once loaded, admission and metrics."""
+
+    def __init__(self, served: Served, settings: Settings, load: Callable[[], Session]):
+        self.served, self.settings, self._load = served, settings, load
+        self.session: Session | None = None
+        self.load_error: str | None = None
+        self.slots = asyncio.Semaphore(served.limits.max_batch_size)
+        self.waiting = 0
+        self.metrics = Metrics(lambda: self.session.stats() if self.session else {}, lambda: self.ready)
+
+    @property
+    def ready(self) -> bool:
+        return self.session is not None and self.session.failure is None
+
+    def load(self) -> None:
+        try:
+            self.session = self._load()
+            log.info("engine ready: %s (%s)", self.served.name, self.session.backend)
+        except PipelineError as exc:
+            self.load_error = exc.message
+            log.error("engine failed to load: %s", exc.message)
+        except Exception as exc:        # noqa: BLE001 - reported on /health and in the log, never a traceback
+            self.load_error = f"{type(exc).__name__}: {str(exc)[:300]}"
+            log.error("engine failed to load: %s", self.load_error)
+
+    def generation(self, req: protocol.Request, chat: bool) -> Generation:
+        """The request as the engine takes it, or the ApiError that refuses it (before any work)."""
+        s, limits = self.served, self.served.limits
+        if req.model is not None and req.model != s.name:
+            raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {s.name!r}", "model",
+                           "model_not_found")
+        if chat:
+            if not s.codec.has_chat_template:
+                raise ApiError(400, f"{s.name} has no chat template (its tokenizer_config.json and "
+                               "chat_template.jinja define none): use /v1/completions with a raw prompt",
+                               "messages", "chat_template_missing")
+            try:
+                text, ids = s.codec.chat_ids([dict(m) for m in req.messages])
+            except PipelineError as exc:
+                raise ApiError(400, exc.message, "messages") from None
+        else:
+            text, ids = s.codec.prompt_ids(req.prompt or "")
+        if not ids:
+            raise ApiError(400, "the prompt is empty", "messages" if chat else "prompt")
+        if len(ids) > limits.max_input_len:
+            raise ApiError(400, f"the prompt is {len(ids)} tokens; the engine takes at most max_input_len = "
+                           f"{limits.max_input_len}", "messages" if chat else "prompt", "context_length_exceeded")
+        room = limits.max_seq_len - len(ids)
+        if req.max_tokens is not None and req.max_tokens > room:
+            raise ApiError(400, f"max_tokens = {req.max_tokens} with a prompt of {len(ids)} tokens is past the "
+                           f"engine's max_seq_len = {limits.max_seq_len} (at most {room} here)", "max_tokens",
+                           "context_length_exceeded")
+        if room < 1:
+            raise ApiError(400, f"the prompt of {len(ids)} tokens leaves no room under max_seq_len = "
+                           f"{limits.max_seq_len}", "messages" if chat else "prompt", "context_length_exceeded")
+        return Generation(tuple(ids), text, req.max_tokens or room, req.sampling, s.stop_ids)
+
+    def admit(self) -> Session:
+        """The session, if a request may be queued now: else 503 (not loaded, failed) or 429 (queue full)."""
+        session = self.session
+        if session is None or session.failure:
+            raise ApiError(503, "the engine is not ready" if session is None else "the engine failed",
+                           code="engine_unavailable", headers={"Retry-After": "5"})
+        if self.slots.locked() and self.waiting >= self.settings.max_queue:
+            raise ApiError(429, f"the server is busy: {self.served.limits.max_batch_size} requests running and "
+                           f"{self.waiting} waiting (--max-queue {self.settings.max_queue}); retry shortly",
+                           code="queue_full", headers={"Retry-After": "1"})
+        return session
+
+    async def run(self, gen: Generation, stop: tuple[str, ...]) -> AsyncGenerator[tuple[str, str | None, int], None]:
+        """Run and stream one admitted request: (text delta, finish reason on the last item, tokens so far)."""
+        session = self.admit()      # again: a stream starts after its 200, and others may have queued meanwhile
+        m = self.metrics
+        self.waiting += 1
+        m.queue.inc()
+        try:
+            await self.slots.acquire()
+        finally:
+            self.waiting -= 1
+            m.queue.dec()
+        m.running.inc()
+        m.prompt_tokens.inc(len(gen.prompt_ids))
+        loop, events = asyncio.get_running_loop(), asyncio.Queue[Event]()
+        handle, stream, done = None, TextStream(self.served.codec, gen.stop_ids, stop), False
+        start = last = time.monotonic()
+        deadline = start + self.settings.request_timeout
+        try:
+            def emit(ev: Event) -> None:        # from the session's thread
+                loop.call_soon_threadsafe(events.put_nowait, ev)
+            handle = session.submit(gen, emit)
+            while True:
+                try:
+                    ev = await asyncio.wait_for(events.get(), max(0.0, deadline - time.monotonic()))
+                except asyncio.TimeoutError:
+                    raise ApiError(504, f"the request ran longer than --request-timeout "
+                                   f"{self.settings.request_timeout:g} s", code="timeout") from None
+                if ev.error:
+                    raise ApiError(500, "the engine failed on this request", code="engine_error")
+                now = time.monotonic()
+                if ev.tokens:
+                    if not stream.ids:
+                        m.ttft.observe(now - start)
+                    else:
+                        m.itl.observe((now - last) / len(ev.tokens))
+                    last = now
+                    m.completion_tokens.inc(len(ev.tokens))
+                delta = stream.feed(ev.tokens)
+                if stream.finish_reason or ev.final:
+                    done = ev.final
+                    delta += stream.finish(ev.reason or "length")
+                    m.duration.observe(now - start)
+                    yield delta, stream.finish_reason, len(stream.ids)
+                    return
+                if delta:
+                    yield delta, None, len(stream.ids)
+        finally:
+            if handle is not None and not done:
+                session.cancel(handle)      # the client went away, it timed out, or a stop string ended it early
+            m.running.dec()
+            self.slots.release()
+
+
+def _error_response(exc: ApiError):
+    from fastapi.responses import JSONResponse
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def _body(request, limit: int) -> dict[str, Any]:
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
+    return protocol.parse_json(bytes(data))
+
+
+def create_app(server: Server):
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from starlette.exceptions import HTTPException
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        threading.Thread(target=server.load, name="engine-load", daemon=True).start()
+        yield
+        if server.session is not None:
+            server.session.close()
+
+    app = FastAPI(title="jetson-trtllm-pipeline", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    served, settings, metrics = server.served, server.settings, server.metrics
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request, exc: ApiError):
+        return _error_response(exc)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request, exc: HTTPException):
+        return _error_response(ApiError(exc.status_code, str(exc.detail), code="not_found"
+                                        if exc.status_code == 404 else None))
+
+    @app.exception_handler(Exception)
+    async def internal(_request, exc: Exception):
+        log.error("internal error: %s: %s", type(exc).__name__, str(exc)[:300])
+        return _error_response(ApiError(500, "internal server error", code="internal_error"))
+
+    @app.middleware("http")
+    async def count_and_auth(request: Request, call_next):
+        path = request.url.path
+        if path.startswith("/v1/") and settings.api_key is not None:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {settings.api_key}".encode()):
+                response: Any = _error_response(ApiError(401, "a valid API key is required (Authorization: Bearer "
+                                                         "KEY)", code="invalid_api_key"))
+                metrics.requests.labels(path if path in ROUTES else "other", "401").inc()
+                return response
+        response = await call_next(request)
+        if path.startswith("/v1/"):     # a label per known route only: a client must not grow the series
+            metrics.requests.labels(path if path in ROUTES else "other", str(response.status_code)).inc()
+        return response
+
+    @app.get("/health")
+    async def health():
+        if server.ready:
+            return {"status": "ok"}
+        state = "failed" if server.load_error or (server.session and server.session.failure) else "loading"
+        return JSONResponse({"status": state}, status_code=503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": served.created,
+                                            "owned_by": "jetson-trtllm-pipeline", "max_model_len":
+                                            served.limits.max_seq_len}]}
+
+    async def answer(request: Request, chat: bool):
+        body = await _body(request, settings.max_body_bytes)
+        req = protocol.parse_chat(body) if chat else protocol.parse_completion(body)
+        gen = server.generation(req, chat)
+        rid, created = protocol.new_id("chatcmpl" if chat else "cmpl"), protocol.now()
+        if not req.stream:
+            text, reason, made = "", "length", 0
+            async for item in server.run(gen, req.stop):
+                delta, fin, made = item
+                text += delta
+                reason = fin or reason
+            return protocol.completion_body(chat, rid, served.name, created, text, reason, len(gen.prompt_ids),
+                                            made)
+        server.admit()      # a 429 or 503 is a status, before the stream's 200
+        chunks = server.run(gen, req.stop)
+
+        async def events():
+            made = 0
+            try:
+                if chat:
+                    yield protocol.sse(protocol.chunk_body(True, rid, served.name, created, "", None,
+                                                           req.include_usage, first=True))
+                async for item in chunks:
+                    delta, fin, made = item
+                    if delta or fin:
+                        yield protocol.sse(protocol.chunk_body(chat, rid, served.name, created, delta or None
+                                                               if chat else delta, fin, req.include_usage))
+                if req.include_usage:
+                    yield protocol.sse(protocol.usage_chunk(chat, rid, served.name, created, len(gen.prompt_ids),
+                                                            made))
+                yield protocol.sse("[DONE]")
+            except ApiError as exc:     # after the 200: the error travels as an event, as vLLM sends it
+                yield protocol.sse(exc.body())
+            finally:
+                await chunks.aclose()
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await answer(request, True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await answer(request, False)
+
+    return app

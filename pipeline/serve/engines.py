@@ -1,0 +1,16 @@
+"""Serving sessions, one per backend (SESSIONS, registered per backend as RUNNERS and EXPORTERS are): open the
+engine directory of a verified bundle with the plan's limits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from pipeline import contract
+from pipeline.backends import edgellm, trtllm012
+from pipeline.serve import edgellm_session, trtllm_session
+from pipeline.serve.session import Limits, Session
+
+Opener = Callable[[Path, contract.Plan, Limits], Session]
+SESSIONS: dict[str, Opener] = {trtllm012.BACKEND.name: trtllm_session.open_session,
+                               edgellm.BACKEND.name: edgellm_session.open_session}

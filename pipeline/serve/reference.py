@@ -1,0 +1,132 @@
+"""The workstation's session: the quantized model the goldens were computed with (the quantize stage's saved
+ModelOpt state on the fetched checkpoint, state.load_quantized), run by PyTorch on the CPU or a GPU.
+
+Each request keeps its own KV cache and runs the same forward calls transformers' generate() makes for the goldens
+(the prompt, then one token at a time), so a greedy answer here is the golden answer token for token. Requests in
+flight take turns one step each (up to max_batch_size at once): batched numerics would differ from the goldens'
+in the last bits, and this backend exists to be exact, not fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.serve.session import Emit, Event, Generation, Handle, Limits, Session
+
+
+@dataclass
+class _Running:
+    handle: Handle
+    cache: Any = None
+    last: int | None = None
+    made: int = 0
+    generator: Any = None
+
+
+class ReferenceSession(Session):
+    backend = "reference"
+
+    def __init__(self, model: Any, limits: Limits,
+                 thread_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext):
+        """thread_context: entered by the session's own thread around every forward (torch function modes such
+        as the goldens' skinny_linears are per thread)."""
+        super().__init__()
+        self.model, self.limits, self._context = model, limits, thread_context
+        self._pending: queue.Queue[Handle | None] = queue.Queue()
+        self._cancelled: set[int] = set()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="reference-session", daemon=True)
+        self._thread.start()
+
+    def submit(self, gen: Generation, emit: Emit) -> Handle:
+        if self.failure:
+            raise RuntimeError(self.failure)
+        handle = self._handle(gen, emit)
+        self._pending.put(handle)
+        return handle
+
+    def cancel(self, handle: Handle) -> None:
+        handle.cancelled.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._pending.put(None)
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        with self._context():
+            self._serve()
+
+    def _serve(self) -> None:
+        running: list[_Running] = []
+        while not self._closed:
+            while len(running) < self.limits.max_batch_size:
+                try:
+                    h = self._pending.get(block=not running, timeout=None)
+                except queue.Empty:
+                    break
+                if h is None:
+                    return
+                running.append(_Running(h))
+            for r in list(running):
+                if r.handle.cancelled.is_set():
+                    running.remove(r)
+                    continue
+                try:
+                    event = self._step(r)
+                except Exception as exc:        # noqa: BLE001 - the request fails, the session serves on
+                    event = Event([], final=True, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                if event.final:
+                    running.remove(r)
+                if not r.handle.cancelled.is_set():
+                    r.handle.emit(event)
+
+    def _step(self, r: _Running) -> Event:
+        import torch
+
+        from pipeline.workstation.models import input_device
+
+        gen = r.handle.generation
+        with torch.no_grad():
+            if r.cache is None:
+                ids = torch.tensor([list(gen.prompt_ids)], device=input_device(self.model))
+                out = self.model(input_ids=ids, use_cache=True)
+            else:
+                ids = torch.tensor([[r.last]], device=input_device(self.model))
+                out = self.model(input_ids=ids, past_key_values=r.cache, use_cache=True)
+            r.cache = out.past_key_values
+            # as generate() takes the next token: the last position's logits in fp32
+            token = self._choose(out.logits[0, -1].to(dtype=torch.float32), r)
+        r.last, r.made = token, r.made + 1
+        if token in gen.stop_ids:
+            return Event([token], final=True, reason="stop")
+        if r.made >= gen.max_new_tokens:
+            return Event([token], final=True, reason="length")
+        return Event([token])
+
+    def _choose(self, logits: Any, r: _Running) -> int:
+        import torch
+
+        s = r.handle.generation.sampling
+        if s.greedy:
+            return int(logits.argmax())
+        if r.generator is None:
+            r.generator = torch.Generator(device=logits.device)
+            r.generator.manual_seed(s.seed if s.seed is not None else int(torch.seed() % 2**63))
+        logits = logits / s.temperature
+        if s.top_k > 0:
+            kth = torch.topk(logits, min(s.top_k, logits.numel())).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if s.top_p < 1.0:
+            sorted_logits, order = torch.sort(logits, descending=True)
+            probs = torch.softmax(sorted_logits, -1)
+            drop = probs.cumsum(-1) - probs > s.top_p     # keep the smallest set whose mass reaches top_p
+            logits[order[drop]] = float("-inf")
+        probs = torch.softmax(logits, -1)
+        return int(torch.multinomial(probs, 1, generator=r.generator))

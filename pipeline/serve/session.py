@@ -1,0 +1,130 @@
+"""What the server asks of a loaded model, whatever runs it: a `Session` takes generation requests from any thread
+and reports each request's new token ids through its callback, from its own thread, with in-flight batching up to
+the engine's max_batch_size. One session serves the HTTP server, the device's golden check and the benchmarks, so
+what was validated is what is served.
+
+    reference   PyTorch on the workstation: the quantized model the goldens were computed with (reference.py)
+    trtllm-0.12 tensorrt_llm.bindings.executor.Executor on the engine directory (trtllm_session.py)
+    edgellm     tensorrt_edgellm.runtime RequestEngine on the engine directory (edgellm_session.py)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """temperature 0: greedy (top_k and top_p unused). top_k 0: no top-k cut. seed None: a fresh random seed."""
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One request as the engine takes it: the prompt as ids and as the text holding exactly those ids (runtimes
+    that tokenize themselves take the text and add no special tokens), a token budget, sampling, stop ids."""
+    prompt_ids: tuple[int, ...]
+    prompt_text: str
+    max_new_tokens: int
+    sampling: Sampling
+    stop_ids: tuple[int, ...]
+
+
+@dataclass
+class Event:
+    """New token ids of one request; `final` with the engine's reason ("stop" at a stop id, "length"), or an error
+    message (the request failed; the session may still serve others)."""
+    tokens: list[int]
+    final: bool = False
+    reason: str | None = None
+    error: str | None = None
+
+
+Emit = Callable[[Event], None]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the engine was built for (the plan's build limits)."""
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+
+
+@dataclass
+class Handle:
+    id: int
+    generation: Generation
+    emit: Emit
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    last: int | None = None         # the last token id reported (a runtime that gives no finish reason)
+    submitted: float = field(default_factory=time.monotonic)
+
+
+class Session(ABC):
+    """A loaded model serving requests. `failure` is set when the engine itself failed: no further request is
+    taken and /health says so."""
+    backend: str = ""
+    limits: Limits
+
+    def __init__(self) -> None:
+        self.failure: str | None = None
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def _handle(self, gen: Generation, emit: Emit) -> Handle:
+        with self._lock:
+            self._next += 1
+            return Handle(self._next, gen, emit)
+
+    @abstractmethod
+    def submit(self, gen: Generation, emit: Emit) -> Handle:
+        """Queue a request; returns at once. `emit` is called from the session's thread, never after a final
+        event."""
+
+    @abstractmethod
+    def cancel(self, handle: Handle) -> None:
+        """Stop a request (a client that went away): its slot is freed; no further event is emitted."""
+
+    def stats(self) -> dict[str, float]:
+        """What the runtime reports about itself (e.g. kv_cache_usage as a fraction); empty where it reports none."""
+        return {}
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop the engine's thread and release it."""
+
+
+def generate_blocking(session: Session, gen: Generation, timeout: float | None = None,
+                      on_tokens: Callable[[list[int]], None] | None = None) -> tuple[list[int], str]:
+    """One request to the end, from a thread that may block: (ids, reason). Used by validation and benchmarks."""
+    done = threading.Event()
+    ids: list[int] = []
+    outcome: dict[str, str | None] = {}
+
+    def emit(ev: Event) -> None:
+        ids.extend(ev.tokens)
+        if ev.tokens and on_tokens is not None:
+            on_tokens(ev.tokens)
+        if ev.final or ev.error:
+            outcome["reason"], outcome["error"] = ev.reason, ev.error
+            done.set()
+
+    handle = session.submit(gen, emit)
+    if not done.wait(timeout):
+        session.cancel(handle)
+        raise TimeoutError(f"the {session.backend} session gave no answer within {timeout} s")
+    if outcome.get("error"):
+        raise RuntimeError(outcome["error"])
+    return ids, outcome.get("reason") or "length"

@@ -1,0 +1,139 @@
+"""What `serve` serves: a verified engine bundle on the device, or a built recipe's reference model on the workstation.
+
+Both give a `Served` (name, tokenizer, stop ids, limits, goldens) and a loader that opens the Session; the tokenizer
+and chat template are checked against the goldens before anything is served (text.check_against_goldens).
+
+A bundle is verified exactly as `device` verifies a kit (signature by a trusted key, every part's sha256), gated
+against this board (same SM, TensorRT, JetPack line and backend version as the board that built and validated it),
+and unpacked into a fresh directory; nothing else on disk is read. Its `serving/` part carries what the engine
+directory lacks: the kit's plan (limits), goldens and tokenizer files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import contract
+from pipeline.errors import PipelineError
+from pipeline.kit.bundle import SERVING_DIR
+from pipeline.serve.session import Limits, Session
+from pipeline.serve.text import TextCodec, check_against_goldens
+
+
+@dataclass(frozen=True)
+class Served:
+    name: str
+    created: int
+    codec: TextCodec
+    stop_ids: tuple[int, ...]
+    limits: Limits
+    backend: str
+    goldens: contract.Goldens
+
+
+def limits_of(plan: contract.Plan) -> Limits:
+    return Limits(plan.limits.max_batch_size, plan.limits.max_input_len, plan.limits.max_seq_len)
+
+
+def _served(name: str, created: int, tokenizer_dir: Path, goldens: contract.Goldens, plan: contract.Plan,
+            backend: str, where: str) -> Served:
+    codec = TextCodec.load(tokenizer_dir)
+    check_against_goldens(codec, goldens, where)
+    stops = tuple(goldens.stop_token_ids) or ((goldens.eos_token_id,) if goldens.eos_token_id is not None else ())
+    return Served(name, created, codec, stops, limits_of(plan), backend, goldens)
+
+
+def from_recipe(name: str, target: str | None = None) -> tuple[Served, Callable[[], Session]]:
+    """A recipe built on this workstation (`doit build`), served by the reference backend: its quantized model in
+    exactly the numerics the goldens were computed with."""
+    import os
+
+    from pipeline.graph.actions import model_dir
+    from pipeline.graph.framework import is_current
+    from pipeline.graph.specs import goldens_spec, quantize_spec, recipe_plan
+    from pipeline.recipe import load_recipe
+
+    recipe = load_recipe(name)
+    target = target or recipe.targets[0]
+    if target not in recipe.targets:
+        raise PipelineError(f"{recipe.file}: target {target!r} is not one of the recipe's targets "
+                            f"({', '.join(recipe.targets)})", "pass one of them with --target")
+    for spec in (quantize_spec(recipe), goldens_spec(recipe)):
+        if not is_current(spec):
+            raise PipelineError(f"{recipe.name}: its {spec.stage} stage is not built (or is out of date)",
+                                f"run `doit build recipe={recipe.name}` first")
+    plan = recipe_plan(recipe, target)
+    goldens = contract.Goldens.load(goldens_spec(recipe).dir / contract.GOLDENS)
+    created = int(os.stat(goldens_spec(recipe).dir / contract.GOLDENS).st_mtime)
+    served = _served(recipe.name, created, model_dir(recipe), goldens, plan, "reference",
+                     f"{recipe.name} (goldens {goldens_spec(recipe).dir})")
+
+    def load() -> Session:
+        from pipeline.graph.actions import _reference_model
+        from pipeline.serve.reference import ReferenceSession
+        from pipeline.workstation.cpu_linear import skinny_linears
+
+        stack = contextlib.ExitStack()
+        # the goldens' own numerics: weights on the export grid, and the same CPU linear kernels (a torch function
+        # mode, so entered by the session's thread)
+        model = stack.enter_context(_reference_model(recipe))
+        session = ReferenceSession(model, served.limits, skinny_linears)
+        close = session.close
+
+        def closing() -> None:
+            close()
+            stack.close()
+        session.close = closing  # type: ignore[method-assign]
+        return session
+    return served, load
+
+
+def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = None,
+                say: Callable[[str], None] = print) -> tuple[Served, Callable[[], Session]]:
+    """A validated engine bundle (the output of `device`), verified, gated and unpacked into `work`."""
+    from pipeline import backends
+    from pipeline.device import gate
+    from pipeline.device.probe import probe
+    from pipeline.files import remove_entry
+    from pipeline.kit.signing import trusted_keys
+    from pipeline.kit.unpack import unpack
+    from pipeline.kit.verify import check_kit
+    from pipeline.serve.engines import SESSIONS
+
+    trusted = trusted_keys([Path(pubkey)] if pubkey else [])
+    verified = check_kit(bundle, trusted, hash_parts=False)      # parts hashed while unpacked below
+    m = verified.manifest
+    if not isinstance(m, contract.BundleManifest):
+        raise PipelineError(f"{bundle} is a kit, not an engine bundle: serve the bundle `device` made from it",
+                            "run `python -m pipeline device KIT` first; it writes the bundle to --out")
+    board = contract.Board.from_dict(probe(root), "probe")
+    for w in gate.require(m, board).warnings:
+        say(f"warning: {w}")
+    dest = (work / verified.name).absolute()
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        remove_entry(dest)
+    unpack(bundle, dest, trusted, verified=verified)      # replaces an earlier unpack of this bundle
+    say(f"bundle {verified.name} (signed {verified.created} by {verified.signed_by}): verified and unpacked to "
+        f"{dest}")
+    serving = dest / SERVING_DIR
+    if not (serving / contract.PLAN).is_file():
+        raise PipelineError(f"{bundle}: the bundle carries no {SERVING_DIR}/ (plan, goldens, tokenizer): it was "
+                            "made by an older version of the pipeline", "rebuild it with `python -m pipeline device`")
+    plan = contract.Plan.load(serving / contract.PLAN)
+    goldens = contract.Goldens.load(serving / contract.GOLDENS)
+    backend = backends.get(m.compat.backend)
+    served = _served(m.kit.name, 0, serving / contract.TOKENIZER_DIR, goldens, plan, backend.name, str(bundle))
+    served = dataclasses.replace(served, created=_epoch(verified.created))
+    return served, lambda: SESSIONS[backend.name](dest, plan, served.limits)
+
+
+def _epoch(stamp: str) -> int:
+    from datetime import datetime
+    try:
+        return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return 0

@@ -1,0 +1,218 @@
+"""Text in and out of the served model, without torch or transformers (the engine backends run on JetPack's
+Python with the [serve] extra only): the kit's tokenizer.json through `tokenizers`, its chat template through Jinja
+in the sandbox transformers uses, and incremental detokenization with stop strings.
+
+Exactness is checked, not assumed: `check_against_goldens` renders and encodes every golden prompt the way the
+server will and compares with the ids the goldens were computed from (transformers' apply_chat_template and
+tokenizer on the workstation). A kit whose tokenizer or template this module reads differently is refused at start.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline import contract
+from pipeline.errors import PipelineError
+from pipeline.files import read_regular
+
+TOKENIZER_MAX = 64 * 2**20        # tokenizer.json of a 256k vocabulary: ~35 MB
+CONFIG_MAX = 4 * 2**20
+RENDER_MAX_CHARS = 4 * 2**20     # one rendered conversation; far beyond any engine's max_input_len in characters
+SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict ({"content": ...})."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _compile(template: str, where: str):
+    """The template compiled as transformers compiles chat templates (utils/chat_template_utils.py): an immutable
+    sandbox, trim_blocks and lstrip_blocks, loop controls, its own tojson (no HTML escaping), raise_exception and
+    strftime_now."""
+    from datetime import datetime
+
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template)
+    except jinja2.exceptions.TemplateError as exc:
+        raise PipelineError(f"{where}: the chat template does not compile: {str(exc)[:160]}",
+                            "rebuild the kit from a model whose chat template transformers renders") from None
+
+
+@dataclass
+class TextCodec:
+    """The kit's tokenizer: encode, decode, render a conversation. Built with `load`."""
+    tokenizer: Any                          # tokenizers.Tokenizer
+    special_tokens: dict[str, str]          # bos_token, eos_token, ... as the chat template sees them
+    template: Any = None                    # a compiled jinja2 Template, or None: the model has no chat template
+    template_source: str = ""
+
+    @classmethod
+    def load(cls, tokenizer_dir: Path) -> TextCodec:
+        from tokenizers import Tokenizer
+
+        tokenizer_dir = Path(tokenizer_dir)
+        path = tokenizer_dir / "tokenizer.json"
+        if not path.is_file():
+            raise PipelineError(f"{tokenizer_dir}: no tokenizer.json: the server reads the fast tokenizer format",
+                                "use a model that publishes tokenizer.json (every current Hugging Face LLM does)")
+        try:
+            tok = Tokenizer.from_str(read_regular(path, TOKENIZER_MAX).decode("utf-8"))
+        except (ValueError, UnicodeDecodeError, Exception) as exc:     # tokenizers raises its own Exception type
+            raise PipelineError(f"{path}: not a tokenizer `tokenizers` can read ({str(exc)[:120]})",
+                                "rebuild the kit; its tokenizer files are damaged") from None
+        config: dict = {}
+        cfg_path = tokenizer_dir / "tokenizer_config.json"
+        if cfg_path.is_file():
+            try:
+                loaded = json.loads(read_regular(cfg_path, CONFIG_MAX))
+                config = loaded if isinstance(loaded, dict) else {}
+            except (ValueError, UnicodeDecodeError):
+                raise PipelineError(f"{cfg_path}: not valid JSON", "rebuild the kit") from None
+        special = {k: t for k in SPECIAL if (t := _token_text(config.get(k))) is not None}
+        jinja = tokenizer_dir / "chat_template.jinja"      # transformers prefers it to tokenizer_config's field
+        source, text = "", None
+        if jinja.is_file():
+            source, text = str(jinja), read_regular(jinja, CONFIG_MAX).decode("utf-8", "replace")
+        elif isinstance(config.get("chat_template"), str):
+            source, text = f"{cfg_path} (chat_template)", config["chat_template"]
+        template = _compile(text, source) if text else None
+        return cls(tok, special, template, source)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.template is not None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        """The conversation as transformers' apply_chat_template(add_generation_prompt=True, tokenize=False) renders
+        it with this tokenizer's special tokens."""
+        import jinja2
+
+        if self.template is None:
+            raise PipelineError("the model has no chat template")
+        try:
+            text = self.template.render(messages=messages, tools=None, documents=None, add_generation_prompt=True,
+                                        **self.special_tokens)
+        except (jinja2.exceptions.TemplateError, TypeError, ValueError, RecursionError) as exc:
+            raise PipelineError(f"the chat template refused the conversation: {str(exc)[:200]}") from None
+        if len(text) > RENDER_MAX_CHARS:
+            raise PipelineError(f"the chat template rendered more than {RENDER_MAX_CHARS} characters")
+        return text
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> tuple[str, list[int]]:
+        """Rendered text and ids of a conversation: the rendered text encoded without adding special tokens (the
+        template holds BOS where the model wants one), as evaluate.render_prompt does for the goldens."""
+        text = self.render(messages)
+        return text, self.encode(text, add_special_tokens=False)
+
+    def prompt_ids(self, prompt: str) -> tuple[str, list[int]]:
+        """A raw prompt's ids (the tokenizer adds BOS where the model wants one) and the text that holds those special
+        tokens, for runtimes that take text and encode it without adding any (Edge-LLM's raw mode)."""
+        ids = self.encode(prompt)
+        return self.tokenizer.decode(ids, skip_special_tokens=False), ids
+
+
+def check_against_goldens(codec: TextCodec, goldens: contract.Goldens, where: str) -> None:
+    """Every golden prompt rendered and encoded by this codec gives the ids the goldens were computed from, and its
+    golden answer decodes to the goldens' text: else the server would ask the engine something validation did not
+    check, and the kit is refused."""
+    for i, p in enumerate(goldens.prompts):
+        if goldens.chat_template:
+            if codec.template is None:
+                raise PipelineError(f"{where}: the goldens were asked through a chat template the kit's tokenizer "
+                                    "lacks", "rebuild the kit")
+            _, ids = codec.chat_ids([{"role": "user", "content": p.prompt}])
+        else:
+            _, ids = codec.prompt_ids(p.prompt)
+        if ids != list(p.input_ids):
+            at = next((j for j, (a, b) in enumerate(zip(ids, p.input_ids, strict=False)) if a != b),
+                      min(len(ids), len(p.input_ids)))
+            raise PipelineError(f"{where}: prompt {i} ({p.prompt[:40]!r}) encodes to {len(ids)} ids here, "
+                                f"{len(p.input_ids)} in the goldens, first different at {at}: this server would not "
+                                "ask the engine what validation asked it",
+                                "report this with the model's tokenizer files; serve with the tokenizer transformers "
+                                "used (rebuild the kit with a tokenizer.json)")
+        text = codec.decode(p.output_ids)
+        if p.text is not None and text != p.text:
+            raise PipelineError(f"{where}: the golden answer to prompt {i} decodes to {text[:40]!r} here, "
+                                f"{p.text[:40]!r} in the goldens", "rebuild the kit")
+
+
+class TextStream:
+    """Token ids in, text deltas out, ending at the model's stop ids or the request's stop strings.
+
+    Streaming and non-streaming answers both come from this one accumulator, so the deltas concatenate exactly to
+    the whole answer. A delta holds back what may still change: a trailing incomplete UTF-8 sequence (decoded as
+    U+FFFD) and a tail that may be the start of a stop string."""
+
+    def __init__(self, codec: TextCodec, stop_ids: Iterable[int], stop: Iterable[str]):
+        self.codec, self.stop_ids, self.stop = codec, frozenset(stop_ids), tuple(s for s in stop if s)
+        self.ids: list[int] = []       # generated ids, the stop id included (what was computed)
+        self.sent = ""                 # text given out so far
+        self.finish_reason: str | None = None
+
+    def _text(self) -> str:
+        ids = self.ids[:-1] if self.ids and self.ids[-1] in self.stop_ids else self.ids
+        return self.codec.decode(ids)
+
+    def feed(self, tokens: Iterable[int]) -> str:
+        """The new text these tokens add; sets finish_reason to "stop" at a stop id or stop string."""
+        if self.finish_reason:
+            return ""
+        for t in tokens:
+            self.ids.append(int(t))
+            if t in self.stop_ids:
+                self.finish_reason = "stop"
+                break
+        text = self._text()
+        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.finish_reason, text = "stop", text[:cut]
+        if not self.finish_reason:
+            text = text.rstrip("\ufffd")
+            hold = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+            text = text[:len(text) - hold]
+        return self._advance(text)
+
+    def finish(self, reason: str) -> str:
+        """The rest of the text when the engine ended the request (length, or its own stop)."""
+        if not self.finish_reason:
+            self.finish_reason = reason
+            text = self._text()
+            cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
+            return self._advance(text[:cut] if cut >= 0 else text)
+        return ""
+
+    def _advance(self, text: str) -> str:
+        if not text.startswith(self.sent):      # a tokenizer whose decode is not prefix-stable: never retract
+            return ""
+        delta, self.sent = text[len(self.sent):], text
+        return delta

@@ -1,0 +1,1 @@
+"""TEST DOUBLE of tensorrt_llm.bindings: only the executor module (executor.py)."""

@@ -1,0 +1,76 @@
+"""Starting and stopping `python -m pipeline serve` for the tests: a free port on 127.0.0.1, waiting for /health."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def health(url: str) -> tuple[int, dict] | None:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+    except OSError:
+        return None
+
+
+class Served:
+    """A server process; `seen` holds every /health answer while it came up."""
+
+    def __init__(self, args: list[str], env: dict, cwd: Path, log: Path, wait: bool = True):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", *args, "--port", str(self.port)],
+                                     env=env, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        self.seen: list[tuple[int, dict]] = []
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the server exited {self.proc.returncode}:\n{self.log.read_text()}")
+            h = health(self.url)
+            if h is not None:
+                self.seen.append(h)
+                if h[0] == 200:
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"the server was not ready in {timeout} s:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out

@@ -1,0 +1,271 @@
+"""`python -m pipeline serve RECIPE` on the default recipe's build (the reference backend: the quantized model in the
+goldens' numerics), driven by the real `openai` client and by raw HTTP for the SSE framing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from pipeline import contract
+from tests.serving import REPO, Served
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server(kit, tmp_path_factory):
+    project, _, _ = kit
+    s = Served(["tiny-llama-cpu"], project.env, REPO, tmp_path_factory.mktemp("serve") / "server.log")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def goldens(kit) -> contract.Goldens:
+    project, _, _ = kit
+    return contract.Goldens.load(project.artifacts / "tiny-llama-cpu" / "goldens" / contract.GOLDENS)
+
+
+def client(s: Served, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=s.url + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw)
+
+
+def test_health_said_loading_before_ready_and_models_lists_the_recipe(server):
+    assert server.seen[-1] == (200, {"status": "ok"})
+    assert (503, {"status": "loading"}) in server.seen       # it listened while the model loaded
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == ["tiny-llama-cpu"]
+
+
+def test_greedy_completions_are_the_goldens_token_for_token(server, goldens):
+    c = client(server)
+    for p in goldens.prompts:
+        r = c.completions.create(model="tiny-llama-cpu", prompt=p.prompt, max_tokens=goldens.max_new_tokens,
+                                 temperature=0)
+        assert r.choices[0].text == p.text
+        assert r.usage.completion_tokens == len(p.output_ids) and r.usage.prompt_tokens == len(p.input_ids)
+        stopped = p.output_ids[-1] in goldens.stop_token_ids
+        assert r.choices[0].finish_reason == ("stop" if stopped else "length")
+
+
+def test_streamed_deltas_concatenate_to_the_answer(server, goldens):
+    c = client(server)
+    for p in goldens.prompts:
+        whole = c.completions.create(model="tiny-llama-cpu", prompt=p.prompt, max_tokens=40, temperature=0)
+        chunks = list(c.completions.create(model="tiny-llama-cpu", prompt=p.prompt, max_tokens=40, temperature=0,
+                                           stream=True, stream_options={"include_usage": True}))
+        text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+        assert text == whole.choices[0].text and len([ch for ch in chunks if ch.choices]) > 3
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+        assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == whole.choices[0].finish_reason
+
+
+def test_sse_framing_on_the_wire(server):
+    body = {"model": "tiny-llama-cpu", "messages": [{"role": "user", "content": "Tell me about bread"}],
+            "max_tokens": 12, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    payloads = [json.loads(e[len("data: "):]) for e in events[:-2]]
+    assert all(e.startswith("data: ") for e in events[:-1])
+    assert payloads[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(p["object"] == "chat.completion.chunk" and p["id"] == payloads[0]["id"] for p in payloads)
+    assert payloads[-1]["choices"] == [] and payloads[-1]["usage"]["completion_tokens"] == 12
+    assert payloads[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_chat_is_rendered_with_the_kits_template_as_transformers_renders_it(server, kit):
+    from transformers import AutoTokenizer
+    project, _, _ = kit
+    tok = AutoTokenizer.from_pretrained(project.artifacts / "tiny-llama-cpu" / "fetch" / "model")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is bread made of?"}]
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    c = client(server)
+    chat = c.chat.completions.create(model="tiny-llama-cpu", messages=messages, max_tokens=20, temperature=0)
+    # the same ids asked raw: the answer to the rendered conversation (this tokenizer adds no BOS of its own)
+    assert tok(rendered)["input_ids"] == tok(rendered, add_special_tokens=False)["input_ids"]
+    raw = c.completions.create(model="tiny-llama-cpu", prompt=rendered, max_tokens=20, temperature=0)
+    assert chat.choices[0].message.content == raw.choices[0].text and chat.choices[0].message.role == "assistant"
+    assert chat.usage.prompt_tokens == len(tok(rendered)["input_ids"])
+
+
+def test_sixteen_concurrent_clients_each_get_their_own_answer(server):
+    prompts = [f"{w} the bread and the {x}" for w in ("Bake", "Cut", "Eat", "Sell") for x in ("oven", "shelf",
+                                                                                              "table", "window")]
+    c = client(server, timeout=120)
+    alone = {p: c.completions.create(model="tiny-llama-cpu", prompt=p, max_tokens=24 + i % 5, temperature=0)
+             .choices[0].text for i, p in enumerate(prompts)}
+    assert len(set(alone.values())) > 8       # different prompts, different answers: a crossed stream would show
+    got: dict[str, str] = {}
+
+    def ask(i: int, p: str) -> None:
+        if i % 2:
+            got[p] = "".join(ch.choices[0].text for ch in c.completions.create(
+                model="tiny-llama-cpu", prompt=p, max_tokens=24 + i % 5, temperature=0, stream=True))
+        else:
+            got[p] = c.completions.create(model="tiny-llama-cpu", prompt=p, max_tokens=24 + i % 5,
+                                          temperature=0).choices[0].text
+    threads = [threading.Thread(target=ask, args=(i, p)) for i, p in enumerate(prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert got == alone
+
+
+def test_sampling_is_seeded_and_stop_strings_end_the_answer(server, goldens):
+    c = client(server)
+    p = goldens.prompts[1]
+    ask = {"model": "tiny-llama-cpu", "prompt": "Zebra quantum", "max_tokens": 30, "temperature": 2.0,
+           "top_p": 0.99, "extra_body": {"top_k": 200}}
+    a = [c.completions.create(seed=7, **ask).choices[0].text for _ in range(2)]
+    b = c.completions.create(seed=8, **ask).choices[0].text
+    assert a[0] == a[1] != b
+    # the golden answer " flour, water, salt and yeast. ..." ends before the stop string, streamed or not
+    stop = p.text[10:14]
+    whole = c.completions.create(model="tiny-llama-cpu", prompt=p.prompt, max_tokens=16, temperature=0, stop=[stop])
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model="tiny-llama-cpu", prompt=p.prompt, max_tokens=16, temperature=0, stop=[stop], stream=True))
+    assert whole.choices[0].text == streamed == p.text[:p.text.index(stop)]
+    assert whole.choices[0].finish_reason == "stop"
+
+
+def _error(s: Served, path: str, body, **kw) -> tuple[int, dict, httpx.Headers]:
+    r = httpx.post(s.url + path, content=body if isinstance(body, bytes) else json.dumps(body).encode(),
+                   headers={"content-type": "application/json", **kw.pop("headers", {})}, timeout=30)
+    return r.status_code, r.json(), r.headers
+
+
+@pytest.mark.parametrize("path,body,status,param,message", [
+    ("/v1/completions", {"prompt": "bread " * 200, "max_tokens": 4}, 400, "prompt",
+     "the engine takes at most max_input_len = 128"),
+    ("/v1/completions", {"prompt": "bread", "max_tokens": 300}, 400, "max_tokens", "max_seq_len = 256"),
+    ("/v1/completions", b'{"prompt": "bread", ', 400, None, "not valid JSON"),
+    ("/v1/completions", {"prompt": "bread", "model": "llama-70b"}, 404, "model", "'llama-70b' does not exist"),
+    ("/v1/completions", {"prompt": "bread", "n": 2}, 400, "n", "n must be 1"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs",
+     "log-probabilities are not returned"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages", "non-empty list"),
+    ("/v1/completions", {"prompt": "bread", "temperature": 9}, 400, "temperature", "from 0.0 to 2.0"),
+    ("/v1/completions", {"prompt": "x" * (3 * 2**20)}, 413, None, "larger than 2097152 bytes"),
+])
+def test_errors_in_openais_shape_before_any_work(server, path, body, status, param, message):
+    before = server.metrics().get("jetson_llm_prompt_tokens_total", 0)
+    code, answer, _ = _error(server, path, body)
+    assert code == status and set(answer) == {"error"} and set(answer["error"]) == {"message", "type", "param",
+                                                                                    "code"}
+    assert message in answer["error"]["message"] and answer["error"]["param"] == param
+    assert server.metrics().get("jetson_llm_prompt_tokens_total", 0) == before     # nothing reached the engine
+
+
+def test_max_tokens_at_the_edge_of_max_seq_len(server):
+    c = client(server)
+    n = c.completions.create(model="tiny-llama-cpu", prompt="Zebra bread", max_tokens=1).usage.prompt_tokens
+    at_edge = c.completions.create(model="tiny-llama-cpu", prompt="Zebra bread", max_tokens=256 - n, temperature=0,
+                                   stop=None)
+    assert at_edge.usage.total_tokens <= 256
+    code, answer, _ = _error(server, "/v1/completions", {"prompt": "Zebra bread", "max_tokens": 257 - n})
+    assert code == 400 and f"(at most {256 - n} here)" in answer["error"]["message"]
+    # no max_tokens: as much as fits in max_seq_len, not a small constant
+    free = c.completions.create(model="tiny-llama-cpu", prompt="Zebra bread", temperature=0)
+    assert free.usage.completion_tokens == at_edge.usage.completion_tokens
+
+
+def test_the_openai_client_raises_its_own_errors(server):
+    c = client(server)
+    with pytest.raises(openai.BadRequestError, match="max_input_len = 128"):
+        c.completions.create(model="tiny-llama-cpu", prompt="bread " * 200, max_tokens=4)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        c.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_metrics_count_what_was_sent(server):
+    before = server.metrics()
+    c = client(server)
+    made = 0
+    for n in (3, 5, 7):
+        made += c.completions.create(model="tiny-llama-cpu", prompt="Flour and water", max_tokens=n,
+                                     temperature=0).usage.completion_tokens
+    _error(server, "/v1/completions", {"prompt": "bread", "n": 3})
+    after = server.metrics()
+    key = 'jetson_llm_requests_total{endpoint="/v1/completions",status="%s"}'
+    assert after[key % 200] - before.get(key % 200, 0) == 3 and after[key % 400] - before.get(key % 400, 0) == 1
+    assert after["jetson_llm_completion_tokens_total"] - before["jetson_llm_completion_tokens_total"] == made == 15
+    assert after["jetson_llm_time_to_first_token_seconds_count"] - \
+        before["jetson_llm_time_to_first_token_seconds_count"] == 3
+    assert after["jetson_llm_requests_running"] == 0 and after["jetson_llm_queue_depth"] == 0
+    assert after["jetson_llm_engine_ready"] == 1
+
+
+def test_a_full_queue_is_429_with_retry_after_and_auth_is_required(kit, tmp_path):
+    project, _, _ = kit
+    s = Served(["tiny-llama-cpu", "--max-queue", "0", "--api-key", "sekrit"], project.env, REPO,
+               tmp_path / "server.log")
+    try:
+        assert httpx.get(s.url + "/v1/models").status_code == 401
+        with pytest.raises(openai.AuthenticationError):
+            client(s, api_key="wrong").models.list()
+        c = client(s, api_key="sekrit")
+        body = {"model": "tiny-llama-cpu", "prompt": "Bread", "max_tokens": 250, "temperature": 0, "stream": True}
+        headers = {"Authorization": "Bearer sekrit"}
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, headers=headers, timeout=30) as a, \
+                httpx.stream("POST", s.url + "/v1/completions", json=body, headers=headers, timeout=30) as b:
+            assert a.status_code == b.status_code == 200
+            code, answer, h = _error(s, "/v1/completions", body, headers=headers)
+            assert code == 429 and h["retry-after"] == "1" and answer["error"]["code"] == "queue_full"
+        assert c.completions.create(model="tiny-llama-cpu", prompt="Bread", max_tokens=3).usage.completion_tokens
+    finally:
+        s.stop()
+
+
+def test_a_public_address_needs_a_key_or_no_auth(kit):
+    project, _, _ = kit
+    proc = project.cli("serve", "tiny-llama-cpu", "--host", "0.0.0.0")
+    assert proc.returncode == 2 and "without an API key" in proc.stderr and "--api-key" in proc.stderr
+
+
+def test_a_server_killed_mid_stream_fails_the_client_and_a_restarted_one_serves(kit, tmp_path):
+    project, _, _ = kit
+    s = Served(["tiny-llama-cpu"], project.env, REPO, tmp_path / "server.log")
+    c = client(s)
+    stream = c.completions.create(model="tiny-llama-cpu", prompt="Bread", max_tokens=250, temperature=0,
+                                  stream=True)
+    first = next(iter(stream))
+    assert first.choices[0].text
+    os.kill(s.proc.pid, signal.SIGKILL)
+    with pytest.raises((openai.APIError, httpx.HTTPError)):
+        for _ in stream:
+            pass
+    s.proc.wait()
+    again = Served(["tiny-llama-cpu"], project.env, REPO, tmp_path / "again.log")
+    try:
+        assert client(again).completions.create(model="tiny-llama-cpu", prompt="Bread", max_tokens=4,
+                                                temperature=0).usage.completion_tokens == 4
+    finally:
+        again.stop()
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(kit, tmp_path):
+    project, _, _ = kit
+    s = Served(["tiny-llama-cpu", "--max-queue", "0"], project.env, REPO, tmp_path / "server.log")
+    try:
+        body = {"model": "tiny-llama-cpu", "prompt": "Bread", "max_tokens": 250, "temperature": 0, "stream": True}
+        for _ in range(3):          # more than max_batch_size (2) streams dropped after their first event
+            with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=30) as r:
+                next(r.iter_lines())
+        deadline = time.monotonic() + 10
+        while s.metrics()["jetson_llm_requests_running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert s.metrics()["jetson_llm_requests_running"] == 0
+        assert s.metrics()["jetson_llm_completion_tokens_total"] < 3 * 250      # cancelled, not run to the end
+    finally:
+        s.stop()

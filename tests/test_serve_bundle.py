@@ -1,0 +1,106 @@
+"""`python -m pipeline serve BUNDLE` on the bundle `device` made from the default recipe's kit: verified, gated and
+served through the TensorRT-LLM 0.12 executor. The executor is a TEST DOUBLE (tests/doubles/python/tensorrt_llm/
+bindings/executor.py, 0.12's published interface) computing with the engine's weights; everything else is
+production code."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import openai
+import pytest
+from conftest import board_copy, device, device_command
+
+from pipeline import contract
+from tests.serving import Served, health
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def bundle(kit, tmp_path_factory):
+    project, kit_dir, _ = kit
+    tmp = tmp_path_factory.mktemp("bundle")
+    proc = device(project, kit_dir, tmp)
+    assert proc.returncode == 0, proc.stderr
+    (b,) = [p for p in (tmp / "out").iterdir() if (p / "MANIFEST.json").is_file()]
+    return project, kit_dir, tmp, b
+
+
+def serve_bundle(bundle, tmp, board="orin-nano-8gb-jp62-super", wait=True, **env) -> Served:
+    project, kit_dir, dev_tmp, b = bundle
+    _, denv = device_command(project, kit_dir, dev_tmp)
+    root = board_copy(tmp, board)
+    return Served([str(b), "--root", str(root), "--work", str(tmp / "serve"), "--pubkey",
+                   str(project.root / "home" / "signing.pub")], dict(denv, **env), tmp, tmp / "server.log", wait)
+
+
+def test_the_bundle_serves_the_goldens_through_the_executor(bundle, tmp_path):
+    project, _, _, b = bundle
+    goldens = contract.Goldens.load(project.artifacts / "tiny-llama-cpu" / "goldens" / contract.GOLDENS)
+    s = serve_bundle(bundle, tmp_path)
+    try:
+        assert "verified and unpacked" in s.log.read_text()
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        assert [m.id for m in c.models.list().data] == ["tiny-llama-cpu@orin-nano-8gb"]
+        for p in goldens.prompts:
+            r = c.completions.create(model="tiny-llama-cpu@orin-nano-8gb", prompt=p.prompt,
+                                     max_tokens=goldens.max_new_tokens, temperature=0)
+            assert r.choices[0].text == p.text and r.usage.completion_tokens == len(p.output_ids)
+        # in-flight batching: 4 clients at once (max_batch_size 2), each its own answer
+        prompts = [p.prompt for p in goldens.prompts] + ["Zebra quantum"]
+        alone = {p: c.completions.create(prompt=p, model="tiny-llama-cpu@orin-nano-8gb", max_tokens=12,
+                                         temperature=0).choices[0].text for p in prompts}
+        got: dict[str, str] = {}
+        threads = [threading.Thread(target=lambda p=p: got.__setitem__(p, "".join(
+            ch.choices[0].text for ch in c.completions.create(prompt=p, model="tiny-llama-cpu@orin-nano-8gb",
+                                                               max_tokens=12, temperature=0, stream=True))))
+            for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert got == alone and len(set(alone.values())) > 1
+        assert s.metrics()["jetson_llm_kv_cache_usage_ratio"] == 0.0      # the executor's KvCacheStats, idle
+    finally:
+        s.stop()
+
+
+def test_a_different_board_is_refused_naming_what_differs(bundle, tmp_path):
+    s = serve_bundle(bundle, tmp_path, board="agx-thor-jp70", wait=False)
+    assert s.proc.wait(120) == 2
+    out = s.log.read_text()
+    assert "error:" in out and "8.7" in out and "Traceback" not in out
+    assert not (tmp_path / "serve").exists() or not any((tmp_path / "serve").iterdir())     # nothing unpacked
+
+
+def test_a_damaged_bundle_is_refused_before_anything_loads(bundle, tmp_path):
+    import shutil
+    _, _, _, b = bundle
+    copy = tmp_path / b.name
+    shutil.copytree(b, copy)
+    part = sorted(p for p in copy.iterdir() if ".tar" in p.name)[0]
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 1
+    part.write_bytes(bytes(data))
+    s = serve_bundle((*bundle[:3], copy), tmp_path, wait=False)
+    assert s.proc.wait(120) == 2
+    out = s.log.read_text()
+    assert "sha256" in out or "damaged" in out or "does not match" in out, out
+    assert "Traceback" not in out
+
+
+def test_an_engine_failure_is_a_500_without_paths_and_health_says_so(bundle, tmp_path):
+    s = serve_bundle(bundle, tmp_path, EXECUTOR_DOUBLE_FAIL_AFTER="3")
+    try:
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 20, "temperature": 0},
+                       timeout=30)
+        assert r.status_code == 500 and r.json()["error"]["code"] == "engine_error"
+        assert "/" not in r.json()["error"]["message"]
+        assert health(s.url) == (503, {"status": "failed"})
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 503 and json.loads(r.text)["error"]["code"] == "engine_unavailable"
+    finally:
+        s.stop()
