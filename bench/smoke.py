@@ -21,6 +21,7 @@ RUNS = {
     "pack.py": ["--gb", "0.02"],
     "quantize.py": ["--shape", "tiny", "--samples", "2", "--seq-len", "16"],
     "nvfp4.py": [],
+    "serve.py": ["--requests", "3", "--max-tokens", "8"],
 }
 
 

@@ -120,8 +120,9 @@ def test_unknown_backend_is_a_clear_error():
 def test_every_backend_has_its_exporter_and_its_runner():
     """The halves register their steps per backend beside the code that runs them: none may be missing."""
     from pipeline.device.runners import RUNNERS
+    from pipeline.runtime.engines import SESSIONS
     from pipeline.workstation.exporters import EXPORTERS
-    assert set(EXPORTERS) == set(RUNNERS) == set(backends.REGISTRY)
+    assert set(EXPORTERS) == set(RUNNERS) == set(SESSIONS) == set(backends.REGISTRY)
     for b in backends.REGISTRY.values():
         assert b.staged(b.build_commands(BuildLimits.of(2, 64, 128), None)[0], "/w/engine.partial").count(
             "/w/engine.partial") == 1 and b.output_flag in b.build_commands(BuildLimits.of(2, 64, 128), None)[0]

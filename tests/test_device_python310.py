@@ -70,7 +70,7 @@ class Block:
             raise ImportError(f"blocked on the device: {name}")     # the workstation half stays off the device
 sys.meta_path.insert(0, Block())
 import pipeline
-names = [m.name for pkg in ("device", "kit", "backends", "plan", "contract", "serve")
+names = [m.name for pkg in ("device", "kit", "backends", "plan", "contract", "runtime", "serve")
          for m in pkgutil.walk_packages([f"{pipeline.__path__[0]}/{pkg}"], f"pipeline.{pkg}.")]
 names += ["pipeline.cli", "pipeline.contract", "pipeline.errors", "pipeline.files", "pipeline.progress",
           "pipeline.tomlcompat", "pipeline.settings", "pipeline.builders"]

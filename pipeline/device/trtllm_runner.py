@@ -1,5 +1,5 @@
 """On the device: load a TensorRT-LLM 0.12 engine and run the kit's golden prompts greedily, timing each, through the
-same session `serve` uses (pipeline.serve.trtllm_session: the executor with in-flight batching), so what is
+same session `serve` uses (pipeline.runtime.trtllm: the executor with in-flight batching), so what is
 validated is what is served.
 
     python3 -m pipeline.device.trtllm_runner --engine-dir engine --goldens goldens.json --out validation.json
@@ -73,7 +73,7 @@ def executor_kv_stats(executor) -> dict | None:
 
 def _timed(session, gen) -> tuple[list[int], float, float | None, float]:
     """(ids, ttft, decode tok/s, seconds) of one streamed request."""
-    from pipeline.serve.session import generate_blocking
+    from pipeline.runtime.session import generate_blocking
 
     stamps: list[tuple[float, int]] = []
     t0 = time.perf_counter()
@@ -88,8 +88,8 @@ def _timed(session, gen) -> tuple[list[int], float, float | None, float]:
 def run(engine_dir: Path, goldens: dict, kv_tokens: int) -> Validation:
     from tensorrt_llm.logger import logger
 
-    from pipeline.serve.session import Generation, Limits, Sampling
-    from pipeline.serve.trtllm_session import TrtllmSession
+    from pipeline.runtime.session import Generation, Limits, Sampling
+    from pipeline.runtime.trtllm import TrtllmSession
 
     logger.set_level("info")        # the KV cache manager reports its allocation at INFO
     prompts, new = goldens["prompts"], goldens["max_new_tokens"]

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request  # module level: FastAPI resolves the handlers' annotations here
 
 from pipeline.errors import PipelineError
+from pipeline.runtime.session import Event, Generation, Session
 from pipeline.serve import protocol
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.protocol import ApiError
-from pipeline.serve.session import Event, Generation, Session
 from pipeline.serve.text import TextStream
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.serve.session import Sampling
+from pipeline.runtime.session import Sampling
 
 UNSUPPORTED = {
     "logprobs": "log-probabilities are not returned by this server",

@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.serve.session import Emit, Event, Generation, Handle, Limits, Session
+from pipeline.runtime.session import Emit, Event, Generation, Handle, Limits, Session
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pathlib import Path
 from pipeline import contract
 from pipeline.errors import PipelineError
 from pipeline.kit.bundle import SERVING_DIR
-from pipeline.serve.session import Limits, Session
+from pipeline.runtime.session import Limits, Session
 from pipeline.serve.text import TextCodec, check_against_goldens
 
 
@@ -102,7 +102,7 @@ def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = 
     from pipeline.kit.signing import trusted_keys
     from pipeline.kit.unpack import unpack
     from pipeline.kit.verify import check_kit
-    from pipeline.serve.engines import SESSIONS
+    from pipeline.runtime.engines import SESSIONS
 
     trusted = trusted_keys([Path(pubkey)] if pubkey else [])
     verified = check_kit(bundle, trusted, hash_parts=False)      # parts hashed while unpacked below

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from pipeline import contract
 from pipeline.backends import edgellm, trtllm012
-from pipeline.serve import edgellm_session, trtllm_session
-from pipeline.serve.session import Limits, Session
+from pipeline.runtime import edgellm as edgellm_session
+from pipeline.runtime import trtllm as trtllm_session
+from pipeline.runtime.session import Limits, Session
 
 Opener = Callable[[Path, contract.Plan, Limits], Session]
 SESSIONS: dict[str, Opener] = {trtllm012.BACKEND.name: trtllm_session.open_session,

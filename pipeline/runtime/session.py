@@ -3,9 +3,9 @@ and reports each request's new token ids through its callback, from its own thre
 the engine's max_batch_size. One session serves the HTTP server, the device's golden check and the benchmarks, so
 what was validated is what is served.
 
-    reference   PyTorch on the workstation: the quantized model the goldens were computed with (reference.py)
-    trtllm-0.12 tensorrt_llm.bindings.executor.Executor on the engine directory (trtllm_session.py)
-    edgellm     tensorrt_edgellm.runtime RequestEngine on the engine directory (edgellm_session.py)
+    reference   PyTorch on the workstation: the quantized model the goldens were computed with (serve/reference.py)
+    trtllm-0.12 tensorrt_llm.bindings.executor.Executor on the engine directory (trtllm.py)
+    edgellm     tensorrt_edgellm.runtime RequestEngine on the engine directory (edgellm.py)
 """
 
 from __future__ import annotations

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import contract
-from pipeline.serve.session import Emit, Event, Generation, Handle, Limits, Session
+from pipeline.backends import trtllm012
+from pipeline.runtime.session import Emit, Event, Generation, Handle, Limits, Session
 
 POLL = datetime.timedelta(milliseconds=20)
 
 
 class TrtllmSession(Session):
-    backend = "trtllm-0.12"
+    backend = trtllm012.BACKEND.name
 
     def __init__(self, engine_dir: Path, limits: Limits, kv_tokens: int, executor_module: Any = None):
         super().__init__()

@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import contract
-from pipeline.serve.session import Emit, Event, Generation, Handle, Limits, Session
+from pipeline.backends import edgellm as edgellm_backend
+from pipeline.runtime.session import Emit, Event, Generation, Handle, Limits, Session
 
 POLL_MS = 50
 
 
 class EdgellmSession(Session):
-    backend = "edgellm"
+    backend = edgellm_backend.BACKEND.name
 
     def __init__(self, engine_dir: Path, limits: Limits, runtime_module: Any = None):
         super().__init__()

@@ -1,0 +1,159 @@
+"""What the HTTP server adds: TTFT and per-token latency through `python -m pipeline serve` vs calling the same
+backend session directly, at concurrency 1, side by side in one run (reference backend); then requests/s, TTFT
+p50/p95 and inter-token latency through the server at concurrency 1, 4 and the engine's max_batch_size.
+
+    .venv/bin/python bench/serve.py --recipe tiny-llama-cpu --requests 20
+
+The recipe must be built (`doit build recipe=...`; the default tiny recipe is built here if it is not). Rounds
+alternate (direct, then HTTP) so both see the same machine state. Verdict: PASS when the server adds at most 5% to
+the median TTFT and to the median inter-token latency at concurrency 1, else FAIL (exit 1). On the tiny model a
+token takes ~2 ms on a CPU, so a fixed per-token cost of the HTTP path weighs far more than on a real model, where a
+token takes 20-100 ms on a Jetson.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PROMPTS = ("The small computer sat on a shelf", "To bake bread you need", "What is the capital of France?",
+           "Zebra quantum", "The train left the station")
+
+
+def direct_once(session, served, prompt: str, max_tokens: int) -> tuple[float, list[float]]:
+    from pipeline.runtime.session import Generation, Sampling, generate_blocking
+
+    _, ids = served.codec.prompt_ids(prompt)
+    stamps: list[float] = []
+    t0 = time.perf_counter()
+    generate_blocking(session, Generation(tuple(ids), "", max_tokens, Sampling(), served.stop_ids),
+                      on_tokens=lambda _t: stamps.append(time.perf_counter()))
+    return stamps[0] - t0, [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+
+
+_local = threading.local()
+
+
+def _client():
+    """One keep-alive client per thread, as an application (and the openai client) keeps one: a new httpx client
+    per request costs ~20 ms of its own setup (its SSL context), which is no part of the server."""
+    import httpx
+
+    if not hasattr(_local, "client"):
+        _local.client = httpx.Client(timeout=120)
+    return _local.client
+
+
+def http_once(url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, list[float]]:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    stamps: list[float] = []
+    t0 = time.perf_counter()
+    with _client().stream("POST", url + "/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                if chunk["choices"] and chunk["choices"][0]["text"]:
+                    stamps.append(time.perf_counter())
+    return stamps[0] - t0, [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+
+
+def load(url: str, model: str, concurrency: int, requests: int, max_tokens: int) -> dict[str, float]:
+    ttfts: list[float] = []
+    gaps: list[float] = []
+    lock = threading.Lock()
+    todo = list(range(requests))
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i = todo.pop()
+            ttft, g = http_once(url, model, PROMPTS[i % len(PROMPTS)], max_tokens)
+            with lock:
+                ttfts.append(ttft)
+                gaps.extend(g)
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    ttfts.sort()
+    return {"req_s": requests / wall, "ttft_p50": statistics.median(ttfts),
+            "ttft_p95": ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))], "itl_p50": statistics.median(gaps)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", default="tiny-llama-cpu")
+    ap.add_argument("--requests", type=int, default=20, help="requests per measurement (default 20)")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--port", type=int, default=18399)
+    args = ap.parse_args()
+
+    from pipeline.errors import PipelineError
+    from pipeline.serve.sources import from_recipe
+    from tests.serving import health
+
+    try:
+        served, opener = from_recipe(args.recipe)
+    except PipelineError:
+        if args.recipe != "tiny-llama-cpu":
+            raise
+        subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "build", "recipe=tiny-llama-cpu"],
+                       check=True, capture_output=True)
+        served, opener = from_recipe(args.recipe)
+    url = f"http://127.0.0.1:{args.port}"
+    server = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", args.recipe, "--port", str(args.port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    session = opener()
+    try:
+        deadline = time.monotonic() + 180
+        while (health(url) or (0,))[0] != 200:
+            if time.monotonic() > deadline or server.poll() is not None:
+                print("bench/serve.py: the server did not come up", file=sys.stderr)
+                return 2
+            time.sleep(0.1)
+        for p in PROMPTS:       # warm both paths
+            direct_once(session, served, p, 4)
+            http_once(url, served.name, p, 4)
+        d_ttft, d_gap, h_ttft, h_gap = [], [], [], []
+        for i in range(args.requests):
+            p = PROMPTS[i % len(PROMPTS)]
+            t, g = direct_once(session, served, p, args.max_tokens)
+            d_ttft.append(t)
+            d_gap += g
+            t, g = http_once(url, served.name, p, args.max_tokens)
+            h_ttft.append(t)
+            h_gap += g
+        dt, ht = statistics.median(d_ttft), statistics.median(h_ttft)
+        dg, hg = statistics.median(d_gap), statistics.median(h_gap)
+        print(f"concurrency 1, {args.requests} requests of {args.max_tokens} tokens, {served.name} (reference):")
+        print(f"  TTFT       direct {dt * 1e3:8.2f} ms   server {ht * 1e3:8.2f} ms   ratio {ht / dt:.3f}")
+        print(f"  per token  direct {dg * 1e3:8.3f} ms   server {hg * 1e3:8.3f} ms   ratio {hg / dg:.3f}")
+        for c in sorted({1, 4, served.limits.max_batch_size}):
+            r = load(url, served.name, c, args.requests, args.max_tokens)
+            print(f"  server at concurrency {c:>2}: {r['req_s']:6.2f} req/s  TTFT p50 {r['ttft_p50'] * 1e3:7.2f} ms "
+                  f"p95 {r['ttft_p95'] * 1e3:7.2f} ms  inter-token p50 {r['itl_p50'] * 1e3:6.3f} ms")
+        ok = ht / dt <= 1.05 and hg / dg <= 1.05
+        print(f"verdict: {'PASS' if ok else 'FAIL'} (the server may add at most 5% to TTFT and per-token latency)")
+        return 0 if ok else 1
+    finally:
+        session.close()
+        server.terminate()
+        server.wait(10)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
