@@ -69,7 +69,8 @@ def unit_file(args, argv: list[str]) -> str:
              "# For the speeds `probe` and the report quote: sudo nvpmodel -m 0 && sudo jetson_clocks (MAXN)",
              "# ExecStartPre=/usr/bin/jetson_clocks"]
     if args.api_key:
-        lines.append("EnvironmentFile=/etc/jetson-pipeline/serve.env   # JETSON_PIPELINE_API_KEY=...")
+        lines += ["# the key: JETSON_PIPELINE_API_KEY=... in this file (mode 600), never in the unit",
+                  "EnvironmentFile=/etc/jetson-pipeline/serve.env"]
     lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(lines)
 

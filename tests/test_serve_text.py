@@ -1,0 +1,65 @@
+"""The server's text layer and service unit, in process: detokenizing with stops, the systemd unit."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from pipeline.serve.command import unit_file
+from pipeline.serve.text import TextCodec, TextStream
+
+
+@pytest.fixture(scope="module")
+def codec(tmp_path_factory) -> TextCodec:
+    """A byte-level BPE tokenizer.json (what every current model ships), written here."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the bread is baked. stop here. héllo wörld"] * 20, trainer=trainer)
+    d = tmp_path_factory.mktemp("tok")
+    tok.save(str(d / "tokenizer.json"))
+    return TextCodec.load(d)
+
+
+def _stream(codec, text, stop=(), stop_ids=()):
+    ids = codec.encode(text, add_special_tokens=False)
+    s = TextStream(codec, stop_ids, stop)
+    deltas = [s.feed([t]) for t in ids]
+    if not s.finish_reason:
+        deltas.append(s.finish("length"))
+    return deltas, s
+
+
+def test_deltas_concatenate_to_the_text_and_never_split_a_character(codec):
+    deltas, s = _stream(codec, "héllo wörld, the bread")
+    assert "".join(deltas) == "héllo wörld, the bread" and s.finish_reason == "length"
+    assert all("\ufffd" not in d for d in deltas)       # a UTF-8 sequence split over tokens is held back whole
+
+
+def test_a_stop_string_ends_the_text_before_it_and_its_prefix_is_held_back(codec):
+    deltas, s = _stream(codec, "the bread is baked. stop here. more", stop=["stop here"])
+    assert "".join(deltas) == "the bread is baked. " and s.finish_reason == "stop"
+    # nothing of "stop here" was ever given out, even while it was only a possible prefix
+    assert not any("st" in d for d in deltas[-3:])
+
+
+def test_a_stop_id_ends_the_answer_and_is_not_text(codec):
+    eos = codec.tokenizer.token_to_id("<eos>")
+    s = TextStream(codec, [eos], ())
+    out = s.feed(codec.encode("the bread", add_special_tokens=False) + [eos] + codec.encode(" more"))
+    assert out == "the bread" and s.finish_reason == "stop" and s.ids[-1] == eos
+
+
+def test_the_systemd_unit_runs_the_same_command_without_the_key(tmp_path):
+    args = argparse.Namespace(what="/opt/engines/b", api_key="sekrit")
+    unit = unit_file(args, ["/opt/engines/b", "--host", "0.0.0.0", "--api-key", "sekrit", "--systemd", "x.service"])
+    assert "sekrit" not in unit and "--systemd" not in unit and "Restart=on-failure" in unit
+    assert "-m pipeline serve /opt/engines/b --host 0.0.0.0" in unit and "EnvironmentFile=" in unit
+    assert "jetson_clocks" in unit and "WantedBy=multi-user.target" in unit
+    # systemd has no comments after a value: every comment is a line of its own
+    assert all(not (ln.split("=", 1)[0].isalpha() and "#" in ln) for ln in unit.splitlines() if "=" in ln)
