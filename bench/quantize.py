@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import resource
@@ -26,6 +27,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.recipe import Calibration
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -53,7 +58,7 @@ def make_model(out: Path, shape: str | dict) -> None:
     PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(1000), eos_token="<|eos|>").save_pretrained(out)
 
 
-def run_plain(model_dir: Path, out: Path, weights: str, group: int | None, cal: dict) -> None:
+def run_plain(model_dir: Path, out: Path, weights: str, group: int | None, cal: Calibration) -> None:
     import modelopt.torch.quantization as mtq
     import torch
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
@@ -94,7 +99,7 @@ def run_plain(model_dir: Path, out: Path, weights: str, group: int | None, cal: 
     print(json.dumps({"steps": steps}), file=sys.stderr)
 
 
-def run_pipeline(model_dir: Path, out: Path, weights: str, group: int | None, cal: dict) -> None:
+def run_pipeline(model_dir: Path, out: Path, weights: str, group: int | None, cal: Calibration) -> None:
     from transformers import AutoTokenizer
 
     from pipeline.workstation.calibrate import quantize
@@ -123,7 +128,8 @@ def child(which: str, model_dir: str, out: str, weights: str, group: str, cal: s
 
     fn = run_plain if which == "plain" else run_pipeline
     t = time.perf_counter()
-    fn(Path(model_dir), Path(out), weights, None if group == "None" else int(group), json.loads(cal))
+    from pipeline.recipe import Calibration
+    fn(Path(model_dir), Path(out), weights, None if group == "None" else int(group), Calibration(**json.loads(cal)))
     wall = time.perf_counter() - t
     gpu = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
     print(json.dumps({"wall_s": wall, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -188,7 +194,7 @@ def main() -> int:
         kind = "plain" if which == "warmup" else which
         code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from bench.quantize import child; "
                 f"child({kind!r}, {str(mdir)!r}, {str(out)!r}, {weights!r}, {str(group)!r}, "
-                f"{json.dumps(cal)!r})")
+                f"{json.dumps(dataclasses.asdict(cal))!r})")
         t = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               env=dict(os.environ, PYTHONWARNINGS="ignore"))
