@@ -76,6 +76,7 @@ class Server:
     def generation(self, req: protocol.Request, chat: bool) -> Generation:
         """The request as the engine takes it, or the ApiError that refuses it (before any work)."""
         s, limits = self.served, self.served.limits
+        field = "messages" if chat else "prompt"        # the parameter a prompt error names
         if req.model is not None and req.model != s.name:
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {s.name!r}", "model",
                            "model_not_found")
@@ -91,10 +92,10 @@ class Server:
         else:
             text, ids = s.codec.prompt_ids(req.prompt or "")
         if not ids:
-            raise ApiError(400, "the prompt is empty", "messages" if chat else "prompt")
+            raise ApiError(400, "the prompt is empty", field)
         if len(ids) > limits.max_input_len:
             raise ApiError(400, f"the prompt is {len(ids)} tokens; the engine takes at most max_input_len = "
-                           f"{limits.max_input_len}", "messages" if chat else "prompt", "context_length_exceeded")
+                           f"{limits.max_input_len}", field, "context_length_exceeded")
         room = limits.max_seq_len - len(ids)
         if req.max_tokens is not None and req.max_tokens > room:
             raise ApiError(400, f"max_tokens = {req.max_tokens} with a prompt of {len(ids)} tokens is past the "
@@ -102,7 +103,7 @@ class Server:
                            "context_length_exceeded")
         if room < 1:
             raise ApiError(400, f"the prompt of {len(ids)} tokens leaves no room under max_seq_len = "
-                           f"{limits.max_seq_len}", "messages" if chat else "prompt", "context_length_exceeded")
+                           f"{limits.max_seq_len}", field, "context_length_exceeded")
         return Generation(tuple(ids), text, req.max_tokens or room, req.sampling, s.stop_ids)
 
     def admit(self) -> Session:

@@ -33,11 +33,12 @@ class ReferenceSession(Session):
     backend = "reference"
 
     def __init__(self, model: Any, limits: Limits,
-                 thread_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext):
+                 thread_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+                 on_close: Callable[[], None] = lambda: None):
         """thread_context: entered by the session's own thread around every forward (torch function modes such
-        as the goldens' skinny_linears are per thread)."""
+        as the goldens' skinny_linears are per thread). on_close: releases the model after the thread stopped."""
         super().__init__()
-        self.model, self.limits, self._context = model, limits, thread_context
+        self.model, self.limits, self._context, self._on_close = model, limits, thread_context, on_close
         self._pending: queue.Queue[Handle | None] = queue.Queue()
         self._cancelled: set[int] = set()
         self._closed = False
@@ -58,6 +59,7 @@ class ReferenceSession(Session):
         self._closed = True
         self._pending.put(None)
         self._thread.join(timeout=10)
+        self._on_close()
 
     def _loop(self) -> None:
         with self._context():

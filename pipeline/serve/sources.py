@@ -12,7 +12,6 @@ directory lacks: the kit's plan (limits), goldens and tokenizer files.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,14 +80,7 @@ def from_recipe(name: str, target: str | None = None) -> tuple[Served, Callable[
         # the goldens' own numerics: weights on the export grid, and the same CPU linear kernels (a torch function
         # mode, so entered by the session's thread)
         model = stack.enter_context(_reference_model(recipe))
-        session = ReferenceSession(model, served.limits, skinny_linears)
-        close = session.close
-
-        def closing() -> None:
-            close()
-            stack.close()
-        session.close = closing  # type: ignore[method-assign]
-        return session
+        return ReferenceSession(model, served.limits, skinny_linears, on_close=stack.close)
     return served, load
 
 
@@ -126,8 +118,8 @@ def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = 
     plan = contract.Plan.load(serving / contract.PLAN)
     goldens = contract.Goldens.load(serving / contract.GOLDENS)
     backend = backends.get(m.compat.backend)
-    served = _served(m.kit.name, 0, serving / contract.TOKENIZER_DIR, goldens, plan, backend.name, str(bundle))
-    served = dataclasses.replace(served, created=_epoch(verified.created))
+    served = _served(m.kit.name, _epoch(verified.created), serving / contract.TOKENIZER_DIR, goldens, plan,
+                     backend.name, str(bundle))
     return served, lambda: SESSIONS[backend.name](dest, plan, served.limits)
 
 
