@@ -14,11 +14,9 @@ token takes 20-100 ms on a Jetson.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -40,58 +38,9 @@ def direct_once(session, served, prompt: str, max_tokens: int) -> tuple[float, l
     return stamps[0] - t0, [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
 
 
-_local = threading.local()
-
-
-def _client():
-    """One keep-alive client per thread, as an application (and the openai client) keeps one: a new httpx client
-    per request costs ~20 ms of its own setup (its SSL context), which is no part of the server."""
-    import httpx
-
-    if not hasattr(_local, "client"):
-        _local.client = httpx.Client(timeout=120)
-    return _local.client
-
-
-def http_once(url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, list[float]]:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    stamps: list[float] = []
-    t0 = time.perf_counter()
-    with _client().stream("POST", url + "/v1/completions", json=body) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                if chunk["choices"] and chunk["choices"][0]["text"]:
-                    stamps.append(time.perf_counter())
-    return stamps[0] - t0, [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-
-
-def load(url: str, model: str, concurrency: int, requests: int, max_tokens: int) -> dict[str, float]:
-    ttfts: list[float] = []
-    gaps: list[float] = []
-    lock = threading.Lock()
-    todo = list(range(requests))
-
-    def worker() -> None:
-        while True:
-            with lock:
-                if not todo:
-                    return
-                i = todo.pop()
-            ttft, g = http_once(url, model, PROMPTS[i % len(PROMPTS)], max_tokens)
-            with lock:
-                ttfts.append(ttft)
-                gaps.extend(g)
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    ttfts.sort()
-    return {"req_s": requests / wall, "ttft_p50": statistics.median(ttfts),
-            "ttft_p95": ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))], "itl_p50": statistics.median(gaps)}
+def http_once(client, model: str, prompt: str, max_tokens: int) -> tuple[float, list[float]]:
+    t = client.completion(model, prompt, max_tokens)
+    return t.ttft, t.gaps()
 
 
 def main() -> int:
@@ -103,6 +52,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from pipeline.errors import PipelineError
+    from pipeline.serve.bench import Client, bench, table
     from pipeline.serve.sources import from_recipe
     from tests.serving import health
 
@@ -125,16 +75,17 @@ def main() -> int:
                 print("bench/serve.py: the server did not come up", file=sys.stderr)
                 return 2
             time.sleep(0.1)
+        client = Client(url, None, 120)    # one keep-alive connection, as an application keeps one
         for p in PROMPTS:       # warm both paths
             direct_once(session, served, p, 4)
-            http_once(url, served.name, p, 4)
+            http_once(client, served.name, p, 4)
         d_ttft, d_gap, h_ttft, h_gap = [], [], [], []
         for i in range(args.requests):
             p = PROMPTS[i % len(PROMPTS)]
             t, g = direct_once(session, served, p, args.max_tokens)
             d_ttft.append(t)
             d_gap += g
-            t, g = http_once(url, served.name, p, args.max_tokens)
+            t, g = http_once(client, served.name, p, args.max_tokens)
             h_ttft.append(t)
             h_gap += g
         dt, ht = statistics.median(d_ttft), statistics.median(h_ttft)
@@ -142,10 +93,8 @@ def main() -> int:
         print(f"concurrency 1, {args.requests} requests of {args.max_tokens} tokens, {served.name} (reference):")
         print(f"  TTFT       direct {dt * 1e3:8.2f} ms   server {ht * 1e3:8.2f} ms   ratio {ht / dt:.3f}")
         print(f"  per token  direct {dg * 1e3:8.3f} ms   server {hg * 1e3:8.3f} ms   ratio {hg / dg:.3f}")
-        for c in sorted({1, 4, served.limits.max_batch_size}):
-            r = load(url, served.name, c, args.requests, args.max_tokens)
-            print(f"  server at concurrency {c:>2}: {r['req_s']:6.2f} req/s  TTFT p50 {r['ttft_p50'] * 1e3:7.2f} ms "
-                  f"p95 {r['ttft_p95'] * 1e3:7.2f} ms  inter-token p50 {r['itl_p50'] * 1e3:6.3f} ms")
+        print("through the server (python -m pipeline bench URL):")
+        print("\n".join("  " + line for line in table(bench(url, None, None, args.requests, args.max_tokens)[2])))
         ok = ht / dt <= 1.05 and hg / dg <= 1.05
         print(f"verdict: {'PASS' if ok else 'FAIL'} (the server may add at most 5% to TTFT and per-token latency)")
         return 0 if ok else 1

@@ -319,8 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--allow-downgrade", action="store_true",
                    help="use a kit older than the one last unpacked into --work")
     d.set_defaults(func=_device_cmd)
+    from pipeline.serve.bench import add_parser as add_bench
     from pipeline.serve.command import add_parser as add_serve
     add_serve(sub)
+    add_bench(sub)
     return parser
 
 

@@ -26,7 +26,8 @@ ENV: dict[str, str] = {
                                   "jetson-builds)",
     "PIPELINE_GPU_BUDGET_BYTES": "bytes each GPU may hold during calibration, comma-separated (default: what is "
                                  "free; tests use it to force a layout)",
-    "JETSON_PIPELINE_API_KEY": "`serve --api-key` default: the key clients must send (Authorization: Bearer KEY)",
+    "JETSON_PIPELINE_API_KEY": "`serve --api-key` and `bench --api-key` default: the key clients send "
+                               "(Authorization: Bearer KEY)",
     "HF_HUB_OFFLINE": "1: read models from the Hugging Face cache only, never the network",
 }
 

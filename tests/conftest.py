@@ -218,6 +218,19 @@ def kit(tmp_path_factory):
     return project, project.artifacts / "tiny-llama-cpu" / "kit" / "tiny-llama-cpu@orin-nano-8gb", proc.stdout
 
 
+@pytest.fixture(scope="session")
+def thor_kit(tmp_path_factory):
+    """The default recipe for the recorded AGX Thor: FP8 weights through Edge-LLM's exporter, packaged (shared by
+    the device and serve tests)."""
+    project = Project(tmp_path_factory.mktemp("thorkit") / "proj")
+    text = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text()
+    text = text.replace('targets = ["orin-nano-8gb"]', 'targets = ["agx-thor"]').replace(
+        'weights = "int4_awq"', 'weights = "fp8"').replace("group_size = 64\n", "")
+    (project.recipes / "tiny-thor.toml").write_text(text)
+    project.doit("package", "recipe=tiny-thor", timeout=900)
+    return project, project.artifacts / "tiny-thor" / "kit" / "tiny-thor@agx-thor"
+
+
 def board_copy(tmp: Path, board: str) -> Path:
     """The recorded board, copied: the doubles write its /proc/meminfo while they "take" memory."""
     import shutil
@@ -234,7 +247,9 @@ def device_command(project, kit, tmp, board="orin-nano-8gb-jp62-super", args=(),
     # the doubles run with this interpreter's python3 (they import the pipeline's checkpoint schema)
     path = os.pathsep.join([str(DOUBLES / "bin"), str(Path(sys.executable).parent), os.environ["PATH"]])
     env = dict(project.env, PATH=path,
-               PYTHONPATH=os.pathsep.join([str(DOUBLES / "python"), str(REPO)]), FAKE_BOARD_ROOT=str(root),
+               # the Edge-LLM runtime double shadows the tensorrt_edgellm wheel in the device's processes only
+               PYTHONPATH=os.pathsep.join([str(DOUBLES / "python"), str(DOUBLES / "edgellm_runtime"), str(REPO)]),
+               FAKE_BOARD_ROOT=str(root),
                TRTLLM_BUILD_DOUBLE_RECORD=str(tmp / "argv.jsonl"), **extra_env)
     argv = [sys.executable, "-m", "pipeline", "device", str(kit), "--root", str(root), "--work", str(tmp / "work"),
             "--out", str(tmp / "out"), "--pubkey", str(project.root / "home" / "signing.pub"), *map(str, args)]

@@ -70,9 +70,27 @@ def test_device_builds_validates_and_bundles(kit, tmp_path):
         (work / "validate.log").read_text()
     assert report["predicted"]["decode_tok_s"] == plan["predicted_decode_tok_s"]
     assert report["predicted"]["ttft_ms"] > 0 and m["prompt_tokens"] > 0 and isinstance(report["gaps"], list)
-    assert m["speed_source"] == "streamed request through the serve session: submit to first token, first to last " \
-        "token"
+    assert m["speed_source"] == "streamed requests through the serve session: submit to first token, first to " \
+        "last token"
+    # the load run through the same session: 1, 4 and max_batch_size (2) clients, 8 requests each, every request
+    # max_new_tokens long (the goldens run to it), next to the plan's aggregate prediction at that batch
+    goldens = json.loads((project.artifacts / "tiny-llama-cpu" / "goldens" / "goldens.json").read_text())
+    runs = m["load_runs"]
+    assert [(r["concurrency"], r["batch"], r["requests"]) for r in runs] == [(1, 1, 8), (2, 2, 8), (4, 2, 8)]
+    for r in runs:
+        assert r["req_s"] == pytest.approx(8 / r["seconds"], rel=1e-3) and 0 < r["ttft_p50_s"] <= r["ttft_p95_s"]
+        assert r["itl_p50_s"] <= r["itl_p95_s"]
+    by_batch = plan["prediction"]["aggregate_tok_s_by_batch"]
+    assert set(by_batch) == {"1", "2"} and by_batch["1"] == plan["predicted_decode_tok_s"] < by_batch["2"]
+    assert p["aggregate_tok_s_by_batch"] == by_batch
     md = (rdir / "report.md").read_text()
+    assert all(len(g["output_ids"]) == goldens["max_new_tokens"] for g in goldens["prompts"])
+    def fmt(v):
+        return f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
+    for r in runs:
+        assert f"| decode, concurrency {r['concurrency']} (batch {r['batch']}), all sequences | " \
+            f"{fmt(round(r['batch'] / r['itl_p50_s'], 2))} tok/s | {fmt(by_batch[str(r['batch'])])} tok/s |" in md
+    assert "| clients | requests/s | generated tok/s (end to end) |" in md
     assert "| TTFT, " in md and f"| engine build memory | {BUILD_TAKES / 1e9:.2f} GB | " \
         f"{mem['build_peak'] / 1e9:.2f} GB | {BUILD_TAKES / mem['build_peak']:.2f} |" in md
     svg = (rdir / "report.svg").read_text()
@@ -187,24 +205,10 @@ def test_memory_checks_fail_past_the_boards_usable_memory(kit, tmp_path):
     assert checks["token agreement with goldens (worst prompt)"]["ok"]
 
 
-@pytest.fixture(scope="module")
-def thor_kit(tmp_path_factory):
-    """The default recipe for the recorded AGX Thor: FP8 weights through Edge-LLM's exporter, packaged."""
-    from tests.conftest import Project
-
-    project = Project(tmp_path_factory.mktemp("thorkit") / "proj")
-    text = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text()
-    text = text.replace('targets = ["orin-nano-8gb"]', 'targets = ["agx-thor"]').replace(
-        'weights = "int4_awq"', 'weights = "fp8"').replace("group_size = 64\n", "")
-    (project.recipes / "tiny-thor.toml").write_text(text)
-    project.doit("package", "recipe=tiny-thor", timeout=900)
-    return project, project.artifacts / "tiny-thor" / "kit" / "tiny-thor@agx-thor"
-
-
 def test_thor_kit_builds_validates_and_bundles_through_edgellm(thor_kit, tmp_path):
-    """An Edge-LLM kit on the recorded AGX Thor, end to end: llm_build gets the plan's argv; llm_inference (its
-    double runs the exported ONNX graph) answers the goldens; TTFT and decode come from llm_inference's own profile;
-    the engine bundle is made and signed."""
+    """An Edge-LLM kit on the recorded AGX Thor, end to end: llm_build gets the plan's argv; the goldens and the load
+    run go through the serve session (Edge-LLM 0.11's RequestEngine; its double runs the exported ONNX graph) and are
+    compared on token ids; the engine bundle is made and signed."""
     project, kit_dir = thor_kit
     proc = device(project, kit_dir, tmp_path, board="agx-thor-jp70",
                   LLM_BUILD_DOUBLE_RECORD=str(tmp_path / "llm_build.jsonl"),
@@ -216,23 +220,17 @@ def test_thor_kit_builds_validates_and_bundles_through_edgellm(thor_kit, tmp_pat
     want[want.index("--engineDir") + 1] = str(tmp_path / "work" / "engine.partial")
     work = tmp_path / "work"
     assert argv == want and (work / "engine" / "llm.engine").is_file()
-    inp = json.loads((work / "inference-input.json").read_text())
-    assert [r["messages"][0]["content"] for r in inp["requests"]] == [
-        "The small computer sat on a shelf", "To bake bread you need", "What is the capital of France?"]
+    assert (work / "validate.log").read_text().startswith(f"$ {sys.executable} -m pipeline.device.session_runner")
     report = json.loads((tmp_path / "out" / "tiny-thor@agx-thor.report" / "report.json").read_text())
-    assert report["ok"] and report["checks"][0]["check"] == "text agreement with goldens (worst prompt)"
+    assert report["ok"] and report["checks"][0]["check"] == "token agreement with goldens (worst prompt)"
     assert report["checks"][0]["measured"] == 1.0 and report["device"]["target"] == "agx-thor"
-    # TTFT and decode as llm_inference's profiler measured them, per prompt
     m = report["measured"]
-    profiles = [json.loads((work / f"profile-{i}.json").read_text()) for i in range(3)]
-    assert [p["ttft_s"] for p in report["prompts"]] == [round(p["prefill"]["average_time_per_run_ms"] / 1000, 6)
-                                                        for p in profiles]
-    assert [p["decode_tok_s"] for p in report["prompts"]] == [p["generation"]["tokens_per_second"] for p in profiles]
-    assert m["speed_source"] == "llm_inference --dumpProfile --profileOutputFile" and m["decode_tok_s"] > 0
-    for i in range(3):
-        line = (work / f"validate-{i}.log").read_text().splitlines()[0]
-        assert "--dumpProfile --profileOutputFile" in line and "--warmup 1" in line
-    assert m["peak_unified_memory"] == m["runtime_memory"]["taken"] == 400_000 * 1024
+    assert m["speed_source"].startswith("streamed requests through the serve session")
+    assert all(p["ttft_s"] > 0 and p["decode_tok_s"] > 0 for p in report["prompts"])
+    assert [(r["concurrency"], r["batch"]) for r in m["load_runs"]] == [(1, 1), (2, 2), (4, 2)]
+    assert report["predicted"]["aggregate_tok_s_by_batch"] == plan["prediction"]["aggregate_tok_s_by_batch"]
+    # memory as the board showed it; the runtime's own monitor is llm_inference's, not the session's
+    assert m["runtime_memory"]["taken"] == 400_000 * 1024 and m["peak_unified_memory"] is None
     assert m["kv_cache"] is None and not any(c["check"].startswith("KV cache") for c in report["checks"])
     assert any("does not report its KV cache allocation" in n for n in report["notes"])
     bundle = tmp_path / "out" / "tiny-thor@agx-thor-sm110-trt10.13.3.9"
@@ -242,47 +240,18 @@ def test_thor_kit_builds_validates_and_bundles_through_edgellm(thor_kit, tmp_pat
     assert r.returncode == 0, r.stderr
 
 
-def _with_agreement_limit(limit):
-    def edit(content):
-        g = json.loads((content / "goldens.json").read_text())
-        (content / "goldens.json").write_text(json.dumps(dict(g, min_token_agreement=limit)))
-    return edit
-
-
-def _text_agreement_after(project, recipe, wrong_at):
-    """What the llm_inference double's answers agree with the goldens, per prompt, when its wrong_at-th token is
-    wrong: the same replacement on the golden ids, decoded with the model's tokenizer."""
-    from transformers import AutoTokenizer
-
-    from pipeline.backends import token_agreement
-    tok = AutoTokenizer.from_pretrained(project.artifacts / recipe / "fetch" / "model")
-    goldens = json.loads((project.artifacts / recipe / "goldens" / "goldens.json").read_text())
-    vocab = json.loads((project.artifacts / recipe / "fetch" / "model" / "config.json").read_text())["vocab_size"]
-    out = []
-    for p in goldens["prompts"]:
-        ids = list(p["output_ids"])
-        if len(ids) >= wrong_at:
-            ids[wrong_at - 1] = (ids[wrong_at - 1] + 1) % vocab
-        out.append(round(token_agreement(list(p["text"]), list(tok.decode(ids, skip_special_tokens=True))), 4))
-    return out
-
-
-def test_edgellm_text_agreement_at_the_edge_of_the_limit(thor_kit, tmp_path):
-    """A wrong 4th token: the worst prompt's text agreement is computed from the goldens; a limit equal to it passes,
-    one 0.0001 above it fails by exactly that."""
+def test_a_miscompiled_edgellm_engine_fails_token_agreement(thor_kit, tmp_path):
+    """The RequestEngine double's 4th token off by one: each prompt agrees on 3 of its golden tokens; the report
+    fails by exactly what the worst prompt lacks."""
     project, kit_dir = thor_kit
-    per_prompt = _text_agreement_after(project, "tiny-thor", 4)
-    worst = min(per_prompt)
-    assert worst < max(per_prompt) and 0.05 < worst < 0.95            # prompts differ: the worst one decides
-    for limit, ok in ((worst, True), (round(worst + 0.0001, 4), False)):
-        kit = _resigned(project, kit_dir, tmp_path / str(limit), _with_agreement_limit(limit))
-        proc = device(project, kit, tmp_path / f"run-{limit}", board="agx-thor-jp70", LLM_INFERENCE_DOUBLE_WRONG_AT="4")
-        assert proc.returncode == (0 if ok else 1), proc.stderr
-        report = json.loads((tmp_path / f"run-{limit}" / "out" / "tiny-thor@agx-thor.report" / "report.json")
-                            .read_text())
-        check = report["checks"][0]
-        assert [p["agreement"] for p in report["prompts"]] == per_prompt and check["measured"] == worst
-        assert check["ok"] is ok and check["by"] == (None if ok else 0.0001)
+    goldens = json.loads((project.artifacts / "tiny-thor" / "goldens" / "goldens.json").read_text())
+    per_prompt = [round(3 / len(p["output_ids"]), 4) for p in goldens["prompts"]]
+    proc = device(project, kit_dir, tmp_path, board="agx-thor-jp70", EDGELLM_RUNTIME_DOUBLE_WRONG_AT="4")
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads((tmp_path / "out" / "tiny-thor@agx-thor.report" / "report.json").read_text())
+    check = report["checks"][0]
+    assert [p["agreement"] for p in report["prompts"]] == per_prompt and check["measured"] == min(per_prompt)
+    assert not check["ok"] and check["by"] == round(goldens["min_token_agreement"] - min(per_prompt), 4)
 
 
 def test_build_timeout_and_ctrl_c_kill_the_builder(tmp_path):

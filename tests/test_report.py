@@ -1,12 +1,14 @@
 """The device report's measured figures: the KV cache as the runtime reports it, llm_inference's profile, and the
 checks that compare them with the plan (unit level; test_device.py runs them end to end)."""
 
-import pytest
 
 from pipeline import backends, contract
 from pipeline.device.report import build_report, kv_check, memory_checks
 from pipeline.device.runners import edgellm_profile
-from pipeline.device.trtllm_runner import reported_kv_allocation
+from pipeline.runtime.edgellm import EdgellmSession
+from pipeline.runtime.trtllm import TrtllmSession
+
+reported_kv_allocation = TrtllmSession.reported_kv_allocation
 
 LOG_012 = """[TensorRT-LLM][INFO] Engine version 0.12.0 found in the config file.
 [TensorRT-LLM][INFO] Number of blocks in KV cache primary pool: 8
@@ -114,6 +116,13 @@ def test_a_report_says_not_measured_and_fails_rather_than_pass_on_a_guess(tmp_pa
     assert "not measured" in (tmp_path / "r" / "report.svg").read_text()
 
 
-@pytest.mark.parametrize("unit", ["token", "text"])
-def test_every_backend_says_its_agreement_unit(unit):
-    assert unit in {b.agreement_unit for b in backends.REGISTRY.values()}
+def test_agreement_is_on_what_the_runtime_returned():
+    """Token ids from a serving session; text from llm_inference (which returns no ids); Edge-LLM's RequestEngine
+    reports no KV allocation in its log."""
+    golden = contract.GoldenPrompt(prompt="p", input_ids=[1], output_ids=[3, 4, 5, 6], top_logprobs=[], text="abcd")
+    ids = contract.Validation(runtime="r", speed_source="s", prompts=[contract.PromptResult("p", output_ids=[3, 4, 9])])
+    text = contract.Validation(runtime="r", speed_source="s", prompts=[contract.PromptResult("p", output_text="abXd")])
+    assert ids.agreement_unit == "token" and text.agreement_unit == "text"
+    assert backends.agreement(golden, ids.prompts[0], "token") == 0.5
+    assert backends.agreement(golden, text.prompts[0], "text") == 0.5
+    assert EdgellmSession.reported_kv_allocation(LOG_012, {"max_num_blocks": 9, "tokens_per_block": 64}) is None

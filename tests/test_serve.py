@@ -269,3 +269,31 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(kit, tmp_path):
         assert s.metrics()["jetson_llm_completion_tokens_total"] < 3 * 250      # cancelled, not run to the end
     finally:
         s.stop()
+
+
+def test_bench_loads_the_server_at_1_4_and_max_batch_size(server, kit, tmp_path):
+    """`python -m pipeline bench URL`: levels 1, 4 and the server's max_batch_size (2) from /v1/models; every
+    request counted by the server's own metrics; tokens as its usage chunks said."""
+    project, _, _ = kit
+    before = server.metrics()
+    proc = project.cli("bench", server.url, "--requests", "4", "--max-tokens", "6", "--json", str(tmp_path / "b.json"))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads((tmp_path / "b.json").read_text())
+    assert out["model"] == "tiny-llama-cpu" and out["max_batch_size"] == 2
+    runs = out["runs"]
+    assert [(r["concurrency"], r["batch"], r["requests"]) for r in runs] == [(1, 1, 4), (2, 2, 4), (4, 2, 4)]
+    after = server.metrics()
+    key = 'jetson_llm_requests_total{endpoint="/v1/completions",status="200"}'
+    assert after[key] - before.get(key, 0) == 12
+    made = after["jetson_llm_completion_tokens_total"] - before["jetson_llm_completion_tokens_total"]
+    assert made == pytest.approx(sum(r["tok_s"] * r["seconds"] for r in runs), rel=0.01)
+    assert all(0 < r["ttft_p50_s"] <= r["ttft_p95_s"] for r in runs)
+    assert "clients batch  req/s" in proc.stdout and len(proc.stdout.strip().splitlines()) == 5
+
+
+def test_bench_on_a_url_where_nothing_listens_says_so(kit):
+    project, _, _ = kit
+    proc = project.cli("bench", "http://127.0.0.1:9", "--requests", "1")
+    assert proc.returncode == 2 and "is the server running" in proc.stderr and "Traceback" not in proc.stderr
+    proc = project.cli("bench", "ftp://x", "--requests", "1")
+    assert proc.returncode == 2 and "not an http(s) URL" in proc.stderr

@@ -104,3 +104,34 @@ def test_an_engine_failure_is_a_500_without_paths_and_health_says_so(bundle, tmp
         assert r.status_code == 503 and json.loads(r.text)["error"]["code"] == "engine_unavailable"
     finally:
         s.stop()
+
+
+def test_an_edgellm_bundle_serves_the_goldens_through_the_request_engine(thor_kit, tmp_path):
+    """The Thor kit's bundle, served through Edge-LLM 0.11's RequestEngine (a TEST DOUBLE running the exported ONNX
+    graph): greedy answers equal the goldens token for token; concurrent streams stay their own."""
+    project, kit_dir = thor_kit
+    dev = tmp_path / "device"
+    proc = device(project, kit_dir, dev, board="agx-thor-jp70")
+    assert proc.returncode == 0, proc.stderr
+    (b,) = [p for p in (dev / "out").iterdir() if (p / "MANIFEST.json").is_file()]
+    s = serve_bundle((project, kit_dir, dev, b), tmp_path, board="agx-thor-jp70")
+    try:
+        goldens = contract.Goldens.load(project.artifacts / "tiny-thor" / "goldens" / contract.GOLDENS)
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        for p in goldens.prompts:
+            r = c.completions.create(model="tiny-thor@agx-thor", prompt=p.prompt, max_tokens=goldens.max_new_tokens,
+                                     temperature=0)
+            assert r.choices[0].text == p.text and r.usage.completion_tokens == len(p.output_ids)
+        prompts = [p.prompt for p in goldens.prompts]
+        got: dict[str, str] = {}
+        threads = [threading.Thread(target=lambda p=p: got.__setitem__(p, "".join(
+            ch.choices[0].text for ch in c.completions.create(prompt=p, model="tiny-thor@agx-thor",
+                                                               max_tokens=goldens.max_new_tokens, temperature=0,
+                                                               stream=True)))) for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert got == {p.prompt: p.text for p in goldens.prompts}
+    finally:
+        s.stop()

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pipeline.errors import InputError, PipelineError
-from tests.conftest import DOUBLES, FIX, REPO, device
+from tests.conftest import DOUBLES, FIX, REPO, device, device_command
 
 DRAFT = '\n[draft]\nmethod = "eagle3"\nsource = "builtin"\nname = "tiny-llama-eagle3"\n'
 
@@ -177,7 +177,15 @@ def test_eagle3_recipe_exports_base_and_draft_and_the_device_builds_both(project
         profile["eagle_generation"]["overall_tokens_per_second_excluding_base_prefill"]
     assert "| EAGLE-3 acceptance (tokens per base step) | 1.0 |" in \
         (tmp_path / "out" / "tiny-eagle@agx-thor.report" / "report.md").read_text()
-    assert (tmp_path / "out" / "tiny-eagle@agx-thor-sm110-trt10.13.3.9" / "MANIFEST.json").is_file()
+    bundle = tmp_path / "out" / "tiny-eagle@agx-thor-sm110-trt10.13.3.9"
+    assert (bundle / "MANIFEST.json").is_file()
+    # serve refuses it, naming why: Edge-LLM 0.11's RequestEngine runs no speculative engine in flight
+    _, env = device_command(project, kit, tmp_path)
+    r = subprocess.run([sys.executable, "-m", "pipeline", "serve", str(bundle), "--root", str(tmp_path / "board"),
+                        "--work", str(tmp_path / "serve"), "--pubkey", str(project.root / "home" / "signing.pub")],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "does not serve eagle3 speculative engines" in r.stderr and "without [draft]" in r.stderr
 
 
 def test_draft_trained_on_other_base_layers_is_warned_about():

@@ -4,7 +4,7 @@
     edgellm       TensorRT Edge-LLM (JetPack 7): onnx/ -> llm_build -> llm_inference
 
 Callers ask the record (`get(name).payload`, `.build_commands(limits, draft)`, `.check_argv(argv)`,
-`.build_memory(...)`, `.agreement(golden, produced)`, `.export_summary(record)`) and never compare backend names. Its
+`.build_memory(...)`, `.export_summary(record)`) and never compare backend names. Its
 callables are typed attributes, so mypy checks every call. The two halves' own steps register per backend beside the
 code that runs them (the workstation's exporters: pipeline/workstation/exporters.py; the device's validation
 runners: pipeline/device/runners.py), so this package stays below both and imports neither; tests check that every
@@ -88,6 +88,14 @@ def token_agreement(golden: list | str, produced: list | str) -> float:
     return n / max(1, len(golden))
 
 
+def agreement(golden: GoldenPrompt, produced: PromptResult, unit: str) -> float:
+    """How much of the golden answer the engine reproduced: token ids where the runtime returned them ("token"),
+    else characters of the decoded text ("text"); missing output agrees with nothing."""
+    if unit == "token":
+        return token_agreement(golden.output_ids, produced.output_ids or [])
+    return token_agreement(golden.text, produced.output_text or "")
+
+
 @dataclass(frozen=True)
 class Backend:
     name: str                   # what recipes and plans call it
@@ -109,17 +117,9 @@ class Backend:
     build_memory: Callable[[int, int, int], BuildMemory]
     externalizes_int4_ffn: bool  # its export can keep INT4 FFN weights outside the engine (less build memory)
     needs_chat_template: bool   # its runtime renders prompts with the tokenizer's chat template
-    agreement_unit: str         # what its runtime returns and validation compares with the goldens: token | text
     reports_kv_allocation: bool  # its runtime says how much paged KV cache it allocated (a report check requires it)
     export_summary: Callable[[ExportRecord], str]   # the export stage's line
     refuse_on_family: dict[str, str] = field(default_factory=dict)   # target family -> why it cannot work there
-
-    def agreement(self, golden: GoldenPrompt, produced: PromptResult) -> float:
-        """How much of the golden answer the engine reproduced, in this backend's unit: token ids where its runtime
-        returns them, else characters of the decoded text (missing output agrees with nothing)."""
-        if self.agreement_unit == TOKEN:
-            return token_agreement(golden.output_ids, produced.output_ids or [])
-        return token_agreement(golden.text, produced.output_text or "")
 
     def check_argv(self, argv: list[str]) -> list[str]:
         """Problems with one build argv: a program this backend does not build with, or what its checker finds."""
@@ -147,9 +147,6 @@ class Backend:
         if self.output_flag in out:
             out[out.index(self.output_flag) + 1] = engine_dir
         return out
-
-
-TOKEN, TEXT = "token", "text"       # agreement units
 
 
 def check_flags(argv: list[str], table: FlagTable, tool: str, unknown_hint: dict[str, str]) -> list[str]:

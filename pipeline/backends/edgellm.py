@@ -13,7 +13,6 @@ from pipeline.backends import (
     INT,
     SWITCH,
     TACTIC_FLOOR,
-    TEXT,
     Backend,
     BuildMemory,
     FlagTable,
@@ -86,5 +85,5 @@ BACKEND = Backend(
     export_depends_on_sm=True, export_tools=("tensorrt-edgellm", "onnx"),
     builders={"llm_build": check_llm_build_argv}, build_commands=build_commands, output_flag="--engineDir",
     build_memory=build_memory, externalizes_int4_ffn=True, needs_chat_template=True,
-    agreement_unit=TEXT, reports_kv_allocation=False, export_summary=export_summary,
+    reports_kv_allocation=False, export_summary=export_summary,
 )

@@ -13,7 +13,6 @@ from pipeline.backends import (
     INT,
     SWITCH,
     TACTIC_FLOOR,
-    TOKEN,
     Backend,
     BuildMemory,
     FlagTable,
@@ -103,7 +102,7 @@ BACKEND = Backend(
     export_tools=(), builders={"trtllm-build": check_trtllm_012_argv},
     build_commands=build_commands, output_flag="--output_dir",
     build_memory=build_memory, externalizes_int4_ffn=False, needs_chat_template=False,
-    agreement_unit=TOKEN, reports_kv_allocation=True, export_summary=export_summary,
+    reports_kv_allocation=True, export_summary=export_summary,
     refuse_on_family={"thor": "TensorRT-LLM has no working Thor path (it refuses INT4/INT8 on SM >= 100); Thor "
                               "engines are built with TensorRT Edge-LLM: use backend = 'edgellm'."},
 )

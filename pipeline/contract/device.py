@@ -89,8 +89,25 @@ class PromptResult(Part):
 
 
 @dataclass(frozen=True)
+class LoadResult(Part):
+    """Requests at a fixed concurrency through a serving session or the HTTP server (pipeline/runtime/load.py):
+    throughput, time to first token and the gap between tokens, as the clients saw them."""
+    concurrency: int
+    batch: int                  # sequences the engine decodes together: min(concurrency, max_batch_size)
+    requests: int
+    seconds: float
+    req_s: float
+    tok_s: float                # generated tokens per second, all requests together
+    ttft_p50_s: float
+    ttft_p95_s: float
+    itl_p50_s: float | None     # None: no request made more than one token
+    itl_p95_s: float | None
+
+
+@dataclass(frozen=True)
 class Validation(Record):
-    """One validation run of the kit's golden prompts on the built engine (a backend's runner)."""
+    """One validation run of the kit's golden prompts on the built engine (a backend's runner), and the load run
+    through the same serving session where the runner serves."""
     FORMAT: ClassVar[str] = "jetson-validation/1"
     runtime: str
     speed_source: str
@@ -98,6 +115,13 @@ class Validation(Record):
     kv_cache: KvAllocation | None = None
     kv_tokens_requested: int | None = None
     kv_cache_stats: dict[str, int] | None = None     # the executor's KvCacheStats, where it exposes them
+    load_runs: list[LoadResult] = field(default_factory=list)
+
+    @property
+    def agreement_unit(self) -> str:
+        """What the runtime returned and the goldens are compared on: token ids where every answer has them (a
+        serving session), else the decoded text (Edge-LLM's llm_inference)."""
+        return "token" if all(p.output_ids is not None for p in self.prompts) else "text"
 
 
 @dataclass(frozen=True)
@@ -146,6 +170,7 @@ class Measured(Part):
     build_memory: PhaseMemory | None
     runtime_memory: PhaseMemory | None
     peak_unified_memory: float | None
+    load_runs: list[LoadResult] = field(default_factory=list)   # through the serving session at concurrency 1, 4, max
 
 
 @dataclass(frozen=True)
@@ -158,6 +183,7 @@ class Predicted(Part):
     kv_cache_tokens: int
     usable_headless: int | None
     power_mode: str | None
+    aggregate_tok_s_by_batch: dict[str, float] | None = None    # the plan's, at each load run's batch
 
 
 @dataclass(frozen=True)

@@ -224,3 +224,8 @@ class Goldens(Record):
     prompts: list[GoldenPrompt]
     stop_token_ids: list[int] = field(default_factory=list)    # every id that ends a generation (eos first)
     chat_template: bool = False         # prompts were rendered with the model's chat template
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Every id that ends a generation (goldens written before stop_token_ids name only eos)."""
+        return tuple(self.stop_token_ids) or ((self.eos_token_id,) if self.eos_token_id is not None else ())

@@ -134,6 +134,8 @@ class Prediction(Part):
     ttft_input_tokens: int | None = None
     ttft_ms_by_input_tokens: dict[str, float] | None = None
     ttft_error_band: float | None = None
+    # generated tok/s of all sequences together at batch B (key str(B)), 1 .. max_batch_size (plan/perf.py batched)
+    aggregate_tok_s_by_batch: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)

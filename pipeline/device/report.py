@@ -77,11 +77,12 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
         raise PipelineError(f"the runtime answered {len(validation.prompts)} of the kit's "
                             f"{len(goldens.prompts)} golden prompts", "see the validation log in the work directory")
     backend = backends.get(plan.backend)
-    per_prompt = [contract.PromptOutcome(prompt=g.prompt, agreement=round(backend.agreement(g, v), 4),
+    unit = validation.agreement_unit
+    per_prompt = [contract.PromptOutcome(prompt=g.prompt, agreement=round(backends.agreement(g, v, unit), 4),
                                          ttft_s=v.ttft_s, decode_tok_s=v.decode_tok_s, acceptance=v.acceptance)
                   for g, v in zip(goldens.prompts, validation.prompts, strict=True)]
     agreement = min(p.agreement for p in per_prompt)
-    checks = [_check(f"{backend.agreement_unit} agreement with goldens (worst prompt)", f">= {need}", agreement,
+    checks = [_check(f"{unit} agreement with goldens (worst prompt)", f">= {need}", agreement,
                      agreement >= need, round(need - agreement, 4))]
     checks += kv_check(validation.kv_cache, plan, backend)
     memory = plan.memory
@@ -123,14 +124,25 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
             decode_tok_s=measured_decode, ttft_s=measured_ttft, prompt_tokens=prompt_tokens,
             speed_source=validation.speed_source, acceptance=round(sum(accept) / len(accept), 3) if accept else None,
             kv_cache=validation.kv_cache, build_seconds=build.seconds, build_memory=build.memory,
-            runtime_memory=validation_memory, peak_unified_memory=max(peaks) if peaks else None),
+            runtime_memory=validation_memory, peak_unified_memory=max(peaks) if peaks else None,
+            load_runs=validation.load_runs),
         predicted=contract.Predicted(
             decode_tok_s=predicted_decode, ttft_ms=predicted_ttft, memory_total=memory.total if memory else None,
             build_peak=memory.build_peak if memory else None, kv_cache_bytes=memory.kv_cache if memory else None,
             kv_cache_tokens=-(-lim.max_seq_len // TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK * lim.max_batch_size,
             usable_headless=memory.usable_headless if memory else None,
-            power_mode=plan.prediction.power_mode if plan.prediction else None),
+            power_mode=plan.prediction.power_mode if plan.prediction else None,
+            aggregate_tok_s_by_batch=_batched(plan, validation.load_runs)),
         gaps=gaps, notes=notes, prompts=per_prompt)
+
+
+def _batched(plan: contract.Plan, load: list[contract.LoadResult]) -> dict[str, float] | None:
+    """The plan's aggregate decode prediction at each load run's batch."""
+    by_batch = plan.prediction.aggregate_tok_s_by_batch if plan.prediction else None
+    if not by_batch or not load:
+        return None
+    wanted = {str(r.batch) for r in load}
+    return {b: v for b, v in by_batch.items() if b in wanted}
 
 
 def ttft_at(by_len: dict[str, float], tokens: int) -> float | None:
@@ -174,13 +186,27 @@ def figures(report: contract.Report) -> list[tuple[str, str, float | None, float
             (f"TTFT, {m.prompt_tokens}-token prompts", "ms", None if m.ttft_s is None else m.ttft_s * 1000, p.ttft_ms),
             ("runtime memory", "GB", gb(m.runtime_memory.taken if m.runtime_memory else None), gb(p.memory_total)),
             ("engine build memory", "GB", gb(m.build_memory.taken if m.build_memory else None), gb(p.build_peak)),
-            ("KV cache", "tokens", m.kv_cache.tokens if m.kv_cache else None, p.kv_cache_tokens)]
+            ("KV cache", "tokens", m.kv_cache.tokens if m.kv_cache else None, p.kv_cache_tokens),
+            *load_figures(report)]
+
+
+def load_figures(report: contract.Report) -> list[tuple[str, str, float | None, float | None]]:
+    """Decode of all sequences together at each load run's batch: batch / the median gap between a request's
+    tokens (prefill and queueing excluded, as in the prediction) next to the plan's aggregate prediction."""
+    predicted = report.predicted.aggregate_tok_s_by_batch or {}
+    return [(f"decode, concurrency {r.concurrency} (batch {r.batch}), all sequences", "tok/s",
+             round(r.batch / r.itl_p50_s, 2) if r.itl_p50_s else None, predicted.get(str(r.batch)))
+            for r in report.measured.load_runs]
 
 
 def _fmt(v: float | None, unit: str) -> str:
     if v is None:
         return "not measured"
     return f"{v:,.0f} {unit}" if unit == "tokens" or v >= 100 else f"{v:.2f} {unit}"
+
+
+def _ms(v: float | None) -> str:
+    return "not measured" if v is None else f"{v * 1000:.2f} ms"
 
 
 def write_report(out: Path, report: contract.Report) -> None:
@@ -199,6 +225,12 @@ def write_report(out: Path, report: contract.Report) -> None:
         lines.append(f"| {what} | {_fmt(got, unit)} | {_fmt(want, unit)} | {ratio} |")
     if m.acceptance:
         lines.append(f"| EAGLE-3 acceptance (tokens per base step) | {m.acceptance} | not predicted | |")
+    if m.load_runs:
+        lines += ["", "| clients | requests/s | generated tok/s (end to end) | TTFT p50 / p95 | inter-token p50 / p95 "
+                  "|",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r.concurrency} | {r.req_s} | {r.tok_s} | {_ms(r.ttft_p50_s)} / {_ms(r.ttft_p95_s)}"
+                  f" | {_ms(r.itl_p50_s)} / {_ms(r.itl_p95_s)} |" for r in m.load_runs]
     lines += ["", f"Speed measured by: {m.speed_source or 'not measured'}. Memory: what each phase took from "
               "the board (MemAvailable and SwapFree sampled while it ran)."
               + (f" KV cache: {m.kv_cache.source}." if m.kv_cache else ""),

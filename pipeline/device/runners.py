@@ -2,11 +2,13 @@
 golden prompts on the built engine and return what each produced, with what the runtime itself measured, as a
 jetson-validation/1 record.
 
-    trtllm-0.12   python -m pipeline.device.trtllm_runner (the serve session: 0.12's executor; returns token ids;
-                  TTFT and decode rate from the token stream; the paged KV cache allocation as TensorRT-LLM reports it)
-    edgellm       llm_inference (Edge-LLM's C++ runtime; returns text, so agreement is measured on the text; TTFT,
-                  decode tok/s and the EAGLE-3 acceptance rate from its own profiler: --dumpProfile
-                  --profileOutputFile, examples/utils/profileFormatter.cpp)
+    trtllm-0.12   python -m pipeline.device.session_runner: the serve session (0.12's executor); token ids; TTFT and
+                  decode rate from the token stream, then a load run at concurrency 1, 4 and max_batch_size; the
+                  paged KV cache allocation as TensorRT-LLM reports it
+    edgellm       the same, through Edge-LLM 0.11's RequestEngine; a speculative (EAGLE-3) engine, which that engine
+                  does not serve, through llm_inference (Edge-LLM's C++ runtime; returns text, so agreement is
+                  measured on the text; TTFT, decode tok/s and the acceptance rate from its own profiler:
+                  --dumpProfile --profileOutputFile, examples/utils/profileFormatter.cpp)
 """
 
 from __future__ import annotations
@@ -77,8 +79,8 @@ def edgellm_profile(profile: Any) -> dict:
             "peak_unified_memory": _number(profile, "peak_unified_memory_bytes")}
 
 
-def validate_edgellm(_kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
-                     watch: MemoryWatch | None = None, timeout: int = 3600) -> contract.Validation:
+def validate_llm_inference(_kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
+                           watch: MemoryWatch | None = None, timeout: int = 3600) -> contract.Validation:
     """Edge-LLM's C++ runtime gives text, not token ids: agreement is then measured on the text (report.py)."""
     replace_file(work / "inference-input.json", json.dumps(edgellm_inference_input(goldens), indent=1))
     results = []
@@ -106,25 +108,38 @@ def validate_edgellm(_kit_dir: Path, engine: Path, plan: contract.Plan, goldens:
                                prompts=results)
 
 
-def validate_trtllm(kit_dir: Path, engine: Path, plan: contract.Plan, _goldens: contract.Goldens, work: Path,
-                    watch: MemoryWatch | None = None, timeout: int = 3600) -> contract.Validation:
-    from pipeline.device.trtllm_runner import reported_kv_allocation
+def validate_session(kit_dir: Path, engine: Path, plan: contract.Plan, _goldens: contract.Goldens, work: Path,
+                     watch: MemoryWatch | None = None, timeout: int = 3600) -> contract.Validation:
+    """The goldens and the load run through the serve session, in a process of its own (its memory is the runtime's,
+    measured by `watch`); the KV cache the runtime reported is read from that process's log."""
+    from pipeline.runtime.engines import SESSIONS
 
     out, log = work / contract.VALIDATION, work / "validate.log"
     remove_entry(out)
-    run_logged([sys.executable, "-m", "pipeline.device.trtllm_runner", "--engine-dir", str(engine),
-                "--goldens", str(kit_dir / contract.GOLDENS), "--out", str(out),
-                "--kv-tokens", str(plan.limits.max_batch_size * plan.limits.max_seq_len)],
+    run_logged([sys.executable, "-m", "pipeline.device.session_runner", "--kit-dir", str(kit_dir),
+                "--engine-dir", str(engine), "--out", str(out)],
                cwd=work, log=log, timeout=timeout, watch=watch,
                env=dict(os.environ, TLLM_LOG_LEVEL="INFO", PYTHONPATH=os.pathsep.join(
                    [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])))
     try:
-        result = contract.Validation.from_dict(_json(out, "the TensorRT-LLM runner's result"), str(out))
+        result = contract.Validation.from_dict(_json(out, "the serve session's validation result"), str(out))
     except PipelineError as exc:
         raise PipelineError(exc.message, f"see {log}") from None
-    kv = reported_kv_allocation(read_regular(log, RECORD_MAX).decode("utf-8", "replace"), result.kv_cache_stats)
+    kv = SESSIONS[plan.backend or ""].reported_kv_allocation(read_regular(log, RECORD_MAX).decode("utf-8", "replace"),
+                                                            result.kv_cache_stats)
     return dataclasses.replace(result, kv_cache=None if kv is None else contract.KvAllocation(**kv))
 
 
+def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
+                     watch: MemoryWatch | None = None, timeout: int = 3600) -> contract.Validation:
+    """Through the serve session (RequestEngine), except what it cannot serve (speculative engines): those through
+    llm_inference, whose profiler also measures EAGLE-3's acceptance."""
+    from pipeline.runtime.engines import SESSIONS
+
+    if SESSIONS[plan.backend or ""].refuses(plan):
+        return validate_llm_inference(kit_dir, engine, plan, goldens, work, watch, timeout)
+    return validate_session(kit_dir, engine, plan, goldens, work, watch, timeout)
+
+
 Runner = Callable[[Path, Path, contract.Plan, contract.Goldens, Path, MemoryWatch | None, int], contract.Validation]
-RUNNERS: dict[str, Runner] = {trtllm012.BACKEND.name: validate_trtllm, edgellm.BACKEND.name: validate_edgellm}
+RUNNERS: dict[str, Runner] = {trtllm012.BACKEND.name: validate_session, edgellm.BACKEND.name: validate_edgellm}

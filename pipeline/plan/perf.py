@@ -58,6 +58,13 @@ class Constants:
     def tok_s(self, bytes_read: float, bandwidth: float) -> float:
         return 1.0 / (bytes_read / (self.efficiency * bandwidth) + self.fixed_s)
 
+    def aggregate_tok_s(self, bytes_read: float, kv_bytes: float, batch: int, bandwidth: float) -> float:
+        """Generated tok/s of `batch` sequences decoding together (in-flight batching): one step reads the weights
+        once and each sequence's own KV cache, and yields one token per sequence. Memory-bound, as single-stream
+        decode is; on a board whose GPU becomes compute-bound at that batch it is an upper bound."""
+        step = (bytes_read + (batch - 1) * kv_bytes) / (self.efficiency * bandwidth) + self.fixed_s
+        return batch / step
+
 
 @cache
 def fit_data() -> dict:

@@ -172,13 +172,16 @@ def make_plan(req: PlanRequest) -> Plan:
     constants = fitted()[engine.perf_class]
     bytes_read = decode_bytes_per_token(req.shape, fmt, group_size, kv, context)
     by_mode = {m: round(constants.tok_s(bytes_read, t.bandwidth_bytes(m)), 1) for m in t.bandwidth_gbs}
+    kv_per_seq = req.shape.kv_bytes_per_token(kv.bytes_per_element) * context
+    by_batch = {str(b): round(constants.aggregate_tok_s(bytes_read, kv_per_seq, b, t.bandwidth_bytes(mode)), 1)
+                for b in batch_levels(req.limits.max_batch_size)} if mode in t.bandwidth_gbs else None
     if backend is not None and engine.perf_note:
         warnings.append(engine.perf_note)
     ttft, ttft_fields = _ttft(req, mode)
     prediction = Prediction(
         power_mode=mode, bandwidth_gbs=t.bandwidth_gbs.get(mode), context_tokens=context,
         bytes_per_token=int(bytes_read), engine_class=engine.perf_class, efficiency=constants.efficiency,
-        fixed_s=constants.fixed_s, by_power_mode=by_mode,
+        fixed_s=constants.fixed_s, by_power_mode=by_mode, aggregate_tok_s_by_batch=by_batch,
         speculative_note=("decode predicted without speculation: EAGLE-3's gain depends on the draft's acceptance "
                           "rate on your prompts (validation measures it)") if req.draft is not None else None,
         **ttft_fields)
@@ -201,6 +204,11 @@ def make_plan(req: PlanRequest) -> Plan:
         refused=refused, warnings=warnings, speculative=speculative, device_build_commands=argvs,
         build_on_board=on_board, predicted_ttft_ms=ttft, externalized_weights=list(externalized_kinds(on_board)),
         predicted_build_s=build_s)
+
+
+def batch_levels(max_batch_size: int) -> list[int]:
+    """The batches the plan predicts aggregate decode for: powers of two up to max_batch_size, and it."""
+    return sorted({1 << i for i in range(max_batch_size.bit_length()) if 1 << i <= max_batch_size} | {max_batch_size})
 
 
 def refuse(plan: Plan, reason: str) -> Plan:

@@ -26,13 +26,25 @@ from typing import Any
 
 from pipeline import contract
 from pipeline.backends import edgellm as edgellm_backend
-from pipeline.runtime.session import Emit, Event, Generation, Handle, Limits, Session
+from pipeline.runtime.session import Emit, EngineSession, Event, Generation, Handle, Limits
 
 POLL_MS = 50
 
 
-class EdgellmSession(Session):
+class EdgellmSession(EngineSession):
     backend = edgellm_backend.BACKEND.name
+
+    @classmethod
+    def open(cls, engine_dir: Path, _plan: contract.Plan, limits: Limits) -> EdgellmSession:
+        return cls(engine_dir, limits)
+
+    @classmethod
+    def refuses(cls, plan: contract.Plan) -> str | None:
+        if plan.speculative is not None:
+            return (f"Edge-LLM 0.11's RequestEngine does not serve {plan.speculative.method} speculative engines: "
+                    "speculative decoding is not supported under in-flight batching (its own server says so, "
+                    "experimental/server/runtime/engine.py)")
+        return None
 
     def __init__(self, engine_dir: Path, limits: Limits, runtime_module: Any = None):
         super().__init__()
@@ -70,7 +82,6 @@ class EdgellmSession(Session):
         return handle
 
     def _read(self, handle: Handle, channel: Any) -> None:
-        rt = self.rt
         try:
             while not handle.cancelled.is_set() and not self._closed:
                 chunk = channel.wait_pop(timeout_ms=POLL_MS)
@@ -81,10 +92,12 @@ class EdgellmSession(Session):
                 tokens = [int(t) for t in chunk.token_ids]
                 handle.last = tokens[-1] if tokens else handle.last
                 if chunk.finished:
-                    reason = {rt.FinishReason.LENGTH: "length"}.get(chunk.reason, "stop")
-                    error = "the Edge-LLM runtime failed on this request" \
-                        if chunk.reason == getattr(rt.FinishReason, "ERROR", object()) else None
-                    handle.emit(Event(tokens, final=True, reason=reason, error=error))
+                    # FinishReason: END_ID and STOP_WORDS are "stop" (as its own server maps them), LENGTH "length"
+                    name = getattr(chunk.reason, "name", str(chunk.reason))
+                    error = None if name in ("END_ID", "STOP_WORDS", "LENGTH") else \
+                        f"the Edge-LLM runtime ended the request with {name}"
+                    handle.emit(Event(tokens, final=True, reason="length" if name == "LENGTH" else "stop",
+                                      error=error))
                     return
                 if tokens:
                     handle.emit(Event(tokens))
@@ -104,7 +117,3 @@ class EdgellmSession(Session):
     def close(self) -> None:
         self._closed = True
         self.engine.shutdown(self.rt.ShutdownMode.CANCEL)
-
-
-def open_session(engine_dir: Path, _plan: contract.Plan, limits: Limits) -> EdgellmSession:
-    return EdgellmSession(engine_dir, limits)

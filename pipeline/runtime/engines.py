@@ -1,17 +1,12 @@
-"""Serving sessions, one per backend (SESSIONS, registered per backend as RUNNERS and EXPORTERS are): open the
-engine directory of a verified bundle with the plan's limits."""
+"""Serving sessions, one per backend (SESSIONS, registered per backend as RUNNERS and EXPORTERS are): each class
+opens the engine directory of a verified kit or bundle with the plan's limits (`open`), says what it cannot serve
+(`refuses`) and how its runtime reports its KV cache (`reported_kv_allocation`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-
-from pipeline import contract
 from pipeline.backends import edgellm, trtllm012
-from pipeline.runtime import edgellm as edgellm_session
-from pipeline.runtime import trtllm as trtllm_session
-from pipeline.runtime.session import Limits, Session
+from pipeline.runtime.edgellm import EdgellmSession
+from pipeline.runtime.session import EngineSession
+from pipeline.runtime.trtllm import TrtllmSession
 
-Opener = Callable[[Path, contract.Plan, Limits], Session]
-SESSIONS: dict[str, Opener] = {trtllm012.BACKEND.name: trtllm_session.open_session,
-                               edgellm.BACKEND.name: edgellm_session.open_session}
+SESSIONS: dict[str, type[EngineSession]] = {trtllm012.BACKEND.name: TrtllmSession, edgellm.BACKEND.name: EdgellmSession}

@@ -15,6 +15,10 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline import contract
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,10 @@ class Session(ABC):
             self._next += 1
             return Handle(self._next, gen, emit)
 
+    def kv_stats(self) -> dict[str, int] | None:
+        """The runtime's KV cache statistics at this moment, where it exposes them."""
+        return None
+
     @abstractmethod
     def submit(self, gen: Generation, emit: Emit) -> Handle:
         """Queue a request; returns at once. `emit` is called from the session's thread, never after a final
@@ -128,3 +136,23 @@ def generate_blocking(session: Session, gen: Generation, timeout: float | None =
     if outcome.get("error"):
         raise RuntimeError(outcome["error"])
     return ids, outcome.get("reason") or "length"
+
+
+class EngineSession(Session):
+    """A session over an engine directory a backend built (SESSIONS in runtime/engines.py, by backend)."""
+
+    @classmethod
+    @abstractmethod
+    def open(cls, engine_dir: Path, plan: contract.Plan, limits: Limits) -> Session:
+        """Load the engine directory of a verified kit or bundle, within the plan's limits."""
+
+    @classmethod
+    def refuses(cls, _plan: contract.Plan) -> str | None:
+        """Why this runtime cannot serve an engine built to this plan (asked before anything is unpacked)."""
+        return None
+
+    @classmethod
+    def reported_kv_allocation(cls, _log: str, _stats: dict[str, int] | None) -> dict[str, Any] | None:
+        """The paged KV cache the runtime said it allocated ({tokens, bytes, source}), read from its log and its
+        own statistics; None where the runtime says nothing about it."""
+        return None

@@ -17,19 +17,52 @@ no finish reason: a final response ending in a stop id is "stop", else "length".
 from __future__ import annotations
 
 import datetime
+import re
 import threading
 from pathlib import Path
 from typing import Any
 
 from pipeline import contract
 from pipeline.backends import trtllm012
-from pipeline.runtime.session import Emit, Event, Generation, Handle, Limits, Session
+from pipeline.runtime.session import Emit, EngineSession, Event, Generation, Handle, Limits
 
 POLL = datetime.timedelta(milliseconds=20)
 
+# TensorRT-LLM's KV cache manager, as it logs its allocation at INFO (newest wording first)
+KV_ALLOCATED = re.compile(r"Allocated ([0-9.]+) GiB for max tokens in paged KV cache \((\d+)\)")
+KV_BLOCKS = re.compile(r"Number of blocks in KV cache primary pool: (\d+)")
+KV_TOKENS_PER_BLOCK = re.compile(r"Number of tokens per block: (\d+)")
+KV_OLD = re.compile(r"Using (\d+) tokens in paged KV cache")
 
-class TrtllmSession(Session):
+
+class TrtllmSession(EngineSession):
     backend = trtllm012.BACKEND.name
+
+    @classmethod
+    def open(cls, engine_dir: Path, plan: contract.Plan, limits: Limits) -> TrtllmSession:
+        return cls(engine_dir, limits, kv_tokens=plan.limits.max_batch_size * plan.limits.max_seq_len)
+
+    @classmethod
+    def reported_kv_allocation(cls, log: str, stats: dict[str, int] | None) -> dict[str, Any] | None:
+        """From its log (TLLM_LOG_LEVEL=INFO): "[MemUsageChange] Allocated X GiB for max tokens in paged KV cache
+        (N)", else its block-count lines, else the executor's KvCacheStats (max_num_blocks x tokens_per_block)."""
+        m = KV_ALLOCATED.findall(log)
+        if m:
+            gib, tokens = m[-1]
+            return {"tokens": int(tokens), "bytes": int(float(gib) * 2**30), "source": "TensorRT-LLM log: "
+                    f"[MemUsageChange] Allocated {gib} GiB for max tokens in paged KV cache ({tokens})"}
+        blocks, per_block = KV_BLOCKS.findall(log), KV_TOKENS_PER_BLOCK.findall(log)
+        if blocks and per_block:
+            return {"tokens": int(blocks[-1]) * int(per_block[-1]), "bytes": None,
+                    "source": f"TensorRT-LLM log: {blocks[-1]} blocks of {per_block[-1]} tokens in the primary pool"}
+        if isinstance(stats, dict) and isinstance(stats.get("max_num_blocks"), int) and \
+                isinstance(stats.get("tokens_per_block"), int):
+            return {"tokens": stats["max_num_blocks"] * stats["tokens_per_block"], "bytes": None,
+                    "source": "the executor's KvCacheStats (max_num_blocks x tokens_per_block)"}
+        old = KV_OLD.findall(log)
+        if old:
+            return {"tokens": int(old[-1]), "bytes": None, "source": f"TensorRT-LLM log: Using {old[-1]} tokens"}
+        return None
 
     def __init__(self, engine_dir: Path, limits: Limits, kv_tokens: int, executor_module: Any = None):
         super().__init__()
@@ -71,15 +104,21 @@ class TrtllmSession(Session):
         if known:
             self.executor.cancel_request(handle.id)
 
-    def stats(self) -> dict[str, float]:
+    def kv_stats(self) -> dict[str, int] | None:
         try:
             for it in reversed(list(self.executor.get_latest_iteration_stats())):
                 kv = getattr(it, "kv_cache_stats", None)
-                if kv is not None and kv.max_num_blocks:
-                    return {"kv_cache_usage": kv.used_num_blocks / kv.max_num_blocks}
+                if kv is not None:
+                    return {k: int(getattr(kv, k)) for k in ("max_num_blocks", "free_num_blocks", "used_num_blocks",
+                                                             "tokens_per_block") if hasattr(kv, k)}
         except Exception:       # noqa: BLE001 - statistics are optional; serving is not
-            return {}
-        return {}
+            return None
+        return None
+
+    def stats(self) -> dict[str, float]:
+        kv = self.kv_stats() or {}
+        return {"kv_cache_usage": kv["used_num_blocks"] / kv["max_num_blocks"]} if kv.get("max_num_blocks") and \
+            "used_num_blocks" in kv else {}
 
     def close(self) -> None:
         self._closed = True
@@ -120,7 +159,3 @@ class TrtllmSession(Session):
             pending, self._handles = list(self._handles.values()), {}
         for h in pending:
             h.emit(Event([], final=True, error=message))
-
-
-def open_session(engine_dir: Path, plan: contract.Plan, limits: Limits) -> TrtllmSession:
-    return TrtllmSession(engine_dir, limits, kv_tokens=plan.limits.max_batch_size * plan.limits.max_seq_len)

@@ -188,6 +188,39 @@ async def _body(request, limit: int) -> dict[str, Any]:
     return protocol.parse_json(bytes(data))
 
 
+class CountAndAuth:
+    """Bearer auth on /v1/* and the request counter, as plain ASGI: Starlette's @app.middleware("http") runs every
+    response body through a memory stream and a task of its own, which costs each request and each SSE chunk."""
+
+    def __init__(self, app: Any, api_key: str | None, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if not path.startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        label = path if path in ROUTES else "other"     # a label per known route only: clients must not grow it
+        if self.expected is not None:
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                self.metrics.requests.labels(label, "401").inc()
+                await _error_response(ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
+                                               code="invalid_api_key"))(scope, receive, send)
+                return
+        status = {"code": 500}      # an exception before the response started is a 500 to the client
+
+        async def counted(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+        try:
+            await self.app(scope, receive, counted)
+        finally:
+            self.metrics.requests.labels(label, str(status["code"])).inc()
+
+
 def create_app(server: Server):
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -218,20 +251,7 @@ def create_app(server: Server):
         log.error("internal error: %s: %s", type(exc).__name__, str(exc)[:300])
         return _error_response(ApiError(500, "internal server error", code="internal_error"))
 
-    @app.middleware("http")
-    async def count_and_auth(request: Request, call_next):
-        path = request.url.path
-        if path.startswith("/v1/") and settings.api_key is not None:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {settings.api_key}".encode()):
-                response: Any = _error_response(ApiError(401, "a valid API key is required (Authorization: Bearer "
-                                                         "KEY)", code="invalid_api_key"))
-                metrics.requests.labels(path if path in ROUTES else "other", "401").inc()
-                return response
-        response = await call_next(request)
-        if path.startswith("/v1/"):     # a label per known route only: a client must not grow the series
-            metrics.requests.labels(path if path in ROUTES else "other", str(response.status_code)).inc()
-        return response
+    app.add_middleware(CountAndAuth, api_key=settings.api_key, metrics=metrics)
 
     @app.get("/health")
     async def health():
@@ -248,7 +268,8 @@ def create_app(server: Server):
     async def models():
         return {"object": "list", "data": [{"id": served.name, "object": "model", "created": served.created,
                                             "owned_by": "jetson-trtllm-pipeline", "max_model_len":
-                                            served.limits.max_seq_len}]}
+                                            served.limits.max_seq_len,
+                                            "max_batch_size": served.limits.max_batch_size}]}
 
     async def answer(request: Request, chat: bool):
         body = await _body(request, settings.max_body_bytes)

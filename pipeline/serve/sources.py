@@ -42,7 +42,7 @@ def _served(name: str, created: int, tokenizer_dir: Path, goldens: contract.Gold
             backend: str, where: str) -> Served:
     codec = TextCodec.load(tokenizer_dir)
     check_against_goldens(codec, goldens, where)
-    stops = tuple(goldens.stop_token_ids) or ((goldens.eos_token_id,) if goldens.eos_token_id is not None else ())
+    stops = goldens.stop_ids
     return Served(name, created, codec, stops, limits_of(plan), backend, goldens)
 
 
@@ -118,9 +118,14 @@ def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = 
     plan = contract.Plan.load(serving / contract.PLAN)
     goldens = contract.Goldens.load(serving / contract.GOLDENS)
     backend = backends.get(m.compat.backend)
+    session_type = SESSIONS[backend.name]
+    why = session_type.refuses(plan)
+    if why:
+        raise PipelineError(f"{bundle}: {why}", "serve a bundle of the recipe built without [draft]; validation "
+                            "still measures the speculative engine through its own runtime")
     served = _served(m.kit.name, _epoch(verified.created), serving / contract.TOKENIZER_DIR, goldens, plan,
                      backend.name, str(bundle))
-    return served, lambda: SESSIONS[backend.name](dest, plan, served.limits)
+    return served, lambda: session_type.open(dest, plan, served.limits)
 
 
 def _epoch(stamp: str) -> int:

@@ -1,0 +1,225 @@
+"""TEST DOUBLE of tensorrt_edgellm.runtime (0.11): `load()` returns the native runtime module, here a Python one with
+the names the 0.11 wheel's experimental server (experimental/server/runtime/engine.py) and
+scripts/sweep_eagle3_configs.py use on the pybind module:
+
+    RequestEngine(engine_dir, media_dir, lora_map, model_dir, ContextCacheConfig(), max_batch_size=N)
+        .submit(LLMGenerationRequest) -> handle (.cancel()); .shutdown(ShutdownMode)
+    StreamChannel.create() -> channel: set_skip_special_tokens(b), wait_pop(timeout_ms=) -> StreamChunk | None,
+        is_finished(), is_cancelled(), cancel();  StreamChunk.token_ids / .finished / .reason (FinishReason)
+    LLMGenerationRequest: requests, stream_channels, temperature, top_p, top_k, max_generate_length,
+        apply_chat_template, add_generation_prompt;  Request(messages=[...]): stop_strings, sampling_seed
+    create_text_message(role, text), ContextCacheConfig(), FinishReason, ShutdownMode
+
+The engine is the llm_build double's (the exporter's ONNX graph), run by tests/doubles/python/edgellm_engine.py;
+one driver thread advances every request in flight by one token per step, up to max_batch_size (in-flight batching).
+A text prompt with apply_chat_template false is encoded with the engine directory's tokenizer.json and no special
+tokens added (raw mode: addBos=false, FACTS.md). A speculative engine directory is refused, as the 0.11 server
+refuses speculative decoding under in-flight batching.
+
+EDGELLM_RUNTIME_DOUBLE_WRONG_AT=N: a miscompiled engine (the N-th generated token of every request is off by one).
+RUNTIME_DOUBLE_TAKES_BYTES / RUNTIME_DOUBLE_HOLD_S with FAKE_BOARD_ROOT: what loading takes from the fake board.
+"""
+import enum
+import json
+import os
+import queue
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+
+
+class FinishReason(enum.Enum):
+    NOT_FINISHED = 0
+    END_ID = 1
+    STOP_WORDS = 2
+    LENGTH = 3
+    CANCELLED = 4
+    ERROR = 5
+
+
+class ShutdownMode(enum.Enum):
+    DRAIN = 0
+    CANCEL = 1
+
+
+class ContextCacheConfig:
+    enabled = False
+
+
+class Message:
+    def __init__(self):
+        self.role, self.contents = "", []
+
+
+def create_text_message(role, text):
+    m = Message()
+    m.role, m.contents = role, [SimpleNamespace(type="text", content=text)]
+    return m
+
+
+class Request:
+    def __init__(self, messages=()):
+        self.messages, self.stop_strings, self.sampling_seed = list(messages), [], 0
+
+
+class LLMGenerationRequest:
+    def __init__(self):
+        self.requests, self.stream_channels = [], []
+        self.temperature, self.top_p, self.top_k, self.max_generate_length = 1.0, 1.0, 50, 128
+        self.apply_chat_template, self.add_generation_prompt = True, True
+
+
+class StreamChunk:
+    def __init__(self, token_ids, finished=False, reason=FinishReason.NOT_FINISHED):
+        self.token_ids, self.finished, self.reason = token_ids, finished, reason
+
+
+class StreamChannel:
+    def __init__(self):
+        self._q, self._finished, self._cancelled = queue.Queue(), False, False
+
+    @staticmethod
+    def create():
+        return StreamChannel()
+
+    def set_skip_special_tokens(self, skip):
+        self.skip = skip
+
+    def push(self, chunk):
+        self._q.put(chunk)
+        self._finished = self._finished or chunk.finished
+
+    def wait_pop(self, timeout_ms=0):
+        try:
+            return self._q.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            return None
+
+    def is_finished(self):
+        return self._finished and self._q.empty()
+
+    def is_cancelled(self):
+        return self._cancelled
+
+    def cancel(self):
+        self._cancelled = True
+
+
+class _Handle:
+    def __init__(self, engine, state):
+        self._engine, self._state = engine, state
+
+    def cancel(self):
+        self._engine._cancel(self._state)
+
+
+class RequestEngine:
+    def __init__(self, engine_dir, media_dir, lora_map, model_dir, context_cache_config, max_batch_size=1):
+        from edgellm_engine import PAGE, load_engine
+        from stall import stall_if_asked
+        from tokenizers import Tokenizer
+        stall_if_asked("runtime")
+        engine_dir = Path(engine_dir)
+        if (engine_dir / "spec_base.engine").is_file():
+            raise RuntimeError("speculative decoding is not supported under in-flight batching")
+        if not (engine_dir / "llm.engine").is_file():
+            raise RuntimeError(f"Failed to load engine from {engine_dir}: llm.engine not found")
+        self.engine, self.page = load_engine(engine_dir, "llm.engine", "config.json"), PAGE
+        self.tokenizer = Tokenizer.from_file(str(engine_dir / "tokenizer.json"))
+        cfg = json.loads((engine_dir / "config.json").read_text())
+        eos = cfg.get("eos_token_id")
+        self.stops = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        built = cfg["builder_config"]       # what llm_build was asked for
+        self.limits = (built["maxInputLen"], built["maxKVCacheCapacity"])
+        self.max_batch = min(max_batch_size, built["maxBatchSize"])
+        board, hold = os.environ.get("FAKE_BOARD_ROOT"), int(os.environ.get("RUNTIME_DOUBLE_TAKES_BYTES", "0"))
+        if board and hold:
+            from fakeboard import taking
+            with taking(Path(board), hold, float(os.environ.get("RUNTIME_DOUBLE_HOLD_S", "0.8"))):
+                pass
+        self.wrong_at = int(os.environ.get("EDGELLM_RUNTIME_DOUBLE_WRONG_AT", "-1"))
+        self._lock = threading.Condition()
+        self._waiting, self._running, self._stop = [], [], False
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def submit(self, request):
+        if request.apply_chat_template:
+            raise RuntimeError("the double models raw prompts only (apply_chat_template false)")
+        (row,), (channel,) = request.requests, request.stream_channels
+        text = "".join(c.content for m in row.messages for c in m.contents)
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        state = {"ids": ids, "out": [], "req": request, "channel": channel, "past": 0,
+                 "rng": np.random.default_rng(row.sampling_seed), "cancelled": False}
+        with self._lock:
+            self._waiting.append(state)
+            self._lock.notify_all()
+        return _Handle(self, state)
+
+    def shutdown(self, mode=ShutdownMode.DRAIN):
+        self._stop = True
+        with self._lock:
+            self._lock.notify_all()
+        self._thread.join(timeout=5)
+
+    def _cancel(self, state):
+        with self._lock:
+            state["cancelled"] = True
+
+    def _loop(self):
+        while not self._stop:
+            with self._lock:
+                while not (self._waiting or self._running) and not self._stop:
+                    self._lock.wait(0.1)
+                while self._waiting and len(self._running) < self.max_batch:
+                    self._running.append(self._waiting.pop(0))
+                batch = list(self._running)
+            for s in batch:             # one step: every request in flight advances one token
+                done = s["cancelled"] or self._advance(s)
+                if done:
+                    with self._lock:
+                        self._running.remove(s)
+
+    def _advance(self, s):
+        req, eng = s["req"], self.engine
+        if s["past"] == 0:
+            n = len(s["ids"])
+            if n > self.limits[0] or n + req.max_generate_length > self.limits[1]:
+                s["channel"].push(StreamChunk([], True, FinishReason.ERROR))
+                return True
+            pages = -(-(n + req.max_generate_length) // self.page)
+            s["pools"] = [np.zeros((2, pages, self.page, eng.cfg["num_key_value_heads"], eng.cfg["head_dim"]),
+                                   eng.pool_dtype) for _ in range(eng.layers)]
+            s["table"] = np.stack([np.arange(pages), np.arange(pages)])[None].astype(np.int32)
+            logits = eng.step(s["ids"], 0, s["pools"], s["table"])
+            s["past"] = n
+        else:
+            logits = eng.step([s["out"][-1]], s["past"], s["pools"], s["table"])
+            s["past"] += 1
+        logits = logits[:eng.cfg["vocab_size"]].astype(np.float64)
+        if req.top_k == 1 or req.temperature == 0:
+            token = int(np.argmax(logits))
+            if len(s["out"]) + 1 == self.wrong_at:
+                token = (token + 1) % eng.cfg["vocab_size"]
+        else:
+            p = np.exp((logits - logits.max()) / req.temperature)
+            token = int(s["rng"].choice(len(p), p=p / p.sum()))
+        s["out"].append(token)
+        if token in self.stops:
+            reason = FinishReason.END_ID
+        elif len(s["out"]) >= req.max_generate_length:
+            reason = FinishReason.LENGTH
+        else:
+            s["channel"].push(StreamChunk([token]))
+            return False
+        s["channel"].push(StreamChunk([token], True, reason))
+        return True
+
+
+def load():
+    return sys.modules[__name__]
