@@ -304,21 +304,24 @@ def test_a_hung_runtime_is_killed_at_the_validation_limit(kit, tmp_path):
 
 def test_the_time_limits_come_from_the_plans_predictions():
     """Build: 3x the plan's generous build estimate, at least 30 min; validation: 10x one run's predicted time
-    (engine load, prefill, decode of every golden); given limits win; a plan without an estimate (an older kit)
-    gets 4 h for the build."""
+    (engine load, then prefill and decode of every golden and of the load run's requests, as if single-stream); given
+    limits win; a plan without an estimate (an older kit) gets 4 h for the build."""
     from pipeline import contract
     from pipeline.device.driver import timeouts
 
     def plan(memory=(2_000_000_000, 500_000_000, 500_000_000), **kw):
         m = type("M", (), dict(zip(("weights", "embedding", "lm_head"), memory, strict=True)))()
-        base = {"predicted_build_s": 1500.0, "predicted_decode_tok_s": 20.0, "predicted_ttft_ms": 500.0, "memory": m}
+        base = {"predicted_build_s": 1500.0, "predicted_decode_tok_s": 20.0, "predicted_ttft_ms": 500.0, "memory": m,
+                "limits": type("L", (), {"max_batch_size": 2})()}
         return type("P", (), base | kw)()
     goldens = type("G", (), {"max_new_tokens": 64, "prompts": [1, 2, 3]})()
-    # one validation run: 60 s load + 3e9 B / 500e6 B/s = 6 s + 0.5 s prefill + 3 x 64 tokens / 20 tok/s = 9.6 s
-    assert timeouts(plan(), goldens, None, None) == (4500, int(10 * (60 + 6 + 0.5 + 9.6)))
+    # one validation run: 60 s load + 3e9 B / 500e6 B/s = 6 s, then 3 goldens + 8 requests at each of 1, 2 and 4
+    # clients = 27 requests of 0.5 s prefill + 64 tokens / 20 tok/s
+    assert timeouts(plan(), goldens, None, None) == (4500, int(10 * (60 + 6 + 27 * (0.5 + 64 / 20))))
     assert timeouts(plan(predicted_build_s=100.0, predicted_decode_tok_s=1000.0), goldens, None, None)[0] == 1800
     # nothing to load, a fast model: the engine load's fixed minute decides
-    assert timeouts(plan(predicted_decode_tok_s=1000.0, memory=(0, 0, 0)), goldens, None, None)[1] == int(10 * 60.692)
+    assert timeouts(plan(predicted_decode_tok_s=1000.0, memory=(0, 0, 0), predicted_ttft_ms=0.0), goldens, None,
+                    None)[1] == int(10 * (60 + 27 * 0.064))
     assert timeouts(plan(predicted_build_s=None), goldens, None, None)[0] == 4 * 3600
     assert timeouts(plan(), goldens, 7, 9) == (7, 9)
     assert contract.Plan.__dataclass_fields__["predicted_build_s"]             # the plan carries the estimate

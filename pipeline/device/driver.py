@@ -79,8 +79,11 @@ def timeouts(plan: contract.Plan, goldens: contract.Goldens, build: int | None,
         m = plan.memory
         weights = m.weights + m.embedding + m.lm_head if m else 0
         decode = plan.predicted_decode_tok_s or 1.0
-        one = LOAD_S + weights / LOAD_BYTES_PER_S + (plan.predicted_ttft_ms or 0) / 1000 + \
-            goldens.max_new_tokens * len(goldens.prompts) / decode
+        from pipeline.runtime.load import LOAD_REQUESTS, concurrencies
+        # the goldens, then the load run at each concurrency (timed as if single-stream: batching only helps)
+        requests = len(goldens.prompts) + sum(max(LOAD_REQUESTS, c) for c in concurrencies(plan.limits.max_batch_size))
+        one = LOAD_S + weights / LOAD_BYTES_PER_S + requests * ((plan.predicted_ttft_ms or 0) / 1000 +
+                                                                 goldens.max_new_tokens / decode)
         validate = int(max(VALIDATE_TIMEOUT_FLOOR, VALIDATE_TIMEOUT_MARGIN * one))
     return build, validate
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from pipeline import contract
-from pipeline.runtime.load import Timing, concurrencies, run_load
+from pipeline.runtime.load import LOAD_REQUESTS, Timing, concurrencies, run_load
 from pipeline.runtime.session import Generation, Limits, Sampling, Session, generate_blocking
 
 
@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kit-dir", required=True, help="the verified kit's content (plan.json, goldens.json)")
     ap.add_argument("--engine-dir", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--load-requests", type=int, default=8,
-                    help="requests per concurrency level of the load run (0: no load run; default 8)")
+    ap.add_argument("--load-requests", type=int, default=LOAD_REQUESTS,
+                    help=f"requests per concurrency level of the load run (0: no load run; default {LOAD_REQUESTS})")
     args = ap.parse_args(argv)
     result = run(Path(args.kit_dir), Path(args.engine_dir), args.load_requests)
     # created, never written through: the work directory may hold anything under this name

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from pipeline.contract import LoadResult
 
+LOAD_REQUESTS = 8       # requests per concurrency level in the device's load run
+
 
 @dataclass(frozen=True)
 class Timing:

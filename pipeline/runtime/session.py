@@ -148,7 +148,7 @@ class EngineSession(Session):
 
     @classmethod
     def refuses(cls, _plan: contract.Plan) -> str | None:
-        """Why this runtime cannot serve an engine built to this plan (asked before anything is unpacked)."""
+        """Why this runtime cannot serve an engine built to this plan (asked before the engine is loaded)."""
         return None
 
     @classmethod
