@@ -222,6 +222,10 @@ def test_a_full_queue_is_429_with_retry_after_and_auth_is_required(kit, tmp_path
             assert a.status_code == b.status_code == 200
             code, answer, h = _error(s, "/v1/completions", body, headers=headers)
             assert code == 429 and h["retry-after"] == "1" and answer["error"]["code"] == "queue_full"
+        # the server frees a slot when it sees the disconnect (at its next write): within Retry-After's second
+        deadline = time.monotonic() + 5
+        while s.metrics()["jetson_llm_requests_running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert c.completions.create(model="tiny-llama-cpu", prompt="Bread", max_tokens=3).usage.completion_tokens
     finally:
         s.stop()
