@@ -58,8 +58,6 @@ class EdgellmSession(EngineSession):
         self._closed = False
 
     def submit(self, gen: Generation, emit: Emit) -> Handle:
-        if self.failure:
-            raise RuntimeError(self.failure)
         rt, s = self.rt, gen.sampling
         channel = rt.StreamChannel.create()
         channel.set_skip_special_tokens(False)      # ids, not text, are read: the server detokenizes

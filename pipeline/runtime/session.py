@@ -88,6 +88,9 @@ class Session(ABC):
         self._lock = threading.Lock()
 
     def _handle(self, gen: Generation, emit: Emit) -> Handle:
+        """A new request's handle; a failed engine takes no more requests (every session's submit asks here)."""
+        if self.failure:
+            raise RuntimeError(self.failure)
         with self._lock:
             self._next += 1
             return Handle(self._next, gen, emit)

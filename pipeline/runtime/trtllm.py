@@ -80,8 +80,6 @@ class TrtllmSession(EngineSession):
         self._thread.start()
 
     def submit(self, gen: Generation, emit: Emit) -> Handle:
-        if self.failure:
-            raise RuntimeError(self.failure)
         tle, s = self.ex_mod, gen.sampling
         sampling = tle.SamplingConfig(beam_width=1, top_k=1 if s.greedy else (s.top_k or None),
                                       top_p=None if s.greedy else s.top_p, random_seed=s.seed,
