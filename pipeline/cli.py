@@ -108,6 +108,21 @@ def _compare_cmd(args) -> int:
     return 0
 
 
+def _families_cmd(args) -> int:
+    from pipeline.families import registry
+    from pipeline.families.table import cell, markdown
+
+    if args.markdown:
+        print(markdown(), end="")
+        return 0
+    from pipeline import backends
+    for fam in registry().values():
+        print(f"{fam.name} ({fam.architecture}): {', '.join(fam.examples)}")
+        for name in backends.NAMES:
+            print(f"  {backends.get(name).label:<20} {cell(fam, name)}")
+    return 0
+
+
 def _targets_cmd(_args) -> int:
     from pipeline.plan.targets import load_targets
 
@@ -262,6 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("targets", help="list the Jetson target profiles")
     t.set_defaults(func=_targets_cmd)
+
+    fa = sub.add_parser("families", help="which model families each engine backend builds, in which formats",
+                        description="The family registry (pipeline/families/records.py) as a table: each "
+                                    "family's backends and weight formats, or why a backend refuses it.")
+    fa.add_argument("--markdown", action="store_true", help="the README's table, exactly")
+    fa.set_defaults(func=_families_cmd)
 
     from pipeline.kit.archive import PART_SIZE
     k = sub.add_parser("pack", help="pack a directory into a signed kit (split tar parts + SHA256SUMS + signature)")

@@ -44,7 +44,9 @@ CASES = [("tiny-llama", w, kv, g) for w, kv, g in [("int4_awq", "fp16", 64), ("i
                                                   ("int8_wo", "fp16", None), ("fp16", "fp16", None),
                                                   ("int4_awq", "int8", 64), ("int8_sq", "int8", None)]] + \
         [("tiny-llama-h96", "int4_awq", "fp16", 32), ("tiny-llama-h96", "int8_sq", "fp16", None),
-         ("tiny-qwen2", "int4_awq", "int8", 64), ("tiny-qwen2", "int8_wo", "fp16", None)]
+         ("tiny-qwen2", "int4_awq", "int8", 64), ("tiny-qwen2", "int8_wo", "fp16", None)] + \
+        [("tiny-mistral", w, kv, g) for w, kv, g in [("fp16", "fp16", None), ("int4_awq", "int8", 64),
+                                                     ("int8_wo", "fp16", None), ("int8_sq", "int8", None)]]
 
 
 @pytest.mark.parametrize("name,weights,kv,group", CASES, ids=[f"{c[0]}-{c[1]}-kv{c[2]}" for c in CASES])
@@ -70,6 +72,8 @@ def test_exported_checkpoint_reads_back_as_the_calibrated_model(builtin, tmp_pat
     assert info["reader_check"]["layer_error_max"] < 0.005, info["reader_check"]
     assert info["reader_check"]["rounds_activations"] == (weights == "int8_sq" or kv == "int8")
 
+    # the checkpoint names the HF class, which 0.12's MODEL_MAP maps to its model class (Mistral: the LLaMA class)
+    assert cfg["architecture"] == json.loads((src / "config.json").read_text())["architectures"][0]
     q = cfg["quantization"]
     assert q["quant_algo"] == WEIGHT_FORMATS[weights].trtllm_quant_algo
     assert q["kv_cache_quant_algo"] == ("INT8" if kv == "int8" else None)

@@ -95,7 +95,8 @@ def test_qwen3_goes_through_edgellm_on_orin_and_trtllm_012_refuses_it():
     assert auto.ok and auto.backend == "edgellm" and auto.stack.id == "orin-jp72-edgellm"
     forced = make_plan(request(cfg, backend="trtllm-0.12"))
     assert not forced.ok
-    assert "TensorRT-LLM 0.12 0.12.0-jetson (JetPack 6.2.2) does not support Qwen3ForCausalLM" in forced.refused[0]
+    assert ("TensorRT-LLM 0.12 0.12.0-jetson (JetPack 6.2.2) does not build Qwen3 (Qwen3ForCausalLM): Qwen3 was added "
+            "to TensorRT-LLM after 0.12") in forced.refused[0]
     assert "orin-jp72-edgellm stack can (backend = 'edgellm')" in forced.refused[0]
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from pipeline import backends, contract
 from pipeline.contract import BuildLimits, MemoryPlan, Plan, Prediction
+from pipeline.families import family, refusal
 from pipeline.plan.formats import (
     DEFAULT_KV,
     KV_FORMATS,
@@ -89,8 +90,17 @@ def _choose_stack(req: PlanRequest, refused: list[str]) -> StackSupport | None:
     for stack in candidates:
         why: list[str] = []
         name = f"{backends.get(stack.backend).label} {stack.stack.backend_version} (JetPack {stack.stack.jetpack[-1]})"
-        if arch not in stack.architectures:
-            why.append(f"{name} does not support {arch} (supported: {', '.join(stack.architectures)})")
+        fam = family(arch)
+        assert fam is not None          # shape_from_config admits registry families only
+        refused_family = refusal(fam, stack.backend, name)
+        support = fam.support_for(stack.backend)
+        if refused_family or support is None:
+            why.append(refused_family or f"{name} does not build {fam.name}")
+        else:
+            if support.formats and req.weights not in support.formats:
+                why.append(f"{name} builds {fam.name} only as {', '.join(support.formats)}")
+            why += [f"{name} would not run this {fam.name} checkpoint as it is defined: {loss}"
+                    for loss in support.losses(req.shape.features, req.limits.max_seq_len)]
         if req.weights not in stack.weights:
             why.append(f"{name} on {t.id} does not build {req.weights} (it builds: {', '.join(stack.weights)})")
         if req.kv_cache not in stack.kv_cache:

@@ -6,12 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import InputError, Problem
-
-# Architectures whose config.json this module understands (dense decoder, GQA attention, gated MLP).
-DENSE_DECODERS = {
-    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
-    "Gemma2ForCausalLM", "GemmaForCausalLM",
-}
+from pipeline.families import ModelFeatures, family, features_of, known
 
 
 @dataclass(frozen=True)
@@ -27,6 +22,7 @@ class ModelShape:
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool = False
+    features: ModelFeatures = ModelFeatures()     # what the checkpoint uses of its family's features
 
     @property
     def q_size(self) -> int:
@@ -90,9 +86,10 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
         archs = []
     archs = archs or []
     arch = archs[0] if archs else config.get("model_type", "?")
-    if not isinstance(arch, str) or arch not in DENSE_DECODERS:
-        problems.append(Problem(source, "architectures", archs, "not a dense decoder architecture this pipeline knows",
-                                f"supported: {', '.join(sorted(DENSE_DECODERS))}"))
+    fam = family(arch) if isinstance(arch, str) else None
+    if fam is None:
+        problems.append(Problem(source, "architectures", archs, "not a model family this pipeline knows",
+                                f"known families: {', '.join(known())} (README: Model families)"))
     if config.get("num_local_experts") or config.get("num_experts"):
         problems.append(Problem(source, "num_experts", config.get("num_local_experts") or config.get("num_experts"),
                                 "mixture-of-experts models are not supported yet", "use a dense model"))
@@ -123,8 +120,10 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
                                 "use the model's own config.json, as transformers saved it"))
     if problems:
         raise InputError(problems)
-    return ModelShape(architecture=arch, tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-                      attention_bias=bool(config.get("attention_bias", arch == "Qwen2ForCausalLM")), **shape)
+    assert fam is not None
+    features = features_of(config, fam)
+    return ModelShape(architecture=arch, tie_word_embeddings=features.tied_embeddings,
+                      attention_bias=features.attention_bias, features=features, **shape)
 
 
 def load_config(path: Path, hint: str = "pass a model's config.json") -> dict:

@@ -18,14 +18,14 @@ GB = 1e9
 @dataclass(frozen=True)
 class StackSupport:
     """One JetPack release line and engine backend version (the Stack a plan and a kit record), and what that
-    backend version builds on it: weight and KV formats, architectures."""
+    backend version builds on it: weight and KV formats. Which model families it builds is the family registry's
+    (pipeline/families)."""
 
     stack: Stack
     backend: str            # a pipeline.backends name
     python: str
     weights: tuple[str, ...]
     kv_cache: tuple[str, ...]
-    architectures: tuple[str, ...]
     sources: tuple[str, ...]
 
     @property
@@ -33,7 +33,11 @@ class StackSupport:
         return self.stack.id
 
     def builds(self, architecture: str, weights: str, kv_cache: str) -> bool:
-        return architecture in self.architectures and weights in self.weights and kv_cache in self.kv_cache
+        from pipeline.families import family
+        fam = family(architecture)
+        s = fam.support_for(self.backend) if fam else None
+        return (s is not None and s.refused is None and weights in self.weights and kv_cache in self.kv_cache
+                and weights in (s.formats or self.weights) and kv_cache in (s.kv_cache or self.kv_cache))
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ def load_targets(path: Path = DATA) -> dict[str, TargetProfile]:
                       cuda=s["cuda"], tensorrt=s["tensorrt"], tensorrt_by_jetpack=s.get("tensorrt_by_jetpack"))
         stacks[s["id"]] = StackSupport(stack=stack, backend=s["backend"], python=s["python"],
                                        weights=tuple(s["weights"]), kv_cache=tuple(s["kv_cache"]),
-                                       architectures=tuple(s["architectures"]), sources=tuple(s["sources"]))
+                                       sources=tuple(s["sources"]))
     targets = {}
     for t in data["target"]:
         t = dict(t)

@@ -69,14 +69,12 @@ def refuse_remote_code(config: dict, path: Path) -> None:
                         "that comes with a model", "use a model whose architecture transformers implements natively")
 
 
-SEPARATE_PROJECTIONS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                        "GemmaForCausalLM", "Gemma2ForCausalLM"}
-
-
 def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
     """Tensors whose shape in the weights differs from what config.json says (Llama-style names, which the dense
     decoders this pipeline builds share), and decoder layers the config counts but the weights lack or add."""
-    if shape.architecture not in SEPARATE_PROJECTIONS:
+    from pipeline.families import family
+    fam = family(shape.architecture)
+    if fam is None or not fam.separate_projections:
         return []           # fused q/k/v or gate/up tensors (Phi-3): not these names
     h, q, kv, i = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size
     want = {"model.embed_tokens.weight": (shape.vocab_size, h), "model.norm.weight": (h,)}

@@ -175,7 +175,8 @@ class _LazyTensors:
 
 
 class CheckpointModel:
-    """A TensorRT-LLM 0.12 Llama/Qwen2 checkpoint as a plain PyTorch forward pass (fp32 math)."""
+    """A TensorRT-LLM 0.12 checkpoint of the LLaMA or QWen class (Llama, Mistral, Qwen2 families) as a plain
+    PyTorch forward pass (fp32 math)."""
 
     def __init__(self, ckpt_dir: Path, device: str = "cpu"):
         self.cfg = json.loads((Path(ckpt_dir) / CONFIG).read_text())

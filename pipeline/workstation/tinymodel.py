@@ -50,6 +50,11 @@ BUILTINS: dict[str, Builtin] = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=512, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         tie_word_embeddings=True, rms_norm_eps=1e-6), notes="Qwen2-style, tied embeddings, qkv bias"),
+    # Mistral in miniature: Llama's layout under its own class; a window as long as the context (v0.3 has none).
+    "tiny-mistral": Builtin("MistralForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        sliding_window=None, tie_word_embeddings=False, rms_norm_eps=1e-5), notes="Mistral-7B-v0.3-style"),
 }
 
 

@@ -20,7 +20,19 @@ REQUIRED_CONFIG = ("architecture", "dtype", "hidden_size", "num_hidden_layers", 
 QUANT_ALGOS = (None, "W4A16_AWQ", "W8A16", "W8A8_SQ_PER_CHANNEL")
 KV_ALGOS = (None, "INT8")
 ROUNDS_ACTIVATIONS = ("W8A8_SQ_PER_CHANNEL",)     # quant_algos whose engines round every linear's input to INT8
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen"}  # -> ModelOpt decoder_type
+
+def _trtllm_families() -> dict[str, str]:
+    """HF architecture -> ModelOpt decoder_type, for the families the registry says this export builds."""
+    from pipeline.families import registry
+    out = {}
+    for arch, fam in registry().items():
+        s = fam.support_for("trtllm-0.12")
+        if s is not None and s.refused is None and s.modelopt_decoder:
+            out[arch] = s.modelopt_decoder
+    return out
+
+
+ARCHITECTURES = _trtllm_families()
 
 # HF linear -> (TensorRT-LLM module, fused group). q/k/v are concatenated along the output dimension.
 LINEARS = {"attention.qkv": ("q_proj", "k_proj", "v_proj"), "attention.dense": ("o_proj",),

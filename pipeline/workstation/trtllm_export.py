@@ -90,11 +90,13 @@ def convert(model, decoder_type: str) -> tuple[dict, dict]:
 
 
 def check_architecture(raw: dict, source: str) -> str:
+    from pipeline.families import family, refusal
     arch = (raw.get("architectures") or ["?"])[0]
-    if arch not in ARCHITECTURES:
-        raise PipelineError(f"{source}: architecture {arch} has no TensorRT-LLM 0.12 exporter here",
-                            f"supported: {', '.join(ARCHITECTURES)}; Qwen3 and newer go through TensorRT Edge-LLM "
-                            f"on JetPack 7.2 / Thor (the recipe's backend, one of {', '.join(backends.NAMES)})")
+    fam = family(arch) if isinstance(arch, str) else None
+    if fam is None or arch not in ARCHITECTURES:
+        why = refusal(fam, "trtllm-0.12", "TensorRT-LLM 0.12") if fam else f"architecture {arch} is no known family"
+        raise PipelineError(f"{source}: {why}", f"the TensorRT-LLM 0.12 export builds {', '.join(ARCHITECTURES)}; "
+                            f"the recipe's backend is one of {', '.join(backends.NAMES)}")
     return arch
 
 

@@ -1,0 +1,56 @@
+"""The README's family table, generated from the registry and the stacks (tests/test_families.py checks that the
+README holds exactly this): families x backends x formats, or the refusal, as `python -m pipeline families` prints."""
+
+from __future__ import annotations
+
+from pipeline.families import Family, registry
+
+BEGIN, END = "<!-- families:begin (python -m pipeline families --markdown) -->", "<!-- families:end -->"
+
+
+def backend_formats(backend: str) -> tuple[list[str], list[str]]:
+    """Weight and KV formats a backend builds on any of its stacks, in the order the stacks list them."""
+    from pipeline.plan.targets import load_targets
+    weights: list[str] = []
+    kv: list[str] = []
+    for t in load_targets().values():
+        for s in t.stacks:
+            if s.backend == backend:
+                weights += [w for w in s.weights if w not in weights]
+                kv += [k for k in s.kv_cache if k not in kv]
+    return weights, kv
+
+
+def cell(fam: Family, backend: str) -> str:
+    from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+    s = fam.support_for(backend)
+    if s is None or s.refused is not None:
+        return "refused: " + (s.refused if s is not None and s.refused else "not supported")
+    weights, kv = backend_formats(backend)
+    weights = [w for w in weights if w in (s.formats or weights)]
+    kv = [k for k in kv if k in (s.kv_cache or kv) and k != "fp16"]
+    out = ", ".join(WEIGHT_FORMATS[w].label for w in weights)
+    return out + (f"; {', '.join(KV_FORMATS[k].label for k in kv)}" if kv else "")
+
+
+def markdown() -> str:
+    from pipeline import backends
+    from pipeline.plan.targets import load_targets
+    names = list(backends.NAMES)
+    version = {s.backend: s.stack.backend_version for t in load_targets().values() for s in t.stacks}
+    head = ["family", "architecture", "e.g."] + [f"{backends.get(n).label} ({version[n]})" for n in names]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for fam in registry().values():
+        rows.append("| " + " | ".join([fam.name, f"`{fam.architecture}`", ", ".join(fam.examples)]
+                                      + [cell(fam, n) for n in names]) + " |")
+    rows.append("")
+    rows.append("A format is built where the target's SM has it (`python -m pipeline plan` says which): Orin has no "
+                "FP8 or NVFP4.")
+    return "\n".join(rows) + "\n"
+
+
+def readme_section(readme: str) -> str | None:
+    """The generated part of the README (between the markers), or None without them."""
+    if BEGIN not in readme or END not in readme:
+        return None
+    return readme.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"

@@ -1,0 +1,162 @@
+"""The family registry: the planner's answer for each family's real config on each target, refusals before any
+download that name what would be lost and where the family builds, the README's table, and a tiny model of a newly
+added family through the graph and through both exporters."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.contract import BuildLimits
+from pipeline.errors import InputError
+from pipeline.families import registry
+from pipeline.families.table import markdown, readme_section
+from pipeline.plan.perf import known_model_configs
+from pipeline.plan.planner import PlanRequest, make_plan
+from pipeline.plan.shapes import shape_from_config
+from pipeline.plan.targets import get_target
+
+REPO = Path(__file__).parents[1]
+
+
+def plan(repo, target, weights="int4_awq", kv="fp16", seq=2048, backend=None):
+    shape = shape_from_config(known_model_configs()[repo], repo)
+    return make_plan(PlanRequest(shape=shape, model_label=repo, weights=weights, kv_cache=kv,
+                                 target=get_target(target), limits=BuildLimits.of(1, seq // 2, seq), backend=backend))
+
+
+# (model, target, weights) -> the backend chosen, or a phrase the refusal must hold
+PLANS = [
+    ("meta-llama/Llama-3.2-3B-Instruct", "orin-nano-8gb", "int4_awq", "trtllm-0.12"),
+    ("meta-llama/Llama-3.1-8B-Instruct", "agx-thor", "nvfp4", "edgellm"),
+    ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "orin-nano-8gb", "int8_wo", "trtllm-0.12"),
+    ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "agx-orin-64gb", "int4_awq", "trtllm-0.12"),
+    ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", "agx-thor", "fp8", "edgellm"),
+    # its config carries sliding_window = 4096 with use_sliding_window = false: no window, so no refusal
+    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "orin-nano-8gb", "int4_awq", "trtllm-0.12"),
+    ("Qwen/Qwen2.5-1.5B-Instruct", "agx-thor", "fp8", "edgellm"),
+    ("Qwen/Qwen3-1.7B", "orin-nano-8gb", "int4_awq", "edgellm"),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "orin-nx-16gb", "int4_awq", "trtllm-0.12"),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "orin-nx-16gb", "int8_sq", "trtllm-0.12"),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "agx-thor", "fp8", "edgellm"),
+    ("microsoft/Phi-3.5-mini-instruct", "orin-nx-16gb", "int4_awq",
+     "TensorRT-LLM 0.12 0.12.0-jetson (JetPack 6.2.2) does not build Phi-3 (Phi3ForCausalLM)"),
+    ("microsoft/Phi-4-mini-instruct", "agx-thor", "fp8", "TensorRT Edge-LLM 0.11.0 (JetPack 7.2) does not build Phi-3"),
+    ("google/gemma-2-2b-it", "orin-nano-8gb", "int4_awq", "llama.cpp and Ollama run it"),
+    ("google/gemma-3-1b-it", "agx-thor", "fp8", "no Gemma 3 path"),
+]
+
+
+@pytest.mark.parametrize("repo,target,weights,expect", PLANS,
+                         ids=[f"{p[0].split('/')[1]}-{p[1]}-{p[2]}" for p in PLANS])
+def test_plan_of_each_familys_real_config(repo, target, weights, expect):
+    p = plan(repo, target, weights)
+    if expect in ("trtllm-0.12", "edgellm"):
+        assert p.ok and p.backend == expect, p.refused
+    else:
+        assert not p.ok and p.stack is None and expect in p.refused[0], p.refused
+
+
+def test_a_window_shorter_than_max_seq_len_is_refused_on_0_12_at_its_edge():
+    repo = "mistralai/Mistral-7B-Instruct-v0.1"           # sliding_window = 4096
+    inside = plan(repo, "agx-orin-64gb", seq=4096)
+    assert inside.ok and inside.backend == "trtllm-0.12", inside.refused
+    past = plan(repo, "agx-orin-64gb", seq=4097)
+    assert not past.ok
+    assert ("would not run this Mistral checkpoint as it is defined: it has no sliding-window attention: past 4096 "
+            "tokens") in past.refused[0] and "set build.max_seq_len <= 4096" in past.refused[0]
+
+
+def test_forcing_a_refusing_backend_names_the_one_that_builds_the_family():
+    p = plan("Qwen/Qwen3-1.7B", "orin-nano-8gb", backend="trtllm-0.12")
+    assert not p.ok and "Qwen3 builds with TensorRT Edge-LLM" in p.refused[0], p.refused
+    assert "orin-jp72-edgellm stack can (backend = 'edgellm')" in p.refused[0]
+
+
+def test_an_unknown_architecture_is_one_error_naming_the_known_families():
+    with pytest.raises(InputError) as exc:
+        shape_from_config({"architectures": ["FalconForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+                           "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100}, "cfg.json")
+    text = str(exc.value)
+    assert "cfg.json" in text and "FalconForCausalLM" in text and "not a model family this pipeline knows" in text
+    assert all(arch in text for arch in registry())
+
+
+def test_features_are_read_from_the_config():
+    shape = shape_from_config(known_model_configs()["google/gemma-2-2b-it"])
+    f = shape.features
+    assert f.sliding_window == 4096 and f.softcaps == ("attn_logit_softcapping", "final_logit_softcapping")
+    assert f.tied_embeddings and shape.tie_word_embeddings
+    phi4 = shape_from_config(known_model_configs()["microsoft/Phi-4-mini-instruct"]).features
+    assert phi4.rope_type == "longrope" and phi4.partial_rotary == 0.75
+    qwen = shape_from_config(known_model_configs()["deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"])
+    assert qwen.features.sliding_window is None and qwen.attention_bias      # Qwen2's default q/k/v bias
+    llama = shape_from_config(known_model_configs()["deepseek-ai/DeepSeek-R1-Distill-Llama-8B"]).features
+    assert llama.rope_type == "llama3" and not llama.attention_bias
+
+
+def test_readme_table_is_the_registry():
+    assert readme_section((REPO / "README.md").read_text()) == markdown()
+    out = subprocess.run([sys.executable, "-m", "pipeline", "families", "--markdown"], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert out.returncode == 0 and out.stdout == markdown()
+
+
+def test_every_family_says_how_each_backend_is_known_to_build_it_or_why_not():
+    from pipeline import backends
+    for fam in registry().values():
+        assert {s.backend for s in fam.support} == set(backends.NAMES), fam.name
+        for s in fam.support:
+            assert bool(s.refused) != bool(s.verified), (fam.name, s.backend)
+
+
+def test_tiny_mistral_through_the_graph_exports_a_checkpoint_the_reader_accepts(project):
+    """doit export of a recipe on the builtin tiny Mistral: the stage runs the 0.12 schema check and the
+    independent reader, and records what they found."""
+    text = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text().replace('name = "tiny-llama"',
+                                                                        'name = "tiny-mistral"')
+    (project.recipes / "tiny-mistral.toml").write_text(text)
+    project.doit("export", "recipe=tiny-mistral", timeout=900)
+    stage = project.artifacts / "tiny-mistral" / "export"
+    record = json.loads((stage / "stage.json").read_text())
+    check = record["export"]["reader_check"]
+    assert record["backend"] == "trtllm-0.12" and record["export"]["quant_algo"] == "W4A16_AWQ"
+    assert check["logit_cosine"] >= 0.999 and check["layer_error_max"] < 0.005 and check["positions"] == 32, check
+    assert json.loads((stage / "checkpoint" / "config.json").read_text())["architecture"] == "MistralForCausalLM"
+
+
+@pytest.mark.parametrize("weights,group", [("fp16", None), ("int4_awq", 64)])
+def test_tiny_mistral_through_edgellms_exporter_computes_the_model(builtin, tmp_path, weights, group):  # noqa: F811
+    """Edge-LLM 0.11's exporter on the tiny Mistral, its ONNX run as the runtime runs its engine (the llm_build and
+    runtime doubles): the calibrated model's last logits and greedy tokens."""
+    import numpy as np
+    import torch
+
+    from pipeline.workstation.calibrate import quantize
+    from pipeline.workstation.edgellm_export import export
+    from pipeline.workstation.grid import weights_on_grid
+    from pipeline.workstation.state import load_quantized
+    from tests.test_edgellm_export import _engine_answer
+    from tests.test_export import CAL, probe_ids
+
+    src = builtin("tiny-mistral")
+    q = tmp_path / "q"
+    q.mkdir()
+    quantize(src, q, weights, "fp16", group, CAL, ".")
+    export(src, q, tmp_path / "e", tmp_path / "e" / "onnx", weights, "fp16", "11.0")
+    ids = probe_ids(src, 24)
+    model = load_quantized(src, q, "cpu")
+    with weights_on_grid(model), torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0, -1].float().numpy()
+        ref_ids = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
+    got_ids, logits, _ = _engine_answer(tmp_path / "e" / "onnx", tmp_path, ids, 8)
+    v = len(ref)
+    cos = float(np.dot(ref, logits[:v]) / np.linalg.norm(ref) / np.linalg.norm(logits[:v]))
+    assert got_ids == ref_ids and cos > 0.999, cos
+
+
+from tests.test_export import builtin  # noqa: E402,F401  (fixture)
