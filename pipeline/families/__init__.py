@@ -18,7 +18,7 @@ library only: the device imports the planner on Python 3.10 without torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,6 @@ class ModelFeatures:
     tied_embeddings: bool = False
     attention_bias: bool = False
     mlp_bias: bool = False
-    extra: dict = field(default_factory=dict, compare=False)
 
 
 def _rope(config: dict) -> tuple[str, float]:
