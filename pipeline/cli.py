@@ -110,7 +110,7 @@ def _compare_cmd(args) -> int:
 
 def _families_cmd(args) -> int:
     from pipeline.families import registry
-    from pipeline.families.table import cell, markdown
+    from pipeline.plan.family_table import cell, markdown
 
     if args.markdown:
         print(markdown(), end="")

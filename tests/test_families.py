@@ -14,7 +14,7 @@ import pytest
 from pipeline.contract import BuildLimits
 from pipeline.errors import InputError
 from pipeline.families import registry
-from pipeline.families.table import markdown, readme_section
+from pipeline.plan.family_table import markdown, readme_section
 from pipeline.plan.perf import known_model_configs
 from pipeline.plan.planner import PlanRequest, make_plan
 from pipeline.plan.shapes import shape_from_config
@@ -108,10 +108,10 @@ def test_readme_table_is_the_registry():
 
 def test_every_family_says_how_each_backend_is_known_to_build_it_or_why_not():
     from pipeline import backends
-    for fam in registry().values():
-        assert {s.backend for s in fam.support} == set(backends.NAMES), fam.name
-        for s in fam.support:
-            assert bool(s.refused) != bool(s.verified), (fam.name, s.backend)
+    for name in backends.NAMES:
+        assert set(backends.get(name).families) == set(registry()), name
+        for arch, s in backends.get(name).families.items():
+            assert bool(s.refused) != bool(s.verified), (arch, name)
 
 
 def test_tiny_mistral_through_the_graph_exports_a_checkpoint_the_reader_accepts(project):

@@ -23,6 +23,7 @@ from typing import Any
 
 from pipeline.contract import BuildLimits, ExportRecord, GoldenPrompt, PromptResult, Speculative
 from pipeline.errors import PipelineError
+from pipeline.families.kinds import Family, Support
 
 INT = "int"
 SWITCH = "switch"
@@ -120,6 +121,8 @@ class Backend:
     reports_kv_allocation: bool  # its runtime says how much paged KV cache it allocated (a report check requires it)
     export_summary: Callable[[ExportRecord], str]   # the export stage's line
     refuse_on_family: dict[str, str] = field(default_factory=dict)   # target family -> why it cannot work there
+    # HF architecture -> what this backend version builds of that model family (pipeline/families/records.py)
+    families: dict[str, Support] = field(default_factory=dict)
 
     def check_argv(self, argv: list[str]) -> list[str]:
         """Problems with one build argv: a program this backend does not build with, or what its checker finds."""
@@ -201,3 +204,26 @@ def get(name: str | None) -> Backend:
     if name not in REGISTRY:
         raise PipelineError(f"unknown backend {name!r}", f"known backends: {', '.join(REGISTRY)}")
     return REGISTRY[name]
+
+
+def family_support(backend: str, architecture: str) -> Support | None:
+    """What `backend` registered for the model family of `architecture` (None: the family is unknown to it)."""
+    return get(backend).families.get(architecture)
+
+
+def builds_family(backend: str, architecture: str) -> bool:
+    s = family_support(backend, architecture)
+    return s is not None and s.refused is None
+
+
+def family_refusal(fam: Family, backend: str, label: str) -> str | None:
+    """Why `backend` (`label`: its name as the caller shows it, with version) does not build `fam`, and where the
+    family does build (one sentence, no closing period: callers join several); None if it does build it."""
+    s = family_support(backend, fam.architecture)
+    if s is not None and s.refused is None:
+        return None
+    why = s.refused if s is not None and s.refused else "not supported"
+    elsewhere = [get(o).label for o in NAMES if o != backend and builds_family(o, fam.architecture)]
+    alt = (f"{fam.name} builds with {' or '.join(elsewhere)}" if elsewhere else
+           f"no engine backend here builds {fam.name} yet; llama.cpp and Ollama run it on Jetson (GGUF)")
+    return f"{label} does not build {fam.name} ({fam.architecture}): {why}; {alt}"

@@ -77,6 +77,8 @@ def export_summary(e: ExportRecord) -> str:
     return f"{e.quant_algo or e.weights} ONNX for SM {e.target_sm}"
 
 
+from pipeline.families.records import EDGELLM_011  # noqa: E402  (beside its use)
+
 BACKEND = Backend(
     name="edgellm", label="TensorRT Edge-LLM", payload="onnx", python_package="tensorrt_edgellm",
     install_hint="tensorrt-edgellm {version} (its llm_build and llm_inference for this JetPack)",
@@ -85,5 +87,5 @@ BACKEND = Backend(
     export_depends_on_sm=True, export_tools=("tensorrt-edgellm", "onnx"),
     builders={"llm_build": check_llm_build_argv}, build_commands=build_commands, output_flag="--engineDir",
     build_memory=build_memory, externalizes_int4_ffn=True, needs_chat_template=True,
-    reports_kv_allocation=False, export_summary=export_summary,
+    reports_kv_allocation=False, export_summary=export_summary, families=EDGELLM_011,
 )

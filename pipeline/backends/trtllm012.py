@@ -91,6 +91,8 @@ def export_summary(e: ExportRecord) -> str:
     return f"{e.quant_algo or e.weights} checkpoint{cosine}"
 
 
+from pipeline.families.records import TRTLLM_012  # noqa: E402  (beside its use)
+
 BACKEND = Backend(
     name="trtllm-0.12", label="TensorRT-LLM 0.12", payload="checkpoint", python_package="tensorrt_llm",
     install_hint="NVIDIA's TensorRT-LLM 0.12.0-jetson wheel for JetPack 6 (or dustynv/tensorrt_llm:0.12-r36.4.0)",
@@ -103,6 +105,7 @@ BACKEND = Backend(
     build_commands=build_commands, output_flag="--output_dir",
     build_memory=build_memory, externalizes_int4_ffn=False, needs_chat_template=False,
     reports_kv_allocation=True, export_summary=export_summary,
+    families=TRTLLM_012,
     refuse_on_family={"thor": "TensorRT-LLM has no working Thor path (it refuses INT4/INT8 on SM >= 100); Thor "
                               "engines are built with TensorRT Edge-LLM: use backend = 'edgellm'."},
 )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pipeline import backends, contract
 from pipeline.contract import BuildLimits, MemoryPlan, Plan, Prediction
-from pipeline.families import family, refusal
+from pipeline.families import family
 from pipeline.plan.formats import (
     DEFAULT_KV,
     KV_FORMATS,
@@ -92,8 +92,8 @@ def _choose_stack(req: PlanRequest, refused: list[str]) -> StackSupport | None:
         name = f"{backends.get(stack.backend).label} {stack.stack.backend_version} (JetPack {stack.stack.jetpack[-1]})"
         fam = family(arch)
         assert fam is not None          # shape_from_config admits registry families only
-        refused_family = refusal(fam, stack.backend, name)
-        support = fam.support_for(stack.backend)
+        refused_family = backends.family_refusal(fam, stack.backend, name)
+        support = backends.family_support(stack.backend, arch)
         if refused_family or support is None:
             why.append(refused_family or f"{name} does not build {fam.name}")
         else:

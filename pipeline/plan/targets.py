@@ -33,9 +33,8 @@ class StackSupport:
         return self.stack.id
 
     def builds(self, architecture: str, weights: str, kv_cache: str) -> bool:
-        from pipeline.families import family
-        fam = family(architecture)
-        s = fam.support_for(self.backend) if fam else None
+        from pipeline.backends import family_support
+        s = family_support(self.backend, architecture)
         return (s is not None and s.refused is None and weights in self.weights and kv_cache in self.kv_cache
                 and weights in (s.formats or self.weights) and kv_cache in (s.kv_cache or self.kv_cache))
 

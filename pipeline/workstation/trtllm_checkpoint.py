@@ -23,13 +23,9 @@ ROUNDS_ACTIVATIONS = ("W8A8_SQ_PER_CHANNEL",)     # quant_algos whose engines ro
 
 def _trtllm_families() -> dict[str, str]:
     """HF architecture -> ModelOpt decoder_type, for the families the registry says this export builds."""
-    from pipeline.families import registry
-    out = {}
-    for arch, fam in registry().items():
-        s = fam.support_for("trtllm-0.12")
-        if s is not None and s.refused is None and s.modelopt_decoder:
-            out[arch] = s.modelopt_decoder
-    return out
+    from pipeline.backends.trtllm012 import BACKEND
+    return {arch: s.modelopt_decoder for arch, s in BACKEND.families.items()
+            if s.refused is None and s.modelopt_decoder}
 
 
 ARCHITECTURES = _trtllm_families()

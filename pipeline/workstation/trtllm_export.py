@@ -90,11 +90,13 @@ def convert(model, decoder_type: str) -> tuple[dict, dict]:
 
 
 def check_architecture(raw: dict, source: str) -> str:
-    from pipeline.families import family, refusal
+    from pipeline.families import family
     arch = (raw.get("architectures") or ["?"])[0]
     fam = family(arch) if isinstance(arch, str) else None
     if fam is None or arch not in ARCHITECTURES:
-        why = refusal(fam, "trtllm-0.12", "TensorRT-LLM 0.12") if fam else f"architecture {arch} is no known family"
+        from pipeline.backends.trtllm012 import BACKEND
+        why = (backends.family_refusal(fam, BACKEND.name, BACKEND.label) if fam
+               else f"architecture {arch} is no known family")
         raise PipelineError(f"{source}: {why}", f"the TensorRT-LLM 0.12 export builds {', '.join(ARCHITECTURES)}; "
                             f"the recipe's backend is one of {', '.join(backends.NAMES)}")
     return arch

@@ -22,13 +22,14 @@ def backend_formats(backend: str) -> tuple[list[str], list[str]]:
 
 
 def cell(fam: Family, backend: str) -> str:
-    from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
-    s = fam.support_for(backend)
+    from pipeline.backends import family_support
+    from pipeline.plan.formats import DEFAULT_KV, KV_FORMATS, WEIGHT_FORMATS
+    s = family_support(backend, fam.architecture)
     if s is None or s.refused is not None:
         return "refused: " + (s.refused if s is not None and s.refused else "not supported")
     weights, kv = backend_formats(backend)
     weights = [w for w in weights if w in (s.formats or weights)]
-    kv = [k for k in kv if k in (s.kv_cache or kv) and k != "fp16"]
+    kv = [k for k in kv if k in (s.kv_cache or kv) and k != DEFAULT_KV.name]
     out = ", ".join(WEIGHT_FORMATS[w].label for w in weights)
     return out + (f"; {', '.join(KV_FORMATS[k].label for k in kv)}" if kv else "")
 
