@@ -282,9 +282,10 @@ def test_schema_validation_names_what_is_wrong(builtin, tmp_path):
 
 
 def test_unsupported_architecture_and_cpu_nvfp4_are_refused_by_name():
-    with pytest.raises(PipelineError, match="architecture Qwen3ForCausalLM has no TensorRT-LLM 0.12 exporter") as e:
+    with pytest.raises(PipelineError, match=r"x/config.json: TensorRT-LLM 0.12 does not build Qwen3 "
+                                            r"\(Qwen3ForCausalLM\): Qwen3 was added to TensorRT-LLM after 0.12") as e:
         check_architecture({"architectures": ["Qwen3ForCausalLM"]}, "x/config.json")
-    assert "Edge-LLM" in e.value.hint
+    assert "Qwen3 builds with TensorRT Edge-LLM" in e.value.message and "MistralForCausalLM" in e.value.hint
     if not torch.cuda.is_available():
         with pytest.raises(PipelineError, match="NVFP4 calibration needs a CUDA GPU") as e:
             pick_device(WEIGHT_FORMATS["nvfp4"])
