@@ -11,10 +11,11 @@ class Support:
     set: it does not build the family, and why."""
     refused: str | None = None
     formats: tuple[str, ...] | None = None  # weight formats it builds for the family; None: all its stack builds
+    formats_why: str = ""                   # why only those
     kv_cache: tuple[str, ...] | None = None
     trtllm_class: str | None = None         # TensorRT-LLM 0.12 MODEL_MAP class the checkpoint's architecture loads
     modelopt_decoder: str | None = None     # ModelOpt's decoder_type for its TensorRT-LLM checkpoint converter
-    rope_types: tuple[str, ...] = ("default",)  # HF rope_type values it computes as the checkpoint defines them
+    rope_types: tuple[str, ...] = ("default",)  # HF rope_types checked here to be computed as the checkpoint says
     sliding_window: bool = False            # runs a sliding-window attention as the checkpoint defines it
     softcapping: bool = False               # applies attention / final logit soft-capping
     partial_rotary: bool = False            # rotates only part of each head (partial_rotary_factor < 1)
@@ -25,8 +26,8 @@ class Support:
         says what is lost and what to do. Empty: it runs the model as defined."""
         out = []
         if features.rope_type not in self.rope_types:
-            out.append(f"RoPE scaling {features.rope_type!r} is not one it computes ({', '.join(self.rope_types)}): "
-                       "positions would be encoded differently from training")
+            out.append(f"RoPE scaling {features.rope_type!r} is not one this pipeline has checked it computing "
+                       f"({', '.join(self.rope_types)}): positions could be encoded differently from training")
         if features.partial_rotary < 1 and not self.partial_rotary:
             out.append(f"partial rotary embedding (factor {features.partial_rotary}) is not supported")
         if features.softcaps and not self.softcapping:

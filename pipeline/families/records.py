@@ -58,11 +58,12 @@ TRTLLM_012: dict[str, Support] = {
 }
 
 
-# Edge-LLM 0.11's generic decoder (tensorrt_edgellm/models/default, config.py ModelConfig): RoPE scaling and
-# partial rotary from config.json; sliding_window_size; final logit soft-capping.
+# Edge-LLM 0.11's generic decoder (tensorrt_edgellm/models/default, config.py ModelConfig) reads RoPE scaling
+# (linear, dynamic, llama3, longrope, yarn) and partial rotary from config.json, and its attention plugin applies q/k
+# norm; the runtime computes the RoPE table. Listed here are the RoPE types a test of this repo checked the exported
+# graph against (the runtime double computes default and llama3): longrope (Phi-3.5, Phi-4-mini) is not yet.
 def _edgellm_dense(verified: str) -> Support:
-    return Support(rope_types=("default", "linear", "llama3", "dynamic", "longrope", "yarn"),
-                   partial_rotary=True, verified=verified)
+    return Support(rope_types=("default", "llama3"), partial_rotary=True, verified=verified)
 
 
 _NO_GEMMA_PATH = ("Edge-LLM 0.11's exporter has a Gemma 4 model and no {} path; its generic decoder has no (1 + w) "
@@ -73,9 +74,14 @@ EDGELLM_011: dict[str, Support] = {
     MISTRAL: _edgellm_dense("its generic decoder; tests/test_families.py (tiny-mistral, FP16 and INT4-AWQ, run by "
                             "the runtime double)"),
     QWEN2: _edgellm_dense("Edge-LLM supported models (Qwen2/2.5, DeepSeek-R1-Distill)"),
-    QWEN3: _edgellm_dense("Edge-LLM supported models; tests/test_device.py (Thor kit)"),
-    PHI3: Support(refused="no tiny model of the family has yet been exported through Edge-LLM 0.11's exporter and "
-                          "checked here"),
+    QWEN3: _edgellm_dense("Edge-LLM supported models; tests/test_families.py (tiny-qwen3: q/k norm in the attention "
+                          "plugin, FP16 and INT4-AWQ, run by the runtime double)"),
+    PHI3: Support(rope_types=("default", "llama3"), partial_rotary=True, formats=("fp16",),
+                  formats_why="its INT4-AWQ export of Phi-3's fused qkv/gate_up projections computes a different "
+                              "model (tiny-phi3: last-token logit cosine 0.89); the other quantized formats are not "
+                              "checked here yet",
+                  verified="its generic decoder (fused projections split by its loader, partial_rotary_factor); "
+                           "tests/test_families.py (tiny-phi3, FP16, run by the runtime double)"),
     GEMMA2: Support(refused=_NO_GEMMA_PATH.format("Gemma 2")),
     GEMMA3: Support(refused=_NO_GEMMA_PATH.format("Gemma 3")),
 }

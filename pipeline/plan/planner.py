@@ -98,7 +98,8 @@ def _choose_stack(req: PlanRequest, refused: list[str]) -> StackSupport | None:
             why.append(refused_family or f"{name} does not build {fam.name}")
         else:
             if support.formats and req.weights not in support.formats:
-                why.append(f"{name} builds {fam.name} only as {', '.join(support.formats)}")
+                why.append(f"{name} builds {fam.name} only as {', '.join(support.formats)}"
+                           + (f" ({support.formats_why})" if support.formats_why else ""))
             why += [f"{name} would not run this {fam.name} checkpoint as it is defined: {loss}"
                     for loss in support.losses(req.shape.features, req.limits.max_seq_len)]
         if req.weights not in stack.weights:

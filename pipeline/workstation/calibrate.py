@@ -71,12 +71,16 @@ def fuse_for_export(model) -> int:
     n = 0
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        for group in ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]):
+        # projections that read one input; a family that stores them as one tensor (Phi-3's qkv_proj and
+        # gate_up_proj) has one linear there, whose quantizers already see that input once
+        groups = [[getattr(m, p) for p in parts] for m, parts in ((attn, ("q_proj", "k_proj", "v_proj")),
+                                                                   (mlp, ("gate_proj", "up_proj")))
+                  if all(hasattr(m, p) for p in parts)]
+        for group in groups:
             if hasattr(group[0], "weight_quantizer"):
                 preprocess_linear_fusion(group)
                 n += 1
-        for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
-                       mlp.down_proj):
+        for linear in (*attn.children(), *mlp.children()):
             quantizer = getattr(linear, "input_quantizer", None)
             if quantizer is not None and quantizer.pre_quant_scale is not None:
                 quantizer.pre_quant_scale = quantizer.pre_quant_scale.half().float()

@@ -23,6 +23,7 @@ from pathlib import Path
 from pipeline.backends import ExportJob
 from pipeline.contract import ExportRecord, ExternalWeights, OnnxGraph, SpeculativeExport
 from pipeline.errors import PipelineError
+from pipeline.families import family
 
 # Edge-LLM 0.11's default INT4 GEMM is the cuteDSL Int4GroupwiseGemmPluginV2, whose weight layout needs every
 # quantized projection's N and K to be multiples of 64; otherwise the legacy AWQ-layout plugin (version 1).
@@ -34,13 +35,21 @@ INT4_OPS = {1: "trt_edgellm:Int4GroupwiseGemmPlugin", 2: "trt_edgellm:Int4Groupw
 def int4_plugin_version(model) -> int:
     """2 where every quantized linear is 64-aligned in N and K, else 1. Only enabled weight quantizers count: the
     embedding and lm_head carry disabled ones (and a vocabulary of any size). Read before the unified export packs
-    the weights."""
+    the weights. A family that stores q/k/v or gate/up as one tensor (Phi-3) has them split by Edge-LLM's loader:
+    there the parts must be aligned too."""
     for module in model.modules():
         w = getattr(module, "weight", None)
         q = getattr(module, "weight_quantizer", None)
         if q is not None and getattr(q, "is_enabled", True) and w is not None and w.dim() == 2 \
                 and (w.shape[0] % INT4_V2_ALIGN or w.shape[1] % INT4_V2_ALIGN):
                 return 1
+    config = getattr(model, "config", None)
+    fam = family((getattr(config, "architectures", None) or ["?"])[0]) if config is not None else None
+    if config is not None and fam is not None and fam.fused_projections:
+        from pipeline.plan.shapes import shape_from_config
+        parts = shape_from_config(config.to_dict()).layer_linears()
+        if any(o % INT4_V2_ALIGN or i % INT4_V2_ALIGN for _, i, o in parts):
+            return 1
     return 2
 
 

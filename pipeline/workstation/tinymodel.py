@@ -55,6 +55,17 @@ BUILTINS: dict[str, Builtin] = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=512, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         sliding_window=None, tie_word_embeddings=False, rms_norm_eps=1e-5), notes="Mistral-7B-v0.3-style"),
+    # Qwen3 in miniature: q/k RMSNorm per head (Edge-LLM's attention plugin applies it), tied embeddings.
+    "tiny-qwen3": Builtin("Qwen3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, max_position_embeddings=512, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=True, rms_norm_eps=1e-6), notes="Qwen3-style: q/k norm"),
+    # Phi-4-mini in miniature: fused qkv_proj and gate_up_proj, GQA, 3/4 of each head rotated, tied embeddings.
+    "tiny-phi3": Builtin("Phi3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, partial_rotary_factor=0.75,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
+        tie_word_embeddings=True, rms_norm_eps=1e-5), notes="Phi-4-mini-style: fused projections, partial rotary"),
 }
 
 

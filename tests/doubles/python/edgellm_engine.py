@@ -44,6 +44,14 @@ class AttentionPlugin(OpRun):
     def _run(self, qkv, past, query_lengths, cos_sin, past_lengths, page_table, *rest, **attrs):
         hq, hkv, d = attrs["num_q_heads"], attrs["num_kv_heads"], attrs["head_size"]
         tree_mask = rest[0] if attrs.get("enable_tree_attention") else None
+        # Qwen3-style q/k RMSNorm per head, before RoPE (qk_norm_post_rope = 0), with the gammas the graph feeds as
+        # the plugin's 7th and 8th inputs
+        qk_norm = (rest[0].astype(np.float32), rest[1].astype(np.float32)) if attrs.get("enable_qk_norm") else None
+        if qk_norm is not None and tree_mask is not None:
+            raise NotImplementedError("q/k norm with tree attention is not part of this double")
+        if qk_norm is not None and attrs.get("qk_norm_post_rope"):
+            raise NotImplementedError("qk_norm_post_rope is not part of this double")
+        eps = attrs.get("rms_norm_eps", 1e-6)
         scale = attrs["attention_scale"]
         fp8 = bool(attrs.get("enable_fp8_kv_cache"))
         _, k_scale, v_scale = attrs.get("qkv_scales") or (1.0, 1.0, 1.0)
@@ -55,12 +63,18 @@ class AttentionPlugin(OpRun):
             q = x[:, :hq * d].reshape(ql, hq, d)
             k = x[:, hq * d:(hq + hkv) * d].reshape(ql, hkv, d)
             v = x[:, (hq + hkv) * d:].reshape(ql, hkv, d)
+            if qk_norm is not None:
+                q, k = (t / np.sqrt((t * t).mean(-1, keepdims=True) + eps) * g for t, g in zip((q, k), qk_norm,
+                                                                                          strict=True))
+            # the table holds cos | sin of the rotated dimensions: all of each head, or its first part
+            # (partial_rotary_factor < 1, Phi-4-mini), rotated as halves of that part (GPT-NeoX style)
             cs = cos_sin[start:start + ql].astype(np.float32)
-            cos, sin = cs[:, None, :d // 2], cs[:, None, d // 2:]
+            r = cs.shape[-1]
+            cos, sin = cs[:, None, :r // 2], cs[:, None, r // 2:]
 
-            def rope(t, cos=cos, sin=sin):
-                a, b = t[..., :d // 2], t[..., d // 2:]
-                return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+            def rope(t, cos=cos, sin=sin, r=r):
+                a, b = t[..., :r // 2], t[..., r // 2:r]
+                return np.concatenate([a * cos - b * sin, b * cos + a * sin, t[..., r:]], axis=-1)
             q, k = rope(q), rope(k)
             for i in range(ql):
                 pos = pl + i
