@@ -94,12 +94,15 @@ def _choose_stack(req: PlanRequest, refused: list[str]) -> StackSupport | None:
         assert fam is not None          # shape_from_config admits registry families only
         refused_family = backends.family_refusal(fam, stack.backend, name)
         support = backends.family_support(stack.backend, arch)
-        if refused_family or support is None:
-            why.append(refused_family or f"{name} does not build {fam.name}")
+        if refused_family:
+            why.append(refused_family)
         else:
+            assert support is not None      # family_refusal is None only for a family the backend builds
             if support.formats and req.weights not in support.formats:
                 why.append(f"{name} builds {fam.name} only as {', '.join(support.formats)}"
                            + (f" ({support.formats_why})" if support.formats_why else ""))
+            if support.kv_cache and req.kv_cache not in support.kv_cache:
+                why.append(f"{name} builds {fam.name} only with a {' or '.join(support.kv_cache)} KV cache")
             why += [f"{name} would not run this {fam.name} checkpoint as it is defined: {loss}"
                     for loss in support.losses(req.shape.features, req.limits.max_seq_len)]
         if req.weights not in stack.weights:

@@ -18,8 +18,8 @@ GB = 1e9
 @dataclass(frozen=True)
 class StackSupport:
     """One JetPack release line and engine backend version (the Stack a plan and a kit record), and what that
-    backend version builds on it: weight and KV formats. Which model families it builds is the family registry's
-    (pipeline/families)."""
+    backend version builds on it: weight and KV formats. Which model families it builds, the backend registers
+    (Backend.families)."""
 
     stack: Stack
     backend: str            # a pipeline.backends name
