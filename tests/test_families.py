@@ -63,18 +63,25 @@ def test_plan_of_each_familys_real_config(repo, target, weights, expect):
         assert not p.ok and p.stack is None and expect in p.refused[0], p.refused
 
 
-def test_a_format_a_backend_does_not_build_for_the_family_is_refused_saying_why():
-    from pipeline import backends
-    from pipeline.families.records import PHI3
-    assert backends.family_support("edgellm", PHI3).formats == ("fp16",)
-    shape = shape_from_config({**known_model_configs()["microsoft/Phi-4-mini-instruct"], "rope_scaling": None})
-    ok = make_plan(PlanRequest(shape=shape, model_label="phi", weights="fp16", kv_cache="fp16",
-                               target=get_target("agx-thor"), limits=BuildLimits.of(1, 1024, 2048)))
-    assert ok.ok and ok.backend == "edgellm", ok.refused
-    p = make_plan(PlanRequest(shape=shape, model_label="phi", weights="int4_awq", kv_cache="fp16",
-                              target=get_target("agx-thor"), limits=BuildLimits.of(1, 1024, 2048)))
-    assert not p.ok and "builds Phi-3 only as fp16 (INT4-AWQ of Phi-3's fused qkv/gate_up projections" \
-                        in p.refused[0] and "computes a different model" in p.refused[0], p.refused
+def _phi_plan(weights, **config):
+    shape = shape_from_config({**known_model_configs()["microsoft/Phi-4-mini-instruct"], "rope_scaling": None,
+                               **config})
+    return make_plan(PlanRequest(shape=shape, model_label="phi", weights=weights, kv_cache="fp16",
+                                 target=get_target("agx-thor"), limits=BuildLimits.of(1, 1024, 2048)))
+
+
+def test_phi3_int4_on_edgellm_needs_every_fused_part_64_aligned():
+    """Through Edge-LLM's V1 INT4 plugin the split fused projections compute a different model (tiny-phi3), through
+    V2 the right one (tiny-phi3-h128): a Phi-3 whose parts are all 64-aligned (Phi-4-mini: k/v 1024, MLP 8192) plans
+    INT4-AWQ, one with a part off the grid is refused naming it; formats never checked are refused saying so."""
+    assert _phi_plan("fp16").ok and _phi_plan("int4_awq").ok, _phi_plan("int4_awq").refused
+    off = _phi_plan("int4_awq", intermediate_size=8192 + 32)
+    assert not off.ok and "only through its V2 plugin, which needs every projection a multiple of 64 wide; [8224] " \
+                          "are not" in off.refused[0], off.refused
+    assert _phi_plan("fp16", intermediate_size=8192 + 32).ok
+    fp8 = _phi_plan("fp8")
+    assert not fp8.ok and "builds Phi-3 only as fp16, int4_awq (the other quantized formats are not checked here " \
+                          "yet)" in fp8.refused[0], fp8.refused
 
 
 def test_a_window_shorter_than_max_seq_len_is_refused_on_0_12_at_its_edge():
@@ -160,9 +167,9 @@ def test_each_familys_tiny_model_through_the_graph_exports_what_its_backend_read
             {"Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3"}[arch]
 
 
-EDGELLM_FAMILIES = [(m, w, g) for m in ("tiny-mistral", "tiny-qwen3", "tiny-phi3")
-                   for w, g in (("fp16", None), ("int4_awq", 64))
-                   if m != "tiny-phi3" or w == "fp16"]      # Phi-3 is registered as FP16 only: see the next test
+EDGELLM_FAMILIES = [(m, w, g) for m in ("tiny-mistral", "tiny-qwen3", "tiny-phi3") for w, g in (("fp16", None),
+                                                                                               ("int4_awq", 64))
+                    if m != "tiny-phi3" or w == "fp16"] + [("tiny-phi3-h128", "int4_awq", 64)]   # V2: see below
 
 
 @pytest.mark.parametrize("name,weights,group", EDGELLM_FAMILIES, ids=[f"{m}-{w}" for m, w, _ in EDGELLM_FAMILIES])

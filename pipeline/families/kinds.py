@@ -12,6 +12,9 @@ class Support:
     refused: str | None = None
     formats: tuple[str, ...] | None = None  # weight formats it builds for the family; None: all its stack builds
     formats_why: str = ""                   # why only those
+    # its INT4 export of a family's fused projections (Phi-3's qkv_proj, gate_up_proj) is right only through the
+    # V2 plugin, i.e. with every projection part a multiple of INT4_V2_ALIGN (pipeline/plan/formats.py)
+    int4_fused_needs_v2: bool = False
     kv_cache: tuple[str, ...] | None = None
     trtllm_class: str | None = None         # TensorRT-LLM 0.12 MODEL_MAP class the checkpoint's architecture loads
     modelopt_decoder: str | None = None     # ModelOpt's decoder_type for its TensorRT-LLM checkpoint converter

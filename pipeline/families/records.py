@@ -76,13 +76,12 @@ EDGELLM_011: dict[str, Support] = {
     QWEN2: _edgellm_dense("Edge-LLM supported models (Qwen2/2.5, DeepSeek-R1-Distill)"),
     QWEN3: _edgellm_dense("Edge-LLM supported models; tests/test_families.py (tiny-qwen3: q/k norm in the attention "
                           "plugin, FP16 and INT4-AWQ, run by the runtime double)"),
-    PHI3: Support(rope_types=("default", "llama3"), partial_rotary=True, formats=("fp16",),
-                  formats_why="INT4-AWQ of Phi-3's fused qkv/gate_up projections, through ModelOpt's unified "
-                              "checkpoint and Edge-LLM's loader, computes a different model (tiny-phi3: last-token "
-                              "logit cosine 0.89; where it goes wrong is not traced yet); the other quantized formats "
-                              "are not checked here yet",
+    PHI3: Support(rope_types=("default", "llama3"), partial_rotary=True, formats=("fp16", "int4_awq"),
+                  formats_why="the other quantized formats are not checked here yet", int4_fused_needs_v2=True,
                   verified="its generic decoder (fused projections split by its loader, partial_rotary_factor); "
-                           "tests/test_families.py (tiny-phi3, FP16, run by the runtime double)"),
+                           "tests/test_families.py (tiny-phi3 FP16, tiny-phi3-h128 INT4-AWQ through the V2 plugin, "
+                           "run by the runtime double; through the V1 plugin the split INT4 projections compute a "
+                           "different model: tiny-phi3, last-token logit cosine 0.89)"),
     GEMMA2: Support(refused=_NO_GEMMA_PATH.format("Gemma 2")),
     GEMMA3: Support(refused=_NO_GEMMA_PATH.format("Gemma 3")),
 }

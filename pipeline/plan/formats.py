@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Edge-LLM's INT4 GEMM plugin V2 (cuteDSL) needs every projection's N and K to be multiples of this; V1 takes any
+INT4_V2_ALIGN = 64
+
 
 @dataclass(frozen=True)
 class WeightFormat:

@@ -24,10 +24,10 @@ from pipeline.backends import ExportJob
 from pipeline.contract import ExportRecord, ExternalWeights, OnnxGraph, SpeculativeExport
 from pipeline.errors import PipelineError
 from pipeline.families import family
+from pipeline.plan.formats import INT4_V2_ALIGN
 
 # Edge-LLM 0.11's default INT4 GEMM is the cuteDSL Int4GroupwiseGemmPluginV2, whose weight layout needs every
 # quantized projection's N and K to be multiples of 64; otherwise the legacy AWQ-layout plugin (version 1).
-INT4_V2_ALIGN = 64
 ONNX_DIR = "onnx"
 INT4_OPS = {1: "trt_edgellm:Int4GroupwiseGemmPlugin", 2: "trt_edgellm:Int4GroupwiseGemmPluginV2"}
 

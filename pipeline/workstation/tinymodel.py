@@ -66,6 +66,12 @@ BUILTINS: dict[str, Builtin] = {
         max_position_embeddings=512, partial_rotary_factor=0.75,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
         tie_word_embeddings=True, rms_norm_eps=1e-5), notes="Phi-4-mini-style: fused projections, partial rotary"),
+    # The same, every projection part 64-aligned (k/v 64, MLP 256): Edge-LLM's INT4 then takes its V2 plugin.
+    "tiny-phi3-h128": Builtin("Phi3ForCausalLM", dict(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, partial_rotary_factor=0.75,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
+        tie_word_embeddings=True, rms_norm_eps=1e-5), train_steps=100, notes="tiny-phi3, hidden 128"),
 }
 
 
