@@ -89,7 +89,7 @@ def test_thor_recipe_through_doit_packages_onnx_with_the_llm_build_command(proje
     assert plan["device_build_commands"][0][:5] == ["llm_build", "--onnxDir", "onnx", "--engineDir", "engine"]
 
 
-def _engine_answer(onnx_dir, tmp_path, prompt_ids, new_tokens):
+def _engine_answer(onnx_dir, tmp_path, prompt_ids, new_tokens, capacity=128):
     """The exported ONNX, built by the llm_build double and run by the llm_inference double's engine: greedy ids and
     the logits of the prompt's last position."""
     import subprocess
@@ -99,7 +99,7 @@ def _engine_answer(onnx_dir, tmp_path, prompt_ids, new_tokens):
     doubles = Path(__file__).parent / "doubles"
     engine = tmp_path / "engine"
     subprocess.run([sys.executable, str(doubles / "bin" / "llm_build"), "--onnxDir", str(onnx_dir), "--engineDir",
-                    str(engine), "--maxInputLen", "64", "--maxKVCacheCapacity", "128", "--maxBatchSize", "2"],
+                    str(engine), "--maxInputLen", "64", "--maxKVCacheCapacity", str(capacity), "--maxBatchSize", "2"],
                    check=True, capture_output=True, env={"PYTHONPATH": str(Path(__file__).parents[1]), "PATH": ""})
     sys.path.insert(0, str(doubles / "python"))
     try:

@@ -43,11 +43,10 @@ PLANS = [
     ("mistralai/Mistral-7B-Instruct-v0.3", "orin-nx-16gb", "int4_awq", "trtllm-0.12"),
     ("mistralai/Mistral-7B-Instruct-v0.3", "orin-nx-16gb", "int8_sq", "trtllm-0.12"),
     ("mistralai/Mistral-7B-Instruct-v0.3", "agx-thor", "fp8", "edgellm"),
-    ("microsoft/Phi-3.5-mini-instruct", "orin-nx-16gb", "int4_awq",
-     "TensorRT-LLM 0.12 0.12.0-jetson (JetPack 6.2.2) does not build Phi-3 (Phi3ForCausalLM)"),
-    ("microsoft/Phi-4-mini-instruct", "agx-thor", "fp8",
-     "would not run this Phi-3 checkpoint as it is defined: RoPE scaling 'longrope' is not one this pipeline has "
-     "checked"),
+    # TensorRT-LLM 0.12 (the default stack) does not build Phi-3: JetPack 7.2 + Edge-LLM does
+    ("microsoft/Phi-3.5-mini-instruct", "orin-nx-16gb", "int4_awq", "edgellm"),
+    ("microsoft/Phi-4-mini-instruct", "agx-thor", "fp16", "edgellm"),
+    ("microsoft/Phi-4-mini-instruct", "orin-nx-16gb", "int4_awq", "edgellm"),
     ("google/gemma-2-2b-it", "orin-nano-8gb", "int4_awq", "llama.cpp and Ollama run it"),
     ("google/gemma-3-1b-it", "agx-thor", "fp8", "no Gemma 3 path"),
 ]
@@ -84,6 +83,46 @@ def test_phi3_int4_on_edgellm_needs_every_fused_part_64_aligned():
                           "yet)" in fp8.refused[0], fp8.refused
 
 
+def test_longrope_on_edgellm_plans_up_to_the_original_window():
+    """Edge-LLM takes one LongRoPE factor set per engine: the model's numerics hold while max_seq_len stays within
+    original_max_position_embeddings (4096 for Phi-4-mini), and past it the plan says what would change."""
+    inside = plan("microsoft/Phi-4-mini-instruct", "agx-thor", "fp16", seq=4096)
+    assert inside.ok and inside.backend == "edgellm", inside.refused
+    past = plan("microsoft/Phi-4-mini-instruct", "agx-thor", "fp16", seq=4097)
+    assert not past.ok and "its LongRoPE uses the long factors for every position of an engine longer than the " \
+                           "model's original 4096-token window" in past.refused[0], past.refused
+    assert "set build.max_seq_len <= 4096" in past.refused[0]
+
+
+def test_longrope_engine_is_the_model_within_its_original_window_and_not_beyond(builtin, tmp_path):  # noqa: F811
+    """tiny-phi3-longrope (a 64-token original window) exported by Edge-LLM's exporter, run by the runtime double
+    as Edge-LLM's runtime sets LongRoPE up: with a KV capacity of 64 the short factors, which the model itself uses
+    for these 32 tokens; with 128 the long factors, which it does not (what the planner's refusal says)."""
+    import numpy as np
+    import torch
+
+    from pipeline.workstation.calibrate import quantize
+    from pipeline.workstation.edgellm_export import export
+    from pipeline.workstation.state import load_quantized
+    from tests.test_edgellm_export import _engine_answer
+    from tests.test_export import CAL, probe_ids
+
+    src = builtin("tiny-phi3-longrope")
+    q = tmp_path / "q"
+    q.mkdir()
+    quantize(src, q, "fp16", "fp16", None, CAL, ".")
+    export(src, q, tmp_path / "e", tmp_path / "e" / "onnx", "fp16", "fp16", "11.0")
+    ids = probe_ids(src, 24)
+    with torch.no_grad():
+        ref = load_quantized(src, q, "cpu")(torch.tensor([ids])).logits[0, -1].float().numpy()
+
+    def cosine(capacity):
+        _, logits, _ = _engine_answer(tmp_path / "e" / "onnx", tmp_path / str(capacity), ids, 1, capacity)
+        return float(np.dot(ref, logits[:len(ref)]) / np.linalg.norm(ref) / np.linalg.norm(logits[:len(ref)]))
+    assert cosine(64) > 0.999
+    assert cosine(128) < 0.99
+
+
 def test_a_window_shorter_than_max_seq_len_is_refused_on_0_12_at_its_edge():
     repo = "mistralai/Mistral-7B-Instruct-v0.1"           # sliding_window = 4096
     inside = plan(repo, "agx-orin-64gb", seq=4096)
@@ -95,6 +134,10 @@ def test_a_window_shorter_than_max_seq_len_is_refused_on_0_12_at_its_edge():
 
 
 def test_forcing_a_refusing_backend_names_the_one_that_builds_the_family():
+    phi = plan("microsoft/Phi-3.5-mini-instruct", "orin-nx-16gb", backend="trtllm-0.12")
+    assert not phi.ok and ("TensorRT-LLM 0.12 0.12.0-jetson (JetPack 6.2.2) does not build Phi-3 (Phi3ForCausalLM): "
+                           "this pipeline's TensorRT-LLM 0.12 export does not cover its checkpoint layout yet") \
+        in phi.refused[0] and "Phi-3 builds with TensorRT Edge-LLM" in phi.refused[0], phi.refused
     p = plan("Qwen/Qwen3-1.7B", "orin-nano-8gb", backend="trtllm-0.12")
     assert not p.ok and "Qwen3 builds with TensorRT Edge-LLM" in p.refused[0], p.refused
     assert "orin-jp72-edgellm stack can (backend = 'edgellm')" in p.refused[0]

@@ -15,6 +15,10 @@ class Support:
     # its INT4 export of a family's fused projections (Phi-3's qkv_proj, gate_up_proj) is right only through the
     # V2 plugin, i.e. with every projection part a multiple of INT4_V2_ALIGN (pipeline/plan/formats.py)
     int4_fused_needs_v2: bool = False
+    # LongRoPE with one factor set per engine: the short factors when its capacity (max_seq_len) is at most
+    # original_max_position_embeddings, else the long ones for every position (Hugging Face switches by the current
+    # length: short up to the original window)
+    longrope_per_engine: bool = False
     kv_cache: tuple[str, ...] | None = None
     trtllm_class: str | None = None         # TensorRT-LLM 0.12 MODEL_MAP class the checkpoint's architecture loads
     modelopt_decoder: str | None = None     # ModelOpt's decoder_type for its TensorRT-LLM checkpoint converter
@@ -31,6 +35,11 @@ class Support:
         if features.rope_type not in self.rope_types:
             out.append(f"RoPE scaling {features.rope_type!r} is not one this pipeline has checked it computing "
                        f"({', '.join(self.rope_types)}): positions could be encoded differently from training")
+        original = features.rope_original_max
+        if features.rope_type == "longrope" and self.longrope_per_engine and original and max_seq_len > original:
+            out.append(f"its LongRoPE uses the long factors for every position of an engine longer than the "
+                       f"model's original {original}-token window, where the model uses its short factors up to "
+                       f"{original} tokens; set build.max_seq_len <= {original} to keep the model's numerics")
         if features.partial_rotary < 1 and not self.partial_rotary:
             out.append(f"partial rotary embedding (factor {features.partial_rotary}) is not supported")
         if features.softcaps and not self.softcapping:
@@ -67,6 +76,7 @@ class ModelFeatures:
     """What one checkpoint's config.json uses of its family's features."""
     rope_type: str = "default"
     partial_rotary: float = 1.0
+    rope_original_max: int | None = None    # LongRoPE's original_max_position_embeddings
     sliding_window: int | None = None
     softcaps: tuple[str, ...] = ()
     tied_embeddings: bool = False
@@ -84,6 +94,10 @@ def _rope(config: dict) -> tuple[str, float]:
     return kind, float(factor) if isinstance(factor, (int, float)) and not isinstance(factor, bool) else 1.0
 
 
+def _positive_int(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def features_of(config: dict, family: Family) -> ModelFeatures:
     kind, partial = _rope(config)
     window = config.get("sliding_window")
@@ -93,6 +107,10 @@ def features_of(config: dict, family: Family) -> ModelFeatures:
     caps = tuple(k for k in ("attn_logit_softcapping", "final_logit_softcapping")
                  if isinstance(config.get(k), (int, float)) and config.get(k))
     bias = config.get("attention_bias", family.attention_bias)
-    return ModelFeatures(rope_type=kind, partial_rotary=partial, sliding_window=window, softcaps=caps,
+    params = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
+    original = _positive_int(config.get("original_max_position_embeddings",
+                                        (params or {}).get("original_max_position_embeddings")))
+    return ModelFeatures(rope_type=kind, partial_rotary=partial, rope_original_max=original,
+                         sliding_window=window, softcaps=caps,
                          tied_embeddings=bool(config.get("tie_word_embeddings", False)),
                          attention_bias=bool(bias), mlp_bias=bool(config.get("mlp_bias", False)))

@@ -60,10 +60,13 @@ TRTLLM_012: dict[str, Support] = {
 
 # Edge-LLM 0.11's generic decoder (tensorrt_edgellm/models/default, config.py ModelConfig) reads RoPE scaling
 # (linear, dynamic, llama3, longrope, yarn) and partial rotary from config.json, and its attention plugin applies q/k
-# norm; the runtime computes the RoPE table. Listed here are the RoPE types a test of this repo checked the exported
-# graph against (the runtime double computes default and llama3): longrope (Phi-3.5, Phi-4-mini) is not yet.
+# norm; the runtime computes the RoPE table (for LongRoPE one factor set per engine: Support.longrope_per_engine).
+# Listed are the RoPE types a test of this repo checked the exported graph with (the runtime double computes them).
+_EDGELLM_ROPE = ("default", "llama3", "longrope")
+
+
 def _edgellm_dense(verified: str) -> Support:
-    return Support(rope_types=("default", "llama3"), partial_rotary=True, verified=verified)
+    return Support(rope_types=_EDGELLM_ROPE, partial_rotary=True, longrope_per_engine=True, verified=verified)
 
 
 _NO_GEMMA_PATH = ("Edge-LLM 0.11's exporter has a Gemma 4 model and no {} path; its generic decoder has no (1 + w) "
@@ -76,10 +79,12 @@ EDGELLM_011: dict[str, Support] = {
     QWEN2: _edgellm_dense("Edge-LLM supported models (Qwen2/2.5, DeepSeek-R1-Distill)"),
     QWEN3: _edgellm_dense("Edge-LLM supported models; tests/test_families.py (tiny-qwen3: q/k norm in the attention "
                           "plugin, FP16 and INT4-AWQ, run by the runtime double)"),
-    PHI3: Support(rope_types=("default", "llama3"), partial_rotary=True, formats=("fp16", "int4_awq"),
+    PHI3: Support(rope_types=_EDGELLM_ROPE, partial_rotary=True, longrope_per_engine=True,
+                  formats=("fp16", "int4_awq"),
                   formats_why="the other quantized formats are not checked here yet", int4_fused_needs_v2=True,
                   verified="its generic decoder (fused projections split by its loader, partial_rotary_factor); "
-                           "tests/test_families.py (tiny-phi3 FP16, tiny-phi3-h128 INT4-AWQ through the V2 plugin, "
+                           "tests/test_families.py (tiny-phi3 and tiny-phi3-longrope FP16, tiny-phi3-h128 INT4-AWQ "
+                           "through the V2 plugin, "
                            "run by the runtime double; through the V1 plugin the split INT4 projections compute a "
                            "different model: tiny-phi3, last-token logit cosine 0.89)"),
     GEMMA2: Support(refused=_NO_GEMMA_PATH.format("Gemma 2")),

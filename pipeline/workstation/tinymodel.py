@@ -66,6 +66,14 @@ BUILTINS: dict[str, Builtin] = {
         max_position_embeddings=512, partial_rotary_factor=0.75,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
         tie_word_embeddings=True, rms_norm_eps=1e-5), notes="Phi-4-mini-style: fused projections, partial rotary"),
+    # The same with LongRoPE (Phi-3.5, Phi-4-mini): short and long factors, a 64-token original window.
+    "tiny-phi3-longrope": Builtin("Phi3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, original_max_position_embeddings=64, partial_rotary_factor=0.75,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                         "original_max_position_embeddings": 64, "short_factor": [1.0, 1.1, 1.2, 1.3, 1.5, 2.0],
+                         "long_factor": [4.0, 6.0, 8.0, 12.0, 16.0, 24.0]},
+        tie_word_embeddings=True, rms_norm_eps=1e-5), notes="tiny-phi3 with LongRoPE"),
     # The same, every projection part 64-aligned (k/v 64, MLP 256): Edge-LLM's INT4 then takes its V2 plugin.
     "tiny-phi3-h128": Builtin("Phi3ForCausalLM", dict(
         hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

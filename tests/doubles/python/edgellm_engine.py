@@ -159,19 +159,20 @@ def v2_nibbles(qweight: np.ndarray, n: int, k: int) -> np.ndarray:
 
 class _Int4Gemm(OpRun):
     op_domain = "trt_edgellm"
-    cache: dict = {}
 
     def nibbles(self, qweight, n, k):
         raise NotImplementedError
 
     def _run(self, x, qweight, scales, gemm_n=None, gemm_k=None, group_size=None, **_):
-        key = (type(self).__name__, qweight.ctypes.data, qweight.shape, gemm_n, gemm_k)
-        w = self.cache.get(key)
-        if w is None:
+        # The dequantized weight, kept by this node (one engine) for the arrays it was made from: checked by
+        # identity, never by address, since a later engine's weights can be allocated where a freed one's were
+        # (a class-wide cache keyed by address once served one model's weights to another, now and then).
+        kept = getattr(self, "_kept", None)
+        if kept is None or kept[0] is not qweight or kept[1] is not scales:
             nib = self.nibbles(qweight, gemm_n, gemm_k)
             w = (nib - 8).astype(np.float32) * np.repeat(scales.astype(np.float32), group_size, axis=0).T
-            self.cache[key] = w
-        return ((x.astype(np.float32) @ w.T).astype(x.dtype),)
+            kept = self._kept = (qweight, scales, w)
+        return ((x.astype(np.float32) @ kept[2].T).astype(x.dtype),)
 
 
 class Int4GroupwiseGemmPlugin(_Int4Gemm):
@@ -194,14 +195,34 @@ class QkvConcatPlugin(OpRun):
 OPS = [AttentionPlugin, MatMul, Gemm, Int4GroupwiseGemmPlugin, Int4GroupwiseGemmPluginV2, QkvConcatPlugin]
 
 
+def _longrope(cfg: dict) -> tuple[np.ndarray, float]:
+    """LongRoPE as Edge-LLM's runtime sets it up (0.5.0's llmEngineRunner / initializeLongRopeCosSin, the source
+    this repo can read): one factor set for the whole engine, the short factors when its KV capacity is at most
+    original_max_position_embeddings, else the long ones for every position; cos and sin scaled by
+    sqrt(1 + ln(max / original) / ln(original)). Returns (the factors to divide the frequencies by, that scale)."""
+    rs, original = cfg["rope_scaling"], cfg["original_max_position_embeddings"]
+    capacity = cfg["builder_config"]["maxKVCacheCapacity"]
+    factors = np.asarray(rs["short_factor"] if capacity <= original else rs["long_factor"], np.float64)
+    ratio = cfg["max_position_embeddings"] / original
+    return factors, (math.sqrt(1 + math.log(ratio) / math.log(original)) if ratio > 1 else 1.0)
+
+
+def rope_scale(cfg: dict) -> float:
+    """The factor the runtime's cos/sin table carries (1 but for LongRoPE)."""
+    rs = cfg.get("rope_scaling") or {}
+    return _longrope(cfg)[1] if (rs.get("rope_type") or rs.get("type")) == "longrope" else 1.0
+
+
 def inv_freq(cfg: dict) -> np.ndarray:
-    """The runtime's RoPE frequencies from its config: default, or Llama-3 frequency scaling."""
+    """The runtime's RoPE frequencies from its config: default, Llama-3 frequency scaling, or LongRoPE."""
     d = int(cfg["head_dim"] * cfg.get("partial_rotary_factor", 1.0))
     inv = 1.0 / (cfg["rope_theta"] ** (np.arange(0, d, 2, dtype=np.float64) / d))
     rs = cfg.get("rope_scaling") or {}
     kind = rs.get("rope_type") or rs.get("type") or "default"
     if kind == "default":
         return inv
+    if kind == "longrope":
+        return inv / _longrope(cfg)[0]
     if kind != "llama3":
         raise NotImplementedError(f"rope_scaling {kind!r} is not part of this double")
     f, lo, hi, om = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"], rs["original_max_position_embeddings"]
@@ -220,7 +241,7 @@ class Engine:
         self.session = ReferenceEvaluator(self.model, new_ops=OPS)
         self.cfg, self.embedding, self.external = config, embedding, external
         self.layers = config["num_hidden_layers"]
-        self.inv = inv_freq(config)
+        self.inv, self.rope_scale = inv_freq(config), rope_scale(config)
         pools = {i.name: i for i in self.model.graph.input if i.name.startswith("past_key_values_")}
         self.pool_dtype = onnx.helper.tensor_dtype_to_np_dtype(pools["past_key_values_0"].type.tensor_type.elem_type)
         self.outputs = [o.name for o in self.model.graph.output]
@@ -231,7 +252,8 @@ class Engine:
         pos = np.arange(past, past + t)
         angles = np.outer(pos, self.inv)
         feeds = {"inputs_embeds": self.embedding[tokens].astype(np.float16),
-                 "rope_rotary_cos_sin": np.concatenate([np.cos(angles), np.sin(angles)], -1).astype(np.float32),
+                 "rope_rotary_cos_sin": (np.concatenate([np.cos(angles), np.sin(angles)], -1)
+                                         * self.rope_scale).astype(np.float32),
                  "positions": pos.astype(np.int32), "query_start_offsets": np.array([0, t], np.int32),
                  "query_lengths": np.array([t], np.int32), "past_lengths": np.array([past], np.int32),
                  "attention_sequence_lengths": np.array([past + t], np.int32),
