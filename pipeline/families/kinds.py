@@ -12,9 +12,6 @@ class Support:
     refused: str | None = None
     formats: tuple[str, ...] | None = None  # weight formats it builds for the family; None: all its stack builds
     formats_why: str = ""                   # why only those
-    # its INT4 export of a family's fused projections (Phi-3's qkv_proj, gate_up_proj) is right only through the
-    # V2 plugin, i.e. with every projection part a multiple of INT4_V2_ALIGN (pipeline/plan/formats.py)
-    int4_fused_needs_v2: bool = False
     # LongRoPE with one factor set per engine: the short factors when its capacity (max_seq_len) is at most
     # original_max_position_embeddings, else the long ones for every position (Hugging Face switches by the current
     # length: short up to the original window)

@@ -80,13 +80,10 @@ EDGELLM_011: dict[str, Support] = {
     QWEN3: _edgellm_dense("Edge-LLM supported models; tests/test_families.py (tiny-qwen3: q/k norm in the attention "
                           "plugin, FP16 and INT4-AWQ, run by the runtime double)"),
     PHI3: Support(rope_types=_EDGELLM_ROPE, partial_rotary=True, longrope_per_engine=True,
-                  formats=("fp16", "int4_awq"),
-                  formats_why="the other quantized formats are not checked here yet", int4_fused_needs_v2=True,
+                  formats=("fp16", "int4_awq"), formats_why="the other quantized formats are not checked here yet",
                   verified="its generic decoder (fused projections split by its loader, partial_rotary_factor); "
-                           "tests/test_families.py (tiny-phi3 and tiny-phi3-longrope FP16, tiny-phi3-h128 INT4-AWQ "
-                           "through the V2 plugin, "
-                           "run by the runtime double; through the V1 plugin the split INT4 projections compute a "
-                           "different model: tiny-phi3, last-token logit cosine 0.89)"),
+                           "tests/test_families.py (tiny-phi3 FP16 and INT4-AWQ through the V1 plugin, tiny-phi3-h128 "
+                           "INT4-AWQ through V2, tiny-phi3-longrope; run by the runtime double)"),
     GEMMA2: Support(refused=_NO_GEMMA_PATH.format("Gemma 2")),
     GEMMA3: Support(refused=_NO_GEMMA_PATH.format("Gemma 3")),
 }

@@ -15,7 +15,6 @@ from pipeline.contract import BuildLimits, MemoryPlan, Plan, Prediction
 from pipeline.families import family
 from pipeline.plan.formats import (
     DEFAULT_KV,
-    INT4_V2_ALIGN,
     KV_FORMATS,
     SMALLEST,
     WEIGHT_FORMATS,
@@ -102,11 +101,6 @@ def _choose_stack(req: PlanRequest, refused: list[str]) -> StackSupport | None:
             if support.formats and req.weights not in support.formats:
                 why.append(f"{name} builds {fam.name} only as {', '.join(support.formats)}"
                            + (f" ({support.formats_why})" if support.formats_why else ""))
-            unaligned = sorted({d for _, i, o in req.shape.layer_linears() for d in (i, o) if d % INT4_V2_ALIGN})
-            if support.int4_fused_needs_v2 and fmt.edgellm_int4_plugin and fam.fused_projections and unaligned:
-                why.append(f"{name} exports {fam.name}'s fused projections as INT4 correctly only through its V2 "
-                           f"plugin, which needs every projection a multiple of {INT4_V2_ALIGN} wide; {unaligned} are "
-                           "not (through V1 the split projections compute a different model)")
             if support.kv_cache and req.kv_cache not in support.kv_cache:
                 why.append(f"{name} builds {fam.name} only with a {' or '.join(support.kv_cache)} KV cache")
             why += [f"{name} would not run this {fam.name} checkpoint as it is defined: {loss}"
