@@ -7,10 +7,14 @@ per-family `if` chain:
                    family: Backend.families), and what each version cannot run as the checkpoint defines it
                    (a sliding window, soft-capping, a RoPE scaling it lacks): refused before any download,
                    naming what would be lost and where the family does run;
-  the shapes       attention bias and embedding tying defaults, fused projections (pipeline/plan/shapes.py);
-  the exporters    the TensorRT-LLM 0.12 model class and ModelOpt decoder type; the checkpoint's parameter map;
-  the reader       norm kind, activation, embedding scale, the parameter map (pipeline/workstation/reader.py);
-  the tiny models  the transformers classes (pipeline/workstation/tinymodel.py).
+  the shapes       the attention-bias default (pipeline/plan/shapes.py); fetch, whether the projections are fused;
+  the exporters    the ModelOpt decoder type of the TensorRT-LLM 0.12 checkpoint (trtllm_checkpoint.ARCHITECTURES);
+                   Edge-LLM's INT4 plugin choice, the fused projections' parts;
+  the tiny models  the transformers config class (pipeline/workstation/tinymodel.py).
+
+Norm kind and placement, activation, q/k norm and embedding scale are recorded for every family but read by no
+code yet: the independent 0.12 reader computes the Llama/Qwen2 layout, the one every family 0.12 builds here has.
+A family that needs them on 0.12 (Gemma 2, Phi-3) is refused until the reader applies them.
 
 What a *particular* checkpoint uses of its family's features (its window, its RoPE scaling, its caps) is read from
 its config.json into `ModelFeatures`; `Support.losses` compares that with what a backend version runs. Standard

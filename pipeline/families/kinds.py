@@ -81,32 +81,25 @@ class ModelFeatures:
     mlp_bias: bool = False
 
 
-def _rope(config: dict) -> tuple[str, float]:
-    """(rope_type, partial_rotary_factor) from legacy rope_scaling or transformers 5's rope_parameters."""
-    params: dict = config["rope_parameters"] if isinstance(config.get("rope_parameters"), dict) else {}
-    scaling: dict = config["rope_scaling"] if isinstance(config.get("rope_scaling"), dict) else {}
-    kind = scaling.get("rope_type") or scaling.get("type") or params.get("rope_type") or "default"
-    kind = {"su": "longrope"}.get(str(kind), str(kind))        # Phi-3's first configs called longrope "su"
-    factor = config.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))
-    return kind, float(factor) if isinstance(factor, (int, float)) and not isinstance(factor, bool) else 1.0
-
-
 def _positive_int(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def features_of(config: dict, family: Family) -> ModelFeatures:
-    kind, partial = _rope(config)
-    window = config.get("sliding_window")
-    if config.get("use_sliding_window") is False:       # Qwen2 configs carry a window they do not use
-        window = None
-    window = window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
+    # RoPE from legacy rope_scaling or transformers 5's rope_parameters
+    params: dict = config["rope_parameters"] if isinstance(config.get("rope_parameters"), dict) else {}
+    scaling: dict = config["rope_scaling"] if isinstance(config.get("rope_scaling"), dict) else {}
+    kind = str(scaling.get("rope_type") or scaling.get("type") or params.get("rope_type") or "default")
+    kind = {"su": "longrope"}.get(kind, kind)           # Phi-3's first configs called longrope "su"
+    partial = config.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))
+    partial = float(partial) if isinstance(partial, (int, float)) and not isinstance(partial, bool) else 1.0
+    original = _positive_int(config.get("original_max_position_embeddings",
+                                        params.get("original_max_position_embeddings")))
+    # Qwen2 configs carry a window they do not use (use_sliding_window = false)
+    window = None if config.get("use_sliding_window") is False else _positive_int(config.get("sliding_window"))
     caps = tuple(k for k in ("attn_logit_softcapping", "final_logit_softcapping")
                  if isinstance(config.get(k), (int, float)) and config.get(k))
     bias = config.get("attention_bias", family.attention_bias)
-    params = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
-    original = _positive_int(config.get("original_max_position_embeddings",
-                                        (params or {}).get("original_max_position_embeddings")))
     return ModelFeatures(rope_type=kind, partial_rotary=partial, rope_original_max=original,
                          sliding_window=window, softcaps=caps,
                          tied_embeddings=bool(config.get("tie_word_embeddings", False)),

@@ -142,7 +142,10 @@ def materialize(name: str, out_dir: Path, progress=None) -> None:
     # Like a real instruct model's: Edge-LLM's export requires a chat template (and writes it for its runtime).
     fast.chat_template = CHAT_TEMPLATE
     vocab = tok.get_vocab_size()
-    config_cls = getattr(transformers, spec.architecture.replace("ForCausalLM", "Config"))
+    from pipeline.families import family
+    fam = family(spec.architecture)
+    assert fam is not None, spec.architecture           # every builtin is of a registered family
+    config_cls = getattr(transformers, fam.transformers_config)
     config = config_cls(vocab_size=vocab, bos_token_id=0, eos_token_id=1, pad_token_id=2,
                         architectures=[spec.architecture], **spec.config)
     torch.manual_seed(spec.seed)
