@@ -8,7 +8,8 @@
 #                                 needed to read the GGUF; gguf reads it)
 #   ./bootstrap.sh --test-tools   also the system tools the tests drive, where missing (Debian/Ubuntu packages:
 #                                 minisign checks our signatures, zstd and sha256sum check kits with stock tools,
-#                                 OpenSSH's sshd/ssh serve the ssh:// builder test); as root, or through sudo
+#                                 OpenSSH's sshd/ssh serve the ssh:// builder test, docker-registry (the CNCF
+#                                 distribution registry) the push/pull tests); as root, or through sudo
 #
 #   TORCH_INDEX_URL=<index>  where to take torch from (e.g. PyTorch's CPU or cu126 index); default: pip's own
 #                            configuration (this project's CI machines provide the CPU wheel locally)
@@ -22,7 +23,7 @@ for arg in "$@"; do
   case "$arg" in
     --test-tools) test_tools=1 ;;
     --real-model) real_model=1 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "bootstrap: unknown argument '$arg' (see ./bootstrap.sh --help)" >&2; exit 2 ;;
   esac
 done
@@ -33,6 +34,7 @@ if [ "$test_tools" = 1 ]; then
   command -v zstd >/dev/null || missing+=(zstd)
   { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } || missing+=(openssh-server)
   command -v ssh >/dev/null || missing+=(openssh-client)
+  command -v docker-registry >/dev/null || missing+=(docker-registry)
   if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then sudo=(); elif command -v sudo >/dev/null; then sudo=(sudo); else
       echo "bootstrap: the tests need ${missing[*]}; install them as root: apt-get install ${missing[*]}" >&2
@@ -57,7 +59,7 @@ if [ ! -e "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # torch alone and first, pinned: nothing installed after it can then resolve a multi-GB CUDA build by accident.
   .venv/bin/python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
-  .venv/bin/python -m pip install -q -e ".[workstation,serve,dev]"
+  .venv/bin/python -m pip install -q -e ".[workstation,serve,dev,registry]"
   rm -f .venv/.bootstrap-*
   touch "$stamp"
 fi

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -137,18 +136,13 @@ def _targets_cmd(_args) -> int:
 
 
 def _trusted(args):
-    from pipeline.kit.signing import trusted_keys
-    keys = trusted_keys([args.pubkey] if getattr(args, "pubkey", None) else [])
-    if not keys:
-        raise PipelineError("no trusted public keys", "pass --pubkey KEY.pub or run `python -m pipeline trust KEY.pub`")
-    return keys
+    from pipeline.kit.signing import required_trusted_keys
+    return required_trusted_keys(getattr(args, "pubkey", None))
 
 
-@contextlib.contextmanager
 def _progress(label: str, total: int):
-    from pipeline.progress import Progress
-    with Progress(label, unit="B") as bar:
-        yield lambda done: bar.update(done, total)
+    from pipeline.progress import byte_bar
+    return byte_bar(label, total)
 
 
 def _pack_cmd(args) -> int:
@@ -169,11 +163,8 @@ def _pack_cmd(args) -> int:
 
 
 def _kit_size(kit: Path) -> int:
-    """Bytes of the kit's parts, for a progress bar only (the verifier checks them)."""
-    try:
-        return sum(e.stat(follow_symlinks=False).st_size for e in os.scandir(kit) if e.is_file(follow_symlinks=False))
-    except OSError:
-        return 0
+    from pipeline.kit.verify import kit_bytes
+    return kit_bytes(kit)
 
 
 def _verify_cmd(args) -> int:
@@ -340,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--allow-downgrade", action="store_true",
                    help="use a kit older than the one last unpacked into --work")
     d.set_defaults(func=_device_cmd)
+    from pipeline.oci.command import add_parser as add_oci
+    add_oci(sub)
     from pipeline.serve.bench import add_parser as add_bench
     from pipeline.serve.command import add_parser as add_serve
     add_serve(sub)

@@ -6,6 +6,7 @@ where the user is looking: the stream our own lines and progress bars are writte
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import TextIO
@@ -88,3 +89,10 @@ class StepTimer:
             finally:
                 self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t, 2)
         return step()
+
+
+@contextlib.contextmanager
+def byte_bar(label: str, total: int):
+    """A byte progress bar for a command's long copy or check; yields update(done_so_far)."""
+    with Progress(label, unit="B") as bar:
+        yield lambda done: bar.update(done, total)

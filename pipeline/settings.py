@@ -28,6 +28,8 @@ ENV: dict[str, str] = {
                                  "free; tests use it to force a layout)",
     "JETSON_PIPELINE_API_KEY": "`serve --api-key` and `bench --api-key` default: the key clients send "
                                "(Authorization: Bearer KEY)",
+    "JETSON_PIPELINE_REGISTRY_USERNAME": "`push`/`pull` registry user (CI secrets; default: the Docker/ORAS config)",
+    "JETSON_PIPELINE_REGISTRY_PASSWORD": "`push`/`pull` registry password or token, with the username",
     "HF_HUB_OFFLINE": "1: read models from the Hugging Face cache only, never the network",
 }
 

@@ -209,6 +209,15 @@ def trusted_keys(extra: list[Path] | tuple[Path, ...] = ()) -> list[PublicKey]:
     return [PublicKey.load(p) for p in paths]
 
 
+def required_trusted_keys(pubkey: str | Path | None = None) -> list[PublicKey]:
+    """trusted_keys(), plus `pubkey`; none at all is an error (a command that verifies needs one)."""
+    from pipeline.errors import PipelineError
+    keys = trusted_keys([Path(pubkey)] if pubkey else [])
+    if not keys:
+        raise PipelineError("no trusted public keys", "pass --pubkey KEY.pub or run `python -m pipeline trust KEY.pub`")
+    return keys
+
+
 def _write_new(path: Path, text: str, mode: int) -> Path:
     """A synced temporary file of `text` with `mode` from its creation (a secret is never world-readable, not even
     for a moment), ready to be renamed into place."""

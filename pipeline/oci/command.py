@@ -1,0 +1,98 @@
+"""`python -m pipeline push KIT_OR_BUNDLE REF` and `python -m pipeline pull REF DEST`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipeline import settings
+from pipeline.errors import PipelineError
+
+REFS = """references:
+  oci://HOST[:PORT]/REPO[:TAG]        an OCI registry (distribution, Harbor, GHCR, ECR, Zot, ...); TAG: latest
+  oci://HOST[:PORT]/REPO@sha256:HEX   pull exactly this manifest
+  oci-layout:DIR[:TAG]                an OCI image layout directory: a stick, an air-gapped mirror
+
+credentials: --username with --password-stdin, or $JETSON_PIPELINE_REGISTRY_USERNAME/_PASSWORD, or what
+`docker login` / `oras login` stored (~/.docker/config.json and its credential helpers)."""
+
+
+def _store(args):
+    from pipeline.oci.refs import parse_ref
+    from pipeline.oci.transfer import open_store
+
+    username = args.username or settings.get("JETSON_PIPELINE_REGISTRY_USERNAME")
+    password = settings.get("JETSON_PIPELINE_REGISTRY_PASSWORD")
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if args.password_stdin and not username:
+        raise PipelineError("--password-stdin needs --username", "pass --username USER")
+    return open_store(parse_ref(args.ref), plain_http=args.plain_http, username=username,
+                      password=password if username else None)
+
+
+class _Counter:
+    """Progress callbacks add bytes; the bar wants the total so far."""
+
+    def __init__(self, tick):
+        self.done, self.tick = 0, tick
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        self.tick(self.done)
+
+
+def _push_cmd(args) -> int:
+    from pipeline.files import human_bytes
+    from pipeline.kit.signing import required_trusted_keys
+    from pipeline.kit.verify import kit_bytes
+    from pipeline.oci.transfer import push
+    from pipeline.progress import byte_bar
+
+    kit, trusted = Path(args.kit), required_trusted_keys(args.pubkey)
+    store = _store(args)
+    with byte_bar(f"pushing {kit.name}", kit_bytes(kit)) as tick:
+        digest, sent, kept = push(kit, store, trusted, progress=_Counter(tick))
+    print(f"pushed {kit.name} to {store} ({digest}): {human_bytes(sent)} uploaded, {human_bytes(kept)} already there")
+    return 0
+
+
+def _pull_cmd(args) -> int:
+    from pipeline.kit.signing import required_trusted_keys
+    from pipeline.oci.transfer import pull
+    from pipeline.progress import byte_bar
+
+    trusted = required_trusted_keys(args.pubkey)    # before any network: nothing is fetched that cannot be checked
+    store = _store(args)
+    with byte_bar(f"pulling {args.ref}", 0) as tick:
+        v = pull(store, Path(args.dest), trusted, say=lambda s: print(s, file=sys.stderr),
+                 progress=_Counter(tick))
+    print(f"OK: {v.path}: {v.manifest.kind} {v.name} (created {v.created}, signed by {v.signed_by}) pulled and "
+          "verified")
+    return 0
+
+
+def add_parser(sub) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--plain-http", action="store_true", help="talk HTTP, not HTTPS (a local registry)")
+    common.add_argument("--username", help="registry user (with --password-stdin)")
+    common.add_argument("--password-stdin", action="store_true", help="read the registry password from stdin")
+    common.add_argument("--pubkey", help="trust this public key too (default: ~/.config/jetson-pipeline/trusted/)")
+    p = sub.add_parser("push", parents=[common], help="publish a kit or engine bundle to an OCI registry or layout",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=REFS,
+                       description="Verify the kit, then upload each of its files as a layer (ModelPack media "
+                       "types; the kit's annotations say recipe, target, SM, JetPack, backend). Blobs the registry "
+                       "already has are not sent again: pushing an unchanged kit uploads nothing.")
+    p.add_argument("kit", metavar="KIT_OR_BUNDLE", help="kit or engine bundle directory")
+    p.add_argument("ref", metavar="REF", help="where to: oci://HOST[:PORT]/REPO[:TAG] or oci-layout:DIR[:TAG]")
+    p.set_defaults(func=_push_cmd)
+    q = sub.add_parser("pull", parents=[common], help="fetch a kit or bundle from a registry or layout, verified",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=REFS,
+                       description="Fetch the manifest and the kit's signed checksums first and check them "
+                       "against the trusted keys, then the parts (each hashed as it arrives), then verify the "
+                       "whole kit exactly as `verify` does; only then does it appear as DEST/<name>. An "
+                       "interrupted pull resumes from what it fetched (kept in DEST/.<name>.oci-pull).")
+    q.add_argument("ref", metavar="REF", help="oci://HOST[:PORT]/REPO[:TAG|@sha256:HEX] or oci-layout:DIR[:TAG]")
+    q.add_argument("dest", metavar="DEST", help="directory the kit is pulled into (as DEST/<kit name>)")
+    q.set_defaults(func=_pull_cmd)

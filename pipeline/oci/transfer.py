@@ -1,0 +1,213 @@
+"""push: a verified kit or bundle into a registry or layout. pull: back into DEST/<name>, verified before it lands.
+
+pull, in the order that keeps a hostile registry from costing more than a manifest:
+1. the manifest, bounded, parsed into typed layers (artifact.parse): no path outside the kit, no unknown type;
+2. the three small files (MANIFEST.json, SHA256SUMS, its signature), then the signature against the trusted keys
+   and every layer's digest and size against the signed SHA256SUMS and MANIFEST.json: a registry that lies about a
+   digest, a size or the file set is refused here, before the parts are fetched;
+3. free space for what is still to fetch, then the parts, each hashed as it streams in, never past its signed size;
+4. the kit assembled from the blobs (hard links) in a staging directory, checked by the verifier every command uses
+   (kit/verify.check_kit), and renamed to DEST/<name> only then.
+Blobs are kept in DEST/.<name>.oci-pull/ while the pull is incomplete: a killed or failed pull resumes from them (each
+partial blob is re-hashed, never trusted), and nothing there looks like a kit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from pipeline import contract
+from pipeline.errors import PipelineError
+from pipeline.files import (
+    create_new,
+    human_bytes,
+    move_into_place,
+    open_regular,
+    os_error_text,
+    real_dir,
+    remove_entry,
+    sibling,
+)
+from pipeline.kit.signing import PublicKey, SignatureError, verify_signature
+from pipeline.kit.verify import KitError, VerifiedKit, check_kit, parse_sums
+from pipeline.oci import artifact
+from pipeline.oci.artifact import SMALL, Blob, KitArtifact
+from pipeline.oci.refs import LayoutRef, Ref
+
+MANIFEST, SUMS, SIG = contract.MANIFEST, contract.SUMS, contract.SIG
+Progress = Callable[[int], None]
+
+
+class Store(Protocol):
+    def get_manifest(self) -> bytes: ...
+    def read_blob(self, blob: Blob, offset: int): ...
+    def has_blob(self, blob: Blob) -> bool: ...
+    def put_blob(self, blob: Blob, source: Path | bytes, progress: Progress | None = None) -> None: ...
+    def put_manifest(self, raw: bytes) -> str: ...
+
+
+def open_store(ref: Ref, plain_http: bool = False, username: str | None = None,
+               password: str | None = None) -> Store:
+    if isinstance(ref, LayoutRef):
+        from pipeline.oci.layout import LayoutStore
+        return LayoutStore(ref)
+    from pipeline.oci.registry import RegistryStore
+    return RegistryStore(ref, plain_http, username, password)
+
+
+# ----------------------------------------------------------------------------------------------------------- push
+def push(kit: Path, store: Store, trusted: list[PublicKey], progress: Progress | None = None) -> tuple[str, int, int]:
+    """Push the kit (verified first: a damaged kit is never published) -> (manifest digest, bytes uploaded, bytes
+    the store already had). A blob the store has is not sent again: an unchanged kit uploads nothing."""
+    v = check_kit(Path(kit), trusted, hash_parts=False)     # the store hashes every part it takes (registry, layout)
+    raw, config, layers = artifact.make(v)
+    sent = kept = 0
+    config_blob = Blob("config", f"sha256:{hashlib.sha256(config).hexdigest()}", len(config), "config")
+    for blob in [*layers, config_blob]:
+        if store.has_blob(blob):
+            kept += blob.size
+            if progress:
+                progress(blob.size)
+            continue
+        store.put_blob(blob, config if blob is config_blob else Path(kit) / blob.name, progress)
+        sent += blob.size
+    return store.put_manifest(raw), sent, kept
+
+
+# ----------------------------------------------------------------------------------------------------------- pull
+def _fetch(store: Store, blob: Blob, work: Path, progress: Progress | None) -> Path:
+    """The blob, complete and hashed, at work/<hex>: resumed from work/<hex>.partial (re-hashed first), fetched no
+    further than its declared size."""
+    final, part = work / blob.hex, work / f"{blob.hex}.partial"
+    for p in (final, part):
+        st = os.lstat(p) if os.path.lexists(p) else None
+        if st is not None and not (stat.S_ISREG(st.st_mode) and st.st_size <= blob.size):
+            remove_entry(p)             # a planted link, a directory, a longer file: never read or written through
+    if os.path.lexists(final):
+        os.replace(final, part)         # kept from an earlier run: hashed again below like any partial
+    h, have = hashlib.sha256(), 0
+    if os.path.lexists(part):
+        with open_regular(part) as fh:
+            while data := fh.read(4 * 2**20):
+                h.update(data)
+                have += len(data)
+    if have and progress:
+        progress(have)
+    fh_out = None
+    try:
+        if have < blob.size or blob.size == 0:
+            start, chunks = store.read_blob(blob, have)
+            if start != have:           # the source ignored the range: start over
+                if progress and have:
+                    progress(-have)
+                h, have = hashlib.sha256(), 0
+                remove_entry(part)
+            fh_out = os.fdopen(os.open(part, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW), "ab") \
+                if os.path.lexists(part) else create_new(part)
+            for data in chunks:
+                if have + len(data) > blob.size:
+                    raise PipelineError(f"{store}: {blob.name} is longer than its {blob.size} bytes: the source "
+                                        "sends something else than the kit", "do not use this registry or copy")
+                fh_out.write(data)
+                h.update(data)
+                have += len(data)
+                if progress:
+                    progress(len(data))
+            fh_out.close()
+            fh_out = None
+    except OSError as exc:
+        raise PipelineError(f"cannot write {part}: {os_error_text(exc)}",
+                            "free space there (or pull somewhere else), then run pull again: it resumes") from None
+    finally:
+        if fh_out is not None:
+            fh_out.close()
+    if have < blob.size:
+        raise PipelineError(f"{store}: {blob.name} ended after {have} of its {blob.size} bytes (interrupted)",
+                            "run pull again: it resumes from the bytes already fetched")
+    if h.hexdigest() != blob.hex:
+        remove_entry(part)
+        raise PipelineError(f"{store}: {blob.name} does not hash to {blob.digest}: the blob in the registry or "
+                            "layout is damaged", "nothing of it was kept; repair the store (delete the tag and its "
+                            "blobs, or garbage-collect the registry), push the kit again, or pull from another copy")
+    os.replace(part, final)
+    return final
+
+
+def _check_signed(store: Store, art: KitArtifact, work: Path, trusted: list[PublicKey]) -> contract.Manifest:
+    """Signature over SHA256SUMS, then every layer against it and the signed MANIFEST.json: digests, sizes, the
+    file set. After this, a part's blob is right iff it hashes to its layer digest."""
+    where = f"{store} ({art.name})"
+    sums_text = (work / art.layer(SUMS).hex).read_bytes().decode("utf-8", "replace")
+    try:
+        _, comment = verify_signature(sums_text.encode(), (work / art.layer(SIG).hex).read_text("utf-8", "replace"),
+                                      trusted, Path(f"{where}/{SIG}"))
+    except SignatureError as exc:
+        raise KitError(exc.message, exc.hint or "do not use this kit; check who pushed it") from None
+    sums = parse_sums(Path(where), sums_text)
+    names = {b.name for b in art.layers}
+    if names != set(sums) | {SUMS, SIG}:
+        odd = sorted(names ^ (set(sums) | {SUMS, SIG}))
+        raise KitError(f"{where}: the layers and the signed {SUMS} name different files ({', '.join(odd[:5])})",
+                       "the registry or layout does not hold the kit that was signed; nothing was fetched")
+    for b in art.layers:
+        if b.name in sums and sums[b.name] != b.hex:
+            raise KitError(f"{where}: layer {b.name} has digest {b.digest}, but the signed {SUMS} says "
+                           f"sha256:{sums[b.name]}", "the registry lies about its content; nothing was fetched")
+    try:
+        obj = json.loads((work / art.layer(MANIFEST).hex).read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise KitError(f"{where}: {MANIFEST} is not JSON", "do not use this kit") from None
+    manifest = contract.manifest_from_dict(obj, f"{where}/{MANIFEST}")
+    signed_name = dict(f.split(":", 1) for f in comment.split("\t") if ":" in f).get("kit")
+    if manifest.name != art.name or signed_name != art.name:
+        raise KitError(f"{where}: the signed kit is named {manifest.name!r}, the registry says {art.name!r}",
+                       "a renamed or swapped kit is refused")
+    for p in manifest.parts:
+        if art.layer(p.name).size != p.size:
+            raise KitError(f"{where}: layer {p.name} is said to be {art.layer(p.name).size} bytes, the signed "
+                           f"{MANIFEST} says {p.size}", "the registry lies about its content; nothing was fetched")
+    return manifest
+
+
+def _destination(dest_root: Path, name: str) -> Path:
+    dest_root = Path(dest_root)
+    if os.path.lexists(dest_root) and not dest_root.is_dir():
+        raise PipelineError(f"{dest_root}: not a directory", "pass the directory the kit is to be pulled into")
+    dest_root.mkdir(parents=True, exist_ok=True)
+    return dest_root / name
+
+
+def pull(store: Store, dest_root: Path, trusted: list[PublicKey], say: Callable[[str], None] = print,
+         progress: Progress | None = None) -> VerifiedKit:
+    """Pull into dest_root/<kit name>; returns the verified kit there."""
+    art = artifact.parse(store.get_manifest(), str(store))
+    dest = _destination(dest_root, art.name)
+    work = real_dir(sibling(dest, "oci-pull"))
+    for name in SMALL:
+        _fetch(store, art.layer(name), work, None)
+    manifest = _check_signed(store, art, work, trusted)
+    todo = sum(b.size for b in art.parts if not os.path.lexists(work / b.hex))
+    free = shutil.disk_usage(work).free
+    if todo > free:
+        raise PipelineError(f"{dest_root}: {human_bytes(todo)} to fetch, {human_bytes(free)} free",
+                            "free space there or pull somewhere else; nothing was fetched but the signed checksums")
+    say(f"{art.name}: signature OK ({manifest.kind}, created {manifest.created}); fetching {len(art.parts)} "
+        f"part(s), {human_bytes(sum(b.size for b in art.parts))}")
+    for b in art.parts:
+        _fetch(store, b, work, progress)
+    staging = work / art.name
+    remove_entry(staging)
+    staging.mkdir()
+    for b in art.layers:
+        os.link(work / b.hex, staging / b.name)
+    verified = check_kit(staging, trusted, hash_parts=False)      # each part was hashed against the signed sums
+    move_into_place(staging, dest)
+    remove_entry(work)
+    return VerifiedKit(dest, verified.manifest, verified.signed_by, verified.comment, verified.manifest_sha256)
