@@ -331,6 +331,22 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--allow-downgrade", action="store_true",
                    help="use a kit older than the one last unpacked into --work")
     d.set_defaults(func=_device_cmd)
+    i = sub.add_parser("install", help="install a signed engine bundle on a board identical to the one that built "
+                       "it (no build), then run its golden check", description="One engine build per board kind: "
+                       "verify the bundle, refuse a board that differs from the one that built it (SM, TensorRT, "
+                       "JetPack, backend version, board model), unpack it into --work and validate the engine on "
+                       "the bundle's goldens, writing the same report as `device`. Exit 0 installed and passed, 1 "
+                       "the golden check failed, 2 refused.")
+    i.add_argument("bundle", help="engine bundle directory (`device --out`, or `pull`ed from a registry)")
+    i.add_argument("--work", default=None, help="where the engine is installed (default: ./<bundle name>.install)")
+    i.add_argument("--out", default=".", help="where the report goes (default: .)")
+    i.add_argument("--root", default=settings.get("JETSON_PIPELINE_PROBE_ROOT", "/"),
+                   help="probe this directory instead of / (a recorded board)")
+    i.add_argument("--pubkey", help="trust this public key too (the building device's)")
+    i.add_argument("--validate-timeout", type=positive_int, default=None, help="seconds per validation run")
+    i.add_argument("--any-board-model", action="store_true",
+                   help="install on another board model of the same SM, JetPack and versions (checked here)")
+    i.set_defaults(func=_install_cmd)
     from pipeline.oci.command import add_parser as add_oci
     add_oci(sub)
     from pipeline.serve.bench import add_parser as add_bench
@@ -367,6 +383,13 @@ def _device_cmd(args) -> int:
     return run_device(Path(args.kit), work=Path(args.work) if args.work else None, out=Path(args.out),
                       root=args.root, pubkey=args.pubkey, build_timeout=args.build_timeout, force=args.force,
                       allow_downgrade=args.allow_downgrade, validate_timeout=args.validate_timeout)
+
+
+def _install_cmd(args) -> int:
+    from pipeline.device.install import run_install
+    return run_install(Path(args.bundle), work=Path(args.work) if args.work else None, out=Path(args.out),
+                       root=args.root, pubkey=args.pubkey, validate_timeout=args.validate_timeout,
+                       any_board_model=args.any_board_model)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -177,7 +177,7 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
     report = build_report(goldens, validation, plan, board, build, reused, watch.measured())
     out.mkdir(parents=True, exist_ok=True)
     report_dir = out / f"{verified.name}.report"
-    _write_report(report_dir, report)
+    publish_report(report_dir, report)
     say(f"report: {report_dir / contract.REPORT_MD} ({'passed' if report.ok else 'FAILED'})")
     if not report.ok:
         for c in report.checks:
@@ -190,7 +190,7 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
     return 0
 
 
-def _write_report(report_dir: Path, report: contract.Report) -> None:
+def publish_report(report_dir: Path, report: contract.Report) -> None:
     """The report written into a private directory beside its place and renamed there: whatever --out held under
     that name (an earlier report, a planted link) is replaced, never written through."""
     import os

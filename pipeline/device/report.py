@@ -69,8 +69,10 @@ def kv_check(kv: contract.KvAllocation | None, plan: contract.Plan, backend: bac
 
 
 def build_report(goldens: contract.Goldens, validation: contract.Validation, plan: contract.Plan,
-                 board: contract.Board, build: contract.BuildRecord, reused: bool,
+                 board: contract.Board, build: contract.BuildRecord | None, reused: bool,
                  validation_memory: contract.PhaseMemory | None) -> contract.Report:
+    """The checks and figures of one device run; build=None: no engine was built in it (an installed bundle), so
+    no build figure or build check appears (another board's figures are never reported as measured here)."""
     need = goldens.min_token_agreement
     if len(validation.prompts) != len(goldens.prompts):
         # zip() would drop the prompts the runtime did not answer and pass the report on the rest
@@ -86,9 +88,10 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
                      agreement >= need, round(need - agreement, 4))]
     checks += kv_check(validation.kv_cache, plan, backend)
     memory = plan.memory
-    checks += memory_checks("engine build", build.memory, memory.build_peak if memory else None, None, "")
-    checks += memory_checks("engine build", build.memory, None, memory.usable_headless if memory else None,
-                            "a headless board's usable memory (the rest may page out to swap)", ram_only=True)
+    if build is not None:
+        checks += memory_checks("engine build", build.memory, memory.build_peak if memory else None, None, "")
+        checks += memory_checks("engine build", build.memory, None, memory.usable_headless if memory else None,
+                                "a headless board's usable memory (the rest may page out to swap)", ram_only=True)
     checks += memory_checks("runtime", validation_memory, memory.total if memory else None,
                             memory.usable_headless if memory else None, "the board's usable memory (headless)")
 
@@ -123,7 +126,8 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
         measured=contract.Measured(
             decode_tok_s=measured_decode, ttft_s=measured_ttft, prompt_tokens=prompt_tokens,
             speed_source=validation.speed_source, acceptance=round(sum(accept) / len(accept), 3) if accept else None,
-            kv_cache=validation.kv_cache, build_seconds=build.seconds, build_memory=build.memory,
+            kv_cache=validation.kv_cache, build_seconds=build.seconds if build else None,
+            build_memory=build.memory if build else None,
             runtime_memory=validation_memory, peak_unified_memory=max(peaks) if peaks else None,
             load_runs=validation.load_runs),
         predicted=contract.Predicted(
@@ -234,7 +238,8 @@ def write_report(out: Path, report: contract.Report) -> None:
     lines += ["", f"Speed measured by: {m.speed_source or 'not measured'}. Memory: what each phase took from "
               "the board (MemAvailable and SwapFree sampled while it ran)."
               + (f" KV cache: {m.kv_cache.source}." if m.kv_cache else ""),
-              f"Engine build: {'not measured' if m.build_seconds is None else str(m.build_seconds) + ' s'}.", ""]
+              "Engine build: " + ("not measured in this run" if m.build_seconds is None else f"{m.build_seconds} s")
+              + ".", ""]
     lines += [f"Note: {n}." for n in report.notes]
     for g in report.gaps:
         lines.append(f"**{g.figure} is {g.off_by:+.0%} off the prediction** ({g.measured} vs "

@@ -1,0 +1,115 @@
+"""One engine build per board kind: install a signed engine bundle on a board identical to the one that built it.
+
+    python -m pipeline install BUNDLE [--work DIR] [--out DIR]
+
+An engine build on an 8 GB Orin takes long (with swap); a fleet of identical boards builds once and installs the
+bundle everywhere else. The bundle is verified (signature, every part's hash while it is unpacked), then gated by its
+compat record: the same SM, TensorRT, JetPack and backend version as the board that built it (the gate's bundle
+rules), and the same board model (TensorRT only warns about another one; an install is meant for identical boards).
+A different board is refused before anything is unpacked, naming each difference and how to build instead. The
+engine is then run on the bundle's goldens exactly as `device` validates a fresh build (the same runners, checks and
+report), except that nothing here measured a build: the report says where and when the engine was built and leaves
+build time and memory out rather than reporting another board's figures as measured here.
+
+Exit codes as `device`: 0 installed and the golden check passed; 1 the golden check failed (the report says which);
+2 refused (bad bundle, different board) or the runtime failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from pipeline import backends, contract
+from pipeline.device.process import claim_work, say, terminate_as_interrupt
+from pipeline.errors import PipelineError
+
+INSTALL_DIR = "bundle"      # under --work: the unpacked, verified bundle (engine files + serving/)
+
+
+def differences(m: contract.BundleManifest, board: contract.Board, any_board_model: bool) -> list[str]:
+    """What keeps this board from taking the bundle: the gate's refusals, and another board model."""
+    from pipeline.device import gate
+    out = gate.check(m, board).refusals
+    built = m.built_on
+    if not any_board_model and built.board and board.board and built.board != board.board and not out:
+        out.append(f"bundle {m.name} was built on a {built.board}; this board is a {board.board} (same SM "
+                   f"{board.sm}): the engine would load, but it was validated on another board model. Pass "
+                   "--any-board-model to install and check it here anyway")
+    return out
+
+
+def run_install(bundle: Path, work: Path | None, out: Path, root: str = "/", pubkey: str | None = None,
+                validate_timeout: int | None = None, any_board_model: bool = False) -> int:
+    with terminate_as_interrupt():
+        return _install(bundle, work, out, root, pubkey, validate_timeout, any_board_model)
+
+
+def _install(bundle: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
+             validate_timeout: int | None, any_board_model: bool) -> int:
+    from pipeline.device.driver import publish_report, timeouts
+    from pipeline.device.memwatch import MemoryWatch
+    from pipeline.device.probe import probe
+    from pipeline.device.report import build_report
+    from pipeline.device.runners import RUNNERS
+    from pipeline.files import remove_entry
+    from pipeline.kit.bundle import SERVING_DIR
+    from pipeline.kit.signing import required_trusted_keys
+    from pipeline.kit.unpack import unpack
+    from pipeline.kit.verify import check_kit
+
+    trusted = required_trusted_keys(pubkey)
+    verified = check_kit(bundle, trusted, hash_parts=False)     # every part is hashed while it is unpacked below
+    m = verified.manifest
+    if not isinstance(m, contract.BundleManifest):
+        raise PipelineError(f"{bundle} is a kit, not an engine bundle: a kit's engine is built on the board",
+                            f"run `python -m pipeline device {bundle}`; `install` takes the bundle a device build "
+                            "wrote to its --out")
+    say(f"bundle {m.name} (signed {verified.created} by {verified.signed_by}): signature and manifest OK")
+    board = contract.Board.from_dict(probe(root), "probe")
+    if not board.is_jetson:
+        raise PipelineError(f"this is not a Jetson ({Path(root) / 'proc/device-tree/compatible'} names no Orin or "
+                            "Thor SoC)", "run install on the board, or pass --root DIR holding a recorded board's "
+                            "files")
+    differ = differences(m, board, any_board_model)
+    if differ:
+        raise PipelineError(f"{bundle} cannot be installed on this board: " + " | ".join(differ),
+                            f"nothing was installed; build the engine on this board from its kit {m.kit.name} "
+                            f"instead: `python -m pipeline device {m.kit.name}` (pull or copy the kit first); its "
+                            "bundle then installs on every board like this one")
+    say(f"this board: {board.name}, JetPack {board.jetpack}, SM {board.sm}, TensorRT {board.tensorrt}: the same as "
+        f"the board that built the engine ({m.built_on.name})")
+    work = (work or Path(f"{m.name}.install")).absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    claim_work(work)
+    dest = work / INSTALL_DIR
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        remove_entry(dest)          # planted in our work directory: never unpacked through
+    unpack(bundle, dest, trusted, verified=verified)
+    serving = dest / SERVING_DIR
+    if not (serving / contract.PLAN).is_file():
+        raise PipelineError(f"{bundle}: the bundle carries no {SERVING_DIR}/ (plan, goldens, tokenizer): it was "
+                            "made by an older version of the pipeline", "rebuild it with `python -m pipeline device`")
+    say(f"unpacked and verified: {dest}")
+    plan = contract.Plan.load(serving / contract.PLAN)
+    goldens = contract.Goldens.load(serving / contract.GOLDENS)
+    backend = backends.get(m.compat.backend)
+    _, limit = timeouts(plan, goldens, None, validate_timeout)
+    watch = MemoryWatch(Path(root))
+    validation = RUNNERS[backend.name](serving, dest, plan, goldens, work, watch, limit)
+    report = build_report(goldens, validation, plan, board, None, False, watch.measured())
+    report = dataclasses.replace(report, notes=[
+        f"engine installed from bundle {m.name}, built on {m.built_on.name} from kit {m.kit.name} (signed "
+        f"{verified.created} by {verified.signed_by}); it was not built here, so the build's time and memory are "
+        "not in this report (the building board's report has them)", *report.notes])
+    out.mkdir(parents=True, exist_ok=True)
+    report_dir = out / f"{m.kit.name}.report"
+    publish_report(report_dir, report)
+    say(f"report: {report_dir / contract.REPORT_MD} ({'passed' if report.ok else 'FAILED'})")
+    if not report.ok:
+        for c in report.checks:
+            if not c.ok:
+                say(f"failed: {c.check}: required {c.required}, measured {c.measured}, short by {c.by}")
+        return 1
+    say(f"installed: {dest} (serve it: python -m pipeline serve {bundle})")
+    return 0

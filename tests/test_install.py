@@ -1,0 +1,114 @@
+"""`install BUNDLE`: one engine build per board kind. A bundle built on one recorded Orin Nano installs, without a
+build, on an identical one (straight from the bundle, and after a push/pull through a real registry) and passes its
+golden check; a different board is refused naming what differs; the report claims no build it did not see."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipeline import contract
+from pipeline.kit.signing import PublicKey
+from pipeline.oci.refs import RegistryRef
+from pipeline.oci.transfer import open_store, pull, push
+from tests.conftest import board_copy, device, device_command, one_error
+from tests.ociregistry import Registry
+
+
+@pytest.fixture(scope="module")
+def bundle(kit, tmp_path_factory):
+    project, kit_dir, _ = kit
+    tmp = tmp_path_factory.mktemp("built")
+    proc = device(project, kit_dir, tmp)
+    assert proc.returncode == 0, proc.stderr
+    (b,) = [p for p in (tmp / "out").iterdir() if (p / "MANIFEST.json").is_file()]
+    return project, kit_dir, tmp, b
+
+
+def install(bundle, tmp, what=None, board="orin-nano-8gb-jp62-super", model=None, args=()):
+    project, kit_dir, built, b = bundle
+    _, env = device_command(project, kit_dir, built)      # the doubles on PATH, as on the building board
+    root = board_copy(tmp, board)
+    if model is not None:
+        (root / "proc/device-tree/model").write_text(model)
+    argv = [sys.executable, "-m", "pipeline", "install", str(what or b), "--root", str(root), "--work",
+            str(tmp / "work"), "--out", str(tmp / "out"), "--pubkey", str(project.root / "home" / "signing.pub"),
+            *args]
+    return subprocess.run(argv, env=dict(env, FAKE_BOARD_ROOT=str(root)), capture_output=True, text=True,
+                          timeout=600, cwd=tmp)
+
+
+def report_of(tmp) -> dict:
+    (r,) = (tmp / "out").glob("*.report")
+    return json.loads((r / "report.json").read_text())
+
+
+def test_installs_on_an_identical_board_without_building_and_passes_the_goldens(bundle, tmp_path):
+    _, _, built, b = bundle
+    proc = install(bundle, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "the same as the board that built the engine" in proc.stderr
+    assert not (tmp_path / "argv.jsonl").exists()           # no trtllm-build ran here
+    report = report_of(tmp_path)
+    assert report["ok"] is True
+    assert report["measured"]["build_seconds"] is None and report["measured"]["build_memory"] is None
+    assert not [c for c in report["checks"] if "build" in c["check"]]
+    assert any("not built here" in n for n in report["notes"])
+    built_report = json.loads(next((built / "out").glob("*.report")).joinpath("report.json").read_text())
+    assert [p["agreement"] for p in report["prompts"]] == [p["agreement"] for p in built_report["prompts"]]
+    installed = tmp_path / "work" / "bundle"
+    engine = built / "work" / contract.ENGINE_DIR
+    assert sorted(p.name for p in engine.iterdir()) == sorted(p.name for p in installed.iterdir() if
+                                                              p.name != "serving")
+    assert all((installed / p.name).read_bytes() == p.read_bytes() for p in engine.iterdir() if p.is_file())
+
+
+def test_a_different_board_is_refused_naming_what_differs(bundle, tmp_path):
+    proc = install(bundle, tmp_path / "agx", board="agx-orin-64gb-jp61")
+    err = one_error(proc)
+    assert proc.returncode == 2
+    assert "cannot be installed on this board" in err and "runs JetPack 6.1" in err
+    assert "python -m pipeline device tiny-llama-cpu@orin-nano-8gb" in err
+    assert not (tmp_path / "agx" / "work" / "bundle").exists() and not (tmp_path / "agx" / "out").exists()
+
+    other = "NVIDIA Jetson Orin Nano Developer Kit"
+    proc = install(bundle, tmp_path / "model", model=other)
+    err = one_error(proc)
+    assert f"this board is a {other} (same SM 8.7)" in err and "--any-board-model" in err
+    proc = install(bundle, tmp_path / "model2", model=other, args=["--any-board-model"])
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_kit_or_a_damaged_bundle_is_refused(bundle, tmp_path):
+    import shutil
+    _, kit_dir, _, b = bundle
+    err = one_error(install(bundle, tmp_path / "kit", what=kit_dir))
+    assert "is a kit, not an engine bundle" in err and "python -m pipeline device" in err
+    copy = tmp_path / "damaged" / b.name
+    shutil.copytree(b, copy)
+    part = sorted(copy.glob("*.tar*"))[0]
+    raw = bytearray(part.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    part.write_bytes(bytes(raw))
+    proc = install(bundle, tmp_path / "damaged", what=copy)
+    assert proc.returncode == 2 and "sha256" in one_error(proc)
+    assert not (tmp_path / "damaged" / "work" / "bundle").exists()
+
+
+def test_a_bundle_pulled_from_a_registry_installs_the_same_way(bundle, tmp_path):
+    project, _, _, b = bundle
+    key = PublicKey.load(project.root / "home" / "signing.pub")
+    reg = Registry(tmp_path / "registry")
+    try:
+        ref = RegistryRef(reg.host, "fleet/engines", "orin-nano-jp62")
+        push(b, open_store(ref, plain_http=True), [key])
+        pulled = pull(open_store(ref, plain_http=True), tmp_path / "device", [key], say=lambda _: None)
+    finally:
+        reg.stop()
+    assert pulled.path.name == b.name
+    proc = install(bundle, tmp_path, what=pulled.path)
+    assert proc.returncode == 0, proc.stderr
+    assert report_of(tmp_path)["ok"] is True
