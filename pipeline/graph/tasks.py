@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from pipeline.graph.framework import StageSpec
     from pipeline.recipe import Recipe
-from pipeline.graph.cmdline import KNOWN_VARS, cmdline_vars
+from pipeline.graph.cmdline import KNOWN_VARS, cmdline_vars, stage_cache
 
 
 def fail(message: str) -> None:
@@ -46,6 +46,10 @@ def _load_selection() -> tuple[tuple[Recipe, ...], dict[str, str]]:
     if unknown:
         known = ", ".join(f"{k}=... ({v})" for k, v in KNOWN_VARS.items())
         fail(f"unknown command-line variable(s): {', '.join(unknown)}; known: {known}")
+    try:
+        stage_cache()       # a malformed cache reference: said now, before any stage runs
+    except PipelineError as exc:
+        fail(f"cache: {exc}")
     wanted = cmdline_vars().get("recipe")
     named = wanted is not None
     names = [n.strip() for n in wanted.split(",") if n.strip()] if wanted is not None else recipe_names()

@@ -113,7 +113,7 @@ def plain_name(value: object) -> bool:
             and not value.startswith(".") and not any(c in value for c in "/\\\x00") and value.isprintable())
 
 
-def _descriptor(obj: object, where: str, what: str) -> tuple[str, str, int]:
+def descriptor_fields(obj: object, where: str, what: str) -> tuple[str, str, int]:
     if not isinstance(obj, dict):
         raise PipelineError(f"{where}: {what} is not an object", NOT_OURS)
     digest, size, mtype = obj.get("digest"), obj.get("size"), obj.get("mediaType")
@@ -138,7 +138,7 @@ def parse(raw: bytes, where: str) -> KitArtifact:
     if obj.get("artifactType") != media.MODEL_ARTIFACT:
         raise PipelineError(f"{where}: artifactType is {str(obj.get('artifactType'))[:80]!r}, not a model artifact "
                             f"({media.MODEL_ARTIFACT}): this is no kit or engine bundle", NOT_OURS)
-    _descriptor(obj.get("config"), where, "config")
+    descriptor_fields(obj.get("config"), where, "config")
     annotations = obj.get("annotations") or {}
     if not isinstance(annotations, dict) or not all(isinstance(v, str) for v in annotations.values()):
         raise PipelineError(f"{where}: annotations are not a map of strings", NOT_OURS)
@@ -151,7 +151,7 @@ def parse(raw: bytes, where: str) -> KitArtifact:
         raise PipelineError(f"{where}: layers is not a list of 1..{MAX_LAYERS} descriptors", NOT_OURS)
     layers: list[Blob] = []
     for i, layer in enumerate(layers_obj):
-        digest, mtype, size = _descriptor(layer, where, f"layers[{i}]")
+        digest, mtype, size = descriptor_fields(layer, where, f"layers[{i}]")
         if mtype not in (media.WEIGHT_RAW, media.WEIGHT_CONFIG_RAW):
             raise PipelineError(f"{where}: layers[{i}] has media type {mtype[:80]!r}; a kit's layers are "
                                 f"{media.WEIGHT_RAW} or {media.WEIGHT_CONFIG_RAW}", NOT_OURS)

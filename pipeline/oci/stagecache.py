@@ -1,0 +1,214 @@
+"""A shared stage cache for teams and CI: workstation stages (fetch, quantize, export, goldens, ...) as OCI artifacts.
+
+    doit build recipe=R cache=oci://registry.local:5000/team/stage-cache   (or JETSON_PIPELINE_CACHE=REF)
+
+Each entry is tagged `<stage>-<key>`: the key the stage framework computes from the stage's settings, tool versions
+and its inputs' content digests, so a workstation asks for exactly the output it would compute. Its layers are the
+stage's files (raw, named by org.cncf.model.filepath), its stage.json, and a minisign signature over that stage.json
+made with the publishing workstation's signing key (the one it signs kits with).
+
+An entry is used only if every check holds; otherwise it is ignored with a warning and the stage is computed:
+the signature is by a trusted key and names this stage and key; the signed stage.json carries the expected key and
+lists exactly the entry's files, each with the layer's digest and size; every file hashes to its digest as it
+streams in. Paths outside the stage directory, a name twice, absurd sizes: refused before anything is fetched.
+A stage computed here is published after it is in place; a failed publish is a warning (the build has its output).
+The package stage is not cached: a kit is signed by the workstation that makes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from pipeline import contract
+from pipeline.errors import PipelineError
+from pipeline.files import real_dir, remove_entry
+from pipeline.kit.verify import payload_path
+from pipeline.oci import media
+from pipeline.oci.artifact import MAX_LAYERS, Blob, descriptor_fields
+from pipeline.oci.refs import LayoutRef, RegistryRef, parse_ref
+
+STAGE_ARTIFACT = "application/vnd.jetson-pipeline.stage.v1+json"
+STAGE_FILE = "application/vnd.jetson-pipeline.stage.file.v1"
+EMPTY = "application/vnd.oci.empty.v1+json"
+MANIFEST = contract.STAGE_MANIFEST
+SIGNATURE = f"{MANIFEST}.minisig"
+CACHED_STAGES = frozenset({"fetch", "fetch-draft", "quantize", "export", "goldens", "accuracy"})
+MAX_SIG = 4096
+
+
+def _say(line: str) -> None:
+    from pipeline.progress import terminal
+    print(line, file=terminal(), flush=True)
+
+
+class StageCache:
+    def __init__(self, ref: str, plain_http: bool = False):
+        self.text, self.plain_http = ref, plain_http
+        self.ref = parse_ref(ref)
+        self.disabled = False           # after the store failed once: never a stall per stage
+
+    def _store(self, tag: str):
+        from pipeline import settings
+        from pipeline.oci.transfer import open_store
+        ref = LayoutRef(self.ref.directory, tag) if isinstance(self.ref, LayoutRef) else \
+            RegistryRef(self.ref.host, self.ref.repository, tag)
+        user = settings.get("JETSON_PIPELINE_REGISTRY_USERNAME")
+        return open_store(ref, self.plain_http, user, settings.get("JETSON_PIPELINE_REGISTRY_PASSWORD") if user
+                          else None)
+
+    @staticmethod
+    def tag(stage: str, key: str) -> str:
+        return f"{stage}-{key}"[:128]
+
+    def _off(self, what: str, exc: PipelineError) -> None:
+        self.disabled = True
+        _say(f"warning: stage cache {self.text}: {what}: {exc.message}; computing stages here for the rest of "
+             "this run")
+
+    # ------------------------------------------------------------------------------------------------ restore
+    def restore(self, stage: str, key: str, staging: Path) -> dict | None:
+        """The cached stage's files and its stage.json (mtimes refreshed) in `staging`, or None (a miss, or an
+        entry that failed a check: warned, nothing left in staging)."""
+        if self.disabled or stage not in CACHED_STAGES:
+            return None
+        try:
+            store = self._store(self.tag(stage, key))
+            raw = store.get_manifest()
+        except PipelineError as exc:
+            if "no such tag" in exc.message or "no manifest tagged" in exc.message or "no such layout" in exc.message:
+                return None
+            self._off("cannot be read", exc)
+            return None
+        try:
+            manifest = self._fetch(store, raw, stage, key, staging)
+        except PipelineError as exc:
+            _say(f"warning: stage cache entry {self.tag(stage, key)} ignored: {exc.message}; computing {stage} here")
+            for p in staging.iterdir():
+                remove_entry(p)
+            return None
+        _say(f"{stage}: restored from the stage cache ({self.text}), computed on a workstation in "
+             f"{manifest.get('seconds', '?')} s")
+        return manifest
+
+    def _fetch(self, store, raw: bytes, stage: str, key: str, staging: Path) -> dict:
+        from pipeline.kit.signing import SignatureError, trusted_keys, verify_signature
+        from pipeline.oci.transfer import _fetch
+
+        layers = _parse(raw, str(store))
+        blobs = staging / ".blobs"
+        real_dir(blobs)
+        for name in (MANIFEST, SIGNATURE):
+            _fetch(store, layers[name], blobs, None)
+        body = (blobs / layers[MANIFEST].hex).read_bytes()
+        try:
+            _, comment = verify_signature(body, (blobs / layers[SIGNATURE].hex).read_text("utf-8", "replace"),
+                                          trusted_keys(), Path(f"{store}/{SIGNATURE}"))
+        except SignatureError as exc:
+            raise PipelineError(f"not signed by a trusted key ({exc.message})") from None
+        fields = dict(f.split(":", 1) for f in comment.split("\t") if ":" in f)
+        if fields.get("stage") != stage or fields.get("key") != key:
+            raise PipelineError("its signature names another stage or key")
+        try:
+            manifest = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise PipelineError(f"its {MANIFEST} is not JSON") from None
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(files, dict) or manifest.get("key") != key or manifest.get("stage") != stage:
+            raise PipelineError(f"its {MANIFEST} is for another stage or key")
+        wanted = {n for n in layers if n not in (MANIFEST, SIGNATURE)}
+        if set(files) != wanted:
+            raise PipelineError(f"its {MANIFEST} and its layers list different files")
+        for name in wanted:
+            info = files[name]
+            if not isinstance(info, dict) or info.get("size") != layers[name].size or \
+                    f"sha256:{info.get('sha256')}" != layers[name].digest:
+                raise PipelineError(f"{name}: the layer's digest or size is not the signed {MANIFEST}'s")
+        need, free = sum(layers[n].size for n in wanted), shutil.disk_usage(staging).free
+        if need > free:
+            raise PipelineError(f"{need} bytes to fetch, {free} free")
+        for name in sorted(wanted):
+            path = _fetch(store, layers[name], blobs, None)
+            target = staging / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+        shutil.rmtree(blobs)
+        for name in wanted:         # the stage framework's up-to-date check compares these with the files
+            st = (staging / name).stat()
+            files[name] = dict(files[name], mtime_ns=st.st_mtime_ns)
+        from pipeline.files import write_atomic
+        write_atomic(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+        return manifest
+
+    # ------------------------------------------------------------------------------------------------ publish
+    def publish(self, stage: str, key: str, stage_dir: Path, manifest: dict) -> None:
+        if self.disabled or stage not in CACHED_STAGES:
+            return
+        from pipeline.kit.signing import signing_key
+        started = time.monotonic()
+        try:
+            secret = signing_key(create=True)
+            sig = secret.sign_file(stage_dir / MANIFEST,
+                                   f"timestamp:{int(time.time())}\tstage:{stage}\tkey:{key}")
+            store = self._store(self.tag(stage, key))
+            layers: list[tuple[Blob, Path | bytes]] = []
+            for name, info in sorted(manifest["files"].items()):
+                layers.append((Blob(name, f"sha256:{info['sha256']}", info["size"], STAGE_FILE), stage_dir / name))
+            body = (stage_dir / MANIFEST).read_bytes()
+            for name, data in ((MANIFEST, body), (SIGNATURE, sig.encode())):
+                layers.append((Blob(name, f"sha256:{hashlib.sha256(data).hexdigest()}", len(data), STAGE_FILE), data))
+            config = Blob("config", f"sha256:{hashlib.sha256(b'{}').hexdigest()}", 2, EMPTY)     # OCI's empty config
+            sent = 0
+            for blob, source in [*layers, (config, b"{}")]:
+                if not store.has_blob(blob):
+                    store.put_blob(blob, source)
+                    sent += blob.size
+            oci = {"schemaVersion": 2, "mediaType": media.OCI_MANIFEST, "artifactType": STAGE_ARTIFACT,
+                   "config": {"mediaType": EMPTY, "digest": config.digest, "size": 2},
+                   "layers": [b.descriptor() for b, _ in layers],
+                   "annotations": {media.CREATED: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                   media.PREFIX + "stage": stage, media.PREFIX + "stage-key": key,
+                                   media.SIGNER: secret.public.id_hex}}
+            store.put_manifest(json.dumps(oci, sort_keys=True, separators=(",", ":")).encode())
+        except (PipelineError, OSError) as exc:
+            message = exc.message if isinstance(exc, PipelineError) else str(exc)
+            _say(f"warning: stage cache {self.text}: {stage} not published: {message}")
+            return
+        _say(f"{stage}: published to the stage cache ({self.text}): {sent} bytes sent in "
+             f"{time.monotonic() - started:.1f} s")
+
+
+def _parse(raw: bytes, where: str) -> dict[str, Blob]:
+    """A stage entry's manifest as {path: Blob}: only relative paths inside the stage directory, each once."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise PipelineError(f"{where}: the manifest is not JSON") from None
+    if not isinstance(obj, dict) or obj.get("artifactType") != STAGE_ARTIFACT:
+        raise PipelineError(f"{where}: not a stage cache entry (artifactType {STAGE_ARTIFACT})")
+    layers = obj.get("layers")
+    if not isinstance(layers, list) or not 0 < len(layers) <= MAX_LAYERS:
+        raise PipelineError(f"{where}: layers is not a list of 1..{MAX_LAYERS} descriptors")
+    out: dict[str, Blob] = {}
+    for i, layer in enumerate(layers):
+        digest, mtype, size = descriptor_fields(layer, where, f"layers[{i}]")
+        ann = layer.get("annotations")
+        path = ann.get(media.FILEPATH) if isinstance(ann, dict) else None
+        if not isinstance(path, str):
+            raise PipelineError(f"{where}: layers[{i}] names no file")
+        path = payload_path(path)           # relative, no '..' or '.', within NAME_MAX/PATH_MAX
+        if path in out or path.startswith(".blobs"):
+            raise PipelineError(f"{where}: layers[{i}]: {path!r} twice, or a reserved name")
+        out[path] = Blob(path, digest, size, mtype)
+    if MANIFEST not in out or SIGNATURE not in out:
+        raise PipelineError(f"{where}: no {MANIFEST} or no signature")
+    if out[MANIFEST].size > contract.MAX_RECORD_BYTES or out[SIGNATURE].size > MAX_SIG:
+        raise PipelineError(f"{where}: {MANIFEST} or its signature larger than such a file may be")
+    prefixes = {p.rsplit("/", 1)[0] for p in out if "/" in p}
+    if prefixes & set(out):
+        raise PipelineError(f"{where}: a path is both a file and a directory")
+    return out
