@@ -346,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--validate-timeout", type=positive_int, default=None, help="seconds per validation run")
     i.add_argument("--any-board-model", action="store_true",
                    help="install on another board model of the same SM, JetPack and versions (checked here)")
+    i.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout (ok, "
+                   "installed, report)")
     i.set_defaults(func=_install_cmd)
     from pipeline.oci.command import add_parser as add_oci
     add_oci(sub)
@@ -389,7 +391,7 @@ def _install_cmd(args) -> int:
     from pipeline.device.install import run_install
     return run_install(Path(args.bundle), work=Path(args.work) if args.work else None, out=Path(args.out),
                        root=args.root, pubkey=args.pubkey, validate_timeout=args.validate_timeout,
-                       any_board_model=args.any_board_model)
+                       any_board_model=args.any_board_model, as_json=args.json)
 
 
 def main(argv: list[str] | None = None) -> int:

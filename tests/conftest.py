@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sshserver import sshd  # noqa: F401  (a fixture: the ssh builder and fleet tests use it)
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -229,6 +231,19 @@ def thor_kit(tmp_path_factory):
     (project.recipes / "tiny-thor.toml").write_text(text)
     project.doit("package", "recipe=tiny-thor", timeout=900)
     return project, project.artifacts / "tiny-thor" / "kit" / "tiny-thor@agx-thor"
+
+
+@pytest.fixture(scope="session")
+def bundle(kit, tmp_path_factory):
+    """The signed engine bundle `device` makes from the default recipe's kit on the recorded Orin Nano (with the
+    builder and runtime doubles): (project, kit_dir, the device run's directory, bundle dir). Shared by the serve,
+    install and fleet tests."""
+    project, kit_dir, _ = kit
+    tmp = tmp_path_factory.mktemp("bundle")
+    proc = device(project, kit_dir, tmp)
+    assert proc.returncode == 0, proc.stderr
+    (b,) = [p for p in (tmp / "out").iterdir() if (p / "MANIFEST.json").is_file()]
+    return project, kit_dir, tmp, b
 
 
 def board_copy(tmp: Path, board: str) -> Path:

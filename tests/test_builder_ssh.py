@@ -5,55 +5,21 @@ the TEST DOUBLES of trtllm-build, tegrastats and the tensorrt_llm runtime on its
 copied over scp, verified and built there, and the bundle and report come back into artifacts/.
 """
 
-import os
-import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.sshserver import SSHD
+
 REPO = Path(__file__).resolve().parents[1]
 DOUBLES = Path(__file__).parent / "doubles"
 FIX = Path(__file__).parent / "fixtures" / "devices"
-SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 pytestmark = [pytest.mark.integration,      # runs doit and the device half as subprocesses
               pytest.mark.skipif(not Path(SSHD).exists(), reason="needs OpenSSH's sshd (Debian openssh-server; "
                                                                    "./bootstrap.sh --test-tools installs it)")]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def sshd(tmp_path):
-    d = tmp_path / "sshd"
-    d.mkdir()
-    for name in ("host", "client"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
-    (d / "authorized_keys").write_text((d / "client.pub").read_text())
-    os.chmod(d / "authorized_keys", 0o600)
-    port = _free_port()
-    (d / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
-        f"PidFile {d / 'sshd.pid'}\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nPermitRootLogin yes\n"
-        "KbdInteractiveAuthentication no\nSubsystem sftp /usr/lib/openssh/sftp-server\n")
-    Path("/run/sshd").mkdir(exist_ok=True)
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stderr=open(d / "log", "w"))  # noqa: SIM115
-    for _ in range(100):
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.1)
-    yield port, d
-    proc.terminate()
-    proc.wait()
 
 
 def test_doit_build_through_an_ssh_builder(project, sshd, tmp_path):

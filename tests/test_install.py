@@ -8,24 +8,12 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from pipeline import contract
 from pipeline.kit.signing import PublicKey
 from pipeline.oci.refs import RegistryRef
 from pipeline.oci.transfer import open_store, pull, push
-from tests.conftest import board_copy, device, device_command, one_error
+from tests.conftest import board_copy, device_command, one_error
 from tests.ociregistry import Registry
-
-
-@pytest.fixture(scope="module")
-def bundle(kit, tmp_path_factory):
-    project, kit_dir, _ = kit
-    tmp = tmp_path_factory.mktemp("built")
-    proc = device(project, kit_dir, tmp)
-    assert proc.returncode == 0, proc.stderr
-    (b,) = [p for p in (tmp / "out").iterdir() if (p / "MANIFEST.json").is_file()]
-    return project, kit_dir, tmp, b
 
 
 def install(bundle, tmp, what=None, board="orin-nano-8gb-jp62-super", model=None, args=()):

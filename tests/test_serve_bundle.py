@@ -19,16 +19,6 @@ from tests.serving import Served, health
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def bundle(kit, tmp_path_factory):
-    project, kit_dir, _ = kit
-    tmp = tmp_path_factory.mktemp("bundle")
-    proc = device(project, kit_dir, tmp)
-    assert proc.returncode == 0, proc.stderr
-    (b,) = [p for p in (tmp / "out").iterdir() if (p / "MANIFEST.json").is_file()]
-    return project, kit_dir, tmp, b
-
-
 def serve_bundle(bundle, tmp, board="orin-nano-8gb-jp62-super", wait=True, **env) -> Served:
     project, kit_dir, dev_tmp, b = bundle
     _, denv = device_command(project, kit_dir, dev_tmp)

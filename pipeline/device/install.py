@@ -40,13 +40,13 @@ def differences(m: contract.BundleManifest, board: contract.Board, any_board_mod
 
 
 def run_install(bundle: Path, work: Path | None, out: Path, root: str = "/", pubkey: str | None = None,
-                validate_timeout: int | None = None, any_board_model: bool = False) -> int:
+                validate_timeout: int | None = None, any_board_model: bool = False, as_json: bool = False) -> int:
     with terminate_as_interrupt():
-        return _install(bundle, work, out, root, pubkey, validate_timeout, any_board_model)
+        return _install(bundle, work, out, root, pubkey, validate_timeout, any_board_model, as_json)
 
 
 def _install(bundle: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
-             validate_timeout: int | None, any_board_model: bool) -> int:
+             validate_timeout: int | None, any_board_model: bool, as_json: bool) -> int:
     from pipeline.device.driver import publish_report, timeouts
     from pipeline.device.memwatch import MemoryWatch
     from pipeline.device.probe import probe
@@ -106,6 +106,11 @@ def _install(bundle: Path, work: Path | None, out: Path, root: str, pubkey: str 
     report_dir = out / f"{m.kit.name}.report"
     publish_report(report_dir, report)
     say(f"report: {report_dir / contract.REPORT_MD} ({'passed' if report.ok else 'FAILED'})")
+    if as_json:         # for fleet tools: what to fetch back (the Ansible playbook does)
+        import json
+        print(json.dumps({"ok": report.ok, "bundle": m.name, "installed": str(dest), "board": board.name,
+                          "report": str(report_dir / contract.REPORT_JSON),
+                          "report_md": str(report_dir / contract.REPORT_MD)}))
     if not report.ok:
         for c in report.checks:
             if not c.ok:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -68,8 +69,12 @@ def _pull_cmd(args) -> int:
     with byte_bar(f"pulling {args.ref}", 0) as tick:
         v = pull(store, Path(args.dest), trusted, say=lambda s: print(s, file=sys.stderr),
                  progress=_Counter(tick))
-    print(f"OK: {v.path}: {v.manifest.kind} {v.name} (created {v.created}, signed by {v.signed_by}) pulled and "
-          "verified")
+    if args.json:       # for fleet tools (the Ansible playbook reads the path from it)
+        print(json.dumps({"path": str(v.path), "name": v.name, "kind": v.manifest.kind, "created": v.created,
+                          "signed_by": v.signed_by}))
+    else:
+        print(f"OK: {v.path}: {v.manifest.kind} {v.name} (created {v.created}, signed by {v.signed_by}) pulled "
+              "and verified")
     return 0
 
 
@@ -95,4 +100,6 @@ def add_parser(sub) -> None:
                        "interrupted pull resumes from what it fetched (kept in DEST/.<name>.oci-pull).")
     q.add_argument("ref", metavar="REF", help="oci://HOST[:PORT]/REPO[:TAG|@sha256:HEX] or oci-layout:DIR[:TAG]")
     q.add_argument("dest", metavar="DEST", help="directory the kit is pulled into (as DEST/<kit name>)")
+    q.add_argument("--json", action="store_true", help="print what was pulled as one JSON object (path, name, kind, "
+                   "created, signed_by)")
     q.set_defaults(func=_pull_cmd)
