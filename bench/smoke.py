@@ -19,6 +19,7 @@ RUNS = {
     "linear.py": ["--tokens", "1,8", "--repeat", "1", "--mb", "4"],
     "noop_rebuild.py": ["--recipes", "2", "--gib-per-recipe", "0.002", "--repeat", "1"],
     "pack.py": ["--gb", "0.02"],
+    "registry.py": ["--gb", "0.02", "--repeat", "1"],
     "quantize.py": ["--shape", "tiny", "--samples", "2", "--seq-len", "16"],
     "nvfp4.py": [],
     "serve.py": ["--requests", "3", "--max-tokens", "8"],

@@ -355,3 +355,24 @@ def test_unreachable_registry_and_non_kit_manifest(registry, key, tmp_path, caps
     with pytest.raises(PipelineError, match="artifactType is 'None', not a model artifact"):
         pull(store(registry, "kits/image", "plain"), tmp_path / "d", [key.public], say=quiet)
     assert not (tmp_path / "d").exists() or os.listdir(tmp_path / "d") == []
+
+
+def test_a_hostile_layout_on_a_stick_is_refused(key, tmp_path):
+    kit = make_kit(tmp_path, key)
+    layout = tmp_path / "stick"
+    push(kit, open_store(LayoutRef(layout, "v1")), [key.public])
+    part = layout / "blobs" / "sha256" / files(kit)["demo.tar.001"]
+    secret = tmp_path / "secret"
+    secret.write_bytes(part.read_bytes())
+    part.unlink()
+    part.symlink_to(secret)                 # a link on the stick: never read through
+    with pytest.raises(PipelineError, match=r"demo.tar.001 \(sha256:[0-9a-f]{64}\) cannot be read: .*not a regular "
+                                            r"file|cannot be opened as a regular file"):
+        pull(open_store(LayoutRef(layout, "v1")), tmp_path / "device", [key.public], say=quiet)
+    assert not (tmp_path / "device" / "demo").exists()
+    (layout / "index.json").write_text("{not json")
+    with pytest.raises(PipelineError, match="index.json: not JSON"):
+        pull(open_store(LayoutRef(layout, "v1")), tmp_path / "device", [key.public], say=quiet)
+    (layout / "index.json").write_text('{"manifests": []}')
+    with pytest.raises(PipelineError, match="no manifest tagged 'v1'"):
+        pull(open_store(LayoutRef(layout, "v1")), tmp_path / "device", [key.public], say=quiet)
