@@ -1,6 +1,7 @@
 """The device half on JetPack 6's Python 3.10 with only the light `device` and `serve` extras (no torch): verify,
 unpack, and every device and serving module importable."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -33,8 +34,8 @@ def test_verify_and_unpack_on_python310_without_torch(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([PY310, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
-    r = subprocess.run([str(py), "-m", "pip", "install", "-q", f"{REPO}[device,serve]"], capture_output=True, text=True,
-                       env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"))
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", f"{REPO}[device,serve,registry]"], capture_output=True,
+                       text=True, env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert subprocess.run([str(py), "-c", "import torch"], capture_output=True).returncode != 0
 
@@ -58,6 +59,14 @@ def test_verify_and_unpack_on_python310_without_torch(tmp_path):
     r = run("unpack", str(tmp_path / "demo"), str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "rank0.safetensors").read_bytes() == (src / "rank0.safetensors").read_bytes()
+    # a kit pulled from an OCI image layout (a stick) there, verified as it lands
+    from pipeline.oci.refs import LayoutRef
+    from pipeline.oci.transfer import open_store, push
+    push(tmp_path / "demo", open_store(LayoutRef(tmp_path / "stick", "v1")), [key.public])
+    r = run("pull", f"oci-layout:{tmp_path / 'stick'}:v1", str(tmp_path / "pulled"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["path"] == str(tmp_path / "pulled" / "demo")
+    assert sorted(os.listdir(tmp_path / "pulled" / "demo")) == sorted(os.listdir(tmp_path / "demo"))
 
     # Every module of the halves that run on the device imports there, with the workstation's libraries blocked
     # (a module that needs torch at import time would break `python -m pipeline device` on a Jetson).
@@ -70,7 +79,7 @@ class Block:
             raise ImportError(f"blocked on the device: {name}")     # the workstation half stays off the device
 sys.meta_path.insert(0, Block())
 import pipeline
-names = [m.name for pkg in ("device", "kit", "backends", "plan", "contract", "runtime", "serve")
+names = [m.name for pkg in ("device", "kit", "oci", "backends", "plan", "contract", "runtime", "serve")
          for m in pkgutil.walk_packages([f"{pipeline.__path__[0]}/{pkg}"], f"pipeline.{pkg}.")]
 names += ["pipeline.cli", "pipeline.contract", "pipeline.errors", "pipeline.files", "pipeline.progress",
           "pipeline.tomlcompat", "pipeline.settings", "pipeline.builders"]

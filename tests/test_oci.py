@@ -3,6 +3,7 @@ identical round trips, deduplicated blobs, and every way a registry, its storage
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -303,6 +304,17 @@ def test_basic_auth_registry(tmp_path, key, monkeypatch):
         rc, out, err = run_cli(tmp_path, key, "pull", ref, tmp_path / "device", "--plain-http")
         assert rc == 0, err
         assert files(tmp_path / "device" / "demo") == files(kit)
+        # what `docker login` stored (~/.docker/config.json), read through oras-py's credential lookup
+        monkeypatch.delenv("JETSON_PIPELINE_REGISTRY_USERNAME")
+        monkeypatch.delenv("JETSON_PIPELINE_REGISTRY_PASSWORD")
+        home = tmp_path / "user"
+        (home / ".docker").mkdir(parents=True)
+        login = base64.b64encode(b"ci:s3cret").decode()
+        (home / ".docker" / "config.json").write_text(json.dumps({"auths": {reg.host: {"auth": login}}}))
+        monkeypatch.setenv("HOME", str(home))
+        rc, out, err = run_cli(tmp_path, key, "pull", ref, tmp_path / "device2", "--plain-http")
+        assert rc == 0, err
+        assert files(tmp_path / "device2" / "demo") == files(kit)
     finally:
         reg.stop()
 
