@@ -38,13 +38,14 @@ def key():
     return SecretKey.generate()
 
 
-def make_kit(tmp: Path, key: SecretKey, name: str = "demo", weights: bytes | None = None, config: str = "{}") -> Path:
+def make_kit(tmp: Path, key: SecretKey, name: str = "demo", weights: bytes | None = None, config: str = "{}",
+             part: int = PART) -> Path:
     src = tmp / f"{name}.src"
     (src / "a").mkdir(parents=True, exist_ok=True)
     (src / "a" / "weights.bin").write_bytes(weights if weights is not None else os.urandom(2_500_000))
     (src / "z.json").write_text(config)
     return pack(src, tmp / name, name, "kit", key, meta=contract.KitMeta(recipe="r", target="orin-nano-8gb"),
-                part_size=PART).path
+                part_size=part).path
 
 
 def files(d: Path) -> dict[str, str]:
@@ -388,3 +389,115 @@ def test_a_hostile_layout_on_a_stick_is_refused(key, tmp_path):
     (layout / "index.json").write_text('{"manifests": []}')
     with pytest.raises(PipelineError, match="no manifest tagged 'v1'"):
         pull(open_store(LayoutRef(layout, "v1")), tmp_path / "device", [key.public], say=quiet)
+
+
+class SlowProxy:
+    """An HTTP proxy in front of the registry that sends blob bodies slowly (a slow link a pull can be killed on),
+    and records the Range headers it is asked for."""
+
+    def __init__(self, upstream: str):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        self.ranges: list[str] = []
+        self.slow = True
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _forward(self):
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("accept", "range", "authorization")}
+                if "Range" in headers:
+                    proxy.ranges.append(headers["Range"])
+                r = requests.request(self.command, f"http://{upstream}{self.path}", headers=headers, stream=True,
+                                     timeout=10)
+                self.send_response(r.status_code)
+                for k, v in r.headers.items():
+                    if k.lower() not in ("connection", "transfer-encoding"):
+                        self.send_header(k, v)
+                self.end_headers()
+                if self.command == "GET":
+                    import time
+                    for chunk in r.iter_content(65536):
+                        self.wfile.write(chunk)
+                        if proxy.slow and "/blobs/" in self.path:
+                            time.sleep(0.05)
+
+            do_GET = do_HEAD = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_killed_pull_leaves_nothing_complete_and_resumes(registry, key, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    kit = make_kit(tmp_path, key, weights=os.urandom(6_000_000), part=3_000_000)
+    push(kit, store(registry, "kits/killed"), [key.public])
+    proxy = SlowProxy(registry.host)
+    pub = tmp_path / "signer.pub"
+    pub.write_text(key.public.dump())
+    argv = [sys.executable, "-m", "pipeline", "pull", f"oci://{proxy.host}/kits/killed:v1", str(tmp_path / "device"),
+            "--plain-http", "--pubkey", str(pub)]
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        work = tmp_path / "device" / ".demo.oci-pull"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:          # kill it in the middle of the second part
+            partial = work / f"{files(kit)['demo.tar.001']}.partial"
+            if partial.exists() and partial.stat().st_size >= 2**20:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("the pull never got a megabyte into the second part")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert proc.returncode == -signal.SIGKILL
+        assert not (tmp_path / "device" / "demo").exists()      # nothing that looks like a kit
+        assert (work / files(kit)["demo.tar.000"]).is_file()    # the first part was complete and kept
+        proxy.slow = False
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert files(tmp_path / "device" / "demo") == files(kit)
+        assert len(proxy.ranges) == 1 and proxy.ranges[0].startswith("bytes=") and \
+            int(proxy.ranges[0][6:-1]) >= 2**20             # resumed where the killed pull stopped
+    finally:
+        proxy.stop()
+
+
+def test_a_disk_that_fills_up_during_the_pull_is_one_clear_error(registry, key, tmp_path, monkeypatch):
+    import errno
+
+    from pipeline.oci import transfer
+    kit = make_kit(tmp_path, key)
+    push(kit, store(registry, "kits/enospc"), [key.public])
+    real = transfer.create_new
+
+    class Full:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+    second_part = files(kit)["demo.tar.001"]
+    monkeypatch.setattr(transfer, "create_new", lambda p: Full(real(p)) if p.name.startswith(second_part) else real(p))
+    with pytest.raises(PipelineError, match="the disk is full") as e:
+        pull(store(registry, "kits/enospc"), tmp_path / "device", [key.public], say=quiet)
+    assert "run pull again: it resumes" in e.value.hint
+    assert not (tmp_path / "device" / "demo").exists()

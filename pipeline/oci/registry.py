@@ -26,7 +26,8 @@ from pipeline.oci.refs import RegistryRef
 
 CONNECT_S, READ_S = 15, 120
 RETRIES = (1.0, 3.0)        # waits before the 2nd and 3rd try of an idempotent request on a dropped connection
-CHUNK = 4 * 2**20
+CHUNK = 4 * 2**20           # upload reads
+READ_CHUNK = 2**20          # download reads: requests waits for a whole chunk, so a killed pull loses at most this
 LOGIN_HINT = "pass --username USER --password-stdin, or log in once with `docker login HOST` / `oras login HOST`"
 
 
@@ -175,7 +176,7 @@ class RegistryStore:
         def chunks() -> Iterator[bytes]:
             with r:
                 try:
-                    yield from r.iter_content(CHUNK)
+                    yield from r.iter_content(READ_CHUNK)
                 except self.requests.exceptions.RequestException as exc:
                     raise self._unreachable(exc) from None
         return start, chunks()
