@@ -217,6 +217,16 @@ def _trust_cmd(args) -> int:
     return 0
 
 
+def _on_board_args(p: argparse.ArgumentParser) -> None:
+    """What `device` and `install` share: the board to probe, an extra trusted key, the validation time limit."""
+    p.add_argument("--root", default=settings.get("JETSON_PIPELINE_PROBE_ROOT", "/"),
+                   help="probe this directory instead of / (a recorded board; default $JETSON_PIPELINE_PROBE_ROOT "
+                   "or /)")
+    p.add_argument("--pubkey", help="trust this public key too")
+    p.add_argument("--validate-timeout", type=positive_int, default=None,
+                   help="seconds per validation run (default: the plan's predicted time x 10, at least 5 min)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pipeline import backends
     from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
@@ -319,14 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("kit", help="kit directory (as copied from the workstation)")
     d.add_argument("--work", default=None, help="where to unpack and build (default: ./<kit name>.build)")
     d.add_argument("--out", default=".", help="where the bundle and report go (default: .)")
-    d.add_argument("--root", default=settings.get("JETSON_PIPELINE_PROBE_ROOT", "/"),
-                   help="probe this directory instead of / (a recorded board; default $JETSON_PIPELINE_PROBE_ROOT "
-                   "or /)")
-    d.add_argument("--pubkey", help="trust this public key too")
+    _on_board_args(d)
     d.add_argument("--build-timeout", type=positive_int, default=None,
                    help="seconds (default: the plan's generous build estimate x 3, at least 30 min)")
-    d.add_argument("--validate-timeout", type=positive_int, default=None,
-                   help="seconds per validation run (default: the plan's predicted time x 10, at least 5 min)")
     d.add_argument("--force", action="store_true", help="build even where the memory gate refuses")
     d.add_argument("--allow-downgrade", action="store_true",
                    help="use a kit older than the one last unpacked into --work")
@@ -340,10 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("bundle", help="engine bundle directory (`device --out`, or `pull`ed from a registry)")
     i.add_argument("--work", default=None, help="where the engine is installed (default: ./<bundle name>.install)")
     i.add_argument("--out", default=".", help="where the report goes (default: .)")
-    i.add_argument("--root", default=settings.get("JETSON_PIPELINE_PROBE_ROOT", "/"),
-                   help="probe this directory instead of / (a recorded board)")
-    i.add_argument("--pubkey", help="trust this public key too (the building device's)")
-    i.add_argument("--validate-timeout", type=positive_int, default=None, help="seconds per validation run")
+    _on_board_args(i)
     i.add_argument("--any-board-model", action="store_true",
                    help="install on another board model of the same SM, JetPack and versions (checked here)")
     i.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout (ok, "

@@ -34,6 +34,22 @@ def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> st
     return h.hexdigest()
 
 
+def write_hashed(chunks: typing.Iterable[bytes], out: typing.BinaryIO, h, limit: int | None = None,
+                 progress: Callable[[int], None] | None = None) -> int:
+    """Write each chunk to `out` and into the hash `h`; returns the bytes written. A chunk that would take the total
+    past `limit` raises ValueError before any of it is written (a source sending more than it declared)."""
+    n = 0
+    for data in chunks:
+        if limit is not None and n + len(data) > limit:
+            raise ValueError(f"more than {limit} bytes")
+        out.write(data)
+        h.update(data)
+        n += len(data)
+        if progress:
+            progress(len(data))
+    return n
+
+
 def link_or_copy(src: Path, dst: Path) -> None:
     """Hard-link src to dst (no copy of multi-GB weights on one filesystem), else copy it."""
     dst.parent.mkdir(parents=True, exist_ok=True)

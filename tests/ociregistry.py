@@ -4,7 +4,6 @@ filesystem storage in a temporary directory the tests may damage, and optional h
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,20 +11,16 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.serving import free_port, stop_process
+
 BINARY = shutil.which("docker-registry") or shutil.which("registry")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Registry:
     def __init__(self, root: Path, users: dict[str, str] | None = None):
         if BINARY is None:
             pytest.fail("docker-registry is not installed: run ./bootstrap.sh --test-tools")
-        self.root, self.port = Path(root), _free_port()
+        self.root, self.port = Path(root), free_port()
         self.storage = self.root / "storage"
         self.storage.mkdir(parents=True, exist_ok=True)
         auth = ""
@@ -65,10 +60,5 @@ class Registry:
         return self.storage / "docker/registry/v2/blobs/sha256" / hexd[:2] / hexd / "data"
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
         self.log.close()

@@ -12,13 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.serving import free_port
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -29,7 +25,7 @@ def sshd(tmp_path):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
     (d / "authorized_keys").write_text((d / "client.pub").read_text())
     os.chmod(d / "authorized_keys", 0o600)
-    port = _free_port()
+    port = free_port()
     (d / "sshd_config").write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
         f"PidFile {d / 'sshd.pid'}\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nPermitRootLogin yes\n"

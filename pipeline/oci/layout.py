@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.files import create_new, open_regular, read_regular, real_dir, remove_entry, write_atomic
+from pipeline.files import create_new, open_regular, read_regular, real_dir, remove_entry, write_atomic, write_hashed
 from pipeline.oci import media
 from pipeline.oci.artifact import DIGEST, Blob
 from pipeline.oci.refs import LayoutRef
@@ -124,20 +124,13 @@ class LayoutStore:
         self._prepare()
         final, partial = self.blobs / blob.hex, self.blobs / f".{blob.hex}.partial"
         remove_entry(partial)
-        h, n = hashlib.sha256(), 0
+        h = hashlib.sha256()
         with create_new(partial) as out:
             if isinstance(source, bytes):
-                h.update(source)
-                out.write(source)
-                n = len(source)
+                n = write_hashed([source], out, h)
             else:
                 with open_regular(source) as fh:
-                    while data := fh.read(CHUNK):
-                        h.update(data)
-                        out.write(data)
-                        n += len(data)
-                        if progress:
-                            progress(len(data))
+                    n = write_hashed(iter(lambda: fh.read(CHUNK), b""), out, h, progress=progress)
             out.flush()
             os.fsync(out.fileno())
         if h.hexdigest() != blob.hex or n != blob.size:

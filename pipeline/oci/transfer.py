@@ -34,6 +34,7 @@ from pipeline.files import (
     real_dir,
     remove_entry,
     sibling,
+    write_hashed,
 )
 from pipeline.kit.signing import PublicKey, SignatureError, verify_signature
 from pipeline.kit.verify import KitError, VerifiedKit, check_kit, parse_sums
@@ -111,15 +112,11 @@ def _fetch(store: Store, blob: Blob, work: Path, progress: Progress | None) -> P
                 remove_entry(part)
             fh_out = os.fdopen(os.open(part, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW), "ab") \
                 if os.path.lexists(part) else create_new(part)
-            for data in chunks:
-                if have + len(data) > blob.size:
-                    raise PipelineError(f"{store}: {blob.name} is longer than its {blob.size} bytes: the source "
-                                        "sends something else than the kit", "do not use this registry or copy")
-                fh_out.write(data)
-                h.update(data)
-                have += len(data)
-                if progress:
-                    progress(len(data))
+            try:
+                have += write_hashed(chunks, fh_out, h, blob.size - have, progress)
+            except ValueError:
+                raise PipelineError(f"{store}: {blob.name} is longer than its {blob.size} bytes: the source sends "
+                                    "something else than the kit", "do not use this registry or copy") from None
             fh_out.close()
             fh_out = None
     except OSError as exc:
