@@ -30,6 +30,10 @@ DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 NOT_OURS = "pull only what `python -m pipeline push` published; check the reference"
 
 
+class NotFound(PipelineError):
+    """The reference names no manifest (no such tag, repository or layout): a cache miss, for the stage cache."""
+
+
 @dataclass(frozen=True)
 class Blob:
     name: str           # the file's name in the kit directory

@@ -23,7 +23,7 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.files import create_new, open_regular, read_regular, real_dir, remove_entry, write_atomic, write_hashed
 from pipeline.oci import media
-from pipeline.oci.artifact import DIGEST, Blob
+from pipeline.oci.artifact import DIGEST, Blob, NotFound
 from pipeline.oci.refs import LayoutRef
 
 LAYOUT_FILE, INDEX = "oci-layout", "index.json"
@@ -42,7 +42,7 @@ class LayoutStore:
     # ------------------------------------------------------------------------------------------------ reading
     def _need_layout(self) -> None:
         if not self.root.is_dir():
-            raise PipelineError(f"{self.root}: no such layout directory", "pass the directory `push` wrote "
+            raise NotFound(f"{self.root}: no such layout directory", "pass the directory `push` wrote "
                                 "(it holds oci-layout and index.json); mount the stick first")
         try:
             version = json.loads(read_regular(self.root / LAYOUT_FILE, 4096))
@@ -71,7 +71,7 @@ class LayoutStore:
         self._need_layout()
         entries = [m for m in self._index() if (m.get("annotations") or {}).get(media.REF_NAME) == self.ref.tag]
         if not entries:
-            raise PipelineError(f"{self.ref}: no manifest tagged {self.ref.tag!r} in {self.root / INDEX}",
+            raise NotFound(f"{self.ref}: no manifest tagged {self.ref.tag!r} in {self.root / INDEX}",
                                 "list the layout's tags (index.json), or push the kit there first")
         digest = entries[-1].get("digest")
         if not isinstance(digest, str) or not DIGEST.fullmatch(digest):

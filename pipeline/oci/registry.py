@@ -21,7 +21,7 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.files import open_regular
 from pipeline.oci import media
-from pipeline.oci.artifact import Blob
+from pipeline.oci.artifact import Blob, NotFound
 from pipeline.oci.refs import RegistryRef
 
 CONNECT_S, READ_S = 15, 120
@@ -148,7 +148,7 @@ class RegistryStore:
         url = self._url(self.container.manifest_url(self.ref.reference))
         with self.registry.do_request(url, "GET", headers={"Accept": media.OCI_MANIFEST}, stream=True) as r:
             if r.status_code == 404:
-                raise PipelineError(f"{self.ref}: no such tag or repository in the registry",
+                raise NotFound(f"{self.ref}: no such tag or repository in the registry",
                                     "check the reference (the tag `push` printed)")
             if r.status_code != 200:
                 raise self._fail(r, "cannot read the manifest")

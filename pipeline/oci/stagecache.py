@@ -29,7 +29,7 @@ from pipeline.errors import PipelineError
 from pipeline.files import real_dir, remove_entry
 from pipeline.kit.verify import payload_path
 from pipeline.oci import media
-from pipeline.oci.artifact import MAX_LAYERS, Blob, descriptor_fields
+from pipeline.oci.artifact import MAX_LAYERS, Blob, NotFound, descriptor_fields
 from pipeline.oci.refs import LayoutRef, RegistryRef, parse_ref
 
 STAGE_ARTIFACT = "application/vnd.jetson-pipeline.stage.v1+json"
@@ -79,13 +79,13 @@ class StageCache:
         try:
             store = self._store(self.tag(stage, key))
             raw = store.get_manifest()
+        except NotFound:
+            return None
         except PipelineError as exc:
-            if "no such tag" in exc.message or "no manifest tagged" in exc.message or "no such layout" in exc.message:
-                return None
             self._off("cannot be read", exc)
             return None
         try:
-            manifest = self._fetch(store, raw, stage, key, staging)
+            manifest = self._checked_entry(store, raw, stage, key, staging)
         except PipelineError as exc:
             _say(f"warning: stage cache entry {self.tag(stage, key)} ignored: {exc.message}; computing {stage} here")
             for p in staging.iterdir():
@@ -95,15 +95,15 @@ class StageCache:
              f"{manifest.get('seconds', '?')} s")
         return manifest
 
-    def _fetch(self, store, raw: bytes, stage: str, key: str, staging: Path) -> dict:
+    def _checked_entry(self, store, raw: bytes, stage: str, key: str, staging: Path) -> dict:
         from pipeline.kit.signing import SignatureError, trusted_keys, verify_signature
-        from pipeline.oci.transfer import _fetch
+        from pipeline.oci.transfer import fetch_blob
 
         layers = _parse(raw, str(store))
         blobs = staging / ".blobs"
         real_dir(blobs)
         for name in (MANIFEST, SIGNATURE):
-            _fetch(store, layers[name], blobs, None)
+            fetch_blob(store, layers[name], blobs, None)
         body = (blobs / layers[MANIFEST].hex).read_bytes()
         try:
             _, comment = verify_signature(body, (blobs / layers[SIGNATURE].hex).read_text("utf-8", "replace"),
@@ -132,7 +132,7 @@ class StageCache:
         if need > free:
             raise PipelineError(f"{need} bytes to fetch, {free} free")
         for name in sorted(wanted):
-            path = _fetch(store, layers[name], blobs, None)
+            path = fetch_blob(store, layers[name], blobs, None)
             target = staging / name
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(path, target)

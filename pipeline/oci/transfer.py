@@ -83,7 +83,7 @@ def push(kit: Path, store: Store, trusted: list[PublicKey], progress: Progress |
 
 
 # ----------------------------------------------------------------------------------------------------------- pull
-def _fetch(store: Store, blob: Blob, work: Path, progress: Progress | None) -> Path:
+def fetch_blob(store: Store, blob: Blob, work: Path, progress: Progress | None) -> Path:
     """The blob, complete and hashed, at work/<hex>: resumed from work/<hex>.partial (re-hashed first), fetched no
     further than its declared size."""
     final, part = work / blob.hex, work / f"{blob.hex}.partial"
@@ -188,7 +188,7 @@ def pull(store: Store, dest_root: Path, trusted: list[PublicKey], say: Callable[
     dest = _destination(dest_root, art.name)
     work = real_dir(sibling(dest, "oci-pull"))
     for name in SMALL:
-        _fetch(store, art.layer(name), work, None)
+        fetch_blob(store, art.layer(name), work, None)
     manifest = _check_signed(store, art, work, trusted)
     todo = sum(b.size for b in art.parts if not os.path.lexists(work / b.hex))
     free = shutil.disk_usage(work).free
@@ -198,7 +198,7 @@ def pull(store: Store, dest_root: Path, trusted: list[PublicKey], say: Callable[
     say(f"{art.name}: signature OK ({manifest.kind}, created {manifest.created}); fetching {len(art.parts)} "
         f"part(s), {human_bytes(sum(b.size for b in art.parts))}")
     for b in art.parts:
-        _fetch(store, b, work, progress)
+        fetch_blob(store, b, work, progress)
     staging = work / art.name
     remove_entry(staging)
     staging.mkdir()
