@@ -96,3 +96,21 @@ def byte_bar(label: str, total: int):
     """A byte progress bar for a command's long copy or check; yields update(done_so_far)."""
     with Progress(label, unit="B") as bar:
         yield lambda done: bar.update(done, total)
+
+
+class ByteCounter:
+    """A progress callback taking increments (bytes just done; negative when a transfer starts over); `total` may
+    be set once it is known (a pull learns it from the manifest)."""
+
+    def __init__(self, bar: Progress, total: int = 0):
+        self.bar, self.total, self.done = bar, total, 0
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        self.bar.update(self.done, self.total or None)
+
+
+@contextlib.contextmanager
+def byte_counter(label: str, total: int = 0):
+    with Progress(label, unit="B") as bar:
+        yield ByteCounter(bar, total)

@@ -33,28 +33,17 @@ def _store(args):
                       password=password if username else None)
 
 
-class _Counter:
-    """Progress callbacks add bytes; the bar wants the total so far."""
-
-    def __init__(self, tick):
-        self.done, self.tick = 0, tick
-
-    def __call__(self, n: int) -> None:
-        self.done += n
-        self.tick(self.done)
-
-
 def _push_cmd(args) -> int:
     from pipeline.files import human_bytes
     from pipeline.kit.signing import required_trusted_keys
     from pipeline.kit.verify import kit_bytes
     from pipeline.oci.transfer import push
-    from pipeline.progress import byte_bar
+    from pipeline.progress import byte_counter
 
     kit, trusted = Path(args.kit), required_trusted_keys(args.pubkey)
     store = _store(args)
-    with byte_bar(f"pushing {kit.name}", kit_bytes(kit)) as tick:
-        digest, sent, kept = push(kit, store, trusted, progress=_Counter(tick))
+    with byte_counter(f"pushing {kit.name}", kit_bytes(kit)) as progress:
+        digest, sent, kept = push(kit, store, trusted, progress=progress)
     print(f"pushed {kit.name} to {store} ({digest}): {human_bytes(sent)} uploaded, {human_bytes(kept)} already there")
     return 0
 
@@ -62,13 +51,13 @@ def _push_cmd(args) -> int:
 def _pull_cmd(args) -> int:
     from pipeline.kit.signing import required_trusted_keys
     from pipeline.oci.transfer import pull
-    from pipeline.progress import byte_bar
+    from pipeline.progress import byte_counter
 
     trusted = required_trusted_keys(args.pubkey)    # before any network: nothing is fetched that cannot be checked
     store = _store(args)
-    with byte_bar(f"pulling {args.ref}", 0) as tick:
+    with byte_counter(f"pulling {args.ref}") as progress:
         v = pull(store, Path(args.dest), trusted, say=lambda s: print(s, file=sys.stderr),
-                 progress=_Counter(tick))
+                 progress=progress)
     if args.json:       # for fleet tools (the Ansible playbook reads the path from it)
         print(json.dumps({"path": str(v.path), "name": v.name, "kind": v.manifest.kind, "created": v.created,
                           "signed_by": v.signed_by}))

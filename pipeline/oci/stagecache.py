@@ -131,11 +131,13 @@ class StageCache:
         need, free = sum(layers[n].size for n in wanted), shutil.disk_usage(staging).free
         if need > free:
             raise PipelineError(f"{need} bytes to fetch, {free} free")
-        for name in sorted(wanted):
-            path = fetch_blob(store, layers[name], blobs, None)
-            target = staging / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(path, target)
+        from pipeline.progress import byte_counter
+        with byte_counter(f"{stage}: from the stage cache", need) as progress:
+            for name in sorted(wanted):
+                path = fetch_blob(store, layers[name], blobs, progress)
+                target = staging / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
         shutil.rmtree(blobs)
         for name in wanted:         # the stage framework's up-to-date check compares these with the files
             st = (staging / name).stat()
@@ -163,10 +165,14 @@ class StageCache:
                 layers.append((Blob(name, f"sha256:{hashlib.sha256(data).hexdigest()}", len(data), STAGE_FILE), data))
             config = Blob("config", f"sha256:{hashlib.sha256(b'{}').hexdigest()}", 2, EMPTY)     # OCI's empty config
             sent = 0
-            for blob, source in [*layers, (config, b"{}")]:
-                if not store.has_blob(blob):
-                    store.put_blob(blob, source)
-                    sent += blob.size
+            from pipeline.progress import byte_counter
+            with byte_counter(f"{stage}: to the stage cache", sum(b.size for b, _ in layers)) as progress:
+                for blob, source in [*layers, (config, b"{}")]:
+                    if not store.has_blob(blob):
+                        store.put_blob(blob, source, progress)
+                        sent += blob.size
+                    else:
+                        progress(blob.size)
             oci = {"schemaVersion": 2, "mediaType": media.OCI_MANIFEST, "artifactType": STAGE_ARTIFACT,
                    "config": {"mediaType": EMPTY, "digest": config.digest, "size": 2},
                    "layers": [b.descriptor() for b, _ in layers],

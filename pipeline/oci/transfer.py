@@ -41,6 +41,7 @@ from pipeline.kit.verify import KitError, VerifiedKit, check_kit, parse_sums
 from pipeline.oci import artifact
 from pipeline.oci.artifact import SMALL, Blob, KitArtifact
 from pipeline.oci.refs import LayoutRef, Ref
+from pipeline.progress import ByteCounter
 
 MANIFEST, SUMS, SIG = contract.MANIFEST, contract.SUMS, contract.SIG
 Progress = Callable[[int], None]
@@ -195,8 +196,11 @@ def pull(store: Store, dest_root: Path, trusted: list[PublicKey], say: Callable[
     if todo > free:
         raise PipelineError(f"{dest_root}: {human_bytes(todo)} to fetch, {human_bytes(free)} free",
                             "free space there or pull somewhere else; nothing was fetched but the signed checksums")
+    size = sum(b.size for b in art.parts)
     say(f"{art.name}: signature OK ({manifest.kind}, created {manifest.created}); fetching {len(art.parts)} "
-        f"part(s), {human_bytes(sum(b.size for b in art.parts))}")
+        f"part(s), {human_bytes(size)}")
+    if isinstance(progress, ByteCounter):
+        progress.total = size
     for b in art.parts:
         fetch_blob(store, b, work, progress)
     staging = work / art.name
