@@ -43,8 +43,9 @@ PLANS = [
     ("mistralai/Mistral-7B-Instruct-v0.3", "orin-nx-16gb", "int4_awq", "trtllm-0.12"),
     ("mistralai/Mistral-7B-Instruct-v0.3", "orin-nx-16gb", "int8_sq", "trtllm-0.12"),
     ("mistralai/Mistral-7B-Instruct-v0.3", "agx-thor", "int4_awq", "edgellm"),
-    ("mistralai/Mistral-7B-Instruct-v0.3", "agx-thor", "fp8", "builds Mistral only as fp16, int4_awq (the other "
-                                                              "formats and the FP8 KV cache are not checked here"),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "agx-thor", "fp8", "edgellm"),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "agx-thor", "nvfp4", "builds Mistral only as fp16, int4_awq, fp8 (NVFP4 "
+                                                                "and the FP8 KV cache are not checked here"),
     # TensorRT-LLM 0.12 (the default stack) does not build Phi-3: JetPack 7.2 + Edge-LLM does
     ("microsoft/Phi-3.5-mini-instruct", "orin-nx-16gb", "int4_awq", "edgellm"),
     ("microsoft/Phi-4-mini-instruct", "agx-thor", "fp16", "edgellm"),
@@ -72,12 +73,12 @@ def _phi_plan(weights, **config):
 
 
 def test_phi3_formats_on_edgellm_are_those_checked():
-    """FP16 and INT4-AWQ (through either INT4 plugin) are checked on tiny Phi-3 models; a format never checked is
-    refused saying so."""
-    assert _phi_plan("fp16").ok and _phi_plan("int4_awq").ok, _phi_plan("int4_awq").refused
-    fp8 = _phi_plan("fp8")
-    assert not fp8.ok and "builds Phi-3 only as fp16, int4_awq (the other formats and the FP8 KV cache are not " \
-                          "checked here yet for this family)" in fp8.refused[0], fp8.refused
+    """FP16, FP8 and INT4-AWQ (through either INT4 plugin) are checked on tiny Phi-3 models; a format never checked
+    (NVFP4) is refused saying so."""
+    assert all(_phi_plan(w).ok for w in ("fp16", "int4_awq", "fp8")), _phi_plan("fp8").refused
+    nvfp4 = _phi_plan("nvfp4")
+    assert not nvfp4.ok and "builds Phi-3 only as fp16, int4_awq, fp8 (NVFP4 and the FP8 KV cache are not " \
+                            "checked here yet for this family)" in nvfp4.refused[0], nvfp4.refused
 
 
 def test_longrope_on_edgellm_plans_up_to_the_original_window():
@@ -207,14 +208,15 @@ def test_each_familys_tiny_model_through_the_graph_exports_what_its_backend_read
             {"Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3"}[arch]
 
 
-EDGELLM_FAMILIES = [(m, w, g) for m in ("tiny-mistral", "tiny-qwen3", "tiny-phi3") for w, g in (("fp16", None),
-                                                                                               ("int4_awq", 64))
-                    ] + [("tiny-phi3-h128", "int4_awq", 64)]    # Phi-3's split projections through the V2 plugin
+EDGELLM_FAMILIES = [(m, w, kv, g) for m in ("tiny-mistral", "tiny-qwen3", "tiny-phi3")
+                    for w, kv, g in (("fp16", "fp16", None), ("int4_awq", "fp16", 64), ("fp8", "fp16", None))
+                    ] + [("tiny-phi3-h128", "int4_awq", "fp16", 64)]    # Phi-3's split projections: the V2 plugin
 
 
-@pytest.mark.parametrize("name,weights,group", EDGELLM_FAMILIES, ids=[f"{m}-{w}" for m, w, _ in EDGELLM_FAMILIES])
+@pytest.mark.parametrize("name,weights,kv,group", EDGELLM_FAMILIES,
+                         ids=[f"{m}-{w}-kv{kv}" for m, w, kv, _ in EDGELLM_FAMILIES])
 def test_each_familys_tiny_model_through_edgellms_exporter_computes_the_model(builtin, tmp_path, name,  # noqa: F811
-                                                                               weights, group):
+                                                                               weights, kv, group):
     """Edge-LLM 0.11's exporter on a tiny model of each family it builds beyond Llama (Mistral; Qwen3's q/k norm,
     applied by the attention plugin; Phi-3's fused projections and partial rotary), its ONNX run as the runtime runs
     its engine (the llm_build and runtime doubles): the calibrated model's last logits and greedy tokens."""
@@ -231,8 +233,8 @@ def test_each_familys_tiny_model_through_edgellms_exporter_computes_the_model(bu
     src = builtin(name)
     q = tmp_path / "q"
     q.mkdir()
-    quantize(src, q, weights, "fp16", group, CAL, ".")
-    export(src, q, tmp_path / "e", tmp_path / "e" / "onnx", weights, "fp16", "11.0")
+    quantize(src, q, weights, kv, group, CAL, ".")
+    export(src, q, tmp_path / "e", tmp_path / "e" / "onnx", weights, kv, "11.0")
     ids = probe_ids(src, 24)
     model = load_quantized(src, q, "cpu")
     with weights_on_grid(model), torch.no_grad():
