@@ -8,12 +8,16 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from pipeline import contract
 from pipeline.kit.signing import PublicKey
 from pipeline.oci.refs import RegistryRef
 from pipeline.oci.transfer import open_store, pull, push
 from tests.conftest import board_copy, device_command, one_error
 from tests.ociregistry import Registry
+
+pytestmark = pytest.mark.integration      # runs the device half as subprocesses
 
 
 def install(bundle, tmp, what=None, board="orin-nano-8gb-jp62-super", model=None, args=()):

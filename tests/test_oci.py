@@ -501,3 +501,20 @@ def test_a_disk_that_fills_up_during_the_pull_is_one_clear_error(registry, key, 
         pull(store(registry, "kits/enospc"), tmp_path / "device", [key.public], say=quiet)
     assert "run pull again: it resumes" in e.value.hint
     assert not (tmp_path / "device" / "demo").exists()
+
+
+def test_a_kit_damaged_on_disk_is_never_published(registry, key, tmp_path):
+    kit = make_kit(tmp_path, key)
+    part = kit / "demo.tar.001"
+    raw = bytearray(part.read_bytes())
+    raw[10] ^= 1
+    part.write_bytes(bytes(raw))            # same size: only the bytes' hash tells
+    with pytest.raises(PipelineError, match=r"demo.tar.001: the registry computed another digest than the kit's "
+                                            r"signed sha256:[0-9a-f]{64}: the file is damaged"):
+        push(kit, store(registry, "kits/damaged-source"), [key.public])
+    r = requests.get(f"http://{registry.host}/v2/kits/damaged-source/manifests/v1", timeout=10)
+    assert r.status_code == 404                             # nothing was tagged
+    with pytest.raises(PipelineError, match=r"demo.tar.001: 1000000 bytes hashing to sha256:[0-9a-f]{64}, but the "
+                                            r"kit's signed checksums say 1000000 bytes"):
+        push(kit, open_store(LayoutRef(tmp_path / "stick", "v1")), [key.public])
+    assert not (tmp_path / "stick" / "index.json").exists()

@@ -37,6 +37,7 @@ def stage_manifests(p: Project) -> dict[str, dict]:
     return out
 
 
+@pytest.mark.integration        # runs doit as subprocesses
 def test_a_second_workstation_pulls_the_stages_instead_of_computing_them(tmp_path):
     reg = Registry(tmp_path / "registry")
     try:
@@ -159,6 +160,7 @@ def test_a_bad_entry_is_ignored_with_a_warning(entry, tmp_path, capsys, how, mes
     assert f"warning: stage cache entry quantize-{key} ignored" in err and message in err, err
 
 
+@pytest.mark.integration
 def test_a_malformed_cache_reference_stops_the_build_before_any_stage(tmp_path):
     p = workstation(tmp_path / "p")
     proc = p.doit("build", "recipe=tiny-llama-cpu", "cache=s3://bucket/x", check=False)
