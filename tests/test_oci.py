@@ -518,3 +518,16 @@ def test_a_kit_damaged_on_disk_is_never_published(registry, key, tmp_path):
                                             r"kit's signed checksums say 1000000 bytes"):
         push(kit, open_store(LayoutRef(tmp_path / "stick", "v1")), [key.public])
     assert not (tmp_path / "stick" / "index.json").exists()
+
+
+def test_an_index_with_odd_entries_is_read_without_a_traceback(key, tmp_path):
+    kit = make_kit(tmp_path, key)
+    layout = tmp_path / "stick"
+    push(kit, open_store(LayoutRef(layout, "v1")), [key.public])
+    index = json.loads((layout / "index.json").read_text())
+    index["manifests"].insert(0, {"digest": "sha256:" + "0" * 64, "annotations": ["not", "a", "map"]})
+    (layout / "index.json").write_text(json.dumps(index))
+    v = pull(open_store(LayoutRef(layout, "v1")), tmp_path / "device", [key.public], say=quiet)
+    assert files(v.path) == files(kit)
+    push(kit, open_store(LayoutRef(layout, "v2")), [key.public])       # rewriting the index keeps the odd entry
+    assert len(json.loads((layout / "index.json").read_text())["manifests"]) == 3

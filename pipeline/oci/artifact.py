@@ -57,7 +57,12 @@ class KitArtifact:
     annotations: dict[str, str]
 
     def layer(self, name: str) -> Blob:
-        return next(b for b in self.layers if b.name == name)
+        """The layer holding file `name`; a file the signed manifest names but no layer holds is an error."""
+        found = [b for b in self.layers if b.name == name]
+        if not found:
+            raise PipelineError(f"{self.name}: no layer holds {name}, which the kit's signed files name",
+                                "the registry or layout does not hold the kit that was signed; do not use it")
+        return found[0]
 
     @property
     def parts(self) -> list[Blob]:

@@ -31,6 +31,12 @@ LAYOUT_VERSION = {"imageLayoutVersion": "1.0.0"}
 CHUNK = 4 * 2**20
 
 
+def _tag(entry: dict) -> object:
+    """An index.json entry's tag (None where its annotations are missing or not a map)."""
+    annotations = entry.get("annotations")
+    return annotations.get(media.REF_NAME) if isinstance(annotations, dict) else None
+
+
 class LayoutStore:
     def __init__(self, ref: LayoutRef):
         self.ref, self.root = ref, Path(ref.directory)
@@ -69,7 +75,7 @@ class LayoutStore:
 
     def get_manifest(self) -> bytes:
         self._need_layout()
-        entries = [m for m in self._index() if (m.get("annotations") or {}).get(media.REF_NAME) == self.ref.tag]
+        entries = [m for m in self._index() if _tag(m) == self.ref.tag]
         if not entries:
             raise NotFound(f"{self.ref}: no manifest tagged {self.ref.tag!r} in {self.root / INDEX}",
                                 "list the layout's tags (index.json), or push the kit there first")
@@ -144,7 +150,7 @@ class LayoutStore:
     def put_manifest(self, raw: bytes) -> str:
         digest = f"sha256:{hashlib.sha256(raw).hexdigest()}"
         self.put_blob(Blob("manifest", digest, len(raw), media.OCI_MANIFEST), raw)
-        manifests = [m for m in self._index() if (m.get("annotations") or {}).get(media.REF_NAME) != self.ref.tag]
+        manifests = [m for m in self._index() if _tag(m) != self.ref.tag]
         manifests.append({"mediaType": media.OCI_MANIFEST, "artifactType": media.MODEL_ARTIFACT, "digest": digest,
                           "size": len(raw), "annotations": {media.REF_NAME: self.ref.tag}})
         index = {"schemaVersion": 2, "mediaType": media.OCI_INDEX, "manifests": manifests}
