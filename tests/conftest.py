@@ -246,6 +246,18 @@ def bundle(kit, tmp_path_factory):
     return project, kit_dir, tmp, b
 
 
+@pytest.fixture(scope="session")
+def thor_bundle(thor_kit, tmp_path_factory):
+    """The Thor kit's engine bundle, built on the recorded AGX Thor (JetPack 7.0) with the llm_build and Edge-LLM
+    runtime doubles: (project, kit_dir, the device run's directory, bundle dir)."""
+    project, kit_dir = thor_kit
+    dev = tmp_path_factory.mktemp("thor-bundle")
+    proc = device(project, kit_dir, dev, board="agx-thor-jp70")
+    assert proc.returncode == 0, proc.stderr
+    (b,) = [p for p in (dev / "out").iterdir() if (p / "MANIFEST.json").is_file()]
+    return project, kit_dir, dev, b
+
+
 def board_copy(tmp: Path, board: str) -> Path:
     """The recorded board, copied: the doubles write its /proc/meminfo while they "take" memory."""
     import shutil

@@ -104,3 +104,15 @@ def test_a_bundle_pulled_from_a_registry_installs_the_same_way(bundle, tmp_path)
     proc = install(bundle, tmp_path, what=pulled.path)
     assert proc.returncode == 0, proc.stderr
     assert report_of(tmp_path)["ok"] is True
+
+
+def test_an_edgellm_bundle_installs_on_an_identical_thor_and_not_on_another_jetpack(thor_bundle, tmp_path):
+    """The same path for Edge-LLM engines: validated through the Edge-LLM runtime double on the recorded AGX Thor
+    that built it; the AGX Thor on JetPack 7.2 is refused."""
+    proc = install(thor_bundle, tmp_path / "same", board="agx-thor-jp70")
+    assert proc.returncode == 0, proc.stderr
+    report = report_of(tmp_path / "same")
+    assert report["ok"] is True and report["measured"]["build_seconds"] is None
+    proc = install(thor_bundle, tmp_path / "jp72", board="agx-thor-jp72")
+    err = one_error(proc)
+    assert proc.returncode == 2 and "cannot be installed on this board" in err and "JetPack 7.2" in err, err

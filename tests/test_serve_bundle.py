@@ -11,7 +11,7 @@ import threading
 import httpx
 import openai
 import pytest
-from conftest import board_copy, device, device_command
+from conftest import board_copy, device_command
 
 from pipeline import contract
 from tests.serving import Served, health
@@ -96,15 +96,11 @@ def test_an_engine_failure_is_a_500_without_paths_and_health_says_so(bundle, tmp
         s.stop()
 
 
-def test_an_edgellm_bundle_serves_the_goldens_through_the_request_engine(thor_kit, tmp_path):
+def test_an_edgellm_bundle_serves_the_goldens_through_the_request_engine(thor_bundle, tmp_path):
     """The Thor kit's bundle, served through Edge-LLM 0.11's RequestEngine (a TEST DOUBLE running the exported ONNX
     graph): greedy answers equal the goldens token for token; concurrent streams stay their own."""
-    project, kit_dir = thor_kit
-    dev = tmp_path / "device"
-    proc = device(project, kit_dir, dev, board="agx-thor-jp70")
-    assert proc.returncode == 0, proc.stderr
-    (b,) = [p for p in (dev / "out").iterdir() if (p / "MANIFEST.json").is_file()]
-    s = serve_bundle((project, kit_dir, dev, b), tmp_path, board="agx-thor-jp70")
+    project = thor_bundle[0]
+    s = serve_bundle(thor_bundle, tmp_path, board="agx-thor-jp70")
     try:
         goldens = contract.Goldens.load(project.artifacts / "tiny-thor" / "goldens" / contract.GOLDENS)
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
