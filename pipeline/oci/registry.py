@@ -65,7 +65,8 @@ class RegistryStore:
                  password: str | None = None):
         oras, requests = _oras()
         self.ref, self.requests = ref, requests
-        self.base = f"{'http' if plain_http else 'https'}://{ref.host}"
+        self.scheme = "http" if plain_http else "https"
+        self.base = f"{self.scheme}://{ref.host}"
         scheme = self._challenge()
         backend = "basic" if scheme == "basic" else "token"
         base: typing.Any = oras.provider.Registry
@@ -111,7 +112,7 @@ class RegistryStore:
 
     def _unreachable(self, exc: Exception) -> PipelineError:
         hint = "check the address and that the registry runs"
-        if self.base.startswith("https") and "SSL" in type(exc).__name__ + str(exc):
+        if self.scheme == "https" and "SSL" in type(exc).__name__ + str(exc):
             hint = "a registry without TLS (a local one) needs --plain-http; one with its own CA: REQUESTS_CA_BUNDLE"
         return PipelineError(f"{self.ref}: cannot talk to the registry at {self.base} "
                              f"({type(exc).__name__}: {str(exc)[:160]})", hint)
@@ -130,7 +131,7 @@ class RegistryStore:
         return None
 
     def _url(self, path: str) -> str:
-        return f"{'http' if self.base.startswith('http:') else 'https'}://{path}"
+        return f"{self.scheme}://{path}"
 
     def _fail(self, r, what: str, hint: str = "check the reference and the registry's log") -> PipelineError:
         if r.status_code in (401, 403):

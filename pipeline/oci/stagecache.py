@@ -27,7 +27,7 @@ from pathlib import Path
 from pipeline import contract
 from pipeline.errors import PipelineError
 from pipeline.files import real_dir, remove_entry
-from pipeline.kit.verify import payload_path
+from pipeline.kit.verify import MAX_SIG, payload_path
 from pipeline.oci import media
 from pipeline.oci.artifact import MAX_LAYERS, Blob, NotFound, descriptor_fields
 from pipeline.oci.refs import LayoutRef, RegistryRef, parse_ref
@@ -38,7 +38,6 @@ EMPTY = "application/vnd.oci.empty.v1+json"
 MANIFEST = contract.STAGE_MANIFEST
 SIGNATURE = f"{MANIFEST}.minisig"
 CACHED_STAGES = frozenset({"fetch", "fetch-draft", "quantize", "export", "goldens", "accuracy"})
-MAX_SIG = 4096
 
 
 def _say(line: str) -> None:
