@@ -158,3 +158,67 @@ def test_int4_onnx_computes_the_calibrated_model(builtin, tmp_path, name, plugin
         assert (engine / ext["file"]).is_file()            # copied beside the engine by the builder
     else:
         assert info["externalized_weights"] == [] and "external_weight_files" not in cfg
+
+
+def _plugin_scales(onnx_dir):
+    import onnx
+    graph = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False).graph
+    return [list(a.floats) for n in graph.node if n.op_type == "AttentionPlugin" for a in n.attribute
+            if a.name == "qkv_scales"]
+
+
+def _calibrated_scales(model):
+    """[q, k, v] per layer as the calibrated model quantizes them: amax / 448 (E4M3's largest value)."""
+    return [[float(getattr(layer.self_attn, f"{x}_bmm_quantizer").amax) / 448.0 for x in "qkv"]
+            for layer in model.model.layers]
+
+
+def fp8_kv_answer(src, tmp_path, weights, new_tokens=8):
+    """quantize + export with an FP8 KV cache; the plugin's scales, the calibrated model's, and the logit cosine and
+    greedy tokens of the ONNX run as the runtime runs its engine against the calibrated model."""
+    import numpy as np
+    import torch
+
+    from pipeline.workstation.grid import weights_on_grid
+    from pipeline.workstation.state import load_quantized
+    from tests.test_export import probe_ids
+
+    q = tmp_path / "q"
+    q.mkdir()
+    quantize(src, q, weights, "fp8", None, CAL, ".")
+    export(src, q, tmp_path / "e", tmp_path / "e" / "onnx", weights, "fp8", "11.0")
+    ids = probe_ids(src, 24)
+    model = load_quantized(src, q, "cpu")
+    with weights_on_grid(model), torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0, -1].float().numpy()
+        ref_ids = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False)[0, len(ids):]
+    got_ids, logits, _ = _engine_answer(tmp_path / "e" / "onnx", tmp_path, ids, new_tokens)
+    cos = float(np.dot(ref, logits[:len(ref)]) / np.linalg.norm(ref) / np.linalg.norm(logits[:len(ref)]))
+    return _plugin_scales(tmp_path / "e" / "onnx"), _calibrated_scales(model), cos, got_ids == ref_ids.tolist()
+
+
+@pytest.mark.parametrize("weights", ["fp16", "fp8"])
+def test_fp8_kv_cache_carries_the_calibrated_query_scale_and_computes_the_model(builtin, tmp_path, weights):  # noqa: F811
+    """With an FP8 KV cache the query is calibrated too (as Edge-LLM's own quantizer does) and its scale reaches the
+    attention plugin beside K's and V's: qkv_scales is the calibrated [q, k, v] of every layer, not [1.0, k, v]. The
+    ONNX, run as the runtime runs its engine (K/V stored in E4M3, Q quantized with its scale), gives the calibrated
+    model's greedy tokens."""
+    got, calibrated, cos, same_tokens = fp8_kv_answer(builtin("tiny-llama"), tmp_path, weights)
+    # within fp16's precision: the unified export is fp16, amax included (K's and V's scales are rounded alike)
+    assert len(got) == 2 and sum(got, []) == pytest.approx(sum(calibrated, []), rel=2 ** -10), (got, calibrated)
+    assert all(s[0] != 1.0 for s in got)
+    assert same_tokens and cos > 0.9998, cos       # measured: 0.999996 (FP16 weights), 0.99986 (FP8)
+
+
+def test_int4_awq_with_an_fp8_kv_cache_never_leaves_the_export(builtin, tmp_path):  # noqa: F811
+    """The planner refuses the pair on Edge-LLM 0.11; a direct export of it (its exporter silently builds an FP16 KV
+    cache from the INT4-AWQ checkpoint) stops with the file, field and value instead of recording a kit."""
+    from pipeline.errors import PipelineError
+
+    q = tmp_path / "q"
+    q.mkdir()
+    quantize(builtin("tiny-llama"), q, "int4_awq", "fp8", 64, CAL, ".")
+    with pytest.raises(PipelineError) as err:
+        export(builtin("tiny-llama"), q, tmp_path / "e", tmp_path / "e" / "onnx", "int4_awq", "fp8", "11.0")
+    assert "Edge-LLM's exporter made a fp16 KV cache where the recipe asks for fp8" in str(err.value)
+    assert "config.json: kv_cache_dtype" in str(err.value)

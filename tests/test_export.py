@@ -161,6 +161,19 @@ def test_export_writes_what_modelopts_own_writer_writes_plus_our_fixes(builtin, 
         assert qa == qb and qa["quant_algo"] == "W4A16_AWQ" and qa["kv_cache_quant_algo"] == "INT8"
 
 
+def test_only_a_kv_format_that_quantizes_the_query_calibrates_it():
+    """FP8 (Edge-LLM's KV cache) calibrates Q, K and V; INT8 (TensorRT-LLM 0.12's) K and V only."""
+    from pipeline.plan.formats import KV_FORMATS
+    from pipeline.workstation.calibrate import modelopt_config
+
+    for kv in KV_FORMATS.values():
+        cfg = modelopt_config(WEIGHT_FORMATS["fp16"], kv, None)
+        names = [e["quantizer_name"] for e in cfg["quant_cfg"]] if cfg else []
+        assert ("*[qkv]_bmm_quantizer" in names) == kv.quantizes_query and \
+            ("*[kv]_bmm_quantizer" in names) == (not kv.unquantized and not kv.quantizes_query), (kv.name, names)
+    assert [k.name for k in KV_FORMATS.values() if k.quantizes_query] == ["fp8"]
+
+
 def test_calibration_data_is_used_exactly_where_the_stage_key_says(builtin, tmp_path):
     """The quantize stage's key leaves the calibration settings out where ModelOpt needs no data; quantize must
     then not depend on them, and elsewhere must use them."""
@@ -186,6 +199,7 @@ def test_calibration_data_is_used_exactly_where_the_stage_key_says(builtin, tmp_
             assert info["quantize"]["calibration_tokens"] == (0 if kv == "fp16" else 8 * 64)
             model = load_quantized(src, out, consume=True)
             attn = model.model.layers[0].self_attn
+            assert not attn.q_bmm_quantizer.is_enabled      # TensorRT-LLM 0.12's INT8 KV cache leaves Q in fp16
             amax[which, kv] = (attn.q_proj.weight_quantizer.amax.clone(),
                                attn.k_bmm_quantizer.amax.clone() if kv == "int8" else None)
     assert torch.equal(amax["builtin", "fp16"][0], amax["file", "fp16"][0])      # weights only: data-free

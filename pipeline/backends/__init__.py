@@ -123,6 +123,8 @@ class Backend:
     refuse_on_family: dict[str, str] = field(default_factory=dict)   # target family -> why it cannot work there
     # HF architecture -> what this backend version builds of that model family (pipeline/families/records.py)
     families: dict[str, Support] = field(default_factory=dict)
+    # (weights, kv_cache) -> why this version cannot build that pair although it builds each on its own
+    refused_pairs: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def check_argv(self, argv: list[str]) -> list[str]:
         """Problems with one build argv: a program this backend does not build with, or what its checker finds."""

@@ -54,7 +54,9 @@ def quantize_spec(recipe: Recipe) -> StageSpec:
     fingerprint = (lambda: [path.stat().st_size, path.stat().st_mtime_ns]) if path else None
     return StageSpec("quantize", {"weights": q.weights, "kv_cache": q.kv_cache, "group_size": q.group_size,
                                   "calibration": cal if WEIGHT_FORMATS[q.weights].needs_calibration
-                                  or KV_FORMATS[q.kv_cache].needs_calibration else None},
+                                  or KV_FORMATS[q.kv_cache].needs_calibration else None,
+                                  # a stage calibrated before the query was quantized too is not this stage
+                                  **({"quantized_query": True} if KV_FORMATS[q.kv_cache].quantizes_query else {})},
                      inputs=(fetch_spec(recipe),), tools=WORKSTATION_TOOLS, fingerprint=fingerprint,
                      version=2)     # 2: changed tensors in calibrated.safetensors, not in the pickle
 

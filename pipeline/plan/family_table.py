@@ -47,6 +47,12 @@ def markdown() -> str:
     rows.append("")
     rows.append("A format is built where the target's SM has it (`python -m pipeline plan` says which): Orin has no "
                 "FP8 or NVFP4.")
+    from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+    for n in names:
+        for (w, k), why in backends.get(n).refused_pairs.items():
+            rows.append("")
+            rows.append(f"{backends.get(n).label} {version[n]} does not build {WEIGHT_FORMATS[w].label} weights "
+                        f"with an {KV_FORMATS[k].label}: {why}.")
     return "\n".join(rows) + "\n"
 
 

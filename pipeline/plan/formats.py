@@ -66,6 +66,11 @@ class KVFormat:
     min_sm: float
     trtllm_kv_algo: str | None
     modelopt_num_bits: int | tuple[int, int] | None = None   # ModelOpt's K/V quantizer: 8 (INT8) or (4, 3) (E4M3)
+    # The query is quantized too, per tensor in the K/V number format, with its own calibrated scale. Edge-LLM 0.11
+    # (the backend that builds the FP8 KV cache: SM >= 8.9) enables ModelOpt's q_bmm quantizer whenever the KV cache
+    # is FP8 and exports the scale as q_proj.q_scale, so that its runtime quantizes the prefill query to E4M3
+    # without saturating (tensorrt_edgellm/quantization: quantization_configs.py, quantize.py).
+    quantizes_query: bool = False
 
     @property
     def unquantized(self) -> bool:
@@ -117,7 +122,7 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in [
 KV_FORMATS: dict[str, KVFormat] = {f.name: f for f in [
     KVFormat("fp16", "FP16 KV cache", 2, 5.3, None),
     KVFormat("int8", "INT8 KV cache", 1, 7.2, "INT8", modelopt_num_bits=8),
-    KVFormat("fp8", "FP8 KV cache", 1, 8.9, "FP8", modelopt_num_bits=(4, 3)),
+    KVFormat("fp8", "FP8 KV cache", 1, 8.9, "FP8", modelopt_num_bits=(4, 3), quantizes_query=True),
 ]}
 
 # Engine classes of the published rows (plan/perf.py): TensorRT engines from ModelOpt checkpoints keep lm_head in

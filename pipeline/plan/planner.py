@@ -105,6 +105,9 @@ def _choose_stack(req: PlanRequest, refused: list[str]) -> StackSupport | None:
                 why.append(f"{name} builds {fam.name} only with a {' or '.join(support.kv_cache)} KV cache")
             why += [f"{name} would not run this {fam.name} checkpoint as it is defined: {loss}"
                     for loss in support.losses(req.shape.features, req.limits.max_seq_len)]
+        pair = backends.get(stack.backend).refused_pairs.get((req.weights, req.kv_cache))
+        if pair:
+            why.append(pair)
         if req.weights not in stack.weights:
             why.append(f"{name} on {t.id} does not build {req.weights} (it builds: {', '.join(stack.weights)})")
         if req.kv_cache not in stack.kv_cache:

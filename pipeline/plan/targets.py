@@ -33,10 +33,11 @@ class StackSupport:
         return self.stack.id
 
     def builds(self, architecture: str, weights: str, kv_cache: str) -> bool:
-        from pipeline.backends import family_support
+        from pipeline.backends import family_support, get
         s = family_support(self.backend, architecture)
         return (s is not None and s.refused is None and weights in self.weights and kv_cache in self.kv_cache
-                and weights in (s.formats or self.weights) and kv_cache in (s.kv_cache or self.kv_cache))
+                and weights in (s.formats or self.weights) and kv_cache in (s.kv_cache or self.kv_cache)
+                and (weights, kv_cache) not in get(self.backend).refused_pairs)
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,8 @@ def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None) -> 
                     if "block_sizes" in b:
                         b["block_sizes"][-1] = group_size
     if kv.modelopt_num_bits is not None:
-        cfg["quant_cfg"].append({"quantizer_name": "*[kv]_bmm_quantizer",
-                                 "cfg": {"num_bits": kv.modelopt_num_bits, "axis": None}})
+        bmm = "*[qkv]_bmm_quantizer" if kv.quantizes_query else "*[kv]_bmm_quantizer"
+        cfg["quant_cfg"].append({"quantizer_name": bmm, "cfg": {"num_bits": kv.modelopt_num_bits, "axis": None}})
     return cfg
 
 

@@ -53,6 +53,26 @@ def int4_plugin_version(model) -> int:
     return 2
 
 
+def query_scales(model) -> dict:
+    """The calibrated FP8 query scales (amax / 448) as checkpoint tensors `<attention>.q_proj.q_scale`, where Edge-LLM's
+    attention reads them (qkv_scales[0] of its AttentionPlugin). ModelOpt's unified export writes the K and V scales
+    and not this one; without it the runtime quantizes the prefill query with scale 1.0. Written for fused-qkv
+    families too (Phi-3): Edge-LLM's loader splits qkv_proj and its q_proj holds the q_scale buffer."""
+    import torch
+
+    scales = {}
+    for name, module in model.named_modules():
+        quantizer = getattr(module, "q_bmm_quantizer", None)
+        if quantizer is None or not quantizer.is_enabled:
+            continue
+        amax = quantizer.amax
+        if amax is None or amax.numel() != 1 or not torch.isfinite(amax).all() or float(amax) <= 0:
+            raise PipelineError(f"{name}: the FP8 query quantizer has no usable calibrated amax ({amax})",
+                                "re-run the quantize stage; if it repeats, report it with the recipe")
+        scales[f"{name}.q_proj.q_scale"] = (amax.detach().float().reshape(1) / quantizer.maxbound).cpu()
+    return scales
+
+
 def check_graph(path: Path, inputs, outputs, ops=(), extra_files=(), consumer: str = "llm_build",
                 path_name: str = "Edge-LLM") -> dict:
     """An exported graph's inputs, outputs, custom ops and sidecar files against what `consumer` expects (ONNX
@@ -161,7 +181,7 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     # before the unified export, which packs INT4 weights in place (two per byte: half the rows)
     from pipeline.plan.formats import WEIGHT_FORMATS
     plugin = int4_plugin_version(model) if WEIGHT_FORMATS[weights].edgellm_int4_plugin else None
-    export_hf_checkpoint(model, export_dir=hf)
+    export_hf_checkpoint(model, export_dir=hf, extra_state_dict=query_scales(model) or None)
     layers = model.config.num_hidden_layers
     del model
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(hf)
@@ -194,6 +214,13 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     quant = json.loads((hf / "hf_quant_config.json").read_text())["quantization"] \
         if (hf / "hf_quant_config.json").is_file() else {}
     runtime_cfg = json.loads((onnx_dir / "config.json").read_text())
+    if runtime_cfg.get("kv_cache_dtype") != kv_cache:
+        # the exporter decides the KV cache from the checkpoint (and for some formats ignores it): a kit that says
+        # one thing and builds another must not leave this stage
+        raise PipelineError(f"Edge-LLM's exporter made a {runtime_cfg.get('kv_cache_dtype')} KV cache where the "
+                            f"recipe asks for {kv_cache} ({onnx_dir / 'config.json'}: kv_cache_dtype)",
+                            "this pair of formats is not one this Edge-LLM version builds; use another "
+                            "quantization.kv_cache, and please report it with the recipe")
     shutil.rmtree(hf)        # the kit carries the ONNX; the unified checkpoint is rebuilt from the state if needed
     return ExportRecord(
         weights=weights, kv_cache=kv_cache, quant_algo=quant.get("quant_algo"),

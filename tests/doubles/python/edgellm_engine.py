@@ -10,7 +10,10 @@ published interfaces (tensorrt_edgellm/models/ops.py, checkpoint/repacking.py of
                                    [T, D] (cos | sin); K/V written into the paged pool at past_lengths; softmax
                                    attention with attention_scale over the past and the current tokens, causally or,
                                    with tree attention (EAGLE-3 bases), as packed_attention_mask [T, words] allows;
-                                   FP8 KV cache with qkv_scales; returns [T, Hq, D]
+                                   FP8 KV cache with qkv_scales [q, k, v]: K and V stored in E4M3, Q quantized
+                                   to E4M3 with its scale (Edge-LLM 0.11 documents this for the prefill query;
+                                   the double does it at every step, as ModelOpt's q_bmm quantizer does in the
+                                   calibrated model); returns [T, Hq, D]
     Int4GroupwiseGemmPlugin(V2)    W4A16: biased nibbles (value - 8) x scales [K/group, N]; v1: AWQ-swizzled int16,
                                    v2: cuteDSL fragment order (128 x 64 tiles)
     QkvConcatPlugin                concat on the last dimension
@@ -34,8 +37,10 @@ PAGE = 128      # tokens per KV page: the pool shape the exporter declares, [2, 
 
 
 def _fp8(x):
+    """E4M3, saturating as the kernels' conversions do (__NV_SATFINITE): a value beyond the calibrated range, which
+    a prompt can hold, becomes +-448, where a plain cast to float8_e4m3fn would make it NaN."""
     import ml_dtypes
-    return x.astype(ml_dtypes.float8_e4m3fn)
+    return np.clip(x, -448.0, 448.0).astype(ml_dtypes.float8_e4m3fn)
 
 
 class AttentionPlugin(OpRun):
@@ -54,7 +59,7 @@ class AttentionPlugin(OpRun):
         eps = attrs.get("rms_norm_eps", 1e-6)
         scale = attrs["attention_scale"]
         fp8 = bool(attrs.get("enable_fp8_kv_cache"))
-        _, k_scale, v_scale = attrs.get("qkv_scales") or (1.0, 1.0, 1.0)
+        q_scale, k_scale, v_scale = attrs.get("qkv_scales") or (1.0, 1.0, 1.0)
         present = past.copy()
         out = np.zeros((qkv.shape[0], hq, d), dtype=qkv.dtype)
         start = 0
@@ -76,6 +81,8 @@ class AttentionPlugin(OpRun):
                 a, b = t[..., :r // 2], t[..., r // 2:r]
                 return np.concatenate([a * cos - b * sin, b * cos + a * sin, t[..., r:]], axis=-1)
             q, k = rope(q), rope(k)
+            if fp8:     # the query in E4M3 with its per-tensor scale (1.0 where the checkpoint has none)
+                q = _fp8(q / q_scale).astype(np.float32) * q_scale
             for i in range(ql):
                 pos = pl + i
                 kp, vp = page_table[s, 0, pos // PAGE], page_table[s, 1, pos // PAGE]
