@@ -7,6 +7,7 @@ import pytest
 
 from pipeline.workstation.calibrate import quantize
 from pipeline.workstation.edgellm_export import export
+from tests.edgellm_run import engine_answer, model_vs_engine
 from tests.test_export import CAL, builtin  # noqa: F401  (fixture)
 
 FILES = ("model.onnx", "model.onnx.data", "config.json", "embedding.safetensors")
@@ -89,31 +90,6 @@ def test_thor_recipe_through_doit_packages_onnx_with_the_llm_build_command(proje
     assert plan["device_build_commands"][0][:5] == ["llm_build", "--onnxDir", "onnx", "--engineDir", "engine"]
 
 
-def _engine_answer(onnx_dir, tmp_path, prompt_ids, new_tokens, capacity=128):
-    """The exported ONNX, built by the llm_build double and run by the llm_inference double's engine: greedy ids and
-    the logits of the prompt's last position."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    doubles = Path(__file__).parent / "doubles"
-    engine = tmp_path / "engine"
-    subprocess.run([sys.executable, str(doubles / "bin" / "llm_build"), "--onnxDir", str(onnx_dir), "--engineDir",
-                    str(engine), "--maxInputLen", "64", "--maxKVCacheCapacity", str(capacity), "--maxBatchSize", "2"],
-                   check=True, capture_output=True, env={"PYTHONPATH": str(Path(__file__).parents[1]), "PATH": ""})
-    sys.path.insert(0, str(doubles / "python"))
-    try:
-        from edgellm_engine import PAGE, load_engine
-    finally:
-        sys.path.remove(str(doubles / "python"))
-    import numpy as np
-    eng = load_engine(engine, "llm.engine", "config.json")
-    pools = [np.zeros((2, 1, PAGE, eng.cfg["num_key_value_heads"], eng.cfg["head_dim"]), eng.pool_dtype)
-             for _ in range(eng.layers)]
-    logits = eng.step(prompt_ids, 0, pools, np.zeros((1, 2, 1), np.int32))
-    return eng.generate(prompt_ids, new_tokens, set()), logits, engine
-
-
 @pytest.mark.parametrize("name,plugin,externalize", [("tiny-llama", 1, ()), ("tiny-llama-h128", 2, ()),
                                                      ("tiny-llama-h128", 2, ("int4_ffn",))])
 def test_int4_onnx_computes_the_calibrated_model(builtin, tmp_path, name, plugin, externalize):  # noqa: F811
@@ -141,7 +117,7 @@ def test_int4_onnx_computes_the_calibrated_model(builtin, tmp_path, name, plugin
     with weights_on_grid(model), torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0, -1].float().numpy()
         ref_ids = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
-    got_ids, logits, engine = _engine_answer(onnx_dir, tmp_path, ids, 12)
+    got_ids, logits, engine = engine_answer(onnx_dir, tmp_path, ids, 12)
     vocab = json.loads((src / "config.json").read_text())["vocab_size"]
     cos = float(np.dot(ref, logits[:vocab]) / np.linalg.norm(ref) / np.linalg.norm(logits[:vocab]))
     assert got_ids == ref_ids and cos > 0.999, cos
@@ -160,54 +136,20 @@ def test_int4_onnx_computes_the_calibrated_model(builtin, tmp_path, name, plugin
         assert info["externalized_weights"] == [] and "external_weight_files" not in cfg
 
 
-def _plugin_scales(onnx_dir):
-    import onnx
-    graph = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False).graph
-    return [list(a.floats) for n in graph.node if n.op_type == "AttentionPlugin" for a in n.attribute
-            if a.name == "qkv_scales"]
-
-
-def _calibrated_scales(model):
-    """[q, k, v] per layer as the calibrated model quantizes them: amax / 448 (E4M3's largest value)."""
-    return [[float(getattr(layer.self_attn, f"{x}_bmm_quantizer").amax) / 448.0 for x in "qkv"]
-            for layer in model.model.layers]
-
-
-def fp8_kv_answer(src, tmp_path, weights, new_tokens=8):
-    """quantize + export with an FP8 KV cache; the plugin's scales, the calibrated model's, and the logit cosine and
-    greedy tokens of the ONNX run as the runtime runs its engine against the calibrated model."""
-    import numpy as np
-    import torch
-
-    from pipeline.workstation.grid import weights_on_grid
-    from pipeline.workstation.state import load_quantized
-    from tests.test_export import probe_ids
-
-    q = tmp_path / "q"
-    q.mkdir()
-    quantize(src, q, weights, "fp8", None, CAL, ".")
-    export(src, q, tmp_path / "e", tmp_path / "e" / "onnx", weights, "fp8", "11.0")
-    ids = probe_ids(src, 24)
-    model = load_quantized(src, q, "cpu")
-    with weights_on_grid(model), torch.no_grad():
-        ref = model(torch.tensor([ids])).logits[0, -1].float().numpy()
-        ref_ids = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False)[0, len(ids):]
-    got_ids, logits, _ = _engine_answer(tmp_path / "e" / "onnx", tmp_path, ids, new_tokens)
-    cos = float(np.dot(ref, logits[:len(ref)]) / np.linalg.norm(ref) / np.linalg.norm(logits[:len(ref)]))
-    return _plugin_scales(tmp_path / "e" / "onnx"), _calibrated_scales(model), cos, got_ids == ref_ids.tolist()
-
-
 @pytest.mark.parametrize("weights", ["fp16", "fp8"])
 def test_fp8_kv_cache_carries_the_calibrated_query_scale_and_computes_the_model(builtin, tmp_path, weights):  # noqa: F811
     """With an FP8 KV cache the query is calibrated too (as Edge-LLM's own quantizer does) and its scale reaches the
     attention plugin beside K's and V's: qkv_scales is the calibrated [q, k, v] of every layer, not [1.0, k, v]. The
     ONNX, run as the runtime runs its engine (K/V stored in E4M3, Q quantized with its scale), gives the calibrated
-    model's greedy tokens."""
-    got, calibrated, cos, same_tokens = fp8_kv_answer(builtin("tiny-llama"), tmp_path, weights)
+    model's top-1 at every step of its greedy answer."""
+    r = model_vs_engine(builtin("tiny-llama"), tmp_path, weights, "fp8", CAL)
+    got, calibrated = r["qkv_scales"], r["calibrated_scales"]
     # within fp16's precision: the unified export is fp16, amax included (K's and V's scales are rounded alike)
     assert len(got) == 2 and sum(got, []) == pytest.approx(sum(calibrated, []), rel=2 ** -10), (got, calibrated)
     assert all(s[0] != 1.0 for s in got)
-    assert same_tokens and cos > 0.9998, cos       # measured: 0.999996 (FP16 weights), 0.99986 (FP8)
+    assert r["top1_agreement"] == 1 and r["greedy_agreement"] == 1, r
+    # measured least cosines along the answer: 0.999887 (FP16 weights), 0.998614 (FP8)
+    assert r["logit_cosine_min"] > {"fp16": 0.9998, "fp8": 0.998}[weights], r
 
 
 def test_int4_awq_with_an_fp8_kv_cache_never_leaves_the_export(builtin, tmp_path):  # noqa: F811

@@ -14,6 +14,8 @@ published interfaces (tensorrt_edgellm/models/ops.py, checkpoint/repacking.py of
                                    to E4M3 with its scale (Edge-LLM 0.11 documents this for the prefill query;
                                    the double does it at every step, as ModelOpt's q_bmm quantizer does in the
                                    calibrated model); returns [T, Hq, D]
+    TRT_FP4DynamicQuantize, trt     NVFP4 activations: blocks of 16 scaled by E4M3 scales, rounded to E2M1, and
+    DequantizeLinear               dequantized with an fp16 scale (Edge-LLM's eager mirror of the ops, models/ops.py)
     Int4GroupwiseGemmPlugin(V2)    W4A16: biased nibbles (value - 8) x scales [K/group, N]; v1: AWQ-swizzled int16,
                                    v2: cuteDSL fragment order (128 x 64 tiles)
     QkvConcatPlugin                concat on the last dimension
@@ -199,7 +201,46 @@ class QkvConcatPlugin(OpRun):
         return (np.concatenate([q, k, v], axis=-1),)
 
 
-OPS = [AttentionPlugin, MatMul, Gemm, Int4GroupwiseGemmPlugin, Int4GroupwiseGemmPluginV2, QkvConcatPlugin]
+def _e2m1(x):
+    """E2M1 (NVFP4's element): the nearest of +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}, even on a midpoint, saturating."""
+    import ml_dtypes
+    return np.clip(x, -6.0, 6.0).astype(ml_dtypes.float4_e2m1fn)
+
+
+class TRT_FP4DynamicQuantize(OpRun):     # noqa: N801 (TensorRT's op name)
+    """NVFP4 activations (TensorRT's dynamic quantize, as Edge-LLM's eager mirror _nvfp4_act_qdq_eager describes it):
+    per block of 16 along the last axis, scale = amax / 6 / global_scale rounded to E4M3 (saturating; 1 for an
+    all-zero block), elements x / (scale * global_scale) rounded to E2M1. Returns (elements, block scales)."""
+    op_domain = "trt"
+
+    def _run(self, x, global_scale, axis=-1, block_size=16, scale_type=17, **_):
+        if axis != -1 or scale_type != onnx.TensorProto.FLOAT8E4M3FN:
+            raise NotImplementedError(f"TRT_FP4DynamicQuantize axis={axis} scale_type={scale_type}")
+        s2 = np.float32(np.asarray(global_scale, np.float32).reshape(-1)[0])
+        xb = x.astype(np.float32).reshape(*x.shape[:-1], x.shape[-1] // block_size, block_size)
+        per_block = np.abs(xb).max(-1, keepdims=True) / np.float32(6.0)
+        scale = _fp8(per_block / s2).astype(np.float32)
+        scale = np.where(per_block == 0, np.float32(1.0), scale)
+        elements = _e2m1(xb / (scale * s2)).reshape(x.shape)
+        return elements, _fp8(scale[..., 0])
+
+
+class DequantizeLinear(OpRun):
+    """TensorRT's DequantizeLinear (domain trt) as Edge-LLM's NVFP4 graph uses it: per tensor (the E4M3 block scales
+    times the fp16 global scale: an fp16 product), or blockwise along the last axis (E2M1 elements times their
+    block's fp16 scale)."""
+    op_domain = "trt"
+
+    def _run(self, x, scale, axis=None, block_size=None, **_):
+        if block_size:
+            if axis not in (-1, x.ndim - 1):
+                raise NotImplementedError(f"blockwise DequantizeLinear on axis {axis}")
+            scale = np.repeat(scale, block_size, axis=-1)
+        return ((x.astype(np.float32) * scale.astype(np.float32)).astype(scale.dtype),)
+
+
+OPS = [AttentionPlugin, MatMul, Gemm, Int4GroupwiseGemmPlugin, Int4GroupwiseGemmPluginV2, QkvConcatPlugin,
+       TRT_FP4DynamicQuantize, DequantizeLinear]
 
 
 def _longrope(cfg: dict) -> tuple[np.ndarray, float]:

@@ -1,0 +1,102 @@
+"""The Edge-LLM doubles end to end, without pytest (a GPU machine runs tests/test_nvfp4.py as a script): an exported
+ONNX built by the llm_build double and run by the engine double, and the calibrated model against it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+DOUBLES = Path(__file__).parent / "doubles"
+
+
+def build_engine(onnx_dir, tmp_path, capacity=128):
+    """The llm_build double on the exported ONNX, loaded as the runtime double loads an engine."""
+    engine = tmp_path / "engine"
+    subprocess.run([sys.executable, str(DOUBLES / "bin" / "llm_build"), "--onnxDir", str(onnx_dir), "--engineDir",
+                    str(engine), "--maxInputLen", "64", "--maxKVCacheCapacity", str(capacity), "--maxBatchSize", "2"],
+                   check=True, capture_output=True, env={"PYTHONPATH": str(Path(__file__).parents[1]), "PATH": ""})
+    sys.path.insert(0, str(DOUBLES / "python"))
+    try:
+        from edgellm_engine import load_engine
+    finally:
+        sys.path.remove(str(DOUBLES / "python"))
+    return load_engine(engine, "llm.engine", "config.json"), engine
+
+
+def _pools(eng, pages=1):
+    from edgellm_engine import PAGE
+    return [np.zeros((2, pages, PAGE, eng.cfg["num_key_value_heads"], eng.cfg["head_dim"]), eng.pool_dtype)
+            for _ in range(eng.layers)]
+
+
+def engine_answer(onnx_dir, tmp_path, prompt_ids, new_tokens, capacity=128):
+    """The exported ONNX, built by the llm_build double and run by the llm_inference double's engine: greedy ids and
+    the logits of the prompt's last position."""
+    eng, engine = build_engine(onnx_dir, tmp_path, capacity)
+    logits = eng.step(prompt_ids, 0, _pools(eng), np.zeros((1, 2, 1), np.int32))
+    return eng.generate(prompt_ids, new_tokens, set()), logits, engine
+
+
+def engine_logits_along(eng, prompt_ids, path) -> np.ndarray:
+    """The engine's logits after the prompt and after each token of `path` fed one at a time (teacher forcing along
+    the reference's own answer): [1 + len(path), vocab]."""
+    pools, table = _pools(eng), np.zeros((1, 2, 1), np.int32)
+    out = [eng.step(prompt_ids, 0, pools, table)]
+    for i, token in enumerate(path):
+        out.append(eng.step([token], len(prompt_ids) + i, pools, table))
+    return np.stack(out)[:, :eng.cfg["vocab_size"]]
+
+
+def plugin_scales(onnx_dir) -> list[list[float]]:
+    """qkv_scales of every AttentionPlugin of an exported graph."""
+    import onnx
+    graph = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False).graph
+    return [list(a.floats) for n in graph.node if n.op_type == "AttentionPlugin" for a in n.attribute
+            if a.name == "qkv_scales"]
+
+
+def calibrated_scales(model) -> list[list[float]]:
+    """[q, k, v] per layer as the calibrated model quantizes them: amax / 448 (E4M3's largest value)."""
+    return [[float(getattr(layer.self_attn, f"{x}_bmm_quantizer").amax) / 448.0 for x in "qkv"]
+            for layer in model.model.layers]
+
+
+def model_vs_engine(src, tmp_path, weights: str, kv: str, calibration, new_tokens: int = 8, device: str = "cpu",
+                    target_sm: str = "11.0", group_size: int | None = None) -> dict:
+    """quantize + export for target_sm, then the calibrated model (on `device`) against the ONNX run as the runtime
+    runs its engine, along the model's own greedy answer (teacher forcing): the logits' cosine per position (the
+    first is the prompt's last) and the tie-aware top-1 agreement (pipeline.workstation.reader.agreement, the
+    TensorRT-LLM checkpoint check's measure); the engine's free greedy answer's token agreement (the device's
+    measure); the plugin's qkv_scales and, with a quantized KV cache, the calibrated ones."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from pipeline.backends import token_agreement
+    from pipeline.workstation.calibrate import quantize
+    from pipeline.workstation.edgellm_export import export
+    from pipeline.workstation.grid import weights_on_grid
+    from pipeline.workstation.reader import agreement
+    from pipeline.workstation.state import ModelHandoff, load_quantized
+    from pipeline.workstation.tinymodel import corpus_text
+
+    q = tmp_path / "q"
+    q.mkdir()
+    handoff = ModelHandoff()      # as the graph hands the calibrated model on (NVFP4's lives on the GPU)
+    quantize(src, q, weights, kv, group_size, calibration, ".", handoff=handoff)
+    onnx_dir = tmp_path / "e" / "onnx"
+    export(src, q, tmp_path / "e", onnx_dir, weights, kv, target_sm, handoff=handoff)
+    ids = AutoTokenizer.from_pretrained(src)(corpus_text("heldout-en"))["input_ids"][:24]
+    model = load_quantized(src, q, device)
+    with weights_on_grid(model), torch.no_grad():
+        out = model.generate(torch.tensor([ids], device=device), max_new_tokens=new_tokens, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True)
+    ref_ids = out.sequences[0, len(ids):].tolist()
+    ref = torch.stack([step[0].float().cpu() for step in out.logits])
+    eng, _ = build_engine(onnx_dir, tmp_path)
+    along = agreement(ref, torch.from_numpy(engine_logits_along(eng, ids, ref_ids[:-1])[:, :ref.shape[-1]]).float())
+    return {**along, "greedy_agreement": token_agreement(ref_ids, eng.generate(ids, new_tokens, set())),
+            "qkv_scales": plugin_scales(onnx_dir),
+            "calibrated_scales": calibrated_scales(model) if kv != "fp16" else []}
