@@ -49,7 +49,8 @@ PLANS = [
     ("microsoft/Phi-3.5-mini-instruct", "orin-nx-16gb", "int4_awq", "edgellm"),
     ("microsoft/Phi-4-mini-instruct", "agx-thor", "fp16", "edgellm"),
     ("microsoft/Phi-4-mini-instruct", "orin-nx-16gb", "int4_awq", "edgellm"),
-    ("google/gemma-2-2b-it", "orin-nano-8gb", "int4_awq", "llama.cpp and Ollama run it"),
+    ("google/gemma-2-2b-it", "orin-nano-8gb", "int4_awq", "TensorRT-LLM had no Gemma 2 when 0.12 shipped"),
+    ("google/gemma-2-2b-it", "orin-nano-8gb", "fp16", "llama.cpp and Ollama run it"),
     ("google/gemma-3-1b-it", "agx-thor", "fp8", "no Gemma 3 path"),
 ]
 
@@ -147,7 +148,7 @@ def test_a_window_shorter_than_max_seq_len_is_refused_on_0_12_at_its_edge():
 def test_forcing_a_refusing_backend_names_the_one_that_builds_the_family():
     phi = plan("microsoft/Phi-3.5-mini-instruct", "orin-nx-16gb", backend="trtllm-0.12")
     assert not phi.ok and ("TensorRT-LLM 0.12 0.12.0-jetson (JetPack 6.2.2) does not build Phi-3 (Phi3ForCausalLM): "
-                           "this pipeline's TensorRT-LLM 0.12 export does not cover its checkpoint layout yet") \
+                           "TensorRT-LLM added Phi-3.5 after 0.12 (its 2024-09-30 update)") \
         in phi.refused[0] and "Phi-3 builds with TensorRT Edge-LLM" in phi.refused[0], phi.refused
     p = plan("Qwen/Qwen3-1.7B", "orin-nano-8gb", backend="trtllm-0.12")
     assert not p.ok and "Qwen3 builds with TensorRT Edge-LLM" in p.refused[0], p.refused

@@ -41,8 +41,14 @@ def _llama_012(verified: str) -> Support:
                    rope_types=("default", "linear", "llama3"), verified=verified)
 
 
-_NOT_EXPORTED_012 = ("this pipeline's TensorRT-LLM 0.12 export does not cover its checkpoint layout yet (the 0.12 "
-                     "converter's tensor names and config fields for it are not yet confirmed against the 0.12 source)")
+# Phi-3 is in 0.12's MODEL_MAP, but Phi-3.5 support came in TensorRT-LLM's 2024-09-30 update (PR #2273, after 0.12)
+# and a 0.12-era phi3/model.py has no partial rotary (Phi-4-mini); Gemma 2 was not in TensorRT-LLM when 0.12 shipped
+# (NVIDIA/TensorRT-LLM#1984 "please support gemma2" was still open on 2024-10-31, with users hand-patching Gemma 1).
+_PHI3_012 = ("TensorRT-LLM added Phi-3.5 after 0.12 (its 2024-09-30 update) and Phi-4-mini later; this pipeline's "
+             "0.12 export does not cover 0.12's Phi-3 (mini, small, medium) checkpoint layout, which is not confirmed "
+             "here against the 0.12 source")
+_GEMMA2_012 = ("TensorRT-LLM had no Gemma 2 when 0.12 shipped (its Gemma 2 request, issue #1984, was still open in "
+               "October 2024), and 0.12 is the last release for Orin on JetPack 6")
 
 TRTLLM_012: dict[str, Support] = {
     LLAMA: _llama_012("0.12 MODEL_MAP; tests/test_export.py (tiny-llama, all formats)"),
@@ -52,8 +58,8 @@ TRTLLM_012: dict[str, Support] = {
                    verified="0.12 MODEL_MAP; tests/test_export.py (tiny-qwen2)"),
     QWEN3: Support(refused="Qwen3 was added to TensorRT-LLM after 0.12 (0.12's examples/qwen covers Qwen, Qwen1.5 "
                            "and Qwen2), and 0.12 is the last release for Orin on JetPack 6"),
-    PHI3: Support(refused=_NOT_EXPORTED_012),
-    GEMMA2: Support(refused=_NOT_EXPORTED_012),
+    PHI3: Support(refused=_PHI3_012),
+    GEMMA2: Support(refused=_GEMMA2_012),
     GEMMA3: Support(refused="Gemma 3 was added to TensorRT-LLM after 0.12"),
 }
 
