@@ -200,6 +200,14 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     eagle = {"eagle_base": True, "eagle_draft_dir": str(draft_dir)} if draft_dir else {}
     export_onnx(AutoModel.from_pretrained(str(hf), device="cpu", **eagle), str(onnx_dir / "model.onnx"),
                 model_dir=str(hf), externalize_weights=list(externalize) or None)
+    runtime_cfg = json.loads((onnx_dir / "config.json").read_text())
+    if runtime_cfg.get("kv_cache_dtype") != kv_cache:
+        # the exporter decides the KV cache from the checkpoint (and for some formats ignores it): a kit that says
+        # one thing and builds another must not leave this stage (checked before the draft is exported)
+        raise PipelineError(f"Edge-LLM's exporter made a {runtime_cfg.get('kv_cache_dtype')} KV cache where the "
+                            f"recipe asks for {kv_cache} ({onnx_dir / 'config.json'}: kv_cache_dtype)",
+                            "this pair of formats is not one this Edge-LLM version builds; use another "
+                            "quantization.kv_cache, and please report it with the recipe")
     external = external_weights(onnx_dir, externalize)
     graph = check_onnx(onnx_dir, weights, layers, plugin, speculative.BASE_EXTRA_OUTPUTS if draft_dir else (),
                        tuple(t for e in external for t in e["tensors"]))
@@ -209,18 +217,10 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
         draft_cfg = json.loads((payload_dir / speculative.ONNX_DRAFT / "config.json").read_text())
         spec = SpeculativeExport(method="eagle3", draft_weights=speculative.DRAFT_WEIGHTS,
                                  draft_vocab_size=draft_cfg.get("draft_vocab_size"),
-                                 base_hidden_state_layers=json.loads((onnx_dir / "config.json").read_text())
-                                 .get("eagle_hidden_state_layers"), draft_onnx=OnnxGraph(**draft_graph))
+                                 base_hidden_state_layers=runtime_cfg.get("eagle_hidden_state_layers"),
+                                 draft_onnx=OnnxGraph(**draft_graph))
     quant = json.loads((hf / "hf_quant_config.json").read_text())["quantization"] \
         if (hf / "hf_quant_config.json").is_file() else {}
-    runtime_cfg = json.loads((onnx_dir / "config.json").read_text())
-    if runtime_cfg.get("kv_cache_dtype") != kv_cache:
-        # the exporter decides the KV cache from the checkpoint (and for some formats ignores it): a kit that says
-        # one thing and builds another must not leave this stage
-        raise PipelineError(f"Edge-LLM's exporter made a {runtime_cfg.get('kv_cache_dtype')} KV cache where the "
-                            f"recipe asks for {kv_cache} ({onnx_dir / 'config.json'}: kv_cache_dtype)",
-                            "this pair of formats is not one this Edge-LLM version builds; use another "
-                            "quantization.kv_cache, and please report it with the recipe")
     shutil.rmtree(hf)        # the kit carries the ONNX; the unified checkpoint is rebuilt from the state if needed
     return ExportRecord(
         weights=weights, kv_cache=kv_cache, quant_algo=quant.get("quant_algo"),
