@@ -164,3 +164,32 @@ def test_int4_awq_with_an_fp8_kv_cache_never_leaves_the_export(builtin, tmp_path
         export(builtin("tiny-llama"), q, tmp_path / "e", tmp_path / "e" / "onnx", "int4_awq", "fp8", "11.0")
     assert "Edge-LLM's exporter made a fp16 KV cache where the recipe asks for fp8" in str(err.value)
     assert "config.json: kv_cache_dtype" in str(err.value)
+
+
+def test_a_query_quantizer_without_a_usable_amax_is_one_error_naming_it():
+    """A calibrated state whose enabled FP8 query quantizer has no amax (damaged, or calibrated on nothing) stops the
+    export naming the attention module, rather than writing q_scale = NaN or crashing in the division."""
+    import torch
+
+    from pipeline.errors import PipelineError
+    from pipeline.workstation.edgellm_export import query_scales
+
+    class Quantizer(torch.nn.Module):
+        def __init__(self, amax):
+            super().__init__()
+            self.is_enabled, self.amax, self.maxbound = True, amax, 448.0
+
+    class Attention(torch.nn.Module):
+        def __init__(self, amax):
+            super().__init__()
+            self.q_bmm_quantizer = Quantizer(amax)
+
+    model = torch.nn.ModuleDict({"good": Attention(torch.tensor(4.48)), "bad": Attention(None)})
+    with pytest.raises(PipelineError) as err:
+        query_scales(model)
+    assert "bad: the FP8 query quantizer has no usable calibrated amax (None)" in str(err.value)
+    model["bad"] = Attention(torch.tensor(float("nan")))
+    with pytest.raises(PipelineError):
+        query_scales(model)
+    del model["bad"]
+    assert query_scales(model) == {"good.q_proj.q_scale": pytest.approx(torch.tensor([0.01]))}
