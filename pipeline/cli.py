@@ -232,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
 
     parser = argparse.ArgumentParser(prog="python -m pipeline", description="Deploy LLMs to NVIDIA Jetson.",
+                                     allow_abbrev=False,
                                      epilog=EPILOG + "\n\n" + settings.help_text(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -357,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     from pipeline.serve.command import add_parser as add_serve
     add_serve(sub)
     add_bench(sub)
+    for command in sub.choices.values():    # every option spelled out: `--api K` must never be taken as --api-key
+        command.allow_abbrev = False
     return parser
 
 

@@ -30,6 +30,8 @@ ENV: dict[str, str] = {
                                "(Authorization: Bearer KEY)",
     "JETSON_PIPELINE_REGISTRY_USERNAME": "`push`/`pull` registry user (CI secrets; default: the Docker/ORAS config)",
     "JETSON_PIPELINE_REGISTRY_PASSWORD": "`push`/`pull` registry password or token, with the username",
+    "JETSON_PIPELINE_REGISTRY_TIMEOUT": "seconds a whole push, pull or stage-cache step may take (default 14400); "
+                                        "a request that stalls for a minute fails sooner",
     "JETSON_PIPELINE_CACHE": "the shared stage cache (doit's cache=REF): oci://HOST[:PORT]/REPO or oci-layout:DIR",
     "JETSON_PIPELINE_CACHE_PLAIN_HTTP": "1: the stage cache's registry speaks HTTP, not HTTPS (doit's "
                                         "cache-plain-http=1)",

@@ -44,12 +44,14 @@ def health(url: str) -> tuple[int, dict] | None:
 class Served:
     """A server process; `seen` holds every /health answer while it came up."""
 
-    def __init__(self, args: list[str], env: dict, cwd: Path, log: Path, wait: bool = True):
+    def __init__(self, args: list[str], env: dict, cwd: Path, log: Path, wait: bool = True, preexec_fn=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = args[args.index("--api-key") + 1] if "--api-key" in args else None
         self.log = log
         self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", *args, "--port", str(self.port)],
-                                     env=env, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+                                     env=env, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                     preexec_fn=preexec_fn)
         self.seen: list[tuple[int, dict]] = []
         if wait:
             self.wait_ready()
@@ -71,7 +73,8 @@ class Served:
         stop_process(self.proc)
 
     def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        with urllib.request.urlopen(urllib.request.Request(self.url + "/metrics", headers=headers), timeout=5) as r:
             text = r.read().decode()
         out = {}
         for line in text.splitlines():

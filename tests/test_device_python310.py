@@ -62,7 +62,7 @@ def test_verify_and_unpack_on_python310_without_torch(tmp_path):
     # a kit pulled from an OCI image layout (a stick) there, verified as it lands
     from pipeline.oci.refs import LayoutRef
     from pipeline.oci.transfer import open_store, push
-    push(tmp_path / "demo", open_store(LayoutRef(tmp_path / "stick", "v1")), [key.public])
+    push(tmp_path / "demo", open_store(LayoutRef(tmp_path / "stick", "v1")), [key.public], signer=key)
     r = run("pull", f"oci-layout:{tmp_path / 'stick'}:v1", str(tmp_path / "pulled"), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["path"] == str(tmp_path / "pulled" / "demo")

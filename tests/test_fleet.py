@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.kit.signing import PublicKey
+from pipeline.kit.signing import PublicKey, SecretKey
 from pipeline.oci.refs import RegistryRef
 from pipeline.oci.transfer import open_store, push
 from tests.conftest import DOUBLES, REPO, board_copy
@@ -74,7 +74,8 @@ def test_the_playbook_pulls_and_installs_one_bundle_on_identical_boards(bundle, 
     reg = Registry(tmp_path / "registry")
     try:
         ref = RegistryRef(reg.host, "fleet/engines", "orin-nano-jp62")
-        push(b, open_store(ref, plain_http=True), [PublicKey.load(signer)])
+        push(b, open_store(ref, plain_http=True), [PublicKey.load(signer)],
+             signer=SecretKey.load(project.root / "home" / "signing.key"))
         proc = playbook(sshd, tmp_path, signer, "-e", f"bundle_ref={ref}", "-e", "plain_http=true")
     finally:
         reg.stop()

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from pipeline import contract
-from pipeline.kit.signing import PublicKey
+from pipeline.kit.signing import PublicKey, SecretKey
 from pipeline.oci.refs import RegistryRef
 from pipeline.oci.transfer import open_store, pull, push
 from tests.conftest import board_copy, device_command, one_error
@@ -96,7 +96,7 @@ def test_a_bundle_pulled_from_a_registry_installs_the_same_way(bundle, tmp_path)
     reg = Registry(tmp_path / "registry")
     try:
         ref = RegistryRef(reg.host, "fleet/engines", "orin-nano-jp62")
-        push(b, open_store(ref, plain_http=True), [key])
+        push(b, open_store(ref, plain_http=True), [key], signer=SecretKey.load(project.root / "home" / "signing.key"))
         pulled = pull(open_store(ref, plain_http=True), tmp_path / "device", [key], say=lambda _: None)
     finally:
         reg.stop()

@@ -76,15 +76,15 @@ def put_manifest(registry: Registry, repo: str, tag: str, manifest: dict) -> Non
 def test_push_pull_round_trip_is_byte_identical_and_verified(registry, key, tmp_path):
     kit = make_kit(tmp_path, key)
     total = sum((kit / n).stat().st_size for n in os.listdir(kit))
-    digest, sent, kept = push(kit, store(registry, "kits/demo"), [key.public])
-    config_size = sent - total
-    assert 0 < config_size < 1000 and kept == 0
+    digest, sent, kept = push(kit, store(registry, "kits/demo"), [key.public], signer=key)
+    config_size = sent - total           # the ModelPack config and push's signature
+    assert 0 < config_size < 1500 and kept == 0
     manifest, served = registry_manifest(registry, "kits/demo", "v1")
     assert served == digest
     assert manifest["artifactType"] == media.MODEL_ARTIFACT
     assert manifest["config"]["mediaType"] == media.MODEL_CONFIG
     layers = {layer["annotations"][media.FILEPATH]: layer for layer in manifest["layers"]}
-    assert set(layers) == set(os.listdir(kit))
+    assert set(layers) == set(os.listdir(kit)) | {"PUSH.minisig"}
     assert {n: layer["mediaType"] for n, layer in layers.items() if ".tar." in n} == \
         {n: media.WEIGHT_RAW for n in os.listdir(kit) if ".tar." in n}
     assert all(layers[n]["digest"] == f"sha256:{h}" and layers[n]["size"] == (kit / n).stat().st_size
@@ -94,7 +94,7 @@ def test_push_pull_round_trip_is_byte_identical_and_verified(registry, key, tmp_
         ("demo", "kit", "r", "orin-nano-8gb", key.public.id_hex)
     assert a[media.KIT_SHA256] == hashlib.sha256((kit / contract.MANIFEST).read_bytes()).hexdigest()
 
-    again = push(kit, store(registry, "kits/demo"), [key.public])
+    again = push(kit, store(registry, "kits/demo"), [key.public], signer=key)
     assert again == (digest, 0, total + config_size)        # an unchanged kit uploads nothing
 
     v = pull(store(registry, "kits/demo"), tmp_path / "device", [key.public], say=quiet)
@@ -108,23 +108,29 @@ def test_a_new_version_uploads_only_the_parts_that_changed(registry, key, tmp_pa
     weights = os.urandom(2_500_000)
     v1 = make_kit(tmp_path / "1", key, weights=weights, config='{"v": 1}')
     v2 = make_kit(tmp_path / "2", key, weights=weights, config='{"v": 2, "more": true}')
-    push(v1, store(registry, "kits/versions", "v1"), [key.public])
-    _, sent, kept = push(v2, store(registry, "kits/versions", "v2"), [key.public])
+    push(v1, store(registry, "kits/versions", "v1"), [key.public], signer=key)
+    _, sent, kept = push(v2, store(registry, "kits/versions", "v2"), [key.public], signer=key)
     same = {n for n, h in files(v2).items() if files(v1).get(n) == h}
     assert {"demo.tar.000", "demo.tar.001"} <= same        # the weights' first megabytes did not change
     assert kept == sum((v2 / n).stat().st_size for n in same)
-    config = registry_manifest(registry, "kits/versions", "v2")[0]["config"]["size"]
-    assert sent == sum((v2 / n).stat().st_size for n in set(os.listdir(v2)) - same) + config
+    manifest = registry_manifest(registry, "kits/versions", "v2")[0]
+    config = manifest["config"]["size"]
+    pushed = next(x["size"] for x in manifest["layers"] if x["annotations"][media.FILEPATH] == "PUSH.minisig")
+    assert sent == sum((v2 / n).stat().st_size for n in set(os.listdir(v2)) - same) + config + pushed
 
 
 def test_layout_round_trip_with_tags(key, tmp_path):
     kit = make_kit(tmp_path, key)
     layout = tmp_path / "stick" / "kits"
-    d1, sent, _ = push(kit, open_store(LayoutRef(layout, "v1")), [key.public])
-    d2, sent2, kept2 = push(kit, open_store(LayoutRef(layout, "stable")), [key.public])
-    assert d1 == d2 and sent > 0 and sent2 == 0 and kept2 == sent
+    d1, sent, _ = push(kit, open_store(LayoutRef(layout, "v1")), [key.public], signer=key)
+    d2, sent2, kept2 = push(kit, open_store(LayoutRef(layout, "stable")), [key.public], signer=key)
+    # the same kit under another tag: only push's signature (bound to the tag) is new
+    first, pushed = (json.loads((layout / "blobs" / "sha256" / d.split(":")[1]).read_text())["layers"][-1]
+                     for d in (d1, d2))
+    assert first["annotations"][media.FILEPATH] == pushed["annotations"][media.FILEPATH] == "PUSH.minisig"
+    assert d1 != d2 and sent > 0 and sent2 == pushed["size"] and kept2 == sent - first["size"]
     index = json.loads((layout / "index.json").read_text())
-    assert [(m["annotations"][media.REF_NAME], m["digest"]) for m in index["manifests"]] == [("v1", d1), ("stable", d1)]
+    assert [(m["annotations"][media.REF_NAME], m["digest"]) for m in index["manifests"]] == [("v1", d1), ("stable", d2)]
     assert json.loads((layout / "oci-layout").read_text()) == {"imageLayoutVersion": "1.0.0"}
     rc, out, err = run_cli(tmp_path, key, "pull", f"oci-layout:{layout}:stable", tmp_path / "device")
     assert rc == 0 and "pulled and verified" in out, err
@@ -138,6 +144,11 @@ def run_cli(tmp_path: Path, key: SecretKey, *argv) -> tuple[int, str, str]:
     from contextlib import redirect_stderr, redirect_stdout
 
     from pipeline.cli import main
+    from pipeline.kit.signing import default_secret_key
+    secret = default_secret_key()           # push signs with this machine's key: the kit's signer here
+    if not secret.exists():
+        secret.parent.mkdir(parents=True, exist_ok=True)
+        secret.write_text(key.dump())
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
         rc = main([*map(str, argv), "--pubkey", str(pub)])
@@ -154,7 +165,7 @@ def only_small_blobs(dest: Path, kit: Path) -> bool:
 
 def test_damaged_and_truncated_blobs_in_registry_storage_are_refused(registry, key, tmp_path):
     kit = make_kit(tmp_path, key)
-    push(kit, store(registry, "kits/damaged"), [key.public])
+    push(kit, store(registry, "kits/damaged"), [key.public], signer=key)
     data = registry.blob_file(f"sha256:{files(kit)['demo.tar.001']}")
     raw = bytearray(data.read_bytes())
     raw[1234] ^= 1
@@ -183,7 +194,7 @@ def test_damaged_and_truncated_blobs_in_registry_storage_are_refused(registry, k
 ])
 def test_a_registry_that_lies_is_refused_before_any_part_is_fetched(registry, key, tmp_path, lie, message):
     kit = make_kit(tmp_path, key)
-    push(kit, store(registry, "kits/honest"), [key.public])
+    push(kit, store(registry, "kits/honest"), [key.public], signer=key)
     manifest, _ = registry_manifest(registry, "kits/honest", "v1")
     i = next(i for i, layer in enumerate(manifest["layers"]) if layer["annotations"][media.FILEPATH] == "demo.tar.001")
     assert i == 2
@@ -210,7 +221,7 @@ def test_a_registry_that_lies_is_refused_before_any_part_is_fetched(registry, ke
 
 def test_an_untrusted_signer_is_refused_before_any_part_is_fetched(registry, key, tmp_path):
     kit = make_kit(tmp_path, key)
-    push(kit, store(registry, "kits/other-signer"), [key.public])
+    push(kit, store(registry, "kits/other-signer"), [key.public], signer=key)
     with pytest.raises(PipelineError, match="not trusted|no trusted key|unknown key"):
         pull(store(registry, "kits/other-signer"), tmp_path / "device", [SecretKey.generate().public], say=quiet)
     assert only_small_blobs(tmp_path / "device", kit)
@@ -246,8 +257,9 @@ class CutStore:
 
 def test_an_interrupted_pull_resumes_from_the_bytes_it_has(registry, key, tmp_path):
     kit = make_kit(tmp_path, key)
-    push(kit, store(registry, "kits/resume"), [key.public])
-    small = sum((kit / n).stat().st_size for n in (contract.MANIFEST, contract.SUMS, contract.SIG))
+    push(kit, store(registry, "kits/resume"), [key.public], signer=key)
+    pushed = registry_manifest(registry, "kits/resume", "v1")[0]["layers"][-1]["size"]       # PUSH.minisig
+    small = sum((kit / n).stat().st_size for n in (contract.MANIFEST, contract.SUMS, contract.SIG)) + pushed
     cut = CutStore(store(registry, "kits/resume"), budget=small + 1_500_000)
     with pytest.raises(PipelineError, match="connection dropped"):
         pull(cut, tmp_path / "device", [key.public], say=quiet)
@@ -255,14 +267,14 @@ def test_an_interrupted_pull_resumes_from_the_bytes_it_has(registry, key, tmp_pa
     again = CutStore(store(registry, "kits/resume"), budget=None)
     v = pull(again, tmp_path / "device", [key.public], say=quiet)
     assert files(v.path) == files(kit)
-    total = sum((kit / n).stat().st_size for n in os.listdir(kit))
+    total = sum((kit / n).stat().st_size for n in os.listdir(kit)) + pushed
     assert again.sent == total - cut.sent                   # not a byte fetched twice
     assert ("demo.tar.001", 500_000, 500_000) in again.offsets      # a Range request, honoured
 
 
 def test_a_planted_or_damaged_partial_blob_is_never_trusted(registry, key, tmp_path):
     kit = make_kit(tmp_path, key)
-    push(kit, store(registry, "kits/planted"), [key.public])
+    push(kit, store(registry, "kits/planted"), [key.public], signer=key)
     work = tmp_path / "device" / ".demo.oci-pull"
     work.mkdir(parents=True)
     part0 = files(kit)["demo.tar.000"]
@@ -280,7 +292,7 @@ def test_a_planted_or_damaged_partial_blob_is_never_trusted(registry, key, tmp_p
 def test_a_full_destination_is_refused_before_the_parts(registry, key, tmp_path, monkeypatch):
     import shutil
     kit = make_kit(tmp_path, key)
-    push(kit, store(registry, "kits/full"), [key.public])
+    push(kit, store(registry, "kits/full"), [key.public], signer=key)
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 10**5, 10**5))
     with pytest.raises(PipelineError, match=r"2\.\d MiB to fetch, 97\.7 KiB free"):
         pull(store(registry, "kits/full"), tmp_path / "device", [key.public], say=quiet)
@@ -361,7 +373,7 @@ def test_unreachable_registry_and_non_kit_manifest(registry, key, tmp_path, caps
     rc, _, err = run_cli(tmp_path, key, "pull", f"oci-layout:{tmp_path / 'nolayout'}", tmp_path / "d")
     assert rc == 2 and "no such layout directory" in err, err
     kit = make_kit(tmp_path, key)
-    push(kit, store(registry, "kits/image"), [key.public])
+    push(kit, store(registry, "kits/image"), [key.public], signer=key)
     manifest, _ = registry_manifest(registry, "kits/image", "v1")
     del manifest["artifactType"]
     put_manifest(registry, "kits/image", "plain", manifest)
@@ -373,7 +385,7 @@ def test_unreachable_registry_and_non_kit_manifest(registry, key, tmp_path, caps
 def test_a_hostile_layout_on_a_stick_is_refused(key, tmp_path):
     kit = make_kit(tmp_path, key)
     layout = tmp_path / "stick"
-    push(kit, open_store(LayoutRef(layout, "v1")), [key.public])
+    push(kit, open_store(LayoutRef(layout, "v1")), [key.public], signer=key)
     part = layout / "blobs" / "sha256" / files(kit)["demo.tar.001"]
     secret = tmp_path / "secret"
     secret.write_bytes(part.read_bytes())
@@ -445,7 +457,7 @@ def test_a_killed_pull_leaves_nothing_complete_and_resumes(registry, key, tmp_pa
     import sys
     import time
     kit = make_kit(tmp_path, key, weights=os.urandom(6_000_000), part=3_000_000)
-    push(kit, store(registry, "kits/killed"), [key.public])
+    push(kit, store(registry, "kits/killed"), [key.public], signer=key)
     proxy = SlowProxy(registry.host)
     pub = tmp_path / "signer.pub"
     pub.write_text(key.public.dump())
@@ -482,7 +494,7 @@ def test_a_disk_that_fills_up_during_the_pull_is_one_clear_error(registry, key, 
 
     from pipeline.oci import transfer
     kit = make_kit(tmp_path, key)
-    push(kit, store(registry, "kits/enospc"), [key.public])
+    push(kit, store(registry, "kits/enospc"), [key.public], signer=key)
     real = transfer.create_new
 
     class Full:
@@ -511,23 +523,23 @@ def test_a_kit_damaged_on_disk_is_never_published(registry, key, tmp_path):
     part.write_bytes(bytes(raw))            # same size: only the bytes' hash tells
     with pytest.raises(PipelineError, match=r"demo.tar.001: the registry computed another digest than the kit's "
                                             r"signed sha256:[0-9a-f]{64}: the file is damaged"):
-        push(kit, store(registry, "kits/damaged-source"), [key.public])
+        push(kit, store(registry, "kits/damaged-source"), [key.public], signer=key)
     r = requests.get(f"http://{registry.host}/v2/kits/damaged-source/manifests/v1", timeout=10)
     assert r.status_code == 404                             # nothing was tagged
     with pytest.raises(PipelineError, match=r"demo.tar.001: 1000000 bytes hashing to sha256:[0-9a-f]{64}, but the "
                                             r"kit's signed checksums say 1000000 bytes"):
-        push(kit, open_store(LayoutRef(tmp_path / "stick", "v1")), [key.public])
+        push(kit, open_store(LayoutRef(tmp_path / "stick", "v1")), [key.public], signer=key)
     assert not (tmp_path / "stick" / "index.json").exists()
 
 
 def test_an_index_with_odd_entries_is_read_without_a_traceback(key, tmp_path):
     kit = make_kit(tmp_path, key)
     layout = tmp_path / "stick"
-    push(kit, open_store(LayoutRef(layout, "v1")), [key.public])
+    push(kit, open_store(LayoutRef(layout, "v1")), [key.public], signer=key)
     index = json.loads((layout / "index.json").read_text())
     index["manifests"].insert(0, {"digest": "sha256:" + "0" * 64, "annotations": ["not", "a", "map"]})
     (layout / "index.json").write_text(json.dumps(index))
     v = pull(open_store(LayoutRef(layout, "v1")), tmp_path / "device", [key.public], say=quiet)
     assert files(v.path) == files(kit)
-    push(kit, open_store(LayoutRef(layout, "v2")), [key.public])       # rewriting the index keeps the odd entry
+    push(kit, open_store(LayoutRef(layout, "v2")), [key.public], signer=key)     # rewriting the index keeps odd entries
     assert len(json.loads((layout / "index.json").read_text())["manifests"]) == 3

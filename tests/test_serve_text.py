@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from pipeline.serve.command import unit_file
@@ -56,10 +54,25 @@ def test_a_stop_id_ends_the_answer_and_is_not_text(codec):
 
 
 def test_the_systemd_unit_runs_the_same_command_without_the_key(tmp_path):
-    args = argparse.Namespace(what="/opt/engines/b", api_key="sekrit")
-    unit = unit_file(args, ["/opt/engines/b", "--host", "0.0.0.0", "--api-key", "sekrit", "--systemd", "x.service"])
+    from pipeline.cli import build_parser
+    args = build_parser().parse_args(["serve", "/opt/engines/b", "--host", "0.0.0.0", "--api-key", "sekrit",
+                                      "--max-connections", "300", "--systemd", "x.service"])
+    unit = unit_file(args)
     assert "sekrit" not in unit and "--systemd" not in unit and "Restart=on-failure" in unit
-    assert "-m pipeline serve /opt/engines/b --host 0.0.0.0" in unit and "EnvironmentFile=" in unit
+    assert "-m pipeline serve /opt/engines/b --host 0.0.0.0 --port 8000" in unit and "EnvironmentFile=" in unit
+    assert "--max-connections 300" in unit and "--header-timeout 10.0" in unit
+    assert "LimitNOFILE=65536" in unit and "PrivateTmp=yes" in unit and "NoNewPrivileges=yes" in unit
     assert "jetson_clocks" in unit and "WantedBy=multi-user.target" in unit
     # systemd has no comments after a value: every comment is a line of its own
     assert all(not (ln.split("=", 1)[0].isalpha() and "#" in ln) for ln in unit.splitlines() if "=" in ln)
+
+
+@pytest.mark.parametrize("argv", [["--api", "sekrit"], ["--api-k", "sekrit"], ["--api-key=sekrit", "--pub"]])
+def test_no_option_is_taken_by_a_prefix_so_an_abbreviated_key_never_reaches_the_unit(argv, capsys):
+    from pipeline.cli import build_parser
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["serve", "/opt/engines/b", *argv, "--systemd", "x.service"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
+    with pytest.raises(SystemExit):         # the top-level parser and every other command too
+        build_parser().parse_args(["pull", "oci://h/r:t", "d", "--plain"])

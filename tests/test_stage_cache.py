@@ -38,7 +38,7 @@ def stage_manifests(p: Project) -> dict[str, dict]:
 
 
 @pytest.mark.integration        # runs doit as subprocesses
-def test_a_second_workstation_pulls_the_stages_instead_of_computing_them(tmp_path):
+def test_a_second_workstation_pulls_the_stages_instead_of_computing_them(tmp_path, monkeypatch):
     reg = Registry(tmp_path / "registry")
     try:
         cache = (f"cache=oci://{reg.host}/team/stage-cache", "cache-plain-http=1")
@@ -74,6 +74,30 @@ def test_a_second_workstation_pulls_the_stages_instead_of_computing_them(tmp_pat
         mc = stage_manifests(c)
         assert mc["quantize"]["created"] != ma["quantize"]["created"]
         assert mc["quantize"]["content_digest"] == ma["quantize"]["content_digest"]      # same numerics, recomputed
+
+        # a trusted teammate's quantize entry whose state a later stage rightly refuses (a pickle of something
+        # that is not data): that build fails naming it, and the next one computes quantize here instead of
+        # restoring the same entry again
+        bad = tmp_path / "bad-quantize"
+        shutil.copytree(next(e for e in (a.artifacts / "stages" / "quantize").iterdir() if not e.name.startswith(".")),
+                        bad)
+        import collections
+
+        import torch
+        torch.save({"modelopt_state": collections.Counter()}, bad / "modelopt_state.pth")
+        m = json.loads((bad / MANIFEST).read_text())
+        m["files"]["modelopt_state.pth"].update(size=(bad / "modelopt_state.pth").stat().st_size, sha256=hashlib.sha256(
+            (bad / "modelopt_state.pth").read_bytes()).hexdigest())
+        (bad / MANIFEST).write_text(json.dumps(m))
+        monkeypatch.setenv("JETSON_PIPELINE_HOME", str(a.root / "home"))       # signed by A's (trusted) key
+        StageCache(cache[0][len("cache="):], plain_http=True).publish("quantize", m["key"], bad, m)
+        d = workstation(tmp_path / "d", trusts=a.root / "home" / "signing.pub")
+        refused = d.doit("build", "recipe=tiny-llama-cpu", *cache, timeout=900, check=False)
+        assert refused.returncode != 0 and "quantize: restored from the stage cache" in refused.stderr
+        assert "not the ModelOpt state the quantize stage saves" in refused.stderr + refused.stdout
+        again = d.doit("build", "recipe=tiny-llama-cpu", *cache, timeout=900)
+        assert "was refused by a later stage here before; computing quantize here" in again.stderr
+        assert stage_manifests(d)["quantize"]["content_digest"] == ma["quantize"]["content_digest"]
     finally:
         reg.stop()
 
@@ -166,3 +190,53 @@ def test_a_malformed_cache_reference_stops_the_build_before_any_stage(tmp_path):
     proc = p.doit("build", "recipe=tiny-llama-cpu", "cache=s3://bucket/x", check=False)
     assert proc.returncode != 0 and "cache: 's3://bucket/x': not a kit reference" in proc.stderr
     assert not (p.artifacts / "stages").exists()
+
+
+def publish_raw(cache_dir: Path, stage: str, key: str, files: dict[str, bytes]) -> None:
+    """An entry laid out as `publish` lays one out and signed by this workstation's (trusted) key, with whatever
+    file names it is given: what a buggy or compromised teammate could publish."""
+    from pipeline.kit.signing import signing_key
+    from pipeline.oci.artifact import Blob
+    from pipeline.oci.layout import LayoutStore
+    from pipeline.oci.refs import LayoutRef
+    from pipeline.oci.stagecache import EMPTY, SIGNATURE, STAGE_ARTIFACT, STAGE_FILE
+
+    store = LayoutStore(LayoutRef(cache_dir, StageCache.tag(stage, key)))
+    info = {n: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest(), "mtime_ns": 0} for n, d in files.items()}
+    body = json.dumps({"stage": stage, "key": key, "files": info, "content_digest": "x"}).encode()
+    secret = signing_key(create=True)
+    (cache_dir.parent / "body").write_bytes(body)
+    sig = secret.sign_file(cache_dir.parent / "body", f"timestamp:1\tstage:{stage}\tkey:{key}").encode()
+    layers = []
+    for name, data in [*files.items(), (MANIFEST, body), (SIGNATURE, sig)]:
+        blob = Blob(name, f"sha256:{hashlib.sha256(data).hexdigest()}", len(data), STAGE_FILE)
+        store.put_blob(blob, data)
+        layers.append(blob.descriptor())
+    empty = {"mediaType": EMPTY, "digest": f"sha256:{hashlib.sha256(b'{}').hexdigest()}", "size": 2}
+    store.put_blob(Blob("config", empty["digest"], 2, EMPTY), b"{}")
+    store.put_manifest(json.dumps({"schemaVersion": 2, "mediaType": media.OCI_MANIFEST, "artifactType": STAGE_ARTIFACT,
+                                   "config": empty, "layers": layers}).encode())
+
+
+@pytest.mark.parametrize("names", [("a", "a/b/c"), ("a/b", "a/b/c/d"), ("x/a", "x/a/b")])
+def test_a_trusted_entry_naming_a_path_as_file_and_directory_is_ignored(tmp_path, monkeypatch, capsys, names):
+    monkeypatch.setenv("JETSON_PIPELINE_HOME", str(tmp_path / "home"))
+    publish_raw(tmp_path / "cache", "quantize", "k" * 64, {n: b"data" for n in names})
+    m, staging = restore(StageCache(f"oci-layout:{tmp_path / 'cache'}"), "k" * 64, tmp_path)
+    assert m is None and list(staging.iterdir()) == []
+    err = capsys.readouterr().err
+    assert f"ignored: oci-layout:{tmp_path / 'cache'}:quantize-{'k' * 64}: {names[0]!r} is both a file and a " \
+           "directory; computing quantize here" in err, err
+
+
+def test_a_refused_restored_stage_is_forgotten_and_never_restored_again(entry, tmp_path, monkeypatch, capsys):
+    from pipeline.oci.stagecache import forget_stage
+    cache, key, _ = entry
+    monkeypatch.setenv("PIPELINE_ARTIFACTS", str(tmp_path / "artifacts"))
+    m, staging = restore(cache, key, tmp_path)
+    assert m is not None and m["restored_from"] == f"{cache.text} quantize-{key}"
+    forget_stage(staging)           # what a later stage does when it refuses this output
+    assert not (staging / MANIFEST).exists()
+    m, staging = restore(cache, key, tmp_path)
+    assert m is None and list(staging.iterdir()) == []
+    assert "was refused by a later stage here before; computing quantize here" in capsys.readouterr().err

@@ -143,10 +143,14 @@ class SecretKey:
 
     def sign_file(self, path: Path, trusted_comment: str | None = None) -> str:
         """The .minisig text for `path`."""
+        return self.sign_bytes(Path(path).read_bytes(),
+                               trusted_comment or f"timestamp:{int(time.time())}\tfile:{Path(path).name}\thashed")
+
+    def sign_bytes(self, data: bytes, comment: str) -> str:
+        """The .minisig text for `data` with the trusted comment `comment` (Ed25519 is deterministic: the same
+        data and comment give the same bytes)."""
         sign = _backend()[0]
-        digest = hashlib.blake2b(Path(path).read_bytes(), digest_size=64).digest()
-        sig = sign(self.seed, digest)
-        comment = trusted_comment or f"timestamp:{int(time.time())}\tfile:{Path(path).name}\thashed"
+        sig = sign(self.seed, hashlib.blake2b(data, digest_size=64).digest())
         global_sig = sign(self.seed, sig + comment.encode())
         return (f"untrusted comment: signature from jetson-pipeline secret key {self.public.id_hex}\n"
                 + base64.b64encode(ALG_PREHASHED + self.key_id + sig).decode() + "\n"

@@ -39,6 +39,7 @@ from pipeline.kit.verify import (
     KitError,
     VerifiedKit,
     check_kit,
+    downgrade_refusal,
     open_part,
     payload_path,
     read_part,
@@ -118,10 +119,9 @@ def _check_destination(kit: VerifiedKit, dest: Path, allow_downgrade: bool) -> N
                        "unpack into a new directory, or remove it first")
     if prior.get("name") != kit.name:
         raise KitError(f"{dest} holds kit {prior.get('name')!r}, not {kit.name!r}", "unpack into another directory")
-    if kit.created < prior["created"] and not allow_downgrade:
-        raise KitError(f"{kit.path}: this kit was signed {kit.created}, older than the one installed at {dest} "
-                       f"({prior['created']}): refusing to downgrade",
-                       "pass --allow-downgrade if you mean to go back to the older kit")
+    refusal = downgrade_refusal(kit.created, prior["created"], f"{dest}", allow_downgrade)
+    if refusal:
+        raise KitError(f"{kit.path}: {refusal.message}", refusal.hint)
 
 
 def unpack(kit_path: Path, dest: Path, trusted: list[PublicKey], progress=None, allow_downgrade: bool = False,

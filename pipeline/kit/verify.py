@@ -217,6 +217,15 @@ def check_kit(kit: Path, trusted: list[PublicKey], hash_parts: bool = True, prog
     return VerifiedKit(kit, manifest, signed_by, comment, digest)
 
 
+def downgrade_refusal(created: str, prior_created: str, where: str, allow_downgrade: bool) -> KitError | None:
+    """The refusal of a kit signed `created` where one signed `prior_created` is already in place (a replayed,
+    validly signed older version), unless the user allows the downgrade; None where it is no downgrade."""
+    if created >= prior_created or allow_downgrade:
+        return None
+    return KitError(f"this kit was signed {created}, older than the one at {where} ({prior_created}): refusing to "
+                    "downgrade", "pass --allow-downgrade if you mean to go back to the older kit")
+
+
 def kit_bytes(kit: Path) -> int:
     """Bytes of the kit directory's files, for a progress bar only (the verifier checks them)."""
     try:

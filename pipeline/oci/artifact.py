@@ -23,7 +23,9 @@ from pipeline.kit.verify import MAX_SIG, MAX_SUMS, VerifiedKit, parse_sums
 from pipeline.oci import media
 
 MANIFEST, SUMS, SIG = contract.MANIFEST, contract.SUMS, contract.SIG
-SMALL = {MANIFEST: contract.MAX_RECORD_BYTES, SUMS: MAX_SUMS, SIG: MAX_SIG}     # fetched (and checked) first
+PUSH_SIG = "PUSH.minisig"   # push's signature binding the kit to the repository and tag it was pushed to
+# the small files, fetched (and checked) first, in this order
+SMALL = {SUMS: MAX_SUMS, SIG: MAX_SIG, PUSH_SIG: MAX_SIG, MANIFEST: contract.MAX_RECORD_BYTES}
 MAX_LAYERS = 10_000
 MAX_BLOB = 2**42            # 4 TiB: no kit part is larger (parts are at most 4 GiB)
 DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
@@ -68,6 +70,11 @@ class KitArtifact:
     def parts(self) -> list[Blob]:
         return [b for b in self.layers if b.name not in SMALL]
 
+    @property
+    def kit_files(self) -> list[Blob]:
+        """The layers that are files of the kit directory (all but push's signature)."""
+        return [b for b in self.layers if b.name != PUSH_SIG]
+
 
 # ---------------------------------------------------------------------------------------------------------- write
 def _annotations(v: VerifiedKit) -> dict[str, str | None]:
@@ -96,9 +103,15 @@ def _model_config(v: VerifiedKit, layers: list[Blob]) -> bytes:
     return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
 
-def make(v: VerifiedKit) -> tuple[bytes, bytes, list[Blob]]:
-    """(manifest, config blob, layers) of the verified kit at v.path: the manifest's bytes are what is pushed and
-    what the registry's manifest digest is of."""
+def push_statement(v: VerifiedKit, binding: str) -> str:
+    """The trusted comment push signs (over the kit's SHA256SUMS): this kit, this manifest, pushed to `binding`
+    (REPOSITORY:TAG, or TAG in a layout). Deterministic, so an unchanged kit pushed again uploads nothing."""
+    return f"push\tkit:{v.name}\tmanifest:{v.manifest_sha256}\tref:{binding}"
+
+
+def make(v: VerifiedKit, push_sig: bytes) -> tuple[bytes, bytes, list[Blob]]:
+    """(manifest, config blob, layers) of the verified kit at v.path, with push's signature `push_sig` as a layer:
+    the manifest's bytes are what is pushed and what the registry's manifest digest is of."""
     kit = Path(v.path)
     sums = parse_sums(kit, read_regular(kit / SUMS, MAX_SUMS).decode())
     layers = [Blob(MANIFEST, f"sha256:{sums[MANIFEST]}", (kit / MANIFEST).stat().st_size, media.WEIGHT_CONFIG_RAW)]
@@ -106,7 +119,9 @@ def make(v: VerifiedKit) -> tuple[bytes, bytes, list[Blob]]:
     for name in (SUMS, SIG):
         data = read_regular(kit / name, SMALL[name])
         layers.append(Blob(name, f"sha256:{hashlib.sha256(data).hexdigest()}", len(data), media.WEIGHT_CONFIG_RAW))
-    config = _model_config(v, layers)
+    config = _model_config(v, layers)       # the model's files: the same config whatever tag it is pushed to
+    layers.append(Blob(PUSH_SIG, f"sha256:{hashlib.sha256(push_sig).hexdigest()}", len(push_sig),
+                       media.WEIGHT_CONFIG_RAW))
     manifest = {"schemaVersion": 2, "mediaType": media.OCI_MANIFEST, "artifactType": media.MODEL_ARTIFACT,
                 "config": {"mediaType": media.MODEL_CONFIG, "digest": f"sha256:{hashlib.sha256(config).hexdigest()}",
                            "size": len(config)},
@@ -177,5 +192,7 @@ def parse(raw: bytes, where: str) -> KitArtifact:
         layers.append(Blob(str(path), digest, size, mtype))
     missing = [n for n in SMALL if n not in {b.name for b in layers}]
     if missing:
-        raise PipelineError(f"{where}: no layer holds {', '.join(missing)}: an unsigned or incomplete kit", NOT_OURS)
+        raise PipelineError(f"{where}: no layer holds {', '.join(missing)}: an unsigned or incomplete kit"
+                            + (" (a kit pushed by an older version: push it again)" if missing == [PUSH_SIG] else ""),
+                            NOT_OURS)
     return KitArtifact(str(name), layers, dict(annotations))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipeline import settings
 from pipeline.errors import PipelineError
+from pipeline.oci.http import OPERATION_S, default_timeout, registry_timeout
 
 REFS = """references:
   oci://HOST[:PORT]/REPO[:TAG]        an OCI registry (distribution, Harbor, GHCR, ECR, Zot, ...); TAG: latest
@@ -16,7 +17,11 @@ REFS = """references:
   oci-layout:DIR[:TAG]                an OCI image layout directory: a stick, an air-gapped mirror
 
 credentials: --username with --password-stdin, or $JETSON_PIPELINE_REGISTRY_USERNAME/_PASSWORD, or what
-`docker login` / `oras login` stored (~/.docker/config.json and its credential helpers)."""
+`docker login` / `oras login` stored (~/.docker/config.json and its credential helpers).
+
+tags: push signs the kit's repository and tag with this machine's key (--key); pull refuses a kit pushed under
+another tag (re-tagged in the registry), unless the reference pins its digest. To publish under a second tag, push
+again (only the tag's signature is uploaded)."""
 
 
 def _store(args):
@@ -30,20 +35,21 @@ def _store(args):
     if args.password_stdin and not username:
         raise PipelineError("--password-stdin needs --username", "pass --username USER")
     return open_store(parse_ref(args.ref), plain_http=args.plain_http, username=username,
-                      password=password if username else None)
+                      password=password if username else None, timeout=args.timeout or default_timeout())
 
 
 def _push_cmd(args) -> int:
     from pipeline.files import human_bytes
-    from pipeline.kit.signing import required_trusted_keys
+    from pipeline.kit.signing import required_trusted_keys, signing_key
     from pipeline.kit.verify import kit_bytes
     from pipeline.oci.transfer import push
     from pipeline.progress import byte_counter
 
     kit, trusted = Path(args.kit), required_trusted_keys(args.pubkey)
+    signer = signing_key(Path(args.key) if args.key else None)     # before any network: push signs the tag
     store = _store(args)
     with byte_counter(f"pushing {kit.name}", kit_bytes(kit)) as progress:
-        digest, sent, kept = push(kit, store, trusted, progress=progress)
+        digest, sent, kept = push(kit, store, trusted, progress=progress, signer=signer)
     print(f"pushed {kit.name} to {store} ({digest}): {human_bytes(sent)} uploaded, {human_bytes(kept)} already there")
     return 0
 
@@ -57,7 +63,7 @@ def _pull_cmd(args) -> int:
     store = _store(args)
     with byte_counter(f"pulling {args.ref}") as progress:
         v = pull(store, Path(args.dest), trusted, say=lambda s: print(s, file=sys.stderr),
-                 progress=progress)
+                 progress=progress, allow_downgrade=args.allow_downgrade)
     if args.json:       # for fleet tools (the Ansible playbook reads the path from it)
         print(json.dumps({"path": str(v.path), "name": v.name, "kind": v.manifest.kind, "created": v.created,
                           "signed_by": v.signed_by}))
@@ -73,6 +79,10 @@ def add_parser(sub) -> None:
     common.add_argument("--username", help="registry user (with --password-stdin)")
     common.add_argument("--password-stdin", action="store_true", help="read the registry password from stdin")
     common.add_argument("--pubkey", help="trust this public key too (default: ~/.config/jetson-pipeline/trusted/)")
+    common.add_argument("--timeout", type=registry_timeout, metavar="SECONDS",
+                        help=f"give up on the whole push or pull after this long (default "
+                        f"$JETSON_PIPELINE_REGISTRY_TIMEOUT or {OPERATION_S:g}); a request that stalls for a minute "
+                        "fails sooner")
     p = sub.add_parser("push", parents=[common], help="publish a kit or engine bundle to an OCI registry or layout",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=REFS,
                        description="Verify the kit, then upload each of its files as a layer (ModelPack media "
@@ -80,6 +90,8 @@ def add_parser(sub) -> None:
                        "already has are not sent again: pushing an unchanged kit uploads nothing.")
     p.add_argument("kit", metavar="KIT_OR_BUNDLE", help="kit or engine bundle directory")
     p.add_argument("ref", metavar="REF", help="where to: oci://HOST[:PORT]/REPO[:TAG] or oci-layout:DIR[:TAG]")
+    p.add_argument("--key", help="the signing key that signs the kit's tag (default: $JETSON_PIPELINE_SIGNING_KEY or "
+                   "~/.config/jetson-pipeline/signing.key); pullers must trust its public half")
     p.set_defaults(func=_push_cmd)
     q = sub.add_parser("pull", parents=[common], help="fetch a kit or bundle from a registry or layout, verified",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=REFS,
@@ -89,6 +101,8 @@ def add_parser(sub) -> None:
                        "interrupted pull resumes from what it fetched (kept in DEST/.<name>.oci-pull).")
     q.add_argument("ref", metavar="REF", help="oci://HOST[:PORT]/REPO[:TAG|@sha256:HEX] or oci-layout:DIR[:TAG]")
     q.add_argument("dest", metavar="DEST", help="directory the kit is pulled into (as DEST/<kit name>)")
+    q.add_argument("--allow-downgrade", action="store_true",
+                   help="replace a kit of the same name in DEST with an older one")
     q.add_argument("--json", action="store_true", help="print what was pulled as one JSON object (path, name, kind, "
                    "created, signed_by)")
     q.set_defaults(func=_pull_cmd)

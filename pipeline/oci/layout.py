@@ -21,7 +21,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.files import create_new, open_regular, read_regular, real_dir, remove_entry, write_atomic, write_hashed
+from pipeline.files import (
+    create_new,
+    open_regular,
+    read_regular,
+    real_dir,
+    remove_entry,
+    sha256_file,
+    write_atomic,
+    write_hashed,
+)
 from pipeline.oci import media
 from pipeline.oci.artifact import DIGEST, Blob, NotFound
 from pipeline.oci.refs import LayoutRef
@@ -41,6 +50,7 @@ class LayoutStore:
     def __init__(self, ref: LayoutRef):
         self.ref, self.root = ref, Path(ref.directory)
         self.blobs = self.root / "blobs" / "sha256"
+        self.binding, self.pinned = ref.tag, False
 
     def __str__(self) -> str:
         return str(self.ref)
@@ -108,11 +118,18 @@ class LayoutStore:
         return offset, chunks()
 
     def has_blob(self, blob: Blob) -> bool:
+        """The layout holds this blob: a regular file of its size that hashes to its digest (a stick may hold
+        anything under that name)."""
         try:
             st = os.lstat(self.blobs / blob.hex)
         except OSError:
             return False
-        return stat.S_ISREG(st.st_mode) and st.st_size == blob.size
+        if not (stat.S_ISREG(st.st_mode) and st.st_size == blob.size):
+            return False
+        try:
+            return sha256_file(self.blobs / blob.hex) == blob.hex
+        except (PipelineError, OSError):
+            return False
 
     # ------------------------------------------------------------------------------------------------ writing
     def _prepare(self) -> None:

@@ -15,18 +15,26 @@ import hashlib
 import time
 import typing
 from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.files import open_regular
 from pipeline.oci import media
 from pipeline.oci.artifact import Blob, NotFound
+from pipeline.oci.http import (
+    OPERATION_S,
+    STALL_S,
+    DeadlineExceeded,
+    Watchdog,
+    bound_session,
+    read_small,
+    strip_foreign_credentials,
+)
 from pipeline.oci.refs import RegistryRef
 
 CONNECT_S, READ_S = 15, 120
 RETRIES = (1.0, 3.0)        # waits before the 2nd and 3rd try of an idempotent request on a dropped connection
-CHUNK = 4 * 2**20           # upload reads
+CHUNK = 2**20               # upload reads (each one is progress for the stall deadline)
 READ_CHUNK = 2**20          # download reads: requests waits for a whole chunk, so a killed pull loses at most this
 LOGIN_HINT = "pass --username USER --password-stdin, or log in once with `docker login HOST` / `oras login HOST`"
 
@@ -47,14 +55,18 @@ def _oras():
 class _Upload:
     """A file as a request body, streamed in chunks, counted for progress (requests sends `len()` as the length)."""
 
-    def __init__(self, path: Path, size: int, progress: Callable[[int], None] | None):
-        self.fh, self.size, self.progress = open_regular(path), size, progress
+    def __init__(self, path: Path, size: int, progress: Callable[[int], None] | None, watch: Watchdog):
+        self.fh, self.size, self.progress, self.watch = open_regular(path), size, progress, watch
+        self.hash, self.sent = hashlib.sha256(), 0
 
     def __len__(self) -> int:
         return self.size
 
     def read(self, n: int = -1) -> bytes:
-        data = self.fh.read(CHUNK if n is None or n < 0 else min(n, CHUNK))
+        self.watch.window(STALL_S, "the upload")
+        data = self.fh.read(CHUNK if n is None or n < 0 else min(n, CHUNK))[:self.size - self.sent]
+        self.hash.update(data)
+        self.sent += len(data)
         if data and self.progress:
             self.progress(len(data))
         return data
@@ -62,11 +74,13 @@ class _Upload:
 
 class RegistryStore:
     def __init__(self, ref: RegistryRef, plain_http: bool = False, username: str | None = None,
-                 password: str | None = None):
+                 password: str | None = None, timeout: float = OPERATION_S):
         oras, requests = _oras()
         self.ref, self.requests = ref, requests
         self.scheme = "http" if plain_http else "https"
         self.base = f"{self.scheme}://{ref.host}"
+        self.watch = Watchdog(timeout, str(ref))
+        self.binding, self.pinned = f"{ref.repository}:{ref.tag}", ref.digest is not None
         scheme = self._challenge()
         backend = "basic" if scheme == "basic" else "token"
         base: typing.Any = oras.provider.Registry
@@ -78,8 +92,12 @@ class RegistryStore:
                 headers = dict(headers or {})
                 if isinstance(self.auth, oras.auth.basic.BasicAuth) and getattr(self.auth, "_basic_auth", None):
                     headers.update(self.auth.get_auth_header())     # up front: a streamed body is sent once
+                foreign = strip_foreign_credentials(url, store.base, headers) is not headers
                 for wait in (*RETRIES, None):
                     try:
+                        if foreign:     # a URL the registry named on another origin: no credentials, no auth dance
+                            return self.session.request(method, url, data=data, json=json, stream=stream,
+                                                        headers=strip_foreign_credentials(url, store.base, headers))
                         return unretried(self, url, method, data, headers, json, stream)
                     except requests.exceptions.ConnectionError as exc:
                         if wait is None or method not in ("GET", "HEAD"):
@@ -93,7 +111,7 @@ class RegistryStore:
                 raise AssertionError("unreachable")
 
         self.registry = Registry(hostname=ref.host, insecure=plain_http, auth_backend=backend)
-        self.registry.session.request = partial(self.registry.session.request, timeout=(CONNECT_S, READ_S))
+        bound_session(self.registry.session, self.watch, CONNECT_S, READ_S)
         self.container = oras.container.Container(ref.repository.rsplit("/", 1)[-1], registry=ref.host)
         namespace = ref.repository.rpartition("/")[0]
         self.container.registry, self.container.namespace = ref.host, namespace or None
@@ -119,10 +137,14 @@ class RegistryStore:
 
     def _challenge(self) -> str | None:
         """The auth scheme the registry asks for at /v2/ (None: it asks for none)."""
+        session = self.requests.Session()
+        bound_session(session, self.watch, CONNECT_S, READ_S)
         try:
-            r = self.requests.get(f"{self.base}/v2/", timeout=(CONNECT_S, READ_S))
+            r = session.request("GET", f"{self.base}/v2/", allow_redirects=False)
         except self.requests.exceptions.RequestException as exc:
             raise self._unreachable(exc) from None
+        finally:
+            session.close()
         if r.status_code == 401:
             return r.headers.get("WWW-Authenticate", "").split(" ", 1)[0].lower() or None
         if r.status_code not in (200, 404):
@@ -138,7 +160,10 @@ class RegistryStore:
             return PipelineError(f"{self.ref}: {what}: the registry says HTTP {r.status_code} (not allowed)",
                                  LOGIN_HINT)
         try:
+            read_small(r, self.watch)
             errors = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in r.json().get("errors", []))
+        except DeadlineExceeded:
+            raise
         except Exception:       # any body: the registry's error text is optional
             errors = ""
         return PipelineError(f"{self.ref}: {what}: HTTP {r.status_code}" + (f" ({errors[:200]})" if errors else ""),
@@ -154,7 +179,7 @@ class RegistryStore:
             if r.status_code != 200:
                 raise self._fail(r, "cannot read the manifest")
             raw = b""
-            for data in r.iter_content(65536):
+            for data in self._chunks(r, 65536, "the manifest"):
                 raw += data
                 if len(raw) > media.MAX_MANIFEST:
                     raise PipelineError(f"{self.ref}: the manifest is larger than {media.MAX_MANIFEST} bytes: not a "
@@ -176,15 +201,29 @@ class RegistryStore:
 
         def chunks() -> Iterator[bytes]:
             with r:
-                try:
-                    yield from r.iter_content(READ_CHUNK)
-                except self.requests.exceptions.RequestException as exc:
-                    raise self._unreachable(exc) from None
+                yield from self._chunks(r, READ_CHUNK, blob.name)
         return start, chunks()
 
+    def _chunks(self, r, size: int, what: str) -> Iterator[bytes]:
+        """The body's chunks, each within STALL_S of the one before (the watchdog cuts a stalled stream)."""
+        try:
+            self.watch.window(STALL_S, what)
+            for data in r.iter_content(size):
+                yield data
+                self.watch.window(STALL_S, what)
+        except DeadlineExceeded:
+            raise
+        except self.requests.exceptions.RequestException as exc:
+            if self.watch.expired is not None:
+                raise self.watch.error() from None
+            raise self._unreachable(exc) from None
+
     def has_blob(self, blob: Blob) -> bool:
+        """The registry says it holds this blob: its size, and the digest it names (a registry is content-addressed:
+        an answer without the digest, or with another, is not taken as having it)."""
         r = self.registry.do_request(self._url(self.container.get_blob_url(blob.digest)), "HEAD")
-        return r.status_code == 200 and r.headers.get("Content-Length") == str(blob.size)
+        return r.status_code == 200 and r.headers.get("Content-Length") == str(blob.size) and \
+            r.headers.get("Docker-Content-Digest") == blob.digest
 
     # ------------------------------------------------------------------------------------------------ writing
     def _session(self) -> str:
@@ -198,7 +237,7 @@ class RegistryStore:
     def put_blob(self, blob: Blob, source: Path | bytes, progress: Callable[[int], None] | None = None) -> None:
         import oras.utils
         url = oras.utils.append_url_params(self._session(), {"digest": blob.digest})
-        body: typing.Any = source if isinstance(source, bytes) else _Upload(source, blob.size, progress)
+        body: typing.Any = source if isinstance(source, bytes) else _Upload(source, blob.size, progress, self.watch)
         try:
             r = self.registry.do_request(url, "PUT", data=body, headers={"Content-Type": "application/octet-stream",
                                                                        "Content-Length": str(blob.size)})
@@ -211,6 +250,10 @@ class RegistryStore:
                                 "check the kit with `python -m pipeline verify`; nothing was tagged")
         if r.status_code not in (201, 204):
             raise self._fail(r, f"cannot upload {blob.name}")
+        if isinstance(body, _Upload) and (body.sent != blob.size or body.hash.hexdigest() != blob.hex):
+            raise PipelineError(f"{blob.name}: sent {body.sent} bytes hashing to sha256:{body.hash.hexdigest()}, but "
+                                f"the kit's signed checksums say {blob.size} bytes, {blob.digest}: the file changed or "
+                                   "is damaged", "nothing was tagged; check the kit with `python -m pipeline verify`")
 
     def put_manifest(self, raw: bytes) -> str:
         r = self.registry.do_request(self._url(self.container.manifest_url(self.ref.tag)), "PUT", data=raw,

@@ -17,6 +17,7 @@ The package stage is not cached: a kit is signed by the workstation that makes i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from pipeline import contract
 from pipeline.errors import PipelineError
-from pipeline.files import real_dir, remove_entry
+from pipeline.files import os_error_text, real_dir, remove_entry
 from pipeline.kit.verify import MAX_SIG, payload_path
 from pipeline.oci import media
 from pipeline.oci.artifact import MAX_LAYERS, Blob, NotFound, descriptor_fields
@@ -56,9 +57,10 @@ class StageCache:
         from pipeline.oci.transfer import open_store
         ref = LayoutRef(self.ref.directory, tag) if isinstance(self.ref, LayoutRef) else \
             RegistryRef(self.ref.host, self.ref.repository, tag)
+        from pipeline.oci.http import default_timeout
         user = settings.get("JETSON_PIPELINE_REGISTRY_USERNAME")
         return open_store(ref, self.plain_http, user, settings.get("JETSON_PIPELINE_REGISTRY_PASSWORD") if user
-                          else None)
+                          else None, timeout=default_timeout())
 
     @staticmethod
     def tag(stage: str, key: str) -> str:
@@ -75,6 +77,10 @@ class StageCache:
         entry that failed a check: warned, nothing left in staging)."""
         if self.disabled or stage not in CACHED_STAGES:
             return None
+        if f"{self.text} {self.tag(stage, key)}" in _refused():
+            _say(f"warning: stage cache entry {self.tag(stage, key)} was refused by a later stage here before; "
+                 f"computing {stage} here")
+            return None
         try:
             store = self._store(self.tag(stage, key))
             raw = store.get_manifest()
@@ -85,8 +91,9 @@ class StageCache:
             return None
         try:
             manifest = self._checked_entry(store, raw, stage, key, staging)
-        except PipelineError as exc:
-            _say(f"warning: stage cache entry {self.tag(stage, key)} ignored: {exc.message}; computing {stage} here")
+        except (PipelineError, OSError) as exc:     # OSError: what the entry's paths do to this filesystem
+            message = exc.message if isinstance(exc, PipelineError) else os_error_text(exc)
+            _say(f"warning: stage cache entry {self.tag(stage, key)} ignored: {message}; computing {stage} here")
             for p in staging.iterdir():
                 remove_entry(p)
             return None
@@ -141,6 +148,7 @@ class StageCache:
         for name in wanted:         # the stage framework's up-to-date check compares these with the files
             st = (staging / name).stat()
             files[name] = dict(files[name], mtime_ns=st.st_mtime_ns)
+        manifest["restored_from"] = f"{self.text} {self.tag(stage, key)}"     # forget_stage() reads it
         from pipeline.files import write_atomic
         write_atomic(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
         return manifest
@@ -213,7 +221,36 @@ def _parse(raw: bytes, where: str) -> dict[str, Blob]:
         raise PipelineError(f"{where}: no {MANIFEST} or no signature")
     if out[MANIFEST].size > contract.MAX_RECORD_BYTES or out[SIGNATURE].size > MAX_SIG:
         raise PipelineError(f"{where}: {MANIFEST} or its signature larger than such a file may be")
-    prefixes = {p.rsplit("/", 1)[0] for p in out if "/" in p}
-    if prefixes & set(out):
-        raise PipelineError(f"{where}: a path is both a file and a directory")
+    parents = {"/".join(p.split("/")[:i]) for p in out for i in range(1, p.count("/") + 1)}
+    clash = sorted(parents & set(out))
+    if clash:
+        raise PipelineError(f"{where}: {clash[0]!r} is both a file and a directory")
     return out
+
+
+def _refused_file() -> Path:
+    from pipeline import settings
+    return settings.artifacts_dir() / ".stage-cache-refused"
+
+
+def _refused() -> set[str]:
+    """The entries (`CACHE TAG`) a later stage refused on this workstation: never restored again here."""
+    from pipeline.files import read_regular
+    try:
+        return set(read_regular(_refused_file(), 2**20).decode("utf-8", "replace").splitlines())
+    except (PipelineError, OSError):
+        return set()
+
+
+def forget_stage(stage_dir: Path) -> None:
+    """A stage whose output a later stage refused: its stage.json is removed (the stage is computed on the next
+    build), and an entry it was restored from is never restored again on this workstation."""
+    from pipeline.files import load_json_or_none, write_atomic
+    manifest = load_json_or_none(Path(stage_dir) / MANIFEST)
+    origin = manifest.get("restored_from") if isinstance(manifest, dict) else None
+    if isinstance(origin, str) and origin.isprintable() and len(origin) < 1024:
+        refused = _refused() | {origin}
+        with contextlib.suppress(OSError):
+            _refused_file().parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(_refused_file(), "".join(f"{line}\n" for line in sorted(refused)))
+    (Path(stage_dir) / MANIFEST).unlink(missing_ok=True)

@@ -2,24 +2,32 @@
 
 pull, in the order that keeps a hostile registry from costing more than a manifest:
 1. the manifest, bounded, parsed into typed layers (artifact.parse): no path outside the kit, no unknown type;
-2. the three small files (MANIFEST.json, SHA256SUMS, its signature), then the signature against the trusted keys
-   and every layer's digest and size against the signed SHA256SUMS and MANIFEST.json: a registry that lies about a
-   digest, a size or the file set is refused here, before the parts are fetched;
-3. free space for what is still to fetch, then the parts, each hashed as it streams in, never past its signed size;
-4. the kit assembled from the blobs (hard links) in a staging directory, checked by the verifier every command uses
+2. SHA256SUMS and its signature (a few KB), checked against the trusted keys; then push's signature, which binds
+   this kit to the repository and tag it was pushed to (another kit re-tagged as this one is refused); then every
+   layer's digest and size against the signed SHA256SUMS, and only then MANIFEST.json (its digest is signed):
+   a registry that lies about a digest, a size, the file set or the tag is refused here, before the parts;
+3. DEST/<name> checked: nothing there, or a kit of this name no newer than this one (else: a downgrade, refused
+   unless allowed); the user's own files there are never replaced;
+4. free space for what is still to fetch, then the parts, each hashed as it streams in, never past its signed size;
+5. the kit assembled from the blobs (hard links) in a staging directory, checked by the verifier every command uses
    (kit/verify.check_kit), and renamed to DEST/<name> only then.
 Blobs are kept in DEST/.<name>.oci-pull/ while the pull is incomplete: a killed or failed pull resumes from them (each
-partial blob is re-hashed, never trusted), and nothing there looks like a kit.
+partial blob is re-hashed, never trusted), and nothing there looks like a kit. One pull per DEST/<name> at a time
+(a lock beside it): two would share the partial files.
+
+push hashes every part as it sends it (a file that changed since it was verified is not tagged), and a blob a layout
+already holds is hashed before it is trusted; a registry's answer that it holds a blob must name its digest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -36,10 +44,10 @@ from pipeline.files import (
     sibling,
     write_hashed,
 )
-from pipeline.kit.signing import PublicKey, SignatureError, verify_signature
-from pipeline.kit.verify import KitError, VerifiedKit, check_kit, parse_sums
+from pipeline.kit.signing import PublicKey, SecretKey, SignatureError, verify_signature
+from pipeline.kit.verify import KitError, VerifiedKit, check_kit, downgrade_refusal, parse_sums
 from pipeline.oci import artifact
-from pipeline.oci.artifact import SMALL, Blob, KitArtifact
+from pipeline.oci.artifact import Blob, KitArtifact
 from pipeline.oci.refs import LayoutRef, Ref
 from pipeline.progress import ByteCounter
 
@@ -48,6 +56,9 @@ Progress = Callable[[int], None]
 
 
 class Store(Protocol):
+    binding: str        # what push's signature binds a kit to here: REPOSITORY:TAG (a registry), TAG (a layout)
+    pinned: bool        # the reference names one manifest by its digest: no tag to bind
+
     def get_manifest(self) -> bytes: ...
     def read_blob(self, blob: Blob, offset: int): ...
     def has_blob(self, blob: Blob) -> bool: ...
@@ -56,29 +67,38 @@ class Store(Protocol):
 
 
 def open_store(ref: Ref, plain_http: bool = False, username: str | None = None,
-               password: str | None = None) -> Store:
+               password: str | None = None, timeout: float | None = None) -> Store:
     if isinstance(ref, LayoutRef):
         from pipeline.oci.layout import LayoutStore
         return LayoutStore(ref)
+    from pipeline.oci.http import OPERATION_S
     from pipeline.oci.registry import RegistryStore
-    return RegistryStore(ref, plain_http, username, password)
+    return RegistryStore(ref, plain_http, username, password, timeout or OPERATION_S)
 
 
 # ----------------------------------------------------------------------------------------------------------- push
-def push(kit: Path, store: Store, trusted: list[PublicKey], progress: Progress | None = None) -> tuple[str, int, int]:
-    """Push the kit (verified first: a damaged kit is never published) -> (manifest digest, bytes uploaded, bytes
-    the store already had). A blob the store has is not sent again: an unchanged kit uploads nothing."""
-    v = check_kit(Path(kit), trusted, hash_parts=False)     # the store hashes every part it takes (registry, layout)
-    raw, config, layers = artifact.make(v)
+def push(kit: Path, store: Store, trusted: list[PublicKey], progress: Progress | None = None,
+         signer: SecretKey | None = None) -> tuple[str, int, int]:
+    """Push the kit (verified first: a damaged kit is never published), with `signer`'s signature binding it to
+    the store's repository and tag -> (manifest digest, bytes uploaded, bytes the store already had). A blob the
+    store has is not sent again: an unchanged kit uploads nothing."""
+    from pipeline.kit.signing import signing_key
+
+    v = check_kit(Path(kit), trusted, hash_parts=False)     # each part is hashed below as it is sent
+    key = signer or signing_key()
+    push_sig = key.sign_bytes((Path(kit) / SUMS).read_bytes(), artifact.push_statement(v, store.binding)).encode()
+    raw, config, layers = artifact.make(v, push_sig)
     sent = kept = 0
     config_blob = Blob("config", f"sha256:{hashlib.sha256(config).hexdigest()}", len(config), "config")
+    small = {config_blob.name: config, artifact.PUSH_SIG: push_sig}
     for blob in [*layers, config_blob]:
         if store.has_blob(blob):
             kept += blob.size
             if progress:
                 progress(blob.size)
             continue
-        store.put_blob(blob, config if blob is config_blob else Path(kit) / blob.name, progress)
+        # each store hashes what it sends or writes and refuses a file that is not the kit's signed one
+        store.put_blob(blob, small.get(blob.name) or Path(kit) / blob.name, progress)
         sent += blob.size
     return store.put_manifest(raw), sent, kept
 
@@ -138,40 +158,71 @@ def fetch_blob(store: Store, blob: Blob, work: Path, progress: Progress | None) 
     return final
 
 
+def _fields(comment: str) -> dict[str, str]:
+    return dict(f.split(":", 1) for f in comment.split("\t") if ":" in f)
+
+
 def _check_signed(store: Store, art: KitArtifact, work: Path, trusted: list[PublicKey]) -> contract.Manifest:
-    """Signature over SHA256SUMS, then every layer against it and the signed MANIFEST.json: digests, sizes, the
-    file set. After this, a part's blob is right iff it hashes to its layer digest."""
+    """SHA256SUMS and its signature, push's signature, every layer against them, and only then MANIFEST.json (the
+    largest of the small files: at most 4 MiB, fetched once its digest is known to be the signed one). After this,
+    a part's blob is right iff it hashes to its layer digest."""
     where = f"{store} ({art.name})"
-    sums_text = (work / art.layer(SUMS).hex).read_bytes().decode("utf-8", "replace")
+    for name in (SUMS, SIG, artifact.PUSH_SIG):
+        fetch_blob(store, art.layer(name), work, None)
+    sums_bytes = (work / art.layer(SUMS).hex).read_bytes()
+    sums_text = sums_bytes.decode("utf-8", "replace")
     try:
-        _, comment = verify_signature(sums_text.encode(), (work / art.layer(SIG).hex).read_text("utf-8", "replace"),
+        _, comment = verify_signature(sums_bytes, (work / art.layer(SIG).hex).read_text("utf-8", "replace"),
                                       trusted, Path(f"{where}/{SIG}"))
+        _, pushed = verify_signature(sums_bytes, (work / art.layer(artifact.PUSH_SIG).hex).read_text(
+            "utf-8", "replace"), trusted, Path(f"{where}/{artifact.PUSH_SIG}"))
     except SignatureError as exc:
         raise KitError(exc.message, exc.hint or "do not use this kit; check who pushed it") from None
     sums = parse_sums(Path(where), sums_text)
-    names = {b.name for b in art.layers}
+    names = {b.name for b in art.kit_files}
     if names != set(sums) | {SUMS, SIG}:
         odd = sorted(names ^ (set(sums) | {SUMS, SIG}))
         raise KitError(f"{where}: the layers and the signed {SUMS} name different files ({', '.join(odd[:5])})",
                        "the registry or layout does not hold the kit that was signed; nothing was fetched")
-    for b in art.layers:
+    for b in art.kit_files:
         if b.name in sums and sums[b.name] != b.hex:
             raise KitError(f"{where}: layer {b.name} has digest {b.digest}, but the signed {SUMS} says "
                            f"sha256:{sums[b.name]}", "the registry lies about its content; nothing was fetched")
+    fetch_blob(store, art.layer(MANIFEST), work, None)     # its digest is the signed one: checked as it arrives
     try:
         obj = json.loads((work / art.layer(MANIFEST).hex).read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise KitError(f"{where}: {MANIFEST} is not JSON", "do not use this kit") from None
     manifest = contract.manifest_from_dict(obj, f"{where}/{MANIFEST}")
-    signed_name = dict(f.split(":", 1) for f in comment.split("\t") if ":" in f).get("kit")
-    if manifest.name != art.name or signed_name != art.name:
+    if manifest.name != art.name or _fields(comment).get("kit") != art.name:
         raise KitError(f"{where}: the signed kit is named {manifest.name!r}, the registry says {art.name!r}",
                        "a renamed or swapped kit is refused")
     for p in manifest.parts:
         if art.layer(p.name).size != p.size:
             raise KitError(f"{where}: layer {p.name} is said to be {art.layer(p.name).size} bytes, the signed "
                            f"{MANIFEST} says {p.size}", "the registry lies about its content; nothing was fetched")
+    push = _fields(pushed)
+    if push.get("kit") != art.name or push.get("manifest") != sums.get(MANIFEST):
+        raise KitError(f"{where}: push's signature names kit {push.get('kit')!r}, not this one",
+                       "the registry or layout mixes two kits; do not use it")
+    if not store.pinned and push.get("ref") != store.binding:
+        raise KitError(f"{where}: this kit was pushed as {push.get('ref')!r}, not as {store.binding!r}: another "
+                       "kit re-tagged as this one is refused",
+                       f"pull the reference it was pushed to, pin it by digest (REPO@sha256:...), or push it again "
+                       f"as {store.binding}")
     return manifest
+
+
+def _prior(dest: Path, trusted: list[PublicKey]) -> VerifiedKit | None:
+    """What DEST/<name> holds: nothing, or a kit of this name (checked as `verify` would, without hashing its
+    parts: it is about to be replaced or kept, never used from here). Anything else is the user's: refused."""
+    if not os.path.lexists(dest):
+        return None
+    try:
+        return check_kit(dest, trusted, hash_parts=False)
+    except PipelineError:
+        raise PipelineError(f"{dest} already exists and is not a kit `pull` can replace",
+                            "pull into another directory, or move it away first") from None
 
 
 def _destination(dest_root: Path, name: str) -> Path:
@@ -182,19 +233,56 @@ def _destination(dest_root: Path, name: str) -> Path:
     return dest_root / name
 
 
+@contextlib.contextmanager
+def _locked(dest: Path) -> Iterator[None]:
+    """One pull into `dest` at a time: a second one would append to the same partial files. The lock file is
+    removed by its holder; a lock taken on a file already removed (or replaced) is not the lock, and is refused."""
+    import fcntl
+    lock = sibling(dest, "oci-pull.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            st = os.lstat(lock)
+            if (st.st_ino, st.st_dev) != (os.fstat(fd).st_ino, os.fstat(fd).st_dev):
+                raise BlockingIOError
+        except (BlockingIOError, FileNotFoundError):
+            raise PipelineError(f"another pull into {dest} is running", "wait for it to finish") from None
+        try:
+            yield
+        finally:
+            remove_entry(lock)
+    finally:
+        os.close(fd)
+
+
 def pull(store: Store, dest_root: Path, trusted: list[PublicKey], say: Callable[[str], None] = print,
-         progress: Progress | None = None) -> VerifiedKit:
+         progress: Progress | None = None, allow_downgrade: bool = False) -> VerifiedKit:
     """Pull into dest_root/<kit name>; returns the verified kit there."""
     art = artifact.parse(store.get_manifest(), str(store))
     dest = _destination(dest_root, art.name)
-    work = real_dir(sibling(dest, "oci-pull"))
-    for name in SMALL:
-        fetch_blob(store, art.layer(name), work, None)
-    manifest = _check_signed(store, art, work, trusted)
+    with _locked(dest):
+        prior = _prior(dest, trusted)
+        work = real_dir(sibling(dest, "oci-pull"))
+        manifest = _check_signed(store, art, work, trusted)
+        if prior is not None:
+            kit_sha256 = hashlib.sha256((work / art.layer(MANIFEST).hex).read_bytes()).hexdigest()
+            if prior.manifest_sha256 == kit_sha256:
+                say(f"{art.name}: already in {dest_root}; checking it")
+                remove_entry(work)
+                return check_kit(dest, trusted)
+            refusal = downgrade_refusal(manifest.created, prior.created, str(dest), allow_downgrade)
+            if refusal:
+                raise refusal
+        return _fetch(store, art, manifest, work, dest, trusted, say, progress)
+
+
+def _fetch(store: Store, art: KitArtifact, manifest: contract.Manifest, work: Path, dest: Path,
+           trusted: list[PublicKey], say: Callable[[str], None], progress: Progress | None) -> VerifiedKit:
     todo = sum(b.size for b in art.parts if not os.path.lexists(work / b.hex))
     free = shutil.disk_usage(work).free
     if todo > free:
-        raise PipelineError(f"{dest_root}: {human_bytes(todo)} to fetch, {human_bytes(free)} free",
+        raise PipelineError(f"{dest.parent}: {human_bytes(todo)} to fetch, {human_bytes(free)} free",
                             "free space there or pull somewhere else; nothing was fetched but the signed checksums")
     size = sum(b.size for b in art.parts)
     say(f"{art.name}: signature OK ({manifest.kind}, created {manifest.created}); fetching {len(art.parts)} "
@@ -206,7 +294,7 @@ def pull(store: Store, dest_root: Path, trusted: list[PublicKey], say: Callable[
     staging = work / art.name
     remove_entry(staging)
     staging.mkdir()
-    for b in art.layers:
+    for b in art.kit_files:
         os.link(work / b.hex, staging / b.name)
     verified = check_kit(staging, trusted, hash_parts=False)      # each part was hashed against the signed sums
     move_into_place(staging, dest)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pipeline.serve")
 ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions")
+TOKENIZER_THREADS = 2       # prompts rendered and tokenized at once, off the event loop
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class Settings:
     max_queue: int = 16
     request_timeout: float = 600.0
     max_body_bytes: int = 2 * 2**20
+    allowed_hosts: frozenset[str] | None = None     # None: any Host header (a non-loopback bind)
+    allowed_origins: frozenset[str] = frozenset()
+    public_metrics: bool = False
 
 
 class Server:
@@ -55,6 +59,7 @@ class Server:
         self.session: Session | None = None
         self.load_error: str | None = None
         self.slots = asyncio.Semaphore(served.limits.max_batch_size)
+        self.tokenizing = asyncio.Semaphore(TOKENIZER_THREADS)
         self.waiting = 0
         self.metrics = Metrics(lambda: self.session.stats() if self.session else {}, lambda: self.ready)
 
@@ -65,6 +70,7 @@ class Server:
     def load(self) -> None:
         try:
             self.session = self._load()
+            _ = self.served.codec.max_token_chars     # computed here, not on the event loop at the first request
             log.info("engine ready: %s (%s)", self.served.name, self.session.backend)
         except PipelineError as exc:
             self.load_error = exc.message
@@ -105,6 +111,17 @@ class Server:
             raise ApiError(400, f"the prompt of {len(ids)} tokens leaves no room under max_seq_len = "
                            f"{limits.max_seq_len}", field, "context_length_exceeded")
         return Generation(tuple(ids), text, req.max_tokens or room, req.sampling, s.stop_ids)
+
+    def check_prompt_size(self, req: protocol.Request, chat: bool) -> None:
+        """Refuse a prompt that cannot fit max_input_len before tokenizing it: no token is longer than the
+        vocabulary's longest, so more characters than max_input_len of those (twice, for normalizers that compose
+        characters) is over the limit whatever the tokenizer makes of it."""
+        limits = self.served.limits
+        chars = sum(len(m["content"]) for m in req.messages) if chat else len(req.prompt or "")
+        bound = 2 * limits.max_input_len * self.served.codec.max_token_chars
+        if chars > bound:
+            raise ApiError(400, f"the prompt is {chars} characters: more than max_input_len = {limits.max_input_len} "
+                           "tokens can hold", "messages" if chat else "prompt", "context_length_exceeded")
 
     def admit(self) -> Session:
         """The session, if a request may be queued now: else 503 (not loaded, failed) or 429 (queue full)."""
@@ -180,35 +197,79 @@ async def _body(request, limit: int) -> dict[str, Any]:
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
+    from starlette.requests import ClientDisconnect
+
     data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
+    try:
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > limit:
+                raise ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
+    except ClientDisconnect:        # the client left, or its body passed the body deadline (guard.py)
+        raise ApiError(400, "the client went away before its request body ended", code="client_disconnected") \
+            from None
     return protocol.parse_json(bytes(data))
 
 
-class CountAndAuth:
-    """Bearer auth on /v1/* and the request counter, as plain ASGI: Starlette's @app.middleware("http") runs every
-    response body through a memory stream and a task of its own, which costs each request and each SSE chunk."""
+class Gate:
+    """What every request passes before a route runs, as plain ASGI (Starlette's @app.middleware("http") runs every
+    response body through a memory stream and a task of its own, which costs each request and each SSE chunk):
 
-    def __init__(self, app: Any, api_key: str | None, metrics: Metrics):
+    - `Host` must name this server where `allowed_hosts` is set (the loopback default: a web page that rebinds its
+      own DNS name to 127.0.0.1 sends its own name, and is refused), and a browser's `Origin` is refused unless
+      allowed: a page must not drive a model on the user's machine and read its answers;
+    - a POST must say `Content-Type: application/json`: a page may send text/plain anywhere without asking first
+      (a "simple" cross-origin request), never JSON;
+    - the API key (Bearer) on /v1/* and, unless public, /metrics: checked on the headers, before any body is read;
+      a refused client's connection is closed;
+    - the request counter, labelled by known route only (clients must not grow the label set).
+    """
+
+    def __init__(self, app: Any, api_key: str | None, metrics: Metrics, allowed_hosts: frozenset[str] | None = None,
+                 allowed_origins: frozenset[str] = frozenset(), public_metrics: bool = False):
         self.app, self.metrics = app, metrics
         self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.allowed_hosts, self.allowed_origins, self.public_metrics = allowed_hosts, allowed_origins, public_metrics
+
+    def _refusal(self, scope: Any) -> ApiError | None:
+        headers = dict(scope.get("headers") or [])
+        if self.allowed_hosts is not None and host_name(headers.get(b"host", b"")) not in self.allowed_hosts:
+            return ApiError(403, "this server answers only requests addressed to "
+                            f"{', '.join(sorted(self.allowed_hosts))} (Host header); serve with --allowed-host NAME "
+                            "to add a name", code="host_not_allowed", headers=CLOSE)
+        origin = headers.get(b"origin")
+        if origin is not None and origin.decode("latin-1") not in self.allowed_origins:
+            return ApiError(403, "requests from web pages (an Origin header) are refused: a page must not drive this "
+                            "server; call it from a program, or serve with --allowed-origin ORIGIN",
+                            code="origin_not_allowed", headers=CLOSE)
+        path = scope.get("path", "")
+        guarded = path.startswith("/v1/") or (path == "/metrics" and not self.public_metrics)
+        if guarded and self.expected is not None and \
+                not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+            return ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", code="invalid_api_key",
+                            headers=CLOSE)
+        if scope.get("method") == "POST":
+            ctype = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+            if ctype != b"application/json":
+                return ApiError(415, f"Content-Type must be application/json, not {ctype.decode('latin-1')[:60]!r}",
+                                code="unsupported_media_type", headers=CLOSE)
+        return None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        label = path if path in ROUTES else "other"
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            if path.startswith("/v1/"):
+                self.metrics.requests.labels(label, str(refusal.status)).inc()
+            await _error_response(refusal)(scope, receive, send)
+            return
         if not path.startswith("/v1/"):
             await self.app(scope, receive, send)
             return
-        label = path if path in ROUTES else "other"     # a label per known route only: clients must not grow it
-        if self.expected is not None:
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                self.metrics.requests.labels(label, "401").inc()
-                await _error_response(ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
-                                               code="invalid_api_key"))(scope, receive, send)
-                return
         status = {"code": 500}      # an exception before the response started is a 500 to the client
 
         async def counted(message: Any) -> None:
@@ -219,6 +280,23 @@ class CountAndAuth:
             await self.app(scope, receive, counted)
         finally:
             self.metrics.requests.labels(label, str(status["code"])).inc()
+
+
+CLOSE = {"Connection": "close"}
+
+
+def host_name(value: bytes) -> str:
+    """The host of a Host header, lower-case, without its port ("[::1]:8000" -> "[::1]")."""
+    text = value.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        return text.split("]", 1)[0] + "]"
+    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
+
+
+async def _until_disconnect(receive: Callable[[], Any]) -> None:
+    """Returns when the client has gone (the request's body was read before: the next message is the disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def create_app(server: Server):
@@ -251,7 +329,8 @@ def create_app(server: Server):
         log.error("internal error: %s: %s", type(exc).__name__, str(exc)[:300])
         return _error_response(ApiError(500, "internal server error", code="internal_error"))
 
-    app.add_middleware(CountAndAuth, api_key=settings.api_key, metrics=metrics)
+    app.add_middleware(Gate, api_key=settings.api_key, metrics=metrics, allowed_hosts=settings.allowed_hosts,
+                       allowed_origins=settings.allowed_origins, public_metrics=settings.public_metrics)
 
     @app.get("/health")
     async def health():
@@ -274,14 +353,30 @@ def create_app(server: Server):
     async def answer(request: Request, chat: bool):
         body = await _body(request, settings.max_body_bytes)
         req = protocol.parse_chat(body) if chat else protocol.parse_completion(body)
-        gen = server.generation(req, chat)
+        server.check_prompt_size(req, chat)     # before tokenizing: a huge prompt costs no tokenizer time
+        async with server.tokenizing:           # off the event loop, a few at a time: /health never waits on it
+            gen = await asyncio.get_running_loop().run_in_executor(None, server.generation, req, chat)
         rid, created = protocol.new_id("chatcmpl" if chat else "cmpl"), protocol.now()
         if not req.stream:
-            text, reason, made = "", "length", 0
-            async for item in server.run(gen, req.stop):
-                delta, fin, made = item
-                text += delta
-                reason = fin or reason
+            async def collect() -> tuple[str, str, int]:
+                text, reason, made = "", "length", 0
+                async for item in server.run(gen, req.stop):
+                    delta, fin, made = item
+                    text += delta
+                    reason = fin or reason
+                return text, reason, made
+            work, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(_until_disconnect(request.receive))
+            try:
+                await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (work, gone):
+                    if not task.done():
+                        task.cancel()       # a client that left frees its slot now (the run's finally cancels)
+            if not work.done() or work.cancelled():
+                await asyncio.gather(work, return_exceptions=True)
+                log.info("client went away: request cancelled")
+                return Response(status_code=499)
+            text, reason, made = work.result()
             return protocol.completion_body(chat, rid, served.name, created, text, reason, len(gen.prompt_ids),
                                             made)
         server.admit()      # a 429 or 503 is a status, before the stream's 200

@@ -13,8 +13,11 @@ from pathlib import Path
 
 from pipeline import settings
 from pipeline.errors import PipelineError
+from pipeline.serve.guard import ConnectionLimits
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})   # Host header names of a loopback server
+FILE_LIMIT = 65536      # the unit's LimitNOFILE: systemd's default soft limit of 1024 is a connection cap of ~900
 
 
 def add_parser(sub) -> None:
@@ -37,6 +40,21 @@ def add_parser(sub) -> None:
     s.add_argument("--max-queue", type=int, default=16,
                    help="requests that may wait beyond the engine's max_batch_size before a 429 (default 16)")
     s.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default 600)")
+    s.add_argument("--header-timeout", type=float, default=ConnectionLimits.header_timeout,
+                   help="seconds a client has to send a whole request header (default %(default)g)")
+    s.add_argument("--body-timeout", type=float, default=ConnectionLimits.body_timeout,
+                   help="seconds a client has to send a request body after its header (default %(default)g)")
+    s.add_argument("--max-connections", type=int, default=ConnectionLimits.max_connections,
+                   help="open connections at most; always below the process's file limit (default %(default)d; "
+                   "when full, the oldest connection that has not sent a whole header makes room)")
+    s.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests whose Host header names NAME (repeatable); a loopback server answers "
+                   "localhost, 127.0.0.1 and [::1] only, so a web page cannot reach it through DNS rebinding")
+    s.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                   help="answer browser requests from ORIGIN, e.g. http://kiosk.local:3000 (repeatable; default: "
+                   "any request with an Origin header is refused)")
+    s.add_argument("--public-metrics", action="store_true",
+                   help="serve /metrics without the API key (for a Prometheus that has none)")
     s.add_argument("--target", help="RECIPE: which of its targets' limits to serve with (default: its first)")
     s.add_argument("--work", help="BUNDLE: where to unpack it (default: ./<bundle name>.serve)")
     s.add_argument("--pubkey", help="BUNDLE: trust this public key too")
@@ -57,37 +75,62 @@ def _check(args) -> None:
         raise PipelineError(f"--port {args.port}: not a TCP port", "pass 1..65535")
     if args.max_queue < 0 or args.request_timeout <= 0:
         raise PipelineError("--max-queue must be >= 0 and --request-timeout > 0", "fix the value")
+    if not (args.header_timeout > 0 and args.body_timeout > 0 and args.max_connections >= 1):
+        raise PipelineError("--header-timeout and --body-timeout must be > 0, --max-connections >= 1", "fix the value")
+    for origin in args.allowed_origin:
+        if not (origin.startswith(("http://", "https://")) and "/" not in origin.split("://", 1)[1]):
+            raise PipelineError(f"--allowed-origin {origin!r}: not an origin", "write it as a browser sends it: "
+                                "scheme://host[:port], e.g. http://kiosk.local:3000")
 
 
-def unit_file(args, argv: list[str]) -> str:
-    """A systemd service running this command; the API key goes in an environment file, never in the unit."""
-    cmd = _without(_without([sys.executable, "-m", "pipeline", "serve", *argv], "--systemd"), "--api-key")
+def allowed_hosts(args) -> frozenset[str] | None:
+    """The Host header names answered: for a loopback server its loopback names (plus --allowed-host); for another
+    address any, unless --allowed-host narrows it."""
+    extra = {h.lower() for h in args.allowed_host}
+    if args.host in LOOPBACK:
+        return LOOPBACK_HOSTS | extra
+    return frozenset(extra) if extra else None
+
+
+# options the unit repeats as given (flag -> argparse dest); --api-key never: it goes in an environment file
+UNIT_OPTIONS = {"--host": "host", "--port": "port", "--max-queue": "max_queue", "--request-timeout": "request_timeout",
+                "--header-timeout": "header_timeout", "--body-timeout": "body_timeout",
+                "--max-connections": "max_connections", "--target": "target", "--work": "work", "--pubkey": "pubkey",
+                "--root": "root"}
+UNIT_FLAGS = {"--no-auth": "no_auth", "--public-metrics": "public_metrics"}
+
+
+def unit_file(args) -> str:
+    """A systemd service running this command, written from the parsed options (never by editing the command line
+    given: an abbreviated --api would survive that): the API key goes in an environment file, never in the unit."""
+    cmd = [sys.executable, "-m", "pipeline", "serve", str(Path(args.what).absolute()) if Path(args.what).exists()
+           else args.what]
+    for flag, dest in UNIT_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            cmd += [flag, str(value)]
+    for flag, dest in UNIT_FLAGS.items():
+        if getattr(args, dest, False):
+            cmd.append(flag)
+    for name in args.allowed_host:
+        cmd += ["--allowed-host", name]
+    for origin in args.allowed_origin:
+        cmd += ["--allowed-origin", origin]
     lines = ["[Unit]", f"Description=OpenAI-compatible LLM server ({args.what}, jetson-trtllm-pipeline)",
              "After=network-online.target", "Wants=network-online.target", "", "[Service]", "Type=simple",
              f"WorkingDirectory={Path.cwd()}", f"ExecStart={shlex.join(cmd)}", "Restart=on-failure", "RestartSec=5",
+             f"LimitNOFILE={FILE_LIMIT}", "PrivateTmp=yes", "NoNewPrivileges=yes",
              # published Jetson speeds are MAXN with jetson_clocks (FACTS.md); `probe` says which mode this board runs
              "# For the speeds `probe` and the report quote: sudo nvpmodel -m 0 && sudo jetson_clocks (MAXN)",
              "# ExecStartPre=/usr/bin/jetson_clocks"]
     if args.api_key:
-        lines += ["# the key: JETSON_PIPELINE_API_KEY=... in this file (mode 600), never in the unit",
-                  "EnvironmentFile=/etc/jetson-pipeline/serve.env"]
+        lines += ["# the key: JETSON_PIPELINE_API_KEY=... in this file, owned by root, mode 600; never in the unit",
+                  f"EnvironmentFile={ENV_FILE}"]
     lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(lines)
 
 
-def _without(cmd: list[str], flag: str) -> list[str]:
-    out, skip = [], False
-    for a in cmd:
-        if skip:
-            skip = False
-            continue
-        if a == flag:
-            skip = True
-            continue
-        if a.startswith(flag + "="):
-            continue
-        out.append(a)
-    return out
+ENV_FILE = "/etc/jetson-pipeline/serve.env"
 
 
 def run(args) -> int:
@@ -95,15 +138,19 @@ def run(args) -> int:
 
     from pipeline.files import write_atomic
     from pipeline.serve.app import Server, Settings, create_app
+    from pipeline.serve.guard import connection_cap, guarded_protocol, raise_file_limit
     from pipeline.serve.sources import from_bundle, from_recipe
 
     _check(args)
     if args.systemd:
-        argv = sys.argv[sys.argv.index("serve") + 1:] if "serve" in sys.argv else [args.what]
-        write_atomic(Path(args.systemd), unit_file(args, argv))
+        write_atomic(Path(args.systemd), unit_file(args))
         print(f"wrote {args.systemd}: sudo cp {args.systemd} /etc/systemd/system/ && sudo systemctl daemon-reload "
               f"&& sudo systemctl enable --now {Path(args.systemd).name}")
+        if args.api_key:
+            print(f"the API key is not in the unit: sudo install -m 600 -D /dev/null {ENV_FILE} && echo "
+                  f"JETSON_PIPELINE_API_KEY=... | sudo tee {ENV_FILE} >/dev/null")
         return 0
+    cap = connection_cap(args.max_connections, raise_file_limit())
     what = Path(args.what)
     if (what / "MANIFEST.json").is_file():
         work = Path(args.work) if args.work else Path(f"{what.name}.serve")
@@ -112,10 +159,15 @@ def run(args) -> int:
         served, load = from_recipe(args.what, args.target)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     server = Server(served, Settings(api_key=args.api_key, max_queue=args.max_queue,
-                                     request_timeout=args.request_timeout), load)
+                                     request_timeout=args.request_timeout, allowed_hosts=allowed_hosts(args),
+                                     allowed_origins=frozenset(args.allowed_origin),
+                                     public_metrics=args.public_metrics), load)
+    protocol = guarded_protocol(ConnectionLimits(header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                                                 max_connections=cap))
     import uvicorn
     print(f"serving {served.name} ({served.backend}; max_batch_size {served.limits.max_batch_size}, max_input_len "
           f"{served.limits.max_input_len}, max_seq_len {served.limits.max_seq_len}) on http://{args.host}:"
-          f"{args.port}/v1", flush=True)
-    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+          f"{args.port}/v1 (at most {cap} connections)", flush=True)
+    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5,
+                http=protocol)
     return 0

@@ -32,6 +32,7 @@ UNSUPPORTED = {
 MAX_STOP = 4                # OpenAI's own limit on stop sequences
 MAX_STOP_CHARS = 256
 SEED_MAX = 2**63 - 1
+MIN_TEMPERATURE = 1e-5      # below this, sampling is greedy (as vLLM): logits / 1e-320 is inf, not a distribution
 
 
 class ApiError(Exception):
@@ -41,8 +42,9 @@ class ApiError(Exception):
                  type_: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.type = type_ or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                              413: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
+        self.type = type_ or {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                              404: "not_found_error", 413: "invalid_request_error", 415: "invalid_request_error",
+                              429: "rate_limit_error"}.get(status, "server_error")
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
@@ -95,16 +97,27 @@ def _int(body: dict, name: str, lo: int, hi: int | None = None) -> int | None:
     return v
 
 
+def text(value: str, param: str) -> str:
+    """A string the tokenizer can take: JSON's \\ud800 escapes decode to lone surrogates, which UTF-8 cannot
+    hold (a 400 naming the parameter, not a tokenizer error)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _bad(f"{param}: text with a lone surrogate (U+{ord(value[exc.start]):04X} at character {exc.start}) "
+                   "cannot be encoded as UTF-8", param, "invalid_text") from None
+    return value
+
+
 def _text_content(content: Any, at: str) -> str:
     """A message's content: a string, or a list of text parts (what the openai client sends for typed content)."""
     if isinstance(content, str):
-        return content
+        return text(content, f"{at}.content")
     if isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise _bad(f"{at}.content[{j}]: only text parts are supported", f"{at}.content")
-            parts.append(part["text"])
+            parts.append(text(part["text"], f"{at}.content[{j}].text"))
         return "".join(parts)
     raise _bad(f"{at}.content must be a string or a list of text parts", f"{at}.content")
 
@@ -138,11 +151,13 @@ def _common(body: dict) -> dict[str, Any]:
             not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stops):
         raise _bad(f"stop must be a string or a list of at most {MAX_STOP} non-empty strings of at most "
                    f"{MAX_STOP_CHARS} characters", "stop")
+    stops = tuple(text(s, "stop") for s in stops)
     max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1)
-    sampling = Sampling(temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
-                        top_p=_number(body, "top_p", 0.0, 1.0, 1.0), top_k=_int(body, "top_k", 0) or 0,
+    temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
+    sampling = Sampling(temperature=temperature if temperature >= MIN_TEMPERATURE else 0.0,
+                        top_p=_number(body, "top_p", 0.0, 1.0, 1.0), top_k=_int(body, "top_k", 0, 2**31 - 1) or 0,
                         seed=_int(body, "seed", 0, SEED_MAX))
     if sampling.top_p == 0.0:
         raise _bad("top_p must be greater than 0", "top_p")
@@ -169,7 +184,7 @@ def parse_completion(body: dict[str, Any]) -> Request:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise _bad("prompt must be one string (send several requests for several prompts)", "prompt")
-    return Request(prompt=prompt, **_common(body))
+    return Request(prompt=text(prompt, "prompt"), **_common(body))
 
 
 def new_id(prefix: str) -> str:

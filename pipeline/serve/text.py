@@ -9,6 +9,7 @@ tokenizer on the workstation). A kit whose tokenizer or template this module rea
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -100,6 +101,12 @@ class TextCodec:
             source, text = f"{cfg_path} (chat_template)", config["chat_template"]
         template = _compile(text, source) if text else None
         return cls(tok, special, template, source)
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """Characters of the vocabulary's longest token (added tokens included): a prompt of n characters is at
+        least n / this many tokens."""
+        return max((len(t) for t in self.tokenizer.get_vocab(with_added_tokens=True)), default=1) or 1
 
     @property
     def has_chat_template(self) -> bool:

@@ -179,6 +179,9 @@ def check_saved_state(quant_dir: Path) -> None:
                                 "replaced since); nothing was loaded", "run the build again: quantize re-runs")
 
 
+RERUN = "run the build again: the quantize stage is computed here (a stage cache entry it came from is not used again)"
+
+
 def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu", consume: bool = False,
                    handoff: ModelHandoff | None = None):
     """The deployed-numerics model: the fetched checkpoint with the saved ModelOpt state restored.
@@ -210,20 +213,23 @@ def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu", consum
         import torch
         from safetensors.torch import load_file
 
+        from pipeline.oci.stagecache import forget_stage
+
         check_saved_state(quant_dir)
         try:        # data only: a pickle planted in a shared artifacts/ cannot run code here
             blob = torch.load(quant_dir / STATE, map_location=device, weights_only=True)
         except Exception as exc:    # UnpicklingError and whatever a damaged zip gives
+            forget_stage(quant_dir)
             raise PipelineError(f"{quant_dir / STATE}: not the ModelOpt state the quantize stage saves "
-                                f"({str(exc).splitlines()[0][:120]})", "re-run the quantize stage") from None
+                                f"({(str(exc).splitlines() or [''])[0][:120]})", RERUN) from None
         model = mto.restore_from_modelopt_state(model, blob["modelopt_state"])
         tensors = load_file(str(quant_dir / TENSORS), device=device)
         levels = split_levels(tensors)
         result = model.load_state_dict(tensors, strict=False)
         unknown = result.unexpected_keys + sorted(set(levels) - {n + ".weight" for n, _ in grid_modules(model)})
         if unknown:
-            raise PipelineError(f"{quant_dir / STATE} does not fit the model in {model_dir}: {unknown[:3]}",
-                                "re-run the quantize stage")
+            forget_stage(quant_dir)
+            raise PipelineError(f"{quant_dir / STATE} does not fit the model in {model_dir}: {unknown[:3]}", RERUN)
         if device == "cpu":
             model = model.float()
         snap_to_export_grid(model, levels)
