@@ -81,13 +81,15 @@ def test_a_second_workstation_pulls_the_stages_instead_of_computing_them(tmp_pat
         bad = tmp_path / "bad-quantize"
         shutil.copytree(next(e for e in (a.artifacts / "stages" / "quantize").iterdir() if not e.name.startswith(".")),
                         bad)
-        import collections
+        import argparse
 
         import torch
-        torch.save({"modelopt_state": collections.Counter()}, bad / "modelopt_state.pth")
+        torch.save({"modelopt_state": argparse.Namespace(x=1)}, bad / "modelopt_state.pth")
         m = json.loads((bad / MANIFEST).read_text())
         m["files"]["modelopt_state.pth"].update(size=(bad / "modelopt_state.pth").stat().st_size, sha256=hashlib.sha256(
             (bad / "modelopt_state.pth").read_bytes()).hexdigest())
+        from pipeline.graph.framework import content_digest
+        m["content_digest"] = content_digest(m["files"])        # consistent: the stages after it are computed
         (bad / MANIFEST).write_text(json.dumps(m))
         monkeypatch.setenv("JETSON_PIPELINE_HOME", str(a.root / "home"))       # signed by A's (trusted) key
         StageCache(cache[0][len("cache="):], plain_http=True).publish("quantize", m["key"], bad, m)

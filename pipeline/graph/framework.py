@@ -50,6 +50,11 @@ def digest(obj) -> str:
     return hashlib.sha256(canonical(obj)).hexdigest()
 
 
+def content_digest(files: dict) -> str:
+    """A stage's content digest: of its files' sizes and hashes (the stages built from it are keyed by it)."""
+    return digest({k: [v["size"], v["sha256"]] for k, v in files.items()})
+
+
 _TOOL_CACHE: dict[str, str] = {}
 
 
@@ -221,6 +226,11 @@ def run_stage(spec: StageSpec, build: Callable[[Path], dict | None]) -> dict:
         cache = stage_cache()
         try:
             restored = cache.restore(spec.stage, key, staging) if cache else None
+            if restored is not None and restored.get("content_digest") != content_digest(restored["files"]):
+                # the later stages' keys are made of it: an entry that states another one than its files have would
+                # have them restored for other content
+                cache.ignore(spec.stage, key, staging, "its content_digest is not its files'")
+                restored = None
             if restored is not None:        # every file hashed against the signed entry: as if built here
                 _swap_into_place(staging, spec.dir)
                 return restored
@@ -230,7 +240,7 @@ def run_stage(spec: StageSpec, build: Callable[[Path], dict | None]) -> dict:
                 "stage": spec.stage, "id": spec.id, "key": key, "identity": spec.identity,
                 "inputs": {f"{i.stage}:{i.id}": built_manifest(i.dir)["content_digest"] for i in spec.inputs},
                 "tools": tool_versions(spec.tools), "files": files,
-                "content_digest": digest({k: [v["size"], v["sha256"]] for k, v in files.items()}),
+                "content_digest": content_digest(files),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "seconds": round(time.time() - started, 3), **extra,
             }

@@ -92,14 +92,17 @@ class StageCache:
         try:
             manifest = self._checked_entry(store, raw, stage, key, staging)
         except (PipelineError, OSError) as exc:     # OSError: what the entry's paths do to this filesystem
-            message = exc.message if isinstance(exc, PipelineError) else os_error_text(exc)
-            _say(f"warning: stage cache entry {self.tag(stage, key)} ignored: {message}; computing {stage} here")
-            for p in staging.iterdir():
-                remove_entry(p)
+            self.ignore(stage, key, staging, exc.message if isinstance(exc, PipelineError) else os_error_text(exc))
             return None
         _say(f"{stage}: restored from the stage cache ({self.text}), computed on a workstation in "
              f"{manifest.get('seconds', '?')} s")
         return manifest
+
+    def ignore(self, stage: str, key: str, staging: Path, why: str) -> None:
+        """An entry that failed a check: warned, nothing of it left in staging."""
+        _say(f"warning: stage cache entry {self.tag(stage, key)} ignored: {why}; computing {stage} here")
+        for p in staging.iterdir():
+            remove_entry(p)
 
     def _checked_entry(self, store, raw: bytes, stage: str, key: str, staging: Path) -> dict:
         from pipeline.kit.signing import SignatureError, trusted_keys, verify_signature

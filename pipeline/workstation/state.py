@@ -222,7 +222,12 @@ def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu", consum
             forget_stage(quant_dir)
             raise PipelineError(f"{quant_dir / STATE}: not the ModelOpt state the quantize stage saves "
                                 f"({(str(exc).splitlines() or [''])[0][:120]})", RERUN) from None
-        model = mto.restore_from_modelopt_state(model, blob["modelopt_state"])
+        try:        # a state ModelOpt cannot restore (damaged, or planted in a shared cache) is refused, not a crash
+            model = mto.restore_from_modelopt_state(model, blob["modelopt_state"])
+        except Exception as exc:    # noqa: BLE001 - ModelOpt asserts, KeyErrors and TypeErrors alike
+            forget_stage(quant_dir)
+            raise PipelineError(f"{quant_dir / STATE}: not a ModelOpt state this model can take "
+                                f"({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]})", RERUN) from None
         tensors = load_file(str(quant_dir / TENSORS), device=device)
         levels = split_levels(tensors)
         result = model.load_state_dict(tensors, strict=False)
