@@ -179,6 +179,14 @@ def _verify_cmd(args) -> int:
             tick(done)
         v = check_kit(kit, _trusted(args), progress=step)
     m = v.manifest
+    if args.installed:
+        from pipeline.kit.unpack import installed_created
+        from pipeline.kit.verify import downgrade_refusal
+        prior = installed_created(Path(args.installed), v.name)
+        refusal = downgrade_refusal(v.created, prior, args.installed, False) if prior else None
+        if refusal:
+            raise PipelineError(f"{kit}: {refusal.message}", "this is a replayed older kit; unpack, device and "
+                                "install refuse it too (unless told --allow-downgrade)")
     print(f"OK: {kit}: {m.kind} {m.name}, created {m.created}, {len(m.parts)} part(s), {len(m.files)} files, "
           f"signed by {v.signed_by}")
     return 0
@@ -309,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "unpack":
             c.add_argument("--allow-downgrade", action="store_true",
                            help="replace an unpacked kit of the same name with an older one")
+        if name == "verify":
+            c.add_argument("--installed", metavar="DEST", help="also refuse the kit if it is older than the one "
+                           "installed at DEST (an unpack destination, a device --work, or a pull directory)")
         c.add_argument("--pubkey", help="trust this public key too (default: ~/.config/jetson-pipeline/trusted/)")
         c.set_defaults(func=fn)
     g = sub.add_parser("keygen", help="create a signing key pair (and trust its public half here)")
@@ -351,6 +362,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="install on another board model of the same SM, JetPack and versions (checked here)")
     i.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout (ok, "
                    "installed, report)")
+    i.add_argument("--allow-downgrade", action="store_true",
+                   help="replace the installed bundle of the same kit with an older one")
+    i.add_argument("--switch-kit", action="store_true",
+                   help="replace an installed bundle of another kit (switch this board to another model)")
     i.set_defaults(func=_install_cmd)
     from pipeline.oci.command import add_parser as add_oci
     add_oci(sub)
@@ -393,10 +408,12 @@ def _device_cmd(args) -> int:
 
 
 def _install_cmd(args) -> int:
-    from pipeline.device.install import run_install
+    from pipeline.device.install import InstallOptions, run_install
     return run_install(Path(args.bundle), work=Path(args.work) if args.work else None, out=Path(args.out),
-                       root=args.root, pubkey=args.pubkey, validate_timeout=args.validate_timeout,
-                       any_board_model=args.any_board_model, as_json=args.json)
+                       options=InstallOptions(root=args.root, pubkey=args.pubkey,
+                                              validate_timeout=args.validate_timeout,
+                                              any_board_model=args.any_board_model, as_json=args.json,
+                                              allow_downgrade=args.allow_downgrade, switch_kit=args.switch_kit))
 
 
 def main(argv: list[str] | None = None) -> int:

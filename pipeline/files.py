@@ -218,6 +218,32 @@ def move_into_place(staging: Path, dest: Path) -> None:
         old.unlink()
 
 
+def exchange_dirs(new: Path, dest: Path) -> None:
+    """Put directory `new` at `dest` in one step: Linux's renameat2(RENAME_EXCHANGE) swaps the two names atomically
+    (the old tree is then at `new`, for the caller to remove), so a kill -9 at any moment leaves `dest` either the old
+    tree or the new one, never neither. Where the call or the filesystem lacks it, two renames (old aside, new in)."""
+    import ctypes
+    import errno
+    if not os.path.lexists(dest):
+        os.replace(new, dest)
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        rc = libc.renameat2(-100, os.fsencode(new), -100, os.fsencode(dest), 2)     # AT_FDCWD, RENAME_EXCHANGE
+        err = ctypes.get_errno() if rc != 0 else 0
+    except (AttributeError, OSError):
+        rc, err = -1, errno.ENOSYS
+    if rc == 0:
+        return
+    if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        raise OSError(err, os.strerror(err), str(dest))
+    old = sibling(dest, f"old-{os.getpid()}")
+    remove_entry(old)
+    os.replace(dest, old)
+    os.replace(new, dest)
+    os.replace(old, new)
+
+
 def sibling(path: Path, suffix: str, hidden: bool = True) -> Path:
     """A work file beside `path` (staging directory, old copy, record): `.<name>.<suffix>`, with a long name replaced
     by its digest so the sibling stays within NAME_MAX (a 250-character destination is legal)."""

@@ -20,7 +20,8 @@ from tests.ociregistry import Registry
 pytestmark = pytest.mark.integration      # runs the device half as subprocesses
 
 
-def install(bundle, tmp, what=None, board="orin-nano-8gb-jp62-super", model=None, args=()):
+def install(bundle, tmp, what=None, board="orin-nano-8gb-jp62-super", model=None, args=(), env_extra=None,
+            popen=False):
     project, kit_dir, built, b = bundle
     _, env = device_command(project, kit_dir, built)      # the doubles on PATH, as on the building board
     root = board_copy(tmp, board)
@@ -29,8 +30,11 @@ def install(bundle, tmp, what=None, board="orin-nano-8gb-jp62-super", model=None
     argv = [sys.executable, "-m", "pipeline", "install", str(what or b), "--root", str(root), "--work",
             str(tmp / "work"), "--out", str(tmp / "out"), "--pubkey", str(project.root / "home" / "signing.pub"),
             *args]
-    return subprocess.run(argv, env=dict(env, FAKE_BOARD_ROOT=str(root)), capture_output=True, text=True,
-                          timeout=600, cwd=tmp)
+    env = dict(env, FAKE_BOARD_ROOT=str(root), **(env_extra or {}))
+    if popen:
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
+                                start_new_session=True)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=tmp)
 
 
 def report_of(tmp) -> dict:
@@ -54,7 +58,7 @@ def test_installs_on_an_identical_board_without_building_and_passes_the_goldens(
     installed = tmp_path / "work" / "bundle"
     engine = built / "work" / contract.ENGINE_DIR
     assert sorted(p.name for p in engine.iterdir()) == sorted(p.name for p in installed.iterdir() if
-                                                              p.name != "serving")
+                                                              p.name not in ("serving", ".install.json"))
     assert all((installed / p.name).read_bytes() == p.read_bytes() for p in engine.iterdir() if p.is_file())
 
 
@@ -116,3 +120,52 @@ def test_an_edgellm_bundle_installs_on_an_identical_thor_and_not_on_another_jetp
     proc = install(thor_bundle, tmp_path / "jp72", board="agx-thor-jp72")
     err = one_error(proc)
     assert proc.returncode == 2 and "cannot be installed on this board" in err and "JetPack 7.2" in err, err
+
+
+def _snapshot(d) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_a_bundle_that_fails_its_check_never_replaces_the_validated_install(bundle, tmp_path):
+    """The new bundle is checked beside the installed one: a failed golden check, and a kill -9 in the middle of
+    the check, both leave the validated install exactly as it was; the next install cleans up and succeeds."""
+    import os
+    import signal
+    import time
+    assert install(bundle, tmp_path).returncode == 0
+    installed = tmp_path / "work" / "bundle"
+    before = _snapshot(installed)
+    record = json.loads((installed / ".install.json").read_text())
+    assert record["name"] == bundle[3].name and record["report"].endswith("report.json")
+
+    proc = install(bundle, tmp_path, env_extra={"TRTLLM_RUNTIME_DOUBLE_WRONG_AT": "3"})
+    assert proc.returncode == 1, proc.stderr
+    assert f"not installed; {installed} still holds {record['name']} (signed {record['created']})" in proc.stderr
+    assert _snapshot(installed) == before and not (tmp_path / "work" / ".bundle.next").exists()
+
+    slow = install(bundle, tmp_path, popen=True, env_extra={"RUNTIME_DOUBLE_TAKES_BYTES": str(2**20),
+                                                           "RUNTIME_DOUBLE_HOLD_S": "60"})
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "work" / ".bundle.next" / "serving").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)             # the check is running
+    os.killpg(slow.pid, signal.SIGKILL)
+    slow.wait()
+    assert _snapshot(installed) == before
+    assert install(bundle, tmp_path).returncode == 0
+    assert not (tmp_path / "work" / ".bundle.next").exists()
+
+
+def test_a_downgrade_and_another_kit_need_their_flags(bundle, tmp_path):
+    assert install(bundle, tmp_path).returncode == 0
+    record_path = tmp_path / "work" / "bundle" / ".install.json"
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps(dict(record, created="2099-01-01T00:00:00Z")))     # a newer one installed since
+    err = one_error(install(bundle, tmp_path))
+    assert "refusing to downgrade" in err and "--allow-downgrade" in err
+    assert install(bundle, tmp_path, args=["--allow-downgrade"]).returncode == 0
+    record_path.write_text(json.dumps(dict(record, name="qwen3-4b@orin-nano-8gb-sm87-trt10.3.0.30")))
+    err = one_error(install(bundle, tmp_path))
+    assert "holds bundle qwen3-4b@orin-nano-8gb-sm87-trt10.3.0.30" in err and "--switch-kit" in err
+    assert install(bundle, tmp_path, args=["--switch-kit"]).returncode == 0
+    assert json.loads(record_path.read_text())["name"] == bundle[3].name

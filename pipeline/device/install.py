@@ -11,8 +11,14 @@ engine is then run on the bundle's goldens exactly as `device` validates a fresh
 report), except that nothing here measured a build: the report says where and when the engine was built and leaves
 build time and memory out rather than reporting another board's figures as measured here.
 
-Exit codes as `device`: 0 installed and the golden check passed; 1 the golden check failed (the report says which);
-2 refused (bad bundle, different board) or the runtime failed.
+The new bundle is unpacked beside the installed one (--work/.bundle.next) and checked there; only a bundle that
+passed its golden check takes the installed one's place (--work/bundle), in one atomic rename, with its install
+record inside it. A failed check, an error or a kill -9 at any moment leaves the previous install as it was. An older
+bundle of the same kit is refused unless --allow-downgrade; a bundle of another kit replaces the installed one only
+with --switch-kit.
+
+Exit codes as `device`: 0 installed and the golden check passed; 1 the golden check failed (the report says which;
+the previous install, if any, is kept); 2 refused (bad bundle, different board) or the runtime failed.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from pipeline.device.process import claim_work, say, terminate_as_interrupt
 from pipeline.errors import PipelineError
 
 INSTALL_DIR = "bundle"      # under --work: the unpacked, verified bundle (engine files + serving/)
+NEXT_DIR = ".bundle.next"   # under --work: a bundle being checked, before it replaces INSTALL_DIR
+RECORD = ".install.json"    # inside INSTALL_DIR: which bundle it is, signed when, checked when
 
 
 def differences(m: contract.BundleManifest, board: contract.Board, any_board_model: bool) -> list[str]:
@@ -39,20 +47,60 @@ def differences(m: contract.BundleManifest, board: contract.Board, any_board_mod
     return out
 
 
-def run_install(bundle: Path, work: Path | None, out: Path, root: str = "/", pubkey: str | None = None,
-                validate_timeout: int | None = None, any_board_model: bool = False, as_json: bool = False) -> int:
+@dataclasses.dataclass(frozen=True)
+class InstallOptions:
+    root: str = "/"
+    pubkey: str | None = None
+    validate_timeout: int | None = None
+    any_board_model: bool = False
+    as_json: bool = False
+    allow_downgrade: bool = False
+    switch_kit: bool = False
+
+
+def run_install(bundle: Path, work: Path | None, out: Path, options: InstallOptions = InstallOptions()) -> int:
     with terminate_as_interrupt():
-        return _install(bundle, work, out, root, pubkey, validate_timeout, any_board_model, as_json)
+        return _install(bundle, work, out, options)
 
 
-def _install(bundle: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
-             validate_timeout: int | None, any_board_model: bool, as_json: bool) -> int:
+def installed(dest: Path) -> dict | None:
+    """The install record of the bundle at `dest` (None: nothing installed there by this version or an older one)."""
+    from pipeline.files import load_json_or_none
+    from pipeline.kit.unpack import installed_record
+    for path in (dest / RECORD, installed_record(dest)):     # inside (this version), or beside it (older ones)
+        rec = load_json_or_none(path, 4096)
+        if isinstance(rec, dict) and isinstance(rec.get("name"), str) and isinstance(rec.get("created"), str):
+            return rec
+    return None
+
+
+def replacement_refusal(prior: dict | None, dest: Path, name: str, created: str, options: InstallOptions) -> str | None:
+    """Why the bundle `name` (signed `created`) may not replace what `dest` holds; None where it may."""
+    from pipeline.kit.verify import downgrade_refusal
+    if prior is None:
+        if dest.exists() or dest.is_symlink():
+            return f"{dest} holds something that is not a bundle this pipeline installed: move it away first"
+        return None
+    if prior["name"] != name and not options.switch_kit:
+        return (f"{dest} holds bundle {prior['name']} (signed {prior['created']}), not {name}: pass --switch-kit to "
+                "replace it with this one")
+    if prior["name"] == name:
+        refusal = downgrade_refusal(created, prior["created"], str(dest), options.allow_downgrade)
+        if refusal:
+            return f"{refusal.message} ({refusal.hint})"
+    return None
+
+
+def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions) -> int:
+    root, pubkey, validate_timeout, any_board_model, as_json = (options.root, options.pubkey,
+                                                                options.validate_timeout, options.any_board_model,
+                                                                options.as_json)
     from pipeline.device.driver import publish_report, timeouts
     from pipeline.device.memwatch import MemoryWatch
     from pipeline.device.probe import probe
     from pipeline.device.report import build_report
     from pipeline.device.runners import RUNNERS
-    from pipeline.files import remove_entry
+    from pipeline.files import exchange_dirs, remove_entry, write_atomic
     from pipeline.kit.bundle import SERVING_DIR
     from pipeline.kit.signing import required_trusted_keys
     from pipeline.kit.unpack import unpack
@@ -82,21 +130,27 @@ def _install(bundle: Path, work: Path | None, out: Path, root: str, pubkey: str 
     work = (work or Path(f"{m.name}.install")).absolute()
     work.mkdir(parents=True, exist_ok=True)
     claim_work(work)
-    dest = work / INSTALL_DIR
+    dest, staging = work / INSTALL_DIR, work / NEXT_DIR
+    prior = installed(dest) if dest.is_dir() and not dest.is_symlink() else None
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         remove_entry(dest)          # planted in our work directory: never unpacked through
-    unpack(bundle, dest, trusted, verified=verified)
-    serving = dest / SERVING_DIR
+    refusal = replacement_refusal(prior, dest, m.name, verified.created, options)
+    if refusal:
+        raise PipelineError(f"{bundle}: {refusal}", "nothing was changed")
+    remove_entry(staging)           # a killed install's unchecked bundle
+    unpack(bundle, staging, trusted, verified=verified, record=False)
+    serving = staging / SERVING_DIR
     if not (serving / contract.PLAN).is_file():
+        remove_entry(staging)
         raise PipelineError(f"{bundle}: the bundle carries no {SERVING_DIR}/ (plan, goldens, tokenizer): it was "
                             "made by an older version of the pipeline", "rebuild it with `python -m pipeline device`")
-    say(f"unpacked and verified: {dest}")
+    say(f"unpacked and verified: {staging} (the installed bundle stays until this one passes)")
     plan = contract.Plan.load(serving / contract.PLAN)
     goldens = contract.Goldens.load(serving / contract.GOLDENS)
     backend = backends.get(m.compat.backend)
     _, limit = timeouts(plan, goldens, None, validate_timeout)
     watch = MemoryWatch(Path(root))
-    validation = RUNNERS[backend.name](serving, dest, plan, goldens, work, watch, limit)
+    validation = RUNNERS[backend.name](serving, staging, plan, goldens, work, watch, limit)
     report = build_report(goldens, validation, plan, board, None, False, watch.measured())
     report = dataclasses.replace(report, notes=[
         f"engine installed from bundle {m.name}, built on {m.built_on.name} from kit {m.kit.name} (signed "
@@ -106,15 +160,26 @@ def _install(bundle: Path, work: Path | None, out: Path, root: str, pubkey: str 
     report_dir = out / f"{m.kit.name}.report"
     publish_report(report_dir, report)
     say(f"report: {report_dir / contract.REPORT_MD} ({'passed' if report.ok else 'FAILED'})")
+    if report.ok:
+        import json
+        write_atomic(staging / RECORD, json.dumps({"name": m.name, "created": verified.created,
+                                                   "manifest_sha256": verified.manifest_sha256,
+                                                   "report": str(report_dir / contract.REPORT_JSON)}) + "\n")
+        exchange_dirs(staging, dest)        # the one step that installs it: atomic under kill -9
+        remove_entry(staging)               # the previous install, now here
+    else:
+        remove_entry(staging)
     if as_json:         # for fleet tools: what to fetch back (the Ansible playbook does)
         import json
-        print(json.dumps({"ok": report.ok, "bundle": m.name, "installed": str(dest), "board": board.name,
-                          "report": str(report_dir / contract.REPORT_JSON),
+        print(json.dumps({"ok": report.ok, "bundle": m.name, "installed": str(dest) if report.ok or prior else None,
+                          "board": board.name, "report": str(report_dir / contract.REPORT_JSON),
                           "report_md": str(report_dir / contract.REPORT_MD)}))
     if not report.ok:
         for c in report.checks:
             if not c.ok:
                 say(f"failed: {c.check}: required {c.required}, measured {c.measured}, short by {c.by}")
+        say(f"not installed; {dest} still holds {prior['name']} (signed {prior['created']})" if prior
+            else "not installed")
         return 1
     say(f"installed: {dest} (serve it: python -m pipeline serve {bundle})")
     return 0

@@ -88,6 +88,20 @@ def _installed(dest: Path) -> dict | None:
     return rec if isinstance(rec, dict) and isinstance(rec.get("created"), str) else None
 
 
+def installed_created(where: Path, name: str) -> str | None:
+    """When the kit `name` found at `where` was signed: `where` an unpack destination (its record), a device --work
+    (the kit unpacked in it) or a pull directory (the kit in it, by its MANIFEST.json). None: no such kit there."""
+    from pipeline import contract
+    for dest in (where, where / contract.KIT_DIR):
+        rec = _installed(dest)
+        if rec is not None and rec.get("name") == name:
+            return rec["created"]
+    m = load_json_or_none(where / name / MANIFEST, contract.MAX_RECORD_BYTES)
+    if isinstance(m, dict) and m.get("name") == name and isinstance(m.get("created"), str):
+        return m["created"]
+    return None
+
+
 def _remove_stale_staging(dest: Path) -> None:
     """Staging directories of killed unpacks into `dest` (their pid is gone) hold hundreds of MB each."""
     prefix = staging_dir(dest, 0).name[:-1]
@@ -125,7 +139,7 @@ def _check_destination(kit: VerifiedKit, dest: Path, allow_downgrade: bool) -> N
 
 
 def unpack(kit_path: Path, dest: Path, trusted: list[PublicKey], progress=None, allow_downgrade: bool = False,
-           verified: VerifiedKit | None = None) -> VerifiedKit:
+           verified: VerifiedKit | None = None, record: bool = True) -> VerifiedKit:
     """Verify `kit_path` and extract it into `dest`. `dest` must not exist, or hold an earlier unpack of the same kit
     (replaced; an older kit only with allow_downgrade). Nothing outside `dest` and its staging directory is
     written, and `dest` changes only once every file was extracted and checked."""
@@ -150,8 +164,9 @@ def unpack(kit_path: Path, dest: Path, trusted: list[PublicKey], progress=None, 
     try:
         _extract(kit, staging, expected, progress)
         move_into_place(staging, dest)        # replaces an earlier unpack (_check_destination allowed it)
-        write_atomic(installed_record(dest), json.dumps({"name": kit.name, "created": kit.created,
-                                                         "manifest_sha256": kit.manifest_sha256}) + "\n")
+        if record:      # install keeps its own record, inside the tree it swaps into place
+            write_atomic(installed_record(dest), json.dumps({"name": kit.name, "created": kit.created,
+                                                             "manifest_sha256": kit.manifest_sha256}) + "\n")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
