@@ -604,3 +604,36 @@ def test_planted_fifos_in_bookkeeping_files_are_absent_records_not_hangs(world, 
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_verify_reports_a_replayed_older_kit_as_unpack_does(world, capsys):
+    root, _ = world
+    dest = root / "dest"
+    assert run(capsys, "verify", root / "kits" / "demo", "--installed", dest)[0] == 0      # nothing there yet
+    assert run(capsys, "unpack", root / "kits" / "demo", dest)[0] == 0
+    assert run(capsys, "verify", root / "kits" / "demo", "--installed", dest)[0] == 0      # the same kit
+    record = json.loads((root / "dest.installed.json").read_text())
+    (root / "dest.installed.json").write_text(json.dumps(dict(record, created="2099-01-01T00:00:00Z")))
+    err = refused(capsys, root, None, ["verify", root / "kits" / "demo", "--installed", dest],
+                  f"older than the one at {dest} (2099-01-01T00:00:00Z): refusing to downgrade")
+    assert "replayed older kit" in err
+    # a pull directory: the kit of that name in it, by its signed creation time
+    pulled = root / "pulled" / "demo"
+    pulled.mkdir(parents=True)
+    manifest = json.loads((root / "kits" / "demo" / "MANIFEST.json").read_text())
+    (pulled / "MANIFEST.json").write_text(json.dumps(dict(manifest, created="2099-01-01T00:00:00Z")))
+    refused(capsys, root, None, ["verify", root / "kits" / "demo", "--installed", root / "pulled"],
+            "refusing to downgrade")
+
+
+@pytest.mark.parametrize("bad", [b"", b"not a key\n", b"\xff\xfe" * 40, None])
+def test_a_malformed_trusted_key_is_reported_and_skipped(world, capsys, bad):
+    root, _ = world
+    trusted = root / "home" / "trusted"
+    if bad is None:         # a secret key dropped in the trusted folder by mistake
+        (trusted / "oops.pub").write_text(SecretKey.generate().dump())
+    else:
+        (trusted / "oops.pub").write_bytes(bad)
+    rc, out, err = run(capsys, "verify", root / "kits" / "demo")
+    assert rc == 0 and out.startswith("OK: "), err
+    assert f"warning: skipping trusted key {trusted / 'oops.pub'}: " in err and "Traceback" not in err

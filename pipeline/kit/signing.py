@@ -208,9 +208,17 @@ def default_secret_key() -> Path:
 
 
 def trusted_keys(extra: list[Path] | tuple[Path, ...] = ()) -> list[PublicKey]:
-    """Public keys in <config>/trusted/*.pub, plus any given explicitly."""
-    paths = sorted((config_dir() / "trusted").glob("*.pub")) + [Path(p) for p in extra]
-    return [PublicKey.load(p) for p in paths]
+    """Public keys in <config>/trusted/*.pub, plus any given explicitly. A file in the trusted folder that is not a
+    public key (damaged, a secret key, a stray file) is reported and skipped: one bad file must not stop every
+    verify; a key given explicitly (--pubkey) that is not one is an error."""
+    import sys
+    keys = []
+    for p in sorted((config_dir() / "trusted").glob("*.pub")):
+        try:
+            keys.append(PublicKey.load(p))
+        except PipelineError as exc:
+            print(f"warning: skipping trusted key {p}: {exc.message}", file=sys.stderr)
+    return keys + [PublicKey.load(Path(p)) for p in extra]
 
 
 def required_trusted_keys(pubkey: str | Path | None = None) -> list[PublicKey]:
