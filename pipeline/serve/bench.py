@@ -9,10 +9,14 @@ Standard library only (http.client): it runs on the device beside the server, wi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
+import socket
 import sys
+import threading
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from pipeline import settings
@@ -23,17 +27,73 @@ from pipeline.runtime.load import Timing, concurrencies, run_load
 PROMPTS = ("The small computer sat on a shelf", "To bake bread you need", "What is the capital of France?",
            "Write a haiku about the sea.", "The train left the station")
 MAX_LINE = 1 << 20
+MAX_BODY = 1 << 20          # /v1/models and an error body: read at most this much
+MAX_CLIENTS = 256           # concurrent connections at most, whatever a server's max_batch_size says
+MAX_REQUESTS = 100_000
+READ_S = 120.0              # one socket read
+DEADLINE_S = 1800.0         # the whole run, by default
+
+
+class Deadline:
+    """The whole run's time limit: past it every client's socket is shut down, which ends any read blocked on it
+    (a server that trickles a byte at a time never hands back a timeout of its own)."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.at = seconds, time.monotonic() + seconds
+        self.sockets: list[socket.socket] = []
+        self.passed = False
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._cut)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def add(self, sock: socket.socket) -> None:
+        with self._lock:
+            self.sockets.append(sock)
+            if self.passed:
+                self._cut()
+
+    def _cut(self) -> None:
+        self.passed = True
+        with self._lock:
+            for s in self.sockets:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def connection(self, cls: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
+        """`cls` whose sockets this deadline cuts (a response keeps its socket after its connection lets go)."""
+        deadline = self
+
+        class Watched(cls):         # type: ignore[valid-type, misc]
+            def connect(self) -> None:
+                super().connect()
+                deadline.add(self.sock)
+        return Watched
+
+    def check(self) -> None:
+        if self.passed or time.monotonic() > self.at:
+            self.passed = True
+            raise PipelineError(f"the benchmark ran past its --timeout of {self.seconds:g} s",
+                                "the server is too slow or stalled; allow more with --timeout SECONDS")
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _bad(what: str) -> PipelineError:
+    return PipelineError(f"the server's answer is not OpenAI's: {what}", "is this an OpenAI-compatible server?")
 
 
 class Client:
     """One keep-alive connection (per client thread), as an application keeps one."""
 
-    def __init__(self, url: str, api_key: str | None, timeout: float):
+    def __init__(self, url: str, api_key: str | None, deadline: Deadline):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise PipelineError(f"{url}: not an http(s) URL", "pass the server's base URL, e.g. http://127.0.0.1:8000")
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        self.conn = cls(parts.hostname, parts.port, timeout=timeout)
+        self.conn = deadline.connection(cls)(parts.hostname, parts.port, timeout=READ_S)
+        self.deadline = deadline
         self.base = parts.path.rstrip("/")
         self.headers = {"Content-Type": "application/json"}
         if api_key:
@@ -42,11 +102,19 @@ class Client:
     def get(self, path: str) -> dict:
         self.conn.request("GET", self.base + path, headers=self.headers)
         r = self.conn.getresponse()
-        body = r.read(MAX_LINE)
+        body = r.read(MAX_BODY + 1)
         if r.status != 200:
             raise PipelineError(f"GET {path}: HTTP {r.status} {body[:200].decode('utf-8', 'replace')}",
                                 "check the URL and --api-key")
-        return json.loads(body)
+        if len(body) > MAX_BODY:
+            raise _bad(f"GET {path} answered more than {MAX_BODY} bytes")
+        try:
+            out = json.loads(body)
+        except (ValueError, RecursionError):
+            raise _bad(f"GET {path} is not JSON") from None
+        if not isinstance(out, dict):
+            raise _bad(f"GET {path} is not a JSON object")
+        return out
 
     def completion(self, model: str, prompt: str, max_tokens: int) -> Timing:
         body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
@@ -58,44 +126,91 @@ class Client:
             raise PipelineError(f"POST /v1/completions: HTTP {r.status} "
                                 f"{r.read(MAX_LINE)[:300].decode('utf-8', 'replace')}", "see the server's log")
         arrivals: list[tuple[float, int]] = []
-        usage = None
-        while True:
-            line = r.readline(MAX_LINE)
+        usage, done = None, False
+        while not done:
+            self.deadline.check()
+            line = r.readline(MAX_LINE + 1)
             if not line:
                 break
-            if not line.startswith(b"data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("choices") and chunk["choices"][0].get("text"):
-                arrivals.append((time.perf_counter(), 1))
-            if chunk.get("usage"):
-                usage = chunk["usage"]["completion_tokens"]
-        r.read()
+            if len(line) > MAX_LINE:
+                raise _bad(f"a stream line longer than {MAX_LINE} bytes")
+            if line.strip() == b"data: [DONE]":
+                done = True
+            elif line.startswith(b"data: {"):
+                text, count = _chunk(line[6:])
+                if text:
+                    arrivals.append((time.perf_counter(), 1))
+                usage = count if count is not None else usage
+        self.deadline.check()
+        if not done:
+            raise PipelineError("a stream ended before its `data: [DONE]`: the answer was cut", "see the server's log")
+        r.close()
+        if not arrivals:
+            raise PipelineError("a request produced no token", "see the server's log")
         # a token whose text the server held back (an unfinished UTF-8 sequence) arrived with the next one
-        if usage and arrivals and usage > len(arrivals):
+        if usage and usage > len(arrivals):
             t, n = arrivals[-1]
             arrivals[-1] = (t, n + usage - len(arrivals))
         return Timing(sent, arrivals)
 
 
+def _chunk(raw: bytes) -> tuple[str, int | None]:
+    """A stream chunk's text and its usage's completion_tokens (None without usage), or one error saying why not."""
+    try:
+        chunk = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise _bad("a stream chunk is not JSON") from None
+    if not isinstance(chunk, dict):
+        raise _bad("a stream chunk is not an object")
+    choices, usage = chunk.get("choices") or [], chunk.get("usage")
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise _bad("`choices` is not a list of objects")
+    text = choices[0].get("text") if choices else None
+    if text is not None and not isinstance(text, str):
+        raise _bad("a choice's `text` is not a string")
+    if usage is None:
+        return text or "", None
+    count = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= 10**9:
+        raise _bad("`usage.completion_tokens` is not a count")
+    return text or "", count
+
+
+def _max_batch(card: dict) -> int:
+    value = card.get("max_batch_size") or 1
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1 << 20:
+        raise _bad(f"/v1/models says max_batch_size {str(value)[:40]}: not a batch size")
+    return value
+
+
 def bench(url: str, api_key: str | None, levels: list[int] | None, requests: int, max_tokens: int,
-          timeout: float = 600.0) -> tuple[str, int, list[LoadResult]]:
-    """(model, its max_batch_size, one LoadResult per concurrency level)."""
-    import threading
+          timeout: float = DEADLINE_S) -> tuple[str, int, list[LoadResult]]:
+    """(model, its max_batch_size, one LoadResult per concurrency level), all within `timeout` seconds."""
+    deadline = Deadline(timeout)
+    try:
+        models = Client(url, api_key, deadline).get("/v1/models").get("data")
+        if not isinstance(models, list) or not models or not isinstance(models[0], dict) or \
+                not isinstance(models[0].get("id"), str):
+            raise _bad("/v1/models lists no model")
+        card = models[0]
+        model, max_batch = card["id"], _max_batch(card)
+        local = threading.local()
 
-    card = Client(url, api_key, timeout).get("/v1/models")["data"][0]
-    model, max_batch = card["id"], int(card.get("max_batch_size") or 1)
-    local = threading.local()
-
-    def send(i: int) -> Timing:
-        if not hasattr(local, "client"):
-            local.client = Client(url, api_key, timeout)
-        return local.client.completion(model, PROMPTS[i % len(PROMPTS)], max_tokens)
-    results = []
-    for c in levels or concurrencies(max_batch):
-        local = threading.local()           # fresh connections per level
-        results.append(run_load(send, c, max(requests, c), max_batch))
-    return model, max_batch, results
+        def send(i: int) -> Timing:
+            if not hasattr(local, "client"):
+                local.client = Client(url, api_key, deadline)
+            return local.client.completion(model, PROMPTS[i % len(PROMPTS)], max_tokens)
+        results = []
+        for c in levels or concurrencies(min(max_batch, MAX_CLIENTS)):
+            local = threading.local()           # fresh connections per level
+            results.append(run_load(send, c, max(requests, c), max_batch))
+        return model, max_batch, results
+    except (OSError, http.client.HTTPException):
+        if deadline.passed:
+            deadline.check()
+        raise
+    finally:
+        deadline.cancel()
 
 
 def table(results: list[LoadResult]) -> list[str]:
@@ -117,28 +232,38 @@ def add_parser(sub) -> None:
     b.add_argument("--requests", type=int, default=16, help="requests per level (default 16)")
     b.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (default 64)")
     b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    b.add_argument("--timeout", type=float, default=DEADLINE_S, metavar="SECONDS",
+                   help="give up after this long in all (default %(default)g)")
     b.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from pipeline.files import write_atomic
+
     try:
         levels = [int(x) for x in args.concurrency.split(",")] if args.concurrency else None
     except ValueError:
         raise PipelineError(f"--concurrency {args.concurrency!r}: not a comma-separated list of numbers",
                             "e.g. --concurrency 1,4,8") from None
-    if (levels and min(levels) < 1) or args.requests < 1 or args.max_tokens < 1:
-        raise PipelineError("--concurrency, --requests and --max-tokens must be >= 1", "fix the value")
+    if (levels and not all(1 <= c <= MAX_CLIENTS for c in levels)) or not 1 <= args.requests <= MAX_REQUESTS \
+            or args.max_tokens < 1 or not 0 < args.timeout < 10**7:
+        raise PipelineError(f"--concurrency must be 1..{MAX_CLIENTS}, --requests 1..{MAX_REQUESTS}, --max-tokens >= 1 "
+                            "and --timeout > 0", "fix the value")
+    out = Path(args.json) if args.json else None
+    if out is not None and (out.is_symlink() or (out.exists() and not out.is_file())):
+        raise PipelineError(f"--json {out}: a link or not a regular file; the figures are never written through it",
+                            "pass a new file name")
     try:
-        model, max_batch, results = bench(args.url, args.api_key, levels, args.requests, args.max_tokens)
-    except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError) as exc:
+        model, max_batch, results = bench(args.url, args.api_key, levels, args.requests, args.max_tokens,
+                                          args.timeout)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
         raise PipelineError(f"{args.url}: {type(exc).__name__}: {str(exc)[:200]}",
                             "is the server running (python -m pipeline serve ...) and is this its URL?") from None
     print(f"{model} at {args.url} (max_batch_size {max_batch}), {args.requests} requests of {args.max_tokens} "
           "tokens per level:")
     print("\n".join(table(results)))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"model": model, "url": args.url, "max_batch_size": max_batch,
-                       "runs": [r.to_dict() for r in results]}, fh, indent=1)
+    if out is not None:
+        write_atomic(out, json.dumps({"model": model, "url": args.url, "max_batch_size": max_batch,
+                                      "runs": [r.to_dict() for r in results]}, indent=1))
     sys.stdout.flush()
     return 0
