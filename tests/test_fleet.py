@@ -102,3 +102,28 @@ def test_the_playbook_copies_a_bundle_from_the_controller(bundle, sshd, tmp_path
     proc = playbook(sshd, tmp_path / "neither", signer, hosts={"nano1": HOSTS["nano1"]})
     assert proc.returncode == 2 and "pass -e bundle_ref=oci://... (pull on each board) or -e bundle_src=DIR" in \
         proc.stdout
+
+
+def test_a_controller_bundle_with_a_link_is_refused_and_modes_are_fixed(bundle, sshd, tmp_path):
+    """bundle_src is the controller's: a link in it (to a controller file) is refused before anything is copied,
+    and the controller's modes (a world-writable part) are not carried to the board."""
+    import shutil
+    project, _, _, b = bundle
+    signer = project.root / "home" / "signing.pub"
+    secret = tmp_path / "controller-secret.txt"
+    secret.write_text("the controller's own file")
+    linked = tmp_path / "linked" / b.name
+    shutil.copytree(b, linked)
+    os.symlink(secret, linked / "extra.txt")
+    proc = playbook(sshd, tmp_path / "l", signer, "-e", f"bundle_src={linked}", hosts={"nano1": HOSTS["nano1"]})
+    assert proc.returncode == 2 and "holds links" in proc.stdout and "extra.txt" in proc.stdout, proc.stdout
+    assert not (tmp_path / "l" / "nano1" / "opt" / "bundles").exists()
+
+    loose = tmp_path / "loose" / b.name
+    shutil.copytree(b, loose)
+    for p in loose.iterdir():
+        p.chmod(0o666)
+    proc = playbook(sshd, tmp_path / "m", signer, "-e", f"bundle_src={loose}", hosts={"nano1": HOSTS["nano1"]})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    copied = tmp_path / "m" / "nano1" / "opt" / "bundles" / b.name
+    assert {oct(p.stat().st_mode & 0o777) for p in copied.iterdir()} == {"0o644"}
