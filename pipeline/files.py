@@ -79,7 +79,9 @@ def read_regular(path: Path, limit: int, follow: bool = False) -> bytes:
         if size > limit:
             raise PipelineError(f"{path}: {size} bytes, more than the {limit} such a file may have",
                                 "this is not the file the pipeline wrote: replace it")
-        data = fh.read(limit + 1)
+        data = fh.read(size + 1)       # not limit + 1: a read of n bytes allocates n first (64 MiB for 1 KB)
+        if len(data) > size:            # it grew while being read: one more bounded read tells how far
+            data += fh.read(limit + 1 - len(data))
     if len(data) > limit:
         raise PipelineError(f"{path}: grew past {limit} bytes while being read")
     return data
