@@ -9,9 +9,9 @@ protocol is extended here with what uvicorn's and h11's own limits would be if t
   and a **header size** cap: a slow or endless header is closed (408 / 431) without reaching the application;
 - a **body deadline** from the end of the headers to the end of the body: a body sent one byte at a time is closed;
 - a **connection cap** below the process's file limit: when it is reached, the oldest connection that has not yet
-  sent a whole request header is closed to make room (it costs its owner nothing but a reconnect), so half-open
-  connections can never lock out a client that sends its request at once; where no such connection exists, the new
-  one is closed.
+  sent a whole request header (or sits idle between requests) is closed to make room (it costs its owner nothing
+  but a reconnect), so half-open connections can never lock out a client that sends its request at once; where no
+  such connection exists, the new one is closed.
 
 A request whose headers are complete goes to the application, which checks the API key before reading any body.
 """
@@ -65,7 +65,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
     in their header phase is shared by that server's connections only)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    # connection -> None, oldest first: those that have not yet sent a whole request header (evictable)
+    # connection -> None, oldest first: those with no request under way (no whole header yet, or idle): evictable
     header_phase: dict[Any, None] = {}
 
     class GuardedHttpTools(HttpToolsProtocol):
@@ -95,7 +95,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            if self not in header_phase:        # a keep-alive connection's next request
+            if self._timer is None:             # a keep-alive connection's next request: its header deadline
                 self._header_phase()
 
         def on_headers_complete(self) -> None:
@@ -106,6 +106,11 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
         def on_message_complete(self) -> None:
             self._settle()
             super().on_message_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and self.cycle is not None and self.cycle.keep_alive:
+                header_phase[self] = None       # idle between requests (uvicorn's keep-alive timer closes it)
 
         # ------------------------------------------------------------------------------------------------------
         def _header_phase(self) -> None:
