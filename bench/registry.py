@@ -59,10 +59,10 @@ def main() -> int:
         reg = Registry(root / "registry")
         ref = RegistryRef(reg.host, "bench/kits", "v1")
         t = time.perf_counter()
-        _, sent_first, _ = push(kit, open_store(ref, plain_http=True), [key.public])
+        _, sent_first, _ = push(kit, open_store(ref, plain_http=True), [key.public], signer=key)
         t_push = time.perf_counter() - t
         t = time.perf_counter()
-        _, sent_again, kept = push(kit, open_store(ref, plain_http=True), [key.public])
+        _, sent_again, kept = push(kit, open_store(ref, plain_http=True), [key.public], signer=key)
         t_repush = time.perf_counter() - t
 
         manifest = json.loads(subprocess.run(
