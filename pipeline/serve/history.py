@@ -1,0 +1,58 @@
+"""A chat longer than the engine takes, made to fit: the system messages kept, the oldest whole turns dropped.
+
+A chat UI sends the whole history with every message (Open WebUI does); past `max_input_len` tokens the engine cannot
+take it at all. As llama.cpp's server and Ollama do with their context window, the oldest turns go first, whole: a
+turn is a user message and everything after it up to the next user message (the assistant's answer, its tool calls,
+their results), so what remains still alternates as the chat template expects. The newest turn always stays; if it
+alone does not fit, the request is refused. The caller says how many messages were dropped (a response header and a
+metric), never silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Render = Callable[[list[dict[str, Any]]], tuple[str, list[int]]]
+
+
+def turns(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """(the leading system messages, the rest split into turns, each starting at a user message where it can)."""
+    head = 0
+    while head < len(messages) and messages[head].get("role") == "system":
+        head += 1
+    out: list[list[dict[str, Any]]] = []
+    for m in messages[head:]:
+        if not out or m.get("role") == "user":
+            out.append([m])
+        else:
+            out[-1].append(m)
+    return messages[:head], out
+
+
+def fit(messages: list[dict[str, Any]], render: Render, max_tokens: int) -> tuple[str, list[int], int]:
+    """(text, ids, messages dropped) of the longest suffix of whole turns that renders to at most `max_tokens`
+    ids, the system messages always kept; the full chat when it fits. Binary search over the turns dropped: a few
+    renders, not one per turn. When not even the newest turn fits, its render is returned (the caller refuses it)."""
+    text, ids = render(messages)
+    if len(ids) <= max_tokens:
+        return text, ids, 0
+    system, parts = turns(messages)
+
+    def kept(drop: int) -> list[dict[str, Any]]:
+        return system + [m for t in parts[drop:] for m in t]
+
+    lo, hi = 1, len(parts) - 1          # drop at least one turn, keep at least the newest
+    best: tuple[str, list[int], int] | None = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        t, i = render(kept(mid))
+        if len(i) <= max_tokens:
+            best, hi = (t, i, mid), mid - 1
+        else:
+            lo = mid + 1
+    if best is None:
+        t, i = render(kept(len(parts) - 1))
+        return t, i, len(messages) - len(kept(len(parts) - 1))
+    t, i, drop = best
+    return t, i, len(messages) - len(kept(drop))
