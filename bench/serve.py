@@ -52,7 +52,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from pipeline.errors import PipelineError
-    from pipeline.serve.bench import Client, bench, table
+    from pipeline.serve.bench import Client, Deadline, bench, table
     from pipeline.serve.sources import from_recipe
     from tests.serving import health
 
@@ -75,7 +75,7 @@ def main() -> int:
                 print("bench/serve.py: the server did not come up", file=sys.stderr)
                 return 2
             time.sleep(0.1)
-        client = Client(url, None, 120)    # one keep-alive connection, as an application keeps one
+        client = Client(url, None, Deadline(3600))     # one keep-alive connection, as an application keeps one
         for p in PROMPTS:       # warm both paths
             direct_once(session, served, p, 4)
             http_once(client, served.name, p, 4)
