@@ -46,3 +46,25 @@ def test_tool_results_travel_with_their_turn_and_a_newest_turn_too_long_is_retur
     assert dropped == 3 and text == "q2"
     text, ids, dropped = fit(chat("x" * 100), render, 10)
     assert len(ids) > 10 and dropped == 0       # nothing to drop: the caller refuses it
+
+
+def test_sampling_defaults_come_from_generation_config_where_valid(tmp_path):
+    import json
+
+    from pipeline.serve.protocol import OPENAI_DEFAULTS, parse_completion
+    from pipeline.serve.text import sampling_defaults
+    assert sampling_defaults(tmp_path) is OPENAI_DEFAULTS                          # no file
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2, "do_sample": True}))
+    assert sampling_defaults(tmp_path) is OPENAI_DEFAULTS                          # nothing about sampling
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95, "top_k": 20}))
+    d = sampling_defaults(tmp_path)
+    assert (d.temperature, d.top_p, d.top_k) == (0.6, 0.95, 20) and "temperature, top_k, top_p" in d.source
+    omitted = parse_completion({"prompt": "x"}, d).sampling
+    assert (omitted.temperature, omitted.top_p, omitted.top_k) == (0.6, 0.95, 20)
+    given = parse_completion({"prompt": "x", "temperature": 0, "top_p": 0.5, "top_k": 0}, d).sampling
+    assert (given.temperature, given.top_p, given.top_k) == (0.0, 0.5, 0)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 9, "top_p": 0, "top_k": -1}))
+    d = sampling_defaults(tmp_path)         # out of range: OpenAI's value for each
+    assert (d.temperature, d.top_p, d.top_k) == (1.0, 1.0, 0)
+    (tmp_path / "generation_config.json").write_bytes(b"\xff{")
+    assert sampling_defaults(tmp_path) is OPENAI_DEFAULTS

@@ -166,7 +166,7 @@ def test_loopback_names_and_allowed_hosts_are_answered(server_open, kit, tmp_pat
                        headers={"Host": host}, timeout=10)
         assert r.status_code == 200, (host, r.text)
     project, _, _ = kit
-    s = Served(["tiny-llama-cpu", "--allowed-host", "kiosk.local", "--allowed-origin", "http://kiosk.local:3000"],
+    s = Served(["tiny-llama-cpu", "--allowed-host", "kiosk.local", "--cors-origin", "http://kiosk.local:3000"],
                project.env, REPO, tmp_path / "server.log")
     try:
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 2},

@@ -27,7 +27,7 @@ from starlette.requests import Request  # module level: FastAPI resolves the han
 
 from pipeline.errors import PipelineError
 from pipeline.runtime.session import Event, Generation, Session
-from pipeline.serve import protocol
+from pipeline.serve import history, protocol
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.protocol import ApiError
 from pipeline.serve.text import TextStream
@@ -36,8 +36,10 @@ if TYPE_CHECKING:
     from pipeline.serve.sources import Served
 
 log = logging.getLogger("pipeline.serve")
-ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions")
+ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions")   # metric labels; /v1/models/{id} is "other"
 TOKENIZER_THREADS = 2       # prompts rendered and tokenized at once, off the event loop
+TRUNCATED_HEADER = "X-Truncated-Messages"      # chat messages dropped (oldest turns first) to fit max_input_len
+TOOLS_HEADER = "X-Tools-Ignored"               # why a request's tools were answered as a plain chat
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,29 @@ class Settings:
     request_timeout: float = 600.0
     max_body_bytes: int = 2 * 2**20
     allowed_hosts: frozenset[str] | None = None     # None: any Host header (a non-loopback bind)
-    allowed_origins: frozenset[str] = frozenset()
+    cors_origins: frozenset[str] = frozenset()
     public_metrics: bool = False
+    truncate: bool = True           # a chat past max_input_len loses its oldest turns (else a 400)
+    strict_limits: bool = False     # max_tokens past the room left is a 400 (else clamped to it)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    generation: Generation
+    dropped: int = 0                # chat messages dropped to fit max_input_len
+    tools: str | None = None        # why the request's tools were answered as a plain chat
+
+
+class Admission:
+    """A request counted against the server's capacity from the moment it was admitted; released once."""
+
+    def __init__(self, server: Server, session: Session):
+        self.server, self.session, self.released = server, session, False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.server.admitted -= 1
 
 
 class Server:
@@ -61,6 +84,7 @@ class Server:
         self.slots = asyncio.Semaphore(served.limits.max_batch_size)
         self.tokenizing = asyncio.Semaphore(TOKENIZER_THREADS)
         self.waiting = 0
+        self.admitted = 0           # requests admitted and not finished: running, waiting, or about to wait
         self.metrics = Metrics(lambda: self.session.stats() if self.session else {}, lambda: self.ready)
 
     @property
@@ -79,20 +103,26 @@ class Server:
             self.load_error = f"{type(exc).__name__}: {str(exc)[:300]}"
             log.error("engine failed to load: %s", self.load_error)
 
-    def generation(self, req: protocol.Request, chat: bool) -> Generation:
-        """The request as the engine takes it, or the ApiError that refuses it (before any work)."""
+    def generation(self, req: protocol.Request, chat: bool) -> Prepared:
+        """The request as the engine takes it, with what was done to fit it (messages dropped, tools answered as a
+        plain chat), or the ApiError that refuses it (before any work)."""
         s, limits = self.served, self.served.limits
         field = "messages" if chat else "prompt"        # the parameter a prompt error names
         if req.model is not None and req.model != s.name:
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {s.name!r}", "model",
                            "model_not_found")
+        dropped, tools = 0, self.tools_note(req)
         if chat:
             if not s.codec.has_chat_template:
                 raise ApiError(400, f"{s.name} has no chat template (its tokenizer_config.json and "
                                "chat_template.jinja define none): use /v1/completions with a raw prompt",
                                "messages", "chat_template_missing")
             try:
-                text, ids = s.codec.chat_ids([dict(m) for m in req.messages])
+                messages = [dict(m) for m in req.messages]
+                if self.settings.truncate:
+                    text, ids, dropped = history.fit(messages, s.codec.chat_ids, limits.max_input_len)
+                else:
+                    text, ids = s.codec.chat_ids(messages)
             except PipelineError as exc:
                 raise ApiError(400, exc.message, "messages") from None
         else:
@@ -100,17 +130,33 @@ class Server:
         if not ids:
             raise ApiError(400, "the prompt is empty", field)
         if len(ids) > limits.max_input_len:
-            raise ApiError(400, f"the prompt is {len(ids)} tokens; the engine takes at most max_input_len = "
+            why = " even with only its newest turn" if dropped else ""
+            raise ApiError(400, f"the prompt is {len(ids)} tokens{why}; the engine takes at most max_input_len = "
                            f"{limits.max_input_len}", field, "context_length_exceeded")
         room = limits.max_seq_len - len(ids)
-        if req.max_tokens is not None and req.max_tokens > room:
-            raise ApiError(400, f"max_tokens = {req.max_tokens} with a prompt of {len(ids)} tokens is past the "
-                           f"engine's max_seq_len = {limits.max_seq_len} (at most {room} here)", "max_tokens",
-                           "context_length_exceeded")
         if room < 1:
             raise ApiError(400, f"the prompt of {len(ids)} tokens leaves no room under max_seq_len = "
                            f"{limits.max_seq_len}", field, "context_length_exceeded")
-        return Generation(tuple(ids), text, req.max_tokens or room, req.sampling, s.stop_ids)
+        if req.max_tokens is not None and req.max_tokens > room and self.settings.strict_limits:
+            raise ApiError(400, f"max_tokens = {req.max_tokens} with a prompt of {len(ids)} tokens is past the "
+                           f"engine's max_seq_len = {limits.max_seq_len} (at most {room} here)", "max_tokens",
+                           "context_length_exceeded")
+        # past the room left, as many as fit: the answer ends with finish_reason "length" there
+        budget = min(req.max_tokens or room, room)
+        return Prepared(Generation(tuple(ids), text, budget, req.sampling, s.stop_ids), dropped, tools)
+
+    def tools_note(self, req: protocol.Request) -> str | None:
+        """What becomes of a request's tools: None (none sent, or tool_choice none), or why they are answered as a
+        plain chat (tool_choice auto: what Open WebUI sends with every chat); a forced call is a 400 (it needs
+        constrained decoding of the model's tool-call format, which this server does not do yet)."""
+        if not req.tools or req.tool_choice == "none":
+            return None
+        why = "its chat template has no tool support" if not self.served.codec.supports_tools else \
+            "this server does not parse its tool calls yet"
+        if req.tool_choice != "auto":
+            raise ApiError(400, f"tool_choice {req.tool_choice!r} forces a tool call, and {self.served.name} cannot "
+                           f"make one here: {why}", "tool_choice", "unsupported_parameter")
+        return f"tools ignored: {why}; answered as a plain chat"
 
     def check_prompt_size(self, req: protocol.Request, chat: bool) -> None:
         """Refuse a prompt that cannot fit max_input_len before tokenizing it: no token is longer than the
@@ -123,26 +169,34 @@ class Server:
             raise ApiError(400, f"the prompt is {chars} characters: more than max_input_len = {limits.max_input_len} "
                            "tokens can hold", "messages" if chat else "prompt", "context_length_exceeded")
 
-    def admit(self) -> Session:
-        """The session, if a request may be queued now: else 503 (not loaded, failed) or 429 (queue full)."""
+    def admit(self) -> Admission:
+        """Admit a request now, counted at once (so a burst is decided before any stream starts): else 503 (not
+        loaded, failed) or 429 (max_batch_size running and --max-queue waiting). Each admit is ended by `run`."""
         session = self.session
         if session is None or session.failure:
             raise ApiError(503, "the engine is not ready" if session is None else "the engine failed",
                            code="engine_unavailable", headers={"Retry-After": "5"})
-        if self.slots.locked() and self.waiting >= self.settings.max_queue:
+        capacity = self.served.limits.max_batch_size + self.settings.max_queue
+        if self.admitted >= capacity:
             raise ApiError(429, f"the server is busy: {self.served.limits.max_batch_size} requests running and "
-                           f"{self.waiting} waiting (--max-queue {self.settings.max_queue}); retry shortly",
-                           code="queue_full", headers={"Retry-After": "1"})
-        return session
+                           f"{self.admitted - self.served.limits.max_batch_size} waiting (--max-queue "
+                           f"{self.settings.max_queue}); retry shortly", code="queue_full",
+                           headers={"Retry-After": "1"})
+        self.admitted += 1
+        return Admission(self, session)
 
-    async def run(self, gen: Generation, stop: tuple[str, ...]) -> AsyncGenerator[tuple[str, str | None, int], None]:
-        """Run and stream one admitted request: (text delta, finish reason on the last item, tokens so far)."""
-        session = self.admit()      # again: a stream starts after its 200, and others may have queued meanwhile
-        m = self.metrics
+    async def run(self, admission: Admission, gen: Generation,
+                  stop: tuple[str, ...]) -> AsyncGenerator[tuple[str, str | None, int], None]:
+        """Run and stream one request `admit` admitted: (text delta, finish reason on the last item, tokens so
+        far). Its admission ends here, however the request ends (and by its caller if this never started)."""
+        m, session = self.metrics, admission.session
         self.waiting += 1
         m.queue.inc()
         try:
             await self.slots.acquire()
+        except BaseException:
+            admission.release()
+            raise
         finally:
             self.waiting -= 1
             m.queue.dec()
@@ -186,6 +240,7 @@ class Server:
                 session.cancel(handle)      # the client went away, it timed out, or a stop string ended it early
             m.running.dec()
             self.slots.release()
+            admission.release()
 
 
 def _error_response(exc: ApiError):
@@ -216,36 +271,40 @@ class Gate:
     response body through a memory stream and a task of its own, which costs each request and each SSE chunk):
 
     - `Host` must name this server where `allowed_hosts` is set (the loopback default: a web page that rebinds its
-      own DNS name to 127.0.0.1 sends its own name, and is refused), and a browser's `Origin` is refused unless
-      allowed: a page must not drive a model on the user's machine and read its answers;
+      own DNS name to 127.0.0.1 sends its own name, and is refused), and a browser's `Origin` is refused unless it
+      is one of `cors_origins` (--cors-origin), which get CORS answers (the preflight, Access-Control-Allow-Origin):
+      a page must not drive a model on the user's machine and read its answers unless the user said so;
     - a POST must say `Content-Type: application/json`: a page may send text/plain anywhere without asking first
       (a "simple" cross-origin request), never JSON;
-    - the API key (Bearer) on /v1/* and, unless public, /metrics: checked on the headers, before any body is read;
-      a refused client's connection is closed;
+    - the API key (`Authorization: Bearer KEY`, the scheme in any case) on /v1/* and, unless public, /metrics:
+      checked on the headers, before any body is read; a refused client's connection is closed;
     - the request counter, labelled by known route only (clients must not grow the label set).
     """
 
     def __init__(self, app: Any, api_key: str | None, metrics: Metrics, allowed_hosts: frozenset[str] | None = None,
-                 allowed_origins: frozenset[str] = frozenset(), public_metrics: bool = False):
+                 cors_origins: frozenset[str] = frozenset(), public_metrics: bool = False):
         self.app, self.metrics = app, metrics
-        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
-        self.allowed_hosts, self.allowed_origins, self.public_metrics = allowed_hosts, allowed_origins, public_metrics
+        self.expected = None if api_key is None else api_key.encode()
+        self.allowed_hosts, self.cors_origins, self.public_metrics = allowed_hosts, cors_origins, public_metrics
 
-    def _refusal(self, scope: Any) -> ApiError | None:
-        headers = dict(scope.get("headers") or [])
+    def _key_ok(self, header: bytes) -> bool:
+        scheme, _, token = header.strip().partition(b" ")
+        return self.expected is None or (scheme.lower() == b"bearer" and
+                                         hmac.compare_digest(token.strip(), self.expected))
+
+    def _refusal(self, scope: Any, headers: dict[bytes, bytes]) -> ApiError | None:
         if self.allowed_hosts is not None and host_name(headers.get(b"host", b"")) not in self.allowed_hosts:
             return ApiError(403, "this server answers only requests addressed to "
                             f"{', '.join(sorted(self.allowed_hosts))} (Host header); serve with --allowed-host NAME "
                             "to add a name", code="host_not_allowed", headers=CLOSE)
         origin = headers.get(b"origin")
-        if origin is not None and origin.decode("latin-1") not in self.allowed_origins:
+        if origin is not None and origin.decode("latin-1") not in self.cors_origins:
             return ApiError(403, "requests from web pages (an Origin header) are refused: a page must not drive this "
-                            "server; call it from a program, or serve with --allowed-origin ORIGIN",
+                            "server; call it from a program, or serve with --cors-origin ORIGIN",
                             code="origin_not_allowed", headers=CLOSE)
         path = scope.get("path", "")
         guarded = path.startswith("/v1/") or (path == "/metrics" and not self.public_metrics)
-        if guarded and self.expected is not None and \
-                not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+        if guarded and not self._key_ok(headers.get(b"authorization", b"")):
             return ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", code="invalid_api_key",
                             headers=CLOSE)
         if scope.get("method") == "POST":
@@ -261,23 +320,36 @@ class Gate:
             return
         path = scope.get("path", "")
         label = path if path in ROUTES else "other"
-        refusal = self._refusal(scope)
+        headers = dict(scope.get("headers") or [])
+        origin = headers.get(b"origin")
+        cors = [(b"access-control-allow-origin", origin), (b"vary", b"Origin")] \
+            if origin is not None and origin.decode("latin-1") in self.cors_origins else []
+        if cors and scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers:
+            await send({"type": "http.response.start", "status": 204, "headers": [
+                *cors, (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+                (b"access-control-allow-headers", b"Authorization, Content-Type"),
+                (b"access-control-max-age", b"600")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        refusal = self._refusal(scope, headers)
         if refusal is not None:
             if path.startswith("/v1/"):
                 self.metrics.requests.labels(label, str(refusal.status)).inc()
             await _error_response(refusal)(scope, receive, send)
             return
-        if not path.startswith("/v1/"):
-            await self.app(scope, receive, send)
-            return
         status = {"code": 500}      # an exception before the response started is a 500 to the client
 
-        async def counted(message: Any) -> None:
+        async def sending(message: Any) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
+                if cors:
+                    message = dict(message, headers=[*message.get("headers", []), *cors])
             await send(message)
+        if not path.startswith("/v1/"):
+            await self.app(scope, receive, sending)
+            return
         try:
-            await self.app(scope, receive, counted)
+            await self.app(scope, receive, sending)
         finally:
             self.metrics.requests.labels(label, str(status["code"])).inc()
 
@@ -321,8 +393,10 @@ def create_app(server: Server):
 
     @app.exception_handler(HTTPException)
     async def http_error(_request, exc: HTTPException):
-        return _error_response(ApiError(exc.status_code, str(exc.detail), code="not_found"
-                                        if exc.status_code == 404 else None))
+        code, type_ = {404: ("not_found", None), 405: ("method_not_allowed", "invalid_request_error")}.get(
+            exc.status_code, (None, None))
+        return _error_response(ApiError(exc.status_code, str(exc.detail), code=code, type_=type_,
+                                        headers=dict(exc.headers or {})))
 
     @app.exception_handler(Exception)
     async def internal(_request, exc: Exception):
@@ -330,7 +404,7 @@ def create_app(server: Server):
         return _error_response(ApiError(500, "internal server error", code="internal_error"))
 
     app.add_middleware(Gate, api_key=settings.api_key, metrics=metrics, allowed_hosts=settings.allowed_hosts,
-                       allowed_origins=settings.allowed_origins, public_metrics=settings.public_metrics)
+                       cors_origins=settings.cors_origins, public_metrics=settings.public_metrics)
 
     @app.get("/health")
     async def health():
@@ -343,24 +417,43 @@ def create_app(server: Server):
     async def prometheus():
         return Response(metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def card() -> dict[str, Any]:
+        return {"id": served.name, "object": "model", "created": served.created, "owned_by": "jetson-trtllm-pipeline",
+                "max_model_len": served.limits.max_seq_len, "max_batch_size": served.limits.max_batch_size,
+                "sampling_defaults": served.defaults.to_dict()}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": served.created,
-                                            "owned_by": "jetson-trtllm-pipeline", "max_model_len":
-                                            served.limits.max_seq_len,
-                                            "max_batch_size": served.limits.max_batch_size}]}
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str):
+        if model != served.name:
+            raise ApiError(404, f"the model {model!r} does not exist; this server serves {served.name!r}", "model",
+                           "model_not_found")
+        return card()
 
     async def answer(request: Request, chat: bool):
         body = await _body(request, settings.max_body_bytes)
-        req = protocol.parse_chat(body) if chat else protocol.parse_completion(body)
+        req = protocol.parse_chat(body, served.defaults) if chat else protocol.parse_completion(body, served.defaults)
         server.check_prompt_size(req, chat)     # before tokenizing: a huge prompt costs no tokenizer time
         async with server.tokenizing:           # off the event loop, a few at a time: /health never waits on it
-            gen = await asyncio.get_running_loop().run_in_executor(None, server.generation, req, chat)
+            prepared = await asyncio.get_running_loop().run_in_executor(None, server.generation, req, chat)
+        gen, headers = prepared.generation, {}
+        if prepared.dropped:
+            headers[TRUNCATED_HEADER] = str(prepared.dropped)
+            metrics.truncated.inc(prepared.dropped)
+            log.info("chat of %d messages: its %d oldest dropped to fit max_input_len", len(req.messages),
+                     prepared.dropped)
+        if prepared.tools:
+            headers[TOOLS_HEADER] = prepared.tools
+            log.info("%s: %s", served.name, prepared.tools)
         rid, created = protocol.new_id("chatcmpl" if chat else "cmpl"), protocol.now()
+        admission = server.admit()      # a 429 or 503 is a status, decided now: never after a stream's 200
         if not req.stream:
             async def collect() -> tuple[str, str, int]:
                 text, reason, made = "", "length", 0
-                async for item in server.run(gen, req.stop):
+                async for item in server.run(admission, gen, req.stop):
                     delta, fin, made = item
                     text += delta
                     reason = fin or reason
@@ -372,15 +465,15 @@ def create_app(server: Server):
                 for task in (work, gone):
                     if not task.done():
                         task.cancel()       # a client that left frees its slot now (the run's finally cancels)
+                admission.release()         # where the run never started
             if not work.done() or work.cancelled():
                 await asyncio.gather(work, return_exceptions=True)
                 log.info("client went away: request cancelled")
                 return Response(status_code=499)
             text, reason, made = work.result()
-            return protocol.completion_body(chat, rid, served.name, created, text, reason, len(gen.prompt_ids),
-                                            made)
-        server.admit()      # a 429 or 503 is a status, before the stream's 200
-        chunks = server.run(gen, req.stop)
+            return JSONResponse(protocol.completion_body(chat, rid, served.name, created, text, reason,
+                                                         len(gen.prompt_ids), made), headers=headers)
+        chunks = server.run(admission, gen, req.stop)
 
         async def events():
             made = 0
@@ -397,13 +490,14 @@ def create_app(server: Server):
                     yield protocol.sse(protocol.usage_chunk(chat, rid, served.name, created, len(gen.prompt_ids),
                                                             made))
                 yield protocol.sse("[DONE]")
-            except ApiError as exc:     # after the 200: the error travels as an event, as vLLM sends it
+            except ApiError as exc:     # after the 200: the engine failed mid-answer, as vLLM sends it
                 yield protocol.sse(exc.body())
             finally:
                 await chunks.aclose()
+                admission.release()     # where the stream never started (the client left first)
 
         return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

@@ -50,11 +50,18 @@ def add_parser(sub) -> None:
     s.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="also answer requests whose Host header names NAME (repeatable); a loopback server answers "
                    "localhost, 127.0.0.1 and [::1] only, so a web page cannot reach it through DNS rebinding")
-    s.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
-                   help="answer browser requests from ORIGIN, e.g. http://kiosk.local:3000 (repeatable; default: "
-                   "any request with an Origin header is refused)")
+    s.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="answer browser requests from ORIGIN with CORS, e.g. http://kiosk.local:3000 (repeatable; "
+                   "default: any request with an Origin header is refused)")
+    s.add_argument("--no-truncate", action="store_true",
+                   help="refuse a chat longer than max_input_len (400) instead of dropping its oldest turns")
+    s.add_argument("--strict-limits", action="store_true",
+                   help="refuse max_tokens past the room left under max_seq_len (400) instead of clamping it")
     s.add_argument("--public-metrics", action="store_true",
                    help="serve /metrics without the API key (for a Prometheus that has none)")
+    s.add_argument("--torch-threads", type=int, default=None, metavar="N",
+                   help="RECIPE: torch threads of the reference backend (default: every core but one, which the "
+                   "server keeps)")
     s.add_argument("--target", help="RECIPE: which of its targets' limits to serve with (default: its first)")
     s.add_argument("--work", help="BUNDLE: where to unpack it (default: ./<bundle name>.serve)")
     s.add_argument("--pubkey", help="BUNDLE: trust this public key too")
@@ -75,11 +82,13 @@ def _check(args) -> None:
         raise PipelineError(f"--port {args.port}: not a TCP port", "pass 1..65535")
     if args.max_queue < 0 or args.request_timeout <= 0:
         raise PipelineError("--max-queue must be >= 0 and --request-timeout > 0", "fix the value")
+    if args.torch_threads is not None and args.torch_threads < 1:
+        raise PipelineError(f"--torch-threads {args.torch_threads}: must be at least 1", "fix the value")
     if not (args.header_timeout > 0 and args.body_timeout > 0 and args.max_connections >= 1):
         raise PipelineError("--header-timeout and --body-timeout must be > 0, --max-connections >= 1", "fix the value")
-    for origin in args.allowed_origin:
+    for origin in args.cors_origin:
         if not (origin.startswith(("http://", "https://")) and "/" not in origin.split("://", 1)[1]):
-            raise PipelineError(f"--allowed-origin {origin!r}: not an origin", "write it as a browser sends it: "
+            raise PipelineError(f"--cors-origin {origin!r}: not an origin", "write it as a browser sends it: "
                                 "scheme://host[:port], e.g. http://kiosk.local:3000")
 
 
@@ -93,11 +102,13 @@ def allowed_hosts(args) -> frozenset[str] | None:
 
 
 # options the unit repeats as given (flag -> argparse dest); --api-key never: it goes in an environment file
-UNIT_OPTIONS = {"--host": "host", "--port": "port", "--max-queue": "max_queue", "--request-timeout": "request_timeout",
+UNIT_OPTIONS = {"--host": "host", "--port": "port", "--torch-threads": "torch_threads", "--max-queue": "max_queue",
+                "--request-timeout": "request_timeout",
                 "--header-timeout": "header_timeout", "--body-timeout": "body_timeout",
                 "--max-connections": "max_connections", "--target": "target", "--work": "work", "--pubkey": "pubkey",
                 "--root": "root"}
-UNIT_FLAGS = {"--no-auth": "no_auth", "--public-metrics": "public_metrics"}
+UNIT_FLAGS = {"--no-auth": "no_auth", "--public-metrics": "public_metrics", "--no-truncate": "no_truncate",
+              "--strict-limits": "strict_limits"}
 
 
 def unit_file(args) -> str:
@@ -114,8 +125,8 @@ def unit_file(args) -> str:
             cmd.append(flag)
     for name in args.allowed_host:
         cmd += ["--allowed-host", name]
-    for origin in args.allowed_origin:
-        cmd += ["--allowed-origin", origin]
+    for origin in args.cors_origin:
+        cmd += ["--cors-origin", origin]
     lines = ["[Unit]", f"Description=OpenAI-compatible LLM server ({args.what}, jetson-trtllm-pipeline)",
              "After=network-online.target", "Wants=network-online.target", "", "[Service]", "Type=simple",
              f"WorkingDirectory={Path.cwd()}", f"ExecStart={shlex.join(cmd)}", "Restart=on-failure", "RestartSec=5",
@@ -156,12 +167,13 @@ def run(args) -> int:
         work = Path(args.work) if args.work else Path(f"{what.name}.serve")
         served, load = from_bundle(what, work, args.root, args.pubkey)
     else:
-        served, load = from_recipe(args.what, args.target)
+        served, load = from_recipe(args.what, args.target, args.torch_threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     server = Server(served, Settings(api_key=args.api_key, max_queue=args.max_queue,
                                      request_timeout=args.request_timeout, allowed_hosts=allowed_hosts(args),
-                                     allowed_origins=frozenset(args.allowed_origin),
-                                     public_metrics=args.public_metrics), load)
+                                     cors_origins=frozenset(args.cors_origin),
+                                     public_metrics=args.public_metrics, truncate=not args.no_truncate,
+                                     strict_limits=args.strict_limits), load)
     protocol = guarded_protocol(ConnectionLimits(header_timeout=args.header_timeout, body_timeout=args.body_timeout,
                                                  max_connections=cap))
     import uvicorn

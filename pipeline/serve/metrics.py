@@ -10,6 +10,7 @@
     jetson_llm_requests_running                     requests in the engine (at most max_batch_size)
     jetson_llm_kv_cache_usage_ratio                 used / total KV cache blocks, where the runtime reports them
     jetson_llm_engine_ready                         1 when the engine is loaded and has not failed
+    jetson_llm_truncated_messages_total             chat messages dropped to fit max_input_len (oldest turns first)
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class Metrics:
         kv = Gauge(p + "kv_cache_usage_ratio", "Used fraction of the KV cache, as the runtime reports it",
                    registry=r)
         kv.set_function(lambda: stats().get("kv_cache_usage", float("nan")))
+        self.truncated = Counter(p + "truncated_messages", "Chat messages dropped to fit max_input_len",
+                                 registry=r)
         up = Gauge(p + "engine_ready", "1 when the engine is loaded and has not failed", registry=r)
         up.set_function(lambda: 1.0 if ready() else 0.0)
 

@@ -1,13 +1,16 @@
 """OpenAI's wire format: request bodies parsed into typed requests (every refusal an `ApiError` in OpenAI's error
 shape, raised before any work), and the response and stream-chunk objects clients read.
 
-Refused with a 400 that names the parameter, rather than ignored: what the engines cannot do (n > 1, logprobs, tools,
-structured output, penalties, logit_bias, echo, suffix, best_of). Unknown keys are ignored, as OpenAI does.
+Refused with a 400 that names the parameter, rather than ignored: what the engines cannot do (n > 1, logprobs,
+structured output, penalties, min_p, logit_bias, echo, suffix, best_of). Unknown keys are ignored, as OpenAI does.
+`tools` are taken (what Open WebUI and agent frameworks send with every chat) and `tool_choice` checked; what the
+server does with them is the application's (app.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -18,9 +21,7 @@ from pipeline.runtime.session import Sampling
 UNSUPPORTED = {
     "logprobs": "log-probabilities are not returned by this server",
     "top_logprobs": "log-probabilities are not returned by this server",
-    "tools": "tool calling is not supported by this server",
-    "tool_choice": "tool calling is not supported by this server",
-    "functions": "function calling is not supported by this server",
+    "functions": "the legacy `functions` are not supported: send `tools`",
     "function_call": "function calling is not supported by this server",
     "logit_bias": "logit_bias is not supported by the engine runtimes this server drives",
     "presence_penalty": "penalties are not supported by this server",
@@ -28,6 +29,8 @@ UNSUPPORTED = {
     "echo": "echo is not supported by this server",
     "suffix": "suffix is not supported by this server",
     "best_of": "best_of is not supported by this server",
+    "min_p": "min_p is not applied by this server's backends",
+    "repetition_penalty": "repetition_penalty is not applied by this server's backends",
 }
 MAX_STOP = 4                # OpenAI's own limit on stop sequences
 MAX_STOP_CHARS = 256
@@ -64,8 +67,10 @@ class Request:
     max_tokens: int | None
     sampling: Sampling
     stop: tuple[str, ...]
-    messages: tuple[dict[str, str], ...] = ()
+    messages: tuple[dict[str, Any], ...] = ()
     prompt: str | None = None
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str = "auto"           # auto | none | required | the name of one function
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -122,7 +127,23 @@ def _text_content(content: Any, at: str) -> str:
     raise _bad(f"{at}.content must be a string or a list of text parts", f"{at}.content")
 
 
-def _common(body: dict) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a request that omits a sampling field gets: the model's generation_config.json where it says, else
+    OpenAI's defaults (temperature 1, top_p 1, no top-k)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    source: str = "OpenAI's defaults"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "source": self.source}
+
+
+OPENAI_DEFAULTS = SamplingDefaults()
+
+
+def _common(body: dict, defaults: SamplingDefaults) -> dict[str, Any]:
     for name, why in UNSUPPORTED.items():
         if body.get(name) not in (None, False, 0, [], {}):
             raise _bad(f"{name}: {why}", name, "unsupported_parameter")
@@ -155,9 +176,11 @@ def _common(body: dict) -> dict[str, Any]:
     max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1)
-    temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
+    temperature = _number(body, "temperature", 0.0, 2.0, defaults.temperature)
+    top_k = _int(body, "top_k", 0, 2**31 - 1)
     sampling = Sampling(temperature=temperature if temperature >= MIN_TEMPERATURE else 0.0,
-                        top_p=_number(body, "top_p", 0.0, 1.0, 1.0), top_k=_int(body, "top_k", 0, 2**31 - 1) or 0,
+                        top_p=_number(body, "top_p", 0.0, 1.0, defaults.top_p),
+                        top_k=defaults.top_k if top_k is None else top_k,
                         seed=_int(body, "seed", 0, SEED_MAX))
     if sampling.top_p == 0.0:
         raise _bad("top_p must be greater than 0", "top_p")
@@ -165,26 +188,88 @@ def _common(body: dict) -> dict[str, Any]:
             "sampling": sampling, "stop": stops}
 
 
-def parse_chat(body: dict[str, Any]) -> Request:
+ROLES = ("system", "developer", "user", "assistant", "tool")
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _tools(body: dict) -> tuple[tuple[dict[str, Any], ...], str]:
+    """`tools` (OpenAI's function tools) and `tool_choice`, checked: (tools, auto | none | required | a name)."""
+    tools = body.get("tools")
+    if tools in (None, []):
+        tools = []
+    if not isinstance(tools, list):
+        raise _bad("tools must be a list of function tools", "tools")
+    names = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not TOOL_NAME.fullmatch(fn["name"]):
+            raise _bad(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}} with a name of "
+                       "letters, digits, '_', '.' or '-' (at most 64)", "tools")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise _bad(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
+        names.append(fn["name"])
+    choice = body.get("tool_choice", "auto" if tools else "none")
+    if isinstance(choice, dict):
+        fn = choice.get("function") if choice.get("type") == "function" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if name not in names:
+            raise _bad(f"tool_choice names function {str(name)[:64]!r}, which is not one of the tools", "tool_choice")
+        return tuple(tools), str(name)
+    if choice not in ("auto", "none", "required"):
+        raise _bad("tool_choice must be auto, none, required or {\"type\": \"function\", ...}", "tool_choice")
+    if choice == "required" and not tools:
+        raise _bad("tool_choice required needs tools", "tool_choice")
+    return tuple(tools), choice
+
+
+def _message(m: Any, i: int) -> dict[str, Any]:
+    """One chat message as the chat template takes it: an assistant's tool calls and a tool's result included."""
+    if not isinstance(m, dict) or m.get("role") not in ROLES:
+        raise _bad(f"messages[{i}]: each message needs a role of system, user, assistant or tool", "messages")
+    role = "system" if m["role"] == "developer" else m["role"]
+    content = m.get("content")
+    out: dict[str, Any] = {"role": role,
+                           "content": "" if content is None else _text_content(content, f"messages[{i}]")}
+    calls = m.get("tool_calls")
+    if role == "assistant" and calls:
+        if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+                                                  for c in calls):
+            raise _bad(f"messages[{i}].tool_calls must be a list of function calls", "messages")
+        out["tool_calls"] = [{"id": str(c.get("id", "")), "type": "function",
+                              "function": {"name": text(str(c["function"].get("name", "")), "messages"),
+                                           "arguments": _arguments(c["function"].get("arguments"), i)}}
+                             for c in calls]
+    if role == "tool":
+        out["tool_call_id"] = text(str(m.get("tool_call_id", "")), "messages")
+    return out
+
+
+def _arguments(value: Any, i: int) -> Any:
+    """A tool call's arguments as templates take them: the JSON object OpenAI sends as a string, parsed."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value) if value.strip() else {}
+        except (ValueError, RecursionError):
+            raise _bad(f"messages[{i}].tool_calls: arguments are not JSON", "messages") from None
+    return value if isinstance(value, dict) else {}
+
+
+def parse_chat(body: dict[str, Any], defaults: SamplingDefaults = OPENAI_DEFAULTS) -> Request:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages must be a non-empty list", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
-            raise _bad(f"messages[{i}]: each message needs a role of system, user or assistant", "messages")
-        role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _text_content(m.get("content", ""), f"messages[{i}]")})
-    return Request(messages=tuple(out), **_common(body))
+    tools, choice = _tools(body)
+    return Request(messages=tuple(_message(m, i) for i, m in enumerate(messages)), tools=tools, tool_choice=choice,
+                   **_common(body, defaults))
 
 
-def parse_completion(body: dict[str, Any]) -> Request:
+def parse_completion(body: dict[str, Any], defaults: SamplingDefaults = OPENAI_DEFAULTS) -> Request:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise _bad("prompt must be one string (send several requests for several prompts)", "prompt")
-    return Request(prompt=text(prompt, "prompt"), **_common(body))
+    return Request(prompt=text(prompt, "prompt"), **_common(body, defaults))
 
 
 def new_id(prefix: str) -> str:

@@ -20,7 +20,8 @@ from pipeline import contract
 from pipeline.errors import PipelineError
 from pipeline.kit.bundle import SERVING_DIR
 from pipeline.runtime.session import Limits, Session
-from pipeline.serve.text import TextCodec, check_against_goldens
+from pipeline.serve.protocol import OPENAI_DEFAULTS, SamplingDefaults
+from pipeline.serve.text import TextCodec, check_against_goldens, sampling_defaults
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Served:
     limits: Limits
     backend: str
     goldens: contract.Goldens
+    defaults: SamplingDefaults = OPENAI_DEFAULTS     # for the sampling fields a request omits
 
 
 def limits_of(plan: contract.Plan) -> Limits:
@@ -43,10 +45,19 @@ def _served(name: str, created: int, tokenizer_dir: Path, goldens: contract.Gold
     codec = TextCodec.load(tokenizer_dir)
     check_against_goldens(codec, goldens, where)
     stops = goldens.stop_ids
-    return Served(name, created, codec, stops, limits_of(plan), backend, goldens)
+    return Served(name, created, codec, stops, limits_of(plan), backend, goldens, sampling_defaults(tokenizer_dir))
 
 
-def from_recipe(name: str, target: str | None = None) -> tuple[Served, Callable[[], Session]]:
+def torch_threads() -> int:
+    """The reference backend's torch threads by default: every core but one, which the server's event loop and its
+    hand-off threads keep (on a busy 2-core machine, torch on both cores made each token 3x slower through the
+    server than called directly)."""
+    import os
+    return max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) - 1)
+
+
+def from_recipe(name: str, target: str | None = None,
+                threads: int | None = None) -> tuple[Served, Callable[[], Session]]:
     """A recipe built on this workstation (`doit build`), served by the reference backend: its quantized model in
     exactly the numerics the goldens were computed with."""
     import os
@@ -72,9 +83,13 @@ def from_recipe(name: str, target: str | None = None) -> tuple[Served, Callable[
                      f"{recipe.name} (goldens {goldens_spec(recipe).dir})")
 
     def load() -> Session:
+        import torch
+
         from pipeline.graph.actions import _reference_model
         from pipeline.serve.reference import ReferenceSession
         from pipeline.workstation.cpu_linear import skinny_linears
+
+        torch.set_num_threads(threads or torch_threads())
 
         stack = contextlib.ExitStack()
         # the goldens' own numerics: weights on the export grid, and the same CPU linear kernels (a torch function

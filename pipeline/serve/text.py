@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,7 @@ class TextCodec:
     special_tokens: dict[str, str]          # bos_token, eos_token, ... as the chat template sees them
     template: Any = None                    # a compiled jinja2 Template, or None: the model has no chat template
     template_source: str = ""
+    supports_tools: bool = False            # the template renders a `tools` list (a tool-calling model's)
 
     @classmethod
     def load(cls, tokenizer_dir: Path) -> TextCodec:
@@ -100,7 +102,7 @@ class TextCodec:
         elif isinstance(config.get("chat_template"), str):
             source, text = f"{cfg_path} (chat_template)", config["chat_template"]
         template = _compile(text, source) if text else None
-        return cls(tok, special, template, source)
+        return cls(tok, special, template, source, bool(text and re.search(r"\btools\b", text)))
 
     @functools.cached_property
     def max_token_chars(self) -> int:
@@ -145,6 +147,31 @@ class TextCodec:
         tokens, for runtimes that take text and encode it without adding any (Edge-LLM's raw mode)."""
         ids = self.encode(prompt)
         return self.tokenizer.decode(ids, skip_special_tokens=False), ids
+
+
+def sampling_defaults(tokenizer_dir: Path):
+    """The sampling a request gets for the fields it omits: the kit's generation_config.json (the model maker's
+    temperature, top_p and top_k, as vLLM and Ollama apply them), each only where it is a valid value, else
+    OpenAI's defaults."""
+    from pipeline.serve.protocol import OPENAI_DEFAULTS, SamplingDefaults
+    path = Path(tokenizer_dir) / "generation_config.json"
+    try:
+        cfg = json.loads(read_regular(path, CONFIG_MAX)) if path.is_file() else None
+    except (PipelineError, ValueError, UnicodeDecodeError, RecursionError):
+        cfg = None
+    if not isinstance(cfg, dict):
+        return OPENAI_DEFAULTS
+
+    def number(name: str, ok, default):
+        v = cfg.get(name)
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) and ok(v) else default
+    found = {k: cfg[k] for k in ("temperature", "top_p", "top_k") if k in cfg}
+    if not found:
+        return OPENAI_DEFAULTS
+    return SamplingDefaults(temperature=float(number("temperature", lambda v: 0 <= v <= 2, 1.0)),
+                            top_p=float(number("top_p", lambda v: 0 < v <= 1, 1.0)),
+                            top_k=int(number("top_k", lambda v: isinstance(v, int) and 0 <= v < 2**31, 0)),
+                            source=f"generation_config.json ({', '.join(sorted(found))})")
 
 
 def check_against_goldens(codec: TextCodec, goldens: contract.Goldens, where: str) -> None:

@@ -1,0 +1,147 @@
+"""`python -m pipeline serve` as chat UIs and agent frameworks drive it: overload decided before a stream starts (64
+concurrent openai-SDK streams), long chats fitted by dropping the oldest turns, max_tokens past the room clamped,
+/v1/models/{id}, the Bearer scheme in any case, CORS for an allowed origin, a 405 typed as the client's error."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import openai
+import pytest
+
+from tests.serving import REPO, Served
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server(kit, tmp_path_factory):
+    project, _, _ = kit
+    s = Served(["tiny-llama-cpu", "--max-queue", "4", "--cors-origin", "http://kiosk.local:3000"], project.env, REPO,
+               tmp_path_factory.mktemp("serve-clients") / "server.log")
+    yield s
+    s.stop()
+
+
+def test_64_concurrent_streams_each_stream_to_done_or_get_a_429_the_sdk_retries(server):
+    """max_batch_size 2 + --max-queue 4: six admitted at a time. Every other stream is a 429 with Retry-After before
+    any byte of a 200, which the openai SDK retries; with its retries all 64 complete, and no 200 is without a
+    token."""
+    before = server.metrics()
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=40, timeout=120)
+    expected = client.completions.create(model="tiny-llama-cpu", prompt="Bread", max_tokens=6,
+                                         temperature=0).choices[0].text
+    texts: list[str] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            stream = client.completions.create(model="tiny-llama-cpu", prompt="Bread", max_tokens=6, temperature=0,
+                                               stream=True)
+            texts.append("".join(ch.choices[0].text for ch in stream if ch.choices))
+        except BaseException as exc:        # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=one) for _ in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors[:3]
+    assert texts == [expected] * 64
+    after = server.metrics()
+    key = 'jetson_llm_requests_total{endpoint="/v1/completions",status="%s"}'
+    assert after[key % 200] - before.get(key % 200, 0) == 65            # the 64 streams and the first request
+    assert after[key % 429] - before.get(key % 429, 0) > 0             # overload was a status, retried
+    assert after["jetson_llm_requests_running"] == 0 and after["jetson_llm_queue_depth"] == 0
+
+
+def test_a_chat_longer_than_max_input_len_drops_its_oldest_turns_and_says_so(server, kit, tmp_path):
+    long = [{"role": "system", "content": "You bake."}]
+    for i in range(12):
+        long += [{"role": "user", "content": f"Question {i} about bread and flour and water"},
+                 {"role": "assistant", "content": f"Answer {i}: knead the dough and let it rise"}]
+    long.append({"role": "user", "content": "And the oven?"})
+    before = server.metrics().get("jetson_llm_truncated_messages_total", 0)
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": long, "max_tokens": 4}, timeout=60)
+    assert r.status_code == 200, r.text
+    dropped = int(r.headers["x-truncated-messages"])
+    assert dropped % 2 == 0 and 0 < dropped < len(long) - 1         # whole turns; the system message and newest kept
+    assert r.json()["usage"]["prompt_tokens"] <= 128
+    assert server.metrics()["jetson_llm_truncated_messages_total"] - before == dropped
+    project, _, _ = kit
+    strict = Served(["tiny-llama-cpu", "--no-truncate", "--strict-limits"], project.env, REPO, tmp_path / "s.log")
+    try:
+        r = httpx.post(strict.url + "/v1/chat/completions", json={"messages": long, "max_tokens": 4}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        r = httpx.post(strict.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 1000}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    finally:
+        strict.stop()
+
+
+def test_max_tokens_past_the_room_left_is_clamped_to_it(server):
+    """Open WebUI's title request asks max_tokens 1000 of a model with max_seq_len 256: it gets what fits."""
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    n = c.completions.create(model="tiny-llama-cpu", prompt="Zebra bread", max_tokens=1).usage.prompt_tokens
+    r = c.completions.create(model="tiny-llama-cpu", prompt="Zebra bread", max_tokens=1000, temperature=0, stop=None)
+    free = c.completions.create(model="tiny-llama-cpu", prompt="Zebra bread", temperature=0, stop=None)
+    assert r.usage.total_tokens <= 256 and r.choices[0].text == free.choices[0].text
+    if r.usage.completion_tokens == 256 - n:
+        assert r.choices[0].finish_reason == "length"
+
+
+def test_model_by_id_bearer_in_any_case_cors_and_405(server, kit, tmp_path):
+    assert httpx.get(server.url + "/v1/models/tiny-llama-cpu", timeout=10).json()["id"] == "tiny-llama-cpu"
+    r = httpx.get(server.url + "/v1/models/gpt-4", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = httpx.get(server.url + "/v1/completions", timeout=10)
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    # CORS: the allowed origin's preflight and its answers carry the headers; another origin is refused
+    pre = httpx.options(server.url + "/v1/chat/completions", timeout=10, headers={
+        "Origin": "http://kiosk.local:3000", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type"})
+    assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == "http://kiosk.local:3000"
+    assert "Authorization" in pre.headers["access-control-allow-headers"]
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 2}, timeout=30,
+                   headers={"Origin": "http://kiosk.local:3000"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://kiosk.local:3000"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 2}, timeout=30,
+                   headers={"Origin": "http://evil.example"})
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+    project, _, _ = kit
+    keyed = Served(["tiny-llama-cpu", "--api-key", "K1"], project.env, REPO, tmp_path / "k.log")
+    try:
+        for header in ("Bearer K1", "bearer K1", "BEARER  K1"):
+            assert httpx.get(keyed.url + "/v1/models", headers={"Authorization": header},
+                             timeout=10).status_code == 200, header
+        for header in ("Bearer K2", "Basic K1", "K1", "Bearer"):
+            assert httpx.get(keyed.url + "/v1/models", headers={"Authorization": header},
+                             timeout=10).status_code == 401, header
+    finally:
+        keyed.stop()
+
+
+def test_open_webuis_default_chat_with_tools_is_answered_as_a_plain_chat(server):
+    """Open WebUI sends its built-in tools with every chat (tool_choice auto): a model whose chat template has no
+    tool support answers as a plain chat and says so; a forced tool call is a 400 naming why."""
+    tool = {"type": "function", "function": {"name": "search_web", "parameters": {"type": "object", "properties": {
+        "query": {"type": "string"}}}}}
+    body = {"model": "tiny-llama-cpu", "stream": True, "messages": [{"role": "user", "content": "Tell me about bread"}],
+            "tools": [tool]}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        assert r.headers["x-tools-ignored"] == "tools ignored: its chat template has no tool support; answered as a " \
+            "plain chat"
+        assert r.read().decode().endswith("data: [DONE]\n\n")
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json=dict(body, stream=False,
+                                                                            tool_choice="required"))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+    assert "has no tool support" in r.json()["error"]["message"]
+    # a replayed tool conversation renders through the template
+    replay = [{"role": "user", "content": "Weather?"},
+              {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+                  "name": "search_web", "arguments": '{"query": "weather"}'}}]},
+              {"role": "tool", "tool_call_id": "c1", "content": "sunny"}, {"role": "user", "content": "So?"}]
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": replay, "max_tokens": 3}, timeout=60)
+    assert r.status_code == 200, r.text
