@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -82,3 +83,14 @@ class Served:
                 name, _, value = line.rpartition(" ")
                 out[name] = float(value)
         return out
+
+
+@contextlib.contextmanager
+def serving(kit, log: Path, *args: str, **kw):
+    """`python -m pipeline serve tiny-llama-cpu ARGS` on the default recipe's build, stopped when the block ends."""
+    project, _, _ = kit
+    s = Served(["tiny-llama-cpu", *args], project.env, REPO, log, **kw)
+    try:
+        yield s
+    finally:
+        s.stop()

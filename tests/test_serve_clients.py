@@ -10,18 +10,16 @@ import httpx
 import openai
 import pytest
 
-from tests.serving import REPO, Served
+from tests.serving import serving
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def server(kit, tmp_path_factory):
-    project, _, _ = kit
-    s = Served(["tiny-llama-cpu", "--max-queue", "4", "--cors-origin", "http://kiosk.local:3000"], project.env, REPO,
-               tmp_path_factory.mktemp("serve-clients") / "server.log")
-    yield s
-    s.stop()
+    with serving(kit, tmp_path_factory.mktemp("serve-clients") / "server.log",
+                 "--max-queue", "4", "--cors-origin", "http://kiosk.local:3000") as s:
+        yield s
 
 
 def test_64_concurrent_streams_each_stream_to_done_or_get_a_429_the_sdk_retries(server):
@@ -69,15 +67,11 @@ def test_a_chat_longer_than_max_input_len_drops_its_oldest_turns_and_says_so(ser
     assert dropped % 2 == 0 and 0 < dropped < len(long) - 1         # whole turns; the system message and newest kept
     assert r.json()["usage"]["prompt_tokens"] <= 128
     assert server.metrics()["jetson_llm_truncated_messages_total"] - before == dropped
-    project, _, _ = kit
-    strict = Served(["tiny-llama-cpu", "--no-truncate", "--strict-limits"], project.env, REPO, tmp_path / "s.log")
-    try:
+    with serving(kit, tmp_path / "s.log", "--no-truncate", "--strict-limits") as strict:
         r = httpx.post(strict.url + "/v1/chat/completions", json={"messages": long, "max_tokens": 4}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
         r = httpx.post(strict.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 1000}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
-    finally:
-        strict.stop()
 
 
 def test_max_tokens_past_the_room_left_is_clamped_to_it(server):
@@ -109,17 +103,13 @@ def test_model_by_id_bearer_in_any_case_cors_and_405(server, kit, tmp_path):
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 2}, timeout=30,
                    headers={"Origin": "http://evil.example"})
     assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
-    project, _, _ = kit
-    keyed = Served(["tiny-llama-cpu", "--api-key", "K1"], project.env, REPO, tmp_path / "k.log")
-    try:
+    with serving(kit, tmp_path / "k.log", "--api-key", "K1") as keyed:
         for header in ("Bearer K1", "bearer K1", "BEARER  K1"):
             assert httpx.get(keyed.url + "/v1/models", headers={"Authorization": header},
                              timeout=10).status_code == 200, header
         for header in ("Bearer K2", "Basic K1", "K1", "Bearer"):
             assert httpx.get(keyed.url + "/v1/models", headers={"Authorization": header},
                              timeout=10).status_code == 401, header
-    finally:
-        keyed.stop()
 
 
 def test_open_webuis_default_chat_with_tools_is_answered_as_a_plain_chat(server):

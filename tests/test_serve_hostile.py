@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from tests.serving import REPO, Served
+from tests.serving import REPO, Served, serving
 
 pytestmark = pytest.mark.integration
 KEY = "sekrit"
@@ -23,11 +23,8 @@ AUTH = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
 
 @pytest.fixture(scope="module")
 def keyed(kit, tmp_path_factory):
-    project, _, _ = kit
-    s = Served(["tiny-llama-cpu", "--api-key", KEY], project.env, REPO,
-               tmp_path_factory.mktemp("serve-keyed") / "server.log")
-    yield s
-    s.stop()
+    with serving(kit, tmp_path_factory.mktemp("serve-keyed") / "server.log", "--api-key", KEY) as s:
+        yield s
 
 
 def _half_open(url_port: int, n: int) -> list[socket.socket]:
@@ -99,10 +96,7 @@ def test_a_thousand_half_open_connections_leave_health_and_an_authenticated_chat
 
 
 def test_when_full_the_oldest_half_open_connection_makes_room_and_busy_ones_are_kept(kit, tmp_path):
-    project, _, _ = kit
-    s = Served(["tiny-llama-cpu", "--max-connections", "20", "--header-timeout", "60"], project.env, REPO,
-               tmp_path / "server.log")
-    try:
+    with serving(kit, tmp_path / "server.log", "--max-connections", "20", "--header-timeout", "60") as s:
         body = {"prompt": "Bread", "max_tokens": 250, "temperature": 0, "stream": True}
         with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=30) as busy:
             assert busy.status_code == 200
@@ -116,15 +110,10 @@ def test_when_full_the_oldest_half_open_connection_makes_room_and_busy_ones_are_
             assert any(line.startswith("data: {") for line in lines)       # the streaming request was never evicted
         for c in attackers:
             c.close()
-    finally:
-        s.stop()
 
 
 def test_a_slow_header_a_slow_body_and_a_huge_header_are_cut(kit, tmp_path):
-    project, _, _ = kit
-    s = Served(["tiny-llama-cpu", "--header-timeout", "1", "--body-timeout", "1"], project.env, REPO,
-               tmp_path / "server.log")
-    try:
+    with serving(kit, tmp_path / "server.log", "--header-timeout", "1", "--body-timeout", "1") as s:
         slow_header = _half_open(s.port, 1)[0]
         slow_body = socket.create_connection(("127.0.0.1", s.port), timeout=5)
         slow_body.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -142,8 +131,6 @@ def test_a_slow_header_a_slow_body_and_a_huge_header_are_cut(kit, tmp_path):
                 assert c.get(s.url + "/health").status_code == 200
                 time.sleep(0.6)
         assert "Traceback" not in (tmp_path / "server.log").read_text()
-    finally:
-        s.stop()
 
 
 @pytest.mark.parametrize("headers,status,code", [
@@ -165,26 +152,20 @@ def test_loopback_names_and_allowed_hosts_are_answered(server_open, kit, tmp_pat
         r = httpx.post(server_open.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 2},
                        headers={"Host": host}, timeout=10)
         assert r.status_code == 200, (host, r.text)
-    project, _, _ = kit
-    s = Served(["tiny-llama-cpu", "--allowed-host", "kiosk.local", "--cors-origin", "http://kiosk.local:3000"],
-               project.env, REPO, tmp_path / "server.log")
-    try:
+    with serving(kit, tmp_path / "server.log",
+                 "--allowed-host", "kiosk.local", "--cors-origin", "http://kiosk.local:3000") as s:
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 2},
                        headers={"Host": "kiosk.local:8000", "Origin": "http://kiosk.local:3000"}, timeout=10)
         assert r.status_code == 200, r.text
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 2},
                        headers={"Host": "kiosk.local:8000", "Origin": "http://kiosk.local:3001"}, timeout=10)
         assert r.status_code == 403
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")
 def server_open(kit, tmp_path_factory):
-    project, _, _ = kit
-    s = Served(["tiny-llama-cpu"], project.env, REPO, tmp_path_factory.mktemp("serve-open") / "server.log")
-    yield s
-    s.stop()
+    with serving(kit, tmp_path_factory.mktemp("serve-open") / "server.log") as s:
+        yield s
 
 
 def test_metrics_need_the_key_unless_public_and_a_refused_client_is_disconnected(keyed, kit, tmp_path):
@@ -192,13 +173,9 @@ def test_metrics_need_the_key_unless_public_and_a_refused_client_is_disconnected
     assert r.status_code == 401 and r.headers["connection"] == "close"
     assert httpx.get(keyed.url + "/metrics", headers=AUTH, timeout=5).status_code == 200
     assert httpx.get(keyed.url + "/health", timeout=5).status_code == 200        # health stays open
-    project, _, _ = kit
-    s = Served(["tiny-llama-cpu", "--api-key", KEY, "--public-metrics"], project.env, REPO, tmp_path / "server.log")
-    try:
+    with serving(kit, tmp_path / "server.log", "--api-key", KEY, "--public-metrics") as s:
         assert httpx.get(s.url + "/metrics", timeout=5).status_code == 200
         assert httpx.get(s.url + "/v1/models", timeout=5).status_code == 401
-    finally:
-        s.stop()
 
 
 def test_huge_prompts_are_refused_before_tokenizing_and_never_stall_the_loop(keyed):
@@ -245,9 +222,7 @@ def test_the_character_bound_at_its_edge(keyed, kit):
 
 
 def test_a_non_streamed_request_whose_client_left_frees_its_slot(kit, tmp_path):
-    project, _, _ = kit
-    s = Served(["tiny-llama-cpu", "--max-queue", "0"], project.env, REPO, tmp_path / "server.log")
-    try:
+    with serving(kit, tmp_path / "server.log", "--max-queue", "0") as s:
         body = json.dumps({"prompt": "Bread", "max_tokens": 250, "temperature": 0}).encode()
         for _ in range(3):          # more than max_batch_size (2): each left after sending its request
             c = socket.create_connection(("127.0.0.1", s.port), timeout=5)
@@ -261,8 +236,6 @@ def test_a_non_streamed_request_whose_client_left_frees_its_slot(kit, tmp_path):
         assert s.metrics()["jetson_llm_requests_running"] == 0
         assert s.metrics()["jetson_llm_completion_tokens_total"] < 3 * 250     # cancelled, not run to the end
         assert "client went away: request cancelled" in (tmp_path / "server.log").read_text()
-    finally:
-        s.stop()
 
 
 def test_arithmetic_breaking_temperature_is_greedy_and_lone_surrogates_are_a_400(keyed):
