@@ -1,0 +1,116 @@
+"""What every request passes before a route runs (serve/app.py mounts it): Host and Origin, CORS for the allowed
+origins, the JSON content type of a POST, the API key, and the request counter; as plain ASGI."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from pipeline.serve.metrics import Metrics
+from pipeline.serve.protocol import ApiError
+
+ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions")   # metric labels; /v1/models/{id} is "other"
+
+
+def error_response(exc: ApiError):
+    from fastapi.responses import JSONResponse
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+class Gate:
+    """What every request passes before a route runs, as plain ASGI (Starlette's @app.middleware("http") runs every
+    response body through a memory stream and a task of its own, which costs each request and each SSE chunk):
+
+    - `Host` must name this server where `allowed_hosts` is set (the loopback default: a web page that rebinds its
+      own DNS name to 127.0.0.1 sends its own name, and is refused), and a browser's `Origin` is refused unless it
+      is one of `cors_origins` (--cors-origin), which get CORS answers (the preflight, Access-Control-Allow-Origin):
+      a page must not drive a model on the user's machine and read its answers unless the user said so;
+    - a POST must say `Content-Type: application/json`: a page may send text/plain anywhere without asking first
+      (a "simple" cross-origin request), never JSON;
+    - the API key (`Authorization: Bearer KEY`, the scheme in any case) on /v1/* and, unless public, /metrics:
+      checked on the headers, before any body is read; a refused client's connection is closed;
+    - the request counter, labelled by known route only (clients must not grow the label set).
+    """
+
+    def __init__(self, app: Any, api_key: str | None, metrics: Metrics, allowed_hosts: frozenset[str] | None = None,
+                 cors_origins: frozenset[str] = frozenset(), public_metrics: bool = False):
+        self.app, self.metrics = app, metrics
+        self.expected = None if api_key is None else api_key.encode()
+        self.allowed_hosts, self.cors_origins, self.public_metrics = allowed_hosts, cors_origins, public_metrics
+
+    def _key_ok(self, header: bytes) -> bool:
+        scheme, _, token = header.strip().partition(b" ")
+        return self.expected is None or (scheme.lower() == b"bearer" and
+                                         hmac.compare_digest(token.strip(), self.expected))
+
+    def _refusal(self, scope: Any, headers: dict[bytes, bytes]) -> ApiError | None:
+        if self.allowed_hosts is not None and host_name(headers.get(b"host", b"")) not in self.allowed_hosts:
+            return ApiError(403, "this server answers only requests addressed to "
+                            f"{', '.join(sorted(self.allowed_hosts))} (Host header); serve with --allowed-host NAME "
+                            "to add a name", code="host_not_allowed", headers=CLOSE)
+        origin = headers.get(b"origin")
+        if origin is not None and origin.decode("latin-1") not in self.cors_origins:
+            return ApiError(403, "requests from web pages (an Origin header) are refused: a page must not drive this "
+                            "server; call it from a program, or serve with --cors-origin ORIGIN",
+                            code="origin_not_allowed", headers=CLOSE)
+        path = scope.get("path", "")
+        guarded = path.startswith("/v1/") or (path == "/metrics" and not self.public_metrics)
+        if guarded and not self._key_ok(headers.get(b"authorization", b"")):
+            return ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", code="invalid_api_key",
+                            headers=CLOSE)
+        if scope.get("method") == "POST":
+            ctype = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+            if ctype != b"application/json":
+                return ApiError(415, f"Content-Type must be application/json, not {ctype.decode('latin-1')[:60]!r}",
+                                code="unsupported_media_type", headers=CLOSE)
+        return None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        label = path if path in ROUTES else "other"
+        headers = dict(scope.get("headers") or [])
+        origin = headers.get(b"origin")
+        cors = [(b"access-control-allow-origin", origin), (b"vary", b"Origin")] \
+            if origin is not None and origin.decode("latin-1") in self.cors_origins else []
+        if cors and scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers:
+            await send({"type": "http.response.start", "status": 204, "headers": [
+                *cors, (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+                (b"access-control-allow-headers", b"Authorization, Content-Type"),
+                (b"access-control-max-age", b"600")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        refusal = self._refusal(scope, headers)
+        if refusal is not None:
+            if path.startswith("/v1/"):
+                self.metrics.requests.labels(label, str(refusal.status)).inc()
+            await error_response(refusal)(scope, receive, send)
+            return
+        status = {"code": 500}      # an exception before the response started is a 500 to the client
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                if cors:
+                    message = dict(message, headers=[*message.get("headers", []), *cors])
+            await send(message)
+        if not path.startswith("/v1/"):
+            await self.app(scope, receive, sending)
+            return
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            self.metrics.requests.labels(label, str(status["code"])).inc()
+
+
+CLOSE = {"Connection": "close"}
+
+
+def host_name(value: bytes) -> str:
+    """The host of a Host header, lower-case, without its port ("[::1]:8000" -> "[::1]")."""
+    text = value.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        return text.split("]", 1)[0] + "]"
+    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
