@@ -127,7 +127,7 @@ class Client:
                                 f"{r.read(MAX_LINE)[:300].decode('utf-8', 'replace')}", "see the server's log")
         arrivals: list[tuple[float, int]] = []
         usage, done = None, False
-        while not done:
+        while True:         # to the end of the response: the connection is kept for the next request
             self.deadline.check()
             line = r.readline(MAX_LINE + 1)
             if not line:
@@ -144,7 +144,6 @@ class Client:
         self.deadline.check()
         if not done:
             raise PipelineError("a stream ended before its `data: [DONE]`: the answer was cut", "see the server's log")
-        r.close()
         if not arrivals:
             raise PipelineError("a request produced no token", "see the server's log")
         # a token whose text the server held back (an unfinished UTF-8 sequence) arrived with the next one
