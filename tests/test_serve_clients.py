@@ -135,3 +135,69 @@ def test_open_webuis_default_chat_with_tools_is_answered_as_a_plain_chat(server)
               {"role": "tool", "tool_call_id": "c1", "content": "sunny"}, {"role": "user", "content": "So?"}]
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": replay, "max_tokens": 3}, timeout=60)
     assert r.status_code == 200, r.text
+
+
+CITY = {"type": "object", "additionalProperties": False, "required": ["city", "count", "ok"],
+        "properties": {"city": {"type": "string", "maxLength": 12}, "count": {"type": "integer", "minimum": 0,
+                                                                              "maximum": 99},
+                       "ok": {"type": "boolean"}}}
+
+
+def test_json_schema_and_json_object_answers_always_parse_even_from_a_tiny_random_model(server):
+    """The tiny model's weights are random: only the grammar makes its answer JSON. Greedy and sampled, streamed
+    and not, through the openai SDK; the answer validates against the schema."""
+    import json
+
+    import jsonschema
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    fmt = {"type": "json_schema", "json_schema": {"name": "place", "strict": True, "schema": CITY}}
+    ask = [{"role": "user", "content": "Name a city."}]
+    for temperature in (0, 1.0):
+        r = c.chat.completions.create(model="tiny-llama-cpu", messages=ask, response_format=fmt, seed=3,
+                                      temperature=temperature)
+        jsonschema.validate(json.loads(r.choices[0].message.content), CITY)
+        assert r.choices[0].finish_reason == "stop"
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+            model="tiny-llama-cpu", messages=ask, response_format=fmt, seed=3, temperature=temperature, stream=True))
+        assert streamed == r.choices[0].message.content
+    obj = c.chat.completions.create(model="tiny-llama-cpu", messages=ask, response_format={"type": "json_object"},
+                                    temperature=0, max_tokens=200)
+    if obj.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(obj.choices[0].message.content), dict)
+    else:           # cut by max_tokens: what was made is a prefix of an object
+        assert obj.choices[0].message.content.startswith("{")
+    free = c.chat.completions.create(model="tiny-llama-cpu", messages=ask, temperature=0, max_tokens=12)
+    with pytest.raises(ValueError):
+        json.loads(free.choices[0].message.content)         # the grammar, not the model, made it JSON
+
+
+def test_a_schema_that_does_not_compile_is_a_400_naming_it(server):
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
+        "messages": [{"role": "user", "content": "x"}], "response_format": bad})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "response_format.json_schema.schema"
+    assert "cannot be compiled" in err["message"] and "frobnicate" in err["message"]
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
+        "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+
+
+def test_langchain_structured_output_through_json_schema_and_json_mode(server):
+    """langchain-openai as agents use it: with_structured_output's json_schema and json_mode methods give parsed
+    objects; its function_calling method forces a tool call, which this server refuses naming why."""
+    import jsonschema
+    from langchain_openai import ChatOpenAI
+    llm = ChatOpenAI(base_url=server.url + "/v1", api_key="none", model="tiny-llama-cpu", temperature=0,
+                     max_retries=0)
+    place = llm.with_structured_output(dict(CITY, title="place", description="a place"), method="json_schema")
+    jsonschema.validate(place.invoke("Name a city."), CITY)
+    anything = llm.with_structured_output(None, method="json_mode").bind(max_tokens=200)
+    try:
+        out = anything.invoke("Return an object.")
+        assert isinstance(out, dict)
+    except Exception as exc:        # cut by max_tokens before the object closed: the parser says so
+        assert "Invalid json output" in str(exc) or "OUTPUT_PARSING_FAILURE" in str(exc), exc
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        llm.with_structured_output(dict(CITY, title="place", description="a place"),
+                                   method="function_calling").invoke("Name a city.")

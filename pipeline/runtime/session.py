@@ -43,6 +43,7 @@ class Generation:
     max_new_tokens: int
     sampling: Sampling
     stop_ids: tuple[int, ...]
+    grammar: str | None = None      # an llguidance grammar the answer must follow (sessions that `constrain`)
 
 
 @dataclass
@@ -78,9 +79,10 @@ class Handle:
 
 class Session(ABC):
     """A loaded model serving requests. `failure` is set when the engine itself failed: no further request is
-    taken and /health says so."""
+    taken and /health says so. `constrains`: it follows a Generation's grammar (structured output)."""
     backend: str = ""
     limits: Limits
+    constrains: bool = False
 
     def __init__(self) -> None:
         self.failure: str | None = None

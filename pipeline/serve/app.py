@@ -142,7 +142,25 @@ class Server:
                            "context_length_exceeded")
         # past the room left, as many as fit: the answer ends with finish_reason "length" there
         budget = min(req.max_tokens or room, room)
-        return Prepared(Generation(tuple(ids), text, budget, req.sampling, s.stop_ids), dropped, tools)
+        return Prepared(Generation(tuple(ids), text, budget, req.sampling, s.stop_ids, self.grammar(req)), dropped,
+                        tools)
+
+    def grammar(self, req: protocol.Request) -> str | None:
+        """The grammar of the request's response_format schema over the served tokenizer (None: free text), or a
+        400: a schema that does not compile names its path; a backend that cannot constrain says so."""
+        if req.schema is None:
+            return None
+        session = self.session
+        grammars = getattr(session, "grammars", None) if session is not None and session.constrains else None
+        if grammars is None:
+            raise ApiError(400, f"response_format: structured output is not available on the {self.served.backend} "
+                           "backend here (it needs a runtime that constrains decoding, and llguidance)",
+                           "response_format", "unsupported_parameter")
+        try:
+            return grammars.compile(req.schema)
+        except ValueError as exc:
+            raise ApiError(400, f"response_format.json_schema.schema cannot be compiled: {exc}",
+                           "response_format.json_schema.schema", "invalid_schema") from None
 
     def tools_note(self, req: protocol.Request) -> str | None:
         """What becomes of a request's tools: None (none sent, or tool_choice none), or why they are answered as a

@@ -2,7 +2,8 @@
 shape, raised before any work), and the response and stream-chunk objects clients read.
 
 Refused with a 400 that names the parameter, rather than ignored: what the engines cannot do (n > 1, logprobs,
-structured output, penalties, min_p, logit_bias, echo, suffix, best_of). Unknown keys are ignored, as OpenAI does.
+penalties, min_p, logit_bias, echo, suffix, best_of). `response_format` (json_object, json_schema) is taken as the
+schema the answer is constrained to (serve/constrain.py). Unknown keys are ignored, as OpenAI does.
 `tools` are taken (what Open WebUI and agent frameworks send with every chat) and `tool_choice` checked; what the
 server does with them is the application's (app.py).
 """
@@ -67,6 +68,7 @@ class Request:
     max_tokens: int | None
     sampling: Sampling
     stop: tuple[str, ...]
+    schema: dict[str, Any] | None = None   # response_format's JSON schema: the answer is constrained to it
     messages: tuple[dict[str, Any], ...] = ()
     prompt: str | None = None
     tools: tuple[dict[str, Any], ...] = ()
@@ -151,10 +153,6 @@ def _common(body: dict, defaults: SamplingDefaults) -> dict[str, Any]:
     if n is not None and n != 1:
         raise _bad("n must be 1: the engine generates one answer per request (send several requests)", "n",
                    "unsupported_parameter")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise _bad("response_format: only {\"type\": \"text\"} is supported", "response_format",
-                   "unsupported_parameter")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("model must be a string", "model")
@@ -185,7 +183,27 @@ def _common(body: dict, defaults: SamplingDefaults) -> dict[str, Any]:
     if sampling.top_p == 0.0:
         raise _bad("top_p must be greater than 0", "top_p")
     return {"model": model, "stream": stream, "include_usage": include_usage, "max_tokens": max_tokens,
-            "sampling": sampling, "stop": stops}
+            "sampling": sampling, "stop": stops, "schema": response_schema(body.get("response_format"))}
+
+
+def response_schema(fmt: Any) -> dict[str, Any] | None:
+    """The JSON schema the answer must follow (`response_format` json_object: any object; json_schema: its
+    schema), or None for free text."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema", {}) if isinstance(spec, dict) else None
+        if not isinstance(schema, dict) or not isinstance(spec.get("name", ""), str):
+            raise _bad("response_format.json_schema must be {\"name\": ..., \"schema\": {...}}",
+                       "response_format.json_schema")
+        return schema or {"type": "object"}
+    raise _bad("response_format.type must be text, json_object or json_schema", "response_format")
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -27,18 +27,22 @@ class _Running:
     last: int | None = None
     made: int = 0
     generator: Any = None
+    grammar: Any = None     # constrain.Constrained: the answer's grammar state, where the request has one
 
 
 class ReferenceSession(Session):
     backend = "reference"
+    constrains = True
 
     def __init__(self, model: Any, limits: Limits,
                  thread_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
-                 on_close: Callable[[], None] = lambda: None):
+                 on_close: Callable[[], None] = lambda: None, grammars: Any = None):
         """thread_context: entered by the session's own thread around every forward (torch function modes such
-        as the goldens' skinny_linears are per thread). on_close: releases the model after the thread stopped."""
+        as the goldens' skinny_linears are per thread). on_close: releases the model after the thread stopped.
+        grammars: constrain.Grammars of the served tokenizer, for requests with a grammar."""
         super().__init__()
         self.model, self.limits, self._context, self._on_close = model, limits, thread_context, on_close
+        self.grammars = grammars
         self._pending: queue.Queue[Handle | None] = queue.Queue()
         self._cancelled: set[int] = set()
         self._closed = False
@@ -102,13 +106,32 @@ class ReferenceSession(Session):
                 out = self.model(input_ids=ids, past_key_values=r.cache, use_cache=True)
             r.cache = out.past_key_values
             # as generate() takes the next token: the last position's logits in fp32
-            token = self._choose(out.logits[0, -1].to(dtype=torch.float32), r)
+            logits = out.logits[0, -1].to(dtype=torch.float32)
+            if gen.grammar is not None:
+                logits = self._constrained(logits, r)
+            token = self._choose(logits, r)
+        if r.grammar is not None:
+            r.grammar.advance(token)
         r.last, r.made = token, r.made + 1
         if token in gen.stop_ids:
             return Event([token], final=True, reason="stop")
         if r.made >= gen.max_new_tokens:
             return Event([token], final=True, reason="length")
         return Event([token])
+
+    def _constrained(self, logits: Any, r: _Running) -> Any:
+        """The logits with every token the request's grammar does not allow next at -inf (ids past the
+        tokenizer's vocabulary, which the model's padded embedding may have, included)."""
+        import torch
+        if r.grammar is None:
+            if self.grammars is None:
+                raise RuntimeError("this session was opened without the tokenizer's grammars")
+            r.grammar = self.grammars.start(r.handle.generation.grammar)
+        allowed = torch.frombuffer(bytearray(r.grammar.allowed()), dtype=torch.uint8).to(logits.device) != 0
+        keep = torch.zeros_like(logits, dtype=torch.bool)
+        n = min(allowed.numel(), keep.numel())
+        keep[:n] = allowed[:n]
+        return logits.masked_fill(~keep, float("-inf"))
 
     def _choose(self, logits: Any, r: _Running) -> int:
         import torch

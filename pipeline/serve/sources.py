@@ -86,6 +86,7 @@ def from_recipe(name: str, target: str | None = None,
         import torch
 
         from pipeline.graph.actions import _reference_model
+        from pipeline.serve.constrain import Grammars
         from pipeline.serve.reference import ReferenceSession
         from pipeline.workstation.cpu_linear import skinny_linears
 
@@ -95,7 +96,11 @@ def from_recipe(name: str, target: str | None = None,
         # the goldens' own numerics: weights on the export grid, and the same CPU linear kernels (a torch function
         # mode, so entered by the session's thread)
         model = stack.enter_context(_reference_model(recipe))
-        return ReferenceSession(model, served.limits, skinny_linears, on_close=stack.close)
+        try:        # structured output: the schema's grammar over this tokenizer (llguidance, the [serve] extra)
+            grammars = Grammars(served.codec.tokenizer.to_str(), served.stop_ids)
+        except PipelineError:
+            grammars = None
+        return ReferenceSession(model, served.limits, skinny_linears, on_close=stack.close, grammars=grammars)
     return served, load
 
 
