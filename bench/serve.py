@@ -27,13 +27,13 @@ PROMPTS = ("The small computer sat on a shelf", "To bake bread you need", "What 
            "Zebra quantum", "The train left the station")
 
 
-def direct_once(session, served, prompt: str, max_tokens: int) -> tuple[float, list[float]]:
+def direct_once(session, served, prompt: str, max_tokens: int, grammar: str | None = None) -> tuple[float, list[float]]:
     from pipeline.runtime.session import Generation, Sampling, generate_blocking
 
     _, ids = served.codec.prompt_ids(prompt)
     stamps: list[float] = []
     t0 = time.perf_counter()
-    generate_blocking(session, Generation(tuple(ids), "", max_tokens, Sampling(), served.stop_ids),
+    generate_blocking(session, Generation(tuple(ids), "", max_tokens, Sampling(), served.stop_ids, grammar),
                       on_tokens=lambda _t: stamps.append(time.perf_counter()))
     return stamps[0] - t0, [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
 
@@ -93,6 +93,18 @@ def main() -> int:
         print(f"concurrency 1, {args.requests} requests of {args.max_tokens} tokens, {served.name} (reference):")
         print(f"  TTFT       direct {dt * 1e3:8.2f} ms   server {ht * 1e3:8.2f} ms   ratio {ht / dt:.3f}")
         print(f"  per token  direct {dg * 1e3:8.3f} ms   server {hg * 1e3:8.3f} ms   ratio {hg / dg:.3f}")
+        grammars = getattr(session, "grammars", None)
+        if grammars is not None:        # structured output: the grammar's mask at every step, same session
+            grammar = grammars.compile({"type": "object", "properties": {"text": {"type": "string"}},
+                                        "required": ["text"]})
+            free, bound = [], []
+            for i in range(args.requests):
+                p = PROMPTS[i % len(PROMPTS)]
+                free += direct_once(session, served, p, args.max_tokens)[1]
+                bound += direct_once(session, served, p, args.max_tokens, grammar)[1]
+            f, b = statistics.median(free), statistics.median(bound)
+            print(f"  constrained decoding (response_format json_schema), per token: free {f * 1e3:8.3f} ms   "
+                  f"constrained {b * 1e3:8.3f} ms   ratio {b / f:.3f}")
         print("through the server (python -m pipeline bench URL):")
         print("\n".join("  " + line for line in table(bench(url, None, None, args.requests, args.max_tokens)[2])))
         ok = ht / dt <= 1.05 and hg / dg <= 1.05
