@@ -255,3 +255,19 @@ def test_push_refuses_a_part_that_changed_after_it_was_verified_and_a_damaged_la
                                     (kit2 / "demo.tar.000").stat().st_size, "x"))
     push(kit2, layout, [key.public], signer=key)
     assert pull(open_store(LayoutRef(stick, "v2")), tmp_path / "d", [key.public], say=quiet).name == "demo"
+
+
+def test_manifest_json_is_fetched_only_after_the_signatures_hold(key, tmp_path):
+    """SHA256SUMS and its signature (a few KB) come first; MANIFEST.json (up to 4 MiB) only once they verified:
+    a kit signed by a stranger costs the small files, never its manifest."""
+    import hashlib
+    kit = make_kit(tmp_path, key)
+    stick = tmp_path / "stick"
+    push(kit, open_store(LayoutRef(stick, "v1")), [key.public], signer=key)
+    with pytest.raises(PipelineError, match="not trusted"):
+        pull(open_store(LayoutRef(stick, "v1")), tmp_path / "d", [SecretKey.generate().public], say=quiet)
+    fetched = set(os.listdir(tmp_path / "d" / ".demo.oci-pull"))
+    digest = {n: hashlib.sha256((kit / n).read_bytes()).hexdigest() for n in ("SHA256SUMS", "SHA256SUMS.minisig",
+                                                                             "MANIFEST.json")}
+    assert {digest["SHA256SUMS"], digest["SHA256SUMS.minisig"]} <= fetched
+    assert digest["MANIFEST.json"] not in fetched
