@@ -97,6 +97,9 @@ def test_model_by_id_bearer_in_any_case_cors_and_405(server, kit, tmp_path):
         "Access-Control-Request-Headers": "authorization, content-type"})
     assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == "http://kiosk.local:3000"
     assert "Authorization" in pre.headers["access-control-allow-headers"]
+    rebound = httpx.options(server.url + "/v1/chat/completions", timeout=10, headers={
+        "Host": "kiosk.local", "Origin": "http://kiosk.local:3000", "Access-Control-Request-Method": "POST"})
+    assert rebound.status_code == 403 and rebound.json()["error"]["code"] == "host_not_allowed"
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 2}, timeout=30,
                    headers={"Origin": "http://kiosk.local:3000"})
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://kiosk.local:3000"

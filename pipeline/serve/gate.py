@@ -43,11 +43,17 @@ class Gate:
         return self.expected is None or (scheme.lower() == b"bearer" and
                                          hmac.compare_digest(token.strip(), self.expected))
 
-    def _refusal(self, scope: Any, headers: dict[bytes, bytes]) -> ApiError | None:
+    def _host_refusal(self, headers: dict[bytes, bytes]) -> ApiError | None:
         if self.allowed_hosts is not None and host_name(headers.get(b"host", b"")) not in self.allowed_hosts:
             return ApiError(403, "this server answers only requests addressed to "
                             f"{', '.join(sorted(self.allowed_hosts))} (Host header); serve with --allowed-host NAME "
                             "to add a name", code="host_not_allowed", headers=CLOSE)
+        return None
+
+    def _refusal(self, scope: Any, headers: dict[bytes, bytes]) -> ApiError | None:
+        host = self._host_refusal(headers)
+        if host is not None:
+            return host
         origin = headers.get(b"origin")
         if origin is not None and origin.decode("latin-1") not in self.cors_origins:
             return ApiError(403, "requests from web pages (an Origin header) are refused: a page must not drive this "
@@ -75,7 +81,8 @@ class Gate:
         origin = headers.get(b"origin")
         cors = [(b"access-control-allow-origin", origin), (b"vary", b"Origin")] \
             if origin is not None and origin.decode("latin-1") in self.cors_origins else []
-        if cors and scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers:
+        if cors and scope.get("method") == "OPTIONS" and b"access-control-request-method" in headers \
+                and self._host_refusal(headers) is None:      # a preflight carries no key; its Host still counts
             await send({"type": "http.response.start", "status": 204, "headers": [
                 *cors, (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
                 (b"access-control-allow-headers", b"Authorization, Content-Type"),
