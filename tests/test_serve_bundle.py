@@ -54,6 +54,10 @@ def test_the_bundle_serves_the_goldens_through_the_executor(bundle, tmp_path):
             t.join(60)
         assert got == alone and len(set(alone.values())) > 1
         assert s.metrics()["jetson_llm_kv_cache_usage_ratio"] == 0.0      # the executor's KvCacheStats, idle
+        # structured output needs a runtime that constrains decoding: the 0.12 executor here is refused by name
+        with pytest.raises(openai.BadRequestError, match="structured output is not available on the trtllm-0.12"):
+            c.completions.create(model="tiny-llama-cpu@orin-nano-8gb", prompt="x", max_tokens=4,
+                                 extra_body={"response_format": {"type": "json_object"}})
     finally:
         s.stop()
 
