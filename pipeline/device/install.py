@@ -92,9 +92,7 @@ def replacement_refusal(prior: dict | None, dest: Path, name: str, created: str,
 
 
 def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions) -> int:
-    root, pubkey, validate_timeout, any_board_model, as_json = (options.root, options.pubkey,
-                                                                options.validate_timeout, options.any_board_model,
-                                                                options.as_json)
+    root = options.root
     from pipeline.device.driver import publish_report, timeouts
     from pipeline.device.memwatch import MemoryWatch
     from pipeline.device.probe import probe
@@ -106,7 +104,7 @@ def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions
     from pipeline.kit.unpack import unpack
     from pipeline.kit.verify import check_kit
 
-    trusted = required_trusted_keys(pubkey)
+    trusted = required_trusted_keys(options.pubkey)
     verified = check_kit(bundle, trusted, hash_parts=False)     # every part is hashed while it is unpacked below
     m = verified.manifest
     if not isinstance(m, contract.BundleManifest):
@@ -119,7 +117,7 @@ def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions
         raise PipelineError(f"this is not a Jetson ({Path(root) / 'proc/device-tree/compatible'} names no Orin or "
                             "Thor SoC)", "run install on the board, or pass --root DIR holding a recorded board's "
                             "files")
-    differ = differences(m, board, any_board_model)
+    differ = differences(m, board, options.any_board_model)
     if differ:
         raise PipelineError(f"{bundle} cannot be installed on this board: " + " | ".join(differ),
                             f"nothing was installed; build the engine on this board from its kit {m.kit.name} "
@@ -148,7 +146,7 @@ def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions
     plan = contract.Plan.load(serving / contract.PLAN)
     goldens = contract.Goldens.load(serving / contract.GOLDENS)
     backend = backends.get(m.compat.backend)
-    _, limit = timeouts(plan, goldens, None, validate_timeout)
+    _, limit = timeouts(plan, goldens, None, options.validate_timeout)
     watch = MemoryWatch(Path(root))
     validation = RUNNERS[backend.name](serving, staging, plan, goldens, work, watch, limit)
     report = build_report(goldens, validation, plan, board, None, False, watch.measured())
@@ -169,7 +167,7 @@ def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions
         remove_entry(staging)               # the previous install, now here
     else:
         remove_entry(staging)
-    if as_json:         # for fleet tools: what to fetch back (the Ansible playbook does)
+    if options.as_json:         # for fleet tools: what to fetch back (the Ansible playbook does)
         import json
         print(json.dumps({"ok": report.ok, "bundle": m.name, "installed": str(dest) if report.ok or prior else None,
                           "board": board.name, "report": str(report_dir / contract.REPORT_JSON),

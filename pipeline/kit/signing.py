@@ -170,6 +170,11 @@ def _key_lines(path: Path, what: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
+def comment_fields(comment: str) -> dict[str, str]:
+    """A trusted comment's `key:value` fields, tab-separated (kit, timestamp, stage, ref, ...)."""
+    return dict(f.split(":", 1) for f in comment.split("\t") if ":" in f)
+
+
 def verify_signature(data: bytes, sig_text: str, trusted: list[PublicKey], sig_path: Path) -> tuple[PublicKey, str]:
     """Check the minisign signature `sig_text` (read from `sig_path`) over `data`; returns the key that signed it
     and the trusted comment (signed too: it binds the kit's name and creation time)."""

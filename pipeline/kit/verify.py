@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 from pipeline import contract
 from pipeline.errors import PipelineError
 from pipeline.files import open_regular, read_regular
-from pipeline.kit.signing import PublicKey, SignatureError, verify_signature
+from pipeline.kit.signing import PublicKey, SignatureError, comment_fields, verify_signature
 
 MANIFEST, SUMS, SIG = contract.MANIFEST, contract.SUMS, contract.SIG
 CHUNK = 4 * 2**20
@@ -180,7 +180,7 @@ def check_kit(kit: Path, trusted: list[PublicKey], hash_parts: bool = True, prog
         signed_by = key.id_hex
     else:
         comment_text, signed_by = _text(kit, SIG, MAX_SIG).splitlines()[2][len("trusted comment: "):], ""
-    comment = dict(f.split(":", 1) for f in comment_text.split("\t") if ":" in f)
+    comment = comment_fields(comment_text)
     sums = parse_sums(kit, sums_text)
     present = set(entries) - {SUMS, SIG}
     extra, missing = sorted(present - set(sums)), sorted(set(sums) - present)

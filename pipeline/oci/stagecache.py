@@ -105,7 +105,7 @@ class StageCache:
             remove_entry(p)
 
     def _checked_entry(self, store, raw: bytes, stage: str, key: str, staging: Path) -> dict:
-        from pipeline.kit.signing import SignatureError, trusted_keys, verify_signature
+        from pipeline.kit.signing import SignatureError, comment_fields, trusted_keys, verify_signature
         from pipeline.oci.transfer import fetch_blob
 
         layers = _parse(raw, str(store))
@@ -119,7 +119,7 @@ class StageCache:
                                           trusted_keys(), Path(f"{store}/{SIGNATURE}"))
         except SignatureError as exc:
             raise PipelineError(f"not signed by a trusted key ({exc.message})") from None
-        fields = dict(f.split(":", 1) for f in comment.split("\t") if ":" in f)
+        fields = comment_fields(comment)
         if fields.get("stage") != stage or fields.get("key") != key:
             raise PipelineError("its signature names another stage or key")
         try:

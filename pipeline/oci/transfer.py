@@ -44,7 +44,7 @@ from pipeline.files import (
     sibling,
     write_hashed,
 )
-from pipeline.kit.signing import PublicKey, SecretKey, SignatureError, verify_signature
+from pipeline.kit.signing import PublicKey, SecretKey, SignatureError, comment_fields, verify_signature
 from pipeline.kit.verify import KitError, VerifiedKit, check_kit, downgrade_refusal, parse_sums
 from pipeline.oci import artifact
 from pipeline.oci.artifact import Blob, KitArtifact
@@ -158,10 +158,6 @@ def fetch_blob(store: Store, blob: Blob, work: Path, progress: Progress | None) 
     return final
 
 
-def _fields(comment: str) -> dict[str, str]:
-    return dict(f.split(":", 1) for f in comment.split("\t") if ":" in f)
-
-
 def _check_signed(store: Store, art: KitArtifact, work: Path, trusted: list[PublicKey]) -> contract.Manifest:
     """SHA256SUMS and its signature, push's signature, every layer against them, and only then MANIFEST.json (the
     largest of the small files: at most 4 MiB, fetched once its digest is known to be the signed one). After this,
@@ -194,14 +190,14 @@ def _check_signed(store: Store, art: KitArtifact, work: Path, trusted: list[Publ
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise KitError(f"{where}: {MANIFEST} is not JSON", "do not use this kit") from None
     manifest = contract.manifest_from_dict(obj, f"{where}/{MANIFEST}")
-    if manifest.name != art.name or _fields(comment).get("kit") != art.name:
+    if manifest.name != art.name or comment_fields(comment).get("kit") != art.name:
         raise KitError(f"{where}: the signed kit is named {manifest.name!r}, the registry says {art.name!r}",
                        "a renamed or swapped kit is refused")
     for p in manifest.parts:
         if art.layer(p.name).size != p.size:
             raise KitError(f"{where}: layer {p.name} is said to be {art.layer(p.name).size} bytes, the signed "
                            f"{MANIFEST} says {p.size}", "the registry lies about its content; nothing was fetched")
-    push = _fields(pushed)
+    push = comment_fields(pushed)
     if push.get("kit") != art.name or push.get("manifest") != sums.get(MANIFEST):
         raise KitError(f"{where}: push's signature names kit {push.get('kit')!r}, not this one",
                        "the registry or layout mixes two kits; do not use it")

@@ -82,7 +82,6 @@ class Server:
         self.load_error: str | None = None
         self.slots = asyncio.Semaphore(served.limits.max_batch_size)
         self.tokenizing = asyncio.Semaphore(TOKENIZER_THREADS)
-        self.waiting = 0
         self.admitted = 0           # requests admitted and not finished: running, waiting, or about to wait
         self.metrics = Metrics(lambda: self.session.stats() if self.session else {}, lambda: self.ready)
 
@@ -205,17 +204,13 @@ class Server:
     async def run(self, admission: Admission, gen: Generation,
                   stop: tuple[str, ...]) -> AsyncGenerator[tuple[str, str | None, int], None]:
         """Run and stream one request `admit` admitted: (text delta, finish reason on the last item, tokens so
-        far). Its admission ends here, however the request ends (and by its caller if this never started)."""
+        far). Its admission ends with it; its callers release it too, where this never started or never got a
+        slot (release is once)."""
         m, session = self.metrics, admission.session
-        self.waiting += 1
         m.queue.inc()
         try:
             await self.slots.acquire()
-        except BaseException:
-            admission.release()
-            raise
         finally:
-            self.waiting -= 1
             m.queue.dec()
         m.running.inc()
         m.prompt_tokens.inc(len(gen.prompt_ids))
