@@ -27,7 +27,7 @@ PROMPTS = ("The small computer sat on a shelf", "To bake bread you need", "What 
            "Zebra quantum", "The train left the station")
 
 
-def direct_once(session, served, prompt: str, max_tokens: int, grammar: str | None = None) -> tuple[float, list[float]]:
+def direct_once(session, served, prompt: str, max_tokens: int, grammar: object = None) -> tuple[float, list[float]]:
     from pipeline.runtime.session import Generation, Sampling, generate_blocking
 
     _, ids = served.codec.prompt_ids(prompt)
@@ -93,10 +93,14 @@ def main() -> int:
         print(f"concurrency 1, {args.requests} requests of {args.max_tokens} tokens, {served.name} (reference):")
         print(f"  TTFT       direct {dt * 1e3:8.2f} ms   server {ht * 1e3:8.2f} ms   ratio {ht / dt:.3f}")
         print(f"  per token  direct {dg * 1e3:8.3f} ms   server {hg * 1e3:8.3f} ms   ratio {hg / dg:.3f}")
-        grammars = getattr(session, "grammars", None)
-        if grammars is not None:        # structured output: the grammar's mask at every step, same session
-            grammar = grammars.compile({"type": "object", "properties": {"text": {"type": "string"}},
-                                        "required": ["text"]})
+        from pipeline.runtime.session import Constraint
+        try:        # structured output: the grammar's mask at every step, same session
+            grammar = session.guide(Constraint({"type": "object", "properties": {"text": {"type": "string"}},
+                                                "required": ["text"]}))
+        except NotImplementedError as exc:
+            print(f"  constrained decoding: not measured ({exc})")
+            grammar = None
+        if grammar is not None:
             free, bound = [], []
             for i in range(args.requests):
                 p = PROMPTS[i % len(PROMPTS)]

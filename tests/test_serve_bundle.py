@@ -58,6 +58,22 @@ def test_the_bundle_serves_the_goldens_through_the_executor(bundle, tmp_path):
         with pytest.raises(openai.BadRequestError, match="structured output is not available on the trtllm-0.12"):
             c.completions.create(model="tiny-llama-cpu@orin-nano-8gb", prompt="x", max_tokens=4,
                                  extra_body={"response_format": {"type": "json_object"}})
+        # what 0.12's SamplingConfig and OutputConfig have is applied; what they lack is refused by name
+        with pytest.raises(openai.BadRequestError, match="min_p: the trtllm-0.12 runtime does not apply it"):
+            c.completions.create(model="tiny-llama-cpu@orin-nano-8gb", prompt="x", max_tokens=4,
+                                 extra_body={"min_p": 0.1})
+        with pytest.raises(openai.BadRequestError, match="logprobs: the trtllm-0.12 runtime does not apply it"):
+            c.completions.create(model="tiny-llama-cpu@orin-nano-8gb", prompt="x", max_tokens=4, logprobs=2)
+        p = goldens.prompts[0]
+        r = c.completions.create(model="tiny-llama-cpu@orin-nano-8gb", prompt=p.prompt, temperature=0,
+                                 max_tokens=goldens.max_new_tokens, logprobs=0)
+        lp = r.choices[0].logprobs
+        assert r.choices[0].text == p.text and "".join(lp.tokens) == p.text
+        assert len(lp.token_logprobs) == len(lp.tokens) and all(v <= 0 for v in lp.token_logprobs)
+        penalized = c.completions.create(model="tiny-llama-cpu@orin-nano-8gb", prompt=p.prompt, temperature=0,
+                                         max_tokens=goldens.max_new_tokens, presence_penalty=2.0,
+                                         frequency_penalty=2.0, extra_body={"repetition_penalty": 1.5})
+        assert penalized.choices[0].finish_reason in ("stop", "length")
     finally:
         s.stop()
 
@@ -123,5 +139,28 @@ def test_an_edgellm_bundle_serves_the_goldens_through_the_request_engine(thor_bu
         for t in threads:
             t.join(60)
         assert got == {p.prompt: p.text for p in goldens.prompts}
+        # its runtime's guided decoding (GuideType.JSON_SCHEMA) and top-K log-probabilities; no penalties
+        import jsonschema
+        schema = {"type": "object", "additionalProperties": False, "required": ["n"],
+                  "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}}
+        r = c.chat.completions.create(model="tiny-thor@agx-thor", messages=[{"role": "user", "content": "n?"}],
+                                      temperature=0, response_format={"type": "json_schema", "json_schema": {
+                                          "name": "n", "schema": schema}})
+        jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+        tool = {"type": "function", "function": {"name": "count", "parameters": schema}}
+        r = c.chat.completions.create(model="tiny-thor@agx-thor", messages=[{"role": "user", "content": "Count"}],
+                                      temperature=0, tools=[tool], tool_choice="required")
+        (call,) = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "count"
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+        r = c.chat.completions.create(model="tiny-thor@agx-thor", messages=[{"role": "user", "content": "Bread"}],
+                                      temperature=0, max_tokens=6, logprobs=True, top_logprobs=2)
+        for e in r.choices[0].logprobs.content:
+            assert len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
+            assert e.logprob == e.top_logprobs[0].logprob        # greedy: the chosen token is the most likely
+        for extra in ({"repetition_penalty": 1.2}, {"min_p": 0.1}, {"presence_penalty": 1.0}):
+            with pytest.raises(openai.BadRequestError, match="the edgellm runtime does not apply it"):
+                c.chat.completions.create(model="tiny-thor@agx-thor", messages=[{"role": "user", "content": "x"}],
+                                          max_tokens=2, extra_body=extra)
     finally:
         s.stop()

@@ -115,31 +115,6 @@ def test_model_by_id_bearer_in_any_case_cors_and_405(server, kit, tmp_path):
                              timeout=10).status_code == 401, header
 
 
-def test_open_webuis_default_chat_with_tools_is_answered_as_a_plain_chat(server):
-    """Open WebUI sends its built-in tools with every chat (tool_choice auto): a model whose chat template has no
-    tool support answers as a plain chat and says so; a forced tool call is a 400 naming why."""
-    tool = {"type": "function", "function": {"name": "search_web", "parameters": {"type": "object", "properties": {
-        "query": {"type": "string"}}}}}
-    body = {"model": "tiny-llama-cpu", "stream": True, "messages": [{"role": "user", "content": "Tell me about bread"}],
-            "tools": [tool]}
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
-        assert r.status_code == 200
-        assert r.headers["x-tools-ignored"] == "tools ignored: its chat template has no tool support; answered as a " \
-            "plain chat"
-        assert r.read().decode().endswith("data: [DONE]\n\n")
-    r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json=dict(body, stream=False,
-                                                                            tool_choice="required"))
-    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
-    assert "has no tool support" in r.json()["error"]["message"]
-    # a replayed tool conversation renders through the template
-    replay = [{"role": "user", "content": "Weather?"},
-              {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
-                  "name": "search_web", "arguments": '{"query": "weather"}'}}]},
-              {"role": "tool", "tool_call_id": "c1", "content": "sunny"}, {"role": "user", "content": "So?"}]
-    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": replay, "max_tokens": 3}, timeout=60)
-    assert r.status_code == 200, r.text
-
-
 CITY = {"type": "object", "additionalProperties": False, "required": ["city", "count", "ok"],
         "properties": {"city": {"type": "string", "maxLength": 12}, "count": {"type": "integer", "minimum": 0,
                                                                               "maximum": 99},
@@ -184,23 +159,3 @@ def test_a_schema_that_does_not_compile_is_a_400_naming_it(server):
     r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
         "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
-
-
-def test_langchain_structured_output_through_json_schema_and_json_mode(server):
-    """langchain-openai as agents use it: with_structured_output's json_schema and json_mode methods give parsed
-    objects; its function_calling method forces a tool call, which this server refuses naming why."""
-    import jsonschema
-    from langchain_openai import ChatOpenAI
-    llm = ChatOpenAI(base_url=server.url + "/v1", api_key="none", model="tiny-llama-cpu", temperature=0,
-                     max_retries=0)
-    place = llm.with_structured_output(dict(CITY, title="place", description="a place"), method="json_schema")
-    jsonschema.validate(place.invoke("Name a city."), CITY)
-    anything = llm.with_structured_output(None, method="json_mode").bind(max_tokens=200)
-    try:
-        out = anything.invoke("Return an object.")
-        assert isinstance(out, dict)
-    except Exception as exc:        # cut by max_tokens before the object closed: the parser says so
-        assert "Invalid json output" in str(exc) or "OUTPUT_PARSING_FAILURE" in str(exc), exc
-    with pytest.raises(openai.BadRequestError, match="tool_choice"):
-        llm.with_structured_output(dict(CITY, title="place", description="a place"),
-                                   method="function_calling").invoke("Name a city.")

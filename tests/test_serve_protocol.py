@@ -1,5 +1,6 @@
 """OpenAI's request shapes as agent frameworks and chat UIs send them, parsed (serve/protocol.py): tools and
-tool_choice checked, assistant tool calls and tool results in the history, penalties and min_p refused by name."""
+tool_choice checked, assistant tool calls and tool results in the history, penalties, min_p and logprobs parsed with
+their bounds named (whether a backend applies them is the server's check: test_serve_tools.py)."""
 
 from __future__ import annotations
 
@@ -37,8 +38,14 @@ def test_tools_and_a_replayed_tool_conversation_are_taken():
     ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "other"}}}, "tool_choice",
      "'other', which is not one of the tools"),
     ({"tool_choice": "required"}, "tool_choice", "required needs tools"),
-    ({"repetition_penalty": 1.1}, "repetition_penalty", "not applied"),
-    ({"min_p": 0.05}, "min_p", "not applied"),
+    ({"repetition_penalty": 0}, "repetition_penalty", "from 0.01 to 10.0"),
+    ({"min_p": 1.5}, "min_p", "from 0.0 to 1.0"),
+    ({"presence_penalty": -2.5}, "presence_penalty", "from -2.0 to 2.0"),
+    ({"frequency_penalty": "1"}, "frequency_penalty", "from -2.0 to 2.0"),
+    ({"top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "from 0 to 20"),
+    ({"logprobs": 1}, "logprobs", "true or false"),
+    ({"parallel_tool_calls": "no"}, "parallel_tool_calls", "true or false"),
     ({"functions": [{"name": "f"}]}, "functions", "send `tools`"),
 ])
 def test_bad_tool_fields_and_unapplied_parameters_are_a_400_naming_them(extra, param, message):
@@ -53,3 +60,21 @@ def test_a_bad_message_in_the_history_is_a_400():
     with pytest.raises(ApiError, match="arguments are not JSON"):
         parse_chat({"messages": [{"role": "assistant", "content": None, "tool_calls": [
             {"id": "1", "function": {"name": "f", "arguments": "{oops"}}]}]})
+
+
+def test_penalties_min_p_and_logprobs_are_parsed_at_their_edges():
+    base = {"messages": [{"role": "user", "content": "x"}]}
+    req = parse_chat(dict(base, repetition_penalty=10.0, presence_penalty=-2.0, frequency_penalty=2.0, min_p=1.0,
+                          logprobs=True, top_logprobs=20, parallel_tool_calls=False))
+    s = req.sampling
+    assert (s.repetition_penalty, s.presence_penalty, s.frequency_penalty, s.min_p) == (10.0, -2.0, 2.0, 1.0)
+    assert s.extras() == ("repetition_penalty", "presence_penalty", "frequency_penalty", "min_p")
+    assert req.logprobs == 20 and req.parallel_tool_calls is False
+    plain = parse_chat(base)
+    assert plain.sampling.extras() == () and plain.logprobs is None and plain.parallel_tool_calls is True
+    assert parse_chat(dict(base, logprobs=True)).logprobs == 0
+    from pipeline.serve.protocol import parse_completion
+    assert parse_completion({"prompt": "x", "logprobs": 5}).logprobs == 5
+    with pytest.raises(ApiError) as exc:
+        parse_completion({"prompt": "x", "logprobs": 6})
+    assert exc.value.param == "logprobs"

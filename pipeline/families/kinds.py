@@ -61,6 +61,9 @@ class Family:
     qk_norm: bool = False                   # per-head RMSNorm of q and k (Qwen3, Gemma 3)
     embedding_scale: str | None = None      # "sqrt_hidden": embeddings times sqrt(hidden_size) (Gemma)
     fused_projections: tuple[tuple[str, tuple[str, ...]], ...] = ()  # HF fused tensor -> the parts it holds
+    # the format its instruct models write tool calls in (a key of serve/toolcalls.py FORMATS); None: none known.
+    # Used only where the kit's chat template renders tools (SmolLM2's, a Llama, does not).
+    tool_calls: str | None = None
     notes: str = ""
 
     @property

@@ -10,7 +10,10 @@ refuses engine directories and rebuilds from a checkpoint into its own cache, bu
                               max_batch_size=N)       # owns the runtime and the one thread driving it
     channel = rt.StreamChannel.create(); channel.set_skip_special_tokens(...)
     request = rt.LLMGenerationRequest(); request.requests = [rt.Request(messages=[rt.create_text_message(...)])]
-    request.stream_channels = [channel]; temperature / top_p / top_k / max_generate_length / apply_chat_template
+    request.stream_channels = [channel]; temperature / top_p / top_k / max_generate_length / apply_chat_template /
+    num_logprobs (top-K entries per step: StreamChunk.logprobs, [[entry(token_id, logprob, piece)]]);
+    Request.guided_decoding = rt.GuidedDecodingParams(rt.GuideType.JSON_SCHEMA, schema_json) (its server's
+    response_format, experimental/server/runtime/engine.py _make_generation_request)
     handle = engine.submit(request); channel.wait_pop(timeout_ms) -> StreamChunk(token_ids, finished, reason)
     handle.cancel(); channel.cancel(); engine.shutdown(rt.ShutdownMode.CANCEL)
 
@@ -20,19 +23,32 @@ special tokens written out), which Edge-LLM's raw mode encodes without adding an
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
 
 from pipeline import contract
 from pipeline.backends import edgellm as edgellm_backend
-from pipeline.runtime.session import Emit, EngineSession, Event, Generation, Handle, Limits
+from pipeline.runtime.session import Constraint, Emit, EngineSession, Event, Generation, Handle, Limits, TokenLogprob
 
 POLL_MS = 50
 
 
+def _logprobs(tokens: list[int], steps: Any, top: int) -> list[TokenLogprob]:
+    """Per token, the runtime's top-K entries of its step (token_id, logprob): the chosen token's log-probability
+    where it is among them (else None, as Edge-LLM's own server answers), and the `top` most likely."""
+    out = []
+    for token, step in zip(tokens, list(steps or []), strict=False):
+        entries = [(int(e.token_id), float(e.logprob)) for e in step]
+        chosen = next((lp for t, lp in entries if t == token), None)
+        out.append(TokenLogprob(chosen, tuple(sorted(entries, key=lambda e: -e[1])[:top])))
+    return out
+
+
 class EdgellmSession(EngineSession):
     backend = edgellm_backend.BACKEND.name
+    applies = frozenset({"logprobs", "top_logprobs"})      # LLMGenerationRequest.num_logprobs; it has no penalties
 
     @classmethod
     def open(cls, engine_dir: Path, _plan: contract.Plan, limits: Limits) -> EdgellmSession:
@@ -57,6 +73,16 @@ class EdgellmSession(EngineSession):
         self._channels: dict[int, Any] = {}
         self._closed = False
 
+    def guide(self, constraint: Constraint) -> Any:
+        """A JSON schema, as the runtime's guided decoding takes it (GuidedDecodingParams(GuideType.JSON_SCHEMA,
+        schema text), as its server passes response_format). Fixed text around the JSON (a forced tool call in a
+        Hermes, Mistral or Phi-4-mini format) would need its EBNF or structural-tag guides, which this server does not
+        write for it yet."""
+        if not constraint.plain:
+            raise NotImplementedError("its runtime is given JSON schemas only here, and this model's tool-call "
+                                      f"format has text around the JSON ({constraint.marker or constraint.prefix!r})")
+        return json.dumps(constraint.schema, sort_keys=True)
+
     def submit(self, gen: Generation, emit: Emit) -> Handle:
         rt, s = self.rt, gen.sampling
         channel = rt.StreamChannel.create()
@@ -65,6 +91,8 @@ class EdgellmSession(EngineSession):
         row = rt.Request(messages=[rt.create_text_message("user", gen.prompt_text)])
         row.stop_strings = []
         row.sampling_seed = s.seed if s.seed is not None else 0
+        if gen.guide is not None:
+            row.guided_decoding = rt.GuidedDecodingParams(rt.GuideType.JSON_SCHEMA, gen.guide)
         request.requests, request.stream_channels = [row], [channel]
         request.temperature = 1.0 if s.greedy else s.temperature
         request.top_p = 1.0 if s.greedy else s.top_p
@@ -72,6 +100,8 @@ class EdgellmSession(EngineSession):
         request.max_generate_length = gen.max_new_tokens
         request.apply_chat_template = False
         request.add_generation_prompt = False
+        # its runtime returns the top-K entries per step (K >= 1), the chosen token's among them where it is there
+        request.num_logprobs = max(1, gen.logprobs) if gen.logprobs is not None else 0
         handle = self._handle(gen, emit)
         native = self.engine.submit(request)
         self._channels[handle.id] = (channel, native)
@@ -89,16 +119,18 @@ class EdgellmSession(EngineSession):
                     continue
                 tokens = [int(t) for t in chunk.token_ids]
                 handle.last = tokens[-1] if tokens else handle.last
+                logprobs = _logprobs(tokens, chunk.logprobs, handle.generation.logprobs) \
+                    if handle.generation.logprobs is not None else None
                 if chunk.finished:
                     # FinishReason: END_ID and STOP_WORDS are "stop" (as its own server maps them), LENGTH "length"
                     name = getattr(chunk.reason, "name", str(chunk.reason))
                     error = None if name in ("END_ID", "STOP_WORDS", "LENGTH") else \
                         f"the Edge-LLM runtime ended the request with {name}"
                     handle.emit(Event(tokens, final=True, reason="length" if name == "LENGTH" else "stop",
-                                      error=error))
+                                      error=error, logprobs=logprobs))
                     return
                 if tokens:
-                    handle.emit(Event(tokens))
+                    handle.emit(Event(tokens, logprobs=logprobs))
             if not handle.cancelled.is_set():
                 handle.emit(Event([], final=True, error="the Edge-LLM runtime ended the request without a result"))
         finally:

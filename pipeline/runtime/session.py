@@ -23,15 +23,43 @@ from pipeline import contract
 
 @dataclass(frozen=True)
 class Sampling:
-    """temperature 0: greedy (top_k and top_p unused). top_k 0: no top-k cut. seed None: a fresh random seed."""
+    """temperature 0: greedy (top_k and top_p unused). top_k 0: no top-k cut. seed None: a fresh random seed.
+    The rest are off at their defaults; a runtime that does not apply one is never asked with it (`extras`)."""
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    repetition_penalty: float = 1.0     # CTRL's: a seen token's logit divided (positive) or multiplied by it
+    presence_penalty: float = 0.0       # OpenAI's: minus this once a token has appeared in the answer
+    frequency_penalty: float = 0.0      # OpenAI's: minus this times how often it appeared in the answer
+    min_p: float = 0.0                  # tokens below min_p x the top token's probability dropped
+
+    def extras(self) -> tuple[str, ...]:
+        """The request fields of the extras this sampling sets (what the runtime must apply, or the request is
+        refused)."""
+        return tuple(name for name, off in (("repetition_penalty", 1.0), ("presence_penalty", 0.0),
+                                            ("frequency_penalty", 0.0), ("min_p", 0.0))
+                     if getattr(self, name) != off)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What an answer must be: JSON following `schema` (response_format), or one tool call in the model's format:
+    `marker` (where the format starts its calls: a control token where the tokenizer has it as one, else text), then
+    `prefix`, the JSON, `suffix`. A session that constrains decoding compiles it (`Session.guide`)."""
+    schema: dict[str, Any]
+    marker: str = ""
+    prefix: str = ""
+    suffix: str = ""
+
+    @property
+    def plain(self) -> bool:
+        """Only the JSON, nothing around it (what a runtime that takes a JSON schema alone can follow)."""
+        return not (self.marker or self.prefix or self.suffix)
 
 
 @dataclass(frozen=True)
@@ -43,7 +71,16 @@ class Generation:
     max_new_tokens: int
     sampling: Sampling
     stop_ids: tuple[int, ...]
-    grammar: str | None = None      # an llguidance grammar the answer must follow (sessions that `constrain`)
+    guide: Any = None               # a Constraint as this session compiled it (Session.guide); None: free text
+    logprobs: int | None = None     # the chosen token's log-probability and this many alternatives (None: none)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability (as the runtime computed it; None where the runtime reported only
+    alternatives it is not among), and the most likely alternatives."""
+    logprob: float | None
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -54,6 +91,7 @@ class Event:
     final: bool = False
     reason: str | None = None
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None      # one per token, where the request asked for them
 
 
 Emit = Callable[[Event], None]
@@ -79,10 +117,12 @@ class Handle:
 
 class Session(ABC):
     """A loaded model serving requests. `failure` is set when the engine itself failed: no further request is
-    taken and /health says so. `constrains`: it follows a Generation's grammar (structured output)."""
+    taken and /health says so."""
     backend: str = ""
     limits: Limits
-    constrains: bool = False
+    # the request fields this runtime applies beyond temperature, top_p, top_k and seed (Sampling's extras, logprobs);
+    # the server refuses the others with a 400 naming the field and the backend, never ignores them
+    applies: frozenset[str] = frozenset()
 
     def __init__(self) -> None:
         self.failure: str | None = None
@@ -96,6 +136,11 @@ class Session(ABC):
         with self._lock:
             self._next += 1
             return Handle(self._next, gen, emit)
+
+    def guide(self, constraint: Constraint) -> Any:
+        """The constraint as this runtime follows it (passed back as Generation.guide). ValueError: the schema cannot
+        be compiled (the message says what in it); NotImplementedError: this runtime cannot follow it (why)."""
+        raise NotImplementedError(f"the {self.backend} runtime here does not constrain decoding")
 
     def kv_stats(self) -> dict[str, int] | None:
         """The runtime's KV cache statistics at this moment, where it exposes them."""

@@ -5,10 +5,12 @@ tensorrt_llm.bindings.executor (0.12, FACTS.md "Serving the built engine"):
         max_tokens=...)))            the paged KV cache capped at the plan's max_batch_size x max_seq_len (without a
                                      cap 0.12 takes 90% of free memory: on a Jetson, of the board's RAM)
     Request(input_token_ids, max_new_tokens, streaming=True, sampling_config=SamplingConfig(beam_width=1, top_k,
-            top_p, random_seed, temperature), end_id, pad_id, stop_words)
+            top_p, random_seed, temperature, repetition_penalty, presence_penalty, frequency_penalty),
+            output_config=OutputConfig(return_log_probs=True), end_id, pad_id, stop_words)
     enqueue_request(request) -> id; await_responses(timeout) -> [Response] of any request;
     Response.request_id / has_error() / error_msg / result.output_token_ids[beam] (new tokens only, streaming) /
-    result.is_final; cancel_request(id); get_latest_iteration_stats() -> [IterationStats.kv_cache_stats]; shutdown()
+    result.is_final / result.log_probs[beam] (the chosen tokens' log-probabilities, no alternatives);
+    cancel_request(id); get_latest_iteration_stats() -> [IterationStats.kv_cache_stats]; shutdown()
 
 Not ModelRunnerCpp: its streaming loop consumes every pending response, so it serves one caller at a time. 0.12 has
 no finish reason: a final response ending in a stop id is "stop", else "length".
@@ -24,7 +26,7 @@ from typing import Any
 
 from pipeline import contract
 from pipeline.backends import trtllm012
-from pipeline.runtime.session import Emit, EngineSession, Event, Generation, Handle, Limits
+from pipeline.runtime.session import Emit, EngineSession, Event, Generation, Handle, Limits, TokenLogprob
 
 POLL = datetime.timedelta(milliseconds=20)
 
@@ -37,6 +39,9 @@ KV_OLD = re.compile(r"Using (\d+) tokens in paged KV cache")
 
 class TrtllmSession(EngineSession):
     backend = trtllm012.BACKEND.name
+    # SamplingConfig's penalties and OutputConfig.return_log_probs (the chosen token's only: no top_logprobs); it has
+    # no min_p
+    applies = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs"})
 
     @classmethod
     def open(cls, engine_dir: Path, plan: contract.Plan, limits: Limits) -> TrtllmSession:
@@ -83,10 +88,15 @@ class TrtllmSession(EngineSession):
         tle, s = self.ex_mod, gen.sampling
         sampling = tle.SamplingConfig(beam_width=1, top_k=1 if s.greedy else (s.top_k or None),
                                       top_p=None if s.greedy else s.top_p, random_seed=s.seed,
-                                      temperature=None if s.greedy else s.temperature)
+                                      temperature=None if s.greedy else s.temperature,
+                                      repetition_penalty=s.repetition_penalty if s.repetition_penalty != 1.0 else None,
+                                      presence_penalty=s.presence_penalty or None,
+                                      frequency_penalty=s.frequency_penalty or None)
         stops = list(gen.stop_ids)
         request = tle.Request(input_token_ids=list(gen.prompt_ids), max_new_tokens=gen.max_new_tokens,
                               streaming=True, sampling_config=sampling, end_id=stops[0] if stops else None,
+                              output_config=tle.OutputConfig(return_log_probs=True) if gen.logprobs is not None
+                              else None,
                               pad_id=stops[0] if stops else None,
                               stop_words=[[t] for t in stops[1:]] or None)
         handle = self._handle(gen, emit)
@@ -140,11 +150,16 @@ class TrtllmSession(EngineSession):
                     continue
                 tokens = [int(t) for t in r.result.output_token_ids[0]]
                 handle.last = tokens[-1] if tokens else handle.last
+                logprobs = None
+                if handle.generation.logprobs is not None:
+                    # the last len(tokens) entries are these tokens' (whether the runtime sends all or the new ones)
+                    values = list(r.result.log_probs[0])[-len(tokens):] if tokens else []
+                    logprobs = [TokenLogprob(float(v)) for v in values]
                 if r.result.is_final:
                     reason = "stop" if handle.last in handle.generation.stop_ids else "length"
-                    self._finish(handle, Event(tokens, final=True, reason=reason))
+                    self._finish(handle, Event(tokens, final=True, reason=reason, logprobs=logprobs))
                 elif tokens:
-                    handle.emit(Event(tokens))
+                    handle.emit(Event(tokens, logprobs=logprobs))
 
     def _finish(self, handle: Handle, event: Event) -> None:
         with self._map_lock:

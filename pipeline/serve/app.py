@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request  # module level: FastAPI resolves the handlers' annotations here
 
 from pipeline.errors import PipelineError
-from pipeline.runtime.session import Event, Generation, Session
+from pipeline.runtime.session import Constraint, Event, Generation, Session
 from pipeline.serve import history, protocol
 from pipeline.serve.gate import Gate, error_response
 from pipeline.serve.metrics import Metrics
-from pipeline.serve.protocol import ApiError
+from pipeline.serve.protocol import ApiError, SamplingDefaults
 from pipeline.serve.text import TextStream
+from pipeline.serve.toolcalls import CallStream, ToolCallFormat
 
 if TYPE_CHECKING:
     from pipeline.serve.sources import Served
@@ -59,6 +60,17 @@ class Prepared:
     generation: Generation
     dropped: int = 0                # chat messages dropped to fit max_input_len
     tools: str | None = None        # why the request's tools were answered as a plain chat
+    calls: ToolCallFormat | None = None     # the answer's tool calls are parsed in this format
+
+
+@dataclass
+class Piece:
+    """What `Server.run` yields: new text, the finish reason on the last piece, tokens so far, and the log-probability
+    entries of the tokens since the last piece (chat's shape; None where not asked)."""
+    text: str
+    reason: str | None
+    made: int
+    logprobs: list[dict[str, Any]] | None = None
 
 
 class Admission:
@@ -83,6 +95,7 @@ class Server:
         self.slots = asyncio.Semaphore(served.limits.max_batch_size)
         self.tokenizing = asyncio.Semaphore(TOKENIZER_THREADS)
         self.admitted = 0           # requests admitted and not finished: running, waiting, or about to wait
+        self.defaults: SamplingDefaults = served.defaults   # what a request that omits a field gets (`load` checks)
         self.metrics = Metrics(lambda: self.session.stats() if self.session else {}, lambda: self.ready)
 
     @property
@@ -93,6 +106,13 @@ class Server:
         try:
             self.session = self._load()
             _ = self.served.codec.max_token_chars     # computed here, not on the event loop at the first request
+            d = self.defaults
+            if d.repetition_penalty != 1.0 and "repetition_penalty" not in self.session.applies:
+                self.defaults = SamplingDefaults(d.temperature, d.top_p, d.top_k, 1.0,
+                                                 f"{d.source}; its repetition_penalty {d.repetition_penalty:g} is not "
+                                                 f"applied: the {self.session.backend} runtime has none")
+                log.warning("the model's repetition_penalty %g is not applied: the %s runtime has none",
+                            d.repetition_penalty, self.session.backend)
             log.info("engine ready: %s (%s)", self.served.name, self.session.backend)
         except PipelineError as exc:
             self.load_error = exc.message
@@ -109,20 +129,19 @@ class Server:
         if req.model is not None and req.model != s.name:
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {s.name!r}", "model",
                            "model_not_found")
-        dropped, tools = 0, self.tools_note(req)
+        dropped, (calls, tools) = 0, self.tool_mode(req)
         if chat:
             if not s.codec.has_chat_template:
                 raise ApiError(400, f"{s.name} has no chat template (its tokenizer_config.json and "
                                "chat_template.jinja define none): use /v1/completions with a raw prompt",
                                "messages", "chat_template_missing")
-            try:
-                messages = [dict(m) for m in req.messages]
-                if self.settings.truncate:
-                    text, ids, dropped = history.fit(messages, s.codec.chat_ids, limits.max_input_len)
-                else:
-                    text, ids = s.codec.chat_ids(messages)
-            except PipelineError as exc:
-                raise ApiError(400, exc.message, "messages") from None
+            text, ids, dropped = self.render(req, list(req.tools) if calls else None)
+            if calls is not None and req.tool_choice == "auto" and len(ids) > limits.max_input_len:
+                # the tools' definitions leave no room for the newest turn: answered as a plain chat, as a model
+                # without tool support is (Open WebUI sends its built-in tools with every chat)
+                text, ids, dropped = self.render(req, None)
+                calls, tools = None, (f"tools ignored: their definitions do not fit max_input_len = "
+                                      f"{limits.max_input_len} with the chat; answered as a plain chat")
         else:
             text, ids = s.codec.prompt_ids(req.prompt or "")
         if not ids:
@@ -139,40 +158,85 @@ class Server:
             raise ApiError(400, f"max_tokens = {req.max_tokens} with a prompt of {len(ids)} tokens is past the "
                            f"engine's max_seq_len = {limits.max_seq_len} (at most {room} here)", "max_tokens",
                            "context_length_exceeded")
+        self.check_applied(req)
         # past the room left, as many as fit: the answer ends with finish_reason "length" there
         budget = min(req.max_tokens or room, room)
-        return Prepared(Generation(tuple(ids), text, budget, req.sampling, s.stop_ids, self.grammar(req)), dropped,
-                        tools)
+        if calls is not None and req.tool_choice not in ("auto", "none"):
+            guide = self.guide(calls.forced(req.tools, None if req.tool_choice == "required" else req.tool_choice),
+                               "tools")
+        else:
+            guide = self.guide(Constraint(req.schema) if req.schema is not None else None,
+                               "response_format.json_schema.schema")
+        return Prepared(Generation(tuple(ids), text, budget, req.sampling, s.stop_ids, guide, req.logprobs), dropped,
+                        tools, calls)
 
-    def grammar(self, req: protocol.Request) -> str | None:
-        """The grammar of the request's response_format schema over the served tokenizer (None: free text), or a
-        400: a schema that does not compile names its path; a backend that cannot constrain says so."""
-        if req.schema is None:
-            return None
-        session = self.session
-        grammars = getattr(session, "grammars", None) if session is not None and session.constrains else None
-        if grammars is None:
-            raise ApiError(400, f"response_format: structured output is not available on the {self.served.backend} "
-                           "backend here (it needs a runtime that constrains decoding, and llguidance)",
-                           "response_format", "unsupported_parameter")
+    def render(self, req: protocol.Request, tools: list[dict[str, Any]] | None) -> tuple[str, list[int], int]:
+        """(text, ids, messages dropped) of the chat rendered with these tools, its oldest turns dropped to fit
+        max_input_len unless --no-truncate."""
+        codec = self.served.codec
         try:
-            return grammars.compile(req.schema)
-        except ValueError as exc:
-            raise ApiError(400, f"response_format.json_schema.schema cannot be compiled: {exc}",
-                           "response_format.json_schema.schema", "invalid_schema") from None
+            messages = [dict(m) for m in req.messages]
+            if self.settings.truncate:
+                return history.fit(messages, lambda m: codec.chat_ids(m, tools), self.served.limits.max_input_len)
+            return (*codec.chat_ids(messages, tools), 0)
+        except PipelineError as exc:
+            raise ApiError(400, exc.message, "messages") from None
 
-    def tools_note(self, req: protocol.Request) -> str | None:
-        """What becomes of a request's tools: None (none sent, or tool_choice none), or why they are answered as a
-        plain chat (tool_choice auto: what Open WebUI sends with every chat); a forced call is a 400 (it needs
-        constrained decoding of the model's tool-call format, which this server does not do yet)."""
-        if not req.tools or req.tool_choice == "none":
+    def _session(self) -> Session:
+        session = self.session
+        if session is None or session.failure:
+            raise ApiError(503, "the engine is not ready" if session is None else "the engine failed",
+                           code="engine_unavailable", headers={"Retry-After": "5"})
+        return session
+
+    def check_applied(self, req: protocol.Request) -> None:
+        """Every sampling extra and logprobs field the request sets is one this backend applies, else a 400 naming it
+        (never silently ignored)."""
+        session = self._session()
+        asked = [(name, name) for name in req.sampling.extras()]        # (what the runtime must do, the field)
+        if req.logprobs is not None:
+            asked.append(("logprobs", "logprobs"))
+            if req.logprobs > 0:        # alternatives: chat's top_logprobs, completions' logprobs > 0
+                asked.append(("top_logprobs", "top_logprobs" if req.messages else "logprobs"))
+        for what, field in asked:
+            if what not in session.applies:
+                more = " (alternatives to the chosen token)" if what != field else ""
+                raise ApiError(400, f"{field}: the {session.backend} runtime does not apply it{more} (this server "
+                               "refuses what it cannot apply rather than ignore it)", field, "unsupported_parameter")
+
+    def guide(self, constraint: Constraint | None, param: str) -> Any:
+        """The constraint as the session follows it (None: free text), or a 400: a schema that does not compile names
+        its path; a backend that cannot constrain says so."""
+        if constraint is None:
             return None
+        session = self._session()
+        try:
+            return session.guide(constraint)
+        except NotImplementedError as exc:
+            what = "a forced tool call" if param == "tools" else "structured output"
+            raise ApiError(400, f"{param.split('.')[0]}: {what} is not available on the {self.served.backend} "
+                           f"backend here: {exc}", param.split(".")[0], "unsupported_parameter") from None
+        except ValueError as exc:
+            where = "the tools' parameters" if param == "tools" else param
+            raise ApiError(400, f"{where} cannot be compiled into a grammar: {exc}", param, "invalid_schema") from None
+
+    def tool_mode(self, req: protocol.Request) -> tuple[ToolCallFormat | None, str | None]:
+        """(the format the answer's tool calls are parsed in, why the tools are answered as a plain chat instead):
+        (None, None) when no tools were sent or tool_choice is none. A model whose chat template renders no tools, or
+        whose family has no declared format, answers tool_choice auto as a plain chat (what Open WebUI needs, said in
+        a header); a forced call is then a 400 naming what is missing."""
+        if not req.tools or req.tool_choice == "none":
+            return None, None
+        fmt = self.served.tool_format
         why = "its chat template has no tool support" if not self.served.codec.supports_tools else \
-            "this server does not parse its tool calls yet"
+            "no tool-call format is declared for its family" if fmt is None else None
+        if why is None:
+            return fmt, None
         if req.tool_choice != "auto":
             raise ApiError(400, f"tool_choice {req.tool_choice!r} forces a tool call, and {self.served.name} cannot "
-                           f"make one here: {why}", "tool_choice", "unsupported_parameter")
-        return f"tools ignored: {why}; answered as a plain chat"
+                           f"make one: {why} ({self.served.codec.template_source or 'no chat template'})",
+                           "tool_choice", "unsupported_parameter")
+        return None, f"tools ignored: {why}; answered as a plain chat"
 
     def check_prompt_size(self, req: protocol.Request, chat: bool) -> None:
         """Refuse a prompt that cannot fit max_input_len before tokenizing it: no token is longer than the
@@ -188,10 +252,7 @@ class Server:
     def admit(self) -> Admission:
         """Admit a request now, counted at once (so a burst is decided before any stream starts): else 503 (not
         loaded, failed) or 429 (max_batch_size running and --max-queue waiting). Each admit is ended by `run`."""
-        session = self.session
-        if session is None or session.failure:
-            raise ApiError(503, "the engine is not ready" if session is None else "the engine failed",
-                           code="engine_unavailable", headers={"Retry-After": "5"})
+        session = self._session()
         capacity = self.served.limits.max_batch_size + self.settings.max_queue
         if self.admitted >= capacity:
             raise ApiError(429, f"the server is busy: {self.served.limits.max_batch_size} requests running and "
@@ -201,11 +262,22 @@ class Server:
         self.admitted += 1
         return Admission(self, session)
 
-    async def run(self, admission: Admission, gen: Generation,
-                  stop: tuple[str, ...]) -> AsyncGenerator[tuple[str, str | None, int], None]:
-        """Run and stream one request `admit` admitted: (text delta, finish reason on the last item, tokens so
-        far). Its admission ends with it; its callers release it too, where this never started or never got a
-        slot (release is once)."""
+    def logprob_entries(self, ev: Event, stop_ids: tuple[int, ...]) -> list[dict[str, Any]]:
+        """The event's tokens' log-probabilities in chat's shape (a stop id, which the answer does not show, is
+        left out)."""
+        codec = self.served.codec
+
+        def one(token: int, logprob: float | None) -> dict[str, Any]:
+            text = codec.decode([token])
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return [{**one(t, lp.logprob), "top_logprobs": [one(i, v) for i, v in lp.top]}
+                for t, lp in zip(ev.tokens, ev.logprobs or [], strict=False) if t not in stop_ids]
+
+    async def run(self, admission: Admission, gen: Generation, stop: tuple[str, ...],
+                  keep: frozenset[int] = frozenset()) -> AsyncGenerator[Piece, None]:
+        """Run and stream one request `admit` admitted, as Pieces (the last with its finish reason). `keep`: control
+        tokens the text keeps (a tool-call marker). Its admission ends with it; its callers release it too, where
+        this never started or never got a slot (release is once)."""
         m, session = self.metrics, admission.session
         m.queue.inc()
         try:
@@ -215,7 +287,8 @@ class Server:
         m.running.inc()
         m.prompt_tokens.inc(len(gen.prompt_ids))
         loop, events = asyncio.get_running_loop(), asyncio.Queue[Event]()
-        handle, stream, done = None, TextStream(self.served.codec, gen.stop_ids, stop), False
+        handle, stream, done = None, TextStream(self.served.codec, gen.stop_ids, stop, keep), False
+        pending: list[dict[str, Any]] | None = [] if gen.logprobs is not None else None
         start = last = time.monotonic()
         deadline = start + self.settings.request_timeout
         try:
@@ -238,15 +311,18 @@ class Server:
                         m.itl.observe((now - last) / len(ev.tokens))
                     last = now
                     m.completion_tokens.inc(len(ev.tokens))
+                if pending is not None:
+                    pending += self.logprob_entries(ev, gen.stop_ids)
                 delta = stream.feed(ev.tokens)
                 if stream.finish_reason or ev.final:
                     done = ev.final
                     delta += stream.finish(ev.reason or "length")
                     m.duration.observe(now - start)
-                    yield delta, stream.finish_reason, len(stream.ids)
+                    yield Piece(delta, stream.finish_reason, len(stream.ids), pending)
                     return
                 if delta:
-                    yield delta, None, len(stream.ids)
+                    yield Piece(delta, None, len(stream.ids), pending)
+                    pending = [] if pending is not None else None
         finally:
             if handle is not None and not done:
                 session.cancel(handle)      # the client went away, it timed out, or a stop string ended it early
@@ -328,7 +404,8 @@ def create_app(server: Server):
     def card() -> dict[str, Any]:
         return {"id": served.name, "object": "model", "created": served.created, "owned_by": "jetson-trtllm-pipeline",
                 "max_model_len": served.limits.max_seq_len, "max_batch_size": served.limits.max_batch_size,
-                "sampling_defaults": served.defaults.to_dict()}
+                "sampling_defaults": server.defaults.to_dict(),
+                "tool_calls": served.tool_format.name if served.tool_format and served.codec.supports_tools else None}
 
     @app.get("/v1/models")
     async def models():
@@ -343,11 +420,12 @@ def create_app(server: Server):
 
     async def answer(request: Request, chat: bool):
         body = await _body(request, settings.max_body_bytes)
-        req = protocol.parse_chat(body, served.defaults) if chat else protocol.parse_completion(body, served.defaults)
+        defaults = server.defaults
+        req = protocol.parse_chat(body, defaults) if chat else protocol.parse_completion(body, defaults)
         server.check_prompt_size(req, chat)     # before tokenizing: a huge prompt costs no tokenizer time
         async with server.tokenizing:           # off the event loop, a few at a time: /health never waits on it
             prepared = await asyncio.get_running_loop().run_in_executor(None, server.generation, req, chat)
-        gen, headers = prepared.generation, {}
+        gen, headers, fmt = prepared.generation, {}, prepared.calls
         if prepared.dropped:
             headers[TRUNCATED_HEADER] = str(prepared.dropped)
             metrics.truncated.inc(prepared.dropped)
@@ -356,16 +434,20 @@ def create_app(server: Server):
         if prepared.tools:
             headers[TOOLS_HEADER] = prepared.tools
             log.info("%s: %s", served.name, prepared.tools)
+        # a tool-call marker that is a control token stays in the text the parser reads (Mistral's [TOOL_CALLS])
+        keep = frozenset({served.codec.control_tokens[fmt.marker]}) \
+            if fmt is not None and fmt.marker in served.codec.control_tokens else frozenset()
         rid, created = protocol.new_id("chatcmpl" if chat else "cmpl"), protocol.now()
         admission = server.admit()      # a 429 or 503 is a status, decided now: never after a stream's 200
         if not req.stream:
-            async def collect() -> tuple[str, str, int]:
-                text, reason, made = "", "length", 0
-                async for item in server.run(admission, gen, req.stop):
-                    delta, fin, made = item
-                    text += delta
-                    reason = fin or reason
-                return text, reason, made
+            async def collect() -> tuple[str, str, int, list[dict[str, Any]] | None]:
+                text, reason, made, entries = "", "length", 0, None
+                async for piece in server.run(admission, gen, req.stop, keep):
+                    text += piece.text
+                    reason, made = piece.reason or reason, piece.made
+                    if piece.logprobs is not None:
+                        entries = (entries or []) + piece.logprobs
+                return text, reason, made, entries
             work, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(_until_disconnect(request.receive))
             try:
                 await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -378,22 +460,54 @@ def create_app(server: Server):
                 await asyncio.gather(work, return_exceptions=True)
                 log.info("client went away: request cancelled")
                 return Response(status_code=499)
-            text, reason, made = work.result()
-            return JSONResponse(protocol.completion_body(chat, rid, served.name, created, text, reason,
-                                                         len(gen.prompt_ids), made), headers=headers)
-        chunks = server.run(admission, gen, req.stop)
+            text, reason, made, entries = work.result()
+            content: str | None = text
+            calls = fmt.calls(text, req.tools) if fmt is not None else None
+            if calls is not None:
+                content, found = calls
+                calls_made = found if req.parallel_tool_calls else found[:1]
+                reason = "tool_calls"
+            return JSONResponse(protocol.completion_body(chat, rid, served.name, created, content, reason,
+                                                         len(gen.prompt_ids), made,
+                                                         calls_made if calls is not None else None, entries),
+                                headers=headers)
+        pieces = server.run(admission, gen, req.stop, keep)
+
+        def chunk(text: str | None, reason: str | None = None, first: bool = False,
+                  tool_calls: list[dict[str, Any]] | None = None, entries: list[dict[str, Any]] | None = None,
+                  offset: int = 0) -> bytes:
+            lp = protocol.logprobs_body(chat, entries, offset) if entries else None
+            return protocol.sse(protocol.chunk_body(chat, rid, served.name, created, text, reason, req.include_usage,
+                                                    first, tool_calls, lp))
 
         async def events():
-            made = 0
+            made, sent = 0, 0
+            calls = CallStream(fmt, req.tools) if fmt is not None else None
             try:
                 if chat:
-                    yield protocol.sse(protocol.chunk_body(True, rid, served.name, created, "", None,
-                                                           req.include_usage, first=True))
-                async for item in chunks:
-                    delta, fin, made = item
-                    if delta or fin:
-                        yield protocol.sse(protocol.chunk_body(chat, rid, served.name, created, delta or None
-                                                               if chat else delta, fin, req.include_usage))
+                    yield chunk("", first=True)
+                async for piece in pieces:
+                    made, text = piece.made, piece.text
+                    if calls is not None:
+                        text = calls.feed(text)
+                    if not chat:
+                        if text or piece.reason:
+                            yield chunk(text, piece.reason, entries=piece.logprobs, offset=sent)
+                    elif text or piece.logprobs:
+                        yield chunk(text or None, entries=piece.logprobs)
+                    sent += len(text)
+                    if piece.reason and chat:
+                        reason = piece.reason
+                        if calls is not None:
+                            rest, found = calls.finish()
+                            if rest:
+                                yield chunk(rest)
+                            if found:
+                                for delta in protocol.tool_call_deltas(found if req.parallel_tool_calls
+                                                                       else found[:1]):
+                                    yield chunk(None, tool_calls=delta)
+                                reason = "tool_calls"
+                        yield chunk(None, reason)
                 if req.include_usage:
                     yield protocol.sse(protocol.usage_chunk(chat, rid, served.name, created, len(gen.prompt_ids),
                                                             made))
@@ -401,7 +515,7 @@ def create_app(server: Server):
             except ApiError as exc:     # after the 200: the engine failed mid-answer, as vLLM sends it
                 yield protocol.sse(exc.body())
             finally:
-                await chunks.aclose()
+                await pieces.aclose()
                 admission.release()     # where the stream never started (the client left first)
 
         return StreamingResponse(events(), media_type="text/event-stream",

@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from pipeline.errors import PipelineError
+from pipeline.runtime.session import Constraint
 
 
 def _llguidance():
@@ -26,20 +27,35 @@ def _llguidance():
     return llguidance
 
 
+def _literal(text: str) -> str:
+    """A Lark string literal of `text` (JSON's escaping is Lark's for these characters)."""
+    return json.dumps(text, ensure_ascii=True)
+
+
 class Grammars:
     """The served model's tokenizer as llguidance sees it (built once: ~10 ms for 1k tokens, ~1 s for 150k), and
-    the schemas compiled against it."""
+    the constraints compiled against it. `special`: the tokenizer's control tokens by text, so a tool-call marker
+    that is one (Mistral's [TOOL_CALLS]) is asked for as that token, never spelled out in text."""
 
-    def __init__(self, tokenizer_json: str, stop_ids: tuple[int, ...]):
+    def __init__(self, tokenizer_json: str, stop_ids: tuple[int, ...], special: dict[str, int] | None = None):
         self.tokenizer = _llguidance().LLTokenizer(tokenizer_json, eos_token=list(stop_ids))
+        self.special = special or {}
 
-    def compile(self, schema: dict[str, Any]) -> str:
-        """The grammar of `schema`, or a ValueError saying what in the schema cannot be compiled."""
+    def compile(self, constraint: Constraint) -> str:
+        """The grammar of the constraint, or a ValueError saying what in the schema cannot be compiled."""
         llg = _llguidance()
+        # compact JSON (a schema's own x-guidance may say otherwise): random whitespace costs tokens and time
+        schema = {**constraint.schema, "x-guidance": {"whitespace_flexible": False,
+                                                      **constraint.schema.get("x-guidance", {})}}
         try:
-            # compact JSON (a schema's own x-guidance may say otherwise): random whitespace costs tokens and time
-            grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema),
-                                                             defaults={"whitespace_flexible": False})
+            if constraint.plain:
+                grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+            else:
+                m = constraint.marker
+                marker = f"<[{self.special[m]}]>" if m in self.special else _literal(m) if m else ""
+                parts = [p for p in (marker, _literal(constraint.prefix) if constraint.prefix else "", "call",
+                                     _literal(constraint.suffix) if constraint.suffix else "") if p]
+                grammar = llg.LLMatcher.grammar_from_lark(f"start: {' '.join(parts)}\ncall: %json {json.dumps(schema)}")
         except ValueError as exc:
             raise ValueError(str(exc)[:300]) from None
         failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)

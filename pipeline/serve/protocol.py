@@ -1,11 +1,11 @@
 """OpenAI's wire format: request bodies parsed into typed requests (every refusal an `ApiError` in OpenAI's error
 shape, raised before any work), and the response and stream-chunk objects clients read.
 
-Refused with a 400 that names the parameter, rather than ignored: what the engines cannot do (n > 1, logprobs,
-penalties, min_p, logit_bias, echo, suffix, best_of). `response_format` (json_object, json_schema) is taken as the
-schema the answer is constrained to (serve/constrain.py). Unknown keys are ignored, as OpenAI does.
-`tools` are taken (what Open WebUI and agent frameworks send with every chat) and `tool_choice` checked; what the
-server does with them is the application's (app.py).
+Refused with a 400 that names the parameter, rather than ignored: what no engine here does (n > 1, logit_bias,
+echo, suffix, best_of). Penalties, min_p and logprobs are parsed into the request; a backend that does not apply one
+refuses it by name (app.py, from Session.applies). `response_format` (json_object, json_schema) is the schema the
+answer is constrained to. Unknown keys are ignored, as OpenAI does. `tools`, `tool_choice` and
+`parallel_tool_calls` are checked here; what the server does with them is the application's (app.py, toolcalls.py).
 """
 
 from __future__ import annotations
@@ -20,19 +20,14 @@ from typing import Any
 from pipeline.runtime.session import Sampling
 
 UNSUPPORTED = {
-    "logprobs": "log-probabilities are not returned by this server",
-    "top_logprobs": "log-probabilities are not returned by this server",
     "functions": "the legacy `functions` are not supported: send `tools`",
-    "function_call": "function calling is not supported by this server",
+    "function_call": "the legacy `function_call` is not supported: send `tool_choice`",
     "logit_bias": "logit_bias is not supported by the engine runtimes this server drives",
-    "presence_penalty": "penalties are not supported by this server",
-    "frequency_penalty": "penalties are not supported by this server",
     "echo": "echo is not supported by this server",
     "suffix": "suffix is not supported by this server",
     "best_of": "best_of is not supported by this server",
-    "min_p": "min_p is not applied by this server's backends",
-    "repetition_penalty": "repetition_penalty is not applied by this server's backends",
 }
+MAX_TOP_LOGPROBS = 20       # OpenAI's own limit (chat); completions' `logprobs` at most 5
 MAX_STOP = 4                # OpenAI's own limit on stop sequences
 MAX_STOP_CHARS = 256
 SEED_MAX = 2**63 - 1
@@ -73,6 +68,8 @@ class Request:
     prompt: str | None = None
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str = "auto"           # auto | none | required | the name of one function
+    parallel_tool_calls: bool = True
+    logprobs: int | None = None         # None: none; n: the chosen token's and the n most likely alternatives
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -136,10 +133,12 @@ class SamplingDefaults:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    repetition_penalty: float = 1.0
     source: str = "OpenAI's defaults"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "source": self.source}
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "repetition_penalty": self.repetition_penalty, "source": self.source}
 
 
 OPENAI_DEFAULTS = SamplingDefaults()
@@ -179,7 +178,12 @@ def _common(body: dict, defaults: SamplingDefaults) -> dict[str, Any]:
     sampling = Sampling(temperature=temperature if temperature >= MIN_TEMPERATURE else 0.0,
                         top_p=_number(body, "top_p", 0.0, 1.0, defaults.top_p),
                         top_k=defaults.top_k if top_k is None else top_k,
-                        seed=_int(body, "seed", 0, SEED_MAX))
+                        seed=_int(body, "seed", 0, SEED_MAX),
+                        repetition_penalty=_number(body, "repetition_penalty", 0.01, 10.0,
+                                                   defaults.repetition_penalty),
+                        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, 0.0),
+                        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0),
+                        min_p=_number(body, "min_p", 0.0, 1.0, 0.0))
     if sampling.top_p == 0.0:
         raise _bad("top_p must be greater than 0", "top_p")
     return {"model": model, "stream": stream, "include_usage": include_usage, "max_tokens": max_tokens,
@@ -208,6 +212,26 @@ def response_schema(fmt: Any) -> dict[str, Any] | None:
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _parallel(body: dict) -> bool:
+    v = body.get("parallel_tool_calls", True)
+    if not isinstance(v, bool):
+        raise _bad("parallel_tool_calls must be true or false", "parallel_tool_calls")
+    return v
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    """Chat's `logprobs` (true/false) and `top_logprobs` (0-20, only with logprobs), as OpenAI checks them."""
+    on = body.get("logprobs", False)
+    if on is None:
+        on = False
+    if not isinstance(on, bool):
+        raise _bad("logprobs must be true or false (top_logprobs says how many alternatives)", "logprobs")
+    top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not on:
+        raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+    return (top or 0) if on else None
 
 
 def _tools(body: dict) -> tuple[tuple[dict[str, Any], ...], str]:
@@ -278,7 +302,7 @@ def parse_chat(body: dict[str, Any], defaults: SamplingDefaults = OPENAI_DEFAULT
         raise _bad("messages must be a non-empty list", "messages")
     tools, choice = _tools(body)
     return Request(messages=tuple(_message(m, i) for i, m in enumerate(messages)), tools=tools, tool_choice=choice,
-                   **_common(body, defaults))
+                   parallel_tool_calls=_parallel(body), logprobs=_chat_logprobs(body), **_common(body, defaults))
 
 
 def parse_completion(body: dict[str, Any], defaults: SamplingDefaults = OPENAI_DEFAULTS) -> Request:
@@ -287,7 +311,7 @@ def parse_completion(body: dict[str, Any], defaults: SamplingDefaults = OPENAI_D
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise _bad("prompt must be one string (send several requests for several prompts)", "prompt")
-    return Request(prompt=text(prompt, "prompt"), **_common(body, defaults))
+    return Request(prompt=text(prompt, "prompt"), logprobs=_int(body, "logprobs", 0, 5), **_common(body, defaults))
 
 
 def new_id(prefix: str) -> str:
@@ -298,24 +322,49 @@ def usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def completion_body(chat: bool, rid: str, model: str, created: int, text: str, reason: str,
-                    prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+def logprobs_body(chat: bool, entries: list[dict[str, Any]] | None, offset: int = 0) -> dict[str, Any] | None:
+    """A choice's `logprobs` from per-token entries ({"token", "logprob", "bytes", "top_logprobs": [...]}, chat's own
+    shape): chat's {"content": [...]}, or completions' {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+    (`offset`: characters of the answer before these tokens)."""
+    if entries is None:
+        return None
+    if chat:
+        return {"content": entries, "refusal": None}
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "text_offset": offsets}
+
+
+def completion_body(chat: bool, rid: str, model: str, created: int, text: str | None, reason: str,
+                    prompt_tokens: int, completion_tokens: int, tool_calls: list[dict[str, Any]] | None = None,
+                    logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": logprobs_body(chat, logprobs)}
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
+        if tool_calls:
+            choice["message"]["tool_calls"] = tool_calls
     else:
-        choice["text"] = text
+        choice["text"] = text or ""
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": model, "choices": [choice], "usage": usage(prompt_tokens, completion_tokens)}
 
 
 def chunk_body(chat: bool, rid: str, model: str, created: int, text: str | None, reason: str | None,
-               include_usage: bool, first: bool = False) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+               include_usage: bool, first: bool = False, tool_calls: list[dict[str, Any]] | None = None,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One stream chunk. `tool_calls`: delta tool calls as OpenAI frames them (the first of a call carries index, id,
+    type and name with empty arguments; the next ones index and argument fragments)."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": logprobs}
     if chat:
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if text is not None:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
         choice["delta"] = delta
     else:
         choice["text"] = text or ""
@@ -324,6 +373,18 @@ def chunk_body(chat: bool, rid: str, model: str, created: int, text: str | None,
     if include_usage:
         body["usage"] = None
     return body
+
+
+def tool_call_deltas(calls: list[dict[str, Any]], fragment: int = 32) -> list[list[dict[str, Any]]]:
+    """The delta `tool_calls` of each stream chunk that carries these calls: per call, its header (index, id, type,
+    name, arguments ""), then its arguments in fragments, as OpenAI streams them."""
+    out = []
+    for i, c in enumerate(calls):
+        out.append([{"index": i, "id": c["id"], "type": "function",
+                     "function": {"name": c["function"]["name"], "arguments": ""}}])
+        args = c["function"]["arguments"]
+        out += [[{"index": i, "function": {"arguments": args[k:k + fragment]}}] for k in range(0, len(args), fragment)]
+    return out
 
 
 def usage_chunk(chat: bool, rid: str, model: str, created: int, prompt: int, completion: int) -> dict[str, Any]:

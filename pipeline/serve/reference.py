@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.runtime.session import Emit, Event, Generation, Handle, Limits, Session
+from pipeline.runtime.session import Constraint, Emit, Event, Generation, Handle, Limits, Session, TokenLogprob
 
 
 @dataclass
@@ -28,11 +28,13 @@ class _Running:
     made: int = 0
     generator: Any = None
     grammar: Any = None     # constrain.Constrained: the answer's grammar state, where the request has one
+    counts: Any = None      # how often each token came in the answer (for the penalties), where asked
 
 
 class ReferenceSession(Session):
     backend = "reference"
-    constrains = True
+    applies = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "min_p", "logprobs",
+                         "top_logprobs"})
 
     def __init__(self, model: Any, limits: Limits,
                  thread_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
@@ -48,6 +50,12 @@ class ReferenceSession(Session):
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="reference-session", daemon=True)
         self._thread.start()
+
+    def guide(self, constraint: Constraint) -> Any:
+        if self.grammars is None:
+            raise NotImplementedError("structured output needs llguidance (pip install 'llguidance>=1.0', the [serve] "
+                                      "extra has it)")
+        return self.grammars.compile(constraint)
 
     def submit(self, gen: Generation, emit: Emit) -> Handle:
         handle = self._handle(gen, emit)
@@ -107,17 +115,39 @@ class ReferenceSession(Session):
             r.cache = out.past_key_values
             # as generate() takes the next token: the last position's logits in fp32
             logits = out.logits[0, -1].to(dtype=torch.float32)
-            if gen.grammar is not None:
+            logits = self._penalized(logits, r)
+            if gen.guide is not None:
                 logits = self._constrained(logits, r)
-            token = self._choose(logits, r)
+            token, logprobs = self._choose(logits, r)
         if r.grammar is not None:
             r.grammar.advance(token)
+        if r.counts is not None:
+            r.counts[token] += 1
         r.last, r.made = token, r.made + 1
         if token in gen.stop_ids:
-            return Event([token], final=True, reason="stop")
+            return Event([token], final=True, reason="stop", logprobs=logprobs)
         if r.made >= gen.max_new_tokens:
-            return Event([token], final=True, reason="length")
-        return Event([token])
+            return Event([token], final=True, reason="length", logprobs=logprobs)
+        return Event([token], logprobs=logprobs)
+
+    def _penalized(self, logits: Any, r: _Running) -> Any:
+        """The repetition penalty over the prompt and the answer (as transformers' RepetitionPenaltyLogitsProcessor),
+        presence and frequency penalties over the answer (as OpenAI defines them)."""
+        import torch
+        s = r.handle.generation.sampling
+        if not s.extras():
+            return logits
+        if r.counts is None:
+            r.counts = torch.zeros_like(logits)
+        if s.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(r.handle.generation.prompt_ids)), dtype=torch.long, device=logits.device)
+            seen = torch.cat([seen, (r.counts > 0).nonzero().flatten()]).clamp(max=logits.numel() - 1)
+            picked = logits[seen]
+            logits = logits.clone()
+            logits[seen] = torch.where(picked > 0, picked / s.repetition_penalty, picked * s.repetition_penalty)
+        if s.presence_penalty or s.frequency_penalty:
+            logits = logits - s.frequency_penalty * r.counts - s.presence_penalty * (r.counts > 0).float()
+        return logits
 
     def _constrained(self, logits: Any, r: _Running) -> Any:
         """The logits with every token the request's grammar does not allow next at -inf (ids past the
@@ -126,30 +156,42 @@ class ReferenceSession(Session):
         if r.grammar is None:
             if self.grammars is None:
                 raise RuntimeError("this session was opened without the tokenizer's grammars")
-            r.grammar = self.grammars.start(r.handle.generation.grammar)
+            r.grammar = self.grammars.start(r.handle.generation.guide)
         allowed = torch.frombuffer(bytearray(r.grammar.allowed()), dtype=torch.uint8).to(logits.device) != 0
         keep = torch.zeros_like(logits, dtype=torch.bool)
         n = min(allowed.numel(), keep.numel())
         keep[:n] = allowed[:n]
         return logits.masked_fill(~keep, float("-inf"))
 
-    def _choose(self, logits: Any, r: _Running) -> int:
+    def _choose(self, logits: Any, r: _Running) -> tuple[int, list[TokenLogprob] | None]:
+        """The next token (greedy, or sampled from the logits as temperature, top-k, top-p and min-p leave them),
+        and its log-probability under the model's distribution (after penalties and the grammar) where asked."""
         import torch
 
-        s = r.handle.generation.sampling
+        gen = r.handle.generation
+        s = gen.sampling
         if s.greedy:
-            return int(logits.argmax())
-        if r.generator is None:
-            r.generator = torch.Generator(device=logits.device)
-            r.generator.manual_seed(s.seed if s.seed is not None else int(torch.seed() % 2**63))
-        logits = logits / s.temperature
-        if s.top_k > 0:
-            kth = torch.topk(logits, min(s.top_k, logits.numel())).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if s.top_p < 1.0:
-            sorted_logits, order = torch.sort(logits, descending=True)
-            probs = torch.softmax(sorted_logits, -1)
-            drop = probs.cumsum(-1) - probs > s.top_p     # keep the smallest set whose mass reaches top_p
-            logits[order[drop]] = float("-inf")
-        probs = torch.softmax(logits, -1)
-        return int(torch.multinomial(probs, 1, generator=r.generator))
+            token = int(logits.argmax())
+        else:
+            if r.generator is None:
+                r.generator = torch.Generator(device=logits.device)
+                r.generator.manual_seed(s.seed if s.seed is not None else int(torch.seed() % 2**63))
+            scaled = logits / s.temperature
+            if s.top_k > 0:
+                kth = torch.topk(scaled, min(s.top_k, scaled.numel())).values[-1]
+                scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+            if s.top_p < 1.0:
+                sorted_logits, order = torch.sort(scaled, descending=True)
+                probs = torch.softmax(sorted_logits, -1)
+                drop = probs.cumsum(-1) - probs > s.top_p     # keep the smallest set whose mass reaches top_p
+                scaled[order[drop]] = float("-inf")
+            if s.min_p > 0:
+                probs = torch.softmax(scaled, -1)
+                scaled = scaled.masked_fill(probs < s.min_p * probs.max(), float("-inf"))
+            token = int(torch.multinomial(torch.softmax(scaled, -1), 1, generator=r.generator))
+        if gen.logprobs is None:
+            return token, None
+        logp = torch.log_softmax(logits, -1)
+        top = torch.topk(logp, min(gen.logprobs, logp.numel())) if gen.logprobs else None
+        alternatives = tuple((int(i), float(v)) for v, i in zip(top.values, top.indices, strict=True)) if top else ()
+        return token, [TokenLogprob(float(logp[token]), alternatives)]

@@ -18,10 +18,12 @@ from pathlib import Path
 
 from pipeline import contract
 from pipeline.errors import PipelineError
+from pipeline.families import family
 from pipeline.kit.bundle import SERVING_DIR
 from pipeline.runtime.session import Limits, Session
 from pipeline.serve.protocol import OPENAI_DEFAULTS, SamplingDefaults
 from pipeline.serve.text import TextCodec, check_against_goldens, sampling_defaults
+from pipeline.serve.toolcalls import FORMATS, ToolCallFormat
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Served:
     backend: str
     goldens: contract.Goldens
     defaults: SamplingDefaults = OPENAI_DEFAULTS     # for the sampling fields a request omits
+    tool_format: ToolCallFormat | None = None        # how its family writes tool calls (where the template has tools)
 
 
 def limits_of(plan: contract.Plan) -> Limits:
@@ -45,7 +48,10 @@ def _served(name: str, created: int, tokenizer_dir: Path, goldens: contract.Gold
     codec = TextCodec.load(tokenizer_dir)
     check_against_goldens(codec, goldens, where)
     stops = goldens.stop_ids
-    return Served(name, created, codec, stops, limits_of(plan), backend, goldens, sampling_defaults(tokenizer_dir))
+    fam = family(plan.model.architecture)
+    fmt = FORMATS.get(fam.tool_calls) if fam is not None and fam.tool_calls else None
+    return Served(name, created, codec, stops, limits_of(plan), backend, goldens, sampling_defaults(tokenizer_dir),
+                  fmt)
 
 
 def torch_threads() -> int:
@@ -97,7 +103,7 @@ def from_recipe(name: str, target: str | None = None,
         # mode, so entered by the session's thread)
         model = stack.enter_context(_reference_model(recipe))
         try:        # structured output: the schema's grammar over this tokenizer (llguidance, the [serve] extra)
-            grammars = Grammars(served.codec.tokenizer.to_str(), served.stop_ids)
+            grammars = Grammars(served.codec.tokenizer.to_str(), served.stop_ids, served.codec.control_tokens)
         except PipelineError:
             grammars = None
         return ReferenceSession(model, served.limits, skinny_linears, on_close=stack.close, grammars=grammars)

@@ -117,29 +117,47 @@ class TextCodec:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
-    def decode(self, ids: Iterable[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+    @functools.cached_property
+    def control_tokens(self) -> dict[str, int]:
+        """The tokenizer's special (control) tokens by text: decoding skips them."""
+        return {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
 
-    def render(self, messages: list[dict[str, str]]) -> str:
-        """The conversation as transformers' apply_chat_template(add_generation_prompt=True, tokenize=False) renders
-        it with this tokenizer's special tokens."""
+    def decode(self, ids: Iterable[int], keep: frozenset[int] = frozenset()) -> str:
+        """Text of `ids`, control tokens skipped except those in `keep` (a tool-call marker that is one)."""
+        ids = list(ids)
+        if not keep or not keep.intersection(ids):
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        out: list[str] = []
+        run: list[int] = []
+        for i in ids:
+            if i in keep:
+                out += [self.tokenizer.decode(run, skip_special_tokens=True), self.tokenizer.id_to_token(i) or ""]
+                run = []
+            else:
+                run.append(i)
+        return "".join(out) + self.tokenizer.decode(run, skip_special_tokens=True)
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The conversation as transformers' apply_chat_template(add_generation_prompt=True, tokenize=False, tools=)
+        renders it with this tokenizer's special tokens."""
         import jinja2
 
         if self.template is None:
             raise PipelineError("the model has no chat template")
         try:
-            text = self.template.render(messages=messages, tools=None, documents=None, add_generation_prompt=True,
-                                        **self.special_tokens)
+            text = self.template.render(messages=messages, tools=tools or None, documents=None,
+                                        add_generation_prompt=True, **self.special_tokens)
         except (jinja2.exceptions.TemplateError, TypeError, ValueError, RecursionError) as exc:
             raise PipelineError(f"the chat template refused the conversation: {str(exc)[:200]}") from None
         if len(text) > RENDER_MAX_CHARS:
             raise PipelineError(f"the chat template rendered more than {RENDER_MAX_CHARS} characters")
         return text
 
-    def chat_ids(self, messages: list[dict[str, str]]) -> tuple[str, list[int]]:
+    def chat_ids(self, messages: list[dict[str, Any]],
+                 tools: list[dict[str, Any]] | None = None) -> tuple[str, list[int]]:
         """Rendered text and ids of a conversation: the rendered text encoded without adding special tokens (the
         template holds BOS where the model wants one), as evaluate.render_prompt does for the goldens."""
-        text = self.render(messages)
+        text = self.render(messages, tools)
         return text, self.encode(text, add_special_tokens=False)
 
     def prompt_ids(self, prompt: str) -> tuple[str, list[int]]:
@@ -151,8 +169,8 @@ class TextCodec:
 
 def sampling_defaults(tokenizer_dir: Path):
     """The sampling a request gets for the fields it omits: the kit's generation_config.json (the model maker's
-    temperature, top_p and top_k, as vLLM and Ollama apply them), each only where it is a valid value, else
-    OpenAI's defaults."""
+    temperature, top_p, top_k and repetition_penalty, as vLLM and Ollama apply them), each only where it is a valid
+    value, else OpenAI's defaults."""
     from pipeline.serve.protocol import OPENAI_DEFAULTS, SamplingDefaults
     path = Path(tokenizer_dir) / "generation_config.json"
     try:
@@ -165,12 +183,14 @@ def sampling_defaults(tokenizer_dir: Path):
     def number(name: str, ok, default):
         v = cfg.get(name)
         return v if isinstance(v, (int, float)) and not isinstance(v, bool) and ok(v) else default
-    found = {k: cfg[k] for k in ("temperature", "top_p", "top_k") if k in cfg}
+    found = {k: cfg[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty") if k in cfg}
     if not found:
         return OPENAI_DEFAULTS
     return SamplingDefaults(temperature=float(number("temperature", lambda v: 0 <= v <= 2, 1.0)),
                             top_p=float(number("top_p", lambda v: 0 < v <= 1, 1.0)),
                             top_k=int(number("top_k", lambda v: isinstance(v, int) and 0 <= v < 2**31, 0)),
+                            repetition_penalty=float(number("repetition_penalty", lambda v: 0.01 <= v <= 10,
+                                                            1.0)),
                             source=f"generation_config.json ({', '.join(sorted(found))})")
 
 
@@ -207,15 +227,17 @@ class TextStream:
     the whole answer. A delta holds back what may still change: a trailing incomplete UTF-8 sequence (decoded as
     U+FFFD) and a tail that may be the start of a stop string."""
 
-    def __init__(self, codec: TextCodec, stop_ids: Iterable[int], stop: Iterable[str]):
+    def __init__(self, codec: TextCodec, stop_ids: Iterable[int], stop: Iterable[str],
+                 keep: frozenset[int] = frozenset()):
         self.codec, self.stop_ids, self.stop = codec, frozenset(stop_ids), tuple(s for s in stop if s)
+        self.keep = keep            # control tokens kept in the text (a tool-call marker the parser looks for)
         self.ids: list[int] = []       # generated ids, the stop id included (what was computed)
         self.sent = ""                 # text given out so far
         self.finish_reason: str | None = None
 
     def _text(self) -> str:
         ids = self.ids[:-1] if self.ids and self.ids[-1] in self.stop_ids else self.ids
-        return self.codec.decode(ids)
+        return self.codec.decode(ids, self.keep)
 
     def feed(self, tokens: Iterable[int]) -> str:
         """The new text these tokens add; sets finish_reason to "stop" at a stop id or stop string."""

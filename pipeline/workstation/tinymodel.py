@@ -124,7 +124,20 @@ def train_tokenizer(vocab_size: int):
     return tok
 
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+# A tool-calling template in Llama 3.1's manner (the tiny models are Llamas; llama3_json in serve/toolcalls.py): the
+# tools listed in a system block, a call answered as {"name": ..., "parameters": {...}}, a result as an ipython turn.
+# Each tool is listed by name and argument names only, not as JSON: the tiny engines take 128 tokens, and a JSON
+# schema costs hundreds in this small vocabulary. Without tools it renders exactly what it always did.
+CHAT_TEMPLATE = ("{% if tools %}<|system|>Call as {\"name\", \"parameters\"}:{% for t in tools %} "
+                 "{{ t['function']['name'] }}("
+                 "{{ (t['function']['parameters'] or {}).get('properties', {}) | join(',') }})"
+                 "{% endfor %}{{ '\\n' }}"
+                 "{% endif %}{% for m in messages %}"
+                 "{% if m['role'] == 'assistant' and m['tool_calls'] %}<|assistant|>{% for c in m['tool_calls'] %}"
+                 "{{ {'name': c['function']['name'], 'parameters': c['function']['arguments']} | tojson }}"
+                 "{% if not loop.last %}; {% endif %}{% endfor %}{{ '\\n' }}"
+                 "{% elif m['role'] == 'tool' %}<|ipython|>{{ m['content'] }}\n"
+                 "{% else %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endif %}{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 

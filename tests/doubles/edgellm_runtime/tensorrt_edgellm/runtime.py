@@ -7,7 +7,10 @@ scripts/sweep_eagle3_configs.py use on the pybind module:
     StreamChannel.create() -> channel: set_skip_special_tokens(b), wait_pop(timeout_ms=) -> StreamChunk | None,
         is_finished(), is_cancelled(), cancel();  StreamChunk.token_ids / .finished / .reason (FinishReason)
     LLMGenerationRequest: requests, stream_channels, temperature, top_p, top_k, max_generate_length,
-        apply_chat_template, add_generation_prompt;  Request(messages=[...]): stop_strings, sampling_seed
+        apply_chat_template, add_generation_prompt, num_logprobs (StreamChunk.logprobs: per step the top-K
+        entries, token_id / logprob / piece);  Request(messages=[...]): stop_strings, sampling_seed,
+        guided_decoding = GuidedDecodingParams(GuideType, guide) (JSON_SCHEMA followed here through llguidance, as
+        the real runtime follows it through its own grammar engine)
     create_text_message(role, text), ContextCacheConfig(), FinishReason, ShutdownMode
 
 The engine is the llm_build double's (the exporter's ONNX graph), run by tests/doubles/python/edgellm_engine.py;
@@ -62,9 +65,25 @@ def create_text_message(role, text):
     return m
 
 
+class GuideType(enum.Enum):
+    NONE = 0
+    JSON_OBJECT = 1
+    JSON_SCHEMA = 2
+    REGEX = 3
+    EBNF = 4
+    STRUCTURAL_TAG = 5
+    CHOICE = 6
+
+
+class GuidedDecodingParams:
+    def __init__(self, guide_type, guide):
+        self.guide_type, self.guide = guide_type, guide
+
+
 class Request:
     def __init__(self, messages=()):
         self.messages, self.stop_strings, self.sampling_seed = list(messages), [], 0
+        self.guided_decoding = None
 
 
 class LLMGenerationRequest:
@@ -72,11 +91,12 @@ class LLMGenerationRequest:
         self.requests, self.stream_channels = [], []
         self.temperature, self.top_p, self.top_k, self.max_generate_length = 1.0, 1.0, 50, 128
         self.apply_chat_template, self.add_generation_prompt = True, True
+        self.num_logprobs = 0
 
 
 class StreamChunk:
-    def __init__(self, token_ids, finished=False, reason=FinishReason.NOT_FINISHED):
-        self.token_ids, self.finished, self.reason = token_ids, finished, reason
+    def __init__(self, token_ids, finished=False, reason=FinishReason.NOT_FINISHED, logprobs=()):
+        self.token_ids, self.finished, self.reason, self.logprobs = token_ids, finished, reason, list(logprobs)
 
 
 class StreamChannel:
@@ -155,11 +175,23 @@ class RequestEngine:
         text = "".join(c.content for m in row.messages for c in m.contents)
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         state = {"ids": ids, "out": [], "req": request, "channel": channel, "past": 0,
-                 "rng": np.random.default_rng(row.sampling_seed), "cancelled": False}
+                 "rng": np.random.default_rng(row.sampling_seed), "cancelled": False,
+                 "matcher": self._matcher(row.guided_decoding)}
         with self._lock:
             self._waiting.append(state)
             self._lock.notify_all()
         return _Handle(self, state)
+
+    def _matcher(self, guided):
+        if guided is None:
+            return None
+        if guided.guide_type != GuideType.JSON_SCHEMA:
+            raise RuntimeError(f"the double follows JSON_SCHEMA guides only, not {guided.guide_type}")
+        import llguidance
+        if not hasattr(self, "_lltok"):
+            self._lltok = llguidance.LLTokenizer(self.tokenizer.to_str(), eos_token=sorted(self.stops))
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(guided.guide)
+        return llguidance.LLMatcher(self._lltok, grammar)
 
     def shutdown(self, mode=ShutdownMode.DRAIN):
         self._stop = True
@@ -202,6 +234,9 @@ class RequestEngine:
             logits = eng.step([s["out"][-1]], s["past"], s["pools"], s["table"])
             s["past"] += 1
         logits = logits[:eng.cfg["vocab_size"]].astype(np.float64)
+        if s["matcher"] is not None:
+            allowed = np.frombuffer(s["matcher"].compute_logit_bias(), dtype=np.uint8)[:len(logits)]
+            logits = np.where(np.pad(allowed, (0, len(logits) - len(allowed))) != 0, logits, -np.inf)
         if req.top_k == 1 or req.temperature == 0:
             token = int(np.argmax(logits))
             if len(s["out"]) + 1 == self.wrong_at:
@@ -210,14 +245,22 @@ class RequestEngine:
             p = np.exp((logits - logits.max()) / req.temperature)
             token = int(s["rng"].choice(len(p), p=p / p.sum()))
         s["out"].append(token)
+        if s["matcher"] is not None:
+            s["matcher"].consume_token(token)
+        logprobs = []
+        if req.num_logprobs:
+            logp = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+            top = np.argsort(-logp)[:req.num_logprobs]
+            logprobs = [[SimpleNamespace(token_id=int(t), logprob=float(logp[t]),
+                                         piece=self.tokenizer.decode([int(t)]).encode()) for t in top]]
         if token in self.stops:
             reason = FinishReason.END_ID
         elif len(s["out"]) >= req.max_generate_length:
             reason = FinishReason.LENGTH
         else:
-            s["channel"].push(StreamChunk([token]))
+            s["channel"].push(StreamChunk([token], logprobs=logprobs))
             return False
-        s["channel"].push(StreamChunk([token], True, reason))
+        s["channel"].push(StreamChunk([token], True, reason, logprobs))
         return True
 
 

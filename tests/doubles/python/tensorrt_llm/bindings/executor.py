@@ -64,6 +64,14 @@ class SamplingConfig:
                  early_stopping=None, no_repeat_ngram_size=None):
         assert beam_width == 1
         self.top_k, self.top_p, self.random_seed, self.temperature = top_k, top_p, random_seed, temperature
+        self.repetition_penalty, self.presence_penalty = repetition_penalty, presence_penalty
+        self.frequency_penalty = frequency_penalty
+
+
+class OutputConfig:
+    def __init__(self, return_log_probs=False, return_context_logits=False, return_generation_logits=False,
+                 exclude_input_from_output=False, return_encoder_output=False):
+        self.return_log_probs = return_log_probs
 
 
 class Request:
@@ -73,12 +81,13 @@ class Request:
                  logits_post_processor_name=None, encoder_input_token_ids=None):
         self.input_token_ids, self.max_new_tokens, self.streaming = list(input_token_ids), max_new_tokens, streaming
         self.sampling_config = sampling_config or SamplingConfig()
+        self.output_config = output_config or OutputConfig()
         self.end_id, self.stop_words = end_id, [list(w) for w in stop_words or []]
 
 
 class Result:
-    def __init__(self, tokens, final):
-        self.output_token_ids, self.is_final = [tokens], final
+    def __init__(self, tokens, final, log_probs=None):
+        self.output_token_ids, self.is_final, self.log_probs = [tokens], final, [log_probs or []]
 
 
 class Response:
@@ -147,7 +156,8 @@ class Executor:
             else:
                 seed = request.sampling_config.random_seed
                 gen = torch.Generator().manual_seed(seed if seed is not None else 0)
-                self._active[rid] = {"req": request, "ids": list(request.input_token_ids), "made": 0, "gen": gen}
+                self._active[rid] = {"req": request, "ids": list(request.input_token_ids), "made": 0, "gen": gen,
+                                     "log_probs": []}
             self._lock.notify_all()
             return rid
 
@@ -194,15 +204,26 @@ class Executor:
                     final = stop or a["made"] >= req.max_new_tokens
                     if final:
                         del self._active[rid]
-                    self._out.append(Response(rid, Result([token], final)))
+                    self._out.append(Response(rid, Result([token], final, list(a["log_probs"]))))
                     self._lock.notify_all()
             self._iterations += 1
 
     def _next_token(self, a):
         logits = self.model.logits(torch.tensor(a["ids"]))[-1, :self.vocab].float()
         s = a["req"].sampling_config
+        seen = torch.tensor(sorted(set(a["ids"])))      # its penalties: over the whole sequence, prompt included
+        if s.repetition_penalty:
+            logits[seen] = torch.where(logits[seen] > 0, logits[seen] / s.repetition_penalty,
+                                       logits[seen] * s.repetition_penalty)
+        if s.presence_penalty or s.frequency_penalty:
+            counts = torch.bincount(torch.tensor(a["ids"]), minlength=self.vocab)[:self.vocab].float()
+            logits = logits - (s.frequency_penalty or 0) * counts - (s.presence_penalty or 0) * (counts > 0).float()
         if s.top_k == 1 or not s.temperature:
             token = int(logits.argmax())
-            return (token + 1) % self.vocab if a["made"] == self._wrong_at else token
-        probs = torch.softmax(logits / s.temperature, -1)
-        return int(torch.multinomial(probs, 1, generator=a["gen"]))
+            token = (token + 1) % self.vocab if a["made"] == self._wrong_at else token
+        else:
+            probs = torch.softmax(logits / s.temperature, -1)
+            token = int(torch.multinomial(probs, 1, generator=a["gen"]))
+        if a["req"].output_config.return_log_probs:     # cumulative, per beam, as the executor's Result holds them
+            a["log_probs"].append(float(torch.log_softmax(logits, -1)[token]))
+        return token
