@@ -260,3 +260,26 @@ def test_each_familys_tiny_model_through_edgellms_exporter_computes_the_model(bu
 
 
 from tests.test_export import builtin  # noqa: E402,F401  (fixture)
+
+
+@pytest.mark.parametrize("rope, refused_on", [
+    ("yarn", {"trtllm-0.12", "edgellm"}), ("dynamic", {"trtllm-0.12", "edgellm"}), ("llama3", set()),
+    ("longrope", {"trtllm-0.12"})])
+def test_a_rope_scaling_no_backend_was_checked_computing_is_refused_by_name(rope, refused_on):
+    """A Llama config whose rope_scaling says a type a backend was not checked to compute plans on none of those
+    backends: each says it could encode positions differently from training."""
+    config = dict(known_model_configs()["meta-llama/Llama-3.1-8B-Instruct"])
+    config["rope_scaling"] = {"rope_type": rope, "factor": 8.0, "original_max_position_embeddings": 8192,
+                              "low_freq_factor": 1.0, "high_freq_factor": 4.0, "short_factor": [1.0] * 64,
+                              "long_factor": [1.0] * 64}
+    shape = shape_from_config(config, "m")
+    for backend in ("trtllm-0.12", "edgellm"):
+        target = "agx-orin-64gb" if backend == "trtllm-0.12" else "agx-thor"
+        weights = "fp16" if backend == "edgellm" else "int4_awq"
+        p = make_plan(PlanRequest(shape=shape, model_label="m", weights=weights, kv_cache="fp16",
+                                  target=get_target(target), limits=BuildLimits.of(1, 1024, 2048), backend=backend))
+        said = " ".join(p.refused)
+        if backend in refused_on:
+            assert not p.ok and f"RoPE scaling {rope!r} is not one this pipeline has checked it computing" in said
+        else:
+            assert "RoPE scaling" not in said

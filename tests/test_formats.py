@@ -23,9 +23,9 @@ def format_name_uses(tree: ast.AST) -> list[tuple[int, str]]:
         if isinstance(node, ast.Compare):
             for side in [node.left, *node.comparators]:
                 hits += [(node.lineno, f"compares with {n!r}") for n in _names_in(side)]
-        elif isinstance(node, ast.Dict):
-            hits += [(node.lineno, f"a table keyed by {k.value!r}") for k in node.keys
-                     if isinstance(k, ast.Constant) and k.value in NAMES]
+        elif isinstance(node, ast.Dict):       # keyed by a name, or by a tuple holding one
+            hits += [(node.lineno, f"a table keyed by {n!r}") for k in node.keys if k is not None
+                     for n in _names_in(k)]
         elif isinstance(node, ast.Subscript):
             hits += [(node.lineno, f"looks up {n!r}") for n in _names_in(node.slice)]
     return hits
@@ -40,8 +40,9 @@ def test_no_module_outside_the_registry_branches_on_a_format_name():
 def test_the_check_finds_what_it_looks_for():
     """The scan catches each way a format name drifts back in (so an empty result above means something)."""
     code = ('if w == "int4_awq": pass\nif kv != "fp16": pass\nif w in ("int4_awq", "w4a8_awq"): pass\n'
-            'T = {"int8_wo": 1}\nx = T["nvfp4"]\nok = w.name == weights\n')
-    assert [line for line, _ in format_name_uses(ast.parse(code))] == [1, 2, 3, 3, 4, 5]
+            'T = {"int8_wo": 1}\nx = T["nvfp4"]\nok = w.name == weights\nP = {("int4_awq", "fp8"): "why"}\n'
+            'y = P[("fp8", "x")]\n')
+    assert [line for line, _ in format_name_uses(ast.parse(code))] == [1, 2, 3, 3, 4, 5, 7, 7, 8]
 
 
 def test_every_record_answers_what_its_callers_ask():

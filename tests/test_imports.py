@@ -91,7 +91,10 @@ def test_no_subpackage_import_cycle():
 
 
 def test_the_stage_framework_knows_no_recipe():
-    assert "pipeline.plan.recipe" not in imports_of("pipeline.graph.framework")
+    recipe = {m for m in MODULES if m == "pipeline.recipe" or m.startswith("pipeline.recipe.")}
+    assert "pipeline.recipe.schema" in recipe or len(recipe) > 1      # the package this test is about exists
+    assert not recipe & imports_of("pipeline.graph.framework")
+    assert "pipeline.graph.framework" in MODULES
 
 
 def test_the_cycle_finder_finds_cycles():

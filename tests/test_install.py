@@ -92,6 +92,15 @@ def test_a_kit_or_a_damaged_bundle_is_refused(bundle, tmp_path):
     proc = install(bundle, tmp_path / "damaged", what=copy)
     assert proc.returncode == 2 and "sha256" in one_error(proc)
     assert not (tmp_path / "damaged" / "work" / "bundle").exists()
+    # the same bytes signed again by a key this board does not trust
+    other = tmp_path / "resigned" / b.name
+    shutil.copytree(b, other)
+    sig = (other / "SHA256SUMS.minisig").read_text().splitlines()
+    (other / "SHA256SUMS.minisig").write_text(SecretKey.generate().sign_bytes(
+        (other / "SHA256SUMS").read_bytes(), sig[2][len("trusted comment: "):]))
+    proc = install(bundle, tmp_path / "resigned", what=other)
+    assert proc.returncode == 2 and "which is not trusted here" in one_error(proc)
+    assert not (tmp_path / "resigned" / "work" / "bundle").exists()
 
 
 def test_a_bundle_pulled_from_a_registry_installs_the_same_way(bundle, tmp_path):

@@ -87,13 +87,6 @@ def test_same_inputs_give_the_same_parts(tmp_path, src, key):
     assert a["parts"] == json.loads((b_out / MANIFEST).read_text())["parts"]
 
 
-def test_manifest_has_no_secrets(tmp_path, src, key, monkeypatch):
-    monkeypatch.setenv("HF_TOKEN", "hf_do_not_leak_789")
-    kit = packed(tmp_path, src, key)
-    for p in kit.iterdir():
-        assert b"hf_do_not_leak_789" not in p.read_bytes()
-
-
 # ---------------------------------------------------------------------------------------------- broken or hostile
 def expect(kit, key, match, dest=None):
     """Both verify and unpack refuse, with `match` in the message, and unpack leaves nothing behind."""

@@ -543,3 +543,36 @@ def test_an_index_with_odd_entries_is_read_without_a_traceback(key, tmp_path):
     assert files(v.path) == files(kit)
     push(kit, open_store(LayoutRef(layout, "v2")), [key.public], signer=key)     # rewriting the index keeps odd entries
     assert len(json.loads((layout / "index.json").read_text())["manifests"]) == 3
+
+
+def test_a_manifest_that_does_not_hash_to_its_pinned_digest_or_layout_entry_is_refused(registry, key, tmp_path):
+    """The manifest's own bytes are checked against the digest that names it: in a registry pulled by digest (the
+    stored manifest changed under it, still valid JSON) and in a layout (its index names the manifest by digest)."""
+    kit = make_kit(tmp_path, key)
+    digest, _, _ = push(kit, store(registry, "kits/pinned"), [key.public], signer=key)
+    stored = registry.blob_file(digest)
+    stored.write_bytes(stored.read_bytes() + b" ")        # same manifest to a JSON reader, another hash
+    pinned = open_store(RegistryRef(registry.host, "kits/pinned", "v1", digest), plain_http=True)
+    with pytest.raises(PipelineError, match="the registry's manifest does not hash to the pinned digest"):
+        pull(pinned, tmp_path / "device", [key.public], say=quiet)
+    assert not (tmp_path / "device" / "demo").exists()
+    layout = tmp_path / "stick"
+    ldigest, _, _ = push(kit, open_store(LayoutRef(layout, "v1")), [key.public], signer=key)
+    blob = layout / "blobs" / "sha256" / ldigest.split(":")[1]
+    blob.write_bytes(blob.read_bytes() + b" ")
+    with pytest.raises(PipelineError, match="the manifest does not hash to its digest: the layout is damaged"):
+        pull(open_store(LayoutRef(layout, "v1")), tmp_path / "device2", [key.public], say=quiet)
+    assert not (tmp_path / "device2" / "demo").exists()
+
+
+@pytest.mark.parametrize("where", ["config", "layer"])
+def test_a_digest_with_anything_after_its_64_hex_digits_is_refused(key, tmp_path, where):
+    from pipeline.oci.artifact import parse
+    layout = tmp_path / "stick"
+    digest, _, _ = push(make_kit(tmp_path, key), open_store(LayoutRef(layout, "v1")), [key.public], signer=key)
+    manifest = json.loads((layout / "blobs" / "sha256" / digest.split(":")[1]).read_text())
+    parse(json.dumps(manifest).encode(), "as pushed")         # the manifest as pushed parses
+    entry = manifest["config"] if where == "config" else manifest["layers"][2]
+    entry["digest"] += "0"
+    with pytest.raises(PipelineError, match=r"has digest 'sha256:[0-9a-f]{64}0', not sha256:<64 hex digits>"):
+        parse(json.dumps(manifest).encode(), "test")

@@ -323,3 +323,20 @@ def test_externalized_int4_ffn_weights_are_planned_where_the_build_needs_them():
     assert rec.device_build_commands == big.device_build_commands
     from pipeline.plan.planner import render_table
     assert "int4_ffn weights kept outside the engine" in render_table(small)
+
+
+@pytest.mark.parametrize("kv,element", [("fp16", 2), ("fp8", 1)])
+def test_aggregate_decode_reads_each_further_sequences_kv_at_its_formats_bytes(kv, element):
+    """One batched step reads the weights once and every other sequence's KV cache at its precision: Llama-3.1-8B's
+    32 layers x 8 KV heads x 128 = 32768 K and V elements per token, 2 bytes each in FP16, 1 in FP8."""
+    config = known("meta-llama/Llama-3.1-8B-Instruct")
+    limits = BuildLimits.of(8, 1024, 2048)
+    plan = make_plan(request(config, weights="nvfp4", kv=kv, target="agx-thor", limits=limits))
+    p = plan.prediction
+    constants = fitted()[p.engine_class]
+    kv_per_seq = 2 * 32 * 8 * 128 * element * 1024
+    bandwidth = p.bandwidth_gbs * 1e9
+    for b in (1, 2, 4, 8):
+        step = (p.bytes_per_token + (b - 1) * kv_per_seq) / (constants.efficiency * bandwidth) + constants.fixed_s
+        assert p.aggregate_tok_s_by_batch[str(b)] == pytest.approx(b / step, abs=0.051)
+    assert p.aggregate_tok_s_by_batch["8"] > p.aggregate_tok_s_by_batch["1"]

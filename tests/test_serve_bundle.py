@@ -86,6 +86,47 @@ def test_a_different_board_is_refused_naming_what_differs(bundle, tmp_path):
     assert not (tmp_path / "serve").exists() or not any((tmp_path / "serve").iterdir())     # nothing unpacked
 
 
+def resigned(bundle_dir, tmp_path):
+    """A copy of the bundle whose SHA256SUMS is signed again, same trusted comment, by a key nobody trusts."""
+    import shutil
+
+    from pipeline.kit.signing import SecretKey
+    copy = tmp_path / "resigned" / bundle_dir.name
+    shutil.copytree(bundle_dir, copy)
+    sig = (copy / "SHA256SUMS.minisig").read_text().splitlines()
+    (copy / "SHA256SUMS.minisig").write_text(SecretKey.generate().sign_bytes(
+        (copy / "SHA256SUMS").read_bytes(), sig[2][len("trusted comment: "):]))
+    return copy
+
+
+def test_a_bundle_signed_by_an_untrusted_key_is_refused_before_anything_is_unpacked(bundle, tmp_path):
+    copy = resigned(bundle[3], tmp_path)
+    s = serve_bundle((*bundle[:3], copy), tmp_path, wait=False)
+    assert s.proc.wait(120) == 2
+    out = s.log.read_text()
+    assert "which is not trusted here" in out, out
+    assert "Traceback" not in out
+    assert not (tmp_path / "serve").exists() or not any((tmp_path / "serve").iterdir())
+
+
+def test_an_engine_that_fails_to_load_says_so_on_health_and_refuses_requests(bundle, tmp_path):
+    s = serve_bundle(bundle, tmp_path, wait=False, EXECUTOR_DOUBLE_FAIL_LOAD="1")
+    try:
+        import time
+        deadline = time.monotonic() + 120
+        while (state := health(s.url)) is None or state[1].get("status") == "loading":
+            assert time.monotonic() < deadline and s.proc.poll() is None, s.log.read_text()
+            time.sleep(0.2)
+        assert state == (503, {"status": "failed"})
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unavailable"
+        out = s.log.read_text()
+        assert "engine failed to load: RuntimeError: [TensorRT-LLM][ERROR] Assertion failed: Failed to deserialize" \
+            in out and "Traceback" not in out
+    finally:
+        s.stop()
+
+
 def test_a_damaged_bundle_is_refused_before_anything_loads(bundle, tmp_path):
     import shutil
     _, _, _, b = bundle

@@ -4,6 +4,7 @@ concurrent openai-SDK streams), long chats fitted by dropping the oldest turns, 
 
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
@@ -159,3 +160,52 @@ def test_a_schema_that_does_not_compile_is_a_400_naming_it(server):
     r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
         "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+
+
+LONG = {"type": "json_schema", "json_schema": {"name": "long", "schema": {
+    "type": "object", "required": ["t"], "additionalProperties": False,
+    "properties": {"t": {"type": "string", "minLength": 300, "maxLength": 300}}}}}
+
+
+def test_a_request_past_request_timeout_is_a_504_and_a_stream_ends_with_its_error_event(kit, tmp_path):
+    """A 300-character JSON string (the grammar allows no end before it) takes the tiny model far longer than
+    --request-timeout 0.05: a 504 before any body, or after a stream's 200 an error event in OpenAI's shape and no
+    [DONE]; the engine slot is freed either way."""
+    with serving(kit, tmp_path / "s.log", "--request-timeout", "0.05") as s:
+        body = {"messages": [{"role": "user", "content": "x"}], "response_format": LONG, "max_tokens": 250}
+        r = httpx.post(s.url + "/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        assert "--request-timeout 0.05 s" in r.json()["error"]["message"]
+        with httpx.stream("POST", s.url + "/v1/chat/completions", json=dict(body, stream=True), timeout=60) as r:
+            assert r.status_code == 200
+            events = [e for e in r.read().decode().split("\n\n") if e]
+        assert events[-1].startswith("data: {") and "[DONE]" not in events[-1]
+        last = json.loads(events[-1][6:])
+        assert last["error"]["code"] == "timeout" and last["error"]["type"] == "server_error"
+        m = s.metrics()
+        assert m["jetson_llm_requests_running"] == 0 and m["jetson_llm_queue_depth"] == 0
+
+
+def test_time_to_first_token_counts_the_wait_for_a_slot(kit, tmp_path):
+    """max_batch_size 2: two long answers hold both slots while a third waits; its TTFT, as its client sees it,
+    includes that wait (the histogram's sum grows by at least the wait the client measured, less a margin)."""
+    import time
+    with serving(kit, tmp_path / "s.log") as s:
+        body = {"messages": [{"role": "user", "content": "x"}], "response_format": LONG, "max_tokens": 250}
+        before = s.metrics().get("jetson_llm_time_to_first_token_seconds_sum", 0.0)
+        longs = [threading.Thread(target=lambda: httpx.post(s.url + "/v1/chat/completions", json=body, timeout=120))
+                 for _ in range(2)]
+        for t in longs:
+            t.start()
+        deadline = time.monotonic() + 30
+        while s.metrics().get("jetson_llm_requests_running", 0) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 1}, timeout=120)
+        waited = time.monotonic() - t0
+        for t in longs:
+            t.join(120)
+        assert r.status_code == 200 and waited > 0.1, waited       # it did wait for a slot
+        grown = s.metrics()["jetson_llm_time_to_first_token_seconds_sum"] - before
+        assert grown >= 0.8 * waited, (grown, waited)

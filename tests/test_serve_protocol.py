@@ -78,3 +78,16 @@ def test_penalties_min_p_and_logprobs_are_parsed_at_their_edges():
     with pytest.raises(ApiError) as exc:
         parse_completion({"prompt": "x", "logprobs": 6})
     assert exc.value.param == "logprobs"
+
+
+def test_stream_chunks_carry_usage_null_when_the_client_asked_for_usage():
+    """As OpenAI streams with stream_options.include_usage: every content chunk has "usage": null, and the last chunk
+    (no choices) the counts; without it no chunk has the key."""
+    from pipeline.serve.protocol import chunk_body, usage_chunk
+    asked = chunk_body(True, "id", "m", 1, "Hi", None, include_usage=True, first=True)
+    assert "usage" in asked and asked["usage"] is None and asked["choices"][0]["delta"] == {"role": "assistant",
+                                                                                           "content": "Hi"}
+    assert "usage" not in chunk_body(True, "id", "m", 1, "Hi", None, include_usage=False)
+    assert chunk_body(False, "id", "m", 1, "Hi", "stop", include_usage=True)["usage"] is None
+    last = usage_chunk(True, "id", "m", 1, 3, 4)
+    assert last["choices"] == [] and last["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}

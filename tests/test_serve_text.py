@@ -76,3 +76,26 @@ def test_no_option_is_taken_by_a_prefix_so_an_abbreviated_key_never_reaches_the_
     assert "unrecognized arguments" in capsys.readouterr().err
     with pytest.raises(SystemExit):         # the top-level parser and every other command too
         build_parser().parse_args(["pull", "oci://h/r:t", "d", "--plain"])
+
+
+def _goldens(prompt: str, input_ids: list[int], output_ids: list[int], text: str):
+    from pipeline import contract
+    return contract.Goldens(max_new_tokens=4, min_token_agreement=1.0, top_k=1, eos_token_id=None,
+                            prompts=[contract.GoldenPrompt(prompt=prompt, input_ids=input_ids, output_ids=output_ids,
+                                                           top_logprobs=[], text=text)])
+
+
+def test_a_tokenizer_that_reads_the_goldens_otherwise_is_refused_at_start(codec):
+    """What `serve` checks before serving: each golden prompt encodes to the goldens' ids and each golden answer
+    decodes to their text; else it would ask the engine something validation did not check."""
+    from pipeline.errors import PipelineError
+    from pipeline.serve.text import check_against_goldens
+    ids = codec.encode("the bread")
+    answer = codec.encode(" is baked", add_special_tokens=False)
+    check_against_goldens(codec, _goldens("the bread", ids, answer, " is baked"), "kit")        # as computed: taken
+    with pytest.raises(PipelineError, match=rf"kit: prompt 0 \('the bread'\) encodes to {len(ids)} ids here, "
+                                            rf"{len(ids) + 1} in the goldens, first different at {len(ids) - 1}"):
+        check_against_goldens(codec, _goldens("the bread", ids[:-1] + [ids[-1] + 1, 7], answer, " is baked"), "kit")
+    with pytest.raises(PipelineError, match=r"the golden answer to prompt 0 decodes to ' is baked' here, ' is "
+                                            r"fried' in the goldens"):
+        check_against_goldens(codec, _goldens("the bread", ids, answer, " is fried"), "kit")

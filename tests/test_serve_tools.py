@@ -117,10 +117,11 @@ def test_open_webuis_default_chat_with_its_built_in_tools_and_a_second_turn_past
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
 
 
-def test_open_webuis_title_and_follow_up_requests(server):
-    """Its task requests: one user message, stream false, max_completion_tokens 1000 (clamped to the room left),
-    its metadata (ignored). The default title prompt alone is longer than this engine's max_input_len: a 400 that
-    says so (Open WebUI then keeps its default title); a short one is answered within max_seq_len."""
+def test_open_webuis_title_request(server):
+    """Its task request (title; follow-up and tags have the same shape): one user message, stream false,
+    max_completion_tokens 1000 (clamped to the room left), its metadata (ignored). The default title prompt alone is
+    longer than this engine's max_input_len: a 400 that says so (Open WebUI then keeps its default title); a short
+    one is answered within max_seq_len."""
     task = {"model": MODEL, "stream": False, "max_completion_tokens": 1000,
             "metadata": {"task": "title_generation", "chat_id": "c1"}}
     r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json=dict(

@@ -53,6 +53,19 @@ def test_downstream_key_follows_upstream_content_not_mtime():
     assert status(down) == (False, "settings, inputs or tool versions changed")
 
 
+def test_a_new_version_of_a_stages_tool_makes_it_stale(monkeypatch):
+    """Upgrading torch, transformers or ModelOpt changes what a stage would write: the stage is rebuilt (and misses
+    the shared cache), while a tool it does not run changes nothing."""
+    from pipeline.graph import framework
+    spec = StageSpec("s", {}, tools=("numpy",))
+    run_stage(spec, writer(b"abc", []))
+    assert status(spec) == (True, "")
+    monkeypatch.setitem(framework._TOOL_CACHE, "not-a-tool-of-s", "9.9")
+    assert status(spec) == (True, "")
+    monkeypatch.setitem(framework._TOOL_CACHE, "numpy", "0.0.1-other")
+    assert status(spec) == (False, "settings, inputs or tool versions changed")
+
+
 def test_missing_or_resized_output_is_detected():
     spec = StageSpec("s", {})
     run_stage(spec, writer(b"abc", []))

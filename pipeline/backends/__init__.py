@@ -19,11 +19,14 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.contract import BuildLimits, ExportRecord, GoldenPrompt, PromptResult, Speculative
 from pipeline.errors import PipelineError
 from pipeline.families.kinds import Family, Support
+
+if TYPE_CHECKING:
+    from pipeline.plan.formats import KVFormat, WeightFormat
 
 INT = "int"
 SWITCH = "switch"
@@ -123,8 +126,9 @@ class Backend:
     refuse_on_family: dict[str, str] = field(default_factory=dict)   # target family -> why it cannot work there
     # HF architecture -> what this backend version builds of that model family (pipeline/families/records.py)
     families: dict[str, Support] = field(default_factory=dict)
-    # (weights, kv_cache) -> why this version cannot build that pair although it builds each on its own
-    refused_pairs: dict[tuple[str, str], str] = field(default_factory=dict)
+    # why this version cannot build a weight format with a KV cache format although it builds each on its own,
+    # asked with the two formats' records (plan/formats.py); None where it builds the pair
+    refuses_pair: Callable[[WeightFormat, KVFormat], str | None] = lambda _w, _kv: None
 
     def check_argv(self, argv: list[str]) -> list[str]:
         """Problems with one build argv: a program this backend does not build with, or what its checker finds."""

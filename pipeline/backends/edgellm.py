@@ -8,6 +8,8 @@ its verify-tree limit, the draft with its draft-tree limit, both into one engine
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pipeline.backends import (
     CUDA_CONTEXT,
     INT,
@@ -19,6 +21,9 @@ from pipeline.backends import (
     check_flags,
 )
 from pipeline.contract import BuildLimits, ExportRecord, Speculative
+
+if TYPE_CHECKING:
+    from pipeline.plan.formats import KVFormat, WeightFormat
 
 LLM_BUILD_FLAGS: FlagTable = {"--onnxDir": str, "--engineDir": str, "--maxInputLen": INT,
                               "--maxKVCacheCapacity": INT, "--maxBatchSize": INT,
@@ -79,13 +84,16 @@ def export_summary(e: ExportRecord) -> str:
 
 from pipeline.families.records import EDGELLM_011  # noqa: E402  (beside its use)
 
+
 # Edge-LLM 0.11's checkpoint reader (tensorrt_edgellm/config.py) returns ModelOpt's W4A16_AWQ quantization without a
 # kv_cache_quant, where every other format detects the FP8 KV cache from the checkpoint's k_proj.k_scale: the engine
 # would keep an FP16 KV cache and ignore the calibrated K/V scales (seen here: enable_fp8_kv_cache = 0 in the ONNX).
-REFUSED_PAIRS = {("int4_awq", "fp8"): "Edge-LLM 0.11 loads a ModelOpt INT4-AWQ checkpoint without its FP8 KV cache "
-                                      "(its W4A16_AWQ config path sets no kv_cache_quant), so the engine would "
-                                      "keep an FP16 KV cache. Use kv_cache = 'fp16' with int4_awq, or fp8 or "
-                                      "nvfp4 weights with the FP8 KV cache"}
+def refuses_pair(weights: WeightFormat, kv: KVFormat) -> str | None:
+    if weights.trtllm_quant_algo == "W4A16_AWQ" and kv.trtllm_kv_algo == "FP8":       # ModelOpt's quant_algo names
+        return ("Edge-LLM 0.11 loads a ModelOpt INT4-AWQ checkpoint without its FP8 KV cache (its W4A16_AWQ config "
+                "path sets no kv_cache_quant), so the engine would keep an FP16 KV cache. Use kv_cache = 'fp16' with "
+                "int4_awq, or fp8 or nvfp4 weights with the FP8 KV cache")
+    return None
 
 BACKEND = Backend(
     name="edgellm", label="TensorRT Edge-LLM", payload="onnx", python_package="tensorrt_edgellm",
@@ -95,5 +103,5 @@ BACKEND = Backend(
     export_depends_on_sm=True, export_tools=("tensorrt-edgellm", "onnx"),
     builders={"llm_build": check_llm_build_argv}, build_commands=build_commands, output_flag="--engineDir",
     build_memory=build_memory, externalizes_int4_ffn=True, needs_chat_template=True,
-    reports_kv_allocation=False, export_summary=export_summary, families=EDGELLM_011, refused_pairs=REFUSED_PAIRS,
+    reports_kv_allocation=False, export_summary=export_summary, families=EDGELLM_011, refuses_pair=refuses_pair,
 )

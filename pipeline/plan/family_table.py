@@ -49,10 +49,12 @@ def markdown() -> str:
                 "FP8 or NVFP4.")
     from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
     for n in names:
-        for (w, k), why in backends.get(n).refused_pairs.items():
-            rows.append("")
-            rows.append(f"{backends.get(n).label} {version[n]} does not build {WEIGHT_FORMATS[w].label} weights "
-                        f"with an {KV_FORMATS[k].label}: {why}.")
+        for w in WEIGHT_FORMATS.values():
+            for k in KV_FORMATS.values():
+                if (why := backends.get(n).refuses_pair(w, k)) is not None:
+                    rows.append("")
+                    rows.append(f"{backends.get(n).label} {version[n]} does not build {w.label} weights with an "
+                                f"{k.label}: {why}.")
     return "\n".join(rows) + "\n"
 
 

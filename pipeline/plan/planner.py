@@ -105,7 +105,7 @@ def _choose_stack(req: PlanRequest, refused: list[str]) -> StackSupport | None:
                 why.append(f"{name} builds {fam.name} only with a {' or '.join(support.kv_cache)} KV cache")
             why += [f"{name} would not run this {fam.name} checkpoint as it is defined: {loss}"
                     for loss in support.losses(req.shape.features, req.limits.max_seq_len)]
-        pair = backends.get(stack.backend).refused_pairs.get((req.weights, req.kv_cache))
+        pair = backends.get(stack.backend).refuses_pair(WEIGHT_FORMATS[req.weights], KV_FORMATS[req.kv_cache])
         if pair:
             why.append(pair)
         if req.weights not in stack.weights:

@@ -34,10 +34,11 @@ class StackSupport:
 
     def builds(self, architecture: str, weights: str, kv_cache: str) -> bool:
         from pipeline.backends import family_support, get
+        from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
         s = family_support(self.backend, architecture)
         return (s is not None and s.refused is None and weights in self.weights and kv_cache in self.kv_cache
                 and weights in (s.formats or self.weights) and kv_cache in (s.kv_cache or self.kv_cache)
-                and (weights, kv_cache) not in get(self.backend).refused_pairs)
+                and get(self.backend).refuses_pair(WEIGHT_FORMATS[weights], KV_FORMATS[kv_cache]) is None)
 
 
 @dataclass(frozen=True)

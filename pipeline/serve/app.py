@@ -78,6 +78,7 @@ class Admission:
 
     def __init__(self, server: Server, session: Session):
         self.server, self.session, self.released = server, session, False
+        self.started = time.monotonic()     # TTFT and the request's deadline count from here, queue time included
 
     def release(self) -> None:
         if not self.released:
@@ -289,7 +290,7 @@ class Server:
         loop, events = asyncio.get_running_loop(), asyncio.Queue[Event]()
         handle, stream, done = None, TextStream(self.served.codec, gen.stop_ids, stop, keep), False
         pending: list[dict[str, Any]] | None = [] if gen.logprobs is not None else None
-        start = last = time.monotonic()
+        start = last = admission.started     # as a client sees it: the wait for a slot is part of its TTFT
         deadline = start + self.settings.request_timeout
         try:
             def emit(ev: Event) -> None:        # from the session's thread

@@ -14,6 +14,7 @@ FAKE_BOARD_ROOT); it reports the allocation at INFO as the KV cache manager does
 for max tokens in paged KV cache (N)."), and in its KvCacheStats.
 
 EXECUTOR_DOUBLE_FAIL_AFTER=N: the executor itself fails (await_responses raises) after N iterations.
+EXECUTOR_DOUBLE_FAIL_LOAD=1: the engine cannot be loaded (as a plan TensorRT cannot deserialize on this board).
 TRTLLM_RUNTIME_DOUBLE_WRONG_AT=N: a miscompiled engine (the N-th generated token of every request is off by one).
 RUNTIME_DOUBLE_TAKES_BYTES / RUNTIME_DOUBLE_HOLD_S: what loading takes from the fake board, and for how long.
 """
@@ -113,6 +114,9 @@ class Executor:
     def __init__(self, model_path, model_type, executor_config):
         from stall import stall_if_asked
         stall_if_asked("runtime")
+        if os.environ.get("EXECUTOR_DOUBLE_FAIL_LOAD"):
+            raise RuntimeError("[TensorRT-LLM][ERROR] Assertion failed: Failed to deserialize cuda engine "
+                               f"({Path(model_path) / 'rank0.engine'})")
         self.model, self.build = load_engine_model(model_path)
         cfg = self.model.cfg
         self.vocab = cfg["vocab_size"]
