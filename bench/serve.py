@@ -52,8 +52,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from pipeline.errors import PipelineError
+    from pipeline.graph.reference import from_recipe
     from pipeline.serve.bench import Client, Deadline, bench, table
-    from pipeline.serve.sources import from_recipe
     from tests.serving import health
 
     try:

@@ -121,3 +121,12 @@ def test_environment_variables_are_read_in_the_settings_module_only():
                     hits.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
     assert hits == []
     assert all(v for v in settings.ENV.values()) and "PIPELINE_ARTIFACTS" in settings.help_text()
+
+
+def test_the_server_sits_below_the_build_graph():
+    """serve/ (what runs on the board too) imports neither the graph nor the workstation half; the graph hands it a
+    recipe's reference source (graph/reference.py)."""
+    up = [f"{m} -> {i}" for m in MODULES if subpackage(m) == "serve" for i in imports_of(m)
+          if subpackage(i) in ("graph", "workstation")]
+    assert up == []
+    assert "pipeline.serve.sources" in imports_of("pipeline.graph.reference")

@@ -198,7 +198,7 @@ def do_export(recipe: Recipe, target: str) -> dict:
 
 
 @contextlib.contextmanager
-def _reference_model(recipe: Recipe):
+def reference_model(recipe: Recipe):
     """The deployed-numerics model (quantize's saved state restored, weights on the export grid).
 
     Always restored from disk, never the model quantize handed over in memory: goldens from the handed-over model
@@ -224,7 +224,7 @@ def do_goldens(recipe: Recipe) -> dict:
 
     def build(out: Path) -> dict:
         tok = AutoTokenizer.from_pretrained(model_dir(recipe))
-        with _reference_model(recipe) as model, skinny_linears():
+        with reference_model(recipe) as model, skinny_linears():
             goldens = make_goldens(model, tok, recipe.validation, model_dir(recipe))
         goldens.dump(out / contract.GOLDENS)
         return {"goldens": {"prompts": len(goldens.prompts), "chat_template": goldens.chat_template,
@@ -275,7 +275,7 @@ def accuracy_stage(recipe: Recipe) -> dict:
 
     def build(out: Path) -> dict:
         tok = AutoTokenizer.from_pretrained(model_dir(recipe))
-        with _reference_model(recipe) as quantized:
+        with reference_model(recipe) as quantized:
             original = load_model(model_dir(recipe), input_device(quantized).split(":")[0])
             with skinny_linears():
                 name, text = heldout_text(recipe.validation.heldout, recipe.file)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pipeline import settings
 from pipeline.errors import PipelineError
@@ -20,7 +22,12 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})   # Host header 
 FILE_LIMIT = 65536      # the unit's LimitNOFILE: systemd's default soft limit of 1024 is a connection cap of ~900
 
 
-def add_parser(sub) -> None:
+RecipeSource = Callable[[str, "str | None", "int | None"], tuple[Any, Callable[[], Any]]]
+
+
+def add_parser(sub, recipe_source: RecipeSource) -> None:
+    """recipe_source(name, target, torch_threads) -> (Served, load): how a RECIPE is served (the graph's, handed in
+    by the CLI: the server knows nothing of recipes or stages)."""
     s = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server: a verified engine bundle (device) or a built recipe "
         "(workstation)", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -69,7 +76,7 @@ def add_parser(sub) -> None:
                    help="BUNDLE: probe this directory instead of / (a recorded board)")
     s.add_argument("--systemd", metavar="UNIT_FILE",
                    help="write a systemd unit that runs this same command (restart on failure) and exit")
-    s.set_defaults(func=run)
+    s.set_defaults(func=run, recipe_source=recipe_source)
 
 
 def _check(args) -> None:
@@ -150,7 +157,7 @@ def run(args) -> int:
     from pipeline.files import write_atomic
     from pipeline.serve.app import Server, Settings, create_app
     from pipeline.serve.guard import connection_cap, guarded_protocol, raise_file_limit
-    from pipeline.serve.sources import from_bundle, from_recipe
+    from pipeline.serve.sources import from_bundle
 
     _check(args)
     if args.systemd:
@@ -167,7 +174,7 @@ def run(args) -> int:
         work = Path(args.work) if args.work else Path(f"{what.name}.serve")
         served, load = from_bundle(what, work, args.root, args.pubkey)
     else:
-        served, load = from_recipe(args.what, args.target, args.torch_threads)
+        served, load = args.recipe_source(args.what, args.target, args.torch_threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     server = Server(served, Settings(api_key=args.api_key, max_queue=args.max_queue,
                                      request_timeout=args.request_timeout, allowed_hosts=allowed_hosts(args),

@@ -36,14 +36,16 @@ class ReferenceSession(Session):
     applies = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "min_p", "logprobs",
                          "top_logprobs"})
 
-    def __init__(self, model: Any, limits: Limits,
+    def __init__(self, model: Any, limits: Limits, device: str = "cpu",
                  thread_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
                  on_close: Callable[[], None] = lambda: None, grammars: Any = None):
-        """thread_context: entered by the session's own thread around every forward (torch function modes such
-        as the goldens' skinny_linears are per thread). on_close: releases the model after the thread stopped.
-        grammars: constrain.Grammars of the served tokenizer, for requests with a grammar."""
+        """device: where the model's inputs go. thread_context: entered by the session's own thread around every
+        forward (torch function modes such as the goldens' skinny_linears are per thread). on_close: releases the
+        model after the thread stopped. grammars: constrain.Grammars of the served tokenizer, for requests with a
+        grammar."""
         super().__init__()
-        self.model, self.limits, self._context, self._on_close = model, limits, thread_context, on_close
+        self.model, self.limits, self.device = model, limits, device
+        self._context, self._on_close = thread_context, on_close
         self.grammars = grammars
         self._pending: queue.Queue[Handle | None] = queue.Queue()
         self._cancelled: set[int] = set()
@@ -102,15 +104,13 @@ class ReferenceSession(Session):
     def _step(self, r: _Running) -> Event:
         import torch
 
-        from pipeline.workstation.models import input_device
-
         gen = r.handle.generation
         with torch.no_grad():
             if r.cache is None:
-                ids = torch.tensor([list(gen.prompt_ids)], device=input_device(self.model))
+                ids = torch.tensor([list(gen.prompt_ids)], device=self.device)
                 out = self.model(input_ids=ids, use_cache=True)
             else:
-                ids = torch.tensor([[r.last]], device=input_device(self.model))
+                ids = torch.tensor([[r.last]], device=self.device)
                 out = self.model(input_ids=ids, past_key_values=r.cache, use_cache=True)
             r.cache = out.past_key_values
             # as generate() takes the next token: the last position's logits in fp32

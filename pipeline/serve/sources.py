@@ -11,7 +11,6 @@ directory lacks: the kit's plan (limits), goldens and tokenizer files.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ def limits_of(plan: contract.Plan) -> Limits:
     return Limits(plan.limits.max_batch_size, plan.limits.max_input_len, plan.limits.max_seq_len)
 
 
-def _served(name: str, created: int, tokenizer_dir: Path, goldens: contract.Goldens, plan: contract.Plan,
+def served_of(name: str, created: int, tokenizer_dir: Path, goldens: contract.Goldens, plan: contract.Plan,
             backend: str, where: str) -> Served:
     codec = TextCodec.load(tokenizer_dir)
     check_against_goldens(codec, goldens, where)
@@ -52,62 +51,6 @@ def _served(name: str, created: int, tokenizer_dir: Path, goldens: contract.Gold
     fmt = FORMATS.get(fam.tool_calls) if fam is not None and fam.tool_calls else None
     return Served(name, created, codec, stops, limits_of(plan), backend, goldens, sampling_defaults(tokenizer_dir),
                   fmt)
-
-
-def torch_threads() -> int:
-    """The reference backend's torch threads by default: every core but one, which the server's event loop and its
-    hand-off threads keep (on a busy 2-core machine, torch on both cores made each token 3x slower through the
-    server than called directly)."""
-    import os
-    return max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) - 1)
-
-
-def from_recipe(name: str, target: str | None = None,
-                threads: int | None = None) -> tuple[Served, Callable[[], Session]]:
-    """A recipe built on this workstation (`doit build`), served by the reference backend: its quantized model in
-    exactly the numerics the goldens were computed with."""
-    import os
-
-    from pipeline.graph.actions import model_dir
-    from pipeline.graph.framework import is_current
-    from pipeline.graph.specs import goldens_spec, quantize_spec, recipe_plan
-    from pipeline.recipe import load_recipe
-
-    recipe = load_recipe(name)
-    target = target or recipe.targets[0]
-    if target not in recipe.targets:
-        raise PipelineError(f"{recipe.file}: target {target!r} is not one of the recipe's targets "
-                            f"({', '.join(recipe.targets)})", "pass one of them with --target")
-    for spec in (quantize_spec(recipe), goldens_spec(recipe)):
-        if not is_current(spec):
-            raise PipelineError(f"{recipe.name}: its {spec.stage} stage is not built (or is out of date)",
-                                f"run `doit build recipe={recipe.name}` first")
-    plan = recipe_plan(recipe, target)
-    goldens = contract.Goldens.load(goldens_spec(recipe).dir / contract.GOLDENS)
-    created = int(os.stat(goldens_spec(recipe).dir / contract.GOLDENS).st_mtime)
-    served = _served(recipe.name, created, model_dir(recipe), goldens, plan, "reference",
-                     f"{recipe.name} (goldens {goldens_spec(recipe).dir})")
-
-    def load() -> Session:
-        import torch
-
-        from pipeline.graph.actions import _reference_model
-        from pipeline.serve.constrain import Grammars
-        from pipeline.serve.reference import ReferenceSession
-        from pipeline.workstation.cpu_linear import skinny_linears
-
-        torch.set_num_threads(threads or torch_threads())
-
-        stack = contextlib.ExitStack()
-        # the goldens' own numerics: weights on the export grid, and the same CPU linear kernels (a torch function
-        # mode, so entered by the session's thread)
-        model = stack.enter_context(_reference_model(recipe))
-        try:        # structured output: the schema's grammar over this tokenizer (llguidance, the [serve] extra)
-            grammars = Grammars(served.codec.tokenizer.to_str(), served.stop_ids, served.codec.control_tokens)
-        except PipelineError:
-            grammars = None
-        return ReferenceSession(model, served.limits, skinny_linears, on_close=stack.close, grammars=grammars)
-    return served, load
 
 
 def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = None,
@@ -149,7 +92,7 @@ def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = 
     if why:
         raise PipelineError(f"{bundle}: {why}", "serve a bundle of the recipe built without [draft]; validation "
                             "still measures the speculative engine through its own runtime")
-    served = _served(m.kit.name, _epoch(verified.created), serving / contract.TOKENIZER_DIR, goldens, plan,
+    served = served_of(m.kit.name, _epoch(verified.created), serving / contract.TOKENIZER_DIR, goldens, plan,
                      backend.name, str(bundle))
     return served, lambda: session_type.open(dest, plan, served.limits)
 

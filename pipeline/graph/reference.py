@@ -1,0 +1,71 @@
+"""`serve RECIPE` on the workstation: a recipe this graph built, served by the reference backend (serve/reference.py)
+in exactly the numerics its goldens were computed with. It lives in the graph because it reads the graph's stages;
+the server below it knows nothing of recipes or stages (the CLI hands it this source)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+from pipeline import contract
+from pipeline.errors import PipelineError
+from pipeline.runtime.session import Session
+from pipeline.serve.sources import Served, served_of
+
+
+def torch_threads() -> int:
+    """The reference backend's torch threads by default: every core but one, which the server's event loop and its
+    hand-off threads keep (on a busy 2-core machine, torch on both cores made each token 3x slower through the
+    server than called directly)."""
+    import os
+    return max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) - 1)
+
+
+def from_recipe(name: str, target: str | None = None,
+                threads: int | None = None) -> tuple[Served, Callable[[], Session]]:
+    """A recipe built on this workstation (`doit build`), served by the reference backend: its quantized model in
+    exactly the numerics the goldens were computed with."""
+    import os
+
+    from pipeline.graph.actions import model_dir
+    from pipeline.graph.framework import is_current
+    from pipeline.graph.specs import goldens_spec, quantize_spec, recipe_plan
+    from pipeline.recipe import load_recipe
+
+    recipe = load_recipe(name)
+    target = target or recipe.targets[0]
+    if target not in recipe.targets:
+        raise PipelineError(f"{recipe.file}: target {target!r} is not one of the recipe's targets "
+                            f"({', '.join(recipe.targets)})", "pass one of them with --target")
+    for spec in (quantize_spec(recipe), goldens_spec(recipe)):
+        if not is_current(spec):
+            raise PipelineError(f"{recipe.name}: its {spec.stage} stage is not built (or is out of date)",
+                                f"run `doit build recipe={recipe.name}` first")
+    plan = recipe_plan(recipe, target)
+    goldens = contract.Goldens.load(goldens_spec(recipe).dir / contract.GOLDENS)
+    created = int(os.stat(goldens_spec(recipe).dir / contract.GOLDENS).st_mtime)
+    served = served_of(recipe.name, created, model_dir(recipe), goldens, plan, "reference",
+                     f"{recipe.name} (goldens {goldens_spec(recipe).dir})")
+
+    def load() -> Session:
+        import torch
+
+        from pipeline.graph.actions import reference_model
+        from pipeline.serve.constrain import Grammars
+        from pipeline.serve.reference import ReferenceSession
+        from pipeline.workstation.cpu_linear import skinny_linears
+        from pipeline.workstation.models import input_device
+
+        torch.set_num_threads(threads or torch_threads())
+
+        stack = contextlib.ExitStack()
+        # the goldens' own numerics: weights on the export grid, and the same CPU linear kernels (a torch function
+        # mode, so entered by the session's thread)
+        model = stack.enter_context(reference_model(recipe))
+        try:        # structured output: the schema's grammar over this tokenizer (llguidance, the [serve] extra)
+            grammars = Grammars(served.codec.tokenizer.to_str(), served.stop_ids, served.codec.control_tokens)
+        except PipelineError:
+            grammars = None
+        return ReferenceSession(model, served.limits, input_device(model), skinny_linears, on_close=stack.close,
+                                grammars=grammars)
+    return served, load
