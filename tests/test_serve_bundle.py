@@ -109,6 +109,20 @@ def test_a_bundle_signed_by_an_untrusted_key_is_refused_before_anything_is_unpac
     assert not (tmp_path / "serve").exists() or not any((tmp_path / "serve").iterdir())
 
 
+def test_serve_on_a_machine_that_is_not_a_jetson_refuses_before_unpacking(bundle, tmp_path):
+    """The same opening as `device` and `install` (device/opening.py): a root whose device tree names no Jetson SoC
+    is refused with one error, nothing unpacked."""
+    project, kit_dir, dev_tmp, b = bundle
+    _, denv = device_command(project, kit_dir, dev_tmp)
+    (tmp_path / "root" / "proc").mkdir(parents=True)
+    s = Served([str(b), "--root", str(tmp_path / "root"), "--work", str(tmp_path / "serve"), "--pubkey",
+                str(project.root / "home" / "signing.pub")], denv, tmp_path, tmp_path / "server.log", wait=False)
+    assert s.proc.wait(120) == 2
+    out = s.log.read_text()
+    assert "error: this is not a Jetson" in out and "Traceback" not in out
+    assert not (tmp_path / "serve").exists()
+
+
 def test_an_engine_that_fails_to_load_says_so_on_health_and_refuses_requests(bundle, tmp_path):
     s = serve_bundle(bundle, tmp_path, wait=False, EXECUTOR_DOUBLE_FAIL_LOAD="1")
     try:

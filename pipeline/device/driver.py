@@ -98,36 +98,24 @@ def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey:
 def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None, build_timeout: int | None,
          force: bool, allow_downgrade: bool, validate_timeout: int | None) -> int:
     from pipeline.device import gate
-    from pipeline.device.probe import probe
+    from pipeline.device.opening import open_verified, unpack_verified
     from pipeline.files import fresh_dir, move_into_place, remove_entry, write_atomic
     from pipeline.kit.bundle import pack_bundle
     from pipeline.kit.signing import signing_key, trusted_keys
-    from pipeline.kit.unpack import unpack
-    from pipeline.kit.verify import check_kit
 
     trusted = trusted_keys([Path(pubkey)] if pubkey else [])
-    verified = check_kit(kit, trusted, hash_parts=False)      # every part is hashed while it is unpacked below
-    say(f"kit {verified.name} (signed {verified.created} by {verified.signed_by}): signature and manifest OK")
-    board = contract.Board.from_dict(probe(root), "probe")
-    if not board.is_jetson:
-        raise PipelineError(f"this is not a Jetson ({Path(root) / 'proc/device-tree/compatible'} names no Orin or "
-                            "Thor SoC): engines are built on a board of the kit's SM",
-                            "run this on the Jetson, or pass --root DIR holding a recorded board's files")
+    opened = open_verified(kit, trusted, root, contract.KitManifest, say)
+    verified, board = opened.verified, opened.board
+    assert isinstance(verified.manifest, contract.KitManifest)      # open_verified checked the kind
     say(f"this board: {board.name}, JetPack {board.jetpack}, SM {board.sm}, TensorRT {board.tensorrt}, "
         f"{board.power_mode}")
-    if not isinstance(verified.manifest, contract.KitManifest):
-        raise PipelineError(f"{kit} is an engine bundle, not a kit: `device` builds engines from kits",
-                            "pass the kit the workstation made (a bundle's engine is already built)")
     for w in gate.require(verified.manifest, board).warnings:
         say(f"warning: {w}")
     work = (work or Path(f"{verified.name}.build")).absolute()
     work.mkdir(parents=True, exist_ok=True)
     claim_work(work)                # what an earlier run here left running is stopped
-    kit_dir = work / contract.KIT_DIR
-    if kit_dir.is_symlink() or (kit_dir.exists() and not kit_dir.is_dir()):
-        remove_entry(kit_dir)       # planted in our work directory: never unpacked through
     # always from the kit verified in this run: a tree left in --work (an older kit, a planted plan.json) is replaced
-    unpack(kit, kit_dir, trusted, allow_downgrade=allow_downgrade, verified=verified)
+    kit_dir = unpack_verified(opened, work / contract.KIT_DIR, trusted, allow_downgrade=allow_downgrade)
     say(f"unpacked and verified: {kit_dir}")
     write_atomic(work / contract.BOARD, board.dumps())      # what this run built on, beside the build log
     plan = contract.Plan.load(kit_dir / contract.PLAN)

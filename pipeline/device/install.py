@@ -95,28 +95,16 @@ def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions
     root = options.root
     from pipeline.device.driver import publish_report, timeouts
     from pipeline.device.memwatch import MemoryWatch
-    from pipeline.device.probe import probe
+    from pipeline.device.opening import open_verified, serving_records, unpack_verified
     from pipeline.device.report import build_report
     from pipeline.device.runners import RUNNERS
     from pipeline.files import exchange_dirs, remove_entry, write_atomic
-    from pipeline.kit.bundle import SERVING_DIR
     from pipeline.kit.signing import required_trusted_keys
-    from pipeline.kit.unpack import unpack
-    from pipeline.kit.verify import check_kit
 
     trusted = required_trusted_keys(options.pubkey)
-    verified = check_kit(bundle, trusted, hash_parts=False)     # every part is hashed while it is unpacked below
-    m = verified.manifest
-    if not isinstance(m, contract.BundleManifest):
-        raise PipelineError(f"{bundle} is a kit, not an engine bundle: a kit's engine is built on the board",
-                            f"run `python -m pipeline device {bundle}`; `install` takes the bundle a device build "
-                            "wrote to its --out")
-    say(f"bundle {m.name} (signed {verified.created} by {verified.signed_by}): signature and manifest OK")
-    board = contract.Board.from_dict(probe(root), "probe")
-    if not board.is_jetson:
-        raise PipelineError(f"this is not a Jetson ({Path(root) / 'proc/device-tree/compatible'} names no Orin or "
-                            "Thor SoC)", "run install on the board, or pass --root DIR holding a recorded board's "
-                            "files")
+    opened = open_verified(bundle, trusted, root, contract.BundleManifest, say)
+    verified, board, m = opened.verified, opened.board, opened.manifest
+    assert isinstance(m, contract.BundleManifest)       # open_verified checked the kind
     differ = differences(m, board, options.any_board_model)
     if differ:
         raise PipelineError(f"{bundle} cannot be installed on this board: " + " | ".join(differ),
@@ -136,15 +124,13 @@ def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions
     if refusal:
         raise PipelineError(f"{bundle}: {refusal}", "nothing was changed")
     remove_entry(staging)           # a killed install's unchecked bundle
-    unpack(bundle, staging, trusted, verified=verified, record=False)
-    serving = staging / SERVING_DIR
-    if not (serving / contract.PLAN).is_file():
+    unpack_verified(opened, staging, trusted, record=False)
+    try:
+        plan, goldens, serving = serving_records(opened, staging)
+    except PipelineError:
         remove_entry(staging)
-        raise PipelineError(f"{bundle}: the bundle carries no {SERVING_DIR}/ (plan, goldens, tokenizer): it was "
-                            "made by an older version of the pipeline", "rebuild it with `python -m pipeline device`")
+        raise
     say(f"unpacked and verified: {staging} (the installed bundle stays until this one passes)")
-    plan = contract.Plan.load(serving / contract.PLAN)
-    goldens = contract.Goldens.load(serving / contract.GOLDENS)
     backend = backends.get(m.compat.backend)
     _, limit = timeouts(plan, goldens, None, options.validate_timeout)
     watch = MemoryWatch(Path(root))

@@ -18,7 +18,6 @@ from pathlib import Path
 from pipeline import contract
 from pipeline.errors import PipelineError
 from pipeline.families import family
-from pipeline.kit.bundle import SERVING_DIR
 from pipeline.runtime.session import Limits, Session
 from pipeline.serve.protocol import OPENAI_DEFAULTS, SamplingDefaults
 from pipeline.serve.text import TextCodec, check_against_goldens, sampling_defaults
@@ -58,34 +57,19 @@ def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = 
     """A validated engine bundle (the output of `device`), verified, gated and unpacked into `work`."""
     from pipeline import backends
     from pipeline.device import gate
-    from pipeline.device.probe import probe
-    from pipeline.files import remove_entry
+    from pipeline.device.opening import open_verified, serving_records, unpack_verified
     from pipeline.kit.signing import trusted_keys
-    from pipeline.kit.unpack import unpack
-    from pipeline.kit.verify import check_kit
     from pipeline.runtime.engines import SESSIONS
 
     trusted = trusted_keys([Path(pubkey)] if pubkey else [])
-    verified = check_kit(bundle, trusted, hash_parts=False)      # parts hashed while unpacked below
-    m = verified.manifest
-    if not isinstance(m, contract.BundleManifest):
-        raise PipelineError(f"{bundle} is a kit, not an engine bundle: serve the bundle `device` made from it",
-                            "run `python -m pipeline device KIT` first; it writes the bundle to --out")
-    board = contract.Board.from_dict(probe(root), "probe")
-    for w in gate.require(m, board).warnings:
+    opened = open_verified(bundle, trusted, root, contract.BundleManifest, say)
+    verified, m = opened.verified, opened.manifest
+    assert isinstance(m, contract.BundleManifest)       # open_verified checked the kind
+    for w in gate.require(m, opened.board).warnings:
         say(f"warning: {w}")
-    dest = (work / verified.name).absolute()
-    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
-        remove_entry(dest)
-    unpack(bundle, dest, trusted, verified=verified)      # replaces an earlier unpack of this bundle
-    say(f"bundle {verified.name} (signed {verified.created} by {verified.signed_by}): verified and unpacked to "
-        f"{dest}")
-    serving = dest / SERVING_DIR
-    if not (serving / contract.PLAN).is_file():
-        raise PipelineError(f"{bundle}: the bundle carries no {SERVING_DIR}/ (plan, goldens, tokenizer): it was "
-                            "made by an older version of the pipeline", "rebuild it with `python -m pipeline device`")
-    plan = contract.Plan.load(serving / contract.PLAN)
-    goldens = contract.Goldens.load(serving / contract.GOLDENS)
+    dest = unpack_verified(opened, work / verified.name, trusted)     # replaces an earlier unpack of this bundle
+    say(f"bundle {verified.name}: verified and unpacked to {dest}")
+    plan, goldens, serving = serving_records(opened, dest)
     backend = backends.get(m.compat.backend)
     session_type = SESSIONS[backend.name]
     why = session_type.refuses(plan)
