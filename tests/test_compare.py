@@ -5,8 +5,7 @@ import json
 import os
 
 import pytest
-
-from tests.conftest import REPO, Project, local_recipe
+from conftest import REPO, Project, local_recipe
 
 pytestmark = pytest.mark.integration
 

@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import DOUBLES, REPO, board_copy
 
 from pipeline.kit.signing import PublicKey, SecretKey
 from pipeline.oci.refs import RegistryRef
 from pipeline.oci.transfer import open_store, push
-from tests.conftest import DOUBLES, REPO, board_copy
 from tests.ociregistry import Registry
 from tests.sshserver import SSHD
 

@@ -130,3 +130,12 @@ def test_the_server_sits_below_the_build_graph():
           if subpackage(i) in ("graph", "workstation")]
     assert up == []
     assert "pipeline.serve.sources" in imports_of("pipeline.graph.reference")
+
+
+def test_the_tests_import_conftest_under_the_one_name_pytest_gives_it():
+    """pytest loads tests/conftest.py as `conftest`; `tests.conftest` would be a second copy of the module with its
+    own globals (fixtures' caches, registries started twice)."""
+    tests = Path(__file__).parent
+    twice = [p.name for p in sorted(tests.rglob("*.py")) if "tests.conftest" in p.read_text()
+             and p.name != Path(__file__).name]
+    assert twice == []

@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 import pytest
+from conftest import board_copy, device_command, one_error
 
 from pipeline import contract
 from pipeline.kit.signing import PublicKey, SecretKey
 from pipeline.oci.refs import RegistryRef
 from pipeline.oci.transfer import open_store, pull, push
-from tests.conftest import board_copy, device_command, one_error
 from tests.ociregistry import Registry
 
 pytestmark = pytest.mark.integration      # runs the device half as subprocesses

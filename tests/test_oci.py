@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from conftest import run
 
 from pipeline import contract
 from pipeline.errors import PipelineError
@@ -20,7 +21,6 @@ from pipeline.kit.signing import SecretKey
 from pipeline.oci import media
 from pipeline.oci.refs import LayoutRef, RegistryRef, parse_ref
 from pipeline.oci.transfer import open_store, pull, push
-from tests.conftest import run
 from tests.ociregistry import Registry
 
 PART = 1_000_000

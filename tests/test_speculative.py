@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import DOUBLES, FIX, REPO, device, device_command
 
 from pipeline.errors import InputError, PipelineError
-from tests.conftest import DOUBLES, FIX, REPO, device, device_command
 
 DRAFT = '\n[draft]\nmethod = "eagle3"\nsource = "builtin"\nname = "tiny-llama-eagle3"\n'
 

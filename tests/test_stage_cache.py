@@ -10,11 +10,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import REPO, Project
 
 from pipeline.kit.signing import SecretKey
 from pipeline.oci import media
 from pipeline.oci.stagecache import MANIFEST, StageCache
-from tests.conftest import REPO, Project
 from tests.ociregistry import Registry
 
 CACHED = ("fetch", "quantize", "goldens", "export", "accuracy")

@@ -30,9 +30,6 @@ def _trtllm_families() -> dict[str, str]:
 
 ARCHITECTURES = _trtllm_families()
 
-# HF linear -> (TensorRT-LLM module, fused group). q/k/v are concatenated along the output dimension.
-LINEARS = {"attention.qkv": ("q_proj", "k_proj", "v_proj"), "attention.dense": ("o_proj",),
-           "mlp.fc": ("gate_proj",), "mlp.gate": ("up_proj",), "mlp.proj": ("down_proj",)}
 SCALES = ("float16", "float32")
 
 
