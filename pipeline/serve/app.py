@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request  # module level: FastAPI resolves the handlers' annotations here
 
 from pipeline.errors import PipelineError
-from pipeline.runtime.session import Constraint, Event, Generation, Session
-from pipeline.serve import history, protocol
+from pipeline.runtime.session import Event, Generation, Session
+from pipeline.serve import protocol
 from pipeline.serve.gate import Gate, error_response
 from pipeline.serve.metrics import Metrics
+from pipeline.serve.prepare import Prepared, Preparer, Settings
 from pipeline.serve.protocol import ApiError, SamplingDefaults
 from pipeline.serve.text import TextStream
-from pipeline.serve.toolcalls import CallStream, ToolCallFormat
+from pipeline.serve.toolcalls import CallStream
 
 if TYPE_CHECKING:
     from pipeline.serve.sources import Served
@@ -40,27 +41,6 @@ log = logging.getLogger("pipeline.serve")
 TOKENIZER_THREADS = 2       # prompts rendered and tokenized at once, off the event loop
 TRUNCATED_HEADER = "X-Truncated-Messages"      # chat messages dropped (oldest turns first) to fit max_input_len
 TOOLS_HEADER = "X-Tools-Ignored"               # why a request's tools were answered as a plain chat
-
-
-@dataclass(frozen=True)
-class Settings:
-    api_key: str | None = None
-    max_queue: int = 16
-    request_timeout: float = 600.0
-    max_body_bytes: int = 2 * 2**20
-    allowed_hosts: frozenset[str] | None = None     # None: any Host header (a non-loopback bind)
-    cors_origins: frozenset[str] = frozenset()
-    public_metrics: bool = False
-    truncate: bool = True           # a chat past max_input_len loses its oldest turns (else a 400)
-    strict_limits: bool = False     # max_tokens past the room left is a 400 (else clamped to it)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    generation: Generation
-    dropped: int = 0                # chat messages dropped to fit max_input_len
-    tools: str | None = None        # why the request's tools were answered as a plain chat
-    calls: ToolCallFormat | None = None     # the answer's tool calls are parsed in this format
 
 
 @dataclass
@@ -98,6 +78,7 @@ class Server:
         self.admitted = 0           # requests admitted and not finished: running, waiting, or about to wait
         self.defaults: SamplingDefaults = served.defaults   # what a request that omits a field gets (`load` checks)
         self.metrics = Metrics(lambda: self.session.stats() if self.session else {}, lambda: self.ready)
+        self.prepare = Preparer(served, settings, self._session)
 
     @property
     def ready(self) -> bool:
@@ -122,133 +103,12 @@ class Server:
             self.load_error = f"{type(exc).__name__}: {str(exc)[:300]}"
             log.error("engine failed to load: %s", self.load_error)
 
-    def generation(self, req: protocol.Request, chat: bool) -> Prepared:
-        """The request as the engine takes it, with what was done to fit it (messages dropped, tools answered as a
-        plain chat), or the ApiError that refuses it (before any work)."""
-        s, limits = self.served, self.served.limits
-        field = "messages" if chat else "prompt"        # the parameter a prompt error names
-        if req.model is not None and req.model != s.name:
-            raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {s.name!r}", "model",
-                           "model_not_found")
-        dropped, (calls, tools) = 0, self.tool_mode(req)
-        if chat:
-            if not s.codec.has_chat_template:
-                raise ApiError(400, f"{s.name} has no chat template (its tokenizer_config.json and "
-                               "chat_template.jinja define none): use /v1/completions with a raw prompt",
-                               "messages", "chat_template_missing")
-            text, ids, dropped = self.render(req, list(req.tools) if calls else None)
-            if calls is not None and req.tool_choice == "auto" and len(ids) > limits.max_input_len:
-                # the tools' definitions leave no room for the newest turn: answered as a plain chat, as a model
-                # without tool support is (Open WebUI sends its built-in tools with every chat)
-                text, ids, dropped = self.render(req, None)
-                calls, tools = None, (f"tools ignored: their definitions do not fit max_input_len = "
-                                      f"{limits.max_input_len} with the chat; answered as a plain chat")
-        else:
-            text, ids = s.codec.prompt_ids(req.prompt or "")
-        if not ids:
-            raise ApiError(400, "the prompt is empty", field)
-        if len(ids) > limits.max_input_len:
-            why = " even with only its newest turn" if dropped else ""
-            raise ApiError(400, f"the prompt is {len(ids)} tokens{why}; the engine takes at most max_input_len = "
-                           f"{limits.max_input_len}", field, "context_length_exceeded")
-        room = limits.max_seq_len - len(ids)
-        if room < 1:
-            raise ApiError(400, f"the prompt of {len(ids)} tokens leaves no room under max_seq_len = "
-                           f"{limits.max_seq_len}", field, "context_length_exceeded")
-        if req.max_tokens is not None and req.max_tokens > room and self.settings.strict_limits:
-            raise ApiError(400, f"max_tokens = {req.max_tokens} with a prompt of {len(ids)} tokens is past the "
-                           f"engine's max_seq_len = {limits.max_seq_len} (at most {room} here)", "max_tokens",
-                           "context_length_exceeded")
-        self.check_applied(req)
-        # past the room left, as many as fit: the answer ends with finish_reason "length" there
-        budget = min(req.max_tokens or room, room)
-        if calls is not None and req.tool_choice not in ("auto", "none"):
-            guide = self.guide(calls.forced(req.tools, None if req.tool_choice == "required" else req.tool_choice),
-                               "tools")
-        else:
-            guide = self.guide(Constraint(req.schema) if req.schema is not None else None,
-                               "response_format.json_schema.schema")
-        return Prepared(Generation(tuple(ids), text, budget, req.sampling, s.stop_ids, guide, req.logprobs), dropped,
-                        tools, calls)
-
-    def render(self, req: protocol.Request, tools: list[dict[str, Any]] | None) -> tuple[str, list[int], int]:
-        """(text, ids, messages dropped) of the chat rendered with these tools, its oldest turns dropped to fit
-        max_input_len unless --no-truncate."""
-        codec = self.served.codec
-        try:
-            messages = [dict(m) for m in req.messages]
-            if self.settings.truncate:
-                return history.fit(messages, lambda m: codec.chat_ids(m, tools), self.served.limits.max_input_len)
-            return (*codec.chat_ids(messages, tools), 0)
-        except PipelineError as exc:
-            raise ApiError(400, exc.message, "messages") from None
-
     def _session(self) -> Session:
         session = self.session
         if session is None or session.failure:
             raise ApiError(503, "the engine is not ready" if session is None else "the engine failed",
                            code="engine_unavailable", headers={"Retry-After": "5"})
         return session
-
-    def check_applied(self, req: protocol.Request) -> None:
-        """Every sampling extra and logprobs field the request sets is one this backend applies, else a 400 naming it
-        (never silently ignored)."""
-        session = self._session()
-        asked = [(name, name) for name in req.sampling.extras()]        # (what the runtime must do, the field)
-        if req.logprobs is not None:
-            asked.append(("logprobs", "logprobs"))
-            if req.logprobs > 0:        # alternatives: chat's top_logprobs, completions' logprobs > 0
-                asked.append(("top_logprobs", "top_logprobs" if req.messages else "logprobs"))
-        for what, field in asked:
-            if what not in session.applies:
-                more = " (alternatives to the chosen token)" if what != field else ""
-                raise ApiError(400, f"{field}: the {session.backend} runtime does not apply it{more} (this server "
-                               "refuses what it cannot apply rather than ignore it)", field, "unsupported_parameter")
-
-    def guide(self, constraint: Constraint | None, param: str) -> Any:
-        """The constraint as the session follows it (None: free text), or a 400: a schema that does not compile names
-        its path; a backend that cannot constrain says so."""
-        if constraint is None:
-            return None
-        session = self._session()
-        try:
-            return session.guide(constraint)
-        except NotImplementedError as exc:
-            what = "a forced tool call" if param == "tools" else "structured output"
-            raise ApiError(400, f"{param.split('.')[0]}: {what} is not available on the {self.served.backend} "
-                           f"backend here: {exc}", param.split(".")[0], "unsupported_parameter") from None
-        except ValueError as exc:
-            where = "the tools' parameters" if param == "tools" else param
-            raise ApiError(400, f"{where} cannot be compiled into a grammar: {exc}", param, "invalid_schema") from None
-
-    def tool_mode(self, req: protocol.Request) -> tuple[ToolCallFormat | None, str | None]:
-        """(the format the answer's tool calls are parsed in, why the tools are answered as a plain chat instead):
-        (None, None) when no tools were sent or tool_choice is none. A model whose chat template renders no tools, or
-        whose family has no declared format, answers tool_choice auto as a plain chat (what Open WebUI needs, said in
-        a header); a forced call is then a 400 naming what is missing."""
-        if not req.tools or req.tool_choice == "none":
-            return None, None
-        fmt = self.served.tool_format
-        why = "its chat template has no tool support" if not self.served.codec.supports_tools else \
-            "no tool-call format is declared for its family" if fmt is None else None
-        if why is None:
-            return fmt, None
-        if req.tool_choice != "auto":
-            raise ApiError(400, f"tool_choice {req.tool_choice!r} forces a tool call, and {self.served.name} cannot "
-                           f"make one: {why} ({self.served.codec.template_source or 'no chat template'})",
-                           "tool_choice", "unsupported_parameter")
-        return None, f"tools ignored: {why}; answered as a plain chat"
-
-    def check_prompt_size(self, req: protocol.Request, chat: bool) -> None:
-        """Refuse a prompt that cannot fit max_input_len before tokenizing it: no token is longer than the
-        vocabulary's longest, so more characters than max_input_len of those (twice, for normalizers that compose
-        characters) is over the limit whatever the tokenizer makes of it."""
-        limits = self.served.limits
-        chars = sum(len(m["content"]) for m in req.messages) if chat else len(req.prompt or "")
-        bound = 2 * limits.max_input_len * self.served.codec.max_token_chars
-        if chars > bound:
-            raise ApiError(400, f"the prompt is {chars} characters: more than max_input_len = {limits.max_input_len} "
-                           "tokens can hold", "messages" if chat else "prompt", "context_length_exceeded")
 
     def admit(self) -> Admission:
         """Admit a request now, counted at once (so a burst is decided before any stream starts): else 503 (not
@@ -356,6 +216,104 @@ async def _until_disconnect(receive: Callable[[], Any]) -> None:
         pass
 
 
+class Reply:
+    """One admitted request answered: whole (JSON) or streamed (SSE chunks as OpenAI frames them), its tool calls read
+    in the model's format where the request offered tools."""
+
+    def __init__(self, server: Server, req: protocol.Request, prepared: Prepared, chat: bool, admission: Admission):
+        self.server, self.req, self.prepared, self.chat, self.admission = server, req, prepared, chat, admission
+        self.gen, self.fmt, self.model = prepared.generation, prepared.calls, server.served.name
+        self.rid, self.created = protocol.new_id("chatcmpl" if chat else "cmpl"), protocol.now()
+        # a tool-call marker that is a control token stays in the text the parser reads (Mistral's [TOOL_CALLS])
+        control = server.served.codec.control_tokens
+        self.keep = frozenset({control[self.fmt.marker]}) if self.fmt is not None and self.fmt.marker in control \
+            else frozenset()
+
+    def calls(self, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return found if self.req.parallel_tool_calls else found[:1]
+
+    async def _collect(self) -> tuple[str, str, int, list[dict[str, Any]] | None]:
+        text, reason, made, entries = "", "length", 0, None
+        async for piece in self.server.run(self.admission, self.gen, self.req.stop, self.keep):
+            text += piece.text
+            reason, made = piece.reason or reason, piece.made
+            if piece.logprobs is not None:
+                entries = (entries or []) + piece.logprobs
+        return text, reason, made, entries
+
+    async def whole(self, receive: Callable[[], Any], headers: dict[str, str]):
+        """The whole answer as one JSON body; a client that leaves first has its request cancelled (499)."""
+        from fastapi.responses import JSONResponse, Response
+        work, gone = asyncio.ensure_future(self._collect()), asyncio.ensure_future(_until_disconnect(receive))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (work, gone):
+                if not task.done():
+                    task.cancel()       # a client that left frees its slot now (the run's finally cancels)
+            self.admission.release()    # where the run never started
+        if not work.done() or work.cancelled():
+            await asyncio.gather(work, return_exceptions=True)
+            log.info("client went away: request cancelled")
+            return Response(status_code=499)
+        text, reason, made, entries = work.result()
+        content: str | None = text
+        calls = self.fmt.calls(text, self.req.tools) if self.fmt is not None else None
+        if calls is not None:
+            content, reason = calls[0], "tool_calls"
+        return JSONResponse(protocol.completion_body(self.chat, self.rid, self.model, self.created, content, reason,
+                                                     len(self.gen.prompt_ids), made,
+                                                     self.calls(calls[1]) if calls is not None else None, entries),
+                            headers=headers)
+
+    def _chunk(self, text: str | None, reason: str | None = None, first: bool = False,
+               tool_calls: list[dict[str, Any]] | None = None, entries: list[dict[str, Any]] | None = None,
+               offset: int = 0) -> bytes:
+        lp = protocol.logprobs_body(self.chat, entries, offset) if entries else None
+        return protocol.sse(protocol.chunk_body(self.chat, self.rid, self.model, self.created, text, reason,
+                                                self.req.include_usage, first, tool_calls, lp))
+
+    async def events(self) -> AsyncGenerator[bytes, None]:
+        """The SSE stream: content deltas, then (chat) the tool calls' deltas and a last chunk with the finish
+        reason, the usage chunk where asked, [DONE]; an engine failure after the 200 is an error event."""
+        chat, req = self.chat, self.req
+        pieces = self.server.run(self.admission, self.gen, req.stop, self.keep)
+        made, sent = 0, 0
+        calls = CallStream(self.fmt, req.tools) if self.fmt is not None else None
+        try:
+            if chat:
+                yield self._chunk("", first=True)
+            async for piece in pieces:
+                made, text = piece.made, piece.text
+                if calls is not None:
+                    text = calls.feed(text)
+                if not chat:
+                    if text or piece.reason:
+                        yield self._chunk(text, piece.reason, entries=piece.logprobs, offset=sent)
+                elif text or piece.logprobs:
+                    yield self._chunk(text or None, entries=piece.logprobs)
+                sent += len(text)
+                if piece.reason and chat:
+                    reason = piece.reason
+                    if calls is not None:
+                        rest, found = calls.finish()
+                        if rest:
+                            yield self._chunk(rest)
+                        for delta in protocol.tool_call_deltas(self.calls(found)):
+                            yield self._chunk(None, tool_calls=delta)
+                        reason = "tool_calls" if found else reason
+                    yield self._chunk(None, reason)
+            if req.include_usage:
+                yield protocol.sse(protocol.usage_chunk(chat, self.rid, self.model, self.created,
+                                                        len(self.gen.prompt_ids), made))
+            yield protocol.sse("[DONE]")
+        except ApiError as exc:     # after the 200: the engine failed mid-answer, as vLLM sends it
+            yield protocol.sse(exc.body())
+        finally:
+            await pieces.aclose()
+            self.admission.release()    # where the stream never started (the client left first)
+
+
 def create_app(server: Server):
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -423,10 +381,10 @@ def create_app(server: Server):
         body = await _body(request, settings.max_body_bytes)
         defaults = server.defaults
         req = protocol.parse_chat(body, defaults) if chat else protocol.parse_completion(body, defaults)
-        server.check_prompt_size(req, chat)     # before tokenizing: a huge prompt costs no tokenizer time
+        server.prepare.check_prompt_size(req, chat)     # before tokenizing: a huge prompt costs no tokenizer time
         async with server.tokenizing:           # off the event loop, a few at a time: /health never waits on it
-            prepared = await asyncio.get_running_loop().run_in_executor(None, server.generation, req, chat)
-        gen, headers, fmt = prepared.generation, {}, prepared.calls
+            prepared = await asyncio.get_running_loop().run_in_executor(None, server.prepare.generation, req, chat)
+        headers = {}
         if prepared.dropped:
             headers[TRUNCATED_HEADER] = str(prepared.dropped)
             metrics.truncated.inc(prepared.dropped)
@@ -435,91 +393,10 @@ def create_app(server: Server):
         if prepared.tools:
             headers[TOOLS_HEADER] = prepared.tools
             log.info("%s: %s", served.name, prepared.tools)
-        # a tool-call marker that is a control token stays in the text the parser reads (Mistral's [TOOL_CALLS])
-        keep = frozenset({served.codec.control_tokens[fmt.marker]}) \
-            if fmt is not None and fmt.marker in served.codec.control_tokens else frozenset()
-        rid, created = protocol.new_id("chatcmpl" if chat else "cmpl"), protocol.now()
-        admission = server.admit()      # a 429 or 503 is a status, decided now: never after a stream's 200
+        reply = Reply(server, req, prepared, chat, server.admit())   # a 429 or 503 is decided now: never after a 200
         if not req.stream:
-            async def collect() -> tuple[str, str, int, list[dict[str, Any]] | None]:
-                text, reason, made, entries = "", "length", 0, None
-                async for piece in server.run(admission, gen, req.stop, keep):
-                    text += piece.text
-                    reason, made = piece.reason or reason, piece.made
-                    if piece.logprobs is not None:
-                        entries = (entries or []) + piece.logprobs
-                return text, reason, made, entries
-            work, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(_until_disconnect(request.receive))
-            try:
-                await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in (work, gone):
-                    if not task.done():
-                        task.cancel()       # a client that left frees its slot now (the run's finally cancels)
-                admission.release()         # where the run never started
-            if not work.done() or work.cancelled():
-                await asyncio.gather(work, return_exceptions=True)
-                log.info("client went away: request cancelled")
-                return Response(status_code=499)
-            text, reason, made, entries = work.result()
-            content: str | None = text
-            calls = fmt.calls(text, req.tools) if fmt is not None else None
-            if calls is not None:
-                content, found = calls
-                calls_made = found if req.parallel_tool_calls else found[:1]
-                reason = "tool_calls"
-            return JSONResponse(protocol.completion_body(chat, rid, served.name, created, content, reason,
-                                                         len(gen.prompt_ids), made,
-                                                         calls_made if calls is not None else None, entries),
-                                headers=headers)
-        pieces = server.run(admission, gen, req.stop, keep)
-
-        def chunk(text: str | None, reason: str | None = None, first: bool = False,
-                  tool_calls: list[dict[str, Any]] | None = None, entries: list[dict[str, Any]] | None = None,
-                  offset: int = 0) -> bytes:
-            lp = protocol.logprobs_body(chat, entries, offset) if entries else None
-            return protocol.sse(protocol.chunk_body(chat, rid, served.name, created, text, reason, req.include_usage,
-                                                    first, tool_calls, lp))
-
-        async def events():
-            made, sent = 0, 0
-            calls = CallStream(fmt, req.tools) if fmt is not None else None
-            try:
-                if chat:
-                    yield chunk("", first=True)
-                async for piece in pieces:
-                    made, text = piece.made, piece.text
-                    if calls is not None:
-                        text = calls.feed(text)
-                    if not chat:
-                        if text or piece.reason:
-                            yield chunk(text, piece.reason, entries=piece.logprobs, offset=sent)
-                    elif text or piece.logprobs:
-                        yield chunk(text or None, entries=piece.logprobs)
-                    sent += len(text)
-                    if piece.reason and chat:
-                        reason = piece.reason
-                        if calls is not None:
-                            rest, found = calls.finish()
-                            if rest:
-                                yield chunk(rest)
-                            if found:
-                                for delta in protocol.tool_call_deltas(found if req.parallel_tool_calls
-                                                                       else found[:1]):
-                                    yield chunk(None, tool_calls=delta)
-                                reason = "tool_calls"
-                        yield chunk(None, reason)
-                if req.include_usage:
-                    yield protocol.sse(protocol.usage_chunk(chat, rid, served.name, created, len(gen.prompt_ids),
-                                                            made))
-                yield protocol.sse("[DONE]")
-            except ApiError as exc:     # after the 200: the engine failed mid-answer, as vLLM sends it
-                yield protocol.sse(exc.body())
-            finally:
-                await pieces.aclose()
-                admission.release()     # where the stream never started (the client left first)
-
-        return StreamingResponse(events(), media_type="text/event-stream",
+            return await reply.whole(request.receive, headers)
+        return StreamingResponse(reply.events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 
     @app.post("/v1/chat/completions")

@@ -1,0 +1,169 @@
+"""A request made ready for the engine, before any engine work: the chat rendered (tools included where the model
+takes them) and fitted to max_input_len, the token budget, what the backend must apply (refused by name where it
+cannot), the constraint compiled for the session (structured output, a forced tool call), and how the answer's
+tool calls will be read. Every refusal is an ApiError in OpenAI's shape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import PipelineError
+from pipeline.runtime.session import Constraint, Generation, Session
+from pipeline.serve import history, protocol
+from pipeline.serve.protocol import ApiError
+from pipeline.serve.toolcalls import ToolCallFormat
+
+if TYPE_CHECKING:
+    from pipeline.serve.sources import Served
+
+
+@dataclass(frozen=True)
+class Settings:
+    api_key: str | None = None
+    max_queue: int = 16
+    request_timeout: float = 600.0
+    max_body_bytes: int = 2 * 2**20
+    allowed_hosts: frozenset[str] | None = None     # None: any Host header (a non-loopback bind)
+    cors_origins: frozenset[str] = frozenset()
+    public_metrics: bool = False
+    truncate: bool = True           # a chat past max_input_len loses its oldest turns (else a 400)
+    strict_limits: bool = False     # max_tokens past the room left is a 400 (else clamped to it)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    generation: Generation
+    dropped: int = 0                # chat messages dropped to fit max_input_len
+    tools: str | None = None        # why the request's tools were answered as a plain chat
+    calls: ToolCallFormat | None = None     # the answer's tool calls are parsed in this format
+
+
+
+class Preparer:
+    """Requests for one served model, against the session `session()` returns (or raises 503 for)."""
+
+    def __init__(self, served: Served, settings: Settings, session: Callable[[], Session]):
+        self.served, self.settings, self.session = served, settings, session
+
+    def generation(self, req: protocol.Request, chat: bool) -> Prepared:
+        """The request as the engine takes it, with what was done to fit it (messages dropped, tools answered as a
+        plain chat), or the ApiError that refuses it (before any work)."""
+        s, limits = self.served, self.served.limits
+        field = "messages" if chat else "prompt"        # the parameter a prompt error names
+        if req.model is not None and req.model != s.name:
+            raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {s.name!r}", "model",
+                           "model_not_found")
+        dropped, (calls, tools) = 0, self.tool_mode(req)
+        if chat:
+            if not s.codec.has_chat_template:
+                raise ApiError(400, f"{s.name} has no chat template (its tokenizer_config.json and "
+                               "chat_template.jinja define none): use /v1/completions with a raw prompt",
+                               "messages", "chat_template_missing")
+            text, ids, dropped = self.render(req, list(req.tools) if calls else None)
+            if calls is not None and req.tool_choice == "auto" and len(ids) > limits.max_input_len:
+                # the tools' definitions leave no room for the newest turn: answered as a plain chat, as a model
+                # without tool support is (Open WebUI sends its built-in tools with every chat)
+                text, ids, dropped = self.render(req, None)
+                calls, tools = None, (f"tools ignored: their definitions do not fit max_input_len = "
+                                      f"{limits.max_input_len} with the chat; answered as a plain chat")
+        else:
+            text, ids = s.codec.prompt_ids(req.prompt or "")
+        if not ids:
+            raise ApiError(400, "the prompt is empty", field)
+        if len(ids) > limits.max_input_len:
+            why = " even with only its newest turn" if dropped else ""
+            raise ApiError(400, f"the prompt is {len(ids)} tokens{why}; the engine takes at most max_input_len = "
+                           f"{limits.max_input_len}", field, "context_length_exceeded")
+        room = limits.max_seq_len - len(ids)
+        if room < 1:
+            raise ApiError(400, f"the prompt of {len(ids)} tokens leaves no room under max_seq_len = "
+                           f"{limits.max_seq_len}", field, "context_length_exceeded")
+        if req.max_tokens is not None and req.max_tokens > room and self.settings.strict_limits:
+            raise ApiError(400, f"max_tokens = {req.max_tokens} with a prompt of {len(ids)} tokens is past the "
+                           f"engine's max_seq_len = {limits.max_seq_len} (at most {room} here)", "max_tokens",
+                           "context_length_exceeded")
+        self.check_applied(req)
+        # past the room left, as many as fit: the answer ends with finish_reason "length" there
+        budget = min(req.max_tokens or room, room)
+        if calls is not None and req.tool_choice not in ("auto", "none"):
+            guide = self.guide(calls.forced(req.tools, None if req.tool_choice == "required" else req.tool_choice),
+                               "tools")
+        else:
+            guide = self.guide(Constraint(req.schema) if req.schema is not None else None,
+                               "response_format.json_schema.schema")
+        return Prepared(Generation(tuple(ids), text, budget, req.sampling, s.stop_ids, guide, req.logprobs), dropped,
+                        tools, calls)
+
+    def render(self, req: protocol.Request, tools: list[dict[str, Any]] | None) -> tuple[str, list[int], int]:
+        """(text, ids, messages dropped) of the chat rendered with these tools, its oldest turns dropped to fit
+        max_input_len unless --no-truncate."""
+        codec = self.served.codec
+        try:
+            messages = [dict(m) for m in req.messages]
+            if self.settings.truncate:
+                return history.fit(messages, lambda m: codec.chat_ids(m, tools), self.served.limits.max_input_len)
+            return (*codec.chat_ids(messages, tools), 0)
+        except PipelineError as exc:
+            raise ApiError(400, exc.message, "messages") from None
+
+    def check_applied(self, req: protocol.Request) -> None:
+        """Every sampling extra and logprobs field the request sets is one this backend applies, else a 400 naming it
+        (never silently ignored)."""
+        session = self.session()
+        asked = [(name, name) for name in req.sampling.extras()]        # (what the runtime must do, the field)
+        if req.logprobs is not None:
+            asked.append(("logprobs", "logprobs"))
+            if req.logprobs > 0:        # alternatives: chat's top_logprobs, completions' logprobs > 0
+                asked.append(("top_logprobs", "top_logprobs" if req.messages else "logprobs"))
+        for what, field in asked:
+            if what not in session.applies:
+                more = " (alternatives to the chosen token)" if what != field else ""
+                raise ApiError(400, f"{field}: the {session.backend} runtime does not apply it{more} (this server "
+                               "refuses what it cannot apply rather than ignore it)", field, "unsupported_parameter")
+
+    def guide(self, constraint: Constraint | None, param: str) -> Any:
+        """The constraint as the session follows it (None: free text), or a 400: a schema that does not compile names
+        its path; a backend that cannot constrain says so."""
+        if constraint is None:
+            return None
+        session = self.session()
+        try:
+            return session.guide(constraint)
+        except NotImplementedError as exc:
+            what = "a forced tool call" if param == "tools" else "structured output"
+            raise ApiError(400, f"{param.split('.')[0]}: {what} is not available on the {self.served.backend} "
+                           f"backend here: {exc}", param.split(".")[0], "unsupported_parameter") from None
+        except ValueError as exc:
+            where = "the tools' parameters" if param == "tools" else param
+            raise ApiError(400, f"{where} cannot be compiled into a grammar: {exc}", param, "invalid_schema") from None
+
+    def tool_mode(self, req: protocol.Request) -> tuple[ToolCallFormat | None, str | None]:
+        """(the format the answer's tool calls are parsed in, why the tools are answered as a plain chat instead):
+        (None, None) when no tools were sent or tool_choice is none. A model whose chat template renders no tools, or
+        whose family has no declared format, answers tool_choice auto as a plain chat (what Open WebUI needs, said in
+        a header); a forced call is then a 400 naming what is missing."""
+        if not req.tools or req.tool_choice == "none":
+            return None, None
+        fmt = self.served.tool_format
+        why = "its chat template has no tool support" if not self.served.codec.supports_tools else \
+            "no tool-call format is declared for its family" if fmt is None else None
+        if why is None:
+            return fmt, None
+        if req.tool_choice != "auto":
+            raise ApiError(400, f"tool_choice {req.tool_choice!r} forces a tool call, and {self.served.name} cannot "
+                           f"make one: {why} ({self.served.codec.template_source or 'no chat template'})",
+                           "tool_choice", "unsupported_parameter")
+        return None, f"tools ignored: {why}; answered as a plain chat"
+
+    def check_prompt_size(self, req: protocol.Request, chat: bool) -> None:
+        """Refuse a prompt that cannot fit max_input_len before tokenizing it: no token is longer than the
+        vocabulary's longest, so more characters than max_input_len of those (twice, for normalizers that compose
+        characters) is over the limit whatever the tokenizer makes of it."""
+        limits = self.served.limits
+        chars = sum(len(m["content"]) for m in req.messages) if chat else len(req.prompt or "")
+        bound = 2 * limits.max_input_len * self.served.codec.max_token_chars
+        if chars > bound:
+            raise ApiError(400, f"the prompt is {chars} characters: more than max_input_len = {limits.max_input_len} "
+                           "tokens can hold", "messages" if chat else "prompt", "context_length_exceeded")
