@@ -236,14 +236,32 @@ def _on_board_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipeline import backends
-    from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
 
     parser = argparse.ArgumentParser(prog="python -m pipeline", description="Deploy LLMs to NVIDIA Jetson.",
                                      allow_abbrev=False,
                                      epilog=EPILOG + "\n\n" + settings.help_text(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    _add_planning(sub)
+    _add_kits(sub)
+    _add_board(sub)
+    from pipeline.oci.command import add_parser as add_oci
+    add_oci(sub)
+    from pipeline.graph.reference import from_recipe
+    from pipeline.serve.bench import add_parser as add_bench
+    from pipeline.serve.command import add_parser as add_serve
+    add_serve(sub, from_recipe)
+    add_bench(sub)
+    for command in sub.choices.values():    # every option spelled out: `--api K` must never be taken as --api-key
+        command.allow_abbrev = False
+    return parser
+
+
+def _add_planning(sub) -> None:
+    """plan, compare, targets, families: what to build, before anything is built."""
+    from pipeline import backends
+    from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
 
     p = sub.add_parser("plan", help="will it fit, through which backend, how fast",
                        description="Gate, size and predict a deployment, from a recipe or ad hoc from a config.json. "
@@ -294,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     fa.add_argument("--markdown", action="store_true", help="the README's table, exactly")
     fa.set_defaults(func=_families_cmd)
 
+
+def _add_kits(sub) -> None:
+    """pack, verify, unpack, transfer, keygen, trust: signed kits and their keys."""
     from pipeline.kit.archive import PART_SIZE
     k = sub.add_parser("pack", help="pack a directory into a signed kit (split tar parts + SHA256SUMS + signature)")
     k.add_argument("src", help="directory to pack (regular files only)")
@@ -330,6 +351,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--replace", metavar="KEY_ID", help="replace the trusted key that has this id (as printed by "
                     "the refusal)")
     tr.set_defaults(func=_trust_cmd)
+
+
+def _add_board(sub) -> None:
+    """probe, device, install: the commands that run on the Jetson."""
     pr = sub.add_parser("probe", help="what this Jetson is: L4T/JetPack, board, SM, versions, memory, bandwidth")
     pr.add_argument("--root", default="/", help="read a directory laid out like a device's filesystem (default /)")
     pr.add_argument("--json", action="store_true", help="machine-readable output")
@@ -367,16 +392,6 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--switch-kit", action="store_true",
                    help="replace an installed bundle of another kit (switch this board to another model)")
     i.set_defaults(func=_install_cmd)
-    from pipeline.oci.command import add_parser as add_oci
-    add_oci(sub)
-    from pipeline.graph.reference import from_recipe
-    from pipeline.serve.bench import add_parser as add_bench
-    from pipeline.serve.command import add_parser as add_serve
-    add_serve(sub, from_recipe)
-    add_bench(sub)
-    for command in sub.choices.values():    # every option spelled out: `--api K` must never be taken as --api-key
-        command.allow_abbrev = False
-    return parser
 
 
 def _probe_cmd(args) -> int:

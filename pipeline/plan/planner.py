@@ -147,61 +147,14 @@ def make_plan(req: PlanRequest) -> Plan:
         refused.append(f"max_seq_len {req.limits.max_seq_len} exceeds the model's max_position_embeddings "
                        f"{req.shape.max_position_embeddings}.")
 
-    draft_mem = None
-    if req.draft is not None:
-        from pipeline.plan.speculative import draft_memory, pairing_problems, pairing_warnings
-        d = req.draft
-        if backend is not None and not engine.speculative:
-            refused.append(f"{d.method} speculative decoding is built by TensorRT Edge-LLM only (llm_build "
-                           f"--specBase/--specDraft); {engine.label} on {req.target.id} has no EAGLE-3 "
-                           f"draft engines. Remove [draft], or target a stack whose backend builds them "
-                           f"(backend = {backends.speculative_names()}).")
-        refused.extend(f"{p}. Use the draft trained for this base model." for p in
-                       pairing_problems(d.shape, req.shape, d.label))
-        warnings.extend(pairing_warnings(d.shape, req.shape, d.label))
-        draft_mem = draft_memory(d.shape, req.limits.max_seq_len, req.limits.max_batch_size, d.max_draft_tree_size)
-
+    draft_mem = _draft(req, engine, backend, refused, warnings)
     t = req.target
     memory = plan_memory(req.shape, fmt, group_size, kv, req.limits, engine.runtime_overhead,
                          t.usable_bytes, t.usable_headless_bytes, draft_mem.total if draft_mem else 0)
-    if not memory.fits:
-        if memory.fits_headless:
-            warnings.append(f"needs {_gb(memory.total)}: more than the {_gb(memory.usable)} usable with the desktop "
-                            f"running, within the {_gb(memory.usable_headless)} of a headless {t.id}. Boot to "
-                            "multi-user.target (no desktop) before running.")
-        else:
-            fix = []
-            if memory.max_seq_len_that_fits >= 2:
-                fix.append(f"max_seq_len <= {memory.max_seq_len_that_fits} at batch {req.limits.max_batch_size}")
-            fix.append(f"a smaller weight format ({SMALLEST.name})" if fmt is not SMALLEST else "a smaller model")
-            fix.append("a target with more memory")
-            refused.append(
-                f"does not fit: needs {_gb(memory.total)} (weights {_gb(memory.weights)}, embedding "
-                f"{_gb(memory.embedding)}, lm_head {_gb(memory.lm_head)}, KV cache {_gb(memory.kv_cache)}, "
-                + (f"EAGLE-3 draft {_gb(memory.draft)}, " if memory.draft else "") +
-                f"activations {_gb(memory.activations)}, runtime {_gb(memory.runtime_overhead)}) but {t.id} has "
-                f"{_gb(memory.usable)} usable ({_gb(memory.usable_headless)} headless); short by "
-                f"{_gb(-memory.margin)}. Try: {'; '.join(fix)}.")
+    _memory_verdict(req, fmt, memory, refused, warnings)
     memory, on_board = _build_memory(req, engine, fmt, memory)     # shown with its commands by render_table
 
-    context = req.limits.max_input_len
-    mode = req.power_mode or t.fastest_power_mode
-    constants = fitted()[engine.perf_class]
-    bytes_read = decode_bytes_per_token(req.shape, fmt, group_size, kv, context)
-    by_mode = {m: round(constants.tok_s(bytes_read, t.bandwidth_bytes(m)), 1) for m in t.bandwidth_gbs}
-    kv_per_seq = req.shape.kv_bytes_per_token(kv.bytes_per_element) * context
-    by_batch = {str(b): round(constants.aggregate_tok_s(bytes_read, kv_per_seq, b, t.bandwidth_bytes(mode)), 1)
-                for b in batch_levels(req.limits.max_batch_size)} if mode in t.bandwidth_gbs else None
-    if backend is not None and engine.perf_note:
-        warnings.append(engine.perf_note)
-    ttft, ttft_fields = _ttft(req, mode)
-    prediction = Prediction(
-        power_mode=mode, bandwidth_gbs=t.bandwidth_gbs.get(mode), context_tokens=context,
-        bytes_per_token=int(bytes_read), engine_class=engine.perf_class, efficiency=constants.efficiency,
-        fixed_s=constants.fixed_s, by_power_mode=by_mode, aggregate_tok_s_by_batch=by_batch,
-        speculative_note=("decode predicted without speculation: EAGLE-3's gain depends on the draft's acceptance "
-                          "rate on your prompts (validation measures it)") if req.draft is not None else None,
-        **ttft_fields)
+    prediction, by_mode, mode, ttft = _prediction(req, engine, backend, fmt, group_size, kv, warnings)
     from pipeline.plan.buildmem import build_seconds, externalized_kinds
     build_s = build_seconds(memory.weights + memory.embedding + memory.lm_head, on_board.swap_bytes > 0)
     ok = not refused
@@ -221,6 +174,74 @@ def make_plan(req: PlanRequest) -> Plan:
         refused=refused, warnings=warnings, speculative=speculative, device_build_commands=argvs,
         build_on_board=on_board, predicted_ttft_ms=ttft, externalized_weights=list(externalized_kinds(on_board)),
         predicted_build_s=build_s)
+
+
+def _draft(req: PlanRequest, engine: backends.Backend, backend: str | None, refused: list[str],
+           warnings: list[str]):
+    """An EAGLE-3 draft's refusals (a backend without draft engines, another base's draft), warnings and memory."""
+    if req.draft is None:
+        return None
+    from pipeline.plan.speculative import draft_memory, pairing_problems, pairing_warnings
+    d = req.draft
+    if backend is not None and not engine.speculative:
+        refused.append(f"{d.method} speculative decoding is built by TensorRT Edge-LLM only (llm_build "
+                       f"--specBase/--specDraft); {engine.label} on {req.target.id} has no EAGLE-3 "
+                       f"draft engines. Remove [draft], or target a stack whose backend builds them "
+                       f"(backend = {backends.speculative_names()}).")
+    refused.extend(f"{p}. Use the draft trained for this base model." for p in
+                   pairing_problems(d.shape, req.shape, d.label))
+    warnings.extend(pairing_warnings(d.shape, req.shape, d.label))
+    return draft_memory(d.shape, req.limits.max_seq_len, req.limits.max_batch_size, d.max_draft_tree_size)
+
+
+def _memory_verdict(req: PlanRequest, fmt, memory, refused: list[str], warnings: list[str]) -> None:
+    """A plan that does not fit is refused with what it needs, what the board has, and what to change; one that fits
+    only a headless board is a warning."""
+    t = req.target
+    if not memory.fits:
+        if memory.fits_headless:
+            warnings.append(f"needs {_gb(memory.total)}: more than the {_gb(memory.usable)} usable with the desktop "
+                            f"running, within the {_gb(memory.usable_headless)} of a headless {t.id}. Boot to "
+                            "multi-user.target (no desktop) before running.")
+        else:
+            fix = []
+            if memory.max_seq_len_that_fits >= 2:
+                fix.append(f"max_seq_len <= {memory.max_seq_len_that_fits} at batch {req.limits.max_batch_size}")
+            fix.append(f"a smaller weight format ({SMALLEST.name})" if fmt is not SMALLEST else "a smaller model")
+            fix.append("a target with more memory")
+            refused.append(
+                f"does not fit: needs {_gb(memory.total)} (weights {_gb(memory.weights)}, embedding "
+                f"{_gb(memory.embedding)}, lm_head {_gb(memory.lm_head)}, KV cache {_gb(memory.kv_cache)}, "
+                + (f"EAGLE-3 draft {_gb(memory.draft)}, " if memory.draft else "") +
+                f"activations {_gb(memory.activations)}, runtime {_gb(memory.runtime_overhead)}) but {t.id} has "
+                f"{_gb(memory.usable)} usable ({_gb(memory.usable_headless)} headless); short by "
+                f"{_gb(-memory.margin)}. Try: {'; '.join(fix)}.")
+
+
+def _prediction(req: PlanRequest, engine: backends.Backend, backend: str | None, fmt, group_size: int | None, kv,
+                warnings: list[str]):
+    """(the speed prediction, decode tok/s by power mode, the power mode, TTFT ms): single-stream decode from the
+    bytes each token reads, aggregate decode per batch, prefill."""
+    t = req.target
+    context = req.limits.max_input_len
+    mode = req.power_mode or t.fastest_power_mode
+    constants = fitted()[engine.perf_class]
+    bytes_read = decode_bytes_per_token(req.shape, fmt, group_size, kv, context)
+    by_mode = {m: round(constants.tok_s(bytes_read, t.bandwidth_bytes(m)), 1) for m in t.bandwidth_gbs}
+    kv_per_seq = req.shape.kv_bytes_per_token(kv.bytes_per_element) * context
+    by_batch = {str(b): round(constants.aggregate_tok_s(bytes_read, kv_per_seq, b, t.bandwidth_bytes(mode)), 1)
+                for b in batch_levels(req.limits.max_batch_size)} if mode in t.bandwidth_gbs else None
+    if backend is not None and engine.perf_note:
+        warnings.append(engine.perf_note)
+    ttft, ttft_fields = _ttft(req, mode)
+    prediction = Prediction(
+        power_mode=mode, bandwidth_gbs=t.bandwidth_gbs.get(mode), context_tokens=context,
+        bytes_per_token=int(bytes_read), engine_class=engine.perf_class, efficiency=constants.efficiency,
+        fixed_s=constants.fixed_s, by_power_mode=by_mode, aggregate_tok_s_by_batch=by_batch,
+        speculative_note=("decode predicted without speculation: EAGLE-3's gain depends on the draft's acceptance "
+                          "rate on your prompts (validation measures it)") if req.draft is not None else None,
+        **ttft_fields)
+    return prediction, by_mode, mode, ttft
 
 
 def batch_levels(max_batch_size: int) -> list[int]:
