@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline import backends, contract
 from pipeline.errors import PipelineError
+from pipeline.graph.cmdline import stage_cache
 from pipeline.graph.framework import StageSpec, run_stage
 from pipeline.graph.specs import (
     accuracy_spec,
@@ -27,6 +28,7 @@ from pipeline.graph.specs import (
     recipe_link,
     recipe_plan,
 )
+from pipeline.graph.stages import ACCURACY, EXPORT, FETCH, FETCH_DRAFT, GOLDENS, PLAN, QUANTIZE
 from pipeline.plan.formats import WEIGHT_FORMATS
 from pipeline.recipe import Recipe
 
@@ -44,8 +46,8 @@ def do_fetch(recipe: Recipe) -> dict:
         fetch.check_tokenizer(model_dir, recipe.file)
         return info
 
-    manifest = run_stage(spec, build)
-    recipe_link(recipe, "fetch", None, spec)
+    manifest = run_stage(spec, build, stage_cache())
+    recipe_link(recipe, FETCH.name, None, spec)
     return manifest
 
 
@@ -64,8 +66,8 @@ def do_fetch_draft(recipe: Recipe) -> dict:
         shape = check_draft_checkpoint(target, recipe.file)
         return info | {"draft": {"method": d.method, "params": shape.params, "converted_from": converted}}
 
-    manifest = run_stage(spec, build)
-    recipe_link(recipe, "fetch-draft", None, spec)
+    manifest = run_stage(spec, build, stage_cache())
+    recipe_link(recipe, FETCH_DRAFT.name, None, spec)
     return manifest
 
 
@@ -92,8 +94,8 @@ def do_plan(recipe: Recipe, target: str):
         (out / "plan.md").write_text("```\n" + render_table(plan) + "\n```\n")
         return {"ok": plan.ok}
 
-    run_stage(spec, build)
-    recipe_link(recipe, "plan", target, spec)
+    run_stage(spec, build, stage_cache())
+    recipe_link(recipe, PLAN.name, target, spec)
     return plan
 
 
@@ -153,7 +155,7 @@ def quantize_stage(recipe: Recipe, plans: list[contract.Plan], for_export: bool 
     _read_texts(recipe)
     return run_stage(quantize_spec(recipe), lambda out: quantize(model_dir(recipe), out, q.weights,
                                                                  q.kv_cache, group_sizes.pop(), q.calibration,
-                                                                 recipe.file, handoff=_handoff()))
+                                                                 recipe.file, handoff=_handoff()), stage_cache())
 
 
 def _read_texts(recipe: Recipe) -> None:
@@ -170,7 +172,7 @@ def _read_texts(recipe: Recipe) -> None:
 
 def do_quantize(recipe: Recipe) -> dict:
     manifest = quantize_stage(recipe, [recipe_plan(recipe, t) for t in recipe.targets])
-    recipe_link(recipe, "quantize", None, quantize_spec(recipe))
+    recipe_link(recipe, QUANTIZE.name, None, quantize_spec(recipe))
     return manifest
 
 
@@ -192,8 +194,8 @@ def do_export(recipe: Recipe, target: str) -> dict:
                                  _handoff(), tuple(plan.externalized_weights))
         return {"backend": backend.name, "export": EXPORTERS[backend.name](job).to_dict()}
 
-    manifest = run_stage(spec, build)
-    recipe_link(recipe, "export", target, spec)
+    manifest = run_stage(spec, build, stage_cache())
+    recipe_link(recipe, EXPORT.name, target, spec)
     return manifest
 
 
@@ -231,8 +233,8 @@ def do_goldens(recipe: Recipe) -> dict:
                             "new_tokens": sum(len(p.output_ids) for p in goldens.prompts),
                             "weak": weak_prompts(goldens)}}
 
-    manifest = run_stage(spec, build)
-    recipe_link(recipe, "goldens", None, spec)
+    manifest = run_stage(spec, build, stage_cache())
+    recipe_link(recipe, GOLDENS.name, None, spec)
     return manifest
 
 
@@ -284,60 +286,10 @@ def accuracy_stage(recipe: Recipe) -> dict:
         return {"accuracy": {k: report[k] for k in ("perplexity_change", "perplexity_change_interval",
                                                               "top1_agreement", "logit_cosine", "heldout", "tokens")}}
 
-    return run_stage(accuracy_spec(recipe), build)
+    return run_stage(accuracy_spec(recipe), build, stage_cache())
 
 
 def do_accuracy(recipe: Recipe) -> dict:
     manifest = accuracy_stage(recipe)
-    recipe_link(recipe, "accuracy", None, accuracy_spec(recipe))
+    recipe_link(recipe, ACCURACY.name, None, accuracy_spec(recipe))
     return manifest
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def stage_summary(stage: str, result) -> str:
-    """The key figure of a finished stage, for its one line on the terminal."""
-    if stage == "plan":
-        m, lim = result.memory, result.limits
-        return (f"{result.quant.label} on {result.target} via {backends.get(result.backend).label}, batch "
-                f"{lim.max_batch_size}, seq {lim.max_seq_len}: {'fits' if m.fits else 'fits only headless'}, "
-                f"{m.total / 1e9:.2f} of {m.usable / 1e9:.2f} GB, ~{result.predicted_decode_tok_s} tok/s decode")
-    if stage == "build":
-        return result
-    if stage in ("fetch", "fetch-draft"):
-        size = sum(f["size"] for f in result["files"].values())
-        src = result.get("source", {})
-        what = src.get("name") or src.get("repo") or src.get("path") or src.get("kind", "")
-        return f"{src.get('kind', 'model')} {what}, {_count(len(result['files']), 'file')}, {size / 1e6:.1f} MB"
-    if stage == "quantize":
-        q = result["quantize"]
-        if q.get("method") == "none":
-            return f"{q['weights']} (KV {q['kv_cache']}): nothing to quantize"
-        tokens = q.get("calibration_tokens") or 0
-        data = f"{tokens} calibration tokens" if tokens else "no calibration data"
-        return f"{q['weights']} (KV {q['kv_cache']}) on {q['device']}, {data}"
-    if stage == "export":
-        record = contract.ExportRecord.from_part(result["export"], "the export stage's manifest")
-        return backends.get(result["backend"]).export_summary(record)
-    if stage == "goldens":
-        g = result["goldens"]
-        line = f"{_count(g['prompts'], 'prompt')}{' (chat template)' if g.get('chat_template') else ''}, " \
-               f"{_count(g['new_tokens'], 'reference token')}"
-        weak = g.get("weak") or []
-        return line + (f"\n  warning: {len(weak)} golden answer(s) shorter than half of max_new_tokens: a weak "
-                       f"check (e.g. {weak[0]!r}); ask for longer answers" if weak else "")
-    if stage == "accuracy":
-        a = result["accuracy"]
-        lo, hi = a.get("perplexity_change_interval") or (a["perplexity_change"],) * 2
-        return f"perplexity {a['perplexity_change']:+.1%} (95% {lo:+.1%} to {hi:+.1%}), top-1 agreement " \
-               f"{a['top1_agreement']:.1%}"
-    if stage == "package":
-        k = result["kit"]
-        line = f"{k['name']}, {_count(k['parts'], 'part')}, {k['total_size'] / 1e6:.1f} MB, signed by {k['signed_by']}"
-        return line + (f"\n  warning: {k['quality']}" if k.get("quality") else "")
-    if stage == "device":
-        return "engine built and validated"
-    return "done"
-

@@ -32,6 +32,7 @@ def stage_cache():
     flag = cmdline_vars().get("cache-plain-http") or settings.get("JETSON_PIPELINE_CACHE_PLAIN_HTTP") or ""
     plain_http = flag.strip().lower() in ("1", "true", "yes")
     if (ref, plain_http) not in _STAGE_CACHE:
+        from pipeline.graph.stages import CACHED
         from pipeline.oci.stagecache import StageCache
-        _STAGE_CACHE[(ref, plain_http)] = StageCache(ref, plain_http)
+        _STAGE_CACHE[(ref, plain_http)] = StageCache(ref, plain_http, CACHED)
     return _STAGE_CACHE[(ref, plain_http)]

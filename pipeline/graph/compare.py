@@ -19,6 +19,7 @@ from pipeline import contract
 from pipeline.errors import PipelineError
 from pipeline.files import write_atomic
 from pipeline.graph.specs import accuracy_spec, fetch_spec, quantize_spec, recipe_path
+from pipeline.graph.stages import ACCURACY, FETCH, QUANTIZE
 from pipeline.plan.formats import WEIGHT_FORMATS
 from pipeline.recipe import Recipe
 
@@ -96,8 +97,8 @@ def run(recipe: Recipe, formats: list[str]) -> dict:
     from pipeline.recipe import config_for, plan_recipe
 
     logs = recipe_path(recipe, "logs")
-    if not _stage("fetch", recipe.name, logs / "fetch.log", lambda: actions.do_fetch(recipe),
-                  lambda r: actions.stage_summary("fetch", r)):
+    if not _stage(FETCH.name, recipe.name, logs / f"{FETCH.name}.log", lambda: actions.do_fetch(recipe),
+                  FETCH.summary):
         raise PipelineError(f"{recipe.name}: the model could not be fetched (above)")
     config, source = config_for(recipe, recipe.model, fetch_spec(recipe).dir / "model")
     plans = {w: {t: plan_recipe(variant(recipe, w), t, config, source) for t in recipe.targets}
@@ -113,11 +114,11 @@ def run(recipe: Recipe, formats: list[str]) -> dict:
             failed[w] = f"{WEIGHT_FORMATS[w].label} calibrates on a CUDA GPU only; this workstation has none"
             continue
         v, label = variant(recipe, w), f"{recipe.name} as {w}"
-        ok = _stage("quantize", label, logs / f"compare-{w}-quantize.log",
+        ok = _stage(QUANTIZE.name, label, logs / f"compare-{w}-{QUANTIZE.name}.log",
                     lambda v=v, buildable=buildable: actions.quantize_stage(v, buildable, for_export=False),
-                    lambda r: actions.stage_summary("quantize", r)) and \
-            _stage("accuracy", label, logs / f"compare-{w}-accuracy.log", lambda v=v: actions.accuracy_stage(v),
-                   lambda r: actions.stage_summary("accuracy", r))
+                    QUANTIZE.summary) and \
+            _stage(ACCURACY.name, label, logs / f"compare-{w}-{ACCURACY.name}.log",
+                   lambda v=v: actions.accuracy_stage(v), ACCURACY.summary)
         if ok:
             measured[w], heldout = _measurement(v)
         else:

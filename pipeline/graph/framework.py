@@ -205,10 +205,12 @@ def _remove_stale_partials(spec: StageSpec) -> None:
         shutil.rmtree(p, ignore_errors=True)  # we hold the lock: no live process is writing these
 
 
-def run_stage(spec: StageSpec, build: Callable[[Path], dict | None]) -> dict:
+def run_stage(spec: StageSpec, build: Callable[[Path], dict | None], cache=None) -> dict:
     """Build `spec` with build(staging_dir) unless it is current; returns the manifest.
 
-    build() writes the stage's outputs into the staging directory and may return extra manifest fields.
+    build() writes the stage's outputs into the staging directory and may return extra manifest fields. `cache`: a
+    shared stage cache (pipeline/oci/stagecache.py) to restore the stage from before building it, and to publish it
+    to after (the caller's: the framework knows no command line).
     """
     with stage_lock(spec):
         ok, _ = status(spec)
@@ -222,8 +224,6 @@ def run_stage(spec: StageSpec, build: Callable[[Path], dict | None]) -> dict:
         staging = spec.dir.parent / f".{spec.id}.partial-{os.getpid()}"
         staging.mkdir(parents=True)
         started = time.time()
-        from pipeline.graph.cmdline import stage_cache
-        cache = stage_cache()
         try:
             restored = cache.restore(spec.stage, key, staging) if cache else None
             if restored is not None and restored.get("content_digest") != content_digest(restored["files"]):

@@ -13,6 +13,7 @@ from pathlib import Path
 from pipeline import contract
 from pipeline.errors import PipelineError
 from pipeline.graph.actions import damaged_output, fetch_digest, model_dir, recorded_json
+from pipeline.graph.cmdline import stage_cache
 from pipeline.graph.framework import StageSpec, run_stage
 from pipeline.graph.specs import (
     accuracy_spec,
@@ -27,6 +28,7 @@ from pipeline.graph.specs import (
     recipe_path,
     recipe_plan,
 )
+from pipeline.graph.stages import ACCURACY, DEVICE, EXPORT, FETCH, FETCH_DRAFT, GOLDENS, QUANTIZE
 from pipeline.recipe import Recipe
 
 
@@ -34,15 +36,15 @@ def link_recipe(recipe: Recipe) -> str:
     """artifacts/<recipe>/<stage> links for every built stage (stages skipped as current are shared, not re-run);
     returns what to do with the recipe's kits."""
     instructions = []
-    for stage, spec in (("fetch", fetch_spec(recipe)), ("fetch-draft", draft_fetch_spec(recipe)),
-                        ("quantize", quantize_spec(recipe)),
-                        ("goldens", goldens_spec(recipe)), ("accuracy", accuracy_spec(recipe))):
+    for stage, spec in ((FETCH.name, fetch_spec(recipe)), (FETCH_DRAFT.name, draft_fetch_spec(recipe)),
+                        (QUANTIZE.name, quantize_spec(recipe)),
+                        (GOLDENS.name, goldens_spec(recipe)), (ACCURACY.name, accuracy_spec(recipe))):
         if spec is not None and spec.dir.is_dir():
             recipe_link(recipe, stage, None, spec)
     for target in recipe.targets:
         spec = export_spec(recipe, recipe_plan(recipe, target))
         if spec.dir.is_dir():
-            recipe_link(recipe, "export", target, spec)
+            recipe_link(recipe, EXPORT.name, target, spec)
         spec = _package_spec(recipe, target)
         if spec.dir.is_dir():
             recipe_link(recipe, "kit", target, spec)
@@ -166,7 +168,7 @@ def do_package(recipe: Recipe, target: str) -> dict:
         export = built_manifest(export_dir).get("export")
         meta = contract.KitMeta(
             recipe=recipe.name, target=target, sm=plan.sm, backend=plan.backend, stack=plan.stack, quant=plan.quant,
-            limits=plan.limits, versions={"jetson-trtllm-pipeline": __version__, **stages.stages["export"].tools},
+            limits=plan.limits, versions={"jetson-trtllm-pipeline": __version__, **stages.stages[EXPORT.name].tools},
             export=contract.ExportRecord.from_part(export, str(export_dir)).for_kit() if export else None)
         # every file as its producing stage recorded it: same-size damage since (bit rot, a restored copy) is
         # refused while packing, naming the file and its stage, and the stage re-runs on the next build
@@ -197,7 +199,7 @@ def do_package(recipe: Recipe, target: str) -> dict:
         return {"kit": {"name": kit.name, "parts": len(kit.manifest.parts),
                         "total_size": kit.manifest.total_size, "signed_by": kit.signed_by, "quality": quality}}
 
-    manifest = run_stage(spec, build)
+    manifest = run_stage(spec, build, stage_cache())
     recipe_link(recipe, "kit", target, spec)
     return manifest
 
@@ -238,7 +240,7 @@ def kit_instructions(recipe: Recipe, target: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ device (builders)
 def device_results(recipe: Recipe, target: str) -> Path:
-    return recipe_path(recipe, "device", target)
+    return recipe_path(recipe, DEVICE.name, target)
 
 
 def _kit_digest(recipe: Recipe, target: str) -> str | None:

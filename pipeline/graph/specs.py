@@ -15,6 +15,7 @@ from pipeline import backends, contract
 from pipeline.errors import PipelineError
 from pipeline.files import data_digest
 from pipeline.graph.framework import StageSpec, artifacts_dir, link
+from pipeline.graph.stages import ACCURACY, EXPORT, FETCH, FETCH_DRAFT, GOLDENS, PACKAGE, PLAN, QUANTIZE
 from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
 from pipeline.recipe import Recipe
 from pipeline.recipe.sources import ModelSource
@@ -27,7 +28,7 @@ def _source_spec(stage: str, source: ModelSource, patterns: list[str]) -> StageS
 
 def fetch_spec(recipe: Recipe) -> StageSpec:
     from pipeline.workstation.fetch import NEEDED
-    return _source_spec("fetch", recipe.model, NEEDED)
+    return _source_spec(FETCH.name, recipe.model, NEEDED)
 
 
 def draft_fetch_spec(recipe: Recipe) -> StageSpec | None:
@@ -35,7 +36,7 @@ def draft_fetch_spec(recipe: Recipe) -> StageSpec | None:
     if not recipe.draft:
         return None
     from pipeline.workstation.fetch import DRAFT_NEEDED
-    return _source_spec("fetch-draft", recipe.draft.source, DRAFT_NEEDED)
+    return _source_spec(FETCH_DRAFT.name, recipe.draft.source, DRAFT_NEEDED)
 
 
 def draft_dir(recipe: Recipe) -> Path | None:
@@ -52,7 +53,7 @@ def quantize_spec(recipe: Recipe) -> StageSpec:
     from pipeline.workstation.calibration import source_path
     path = source_path(cal["source"], recipe.file)
     fingerprint = (lambda: [path.stat().st_size, path.stat().st_mtime_ns]) if path else None
-    return StageSpec("quantize", {"weights": q.weights, "kv_cache": q.kv_cache, "group_size": q.group_size,
+    return StageSpec(QUANTIZE.name, {"weights": q.weights, "kv_cache": q.kv_cache, "group_size": q.group_size,
                                   "calibration": cal if WEIGHT_FORMATS[q.weights].needs_calibration
                                   or KV_FORMATS[q.kv_cache].needs_calibration else None,
                                   # a stage calibrated before the query was quantized too is not this stage
@@ -66,10 +67,10 @@ def export_spec(recipe: Recipe, plan: contract.Plan) -> StageSpec:
     every Orin); one per SM (and draft) where it is not (Edge-LLM's ONNX)."""
     backend = backends.get(plan.backend)
     if not backend.export_depends_on_sm:
-        return StageSpec("export", {"backend": backend.name}, inputs=(fetch_spec(recipe), quantize_spec(recipe)),
+        return StageSpec(EXPORT.name, {"backend": backend.name}, inputs=(fetch_spec(recipe), quantize_spec(recipe)),
                          tools=WORKSTATION_TOOLS + backend.export_tools)
     draft = draft_fetch_spec(recipe) if backend.speculative else None
-    return StageSpec("export", {"backend": backend.name, "target_sm": plan.sm,
+    return StageSpec(EXPORT.name, {"backend": backend.name, "target_sm": plan.sm,
                                 **({"draft": recipe.draft.method} if draft and recipe.draft else {}),
                                 # weights kept outside the engine change the ONNX: one export per choice
                                 **({"externalize": plan.externalized_weights} if plan.externalized_weights else {})},
@@ -84,7 +85,7 @@ def export_payload(plan: contract.Plan) -> str:
 
 def goldens_spec(recipe: Recipe) -> StageSpec:
     v = recipe.validation
-    return StageSpec("goldens", {"prompts": list(v.prompts), "max_new_tokens": v.max_new_tokens,
+    return StageSpec(GOLDENS.name, {"prompts": list(v.prompts), "max_new_tokens": v.max_new_tokens,
                                  "top_k_logprobs": v.top_k_logprobs, "min_token_agreement": v.min_token_agreement},
                      inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS,
                      version=2)     # 2: goldens.json written from its record (keys sorted)
@@ -102,14 +103,14 @@ def _heldout_digest(recipe: Recipe) -> str:
 
 
 def accuracy_spec(recipe: Recipe) -> StageSpec:
-    return StageSpec("accuracy", {"heldout": _heldout_digest(recipe)},
+    return StageSpec(ACCURACY.name, {"heldout": _heldout_digest(recipe)},
                      inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
 
 
 def package_spec(recipe: Recipe, target: str, plan: contract.Plan, key_id: str) -> StageSpec:
     """The kit for one target: its identity is the recipe text, the plan, the signing key and the stage outputs."""
     # the recipe's name is part of the key: a copied recipe (same bytes) gets its own kit, named after it
-    return StageSpec("package", {"name": recipe.name, "target": target,
+    return StageSpec(PACKAGE.name, {"name": recipe.name, "target": target,
                                  "plan": hashlib.sha256(plan.dumps().encode()).hexdigest(),
                                  "recipe": hashlib.sha256(Path(recipe.file).read_bytes()).hexdigest(),
                                  "key": key_id},
@@ -120,7 +121,7 @@ def package_spec(recipe: Recipe, target: str, plan: contract.Plan, key_id: str) 
 def plan_spec(recipe: Recipe, target: str, model_config: dict, draft_config: dict | None = None) -> StageSpec:
     """The plan depends on the model's config (not its weights): it can run before the download, as a gate."""
     q, b, d = recipe.quantization, recipe.build, recipe.draft
-    return StageSpec("plan", {
+    return StageSpec(PLAN.name, {
         "recipe": recipe.name,      # the plan record names its recipe: a copied recipe must not share it
         **({"draft": {"config": draft_config, "method": d.method, "max_draft_tree_size": d.max_draft_tree_size,
                       "max_verify_tree_size": d.max_verify_tree_size}} if d else {}),
@@ -150,7 +151,7 @@ def recipe_link(recipe: Recipe, stage: str, target: str | None, spec: StageSpec)
 
 def recipe_plan(recipe: Recipe, target: str) -> contract.Plan:
     """The current plan of one target (the plan task always runs before the stages that read it), checked."""
-    path = recipe_path(recipe, "plan", target) / contract.PLAN
+    path = recipe_path(recipe, PLAN.name, target) / contract.PLAN
     if not path.is_file():
         raise PipelineError(f"no plan for {recipe.name} on {target} yet", f"run `doit plan recipe={recipe.name}`")
     return contract.Plan.load(path)

@@ -13,6 +13,20 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from pipeline.errors import PipelineError
+from pipeline.graph.stages import (
+    ACCURACY,
+    BUILD,
+    BY_NAME,
+    DEVICE,
+    EXPORT,
+    FETCH,
+    FETCH_DRAFT,
+    GOLDENS,
+    PACKAGE,
+    PLAN,
+    QUANTIZE,
+    Stage,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -67,21 +81,19 @@ def _load_selection() -> tuple[tuple[Recipe, ...], dict[str, str]]:
     return tuple(recipes), invalid
 
 
-def _action(fn, recipe, target: str | None = None, stage: str | None = None, capture: bool = True):
+def _action(fn, recipe, stage: Stage, target: str | None = None, capture: bool = True):
     """A stage action for doit: one line on the terminal, third-party output in the stage's log, a PipelineError
     as one `error:` line with its hint and the log (no traceback), False to doit on failure."""
-    from pipeline.graph.actions import stage_summary
     from pipeline.graph.specs import recipe_path, stage_label
     from pipeline.graph.terminal import StageStopped, run_stage_action
 
-    stage = stage or fn.__name__.removeprefix("do_").replace("_", "-")
     label = stage_label(recipe, target)
     args = (recipe,) if target is None else (recipe, target)
-    log = recipe_path(recipe, "logs") / f"{recipe_path(recipe, stage, target).name}.log"   # logs/<stage>[@target].log
+    # logs/<stage>[@target].log
+    log = recipe_path(recipe, "logs") / f"{recipe_path(recipe, stage.name, target).name}.log"
 
     def run() -> bool | StageStopped | None:
-        status = run_stage_action(stage, label, log, lambda: fn(*args),
-                                  lambda result: stage_summary(stage, result), capture=capture)
+        status = run_stage_action(stage.name, label, log, lambda: fn(*args), stage.summary, capture=capture)
         return None if status == 0 else StageStopped() if status == 2 else False
     run.__name__ = fn.__name__
     return run
@@ -98,7 +110,7 @@ def _plan_action(recipe, target):
 
     plan = do_plan(recipe, target)
     print(render_table(plan))                   # into the plan's log; `doit plan` shows it on the terminal
-    if _explicitly_selected("plan"):
+    if _explicitly_selected(PLAN.task):
         from pipeline.progress import terminal_out
         print(render_table(plan), file=terminal_out())
     if not plan.ok:
@@ -107,42 +119,42 @@ def _plan_action(recipe, target):
     return plan
 
 
+def _plans(r) -> list[str]:
+    from pipeline.graph.specs import stage_label
+    return [PLAN.task_for(stage_label(r, t)) for t in r.targets]
+
+
 def task_fetch():
-    """Get the model checkpoint (builtin, local directory or pinned hub revision)."""
     from pipeline.graph.actions import do_fetch
-    from pipeline.graph.specs import fetch_spec, stage_label
+    from pipeline.graph.specs import fetch_spec
 
     # After the plans: a refused plan stops the chain before a multi-GB download.
-    yield from _per_recipe_stage(fetch_spec, do_fetch, lambda r: [f"plan:{stage_label(r, t)}" for t in r.targets],
-                                 lambda r: f"fetch {r.model.label}")
+    yield from _per_recipe_stage(FETCH, fetch_spec, do_fetch, _plans, lambda r: f"fetch {r.model.label}")
 
 
 def task_fetch_draft():
-    """Get the recipe's EAGLE-3 draft checkpoint (recipes with a [draft] table only)."""
     from pipeline.graph.actions import do_fetch_draft
     from pipeline.graph.framework import is_current
-    from pipeline.graph.specs import draft_fetch_spec, stage_label
+    from pipeline.graph.specs import draft_fetch_spec
 
     for r in selected_recipes():
         if r.draft:
             spec = draft_fetch_spec(r)
-            yield _stage_task(r.name, _action(do_fetch_draft, r), lambda spec=spec: is_current(spec),
-                              [f"plan:{stage_label(r, t)}" for t in r.targets],
-                              f"fetch the {r.draft.method} draft of {r.name}")
+            yield _stage_task(r.name, _action(do_fetch_draft, r, FETCH_DRAFT), lambda spec=spec: is_current(spec),
+                              _plans(r), f"fetch the {r.draft.method} draft of {r.name}")
 
 
 def _draft_dep(r) -> list[str]:
-    return [f"fetch_draft:{r.name}"] if r.draft else []
+    return [FETCH_DRAFT.task_for(r.name)] if r.draft else []
 
 
 def task_plan():
-    """Gate, size and predict: will it fit, through which backend, how fast. Prints the plan table."""
     from pipeline.graph.specs import stage_label
 
     for r in selected_recipes():
         for t in r.targets:
             # Always runs (milliseconds) so that `doit plan` prints the table; plan.json is rewritten only on change.
-            yield {"name": stage_label(r, t), "actions": [_action(_plan_action, r, t, stage="plan")],
+            yield {"name": stage_label(r, t), "actions": [_action(_plan_action, r, PLAN, t)],
                    "doc": f"plan {r.name} for {t}", "verbosity": 2}
 
 
@@ -150,17 +162,18 @@ def _stage_task(name: str, action, current, deps: list[str], doc: str) -> dict:
     return {"name": name, "actions": [action], "uptodate": [current], "task_dep": deps, "doc": doc, "verbosity": 2}
 
 
-def _per_recipe_stage(spec_of: Callable[[Recipe], StageSpec | None], action: Callable[[Recipe], object],
-                      deps: Callable[[Recipe], list[str]], doc: Callable[[Recipe], str]):
+def _per_recipe_stage(stage: Stage, spec_of: Callable[[Recipe], StageSpec | None],
+                      action: Callable[[Recipe], object], deps: Callable[[Recipe], list[str]],
+                      doc: Callable[[Recipe], str]):
     """One task per recipe for a stage whose directory is known from the recipe alone."""
     from pipeline.graph.framework import is_current
 
     for r in selected_recipes():
         spec = spec_of(r)
-        yield _stage_task(r.name, _action(action, r), lambda spec=spec: is_current(spec), deps(r), doc(r))
+        yield _stage_task(r.name, _action(action, r, stage), lambda spec=spec: is_current(spec), deps(r), doc(r))
 
 
-def _per_target_stage(action: Callable[[Recipe, str], object], current: Callable[[Recipe, str], bool],
+def _per_target_stage(stage: Stage, action: Callable[[Recipe, str], object], current: Callable[[Recipe, str], bool],
                       deps: Callable[[Recipe, str], list[str]], doc: Callable[[Recipe, str], str]):
     """One task per (recipe, target) for a stage whose directory depends on the target's plan."""
     from pipeline.graph.specs import stage_label
@@ -168,57 +181,52 @@ def _per_target_stage(action: Callable[[Recipe, str], object], current: Callable
     for r in selected_recipes():
         for t in r.targets:
             label = stage_label(r, t)
-            yield _stage_task(label, _action(action, r, t), lambda r=r, t=t: current(r, t), deps(r, label),
-                              doc(r, t))
+            yield _stage_task(label, _action(action, r, stage, t), lambda r=r, t=t: current(r, t),
+                              deps(r, label), doc(r, t))
 
 
 def task_quantize():
-    """Calibrate with NVIDIA ModelOpt (CPU for tiny models, GPU where present); saves the quantized state."""
     from pipeline.graph.actions import do_quantize
     from pipeline.graph.specs import quantize_spec
 
-    yield from _per_recipe_stage(quantize_spec, do_quantize, lambda r: [f"fetch:{r.name}"],
+    yield from _per_recipe_stage(QUANTIZE, quantize_spec, do_quantize, lambda r: [FETCH.task_for(r.name)],
                                  lambda r: f"quantize {r.name} to {r.weights} (KV {r.kv_cache})")
 
 
 def task_export():
-    """Write the backend's checkpoint (TensorRT-LLM 0.12: config.json + rank0.safetensors), validated and read back."""
     from pipeline.graph.actions import do_export, export_current
 
-    yield from _per_target_stage(do_export, export_current,
-                                 lambda r, label: [f"quantize:{r.name}", f"plan:{label}", *_draft_dep(r)],
+    yield from _per_target_stage(EXPORT, do_export, export_current,
+                                 lambda r, label: [QUANTIZE.task_for(r.name), PLAN.task_for(label), *_draft_dep(r)],
                                  lambda r, t: f"export {r.name} for {t}")
 
 
 def task_goldens():
-    """Reference greedy outputs and top-k log-probs for the recipe's validation prompts (deployed numerics)."""
     from pipeline.graph.actions import do_goldens
     from pipeline.graph.specs import goldens_spec
 
-    yield from _per_recipe_stage(goldens_spec, do_goldens, lambda r: [f"quantize:{r.name}"],
+    yield from _per_recipe_stage(GOLDENS, goldens_spec, do_goldens, lambda r: [QUANTIZE.task_for(r.name)],
                                  lambda r: f"goldens for {r.name}")
 
 
 def task_accuracy():
-    """Perplexity, logit cosine and top-1 agreement of the quantized vs the original model (JSON + Markdown)."""
     from pipeline.graph.actions import do_accuracy
     from pipeline.graph.specs import accuracy_spec
 
-    yield from _per_recipe_stage(accuracy_spec, do_accuracy, lambda r: [f"quantize:{r.name}"],
+    yield from _per_recipe_stage(ACCURACY, accuracy_spec, do_accuracy, lambda r: [QUANTIZE.task_for(r.name)],
                                  lambda r: f"accuracy report for {r.name}")
 
 
 def task_package():
-    """Pack the target's kit: checkpoint, tokenizer, recipe, plan, goldens, accuracy; signed, split, checksummed."""
     from pipeline.graph.kit_stages import do_package, package_current
 
-    yield from _per_target_stage(do_package, package_current,
-                                 lambda r, label: [f"export:{label}", f"goldens:{r.name}", f"accuracy:{r.name}"],
+    yield from _per_target_stage(PACKAGE, do_package, package_current,
+                                 lambda r, label: [EXPORT.task_for(label), GOLDENS.task_for(r.name),
+                                                   ACCURACY.task_for(r.name)],
                                  lambda r, t: f"kit of {r.name} for {t}")
 
 
 def task_device():
-    """On the recipe's builder (local or ssh://): verify, gate, build the engine, validate, bring back the bundle."""
     from pipeline.graph.kit_stages import device_current, do_device
     from pipeline.graph.specs import stage_label
 
@@ -228,8 +236,8 @@ def task_device():
         for t in r.targets:
             label = stage_label(r, t)
             # not captured: the device half's own progress lines (build, validation) stream to the terminal
-            yield _stage_task(label, _action(do_device, r, t, capture=False),
-                              lambda r=r, t=t: device_current(r, t), [f"package:{label}"],
+            yield _stage_task(label, _action(do_device, r, DEVICE, t, capture=False),
+                              lambda r=r, t=t: device_current(r, t), [PACKAGE.task_for(label)],
                               f"engine for {r.name} on {t} via {r.build.builder.label}")
 
 
@@ -241,21 +249,22 @@ def _invalid(name: str):
 
 
 def task_build():
-    """Every stage of the selected recipes."""
     from pipeline.graph.kit_stages import link_recipe
     from pipeline.graph.specs import stage_label
 
     for r in selected_recipes():
-        device = [f"device:{stage_label(r, t)}" for t in r.targets] if r.build.builder.builds else []
-        yield {"name": r.name, "actions": [_action(link_recipe, r, stage="build")], "doc": r.description,
-               "task_dep": [f"plan:{stage_label(r, t)}" for t in r.targets] + [f"fetch:{r.name}", *_draft_dep(r)]
-               + [f"export:{stage_label(r, t)}" for t in r.targets]
-               + [f"goldens:{r.name}", f"accuracy:{r.name}"] + [f"package:{stage_label(r, t)}" for t in r.targets]
-               + device}
+        labels = [stage_label(r, t) for t in r.targets]
+
+        def each(stage: Stage, labels: list[str] = labels) -> list[str]:
+            return [stage.task_for(label) for label in labels]
+        yield {"name": r.name, "actions": [_action(link_recipe, r, BUILD)], "doc": r.description,
+               "task_dep": each(PLAN) + [FETCH.task_for(r.name), *_draft_dep(r)] + each(EXPORT)
+               + [GOLDENS.task_for(r.name), ACCURACY.task_for(r.name)] + each(PACKAGE)
+               + (each(DEVICE) if r.build.builder.builds else [])}
     # after the valid recipes (it depends on their builds): they are built, then the run fails on these
     for name in invalid_recipes():
         yield {"name": name, "actions": [_invalid(name)], "doc": "INVALID recipe: see `doit list` for its problems",
-               "uptodate": [False], "task_dep": [f"build:{r.name}" for r in selected_recipes()]}
+               "uptodate": [False], "task_dep": [BUILD.task_for(r.name) for r in selected_recipes()]}
 
 
 def _tolerate_full_disk_in_doits_database() -> None:
@@ -300,3 +309,9 @@ def doit_config() -> dict:
     # verbosity 2: doit does not capture a stage's output; the stage sends it to its own log (graph/terminal.py)
     return {"backend": "sqlite3", "dep_file": str(root / ".doit.db"), "verbosity": 2, "subtasks": True,
             "reporter": StageReporter}
+
+
+# doit shows a task function's docstring in `doit list`: each is its row's, written once in the table
+for _fn in (task_plan, task_fetch, task_fetch_draft, task_quantize, task_export, task_goldens, task_accuracy,
+            task_package, task_device, task_build):
+    _fn.__doc__ = BY_NAME[_fn.__name__.removeprefix("task_").replace("_", "-")].doc

@@ -38,7 +38,6 @@ STAGE_FILE = "application/vnd.jetson-pipeline.stage.file.v1"
 EMPTY = "application/vnd.oci.empty.v1+json"
 MANIFEST = contract.STAGE_MANIFEST
 SIGNATURE = f"{MANIFEST}.minisig"
-CACHED_STAGES = frozenset({"fetch", "fetch-draft", "quantize", "export", "goldens", "accuracy"})
 
 
 def _say(line: str) -> None:
@@ -47,8 +46,9 @@ def _say(line: str) -> None:
 
 
 class StageCache:
-    def __init__(self, ref: str, plain_http: bool = False):
-        self.text, self.plain_http = ref, plain_http
+    def __init__(self, ref: str, plain_http: bool = False, stages: frozenset[str] | None = None):
+        """stages: the stages it may carry (the graph's table says which); None: any."""
+        self.text, self.plain_http, self.stages = ref, plain_http, stages
         self.ref = parse_ref(ref)
         self.disabled = False           # after the store failed once: never a stall per stage
 
@@ -75,7 +75,7 @@ class StageCache:
     def restore(self, stage: str, key: str, staging: Path) -> dict | None:
         """The cached stage's files and its stage.json (mtimes refreshed) in `staging`, or None (a miss, or an
         entry that failed a check: warned, nothing left in staging)."""
-        if self.disabled or stage not in CACHED_STAGES:
+        if self.disabled or (self.stages is not None and stage not in self.stages):
             return None
         if f"{self.text} {self.tag(stage, key)}" in _refused():
             _say(f"warning: stage cache entry {self.tag(stage, key)} was refused by a later stage here before; "
@@ -158,7 +158,7 @@ class StageCache:
 
     # ------------------------------------------------------------------------------------------------ publish
     def publish(self, stage: str, key: str, stage_dir: Path, manifest: dict) -> None:
-        if self.disabled or stage not in CACHED_STAGES:
+        if self.disabled or (self.stages is not None and stage not in self.stages):
             return
         from pipeline.kit.signing import signing_key
         started = time.monotonic()
