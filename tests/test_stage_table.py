@@ -40,7 +40,7 @@ def test_the_check_finds_what_it_looks_for():
 
 def test_the_table_is_whole_and_the_cache_carries_only_content_keyed_workstation_stages():
     assert len(NAMES) == len(stages.STAGES) and stages.BY_NAME["fetch-draft"].task == "fetch_draft"
-    assert stages.CACHED == {"fetch", "fetch-draft", "quantize", "export", "goldens", "accuracy"}
+    assert {"fetch", "fetch-draft", "quantize", "export", "goldens", "accuracy"} == stages.CACHED
     assert stages.EXPORT.task_for("r@t") == "export:r@t"
     import dodo  # noqa: F401  (the doit entry point: every task function documented by its row)
     from pipeline.graph import tasks
@@ -49,8 +49,9 @@ def test_the_table_is_whole_and_the_cache_carries_only_content_keyed_workstation
 
 
 def test_a_stage_cache_skips_a_stage_the_table_does_not_let_it_carry(tmp_path):
-    from pipeline.oci.stagecache import StageCache
     import pytest
+
+    from pipeline.oci.stagecache import StageCache
     cache = StageCache(f"oci-layout:{tmp_path / 'cache'}", stages=stages.CACHED)
     (tmp_path / "staging").mkdir()
 
