@@ -131,3 +131,25 @@ def test_calibration_file_must_exist(tmp_path):
     (tmp_path / "calib.txt").write_text("some text")
     data["quantization"]["calibration"] = {"source": "file:calib.txt"}
     assert parse_recipe(data, str(tmp_path / "r.toml")).quantization.calibration.source == "file:calib.txt"
+
+
+@pytest.mark.parametrize("text, kind, value", [("builtin:calib-en", "builtin", "calib-en"),
+                                               ("file:data/x.jsonl", "file", "data/x.jsonl"),
+                                               ("hf:org/set:train", "hf", "org/set:train")])
+def test_a_text_source_is_parsed_once_into_its_kind(tmp_path, text, kind, value):
+    from pipeline.texts import CORPUS_DIR, TextSource
+    s = TextSource.parse(text)
+    assert (s.kind, s.value, str(s)) == (kind, value, text)
+    where = s.path(tmp_path / "r.toml")
+    assert where == {"builtin": CORPUS_DIR / "calib-en.txt", "file": tmp_path / "data/x.jsonl", "hf": None}[kind]
+    if kind == "builtin":
+        assert where is not None and where.is_file()
+
+
+@pytest.mark.parametrize("text", ["calib-en", "s3:bucket/x", "file:", ":x"])
+def test_an_unknown_text_source_is_one_error_saying_what_is_known(text):
+    from pipeline.errors import PipelineError
+    from pipeline.texts import TextSource
+    with pytest.raises(PipelineError, match="unknown text source") as e:
+        TextSource.parse(text)
+    assert "builtin:NAME, file:PATH or hf:DATASET" in e.value.hint

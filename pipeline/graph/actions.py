@@ -161,11 +161,11 @@ def quantize_stage(recipe: Recipe, plans: list[contract.Plan], for_export: bool 
 def _read_texts(recipe: Recipe) -> None:
     """The text files the recipe names (calibration, held-out), read and checked before a model is loaded: a binary,
     non-UTF-8 or malformed one is one error naming its line now, not after calibration."""
+    from pipeline.texts import TextSource
     from pipeline.workstation.calibration import load_texts
     from pipeline.workstation.evaluate import heldout_text
-
     source = recipe.quantization.calibration.source
-    if source.startswith("file:"):
+    if TextSource.parse(source).kind == "file":
         load_texts(source, recipe.file)
     heldout_text(recipe.validation.heldout, recipe.file)
 

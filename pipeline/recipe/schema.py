@@ -249,9 +249,8 @@ def cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
                                 "['ssh://nvidia@orin-a', 'ssh://nvidia@orin-b'])"))
 
     cal = v["quantization"]["calibration"]["source"]
-    if isinstance(cal, str) and cal.startswith("file:"):
-        path = source_path(cal, file)
-        assert path is not None     # a file: source always has a path
+    path = source_path(cal, file) if isinstance(cal, str) and CALIB_RE.match(cal) else None
+    if path is not None:
         if path.suffix not in (".txt", ".jsonl"):
             problems.append(Problem(file, "quantization.calibration.source", cal, "must be a .txt or .jsonl file",
                                     'one passage per line (.txt) or {"text": "..."} per line (.jsonl)'))

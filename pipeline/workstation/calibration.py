@@ -16,11 +16,9 @@ from pipeline.errors import PipelineError
 
 def source_path(source: str, recipe_file: str) -> Path | None:
     """The file of a `file:PATH` calibration source (relative to the recipe file); None for other sources."""
-    if not source.startswith("file:"):
-        return None
-    p = Path(source[5:]).expanduser()
-    # not resolved: the recipe's own path is the one checked and named (a link there is read as a link)
-    return p if p.is_absolute() else (Path(recipe_file).parent / p).absolute()
+    from pipeline.texts import TextSource
+    parsed = TextSource.parse(source)
+    return parsed.path(recipe_file) if parsed.kind == "file" else None
 
 
 MAX_TEXT_BYTES = 256 * 2**20     # more text than 4096 windows of 16384 tokens; a bigger file is not a calibration set
@@ -44,7 +42,9 @@ def read_text_file(path: Path, what: str, limit: int = MAX_TEXT_BYTES) -> str:
 
 
 def load_texts(source: str, recipe_file: str = ".") -> list[str]:
-    kind, _, name = source.partition(":")
+    from pipeline.texts import TextSource
+    parsed = TextSource.parse(source)
+    kind, name = parsed.kind, parsed.value
     if kind == "builtin":
         from pipeline.workstation.tinymodel import corpus_text
         return [p for p in corpus_text(name).split("\n") if p.strip()]

@@ -21,21 +21,23 @@ HELDOUT_MAX = 64 * 2**20      # a held-out text of a few thousand tokens is tens
 def heldout_path(spec: str, recipe_file: str) -> Path:
     """The file of [validation] heldout: "builtin:NAME" (pipeline/data/corpus/NAME.txt) or "file:PATH" (relative to
     the recipe). The accuracy stage's key hashes it and the stage reads it: one resolution for both."""
-    from pipeline.workstation.tinymodel import CORPUS_DIR
-    kind, _, value = spec.partition(":")
-    if kind == "builtin":
-        return CORPUS_DIR / f"{value}.txt"
-    return Path(value) if Path(value).is_absolute() else Path(recipe_file).parent / value
+    from pipeline.texts import TextSource
+    path = TextSource.parse(spec).path(recipe_file)
+    if path is None:
+        raise PipelineError(f"{recipe_file}: validation.heldout = {spec!r}: a held-out text is a builtin: or file:",
+                            "use builtin:NAME or file:PATH")
+    return path
 
 
 def heldout_text(spec: str, recipe_file: str) -> tuple[str, str]:
     """(name, text) of [validation] heldout: "builtin:NAME" (pipeline/data/corpus) or "file:PATH" (relative to the
     recipe)."""
+    from pipeline.texts import TextSource
     from pipeline.workstation.calibration import read_text_file
     from pipeline.workstation.tinymodel import corpus_text
-    kind, _, value = spec.partition(":")
-    if kind == "builtin":
-        return value, corpus_text(value)       # its error lists the builtin corpora
+    parsed = TextSource.parse(spec)
+    if parsed.kind == "builtin":
+        return parsed.value, corpus_text(parsed.value)       # its error lists the builtin corpora
     path = heldout_path(spec, recipe_file)
     # a regular file of bounded size: a FIFO or a link to /dev/zero named here is an error, not a hang
     return path.name, read_text_file(path, f"{recipe_file}: validation.heldout = {spec!r}", HELDOUT_MAX)

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CORPUS_DIR = Path(__file__).parents[1] / "data" / "corpus"     # the shipped corpora: one place says where
+from pipeline.texts import CORPUS_DIR  # the shipped corpora: one place says where
 
 
 @dataclass(frozen=True)
