@@ -143,6 +143,7 @@ STAGES = "stages.json"
 ACCURACY_JSON = "accuracy.json"
 ACCURACY_MD = "accuracy.md"
 TOKENIZER_DIR = "tokenizer"
+SERVING_DIR = "serving"     # in a bundle, beside the engine files: what `serve` needs that the engine directory lacks
 # The device's work directory (`--work`) and results (`--out`):
 KIT_DIR = "kit"
 ENGINE_DIR = "engine"

@@ -81,11 +81,9 @@ def unpack_verified(opened: Opened, dest: Path, trusted: list[PublicKey], allow_
 
 def serving_records(opened: Opened, dest: Path) -> tuple[contract.Plan, contract.Goldens, Path]:
     """A bundle's serving/ part unpacked at `dest`: its plan, goldens and the directory (tokenizer files beside)."""
-    from pipeline.kit.bundle import SERVING_DIR
-
-    serving = dest / SERVING_DIR
+    serving = dest / contract.SERVING_DIR
     if not (serving / contract.PLAN).is_file():
-        raise PipelineError(f"{opened.verified.path}: the bundle carries no {SERVING_DIR}/ (plan, goldens, "
+        raise PipelineError(f"{opened.verified.path}: the bundle carries no {contract.SERVING_DIR}/ (plan, goldens, "
                             "tokenizer): it was made by an older version of the pipeline",
                             "rebuild it with `python -m pipeline device`")
     return contract.Plan.load(serving / contract.PLAN), contract.Goldens.load(serving / contract.GOLDENS), serving

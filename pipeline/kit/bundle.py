@@ -47,7 +47,6 @@ def bundle_meta(kit: VerifiedKit, board: contract.Board) -> contract.BundleMeta:
                                                    quant=m.quant, limits=m.limits))
 
 
-SERVING_DIR = "serving"     # beside the engine files: what `serve` needs that the engine directory lacks
 
 
 def bundle_content(engine_dir: Path, kit_dir: Path, content: Path) -> Path:
@@ -60,11 +59,11 @@ def bundle_content(engine_dir: Path, kit_dir: Path, content: Path) -> Path:
         if f.is_file() and not f.is_symlink():
             link_or_copy(f, content / f.relative_to(engine_dir))
     for name in (contract.PLAN, contract.GOLDENS):
-        link_or_copy(Path(kit_dir) / name, content / SERVING_DIR / name)
+        link_or_copy(Path(kit_dir) / name, content / contract.SERVING_DIR / name)
     tokenizer = Path(kit_dir) / contract.TOKENIZER_DIR
     for f in sorted(tokenizer.iterdir()) if tokenizer.is_dir() else []:
         if f.is_file() and not f.is_symlink():
-            link_or_copy(f, content / SERVING_DIR / contract.TOKENIZER_DIR / f.name)
+            link_or_copy(f, content / contract.SERVING_DIR / contract.TOKENIZER_DIR / f.name)
     return content
 
 
