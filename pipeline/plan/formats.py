@@ -94,35 +94,44 @@ class RowPrecision:
 Q_DQ = frozenset({":QuantizeLinear", ":DequantizeLinear"})
 
 WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in [
-    WeightFormat("fp16", "FP16", 16, 0, None, 5.3, None, None, "fp16", "fp16", needs_calibration=False,
-                 unquantized=True),
+    WeightFormat(name="fp16", label="FP16", bits=16, scale_bits_per_group=0, default_group_size=None, min_sm=5.3,
+                 modelopt_config=None, trtllm_quant_algo=None, math="fp16", decode_class="fp16",
+                 needs_calibration=False, unquantized=True),
     # W4A16 AWQ: int4 weights, one fp16 scale per group of input channels, fp16 pre-quant scale per input channel
     # (the latter is negligible and counted in the per-layer small tensors). Prefill dequantizes to FP16 math.
-    WeightFormat("int4_awq", "INT4-AWQ (W4A16)", 4, 16, 128, 8.0, "INT4_AWQ_CFG", "W4A16_AWQ", "fp16", "int4",
-                 awq=True, edgellm_int4_plugin=True),
-    WeightFormat("int8_sq", "INT8 SmoothQuant (W8A8)", 8, 32, None, 7.2, "INT8_SMOOTHQUANT_CFG",
-                 "W8A8_SQ_PER_CHANNEL", "int8", "fp8", edgellm_ops=Q_DQ),
-    # TensorRT-LLM 0.12's own int8_wo flow calibrates nothing and quantizes at engine load (FACTS.md); decode reads
+    WeightFormat(name="int4_awq", label="INT4-AWQ (W4A16)", bits=4, scale_bits_per_group=16, default_group_size=128,
+                 min_sm=8.0, modelopt_config="INT4_AWQ_CFG", trtllm_quant_algo="W4A16_AWQ", math="fp16",
+                 decode_class="int4", awq=True, edgellm_int4_plugin=True),
+    WeightFormat(name="int8_sq", label="INT8 SmoothQuant (W8A8)", bits=8, scale_bits_per_group=32,
+                 default_group_size=None, min_sm=7.2, modelopt_config="INT8_SMOOTHQUANT_CFG",
+                 trtllm_quant_algo="W8A8_SQ_PER_CHANNEL", math="int8", decode_class="fp8", edgellm_ops=Q_DQ),
+    # TensorRT-LLM 0.12"s own int8_wo flow calibrates nothing and quantizes at engine load (FACTS.md); decode reads
     # its 8-bit weights, prefill dequantizes to FP16 math.
-    WeightFormat("int8_wo", "INT8 weight-only (W8A16)", 8, 16, None, 7.0, None, "W8A16", "fp16", "fp8",
-                 needs_calibration=False, reference_modelopt_config="INT8_WEIGHT_ONLY_CFG",
+    WeightFormat(name="int8_wo", label="INT8 weight-only (W8A16)", bits=8, scale_bits_per_group=16,
+                 default_group_size=None, min_sm=7.0, modelopt_config=None, trtllm_quant_algo="W8A16", math="fp16",
+                 decode_class="fp8", needs_calibration=False, reference_modelopt_config="INT8_WEIGHT_ONLY_CFG",
                  quantized_at_engine_load=True),
     # INT4 weights with FP8 activations: prefill runs FP8 math (SM >= 8.9), decode reads 4-bit weights.
-    WeightFormat("w4a8_awq", "INT4-AWQ weights, FP8 activations (W4A8)", 4, 16, 128, 8.9, "W4A8_AWQ_BETA_CFG",
-                 "W4A8_AWQ", "fp8", "int4", awq=True, hardware="FP8"),
-    WeightFormat("fp8", "FP8 (E4M3)", 8, 32, None, 8.9, "FP8_DEFAULT_CFG", "FP8", "fp8", "fp8", edgellm_ops=Q_DQ,
-                 hardware="FP8"),
+    WeightFormat(name="w4a8_awq", label="INT4-AWQ weights, FP8 activations (W4A8)", bits=4, scale_bits_per_group=16,
+                 default_group_size=128, min_sm=8.9, modelopt_config="W4A8_AWQ_BETA_CFG", trtllm_quant_algo="W4A8_AWQ",
+                 math="fp8", decode_class="int4", awq=True, hardware="FP8"),
+    WeightFormat(name="fp8", label="FP8 (E4M3)", bits=8, scale_bits_per_group=32, default_group_size=None, min_sm=8.9,
+                 modelopt_config="FP8_DEFAULT_CFG", trtllm_quant_algo="FP8", math="fp8", decode_class="fp8",
+                 edgellm_ops=Q_DQ, hardware="FP8"),
     # NVFP4: E2M1 values, one FP8 scale per 16 elements (plus a per-tensor FP32 scale, negligible). Its ops were
     # seen in the NVFP4 export of tiny-llama on an H100 (bench/nvfp4.py).
-    WeightFormat("nvfp4", "NVFP4", 4, 8, 16, 10.0, "NVFP4_DEFAULT_CFG", "NVFP4", "fp4", "nvfp4",
+    WeightFormat(name="nvfp4", label="NVFP4", bits=4, scale_bits_per_group=8, default_group_size=16, min_sm=10.0,
+                 modelopt_config="NVFP4_DEFAULT_CFG", trtllm_quant_algo="NVFP4", math="fp4", decode_class="nvfp4",
                  gpu_calibration_only=True, fixed_group_size=16, hardware="FP4",
                  edgellm_ops=frozenset({"trt:TRT_FP4DynamicQuantize", "trt:DequantizeLinear"})),
 ]}
 
 KV_FORMATS: dict[str, KVFormat] = {f.name: f for f in [
-    KVFormat("fp16", "FP16 KV cache", 2, 5.3, None),
-    KVFormat("int8", "INT8 KV cache", 1, 7.2, "INT8", modelopt_num_bits=8),
-    KVFormat("fp8", "FP8 KV cache", 1, 8.9, "FP8", modelopt_num_bits=(4, 3), quantizes_query=True),
+    KVFormat(name="fp16", label="FP16 KV cache", bytes_per_element=2, min_sm=5.3, trtllm_kv_algo=None),
+    KVFormat(name="int8", label="INT8 KV cache", bytes_per_element=1, min_sm=7.2, trtllm_kv_algo="INT8",
+             modelopt_num_bits=8),
+    KVFormat(name="fp8", label="FP8 KV cache", bytes_per_element=1, min_sm=8.9, trtllm_kv_algo="FP8",
+             modelopt_num_bits=(4, 3), quantizes_query=True),
 ]}
 
 # Engine classes of the published rows (plan/perf.py): TensorRT engines from ModelOpt checkpoints keep lm_head in
