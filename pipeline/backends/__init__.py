@@ -124,7 +124,7 @@ class Backend:
     reports_kv_allocation: bool  # its runtime says how much paged KV cache it allocated (a report check requires it)
     export_summary: Callable[[ExportRecord], str]   # the export stage's line
     refuse_on_family: dict[str, str] = field(default_factory=dict)   # target family -> why it cannot work there
-    # HF architecture -> what this backend version builds of that model family (pipeline/families/records.py)
+    # HF architecture -> what this backend version builds of that model family (its own table, in its module)
     families: dict[str, Support] = field(default_factory=dict)
     # why this version cannot build a weight format with a KV cache format although it builds each on its own,
     # asked with the two formats' records (plan/formats.py); None where it builds the pair

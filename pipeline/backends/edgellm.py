@@ -82,7 +82,45 @@ def export_summary(e: ExportRecord) -> str:
     return f"{e.quant_algo or e.weights} ONNX for SM {e.target_sm}"
 
 
-from pipeline.families.records import EDGELLM_011  # noqa: E402  (beside its use)
+from pipeline.families.kinds import Support  # noqa: E402  (beside its use)
+from pipeline.families.records import GEMMA2, GEMMA3, LLAMA, MISTRAL, PHI3, QWEN2, QWEN3  # noqa: E402
+
+# Edge-LLM 0.11's generic decoder (tensorrt_edgellm/models/default, config.py ModelConfig) reads RoPE scaling
+# (linear, dynamic, llama3, longrope, yarn) and partial rotary from config.json, and its attention plugin applies q/k
+# norm; the runtime computes the RoPE table (for LongRoPE one factor set per engine: Support.longrope_per_engine).
+# Listed are the RoPE types a test of this repo checked the exported graph with (the runtime double computes them).
+_EDGELLM_ROPE = ("default", "llama3", "longrope")
+# a family Edge-LLM's own supported-models list does not name is registered with the formats a test here checked:
+# tests/test_families.py on the CPU, NVFP4 by tests/test_nvfp4.py on a GPU (an H200, 2026-11-24)
+_PHI3_CHECKED = (("fp16", "int4_awq", "fp8", "nvfp4"), ("fp16", "fp8"),
+                 "INT8 SmoothQuant (Orin on JetPack 7.2) is not settled here yet for this family")
+
+
+def _edgellm_dense(verified: str, formats: tuple[str, ...] | None = None, kv_cache: tuple[str, ...] | None = None,
+                   formats_why: str = "") -> Support:
+    return Support(rope_types=_EDGELLM_ROPE, partial_rotary=True, longrope_per_engine=True, formats=formats,
+                   kv_cache=kv_cache, formats_why=formats_why, verified=verified)
+
+
+_NO_GEMMA_PATH = ("Edge-LLM 0.11's exporter has a Gemma 4 model and no {} path; its generic decoder has no (1 + w) "
+                  "RMSNorm, post-attention norms or embedding scaling")
+
+EDGELLM_011: dict[str, Support] = {
+    LLAMA: _edgellm_dense("tests/test_edgellm_export.py (tiny-llama)"),
+    MISTRAL: _edgellm_dense("its generic decoder; tests/test_families.py (tiny-mistral: FP16, INT4-AWQ, FP8, the FP8 "
+                            "KV cache, INT8 SmoothQuant for SM 8.7; run by the runtime double), tests/test_nvfp4.py "
+                            "(NVFP4, on a GPU)"),
+    QWEN2: _edgellm_dense("Edge-LLM supported models (Qwen2/2.5, DeepSeek-R1-Distill)"),
+    QWEN3: _edgellm_dense("Edge-LLM supported models; tests/test_families.py (tiny-qwen3: q/k norm in the attention "
+                          "plugin, FP16, INT4-AWQ, FP8, the FP8 KV cache, INT8 SmoothQuant for SM 8.7; run by the "
+                          "runtime double), tests/test_nvfp4.py (NVFP4, on a GPU)"),
+    PHI3: _edgellm_dense("its generic decoder (fused projections split by its loader, partial_rotary_factor); "
+                         "tests/test_families.py (tiny-phi3 FP16, FP8, the FP8 KV cache and INT4-AWQ through the V1 "
+                         "plugin, tiny-phi3-h128 INT4-AWQ through V2, tiny-phi3-longrope; run by the runtime double), "
+                         "tests/test_nvfp4.py (NVFP4, on a GPU)", *_PHI3_CHECKED),
+    GEMMA2: Support(refused=_NO_GEMMA_PATH.format("Gemma 2")),
+    GEMMA3: Support(refused=_NO_GEMMA_PATH.format("Gemma 3")),
+}
 
 
 # Edge-LLM 0.11's checkpoint reader (tensorrt_edgellm/config.py) returns ModelOpt's W4A16_AWQ quantization without a

@@ -91,7 +91,39 @@ def export_summary(e: ExportRecord) -> str:
     return f"{e.quant_algo or e.weights} checkpoint{cosine}"
 
 
-from pipeline.families.records import TRTLLM_012  # noqa: E402  (beside its use)
+from pipeline.families.kinds import Support  # noqa: E402  (beside its use)
+from pipeline.families.records import GEMMA2, GEMMA3, LLAMA, MISTRAL, PHI3, QWEN2, QWEN3  # noqa: E402
+
+
+# TensorRT-LLM 0.12's LLaMA class (tensorrt_llm/models/llama/model.py): RMSNorm, SiLU-gated MLP, RoPE with
+# rotary_scaling linear / dynamic / llama3 (the reader here computes default, linear and llama3), no sliding window
+# in the checkpoint, no soft-capping.
+def _llama_012(verified: str) -> Support:
+    return Support(trtllm_class="LLaMAForCausalLM", modelopt_decoder="llama",
+                   rope_types=("default", "linear", "llama3"), verified=verified)
+
+
+# Phi-3 is in 0.12's MODEL_MAP, but Phi-3.5 support came in TensorRT-LLM's 2024-09-30 update (PR #2273, after 0.12)
+# and a 0.12-era phi3/model.py has no partial rotary (Phi-4-mini); Gemma 2 was not in TensorRT-LLM when 0.12 shipped
+# (NVIDIA/TensorRT-LLM#1984 "please support gemma2" was still open on 2024-10-31, with users hand-patching Gemma 1).
+_PHI3_012 = ("TensorRT-LLM added Phi-3.5 after 0.12 (its 2024-09-30 update) and Phi-4-mini later; this pipeline's "
+             "0.12 export does not cover 0.12's Phi-3 (mini, small, medium) checkpoint layout, which is not confirmed "
+             "here against the 0.12 source")
+_GEMMA2_012 = ("TensorRT-LLM had no Gemma 2 when 0.12 shipped (its Gemma 2 request, issue #1984, was still open in "
+               "October 2024), and 0.12 is the last release for Orin on JetPack 6")
+
+TRTLLM_012: dict[str, Support] = {
+    LLAMA: _llama_012("0.12 MODEL_MAP; tests/test_export.py (tiny-llama, all formats)"),
+    MISTRAL: _llama_012("0.12 MODEL_MAP: MistralForCausalLM -> LLaMAForCausalLM; tests/test_export.py "
+                        "(tiny-mistral, all formats); tests/test_families.py (doit export)"),
+    QWEN2: Support(trtllm_class="QWenForCausalLM", modelopt_decoder="qwen", rope_types=("default", "linear"),
+                   verified="0.12 MODEL_MAP; tests/test_export.py (tiny-qwen2)"),
+    QWEN3: Support(refused="Qwen3 was added to TensorRT-LLM after 0.12 (0.12's examples/qwen covers Qwen, Qwen1.5 "
+                           "and Qwen2), and 0.12 is the last release for Orin on JetPack 6"),
+    PHI3: Support(refused=_PHI3_012),
+    GEMMA2: Support(refused=_GEMMA2_012),
+    GEMMA3: Support(refused="Gemma 3 was added to TensorRT-LLM after 0.12"),
+}
 
 BACKEND = Backend(
     name="trtllm-0.12", label="TensorRT-LLM 0.12", payload="checkpoint", python_package="tensorrt_llm",
