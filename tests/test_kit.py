@@ -292,3 +292,13 @@ def test_command_line_round_trip(tmp_path, src):
     r = subprocess.run([sys.executable, "-m", "pipeline", "verify", str(tmp_path / "stick" / "demo")],
                        env=dict(env, JETSON_PIPELINE_HOME=str(tmp_path / "elsewhere")), capture_output=True, text=True)
     assert r.returncode == 2 and "no trusted public keys" in r.stderr
+
+
+def test_a_trusted_comment_is_written_and_read_by_one_pair_and_no_field_can_forge_another():
+    from pipeline.kit.signing import comment_fields, comment_line
+    line = comment_line("push", ("kit", "r@t"), ("timestamp", 17), ("ref", "kits:v1"))
+    assert line == "push\tkit:r@t\ttimestamp:17\tref:kits:v1"
+    assert comment_fields(line) == {"kit": "r@t", "timestamp": "17", "ref": "kits:v1"}
+    for forged in ("a\tkit:other", "a\nx", "a\rb"):
+        with pytest.raises(ValueError, match="cannot hold a tab or a line break"):
+            comment_line(("kit", forged))

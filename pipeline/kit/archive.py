@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pipeline import contract
 from pipeline.files import move_into_place, sibling
-from pipeline.kit.signing import SecretKey
+from pipeline.kit.signing import SecretKey, comment_line
 from pipeline.kit.verify import KitError, VerifiedKit, check_kit
 
 MANIFEST, SUMS, SIG = contract.MANIFEST, contract.SUMS, contract.SIG
@@ -227,4 +227,5 @@ def _write_kit(src: Path, out: Path, name: str, kind: str, key: SecretKey,
     sums = [(hashlib.sha256((out / MANIFEST).read_bytes()).hexdigest(), MANIFEST)]
     sums += [(p["sha256"], p["name"]) for p in parts]
     (out / SUMS).write_text("".join(f"{h}  {n}\n" for h, n in sums))
-    (out / SIG).write_text(key.sign_file(out / SUMS, f"timestamp:{int(time.time())}\tfile:{SUMS}\tkit:{name}"))
+    (out / SIG).write_text(key.sign_file(out / SUMS, comment_line(("timestamp", int(time.time())), ("file", SUMS),
+                                                                  ("kit", name))))

@@ -144,7 +144,8 @@ class SecretKey:
     def sign_file(self, path: Path, trusted_comment: str | None = None) -> str:
         """The .minisig text for `path`."""
         return self.sign_bytes(Path(path).read_bytes(),
-                               trusted_comment or f"timestamp:{int(time.time())}\tfile:{Path(path).name}\thashed")
+                               trusted_comment or comment_line(("timestamp", int(time.time())),
+                                                                ("file", Path(path).name), "hashed"))
 
     def sign_bytes(self, data: bytes, comment: str) -> str:
         """The .minisig text for `data` with the trusted comment `comment` (Ed25519 is deterministic: the same
@@ -170,8 +171,20 @@ def _key_lines(path: Path, what: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
+def comment_line(*items: str | tuple[str, object]) -> str:
+    """A trusted comment: bare words and `key:value` fields, tab-separated, in the order given (what
+    `comment_fields` reads back). A value holding a tab or a line break would forge another field: refused."""
+    out = []
+    for item in items:
+        text = item if isinstance(item, str) else f"{item[0]}:{item[1]}"
+        if "\t" in text or "\n" in text or "\r" in text:
+            raise ValueError(f"a trusted comment field cannot hold a tab or a line break: {text[:80]!r}")
+        out.append(text)
+    return "\t".join(out)
+
+
 def comment_fields(comment: str) -> dict[str, str]:
-    """A trusted comment's `key:value` fields, tab-separated (kit, timestamp, stage, ref, ...)."""
+    """A trusted comment's `key:value` fields, tab-separated (kit, timestamp, stage, ref, ...): `comment_line`'s."""
     return dict(f.split(":", 1) for f in comment.split("\t") if ":" in f)
 
 

@@ -106,7 +106,8 @@ def _model_config(v: VerifiedKit, layers: list[Blob]) -> bytes:
 def push_statement(v: VerifiedKit, binding: str) -> str:
     """The trusted comment push signs (over the kit's SHA256SUMS): this kit, this manifest, pushed to `binding`
     (REPOSITORY:TAG, or TAG in a layout). Deterministic, so an unchanged kit pushed again uploads nothing."""
-    return f"push\tkit:{v.name}\tmanifest:{v.manifest_sha256}\tref:{binding}"
+    from pipeline.kit.signing import comment_line
+    return comment_line("push", ("kit", v.name), ("manifest", v.manifest_sha256), ("ref", binding))
 
 
 def make(v: VerifiedKit, push_sig: bytes) -> tuple[bytes, bytes, list[Blob]]:

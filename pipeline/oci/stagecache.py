@@ -160,12 +160,12 @@ class StageCache:
     def publish(self, stage: str, key: str, stage_dir: Path, manifest: dict) -> None:
         if self.disabled or (self.stages is not None and stage not in self.stages):
             return
-        from pipeline.kit.signing import signing_key
+        from pipeline.kit.signing import comment_line, signing_key
         started = time.monotonic()
         try:
             secret = signing_key(create=True)
-            sig = secret.sign_file(stage_dir / MANIFEST,
-                                   f"timestamp:{int(time.time())}\tstage:{stage}\tkey:{key}")
+            sig = secret.sign_file(stage_dir / MANIFEST, comment_line(("timestamp", int(time.time())),
+                                                                      ("stage", stage), ("key", key)))
             store = self._store(self.tag(stage, key))
             layers: list[tuple[Blob, Path | bytes]] = []
             for name, info in sorted(manifest["files"].items()):
