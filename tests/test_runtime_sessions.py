@@ -29,7 +29,8 @@ class RecordingExecutor:
     """TEST DOUBLE of tensorrt_llm.bindings.executor.Executor: records requests and cancels; answers only what the test
     puts in `responses`."""
 
-    def __init__(self, *_args):
+    def __init__(self, *args):
+        self.args = args            # (engine directory, model type, ExecutorConfig)
         self.requests, self.cancelled, self.responses = [], [], []
         self.lock = threading.Lock()
 
@@ -219,3 +220,43 @@ def test_the_measured_decode_rate_counts_the_tokens_after_the_first(monkeypatch)
     (result,) = session_runner.golden_results(ScriptedEngine(), goldens)
     assert result.output_ids == [1, 2, 3, 4, 5, 6] and result.decode_tok_s == 1.0
     assert result.ttft_s == 1.0         # sent at one tick, the first token at the next
+
+
+def test_trtllm_a_guided_request_goes_through_the_logits_post_processor_that_masks_by_its_grammar(tmp_path):
+    """0.12's logits post-processor: the session registers its callback in ExecutorConfig's map and names it on a
+    guided request; the callback advances the request's grammar by the beam's generated tokens and sets every token
+    the grammar does not allow next to -inf in place."""
+    import torch
+
+    from pipeline.runtime.grammar import Grammars
+    from pipeline.runtime.trtllm import GUIDE
+    from pipeline.workstation.tinymodel import train_tokenizer
+
+    tok = train_tokenizer(400)
+    eos = tok.token_to_id("<|eos|>")
+    grammars = Grammars(tok.to_str(), (eos,))
+    mod = executor_module()
+    s = TrtllmSession(tmp_path, LIMITS, kv_tokens=256, executor_module=mod, grammars=grammars)
+    try:
+        assert set(s.executor.args[2].logits_post_processor_map) == {GUIDE}      # ExecutorConfig(..., map)
+        guide = s.guide(Constraint({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                                    "additionalProperties": False}))
+        h = s.submit(Generation((5, 6), "", 16, Sampling(), (eos,), guide=guide), lambda _e: None)
+        plain = s.submit(Generation((5, 6), "", 16, Sampling(), (eos,)), lambda _e: None)
+        assert s.executor.requests[0].logits_post_processor_name == GUIDE
+        assert s.executor.requests[1].logits_post_processor_name is None
+        vocab = tok.get_vocab_size()
+        logits = torch.zeros(1, 1, vocab)
+        s._mask_logits(h.id, logits, [[5, 6]], 0, None)
+        allowed = {i for i in range(vocab) if logits[0, 0, i] == 0}
+        assert allowed and all(tok.decode([i]).startswith("{") for i in allowed)       # only an object may start
+        brace = tok.token_to_id("{")
+        logits = torch.zeros(1, 1, vocab)
+        s._mask_logits(h.id, logits, [[5, 6, brace]], 0, None)                         # the beam went on with "{"
+        after = {tok.decode([i]) for i in range(vocab) if logits[0, 0, i] == 0}
+        assert after and all(t.startswith('"') for t in after)                          # then the key's quote
+        untouched = torch.zeros(1, 1, vocab)
+        s._mask_logits(plain.id, untouched, [[5, 6]], 0, None)
+        assert torch.equal(untouched, torch.zeros(1, 1, vocab))                        # an unguided request
+    finally:
+        s.close()

@@ -54,10 +54,25 @@ def test_the_bundle_serves_the_goldens_through_the_executor(bundle, tmp_path):
             t.join(60)
         assert got == alone and len(set(alone.values())) > 1
         assert s.metrics()["jetson_llm_kv_cache_usage_ratio"] == 0.0      # the executor's KvCacheStats, idle
-        # structured output needs a runtime that constrains decoding: the 0.12 executor here is refused by name
-        with pytest.raises(openai.BadRequestError, match="structured output is not available on the trtllm-0.12"):
-            c.completions.create(model="tiny-llama-cpu@orin-nano-8gb", prompt="x", max_tokens=4,
-                                 extra_body={"response_format": {"type": "json_object"}})
+        # structured output and forced tool calls through 0.12's logits post-processor, masked by the request's grammar
+        import jsonschema
+        schema = {"type": "object", "additionalProperties": False, "required": ["n"],
+                  "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}}
+        r = c.chat.completions.create(model="tiny-llama-cpu@orin-nano-8gb", messages=[{"role": "user", "content": "n"}],
+                                      temperature=0, response_format={"type": "json_schema", "json_schema": {
+                                          "name": "n", "schema": schema}})
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+        tool = {"type": "function", "function": {"name": "count", "parameters": schema}}
+        r = c.chat.completions.create(model="tiny-llama-cpu@orin-nano-8gb", temperature=0, tools=[tool],
+                                      tool_choice="required", messages=[{"role": "user", "content": "Count"}])
+        (call,) = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "count"
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+        free = c.chat.completions.create(model="tiny-llama-cpu@orin-nano-8gb", temperature=0, max_tokens=8,
+                                         messages=[{"role": "user", "content": "n"}])
+        with pytest.raises(ValueError):
+            json.loads(free.choices[0].message.content)        # the grammar, not the model, made it JSON
         # what 0.12's SamplingConfig and OutputConfig have is applied; what they lack is refused by name
         with pytest.raises(openai.BadRequestError, match="min_p: the trtllm-0.12 runtime does not apply it"):
             c.completions.create(model="tiny-llama-cpu@orin-nano-8gb", prompt="x", max_tokens=4,

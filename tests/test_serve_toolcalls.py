@@ -116,7 +116,7 @@ def tokenizer():
 def test_a_forced_call_parses_and_validates_whatever_tokens_are_chosen(tokenizer, fmt, choice):
     """Tokens chosen at random among those the grammar allows (a random model's worst case) still make one call of
     an offered (or the named) function whose arguments validate against its schema."""
-    from pipeline.serve.constrain import Grammars
+    from pipeline.runtime.grammar import Grammars
     from pipeline.serve.text import TextCodec
 
     codec = TextCodec(tokenizer, {})

@@ -51,7 +51,7 @@ def from_recipe(name: str, target: str | None = None,
         import torch
 
         from pipeline.graph.actions import reference_model
-        from pipeline.serve.constrain import Grammars
+        from pipeline.runtime.grammar import Grammars
         from pipeline.serve.reference import ReferenceSession
         from pipeline.workstation.cpu_linear import skinny_linears
         from pipeline.workstation.models import input_device

@@ -14,6 +14,12 @@ tensorrt_llm.bindings.executor (0.12, FACTS.md "Serving the built engine"):
 
 Not ModelRunnerCpp: its streaming loop consumes every pending response, so it serves one caller at a time. 0.12 has
 no finish reason: a final response ending in a stop id is "stop", else "length".
+
+Structured output and forced tool calls go through 0.12's logits post-processor (ExecutorConfig(
+logits_post_processor_map={name: callback}), Request(logits_post_processor_name=name); its
+examples/bindings/executor/example_logits_processor.py constrains JSON this way): the callback gets the request id,
+the step's logits (a torch tensor on the GPU), the beam's tokens and the CUDA stream, and masks every token the
+request's llguidance grammar (runtime/grammar.py, over the bundle's tokenizer.json) does not allow next.
 """
 
 from __future__ import annotations
@@ -26,7 +32,16 @@ from typing import Any
 
 from pipeline import contract
 from pipeline.backends import trtllm012
-from pipeline.runtime.session import Emit, EngineSession, Event, Generation, Handle, Limits, TokenLogprob
+from pipeline.runtime.session import (
+    Constraint,
+    Emit,
+    EngineSession,
+    Event,
+    Generation,
+    Handle,
+    Limits,
+    TokenLogprob,
+)
 
 POLL = datetime.timedelta(milliseconds=20)
 
@@ -35,6 +50,14 @@ KV_ALLOCATED = re.compile(r"Allocated ([0-9.]+) GiB for max tokens in paged KV c
 KV_BLOCKS = re.compile(r"Number of blocks in KV cache primary pool: (\d+)")
 KV_TOKENS_PER_BLOCK = re.compile(r"Number of tokens per block: (\d+)")
 KV_OLD = re.compile(r"Using (\d+) tokens in paged KV cache")
+GUIDE = "jetson_pipeline_guide"      # our logits post-processor's name in the executor's map
+
+
+class _Guided:
+    """One guided request's grammar state: the prompt, how many of its generated tokens the grammar has taken."""
+
+    def __init__(self, state: Any, prompt: tuple[int, ...]):
+        self.state, self.prompt, self.taken = state, list(prompt), 0
 
 
 class TrtllmSession(EngineSession):
@@ -45,7 +68,8 @@ class TrtllmSession(EngineSession):
 
     @classmethod
     def open(cls, engine_dir: Path, plan: contract.Plan, limits: Limits) -> TrtllmSession:
-        return cls(engine_dir, limits, kv_tokens=plan.limits.max_batch_size * plan.limits.max_seq_len)
+        return cls(engine_dir, limits, kv_tokens=plan.limits.max_batch_size * plan.limits.max_seq_len,
+                   grammars=_bundle_grammars(Path(engine_dir)))
 
     @classmethod
     def reported_kv_allocation(cls, log: str, stats: dict[str, int] | None) -> dict[str, Any] | None:
@@ -69,20 +93,56 @@ class TrtllmSession(EngineSession):
             return {"tokens": int(old[-1]), "bytes": None, "source": f"TensorRT-LLM log: Using {old[-1]} tokens"}
         return None
 
-    def __init__(self, engine_dir: Path, limits: Limits, kv_tokens: int, executor_module: Any = None):
+    def __init__(self, engine_dir: Path, limits: Limits, kv_tokens: int, executor_module: Any = None,
+                 grammars: Any = None):
+        """grammars: runtime/grammar.Grammars over the served tokenizer (None: no structured output here)."""
         super().__init__()
         if executor_module is None:
             import importlib
             executor_module = importlib.import_module("tensorrt_llm.bindings.executor")
-        self.ex_mod, self.limits = executor_module, limits
+        self.ex_mod, self.limits, self.grammars = executor_module, limits, grammars
+        self._guided: dict[int, _Guided] = {}
         tle = executor_module
-        config = tle.ExecutorConfig(max_beam_width=1, kv_cache_config=tle.KvCacheConfig(max_tokens=kv_tokens))
+        post = {"logits_post_processor_map": {GUIDE: self._mask_logits}} if grammars is not None else {}
+        config = tle.ExecutorConfig(max_beam_width=1, kv_cache_config=tle.KvCacheConfig(max_tokens=kv_tokens),
+                                    **post)
         self.executor = tle.Executor(Path(engine_dir), tle.ModelType.DECODER_ONLY, config)
         self._handles: dict[int, Handle] = {}
         self._map_lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="trtllm-executor", daemon=True)
         self._thread.start()
+
+    def guide(self, constraint: Constraint) -> Any:
+        if self.grammars is None:
+            raise NotImplementedError("it needs llguidance on the board (pip install 'llguidance>=1.0', the [serve] "
+                                      "extra) and the bundle's tokenizer.json")
+        return self.grammars.compile(constraint)
+
+    def _mask_logits(self, req_id: int, logits: Any, beam_tokens: Any, stream_ptr: Any = None, *_rest: Any) -> None:
+        """The executor's logits post-processor for guided requests: advance the request's grammar by the tokens
+        generated since the last step, then set every logit it does not allow next to -inf, in place, on the
+        executor's CUDA stream."""
+        import torch
+        with self._map_lock:
+            g = self._guided.get(int(req_id))
+        if g is None:
+            return
+        tokens = [int(t) for t in beam_tokens[0]]
+        generated = tokens[len(g.prompt):] if tokens[:len(g.prompt)] == g.prompt else tokens
+        for t in generated[g.taken:]:
+            g.state.advance(t)
+        g.taken = len(generated)
+        allowed = torch.frombuffer(bytearray(g.state.allowed()), dtype=torch.uint8)
+        vocab = logits.shape[-1]
+        mask = torch.full((vocab,), float("-inf"))
+        n = min(vocab, allowed.numel())
+        mask[:n] = torch.where(allowed[:n] != 0, 0.0, float("-inf"))
+        if getattr(logits, "is_cuda", False) and stream_ptr:
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream_ptr)):
+                logits += mask.to(logits.device, non_blocking=True)
+        else:
+            logits += mask.to(logits.device)
 
     def submit(self, gen: Generation, emit: Emit) -> Handle:
         tle, s = self.ex_mod, gen.sampling
@@ -96,19 +156,23 @@ class TrtllmSession(EngineSession):
         request = tle.Request(input_token_ids=list(gen.prompt_ids), max_new_tokens=gen.max_new_tokens,
                               streaming=True, sampling_config=sampling, end_id=stops[0] if stops else None,
                               output_config=tle.OutputConfig(return_log_probs=True) if gen.logprobs is not None
-                              else None,
+                              else None, logits_post_processor_name=GUIDE if gen.guide is not None else None,
                               pad_id=stops[0] if stops else None,
                               stop_words=[[t] for t in stops[1:]] or None)
         handle = self._handle(gen, emit)
-        with self._map_lock:        # registered before a response for it can be awaited
+        with self._map_lock:        # registered before a response (or a logits callback) for it can come
             handle.id = self.executor.enqueue_request(request)
             self._handles[handle.id] = handle
+            if gen.guide is not None:
+                assert self.grammars is not None        # guide() compiled it
+                self._guided[handle.id] = _Guided(self.grammars.start(gen.guide), gen.prompt_ids)
         return handle
 
     def cancel(self, handle: Handle) -> None:
         handle.cancelled.set()
         with self._map_lock:
             known = self._handles.pop(handle.id, None) is not None
+            self._guided.pop(handle.id, None)
         if known:
             self.executor.cancel_request(handle.id)
 
@@ -164,6 +228,7 @@ class TrtllmSession(EngineSession):
     def _finish(self, handle: Handle, event: Event) -> None:
         with self._map_lock:
             self._handles.pop(handle.id, None)
+            self._guided.pop(handle.id, None)
         handle.emit(event)
 
     def _fail(self, message: str) -> None:
@@ -172,3 +237,19 @@ class TrtllmSession(EngineSession):
             pending, self._handles = list(self._handles.values()), {}
         for h in pending:
             h.emit(Event([], final=True, error=message))
+
+
+def _bundle_grammars(bundle_dir: Path) -> Any:
+    """Grammars over the bundle's tokenizer (its serving/ part) with the goldens' stop ids, or None where llguidance
+    is not installed or the bundle has no tokenizer.json (structured output is then refused by name)."""
+    serving = bundle_dir / contract.SERVING_DIR
+    try:
+        from pipeline.files import read_regular
+        from pipeline.runtime.grammar import Grammars
+        text = read_regular(serving / contract.TOKENIZER_DIR / "tokenizer.json", 64 * 2**20).decode("utf-8")
+        stops = contract.Goldens.load(serving / contract.GOLDENS).stop_ids
+        from tokenizers import Tokenizer
+        control = {t.content: i for i, t in Tokenizer.from_str(text).get_added_tokens_decoder().items() if t.special}
+        return Grammars(text, stops, control)
+    except Exception:        # noqa: BLE001 - optional: no llguidance, no tokenizer, an unreadable file
+        return None

@@ -27,7 +27,7 @@ class _Running:
     last: int | None = None
     made: int = 0
     generator: Any = None
-    grammar: Any = None     # constrain.Constrained: the answer's grammar state, where the request has one
+    grammar: Any = None     # grammar.Constrained: the answer's grammar state, where the request has one
     counts: Any = None      # how often each token came in the answer (for the penalties), where asked
 
 
@@ -41,7 +41,7 @@ class ReferenceSession(Session):
                  on_close: Callable[[], None] = lambda: None, grammars: Any = None):
         """device: where the model's inputs go. thread_context: entered by the session's own thread around every
         forward (torch function modes such as the goldens' skinny_linears are per thread). on_close: releases the
-        model after the thread stopped. grammars: constrain.Grammars of the served tokenizer, for requests with a
+        model after the thread stopped. grammars: grammar.Grammars of the served tokenizer, for requests with a
         grammar."""
         super().__init__()
         self.model, self.limits, self.device = model, limits, device

@@ -2,7 +2,9 @@
 with in-flight batching over the engine the trtllm-build double wrote, computed by the pipeline's independent
 reader (the same checkpoint-to-numerics path as the ModelRunnerCpp double).
 
-Interface as 0.12 publishes it (cpp/tensorrt_llm/pybind/executor/bindings.cpp, docs/source/executor.md):
+Interface as 0.12 publishes it (cpp/tensorrt_llm/pybind/executor/bindings.cpp, docs/source/executor.md;
+ExecutorConfig.logits_post_processor_map's callbacks called with (request id, logits, beam tokens, stream, client id)
+before each token is chosen, as examples/bindings/executor/example_logits_processor.py uses them):
 Executor(model_path, ModelType, ExecutorConfig); enqueue_request(Request) -> id; await_responses(timeout=) ->
 [Response] of any request; Response.request_id / has_error() / error_msg / result.output_token_ids[beam] (streaming:
 the new tokens only) / result.is_final; cancel_request(id); get_latest_iteration_stats(); shutdown(). A request
@@ -56,6 +58,7 @@ class ExecutorConfig:
                  decoding_config=None, gpu_weights_percent=1.0):
         assert max_beam_width == 1
         self.kv_cache_config = kv_cache_config or KvCacheConfig()
+        self.logits_post_processor_map = logits_post_processor_map or {}
 
 
 class SamplingConfig:
@@ -84,6 +87,7 @@ class Request:
         self.sampling_config = sampling_config or SamplingConfig()
         self.output_config = output_config or OutputConfig()
         self.end_id, self.stop_words = end_id, [list(w) for w in stop_words or []]
+        self.logits_post_processor_name = logits_post_processor_name
 
 
 class Result:
@@ -122,6 +126,7 @@ class Executor:
         self.vocab = cfg["vocab_size"]
         self.per_block = self.build.get("tokens_per_block", 64)
         kv = executor_config.kv_cache_config
+        self._post = executor_config.logits_post_processor_map
         kv_bytes = 1 if (cfg.get("quantization") or {}).get("kv_cache_quant_algo") else 2
         per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * \
             (cfg["hidden_size"] // cfg["num_attention_heads"]) * kv_bytes
@@ -161,7 +166,7 @@ class Executor:
                 seed = request.sampling_config.random_seed
                 gen = torch.Generator().manual_seed(seed if seed is not None else 0)
                 self._active[rid] = {"req": request, "ids": list(request.input_token_ids), "made": 0, "gen": gen,
-                                     "log_probs": []}
+                                     "log_probs": [], "rid": rid}
             self._lock.notify_all()
             return rid
 
@@ -222,6 +227,12 @@ class Executor:
         if s.presence_penalty or s.frequency_penalty:
             counts = torch.bincount(torch.tensor(a["ids"]), minlength=self.vocab)[:self.vocab].float()
             logits = logits - (s.frequency_penalty or 0) * counts - (s.presence_penalty or 0) * (counts > 0).float()
+        name = a["req"].logits_post_processor_name
+        if name is not None:        # as the executor calls it: request id, the step's logits, the beam's tokens, stream
+            if name not in self._post:
+                raise RuntimeError(f"[TensorRT-LLM][ERROR] no logits post-processor named {name}")
+            view = logits.view(1, 1, -1)        # [beam, step, vocab], modified in place
+            self._post[name](a["rid"], view, [list(a["ids"])], 0, None)
         if s.top_k == 1 or not s.temperature:
             token = int(logits.argmax())
             token = (token + 1) % self.vocab if a["made"] == self._wrong_at else token
