@@ -41,6 +41,7 @@ log = logging.getLogger("pipeline.serve")
 TOKENIZER_THREADS = 2       # prompts rendered and tokenized at once, off the event loop
 TRUNCATED_HEADER = "X-Truncated-Messages"      # chat messages dropped (oldest turns first) to fit max_input_len
 TOOLS_HEADER = "X-Tools-Ignored"               # why a request's tools were answered as a plain chat
+TIMED_OUT = Event([], final=True, error="--request-timeout")   # what a request's timer queues at its deadline
 
 
 @dataclass
@@ -151,17 +152,18 @@ class Server:
         handle, stream, done = None, TextStream(self.served.codec, gen.stop_ids, stop, keep), False
         pending: list[dict[str, Any]] | None = [] if gen.logprobs is not None else None
         start = last = admission.started     # as a client sees it: the wait for a slot is part of its TTFT
-        deadline = start + self.settings.request_timeout
+        # one timer for the whole request, not a wait_for per token: at the deadline it queues TIMED_OUT
+        left = max(0.0, start + self.settings.request_timeout - time.monotonic())
+        timer = loop.call_later(left, events.put_nowait, TIMED_OUT)
         try:
             def emit(ev: Event) -> None:        # from the session's thread
                 loop.call_soon_threadsafe(events.put_nowait, ev)
             handle = session.submit(gen, emit)
             while True:
-                try:
-                    ev = await asyncio.wait_for(events.get(), max(0.0, deadline - time.monotonic()))
-                except asyncio.TimeoutError:
+                ev = await events.get()
+                if ev is TIMED_OUT:
                     raise ApiError(504, f"the request ran longer than --request-timeout "
-                                   f"{self.settings.request_timeout:g} s", code="timeout") from None
+                                   f"{self.settings.request_timeout:g} s", code="timeout")
                 if ev.error:
                     raise ApiError(500, "the engine failed on this request", code="engine_error")
                 now = time.monotonic()
@@ -185,6 +187,7 @@ class Server:
                     yield Piece(delta, None, len(stream.ids), pending)
                     pending = [] if pending is not None else None
         finally:
+            timer.cancel()
             if handle is not None and not done:
                 session.cancel(handle)      # the client went away, it timed out, or a stop string ended it early
             m.running.dec()
