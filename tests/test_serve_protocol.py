@@ -91,3 +91,13 @@ def test_stream_chunks_carry_usage_null_when_the_client_asked_for_usage():
     assert chunk_body(False, "id", "m", 1, "Hi", "stop", include_usage=True)["usage"] is None
     last = usage_chunk(True, "id", "m", 1, 3, 4)
     assert last["choices"] == [] and last["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+
+
+def test_a_strict_json_schema_is_closed_to_properties_it_does_not_list_as_openai_strict_mode_is():
+    base = {"messages": [{"role": "user", "content": "x"}]}
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    strict = parse_chat(dict(base, response_format={"type": "json_schema", "json_schema": {
+        "name": "p", "strict": True, "schema": schema}})).schema
+    loose = parse_chat(dict(base, response_format={"type": "json_schema", "json_schema": {
+        "name": "p", "schema": schema}})).schema
+    assert strict == dict(schema, additionalProperties=False) and loose == schema

@@ -151,7 +151,7 @@ def test_a_forced_call_parses_and_validates_whatever_tokens_are_chosen(tokenizer
 
 
 def test_a_forced_calls_arguments_are_closed_where_the_schema_says_nothing_and_kept_where_it_does():
-    from pipeline.serve.toolcalls import _closed
+    from pipeline.runtime.grammar import closed_schema as _closed
     schema = {"type": "object", "properties": {"properties": {"type": "object", "properties": {"x": {}}},
                                                "free": {"type": "object", "additionalProperties": True,
                                                         "properties": {}}},

@@ -27,6 +27,26 @@ def _llguidance():
     return llguidance
 
 
+def closed_schema(schema: Any) -> Any:
+    """The schema with every object that lists its properties and says nothing of others closed to others (OpenAI's
+    strict mode; a forced tool call's arguments): else a small model may add keys until max_tokens."""
+    if isinstance(schema, list):
+        return [closed_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for k, v in schema.items():
+        if k in ("properties", "patternProperties", "$defs", "definitions") and isinstance(v, dict):
+            out[k] = {name: closed_schema(sub) for name, sub in v.items()}     # a map of names to schemas
+        elif k in ("enum", "const", "default", "examples"):
+            out[k] = v
+        else:
+            out[k] = closed_schema(v)
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def _literal(text: str) -> str:
     """A Lark string literal of `text` (JSON's escaping is Lark's for these characters)."""
     return json.dumps(text, ensure_ascii=True)

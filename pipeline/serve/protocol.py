@@ -206,6 +206,9 @@ def response_schema(fmt: Any) -> dict[str, Any] | None:
         if not isinstance(schema, dict) or not isinstance(spec.get("name", ""), str):
             raise _bad("response_format.json_schema must be {\"name\": ..., \"schema\": {...}}",
                        "response_format.json_schema")
+        if spec.get("strict") is True:      # OpenAI's strict mode: an object has the properties it lists, no others
+            from pipeline.runtime.grammar import closed_schema
+            return closed_schema(schema or {"type": "object"})
         return schema or {"type": "object"}
     raise _bad("response_format.type must be text, json_object or json_schema", "response_format")
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.runtime.grammar import closed_schema
 from pipeline.runtime.session import Constraint
 
 Call = dict[str, Any]       # {"id", "type": "function", "function": {"name", "arguments": a JSON string}}
@@ -107,25 +108,6 @@ def _listed(marker: str) -> Callable[[str], Parsed | None]:
     return parse
 
 
-def _closed(schema: Any) -> Any:
-    """The schema with every object that lists its properties and says nothing of others closed to others."""
-    if isinstance(schema, list):
-        return [_closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for k, v in schema.items():
-        if k in ("properties", "patternProperties", "$defs", "definitions") and isinstance(v, dict):
-            out[k] = {name: _closed(sub) for name, sub in v.items()}     # a map of names to schemas
-        elif k in ("enum", "const", "default", "examples"):
-            out[k] = v
-        else:
-            out[k] = _closed(v)
-    if "properties" in out and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out
-
-
 @dataclass(frozen=True)
 class ToolCallFormat:
     name: str
@@ -162,7 +144,7 @@ class ToolCallFormat:
         mode): else a small model forced into a call could add keys until max_tokens."""
         options = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
         schemas = [{"type": "object", "properties": {"name": {"const": fn["name"]},
-                                                     self.arguments_key: _closed(fn.get("parameters") or
+                                                     self.arguments_key: closed_schema(fn.get("parameters") or
                                                                                  {"type": "object", "properties": {}})},
                     "required": ["name", self.arguments_key], "additionalProperties": False} for fn in options]
         schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
