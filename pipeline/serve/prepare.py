@@ -40,7 +40,6 @@ class Prepared:
     calls: ToolCallFormat | None = None     # the answer's tool calls are parsed in this format
 
 
-
 class Preparer:
     """Requests for one served model, against the session `session()` returns (or raises 503 for)."""
 

@@ -201,7 +201,6 @@ class CallStream:
         found = self.fmt.calls(self.seen, self.tools)
         if found is None:
             return self._give(len(self.seen)), []
-        content, calls = found
-        rest = (content or "")[self.sent:] if content and len(content) > self.sent else ""
-        self.sent = len(self.seen)
-        return rest, calls
+        # the text before the calls not given out yet (feed gives it up to the marker; this is what it held back)
+        rest, self.sent = self.seen[self.sent:self.held], len(self.seen)
+        return rest, found[1]
