@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.serve import protocol
 from pipeline.serve.protocol import ApiError, parse_chat
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -101,3 +102,18 @@ def test_a_strict_json_schema_is_closed_to_properties_it_does_not_list_as_openai
     loose = parse_chat(dict(base, response_format={"type": "json_schema", "json_schema": {
         "name": "p", "schema": schema}})).schema
     assert strict == dict(schema, additionalProperties=False) and loose == schema
+
+
+def test_only_a_short_plain_prompt_is_prepared_on_the_event_loop():
+    from pipeline.serve.prepare import QUICK_CHARS, Preparer
+
+    def quick(body: dict, chat: bool = False) -> bool:
+        req = (protocol.parse_chat if chat else protocol.parse_completion)({"model": "m", **body})
+        return Preparer.quick(None, req, chat)      # it reads only the request
+    assert quick({"prompt": "x" * QUICK_CHARS}) and not quick({"prompt": "x" * (QUICK_CHARS + 1)})
+    half = {"role": "user", "content": "y" * (QUICK_CHARS // 2)}
+    assert quick({"messages": [half, half]}, chat=True)
+    assert not quick({"messages": [half, half, {"role": "user", "content": "z"}]}, chat=True)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    assert not quick({"messages": [{"role": "user", "content": "hi"}], "tools": [tool]}, chat=True)
+    assert not quick({"prompt": "hi", "response_format": {"type": "json_object"}})  # a schema waits on the session

@@ -5,6 +5,7 @@ the server below it knows nothing of recipes or stages (the CLI hands it this so
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 
 from pipeline import contract
@@ -14,17 +15,20 @@ from pipeline.serve.sources import Served, served_of
 
 
 def torch_threads() -> int:
-    """The reference backend's torch threads by default: every core but one, which the server's event loop and its
-    hand-off threads keep (on a busy 2-core machine, torch on both cores made each token 3x slower through the
-    server than called directly)."""
+    """The reference backend's torch threads by default: every core but one, which the server's event loop keeps
+    (on a busy 2-core machine, torch on both cores made each token 3x slower through the server than called
+    directly)."""
     import os
     return max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) - 1)
 
 
-def from_recipe(name: str, target: str | None = None,
-                threads: int | None = None) -> tuple[Served, Callable[[], Session]]:
+def from_recipe(name: str, target: str | None = None, threads: int | None = None,
+                own_process: bool = True) -> tuple[Served, Callable[[], Session]]:
     """A recipe built on this workstation (`doit build`), served by the reference backend: its quantized model in
-    exactly the numerics the goldens were computed with."""
+    exactly the numerics the goldens were computed with. own_process: the session runs in a process of its own
+    (runtime/process.py: the server's event loop and PyTorch's Python never wait on each other's GIL) on the last
+    `threads` CPUs, and the loader's process keeps the others (the server's); else in this process (a benchmark's
+    direct calls)."""
     import os
 
     from pipeline.graph.actions import model_dir
@@ -48,6 +52,15 @@ def from_recipe(name: str, target: str | None = None,
                      f"{recipe.name} (goldens {goldens_spec(recipe).dir})")
 
     def load() -> Session:
+        if own_process:
+            from pipeline.runtime.process import ProcessSession, keep_cpus, split_cpus
+            n = threads or torch_threads()
+            split = split_cpus(n)
+            session = ProcessSession(functools.partial(_open_here, name, target, n), "reference",
+                                     split[0] if split else None)
+            if split:
+                keep_cpus(split[1])
+            return session
         import torch
 
         from pipeline.graph.actions import reference_model
@@ -69,3 +82,9 @@ def from_recipe(name: str, target: str | None = None,
         return ReferenceSession(model, served.limits, input_device(model), skinny_linears, on_close=stack.close,
                                 grammars=grammars)
     return served, load
+
+
+def _open_here(name: str, target: str, threads: int | None) -> Session:
+    """The reference session opened in this process (the child ProcessSession spawned: a module-level function, so
+    it pickles). The recipe is read again here; its stages are checked current again."""
+    return from_recipe(name, target, threads, own_process=False)[1]()

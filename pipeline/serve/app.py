@@ -385,8 +385,12 @@ def create_app(server: Server):
         defaults = server.defaults
         req = protocol.parse_chat(body, defaults) if chat else protocol.parse_completion(body, defaults)
         server.prepare.check_prompt_size(req, chat)     # before tokenizing: a huge prompt costs no tokenizer time
-        async with server.tokenizing:           # off the event loop, a few at a time: /health never waits on it
-            prepared = await asyncio.get_running_loop().run_in_executor(None, server.prepare.generation, req, chat)
+        if server.prepare.quick(req, chat):     # a short plain prompt: a thread hop would cost more than it
+            prepared = server.prepare.generation(req, chat)
+        else:
+            async with server.tokenizing:       # off the event loop, a few at a time: /health never waits on it
+                prepared = await asyncio.get_running_loop().run_in_executor(None, server.prepare.generation, req,
+                                                                            chat)
         headers = {}
         if prepared.dropped:
             headers[TRUNCATED_HEADER] = str(prepared.dropped)

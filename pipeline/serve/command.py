@@ -67,8 +67,8 @@ def add_parser(sub, recipe_source: RecipeSource) -> None:
     s.add_argument("--public-metrics", action="store_true",
                    help="serve /metrics without the API key (for a Prometheus that has none)")
     s.add_argument("--torch-threads", type=int, default=None, metavar="N",
-                   help="RECIPE: torch threads of the reference backend (default: every core but one, which the "
-                   "server keeps)")
+                   help="RECIPE: torch threads of the reference backend, which runs in a process of its own on the "
+                   "last N cores (default: every core but one, which the server keeps)")
     s.add_argument("--target", help="RECIPE: which of its targets' limits to serve with (default: its first)")
     s.add_argument("--work", help="BUNDLE: where to unpack it (default: ./<bundle name>.serve)")
     s.add_argument("--pubkey", help="BUNDLE: trust this public key too")

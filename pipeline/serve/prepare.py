@@ -18,6 +18,8 @@ from pipeline.serve.toolcalls import ToolCallFormat
 if TYPE_CHECKING:
     from pipeline.serve.sources import Served
 
+QUICK_CHARS = 2000      # a prompt this short is rendered and tokenized on the event loop (Preparer.quick)
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -155,6 +157,14 @@ class Preparer:
                            f"make one: {why} ({self.served.codec.template_source or 'no chat template'})",
                            "tool_choice", "unsupported_parameter")
         return None, f"tools ignored: {why}; answered as a plain chat"
+
+    def quick(self, req: protocol.Request, chat: bool) -> bool:
+        """Whether preparing this request costs less than handing it to a thread (~0.2 ms): a prompt of at most
+        QUICK_CHARS characters, no tools and no schema (a schema is compiled by the session, which may wait on its
+        process). Such a request is prepared on the event loop: tokenizing 2,000 characters takes ~0.1 ms."""
+        if req.tools or req.schema is not None:
+            return False
+        return (sum(len(m["content"]) for m in req.messages) if chat else len(req.prompt or "")) <= QUICK_CHARS
 
     def check_prompt_size(self, req: protocol.Request, chat: bool) -> None:
         """Refuse a prompt that cannot fit max_input_len before tokenizing it: no token is longer than the
