@@ -4,6 +4,7 @@ with a warning and the stage computed, never used."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, Project
 
+from pipeline import contract
 from pipeline.kit.signing import SecretKey
 from pipeline.oci import media
 from pipeline.oci.stagecache import MANIFEST, StageCache
@@ -85,14 +87,16 @@ def test_a_second_workstation_pulls_the_stages_instead_of_computing_them(tmp_pat
 
         import torch
         torch.save({"modelopt_state": argparse.Namespace(x=1)}, bad / "modelopt_state.pth")
-        m = json.loads((bad / MANIFEST).read_text())
-        m["files"]["modelopt_state.pth"].update(size=(bad / "modelopt_state.pth").stat().st_size, sha256=hashlib.sha256(
-            (bad / "modelopt_state.pth").read_bytes()).hexdigest())
+        m = contract.StageManifest.load(bad / MANIFEST)
+        files = {**m.files, "modelopt_state.pth": contract.StageFile(
+            (bad / "modelopt_state.pth").stat().st_size, 0,
+            hashlib.sha256((bad / "modelopt_state.pth").read_bytes()).hexdigest())}
         from pipeline.graph.framework import content_digest
-        m["content_digest"] = content_digest(m["files"])        # consistent: the stages after it are computed
-        (bad / MANIFEST).write_text(json.dumps(m))
+        # consistent: the stages after it are computed
+        m = dataclasses.replace(m, files=files, content_digest=content_digest(files))
+        m.dump(bad / MANIFEST)
         monkeypatch.setenv("JETSON_PIPELINE_HOME", str(a.root / "home"))       # signed by A's (trusted) key
-        StageCache(cache[0][len("cache="):], plain_http=True).publish("quantize", m["key"], bad, m)
+        StageCache(cache[0][len("cache="):], plain_http=True).publish("quantize", m.key, bad, m)
         d = workstation(tmp_path / "d", trusts=a.root / "home" / "signing.pub")
         refused = d.doit("build", "recipe=tiny-llama-cpu", *cache, timeout=900, check=False)
         assert refused.returncode != 0 and "quantize: restored from the stage cache" in refused.stderr
@@ -113,18 +117,19 @@ def entry(tmp_path, monkeypatch):
     (stage_dir / "model").mkdir(parents=True)
     (stage_dir / "model" / "weights.bin").write_bytes(b"w" * 5000)
     (stage_dir / "info.json").write_text("{}")
-    files = {n: {"size": (stage_dir / n).stat().st_size, "mtime_ns": 0,
-                 "sha256": hashlib.sha256((stage_dir / n).read_bytes()).hexdigest()}
+    files = {n: contract.StageFile((stage_dir / n).stat().st_size, 0,
+                                   hashlib.sha256((stage_dir / n).read_bytes()).hexdigest())
              for n in ("model/weights.bin", "info.json")}
     key = "k" * 64
-    manifest = {"stage": "quantize", "key": key, "files": files, "content_digest": "x", "seconds": 1.0}
-    (stage_dir / MANIFEST).write_text(json.dumps(manifest))
+    manifest = contract.StageManifest("quantize", "q" * 16, key, {}, {}, {}, files, "x", "2026-11-26T00:00:00Z", 1.0,
+                                      quantize={"method": "none"})
+    manifest.dump(stage_dir / MANIFEST)
     cache = StageCache(f"oci-layout:{tmp_path / 'cache'}")
     cache.publish("quantize", key, stage_dir, manifest)     # signs with the (new) key, trusted here by keygen
     return cache, key, tmp_path / "cache"
 
 
-def restore(cache, key, tmp_path) -> tuple[dict | None, Path]:
+def restore(cache, key, tmp_path) -> tuple[contract.StageManifest | None, Path]:
     staging = tmp_path / "staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
@@ -194,9 +199,10 @@ def test_a_malformed_cache_reference_stops_the_build_before_any_stage(tmp_path):
     assert not (p.artifacts / "stages").exists()
 
 
-def publish_raw(cache_dir: Path, stage: str, key: str, files: dict[str, bytes]) -> None:
+def publish_raw(cache_dir: Path, stage: str, key: str, files: dict[str, bytes], edit=lambda record: None) -> None:
     """An entry laid out as `publish` lays one out and signed by this workstation's (trusted) key, with whatever
-    file names it is given: what a buggy or compromised teammate could publish."""
+    file names it is given and its stage.json edited by `edit`: what a buggy or compromised teammate could
+    publish."""
     from pipeline.kit.signing import signing_key
     from pipeline.oci.artifact import Blob
     from pipeline.oci.layout import LayoutStore
@@ -204,8 +210,10 @@ def publish_raw(cache_dir: Path, stage: str, key: str, files: dict[str, bytes]) 
     from pipeline.oci.stagecache import EMPTY, SIGNATURE, STAGE_ARTIFACT, STAGE_FILE
 
     store = LayoutStore(LayoutRef(cache_dir, StageCache.tag(stage, key)))
-    info = {n: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest(), "mtime_ns": 0} for n, d in files.items()}
-    body = json.dumps({"stage": stage, "key": key, "files": info, "content_digest": "x"}).encode()
+    info = {n: contract.StageFile(len(d), 0, hashlib.sha256(d).hexdigest()) for n, d in files.items()}
+    record = contract.StageManifest(stage, "q" * 16, key, {}, {}, {}, info, "x", "2026-11-26T00:00:00Z", 1.0).to_dict()
+    edit(record)
+    body = json.dumps(record).encode()
     secret = signing_key(create=True)
     (cache_dir.parent / "body").write_bytes(body)
     sig = secret.sign_file(cache_dir.parent / "body", f"timestamp:1\tstage:{stage}\tkey:{key}").encode()
@@ -236,9 +244,28 @@ def test_a_refused_restored_stage_is_forgotten_and_never_restored_again(entry, t
     cache, key, _ = entry
     monkeypatch.setenv("PIPELINE_ARTIFACTS", str(tmp_path / "artifacts"))
     m, staging = restore(cache, key, tmp_path)
-    assert m is not None and m["restored_from"] == f"{cache.text} quantize-{key}"
+    assert m is not None and m.restored_from == f"{cache.text} quantize-{key}"
     forget_stage(staging)           # what a later stage does when it refuses this output
     assert not (staging / MANIFEST).exists()
     m, staging = restore(cache, key, tmp_path)
     assert m is None and list(staging.iterdir()) == []
     assert "was refused by a later stage here before; computing quantize here" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda r: r["files"]["a"].update(size="4"), 'stage.json: files.a.size = "4": expected an integer'),
+    (lambda r: r.update(files=[]), "stage.json: files = []: expected an object"),
+    (lambda r: r.pop("content_digest"), "stage.json: content_digest: missing"),
+    (lambda r: r.update(run="sh -c x"), "stage.json: run: unknown field"),
+    (lambda r: r.update(format="jetson-stage/9"), "stage.json: format = 'jetson-stage/9': made by a newer pipeline"),
+])
+def test_a_trusted_entry_whose_stage_record_does_not_read_is_ignored_naming_the_field(tmp_path, monkeypatch, capsys,
+                                                                                     edit, message):
+    """The signed stage.json is read by the same strict reader as every record: a signature vouches for who wrote
+    it, not that it is well formed."""
+    monkeypatch.setenv("JETSON_PIPELINE_HOME", str(tmp_path / "home"))
+    publish_raw(tmp_path / "cache", "quantize", "k" * 64, {"a": b"data"}, edit)
+    m, staging = restore(StageCache(f"oci-layout:{tmp_path / 'cache'}"), "k" * 64, tmp_path)
+    assert m is None and list(staging.iterdir()) == []
+    err = capsys.readouterr().err
+    assert f"stage cache entry quantize-{'k' * 64} ignored: {message}" in err, err

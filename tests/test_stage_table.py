@@ -61,3 +61,28 @@ def test_a_stage_cache_skips_a_stage_the_table_does_not_let_it_carry(tmp_path):
     assert cache.restore(stages.PACKAGE.name, "k" * 64, tmp_path / "staging") is None      # not even looked up
     with pytest.raises(LookupError):
         cache.restore(stages.QUANTIZE.name, "k" * 64, tmp_path / "staging")
+
+
+def test_a_stage_record_that_does_not_read_means_not_built_never_a_traceback(tmp_path, monkeypatch):
+    """stage.json is read strictly (contract.StageManifest): a record planted with the right key but a malformed
+    field, or of another format, is "not built" (the stage runs again), where a dict read by keys raised."""
+    import json
+
+    from pipeline import contract
+    from pipeline.graph.framework import MANIFEST, StageSpec, run_stage, status
+
+    monkeypatch.setenv("PIPELINE_ARTIFACTS", str(tmp_path))
+    spec = StageSpec("fetch", {"what": 1})
+    built = run_stage(spec, lambda out: (out / "a.txt").write_text("a") and {"source": {"kind": "builtin"}})
+    assert isinstance(built, contract.StageManifest) and built.source == {"kind": "builtin"}
+    assert status(spec) == (True, "")
+    good = json.loads((spec.dir / MANIFEST).read_text())
+    assert good["format"] == "jetson-stage/1" and good["files"]["a.txt"]["size"] == 1 and "kit" not in good
+    for edit in (lambda r: r.update(files=[]), lambda r: r["files"]["a.txt"].update(size="1"),
+                 lambda r: r.update(format="jetson-stage/0"), lambda r: r.pop("key")):
+        record = json.loads(json.dumps(good))
+        edit(record)
+        (spec.dir / MANIFEST).write_text(json.dumps(record))
+        assert status(spec) == (False, "not built")
+    (spec.dir / MANIFEST).write_text(json.dumps(good))
+    assert status(spec) == (True, "")

@@ -10,6 +10,8 @@ naming which side to update):
     jetson-kit-manifest/1      MANIFEST.json     pack -> verify, unpack, transfer, device driver, gate  (kit.py)
     jetson-bundle-manifest/1   MANIFEST.json     device -> verify, unpack                               (kit.py)
     jetson-stages/1            stages.json       package -> the user                                    (kit.py)
+    jetson-stage/1             stage.json        each workstation stage -> its next run, later stages,
+                                                 the shared stage cache                                 (stage.py)
     jetson-goldens/1           goldens.json      goldens stage -> device runners, report                (kit.py)
     jetson-board/2             board.json        probe -> gate, device driver, report, bundles          (device.py)
     jetson-validation/1        validation.json   a backend's runner -> report                           (device.py)
@@ -73,8 +75,10 @@ from pipeline.contract.plan import (
     Speculative,
     Stack,
 )
+from pipeline.contract.stage import AccuracySummary, GoldensSummary, KitSummary, StageFile, StageManifest
 
 __all__ = [
+    "AccuracySummary",
     "Board",
     "BuildLimits",
     "BuildOnBoard",
@@ -92,9 +96,11 @@ __all__ = [
     "Gap",
     "GoldenPrompt",
     "Goldens",
+    "GoldensSummary",
     "KitManifest",
     "KitMeta",
     "KitRef",
+    "KitSummary",
     "KvAllocation",
     "MANIFESTS",
     "MAX_BATCH_SIZE",
@@ -122,6 +128,8 @@ __all__ = [
     "Speculative",
     "SpeculativeExport",
     "Stack",
+    "StageFile",
+    "StageManifest",
     "StageRef",
     "Stages",
     "Validation",

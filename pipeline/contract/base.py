@@ -103,7 +103,8 @@ class Part:
         fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(obj) - set(fields) - {"format"})
         if unknown:
-            raise ContractError(f"{where}.{unknown[0]}: unknown field (known: {', '.join(fields)})")
+            raise ContractError(f"{where + '.' if where else ''}{unknown[0]}: unknown field (known: "
+                                f"{', '.join(fields)})")
         values = {}
         for name, f in fields.items():
             if name in obj:

@@ -34,7 +34,7 @@ from pipeline.recipe import Recipe
 
 
 # ---------------------------------------------------------------------------------------------------- stage actions
-def do_fetch(recipe: Recipe) -> dict:
+def do_fetch(recipe: Recipe) -> contract.StageManifest:
     from pipeline.workstation import fetch
 
     spec = fetch_spec(recipe)
@@ -51,7 +51,7 @@ def do_fetch(recipe: Recipe) -> dict:
     return manifest
 
 
-def do_fetch_draft(recipe: Recipe) -> dict:
+def do_fetch_draft(recipe: Recipe) -> contract.StageManifest:
     from pipeline.workstation.drafts import check_draft_checkpoint, ensure_safetensors
     from pipeline.workstation.fetch import DRAFT_NEEDED
 
@@ -128,7 +128,7 @@ def export_refusal(recipe: Recipe, plan: contract.Plan) -> str | None:
     return None
 
 
-def quantize_stage(recipe: Recipe, plans: list[contract.Plan], for_export: bool = True) -> dict:
+def quantize_stage(recipe: Recipe, plans: list[contract.Plan], for_export: bool = True) -> contract.StageManifest:
     """The quantize stage of `recipe` for its targets' plans (built unless current); returns its manifest.
     for_export: first refuse what the export would refuse (compare measures without exporting)."""
     from pipeline.workstation.calibrate import quantize
@@ -170,7 +170,7 @@ def _read_texts(recipe: Recipe) -> None:
     heldout_text(recipe.validation.heldout, recipe.file)
 
 
-def do_quantize(recipe: Recipe) -> dict:
+def do_quantize(recipe: Recipe) -> contract.StageManifest:
     manifest = quantize_stage(recipe, [recipe_plan(recipe, t) for t in recipe.targets])
     recipe_link(recipe, QUANTIZE.name, None, quantize_spec(recipe))
     return manifest
@@ -181,7 +181,7 @@ def export_current(recipe: Recipe, target: str) -> bool:
     return is_current(export_spec(recipe, recipe_plan(recipe, target)))
 
 
-def do_export(recipe: Recipe, target: str) -> dict:
+def do_export(recipe: Recipe, target: str) -> contract.StageManifest:
     plan = recipe_plan(recipe, target)
     spec = export_spec(recipe, plan)
 
@@ -192,7 +192,7 @@ def do_export(recipe: Recipe, target: str) -> dict:
         job = backends.ExportJob(model_dir(recipe), quantize_spec(recipe).dir, out, backend.payload, recipe.weights,
                                  recipe.kv_cache, plan.sm, draft_dir(recipe) if backend.speculative else None,
                                  _handoff(), tuple(plan.externalized_weights))
-        return {"backend": backend.name, "export": EXPORTERS[backend.name](job).to_dict()}
+        return {"backend": backend.name, "export": EXPORTERS[backend.name](job)}
 
     manifest = run_stage(spec, build, stage_cache())
     recipe_link(recipe, EXPORT.name, target, spec)
@@ -216,7 +216,7 @@ def reference_model(recipe: Recipe):
         yield model
 
 
-def do_goldens(recipe: Recipe) -> dict:
+def do_goldens(recipe: Recipe) -> contract.StageManifest:
     from transformers import AutoTokenizer
 
     from pipeline.workstation.cpu_linear import skinny_linears
@@ -229,9 +229,9 @@ def do_goldens(recipe: Recipe) -> dict:
         with reference_model(recipe) as model, skinny_linears():
             goldens = make_goldens(model, tok, recipe.validation, model_dir(recipe))
         goldens.dump(out / contract.GOLDENS)
-        return {"goldens": {"prompts": len(goldens.prompts), "chat_template": goldens.chat_template,
-                            "new_tokens": sum(len(p.output_ids) for p in goldens.prompts),
-                            "weak": weak_prompts(goldens)}}
+        return {"goldens": contract.GoldensSummary(len(goldens.prompts), goldens.chat_template,
+                                                   sum(len(p.output_ids) for p in goldens.prompts),
+                                                   weak_prompts(goldens))}
 
     manifest = run_stage(spec, build, stage_cache())
     recipe_link(recipe, GOLDENS.name, None, spec)
@@ -240,7 +240,7 @@ def do_goldens(recipe: Recipe) -> dict:
 
 def fetch_digest(recipe: Recipe) -> str:
     from pipeline.graph.framework import built_manifest
-    return built_manifest(fetch_spec(recipe).dir)["content_digest"]
+    return built_manifest(fetch_spec(recipe).dir).content_digest
 
 
 def damaged_output(spec: StageSpec, what: str) -> PipelineError:
@@ -262,12 +262,12 @@ def recorded_json(spec: StageSpec, name: str) -> dict:
         data = read_regular(spec.dir / name, contract.MAX_RECORD_BYTES)
     except PipelineError as exc:
         raise damaged_output(spec, exc.message) from None
-    if hashlib.sha256(data).hexdigest() != built_manifest(spec.dir)["files"][name]["sha256"]:
+    if hashlib.sha256(data).hexdigest() != built_manifest(spec.dir).files[name].sha256:
         raise damaged_output(spec, f"{name}: its bytes changed since the stage that wrote it recorded them")
     return json.loads(data)
 
 
-def accuracy_stage(recipe: Recipe) -> dict:
+def accuracy_stage(recipe: Recipe) -> contract.StageManifest:
     """The accuracy stage of `recipe` (built unless current); returns its manifest."""
     from transformers import AutoTokenizer
 
@@ -283,13 +283,13 @@ def accuracy_stage(recipe: Recipe) -> dict:
                 name, text = heldout_text(recipe.validation.heldout, recipe.file)
                 report = accuracy_report(original, quantized, tok, text, name)
             write_report(out, report, recipe.weights, recipe.name, fetch_digest(recipe))
-        return {"accuracy": {k: report[k] for k in ("perplexity_change", "perplexity_change_interval",
-                                                              "top1_agreement", "logit_cosine", "heldout", "tokens")}}
+        return {"accuracy": contract.AccuracySummary(**{k: report[k] for k in (
+            "perplexity_change", "perplexity_change_interval", "top1_agreement", "logit_cosine", "heldout", "tokens")})}
 
     return run_stage(accuracy_spec(recipe), build, stage_cache())
 
 
-def do_accuracy(recipe: Recipe) -> dict:
+def do_accuracy(recipe: Recipe) -> contract.StageManifest:
     manifest = accuracy_stage(recipe)
     recipe_link(recipe, ACCURACY.name, None, accuracy_spec(recipe))
     return manifest

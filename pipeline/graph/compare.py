@@ -150,7 +150,7 @@ def _measurement(recipe: Recipe) -> tuple[Measurement, dict]:
     from pipeline.graph.framework import built_manifest
 
     a = recorded_json(accuracy_spec(recipe), contract.ACCURACY_JSON)
-    seconds = sum(built_manifest(spec.dir)["seconds"] for spec in (quantize_spec(recipe), accuracy_spec(recipe)))
+    seconds = sum(built_manifest(spec.dir).seconds for spec in (quantize_spec(recipe), accuracy_spec(recipe)))
     lo, hi = a["perplexity_change_interval"]
     return Measurement(a["perplexity_change"], (lo, hi), a["top1_agreement"], a["logit_cosine"], round(seconds, 1)), a
 

@@ -17,6 +17,7 @@ next run starts that stage again.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -29,10 +30,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from pipeline import contract
 from pipeline.errors import PipelineError
-from pipeline.files import load_json_or_none, remove_entry, sha256_file, write_atomic
+from pipeline.files import remove_entry, sha256_file
 
 MANIFEST = contract.STAGE_MANIFEST
 
@@ -50,9 +52,9 @@ def digest(obj) -> str:
     return hashlib.sha256(canonical(obj)).hexdigest()
 
 
-def content_digest(files: dict) -> str:
+def content_digest(files: dict[str, contract.StageFile]) -> str:
     """A stage's content digest: of its files' sizes and hashes (the stages built from it are keyed by it)."""
-    return digest({k: [v["size"], v["sha256"]] for k, v in files.items()})
+    return digest({k: [v.size, v.sha256] for k, v in files.items()})
 
 
 _TOOL_CACHE: dict[str, str] = {}
@@ -99,17 +101,21 @@ class StageSpec:
             m = read_manifest(inp.dir)
             if m is None:
                 return None
-            inputs[f"{inp.stage}:{inp.id}"] = m["content_digest"]
+            inputs[f"{inp.stage}:{inp.id}"] = m.content_digest
         return digest({"id": self.id, "tools": tool_versions(self.tools), "inputs": inputs,
                        "external": self.fingerprint() if self.fingerprint else None})
 
 
-def read_manifest(stage_dir: Path) -> dict | None:
-    m = load_json_or_none(stage_dir / MANIFEST)
-    return m if isinstance(m, dict) else None
+def read_manifest(stage_dir: Path) -> contract.StageManifest | None:
+    """The stage's record, read strictly; None where there is none or it does not read (damaged, planted, an older
+    format): the stage is not built, and runs again."""
+    try:
+        return contract.StageManifest.load(stage_dir / MANIFEST)
+    except contract.ContractError:
+        return None
 
 
-def built_manifest(stage_dir: Path) -> dict:
+def built_manifest(stage_dir: Path) -> contract.StageManifest:
     """The manifest of a stage that must have been built (an input of the stage being built or packed)."""
     m = read_manifest(stage_dir)
     if m is None:
@@ -122,27 +128,28 @@ def status(spec: StageSpec) -> tuple[bool, str]:
     m = read_manifest(spec.dir)
     if m is None:
         return False, "not built"
-    if m.get("key") != spec.expected_key():
+    if m.key != spec.expected_key():
         return False, "settings, inputs or tool versions changed"
-    refreshed = False
-    for rel, info in m["files"].items():
+    refreshed = {}
+    for rel, info in m.files.items():
         try:
             st = os.stat(spec.dir / rel)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return False, f"{rel} is missing"
-        if st.st_size != info["size"]:
+        except OSError as exc:      # a name too long, a loop: a planted record naming what cannot be a file here
+            return False, f"{rel} cannot be read ({exc.strerror})"
+        if st.st_size != info.size:
             return False, f"{rel} changed size"
-        if st.st_mtime_ns != info["mtime_ns"]:
+        if st.st_mtime_ns != info.mtime_ns:
             try:
-                same = sha256_file(spec.dir / rel) == info["sha256"]
+                same = sha256_file(spec.dir / rel) == info.sha256
             except (PipelineError, OSError):        # no longer a readable regular file (a FIFO planted there)
                 same = False
             if not same:
                 return False, f"{rel} was modified"
-            info["mtime_ns"] = st.st_mtime_ns
-            refreshed = True
+            refreshed[rel] = dataclasses.replace(info, mtime_ns=st.st_mtime_ns)
     if refreshed:
-        _write_json_atomic(spec.dir / MANIFEST, m)
+        dataclasses.replace(m, files={**m.files, **refreshed}).dump(spec.dir / MANIFEST)
     return True, ""
 
 
@@ -150,17 +157,13 @@ def is_current(spec: StageSpec) -> bool:
     return status(spec)[0]
 
 
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    write_atomic(path, json.dumps(obj, indent=1, sort_keys=True))
-
-
-def hash_outputs(root: Path) -> dict[str, dict]:
+def hash_outputs(root: Path) -> dict[str, contract.StageFile]:
     files = {}
     for path in sorted(root.rglob("*")):
         if path.is_file() and path.name != MANIFEST:
             st = path.stat()
-            files[path.relative_to(root).as_posix()] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                                                        "sha256": sha256_file(path)}
+            files[path.relative_to(root).as_posix()] = contract.StageFile(st.st_size, st.st_mtime_ns,
+                                                                          sha256_file(path))
     return files
 
 
@@ -205,10 +208,11 @@ def _remove_stale_partials(spec: StageSpec) -> None:
         shutil.rmtree(p, ignore_errors=True)  # we hold the lock: no live process is writing these
 
 
-def run_stage(spec: StageSpec, build: Callable[[Path], dict | None], cache=None) -> dict:
+def run_stage(spec: StageSpec, build: Callable[[Path], dict[str, Any] | None], cache=None) -> contract.StageManifest:
     """Build `spec` with build(staging_dir) unless it is current; returns the manifest.
 
-    build() writes the stage's outputs into the staging directory and may return extra manifest fields. `cache`: a
+    build() writes the stage's outputs into the staging directory and may return its result: StageManifest fields
+    for its kind of stage (typed: an ExportRecord, a GoldensSummary, ...). `cache`: a
     shared stage cache (pipeline/oci/stagecache.py) to restore the stage from before building it, and to publish it
     to after (the caller's: the framework knows no command line).
     """
@@ -226,7 +230,7 @@ def run_stage(spec: StageSpec, build: Callable[[Path], dict | None], cache=None)
         started = time.time()
         try:
             restored = cache.restore(spec.stage, key, staging) if cache else None
-            if restored is not None and restored.get("content_digest") != content_digest(restored["files"]):
+            if restored is not None and restored.content_digest != content_digest(restored.files):
                 # the later stages' keys are made of it: an entry that states another one than its files have would
                 # have them restored for other content
                 cache.ignore(spec.stage, key, staging, "its content_digest is not its files'")
@@ -234,17 +238,15 @@ def run_stage(spec: StageSpec, build: Callable[[Path], dict | None], cache=None)
             if restored is not None:        # every file hashed against the signed entry: as if built here
                 _swap_into_place(staging, spec.dir)
                 return restored
-            extra = build(staging) or {}
+            result = build(staging) or {}
             files = hash_outputs(staging)
-            manifest = {
-                "stage": spec.stage, "id": spec.id, "key": key, "identity": spec.identity,
-                "inputs": {f"{i.stage}:{i.id}": built_manifest(i.dir)["content_digest"] for i in spec.inputs},
-                "tools": tool_versions(spec.tools), "files": files,
-                "content_digest": content_digest(files),
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "seconds": round(time.time() - started, 3), **extra,
-            }
-            _write_json_atomic(staging / MANIFEST, manifest)
+            manifest = contract.StageManifest(
+                stage=spec.stage, id=spec.id, key=key, identity=spec.identity,
+                inputs={f"{i.stage}:{i.id}": built_manifest(i.dir).content_digest for i in spec.inputs},
+                tools=tool_versions(spec.tools), files=files, content_digest=content_digest(files),
+                created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), seconds=round(time.time() - started, 3),
+                **result)
+            manifest.dump(staging / MANIFEST)
             _swap_into_place(staging, spec.dir)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)

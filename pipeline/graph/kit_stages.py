@@ -65,7 +65,7 @@ def check_built_kit(recipe: Recipe, target: str, spec: StageSpec) -> None:
     from pipeline.graph.framework import MANIFEST, built_manifest, status
 
     kit = kit_path(recipe, target)
-    packed = {rel.split("/", 1)[1] for rel in built_manifest(spec.dir)["files"] if "/" in rel}
+    packed = {rel.split("/", 1)[1] for rel in built_manifest(spec.dir).files if "/" in rel}
     try:
         listed = set(os.listdir(kit))
     except OSError:
@@ -130,7 +130,7 @@ def kit_name(recipe: Recipe, target: str) -> str:
     return f"{recipe.name}@{target}"
 
 
-def do_package(recipe: Recipe, target: str) -> dict:
+def do_package(recipe: Recipe, target: str) -> contract.StageManifest:
     """Assemble the kit's contents and pack them, signed, into the stage directory."""
     import shutil
 
@@ -161,15 +161,15 @@ def do_package(recipe: Recipe, target: str) -> dict:
             link_or_copy(accuracy_spec(recipe).dir / name, content / name)
         shutil.copy2(recipe.file, content / contract.RECIPE)
         plan.dump(content / contract.PLAN)
-        stages = contract.Stages({s.stage: contract.StageRef.from_part(
-            {k: built_manifest(s.dir)[k] for k in ("id", "key", "content_digest", "tools")}, str(s.dir))
-            for s in spec.inputs})
+        built = {s.stage: built_manifest(s.dir) for s in spec.inputs}
+        stages = contract.Stages({name: contract.StageRef(m.id, m.key, m.content_digest, m.tools)
+                                  for name, m in built.items()})
         stages.dump(content / contract.STAGES)
-        export = built_manifest(export_dir).get("export")
+        export = built_manifest(export_dir).export
         meta = contract.KitMeta(
             recipe=recipe.name, target=target, sm=plan.sm, backend=plan.backend, stack=plan.stack, quant=plan.quant,
             limits=plan.limits, versions={"jetson-trtllm-pipeline": __version__, **stages.stages[EXPORT.name].tools},
-            export=contract.ExportRecord.from_part(export, str(export_dir)).for_kit() if export else None)
+            export=export.for_kit() if export else None)
         # every file as its producing stage recorded it: same-size damage since (bit rot, a restored copy) is
         # refused while packing, naming the file and its stage, and the stage re-runs on the next build
         owners: dict[str, tuple[StageSpec, str]] = {}
@@ -196,8 +196,8 @@ def do_package(recipe: Recipe, target: str) -> dict:
             raise damaged_output(owners[exc.rel][0], exc.message) from None
         shutil.rmtree(content)
         _verify(kit.path)       # as a device will: only a kit that passes is recorded (and then checked by stat)
-        return {"kit": {"name": kit.name, "parts": len(kit.manifest.parts),
-                        "total_size": kit.manifest.total_size, "signed_by": kit.signed_by, "quality": quality}}
+        return {"kit": contract.KitSummary(kit.name, len(kit.manifest.parts), kit.manifest.total_size, kit.signed_by,
+                                           quality)}
 
     manifest = run_stage(spec, build, stage_cache())
     recipe_link(recipe, "kit", target, spec)
@@ -207,14 +207,14 @@ def do_package(recipe: Recipe, target: str) -> dict:
 def _recorded_hashes(stage_dir: Path, src: Path, inside: str, names: tuple[str, ...] = ()) -> dict[str, str]:
     """sha256 of the stage's files under `src` as its stage.json recorded them, keyed by their path in the kit."""
     from pipeline.graph.framework import built_manifest
-    files = built_manifest(stage_dir)["files"]
+    files = built_manifest(stage_dir).files
     out = {}
     prefix = src.relative_to(stage_dir).as_posix()
     for rel, f in files.items():
         under = rel if prefix == "." else rel[len(prefix) + 1:] if rel.startswith(prefix + "/") else None
         if under is None or (names and under not in names):
             continue
-        out[f"{inside}/{under}" if inside else under] = f["sha256"]
+        out[f"{inside}/{under}" if inside else under] = f.sha256
     return out
 
 

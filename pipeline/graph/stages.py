@@ -26,15 +26,15 @@ def _plan(result: contract.Plan) -> str:
             f"{m.total / 1e9:.2f} of {m.usable / 1e9:.2f} GB, ~{result.predicted_decode_tok_s} tok/s decode")
 
 
-def _fetch(result: dict) -> str:
-    size = sum(f["size"] for f in result["files"].values())
-    src = result.get("source", {})
+def _fetch(result: contract.StageManifest) -> str:
+    size = sum(f.size for f in result.files.values())
+    src = result.source or {}
     what = src.get("name") or src.get("repo") or src.get("path") or src.get("kind", "")
-    return f"{src.get('kind', 'model')} {what}, {_count(len(result['files']), 'file')}, {size / 1e6:.1f} MB"
+    return f"{src.get('kind', 'model')} {what}, {_count(len(result.files), 'file')}, {size / 1e6:.1f} MB"
 
 
-def _quantize(result: dict) -> str:
-    q = result["quantize"]
+def _quantize(result: contract.StageManifest) -> str:
+    q = result.quantize or {}
     if q.get("method") == "none":
         return f"{q['weights']} (KV {q['kv_cache']}): nothing to quantize"
     tokens = q.get("calibration_tokens") or 0
@@ -42,31 +42,33 @@ def _quantize(result: dict) -> str:
     return f"{q['weights']} (KV {q['kv_cache']}) on {q['device']}, {data}"
 
 
-def _export(result: dict) -> str:
-    record = contract.ExportRecord.from_part(result["export"], "the export stage's manifest")
-    return backends.get(result["backend"]).export_summary(record)
+def _export(result: contract.StageManifest) -> str:
+    assert result.export is not None and result.backend is not None     # the export stage's build returns both
+    return backends.get(result.backend).export_summary(result.export)
 
 
-def _goldens(result: dict) -> str:
-    g = result["goldens"]
-    line = f"{_count(g['prompts'], 'prompt')}{' (chat template)' if g.get('chat_template') else ''}, " \
-           f"{_count(g['new_tokens'], 'reference token')}"
-    weak = g.get("weak") or []
-    return line + (f"\n  warning: {len(weak)} golden answer(s) shorter than half of max_new_tokens: a weak "
-                   f"check (e.g. {weak[0]!r}); ask for longer answers" if weak else "")
+def _goldens(result: contract.StageManifest) -> str:
+    g = result.goldens
+    assert g is not None        # the goldens stage's build returns it
+    line = f"{_count(g.prompts, 'prompt')}{' (chat template)' if g.chat_template else ''}, " \
+           f"{_count(g.new_tokens, 'reference token')}"
+    return line + (f"\n  warning: {len(g.weak)} golden answer(s) shorter than half of max_new_tokens: a weak "
+                   f"check (e.g. {g.weak[0]!r}); ask for longer answers" if g.weak else "")
 
 
-def _accuracy(result: dict) -> str:
-    a = result["accuracy"]
-    lo, hi = a.get("perplexity_change_interval") or (a["perplexity_change"],) * 2
-    return f"perplexity {a['perplexity_change']:+.1%} (95% {lo:+.1%} to {hi:+.1%}), top-1 agreement " \
-           f"{a['top1_agreement']:.1%}"
+def _accuracy(result: contract.StageManifest) -> str:
+    a = result.accuracy
+    assert a is not None        # the accuracy stage's build returns it
+    lo, hi = a.perplexity_change_interval or (a.perplexity_change,) * 2
+    return f"perplexity {a.perplexity_change:+.1%} (95% {lo:+.1%} to {hi:+.1%}), top-1 agreement " \
+           f"{a.top1_agreement:.1%}"
 
 
-def _package(result: dict) -> str:
-    k = result["kit"]
-    line = f"{k['name']}, {_count(k['parts'], 'part')}, {k['total_size'] / 1e6:.1f} MB, signed by {k['signed_by']}"
-    return line + (f"\n  warning: {k['quality']}" if k.get("quality") else "")
+def _package(result: contract.StageManifest) -> str:
+    k = result.kit
+    assert k is not None        # the package stage's build returns it
+    line = f"{k.name}, {_count(k.parts, 'part')}, {k.total_size / 1e6:.1f} MB, signed by {k.signed_by}"
+    return line + (f"\n  warning: {k.quality}" if k.quality else "")
 
 
 @dataclass(frozen=True)

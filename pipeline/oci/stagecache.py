@@ -18,6 +18,7 @@ The package stage is not cached: a kit is signed by the workstation that makes i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -72,7 +73,7 @@ class StageCache:
              "this run")
 
     # ------------------------------------------------------------------------------------------------ restore
-    def restore(self, stage: str, key: str, staging: Path) -> dict | None:
+    def restore(self, stage: str, key: str, staging: Path) -> contract.StageManifest | None:
         """The cached stage's files and its stage.json (mtimes refreshed) in `staging`, or None (a miss, or an
         entry that failed a check: warned, nothing left in staging)."""
         if self.disabled or (self.stages is not None and stage not in self.stages):
@@ -95,7 +96,7 @@ class StageCache:
             self.ignore(stage, key, staging, exc.message if isinstance(exc, PipelineError) else os_error_text(exc))
             return None
         _say(f"{stage}: restored from the stage cache ({self.text}), computed on a workstation in "
-             f"{manifest.get('seconds', '?')} s")
+             f"{manifest.seconds} s")
         return manifest
 
     def ignore(self, stage: str, key: str, staging: Path, why: str) -> None:
@@ -104,7 +105,7 @@ class StageCache:
         for p in staging.iterdir():
             remove_entry(p)
 
-    def _checked_entry(self, store, raw: bytes, stage: str, key: str, staging: Path) -> dict:
+    def _checked_entry(self, store, raw: bytes, stage: str, key: str, staging: Path) -> contract.StageManifest:
         from pipeline.kit.signing import SignatureError, comment_fields, trusted_keys, verify_signature
         from pipeline.oci.transfer import fetch_blob
 
@@ -123,19 +124,19 @@ class StageCache:
         if fields.get("stage") != stage or fields.get("key") != key:
             raise PipelineError("its signature names another stage or key")
         try:
-            manifest = json.loads(body.decode("utf-8"))
+            manifest = contract.StageManifest.from_dict(json.loads(body.decode("utf-8")), MANIFEST)
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise PipelineError(f"its {MANIFEST} is not JSON") from None
-        files = manifest.get("files") if isinstance(manifest, dict) else None
-        if not isinstance(files, dict) or manifest.get("key") != key or manifest.get("stage") != stage:
+        except contract.ContractError as exc:       # the strict reader: names the field
+            raise PipelineError(exc.message) from None
+        if manifest.key != key or manifest.stage != stage:
             raise PipelineError(f"its {MANIFEST} is for another stage or key")
+        files = manifest.files
         wanted = {n for n in layers if n not in (MANIFEST, SIGNATURE)}
         if set(files) != wanted:
             raise PipelineError(f"its {MANIFEST} and its layers list different files")
         for name in wanted:
-            info = files[name]
-            if not isinstance(info, dict) or info.get("size") != layers[name].size or \
-                    f"sha256:{info.get('sha256')}" != layers[name].digest:
+            if files[name].size != layers[name].size or f"sha256:{files[name].sha256}" != layers[name].digest:
                 raise PipelineError(f"{name}: the layer's digest or size is not the signed {MANIFEST}'s")
         need, free = sum(layers[n].size for n in wanted), shutil.disk_usage(staging).free
         if need > free:
@@ -148,16 +149,16 @@ class StageCache:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(path, target)
         shutil.rmtree(blobs)
-        for name in wanted:         # the stage framework's up-to-date check compares these with the files
-            st = (staging / name).stat()
-            files[name] = dict(files[name], mtime_ns=st.st_mtime_ns)
-        manifest["restored_from"] = f"{self.text} {self.tag(stage, key)}"     # forget_stage() reads it
-        from pipeline.files import write_atomic
-        write_atomic(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+        # the stage framework's up-to-date check compares the mtimes with the files'; forget_stage() reads the origin
+        manifest = dataclasses.replace(
+            manifest, files={name: dataclasses.replace(files[name], mtime_ns=(staging / name).stat().st_mtime_ns)
+                             for name in wanted},
+            restored_from=f"{self.text} {self.tag(stage, key)}")
+        manifest.dump(staging / MANIFEST)
         return manifest
 
     # ------------------------------------------------------------------------------------------------ publish
-    def publish(self, stage: str, key: str, stage_dir: Path, manifest: dict) -> None:
+    def publish(self, stage: str, key: str, stage_dir: Path, manifest: contract.StageManifest) -> None:
         if self.disabled or (self.stages is not None and stage not in self.stages):
             return
         from pipeline.kit.signing import comment_line, signing_key
@@ -168,8 +169,8 @@ class StageCache:
                                                                       ("stage", stage), ("key", key)))
             store = self._store(self.tag(stage, key))
             layers: list[tuple[Blob, Path | bytes]] = []
-            for name, info in sorted(manifest["files"].items()):
-                layers.append((Blob(name, f"sha256:{info['sha256']}", info["size"], STAGE_FILE), stage_dir / name))
+            for name, info in sorted(manifest.files.items()):
+                layers.append((Blob(name, f"sha256:{info.sha256}", info.size, STAGE_FILE), stage_dir / name))
             body = (stage_dir / MANIFEST).read_bytes()
             for name, data in ((MANIFEST, body), (SIGNATURE, sig.encode())):
                 layers.append((Blob(name, f"sha256:{hashlib.sha256(data).hexdigest()}", len(data), STAGE_FILE), data))
@@ -248,9 +249,11 @@ def _refused() -> set[str]:
 def forget_stage(stage_dir: Path) -> None:
     """A stage whose output a later stage refused: its stage.json is removed (the stage is computed on the next
     build), and an entry it was restored from is never restored again on this workstation."""
-    from pipeline.files import load_json_or_none, write_atomic
-    manifest = load_json_or_none(Path(stage_dir) / MANIFEST)
-    origin = manifest.get("restored_from") if isinstance(manifest, dict) else None
+    from pipeline.files import write_atomic
+    try:
+        origin = contract.StageManifest.load(Path(stage_dir) / MANIFEST).restored_from
+    except contract.ContractError:
+        origin = None
     if isinstance(origin, str) and origin.isprintable() and len(origin) < 1024:
         refused = _refused() | {origin}
         with contextlib.suppress(OSError):

@@ -159,16 +159,17 @@ def save_state_deterministically(obj, path: Path) -> None:
 def check_saved_state(quant_dir: Path) -> None:
     """The saved state's files hash as the quantize stage recorded them (where it recorded them: its stage.json):
     a file swapped in a shared artifacts/ since, same size and mtime or not, is refused before it is read."""
-    from pipeline.contract import STAGE_MANIFEST
-    from pipeline.files import load_json_or_none, sha256_file
-    manifest = load_json_or_none(quant_dir / STAGE_MANIFEST)
-    if not isinstance(manifest, dict):
+    from pipeline.contract import STAGE_MANIFEST, ContractError, StageManifest
+    from pipeline.files import sha256_file
+    if not (quant_dir / STAGE_MANIFEST).exists():
         return          # not a stage directory (a direct call); torch.load below reads data only either way
-    files = manifest.get("files")
-    recorded: dict = files if isinstance(files, dict) else {}
+    try:
+        recorded = StageManifest.load(quant_dir / STAGE_MANIFEST).files
+    except ContractError:
+        recorded = {}   # a record that does not read vouches for nothing: refused below, the stage re-runs
     for name in (STATE, TENSORS):
         entry = recorded.get(name)
-        want = entry.get("sha256") if isinstance(entry, dict) else None
+        want = entry.sha256 if entry is not None else None
         try:
             same = want is not None and sha256_file(quant_dir / name) == want
         except (PipelineError, OSError):

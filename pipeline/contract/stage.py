@@ -1,0 +1,80 @@
+"""A workstation stage's record of what it built (`stage.json` in its directory): read back by the stage framework
+(is the output current?), by later stages (its files' hashes, its content digest), by the package stage, and by the
+shared stage cache from a registry another machine wrote, so strictly, like every other record. A stage.json that
+does not read (damaged, planted, an older format) means the stage is not built: it runs again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pipeline.contract.base import Part, Record
+from pipeline.contract.kit import ExportRecord
+
+
+@dataclass(frozen=True)
+class StageFile(Part):
+    """One output file as the stage wrote it (mtime_ns: the up-to-date check by stat; sha256: everything else)."""
+    size: int
+    mtime_ns: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class GoldensSummary(Part):
+    prompts: int
+    chat_template: bool
+    new_tokens: int
+    weak: list[str]             # prompts whose golden answer is under half of max_new_tokens: a weak check
+
+
+@dataclass(frozen=True)
+class AccuracySummary(Part):
+    """The accuracy stage's headline figures (its accuracy.json holds the whole report)."""
+    perplexity_change: float
+    perplexity_change_interval: list[float] | None
+    top1_agreement: float
+    logit_cosine: float
+    heldout: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class KitSummary(Part):
+    name: str
+    parts: int
+    total_size: int
+    signed_by: str
+    quality: str | None         # the accuracy limits a kit was packed past (--accept-quality), or None
+
+
+@dataclass(frozen=True)
+class StageManifest(Record):
+    """`key` decides "is this output current?" (a digest of the stage's id, tool versions and inputs' content
+    digests); `content_digest` is what later stages' keys are made of. The rest is what the stage's build returned,
+    one field per kind of stage, None elsewhere."""
+    FORMAT: ClassVar[str] = "jetson-stage/1"
+    stage: str
+    id: str
+    key: str
+    identity: dict[str, Any]
+    inputs: dict[str, str]          # "<stage>:<id>" -> that input's content digest
+    tools: dict[str, str]           # distribution -> version
+    files: dict[str, StageFile]
+    content_digest: str
+    created: str
+    seconds: float
+    source: dict[str, Any] | None = None        # fetch, fetch-draft: where the files came from
+    draft: dict[str, Any] | None = None         # fetch-draft: the draft's method and shape
+    ok: bool | None = None                      # plan: whether the plan passed its gates
+    quantize: dict[str, Any] | None = None      # quantize: method, formats, calibration (by method)
+    backend: str | None = None                  # export: the backend whose payload it wrote
+    export: ExportRecord | None = None
+    goldens: GoldensSummary | None = None
+    accuracy: AccuracySummary | None = None
+    kit: KitSummary | None = None
+    restored_from: str | None = None            # the stage cache entry it came from, where it did
+
+    def to_dict(self) -> dict:
+        """The record without the fields its kind of stage leaves at None (a fetch's manifest has no "kit")."""
+        return {k: v for k, v in super().to_dict().items() if v is not None}
