@@ -45,11 +45,18 @@ def test_token_agreement_counts_up_to_first_divergence():
 
 
 def test_advice_turns_numbers_into_a_recommendation():
-    good = {"perplexity_change": 0.01, "top1_agreement": 0.97}
+    import dataclasses
+
+    from pipeline import contract
+
+    def figures(change: float, top1: float, interval: list[float]) -> contract.AccuracyFigures:
+        return contract.AccuracyFigures("h", 100, 1, 10.0, 10.0 * (1 + change), change, interval, 0.99, top1)
+    good = figures(0.01, 0.97, [0.005, 0.02])
     assert advice(good, "int4_awq").startswith("int4_awq keeps the model's behaviour: perplexity +1.0%")
-    bad = {"perplexity_change": 0.12, "top1_agreement": 0.8}
+    bad = figures(0.12, 0.8, [0.1, 0.14])
     text = advice(bad, "int4_awq")
     assert "perplexity +12.0%, top-1 agreement 80.0%" in text and "other quantization.weights" in text
     assert "int8_sq" not in text          # the advice names no fixed formats: the quality gate names measured ones
-    noisy = advice({**bad, "perplexity_change_interval": [-0.01, 0.25]}, "int4_awq")
+    assert "within noise" not in text
+    noisy = advice(dataclasses.replace(bad, perplexity_change_interval=[-0.01, 0.25]), "int4_awq")
     assert "perplexity +12.0% (within noise: the interval holds 0)" in noisy

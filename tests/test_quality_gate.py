@@ -1,20 +1,24 @@
 """The quality gate before signing: the recipe's limits against the measured accuracy, advice from measurements."""
 
+import dataclasses
+
 import pytest
 from conftest import REPO, Project
 
+from pipeline import contract
 from pipeline.errors import PipelineError
-from pipeline.graph.quality import GateLimits, gate, misses
+from pipeline.graph.quality import GateLimits, gate, misses_of
 
 LIMITS = GateLimits(max_perplexity_increase=0.25, min_top1_agreement=0.7)
 
 
-def acc(weights, change, top1):
-    return {"weights": weights, "perplexity_change": change, "top1_agreement": top1, "heldout": "heldout-en"}
+def acc(weights, change, top1) -> contract.AccuracyReport:
+    return contract.AccuracyReport("heldout-en", 100, 1, 10.0, 10.0 * (1 + change), change, [change, change], 0.99,
+                                   top1, weights=weights)
 
 
 def test_a_miss_says_which_figure_by_how_much_and_which_formats_measured_better():
-    assert misses(acc("int4_awq", 0.10, 0.9), LIMITS) == []
+    assert misses_of(acc("int4_awq", 0.10, 0.9), LIMITS) == []
     others = {"int8_wo": acc("int8_wo", 0.0003, 0.99), "int8_sq": acc("int8_sq", 0.31, 0.8),
               "fp16": acc("fp16", 0.0, 1.0)}
     with pytest.raises(PipelineError) as e:
@@ -31,10 +35,10 @@ def test_a_miss_says_which_figure_by_how_much_and_which_formats_measured_better(
 
 def test_the_limits_hold_at_their_edges():
     """A measurement exactly at a limit passes; the smallest step past it misses, by that step."""
-    assert misses(acc("int4_awq", 0.25, 0.7), LIMITS) == []
-    (top1,) = misses(acc("int4_awq", 0.25, 0.699), LIMITS)
+    assert misses_of(acc("int4_awq", 0.25, 0.7), LIMITS) == []
+    (top1,) = misses_of(acc("int4_awq", 0.25, 0.699), LIMITS)
     assert top1 == "top-1 agreement 69.9% is below min_top1_agreement 70% by 0.1 points"
-    (ppl,) = misses(acc("int4_awq", 0.251, 0.7), LIMITS)
+    (ppl,) = misses_of(acc("int4_awq", 0.251, 0.7), LIMITS)
     assert ppl == "perplexity +25.1% on heldout-en exceeds max_perplexity_increase +25% by 0.1 points"
 
 
@@ -55,3 +59,31 @@ def test_the_package_stage_refuses_to_sign_below_the_gate(tmp_path):
     ok = project.doit("build", "recipe=strict", "accept-quality=1")
     assert "warning: signed anyway (accept_quality): int4_awq misses" in ok.stdout
     assert (project.artifacts / "strict" / "kit" / "strict@orin-nano-8gb" / "SHA256SUMS.minisig").is_file()
+
+
+def test_the_advice_reads_only_reports_that_read_as_the_contract_says(tmp_path):
+    """The gate's advice finds the same model's other formats on disk: a report planted or damaged there (a field
+    of another type, an older format, a FIFO) is no measurement, never a traceback."""
+    import json
+    import os
+
+    from pipeline.graph.quality import measured_formats
+
+    def put(name: str, report: contract.AccuracyReport | None, edit=lambda r: None) -> None:
+        d = tmp_path / "accuracy" / name
+        d.mkdir(parents=True)
+        if report is None:
+            os.mkfifo(d / contract.ACCURACY_JSON)
+            return
+        record = report.to_dict()
+        edit(record)
+        (d / contract.ACCURACY_JSON).write_text(json.dumps(record))
+    good = dataclasses.replace(acc("int8_wo", 0.001, 0.99), model_digest="m")
+    put("a", good)
+    put("b", dataclasses.replace(acc("int8_sq", 0.01, 0.95), model_digest="m"),
+        lambda r: r.update(top1_agreement="0.95"))
+    put("c", dataclasses.replace(acc("fp8", 0.01, 0.95), model_digest="m"), lambda r: r.pop("format"))
+    put("d", None)
+    put("e", dataclasses.replace(acc("nvfp4", 0.01, 0.95), model_digest="other model"))
+    assert measured_formats(tmp_path, "m", "heldout-en") == {"int8_wo": good}
+    assert measured_formats(tmp_path, "m", "another text") == {}

@@ -47,8 +47,8 @@ def test_int4_awq_perplexity_within_20_percent_of_fp32(smollm2, tmp_path):
     report = accuracy_report(fp32, load_quantized(smollm2, tmp_path), AutoTokenizer.from_pretrained(smollm2),
                              text, name)
     print(report)                                       # the figures, with pytest -s
-    assert report["perplexity_original"] < 40          # a real model: 15.6 on FACTS.md's paragraph
-    assert report["perplexity_quantized"] <= 1.2 * report["perplexity_original"], report
+    assert report.perplexity_original < 40          # a real model: 15.6 on FACTS.md's paragraph
+    assert report.perplexity_quantized <= 1.2 * report.perplexity_original, report
 
 
 # Every Orin format; int8_wo and fp16 calibrate nothing, so only the calibrated formats repeat at 64 x 512

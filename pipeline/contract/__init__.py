@@ -10,6 +10,7 @@ naming which side to update):
     jetson-kit-manifest/1      MANIFEST.json     pack -> verify, unpack, transfer, device driver, gate  (kit.py)
     jetson-bundle-manifest/1   MANIFEST.json     device -> verify, unpack                               (kit.py)
     jetson-stages/1            stages.json       package -> the user                                    (kit.py)
+    jetson-accuracy/1          accuracy.json     accuracy stage -> quality gate, compare, the user      (stage.py)
     jetson-stage/1             stage.json        each workstation stage -> its next run, later stages,
                                                  the shared stage cache                                 (stage.py)
     jetson-goldens/1           goldens.json      goldens stage -> device runners, report                (kit.py)
@@ -75,9 +76,19 @@ from pipeline.contract.plan import (
     Speculative,
     Stack,
 )
-from pipeline.contract.stage import AccuracySummary, GoldensSummary, KitSummary, StageFile, StageManifest
+from pipeline.contract.stage import (
+    AccuracyFigures,
+    AccuracyReport,
+    AccuracySummary,
+    GoldensSummary,
+    KitSummary,
+    StageFile,
+    StageManifest,
+)
 
 __all__ = [
+    "AccuracyFigures",
+    "AccuracyReport",
     "AccuracySummary",
     "Board",
     "BuildLimits",

@@ -29,6 +29,31 @@ class GoldensSummary(Part):
 
 
 @dataclass(frozen=True)
+class AccuracyFigures(Part):
+    """The quantized model against the original on held-out text (workstation/evaluate.py measures them)."""
+    heldout: str
+    tokens: int
+    windows: int
+    perplexity_original: float
+    perplexity_quantized: float
+    perplexity_change: float                    # relative: +0.05 is 5% worse
+    perplexity_change_interval: list[float]     # its 95% bootstrap interval over the windows, [low, high]
+    logit_cosine: float
+    top1_agreement: float
+
+
+@dataclass(frozen=True)
+class AccuracyReport(AccuracyFigures, Record):
+    """accuracy.json: the accuracy stage's report, read by the quality gate, by `compare`, and by the gate's advice
+    (the same model's other formats, found on disk: so read strictly, a planted one is no report)."""
+    FORMAT: ClassVar[str] = "jetson-accuracy/1"
+    weights: str = ""
+    recipe: str = ""
+    advice: str = ""
+    model_digest: str | None = None     # the fetched model's content digest: formats compare on the same model
+
+
+@dataclass(frozen=True)
 class AccuracySummary(Part):
     """The accuracy stage's headline figures (its accuracy.json holds the whole report)."""
     perplexity_change: float

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 from pathlib import Path
+from typing import TypeVar
 
 from pipeline import backends, contract
 from pipeline.errors import PipelineError
@@ -267,6 +268,19 @@ def recorded_json(spec: StageSpec, name: str) -> dict:
     return json.loads(data)
 
 
+R = TypeVar("R", bound=contract.Record)
+
+
+def recorded_record(spec: StageSpec, name: str, record: type[R]) -> R:
+    """A stage's record file, read only if its bytes are what the stage recorded, then strictly as its contract
+    says (a record that does not read: the stage re-runs on the next build)."""
+    obj = recorded_json(spec, name)
+    try:
+        return record.from_dict(obj, str(spec.dir / name))
+    except contract.ContractError as exc:
+        raise damaged_output(spec, exc.message) from None
+
+
 def accuracy_stage(recipe: Recipe) -> contract.StageManifest:
     """The accuracy stage of `recipe` (built unless current); returns its manifest."""
     from transformers import AutoTokenizer
@@ -281,10 +295,11 @@ def accuracy_stage(recipe: Recipe) -> contract.StageManifest:
             original = load_model(model_dir(recipe), input_device(quantized).split(":")[0])
             with skinny_linears():
                 name, text = heldout_text(recipe.validation.heldout, recipe.file)
-                report = accuracy_report(original, quantized, tok, text, name)
-            write_report(out, report, recipe.weights, recipe.name, fetch_digest(recipe))
-        return {"accuracy": contract.AccuracySummary(**{k: report[k] for k in (
-            "perplexity_change", "perplexity_change_interval", "top1_agreement", "logit_cosine", "heldout", "tokens")})}
+                figures = accuracy_report(original, quantized, tok, text, name)
+            write_report(out, figures, recipe.weights, recipe.name, fetch_digest(recipe))
+        return {"accuracy": contract.AccuracySummary(figures.perplexity_change, figures.perplexity_change_interval,
+                                                     figures.top1_agreement, figures.logit_cosine, figures.heldout,
+                                                     figures.tokens)}
 
     return run_stage(accuracy_spec(recipe), build, stage_cache())
 

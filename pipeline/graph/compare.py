@@ -146,13 +146,14 @@ def _export_refusal(recipe: Recipe, plan: contract.Plan) -> str | None:
 def _measurement(recipe: Recipe) -> tuple[Measurement, dict]:
     """The accuracy stage's figures (read as the quality gate reads them: bounded, and only if its bytes are what
     the stage recorded), and the report itself."""
-    from pipeline.graph.actions import recorded_json
+    from pipeline.graph.actions import recorded_record
     from pipeline.graph.framework import built_manifest
 
-    a = recorded_json(accuracy_spec(recipe), contract.ACCURACY_JSON)
+    a = recorded_record(accuracy_spec(recipe), contract.ACCURACY_JSON, contract.AccuracyReport)
     seconds = sum(built_manifest(spec.dir).seconds for spec in (quantize_spec(recipe), accuracy_spec(recipe)))
-    lo, hi = a["perplexity_change_interval"]
-    return Measurement(a["perplexity_change"], (lo, hi), a["top1_agreement"], a["logit_cosine"], round(seconds, 1)), a
+    lo, hi = a.perplexity_change_interval
+    return Measurement(a.perplexity_change, (lo, hi), a.top1_agreement, a.logit_cosine, round(seconds, 1)), \
+        a.to_dict()
 
 
 def _row(weights: str, plan: contract.Plan, m: Measurement | None, failed: str | None) -> Row:
@@ -175,8 +176,7 @@ def within_limits(row: dict, limits: dict) -> bool:
     from pipeline.graph.quality import misses
     m = row["measured"]
     from pipeline.graph.quality import GateLimits
-    return m is not None and not misses({"perplexity_change": m["perplexity_change"], "heldout": "",
-                                         "top1_agreement": m["top1_agreement"]}, GateLimits(**limits))
+    return m is not None and not misses(m["perplexity_change"], m["top1_agreement"], "", GateLimits(**limits))
 
 
 def recommendation(target: dict, limits: dict) -> str:

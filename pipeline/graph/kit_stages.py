@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pipeline import contract
 from pipeline.errors import PipelineError
-from pipeline.graph.actions import damaged_output, fetch_digest, model_dir, recorded_json
+from pipeline.graph.actions import damaged_output, fetch_digest, model_dir, recorded_record
 from pipeline.graph.cmdline import stage_cache
 from pipeline.graph.framework import StageSpec, run_stage
 from pipeline.graph.specs import (
@@ -94,8 +94,8 @@ def _quality_gate(recipe: Recipe) -> str | None:
     from pipeline.graph.quality import gate, measured_formats
 
     spec = accuracy_spec(recipe)
-    accuracy = recorded_json(spec, contract.ACCURACY_JSON)
-    others = measured_formats(artifacts_dir() / "stages", fetch_digest(recipe), accuracy["heldout"])
+    accuracy = recorded_record(spec, contract.ACCURACY_JSON, contract.AccuracyReport)
+    others = measured_formats(artifacts_dir() / "stages", fetch_digest(recipe), accuracy.heldout)
     return gate(accuracy, recipe.validation, others, recipe.file,
                 recipe.validation.accept_quality or accept_quality())
 
@@ -104,9 +104,9 @@ def _prompts_fit(recipe: Recipe, plan: contract.Plan) -> None:
     """Every golden prompt fits the engine the plan builds (the limits may have changed since the goldens ran)."""
     from pipeline.workstation.evaluate import prompts_too_long
 
-    goldens = recorded_json(goldens_spec(recipe), contract.GOLDENS)
-    lengths = [(p["prompt"], len(p["input_ids"])) for p in goldens["prompts"]]
-    long = prompts_too_long(lengths, goldens["max_new_tokens"], plan.limits.max_input_len, plan.limits.max_seq_len)
+    goldens = recorded_record(goldens_spec(recipe), contract.GOLDENS, contract.Goldens)
+    lengths = [(p.prompt, len(p.input_ids)) for p in goldens.prompts]
+    long = prompts_too_long(lengths, goldens.max_new_tokens, plan.limits.max_input_len, plan.limits.max_seq_len)
     if long:
         raise PipelineError(f"{recipe.file}: {long[0]}; nothing was signed",
                             "shorten the prompt or max_new_tokens, or raise build.max_input_len / build.max_seq_len")

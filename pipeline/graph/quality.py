@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from pipeline import contract
 from pipeline.errors import PipelineError
 from pipeline.recipe import ValidationSettings
 
@@ -31,47 +32,52 @@ class GateLimits:
     min_top1_agreement: float
 
 
-def misses(accuracy: dict, validation: QualityLimits) -> list[str]:
-    """Each limit the measurement misses, with by how much."""
+def misses(change: float, top1: float, heldout: str, validation: QualityLimits) -> list[str]:
+    """Each limit a measurement (perplexity change, top-1 agreement on `heldout`) misses, with by how much."""
     out = []
-    change, limit = accuracy["perplexity_change"], validation.max_perplexity_increase
+    limit = validation.max_perplexity_increase
     if change > limit:
-        out.append(f"perplexity {change:+.1%} on {accuracy['heldout']} exceeds max_perplexity_increase "
+        out.append(f"perplexity {change:+.1%} on {heldout} exceeds max_perplexity_increase "
                    f"{limit:+.0%} by {(change - limit) * 100:.1f} points")
-    top1, need = accuracy["top1_agreement"], validation.min_top1_agreement
+    need = validation.min_top1_agreement
     if top1 < need:
         out.append(f"top-1 agreement {top1:.1%} is below min_top1_agreement {need:.0%} by {(need - top1) * 100:.1f} "
                    "points")
     return out
 
 
-def measured_formats(stages: Path, fetch_digest: str, heldout: str) -> dict[str, dict]:
-    """The other formats measured for the same fetched model on the same held-out text (accuracy stages on disk)."""
-    from pipeline.files import load_json_or_none
+def misses_of(report: contract.AccuracyFigures, validation: QualityLimits) -> list[str]:
+    return misses(report.perplexity_change, report.top1_agreement, report.heldout, validation)
 
-    found: dict[str, dict] = {}
-    for report in sorted(stages.glob("accuracy/*/accuracy.json")):
-        r = load_json_or_none(report, 16 * 2**20)      # bounded, regular files only: a planted FIFO is no report
-        if isinstance(r, dict) and r.get("model_digest") == fetch_digest and r.get("heldout") == heldout \
-                and isinstance(r.get("weights"), str):
-            found[r["weights"]] = r
+
+def measured_formats(stages: Path, fetch_digest: str, heldout: str) -> dict[str, contract.AccuracyReport]:
+    """The other formats measured for the same fetched model on the same held-out text (accuracy stages on disk,
+    read strictly: bounded, regular files only, every field typed; one that does not read is no report)."""
+    found: dict[str, contract.AccuracyReport] = {}
+    for path in sorted(stages.glob(f"accuracy/*/{contract.ACCURACY_JSON}")):
+        try:
+            r = contract.AccuracyReport.load(path)
+        except contract.ContractError:
+            continue
+        if r.model_digest == fetch_digest and r.heldout == heldout and r.weights:
+            found[r.weights] = r
     return found
 
 
-def gate(accuracy: dict, validation: ValidationSettings, others: dict[str, dict], recipe_file: str,
-         accept: bool) -> str | None:
+def gate(accuracy: contract.AccuracyReport, validation: ValidationSettings, others: dict[str, contract.AccuracyReport],
+         recipe_file: str, accept: bool) -> str | None:
     """None when the kit may be signed silently; a line to print when accepted despite a miss; else refuses."""
-    missed = misses(accuracy, validation)
+    missed = misses_of(accuracy, validation)
     if not missed:
         return None
-    better = sorted((w for w, r in others.items() if w != accuracy["weights"] and not misses(r, validation)),
-                    key=lambda w: others[w]["perplexity_change"])
+    better = sorted((w for w, r in others.items() if w != accuracy.weights and not misses_of(r, validation)),
+                    key=lambda w: others[w].perplexity_change)
     advice = ("formats measured within the limits on this model: " + ", ".join(
-        f"{w} (perplexity {others[w]['perplexity_change']:+.1%}, top-1 {others[w]['top1_agreement']:.0%})"
+        f"{w} (perplexity {others[w].perplexity_change:+.1%}, top-1 {others[w].top1_agreement:.0%})"
         for w in better)) if better else \
         "no other format has been measured on this model yet: build the recipe with another quantization.weights " \
         "to measure it"
-    text = f"{accuracy['weights']} misses the recipe's quality gate: {'; '.join(missed)}"
+    text = f"{accuracy.weights} misses the recipe's quality gate: {'; '.join(missed)}"
     if accept:
         return f"signed anyway (accept_quality): {text}"
     raise PipelineError(f"{recipe_file}: {text}; {advice}",

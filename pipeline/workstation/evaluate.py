@@ -6,7 +6,7 @@ computes (see quantize.fuse_for_export): goldens are what a correct engine must 
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
 from pathlib import Path
 from typing import Protocol
@@ -266,7 +266,8 @@ def bootstrap_interval(per_window: list[tuple[float, float, int]], rounds: int =
     return round(lo, 4), round(hi, 4)
 
 
-def accuracy_report(original, quantized, tokenizer, text: str, name: str, seq_len: int = 256) -> dict:
+def accuracy_report(original, quantized, tokenizer, text: str, name: str,
+                    seq_len: int = 256) -> contract.AccuracyFigures:
     """Perplexity of both models on held-out text (with a bootstrap interval over its windows), logit cosine and
     top-1 agreement."""
     import torch
@@ -288,35 +289,39 @@ def accuracy_report(original, quantized, tokenizer, text: str, name: str, seq_le
     predicted = sum(p[2] for p in per_window)
     ppl = {"original": math.exp(sum(p[0] for p in per_window) / predicted),
            "quantized": math.exp(sum(p[1] for p in per_window) / predicted)}
-    return {"heldout": name, "tokens": count, "windows": len(per_window),
-            "perplexity_original": round(ppl["original"], 4), "perplexity_quantized": round(ppl["quantized"], 4),
-            "perplexity_change": round(ppl["quantized"] / ppl["original"] - 1, 4),
-            "perplexity_change_interval": list(bootstrap_interval(per_window)),
-            "logit_cosine": round(cos_sum / count, 6), "top1_agreement": round(agree / count, 6)}
+    return contract.AccuracyFigures(
+        heldout=name, tokens=count, windows=len(per_window), perplexity_original=round(ppl["original"], 4),
+        perplexity_quantized=round(ppl["quantized"], 4),
+        perplexity_change=round(ppl["quantized"] / ppl["original"] - 1, 4),
+        perplexity_change_interval=list(bootstrap_interval(per_window)), logit_cosine=round(cos_sum / count, 6),
+        top1_agreement=round(agree / count, 6))
 
 
-def advice(report: dict, weights: str) -> str:
-    change = report["perplexity_change"]
-    if change <= 0.02 and report["top1_agreement"] >= 0.95:
-        return f"{weights} keeps the model's behaviour: perplexity {change:+.1%}, top-1 agreement " \
-               f"{report['top1_agreement']:.1%}."
-    lo, hi = report.get("perplexity_change_interval") or (change, change)
+def advice(figures: contract.AccuracyFigures, weights: str) -> str:
+    change, top1 = figures.perplexity_change, figures.top1_agreement
+    if change <= 0.02 and top1 >= 0.95:
+        return f"{weights} keeps the model's behaviour: perplexity {change:+.1%}, top-1 agreement {top1:.1%}."
+    lo, hi = figures.perplexity_change_interval
     noise = " (within noise: the interval holds 0)" if lo <= 0 <= hi else ""
     return f"{weights} changes the model measurably: perplexity {change:+.1%}{noise}, top-1 agreement " \
-           f"{report['top1_agreement']:.1%}. Build the recipe with other quantization.weights to measure them on " \
+           f"{top1:.1%}. Build the recipe with other quantization.weights to measure them on " \
            "this model (the package stage names those within the recipe's quality gate), or try more calibration " \
            "samples or calibration text closer to your prompts."
 
 
-def write_report(out: Path, report: dict, weights: str, recipe: str, model_digest: str | None = None) -> None:
-    report = {**report, "advice": advice(report, weights), "weights": weights, "recipe": recipe,
-              "model_digest": model_digest}     # the fetched model's content digest: formats compare on the same model
-    (out / contract.ACCURACY_JSON).write_text(json.dumps(report, indent=1) + "\n")
+def write_report(out: Path, figures: contract.AccuracyFigures, weights: str, recipe: str,
+                 model_digest: str | None = None) -> contract.AccuracyReport:
+    """accuracy.json (the record) and accuracy.md (for people). model_digest: the fetched model's content digest,
+    so formats compare on the same model."""
+    r = contract.AccuracyReport(**dataclasses.asdict(figures), weights=weights, recipe=recipe,
+                                advice=advice(figures, weights), model_digest=model_digest)
+    r.dump(out / contract.ACCURACY_JSON)
+    lo, hi = r.perplexity_change_interval
     md = [f"# Accuracy: {recipe} ({weights})", "",
           "| metric | original | quantized |", "|---|---|---|",
-          f"| perplexity ({report['heldout']}, {report['tokens']} tokens) | {report['perplexity_original']} | "
-          f"{report['perplexity_quantized']} ({report['perplexity_change']:+.2%}; 95% interval "
-          f"{report['perplexity_change_interval'][0]:+.2%} to {report['perplexity_change_interval'][1]:+.2%}) |",
-          f"| logit cosine vs original | 1 | {report['logit_cosine']} |",
-          f"| top-1 agreement vs original | 1 | {report['top1_agreement']:.2%} |", "", report["advice"], ""]
+          f"| perplexity ({r.heldout}, {r.tokens} tokens) | {r.perplexity_original} | {r.perplexity_quantized} "
+          f"({r.perplexity_change:+.2%}; 95% interval {lo:+.2%} to {hi:+.2%}) |",
+          f"| logit cosine vs original | 1 | {r.logit_cosine} |",
+          f"| top-1 agreement vs original | 1 | {r.top1_agreement:.2%} |", "", r.advice, ""]
     (out / contract.ACCURACY_MD).write_text("\n".join(md))
+    return r
