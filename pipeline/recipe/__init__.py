@@ -9,83 +9,23 @@ below the graph and the command line, which read recipes.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import contract, settings
-from pipeline.builders import Builder, builder_from
 from pipeline.errors import InputError, PipelineError, Problem
-from pipeline.recipe.schema import MAX_RECIPE_BYTES, NAME_RE, SCHEMA, check_table, cross_checks, read_toml
-from pipeline.recipe.sources import DRAFT, MODEL, ModelSource, source_from
+from pipeline.recipe.records import (
+    BuildSettings,
+    Calibration,
+    Draft,
+    Quantization,
+    Recipe,
+    ValidationSettings,
+)
+from pipeline.recipe.schema import MAX_RECIPE_BYTES, NAME_RE, build, check_table, cross_checks, read_toml
+from pipeline.recipe.sources import ModelSource
 
-
-@dataclass(frozen=True)
-class Calibration:
-    source: str             # builtin:NAME | file:PATH | hf:DATASET
-    samples: int
-    seq_len: int
-    seed: int
-
-
-@dataclass(frozen=True)
-class Quantization:
-    weights: str
-    kv_cache: str
-    group_size: int | None
-    calibration: Calibration
-
-
-@dataclass(frozen=True)
-class BuildSettings:
-    max_batch_size: int
-    max_input_len: int
-    max_seq_len: int
-    builder: Builder
-    power_mode: str | None
-
-
-@dataclass(frozen=True)
-class Draft:
-    """An EAGLE-3 draft beside the base (speculative decoding through the edgellm backend)."""
-    method: str
-    source: ModelSource
-    max_draft_tree_size: int
-    max_verify_tree_size: int
-
-
-@dataclass(frozen=True)
-class ValidationSettings:
-    prompts: tuple[str, ...]
-    max_new_tokens: int
-    min_token_agreement: float
-    top_k_logprobs: int
-    max_perplexity_increase: float
-    min_top1_agreement: float
-    accept_quality: bool
-    heldout: str            # builtin:NAME | file:PATH
-    chat_template: bool | None      # None: when the tokenizer has one
-
-
-@dataclass(frozen=True)
-class Recipe:
-    name: str
-    file: str
-    description: str
-    targets: tuple[str, ...]
-    backend: str | None
-    model: ModelSource
-    quantization: Quantization
-    build: BuildSettings
-    validation: ValidationSettings
-    draft: Draft | None = None
-
-    @property
-    def weights(self) -> str:
-        return self.quantization.weights
-
-    @property
-    def kv_cache(self) -> str:
-        return self.quantization.kv_cache
+__all__ = ["BuildSettings", "Calibration", "Draft", "ModelSource", "Quantization", "Recipe", "ValidationSettings",
+           "config_for", "load_recipe", "parse_recipe", "plan_recipe", "recipe_names"]
 
 
 def parse_recipe(data: dict, file: str, name: str | None = None) -> Recipe:
@@ -95,22 +35,12 @@ def parse_recipe(data: dict, file: str, name: str | None = None) -> Recipe:
         problems.append(Problem(file, "(recipe name)", name if len(name) <= 80 else name[:77] + "...",
                                 "is not a recipe name: 1-64 letters, digits, '.', '_' or '-', starting with a letter "
                                 "or digit", "rename the file: its name becomes directory and task names"))
-    v = check_table(file, "", SCHEMA, data, problems)
-    assert isinstance(v, dict)      # the schema's root is a table
+    v = check_table(file, "", Recipe, data, problems)
     if not problems:
         cross_checks(file, v, problems)
     if problems:
         raise InputError(problems)
-    q, b, val, d = v["quantization"], v["build"], v["validation"], v["draft"]
-    return Recipe(
-        name=name, file=file, description=v["description"], targets=tuple(v["targets"]), backend=v["backend"],
-        model=source_from(MODEL, v["model"], file),
-        quantization=Quantization(q["weights"], q["kv_cache"], q["group_size"], Calibration(**q["calibration"])),
-        build=BuildSettings(b["max_batch_size"], b["max_input_len"], b["max_seq_len"], builder_from(b["builder"]),
-                            b["power_mode"]),
-        validation=ValidationSettings(**dict(val, prompts=tuple(val["prompts"]))),
-        draft=Draft(d["method"], source_from(DRAFT, d, file), d["max_draft_tree_size"], d["max_verify_tree_size"])
-        if d["method"] else None)
+    return build(Recipe, v, file, name=name, file=file)
 
 
 def recipe_names() -> list[str]:

@@ -7,111 +7,55 @@ revisions written as numbers (TOML reads `6.10` as 6.1).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import os
 import re
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from pipeline import backends
 from pipeline.builders import builder_problem
-from pipeline.contract import MAX_BATCH_SIZE, MAX_CONTEXT
 from pipeline.errors import InputError, PipelineError, Problem
-from pipeline.plan.formats import DEFAULT_KV, KV_FORMATS, WEIGHT_FORMATS
 from pipeline.plan.targets import load_targets
+from pipeline.recipe.records import CALIB_RE, MAX_PROMPT_CHARS, Setting
 from pipeline.tomlcompat import TOMLDecodeError, load_toml_text
 from pipeline.workstation.calibration import source_path
 from pipeline.workstation.hub import COMMIT_RE
 from pipeline.workstation.tinymodel import BUILTINS, DRAFT_BUILTINS
 
-REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-CALIB_RE = re.compile(r"^(builtin|file|hf):.+$")
 # A recipe's name becomes directory, file and doit task names: short, and no character a shell or path treats specially
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_RECIPE_BYTES = 1 * 2**20        # a recipe is a few hundred bytes; a megabyte is not one
-MAX_PROMPTS, MAX_PROMPT_CHARS = 64, 16_384
 
 
 # ----------------------------------------------------------------------------------------------------------- schema
+# The fields are declared once, on the records (records.py): this engine reads their annotations and Settings.
 @dataclass(frozen=True)
-class F:
-    """One recipe field: its type, default (None = required unless optional) and checks."""
-
-    type: type | tuple
-    default: object = None
-    required: bool = False
-    choices: tuple = ()
-    min: float | None = None
-    max: float | None = None
-    max_items: int | None = None        # lists: at most this many entries
-    pattern: re.Pattern | None = None
-    pattern_hint: str = ""
-    doc: str = ""
+class Field:
+    """One TOML field of a table: its name, the TOML type it must have, its default and checks."""
+    name: str
+    type: Any               # a Python type, a tuple of them, or a record class (a table)
+    default: Any
+    setting: Setting
 
 
-SCHEMA: dict = {
-    "description": F(str, ""),
-    "targets": F(list, required=True, max_items=16, doc="target ids, see `python -m pipeline targets`"),
-    "backend": F(str, None, choices=backends.NAMES, doc="engine backend; default: the target's first stack that fits"),
-    "model": {
-        "source": F(str, required=True, choices=("hf", "local", "builtin")),
-        "repo": F(str, None, pattern=REPO_RE, pattern_hint="a Hugging Face repo id like 'org/name'"),
-        "revision": F(str, None, doc="40-hex commit; a branch or tag only with allow_branch = true"),
-        "allow_branch": F(bool, False),
-        "path": F(str, None, doc="local model directory (relative paths are relative to the recipe file)"),
-        "name": F(str, None, doc="builtin model name"),
-    },
-    "quantization": {
-        "weights": F(str, required=True, choices=tuple(WEIGHT_FORMATS)),
-        "kv_cache": F(str, DEFAULT_KV.name, choices=tuple(KV_FORMATS)),
-        "group_size": F(int, None, choices=(16, 32, 64, 128)),
-        "calibration": {
-            "source": F(str, "builtin:calib-en", pattern=CALIB_RE,
-                        pattern_hint="builtin:NAME, file:PATH (.txt or .jsonl) or hf:DATASET"),
-            "samples": F(int, 32, min=1, max=4096),
-            "seq_len": F(int, 256, min=8, max=16384),
-            "seed": F(int, 0, min=0, max=2**32 - 1),
-        },
-    },
-    "build": {
-        "max_batch_size": F(int, 1, min=1, max=MAX_BATCH_SIZE),
-        "max_input_len": F(int, 1024, min=1, max=MAX_CONTEXT - 1),
-        "max_seq_len": F(int, 2048, min=2, max=MAX_CONTEXT),
-        "builder": F((str, list), "offline", max_items=32,
-                     doc="local | offline | ssh://user@host[:port], or a list of ssh:// builders of the target's "
-                         "family (each build takes the first free one)"),
-        "power_mode": F(str, None),
-    },
-    # Speculative decoding: an EAGLE-3 draft model beside the base (edgellm backend). Empty: no draft.
-    "draft": {
-        "method": F(str, None, choices=("eagle3",), doc="the speculative-decoding method of the draft"),
-        "source": F(str, None, choices=("hf", "local", "builtin")),
-        "repo": F(str, None, pattern=REPO_RE, pattern_hint="a Hugging Face repo id like 'org/name'"),
-        "revision": F(str, None, doc="40-hex commit; a branch or tag only with allow_branch = true"),
-        "allow_branch": F(bool, False),
-        "path": F(str, None, doc="local draft directory (relative paths are relative to the recipe file)"),
-        "name": F(str, None, doc="builtin draft name"),
-        "max_draft_tree_size": F(int, 60, min=1, max=1024, doc="llm_build --maxDraftTreeSize"),
-        "max_verify_tree_size": F(int, 60, min=1, max=1024, doc="llm_build --maxVerifyTreeSize"),
-    },
-    "validation": {
-        "prompts": F(list, required=True, max_items=MAX_PROMPTS),
-        "max_new_tokens": F(int, 32, min=1, max=4096),
-        "min_token_agreement": F(float, 0.9, min=0.0, max=1.0),
-        "top_k_logprobs": F(int, 5, min=1, max=50),
-        "max_perplexity_increase": F(float, 0.25, min=0.0, max=100.0,
-                                     doc="quality gate: largest relative perplexity increase on the held-out text"),
-        "min_top1_agreement": F(float, 0.7, min=0.0, max=1.0,
-                                doc="quality gate: next-token agreement with the original"),
-        "accept_quality": F(bool, False, doc="sign a kit that misses the quality gate (the build says so)"),
-        "heldout": F(str, "builtin:heldout-long-en", pattern=re.compile(r"^(builtin|file):.+$"),
-                     pattern_hint="builtin:NAME or file:PATH (relative to the recipe)",
-                     doc="held-out text for the perplexity change (at least a few thousand tokens)"),
-        "chat_template": F(bool, None, doc="render prompts with the tokenizer's chat template and the generation "
-                                           "prompt, as the deployed model is asked (default: when it has one)"),
-    },
-}
+def fields_of(table: type) -> list[Field]:
+    """The TOML fields a record declares (those without a Setting, e.g. a recipe's name, are not in the file)."""
+    hints = typing.get_type_hints(table)
+    return [Field(f.name, _toml_type(hints[f.name], f.metadata["recipe"]), f.default, f.metadata["recipe"])
+            for f in dataclasses.fields(table) if "recipe" in f.metadata]
+
+
+def _toml_type(annotation: Any, s: Setting) -> Any:
+    if s.toml is not None:
+        return s.toml
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return list if typing.get_origin(annotation) is tuple else annotation
 
 
 def _type_name(t) -> str:
@@ -119,29 +63,61 @@ def _type_name(t) -> str:
             dict: "a table"}.get(t, str(t))
 
 
-def check_table(file: str, path: str, spec, value, problems: list[Problem]) -> object:
-    """Type- and range-check one value against its spec; returns the value with defaults applied."""
-    if isinstance(spec, dict):
-        if value is None:
-            value = {}
-        if not isinstance(value, dict):
-            problems.append(Problem(file, path, value, "must be a table", f"write [{path}]"))
-            return {}
-        out = {}
-        for key in value:
-            if key not in spec:
-                close = difflib.get_close_matches(key, list(spec), n=1, cutoff=0.6)
-                hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(spec)}"
-                problems.append(Problem(file, f"{path}.{key}" if path else key, value[key], "unknown key", hint))
-        for key, sub in spec.items():
-            out[key] = check_table(file, f"{path}.{key}" if path else key, sub, value.get(key), problems)
-        return out
+def check_table(file: str, path: str, table: type, value: Any, problems: list[Problem]) -> dict[str, Any]:
+    """Type- and range-check a table against the record declaring it; returns its values with defaults applied."""
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        problems.append(Problem(file, path, value, "must be a table", f"write [{path}]"))
+        return {}
+    known = fields_of(table)
+    names = [f.name for f in known]
+    for key in value:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys here: {', '.join(names)}"
+            problems.append(Problem(file, f"{path}.{key}" if path else key, value[key], "unknown key", hint))
+    out = {}
+    for f in known:
+        where = f"{path}.{f.name}" if path else f.name
+        if _is_table(f.type):
+            out[f.name] = check_table(file, where, f.type, value.get(f.name), problems)
+        else:
+            out[f.name] = check_value(file, where, f, value.get(f.name), problems)
+    return out
+
+
+def _is_table(t: Any) -> bool:
+    return isinstance(t, type) and dataclasses.is_dataclass(t)
+
+
+def build(table: type, values: dict[str, Any], recipe_file: str, **given: Any) -> Any:
+    """The record from a checked table's values (nested records built, converters applied); `given`: its fields
+    that are not in the TOML (a recipe's name and file)."""
+    hints = typing.get_type_hints(table)
+    kwargs = dict(given)
+    for f in fields_of(table):
+        v = values[f.name]
+        if f.setting.convert is not None:
+            kwargs[f.name] = f.setting.convert(v, recipe_file)
+        elif _is_table(f.type):
+            kwargs[f.name] = build(f.type, v, recipe_file)
+        elif typing.get_origin(hints[f.name]) is tuple:
+            kwargs[f.name] = tuple(v)
+        else:
+            kwargs[f.name] = v
+    return table(**kwargs)
+
+
+def check_value(file: str, path: str, f: Field, value: Any, problems: list[Problem]) -> Any:
+    """Type- and range-check one value against its field; returns the value, or its default where it has none."""
+    spec = f.setting
     if value is None:
         if spec.required:
             problems.append(Problem(file, path, None, "is required",
-                                    spec.doc or f"add {path} = <{_type_name(spec.type)}>"))
-        return spec.default
-    want = spec.type
+                                    spec.doc or f"add {path} = <{_type_name(f.type)}>"))
+        return f.default
+    want = f.type
     ok = isinstance(value, want) and not (want in (int, float) and isinstance(value, bool))
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True
@@ -149,14 +125,14 @@ def check_table(file: str, path: str, spec, value, problems: list[Problem]) -> o
         # NaN compares false with everything: a NaN limit would pass any measurement
         problems.append(Problem(file, path, value, "must be a finite number", _range(spec) or spec.doc or
                                 "a decimal number such as 0.9"))
-        return spec.default
+        return f.default
     if not ok:
         hint = ""
         if want is str and isinstance(value, (int, float)):
             hint = f'quote it: {path.rsplit(".", 1)[-1]} = "{value}" (versions and revisions are strings)'
         problems.append(Problem(file, path, value, f"must be {_type_name(want)}, not {type(value).__name__}",
                                 hint or spec.doc or f"write {path.rsplit('.', 1)[-1]} as {_type_name(want)}"))
-        return spec.default
+        return f.default
     if spec.choices and value not in spec.choices:
         problems.append(Problem(file, path, value, "is not one of the allowed values",
                                 f"allowed: {', '.join(map(str, spec.choices))}"))
@@ -173,7 +149,7 @@ def check_table(file: str, path: str, spec, value, problems: list[Problem]) -> o
     return value
 
 
-def _range(spec: F) -> str:
+def _range(spec: Setting) -> str:
     """The allowed range of a numeric field, as a hint."""
     if spec.min is not None and spec.max is not None:
         return f"allowed: {spec.min} to {spec.max}"

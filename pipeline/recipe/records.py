@@ -1,0 +1,169 @@
+"""What a recipe is, as typed records, each field declared once: its type (the annotation), its default, and its
+checks (`setting(...)`); the schema engine (schema.py) reads these declarations to check a recipe's TOML and builds
+the records from it. A table whose typed form is built by a converter (a model source, a builder list, an optional
+draft) declares its raw TOML fields in a table of its own (`SourceTable`, `DraftTable`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline import backends
+from pipeline.builders import Builder
+from pipeline.contract import MAX_BATCH_SIZE, MAX_CONTEXT
+from pipeline.plan.formats import DEFAULT_KV, KV_FORMATS, WEIGHT_FORMATS
+from pipeline.recipe.sources import ModelSource
+
+REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+CALIB_RE = re.compile(r"^(builtin|file|hf):.+$")
+MAX_PROMPTS, MAX_PROMPT_CHARS = 64, 16_384
+SOURCES = ("hf", "local", "builtin")
+REPO_HINT = "a Hugging Face repo id like 'org/name'"
+REVISION_DOC = "40-hex commit; a branch or tag only with allow_branch = true"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How one recipe field is checked. `toml`: the TOML type where it is not the annotation's (a list the record
+    holds as a tuple, a value a converter turns into its typed form). `convert(value, recipe_file)`: that
+    converter."""
+    required: bool = False
+    choices: tuple = ()
+    min: float | None = None
+    max: float | None = None
+    max_items: int | None = None        # lists: at most this many entries
+    pattern: re.Pattern | None = None
+    pattern_hint: str = ""
+    doc: str = ""
+    toml: type | tuple | None = None
+    convert: Any = None
+
+
+def setting(default: Any = None, **checks: Any) -> Any:
+    """A recipe field: its default (None: optional, or required with required=True) and its checks (Setting)."""
+    return dataclasses.field(default=default, metadata={"recipe": Setting(**checks)})
+
+
+@dataclass(frozen=True)
+class Calibration:
+    source: str = setting("builtin:calib-en", pattern=CALIB_RE,
+                          pattern_hint="builtin:NAME, file:PATH (.txt or .jsonl) or hf:DATASET")
+    samples: int = setting(32, min=1, max=4096)
+    seq_len: int = setting(256, min=8, max=16384)
+    seed: int = setting(0, min=0, max=2**32 - 1)
+
+
+@dataclass(frozen=True)
+class Quantization:
+    weights: str = setting(required=True, choices=tuple(WEIGHT_FORMATS))
+    kv_cache: str = setting(DEFAULT_KV.name, choices=tuple(KV_FORMATS))
+    group_size: int | None = setting(None, choices=(16, 32, 64, 128))
+    calibration: Calibration = setting(None)
+
+
+def _builder(value: Any, _file: str) -> Builder:
+    from pipeline.builders import builder_from
+    return builder_from(value)
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    max_batch_size: int = setting(1, min=1, max=MAX_BATCH_SIZE)
+    max_input_len: int = setting(1024, min=1, max=MAX_CONTEXT - 1)
+    max_seq_len: int = setting(2048, min=2, max=MAX_CONTEXT)
+    builder: Builder = setting("offline", toml=(str, list), max_items=32, convert=_builder,
+                               doc="local | offline | ssh://user@host[:port], or a list of ssh:// builders of the "
+                                   "target's family (each build takes the first free one)")
+    power_mode: str | None = setting(None)
+
+
+@dataclass(frozen=True)
+class SourceTable:
+    """[model] as written: where the checkpoint comes from (sources.py makes the ModelSource)."""
+    source: str = setting(required=True, choices=SOURCES)
+    repo: str | None = setting(None, pattern=REPO_RE, pattern_hint=REPO_HINT)
+    revision: str | None = setting(None, doc=REVISION_DOC)
+    allow_branch: bool = setting(False)
+    path: str | None = setting(None, doc="local model directory (relative paths are relative to the recipe file)")
+    name: str | None = setting(None, doc="builtin model name")
+
+
+@dataclass(frozen=True)
+class DraftTable:
+    """[draft] as written: an EAGLE-3 draft beside the base (edgellm backend); empty: no draft."""
+    method: str | None = setting(None, choices=("eagle3",), doc="the speculative-decoding method of the draft")
+    source: str | None = setting(None, choices=SOURCES)
+    repo: str | None = setting(None, pattern=REPO_RE, pattern_hint=REPO_HINT)
+    revision: str | None = setting(None, doc=REVISION_DOC)
+    allow_branch: bool = setting(False)
+    path: str | None = setting(None, doc="local draft directory (relative paths are relative to the recipe file)")
+    name: str | None = setting(None, doc="builtin draft name")
+    max_draft_tree_size: int = setting(60, min=1, max=1024, doc="llm_build --maxDraftTreeSize")
+    max_verify_tree_size: int = setting(60, min=1, max=1024, doc="llm_build --maxVerifyTreeSize")
+
+
+@dataclass(frozen=True)
+class Draft:
+    """An EAGLE-3 draft beside the base (speculative decoding through the edgellm backend)."""
+    method: str
+    source: ModelSource
+    max_draft_tree_size: int
+    max_verify_tree_size: int
+
+
+def _model(table: dict[str, Any], file: str) -> ModelSource:
+    from pipeline.recipe.sources import MODEL, source_from
+    return source_from(MODEL, table, file)
+
+
+def _draft(table: dict[str, Any], file: str) -> Draft | None:
+    from pipeline.recipe.sources import DRAFT, source_from
+    if table["method"] is None:
+        return None
+    return Draft(table["method"], source_from(DRAFT, table, file), table["max_draft_tree_size"],
+                 table["max_verify_tree_size"])
+
+
+@dataclass(frozen=True)
+class ValidationSettings:
+    prompts: tuple[str, ...] = setting(required=True, toml=list, max_items=MAX_PROMPTS)
+    max_new_tokens: int = setting(32, min=1, max=4096)
+    min_token_agreement: float = setting(0.9, min=0.0, max=1.0)
+    top_k_logprobs: int = setting(5, min=1, max=50)
+    max_perplexity_increase: float = setting(0.25, min=0.0, max=100.0, doc="quality gate: largest relative "
+                                             "perplexity increase on the held-out text")
+    min_top1_agreement: float = setting(0.7, min=0.0, max=1.0, doc="quality gate: next-token agreement with the "
+                                        "original")
+    accept_quality: bool = setting(False, doc="sign a kit that misses the quality gate (the build says so)")
+    heldout: str = setting("builtin:heldout-long-en", pattern=re.compile(r"^(builtin|file):.+$"),
+                           pattern_hint="builtin:NAME or file:PATH (relative to the recipe)",
+                           doc="held-out text for the perplexity change (at least a few thousand tokens)")
+    chat_template: bool | None = setting(None, doc="render prompts with the tokenizer's chat template and the "
+                                         "generation prompt, as the deployed model is asked (default: when it has "
+                                         "one)")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str                       # the file's stem: not a TOML field
+    file: str                       # not a TOML field
+    description: str = setting("")
+    targets: tuple[str, ...] = setting(required=True, toml=list, max_items=16,
+                                       doc="target ids, see `python -m pipeline targets`")
+    backend: str | None = setting(None, choices=backends.NAMES,
+                                  doc="engine backend; default: the target's first stack that fits")
+    model: ModelSource = setting(None, toml=SourceTable, convert=_model)
+    quantization: Quantization = setting(None)
+    build: BuildSettings = setting(None)
+    validation: ValidationSettings = setting(None)
+    draft: Draft | None = setting(None, toml=DraftTable, convert=_draft)
+
+    @property
+    def weights(self) -> str:
+        return self.quantization.weights
+
+    @property
+    def kv_cache(self) -> str:
+        return self.quantization.kv_cache
