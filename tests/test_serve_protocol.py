@@ -84,14 +84,33 @@ def test_penalties_min_p_and_logprobs_are_parsed_at_their_edges():
 def test_stream_chunks_carry_usage_null_when_the_client_asked_for_usage():
     """As OpenAI streams with stream_options.include_usage: every content chunk has "usage": null, and the last chunk
     (no choices) the counts; without it no chunk has the key."""
-    from pipeline.serve.protocol import chunk_body, usage_chunk
-    asked = chunk_body(True, "id", "m", 1, "Hi", None, include_usage=True, first=True)
-    assert "usage" in asked and asked["usage"] is None and asked["choices"][0]["delta"] == {"role": "assistant",
-                                                                                           "content": "Hi"}
-    assert "usage" not in chunk_body(True, "id", "m", 1, "Hi", None, include_usage=False)
-    assert chunk_body(False, "id", "m", 1, "Hi", "stop", include_usage=True)["usage"] is None
-    last = usage_chunk(True, "id", "m", 1, 3, 4)
-    assert last["choices"] == [] and last["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    from pipeline.serve.responses import CHAT, COMPLETIONS, Ident, Output, Usage
+    ident = Ident("id", "m", 1)
+    (opening,) = CHAT.opening(ident, include_usage=True)
+    assert "usage" in opening and opening["usage"] is None and opening["choices"][0]["delta"] == {"role": "assistant",
+                                                                                                 "content": ""}
+    (piece,) = CHAT.piece(ident, Output("Hi", "stop"), include_usage=False)
+    assert "usage" not in piece and piece["choices"][0] == {"index": 0, "finish_reason": None, "logprobs": None,
+                                                            "delta": {"content": "Hi"}}    # the reason comes last
+    *_, last = CHAT.closing(ident, Output("", "stop"), include_usage=True)
+    assert last["choices"][0]["finish_reason"] == "stop" and last["choices"][0]["delta"] == {}
+    (text,) = COMPLETIONS.piece(ident, Output("Hi", "stop"), include_usage=True)
+    assert text["usage"] is None and (text["choices"][0]["text"], text["choices"][0]["finish_reason"]) == ("Hi", "stop")
+    assert list(COMPLETIONS.opening(ident, True)) == [] and list(COMPLETIONS.closing(ident, Output(), True)) == []
+    usage = CHAT.usage_chunk(ident, Usage(3, 4))
+    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+
+
+def test_each_endpoint_lays_out_log_probabilities_as_openai_does():
+    from pipeline.serve.responses import CHAT, COMPLETIONS, Output
+    entries = [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": [
+        {"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}, {"token": "Ho", "logprob": -1.5, "bytes": [72, 111]}]},
+        {"token": "!", "logprob": -0.25, "bytes": [33], "top_logprobs": []}]
+    assert CHAT.logprobs(Output(logprobs=entries)) == {"content": entries, "refusal": None}
+    assert COMPLETIONS.logprobs(Output(logprobs=entries, offset=7)) == {
+        "tokens": ["Hi", "!"], "token_logprobs": [-0.5, -0.25], "top_logprobs": [{"Hi": -0.5, "Ho": -1.5}, {}],
+        "text_offset": [7, 9]}
+    assert CHAT.logprobs(Output()) is None and COMPLETIONS.logprobs(Output()) is None
 
 
 def test_a_strict_json_schema_is_closed_to_properties_it_does_not_list_as_openai_strict_mode_is():

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.families import family
 from pipeline.families.records import FAMILIES
-from pipeline.serve.protocol import tool_call_deltas
+from pipeline.serve.responses import tool_call_deltas
 from pipeline.serve.toolcalls import FORMATS, CallStream
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import threading
 import time
+import uuid
 from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from starlette.requests import Request  # module level: FastAPI resolves the han
 
 from pipeline.errors import PipelineError
 from pipeline.runtime.session import Event, Generation, Session
-from pipeline.serve import protocol
+from pipeline.serve import protocol, responses
 from pipeline.serve.gate import Gate, error_response
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.prepare import Prepared, Preparer, Settings
@@ -220,13 +221,15 @@ async def _until_disconnect(receive: Callable[[], Any]) -> None:
 
 
 class Reply:
-    """One admitted request answered: whole (JSON) or streamed (SSE chunks as OpenAI frames them), its tool calls read
-    in the model's format where the request offered tools."""
+    """One admitted request answered through its endpoint (responses.py): whole (JSON) or streamed (SSE chunks as
+    OpenAI frames them), its tool calls read in the model's format where the request offered tools."""
 
-    def __init__(self, server: Server, req: protocol.Request, prepared: Prepared, chat: bool, admission: Admission):
-        self.server, self.req, self.prepared, self.chat, self.admission = server, req, prepared, chat, admission
-        self.gen, self.fmt, self.model = prepared.generation, prepared.calls, server.served.name
-        self.rid, self.created = protocol.new_id("chatcmpl" if chat else "cmpl"), protocol.now()
+    def __init__(self, server: Server, req: protocol.Request, prepared: Prepared, endpoint: responses.Endpoint,
+                 admission: Admission):
+        self.server, self.req, self.prepared, self.ep, self.admission = server, req, prepared, endpoint, admission
+        self.gen, self.fmt = prepared.generation, prepared.calls
+        self.ident = responses.Ident(f"{endpoint.id_prefix}-{uuid.uuid4().hex}", server.served.name,
+                                     int(time.time()))
         # a tool-call marker that is a control token stays in the text the parser reads (Mistral's [TOOL_CALLS])
         control = server.served.codec.control_tokens
         self.keep = frozenset({control[self.fmt.marker]}) if self.fmt is not None and self.fmt.marker in control \
@@ -234,6 +237,9 @@ class Reply:
 
     def calls(self, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return found if self.req.parallel_tool_calls else found[:1]
+
+    def usage(self, made: int) -> responses.Usage:
+        return responses.Usage(len(self.gen.prompt_ids), made)
 
     async def _collect(self) -> tuple[str, str, int, list[dict[str, Any]] | None]:
         text, reason, made, entries = "", "length", 0, None
@@ -264,54 +270,36 @@ class Reply:
         calls = self.fmt.calls(text, self.req.tools) if self.fmt is not None else None
         if calls is not None:
             content, reason = calls[0], "tool_calls"
-        return JSONResponse(protocol.completion_body(self.chat, self.rid, self.model, self.created, content, reason,
-                                                     len(self.gen.prompt_ids), made,
-                                                     self.calls(calls[1]) if calls is not None else None, entries),
-                            headers=headers)
-
-    def _chunk(self, text: str | None, reason: str | None = None, first: bool = False,
-               tool_calls: list[dict[str, Any]] | None = None, entries: list[dict[str, Any]] | None = None,
-               offset: int = 0) -> bytes:
-        lp = protocol.logprobs_body(self.chat, entries, offset) if entries else None
-        return protocol.sse(protocol.chunk_body(self.chat, self.rid, self.model, self.created, text, reason,
-                                                self.req.include_usage, first, tool_calls, lp))
+        out = responses.Output(content, reason, self.calls(calls[1]) if calls is not None else None, entries)
+        return JSONResponse(self.ep.whole(self.ident, out, self.usage(made)), headers=headers)
 
     async def events(self) -> AsyncGenerator[bytes, None]:
-        """The SSE stream: content deltas, then (chat) the tool calls' deltas and a last chunk with the finish
-        reason, the usage chunk where asked, [DONE]; an engine failure after the 200 is an error event."""
-        chat, req = self.chat, self.req
+        """The SSE stream: the endpoint's opening, content pieces, its closing (held-back text, tool calls, the finish
+        reason), the usage chunk where asked, [DONE]; an engine failure after the 200 is an error event."""
+        ep, req, ident, usage = self.ep, self.req, self.ident, self.req.include_usage
         pieces = self.server.run(self.admission, self.gen, req.stop, self.keep)
         made, sent = 0, 0
         calls = CallStream(self.fmt, req.tools) if self.fmt is not None else None
         try:
-            if chat:
-                yield self._chunk("", first=True)
+            for chunk in ep.opening(ident, usage):
+                yield responses.sse(chunk)
             async for piece in pieces:
                 made, text = piece.made, piece.text
                 if calls is not None:
                     text = calls.feed(text)
-                if not chat:
-                    if text or piece.reason:
-                        yield self._chunk(text, piece.reason, entries=piece.logprobs, offset=sent)
-                elif text or piece.logprobs:
-                    yield self._chunk(text or None, entries=piece.logprobs)
+                for chunk in ep.piece(ident, responses.Output(text, piece.reason, None, piece.logprobs, sent), usage):
+                    yield responses.sse(chunk)
                 sent += len(text)
-                if piece.reason and chat:
-                    reason = piece.reason
-                    if calls is not None:
-                        rest, found = calls.finish()
-                        if rest:
-                            yield self._chunk(rest)
-                        for delta in protocol.tool_call_deltas(self.calls(found)):
-                            yield self._chunk(None, tool_calls=delta)
-                        reason = "tool_calls" if found else reason
-                    yield self._chunk(None, reason)
-            if req.include_usage:
-                yield protocol.sse(protocol.usage_chunk(chat, self.rid, self.model, self.created,
-                                                        len(self.gen.prompt_ids), made))
-            yield protocol.sse("[DONE]")
+                if piece.reason:
+                    rest, found = calls.finish() if calls is not None else ("", [])
+                    closing = responses.Output(rest, "tool_calls" if found else piece.reason, self.calls(found))
+                    for chunk in ep.closing(ident, closing, usage):
+                        yield responses.sse(chunk)
+            if usage:
+                yield responses.sse(ep.usage_chunk(ident, self.usage(made)))
+            yield responses.sse("[DONE]")
         except ApiError as exc:     # after the 200: the engine failed mid-answer, as vLLM sends it
-            yield protocol.sse(exc.body())
+            yield responses.sse(exc.body())
         finally:
             await pieces.aclose()
             self.admission.release()    # where the stream never started (the client left first)
@@ -400,7 +388,8 @@ def create_app(server: Server):
         if prepared.tools:
             headers[TOOLS_HEADER] = prepared.tools
             log.info("%s: %s", served.name, prepared.tools)
-        reply = Reply(server, req, prepared, chat, server.admit())   # a 429 or 503 is decided now: never after a 200
+        endpoint = responses.CHAT if chat else responses.COMPLETIONS
+        reply = Reply(server, req, prepared, endpoint, server.admit())  # a 429 or 503 is decided now: never after a 200
         if not req.stream:
             return await reply.whole(request.receive, headers)
         return StreamingResponse(reply.events(), media_type="text/event-stream",

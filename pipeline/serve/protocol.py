@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -315,89 +313,3 @@ def parse_completion(body: dict[str, Any], defaults: SamplingDefaults = OPENAI_D
     if not isinstance(prompt, str):
         raise _bad("prompt must be one string (send several requests for several prompts)", "prompt")
     return Request(prompt=text(prompt, "prompt"), logprobs=_int(body, "logprobs", 0, 5), **_common(body, defaults))
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def logprobs_body(chat: bool, entries: list[dict[str, Any]] | None, offset: int = 0) -> dict[str, Any] | None:
-    """A choice's `logprobs` from per-token entries ({"token", "logprob", "bytes", "top_logprobs": [...]}, chat's own
-    shape): chat's {"content": [...]}, or completions' {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
-    (`offset`: characters of the answer before these tokens)."""
-    if entries is None:
-        return None
-    if chat:
-        return {"content": entries, "refusal": None}
-    offsets = []
-    for e in entries:
-        offsets.append(offset)
-        offset += len(e["token"])
-    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
-            "text_offset": offsets}
-
-
-def completion_body(chat: bool, rid: str, model: str, created: int, text: str | None, reason: str,
-                    prompt_tokens: int, completion_tokens: int, tool_calls: list[dict[str, Any]] | None = None,
-                    logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": logprobs_body(chat, logprobs)}
-    if chat:
-        choice["message"] = {"role": "assistant", "content": text}
-        if tool_calls:
-            choice["message"]["tool_calls"] = tool_calls
-    else:
-        choice["text"] = text or ""
-    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": model, "choices": [choice], "usage": usage(prompt_tokens, completion_tokens)}
-
-
-def chunk_body(chat: bool, rid: str, model: str, created: int, text: str | None, reason: str | None,
-               include_usage: bool, first: bool = False, tool_calls: list[dict[str, Any]] | None = None,
-               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One stream chunk. `tool_calls`: delta tool calls as OpenAI frames them (the first of a call carries index, id,
-    type and name with empty arguments; the next ones index and argument fragments)."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": logprobs}
-    if chat:
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if text is not None:
-            delta["content"] = text
-        if tool_calls:
-            delta["tool_calls"] = tool_calls
-        choice["delta"] = delta
-    else:
-        choice["text"] = text or ""
-    body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                            "created": created, "model": model, "choices": [choice]}
-    if include_usage:
-        body["usage"] = None
-    return body
-
-
-def tool_call_deltas(calls: list[dict[str, Any]], fragment: int = 32) -> list[list[dict[str, Any]]]:
-    """The delta `tool_calls` of each stream chunk that carries these calls: per call, its header (index, id, type,
-    name, arguments ""), then its arguments in fragments, as OpenAI streams them."""
-    out = []
-    for i, c in enumerate(calls):
-        out.append([{"index": i, "id": c["id"], "type": "function",
-                     "function": {"name": c["function"]["name"], "arguments": ""}}])
-        args = c["function"]["arguments"]
-        out += [[{"index": i, "function": {"arguments": args[k:k + fragment]}}] for k in range(0, len(args), fragment)]
-    return out
-
-
-def usage_chunk(chat: bool, rid: str, model: str, created: int, prompt: int, completion: int) -> dict[str, Any]:
-    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-            "model": model, "choices": [], "usage": usage(prompt, completion)}
-
-
-def sse(obj: dict[str, Any] | str) -> bytes:
-    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n".encode()
-
-
-def now() -> int:
-    return int(time.time())
