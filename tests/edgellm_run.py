@@ -1,5 +1,5 @@
-"""The Edge-LLM doubles end to end, without pytest (a GPU machine runs tests/test_nvfp4.py as a script): an exported
-ONNX built by the llm_build double and run by the engine double, and the calibrated model against it."""
+"""The Edge-LLM doubles end to end, without pytest (a GPU machine runs tests/workstation/test_nvfp4.py as a script):
+an exported ONNX built by the llm_build double and run by the engine double, and the calibrated model against it."""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ from pipeline.families.records import GEMMA2, GEMMA3, LLAMA, MISTRAL, PHI3, QWEN
 # Listed are the RoPE types a test of this repo checked the exported graph with (the runtime double computes them).
 _EDGELLM_ROPE = ("default", "llama3", "longrope")
 # a family Edge-LLM's own supported-models list does not name is registered with the formats a test here checked:
-# tests/test_families.py on the CPU, NVFP4 by tests/test_nvfp4.py on a GPU (an H200, 2026-11-24)
+# tests/workstation/test_families.py on the CPU, NVFP4 by tests/workstation/test_nvfp4.py on a GPU (an H200, 2026-11-24)
 _PHI3_CHECKED = (("fp16", "int4_awq", "fp8", "nvfp4"), ("fp16", "fp8"),
                  "INT8 SmoothQuant (Orin on JetPack 7.2) is not settled here yet for this family")
 
@@ -106,18 +106,18 @@ _NO_GEMMA_PATH = ("Edge-LLM 0.11's exporter has a Gemma 4 model and no {} path; 
                   "RMSNorm, post-attention norms or embedding scaling")
 
 EDGELLM_011: dict[str, Support] = {
-    LLAMA: _edgellm_dense("tests/test_edgellm_export.py (tiny-llama)"),
-    MISTRAL: _edgellm_dense("its generic decoder; tests/test_families.py (tiny-mistral: FP16, INT4-AWQ, FP8, the FP8 "
-                            "KV cache, INT8 SmoothQuant for SM 8.7; run by the runtime double), tests/test_nvfp4.py "
-                            "(NVFP4, on a GPU)"),
+    LLAMA: _edgellm_dense("tests/workstation/test_edgellm_export.py (tiny-llama)"),
+    MISTRAL: _edgellm_dense("its generic decoder; tests/workstation/test_families.py (tiny-mistral: FP16, INT4-AWQ, "
+                            "FP8, the FP8 KV cache, INT8 SmoothQuant for SM 8.7; run by the runtime double), "
+                            "tests/workstation/test_nvfp4.py (NVFP4, on a GPU)"),
     QWEN2: _edgellm_dense("Edge-LLM supported models (Qwen2/2.5, DeepSeek-R1-Distill)"),
-    QWEN3: _edgellm_dense("Edge-LLM supported models; tests/test_families.py (tiny-qwen3: q/k norm in the attention "
-                          "plugin, FP16, INT4-AWQ, FP8, the FP8 KV cache, INT8 SmoothQuant for SM 8.7; run by the "
-                          "runtime double), tests/test_nvfp4.py (NVFP4, on a GPU)"),
+    QWEN3: _edgellm_dense("Edge-LLM supported models; tests/workstation/test_families.py (tiny-qwen3: q/k norm in the "
+                          "attention plugin, FP16, INT4-AWQ, FP8, the FP8 KV cache, INT8 SmoothQuant for SM 8.7; run "
+                          "by the runtime double), tests/workstation/test_nvfp4.py (NVFP4, on a GPU)"),
     PHI3: _edgellm_dense("its generic decoder (fused projections split by its loader, partial_rotary_factor); "
-                         "tests/test_families.py (tiny-phi3 FP16, FP8, the FP8 KV cache and INT4-AWQ through the V1 "
-                         "plugin, tiny-phi3-h128 INT4-AWQ through V2, tiny-phi3-longrope; run by the runtime double), "
-                         "tests/test_nvfp4.py (NVFP4, on a GPU)", *_PHI3_CHECKED),
+                         "tests/workstation/test_families.py (tiny-phi3 FP16, FP8, the FP8 KV cache and INT4-AWQ "
+                         "through the V1 plugin, tiny-phi3-h128 INT4-AWQ through V2, tiny-phi3-longrope; run by the "
+                         "runtime double), tests/workstation/test_nvfp4.py (NVFP4, on a GPU)", *_PHI3_CHECKED),
     GEMMA2: Support(refused=_NO_GEMMA_PATH.format("Gemma 2")),
     GEMMA3: Support(refused=_NO_GEMMA_PATH.format("Gemma 3")),
 }

@@ -113,11 +113,11 @@ _GEMMA2_012 = ("TensorRT-LLM had no Gemma 2 when 0.12 shipped (its Gemma 2 reque
                "October 2024), and 0.12 is the last release for Orin on JetPack 6")
 
 TRTLLM_012: dict[str, Support] = {
-    LLAMA: _llama_012("0.12 MODEL_MAP; tests/test_export.py (tiny-llama, all formats)"),
-    MISTRAL: _llama_012("0.12 MODEL_MAP: MistralForCausalLM -> LLaMAForCausalLM; tests/test_export.py "
-                        "(tiny-mistral, all formats); tests/test_families.py (doit export)"),
+    LLAMA: _llama_012("0.12 MODEL_MAP; tests/workstation/test_export.py (tiny-llama, all formats)"),
+    MISTRAL: _llama_012("0.12 MODEL_MAP: MistralForCausalLM -> LLaMAForCausalLM; tests/workstation/test_export.py "
+                        "(tiny-mistral, all formats); tests/workstation/test_families.py (doit export)"),
     QWEN2: Support(trtllm_class="QWenForCausalLM", modelopt_decoder="qwen", rope_types=("default", "linear"),
-                   verified="0.12 MODEL_MAP; tests/test_export.py (tiny-qwen2)"),
+                   verified="0.12 MODEL_MAP; tests/workstation/test_export.py (tiny-qwen2)"),
     QWEN3: Support(refused="Qwen3 was added to TensorRT-LLM after 0.12 (0.12's examples/qwen covers Qwen, Qwen1.5 "
                            "and Qwen2), and 0.12 is the last release for Orin on JetPack 6"),
     PHI3: Support(refused=_PHI3_012),

@@ -1,5 +1,6 @@
-"""The README's family table, generated from the registry and the stacks (tests/test_families.py checks that the
-README holds exactly this): families x backends x formats, or the refusal, as `python -m pipeline families` prints."""
+"""The README's family table, generated from the registry and the stacks (tests/workstation/test_families.py checks
+that the README holds exactly this): families x backends x formats, or the refusal, as `python -m pipeline families`
+prints."""
 
 from __future__ import annotations
 

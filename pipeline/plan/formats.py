@@ -2,7 +2,7 @@
 
 Recipes name formats by `WeightFormat.name` / `KVFormat.name`. Everything else (planner, quantize, export, build
 command, the speed models) looks the format up here and asks its record; no module outside this one compares a format
-name or keeps a table keyed by one (tests/test_formats.py checks the whole package for it).
+name or keeps a table keyed by one (tests/shared/test_formats.py checks the whole package for it).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ hand-off of the live model from quantize to the next stage of the same process.
 
 The saved model is exactly the numerics that get deployed: weights AWQ / SmoothQuant rescaled are saved as their
 levels on the export grid, and every later stage (export, goldens, accuracy) restores this state, or takes the
-live model quantize handed off, which is the same model bit for bit (tests/test_export.py).
+live model quantize handed off, which is the same model bit for bit (tests/workstation/test_export.py).
 """
 
 from __future__ import annotations

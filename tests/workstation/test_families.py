@@ -20,7 +20,7 @@ from pipeline.plan.planner import PlanRequest, make_plan
 from pipeline.plan.shapes import shape_from_config
 from pipeline.plan.targets import get_target
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 
 
 def plan(repo, target, weights="int4_awq", kv="fp16", seq=2048, backend=None):
@@ -117,7 +117,7 @@ def test_longrope_engine_is_the_model_within_its_original_window_and_not_beyond(
     from pipeline.workstation.edgellm_export import export
     from pipeline.workstation.state import load_quantized
     from tests.edgellm_run import engine_answer
-    from tests.test_export import CAL, probe_ids
+    from tests.workstation.test_export import CAL, probe_ids
 
     src = builtin("tiny-phi3-longrope")
     q = tmp_path / "q"
@@ -223,7 +223,7 @@ def test_each_familys_tiny_model_through_the_graph_exports_what_its_backend_read
 
 
 # (model, weights, kv cache, group size, target SM): each format Edge-LLM builds for the family on Thor (SM 11.0), and
-# INT8 SmoothQuant where Orin on JetPack 7.2 (SM 8.7) builds it; NVFP4 needs a GPU: tests/test_nvfp4.py
+# INT8 SmoothQuant where Orin on JetPack 7.2 (SM 8.7) builds it; NVFP4 needs a GPU: tests/workstation/test_nvfp4.py
 EDGELLM_FAMILIES = [(m, w, kv, g, "11.0") for m in ("tiny-mistral", "tiny-qwen3", "tiny-phi3")
                     for w, kv, g in (("fp16", "fp16", None), ("int4_awq", "fp16", 64), ("fp8", "fp16", None),
                                      ("fp8", "fp8", None))] + \
@@ -253,7 +253,7 @@ def test_each_familys_tiny_model_through_edgellms_exporter_computes_the_model(bu
     layer's plugin gets the calibrated [q, k, v] scales (Phi-3's fused qkv_proj too: Edge-LLM's loader splits it
     and its q_proj holds q_scale)."""
     from tests.edgellm_run import model_vs_engine
-    from tests.test_export import CAL
+    from tests.workstation.test_export import CAL
 
     r = model_vs_engine(builtin(name), tmp_path, weights, kv, CAL, target_sm=sm, group_size=group)
     mean, least = COSINE[weights]
@@ -266,7 +266,7 @@ def test_each_familys_tiny_model_through_edgellms_exporter_computes_the_model(bu
         assert got == [[1.0, 1.0, 1.0]] * 2 and calibrated == []
 
 
-from tests.test_export import builtin  # noqa: E402,F401  (fixture)
+from tests.workstation.test_export import builtin  # noqa: E402,F401  (fixture)
 
 
 @pytest.mark.parametrize("rope, refused_on", [

@@ -9,7 +9,7 @@ from pipeline.kit.bundle import bundle_meta, pack_bundle
 from pipeline.kit.signing import SecretKey
 from pipeline.kit.unpack import unpack
 from pipeline.kit.verify import VerifiedKit, check_kit
-from tests.test_probe_gate import FIX, board, kit_meta
+from tests.device.test_probe_gate import FIX, board, kit_meta
 
 BOARD = board(FIX / "agx-orin-64gb-jp61", python_packages={"tensorrt_llm": "0.12.0"})
 KIT = VerifiedKit(Path("llama3.2-3b-orin-nano@orin-nano-8gb"), kit_meta("orin-nano-8gb"), "ABCD", {}, "0" * 64)

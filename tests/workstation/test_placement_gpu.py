@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from tests.test_export import CAL, builtin, probe_ids  # noqa: F401  (fixture)
+from tests.workstation.test_export import CAL, builtin, probe_ids  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

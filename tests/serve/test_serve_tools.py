@@ -236,7 +236,7 @@ def test_logprobs_are_the_models_and_greedy_picks_the_most_likely(server):
 
 
 def test_penalties_and_min_p_are_applied_here(server):
-    """The reference backend applies all of them (their numerics: tests/test_serve_reference.py)."""
+    """The reference backend applies all of them (their numerics: tests/serve/test_serve_reference.py)."""
     c = client(server)
     plain = c.completions.create(model=MODEL, prompt="Bread bread bread", temperature=0, max_tokens=12)
     pushed = c.completions.create(model=MODEL, prompt="Bread bread bread", temperature=0, max_tokens=12,

@@ -13,8 +13,8 @@ from pipeline.device.gate import build_memory_gate, check, require
 from pipeline.device.probe import probe as probe_facts
 from pipeline.errors import PipelineError
 
-FIX = Path(__file__).parent / "fixtures" / "devices"
-REPO = Path(__file__).resolve().parents[1]
+FIX = Path(__file__).parents[1] / "fixtures" / "devices"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name,l4t,jetpack,target,sm,bw,mode", [

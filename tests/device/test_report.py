@@ -34,7 +34,7 @@ def _plan(batch=2, seq=256, kv_bytes=131072, backend="trtllm-0.12"):
     from pipeline.plan.planner import PlanRequest, make_plan
     from pipeline.plan.shapes import shape_from_config
     from pipeline.plan.targets import get_target
-    from tests.test_planner import TINY
+    from tests.shared.test_planner import TINY
 
     rec = make_plan(PlanRequest(shape_from_config(TINY), "m", "int4_awq", "fp16", get_target("orin-nano-8gb"),
                                 BuildLimits.of(batch, 128, seq), backend=backend, group_size=64))

@@ -1,6 +1,7 @@
 """NVFP4 on Edge-LLM: the engine double's FP4 ops against Edge-LLM's own eager mirror of them (CPU, every run), and
 each family's tiny model calibrated, exported and run through the doubles against the calibrated model (`-m gpu`:
-ModelOpt's FP4 quantizer runs only on CUDA; `python tests/test_nvfp4.py` on a GPU machine without pytest)."""
+ModelOpt's FP4 quantizer runs only on CUDA; `python tests/workstation/test_nvfp4.py` on a GPU machine without
+pytest)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FAMILIES = ("tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-phi3")
 
 

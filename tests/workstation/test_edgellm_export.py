@@ -8,7 +8,7 @@ import pytest
 from pipeline.workstation.calibrate import quantize
 from pipeline.workstation.edgellm_export import export
 from tests.edgellm_run import engine_answer, model_vs_engine
-from tests.test_export import CAL, builtin  # noqa: F401  (fixture)
+from tests.workstation.test_export import CAL, builtin  # noqa: F401  (fixture)
 
 FILES = ("model.onnx", "model.onnx.data", "config.json", "embedding.safetensors")
 
@@ -69,7 +69,7 @@ def test_int4_plugin_follows_alignment():
 
 @pytest.mark.integration
 def test_thor_recipe_through_doit_packages_onnx_with_the_llm_build_command(project):
-    from tests.test_graph import REPO
+    from tests.workstation.test_graph import REPO
 
     text = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text()
     text = text.replace('targets = ["orin-nano-8gb"]', 'targets = ["agx-thor"]').replace(
@@ -102,7 +102,7 @@ def test_int4_onnx_computes_the_calibrated_model(builtin, tmp_path, name, plugin
 
     from pipeline.workstation.grid import weights_on_grid
     from pipeline.workstation.state import load_quantized
-    from tests.test_export import probe_ids
+    from tests.workstation.test_export import probe_ids
 
     src = builtin(name)
     q = tmp_path / "q"

@@ -15,8 +15,8 @@ from pipeline.backends.edgellm import build_commands as edgellm_commands
 from pipeline.backends.trtllm012 import trtllm_build_argv
 from pipeline.contract import BuildLimits
 
-BIN = Path(__file__).parent / "doubles" / "bin"
-REPO = Path(__file__).parents[1]
+BIN = Path(__file__).parents[1] / "doubles" / "bin"
+REPO = Path(__file__).parents[2]
 
 
 def run(tool: str, args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:

@@ -13,9 +13,9 @@ import pytest
 
 from tests.sshserver import SSHD
 
-REPO = Path(__file__).resolve().parents[1]
-DOUBLES = Path(__file__).parent / "doubles"
-FIX = Path(__file__).parent / "fixtures" / "devices"
+REPO = Path(__file__).resolve().parents[2]
+DOUBLES = Path(__file__).parents[1] / "doubles"
+FIX = Path(__file__).parents[1] / "fixtures" / "devices"
 
 pytestmark = [pytest.mark.integration,      # runs doit and the device half as subprocesses
               pytest.mark.skipif(not Path(SSHD).exists(), reason="needs OpenSSH's sshd (Debian openssh-server; "

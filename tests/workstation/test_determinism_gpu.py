@@ -1,6 +1,6 @@
 """Same inputs, same bytes on a GPU too (issue 16, defect 3): FP8 calibration on CUDA and the Edge-LLM ONNX export,
 each run in two separate processes from the same model, give byte-identical outputs. Runs where CUDA is available
-(`-m gpu`), or as `python tests/test_determinism_gpu.py` on a GPU machine without pytest.
+(`-m gpu`), or as `python tests/workstation/test_determinism_gpu.py` on a GPU machine without pytest.
 
 Measured on an H100 (2026-11-23, tiny-llama, FP8 weights + FP8 KV): at 80089ce modelopt_state.pth differed between
 the two processes (ModelOpt collects quantizer attributes through sets; torch.save adds a random serialization id),
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pipeline.recipe import Calibration
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _tree(d: Path) -> dict:

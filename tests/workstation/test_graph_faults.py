@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, Project
 
-from tests.test_graph import manifest, ran
+from tests.workstation.test_graph import manifest, ran
 
 pytestmark = pytest.mark.integration
 RECIPE = "tiny-llama-cpu"

@@ -135,7 +135,7 @@ def test_the_server_sits_below_the_build_graph():
 def test_the_tests_import_conftest_under_the_one_name_pytest_gives_it():
     """pytest loads tests/conftest.py as `conftest`; `tests.conftest` would be a second copy of the module with its
     own globals (fixtures' caches, registries started twice)."""
-    tests = Path(__file__).parent
+    tests = Path(__file__).parents[1]
     twice = [p.name for p in sorted(tests.rglob("*.py")) if "tests.conftest" in p.read_text()
              and p.name != Path(__file__).name]
     assert twice == []

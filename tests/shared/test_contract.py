@@ -95,7 +95,7 @@ def test_goldens_and_board_records_round_trip(tmp_path):
     g = contract.Goldens.from_dict(goldens, "goldens.json")
     assert g.prompts[0].top_logprobs[0][1] == [4.0, -2.5] and g.to_dict()["format"] == "jetson-goldens/1"
     from pipeline.device.probe import probe
-    from tests.test_probe_gate import FIX
+    from tests.device.test_probe_gate import FIX
     board = contract.Board.from_dict(probe(FIX / "agx-thor-jp70"), "probe")
     assert board.is_jetson and board.sm == "11.0" and board.name == "agx-thor"
 
@@ -126,7 +126,7 @@ def test_records_evolve_by_the_stated_rule():
     old = dict(d, format="jetson-plan/1", device_build_command=d["device_build_commands"][0])   # what 1 held
     assert contract.Plan.from_dict(old, "plan.json") == contract.Plan.from_dict(d, "plan.json")
     from pipeline.device.probe import probe
-    from tests.test_probe_gate import FIX
+    from tests.device.test_probe_gate import FIX
     board = probe(FIX / "orin-nano-8gb-jp62-super")
     one = {k: v for k, v in board.items() if k != "python_packages"} | {
         "format": "jetson-board/1", "tensorrt_llm": "0.12.0", "edgellm": None}

@@ -237,7 +237,7 @@ def test_headline_recipe_builds_on_its_own_board_and_predicts_ttft():
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-m", "pipeline", "plan", "llama3.2-3b-orin-nano"], capture_output=True,
                        text=True, cwd=repo)
     assert r.returncode == 0, r.stderr

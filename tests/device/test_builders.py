@@ -30,7 +30,7 @@ def test_ssh_urls_parse_and_bad_ones_are_named():
 
 
 def test_recipe_builder_list_is_checked(project):
-    from tests.test_graph import REPO
+    from tests.workstation.test_graph import REPO
 
     text = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text()
     (project.recipes / "two.toml").write_text(text.replace('builder = "offline"',
@@ -46,7 +46,7 @@ def test_recipe_and_builder_agree_on_every_url(url):
     """One grammar: a URL the recipe check accepts is one the builder parses (ssh://a@b:x once passed the recipe
     and failed only after the whole workstation run)."""
     from pipeline.recipe import parse_recipe
-    from tests.test_recipe import base
+    from tests.workstation.test_recipe import base
 
     data = base()
     data["build"] = {"builder": url}

@@ -22,7 +22,7 @@ from pipeline import contract
 
 pytestmark = pytest.mark.integration   # runs doit or the device half as subprocesses
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 BUILD_TAKES, RUNTIME_TAKES = 900_000 * 1024, 800_000 * 1024     # what the doubles take from the fake board (kB)
