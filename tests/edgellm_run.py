@@ -96,7 +96,15 @@ def model_vs_engine(src, tmp_path, weights: str, kv: str, calibration, new_token
     ref_ids = out.sequences[0, len(ids):].tolist()
     ref = torch.stack([step[0].float().cpu() for step in out.logits])
     eng, _ = build_engine(onnx_dir, tmp_path)
-    along = agreement(ref, torch.from_numpy(engine_logits_along(eng, ids, ref_ids[:-1])[:, :ref.shape[-1]]).float())
-    return {**along, "greedy_agreement": token_agreement(ref_ids, eng.generate(ids, new_tokens, set())),
+    cand = torch.from_numpy(engine_logits_along(eng, ids, ref_ids[:-1])[:, :ref.shape[-1]]).float()
+    along = agreement(ref, cand)
+    # where the engine's top-1 differs: by how much the model preferred its own (margin) against the two logits'
+    # magnitudes (what an error relative to each value scales with)
+    picks, best = cand.argmax(-1), ref.argmax(-1)
+    differ = [{"position": i, "margin": float(ref[i, best[i]] - ref[i, picks[i]]),
+               "scale": float(ref[i, best[i]].abs() + ref[i, picks[i]].abs())}
+              for i in range(ref.shape[0]) if picks[i] != best[i]]
+    return {**along, "differ": differ,
+            "greedy_agreement": token_agreement(ref_ids, eng.generate(ids, new_tokens, set())),
             "qkv_scales": plugin_scales(onnx_dir),
             "calibrated_scales": calibrated_scales(model) if kv != "fp16" else []}
