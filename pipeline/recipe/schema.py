@@ -183,8 +183,17 @@ def _source_checks(file: str, table: str, m: dict, builtins: dict, problems: lis
 def cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
     """What no single field shows: targets, sources, limits against each other, builders, files, prompts."""
     targets = load_targets()
-    tlist = v["targets"] or []
-    if not tlist and v["targets"] is not None:
+    tlist = _target_checks(file, v["targets"], targets, problems)
+    _source_checks(file, "model", v["model"], BUILTINS, problems)
+    _draft_checks(file, v["draft"], problems)
+    _build_checks(file, v["build"], tlist, targets, problems)
+    _calibration_checks(file, v["quantization"]["calibration"]["source"], problems)
+    _prompt_checks(file, v["validation"]["prompts"], problems)
+
+
+def _target_checks(file: str, given: list | None, targets: dict, problems: list[Problem]) -> list:
+    tlist = given or []
+    if not tlist and given is not None:
         problems.append(Problem(file, "targets", tlist, "must name at least one target",
                                 "see `python -m pipeline targets`"))
     for i, t in enumerate(tlist):
@@ -192,9 +201,10 @@ def cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
             problems.append(Problem(file, f"targets[{i}]", t, "unknown target", f"known: {', '.join(targets)}"))
     if len(set(map(str, tlist))) != len(tlist):
         problems.append(Problem(file, "targets", tlist, "lists a target twice", "list each target once"))
+    return tlist
 
-    _source_checks(file, "model", v["model"], BUILTINS, problems)
-    d = v["draft"]
+
+def _draft_checks(file: str, d: dict, problems: list[Problem]) -> None:
     given = [k for k in ("source", "repo", "revision", "path", "name") if d.get(k) is not None]
     if d["method"] is None and given:
         problems.append(Problem(file, "draft.method", None, f"is required when [draft] names a draft ({given[0]})",
@@ -206,7 +216,8 @@ def cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
         else:
             _source_checks(file, "draft", d, DRAFT_BUILTINS, problems)
 
-    b = v["build"]
+
+def _build_checks(file: str, b: dict, tlist: list, targets: dict, problems: list[Problem]) -> None:
     if isinstance(b["max_input_len"], int) and isinstance(b["max_seq_len"], int) and \
             b["max_input_len"] >= b["max_seq_len"]:
         problems.append(Problem(file, "build.max_input_len", b["max_input_len"],
@@ -224,32 +235,36 @@ def cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
                                 "use 'local', 'offline' or 'ssh://user@host[:port]' (a list: ssh:// URLs, e.g. "
                                 "['ssh://nvidia@orin-a', 'ssh://nvidia@orin-b'])"))
 
-    cal = v["quantization"]["calibration"]["source"]
-    path = source_path(cal, file) if isinstance(cal, str) and CALIB_RE.match(cal) else None
-    if path is not None:
-        if path.suffix not in (".txt", ".jsonl"):
-            problems.append(Problem(file, "quantization.calibration.source", cal, "must be a .txt or .jsonl file",
-                                    'one passage per line (.txt) or {"text": "..."} per line (.jsonl)'))
-        elif not os.path.lexists(path):
-            problems.append(Problem(file, "quantization.calibration.source", cal, f"no file {path}",
-                                    "paths are relative to the recipe file"))
-        elif not path.is_file():
-            problems.append(Problem(file, "quantization.calibration.source", cal, f"{path} is not a regular file",
-                                    "name the text file itself (not a directory, FIFO or device)"))
 
-    prompts = v["validation"]["prompts"]
-    if isinstance(prompts, list):
-        if not prompts:
-            problems.append(Problem(file, "validation.prompts", prompts, "must list at least one prompt",
-                                    "the device validates the engine on them"))
-        for i, p in enumerate(prompts):
-            if not isinstance(p, str) or not p.strip():
-                problems.append(Problem(file, f"validation.prompts[{i}]", p, "must be a non-empty string",
-                                        'write it in quotes: "What is the capital of France?"'))
-            elif len(p) > MAX_PROMPT_CHARS:
-                problems.append(Problem(file, f"validation.prompts[{i}]", p[:40] + "...",
-                                        f"is {len(p)} characters; at most {MAX_PROMPT_CHARS}",
-                                        "a validation prompt is a sentence or a paragraph, not a document"))
+def _calibration_checks(file: str, cal: Any, problems: list[Problem]) -> None:
+    path = source_path(cal, file) if isinstance(cal, str) and CALIB_RE.match(cal) else None
+    if path is None:
+        return
+    if path.suffix not in (".txt", ".jsonl"):
+        problems.append(Problem(file, "quantization.calibration.source", cal, "must be a .txt or .jsonl file",
+                                'one passage per line (.txt) or {"text": "..."} per line (.jsonl)'))
+    elif not os.path.lexists(path):
+        problems.append(Problem(file, "quantization.calibration.source", cal, f"no file {path}",
+                                "paths are relative to the recipe file"))
+    elif not path.is_file():
+        problems.append(Problem(file, "quantization.calibration.source", cal, f"{path} is not a regular file",
+                                "name the text file itself (not a directory, FIFO or device)"))
+
+
+def _prompt_checks(file: str, prompts: Any, problems: list[Problem]) -> None:
+    if not isinstance(prompts, list):
+        return
+    if not prompts:
+        problems.append(Problem(file, "validation.prompts", prompts, "must list at least one prompt",
+                                "the device validates the engine on them"))
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str) or not p.strip():
+            problems.append(Problem(file, f"validation.prompts[{i}]", p, "must be a non-empty string",
+                                    'write it in quotes: "What is the capital of France?"'))
+        elif len(p) > MAX_PROMPT_CHARS:
+            problems.append(Problem(file, f"validation.prompts[{i}]", p[:40] + "...",
+                                    f"is {len(p)} characters; at most {MAX_PROMPT_CHARS}",
+                                    "a validation prompt is a sentence or a paragraph, not a document"))
 
 
 def read_toml(path: Path, limit: int) -> dict:
