@@ -83,7 +83,18 @@ def export_summary(e: ExportRecord) -> str:
 
 
 from pipeline.families.kinds import Support  # noqa: E402  (beside its use)
-from pipeline.families.records import GEMMA2, GEMMA3, LLAMA, MISTRAL, PHI3, QWEN2, QWEN3  # noqa: E402
+from pipeline.families.records import (  # noqa: E402
+    GEMMA2,
+    GEMMA3,
+    INTERNVL,
+    LLAMA,
+    MISTRAL,
+    PHI3,
+    QWEN2,
+    QWEN2_5_VL,
+    QWEN3,
+    QWEN3_VL,
+)
 
 # Edge-LLM 0.11's generic decoder (tensorrt_edgellm/models/default, config.py ModelConfig) reads RoPE scaling
 # (linear, dynamic, llama3, longrope, yarn) and partial rotary from config.json, and its attention plugin applies q/k
@@ -105,6 +116,11 @@ def _edgellm_dense(verified: str, formats: tuple[str, ...] | None = None, kv_cac
 _NO_GEMMA_PATH = ("Edge-LLM 0.11's exporter has a Gemma 4 model and no {} path; its generic decoder has no (1 + w) "
                   "RMSNorm, post-attention norms or embedding scaling")
 
+# Edge-LLM 0.11 exports these (tensorrt-edgellm-export: llm/ and visual/, its models/qwen2_5_vl, qwen3_vl and internvl3)
+# and builds the tower with visual_build; this pipeline does not export, validate or serve images yet
+_VLM_NOT_YET = ("Edge-LLM 0.11 builds it, but this pipeline does not yet export its vision tower, validate it with "
+                "images or serve images")
+
 EDGELLM_011: dict[str, Support] = {
     LLAMA: _edgellm_dense("tests/workstation/test_edgellm_export.py (tiny-llama)"),
     MISTRAL: _edgellm_dense("its generic decoder; tests/workstation/test_families.py (tiny-mistral: FP16, INT4-AWQ, "
@@ -120,6 +136,7 @@ EDGELLM_011: dict[str, Support] = {
                          "runtime double), tests/workstation/test_nvfp4.py (NVFP4, on a GPU)", *_PHI3_CHECKED),
     GEMMA2: Support(refused=_NO_GEMMA_PATH.format("Gemma 2")),
     GEMMA3: Support(refused=_NO_GEMMA_PATH.format("Gemma 3")),
+    **{arch: Support(refused=_VLM_NOT_YET) for arch in (QWEN2_5_VL, QWEN3_VL, INTERNVL)},
 }
 
 

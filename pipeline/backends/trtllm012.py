@@ -92,7 +92,18 @@ def export_summary(e: ExportRecord) -> str:
 
 
 from pipeline.families.kinds import Support  # noqa: E402  (beside its use)
-from pipeline.families.records import GEMMA2, GEMMA3, LLAMA, MISTRAL, PHI3, QWEN2, QWEN3  # noqa: E402
+from pipeline.families.records import (  # noqa: E402
+    GEMMA2,
+    GEMMA3,
+    INTERNVL,
+    LLAMA,
+    MISTRAL,
+    PHI3,
+    QWEN2,
+    QWEN2_5_VL,
+    QWEN3,
+    QWEN3_VL,
+)
 
 
 # TensorRT-LLM 0.12's LLaMA class (tensorrt_llm/models/llama/model.py): RMSNorm, SiLU-gated MLP, RoPE with
@@ -112,6 +123,12 @@ _PHI3_012 = ("TensorRT-LLM added Phi-3.5 after 0.12 (its 2024-09-30 update) and 
 _GEMMA2_012 = ("TensorRT-LLM had no Gemma 2 when 0.12 shipped (its Gemma 2 request, issue #1984, was still open in "
                "October 2024), and 0.12 is the last release for Orin on JetPack 6")
 
+# 0.12's multimodal path builds a vision engine with its own scripts for models of its time (Qwen-VL, BLIP-2, LLaVA;
+# examples/multimodal) and none of these three; Edge-LLM 0.11's exporter writes their visual/ beside llm/ and its
+# visual_build builds it on the board
+_VLM_012 = ("TensorRT-LLM 0.12 (the last release for Orin on JetPack 6) predates it; vision-language models build "
+            "with TensorRT Edge-LLM 0.11, on Orin with JetPack 7.2 and on Thor")
+
 TRTLLM_012: dict[str, Support] = {
     LLAMA: _llama_012("0.12 MODEL_MAP; tests/workstation/test_export.py (tiny-llama, all formats)"),
     MISTRAL: _llama_012("0.12 MODEL_MAP: MistralForCausalLM -> LLaMAForCausalLM; tests/workstation/test_export.py "
@@ -123,6 +140,7 @@ TRTLLM_012: dict[str, Support] = {
     PHI3: Support(refused=_PHI3_012),
     GEMMA2: Support(refused=_GEMMA2_012),
     GEMMA3: Support(refused="Gemma 3 was added to TensorRT-LLM after 0.12"),
+    **{arch: Support(refused=_VLM_012) for arch in (QWEN2_5_VL, QWEN3_VL, INTERNVL)},
 }
 
 BACKEND = Backend(

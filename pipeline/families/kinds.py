@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.families.visual import VisualTower
+
 
 @dataclass(frozen=True)
 class Support:
@@ -64,6 +66,10 @@ class Family:
     # the format its instruct models write tool calls in (a key of serve/toolcalls.py FORMATS); None: none known.
     # Used only where the kit's chat template renders tools (SmolLM2's, a Llama, does not).
     tool_calls: str | None = None
+    # a vision-language model: its image side (families/visual.py), and the config.json key that holds its language
+    # model's config (the dimensions the planner reads)
+    visual: VisualTower | None = None
+    text_config: str | None = None
     notes: str = ""
 
     @property

@@ -7,10 +7,16 @@ would want it said.
 
 from __future__ import annotations
 
+from pipeline.families import visual
 from pipeline.families.kinds import Family
 
 LLAMA, MISTRAL, QWEN2, QWEN3 = "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
 PHI3, GEMMA2, GEMMA3 = "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"
+# vision-language models, as transformers 5 names them natively (InternVL3's original checkpoints load through their
+# own code, InternVLChatModel: only the "-hf" conversions are this architecture)
+QWEN2_5_VL, QWEN3_VL = "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration"
+INTERNVL = "InternVLForConditionalGeneration"
+VISION_LANGUAGE = (QWEN2_5_VL, QWEN3_VL, INTERNVL)
 
 FAMILIES: tuple[Family, ...] = (
     Family(LLAMA, "Llama", ("Llama 3.1 / 3.2", "DeepSeek-R1-Distill-Llama", "SmolLM2"), "LlamaConfig",
@@ -33,4 +39,13 @@ FAMILIES: tuple[Family, ...] = (
     Family(GEMMA3, "Gemma 3", ("Gemma 3 1B",), "Gemma3TextConfig", norm="rms_plus_one", sandwich_norms=True,
            activation="gelu_tanh", qk_norm=True, embedding_scale="sqrt_hidden",
            notes="5 sliding-window layers to 1 global; q/k RMSNorm"),
+    Family(QWEN2_5_VL, "Qwen2.5-VL", ("Qwen2.5-VL 3B / 7B",), "Qwen2_5_VLConfig", attention_bias=True,
+           tool_calls="hermes", visual=visual.QWEN2_5_VL, text_config="text_config",
+           notes="a Qwen2 decoder with multimodal RoPE; a window-attention ViT, 2x2 patches per token"),
+    Family(QWEN3_VL, "Qwen3-VL", ("Qwen3-VL 2B / 4B / 8B", "Cosmos-Reason2"), "Qwen3VLConfig", qk_norm=True,
+           tool_calls="hermes", visual=visual.QWEN3_VL, text_config="text_config",
+           notes="a Qwen3 decoder with interleaved multimodal RoPE and DeepStack visual features in early layers"),
+    Family(INTERNVL, "InternVL3", ("InternVL3 1B / 2B / 8B (-hf)",), "InternVLConfig", attention_bias=True,
+           visual=visual.INTERNVL3, text_config="text_config",
+           notes="an InternViT tower, 448-pixel tiles, pixel shuffle to 256 tokens each, before a Qwen2.5 decoder"),
 )

@@ -90,6 +90,14 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     if fam is None:
         problems.append(Problem(source, "architectures", archs, "not a model family this pipeline knows",
                                 f"known families: {', '.join(known())} (README: Model families)"))
+    prefix = ""
+    if fam is not None and fam.text_config:     # a vision-language model: its language model's own config
+        inner = config.get(fam.text_config)
+        if not isinstance(inner, dict):
+            problems.append(Problem(source, fam.text_config, inner, f"must hold the language model's config "
+                                    f"({fam.name} keeps it there)", "use the model's own config.json"))
+            raise InputError(problems)
+        config, prefix = inner, f"{fam.text_config}."
     if config.get("num_local_experts") or config.get("num_experts"):
         problems.append(Problem(source, "num_experts", config.get("num_local_experts") or config.get("num_experts"),
                                 "mixture-of-experts models are not supported yet", "use a dense model"))
@@ -99,7 +107,7 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
         if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= BOUNDS[key]:
             shown = value if not isinstance(value, int) or value < 10**12 else f"{str(value)[:12]}... " \
                 f"({len(str(value))} digits)"
-            problems.append(Problem(source, key, shown, f"must be a positive integer up to {BOUNDS[key]}",
+            problems.append(Problem(source, prefix + key, shown, f"must be a positive integer up to {BOUNDS[key]}",
                                     "use the model's own config.json, as transformers saved it"))
             return 1
         return value
@@ -115,8 +123,9 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     )
     heads, kv = shape["num_heads"], shape["num_kv_heads"]
     if not problems and (kv > heads or heads % kv):
-        problems.append(Problem(source, "num_key_value_heads", kv, f"must divide num_attention_heads ({heads}): "
-                                "grouped-query attention shares each K/V head among a whole number of query heads",
+        problems.append(Problem(source, prefix + "num_key_value_heads", kv, f"must divide num_attention_heads "
+                                f"({heads}): grouped-query attention shares each K/V head among a whole number of "
+                                "query heads",
                                 "use the model's own config.json, as transformers saved it"))
     if problems:
         raise InputError(problems)

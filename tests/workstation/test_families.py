@@ -301,3 +301,41 @@ def test_a_rope_scaling_no_backend_was_checked_computing_is_refused_by_name(rope
             assert not p.ok and f"RoPE scaling {rope!r} is not one this pipeline has checked it computing" in said
         else:
             assert "RoPE scaling" not in said
+
+
+def vlm_config(arch: str) -> dict:
+    """A vision-language model's config.json as transformers 5 writes it (its config class's defaults)."""
+    import transformers
+
+    from pipeline.families import family
+    fam = family(arch)
+    assert fam is not None and fam.visual is not None and fam.text_config == "text_config"
+    return {**getattr(transformers, fam.transformers_config)().to_dict(), "architectures": [arch]}
+
+
+@pytest.mark.parametrize("arch", ["Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
+                                  "InternVLForConditionalGeneration"])
+def test_a_vision_language_model_plans_from_its_language_model_and_is_refused_saying_where_it_builds(arch):
+    """Its dimensions come from text_config; TensorRT-LLM 0.12 refuses it naming Edge-LLM on JetPack 7.2 (Orin) and
+    Thor, and Edge-LLM's stack says this pipeline does not export its tower yet (issue 39)."""
+    config = vlm_config(arch)
+    shape = shape_from_config(config, arch)
+    text = config["text_config"]
+    assert (shape.hidden_size, shape.num_layers, shape.vocab_size) == (
+        text["hidden_size"], text["num_hidden_layers"], text["vocab_size"])
+    for target in ("orin-nano-8gb", "agx-thor"):
+        p = make_plan(PlanRequest(shape=shape, model_label=arch, weights="int4_awq", kv_cache="fp16",
+                                  target=get_target(target), limits=BuildLimits.of(1, 1024, 2048)))
+        said = " ".join(p.refused)
+        assert not p.ok and "this pipeline does not yet export its vision tower" in said, said
+        if target == "orin-nano-8gb":
+            assert "vision-language models build with TensorRT Edge-LLM 0.11, on Orin with JetPack 7.2" in said, said
+
+
+def test_a_vision_language_config_without_its_language_model_is_one_error_naming_the_field():
+    config = vlm_config("Qwen3VLForConditionalGeneration")
+    with pytest.raises(InputError, match=r"text_config = None: must hold the language model's config"):
+        shape_from_config({k: v for k, v in config.items() if k != "text_config"}, "c.json")
+    config["text_config"] = dict(config["text_config"], hidden_size=0)
+    with pytest.raises(InputError, match=r"text_config.hidden_size = 0: must be a positive integer"):
+        shape_from_config(config, "c.json")

@@ -21,7 +21,7 @@ def writer(content: bytes, calls: list):
         calls.append(1)
         (out / "sub").mkdir()
         (out / "sub" / "w.bin").write_bytes(content)
-        return {"note": "x"}
+        return {"source": {"kind": "test"}}
     return build
 
 
@@ -29,8 +29,8 @@ def test_build_then_current_then_rebuilt_on_identity_change():
     calls = []
     a = StageSpec("s", {"x": 1})
     m = run_stage(a, writer(b"abc", calls))
-    assert m["files"]["sub/w.bin"]["size"] == 3 and m["note"] == "x"
-    assert m["files"]["sub/w.bin"]["sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert m.files["sub/w.bin"].size == 3 and m.source == {"kind": "test"}
+    assert m.files["sub/w.bin"].sha256 == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     assert status(a) == (True, "")
     run_stage(a, writer(b"abc", calls))
     assert len(calls) == 1
@@ -46,7 +46,7 @@ def test_downstream_key_follows_upstream_content_not_mtime():
     f = up.dir / "sub" / "w.bin"
     os.utime(f, ns=(1, 1))                      # touched: same bytes, new mtime -> rehashed once, still current
     assert status(up) == (True, "") and status(down) == (True, "")
-    assert read_manifest(up.dir)["files"]["sub/w.bin"]["mtime_ns"] == 1
+    assert read_manifest(up.dir).files["sub/w.bin"].mtime_ns == 1
     f.write_bytes(b"two")                       # same size, new content
     assert status(up) == (False, "sub/w.bin was modified")
     run_stage(up, writer(b"two", calls))
@@ -119,7 +119,7 @@ def test_kill_9_mid_stage_resumes_at_that_stage(tmp_path, artifacts):
     assert not spec.dir.exists() and list(spec.dir.parent.glob(".*.partial-*"))
     assert status(spec) == (False, "not built")
     m = run_stage(spec, writer(b"done", []))
-    assert list(m["files"]) == ["sub/w.bin"]
+    assert list(m.files) == ["sub/w.bin"]
     assert list(spec.dir.parent.glob(".*.partial-*")) == []   # the dead run's staging dir was cleared
 
 
@@ -146,6 +146,6 @@ def test_manifest_records_tools_and_inputs():
     run_stage(up, writer(b"u", []))
     spec = StageSpec("t", {"a": 1}, inputs=(up,), tools=("pytest", "no-such-dist"))
     m = run_stage(spec, writer(b"t", []))
-    assert m["tools"]["no-such-dist"] == "absent" and m["tools"]["pytest"][0].isdigit()
-    assert m["inputs"] == {f"up:{up.id}": read_manifest(up.dir)["content_digest"]}
+    assert m.tools["no-such-dist"] == "absent" and m.tools["pytest"][0].isdigit()
+    assert m.inputs == {f"up:{up.id}": read_manifest(up.dir).content_digest}
     assert json.loads((spec.dir / "stage.json").read_text())["key"] == spec.expected_key()
