@@ -83,18 +83,7 @@ def export_summary(e: ExportRecord) -> str:
 
 
 from pipeline.families.kinds import Support  # noqa: E402  (beside its use)
-from pipeline.families.records import (  # noqa: E402
-    GEMMA2,
-    GEMMA3,
-    INTERNVL,
-    LLAMA,
-    MISTRAL,
-    PHI3,
-    QWEN2,
-    QWEN2_5_VL,
-    QWEN3,
-    QWEN3_VL,
-)
+from pipeline.families.records import GEMMA2, GEMMA3, LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, VISION_LANGUAGE  # noqa: E402
 
 # Edge-LLM 0.11's generic decoder (tensorrt_edgellm/models/default, config.py ModelConfig) reads RoPE scaling
 # (linear, dynamic, llama3, longrope, yarn) and partial rotary from config.json, and its attention plugin applies q/k
@@ -136,7 +125,7 @@ EDGELLM_011: dict[str, Support] = {
                          "runtime double), tests/workstation/test_nvfp4.py (NVFP4, on a GPU)", *_PHI3_CHECKED),
     GEMMA2: Support(refused=_NO_GEMMA_PATH.format("Gemma 2")),
     GEMMA3: Support(refused=_NO_GEMMA_PATH.format("Gemma 3")),
-    **{arch: Support(refused=_VLM_NOT_YET) for arch in (QWEN2_5_VL, QWEN3_VL, INTERNVL)},
+    **{arch: Support(refused=_VLM_NOT_YET) for arch in VISION_LANGUAGE},
 }
 
 

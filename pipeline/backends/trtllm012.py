@@ -92,18 +92,7 @@ def export_summary(e: ExportRecord) -> str:
 
 
 from pipeline.families.kinds import Support  # noqa: E402  (beside its use)
-from pipeline.families.records import (  # noqa: E402
-    GEMMA2,
-    GEMMA3,
-    INTERNVL,
-    LLAMA,
-    MISTRAL,
-    PHI3,
-    QWEN2,
-    QWEN2_5_VL,
-    QWEN3,
-    QWEN3_VL,
-)
+from pipeline.families.records import GEMMA2, GEMMA3, LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, VISION_LANGUAGE  # noqa: E402
 
 
 # TensorRT-LLM 0.12's LLaMA class (tensorrt_llm/models/llama/model.py): RMSNorm, SiLU-gated MLP, RoPE with
@@ -140,7 +129,7 @@ TRTLLM_012: dict[str, Support] = {
     PHI3: Support(refused=_PHI3_012),
     GEMMA2: Support(refused=_GEMMA2_012),
     GEMMA3: Support(refused="Gemma 3 was added to TensorRT-LLM after 0.12"),
-    **{arch: Support(refused=_VLM_012) for arch in (QWEN2_5_VL, QWEN3_VL, INTERNVL)},
+    **{arch: Support(refused=_VLM_012) for arch in VISION_LANGUAGE},
 }
 
 BACKEND = Backend(
