@@ -79,7 +79,6 @@ from pipeline.contract.plan import (
 from pipeline.contract.stage import (
     AccuracyFigures,
     AccuracyReport,
-    AccuracySummary,
     GoldensSummary,
     KitSummary,
     StageFile,
@@ -89,7 +88,6 @@ from pipeline.contract.stage import (
 __all__ = [
     "AccuracyFigures",
     "AccuracyReport",
-    "AccuracySummary",
     "Board",
     "BuildLimits",
     "BuildOnBoard",

@@ -6,9 +6,10 @@ does not read (damaged, planted, an older format) means the stage is not built: 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
-from pipeline.contract.base import Part, Record
+from pipeline.contract.base import ContractError, Part, Record
 from pipeline.contract.kit import ExportRecord
 
 
@@ -54,17 +55,6 @@ class AccuracyReport(AccuracyFigures, Record):
 
 
 @dataclass(frozen=True)
-class AccuracySummary(Part):
-    """The accuracy stage's headline figures (its accuracy.json holds the whole report)."""
-    perplexity_change: float
-    perplexity_change_interval: list[float] | None
-    top1_agreement: float
-    logit_cosine: float
-    heldout: str
-    tokens: int
-
-
-@dataclass(frozen=True)
 class KitSummary(Part):
     name: str
     parts: int
@@ -96,9 +86,19 @@ class StageManifest(Record):
     backend: str | None = None                  # export: the backend whose payload it wrote
     export: ExportRecord | None = None
     goldens: GoldensSummary | None = None
-    accuracy: AccuracySummary | None = None
+    accuracy: AccuracyFigures | None = None     # accuracy: its figures (accuracy.json adds the advice and origin)
     kit: KitSummary | None = None
     restored_from: str | None = None            # the stage cache entry it came from, where it did
+
+    @classmethod
+    def read(cls, stage_dir: Path) -> StageManifest | None:
+        """The record in a stage directory; None where there is none or it does not read (damaged, planted, an older
+        format): the stage is not built."""
+        from pipeline.contract import STAGE_MANIFEST  # the file names live in the package, beside all others
+        try:
+            return cls.load(stage_dir / STAGE_MANIFEST)
+        except ContractError:
+            return None
 
     def to_dict(self) -> dict:
         """The record without the fields its kind of stage leaves at None (a fetch's manifest has no "kit")."""

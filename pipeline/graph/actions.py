@@ -297,9 +297,7 @@ def accuracy_stage(recipe: Recipe) -> contract.StageManifest:
                 name, text = heldout_text(recipe.validation.heldout, recipe.file)
                 figures = accuracy_report(original, quantized, tok, text, name)
             write_report(out, figures, recipe.weights, recipe.name, fetch_digest(recipe))
-        return {"accuracy": contract.AccuracySummary(figures.perplexity_change, figures.perplexity_change_interval,
-                                                     figures.top1_agreement, figures.logit_cosine, figures.heldout,
-                                                     figures.tokens)}
+        return {"accuracy": figures}
 
     return run_stage(accuracy_spec(recipe), build, stage_cache())
 

@@ -109,10 +109,7 @@ class StageSpec:
 def read_manifest(stage_dir: Path) -> contract.StageManifest | None:
     """The stage's record, read strictly; None where there is none or it does not read (damaged, planted, an older
     format): the stage is not built, and runs again."""
-    try:
-        return contract.StageManifest.load(stage_dir / MANIFEST)
-    except contract.ContractError:
-        return None
+    return contract.StageManifest.read(stage_dir)
 
 
 def built_manifest(stage_dir: Path) -> contract.StageManifest:

@@ -59,7 +59,7 @@ def _goldens(result: contract.StageManifest) -> str:
 def _accuracy(result: contract.StageManifest) -> str:
     a = result.accuracy
     assert a is not None        # the accuracy stage's build returns it
-    lo, hi = a.perplexity_change_interval or (a.perplexity_change,) * 2
+    lo, hi = a.perplexity_change_interval
     return f"perplexity {a.perplexity_change:+.1%} (95% {lo:+.1%} to {hi:+.1%}), top-1 agreement " \
            f"{a.top1_agreement:.1%}"
 

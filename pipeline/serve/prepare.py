@@ -164,15 +164,20 @@ class Preparer:
         process). Such a request is prepared on the event loop: tokenizing 2,000 characters takes ~0.1 ms."""
         if req.tools or req.schema is not None:
             return False
-        return (sum(len(m["content"]) for m in req.messages) if chat else len(req.prompt or "")) <= QUICK_CHARS
+        return _prompt_chars(req, chat) <= QUICK_CHARS
 
     def check_prompt_size(self, req: protocol.Request, chat: bool) -> None:
         """Refuse a prompt that cannot fit max_input_len before tokenizing it: no token is longer than the
         vocabulary's longest, so more characters than max_input_len of those (twice, for normalizers that compose
         characters) is over the limit whatever the tokenizer makes of it."""
         limits = self.served.limits
-        chars = sum(len(m["content"]) for m in req.messages) if chat else len(req.prompt or "")
+        chars = _prompt_chars(req, chat)
         bound = 2 * limits.max_input_len * self.served.codec.max_token_chars
         if chars > bound:
             raise ApiError(400, f"the prompt is {chars} characters: more than max_input_len = {limits.max_input_len} "
                            "tokens can hold", "messages" if chat else "prompt", "context_length_exceeded")
+
+
+def _prompt_chars(req: protocol.Request, chat: bool) -> int:
+    """The characters of the request's prompt: its messages' contents (chat), else its prompt."""
+    return sum(len(m["content"]) for m in req.messages) if chat else len(req.prompt or "")
