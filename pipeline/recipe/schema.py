@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import re
@@ -36,18 +37,21 @@ MAX_RECIPE_BYTES = 1 * 2**20        # a recipe is a few hundred bytes; a megabyt
 # The fields are declared once, on the records (records.py): this engine reads their annotations and Settings.
 @dataclass(frozen=True)
 class Field:
-    """One TOML field of a table: its name, the TOML type it must have, its default and checks."""
+    """One TOML field of a table: its name, the TOML type it must have, its default and checks, and the type the
+    record holds it as."""
     name: str
     type: Any               # a Python type, a tuple of them, or a record class (a table)
     default: Any
     setting: Setting
+    annotation: Any
 
 
-def fields_of(table: type) -> list[Field]:
+@functools.cache
+def fields_of(table: type) -> tuple[Field, ...]:
     """The TOML fields a record declares (those without a Setting, e.g. a recipe's name, are not in the file)."""
     hints = typing.get_type_hints(table)
-    return [Field(f.name, _toml_type(hints[f.name], f.metadata["recipe"]), f.default, f.metadata["recipe"])
-            for f in dataclasses.fields(table) if "recipe" in f.metadata]
+    return tuple(Field(f.name, _toml_type(hints[f.name], f.metadata["recipe"]), f.default, f.metadata["recipe"],
+                       hints[f.name]) for f in dataclasses.fields(table) if "recipe" in f.metadata)
 
 
 def _toml_type(annotation: Any, s: Setting) -> Any:
@@ -94,7 +98,6 @@ def _is_table(t: Any) -> bool:
 def build(table: type, values: dict[str, Any], recipe_file: str, **given: Any) -> Any:
     """The record from a checked table's values (nested records built, converters applied); `given`: its fields
     that are not in the TOML (a recipe's name and file)."""
-    hints = typing.get_type_hints(table)
     kwargs = dict(given)
     for f in fields_of(table):
         v = values[f.name]
@@ -102,7 +105,7 @@ def build(table: type, values: dict[str, Any], recipe_file: str, **given: Any) -
             kwargs[f.name] = f.setting.convert(v, recipe_file)
         elif _is_table(f.type):
             kwargs[f.name] = build(f.type, v, recipe_file)
-        elif typing.get_origin(hints[f.name]) is tuple:
+        elif typing.get_origin(f.annotation) is tuple:
             kwargs[f.name] = tuple(v)
         else:
             kwargs[f.name] = v
