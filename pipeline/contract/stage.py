@@ -91,12 +91,11 @@ class StageManifest(Record):
     restored_from: str | None = None            # the stage cache entry it came from, where it did
 
     @classmethod
-    def read(cls, stage_dir: Path) -> StageManifest | None:
-        """The record in a stage directory; None where there is none or it does not read (damaged, planted, an older
-        format): the stage is not built."""
-        from pipeline.contract import STAGE_MANIFEST  # the file names live in the package, beside all others
+    def read(cls, path: Path) -> StageManifest | None:
+        """The record at `path` (a stage directory's stage.json); None where there is none or it does not read
+        (damaged, planted, an older format): the stage is not built."""
         try:
-            return cls.load(stage_dir / STAGE_MANIFEST)
+            return cls.load(path)
         except ContractError:
             return None
 

@@ -109,7 +109,7 @@ class StageSpec:
 def read_manifest(stage_dir: Path) -> contract.StageManifest | None:
     """The stage's record, read strictly; None where there is none or it does not read (damaged, planted, an older
     format): the stage is not built, and runs again."""
-    return contract.StageManifest.read(stage_dir)
+    return contract.StageManifest.read(stage_dir / MANIFEST)
 
 
 def built_manifest(stage_dir: Path) -> contract.StageManifest:

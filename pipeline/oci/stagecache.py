@@ -250,7 +250,7 @@ def forget_stage(stage_dir: Path) -> None:
     """A stage whose output a later stage refused: its stage.json is removed (the stage is computed on the next
     build), and an entry it was restored from is never restored again on this workstation."""
     from pipeline.files import write_atomic
-    manifest = contract.StageManifest.read(Path(stage_dir))
+    manifest = contract.StageManifest.read(Path(stage_dir) / MANIFEST)
     origin = manifest.restored_from if manifest is not None else None
     if isinstance(origin, str) and origin.isprintable() and len(origin) < 1024:
         refused = _refused() | {origin}
