@@ -1,7 +1,9 @@
-"""`python -m pipeline.perf fit | extract REFERENCE.csv`: the decode and prefill models' data and fits.
+"""`python -m pipeline.perf fit | extract REFERENCE.csv`: the decode, prefill and ViT models' data and fits.
 
-The models live in pipeline/plan/perf.py (decode) and pipeline/plan/prefill.py (time to first token); this entry
-point is the short name the README and the plan's notes use, and the one place that drives both.
+The models live in pipeline/plan/perf.py (decode), pipeline/plan/prefill.py (time to first token) and
+pipeline/plan/vision_time.py (a vision-language model's visual tower); this entry point is the short name the README
+and the plan's notes use, and the one place that drives them all. `fit` also checks the published vision-language
+rows' prefill and decode against the text models' fits and prints those errors.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.plan import perf, prefill
+from pipeline.plan import perf, prefill, vision_time
 
 
 def main(argv: list[str]) -> int:
@@ -24,15 +26,26 @@ def main(argv: list[str]) -> int:
             print(f"wrote {len(rows)} rows to {path}")
         return 0
     if argv[:1] == ["fit"]:
-        report = {**perf.fit_report(), "prefill": prefill.fit_report()}
+        report = {**perf.fit_report(), "prefill": prefill.fit_report(), "vision": vision_time.fit_report()}
         perf.FIT.write_text(json.dumps(report, indent=1) + "\n")
         perf.fit_data.cache_clear()
         perf.fitted.cache_clear()
-        d, p = report, report["prefill"]
+        d, p, v = report, report["prefill"], report["vision"]
         print(json.dumps(report, indent=1))
         print(f"leave-one-out error, decode ({d['rows']} rows): median {d['loo_median_abs_error']:.1%}, worst "
               f"{d['loo_max_abs_error']:.1%}; prefill/TTFT ({p['rows']} rows): median {p['loo_median_abs_error']:.1%}"
-              f", worst {p['loo_max_abs_error']:.1%}")
+              f", worst {p['loo_max_abs_error']:.1%}; ViT ({v['rows']} boards x towers): median "
+              f"{v['loo_median_abs_error']:.1%}, worst {v['loo_max_abs_error']:.1%}")
+        checks = vision_time.check_rows()
+        print(f"vision-language rows ({len(checks)}, Edge-LLM's published Qwen3-VL / Qwen2.5-VL): predicted / "
+              "published")
+        for c in checks:
+            r, e = c.row, c.errors()
+            print(f"  {r.target:<14} {r.model.split('/')[-1]:<24} {r.precision:<9} ViT {c.vit_ms:6.1f}/{r.vit_ms:<6} "
+                  f"({e['vit']:+.0%})  prefill {c.prefill_ms:6.1f}/{r.prefill_ms:<6} ({e['prefill']:+.0%})  TTFT "
+                  f"({e['ttft']:+.0%})  decode {c.decode_tok_s:6.1f}/{r.decode_tok_s:<6} ({e['decode']:+.0%})")
+        for key, s in vision_time.check_summary(checks).items():
+            print(f"  {key:<8} error: median {s['median']:.1%}, worst {s['worst']:.1%}")
         return 0
     print("usage: python -m pipeline.perf extract REFERENCE.csv | fit", file=sys.stderr)
     return 2

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.errors import InputError, Problem
 from pipeline.families import ModelFeatures, family, features_of, known
+
+if TYPE_CHECKING:
+    from pipeline.plan.vision import TowerShape
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,7 @@ class ModelShape:
     tie_word_embeddings: bool
     attention_bias: bool = False
     features: ModelFeatures = ModelFeatures()     # what the checkpoint uses of its family's features
+    tower: TowerShape | None = None               # a vision-language model's visual tower (plan/vision.py)
 
     @property
     def q_size(self) -> int:
@@ -90,7 +95,10 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     if fam is None:
         problems.append(Problem(source, "architectures", archs, "not a model family this pipeline knows",
                                 f"known families: {', '.join(known())} (README: Model families)"))
-    prefix = ""
+    prefix, tower = "", None
+    if fam is not None and fam.visual is not None:
+        from pipeline.plan.vision import tower_from_config
+        tower = tower_from_config(arch, config, source, problems)
     if fam is not None and fam.text_config:     # a vision-language model: its language model's own config
         inner = config.get(fam.text_config)
         if not isinstance(inner, dict):
@@ -132,7 +140,7 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     assert fam is not None
     features = features_of(config, fam)
     return ModelShape(architecture=arch, tie_word_embeddings=features.tied_embeddings,
-                      attention_bias=features.attention_bias, features=features, **shape)
+                      attention_bias=features.attention_bias, features=features, tower=tower, **shape)
 
 
 def load_config(path: Path, hint: str = "pass a model's config.json") -> dict:
