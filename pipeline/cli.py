@@ -18,7 +18,9 @@ Exit status: 0 ok, 1 refused (the plan says why), 2 bad input or environment."""
 
 # `plan` flags that describe an ad-hoc deployment; a recipe sets each of them itself (flag -> argparse dest)
 AD_HOC_FLAGS = {"--quant": "quant", "--kv-quant": "kv_quant", "--max-seq": "max_seq", "--max-input": "max_input",
-                "--batch": "batch", "--group-size": "group_size", "--power-mode": "power_mode"}
+                "--batch": "batch", "--group-size": "group_size", "--power-mode": "power_mode",
+                "--min-image-tokens": "min_image_tokens", "--max-image-tokens": "max_image_tokens",
+                "--max-image-tokens-per-image": "max_image_tokens_per_image", "--visual-quant": "visual_quant"}
 
 
 def positive_int(text: str) -> int:
@@ -34,7 +36,7 @@ def positive_int(text: str) -> int:
 
 def _plan_cmd(args) -> int:
     from pipeline.contract import BuildLimits
-    from pipeline.plan.formats import DEFAULT_KV
+    from pipeline.plan.formats import DEFAULT_KV, UNQUANTIZED
     from pipeline.plan.planner import PlanRequest, make_plan, render_table
     from pipeline.plan.shapes import load_shape
     from pipeline.plan.targets import get_target
@@ -70,10 +72,13 @@ def _plan_cmd(args) -> int:
         limits = BuildLimits.of(args.batch or 1, args.max_input or max(1, seq // 2), seq)
         if limits.max_input_len >= limits.max_seq_len:
             raise PipelineError(f"--max-input {limits.max_input_len} must be below --max-seq {limits.max_seq_len}")
+        from pipeline.recipe import VisualSettings, visual_limits
+        given = VisualSettings(args.min_image_tokens, args.max_image_tokens, args.max_image_tokens_per_image)
         plans = [make_plan(PlanRequest(shape=shape, model_label=str(args.model_config), weights=args.quant,
                                        kv_cache=args.kv_quant or DEFAULT_KV.name, target=target, limits=limits,
                                        backend=args.backend, group_size=args.group_size,
-                                       power_mode=args.power_mode))]
+                                       power_mode=args.power_mode, visual=visual_limits(given, shape, limits),
+                                       visual_precision=args.visual_quant or UNQUANTIZED.name))]
     if args.json:
         out = [p.to_dict() for p in plans]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=1))
@@ -261,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_planning(sub) -> None:
     """plan, compare, targets, families: what to build, before anything is built."""
     from pipeline import backends
-    from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+    from pipeline.plan.formats import KV_FORMATS, VISUAL_FORMATS, WEIGHT_FORMATS
 
     p = sub.add_parser("plan", help="will it fit, through which backend, how fast",
                        description="Gate, size and predict a deployment, from a recipe or ad hoc from a config.json. "
@@ -281,6 +286,12 @@ def _add_planning(sub) -> None:
     p.add_argument("--batch", type=positive_int, help="max batch size (default 1)")
     p.add_argument("--group-size", type=int, choices=(16, 32, 64, 128), help="INT4 group size (default: auto)")
     p.add_argument("--power-mode", help="nvpmodel mode for the prediction (default: the fastest)")
+    for flag, what in (("--min-image-tokens", "--minImageTokens"), ("--max-image-tokens", "--maxImageTokens: all "
+                       "images of a request"), ("--max-image-tokens-per-image", "--maxImageTokensPerImage")):
+        p.add_argument(flag, type=positive_int, help=f"a vision-language model's visual_build {what} (default: the "
+                       "plan's for the model)")
+    p.add_argument("--visual-quant", choices=list(VISUAL_FORMATS), help="a vision-language model's tower (default "
+                   "fp16; fp8 on SM 8.9+)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_plan_cmd)
 

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.plan import perf, prefill, vision_time
+from pipeline.plan import perf, prefill, vision_check, vision_time
 
 
 def main(argv: list[str]) -> int:
@@ -36,15 +36,17 @@ def main(argv: list[str]) -> int:
               f"{d['loo_max_abs_error']:.1%}; prefill/TTFT ({p['rows']} rows): median {p['loo_median_abs_error']:.1%}"
               f", worst {p['loo_max_abs_error']:.1%}; ViT ({v['rows']} boards x towers): median "
               f"{v['loo_median_abs_error']:.1%}, worst {v['loo_max_abs_error']:.1%}")
-        checks = vision_time.check_rows()
+        checks = vision_check.check_rows()
         print(f"vision-language rows ({len(checks)}, Edge-LLM's published Qwen3-VL / Qwen2.5-VL): predicted / "
               "published")
         for c in checks:
             r, e = c.row, c.errors()
             print(f"  {r.target:<14} {r.model.split('/')[-1]:<24} {r.precision:<9} ViT {c.vit_ms:6.1f}/{r.vit_ms:<6} "
                   f"({e['vit']:+.0%})  prefill {c.prefill_ms:6.1f}/{r.prefill_ms:<6} ({e['prefill']:+.0%})  TTFT "
-                  f"({e['ttft']:+.0%})  decode {c.decode_tok_s:6.1f}/{r.decode_tok_s:<6} ({e['decode']:+.0%})")
-        for key, s in vision_time.check_summary(checks).items():
+                  f"({e['ttft']:+.0%})  decode {c.decode_tok_s:6.1f}/{r.decode_tok_s:<6} ({e['decode']:+.0%})"
+                  + (f"  memory {c.memory_mb:5.0f}/{r.gpu_mem_mb:<5.0f} MB ({e['memory']:+.0%})" if r.gpu_mem_mb
+                     else ""))
+        for key, s in vision_check.check_summary(checks).items():
             print(f"  {key:<8} error: median {s['median']:.1%}, worst {s['worst']:.1%}")
         return 0
     print("usage: python -m pipeline.perf extract REFERENCE.csv | fit", file=sys.stderr)

@@ -4,6 +4,17 @@ llm_build (Edge-LLM 0.11, examples/llm/llm_build.cpp getopt table): the options 
 is --specBase / --specDraft (--eagleBase / --eagleDraft are its deprecated aliases); the base engine is built with
 its verify-tree limit, the draft with its draft-tree limit, both into one engine directory
 (spec_base.engine + base_config.json, spec_draft.engine + draft_config.json), which llm_inference --specDecode loads.
+
+visual_build (Edge-LLM 0.11, examples/multimodal/visual_build.cpp getopt table; cpp/builder/visualBuilder.{h,cpp}):
+--onnxDir (reads model.onnx and config.json there; it refuses a directory without config.json), --engineDir (the
+engine lands in <engineDir>/visual/: visual.engine, config.json with the exported config and a builder_config of
+min_image_tokens / max_image_tokens / max_image_tokens_per_image merged in, and preprocessor_config.json copied beside
+it for the runtime's image preprocessing), --minImageTokens (default 4), --maxImageTokens (1024, all images of a
+request), --maxImageTokensPerImage (512; it must lie within min..max, else visual_build exits 1), --debug,
+--profilingDetailed. The profile: Qwen towers take 4 patches per image token (min/opt/max HW = 4 x tokens, opt at
+the midpoint); InternVL takes whole 256-token tiles (min and max must divide by 256, else it fails). A
+vision-language export is Edge-LLM's exporter's layout: onnx/llm (llm_build) and onnx/visual (visual_build);
+llm_inference then takes --engineDir engine --multimodalEngineDir engine/visual.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ from pipeline.backends import (
     FlagTable,
     check_flags,
 )
-from pipeline.contract import BuildLimits, ExportRecord, Speculative
+from pipeline.contract import BuildLimits, ExportRecord, Speculative, VisualLimits
 
 if TYPE_CHECKING:
     from pipeline.plan.formats import KVFormat, WeightFormat
@@ -51,15 +62,41 @@ def llm_build_argv(limits: BuildLimits, onnx_dir: str = "onnx", engine_dir: str 
             "--maxBatchSize", str(max(EDGELLM_MIN_BATCH, limits.max_batch_size))]
 
 
-def build_commands(limits: BuildLimits, speculative: Speculative | None) -> list[list[str]]:
+VISUAL_BUILD_FLAGS: FlagTable = {"--onnxDir": str, "--engineDir": str, "--minImageTokens": INT,
+                                  "--maxImageTokens": INT, "--maxImageTokensPerImage": INT}
+
+
+def check_visual_build_argv(argv: list[str]) -> list[str]:
+    problems = check_flags(argv, VISUAL_BUILD_FLAGS, "visual_build", {})
+    for required in ("--onnxDir", "--engineDir", "--minImageTokens", "--maxImageTokens", "--maxImageTokensPerImage"):
+        if required not in argv:
+            problems.append(f"visual_build needs {required}")
+    if not problems:
+        value = {f: int(argv[argv.index(f) + 1]) for f in VISUAL_BUILD_FLAGS if VISUAL_BUILD_FLAGS[f] is INT}
+        problems += VisualLimits(value["--minImageTokens"], value["--maxImageTokens"],
+                                 value["--maxImageTokensPerImage"]).problems()
+    return problems
+
+
+def visual_build_argv(visual: VisualLimits, onnx_dir: str = "onnx/visual", engine_dir: str = "engine") -> list[str]:
+    """The visual engine into <engine_dir>/visual/ (visual_build adds the last part itself)."""
+    return ["visual_build", "--onnxDir", onnx_dir, "--engineDir", engine_dir,
+            "--minImageTokens", str(visual.min_image_tokens), "--maxImageTokens", str(visual.max_image_tokens),
+            "--maxImageTokensPerImage", str(visual.max_image_tokens_per_image)]
+
+
+def build_commands(limits: BuildLimits, speculative: Speculative | None,
+                   visual: VisualLimits | None = None) -> list[list[str]]:
     """One engine, or with an EAGLE-3 draft the base (onnx/base, --specBase) then the draft (onnx/draft,
-    --specDraft) into one engine directory."""
+    --specDraft) into one engine directory; a vision-language model's language model from onnx/llm (onnx/base and
+    onnx/draft with a draft), then its visual engine from onnx/visual."""
+    tower = [visual_build_argv(visual)] if visual is not None else []
     if speculative is None:
-        return [llm_build_argv(limits)]
+        return [llm_build_argv(limits, "onnx/llm" if visual is not None else "onnx")] + tower
     trees = ["--maxVerifyTreeSize", str(speculative.max_verify_tree_size),
              "--maxDraftTreeSize", str(speculative.max_draft_tree_size)]
     return [llm_build_argv(limits, "onnx/base") + trees + ["--specBase"],
-            llm_build_argv(limits, "onnx/draft") + trees + ["--specDraft"]]
+            llm_build_argv(limits, "onnx/draft") + trees + ["--specDraft"]] + tower
 
 
 # llm_build is C++: the ONNX parser keeps the external weight data in host memory, TensorRT copies it to the GPU, the
@@ -145,7 +182,8 @@ BACKEND = Backend(
     runtime_overhead=500_000_000, perf_class="tensorrt", perf_note=None, min_batch_size=EDGELLM_MIN_BATCH,
     speculative=True,
     export_depends_on_sm=True, export_tools=("tensorrt-edgellm", "onnx"),
-    builders={"llm_build": check_llm_build_argv}, build_commands=build_commands, output_flag="--engineDir",
+    builders={"llm_build": check_llm_build_argv, "visual_build": check_visual_build_argv},
+    build_commands=build_commands, output_flag="--engineDir",
     build_memory=build_memory, externalizes_int4_ffn=True, needs_chat_template=True,
     reports_kv_allocation=False, export_summary=export_summary, families=EDGELLM_011, refuses_pair=refuses_pair,
 )

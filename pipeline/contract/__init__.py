@@ -75,6 +75,8 @@ from pipeline.contract.plan import (
     QuantSettings,
     Speculative,
     Stack,
+    VisualLimits,
+    VisualPlan,
 )
 from pipeline.contract.stage import (
     AccuracyFigures,
@@ -111,6 +113,7 @@ __all__ = [
     "KitRef",
     "KitSummary",
     "KvAllocation",
+    "LoadResult",
     "MANIFESTS",
     "MAX_BATCH_SIZE",
     "MAX_CONTEXT",
@@ -128,7 +131,6 @@ __all__ = [
     "Predicted",
     "Prediction",
     "PromptOutcome",
-    "LoadResult",
     "PromptResult",
     "QuantSettings",
     "ReaderCheck",
@@ -142,6 +144,8 @@ __all__ = [
     "StageRef",
     "Stages",
     "Validation",
+    "VisualLimits",
+    "VisualPlan",
     "manifest_from_dict",
 ]
 

@@ -105,6 +105,7 @@ class MemoryPlan(Part):
     max_batch_that_fits: int
     build_peak: int = 0    # memory the engine build needs on the device (plan/buildmem.py, per builder)
     draft: int = 0         # an EAGLE-3 draft engine beside it: fp16 weights, its KV cache and activations
+    visual: int = 0        # a vision-language model's visual engine: its weights and activations
     build_host: int = 0    # of build_peak: pageable (swap can hold it)
     build_device: int = 0  # of build_peak: pinned on the GPU side (must fit in RAM)
 
@@ -136,6 +137,45 @@ class Prediction(Part):
     ttft_error_band: float | None = None
     # generated tok/s of all sequences together at batch B (key str(B)), 1 .. max_batch_size (plan/perf.py batched)
     aggregate_tok_s_by_batch: dict[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class VisualLimits(Part):
+    """A vision-language model's image-token profile, as Edge-LLM's visual_build takes it (examples/multimodal/
+    visual_build.cpp: --minImageTokens, --maxImageTokens (all images of a request), --maxImageTokensPerImage)."""
+    min_image_tokens: int
+    max_image_tokens: int
+    max_image_tokens_per_image: int
+
+    def problems(self) -> list[str]:
+        """What visual_build itself refuses (its main: the per-image maximum within min..max), and bounds."""
+        out = []
+        if not 1 <= self.min_image_tokens <= self.max_image_tokens <= MAX_CONTEXT:
+            out.append(f"min_image_tokens {self.min_image_tokens} and max_image_tokens {self.max_image_tokens} must "
+                       f"satisfy 1 <= min <= max <= {MAX_CONTEXT}")
+        if not self.min_image_tokens <= self.max_image_tokens_per_image <= self.max_image_tokens:
+            out.append(f"max_image_tokens_per_image {self.max_image_tokens_per_image} must lie within "
+                       f"min_image_tokens..max_image_tokens ({self.min_image_tokens}..{self.max_image_tokens}), as "
+                       "visual_build requires")
+        return out
+
+
+@dataclass(frozen=True)
+class VisualPlan(Part):
+    """A vision-language model's visual engine on the target (plan/visual_plan.py): its weights and activations
+    (counted in the memory plan's `visual`), its build peak, and the ViT's time for the largest image the profile
+    takes."""
+    design: str                 # plan/vision.py: qwen2_5_vl | qwen3_vl | internvl
+    precision: str              # fp16 | fp8 (Edge-LLM --visual_quantization fp8, SM 8.9+)
+    params: int
+    weights: int                # bytes
+    activations: int            # bytes at max_image_tokens
+    build_peak: int             # visual_build's peak on the device (after llm_build, not beside it)
+    limits: VisualLimits
+    image_tokens: int           # the largest image, in the language model's sequence (wrapping tokens not counted)
+    vit_ms: float | None        # that image through the tower
+    vit_error_band: float | None = None
+    ttft_ms: float | None = None    # that image's ViT + the prefill of a max_input_len prompt holding it
 
 
 @dataclass(frozen=True)
@@ -190,3 +230,4 @@ class Plan(Record):
     predicted_ttft_ms: float | None = None
     externalized_weights: list[str] = field(default_factory=list)  # Edge-LLM weight kinds the export keeps outside
     predicted_build_s: float | None = None      # a generous bound for the device's build timeout, not a measurement
+    visual: VisualPlan | None = None            # a vision-language model's visual engine

@@ -47,7 +47,10 @@ def activation_bytes(shape: ModelShape, limits: BuildLimits) -> int:
 
 
 def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat, limits: BuildLimits,
-                runtime_overhead: int, usable: int, usable_headless: int, draft: int = 0) -> MemoryPlan:
+                runtime_overhead: int, usable: int, usable_headless: int, draft: int = 0,
+                visual: int = 0) -> MemoryPlan:
+    """draft, visual: the bytes of an EAGLE-3 draft engine and of a visual engine beside the model's (counted at the
+    recipe's limits, constant while the searches below vary the language model's)."""
     weights, embedding, lm_head = weight_bytes(shape, fmt, group_size)
     overhead = runtime_overhead   # the backend's runtime beside weights, KV cache and activations
 
@@ -55,11 +58,11 @@ def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv
         lim = BuildLimits.of(batch, min(limits.max_input_len, seq - 1), seq)
         # the draft is counted at the recipe's limits (a small share next to the base; kept constant here)
         return weights + embedding + lm_head + kv_bytes(shape, kv, seq, batch) + activation_bytes(shape, lim) + \
-            overhead + draft
+            overhead + draft + visual
 
     kv_cache = kv_bytes(shape, kv, limits.max_seq_len, limits.max_batch_size)
     activations = activation_bytes(shape, limits)
-    total = weights + embedding + lm_head + kv_cache + activations + overhead + draft
+    total = weights + embedding + lm_head + kv_cache + activations + overhead + draft + visual
 
     # Largest max_seq_len at the recipe's batch, and largest batch at the recipe's max_seq_len (0 = not even one).
     lo, hi = 0, shape.max_position_embeddings
@@ -75,7 +78,7 @@ def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv
                       activations=activations, runtime_overhead=overhead, total=total, usable=usable,
                       usable_headless=usable_headless, fits=total <= usable, fits_headless=total <= usable_headless,
                       margin=usable - total, max_seq_len_that_fits=max_seq, max_batch_that_fits=max_batch,
-                      draft=draft)
+                      draft=draft, visual=visual)
 
 
 def decode_bytes_per_token(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat,

@@ -7,16 +7,18 @@ so the user sees how far off it is.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline import backends, contract
-from pipeline.contract import BuildLimits, MemoryPlan, Plan, Prediction
+from pipeline.contract import BuildLimits, MemoryPlan, Plan, Prediction, VisualLimits
 from pipeline.families import family
 from pipeline.plan.formats import (
     DEFAULT_KV,
     KV_FORMATS,
     SMALLEST,
+    UNQUANTIZED,
     WEIGHT_FORMATS,
     kv_formats_for,
     pick_group_size,
@@ -55,6 +57,8 @@ class PlanRequest:
     power_mode: str | None = None
     recipe: str | None = None
     draft: DraftRequest | None = None
+    visual: VisualLimits | None = None      # a vision-language model's image-token profile (None: the defaults)
+    visual_precision: str = UNQUANTIZED.name    # its tower's weights: a VISUAL_FORMATS name (plan/formats.py)
 
 
 def _gb(n: float) -> str:
@@ -130,7 +134,6 @@ def make_plan(req: PlanRequest) -> Plan:
     fmt, kv = WEIGHT_FORMATS[req.weights], KV_FORMATS[req.kv_cache]
     engine = backends.get(backend or backends.DEFAULT)   # sizes memory and speed while no stack could be chosen
     if req.limits.max_batch_size < engine.min_batch_size:
-        import dataclasses
         lim = req.limits
         req = dataclasses.replace(req, limits=BuildLimits.of(engine.min_batch_size, lim.max_input_len,
                                                               lim.max_seq_len))
@@ -149,12 +152,23 @@ def make_plan(req: PlanRequest) -> Plan:
 
     draft_mem = _draft(req, engine, backend, refused, warnings)
     t = req.target
+    from pipeline.plan.perf import fit_data
+    from pipeline.plan.visual_plan import plan_visual
+    visual = plan_visual(req.shape, t, req.limits, req.visual, req.visual_precision, refused, fit_data())
     memory = plan_memory(req.shape, fmt, group_size, kv, req.limits, engine.runtime_overhead,
-                         t.usable_bytes, t.usable_headless_bytes, draft_mem.total if draft_mem else 0)
+                         t.usable_bytes, t.usable_headless_bytes, draft_mem.total if draft_mem else 0,
+                         visual.weights + visual.activations if visual else 0)
     _memory_verdict(req, fmt, memory, refused, warnings)
     memory, on_board = _build_memory(req, engine, fmt, memory)     # shown with its commands by render_table
 
     prediction, by_mode, mode, ttft = _prediction(req, engine, backend, fmt, group_size, kv, warnings)
+    if visual is not None:
+        if visual.build_peak > t.usable_headless_bytes:
+            refused.append(f"visual_build needs {_gb(visual.build_peak)} on the device, more than the "
+                           f"{_gb(t.usable_headless_bytes)} a headless {t.id} has: lower "
+                           "build.visual.max_image_tokens")
+        if visual.vit_ms is not None and ttft is not None:
+            visual = dataclasses.replace(visual, ttft_ms=round(visual.vit_ms + ttft, 1))
     from pipeline.plan.buildmem import build_seconds, externalized_kinds
     build_s = build_seconds(memory.weights + memory.embedding + memory.lm_head, on_board.swap_bytes > 0)
     ok = not refused
@@ -165,7 +179,8 @@ def make_plan(req: PlanRequest) -> Plan:
         d = req.draft
         speculative = contract.Speculative(d.method, d.label, d.shape.params, DRAFT_WEIGHTS, d.shape.draft_vocab_size,
                                            d.max_draft_tree_size, d.max_verify_tree_size, draft_mem)
-    argvs = backends.get(backend).build_commands(limits, speculative) if ok and backend else None
+    argvs = backends.get(backend).build_commands(limits, speculative, visual.limits if visual else None) \
+        if ok and backend else None
     return Plan(
         recipe=req.recipe, model=contract.ModelInfo(req.model_label, req.shape.architecture, req.shape.total_params),
         target=t.id, target_name=t.name, sm=t.sm, backend=backend, stack=stack.stack if stack else None,
@@ -173,7 +188,7 @@ def make_plan(req: PlanRequest) -> Plan:
         fits=memory.fits, ok=ok, memory=memory, predicted_decode_tok_s=by_mode.get(mode), prediction=prediction,
         refused=refused, warnings=warnings, speculative=speculative, device_build_commands=argvs,
         build_on_board=on_board, predicted_ttft_ms=ttft, externalized_weights=list(externalized_kinds(on_board)),
-        predicted_build_s=build_s)
+        predicted_build_s=build_s, visual=visual)
 
 
 def _draft(req: PlanRequest, engine: backends.Backend, backend: str | None, refused: list[str],
@@ -212,7 +227,8 @@ def _memory_verdict(req: PlanRequest, fmt, memory, refused: list[str], warnings:
             refused.append(
                 f"does not fit: needs {_gb(memory.total)} (weights {_gb(memory.weights)}, embedding "
                 f"{_gb(memory.embedding)}, lm_head {_gb(memory.lm_head)}, KV cache {_gb(memory.kv_cache)}, "
-                + (f"EAGLE-3 draft {_gb(memory.draft)}, " if memory.draft else "") +
+                + (f"EAGLE-3 draft {_gb(memory.draft)}, " if memory.draft else "")
+                + (f"visual engine {_gb(memory.visual)}, " if memory.visual else "") +
                 f"activations {_gb(memory.activations)}, runtime {_gb(memory.runtime_overhead)}) but {t.id} has "
                 f"{_gb(memory.usable)} usable ({_gb(memory.usable_headless)} headless); short by "
                 f"{_gb(-memory.margin)}. Try: {'; '.join(fix)}.")
@@ -251,15 +267,12 @@ def batch_levels(max_batch_size: int) -> list[int]:
 
 def refuse(plan: Plan, reason: str) -> Plan:
     """The plan with one more reason it cannot be built (no build commands then)."""
-    import dataclasses
     return dataclasses.replace(plan, refused=[*plan.refused, reason], ok=False, device_build_commands=None)
 
 
 def _build_memory(req: PlanRequest, engine: backends.Backend, fmt, memory: MemoryPlan
                   ) -> tuple[MemoryPlan, contract.BuildOnBoard]:
     """The backend's build-memory model, and the first way to build on the target board itself."""
-    import dataclasses
-
     from pipeline.plan.buildmem import build_on_board, externalized_kinds
 
     t = req.target
@@ -316,8 +329,9 @@ def render_table(plan: Plan) -> str:
     lines.append(f"  limits       batch {lim.max_batch_size}, input {lim.max_input_len}, "
                  f"seq {lim.max_seq_len}, group size {q.group_size}")
     if m:
-        for key in ("weights", "embedding", "lm_head", "kv_cache", "draft", "activations", "runtime_overhead"):
-            if key == "draft" and not m.draft:
+        for key in ("weights", "embedding", "lm_head", "kv_cache", "draft", "visual", "activations",
+                    "runtime_overhead"):
+            if key in ("draft", "visual") and not getattr(m, key):
                 continue
             lines.append(f"  {key.replace('_overhead', ''):<12} {_gb(getattr(m, key)):>10}")
         lines.append(f"  {'total':<12} {_gb(m.total):>10} of {_gb(m.usable)} usable "
@@ -332,6 +346,8 @@ def render_table(plan: Plan) -> str:
     if plan.predicted_ttft_ms is not None and p is not None and p.ttft_error_band is not None:
         lines.append(f"  TTFT         ~{plan.predicted_ttft_ms:.0f} ms for a {p.ttft_input_tokens}-token prompt "
                      f"(+-{p.ttft_error_band:.0%}, the fit's leave-one-out median error)")
+    if plan.visual is not None:
+        lines += _visual_lines(plan)
     lines += [f"  warning: {w}" for w in plan.warnings]
     b = plan.build_on_board
     if plan.externalized_weights:
@@ -342,3 +358,22 @@ def render_table(plan: Plan) -> str:
         lines += [f"    {c}" for c in b.commands]
     lines += [f"  REFUSED: {r}" for r in plan.refused]
     return "\n".join(lines)
+
+
+def _visual_lines(plan: Plan) -> list[str]:
+    v = plan.visual
+    assert v is not None
+    lim = v.limits
+    out = [f"  visual       {v.design} tower, {v.params / 1e6:.0f}M params in {v.precision}: weights {_gb(v.weights)}, "
+           f"activations {_gb(v.activations)} at {lim.max_image_tokens} image tokens",
+           f"  images       {lim.min_image_tokens}..{lim.max_image_tokens} image tokens a request, at most "
+           f"{lim.max_image_tokens_per_image} an image (visual_build's profile); visual_build peak "
+           f"{_gb(v.build_peak)}, after llm_build"]
+    if v.vit_ms is not None:
+        band = f"+-{v.vit_error_band:.0%}, the ViT fit's leave-one-out median error" if v.vit_error_band is not None \
+            else f"no published {v.precision} ViT row: the FP16 fit at the {v.precision} tensor peak"
+        out.append(f"  ViT          ~{v.vit_ms:.0f} ms for an image of {v.image_tokens} tokens ({band})")
+    if v.ttft_ms is not None and plan.prediction is not None:
+        out.append(f"  TTFT+image   ~{v.ttft_ms:.0f} ms: that image's ViT + the prefill of a "
+                   f"{plan.prediction.ttft_input_tokens}-token prompt holding it")
+    return out

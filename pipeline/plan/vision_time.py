@@ -6,8 +6,8 @@
 The ViT is FP16 on Orin (Edge-LLM exports it so; FP8 needs SM89+) and its constants are fitted per board family to
 the ViT times Edge-LLM publishes (data/vlm_rows.csv: batch 1, COCO images of ~265 tokens, FP16 ViT), one row per
 board and tower; `python -m pipeline.perf fit` refits them and prints the leave-one-out error, which the plan quotes.
-The prefill and decode columns of the same rows are not fitted here: they check the text models' fits
-(plan/prefill.py, plan/perf.py) on image prompts, whose error `check_rows` prints beside the ViT's.
+The prefill, decode and memory columns of the same rows are not fitted: plan/vision_check.py checks the text
+models' fits and the memory plan against them.
 """
 
 from __future__ import annotations
@@ -26,12 +26,14 @@ ROWS = Path(__file__).parents[1] / "data" / "vlm_rows.csv"
 class VlmRow:
     target: str
     model: str
+    backend: str            # the engine backend the row was measured with (backends/)
     precision: str          # the language model's weight format (plan/formats.py)
     image_tokens: int
     prefill_tokens: int     # image and text tokens of the prompt
     vit_ms: float
     prefill_ms: float
     decode_tok_s: float
+    gpu_mem_mb: float | None    # peak GPU memory, MB (Orin rows)
     source: str
 
     @property
@@ -48,8 +50,10 @@ class VlmRow:
 
 def load_rows(path: Path = ROWS) -> list[VlmRow]:
     with open(path, newline="") as fh:
-        return [VlmRow(r["target"], r["model"], r["precision"], int(r["image_tokens"]), int(r["prefill_tokens"]),
-                       float(r["vit_ms"]), float(r["prefill_ms"]), float(r["decode_tok_s"]), r["source"])
+        return [VlmRow(r["target"], r["model"], r["backend"], r["precision"], int(r["image_tokens"]),
+                       int(r["prefill_tokens"]),
+                       float(r["vit_ms"]), float(r["prefill_ms"]), float(r["decode_tok_s"]),
+                       float(r["gpu_mem_mb"]) if r["gpu_mem_mb"] else None, r["source"])
                 for r in csv.DictReader(fh)]
 
 
@@ -125,60 +129,3 @@ def predict_vit_ms(shape: ModelShape, target_id: str, image_tokens: int, fit_dat
         return None
     classes = {k: VitConstants(v["efficiency"], v["fixed_s"]) for k, v in fit_data["classes"].items()}
     return _constants(classes, target_id).ms(peak_seconds(shape, target_id, image_tokens, math))
-
-
-@dataclass(frozen=True)
-class RowCheck:
-    row: VlmRow
-    vit_ms: float           # leave-one-out: constants fitted without this board and tower
-    prefill_ms: float
-    ttft_ms: float
-    decode_tok_s: float
-
-    def errors(self) -> dict[str, float]:
-        r = self.row
-        return {"vit": self.vit_ms / r.vit_ms - 1, "prefill": self.prefill_ms / r.prefill_ms - 1,
-                "ttft": self.ttft_ms / (r.vit_ms + r.prefill_ms) - 1, "decode": self.decode_tok_s / r.decode_tok_s - 1}
-
-
-def check_rows(rows: list[VlmRow] | None = None) -> list[RowCheck]:
-    """Each published VLM row predicted as a plan would predict it: the ViT with its own board and tower left out of
-    the fit, the prefill and decode by the text models' fits (which saw no VLM row)."""
-    from pipeline.plan import perf, prefill
-    from pipeline.plan.formats import DEFAULT_KV, WEIGHT_FORMATS, pick_group_size
-    from pipeline.plan.memory import decode_bytes_per_token
-    from pipeline.plan.targets import get_target
-
-    rows = rows if rows is not None else load_rows()
-    towers = vit_rows(rows)
-    data = perf.fit_data()
-    out = []
-    for r in rows:
-        others = [t for t in towers if (t.target, t.model) != (r.target, r.model)]
-        vit = _constants(fit_classes(others), r.target).ms(r.x())
-        mode = _power_mode(r.target)
-        pre = prefill.predict_ttft_ms(r.shape, r.precision, r.target, r.prefill_tokens, mode, data["prefill"])
-        assert pre is not None, r
-        fmt = WEIGHT_FORMATS[r.precision]
-        read = decode_bytes_per_token(r.shape, fmt, pick_group_size(fmt, r.shape.quantized_input_dims(), None)[0],
-                                      DEFAULT_KV, r.prefill_tokens + 64)
-        tok = perf.fitted()[perf.TENSORRT].tok_s(read, get_target(r.target).bandwidth_bytes(mode))
-        out.append(RowCheck(r, vit, pre, vit + pre, tok))
-    return out
-
-
-def _power_mode(target_id: str) -> str:
-    """The power mode the decode fit maps this board's Edge-LLM rows to (plan/perf.py DEVICE_MAP)."""
-    from pipeline.plan.perf import DEVICE_MAP
-    from pipeline.plan.targets import get_target
-    modes = {dev: mode for dev, mode in DEVICE_MAP.values()}
-    return modes.get(target_id, get_target(target_id).fastest_power_mode)
-
-
-def check_summary(checks: list[RowCheck]) -> dict[str, dict[str, float]]:
-    """Median and worst absolute relative error of each predicted quantity over the rows."""
-    out = {}
-    for key in ("vit", "prefill", "ttft", "decode"):
-        errs = [abs(c.errors()[key]) for c in checks]
-        out[key] = {"median": round(statistics.median(errs), 4), "worst": round(max(errs), 4)}
-    return out

@@ -20,12 +20,14 @@ from pipeline.recipe.records import (
     Quantization,
     Recipe,
     ValidationSettings,
+    VisualSettings,
 )
 from pipeline.recipe.schema import MAX_RECIPE_BYTES, NAME_RE, build, check_table, cross_checks, read_toml
 from pipeline.recipe.sources import ModelSource
 
 __all__ = ["BuildSettings", "Calibration", "Draft", "ModelSource", "Quantization", "Recipe", "ValidationSettings",
-           "config_for", "load_recipe", "parse_recipe", "plan_recipe", "recipe_names"]
+           "VisualSettings", "config_for", "load_recipe", "parse_recipe", "plan_recipe", "recipe_names",
+           "visual_limits"]
 
 
 def parse_recipe(data: dict, file: str, name: str | None = None) -> Recipe:
@@ -68,6 +70,19 @@ def config_for(recipe: Recipe, source: ModelSource, fetched_dir: Path | None = N
     return source.config(recipe.file)
 
 
+def visual_limits(given: VisualSettings, shape, limits) -> contract.VisualLimits | None:
+    """[build.visual] as visual_build's profile, what it leaves unset from the plan's defaults for the model (None:
+    all defaults; a text model with a [build.visual] gets the plan's refusal)."""
+    if not given.given:
+        return None
+    from pipeline.plan.visual_plan import default_limits
+    base = default_limits(shape, limits.max_input_len) if shape.tower is not None else \
+        contract.VisualLimits(4, 1024, 512)
+    return contract.VisualLimits(*(g if g is not None else d for g, d in (
+        (given.min_image_tokens, base.min_image_tokens), (given.max_image_tokens, base.max_image_tokens),
+        (given.max_image_tokens_per_image, base.max_image_tokens_per_image))))
+
+
 def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str, backend: str | None = None,
                 draft: tuple[dict, str] | None = None) -> contract.Plan:
     """The planner's verdict for one of the recipe's targets, from the model's config (and its draft's)."""
@@ -87,11 +102,12 @@ def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str
         draft_req = DraftRequest(draft_shape(draft[0], draft[1]), d.source.label, d.method, d.max_draft_tree_size,
                                  d.max_verify_tree_size)
     b = recipe.build
+    limits = BuildLimits.of(b.max_batch_size, b.max_input_len, b.max_seq_len)
     req = PlanRequest(shape=shape, model_label=recipe.model.label, weights=recipe.weights, kv_cache=recipe.kv_cache,
-                      target=get_target(target_id), backend=backend or recipe.backend,
-                      limits=BuildLimits.of(b.max_batch_size, b.max_input_len, b.max_seq_len),
+                      target=get_target(target_id), backend=backend or recipe.backend, limits=limits,
                       group_size=recipe.quantization.group_size, power_mode=b.power_mode, recipe=recipe.name,
-                      draft=draft_req)
+                      draft=draft_req, visual=visual_limits(b.visual, shape, limits),
+                      visual_precision=recipe.quantization.visual)
     plan = make_plan(req)
     prequant = config.get("quantization_config")
     if prequant:

@@ -13,7 +13,7 @@ from typing import Any
 from pipeline import backends
 from pipeline.builders import Builder
 from pipeline.contract import MAX_BATCH_SIZE, MAX_CONTEXT
-from pipeline.plan.formats import DEFAULT_KV, KV_FORMATS, WEIGHT_FORMATS
+from pipeline.plan.formats import DEFAULT_KV, KV_FORMATS, UNQUANTIZED, VISUAL_FORMATS, WEIGHT_FORMATS
 from pipeline.recipe.sources import ModelSource
 
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -61,11 +61,29 @@ class Quantization:
     kv_cache: str = setting(DEFAULT_KV.name, choices=tuple(KV_FORMATS))
     group_size: int | None = setting(None, choices=(16, 32, 64, 128))
     calibration: Calibration = setting(None)
+    visual: str = setting(UNQUANTIZED.name, choices=VISUAL_FORMATS, doc="a vision-language model's tower: fp16, "
+                          "or fp8 on SM 8.9+ (Edge-LLM's --visual_quantization fp8: Thor)")
 
 
 def _builder(value: Any, _file: str) -> Builder:
     from pipeline.builders import builder_from
     return builder_from(value)
+
+
+@dataclass(frozen=True)
+class VisualSettings:
+    """[build.visual]: a vision-language model's image-token profile (Edge-LLM's visual_build); what is not set
+    comes from the plan's defaults for the model (plan/visual_plan.py)."""
+    min_image_tokens: int | None = setting(None, min=1, max=MAX_CONTEXT, doc="visual_build --minImageTokens")
+    max_image_tokens: int | None = setting(None, min=1, max=MAX_CONTEXT,
+                                           doc="visual_build --maxImageTokens: all images of a request together")
+    max_image_tokens_per_image: int | None = setting(None, min=1, max=MAX_CONTEXT,
+                                                     doc="visual_build --maxImageTokensPerImage: larger images are "
+                                                         "resized to it")
+
+    @property
+    def given(self) -> bool:
+        return any(v is not None for v in dataclasses.astuple(self))
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,7 @@ class BuildSettings:
                                doc="local | offline | ssh://user@host[:port], or a list of ssh:// builders of the "
                                    "target's family (each build takes the first free one)")
     power_mode: str | None = setting(None)
+    visual: VisualSettings = setting(None)
 
 
 @dataclass(frozen=True)

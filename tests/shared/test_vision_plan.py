@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.errors import InputError
-from pipeline.plan import perf, vision_time
+from pipeline.plan import perf, vision_check, vision_time
 from pipeline.plan.perf import known_model_configs, known_shape
 from pipeline.plan.shapes import shape_from_config
 
@@ -96,12 +96,19 @@ def test_vit_fit_is_reproducible_and_its_leave_one_out_error_is_what_the_plan_qu
 def test_published_vlm_rows_are_predicted_within_the_printed_error():
     """Every published row: the ViT (its board and tower left out of the fit) within the fit's worst leave-one-out
     error; TTFT and decode by the text fits (which never saw a VLM row) within 35% and 25%, medians within 10%."""
-    checks = vision_time.check_rows()
+    checks = vision_check.check_rows()
     assert len(checks) == 14
     worst = perf.fit_data()["vision"]["loo_max_abs_error"]
     for c in checks:
         e = c.errors()
         assert abs(e["vit"]) <= worst + 1e-4, (c.row, e)
         assert abs(e["ttft"]) <= 0.35 and abs(e["decode"]) <= 0.25, (c.row, e)
-    summary = vision_time.check_summary(checks)
+    summary = vision_check.check_summary(checks)
     assert summary["ttft"]["median"] <= 0.10 and summary["decode"]["median"] <= 0.10
+
+
+def test_the_memory_plan_at_the_benchmarks_limits_is_within_15_percent_of_the_published_orin_rows():
+    checks = [c for c in vision_check.check_rows() if c.row.gpu_mem_mb]
+    assert len(checks) == 7
+    for c in checks:
+        assert abs(c.errors()["memory"]) <= 0.15, (c.row.target, c.row.model, c.memory_mb, c.row.gpu_mem_mb)
