@@ -74,7 +74,7 @@ def query_scales(model) -> dict:
 
 
 def check_graph(path: Path, inputs, outputs, ops=(), extra_files=(), consumer: str = "llm_build",
-                path_name: str = "Edge-LLM") -> dict:
+                path_name: str = "Edge-LLM", attention: str = "trt_edgellm:AttentionPlugin") -> dict:
     """An exported graph's inputs, outputs, custom ops and sidecar files against what `consumer` expects (ONNX
     Runtime cannot check graphs with Edge-LLM's plugins, so this is what we can check on the workstation)."""
     import onnx
@@ -85,7 +85,7 @@ def check_graph(path: Path, inputs, outputs, ops=(), extra_files=(), consumer: s
     problems = [f"missing input {n}" for n in inputs if n not in have_in]
     problems += [f"missing output {n}" for n in outputs if n not in have_out]
     problems += [f"no {f} beside it" for f in extra_files if not (path.parent / f).is_file()]
-    problems += [f"no {op} node" for op in ("trt_edgellm:AttentionPlugin", *ops) if op not in have_ops]
+    problems += [f"no {op} node" for op in (attention, *ops) if op not in have_ops]
     if problems:
         raise PipelineError(f"{path} is not what {consumer} expects: " + "; ".join(problems),
                             f"this is a bug in the {path_name} export path; please report it with the recipe")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.texts import CORPUS_DIR  # the shipped corpora: one place says where
+from pipeline.workstation.tinyvlm import VLM_BUILTINS
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,9 @@ BUILTINS: dict[str, Builtin] = {
         max_position_embeddings=512, partial_rotary_factor=0.75,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
         tie_word_embeddings=True, rms_norm_eps=1e-5), train_steps=100, notes="tiny-phi3, hidden 128"),
+    # Vision-language models shrunk from real configs (tinyvlm.py holds their towers, processors and image tokens).
+    **{name: Builtin(vlm["architecture"], {}, train_steps=100, notes=f"{vlm['architecture']} shrunk", extra=vlm)
+       for name, vlm in VLM_BUILTINS.items()},
 }
 
 
@@ -149,6 +153,11 @@ def materialize(name: str, out_dir: Path, progress=None) -> None:
 
     spec = BUILTINS[name]
     out_dir = Path(out_dir)
+    if spec.extra:
+        from pipeline.workstation.tinyvlm import materialize_vlm
+        materialize_vlm(name, spec, out_dir, progress)
+        _write_builtin_json(name, spec, out_dir)
+        return
     tok = train_tokenizer(spec.vocab_size)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
                                    pad_token="<|pad|>")
@@ -168,6 +177,10 @@ def materialize(name: str, out_dir: Path, progress=None) -> None:
     model.generation_config.do_sample = False
     model.save_pretrained(out_dir, safe_serialization=True)
     fast.save_pretrained(out_dir)
+    _write_builtin_json(name, spec, out_dir)
+
+
+def _write_builtin_json(name: str, spec: Builtin, out_dir: Path) -> None:
     (out_dir / "builtin.json").write_text(json.dumps({"builtin": name, "notes": spec.notes,
                                                       "train_steps": spec.train_steps, "seed": spec.seed}, indent=1))
 

@@ -1,0 +1,107 @@
+"""Builtin tiny vision-language models: each a real model's config shrunk (layers, widths), its tower's design kept
+(patch and merge sizes, DeepStack layers, window attention, tiles), its processor's real settings, and a tokenizer
+trained here with the image placeholder tokens the family's chat template places. The language model is briefly
+trained on the shipped corpus as the text builtins are (tinymodel.py); the tower keeps its random weights (the
+export, the independent check and the goldens compare numerics, which random weights exercise as well as trained
+ones).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# The placeholder tokens of each family and how its chat template writes an image (content part {"type": "image"});
+# the processor side (families/visual.py) expands the middle token to the image's count.
+QWEN_IMAGE = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
+INTERNVL_IMAGE = ("<img>", "<IMG_CONTEXT>", "</img>")
+
+
+def chat_template(image: tuple[str, str, str]) -> str:
+    """The text builtins' template (tinymodel.CHAT_TEMPLATE's chat part) with content parts: text as written, an
+    image as its three placeholder tokens (the middle one once: the processor repeats it)."""
+    start, pad, end = image
+    part = ("{% if c['type'] == 'text' %}{{ c['text'] }}{% elif c['type'] in ('image', 'image_url') %}"
+            f"{start}{pad}{end}{{% endif %}}")
+    return ("{% for m in messages %}<|{{ m['role'] }}|>{% if m['content'] is string %}{{ m['content'] }}"
+            "{% else %}{% for c in m['content'] %}" + part + "{% endfor %}{% endif %}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-6)
+# mrope: the rotary half of a 16-wide head (8) split over time, height and width, as Qwen's [24, 20, 20] splits 64
+_MROPE = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]}
+_CLIP_MEAN, _CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+
+VLM_BUILTINS: dict[str, dict] = {
+    # Qwen3-VL-2B shrunk: 16-pixel patches merged 2 x 2, a 48 x 48 position table, DeepStack features from two
+    # blocks, interleaved mrope; its processor's settings (mean and std 0.5; 65,536 .. 16,777,216 pixels).
+    "tiny-qwen3-vl": dict(
+        architecture="Qwen3VLForConditionalGeneration", image=QWEN_IMAGE, processor="Qwen2VLImageProcessorPil",
+        text=dict(_TEXT, head_dim=16, rope_parameters=dict(_MROPE, mrope_interleaved=True), tie_word_embeddings=True),
+        vision=dict(depth=3, hidden_size=64, intermediate_size=128, num_heads=4, patch_size=16, spatial_merge_size=2,
+                    temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=2304,
+                    deepstack_visual_indexes=[0, 1]),
+        processor_config=dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5, 0.5, 0.5],
+                              image_std=[0.5, 0.5, 0.5], size={"shortest_edge": 65536, "longest_edge": 16777216})),
+    # Qwen2.5-VL-3B shrunk: 14-pixel patches, 112-pixel attention windows but in two of four blocks; CLIP's mean/std.
+    "tiny-qwen2.5-vl": dict(
+        architecture="Qwen2_5_VLForConditionalGeneration", image=QWEN_IMAGE, processor="Qwen2VLImageProcessorPil",
+        text=dict(_TEXT, rope_parameters=dict(_MROPE), tie_word_embeddings=True),
+        vision=dict(depth=4, hidden_size=64, intermediate_size=96, num_heads=4, patch_size=14, spatial_merge_size=2,
+                    temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1, 3], out_hidden_size=64),
+        processor_config=dict(patch_size=14, merge_size=2, temporal_patch_size=2, image_mean=_CLIP_MEAN,
+                              image_std=_CLIP_STD, size={"shortest_edge": 3136, "longest_edge": 12845056})),
+    # InternVL3-1B (-hf) shrunk: 448-pixel tiles in 14-pixel patches, pixel shuffle 0.5 to 256 tokens a tile, up to
+    # 12 tiles and a thumbnail; ImageNet's mean/std.
+    "tiny-internvl3": dict(
+        architecture="InternVLForConditionalGeneration", image=INTERNVL_IMAGE, processor="GotOcr2ImageProcessorPil",
+        text=dict(_TEXT, model_type="qwen2", rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                  tie_word_embeddings=False),
+        vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    image_size=[448, 448], patch_size=[14, 14]),
+        processor_config=dict(size={"height": 448, "width": 448}, crop_to_patches=True, min_patches=1,
+                              max_patches=12, image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])),
+}
+
+
+def build_config(spec: dict, vocab: int, image_ids: tuple[int, int, int]):
+    """The transformers config of a tiny VLM: the language model's vocabulary is the trained tokenizer's."""
+    import transformers
+
+    from pipeline.families import family
+    fam = family(spec["architecture"])
+    assert fam is not None and fam.visual is not None
+    start, pad, end = image_ids
+    extra = dict(image_token_id=pad) if spec["image"] is INTERNVL_IMAGE else \
+        dict(image_token_id=pad, vision_start_token_id=start, vision_end_token_id=end, video_token_id=pad)
+    text = dict(spec["text"], vocab_size=vocab, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    return getattr(transformers, fam.transformers_config)(text_config=text, vision_config=dict(spec["vision"]),
+                                                         architectures=[spec["architecture"]], **extra)
+
+
+def materialize_vlm(name: str, spec, out_dir: Path, progress=None) -> None:
+    """Write VLM builtin `name` (spec: tinymodel.Builtin, its `extra` one of VLM_BUILTINS) into out_dir: weights,
+    config, tokenizer with its image tokens, chat template, and the processor's preprocessor_config.json."""
+    import torch
+    import transformers
+    from transformers import PreTrainedTokenizerFast
+
+    from pipeline.workstation.tinymodel import _train, train_tokenizer
+
+    vlm = VLM_BUILTINS[name]
+    tok = train_tokenizer(spec.vocab_size)
+    tok.add_special_tokens(list(vlm["image"]))
+    ids = tuple(tok.token_to_id(t) for t in vlm["image"])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
+                                   pad_token="<|pad|>")
+    fast.chat_template = chat_template(vlm["image"])
+    config = build_config(vlm, tok.get_vocab_size(), (ids[0], ids[1], ids[2]))
+    torch.manual_seed(spec.seed)
+    model = getattr(transformers, vlm["architecture"])(config).float()
+    _train(model, fast, spec, progress)
+    model.eval()
+    model.generation_config.do_sample = False
+    model.save_pretrained(out_dir, safe_serialization=True)
+    fast.save_pretrained(out_dir)
+    getattr(transformers, vlm["processor"])(**vlm["processor_config"]).save_pretrained(out_dir)

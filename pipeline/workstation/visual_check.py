@@ -1,0 +1,196 @@
+"""The independent check of an exported visual tower: its ONNX run in ONNX's reference evaluator, on the recipe's
+images, against the transformers tower on the same pixels, before anything is signed.
+
+The standard ops run as ONNX specifies them (matrix products accumulated in float32, as tensor cores do); Edge-LLM's
+one custom op, trt_edgellm::ViTAttentionPlugin, runs as written here from its published interface (0.11's
+onnx/onnx_custom_schemas.py and models/ops.py: q, k, v [T, H, D] FP16 with RoPE already applied, softmax attention
+scaled by `attention_scale` within each cu_seqlens segment, no mask beyond that). The graph's other inputs are what
+Edge-LLM's runtime computes from the image's patch grid, and transformers computes the same for its own tower:
+rotary positions (row and column of each patch in merge-window order), the bilinear position-table lookup, window
+order (Qwen2.5-VL), segment boundaries (transformers.vision_utils). The reference is the transformers tower in
+float32 with the weights rounded to FP16, so the difference measured is the export's and FP16 arithmetic's alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import PipelineError
+
+# an FP16 graph against the float32 reference with the same (FP16) weights: the largest difference relative to the
+# reference's largest magnitude, and the cosine over all features. Measured on the tiny towers: 8e-4 and 0.9999996.
+MAX_RELATIVE_ERROR = 0.02
+MIN_COSINE = 0.999
+
+
+def vit_attention_op() -> Any:
+    from onnx.reference.op_run import OpRun
+
+    class ViTAttentionPlugin(OpRun):
+        op_domain = "trt_edgellm"
+
+        def _run(self, q, k, v, cu_seqlens, _max_seqlen_carrier, attention_scale=None, **_shape_attributes):
+            out = np.zeros_like(q)
+            bounds = cu_seqlens.tolist()
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+                if b <= a:
+                    continue
+                qq, kk, vv = (t[a:b].astype(np.float32) for t in (q, k, v))
+                att = np.einsum("qhd,khd->hqk", qq, kk) * attention_scale
+                att = np.exp(att - att.max(-1, keepdims=True))
+                att /= att.sum(-1, keepdims=True)
+                out[a:b] = np.einsum("hqk,khd->qhd", att, vv).astype(q.dtype)
+            return (out,)
+    return ViTAttentionPlugin
+
+
+def float32_accumulating_ops() -> list:
+    """MatMul and Gemm on FP16 inputs accumulated in float32 (numpy's FP16 matmul accumulates in FP16)."""
+    from onnx.reference.op_run import OpRun
+
+    class MatMul(OpRun):
+        def _run(self, a, b):
+            return (np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype),)
+
+    class Gemm(OpRun):
+        def _run(self, a, b, c=None, alpha=1.0, beta=1.0, transA=0, transB=0):  # noqa: N803 (ONNX's names)
+            a32, b32 = a.astype(np.float32), b.astype(np.float32)
+            y = alpha * np.matmul(a32.T if transA else a32, b32.T if transB else b32)
+            if c is not None:
+                y = y + beta * c.astype(np.float32)
+            return (y.astype(a.dtype),)
+    return [MatMul, Gemm]
+
+
+# the image processor of each design, as its PIL implementation (no torchvision: the workstation's torch is CPU-only
+# and torchvision's wheels pull a CUDA build); the same resize, rescale and normalisation as the checkpoint's own
+PROCESSORS = {"qwen3_vl": "Qwen2VLImageProcessorPil", "qwen2_5_vl": "Qwen2VLImageProcessorPil",
+              "internvl": "GotOcr2ImageProcessorPil"}
+
+
+def image_processor(model_dir: Path, design: str):
+    """The checkpoint's image processor (its preprocessor_config.json), as the goldens and this check run it."""
+    import transformers
+    return getattr(transformers, PROCESSORS[design]).from_pretrained(str(model_dir))
+
+
+# the config each tower module (visual_export.TOWER_MODULES, model.model.<name>) is built from: the vision config or
+# the whole model's
+MODULE_CONFIG = {"visual": "vision_config", "vision_tower": "vision_config", "multi_modal_projector": None}
+
+
+def load_tower(model_dir: Path, design: str):
+    """The checkpoint's model with only its tower built and loaded (weights FP16-rounded, held in float32); the
+    language model stays on the meta device, never allocated."""
+    import torch
+    import transformers
+    from safetensors import safe_open
+
+    from pipeline.workstation.visual_export import TOWER_MODULES, tower_module
+    config = transformers.AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False)
+    with torch.device("meta"):
+        model = getattr(transformers, config.architectures[0])(config)
+    tensors: dict[str, dict] = {name: {} for name in TOWER_MODULES[design]}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as fh:
+            for key in fh.keys():
+                where = tower_module(key, design)
+                if where:
+                    tensors[where[0]][where[1]] = fh.get_tensor(key).to(torch.float16).to(torch.float32)
+    for name in TOWER_MODULES[design]:
+        meta, sub = getattr(model.model, name), MODULE_CONFIG[name]
+        module = type(meta)(getattr(config, sub) if sub else config).float().eval()
+        missing, unexpected = module.load_state_dict(tensors[name], strict=False)
+        if missing or unexpected:
+            raise PipelineError(f"{model_dir}: the tower's weights do not match its config ({len(missing)} missing, "
+                                f"{len(unexpected)} unexpected, e.g. {(missing or unexpected)[0]})",
+                                "use the model's own checkpoint: config and weights of one revision")
+        setattr(model.model, name, module)
+    return model.eval()
+
+
+def onnx_feeds(design: str, model, pixel_values, grid_thw) -> dict:
+    """The visual graph's inputs for one batch of images, as Edge-LLM's runtime feeds them."""
+    from transformers import vision_utils as vu
+    visual = model.model.visual
+    merge = visual.spatial_merge_size
+    cu = vu.get_vision_cu_seqlens(grid_thw).numpy().astype(np.int32)
+    rot = visual.rotary_pos_emb(vu.get_vision_position_ids(grid_thw, merge)).reshape(pixel_values.shape[0], -1)
+    feeds = {"input": pixel_values.numpy().astype(np.float16),
+             "rotary_pos_emb": rot.detach().numpy().astype(np.float32), "cu_seqlens": cu,
+             "max_seqlen_carrier": np.zeros(int(np.diff(cu).max()), np.int32)}
+    if design == "qwen3_vl":
+        idx, w = vu.get_vision_bilinear_indices_and_weights(grid_thw, num_grid_per_side=visual.num_grid_per_side,
+                                                             spatial_merge_size=merge)
+        feeds.update(fast_pos_embed_idx=idx.numpy().astype(np.int64), fast_pos_embed_weight=w.numpy().astype(
+            np.float16))
+    else:
+        window, cu_window = vu.get_vision_window_index(grid_thw, spatial_merge_size=merge,
+                                                       window_size=visual.window_size, patch_size=visual.patch_size)
+        index = window.numpy().astype(np.int64)
+        feeds.update(window_index=index, reverse_window_index=np.argsort(index).astype(np.int64),
+                     cu_window_seqlens=np.asarray(cu_window, dtype=np.int32))
+    return feeds
+
+
+@dataclass(frozen=True)
+class TowerAgreement:
+    images: int
+    max_relative_error: float       # largest |onnx - reference| over the reference's largest |value|, all outputs
+    cosine: float                   # the lowest over the outputs
+
+    def problems(self) -> list[str]:
+        out = []
+        if not self.max_relative_error <= MAX_RELATIVE_ERROR:
+            out.append(f"largest difference {self.max_relative_error:.2e} of the reference's scale (at most "
+                       f"{MAX_RELATIVE_ERROR})")
+        if not self.cosine >= MIN_COSINE:
+            out.append(f"cosine {self.cosine:.6f} (at least {MIN_COSINE})")
+        return out
+
+
+def reference_outputs(design: str, model, inputs: dict) -> list[np.ndarray]:
+    import torch
+    with torch.no_grad():
+        if design == "internvl":
+            feats = model.model.get_image_features(pixel_values=inputs["pixel_values"].float(),
+                                                   vision_feature_layer=model.config.vision_feature_layer,
+                                                   vision_feature_select_strategy=model.config.
+                                                   vision_feature_select_strategy)
+            feats = getattr(feats, "pooler_output", feats)
+            return [torch.cat(list(feats)).reshape(-1, feats[0].shape[-1]).numpy()]
+        out = model.model.visual(inputs["pixel_values"].float(), grid_thw=inputs["image_grid_thw"])
+        return [out.pooler_output.numpy(), *[d.numpy() for d in getattr(out, "deepstack_features", None) or []]]
+
+
+def check_tower(onnx_path: Path, model_dir: Path, design: str, images: list) -> TowerAgreement:
+    """Each image through the exported graph and through transformers; raises naming the difference when they
+    disagree beyond FP16's."""
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    model = load_tower(model_dir, design)
+    processor = image_processor(model_dir, design)
+    session = ReferenceEvaluator(onnx.load(str(onnx_path)), new_ops=[vit_attention_op(), *float32_accumulating_ops()])
+    worst, cosine = 0.0, 1.0
+    for image in images:
+        inputs = processor(images=[image], return_tensors="pt")
+        if design == "internvl":
+            feeds = {"input": inputs["pixel_values"].numpy().astype(np.float16)}
+        else:
+            feeds = onnx_feeds(design, model, inputs["pixel_values"], inputs["image_grid_thw"])
+        got = session.run(None, feeds)
+        for ours, ref in zip(got, reference_outputs(design, model, inputs), strict=True):
+            ours = ours.astype(np.float32).reshape(ref.shape)
+            worst = max(worst, float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-6)))
+            cosine = min(cosine, float((ours * ref).sum() / max(np.linalg.norm(ours) * np.linalg.norm(ref), 1e-12)))
+    agreement = TowerAgreement(len(images), worst, cosine)
+    if agreement.problems():
+        raise PipelineError(f"{onnx_path}: the exported visual tower disagrees with the checkpoint's on the recipe's "
+                            f"images: {'; '.join(agreement.problems())}",
+                            "this is a bug in the Edge-LLM visual export path; please report it with the recipe")
+    return agreement

@@ -1,0 +1,131 @@
+"""export (edgellm backend, vision-language models): the visual tower as Edge-LLM 0.11 ONNX, for visual_build.
+
+What Edge-LLM 0.11's exporter does with a tower (read from the 0.11.0 wheel: tensorrt_edgellm/scripts/export.py
+`_export_visual`, onnx/export_encoder.py `export_visual_onnx`, models/<family>/modeling_*_visual.py):
+
+- `tensorrt-edgellm-export CKPT OUT --skip-llm` (`python -m tensorrt_edgellm.scripts.export`) writes OUT/visual/:
+  model.onnx + model.onnx.data (FP16), config.json (model_type, vision_config, the image/vision token ids,
+  vocab_size, rope settings; InternVL also image_token_id, text_config, downsample_ratio, and its patch and image
+  sizes as [h, w] pairs: visual_build reads them) and preprocessor_config.json copied from the checkpoint (the C++
+  runtime's image preprocessing reads patch size, mean and std there; visual_build copies it beside the engine).
+- It reads every *.safetensors of CKPT and keeps the tower's tensors (prefixes visual, vision_tower, vision_model,
+  multi_modal_projector, ...: quantization/quantization_configs.py _VISUAL_PREFIXES); the tower is built in the
+  checkpoint's dtype and its FP16 linears refuse float32 input, so the checkpoint it reads must be FP16 (a float32
+  one fails in torch.export with "FP16Linear expects float16 input"). Here it reads a directory written for it: the
+  tower's tensors in FP16, config.json (without auto_map) and preprocessor_config.json, nothing else.
+- Its visual path imports tensorrt_edgellm.quantization, which imports `datasets` (qwen3_omni.py); 0.11's [export]
+  extra does not pull it in (only [tools] does, with a CUDA torchvision), so the workstation extra pins it.
+- The graph's custom op is trt_edgellm::ViTAttentionPlugin (separate q/k/v [T, H, D] FP16, no RoPE, no KV cache;
+  full softmax attention within each cu_seqlens segment, scaled by attention_scale); everything else is standard ONNX.
+  Inputs and outputs per tower, as this module checks them:
+      qwen3_vl     input [T, C*t*p*p] FP16 (the processor's patches), rotary_pos_emb [T, head_dim/2] FP32,
+                   cu_seqlens [images+1] INT32, fast_pos_embed_idx / fast_pos_embed_weight [4, T] (the bilinear
+                   position-table lookup), max_seqlen_carrier [max patches of one image] INT32 (its shape is the
+                   value) -> output [T/4, out_hidden], deepstack_features_i [T/4, out_hidden] per DeepStack layer
+      qwen2_5_vl   input, rotary_pos_emb, cu_seqlens, cu_window_seqlens, window_index / reverse_window_index
+                   [T/4] INT64 (groups of 4 patches reordered into windows and back), max_seqlen_carrier -> output
+      internvl     input [tiles, 3, 448, 448] FP16 -> output [256 x tiles, text hidden]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.workstation.edgellm_export import check_graph
+
+VISUAL_DIR = "visual"
+VIT_ATTENTION = "trt_edgellm:ViTAttentionPlugin"
+# the tower's modules of each design (plan/vision.py names the designs). Checkpoints name their tensors <module>.* or
+# model.<module>.*: transformers 5 saves each family in its hub layout (Qwen2.5-VL and InternVL -hf without
+# "model.", Qwen3-VL with it)
+TOWER_MODULES = {"qwen3_vl": ("visual",), "qwen2_5_vl": ("visual",),
+                 "internvl": ("vision_tower", "multi_modal_projector")}
+
+
+def tower_module(key: str, design: str) -> tuple[str, str] | None:
+    """(module, the tensor's name within it) of a checkpoint tensor of the tower, else None."""
+    for name in TOWER_MODULES[design]:
+        for prefix in (f"{name}.", f"model.{name}."):
+            if key.startswith(prefix):
+                return name, key[len(prefix):]
+    return None
+GRAPH_INPUTS = {
+    "qwen3_vl": ("input", "rotary_pos_emb", "cu_seqlens", "fast_pos_embed_idx", "fast_pos_embed_weight",
+                 "max_seqlen_carrier"),
+    "qwen2_5_vl": ("input", "rotary_pos_emb", "cu_seqlens", "cu_window_seqlens", "window_index",
+                   "reverse_window_index", "max_seqlen_carrier"),
+    "internvl": ("input",),
+}
+PROCESSOR_FILES = ("preprocessor_config.json",)
+EXPORT_TIMEOUT_S = 3600
+
+
+def graph_outputs(deepstack: int) -> list[str]:
+    return ["output", *[f"deepstack_features_{i}" for i in range(deepstack)]]
+
+
+def write_tower_checkpoint(model_dir: Path, out: Path, design: str) -> int:
+    """The checkpoint the exporter reads: the tower's tensors in FP16 (model.safetensors), config.json without
+    auto_map, the processor's config. Returns the number of tensors written."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as fh:
+            for key in fh.keys():
+                if tower_module(key, design):
+                    tensors[key] = fh.get_tensor(key).to(torch.float16).contiguous()
+    if not tensors:
+        names = " or ".join(f"[model.]{n}.*" for n in TOWER_MODULES[design])
+        raise PipelineError(f"{model_dir}: no visual tower tensors (named {names})",
+                            "use the vision-language checkpoint as transformers 5 saves it, vision weights included")
+    missing = [f for f in PROCESSOR_FILES if not (model_dir / f).is_file()]
+    if missing:
+        raise PipelineError(f"{model_dir}: no {', '.join(missing)}: the image processor's settings, which the "
+                            "exporter copies for Edge-LLM's runtime and the goldens preprocess images with",
+                            "fetch the checkpoint with its processor files")
+    out.mkdir(parents=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((model_dir / "config.json").read_text())
+    config.pop("auto_map", None)        # never code of the checkpoint's own: transformers' native class
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    for name in PROCESSOR_FILES:
+        shutil.copy2(model_dir / name, out / name)
+    return len(tensors)
+
+
+def export_visual(model_dir: Path, scratch: Path, onnx_dir: Path, design: str, deepstack: int) -> dict:
+    """Edge-LLM's exporter on the tower alone, into onnx_dir (model.onnx, model.onnx.data, config.json,
+    preprocessor_config.json), its graph checked. Returns the graph's description (contract OnnxGraph fields)."""
+    tower = scratch / "tower-checkpoint"
+    out = scratch / "edgellm-visual"
+    for d in (tower, out):
+        if d.exists():
+            shutil.rmtree(d)
+    write_tower_checkpoint(model_dir, tower, design)
+    argv = [sys.executable, "-m", "tensorrt_edgellm.scripts.export", str(tower), str(out), "--skip-llm"]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        raise PipelineError(f"Edge-LLM's visual export took over {EXPORT_TIMEOUT_S} s", "re-run the export stage; "
+                            "if it repeats, report it with the recipe") from None
+    produced = out / VISUAL_DIR
+    if proc.returncode != 0 or not (produced / "model.onnx").is_file():
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+        raise PipelineError(f"Edge-LLM's visual export failed (exit {proc.returncode}):\n{tail}",
+                            "this is a bug in the Edge-LLM export path; please report it with the recipe")
+    shutil.move(str(produced), str(onnx_dir))
+    shutil.rmtree(tower, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    return check_graph(onnx_dir / "model.onnx", GRAPH_INPUTS[design], graph_outputs(deepstack),
+                       extra_files=("config.json", *PROCESSOR_FILES), consumer="visual_build",
+                       attention=VIT_ATTENTION)
