@@ -60,8 +60,9 @@ def plugin_scales(onnx_dir) -> list[list[float]]:
 
 def calibrated_scales(model) -> list[list[float]]:
     """[q, k, v] per layer as the calibrated model quantizes them: amax / 448 (E4M3's largest value)."""
+    from pipeline.workstation.models import language_layers
     return [[float(getattr(layer.self_attn, f"{x}_bmm_quantizer").amax) / 448.0 for x in "qkv"]
-            for layer in model.model.layers]
+            for layer in language_layers(model)]
 
 
 def model_vs_engine(src, tmp_path, weights: str, kv: str, calibration, new_tokens: int = 8, device: str = "cpu",

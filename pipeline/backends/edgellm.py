@@ -144,8 +144,9 @@ _NO_GEMMA_PATH = ("Edge-LLM 0.11's exporter has a Gemma 4 model and no {} path; 
 
 # Edge-LLM 0.11 exports these (tensorrt-edgellm-export: llm/ and visual/, its models/qwen2_5_vl, qwen3_vl and internvl3)
 # and builds the tower with visual_build; this pipeline does not export, validate or serve images yet
-_VLM_NOT_YET = ("Edge-LLM 0.11 builds it, but this pipeline does not yet export its vision tower, validate it with "
-                "images or serve images")
+_VLM_NOT_YET = ("Edge-LLM 0.11 builds it; this pipeline plans it (visual engine, ViT time) and exports its language "
+                "model and its visual tower (tests/workstation/test_visual_export.py), but does not yet make image "
+                "goldens, validate images on the device or serve images")
 
 EDGELLM_011: dict[str, Support] = {
     LLAMA: _edgellm_dense("tests/workstation/test_edgellm_export.py (tiny-llama)"),

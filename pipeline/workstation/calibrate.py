@@ -16,7 +16,14 @@ from pipeline.errors import PipelineError
 from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS, KVFormat, WeightFormat
 from pipeline.progress import StepTimer
 from pipeline.workstation.grid import grid_modules, snap_to_export_grid
-from pipeline.workstation.models import gather_on_cpu, import_modelopt, input_device, load_model, pick_device
+from pipeline.workstation.models import (
+    gather_on_cpu,
+    import_modelopt,
+    input_device,
+    language_layers,
+    load_model,
+    pick_device,
+)
 from pipeline.workstation.state import ModelHandoff, save_quantized, unchanged_parameters
 
 
@@ -30,6 +37,10 @@ class CalibrationSettings(Protocol):
     def seq_len(self) -> int: ...
     @property
     def seed(self) -> int: ...
+
+
+# the visual towers' module names (workstation/visual_export.py TOWER_MODULES), as quantizer name patterns match them
+TOWER_QUANTIZER_MODULES = ("visual.", "vision_tower.", "multi_modal_projector.")
 
 
 def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None) -> dict | None:
@@ -54,6 +65,8 @@ def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None) -> 
     if kv.modelopt_num_bits is not None:
         bmm = "*[qkv]_bmm_quantizer" if kv.quantizes_query else "*[kv]_bmm_quantizer"
         cfg["quant_cfg"].append({"quantizer_name": bmm, "cfg": {"num_bits": kv.modelopt_num_bits, "axis": None}})
+    # a vision-language model's tower stays as the checkpoint has it: Edge-LLM exports it apart, in FP16
+    cfg["quant_cfg"] += [{"quantizer_name": f"*{module}*", "enable": False} for module in TOWER_QUANTIZER_MODULES]
     return cfg
 
 
@@ -69,7 +82,7 @@ def fuse_for_export(model) -> int:
     from modelopt.torch.export.quant_utils import preprocess_linear_fusion
 
     n = 0
-    for layer in model.model.layers:
+    for layer in language_layers(model):
         attn, mlp = layer.self_attn, layer.mlp
         # projections that read one input; a family that stores them as one tensor (Phi-3's qkv_proj and
         # gate_up_proj) has one linear there, whose quantizers already see that input once

@@ -182,7 +182,7 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     from pipeline.plan.formats import WEIGHT_FORMATS
     plugin = int4_plugin_version(model) if WEIGHT_FORMATS[weights].edgellm_int4_plugin else None
     export_hf_checkpoint(model, export_dir=hf, extra_state_dict=query_scales(model) or None)
-    layers = model.config.num_hidden_layers
+    layers = getattr(model.config, "text_config", model.config).num_hidden_layers   # a VLM: its language model
     del model
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(hf)
     if not (hf / "chat_template.jinja").is_file() and "chat_template" not in json.loads(

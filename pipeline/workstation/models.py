@@ -62,9 +62,30 @@ def pick_device(fmt: WeightFormat) -> str:
     return "cpu"
 
 
+def model_class(model_dir: Path):
+    """transformers' class for the checkpoint: a vision-language family's own (AutoModelForCausalLM maps none of
+    them in transformers 5; the tower stays unquantized beside its language model), else AutoModelForCausalLM."""
+    import transformers
+
+    from pipeline.families import family
+    from pipeline.files import read_json_file
+    config = read_json_file(Path(model_dir) / "config.json", 16 * 2**20, "config", "use the model's own config.json")
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    fam = family(archs[0]) if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    if fam is not None and fam.visual is not None:
+        return getattr(transformers, fam.architecture)
+    return transformers.AutoModelForCausalLM
+
+
+def language_layers(model):
+    """The decoder layers of a model's language model (a vision-language model keeps them one level deeper)."""
+    inner = model.model
+    return getattr(inner, "language_model", inner).layers
+
+
 def load_model(model_dir: Path, device: str):
     import torch
-    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM = model_class(model_dir)       # noqa: N806 (the class, named as transformers names it)
 
     # The checkpoint is deployed in fp16, so the reference starts from fp16 weights. On the CPU it computes in fp32
     # (fp16 matmuls are slow there): loaded as fp32 and rounded to fp16 values one tensor at a time, which never

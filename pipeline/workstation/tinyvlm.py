@@ -76,8 +76,11 @@ def build_config(spec: dict, vocab: int, image_ids: tuple[int, int, int]):
     extra = dict(image_token_id=pad) if spec["image"] is INTERNVL_IMAGE else \
         dict(image_token_id=pad, vision_start_token_id=start, vision_end_token_id=end, video_token_id=pad)
     text = dict(spec["text"], vocab_size=vocab, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    # tied as the language model says, at the top level too (as the real checkpoints have it: transformers 5 ties by
+    # the top-level flag, Edge-LLM by the text config's)
     return getattr(transformers, fam.transformers_config)(text_config=text, vision_config=dict(spec["vision"]),
-                                                         architectures=[spec["architecture"]], **extra)
+                                                         architectures=[spec["architecture"]],
+                                                         tie_word_embeddings=text["tie_word_embeddings"], **extra)
 
 
 def materialize_vlm(name: str, spec, out_dir: Path, progress=None) -> None:

@@ -105,6 +105,7 @@ def check_architecture(raw: dict, source: str) -> str:
 def reference_logits(model, ids) -> tuple:
     """The calibrated model's logits (T, vocab) for ids (T,), and each decoder layer's input and output (T, hidden)
     for the reader's layer-by-layer check."""
+    from pipeline.workstation.models import language_layers
     inputs, outputs = [], []
 
     def record(_module, args, kwargs, out):
@@ -112,7 +113,7 @@ def reference_logits(model, ids) -> tuple:
         inputs.append(hidden[0].detach().float().clone())
         outputs.append((out[0] if isinstance(out, tuple) else out)[0].detach().float().clone())
 
-    hooks = [layer.register_forward_hook(record, with_kwargs=True) for layer in model.model.layers]
+    hooks = [layer.register_forward_hook(record, with_kwargs=True) for layer in language_layers(model)]
     try:
         logits = model(ids[None]).logits[0].float()
     finally:

@@ -318,6 +318,11 @@ class Engine:
         for i in range(self.layers):
             feeds[f"past_key_values_{i}"] = pools[i]
         wanted = {i.name for i in self.model.graph.input}
+        # a Qwen3-VL language model adds its DeepStack image features to the first layers' hidden states at image
+        # positions: a text-only step adds nothing
+        for name in wanted:
+            if name.startswith("deepstack_embeds_"):
+                feeds[name] = np.zeros((t, self.embedding.shape[1]), np.float16)
         out = dict(zip(self.outputs, self.session.run(self.outputs, {k: v for k, v in feeds.items() if k in wanted}),
                        strict=True))
         for i in range(self.layers):
