@@ -96,3 +96,48 @@ def png_bytes(rows: list[list[Pixel]]) -> bytes:
     stream = b"\x78\x01" + b"".join(blocks) + struct.pack(">I", zlib.adler32(raw) & 0xFFFFFFFF)
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", stream) + _chunk(b"IEND", b"")
+
+
+# ------------------------------------------------------------------------------------------------ reading images
+# An image from a recipe, a kit or an HTTP request: bounded before it is decoded (a PNG of a few KB can claim
+# 100,000 x 100,000 pixels), of a format named by its magic bytes, decoded whole (a truncated file is an error, not
+# a grey band), as RGB. Pillow is needed here only (the workstation has it; the server's extra brings it).
+MAX_IMAGE_BYTES = 20 * 2**20
+MAX_IMAGE_PIXELS = 40_000_000           # a 8K x 5K photo; the processors resize far below this anyway
+MAGIC = {b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG", b"RIFF": "WEBP"}
+
+
+class ImageError(ValueError):
+    """An image that cannot be used, with the reason (the caller names where it came from)."""
+
+
+def image_format(data: bytes) -> str:
+    for magic, name in MAGIC.items():
+        if data.startswith(magic) and (name != "WEBP" or data[8:12] == b"WEBP"):
+            return name
+    raise ImageError("is not a PNG, JPEG or WebP image (its first bytes say otherwise)")
+
+
+def open_image(data: bytes, max_bytes: int = MAX_IMAGE_BYTES, max_pixels: int = MAX_IMAGE_PIXELS):
+    """The image in `data` as an RGB PIL image, or ImageError saying why not."""
+    import io
+    import warnings
+
+    from PIL import Image
+
+    if len(data) > max_bytes:
+        raise ImageError(f"is {len(data)} bytes, more than {max_bytes}")
+    fmt = image_format(data)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data), formats=[fmt])
+            width, height = im.size
+            if width < 1 or height < 1 or width * height > max_pixels:
+                raise ImageError(f"is {width} x {height} pixels; at most {max_pixels} pixels are taken")
+            im.load()
+    except ImageError:
+        raise
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageError(f"cannot be decoded as {fmt} ({type(exc).__name__}: {str(exc)[:120]})") from None
+    return im.convert("RGB")

@@ -211,6 +211,9 @@ class GoldenPrompt(Part):
     top_logprobs: list[list[list[float]]]
     text: str
     rendered: str = ""      # the exact text the model is given (chat template applied, or raw with its special tokens)
+    image: str | None = None            # a vision-language prompt's image: the kit's file (images/<name>)
+    image_sha256: str | None = None
+    image_tokens: int = 0               # its placeholder tokens in input_ids (the processor's count at the profile)
 
 
 @dataclass(frozen=True)

@@ -56,14 +56,17 @@ def stop_ids(model_dir, tokenizer) -> list[int]:
     return [int(i) for i in ids]
 
 
-def greedy(model, ids: list[int], max_new_tokens: int, top_k: int, eos: list[int]) -> dict:
+def greedy(model, ids: list[int], max_new_tokens: int, top_k: int, eos: list[int], **inputs) -> dict:
+    """inputs: a vision-language model's image inputs (pixel_values, image_grid_thw) for the prompt's image."""
     import torch
 
     from pipeline.workstation.models import input_device
 
-    out = model.generate(torch.tensor([ids], device=input_device(model)), max_new_tokens=max_new_tokens,
+    device = input_device(model)
+    out = model.generate(torch.tensor([ids], device=device), max_new_tokens=max_new_tokens,
                          do_sample=False, output_logits=True, return_dict_in_generate=True,
-                         eos_token_id=eos or None, pad_token_id=eos[0] if eos else None)
+                         eos_token_id=eos or None, pad_token_id=eos[0] if eos else None,
+                         **{k: v.to(device) for k, v in inputs.items()})
     new = out.sequences[0, len(ids):].tolist()
     steps = []
     for logits in out.logits:

@@ -1,0 +1,135 @@
+"""A validation prompt with an image, asked as the deployed vision-language model is asked: the image through the
+checkpoint's own processor held to the engine's image profile, the chat template's placeholder expanded to the
+image's token count, and the calibrated model's greedy answer with the image's features in place.
+
+The profile bounds every image the engine takes (plan/visual_plan.py): Edge-LLM's runtime resizes an image to at
+most max_image_tokens_per_image tokens (Qwen: max_pixels = tokens x (patch x merge)^2; InternVL: at most
+tokens / 256 - 1 tiles, one kept for the thumbnail), so the goldens' processor is held to the same bound. The image
+files are the recipe's (`builtin:NAME`, drawn by pipeline/images.py, or `file:PATH`), read bounded and checked
+(pipeline.images.open_image); the kit carries them as read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.contract import VisualLimits
+from pipeline.errors import PipelineError
+from pipeline.families.visual import PatchMerger, Tiles, VisualTower
+from pipeline.images import BUILTIN_IMAGES, ImageError, open_image
+
+
+@dataclass(frozen=True)
+class PromptImage:
+    ref: str            # as the recipe names it
+    name: str           # the file name the kit carries it under (images/<name>)
+    data: bytes
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    def pil(self):
+        return open_image(self.data)
+
+
+def read_image(ref: str, recipe_file: str, field: str) -> PromptImage:
+    """`builtin:NAME` or `file:PATH` (relative to the recipe) as a checked image; errors name the field."""
+    kind, _, value = ref.partition(":")
+    if kind == "builtin":
+        if value not in BUILTIN_IMAGES:
+            raise PipelineError(f"{recipe_file}: {field} = {ref!r}: no builtin image {value!r}",
+                                f"builtin images: {', '.join(BUILTIN_IMAGES)}")
+        data, name = BUILTIN_IMAGES[value].png(), f"{value}.png"
+    elif kind == "file":
+        path = Path(value) if Path(value).is_absolute() else Path(recipe_file).parent / value
+        from pipeline.files import read_regular
+        from pipeline.images import MAX_IMAGE_BYTES
+        try:
+            data = read_regular(path, MAX_IMAGE_BYTES, follow=True)
+        except (PipelineError, OSError) as exc:
+            reason = exc.message if isinstance(exc, PipelineError) else f"{type(exc).__name__}: {exc}"
+            raise PipelineError(f"{recipe_file}: {field} = {ref!r}: {reason}", "name a PNG, JPEG or WebP file "
+                                "(relative to the recipe)") from None
+        name = f"{hashlib.sha256(data).hexdigest()[:16]}{Path(value).suffix.lower()}"
+    else:
+        raise PipelineError(f"{recipe_file}: {field} = {ref!r}: not an image reference",
+                            "builtin:NAME or file:PATH (relative to the recipe)")
+    try:
+        open_image(data)
+    except ImageError as exc:
+        raise PipelineError(f"{recipe_file}: {field} = {ref!r} {exc}", "use a PNG, JPEG or WebP image") from None
+    return PromptImage(ref, name, data)
+
+
+def held_processor(processor, tower: VisualTower, limits: VisualLimits):
+    """The checkpoint's image processor bounded as the engine's runtime bounds an image (its profile's
+    max_image_tokens_per_image). Qwen's resize rounds up an image smaller than min_pixels, which can land a few
+    tokens past max_pixels when the two are close: image_golden refuses such an image by name."""
+    per_image = limits.max_image_tokens_per_image
+    if isinstance(tower, PatchMerger):
+        longest = per_image * tower.factor * tower.factor
+        size = dict(processor.size)
+        size["longest_edge"] = min(size.get("longest_edge", longest), longest)
+        size["shortest_edge"] = min(size.get("shortest_edge", 0), size["longest_edge"])
+        processor.size = size
+    elif isinstance(tower, Tiles):
+        processor.max_patches = max(1, min(processor.max_patches, per_image // tower.per_tile - 1))
+    return processor
+
+
+def placeholder_id(tokenizer, tower: VisualTower) -> int:
+    from pipeline.workstation.tinyvlm import INTERNVL_IMAGE, QWEN_IMAGE
+    token = (INTERNVL_IMAGE if isinstance(tower, Tiles) else QWEN_IMAGE)[1]
+    tid = tokenizer.convert_tokens_to_ids(token)
+    if tid is None or tid == tokenizer.unk_token_id:
+        raise PipelineError(f"the tokenizer has no {token} token, which the model's chat template places for an "
+                            "image", "use the vision-language model's own tokenizer")
+    return tid
+
+
+def expand(ids: list[int], placeholder: int, count: int) -> list[int]:
+    """The rendered prompt's ids with its one image placeholder repeated `count` times (as the processor does)."""
+    if ids.count(placeholder) != 1:
+        raise PipelineError(f"the chat template placed {ids.count(placeholder)} image placeholders for one image",
+                            "use the model's own chat template")
+    i = ids.index(placeholder)
+    return ids[:i] + [placeholder] * count + ids[i + 1:]
+
+
+def image_tokens(inputs, tower: VisualTower) -> int:
+    """The image's tokens in the language model's sequence, from what the processor made of it."""
+    if isinstance(tower, PatchMerger):
+        t, h, w = (int(x) for x in inputs["image_grid_thw"][0])
+        return t * h * w // (tower.merge * tower.merge)
+    return int(inputs["pixel_values"].shape[0]) * tower.per_tile
+
+
+IMAGE_DIR = "images"
+
+
+def image_golden(model, tokenizer, processor, tower: VisualTower, prompt: str, image: PromptImage,
+                 max_new_tokens: int, top_k: int, stops: list[int], max_tokens: int | None = None):
+    """The golden of one prompt asked with its image: the user turn holds the image, then the text (as Open WebUI
+    and the openai client send it), rendered by the model's chat template; the calibrated model's greedy answer."""
+    from pipeline import contract
+    from pipeline.workstation.evaluate import greedy, render_chat
+
+    rendered = render_chat(tokenizer, [{"role": "user", "content": [{"type": "image"},
+                                                                    {"type": "text", "text": prompt}]}])
+    inputs = processor(images=[image.pil()], return_tensors="pt")
+    count = image_tokens(inputs, tower)
+    if max_tokens is not None and count > max_tokens:
+        raise PipelineError(f"{image.ref} becomes {count} image tokens through the model's processor, more than the "
+                            f"engine's profile takes (build.visual.max_image_tokens_per_image = {max_tokens})",
+                            f"raise build.visual.max_image_tokens_per_image to at least {count}, or use a larger "
+                            "or smaller image")
+    ids = expand(tokenizer(rendered, add_special_tokens=False)["input_ids"], placeholder_id(tokenizer, tower), count)
+    pixels = {k: inputs[k] for k in ("pixel_values", "image_grid_thw") if k in inputs}
+    g = greedy(model, ids, max_new_tokens, top_k, stops, **pixels)
+    return contract.GoldenPrompt(prompt=prompt, rendered=rendered, input_ids=ids, output_ids=g["output_ids"],
+                                 top_logprobs=g["top_logprobs"],
+                                 text=tokenizer.decode(g["output_ids"], skip_special_tokens=True),
+                                 image=f"{IMAGE_DIR}/{image.name}", image_sha256=image.sha256, image_tokens=count)

@@ -1,0 +1,114 @@
+"""Goldens of prompts asked with an image: the image held to the engine's profile, its placeholder expanded to the
+processor's count (which the family's token math predicts), the calibrated model's answer with the image in place."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from pipeline.contract import VisualLimits
+from pipeline.errors import PipelineError
+from pipeline.families.visual import PatchMerger, Tiles
+from pipeline.images import BUILTIN_IMAGES
+from pipeline.plan.shapes import load_shape
+from pipeline.workstation.image_prompts import held_processor, image_golden, placeholder_id, read_image
+from pipeline.workstation.models import load_model
+from pipeline.workstation.visual_check import image_processor
+from tests.workstation.test_export import builtin  # noqa: F401  (fixture)
+
+VLMS = ["tiny-qwen3-vl", "tiny-qwen2.5-vl", "tiny-internvl3"]
+
+
+@pytest.fixture(scope="module")
+def asked(builtin):  # noqa: F811
+    """(model, tokenizer, tower, processor held to a profile) per tiny VLM, loaded once."""
+    made = {}
+
+    def get(name, per_image):
+        key = (name, per_image)
+        if key not in made:
+            src = builtin(name)
+            tower = load_shape(src).tower
+            processor = held_processor(image_processor(src, tower.design), tower.tokens,
+                                       VisualLimits(4, 4096, per_image))
+            made[key] = load_model(src, "cpu"), AutoTokenizer.from_pretrained(src), tower, processor
+        return made[key]
+    return get
+
+
+@pytest.mark.parametrize("name, per_image", [("tiny-qwen3-vl", 100), ("tiny-qwen3-vl", 400), ("tiny-qwen2.5-vl", 30),
+                                             ("tiny-internvl3", 768)])
+def test_image_tokens_are_what_the_family_token_math_predicts_under_the_profile(asked, name, per_image):
+    model, tok, tower, processor = asked(name, per_image)
+    pad = placeholder_id(tok, tower.tokens)
+    for key, image in BUILTIN_IMAGES.items():
+        g = image_golden(model, tok, processor, tower.tokens, "What is it?", read_image(f"builtin:{key}", "r.toml",
+                                                                                          "validation.images[0]"),
+                         2, 2, [1], max_tokens=per_image)
+        t = tower.tokens
+        if isinstance(t, PatchMerger):      # the processor's resize, held to max_pixels = tokens x (patch x merge)^2
+            most = per_image * t.factor ** 2
+            held = PatchMerger(t.patch, t.merge, min(t.min_pixels, most), most)
+            expected = held.image_tokens(image.height, image.width)
+        else:                               # tiles: at most tokens / 256 - 1, plus the thumbnail
+            held = Tiles(t.tile, t.patch, t.scale, t.min_tiles, max(1, per_image // t.per_tile - 1))
+            expected = held.image_tokens(image.height, image.width)
+        assert g.image_tokens == expected <= per_image, key
+        assert g.input_ids.count(pad) == expected
+        i = g.input_ids.index(pad)        # wrapped by the family's start and end tokens, in one run
+        assert g.input_ids[i - 1] != pad and g.input_ids[i + expected] != pad
+        assert g.image == f"images/{key}.png" and len(g.image_sha256) == 64
+
+
+def test_an_image_the_profile_cannot_take_is_refused_by_name(asked):
+    """Qwen3-VL's processor makes at least 64 tokens of an image (65,536 pixels), rounding up past a profile of 64:
+    the 150 x 130 red circle becomes 72 tokens."""
+    model, tok, tower, processor = asked("tiny-qwen3-vl", 64)
+    image = read_image("builtin:red-circle", "r.toml", "validation.images[0]")
+    with pytest.raises(PipelineError, match=r"builtin:red-circle becomes 72 image tokens through the model's "
+                                            r"processor, more than the engine's profile takes \(build.visual."
+                                            r"max_image_tokens_per_image = 64\)"):
+        image_golden(model, tok, processor, tower.tokens, "What is it?", image, 2, 2, [1], max_tokens=64)
+    assert image_golden(model, tok, processor, tower.tokens, "What is it?", image, 2, 2, [1],
+                        max_tokens=72).image_tokens == 72
+
+
+def test_the_image_is_in_the_answer_and_the_answer_is_reproducible(asked):
+    model, tok, tower, processor = asked("tiny-qwen2.5-vl", 30)
+    answers = {}
+    for key in ("red-circle", "checkerboard"):
+        image = read_image(f"builtin:{key}", "r.toml", "validation.images[0]")
+        first = image_golden(model, tok, processor, tower.tokens, "What is it?", image, 8, 3, [1])
+        again = image_golden(model, tok, processor, tower.tokens, "What is it?", image, 8, 3, [1])
+        assert first == again
+        answers[key] = first.output_ids
+    assert answers["red-circle"] != answers["checkerboard"]
+
+
+def test_image_references_are_checked_and_named(tmp_path):
+    with pytest.raises(PipelineError, match=r"validation.images\[1\] = 'builtin:cat': no builtin image 'cat'"):
+        read_image("builtin:cat", "r.toml", "validation.images[1]")
+    (tmp_path / "x.gif").write_bytes(b"GIF89a" + bytes(40))
+    with pytest.raises(PipelineError, match=r"'file:x.gif' is not a PNG, JPEG or WebP image"):
+        read_image("file:x.gif", str(tmp_path / "r.toml"), "validation.images[0]")
+    with pytest.raises(PipelineError, match=r"'file:none.png'"):
+        read_image("file:none.png", str(tmp_path / "r.toml"), "validation.images[0]")
+    png = BUILTIN_IMAGES["red-circle"].png()
+    (tmp_path / "half.png").write_bytes(png[: len(png) // 2])
+    with pytest.raises(PipelineError, match=r"cannot be decoded as PNG \(OSError: image file is truncated"):
+        read_image("file:half.png", str(tmp_path / "r.toml"), "validation.images[0]")
+    (tmp_path / "ok.png").write_bytes(png)
+    got = read_image("file:ok.png", str(tmp_path / "r.toml"), "validation.images[0]")
+    assert got.data == png and got.name.endswith(".png") and got.pil().size == (150, 130)
+
+
+def test_builtin_images_are_byte_stable_and_decode_to_what_was_drawn():
+    import hashlib
+    import io
+
+    import numpy as np
+    from PIL import Image
+    # the bytes do not depend on zlib's build: stored blocks (recorded here, so a change is a visible choice)
+    assert hashlib.sha256(BUILTIN_IMAGES["checkerboard"].png()).hexdigest()[:12] == "4a94193cf800"
+    for image in BUILTIN_IMAGES.values():
+        decoded = np.asarray(Image.open(io.BytesIO(image.png())))
+        assert decoded.shape == (image.height, image.width, 3)
+        assert (decoded == np.array(image.pixels(), dtype=np.uint8)).all()
