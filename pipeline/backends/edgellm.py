@@ -62,6 +62,8 @@ def llm_build_argv(limits: BuildLimits, onnx_dir: str = "onnx", engine_dir: str 
             "--maxBatchSize", str(max(EDGELLM_MIN_BATCH, limits.max_batch_size))]
 
 
+# a vision-language export's two graphs, in Edge-LLM's exporter's layout inside the payload (onnx/)
+LLM_DIR, VISUAL_DIR = "llm", "visual"
 VISUAL_BUILD_FLAGS: FlagTable = {"--onnxDir": str, "--engineDir": str, "--minImageTokens": INT,
                                   "--maxImageTokens": INT, "--maxImageTokensPerImage": INT}
 
@@ -78,7 +80,8 @@ def check_visual_build_argv(argv: list[str]) -> list[str]:
     return problems
 
 
-def visual_build_argv(visual: VisualLimits, onnx_dir: str = "onnx/visual", engine_dir: str = "engine") -> list[str]:
+def visual_build_argv(visual: VisualLimits, onnx_dir: str = f"onnx/{VISUAL_DIR}", engine_dir: str = "engine"
+                      ) -> list[str]:
     """The visual engine into <engine_dir>/visual/ (visual_build adds the last part itself)."""
     return ["visual_build", "--onnxDir", onnx_dir, "--engineDir", engine_dir,
             "--minImageTokens", str(visual.min_image_tokens), "--maxImageTokens", str(visual.max_image_tokens),
@@ -92,7 +95,7 @@ def build_commands(limits: BuildLimits, speculative: Speculative | None,
     onnx/draft with a draft), then its visual engine from onnx/visual."""
     tower = [visual_build_argv(visual)] if visual is not None else []
     if speculative is None:
-        return [llm_build_argv(limits, "onnx/llm" if visual is not None else "onnx")] + tower
+        return [llm_build_argv(limits, f"onnx/{LLM_DIR}" if visual is not None else "onnx")] + tower
     trees = ["--maxVerifyTreeSize", str(speculative.max_verify_tree_size),
              "--maxDraftTreeSize", str(speculative.max_draft_tree_size)]
     return [llm_build_argv(limits, "onnx/base") + trees + ["--specBase"],
@@ -143,10 +146,10 @@ _NO_GEMMA_PATH = ("Edge-LLM 0.11's exporter has a Gemma 4 model and no {} path; 
                   "RMSNorm, post-attention norms or embedding scaling")
 
 # Edge-LLM 0.11 exports these (tensorrt-edgellm-export: llm/ and visual/, its models/qwen2_5_vl, qwen3_vl and internvl3)
-# and builds the tower with visual_build; this pipeline does not export, validate or serve images yet
-_VLM_NOT_YET = ("Edge-LLM 0.11 builds it; this pipeline plans it (visual engine, ViT time) and exports its language "
-                "model and its visual tower (tests/workstation/test_visual_export.py), but does not yet make image "
-                "goldens, validate images on the device or serve images")
+# and builds the tower with visual_build. The language model exports as a dense one (Qwen3-VL with DeepStack inputs);
+# the tower is exported by Edge-LLM's own exporter in FP16 and checked against transformers'
+_VLM_VERIFIED = ("Edge-LLM 0.11 exporter (llm/ + visual/); tests/workstation/test_visual_export.py (tiny models of the "
+                 "family: language model INT4-AWQ / FP8 through the runtime double, tower against transformers)")
 
 EDGELLM_011: dict[str, Support] = {
     LLAMA: _edgellm_dense("tests/workstation/test_edgellm_export.py (tiny-llama)"),
@@ -163,7 +166,7 @@ EDGELLM_011: dict[str, Support] = {
                          "runtime double), tests/workstation/test_nvfp4.py (NVFP4, on a GPU)", *_PHI3_CHECKED),
     GEMMA2: Support(refused=_NO_GEMMA_PATH.format("Gemma 2")),
     GEMMA3: Support(refused=_NO_GEMMA_PATH.format("Gemma 3")),
-    **{arch: Support(refused=_VLM_NOT_YET) for arch in VISION_LANGUAGE},
+    **{arch: _edgellm_dense(_VLM_VERIFIED) for arch in VISION_LANGUAGE},
 }
 
 

@@ -40,6 +40,7 @@ from pipeline.contract.device import (
     Validation,
 )
 from pipeline.contract.kit import (
+    IMAGE_FILE_RE,
     MANIFESTS,
     BundleManifest,
     BundleMeta,
@@ -59,6 +60,7 @@ from pipeline.contract.kit import (
     SpeculativeExport,
     StageRef,
     Stages,
+    VisualExport,
     manifest_from_dict,
 )
 from pipeline.contract.plan import (
@@ -114,6 +116,7 @@ __all__ = [
     "KitSummary",
     "KvAllocation",
     "LoadResult",
+    "IMAGE_FILE_RE",
     "MANIFESTS",
     "MAX_BATCH_SIZE",
     "MAX_CONTEXT",
@@ -144,6 +147,7 @@ __all__ = [
     "StageRef",
     "Stages",
     "Validation",
+    "VisualExport",
     "VisualLimits",
     "VisualPlan",
     "manifest_from_dict",

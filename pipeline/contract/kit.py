@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -73,6 +74,17 @@ class SpeculativeExport(Part):
 
 
 @dataclass(frozen=True)
+class VisualExport(Part):
+    """A vision-language model's tower as Edge-LLM's exporter wrote it (onnx/visual) and as the independent check
+    found it against transformers' tower (workstation/visual_check.py)."""
+    design: str
+    images: int                     # images the check ran
+    max_relative_error: float
+    cosine: float
+    onnx: OnnxGraph | None = None
+
+
+@dataclass(frozen=True)
 class ExportRecord(Part):
     """What a backend's export step made (its stage manifest's "export" field; the kit carries it without the graph
     listing). Fields a backend does not make are None: the TensorRT-LLM checkpoint has a reader check, Edge-LLM's
@@ -93,13 +105,15 @@ class ExportRecord(Part):
     onnx: OnnxGraph | None = None
     speculative: SpeculativeExport | None = None
     versions: dict[str, str | None] | None = None
+    visual: VisualExport | None = None
 
     def for_kit(self) -> ExportRecord:
         """What a kit's manifest carries: the record without the graph listings."""
         import dataclasses
         spec = self.speculative
         return dataclasses.replace(self, onnx=None, speculative=None if spec is None else
-                                   dataclasses.replace(spec, draft_onnx=None))
+                                   dataclasses.replace(spec, draft_onnx=None),
+                                   visual=None if self.visual is None else dataclasses.replace(self.visual, onnx=None))
 
 
 # ---------------------------------------------------------------------------------------------------- manifests
@@ -201,6 +215,10 @@ class StageRef(Part):
 class Stages(Record):
     FORMAT: ClassVar[str] = "jetson-stages/1"
     stages: dict[str, StageRef]
+
+
+# a golden's image as the kit carries it: a plain file name under images/ (nothing that leaves the directory)
+IMAGE_FILE_RE = re.compile(r"^images/[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 @dataclass(frozen=True)

@@ -217,6 +217,17 @@ def reference_model(recipe: Recipe):
         yield model
 
 
+def goldens_images(recipe: Recipe):
+    """The recipe's validation images, asked at the plan's image profile (None without images)."""
+    if not recipe.validation.images:
+        return None
+    from pipeline.plan.shapes import load_shape
+    from pipeline.recipe import image_profile
+    from pipeline.workstation.image_prompts import image_prompts
+    return image_prompts(model_dir(recipe), recipe.validation.images, recipe.file,
+                         image_profile(recipe, load_shape(model_dir(recipe))))
+
+
 def do_goldens(recipe: Recipe) -> contract.StageManifest:
     from transformers import AutoTokenizer
 
@@ -227,9 +238,12 @@ def do_goldens(recipe: Recipe) -> contract.StageManifest:
 
     def build(out: Path) -> dict:
         tok = AutoTokenizer.from_pretrained(model_dir(recipe))
+        images = goldens_images(recipe)
         with reference_model(recipe) as model, skinny_linears():
-            goldens = make_goldens(model, tok, recipe.validation, model_dir(recipe))
+            goldens = make_goldens(model, tok, recipe.validation, model_dir(recipe), images)
         goldens.dump(out / contract.GOLDENS)
+        if images is not None:
+            images.write(out)
         return {"goldens": contract.GoldensSummary(len(goldens.prompts), goldens.chat_template,
                                                    sum(len(p.output_ids) for p in goldens.prompts),
                                                    weak_prompts(goldens))}

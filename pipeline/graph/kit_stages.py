@@ -147,6 +147,12 @@ def do_package(recipe: Recipe, target: str) -> contract.StageManifest:
 
     quality = _quality_gate(recipe)     # refuses here, before anything is assembled or signed
     _prompts_fit(recipe, plan)
+    goldens = recorded_record(goldens_spec(recipe), contract.GOLDENS, contract.Goldens)
+    goldens_images = sorted({p.image for p in goldens.prompts if p.image})
+    planted = [name for name in goldens_images if not contract.IMAGE_FILE_RE.match(name)]
+    if planted:         # a goldens.json naming a file outside its images/ (damaged or planted): never followed
+        raise damaged_output(goldens_spec(recipe), f"goldens.json names image file {planted[0]!r}, not one of "
+                                                   "images/NAME the goldens stage writes")
 
     def build(out: Path) -> dict:
         content = out / ".content"
@@ -157,6 +163,8 @@ def do_package(recipe: Recipe, target: str) -> contract.StageManifest:
             if (model_dir(recipe) / name).is_file():
                 link_or_copy(model_dir(recipe) / name, content / contract.TOKENIZER_DIR / name)
         link_or_copy(goldens_spec(recipe).dir / contract.GOLDENS, content / contract.GOLDENS)
+        for name in goldens_images:      # the images the image prompts are asked with (images/<name>)
+            link_or_copy(goldens_spec(recipe).dir / name, content / name)
         for name in (contract.ACCURACY_JSON, contract.ACCURACY_MD):
             link_or_copy(accuracy_spec(recipe).dir / name, content / name)
         shutil.copy2(recipe.file, content / contract.RECIPE)
@@ -176,7 +184,8 @@ def do_package(recipe: Recipe, target: str) -> contract.StageManifest:
         for stage, src, inside, names in ((export_spec(recipe, plan), export_dir / payload, payload, ()),
                                           (fetch_spec(recipe), model_dir(recipe), contract.TOKENIZER_DIR,
                                            TOKENIZER_FILES),
-                                          (goldens_spec(recipe), goldens_spec(recipe).dir, "", (contract.GOLDENS,)),
+                                          (goldens_spec(recipe), goldens_spec(recipe).dir, "",
+                                           (contract.GOLDENS, *goldens_images)),
                                           (accuracy_spec(recipe), accuracy_spec(recipe).dir, "",
                                            (contract.ACCURACY_JSON, contract.ACCURACY_MD))):
             for rel, sha in _recorded_hashes(stage.dir, src, inside, names).items():

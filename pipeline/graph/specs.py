@@ -83,10 +83,24 @@ def export_payload(plan: contract.Plan) -> str:
     return backends.get(plan.backend).payload
 
 
+def _image_keys(recipe: Recipe) -> dict:
+    """A vision-language recipe's images (by content) and the profile they are asked at, for the goldens' key."""
+    v = recipe.validation
+    if not v.images:
+        return {}
+    from pipeline.workstation.image_prompts import read_image
+    try:
+        digests = [read_image(r, recipe.file, f"validation.images[{i}]").sha256[:16] for i, r in enumerate(v.images)]
+    except PipelineError as exc:
+        digests = [f"unreadable: {exc.message}"]
+    return {"images": digests, "visual": asdict(recipe.build.visual)}
+
+
 def goldens_spec(recipe: Recipe) -> StageSpec:
     v = recipe.validation
     return StageSpec(GOLDENS.name, {"prompts": list(v.prompts), "max_new_tokens": v.max_new_tokens,
-                                 "top_k_logprobs": v.top_k_logprobs, "min_token_agreement": v.min_token_agreement},
+                                 "top_k_logprobs": v.top_k_logprobs, "min_token_agreement": v.min_token_agreement,
+                                 **_image_keys(recipe)},
                      inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS,
                      version=2)     # 2: goldens.json written from its record (keys sorted)
 

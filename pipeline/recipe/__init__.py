@@ -26,8 +26,8 @@ from pipeline.recipe.schema import MAX_RECIPE_BYTES, NAME_RE, build, check_table
 from pipeline.recipe.sources import ModelSource
 
 __all__ = ["BuildSettings", "Calibration", "Draft", "ModelSource", "Quantization", "Recipe", "ValidationSettings",
-           "VisualSettings", "config_for", "load_recipe", "parse_recipe", "plan_recipe", "recipe_names",
-           "visual_limits"]
+           "VisualSettings", "config_for", "image_profile", "load_recipe", "parse_recipe", "plan_recipe",
+           "recipe_names", "visual_limits"]
 
 
 def parse_recipe(data: dict, file: str, name: str | None = None) -> Recipe:
@@ -81,6 +81,16 @@ def visual_limits(given: VisualSettings, shape, limits) -> contract.VisualLimits
     return contract.VisualLimits(*(g if g is not None else d for g, d in (
         (given.min_image_tokens, base.min_image_tokens), (given.max_image_tokens, base.max_image_tokens),
         (given.max_image_tokens_per_image, base.max_image_tokens_per_image))))
+
+
+def image_profile(recipe: Recipe, shape) -> contract.VisualLimits | None:
+    """The image profile the plan gives the recipe's model: [build.visual] over the defaults (None: a text model)."""
+    if shape.tower is None:
+        return None
+    from pipeline.plan.visual_plan import default_limits
+    b = recipe.build
+    limits = contract.BuildLimits.of(b.max_batch_size, b.max_input_len, b.max_seq_len)
+    return visual_limits(b.visual, shape, limits) or default_limits(shape, b.max_input_len)
 
 
 def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str, backend: str | None = None,

@@ -148,6 +148,9 @@ def _draft(table: dict[str, Any], file: str) -> Draft | None:
 @dataclass(frozen=True)
 class ValidationSettings:
     prompts: tuple[str, ...] = setting(required=True, toml=list, max_items=MAX_PROMPTS)
+    images: tuple[str, ...] = setting((), toml=list, max_items=MAX_PROMPTS,
+                                      doc="a vision-language model's images, paired with the prompts in order (the "
+                                          "rest are asked as text): builtin:NAME or file:PATH (PNG, JPEG, WebP)")
     max_new_tokens: int = setting(32, min=1, max=4096)
     min_token_agreement: float = setting(0.9, min=0.0, max=1.0)
     top_k_logprobs: int = setting(5, min=1, max=50)

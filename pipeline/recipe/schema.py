@@ -192,6 +192,29 @@ def cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
     _build_checks(file, v["build"], tlist, targets, problems)
     _calibration_checks(file, v["quantization"]["calibration"]["source"], problems)
     _prompt_checks(file, v["validation"]["prompts"], problems)
+    _image_checks(file, v["validation"]["images"], v["validation"]["prompts"], problems)
+
+
+def _image_checks(file: str, images: Any, prompts: Any, problems: list[Problem]) -> None:
+    """Each image a reference that reads as a usable image, and no more images than prompts (each is asked with
+    the prompt of its index)."""
+    if not isinstance(images, list):
+        return
+    if isinstance(prompts, list) and len(images) > len(prompts):
+        problems.append(Problem(file, "validation.images", f"{len(images)} images", f"pairs with {len(prompts)} "
+                                "prompts: each image is asked with the prompt of its index",
+                                "add prompts, or remove images"))
+    from pipeline.workstation.image_prompts import read_image
+    for i, ref in enumerate(images):
+        field = f"validation.images[{i}]"
+        if not isinstance(ref, str):
+            problems.append(Problem(file, field, ref, "must be a string", 'e.g. "builtin:red-circle"'))
+            continue
+        try:
+            read_image(ref, file, field)
+        except PipelineError as exc:
+            problems.append(Problem(file, field, ref, exc.message.split(f"{ref!r}", 1)[-1].strip(": ") or
+                                    exc.message, exc.hint or "builtin:NAME or file:PATH"))
 
 
 def _target_checks(file: str, given: list | None, targets: dict, problems: list[Problem]) -> list:

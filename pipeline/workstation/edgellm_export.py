@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 from pipeline.backends import ExportJob
-from pipeline.contract import ExportRecord, ExternalWeights, OnnxGraph, SpeculativeExport
+from pipeline.contract import ExportRecord, ExternalWeights, OnnxGraph, SpeculativeExport, VisualExport
 from pipeline.errors import PipelineError
 from pipeline.families import family
 from pipeline.plan.formats import INT4_V2_ALIGN
@@ -193,9 +193,11 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     sm = int(round(float(target_sm) * 10))
     set_int4_gemm_plugin_version(plugin or 2)
     set_nvfp4_a16_export_target_sm(sm)
+    from pipeline.backends.edgellm import LLM_DIR
     from pipeline.plan import speculative
-
-    onnx_dir = payload_dir / (speculative.ONNX_BASE if draft_dir else "")
+    from pipeline.plan.shapes import load_shape
+    tower = load_shape(model_dir).tower     # a vision-language model: its language model in onnx/llm
+    onnx_dir = payload_dir / (speculative.ONNX_BASE if draft_dir else LLM_DIR if tower else "")
     onnx_dir.mkdir(parents=True)
     eagle = {"eagle_base": True, "eagle_draft_dir": str(draft_dir)} if draft_dir else {}
     export_onnx(AutoModel.from_pretrained(str(hf), device="cpu", **eagle), str(onnx_dir / "model.onnx"),
@@ -222,14 +224,31 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     quant = json.loads((hf / "hf_quant_config.json").read_text())["quantization"] \
         if (hf / "hf_quant_config.json").is_file() else {}
     shutil.rmtree(hf)        # the kit carries the ONNX; the unified checkpoint is rebuilt from the state if needed
+    visual = export_tower(model_dir, scratch, payload_dir, tower) if tower else None
     return ExportRecord(
         weights=weights, kv_cache=kv_cache, quant_algo=quant.get("quant_algo"),
         kv_cache_quant_algo=quant.get("kv_cache_quant_algo"), group_size=quant.get("group_size"),
         kv_cache_dtype=runtime_cfg.get("kv_cache_dtype"), target_sm=sm, int4_gemm_plugin_version=plugin,
         externalized_weights=[ExternalWeights(file=e["file"], kind=e["kind"], tensors=len(e["tensors"]),
                                               size=e["size"]) for e in external],
-        onnx=OnnxGraph(**graph), speculative=spec,
+        onnx=OnnxGraph(**graph), speculative=spec, visual=visual,
         versions={d: _version(d) for d in ("tensorrt-edgellm", "nvidia-modelopt", "transformers", "onnx")})
+
+
+def export_tower(model_dir: Path, scratch: Path, payload_dir: Path, tower) -> VisualExport:
+    """The visual tower through Edge-LLM's exporter into onnx/visual, checked against transformers' tower on the
+    builtin test images (workstation/visual_export.py, visual_check.py)."""
+    from pipeline.backends.edgellm import VISUAL_DIR
+    from pipeline.images import BUILTIN_IMAGES, open_image
+    from pipeline.workstation.visual_check import check_tower
+    from pipeline.workstation.visual_export import export_visual
+
+    graph = export_visual(model_dir, scratch, payload_dir / VISUAL_DIR, tower.design, tower.deepstack)
+    images = [open_image(i.png()) for i in BUILTIN_IMAGES.values()]
+    agreement = check_tower(payload_dir / VISUAL_DIR / "model.onnx", model_dir, tower.design, images)
+    return VisualExport(design=tower.design, images=agreement.images,
+                        max_relative_error=round(agreement.max_relative_error, 6),
+                        cosine=round(agreement.cosine, 7), onnx=OnnxGraph(**graph))
 
 
 def export_job(job: ExportJob) -> ExportRecord:

@@ -220,9 +220,10 @@ def prompt_lengths(model_dir, validation: GoldenSettings) -> list[tuple[str, int
     return [(p, len(render_prompt(tok, p, chat)[1])) for p in validation.prompts]
 
 
-def make_goldens(model, tokenizer, validation: GoldenSettings, model_dir=None) -> contract.Goldens:
+def make_goldens(model, tokenizer, validation: GoldenSettings, model_dir=None, images=None) -> contract.Goldens:
     """Greedy completions and per-step top-k log-probs for every validation prompt, asked as the deployed model is
-    asked (render_prompt)."""
+    asked (render_prompt); with `images` (workstation/image_prompts.py ImagePrompts) the first prompts are asked
+    with their images."""
     chat = uses_chat_template(tokenizer, validation)
     if chat and not tokenizer.chat_template:
         raise PipelineError("validation.chat_template = true, but the model's tokenizer has no chat template",
@@ -230,7 +231,11 @@ def make_goldens(model, tokenizer, validation: GoldenSettings, model_dir=None) -
     prompts = []
     stops = stop_ids(model_dir, tokenizer) if model_dir is not None else \
         ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
-    for prompt in validation.prompts:
+    for i, prompt in enumerate(validation.prompts):
+        if images is not None and i < len(images.images):
+            prompts.append(images.golden(model, tokenizer, prompt, i, validation.max_new_tokens,
+                                         validation.top_k_logprobs, stops))
+            continue
         rendered, ids = render_prompt(tokenizer, prompt, chat)
         g = greedy(model, ids, validation.max_new_tokens, validation.top_k_logprobs, stops)
         prompts.append(contract.GoldenPrompt(

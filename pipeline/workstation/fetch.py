@@ -11,7 +11,10 @@ from pipeline.workstation.safetensors_check import check_safetensors
 # Files a checkpoint needs downstream; everything else in a repo (other formats, READMEs, images) is left behind.
 NEEDED = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
           "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
-          "merges.txt", "added_tokens.json", "chat_template.jinja"]
+          "merges.txt", "added_tokens.json", "chat_template.jinja",
+          # a vision-language model's image processor (the export copies it for Edge-LLM's runtime) and the chat
+          # template some of them keep apart
+          "preprocessor_config.json", "processor_config.json", "chat_template.json"]
 # An EAGLE-3 draft: config and weights only (it uses the base's tokenizer); many ship pytorch_model.bin.
 DRAFT_NEEDED = ["config.json", "*.safetensors", "model.safetensors.index.json", "pytorch_model.bin"]
 
@@ -69,6 +72,10 @@ def refuse_remote_code(config: dict, path: Path) -> None:
                         "that comes with a model", "use a model whose architecture transformers implements natively")
 
 
+# where a checkpoint keeps its (language) model's decoder: text models, Qwen3-VL, InternVL (-hf)
+LANGUAGE_MODEL_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+
+
 def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
     """Tensors whose shape in the weights differs from what config.json says (Llama-style names, which the dense
     decoders this pipeline builds share), and decoder layers the config counts but the weights lack or add."""
@@ -77,9 +84,11 @@ def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
     if fam is None or not fam.separate_projections:
         return []           # fused q/k/v or gate/up tensors (Phi-3): not these names
     h, q, kv, i = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size
-    want = {"model.embed_tokens.weight": (shape.vocab_size, h), "model.norm.weight": (h,)}
+    # a vision-language model's language model sits under its own prefix, as its hub layout has it
+    base = next((b for b in LANGUAGE_MODEL_PREFIXES if f"{b}embed_tokens.weight" in headers), "model.")
+    want = {f"{base}embed_tokens.weight": (shape.vocab_size, h), f"{base}norm.weight": (h,)}
     for n in range(shape.num_layers):
-        p = f"model.layers.{n}."
+        p = f"{base}layers.{n}."
         want |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
                  p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
                  p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
@@ -89,7 +98,7 @@ def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
     missing = sorted(k for k in want if k not in headers)
     if missing:
         out.append(f"{len(missing)} tensors the config implies are missing (e.g. {missing[0]})")
-    extra = sorted(k for k in headers if k.startswith(f"model.layers.{shape.num_layers}."))
+    extra = sorted(k for k in headers if k.startswith(f"{base}layers.{shape.num_layers}."))
     if extra:
         out.append(f"the weights hold more decoder layers than num_hidden_layers = {shape.num_layers} ({extra[0]})")
     return out

@@ -133,3 +133,40 @@ def image_golden(model, tokenizer, processor, tower: VisualTower, prompt: str, i
                                  top_logprobs=g["top_logprobs"],
                                  text=tokenizer.decode(g["output_ids"], skip_special_tokens=True),
                                  image=f"{IMAGE_DIR}/{image.name}", image_sha256=image.sha256, image_tokens=count)
+
+
+@dataclass(frozen=True)
+class ImagePrompts:
+    """A recipe's validation images, with what asks them as the engine will: the processor held to the profile."""
+    images: tuple[PromptImage, ...]
+    processor: object
+    tower: VisualTower
+    limits: VisualLimits
+
+    def golden(self, model, tokenizer, prompt: str, index: int, max_new_tokens: int, top_k: int, stops: list[int]):
+        return image_golden(model, tokenizer, self.processor, self.tower, prompt, self.images[index],
+                            max_new_tokens, top_k, stops, max_tokens=self.limits.max_image_tokens_per_image)
+
+    def write(self, out: Path) -> None:
+        """The images as the kit carries them (images/<name>), beside goldens.json."""
+        (out / IMAGE_DIR).mkdir(exist_ok=True)
+        for image in self.images:
+            (out / IMAGE_DIR / image.name).write_bytes(image.data)
+
+
+def image_prompts(model_dir: Path, refs: tuple[str, ...], recipe_file: str, limits: VisualLimits | None
+                  ) -> ImagePrompts | None:
+    """The recipe's validation images for the model in model_dir, asked at the plan's image profile `limits`
+    (None without images); images for a model without a visual tower are an error naming the field."""
+    if not refs:
+        return None
+    from pipeline.plan.shapes import load_shape
+    from pipeline.workstation.visual_check import image_processor
+    shape = load_shape(model_dir)
+    if shape.tower is None or limits is None:
+        raise PipelineError(f"{recipe_file}: validation.images = {list(refs)!r}, but the model "
+                            f"({shape.architecture}) has no visual tower", "remove validation.images, or use a "
+                            "vision-language model")
+    images = tuple(read_image(r, recipe_file, f"validation.images[{i}]") for i, r in enumerate(refs))
+    processor = held_processor(image_processor(model_dir, shape.tower.design), shape.tower.tokens, limits)
+    return ImagePrompts(images, processor, shape.tower.tokens, limits)

@@ -82,7 +82,7 @@ BUILTINS: dict[str, Builtin] = {
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
         tie_word_embeddings=True, rms_norm_eps=1e-5), train_steps=100, notes="tiny-phi3, hidden 128"),
     # Vision-language models shrunk from real configs (tinyvlm.py holds their towers, processors and image tokens).
-    **{name: Builtin(vlm["architecture"], {}, train_steps=100, notes=f"{vlm['architecture']} shrunk", extra=vlm)
+    **{name: Builtin(vlm["architecture"], {}, notes=f"{vlm['architecture']} shrunk", extra=vlm)
        for name, vlm in VLM_BUILTINS.items()},
 }
 

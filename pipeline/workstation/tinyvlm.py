@@ -83,6 +83,21 @@ def build_config(spec: dict, vocab: int, image_ids: tuple[int, int, int]):
                                                          tie_word_embeddings=text["tie_word_embeddings"], **extra)
 
 
+def _tokenizer(spec, vlm: dict):
+    from pipeline.workstation.tinymodel import train_tokenizer
+    tok = train_tokenizer(spec.vocab_size)
+    tok.add_special_tokens(list(vlm["image"]))
+    ids = tuple(tok.token_to_id(t) for t in vlm["image"])
+    return tok, (ids[0], ids[1], ids[2])
+
+
+def builtin_config(name: str, spec) -> dict:
+    """The config.json VLM builtin `name` is written with (the plan reads it before the fetch makes the model)."""
+    vlm = VLM_BUILTINS[name]
+    tok, ids = _tokenizer(spec, vlm)
+    return {**build_config(vlm, tok.get_vocab_size(), ids).to_dict(), "architectures": [vlm["architecture"]]}
+
+
 def materialize_vlm(name: str, spec, out_dir: Path, progress=None) -> None:
     """Write VLM builtin `name` (spec: tinymodel.Builtin, its `extra` one of VLM_BUILTINS) into out_dir: weights,
     config, tokenizer with its image tokens, chat template, and the processor's preprocessor_config.json."""
@@ -90,16 +105,14 @@ def materialize_vlm(name: str, spec, out_dir: Path, progress=None) -> None:
     import transformers
     from transformers import PreTrainedTokenizerFast
 
-    from pipeline.workstation.tinymodel import _train, train_tokenizer
+    from pipeline.workstation.tinymodel import _train
 
     vlm = VLM_BUILTINS[name]
-    tok = train_tokenizer(spec.vocab_size)
-    tok.add_special_tokens(list(vlm["image"]))
-    ids = tuple(tok.token_to_id(t) for t in vlm["image"])
+    tok, ids = _tokenizer(spec, vlm)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
                                    pad_token="<|pad|>")
     fast.chat_template = chat_template(vlm["image"])
-    config = build_config(vlm, tok.get_vocab_size(), (ids[0], ids[1], ids[2]))
+    config = build_config(vlm, tok.get_vocab_size(), ids)
     torch.manual_seed(spec.seed)
     model = getattr(transformers, vlm["architecture"])(config).float()
     _train(model, fast, spec, progress)

@@ -36,10 +36,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pipeline.backends.edgellm import VISUAL_DIR
 from pipeline.errors import PipelineError
-from pipeline.workstation.edgellm_export import check_graph
 
-VISUAL_DIR = "visual"
 VIT_ATTENTION = "trt_edgellm:ViTAttentionPlugin"
 # the tower's modules of each design (plan/vision.py names the designs). Checkpoints name their tensors <module>.* or
 # model.<module>.*: transformers 5 saves each family in its hub layout (Qwen2.5-VL and InternVL -hf without
@@ -126,6 +125,7 @@ def export_visual(model_dir: Path, scratch: Path, onnx_dir: Path, design: str, d
     shutil.move(str(produced), str(onnx_dir))
     shutil.rmtree(tower, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
+    from pipeline.workstation.edgellm_export import check_graph
     return check_graph(onnx_dir / "model.onnx", GRAPH_INPUTS[design], graph_outputs(deepstack),
                        extra_files=("config.json", *PROCESSOR_FILES), consumer="visual_build",
                        attention=VIT_ATTENTION)

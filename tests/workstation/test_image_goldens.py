@@ -112,3 +112,30 @@ def test_builtin_images_are_byte_stable_and_decode_to_what_was_drawn():
         decoded = np.asarray(Image.open(io.BytesIO(image.png())))
         assert decoded.shape == (image.height, image.width, 3)
         assert (decoded == np.array(image.pixels(), dtype=np.uint8)).all()
+
+
+def test_recipe_images_are_checked_when_the_recipe_is_read(tmp_path):
+    from conftest import REPO
+
+    from pipeline.errors import InputError
+    from pipeline.recipe import load_recipe
+    src = (REPO / "recipes" / "tiny-qwen3-vl-thor.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(src.replace('images = ["builtin:red-circle", "builtin:flag-stripes"]',
+                               'images = ["builtin:red-circle", "builtin:cat", "file:none.png", "builtin:red-circle"]'))
+    with pytest.raises(InputError) as e:
+        load_recipe(str(bad))
+    text = str(e.value)
+    assert "validation.images = '4 images': pairs with 3 prompts" in text
+    assert "validation.images[1] = 'builtin:cat': no builtin image 'cat'" in text
+    assert "validation.images[2] = 'file:none.png'" in text
+    good = load_recipe(str(REPO / "recipes" / "tiny-qwen3-vl-thor.toml"))
+    assert good.validation.images == ("builtin:red-circle", "builtin:flag-stripes")
+
+
+def test_images_for_a_text_model_are_refused_naming_the_field(builtin):  # noqa: F811
+    from pipeline.contract import VisualLimits
+    from pipeline.workstation.image_prompts import image_prompts
+    with pytest.raises(PipelineError, match=r"validation.images = \['builtin:red-circle'\], but the model "
+                                            r"\(LlamaForCausalLM\) has no visual tower"):
+        image_prompts(builtin("tiny-llama"), ("builtin:red-circle",), "r.toml", VisualLimits(4, 1024, 512))
