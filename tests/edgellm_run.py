@@ -81,7 +81,7 @@ def model_vs_engine(src, tmp_path, weights: str, kv: str, calibration, new_token
     from pipeline.workstation.grid import weights_on_grid
     from pipeline.workstation.reader import agreement
     from pipeline.workstation.state import ModelHandoff, load_quantized
-    from pipeline.workstation.tinymodel import corpus_text
+    from pipeline.workstation.tinytrain import corpus_text
 
     q = tmp_path / "q"
     q.mkdir()
@@ -89,6 +89,8 @@ def model_vs_engine(src, tmp_path, weights: str, kv: str, calibration, new_token
     quantize(src, q, weights, kv, group_size, calibration, ".", handoff=handoff)
     onnx_dir = tmp_path / "e" / "onnx"
     export(src, q, tmp_path / "e", onnx_dir, weights, kv, target_sm, handoff=handoff)
+    if (onnx_dir / "llm").is_dir():        # a vision-language model's language model (its tower in onnx/visual)
+        onnx_dir = onnx_dir / "llm"
     ids = AutoTokenizer.from_pretrained(src)(corpus_text("heldout-en"))["input_ids"][:24]
     model = load_quantized(src, q, device)
     with weights_on_grid(model), torch.no_grad():

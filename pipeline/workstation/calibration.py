@@ -46,7 +46,7 @@ def load_texts(source: str, recipe_file: str = ".") -> list[str]:
     parsed = TextSource.parse(source)
     kind, name = parsed.kind, parsed.value
     if kind == "builtin":
-        from pipeline.workstation.tinymodel import corpus_text
+        from pipeline.workstation.tinytrain import corpus_text
         return [p for p in corpus_text(name).split("\n") if p.strip()]
     if kind == "file":
         path = source_path(source, recipe_file)

@@ -21,10 +21,11 @@ from importlib import metadata
 from pathlib import Path
 
 from pipeline.backends import ExportJob
-from pipeline.contract import ExportRecord, ExternalWeights, OnnxGraph, SpeculativeExport, VisualExport
+from pipeline.contract import ExportRecord, ExternalWeights, OnnxGraph, SpeculativeExport
 from pipeline.errors import PipelineError
 from pipeline.families import family
 from pipeline.plan.formats import INT4_V2_ALIGN
+from pipeline.workstation.onnx_graph import check_graph
 
 # Edge-LLM 0.11's default INT4 GEMM is the cuteDSL Int4GroupwiseGemmPluginV2, whose weight layout needs every
 # quantized projection's N and K to be multiples of 64; otherwise the legacy AWQ-layout plugin (version 1).
@@ -71,26 +72,6 @@ def query_scales(model) -> dict:
                                 "re-run the quantize stage; if it repeats, report it with the recipe")
         scales[f"{name}.q_proj.q_scale"] = (amax.detach().float().reshape(1) / quantizer.maxbound).cpu()
     return scales
-
-
-def check_graph(path: Path, inputs, outputs, ops=(), extra_files=(), consumer: str = "llm_build",
-                path_name: str = "Edge-LLM", attention: str = "trt_edgellm:AttentionPlugin") -> dict:
-    """An exported graph's inputs, outputs, custom ops and sidecar files against what `consumer` expects (ONNX
-    Runtime cannot check graphs with Edge-LLM's plugins, so this is what we can check on the workstation)."""
-    import onnx
-
-    m = onnx.load(str(path), load_external_data=False)
-    have_in, have_out = [i.name for i in m.graph.input], [o.name for o in m.graph.output]
-    have_ops = sorted({f"{n.domain}:{n.op_type}" for n in m.graph.node})
-    problems = [f"missing input {n}" for n in inputs if n not in have_in]
-    problems += [f"missing output {n}" for n in outputs if n not in have_out]
-    problems += [f"no {f} beside it" for f in extra_files if not (path.parent / f).is_file()]
-    problems += [f"no {op} node" for op in (attention, *ops) if op not in have_ops]
-    if problems:
-        raise PipelineError(f"{path} is not what {consumer} expects: " + "; ".join(problems),
-                            f"this is a bug in the {path_name} export path; please report it with the recipe")
-    return {"inputs": have_in, "outputs": have_out, "custom_ops": [o for o in have_ops if not o.startswith(":")],
-            "ops": len(m.graph.node)}
 
 
 def external_weights(onnx_dir: Path, externalize: tuple[str, ...]) -> list[dict]:
@@ -224,6 +205,7 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     quant = json.loads((hf / "hf_quant_config.json").read_text())["quantization"] \
         if (hf / "hf_quant_config.json").is_file() else {}
     shutil.rmtree(hf)        # the kit carries the ONNX; the unified checkpoint is rebuilt from the state if needed
+    from pipeline.workstation.visual_export import export_tower
     visual = export_tower(model_dir, scratch, payload_dir, tower) if tower else None
     return ExportRecord(
         weights=weights, kv_cache=kv_cache, quant_algo=quant.get("quant_algo"),
@@ -233,22 +215,6 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
                                               size=e["size"]) for e in external],
         onnx=OnnxGraph(**graph), speculative=spec, visual=visual,
         versions={d: _version(d) for d in ("tensorrt-edgellm", "nvidia-modelopt", "transformers", "onnx")})
-
-
-def export_tower(model_dir: Path, scratch: Path, payload_dir: Path, tower) -> VisualExport:
-    """The visual tower through Edge-LLM's exporter into onnx/visual, checked against transformers' tower on the
-    builtin test images (workstation/visual_export.py, visual_check.py)."""
-    from pipeline.backends.edgellm import VISUAL_DIR
-    from pipeline.images import BUILTIN_IMAGES, open_image
-    from pipeline.workstation.visual_check import check_tower
-    from pipeline.workstation.visual_export import export_visual
-
-    graph = export_visual(model_dir, scratch, payload_dir / VISUAL_DIR, tower.design, tower.deepstack)
-    images = [open_image(i.png()) for i in BUILTIN_IMAGES.values()]
-    agreement = check_tower(payload_dir / VISUAL_DIR / "model.onnx", model_dir, tower.design, images)
-    return VisualExport(design=tower.design, images=agreement.images,
-                        max_relative_error=round(agreement.max_relative_error, 6),
-                        cosine=round(agreement.cosine, 7), onnx=OnnxGraph(**graph))
 
 
 def export_job(job: ExportJob) -> ExportRecord:

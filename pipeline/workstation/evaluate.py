@@ -34,7 +34,7 @@ def heldout_text(spec: str, recipe_file: str) -> tuple[str, str]:
     recipe)."""
     from pipeline.texts import TextSource
     from pipeline.workstation.calibration import read_text_file
-    from pipeline.workstation.tinymodel import corpus_text
+    from pipeline.workstation.tinytrain import corpus_text
     parsed = TextSource.parse(spec)
     if parsed.kind == "builtin":
         return parsed.value, corpus_text(parsed.value)       # its error lists the builtin corpora

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.texts import CORPUS_DIR  # the shipped corpora: one place says where
+from pipeline.workstation.tinytrain import corpus_text, train, train_tokenizer
 from pipeline.workstation.tinyvlm import VLM_BUILTINS
 
 
@@ -102,32 +102,6 @@ DRAFT_BUILTINS: dict[str, DraftBuiltin] = {
 }
 
 
-def corpus_text(name: str) -> str:
-    path = CORPUS_DIR / f"{name}.txt"
-    if not path.is_file():
-        known = ", ".join(p.stem for p in CORPUS_DIR.glob("*.txt"))
-        from pipeline.errors import PipelineError
-        raise PipelineError(f"no builtin corpus {name!r}", f"builtin corpora: {known}")
-    return path.read_text(encoding="utf-8")
-
-
-def train_tokenizer(vocab_size: int):
-    """A byte-level BPE tokenizer trained on the shipped corpus, deterministically."""
-    import os
-
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|bos|>", "<|eos|>", "<|pad|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    lines = corpus_text("calib-en").splitlines()
-    tok.train_from_iterator(lines, trainer=trainer)
-    return tok
-
-
 # A tool-calling template in Llama 3.1's manner (the tiny models are Llamas; llama3_json in serve/toolcalls.py): the
 # tools listed in a system block, a call answered as {"name": ..., "parameters": {...}}, a result as an ipython turn.
 # Each tool is listed by name and argument names only, not as JSON: the tiny engines take 128 tokens, and a JSON
@@ -172,7 +146,7 @@ def materialize(name: str, out_dir: Path, progress=None) -> None:
                         architectures=[spec.architecture], **spec.config)
     torch.manual_seed(spec.seed)
     model = getattr(transformers, spec.architecture)(config).float()
-    _train(model, fast, spec, progress)
+    train(model, fast, spec.train_steps, spec.seed, progress)
     model.eval()
     model.generation_config.do_sample = False
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -183,31 +157,6 @@ def materialize(name: str, out_dir: Path, progress=None) -> None:
 def _write_builtin_json(name: str, spec: Builtin, out_dir: Path) -> None:
     (out_dir / "builtin.json").write_text(json.dumps({"builtin": name, "notes": spec.notes,
                                                       "train_steps": spec.train_steps, "seed": spec.seed}, indent=1))
-
-
-def _train(model, tokenizer, spec: Builtin, progress) -> None:
-    """A few hundred steps of next-token training on the shipped corpus (seconds on one CPU core)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread: the same bits on every machine
-    try:
-        ids = torch.tensor(tokenizer(corpus_text("calib-en"))["input_ids"], dtype=torch.long)
-        seq, batch = 32, 16
-        gen = torch.Generator().manual_seed(spec.seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-        model.train()
-        for step in range(spec.train_steps):
-            starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=gen)
-            x = torch.stack([ids[s:s + seq] for s in starts])
-            loss = model(input_ids=x, labels=x).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if progress:
-                progress(step + 1, spec.train_steps, loss.item())
-    finally:
-        torch.set_num_threads(threads)
 
 
 def materialize_draft(name: str, out_dir: Path) -> None:

@@ -84,7 +84,7 @@ def build_config(spec: dict, vocab: int, image_ids: tuple[int, int, int]):
 
 
 def _tokenizer(spec, vlm: dict):
-    from pipeline.workstation.tinymodel import train_tokenizer
+    from pipeline.workstation.tinytrain import train_tokenizer
     tok = train_tokenizer(spec.vocab_size)
     tok.add_special_tokens(list(vlm["image"]))
     ids = tuple(tok.token_to_id(t) for t in vlm["image"])
@@ -105,7 +105,7 @@ def materialize_vlm(name: str, spec, out_dir: Path, progress=None) -> None:
     import transformers
     from transformers import PreTrainedTokenizerFast
 
-    from pipeline.workstation.tinymodel import _train
+    from pipeline.workstation.tinytrain import train
 
     vlm = VLM_BUILTINS[name]
     tok, ids = _tokenizer(spec, vlm)
@@ -115,7 +115,7 @@ def materialize_vlm(name: str, spec, out_dir: Path, progress=None) -> None:
     config = build_config(vlm, tok.get_vocab_size(), ids)
     torch.manual_seed(spec.seed)
     model = getattr(transformers, vlm["architecture"])(config).float()
-    _train(model, fast, spec, progress)
+    train(model, fast, spec.train_steps, spec.seed, progress)
     model.eval()
     model.generation_config.do_sample = False
     model.save_pretrained(out_dir, safe_serialization=True)

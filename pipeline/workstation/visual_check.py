@@ -78,7 +78,23 @@ def image_processor(model_dir: Path, design: str):
     return getattr(transformers, PROCESSORS[design]).from_pretrained(str(model_dir))
 
 
-# the config each tower module (visual_export.TOWER_MODULES, model.model.<name>) is built from: the vision config or
+# the tower's modules of each design (plan/vision.py names the designs). Checkpoints name their tensors <module>.* or
+# model.<module>.*: transformers 5 saves each family in its hub layout (Qwen2.5-VL and InternVL -hf without
+# "model.", Qwen3-VL with it)
+TOWER_MODULES = {"qwen3_vl": ("visual",), "qwen2_5_vl": ("visual",),
+                 "internvl": ("vision_tower", "multi_modal_projector")}
+
+
+def tower_module(key: str, design: str) -> tuple[str, str] | None:
+    """(module, the tensor's name within it) of a checkpoint tensor of the tower, else None."""
+    for name in TOWER_MODULES[design]:
+        for prefix in (f"{name}.", f"model.{name}."):
+            if key.startswith(prefix):
+                return name, key[len(prefix):]
+    return None
+
+
+# the config each tower module (TOWER_MODULES, model.model.<name>) is built from: the vision config or
 # the whole model's
 MODULE_CONFIG = {"visual": "vision_config", "vision_tower": "vision_config", "multi_modal_projector": None}
 
@@ -90,7 +106,6 @@ def load_tower(model_dir: Path, design: str):
     import transformers
     from safetensors import safe_open
 
-    from pipeline.workstation.visual_export import TOWER_MODULES, tower_module
     config = transformers.AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False)
     with torch.device("meta"):
         model = getattr(transformers, config.architectures[0])(config)

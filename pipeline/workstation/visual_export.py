@@ -30,30 +30,18 @@ What Edge-LLM 0.11's exporter does with a tower (read from the 0.11.0 wheel: ten
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from pipeline.backends.edgellm import VISUAL_DIR
+from pipeline.contract import OnnxGraph, VisualExport
 from pipeline.errors import PipelineError
+from pipeline.workstation.onnx_graph import check_graph
+from pipeline.workstation.visual_check import TOWER_MODULES, check_tower, tower_module
 
 VIT_ATTENTION = "trt_edgellm:ViTAttentionPlugin"
-# the tower's modules of each design (plan/vision.py names the designs). Checkpoints name their tensors <module>.* or
-# model.<module>.*: transformers 5 saves each family in its hub layout (Qwen2.5-VL and InternVL -hf without
-# "model.", Qwen3-VL with it)
-TOWER_MODULES = {"qwen3_vl": ("visual",), "qwen2_5_vl": ("visual",),
-                 "internvl": ("vision_tower", "multi_modal_projector")}
-
-
-def tower_module(key: str, design: str) -> tuple[str, str] | None:
-    """(module, the tensor's name within it) of a checkpoint tensor of the tower, else None."""
-    for name in TOWER_MODULES[design]:
-        for prefix in (f"{name}.", f"model.{name}."):
-            if key.startswith(prefix):
-                return name, key[len(prefix):]
-    return None
 GRAPH_INPUTS = {
     "qwen3_vl": ("input", "rotary_pos_emb", "cu_seqlens", "fast_pos_embed_idx", "fast_pos_embed_weight",
                  "max_seqlen_carrier"),
@@ -111,9 +99,8 @@ def export_visual(model_dir: Path, scratch: Path, onnx_dir: Path, design: str, d
             shutil.rmtree(d)
     write_tower_checkpoint(model_dir, tower, design)
     argv = [sys.executable, "-m", "tensorrt_edgellm.scripts.export", str(tower), str(out), "--skip-llm"]
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", ""))
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S, env=env)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise PipelineError(f"Edge-LLM's visual export took over {EXPORT_TIMEOUT_S} s", "re-run the export stage; "
                             "if it repeats, report it with the recipe") from None
@@ -125,7 +112,20 @@ def export_visual(model_dir: Path, scratch: Path, onnx_dir: Path, design: str, d
     shutil.move(str(produced), str(onnx_dir))
     shutil.rmtree(tower, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
-    from pipeline.workstation.edgellm_export import check_graph
     return check_graph(onnx_dir / "model.onnx", GRAPH_INPUTS[design], graph_outputs(deepstack),
                        extra_files=("config.json", *PROCESSOR_FILES), consumer="visual_build",
                        attention=VIT_ATTENTION)
+
+
+def export_tower(model_dir: Path, scratch: Path, payload_dir: Path, tower) -> VisualExport:
+    """The visual tower through Edge-LLM's exporter into onnx/visual, checked against transformers' tower on the
+    builtin test images (workstation/visual_export.py, visual_check.py)."""
+    from pipeline.backends.edgellm import VISUAL_DIR
+    from pipeline.images import BUILTIN_IMAGES, open_image
+
+    graph = export_visual(model_dir, scratch, payload_dir / VISUAL_DIR, tower.design, tower.deepstack)
+    images = [open_image(i.png()) for i in BUILTIN_IMAGES.values()]
+    agreement = check_tower(payload_dir / VISUAL_DIR / "model.onnx", model_dir, tower.design, images)
+    return VisualExport(design=tower.design, images=agreement.images,
+                        max_relative_error=round(agreement.max_relative_error, 6),
+                        cosine=round(agreement.cosine, 7), onnx=OnnxGraph(**graph))

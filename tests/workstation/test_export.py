@@ -36,7 +36,7 @@ def builtin(tmp_path_factory):
 def probe_ids(model_dir, n=96):
     from transformers import AutoTokenizer
 
-    from pipeline.workstation.tinymodel import corpus_text
+    from pipeline.workstation.tinytrain import corpus_text
     return AutoTokenizer.from_pretrained(model_dir)(corpus_text("heldout-en"))["input_ids"][:n]
 
 

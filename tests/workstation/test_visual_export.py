@@ -120,7 +120,8 @@ def test_the_language_model_of_each_vlm_quantizes_exports_and_agrees_through_the
     from tests.workstation.test_export import CAL
     r = model_vs_engine(builtin(name), tmp_path, weights, kv, CAL, group_size=group)
     assert r["top1_tie_aware"] == 1.0 and r["logit_cosine_min"] > (0.99 if kv == "fp8" else 0.9999), r
-    cfg = json.loads((tmp_path / "e" / "onnx" / "config.json").read_text())
+    assert (tmp_path / "e" / "onnx" / "visual" / "model.onnx").is_file()     # the tower beside it, checked
+    cfg = json.loads((tmp_path / "e" / "onnx" / "llm" / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 2 and cfg["kv_cache_dtype"] == kv
     if name == "tiny-qwen3-vl":        # DeepStack: the first layers take the tower's extra features
         assert cfg["num_deepstack_features"] == 2
@@ -132,7 +133,7 @@ def test_quantizing_a_vlm_leaves_its_tower_exactly_as_the_checkpoint_has_it(buil
 
     from pipeline.workstation.calibrate import quantize
     from pipeline.workstation.state import load_quantized
-    from pipeline.workstation.visual_export import tower_module
+    from pipeline.workstation.visual_check import tower_module
     from tests.workstation.test_export import CAL
     src = builtin("tiny-qwen3-vl")
     quantize(src, tmp_path, "int4_awq", "fp16", 64, CAL, ".")

@@ -1,0 +1,58 @@
+"""How the builtin tiny models learn: a BPE tokenizer trained on the shipped corpus and a few hundred steps of
+next-token training on it, deterministically (shared by the text builtins, tinymodel.py, and the vision-language
+ones, tinyvlm.py)."""
+
+from __future__ import annotations
+
+from pipeline.texts import CORPUS_DIR  # the shipped corpora: one place says where
+
+
+def corpus_text(name: str) -> str:
+    path = CORPUS_DIR / f"{name}.txt"
+    if not path.is_file():
+        known = ", ".join(p.stem for p in CORPUS_DIR.glob("*.txt"))
+        from pipeline.errors import PipelineError
+        raise PipelineError(f"no builtin corpus {name!r}", f"builtin corpora: {known}")
+    return path.read_text(encoding="utf-8")
+
+
+def train_tokenizer(vocab_size: int):
+    """A byte-level BPE tokenizer trained on the shipped corpus, deterministically."""
+    import os
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|bos|>", "<|eos|>", "<|pad|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    lines = corpus_text("calib-en").splitlines()
+    tok.train_from_iterator(lines, trainer=trainer)
+    return tok
+
+
+def train(model, tokenizer, steps: int, seed: int, progress=None) -> None:
+    """A few hundred steps of next-token training on the shipped corpus (seconds on one CPU core)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: the same bits on every machine
+    try:
+        ids = torch.tensor(tokenizer(corpus_text("calib-en"))["input_ids"], dtype=torch.long)
+        seq, batch = 32, 16
+        gen = torch.Generator().manual_seed(seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+        model.train()
+        for step in range(steps):
+            starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=gen)
+            x = torch.stack([ids[s:s + seq] for s in starts])
+            loss = model(input_ids=x, labels=x).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if progress:
+                progress(step + 1, steps, loss.item())
+    finally:
+        torch.set_num_threads(threads)
