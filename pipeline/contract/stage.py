@@ -41,6 +41,8 @@ class AccuracyFigures(Part):
     perplexity_change_interval: list[float]     # its 95% bootstrap interval over the windows, [low, high]
     logit_cosine: float
     top1_agreement: float
+    image_prompts: int = 0                      # a vision-language recipe's prompts asked with images
+    image_top1_agreement: float | None = None   # next-token agreement on them (along the original's answers)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ directory, renamed into place with its manifest, linked as artifacts/<recipe>/<s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -310,6 +311,13 @@ def accuracy_stage(recipe: Recipe) -> contract.StageManifest:
             with skinny_linears():
                 name, text = heldout_text(recipe.validation.heldout, recipe.file)
                 figures = accuracy_report(original, quantized, tok, text, name)
+                images = goldens_images(recipe)
+                if images is not None:
+                    from pipeline.workstation.image_prompts import image_agreement
+                    agree = image_agreement(original, quantized, tok, images, recipe.validation.prompts,
+                                            recipe.validation.max_new_tokens)
+                    figures = dataclasses.replace(figures, image_prompts=len(images.images),
+                                                  image_top1_agreement=round(agree, 6))
             write_report(out, figures, recipe.weights, recipe.name, fetch_digest(recipe))
         return {"accuracy": figures}
 

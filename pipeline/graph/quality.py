@@ -47,7 +47,12 @@ def misses(change: float, top1: float, heldout: str, validation: QualityLimits) 
 
 
 def misses_of(report: contract.AccuracyFigures, validation: QualityLimits) -> list[str]:
-    return misses(report.perplexity_change, report.top1_agreement, report.heldout, validation)
+    out = misses(report.perplexity_change, report.top1_agreement, report.heldout, validation)
+    need, images = validation.min_top1_agreement, report.image_top1_agreement
+    if images is not None and images < need:       # a vision-language model's image prompts: the same limit
+        out.append(f"top-1 agreement on the {report.image_prompts} image prompts {images:.1%} is below "
+                   f"min_top1_agreement {need:.0%} by {(need - images) * 100:.1f} points")
+    return out
 
 
 def measured_formats(stages: Path, fetch_digest: str, heldout: str) -> dict[str, contract.AccuracyReport]:

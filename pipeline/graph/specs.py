@@ -93,7 +93,8 @@ def _image_keys(recipe: Recipe) -> dict:
         digests = [read_image(r, recipe.file, f"validation.images[{i}]").sha256[:16] for i, r in enumerate(v.images)]
     except PipelineError as exc:
         digests = [f"unreadable: {exc.message}"]
-    return {"images": digests, "visual": asdict(recipe.build.visual)}
+    return {"images": digests, "visual": asdict(recipe.build.visual),
+            "image_prompts": list(v.prompts[:len(v.images)]), "image_new_tokens": v.max_new_tokens}
 
 
 def goldens_spec(recipe: Recipe) -> StageSpec:
@@ -117,7 +118,8 @@ def _heldout_digest(recipe: Recipe) -> str:
 
 
 def accuracy_spec(recipe: Recipe) -> StageSpec:
-    return StageSpec(ACCURACY.name, {"heldout": _heldout_digest(recipe)},
+    # a vision-language recipe's image prompts are measured too (their agreement with the original)
+    return StageSpec(ACCURACY.name, {"heldout": _heldout_digest(recipe), **_image_keys(recipe)},
                      inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
 
 

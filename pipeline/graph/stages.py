@@ -60,8 +60,10 @@ def _accuracy(result: contract.StageManifest) -> str:
     a = result.accuracy
     assert a is not None        # the accuracy stage's build returns it
     lo, hi = a.perplexity_change_interval
+    images = f", {a.image_top1_agreement:.1%} on the {_count(a.image_prompts, 'image prompt')}" \
+        if a.image_top1_agreement is not None else ""
     return f"perplexity {a.perplexity_change:+.1%} (95% {lo:+.1%} to {hi:+.1%}), top-1 agreement " \
-           f"{a.top1_agreement:.1%}"
+           f"{a.top1_agreement:.1%}{images}"
 
 
 def _package(result: contract.StageManifest) -> str:

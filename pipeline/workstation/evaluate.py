@@ -330,6 +330,8 @@ def write_report(out: Path, figures: contract.AccuracyFigures, weights: str, rec
           f"| perplexity ({r.heldout}, {r.tokens} tokens) | {r.perplexity_original} | {r.perplexity_quantized} "
           f"({r.perplexity_change:+.2%}; 95% interval {lo:+.2%} to {hi:+.2%}) |",
           f"| logit cosine vs original | 1 | {r.logit_cosine} |",
-          f"| top-1 agreement vs original | 1 | {r.top1_agreement:.2%} |", "", r.advice, ""]
+          f"| top-1 agreement vs original | 1 | {r.top1_agreement:.2%} |",
+          *([f"| top-1 agreement on the {r.image_prompts} image prompts | 1 | {r.image_top1_agreement:.2%} |"]
+            if r.image_top1_agreement is not None else []), "", r.advice, ""]
     (out / contract.ACCURACY_MD).write_text("\n".join(md))
     return r

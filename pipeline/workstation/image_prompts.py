@@ -110,24 +110,32 @@ def image_tokens(inputs, tower: VisualTower) -> int:
 IMAGE_DIR = "images"
 
 
-def image_golden(model, tokenizer, processor, tower: VisualTower, prompt: str, image: PromptImage,
-                 max_new_tokens: int, top_k: int, stops: list[int], max_tokens: int | None = None):
-    """The golden of one prompt asked with its image: the user turn holds the image, then the text (as Open WebUI
-    and the openai client send it), rendered by the model's chat template; the calibrated model's greedy answer."""
-    from pipeline import contract
-    from pipeline.workstation.evaluate import greedy, render_chat
-
+def asked(tokenizer, processor, tower: VisualTower, prompt: str, image: PromptImage
+          ) -> tuple[str, list[int], dict, int]:
+    """(rendered text, ids with the placeholder expanded, the processor's pixel inputs, image tokens) of a prompt
+    asked with its image: the user turn holds the image, then the text (as Open WebUI and the openai client send
+    it), rendered by the model's chat template."""
+    from pipeline.workstation.evaluate import render_chat
     rendered = render_chat(tokenizer, [{"role": "user", "content": [{"type": "image"},
                                                                     {"type": "text", "text": prompt}]}])
     inputs = processor(images=[image.pil()], return_tensors="pt")
     count = image_tokens(inputs, tower)
+    ids = expand(tokenizer(rendered, add_special_tokens=False)["input_ids"], placeholder_id(tokenizer, tower), count)
+    return rendered, ids, {k: inputs[k] for k in ("pixel_values", "image_grid_thw") if k in inputs}, count
+
+
+def image_golden(model, tokenizer, processor, tower: VisualTower, prompt: str, image: PromptImage,
+                 max_new_tokens: int, top_k: int, stops: list[int], max_tokens: int | None = None):
+    """The golden of one prompt asked with its image (asked): the calibrated model's greedy answer."""
+    from pipeline import contract
+    from pipeline.workstation.evaluate import greedy
+
+    rendered, ids, pixels, count = asked(tokenizer, processor, tower, prompt, image)
     if max_tokens is not None and count > max_tokens:
         raise PipelineError(f"{image.ref} becomes {count} image tokens through the model's processor, more than the "
                             f"engine's profile takes (build.visual.max_image_tokens_per_image = {max_tokens})",
                             f"raise build.visual.max_image_tokens_per_image to at least {count}, or use a larger "
                             "or smaller image")
-    ids = expand(tokenizer(rendered, add_special_tokens=False)["input_ids"], placeholder_id(tokenizer, tower), count)
-    pixels = {k: inputs[k] for k in ("pixel_values", "image_grid_thw") if k in inputs}
     g = greedy(model, ids, max_new_tokens, top_k, stops, **pixels)
     return contract.GoldenPrompt(prompt=prompt, rendered=rendered, input_ids=ids, output_ids=g["output_ids"],
                                  top_logprobs=g["top_logprobs"],
@@ -170,3 +178,35 @@ def image_prompts(model_dir: Path, refs: tuple[str, ...], recipe_file: str, limi
     images = tuple(read_image(r, recipe_file, f"validation.images[{i}]") for i, r in enumerate(refs))
     processor = held_processor(image_processor(model_dir, shape.tower.design), shape.tower.tokens, limits)
     return ImagePrompts(images, processor, shape.tower.tokens, limits)
+
+
+def image_agreement(original, quantized, tokenizer, images: ImagePrompts, prompts: tuple[str, ...],
+                    new_tokens: int) -> float:
+    """Top-1 agreement of the quantized model with the original on the prompts asked with images: both models
+    teacher-forced along the original's own greedy answer (the prompt's last position and each answer token), as the
+    held-out text's agreement is measured."""
+    import torch
+
+    from pipeline.workstation.evaluate import greedy
+    from pipeline.workstation.models import input_device
+
+    agree = total = 0
+    for i, image in enumerate(images.images):
+        _, ids, pixels, _ = asked(tokenizer, images.processor, images.tower, prompts[i], image)
+        answer = greedy(original, ids, new_tokens, 1, [], **pixels)["output_ids"]
+        seq = ids + answer[:-1]
+        inputs = dict(pixels)
+        if "image_grid_thw" in pixels:      # Qwen's multimodal RoPE: which positions hold image tokens (generate
+            # derives it; a plain forward is told, as the processor tells it: 1 for an image token)
+            pad = placeholder_id(tokenizer, images.tower)
+            inputs["mm_token_type_ids"] = torch.tensor([[int(t == pad) for t in seq]])
+        picks = []
+        with torch.no_grad():
+            for model in (original, quantized):
+                device = input_device(model)
+                logits = model(input_ids=torch.tensor([seq], device=device),
+                               **{k: v.to(device) for k, v in inputs.items()}).logits[0, len(ids) - 1:]
+                picks.append(logits.float().argmax(-1).cpu())
+        agree += int((picks[0] == picks[1]).sum())
+        total += len(picks[0])
+    return agree / total if total else 1.0

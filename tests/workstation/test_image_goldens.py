@@ -139,3 +139,23 @@ def test_images_for_a_text_model_are_refused_naming_the_field(builtin):  # noqa:
     with pytest.raises(PipelineError, match=r"validation.images = \['builtin:red-circle'\], but the model "
                                             r"\(LlamaForCausalLM\) has no visual tower"):
         image_prompts(builtin("tiny-llama"), ("builtin:red-circle",), "r.toml", VisualLimits(4, 1024, 512))
+
+
+def test_image_agreement_is_whole_against_itself_and_counts_every_changed_pick(asked, builtin):  # noqa: F811
+    """Against itself: 1. Against a model whose answers change (its output layer shuffled): the share of the answer
+    positions where the picks still agree, counted over both prompts' positions (the tiny random tower barely moves
+    the answer positions' picks, so the image side alone cannot show the drop here)."""
+    import torch
+
+    from pipeline.workstation.image_prompts import ImagePrompts, image_agreement
+    model, tok, tower, processor = asked("tiny-qwen2.5-vl", 30)
+    images = ImagePrompts((read_image("builtin:red-circle", "r.toml", "validation.images[0]"),
+                           read_image("builtin:checkerboard", "r.toml", "validation.images[1]")),
+                          processor, tower.tokens, VisualLimits(4, 4096, 30))
+    prompts = ("What is it?", "Describe the picture.")
+    assert image_agreement(model, model, tok, images, prompts, 8) == 1.0
+    other = load_model(builtin("tiny-qwen2.5-vl"), "cpu")
+    with torch.no_grad():
+        other.lm_head.weight.copy_(other.lm_head.weight.roll(1, dims=0))     # every token's logit moved to the next
+    agreement = image_agreement(model, other, tok, images, prompts, 8)
+    assert agreement < 0.5 and agreement * 16 == round(agreement * 16)          # 2 prompts x 8 positions

@@ -42,6 +42,16 @@ def test_the_limits_hold_at_their_edges():
     assert ppl == "perplexity +25.1% on heldout-en exceeds max_perplexity_increase +25% by 0.1 points"
 
 
+def test_a_vision_language_models_image_prompts_are_held_to_the_same_top1_limit_at_its_edge():
+    """The image prompts' agreement (along the original's answers) meets min_top1_agreement exactly or misses by the
+    step past it; a text recipe's report has none and is judged on the held-out text alone."""
+    at_edge = dataclasses.replace(acc("fp8", 0.01, 0.95), image_prompts=2, image_top1_agreement=0.7)
+    assert misses_of(at_edge, LIMITS) == []
+    (miss,) = misses_of(dataclasses.replace(at_edge, image_top1_agreement=0.6875), LIMITS)
+    assert miss == "top-1 agreement on the 2 image prompts 68.8% is below min_top1_agreement 70% by 1.2 points"
+    assert acc("fp8", 0.01, 0.95).image_top1_agreement is None
+
+
 @pytest.mark.integration
 def test_the_package_stage_refuses_to_sign_below_the_gate(tmp_path):
     project = Project(tmp_path / "proj")

@@ -42,6 +42,9 @@ def test_the_kit_carries_both_graphs_the_images_and_the_image_goldens(built):
     assert asked == [("images/red-circle.png", 72), ("images/flag-stripes.png", 77), (None, 0)]
     assert (_stage(project, "goldens") / "images" / "red-circle.png").read_bytes() == \
         BUILTIN_IMAGES["red-circle"].png()
+    accuracy = contract.AccuracyReport.load(_stage(project, "accuracy") / contract.ACCURACY_JSON)
+    assert accuracy.image_prompts == 2 and 0.0 <= accuracy.image_top1_agreement <= 1.0
+    assert f"{accuracy.image_top1_agreement:.1%} on the 2 image prompts" in stdout
     plan = contract.Plan.load(_stage(project, "plan") / contract.PLAN)
     assert [a[0] for a in plan.device_build_commands] == ["llm_build", "visual_build"]
     assert plan.visual is not None and plan.visual.limits.max_image_tokens_per_image == 128
