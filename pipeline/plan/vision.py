@@ -156,22 +156,22 @@ def tower_from_config(arch: str, config: dict, source: str, problems: list[Probl
                                      prefix="text_config."),
                      in_channels=need("num_channels", 3), position_table=grid * grid + 1,
                      qkv_bias=vc.get("attention_bias") is True)
+    def blocks(key: str) -> list:
+        """A list of block indexes (full-attention blocks, DeepStack layers), each below depth."""
+        value = vc.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(b, int) and 0 <= b < depth for b in value):
+            problems.append(Problem(source, f"vision_config.{key}", value,
+                                    f"must list block indexes below depth ({depth})", "use the model's own config"))
+            return []
+        return value
+
     out = need("out_hidden_size")
     temporal = need("temporal_patch_size", 2)
     channels = need("in_chans" if "in_chans" in vc else "in_channels", 3)
     if design == "qwen2_5_vl":
         window = need("window_size", 112)
-        full = vc.get("fullatt_block_indexes", [])
-        if not isinstance(full, list) or not all(isinstance(b, int) and 0 <= b < depth for b in full):
-            problems.append(Problem(source, "vision_config.fullatt_block_indexes", full,
-                                    f"must list block indexes below depth ({depth})", "use the model's own config"))
-            full = []
         return tower(out_hidden=out, in_channels=channels, temporal_patch=temporal,
-                     window_patches=(window // tokens.patch) ** 2, full_blocks=len(full))
-    stack = vc.get("deepstack_visual_indexes", [])
-    if not isinstance(stack, list) or not all(isinstance(b, int) and 0 <= b < depth for b in stack):
-        problems.append(Problem(source, "vision_config.deepstack_visual_indexes", stack,
-                                f"must list block indexes below depth ({depth})", "use the model's own config"))
-        stack = []
+                     window_patches=(window // tokens.patch) ** 2, full_blocks=len(blocks("fullatt_block_indexes")))
     return tower(out_hidden=out, in_channels=channels, temporal_patch=temporal,
-                 deepstack=len(stack), position_table=need("num_position_embeddings", 2304))
+                 deepstack=len(blocks("deepstack_visual_indexes")),
+                 position_table=need("num_position_embeddings", 2304))
