@@ -218,7 +218,7 @@ class Stages(Record):
 
 
 # a golden's image as the kit carries it: a plain file name under images/ (nothing that leaves the directory)
-IMAGE_FILE_RE = re.compile(r"^images/[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+IMAGE_FILE_RE = re.compile(r"\Aimages/[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")   # \Z: no newline after
 
 
 @dataclass(frozen=True)

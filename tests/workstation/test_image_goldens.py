@@ -159,3 +159,13 @@ def test_image_agreement_is_whole_against_itself_and_counts_every_changed_pick(a
         other.lm_head.weight.copy_(other.lm_head.weight.roll(1, dims=0))     # every token's logit moved to the next
     agreement = image_agreement(model, other, tok, images, prompts, 8)
     assert agreement < 0.5 and agreement * 16 == round(agreement * 16)          # 2 prompts x 8 positions
+
+
+def test_a_goldens_image_name_that_leaves_images_is_never_taken():
+    """The package stage copies each golden's image by its name: only a plain file under images/ is one (a damaged or
+    planted goldens.json naming anything else is refused as damaged output)."""
+    from pipeline.contract import IMAGE_FILE_RE
+    assert IMAGE_FILE_RE.match("images/red-circle.png") and IMAGE_FILE_RE.match("images/0a1b2c3d4e5f6a7b.jpeg")
+    for planted in ("images/../recipe.toml", "../x.png", "images/a/b.png", "/etc/passwd", "images/.hidden",
+                    "images/", "images/x.png\n", "imagesx.png", "images/" + "a" * 200):
+        assert not IMAGE_FILE_RE.match(planted), planted
