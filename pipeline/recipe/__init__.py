@@ -33,7 +33,7 @@ __all__ = ["BuildSettings", "Calibration", "Draft", "ModelSource", "Quantization
 def parse_recipe(data: dict, file: str, name: str | None = None) -> Recipe:
     problems: list[Problem] = []
     name = name or Path(file).stem
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         problems.append(Problem(file, "(recipe name)", name if len(name) <= 80 else name[:77] + "...",
                                 "is not a recipe name: 1-64 letters, digits, '.', '_' or '-', starting with a letter "
                                 "or digit", "rename the file: its name becomes directory and task names"))

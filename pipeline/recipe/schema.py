@@ -143,7 +143,7 @@ def check_value(file: str, path: str, f: Field, value: Any, problems: list[Probl
         problems.append(Problem(file, path, value, f"must be at least {spec.min}", _range(spec)))
     if spec.max is not None and value > spec.max:
         problems.append(Problem(file, path, value, f"must be at most {spec.max}", _range(spec)))
-    if spec.pattern is not None and not spec.pattern.match(value):
+    if spec.pattern is not None and not spec.pattern.fullmatch(value):
         problems.append(Problem(file, path, value, "has the wrong form", spec.pattern_hint or spec.doc or
                                 f"it must match {spec.pattern.pattern}"))
     if spec.max_items is not None and isinstance(value, list) and len(value) > spec.max_items:
@@ -174,7 +174,7 @@ def _source_checks(file: str, table: str, m: dict, builtins: dict, problems: lis
             problems.append(Problem(file, f"{table}.{key}", m[key], f"does not apply to {table}.source = {src!r}",
                                     f"{table}.source = {src!r} uses: {', '.join(need)}"))
     rev = m.get("revision")
-    if src == "hf" and isinstance(rev, str) and not COMMIT_RE.match(rev) and not m["allow_branch"]:
+    if src == "hf" and isinstance(rev, str) and not COMMIT_RE.fullmatch(rev) and not m["allow_branch"]:
         problems.append(Problem(file, f"{table}.revision", rev, "is not a 40-character commit hash",
                                 "pin the commit (the resolved hash is recorded either way), "
                                 f"or set {table}.allow_branch = true to follow a branch or tag"))

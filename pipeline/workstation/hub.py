@@ -34,7 +34,7 @@ def fetch_hub(repo: str, revision: str, out: Path, allow_branch: bool = False, p
     where = f"{repo}@{revision}"
     try:
         if _offline():
-            if not COMMIT_RE.match(revision):
+            if not COMMIT_RE.fullmatch(revision):
                 raise PipelineError(f"{where}: HF_HUB_OFFLINE is set, so branch {revision!r} cannot be resolved",
                                     f"pin {table}.revision to a commit hash, or unset HF_HUB_OFFLINE")
             commit = revision

@@ -85,6 +85,20 @@ def test_branch_revision_needs_opt_in():
     assert parse_recipe(data, "x.toml").model == Hub("model", "org/model", "main", allow_branch=True)
 
 
+def test_a_trailing_newline_does_not_slip_past_a_pattern():
+    """Patterns are matched to the end of the value ($ in Python's re.match lets one final newline through): a
+    revision, a repo id and a recipe name with a trailing newline are refused."""
+    data = base()
+    data["model"]["repo"] = "org/model\n"
+    assert [p.field for p in problems(data)] == ["model.repo"]
+    data = base()
+    data["model"]["revision"] = "0" * 40 + "\n"      # checked once the fields' types are right (a second pass)
+    (p,) = problems(data)
+    assert p.field == "model.revision" and "not a 40-character commit hash" in p.message
+    with pytest.raises(InputError, match=r"is not a recipe name"):
+        parse_recipe(base(), "recipes/x.toml", name="x\n")
+
+
 def test_fields_that_do_not_apply_to_the_source():
     data = base()
     data["model"] = {"source": "local", "repo": "a/b"}
