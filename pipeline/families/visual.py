@@ -32,6 +32,7 @@ class PatchMerger:
     min_pixels: int
     max_pixels: int
     wrap_tokens: int = 2        # <|vision_start|> ... <|vision_end|>
+    placeholder: str = "<|image_pad|>"     # the token the chat template places once and the processor repeats
 
     @property
     def factor(self) -> int:
@@ -75,6 +76,7 @@ class Tiles:
     max_tiles: int = 12
     thumbnail: bool = True
     wrap_tokens: int = 2        # <img> ... </img>
+    placeholder: str = "<IMG_CONTEXT>"     # the token the chat template places once and the processor repeats
 
     @property
     def per_tile(self) -> int:

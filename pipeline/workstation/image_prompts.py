@@ -81,8 +81,7 @@ def held_processor(processor, tower: VisualTower, limits: VisualLimits):
 
 
 def placeholder_id(tokenizer, tower: VisualTower) -> int:
-    from pipeline.workstation.tinyvlm import INTERNVL_IMAGE, QWEN_IMAGE
-    token = (INTERNVL_IMAGE if isinstance(tower, Tiles) else QWEN_IMAGE)[1]
+    token = tower.placeholder
     tid = tokenizer.convert_tokens_to_ids(token)
     if tid is None or tid == tokenizer.unk_token_id:
         raise PipelineError(f"the tokenizer has no {token} token, which the model's chat template places for an "
