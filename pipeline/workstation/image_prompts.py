@@ -119,8 +119,20 @@ def asked(tokenizer, processor, tower: VisualTower, prompt: str, image: PromptIm
                                                                     {"type": "text", "text": prompt}]}])
     inputs = processor(images=[image.pil()], return_tensors="pt")
     count = image_tokens(inputs, tower)
-    ids = expand(tokenizer(rendered, add_special_tokens=False)["input_ids"], placeholder_id(tokenizer, tower), count)
-    return rendered, ids, {k: inputs[k] for k in ("pixel_values", "image_grid_thw") if k in inputs}, count
+    pad = placeholder_id(tokenizer, tower)
+    ids = expand(tokenizer(rendered, add_special_tokens=False)["input_ids"], pad, count)
+    return rendered, ids, {**{k: inputs[k] for k in ("pixel_values", "image_grid_thw") if k in inputs},
+                           **mrope_inputs(ids, pad, tower)}, count
+
+
+def mrope_inputs(ids: list[int], pad: int, tower: VisualTower) -> dict:
+    """What Qwen's multimodal RoPE needs beside the pixels: which positions hold image tokens (1), as its processor
+    returns them (mm_token_type_ids). Without it transformers silently gives the image tokens text positions, which
+    is not what the deployed runtime computes (Edge-LLM's runtime places them on the image's 3-D grid)."""
+    if not isinstance(tower, PatchMerger):
+        return {}
+    import torch
+    return {"mm_token_type_ids": torch.tensor([[int(t == pad) for t in ids]])}
 
 
 def image_golden(model, tokenizer, processor, tower: VisualTower, prompt: str, image: PromptImage,
@@ -194,11 +206,7 @@ def image_agreement(original, quantized, tokenizer, images: ImagePrompts, prompt
         _, ids, pixels, _ = asked(tokenizer, images.processor, images.tower, prompts[i], image)
         answer = greedy(original, ids, new_tokens, 1, [], **pixels)["output_ids"]
         seq = ids + answer[:-1]
-        inputs = dict(pixels)
-        if "image_grid_thw" in pixels:      # Qwen's multimodal RoPE: which positions hold image tokens (generate
-            # derives it; a plain forward is told, as the processor tells it: 1 for an image token)
-            pad = placeholder_id(tokenizer, images.tower)
-            inputs["mm_token_type_ids"] = torch.tensor([[int(t == pad) for t in seq]])
+        inputs = {**pixels, **mrope_inputs(seq, placeholder_id(tokenizer, images.tower), images.tower)}
         picks = []
         with torch.no_grad():
             for model in (original, quantized):

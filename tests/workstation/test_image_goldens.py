@@ -79,8 +79,38 @@ def test_the_image_is_in_the_answer_and_the_answer_is_reproducible(asked):
         first = image_golden(model, tok, processor, tower.tokens, "What is it?", image, 8, 3, [1])
         again = image_golden(model, tok, processor, tower.tokens, "What is it?", image, 8, 3, [1])
         assert first == again
-        answers[key] = first.output_ids
+        answers[key] = first.top_logprobs[0]
+    # the image reaches the answer: its first step's log-probabilities differ by image (the tiny random model's
+    # greedy picks may coincide)
     assert answers["red-circle"] != answers["checkerboard"]
+
+
+@pytest.mark.parametrize("name, per_image", [("tiny-qwen3-vl", 100), ("tiny-qwen2.5-vl", 30)])
+def test_qwen_goldens_place_the_image_tokens_on_the_images_grid(asked, name, per_image):
+    """Qwen's multimodal RoPE: the golden's first step is the forward with 3-D positions from the model's own
+    get_rope_index (image tokens on the image's grid, as Edge-LLM's runtime places them), not with text positions,
+    which transformers silently falls back to when it is not told where the image tokens are."""
+    import torch
+
+    model, tok, tower, processor = asked(name, per_image)
+    image = read_image("builtin:checkerboard", "r.toml", "validation.images[0]")
+    g = image_golden(model, tok, processor, tower.tokens, "What is it?", image, 1, 4, [])
+    inputs = processor(images=[image.pil()], return_tensors="pt")
+    ids = torch.tensor([g.input_ids])
+    pad = placeholder_id(tok, tower.tokens)
+    grid = inputs["image_grid_thw"]
+    positions, _ = model.model.get_rope_index(ids, image_grid_thw=grid, mm_token_type_ids=(ids == pad).int())
+    assert positions[1:, 0].max() < len(g.input_ids) - 1        # the image's rows and columns share positions
+    firsts = {}
+    with torch.no_grad():
+        text = torch.arange(ids.shape[1]).view(1, 1, -1).expand(3, 1, -1)
+        for kind, pos in (("grid", positions), ("text", text)):
+            model.model.rope_deltas = None
+            logits = model(input_ids=ids, position_ids=pos, pixel_values=inputs["pixel_values"],
+                           image_grid_thw=grid).logits[0, -1].float()
+            vals, idx = torch.log_softmax(logits, -1).topk(4)
+            firsts[kind] = [[int(i), round(float(v), 5)] for i, v in zip(idx, vals, strict=True)]
+    assert g.top_logprobs[0] == firsts["grid"] != firsts["text"]
 
 
 def test_image_references_are_checked_and_named(tmp_path):
