@@ -79,8 +79,12 @@ def from_recipe(name: str, target: str | None = None, threads: int | None = None
             grammars = Grammars(served.codec.tokenizer.to_str(), served.stop_ids, served.codec.control_tokens)
         except PipelineError:
             grammars = None
+        pixels = None
+        if served.images is not None:       # a vision-language model: its processor, held as the goldens' was
+            from pipeline.workstation.image_prompts import pixel_maker
+            pixels = pixel_maker(model_dir(recipe), served.images.placeholder_id, served.images.limits)
         return ReferenceSession(model, served.limits, input_device(model), skinny_linears, on_close=stack.close,
-                                grammars=grammars)
+                                grammars=grammars, pixels=pixels)
     return served, load
 
 

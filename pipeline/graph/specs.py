@@ -93,7 +93,8 @@ def _image_keys(recipe: Recipe) -> dict:
         digests = [read_image(r, recipe.file, f"validation.images[{i}]").sha256[:16] for i, r in enumerate(v.images)]
     except PipelineError as exc:
         digests = [f"unreadable: {exc.message}"]
-    return {"images": digests, "visual": asdict(recipe.build.visual),
+    # image_positions 2: Qwen's image tokens on the image's grid (multimodal RoPE), as the deployed runtime places them
+    return {"images": digests, "visual": asdict(recipe.build.visual), "image_positions": 2,
             "image_prompts": list(v.prompts[:len(v.images)]), "image_new_tokens": v.max_new_tokens}
 
 

@@ -73,6 +73,9 @@ class Generation:
     stop_ids: tuple[int, ...]
     guide: Any = None               # a Constraint as this session compiled it (Session.guide); None: free text
     logprobs: int | None = None     # the chosen token's log-probability and this many alternatives (None: none)
+    # a vision-language model's images (PNG, JPEG or WebP bytes, checked), one per run of its placeholder token in
+    # prompt_ids, in order; the runtime makes their pixels as the model's processor does
+    images: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -116,14 +116,21 @@ class Client:
             raise _bad(f"GET {path} is not a JSON object")
         return out
 
-    def completion(self, model: str, prompt: str, max_tokens: int) -> Timing:
-        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                           "stream": True, "stream_options": {"include_usage": True}})
+    def completion(self, model: str, prompt: str, max_tokens: int, image: str | None = None) -> Timing:
+        """One streamed request: a completion of `prompt`, or with `image` (a data URL) a chat asking `prompt`
+        about it (as the openai client sends an image)."""
+        fields = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                  "stream_options": {"include_usage": True}}
+        if image is None:
+            path, body = "/v1/completions", json.dumps({**fields, "prompt": prompt})
+        else:
+            path, body = "/v1/chat/completions", json.dumps({**fields, "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": prompt}]}]})
         sent = time.perf_counter()
-        self.conn.request("POST", self.base + "/v1/completions", body=body, headers=self.headers)
+        self.conn.request("POST", self.base + path, body=body, headers=self.headers)
         r = self.conn.getresponse()
         if r.status != 200:
-            raise PipelineError(f"POST /v1/completions: HTTP {r.status} "
+            raise PipelineError(f"POST {path}: HTTP {r.status} "
                                 f"{r.read(MAX_LINE)[:300].decode('utf-8', 'replace')}", "see the server's log")
         arrivals: list[tuple[float, int]] = []
         usage, done = None, False
@@ -164,7 +171,9 @@ def _chunk(raw: bytes) -> tuple[str, int | None]:
     choices, usage = chunk.get("choices") or [], chunk.get("usage")
     if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
         raise _bad("`choices` is not a list of objects")
-    text = choices[0].get("text") if choices else None
+    delta = choices[0].get("delta") if choices else None      # a chat chunk's text is its delta's content
+    text = (delta.get("content") if isinstance(delta, dict) else None) if delta is not None else \
+        choices[0].get("text") if choices else None
     if text is not None and not isinstance(text, str):
         raise _bad("a choice's `text` is not a string")
     if usage is None:
@@ -183,8 +192,9 @@ def _max_batch(card: dict) -> int:
 
 
 def bench(url: str, api_key: str | None, levels: list[int] | None, requests: int, max_tokens: int,
-          timeout: float = DEADLINE_S) -> tuple[str, int, list[LoadResult]]:
-    """(model, its max_batch_size, one LoadResult per concurrency level), all within `timeout` seconds."""
+          timeout: float = DEADLINE_S, image: str | None = None) -> tuple[str, int, list[LoadResult]]:
+    """(model, its max_batch_size, one LoadResult per concurrency level), all within `timeout` seconds. image: a
+    data URL every request asks about (a chat), so TTFT holds the image's preprocessing and the ViT."""
     deadline = Deadline(timeout)
     try:
         models = Client(url, api_key, deadline).get("/v1/models").get("data")
@@ -198,7 +208,7 @@ def bench(url: str, api_key: str | None, levels: list[int] | None, requests: int
         def send(i: int) -> Timing:
             if not hasattr(local, "client"):
                 local.client = Client(url, api_key, deadline)
-            return local.client.completion(model, PROMPTS[i % len(PROMPTS)], max_tokens)
+            return local.client.completion(model, PROMPTS[i % len(PROMPTS)], max_tokens, image)
         results = []
         for c in levels or concurrencies(min(max_batch, MAX_CLIENTS)):
             local = threading.local()           # fresh connections per level
@@ -230,6 +240,8 @@ def add_parser(sub) -> None:
     b.add_argument("--concurrency", help="comma-separated levels (default: 1, 4 and the server's max_batch_size)")
     b.add_argument("--requests", type=int, default=16, help="requests per level (default 16)")
     b.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (default 64)")
+    b.add_argument("--image", metavar="FILE", help="a vision-language model: every request is a chat asking about "
+                   "this image (PNG, JPEG or WebP, sent as a data URL), so TTFT holds its preprocessing and the ViT")
     b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     b.add_argument("--timeout", type=float, default=DEADLINE_S, metavar="SECONDS",
                    help="give up after this long in all (default %(default)g)")
@@ -252,17 +264,34 @@ def run(args) -> int:
     if out is not None and (out.is_symlink() or (out.exists() and not out.is_file())):
         raise PipelineError(f"--json {out}: a link or not a regular file; the figures are never written through it",
                             "pass a new file name")
+    image = _data_url(Path(args.image)) if args.image else None
     try:
         model, max_batch, results = bench(args.url, args.api_key, levels, args.requests, args.max_tokens,
-                                          args.timeout)
+                                          args.timeout, image)
     except (OSError, http.client.HTTPException, ValueError) as exc:
         raise PipelineError(f"{args.url}: {type(exc).__name__}: {str(exc)[:200]}",
                             "is the server running (python -m pipeline serve ...) and is this its URL?") from None
     print(f"{model} at {args.url} (max_batch_size {max_batch}), {args.requests} requests of {args.max_tokens} "
-          "tokens per level:")
+          f"tokens per level{f', each with {args.image}' if image else ''}:")
     print("\n".join(table(results)))
     if out is not None:
         write_atomic(out, json.dumps({"model": model, "url": args.url, "max_batch_size": max_batch,
                                       "runs": [r.to_dict() for r in results]}, indent=1))
     sys.stdout.flush()
     return 0
+
+
+def _data_url(path: Path) -> str:
+    """The image file as a data URL, read bounded and checked by its magic bytes (no decoding: the server does)."""
+    import base64
+
+    from pipeline.files import read_regular
+    from pipeline.images import MAX_IMAGE_BYTES, ImageError, image_format
+    try:
+        data = read_regular(path, MAX_IMAGE_BYTES, follow=True)
+        kind = image_format(data).lower()
+    except PipelineError as exc:
+        raise PipelineError(f"--image: {exc.message}", "pass a PNG, JPEG or WebP file") from None
+    except (OSError, ImageError) as exc:
+        raise PipelineError(f"--image {path}: {exc}", "pass a PNG, JPEG or WebP file") from None
+    return f"data:image/{kind};base64," + base64.b64encode(data).decode()

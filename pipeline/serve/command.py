@@ -7,6 +7,7 @@ Safe by default: binds 127.0.0.1. Any other address needs --api-key (or JETSON_P
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 from collections.abc import Callable
@@ -60,6 +61,10 @@ def add_parser(sub, recipe_source: RecipeSource) -> None:
     s.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="answer browser requests from ORIGIN with CORS, e.g. http://kiosk.local:3000 (repeatable; "
                    "default: any request with an Origin header is refused)")
+    s.add_argument("--allow-image-urls", action="append", default=[], metavar="HOST",
+                   help="a vision-language model may fetch image_url parts from http(s)://HOST/... (repeatable; "
+                   "default: only data: URLs are taken, since a server that fetches any URL is a way into its "
+                   "network); redirects are not followed")
     s.add_argument("--no-truncate", action="store_true",
                    help="refuse a chat longer than max_input_len (400) instead of dropping its oldest turns")
     s.add_argument("--strict-limits", action="store_true",
@@ -149,6 +154,8 @@ def unit_file(args) -> str:
 
 
 ENV_FILE = "/etc/jetson-pipeline/serve.env"
+TEXT_BODY_BYTES = 2 * 2**20         # a chat of max_input_len tokens is far below this
+IMAGE_BODY_BYTES = 32 * 2**20       # a chat with images: one image of pipeline.images.MAX_IMAGE_BYTES, base64'd
 
 
 def run(args) -> int:
@@ -175,8 +182,14 @@ def run(args) -> int:
         served, load = from_bundle(what, work, args.root, args.pubkey)
     else:
         served, load = args.recipe_source(args.what, args.target, args.torch_threads)
+    if served.images is not None:
+        served = dataclasses.replace(served, images=dataclasses.replace(
+            served.images, allow_hosts=frozenset(h.lower() for h in args.allow_image_urls)))
+    elif args.allow_image_urls:
+        print(f"note: --allow-image-urls has no effect: {served.name} takes no images", file=sys.stderr)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     server = Server(served, Settings(api_key=args.api_key, max_queue=args.max_queue,
+                                     max_body_bytes=IMAGE_BODY_BYTES if served.images else TEXT_BODY_BYTES,
                                      request_timeout=args.request_timeout, allowed_hosts=allowed_hosts(args),
                                      cors_origins=frozenset(args.cors_origin),
                                      public_metrics=args.public_metrics, truncate=not args.no_truncate,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.errors import PipelineError
 from pipeline.runtime.session import Constraint, Generation, Session
 from pipeline.serve import history, protocol
+from pipeline.serve.images import RequestImage, check_profile, expand, read_image
 from pipeline.serve.protocol import ApiError
 from pipeline.serve.toolcalls import ToolCallFormat
 
@@ -56,17 +57,18 @@ class Preparer:
         if req.model is not None and req.model != s.name:
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {s.name!r}", "model",
                            "model_not_found")
-        dropped, (calls, tools) = 0, self.tool_mode(req)
+        dropped, held, (calls, tools) = 0, 0, self.tool_mode(req)
+        images = self.images(req)
         if chat:
             if not s.codec.has_chat_template:
                 raise ApiError(400, f"{s.name} has no chat template (its tokenizer_config.json and "
                                "chat_template.jinja define none): use /v1/completions with a raw prompt",
                                "messages", "chat_template_missing")
-            text, ids, dropped = self.render(req, list(req.tools) if calls else None)
+            text, ids, dropped, held = self.render(req, list(req.tools) if calls else None, images)
             if calls is not None and req.tool_choice == "auto" and len(ids) > limits.max_input_len:
                 # the tools' definitions leave no room for the newest turn: answered as a plain chat, as a model
                 # without tool support is (Open WebUI sends its built-in tools with every chat)
-                text, ids, dropped = self.render(req, None)
+                text, ids, dropped, held = self.render(req, None, images)
                 calls, tools = None, (f"tools ignored: their definitions do not fit max_input_len = "
                                       f"{limits.max_input_len} with the chat; answered as a plain chat")
         else:
@@ -94,20 +96,51 @@ class Preparer:
         else:
             guide = self.guide(Constraint(req.schema) if req.schema is not None else None,
                                "response_format.json_schema.schema")
-        return Prepared(Generation(tuple(ids), text, budget, req.sampling, s.stop_ids, guide, req.logprobs), dropped,
-                        tools, calls)
+        # the newest images: a chat cut to fit lost its oldest turns, and their images with them
+        kept = images[len(images) - held:] if held else []
+        if kept and s.images is not None:
+            check_profile(s.images, kept)
+        return Prepared(Generation(tuple(ids), text, budget, req.sampling, s.stop_ids, guide, req.logprobs,
+                                   tuple(i.data for i in kept)), dropped, tools, calls)
 
-    def render(self, req: protocol.Request, tools: list[dict[str, Any]] | None) -> tuple[str, list[int], int]:
-        """(text, ids, messages dropped) of the chat rendered with these tools, its oldest turns dropped to fit
-        max_input_len unless --no-truncate."""
-        codec = self.served.codec
+    def images(self, req: protocol.Request) -> list[RequestImage]:
+        """The request's images read, checked and counted (a 400 naming the part), or a 400 where the served model
+        or its backend takes none."""
+        if not req.images:
+            return []
+        side, first = self.served.images, req.images[0].param
+        if side is None:
+            raise ApiError(400, f"{first}: {self.served.name} is a text model and takes no images", first,
+                           "unsupported_parameter")
+        session = self.session()
+        if "images" not in session.applies:
+            raise ApiError(400, f"{first}: the {session.backend} runtime session here does not take images (validate "
+                           "image prompts through the device's own runtime, or serve the recipe's reference model)",
+                           first, "unsupported_parameter")
+        return [read_image(part, side) for part in req.images]
+
+    def render(self, req: protocol.Request, tools: list[dict[str, Any]] | None,
+               images: list[RequestImage]) -> tuple[str, list[int], int, int]:
+        """(text, ids, messages dropped, images kept) of the chat rendered with these tools, each image's placeholder
+        expanded to its tokens, its oldest turns dropped to fit max_input_len unless --no-truncate."""
+        codec, side = self.served.codec, self.served.images
+        held: dict[str, int] = {}       # rendered text -> the images it holds
+
+        def ids_of(messages: list[dict[str, Any]]) -> tuple[str, list[int]]:
+            text, ids = codec.chat_ids(messages, tools)
+            if side is None or not images:
+                return text, ids
+            held[text] = ids.count(side.placeholder_id)
+            return text, expand(ids, side, images)
         try:
             messages = [dict(m) for m in req.messages]
             if self.settings.truncate:
-                return history.fit(messages, lambda m: codec.chat_ids(m, tools), self.served.limits.max_input_len)
-            return (*codec.chat_ids(messages, tools), 0)
+                text, ids, dropped = history.fit(messages, ids_of, self.served.limits.max_input_len)
+            else:
+                (text, ids), dropped = ids_of(messages), 0
         except PipelineError as exc:
             raise ApiError(400, exc.message, "messages") from None
+        return text, ids, dropped, held.get(text, 0)
 
     def check_applied(self, req: protocol.Request) -> None:
         """Every sampling extra and logprobs field the request sets is one this backend applies, else a 400 naming it
@@ -162,7 +195,7 @@ class Preparer:
         """Whether preparing this request costs less than handing it to a thread (~0.2 ms): a prompt of at most
         QUICK_CHARS characters, no tools and no schema (a schema is compiled by the session, which may wait on its
         process). Such a request is prepared on the event loop: tokenizing 2,000 characters takes ~0.1 ms."""
-        if req.tools or req.schema is not None:
+        if req.tools or req.schema is not None or req.images:
             return False
         return _prompt_chars(req, chat) <= QUICK_CHARS
 
@@ -180,4 +213,4 @@ class Preparer:
 
 def _prompt_chars(req: protocol.Request, chat: bool) -> int:
     """The characters of the request's prompt: its messages' contents (chat), else its prompt."""
-    return sum(len(m["content"]) for m in req.messages) if chat else len(req.prompt or "")
+    return sum(protocol.content_chars(m["content"]) for m in req.messages) if chat else len(req.prompt or "")

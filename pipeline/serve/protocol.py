@@ -68,6 +68,7 @@ class Request:
     tool_choice: str = "auto"           # auto | none | required | the name of one function
     parallel_tool_calls: bool = True
     logprobs: int | None = None         # None: none; n: the chosen token's and the n most likely alternatives
+    images: tuple[ImagePart, ...] = ()  # the chat's image_url parts, in order (each a {"type": "image"} part)
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -110,18 +111,50 @@ def text(value: str, param: str) -> str:
     return value
 
 
-def _text_content(content: Any, at: str) -> str:
-    """A message's content: a string, or a list of text parts (what the openai client sends for typed content)."""
+@dataclass(frozen=True)
+class ImagePart:
+    """An `image_url` part as the request holds it: its URL and the parameter that names it in an error."""
+    url: str
+    param: str
+
+
+MAX_IMAGE_PARTS = 16        # per request; each is bounded in bytes and tokens too (serve/images.py)
+
+
+def _content(content: Any, at: str, images: list[ImagePart]) -> str | list[dict[str, Any]]:
+    """A message's content: a string, or a list of text parts (what the openai client sends for typed content),
+    joined; with `image_url` parts, the parts as the chat template takes them ({"type": "image"} where each image
+    goes, the goldens' shape), each image's URL added to `images` in order."""
     if isinstance(content, str):
         return text(content, f"{at}.content")
-    if isinstance(content, list):
-        parts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise _bad(f"{at}.content[{j}]: only text parts are supported", f"{at}.content")
-            parts.append(text(part["text"], f"{at}.content[{j}].text"))
-        return "".join(parts)
-    raise _bad(f"{at}.content must be a string or a list of text parts", f"{at}.content")
+    if not isinstance(content, list):
+        raise _bad(f"{at}.content must be a string or a list of text and image_url parts", f"{at}.content")
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": text(part["text"], f"{at}.content[{j}].text")})
+        elif kind == "image_url":
+            ref = part.get("image_url")
+            url = ref.get("url") if isinstance(ref, dict) else ref       # {"url": ...}, or the URL alone
+            if not isinstance(url, str) or not url:
+                raise _bad(f"{at}.content[{j}].image_url must be {{\"url\": \"data:image/png;base64,...\"}}",
+                           f"{at}.content[{j}].image_url")
+            if len(images) == MAX_IMAGE_PARTS:
+                raise _bad(f"{at}.content[{j}]: at most {MAX_IMAGE_PARTS} images per request",
+                           f"{at}.content[{j}]")
+            images.append(ImagePart(url, f"{at}.content[{j}].image_url"))
+            parts.append({"type": "image"})
+        else:
+            raise _bad(f"{at}.content[{j}]: only text and image_url parts are supported", f"{at}.content")
+    if any(p["type"] == "image" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
+
+
+def content_chars(content: str | list[dict[str, Any]]) -> int:
+    """The characters of a message's text (its image parts counted apart, in tokens)."""
+    return len(content) if isinstance(content, str) else sum(len(p.get("text", "")) for p in content)
 
 
 @dataclass(frozen=True)
@@ -265,14 +298,19 @@ def _tools(body: dict) -> tuple[tuple[dict[str, Any], ...], str]:
     return tuple(tools), choice
 
 
-def _message(m: Any, i: int) -> dict[str, Any]:
-    """One chat message as the chat template takes it: an assistant's tool calls and a tool's result included."""
+def _message(m: Any, i: int, images: list[ImagePart]) -> dict[str, Any]:
+    """One chat message as the chat template takes it: an assistant's tool calls and a tool's result included; a
+    user's images as parts (their URLs added to `images`)."""
     if not isinstance(m, dict) or m.get("role") not in ROLES:
         raise _bad(f"messages[{i}]: each message needs a role of system, user, assistant or tool", "messages")
     role = "system" if m["role"] == "developer" else m["role"]
     content = m.get("content")
+    before = len(images)
     out: dict[str, Any] = {"role": role,
-                           "content": "" if content is None else _text_content(content, f"messages[{i}]")}
+                           "content": "" if content is None else _content(content, f"messages[{i}]", images)}
+    if len(images) > before and role != "user":
+        raise _bad(f"messages[{i}]: only user messages may hold images (this one is {m['role']!r})",
+                   f"messages[{i}].content")
     calls = m.get("tool_calls")
     if role == "assistant" and calls:
         if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
@@ -302,8 +340,10 @@ def parse_chat(body: dict[str, Any], defaults: SamplingDefaults = OPENAI_DEFAULT
     if not isinstance(messages, list) or not messages:
         raise _bad("messages must be a non-empty list", "messages")
     tools, choice = _tools(body)
-    return Request(messages=tuple(_message(m, i) for i, m in enumerate(messages)), tools=tools, tool_choice=choice,
-                   parallel_tool_calls=_parallel(body), logprobs=_chat_logprobs(body), **_common(body, defaults))
+    images: list[ImagePart] = []
+    parsed = tuple(_message(m, i, images) for i, m in enumerate(messages))
+    return Request(messages=parsed, tools=tools, tool_choice=choice, parallel_tool_calls=_parallel(body),
+                   logprobs=_chat_logprobs(body), images=tuple(images), **_common(body, defaults))
 
 
 def parse_completion(body: dict[str, Any], defaults: SamplingDefaults = OPENAI_DEFAULTS) -> Request:

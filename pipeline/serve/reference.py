@@ -29,21 +29,28 @@ class _Running:
     generator: Any = None
     grammar: Any = None     # grammar.Constrained: the answer's grammar state, where the request has one
     counts: Any = None      # how often each token came in the answer (for the penalties), where asked
+    rope_deltas: Any = None     # Qwen's multimodal RoPE: this request's offset past its image (None: text only)
 
 
 class ReferenceSession(Session):
     backend = "reference"
     applies = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "min_p", "logprobs",
-                         "top_logprobs"})
+                         "top_logprobs", "images"})
 
     def __init__(self, model: Any, limits: Limits, device: str = "cpu",
                  thread_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
-                 on_close: Callable[[], None] = lambda: None, grammars: Any = None):
+                 on_close: Callable[[], None] = lambda: None, grammars: Any = None,
+                 pixels: Callable[[tuple[bytes, ...], list[int]], dict] | None = None):
         """device: where the model's inputs go. thread_context: entered by the session's own thread around every
         forward (torch function modes such as the goldens' skinny_linears are per thread). on_close: releases the
         model after the thread stopped. grammars: grammar.Grammars of the served tokenizer, for requests with a
-        grammar."""
+        grammar. pixels: a vision-language model's images and prompt ids made into its image inputs
+        (workstation/image_prompts.PixelMaker); None for a text model."""
         super().__init__()
+        self.pixels = pixels
+        # Qwen-VL keeps its multimodal RoPE offset on the model between forward calls: set per request, per step
+        self._rope_holder = getattr(model, "model", None) if hasattr(getattr(model, "model", None), "rope_deltas") \
+            else None
         self.model, self.limits, self.device = model, limits, device
         self._context, self._on_close = thread_context, on_close
         self.grammars = grammars
@@ -106,9 +113,13 @@ class ReferenceSession(Session):
 
         gen = r.handle.generation
         with torch.no_grad():
+            if self._rope_holder is not None:       # a text request, or the first step: computed afresh
+                self._rope_holder.rope_deltas = r.rope_deltas
             if r.cache is None:
                 ids = torch.tensor([list(gen.prompt_ids)], device=self.device)
-                out = self.model(input_ids=ids, use_cache=True)
+                out = self.model(input_ids=ids, use_cache=True, **self._image_inputs(gen))
+                if gen.images and self._rope_holder is not None:
+                    r.rope_deltas = self._rope_holder.rope_deltas
             else:
                 ids = torch.tensor([[r.last]], device=self.device)
                 out = self.model(input_ids=ids, past_key_values=r.cache, use_cache=True)
@@ -129,6 +140,14 @@ class ReferenceSession(Session):
         if r.made >= gen.max_new_tokens:
             return Event([token], final=True, reason="length", logprobs=logprobs)
         return Event([token], logprobs=logprobs)
+
+    def _image_inputs(self, gen: Generation) -> dict[str, Any]:
+        """The request's images as the model's inputs (as the goldens made them), on the model's device."""
+        if not gen.images:
+            return {}
+        if self.pixels is None:
+            raise RuntimeError("this session serves a text model: it takes no images")
+        return {k: v.to(self.device) for k, v in self.pixels(gen.images, list(gen.prompt_ids)).items()}
 
     def _penalized(self, logits: Any, r: _Running) -> Any:
         """The repetition penalty over the prompt and the answer (as transformers' RepetitionPenaltyLogitsProcessor),

@@ -19,6 +19,7 @@ from pipeline import contract
 from pipeline.errors import PipelineError
 from pipeline.families import family
 from pipeline.runtime.session import Limits, Session
+from pipeline.serve.images import ImageSide, image_side
 from pipeline.serve.protocol import OPENAI_DEFAULTS, SamplingDefaults
 from pipeline.serve.text import TextCodec, check_against_goldens, sampling_defaults
 from pipeline.serve.toolcalls import FORMATS, ToolCallFormat
@@ -35,6 +36,7 @@ class Served:
     goldens: contract.Goldens
     defaults: SamplingDefaults = OPENAI_DEFAULTS     # for the sampling fields a request omits
     tool_format: ToolCallFormat | None = None        # how its family writes tool calls (where the template has tools)
+    images: ImageSide | None = None                  # a vision-language model's image side (serve/images.py)
 
 
 def limits_of(plan: contract.Plan) -> Limits:
@@ -44,12 +46,16 @@ def limits_of(plan: contract.Plan) -> Limits:
 def served_of(name: str, created: int, tokenizer_dir: Path, goldens: contract.Goldens, plan: contract.Plan,
             backend: str, where: str) -> Served:
     codec = TextCodec.load(tokenizer_dir)
-    check_against_goldens(codec, goldens, where)
-    stops = goldens.stop_ids
     fam = family(plan.model.architecture)
+    side = None
+    if plan.visual is not None and fam is not None and fam.visual is not None:
+        vocab = codec.tokenizer.get_vocab(with_added_tokens=True)
+        side = image_side(tokenizer_dir, fam.visual, plan.visual.limits, vocab)
+    check_against_goldens(codec, goldens, where, side.placeholder_id if side else None)
+    stops = goldens.stop_ids
     fmt = FORMATS.get(fam.tool_calls) if fam is not None and fam.tool_calls else None
     return Served(name, created, codec, stops, limits_of(plan), backend, goldens, sampling_defaults(tokenizer_dir),
-                  fmt)
+                  fmt, side)
 
 
 def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = None,

@@ -194,16 +194,27 @@ def sampling_defaults(tokenizer_dir: Path):
                             source=f"generation_config.json ({', '.join(sorted(found))})")
 
 
-def check_against_goldens(codec: TextCodec, goldens: contract.Goldens, where: str) -> None:
+def check_against_goldens(codec: TextCodec, goldens: contract.Goldens, where: str,
+                          placeholder: int | None = None) -> None:
     """Every golden prompt rendered and encoded by this codec gives the ids the goldens were computed from, and its
     golden answer decodes to the goldens' text: else the server would ask the engine something validation did not
-    check, and the kit is refused."""
+    check, and the kit is refused. A prompt asked with an image is rendered as the server renders an image part
+    (the user turn holds the image, then the text), its `placeholder` expanded to the golden's image tokens."""
     for i, p in enumerate(goldens.prompts):
+        if p.image is not None and (placeholder is None or not goldens.chat_template):
+            raise PipelineError(f"{where}: golden prompt {i} is asked with an image, and this model serves no "
+                                "images", "rebuild the kit")
         if goldens.chat_template:
             if codec.template is None:
                 raise PipelineError(f"{where}: the goldens were asked through a chat template the kit's tokenizer "
                                     "lacks", "rebuild the kit")
-            _, ids = codec.chat_ids([{"role": "user", "content": p.prompt}])
+            if p.image is not None and placeholder is not None:
+                _, ids = codec.chat_ids([{"role": "user", "content": [{"type": "image"},
+                                                                      {"type": "text", "text": p.prompt}]}])
+                at = ids.index(placeholder) if ids.count(placeholder) == 1 else len(ids)
+                ids = ids[:at] + [placeholder] * (p.image_tokens or 0) + ids[at + 1:]
+            else:
+                _, ids = codec.chat_ids([{"role": "user", "content": p.prompt}])
         else:
             _, ids = codec.prompt_ids(p.prompt)
         if ids != list(p.input_ids):

@@ -109,6 +109,40 @@ def image_tokens(inputs, tower: VisualTower) -> int:
 IMAGE_DIR = "images"
 
 
+@dataclass(frozen=True)
+class PixelMaker:
+    """A served request's images made into the model's inputs, as the goldens' were: the checkpoint's processor
+    held to the engine's profile, Qwen's image positions marked for its multimodal RoPE. The prompt's placeholder
+    tokens must be exactly the processor's count for these images (the server counted them by the family's token
+    math): a difference is an error naming both, never an answer to a different prompt."""
+    processor: object
+    tower: VisualTower
+    placeholder: int
+
+    def __call__(self, images: tuple[bytes, ...], ids: list[int]) -> dict:
+        inputs = self.processor(images=[open_image(d) for d in images], return_tensors="pt")   # type: ignore[operator]
+        if isinstance(self.tower, PatchMerger):
+            made = int(sum(int(t) * int(h) * int(w) for t, h, w in inputs["image_grid_thw"])) // self.tower.merge ** 2
+        else:
+            made = int(inputs["pixel_values"].shape[0]) * self.tower.per_tile
+        if made != ids.count(self.placeholder):
+            raise ValueError(f"the processor makes {made} image tokens of the request's {len(images)} image(s); the "
+                             f"prompt holds {ids.count(self.placeholder)}")
+        return {**{k: inputs[k] for k in ("pixel_values", "image_grid_thw") if k in inputs},
+                **mrope_inputs(ids, self.placeholder, self.tower)}
+
+
+def pixel_maker(model_dir: Path, placeholder: int, limits: VisualLimits) -> PixelMaker:
+    """What makes a served request's images into model inputs, for the model in model_dir at the profile `limits`."""
+    from pipeline.plan.shapes import load_shape
+    from pipeline.workstation.visual_check import image_processor
+    tower = load_shape(model_dir).tower
+    if tower is None:
+        raise PipelineError(f"{model_dir}: the model has no visual tower", "serve a vision-language model")
+    processor = held_processor(image_processor(model_dir, tower.design), tower.tokens, limits)
+    return PixelMaker(processor, tower.tokens, placeholder)
+
+
 def asked(tokenizer, processor, tower: VisualTower, prompt: str, image: PromptImage
           ) -> tuple[str, list[int], dict, int]:
     """(rendered text, ids with the placeholder expanded, the processor's pixel inputs, image tokens) of a prompt

@@ -5,6 +5,7 @@ posts, clients that leave, arithmetic-breaking sampling values and text UTF-8 ca
 
 from __future__ import annotations
 
+import base64
 import json
 import resource
 import socket
@@ -14,6 +15,7 @@ import time
 import httpx
 import pytest
 
+from pipeline.images import BUILTIN_IMAGES
 from tests.serving import REPO, Served, serving
 
 pytestmark = pytest.mark.integration
@@ -250,3 +252,17 @@ def test_arithmetic_breaking_temperature_is_greedy_and_lone_surrogates_are_a_400
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == param and "lone surrogate" in r.json()["error"]["message"]
     assert "Traceback" not in keyed.log.read_text()
+
+
+def test_an_image_sent_to_a_text_model_is_a_400_naming_the_part_and_the_body_bound_stays_a_text_models(keyed):
+    png = base64.b64encode(BUILTIN_IMAGES["red-circle"].png()).decode()
+    r = httpx.post(keyed.url + "/v1/chat/completions", headers=AUTH, timeout=10, json={"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "What is it?"},
+                                     {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}]}]})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "messages[0].content[1].image_url"
+    assert err["message"] == "messages[0].content[1].image_url: tiny-llama-cpu is a text model and takes no images"
+    big = httpx.post(keyed.url + "/v1/chat/completions", headers=AUTH, timeout=10,     # 2 MiB: a text model's bound
+                     content=b'{"messages": [{"role": "user", "content": "' + b"a" * (2 * 2**20) + b'"}]}')
+    assert big.status_code == 413

@@ -6,9 +6,9 @@ from transformers import AutoTokenizer
 
 from pipeline.contract import VisualLimits
 from pipeline.errors import PipelineError
-from pipeline.families.visual import PatchMerger, Tiles
 from pipeline.images import BUILTIN_IMAGES
 from pipeline.plan.shapes import load_shape
+from pipeline.serve.images import held
 from pipeline.workstation.image_prompts import held_processor, image_golden, placeholder_id, read_image
 from pipeline.workstation.models import load_model
 from pipeline.workstation.visual_check import image_processor
@@ -43,14 +43,9 @@ def test_image_tokens_are_what_the_family_token_math_predicts_under_the_profile(
         g = image_golden(model, tok, processor, tower.tokens, "What is it?", read_image(f"builtin:{key}", "r.toml",
                                                                                           "validation.images[0]"),
                          2, 2, [1], max_tokens=per_image)
-        t = tower.tokens
-        if isinstance(t, PatchMerger):      # the processor's resize, held to max_pixels = tokens x (patch x merge)^2
-            most = per_image * t.factor ** 2
-            held = PatchMerger(t.patch, t.merge, min(t.min_pixels, most), most)
-            expected = held.image_tokens(image.height, image.width)
-        else:                               # tiles: at most tokens / 256 - 1, plus the thumbnail
-            held = Tiles(t.tile, t.patch, t.scale, t.min_tiles, max(1, per_image // t.per_tile - 1))
-            expected = held.image_tokens(image.height, image.width)
+        # the server counts an image's tokens by the family's token math held to the profile (serve/images.py):
+        # exactly what the held processor makes
+        expected = held(tower.tokens, per_image).image_tokens(image.height, image.width)
         assert g.image_tokens == expected <= per_image, key
         assert g.input_ids.count(pad) == expected
         i = g.input_ids.index(pad)        # wrapped by the family's start and end tokens, in one run
