@@ -128,28 +128,60 @@ def load_tower(model_dir: Path, design: str):
     return model.eval()
 
 
-def onnx_feeds(design: str, model, pixel_values, grid_thw) -> dict:
+@dataclass(frozen=True)
+class TowerGeometry:
+    """What the visual graph's position inputs are made from, read from the vision config (as Edge-LLM's runtime
+    reads its visual engine's config.json): no weights."""
+    merge: int
+    head_dim: int
+    grid_per_side: int = 0      # Qwen3-VL: the learned position grid's side (sqrt of num_position_embeddings)
+    window_size: int = 0        # Qwen2.5-VL: window attention
+    patch_size: int = 0
+
+    @classmethod
+    def of(cls, vision: dict) -> TowerGeometry:
+        return cls(merge=int(vision.get("spatial_merge_size", 2)),
+                   head_dim=int(vision["hidden_size"]) // int(vision["num_heads"]),
+                   grid_per_side=int(int(vision.get("num_position_embeddings", 0)) ** 0.5),
+                   window_size=int(vision.get("window_size", 0)), patch_size=int(vision.get("patch_size", 0)))
+
+    def rotary(self, position_ids) -> np.ndarray:
+        """The ViT's 2-D rotary angles per patch (transformers' VisionRotaryEmbedding over head_dim / 2, theta
+        10,000: height then width)."""
+        dim = self.head_dim // 2
+        inv = 1.0 / (10000.0 ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+        pos = np.asarray(position_ids, dtype=np.float32)
+        return (pos[..., None] * inv).reshape(pos.shape[0], -1).astype(np.float32)
+
+
+def onnx_feeds(design: str, geometry: TowerGeometry, pixel_values, grid_thw) -> dict:
     """The visual graph's inputs for one batch of images, as Edge-LLM's runtime feeds them."""
     from transformers import vision_utils as vu
-    visual = model.model.visual
-    merge = visual.spatial_merge_size
+    merge = geometry.merge
     cu = vu.get_vision_cu_seqlens(grid_thw).numpy().astype(np.int32)
-    rot = visual.rotary_pos_emb(vu.get_vision_position_ids(grid_thw, merge)).reshape(pixel_values.shape[0], -1)
-    feeds = {"input": pixel_values.numpy().astype(np.float16),
-             "rotary_pos_emb": rot.detach().numpy().astype(np.float32), "cu_seqlens": cu,
+    rot = geometry.rotary(vu.get_vision_position_ids(grid_thw, merge).numpy()).reshape(pixel_values.shape[0], -1)
+    feeds = {"input": pixel_values.numpy().astype(np.float16), "rotary_pos_emb": rot, "cu_seqlens": cu,
              "max_seqlen_carrier": np.zeros(int(np.diff(cu).max()), np.int32)}
     if design == "qwen3_vl":
-        idx, w = vu.get_vision_bilinear_indices_and_weights(grid_thw, num_grid_per_side=visual.num_grid_per_side,
+        idx, w = vu.get_vision_bilinear_indices_and_weights(grid_thw, num_grid_per_side=geometry.grid_per_side,
                                                              spatial_merge_size=merge)
         feeds.update(fast_pos_embed_idx=idx.numpy().astype(np.int64), fast_pos_embed_weight=w.numpy().astype(
             np.float16))
     else:
         window, cu_window = vu.get_vision_window_index(grid_thw, spatial_merge_size=merge,
-                                                       window_size=visual.window_size, patch_size=visual.patch_size)
+                                                       window_size=geometry.window_size,
+                                                       patch_size=geometry.patch_size)
         index = window.numpy().astype(np.int64)
         feeds.update(window_index=index, reverse_window_index=np.argsort(index).astype(np.int64),
                      cu_window_seqlens=np.asarray(cu_window, dtype=np.int32))
     return feeds
+
+
+def image_feeds(design: str, geometry: TowerGeometry | None, inputs) -> dict:
+    """The visual graph's inputs for what the processor made of the images."""
+    if design == "internvl" or geometry is None:
+        return {"input": inputs["pixel_values"].numpy().astype(np.float16)}
+    return onnx_feeds(design, geometry, inputs["pixel_values"], inputs["image_grid_thw"])
 
 
 @dataclass(frozen=True)
@@ -192,13 +224,11 @@ def check_tower(onnx_path: Path, model_dir: Path, design: str, images: list) -> 
     processor = image_processor(model_dir, design)
     session = ReferenceEvaluator(onnx.load(str(onnx_path)), new_ops=[vit_attention_op(), *float32_accumulating_ops()])
     worst, cosine = 0.0, 1.0
+    vision = model.config.vision_config.to_dict()
+    geometry = None if design == "internvl" else TowerGeometry.of(vision)
     for image in images:
         inputs = processor(images=[image], return_tensors="pt")
-        if design == "internvl":
-            feeds = {"input": inputs["pixel_values"].numpy().astype(np.float16)}
-        else:
-            feeds = onnx_feeds(design, model, inputs["pixel_values"], inputs["image_grid_thw"])
-        got = session.run(None, feeds)
+        got = session.run(None, image_feeds(design, geometry, inputs))
         for ours, ref in zip(got, reference_outputs(design, model, inputs), strict=True):
             ours = ours.astype(np.float32).reshape(ref.shape)
             worst = max(worst, float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-6)))
