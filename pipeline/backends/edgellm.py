@@ -14,7 +14,13 @@ request), --maxImageTokensPerImage (512; it must lie within min..max, else visua
 --profilingDetailed. The profile: Qwen towers take 4 patches per image token (min/opt/max HW = 4 x tokens, opt at
 the midpoint); InternVL takes whole 256-token tiles (min and max must divide by 256, else it fails). A
 vision-language export is Edge-LLM's exporter's layout: onnx/llm (llm_build) and onnx/visual (visual_build);
-llm_inference then takes --engineDir engine --multimodalEngineDir engine/visual.
+llm_inference then takes --engineDir engine --multimodalEngineDir engine/visual (examples/llm/llm_inference.cpp);
+an image is a content item of a message, {"type": "image", "image": <file path>} (examples/utils/
+requestFileParser.cpp, which loads the file and preprocesses it by the visual engine's preprocessor_config.json),
+and the profile JSON gains "multimodal": {total_runs, total_images, total_image_tokens, total_audios,
+total_audio_tokens, total_multimodal_tokens, average_time_per_token_ms} (examples/utils/profileFormatter.cpp
+addJsonMultimodalSummary: the vision stages' GPU time over the image tokens), from which one image's ViT time is
+average_time_per_token_ms x total_image_tokens / total_images.
 """
 
 from __future__ import annotations

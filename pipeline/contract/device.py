@@ -86,6 +86,7 @@ class PromptResult(Part):
     seconds: float | None = None
     acceptance: float | None = None             # EAGLE-3: tokens per base step
     peak_unified_memory: float | None = None    # the runtime's own memory monitor
+    vit_ms: float | None = None                 # a prompt asked with an image: its time through the visual engine
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,8 @@ class Measured(Part):
     runtime_memory: PhaseMemory | None
     peak_unified_memory: float | None
     load_runs: list[LoadResult] = field(default_factory=list)   # through the serving session at concurrency 1, 4, max
+    vit_ms: float | None = None         # the image prompts' mean time through the visual engine, per image
+    image_tokens: int | None = None     # those images' mean size in the language model's tokens
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ class Predicted(Part):
     usable_headless: int | None
     power_mode: str | None
     aggregate_tok_s_by_batch: dict[str, float] | None = None    # the plan's, at each load run's batch
+    vit_ms: float | None = None         # the plan's ViT time at the measured images' size
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,7 @@ class PromptOutcome(Part):
     ttft_s: float | None
     decode_tok_s: float | None
     acceptance: float | None
+    vit_ms: float | None = None
 
 
 @dataclass(frozen=True)

@@ -176,6 +176,7 @@ class VisualPlan(Part):
     vit_ms: float | None        # that image through the tower
     vit_error_band: float | None = None
     ttft_ms: float | None = None    # that image's ViT + the prefill of a max_input_len prompt holding it
+    vit_ms_by_image_tokens: dict[str, float] | None = None     # one image's ViT time at several sizes (tokens)
 
 
 @dataclass(frozen=True)

@@ -120,12 +120,9 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
     write_atomic(work / contract.BOARD, board.dumps())      # what this run built on, beside the build log
     plan = contract.Plan.load(kit_dir / contract.PLAN)
     goldens = contract.Goldens.load(kit_dir / contract.GOLDENS)
-    imaged = [p.prompt for p in goldens.prompts if p.image]
-    if imaged:      # nothing unverified is used: an engine whose visual side nothing checked is not signed
-        raise PipelineError(f"{kit}: {len(imaged)} of the kit's validation prompts are asked with an image (e.g. "
-                            f"{imaged[0][:40]!r}); this version of the device half builds and validates text engines "
-                            "only, so it cannot check the visual engine", "validate the kit's text prompts by "
-                            "packaging the recipe without validation.images, or use a later version of the pipeline")
+    if any(p.image for p in goldens.prompts) and plan.visual is None:
+        raise PipelineError(f"{kit}: the kit's goldens ask with images and its plan builds no visual engine",
+                            "re-package the recipe with this version of the pipeline")
     if not force:
         paging = gate.build_memory_gate(plan, board, root)
         if paging:

@@ -81,8 +81,16 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
     backend = backends.get(plan.backend)
     unit = validation.agreement_unit
     per_prompt = [contract.PromptOutcome(prompt=g.prompt, agreement=round(backends.agreement(g, v, unit), 4),
-                                         ttft_s=v.ttft_s, decode_tok_s=v.decode_tok_s, acceptance=v.acceptance)
+                                         ttft_s=v.ttft_s, decode_tok_s=v.decode_tok_s, acceptance=v.acceptance,
+                                         vit_ms=v.vit_ms)
                   for g, v in zip(goldens.prompts, validation.prompts, strict=True)]
+    # the visual engine's time per image, at the test images' mean size, beside the plan's at that size
+    imaged = [(g.image_tokens or 0, v.vit_ms) for g, v in zip(goldens.prompts, validation.prompts, strict=True)
+              if g.image and v.vit_ms is not None]
+    vit_ms = round(sum(ms for _, ms in imaged) / len(imaged), 3) if imaged else None
+    image_tokens = round(sum(n for n, _ in imaged) / len(imaged)) if imaged else None
+    by_tokens = plan.visual.vit_ms_by_image_tokens if plan.visual else None
+    predicted_vit = at_size(by_tokens or {}, image_tokens) if image_tokens else None
     agreement = min(p.agreement for p in per_prompt)
     checks = [_check(f"{unit} agreement with goldens (worst prompt)", f">= {need}", agreement,
                      agreement >= need, round(need - agreement, 4))]
@@ -102,7 +110,7 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
     accept = [p.acceptance for p in per_prompt if p.acceptance]
     prompt_tokens = round(sum(len(g.input_ids) for g in goldens.prompts) / len(goldens.prompts))
     by_len = plan.prediction.ttft_ms_by_input_tokens if plan.prediction else None
-    predicted_ttft = ttft_at(by_len or {}, prompt_tokens)
+    predicted_ttft = at_size(by_len or {}, prompt_tokens)
     predicted_decode = plan.predicted_decode_tok_s
     gaps = speed_gaps(measured_decode, predicted_decode, None if measured_ttft is None else measured_ttft * 1000,
                       predicted_ttft, board)
@@ -129,14 +137,14 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
             kv_cache=validation.kv_cache, build_seconds=build.seconds if build else None,
             build_memory=build.memory if build else None,
             runtime_memory=validation_memory, peak_unified_memory=max(peaks) if peaks else None,
-            load_runs=validation.load_runs),
+            load_runs=validation.load_runs, vit_ms=vit_ms, image_tokens=image_tokens),
         predicted=contract.Predicted(
             decode_tok_s=predicted_decode, ttft_ms=predicted_ttft, memory_total=memory.total if memory else None,
             build_peak=memory.build_peak if memory else None, kv_cache_bytes=memory.kv_cache if memory else None,
             kv_cache_tokens=-(-lim.max_seq_len // TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK * lim.max_batch_size,
             usable_headless=memory.usable_headless if memory else None,
             power_mode=plan.prediction.power_mode if plan.prediction else None,
-            aggregate_tok_s_by_batch=_batched(plan, validation.load_runs)),
+            aggregate_tok_s_by_batch=_batched(plan, validation.load_runs), vit_ms=predicted_vit),
         gaps=gaps, notes=notes, prompts=per_prompt)
 
 
@@ -149,8 +157,9 @@ def _batched(plan: contract.Plan, load: list[contract.LoadResult]) -> dict[str, 
     return {b: v for b, v in by_batch.items() if b in wanted}
 
 
-def ttft_at(by_len: dict[str, float], tokens: int) -> float | None:
-    """The plan's TTFT prediction at `tokens`, interpolated linearly between the lengths it was computed for."""
+def at_size(by_len: dict[str, float], tokens: int) -> float | None:
+    """A plan figure given at several sizes (TTFT by prompt tokens, ViT time by image tokens) at `tokens`,
+    interpolated linearly between the sizes it was computed for."""
     pts = sorted((int(k), v) for k, v in by_len.items())
     if not pts:
         return None
@@ -191,6 +200,7 @@ def figures(report: contract.Report) -> list[tuple[str, str, float | None, float
             ("runtime memory", "GB", gb(m.runtime_memory.taken if m.runtime_memory else None), gb(p.memory_total)),
             ("engine build memory", "GB", gb(m.build_memory.taken if m.build_memory else None), gb(p.build_peak)),
             ("KV cache", "tokens", m.kv_cache.tokens if m.kv_cache else None, p.kv_cache_tokens),
+            *([(f"ViT, {m.image_tokens}-token images", "ms", m.vit_ms, p.vit_ms)] if m.image_tokens else []),
             *load_figures(report)]
 
 

@@ -42,17 +42,38 @@ def _json(path: Path, what: str) -> Any:
                             "see the validation log in the work directory") from None
 
 
-def edgellm_inference_input(goldens: contract.Goldens) -> dict:
+def edgellm_inference_input(goldens: contract.Goldens, kit_dir: Path | None = None) -> dict:
     """llm_inference's input file, greedy, asking the engine exactly what the goldens asked the reference model:
     with the chat template, the user message and apply_chat_template + add_generation_prompt (the runtime renders the
     kit's chat_template.jinja, as transformers did for the goldens); raw, the rendered text, which keeps the special
-    tokens the goldens' ids began with (raw mode encodes with addBos=false, FACTS.md)."""
+    tokens the goldens' ids began with (raw mode encodes with addBos=false, FACTS.md). A prompt asked with an image
+    holds it as the goldens did, image then text, the image a content item naming the kit's file
+    (examples/utils/requestFileParser.cpp: {"type": "image", "image": path})."""
     chat = goldens.chat_template
+
+    def content(p: contract.GoldenPrompt) -> str | list[dict]:
+        if p.image is None:
+            return p.prompt if chat else (p.rendered or p.prompt)
+        if kit_dir is None:
+            raise ValueError("a prompt with an image needs the kit's directory")
+        return [{"type": "image", "image": str(checked_image(kit_dir, p))}, {"type": "text", "text": p.prompt}]
     return {"batch_size": 1, "temperature": 0.0, "top_p": 1.0, "top_k": 1,
             "max_generate_length": goldens.max_new_tokens, "apply_chat_template": chat,
             "add_generation_prompt": chat,
-            "requests": [{"messages": [{"role": "user", "content": p.prompt if chat else (p.rendered or p.prompt)}]}
-                         for p in goldens.prompts]}
+            "requests": [{"messages": [{"role": "user", "content": content(p)}]} for p in goldens.prompts]}
+
+
+def checked_image(kit_dir: Path, golden: contract.GoldenPrompt) -> Path:
+    """The kit's image of a golden prompt, its bytes the ones the goldens were computed with (the kit was verified
+    in this run; this also refuses goldens naming an image the kit's manifest did not cover)."""
+    import hashlib
+    path = kit_dir / (golden.image or "")
+    from pipeline.images import MAX_IMAGE_BYTES
+    data = read_regular(path, MAX_IMAGE_BYTES)
+    if hashlib.sha256(data).hexdigest() != golden.image_sha256:
+        raise PipelineError(f"{path}: not the image the goldens were computed with (sha256 differs)",
+                            "re-copy the kit; nothing was run")
+    return path
 
 
 def _number(obj: Any, *keys: str) -> float | None:
@@ -76,16 +97,30 @@ def edgellm_profile(profile: Any) -> dict:
             "decode_tok_s": _number(spec, "overall_tokens_per_second_excluding_base_prefill") if spec is not None
             else _number(profile, "generation", "tokens_per_second"),
             "acceptance": _number(spec, "average_acceptance_rate") if spec is not None else None,
-            "peak_unified_memory": _number(profile, "peak_unified_memory_bytes")}
+            "peak_unified_memory": _number(profile, "peak_unified_memory_bytes"), "vit_ms": _vit_ms(profile)}
 
 
-def validate_llm_inference(_kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
+def _vit_ms(profile: Any) -> float | None:
+    """One image's time through the visual engine: the profile's multimodal time per image token times the
+    tokens per image (profileFormatter.cpp addJsonMultimodalSummary: GPU time of the vision stages / image tokens)."""
+    per_token = _number(profile, "multimodal", "average_time_per_token_ms")
+    tokens, images = _number(profile, "multimodal", "total_image_tokens"), _number(profile, "multimodal",
+                                                                                   "total_images")
+    if per_token is None or tokens is None or images is None:
+        return None
+    return round(per_token * tokens / images, 3)
+
+
+def validate_llm_inference(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
                            watch: MemoryWatch | None = None, timeout: int = 3600) -> contract.Validation:
     """Edge-LLM's C++ runtime gives text, not token ids: agreement is then measured on the text (report.py)."""
-    replace_file(work / "inference-input.json", json.dumps(edgellm_inference_input(goldens), indent=1))
+    every = edgellm_inference_input(goldens, kit_dir)
+    replace_file(work / "inference-input.json", json.dumps(every, indent=1))
+    # a vision-language engine: visual_build wrote the visual engine into <engine>/visual (backends/edgellm.py)
+    visual = ["--multimodalEngineDir", str(engine / "visual")] if plan.visual is not None else []
     results = []
     for i, golden in enumerate(goldens.prompts):
-        single = edgellm_inference_input(goldens)
+        single = dict(every)
         single["requests"] = single["requests"][i:i + 1]
         replace_file(work / f"input-{i}.json", json.dumps(single))
         out, prof = work / f"output-{i}.json", work / f"profile-{i}.json"
@@ -93,7 +128,7 @@ def validate_llm_inference(_kit_dir: Path, engine: Path, plan: contract.Plan, go
             remove_entry(stale)
         seconds = run_logged(["llm_inference", "--engineDir", str(engine), "--inputFile", str(work / f"input-{i}.json"),
                               "--outputFile", str(out), "--warmup", "1", "--dumpProfile", "--profileOutputFile",
-                              str(prof), *(["--specDecode"] if plan.speculative else [])],
+                              str(prof), *visual, *(["--specDecode"] if plan.speculative else [])],
                              cwd=work, log=work / f"validate-{i}.log", timeout=timeout, watch=watch)
         answer = _json(out, "llm_inference's output")
         responses = answer.get("responses") if isinstance(answer, dict) else None
@@ -132,11 +167,12 @@ def validate_session(kit_dir: Path, engine: Path, plan: contract.Plan, _goldens:
 
 def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
                      watch: MemoryWatch | None = None, timeout: int = 3600) -> contract.Validation:
-    """Through the serve session (RequestEngine), except what it cannot serve (speculative engines): those through
-    llm_inference, whose profiler also measures EAGLE-3's acceptance."""
+    """Through the serve session (RequestEngine), except what it cannot serve (speculative engines) or take here
+    (images: the session is not given a visual engine): those through llm_inference, whose profiler also measures
+    EAGLE-3's acceptance and the visual engine's time."""
     from pipeline.runtime.engines import SESSIONS
 
-    if SESSIONS[plan.backend or ""].refuses(plan):
+    if SESSIONS[plan.backend or ""].refuses(plan) or plan.visual is not None:
         return validate_llm_inference(kit_dir, engine, plan, goldens, work, watch, timeout)
     return validate_session(kit_dir, engine, plan, goldens, work, watch, timeout)
 

@@ -155,9 +155,13 @@ def quantize_stage(recipe: Recipe, plans: list[contract.Plan], for_export: bool 
                                     "build.max_input_len / build.max_seq_len")
     q = recipe.quantization
     _read_texts(recipe)
+    from pipeline.plan.shapes import load_shape
+    from pipeline.recipe import image_profile
+    visual = image_profile(recipe, load_shape(model_dir(recipe)))
     return run_stage(quantize_spec(recipe), lambda out: quantize(model_dir(recipe), out, q.weights,
                                                                  q.kv_cache, group_sizes.pop(), q.calibration,
-                                                                 recipe.file, handoff=_handoff()), stage_cache())
+                                                                 recipe.file, handoff=_handoff(), visual=visual),
+                     stage_cache())
 
 
 def _read_texts(recipe: Recipe) -> None:

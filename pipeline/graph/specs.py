@@ -18,6 +18,7 @@ from pipeline.graph.framework import StageSpec, artifacts_dir, link
 from pipeline.graph.stages import ACCURACY, EXPORT, FETCH, FETCH_DRAFT, GOLDENS, PACKAGE, PLAN, QUANTIZE
 from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
 from pipeline.recipe import Recipe
+from pipeline.recipe.records import VisualSettings
 from pipeline.recipe.sources import ModelSource
 
 
@@ -47,6 +48,16 @@ def draft_dir(recipe: Recipe) -> Path | None:
 WORKSTATION_TOOLS = ("torch", "transformers", "nvidia-modelopt", "safetensors")
 
 
+def _image_calibration_key(recipe: Recipe) -> dict:
+    """A vision-language recipe (it names images or an image profile) whose format fits weights to the data is
+    calibrated with image prompts at its profile (workstation/image_calibration.py): both are part of the key."""
+    if not WEIGHT_FORMATS[recipe.quantization.weights].fits_weights_to_data:
+        return {}
+    if not recipe.validation.images and recipe.build.visual == VisualSettings():
+        return {}
+    return {"image_calibration": {"version": 1, "visual": asdict(recipe.build.visual)}}
+
+
 def quantize_spec(recipe: Recipe) -> StageSpec:
     q = recipe.quantization
     cal = asdict(q.calibration)
@@ -57,7 +68,8 @@ def quantize_spec(recipe: Recipe) -> StageSpec:
                                   "calibration": cal if WEIGHT_FORMATS[q.weights].needs_calibration
                                   or KV_FORMATS[q.kv_cache].needs_calibration else None,
                                   # a stage calibrated before the query was quantized too is not this stage
-                                  **({"quantized_query": True} if KV_FORMATS[q.kv_cache].quantizes_query else {})},
+                                  **({"quantized_query": True} if KV_FORMATS[q.kv_cache].quantizes_query else {}),
+                                  **_image_calibration_key(recipe)},
                      inputs=(fetch_spec(recipe),), tools=WORKSTATION_TOOLS, fingerprint=fingerprint,
                      version=2)     # 2: changed tensors in calibrated.safetensors, not in the pickle
 

@@ -48,6 +48,12 @@ class WeightFormat:
         return elements * self.bits / 8 + groups * self.scale_bits_per_group / 8
 
     @property
+    def fits_weights_to_data(self) -> bool:
+        """AWQ and SmoothQuant: the calibration data reshapes the weights (per-channel scales), not only ranges, so
+        a vision-language model is calibrated with image prompts too (workstation/image_calibration.py)."""
+        return any(k in (self.modelopt_config or "") for k in ("AWQ", "SMOOTHQUANT"))
+
+    @property
     def calibration_config(self) -> str | None:
         """The ModelOpt config the quantize stage applies: the format's own, or its reference simulation."""
         return self.modelopt_config or self.reference_modelopt_config
@@ -79,6 +85,7 @@ class KVFormat:
     @property
     def needs_calibration(self) -> bool:
         return not self.unquantized
+
 
 
 @dataclass(frozen=True)

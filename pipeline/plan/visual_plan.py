@@ -82,8 +82,13 @@ def plan_visual(shape: ModelShape, target: TargetProfile, build: BuildLimits, li
     per_image = limits.max_image_tokens_per_image
     vision = (fit_data or {}).get("vision")
     vit = predict_vit_ms(shape, target.id, per_image, vision, fmt.math)
+    # at smaller images too: the device compares its measured ViT time at the test image's size
+    steps = {n for n in (16, 64, 256, 1024, 4096) if limits.min_image_tokens <= n < per_image}
+    sizes = sorted(steps | {limits.min_image_tokens, per_image})
+    by_tokens = {str(n): round(ms, 2) for n in sizes
+                 if (ms := predict_vit_ms(shape, target.id, n, vision, fmt.math)) is not None}
     return VisualPlan(design=tower.design, precision=precision, params=tower.params(), weights=weights,
                       activations=activations, build_peak=build_peak, limits=limits, image_tokens=per_image,
-                      vit_ms=None if vit is None else round(vit, 1),
+                      vit_ms=None if vit is None else round(vit, 1), vit_ms_by_image_tokens=by_tokens or None,
                       # the fit saw FP16 towers only: an FP8 one is timed at the FP8 peak without an error band
                       vit_error_band=vision["loo_median_abs_error"] if vision and fmt is UNQUANTIZED else None)

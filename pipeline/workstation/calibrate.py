@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipeline.contract import VisualLimits
 from pipeline.errors import PipelineError
 from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS, KVFormat, WeightFormat
 from pipeline.progress import StepTimer
@@ -103,11 +104,22 @@ def fuse_for_export(model) -> int:
     return n
 
 
+def reshapes_weights(cfg: dict) -> bool:
+    """Whether the config's algorithm reshapes weights against the calibration data (AWQ's pre-quant scales,
+    SmoothQuant's smoothing) rather than only recording ranges ("max": FP8, NVFP4)."""
+    algorithm = cfg.get("algorithm")
+    method = algorithm.get("method") if isinstance(algorithm, dict) else algorithm
+    return method not in (None, "max")
+
+
 def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size: int | None,
              calibration: CalibrationSettings,
-             recipe_file: str, handoff: ModelHandoff | None = None) -> dict:
+             recipe_file: str, handoff: ModelHandoff | None = None, visual: VisualLimits | None = None) -> dict:
     """Calibrate and save ModelOpt state into `out`; returns the stage's manifest extras. With a `handoff`, the
-    calibrated model is left there for the next stage of this process."""
+    calibrated model is left there for the next stage of this process. visual: a vision-language model's image
+    profile: where the algorithm reshapes weights against the data, the language model is calibrated with image
+    prompts too (image_calibration.py), as Edge-LLM's own quantizer does (text alone optimizes the image tokens'
+    ranges away)."""
     import torch
 
     from pipeline.progress import Progress
@@ -131,11 +143,15 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     # forward_loop as not required there and its own PTQ example skips it. The stage key leaves calibration out
     # for these formats too (chain.quantize_spec), so running data through them would be only time (a 3B model
     # on a CPU: 30 s of 4 x 64 tokens).
-    windows = []
+    windows: list = []
+    asked: list[dict] = []      # image prompts: ids and the processor's pixel inputs
     if need_calibration(cfg):
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         texts = load_texts(calibration.source, recipe_file)
         windows = token_windows(tokenizer, texts, calibration.samples, calibration.seq_len, calibration.seed)
+        if visual is not None and reshapes_weights(cfg):
+            from pipeline.workstation.image_calibration import image_calibration
+            asked = image_calibration(model_dir, tokenizer, visual)
     if handoff is not None:
         handoff.drop()
     with timer("load"):
@@ -150,7 +166,10 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
         with Progress(f"calibrating {fmt.label}", unit="sample") as bar:
             for i, w in enumerate(windows, 1):
                 m(torch.tensor([w], device=inputs))
-                bar.update(i, len(windows))
+                bar.update(i, len(windows) + len(asked))
+            for i, a in enumerate(asked, len(windows) + 1):
+                m(**{k: v.to(inputs) for k, v in a.items()})
+                bar.update(i, len(windows) + len(asked))
 
     with timer("calibrate"), torch.no_grad():
         mtq.quantize(model, cfg, forward_loop if windows else None)
@@ -170,6 +189,7 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     info.update(method="modelopt", modelopt_config=fmt.calibration_config,
                 device=inputs.split(":")[0], placement=getattr(model, "placement", {"kind": "cpu"}),
                 calibration_tokens=sum(map(len, windows)),      # 0: weight-only, calibrated from the weights
+                **({"calibration_images": len(asked)} if asked else {}),
                 fused_groups=fused, saved_bytes=saved)
     # the timings go to the stage's manifest (and its terminal line), not into quantize.json: an output file that
     # held them would differ on every run and make everything downstream of an identical re-run run again

@@ -167,10 +167,10 @@ def test_probe_on_a_machine_that_is_not_a_jetson_says_so(tmp_path):
 
 
 def test_report_flags_a_speed_gap_with_the_power_mode_first():
-    from pipeline.device.report import speed_gaps, ttft_at
+    from pipeline.device.report import at_size, speed_gaps
 
-    assert ttft_at({"8": 100.0, "32": 200.0, "1024": 1000.0}, 20) == 150.0
-    assert ttft_at({"8": 100.0}, 500) == 100.0 and ttft_at({}, 5) is None
+    assert at_size({"8": 100.0, "32": 200.0, "1024": 1000.0}, 20) == 150.0
+    assert at_size({"8": 100.0}, 500) == 100.0 and at_size({}, 5) is None
     slow = board(FIX / "orin-nano-8gb-jp62-super", power_mode="15W")
     gaps = speed_gaps(10.0, 20.0, 360.0, 300.0, slow)
     assert [g.figure for g in gaps] == ["decode tok/s"]            # TTFT +20%: within the 25% band

@@ -75,7 +75,11 @@ def test_llm_inference_profile_figures_and_their_absence():
     profile = {"prefill": {"average_time_per_run_ms": 12.5}, "generation": {"tokens_per_second": 40.0},
                "peak_unified_memory_bytes": 123}
     assert edgellm_profile(profile) == {"ttft_s": 0.0125, "decode_tok_s": 40.0, "acceptance": None,
-                                        "peak_unified_memory": 123.0}
+                                        "peak_unified_memory": 123.0, "vit_ms": None}
+    # a request with an image: the vision stages' time per image token x tokens per image
+    imaged = {**profile, "multimodal": {"total_runs": 1, "total_images": 2, "total_image_tokens": 150,
+                                        "average_time_per_token_ms": 0.2}}
+    assert edgellm_profile(imaged)["vit_ms"] == 15.0
     eagle = {"prefill": {"average_time_per_run_ms": 10}, "eagle_generation": {
         "average_acceptance_rate": 2.6, "overall_tokens_per_second_excluding_base_prefill": 95.5}}
     assert edgellm_profile(eagle)["acceptance"] == 2.6 and edgellm_profile(eagle)["decode_tok_s"] == 95.5
@@ -85,7 +89,7 @@ def test_llm_inference_profile_figures_and_their_absence():
     for empty in ({}, [], {"prefill": {"average_time_per_run_ms": 0}, "generation": {"tokens_per_second": "x"}},
                   {"prefill": {"average_time_per_run_ms": float("inf")}}):
         assert edgellm_profile(empty) == {"ttft_s": None, "decode_tok_s": None, "acceptance": None,
-                                          "peak_unified_memory": None}
+                                          "peak_unified_memory": None, "vit_ms": None}
 
 
 def test_a_report_says_not_measured_and_fails_rather_than_pass_on_a_guess(tmp_path):

@@ -1,6 +1,6 @@
 """`doit build` of the repository's tiny vision-language recipe, offline on the CPU: a kit carrying both ONNX trees,
-the images and goldens asked with them; the device half verifies it and then refuses, saying it cannot check the
-visual engine yet (issue 39)."""
+the images and goldens asked with them; the device half builds both engines and validates the image prompts through
+the runtime (doubles); `serve` answers the openai client's image chat as the goldens say."""
 
 import base64
 import json
@@ -54,14 +54,124 @@ def test_the_kit_carries_both_graphs_the_images_and_the_image_goldens(built):
     assert plan.visual is not None and plan.visual.limits.max_image_tokens_per_image == 128
 
 
-def test_the_device_verifies_the_kit_and_refuses_to_use_an_unchecked_visual_engine(built, tmp_path):
+ORIN = "tiny-qwen2.5-vl-orin-nano-jp72"      # the other tower design (window attention, sectioned RoPE) on Orin
+
+
+@pytest.fixture(scope="module")
+def built_orin(tmp_path_factory):
+    project = Project(tmp_path_factory.mktemp("vlm-orin") / "proj")
+    (project.recipes / f"{ORIN}.toml").write_text((REPO / "recipes" / f"{ORIN}.toml").read_text())
+    project.doit("build", f"recipe={ORIN}", timeout=900)
+    return project, project.artifacts / ORIN / "kit" / f"{ORIN}@orin-nano-8gb"
+
+
+@pytest.fixture(scope="module")
+def validated(built, tmp_path_factory):
+    """`pipeline device` on the kit, on the recorded Thor, once for the module: (its directory, the process)."""
     project, kit, _ = built
-    proc = device(project, kit, tmp_path, board="agx-thor-jp72")
-    assert proc.returncode != 0
-    assert "unpacked and verified" in proc.stdout + proc.stderr
-    assert "2 of the kit's validation prompts are asked with an image" in proc.stderr
-    assert "cannot check the visual engine" in proc.stderr and "Traceback" not in proc.stderr
-    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    tmp = tmp_path_factory.mktemp("device")
+    return tmp, device(project, kit, tmp, board="agx-thor-jp72", LLM_BUILD_DOUBLE_RECORD=str(tmp / "b.jsonl"))
+
+
+@pytest.fixture(scope="module")
+def validated_orin(built_orin, tmp_path_factory):
+    """`pipeline device` on the Qwen2.5-VL kit, on the recorded-shape Orin Nano with JetPack 7.2."""
+    project, kit = built_orin
+    tmp = tmp_path_factory.mktemp("device-orin")
+    return tmp, device(project, kit, tmp, board="orin-nano-8gb-jp72", LLM_BUILD_DOUBLE_RECORD=str(tmp / "b.jsonl"))
+
+
+def test_the_orin_on_jetpack_7_2_builds_and_validates_a_qwen2_5_vl_kit(validated_orin):
+    """The window-attention tower and Qwen2.5-VL's sectioned multimodal RoPE, INT4-AWQ on SM 8.7 with an FP16 tower:
+    both engines built with the plan's flags, every golden answered through the runtime, ViT time reported."""
+    tmp_path, proc = validated_orin
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "JetPack 7.2" in proc.stderr and list((tmp_path / "out").glob("*@orin-nano-8gb-sm87-trt10.16.*"))
+    argvs = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
+    assert [a[0] for a in argvs] == ["llm_build", "visual_build"]
+    assert argvs[1][argvs[1].index("--maxImageTokensPerImage") + 1] == "64"
+    (report_dir,) = (tmp_path / "out").glob("*.report")
+    report = contract.Report.load(report_dir / contract.REPORT_JSON)
+    assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0, 1.0]
+    assert report.measured.vit_ms > 0 and report.predicted.vit_ms > 0
+
+
+def test_the_device_builds_both_engines_and_validates_the_image_prompts_through_the_runtime(validated):
+    """On the recorded Thor: llm_build, then visual_build with the plan's image profile (the doubles take the tools'
+    own flags); llm_inference asked with the kit's images (content items naming them) and --multimodalEngineDir
+    answers every golden (the runtime double runs the visual ONNX and feeds its features, DeepStack and multimodal
+    RoPE as the runtime does); the report has the ViT time next to the plan's at the images' size; a bundle is
+    signed."""
+    tmp_path, proc = validated
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    argvs = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
+    assert [a[0] for a in argvs] == ["llm_build", "visual_build"]
+    visual = argvs[1]
+    assert visual[visual.index("--onnxDir") + 1] == "onnx/visual"
+    assert [visual[visual.index(f) + 1] for f in ("--minImageTokens", "--maxImageTokens",
+                                                  "--maxImageTokensPerImage")] == ["4", "1024", "128"]
+    engine = tmp_path / "work" / "engine"
+    assert (engine / "visual" / "visual.engine").is_file() and (engine / "llm.engine").is_file()
+    assert json.loads((engine / "visual" / "config.json").read_text())["builder_config"] == {
+        "min_image_tokens": 4, "max_image_tokens": 1024, "max_image_tokens_per_image": 128}
+    asked = json.loads((tmp_path / "work" / "inference-input.json").read_text())["requests"][0]["messages"][0]
+    assert asked["content"][0]["type"] == "image" and asked["content"][0]["image"].endswith("images/red-circle.png")
+    (report_dir,) = (tmp_path / "out").glob("*.report")
+    report = contract.Report.load(report_dir / contract.REPORT_JSON)
+    assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0, 1.0]
+    assert [p.vit_ms is not None for p in report.prompts] == [True, True, False]
+    assert report.measured.image_tokens == round((72 + 77) / 2) and report.measured.vit_ms > 0
+    assert report.predicted.vit_ms is not None and report.predicted.vit_ms > 0
+    assert "ViT, 74-token images" in (report_dir / contract.REPORT_MD).read_text()
+    assert list((tmp_path / "out").glob("*-trt*"))        # the signed bundle
+
+
+def _double_first_step(engine_dir, kit_dir, golden, variant):
+    """The runtime double's first-step log-probabilities for a golden asked with its image: as the runtime feeds
+    the engine ("runtime"), with text positions for the image tokens ("1-D"), or with the image's features zeroed
+    ("no image")."""
+    import numpy as np
+    from transformers import PreTrainedTokenizerFast
+
+    sys.path.insert(0, str(REPO / "tests" / "doubles" / "python"))
+    from edgellm_engine import PAGE, ImageInputs, load_engine
+    from edgellm_visual import VisualEngine, mrope_positions
+
+    engine, visual = load_engine(engine_dir, "llm.engine", "config.json"), VisualEngine(engine_dir / "visual")
+    pad = PreTrainedTokenizerFast(tokenizer_file=str(engine_dir / "tokenizer.json")).convert_tokens_to_ids(
+        visual.placeholder)
+    enc = visual.encode([str(kit_dir / golden.image)])
+    positions, offset = mrope_positions(golden.input_ids, pad, enc.grids)
+    image = {"runtime": ImageInputs(pad, enc.embeds, enc.deepstack, positions, offset),
+             "1-D": ImageInputs(pad, enc.embeds, enc.deepstack, None, 0),
+             "no image": ImageInputs(pad, enc.embeds * 0, [d * 0 for d in enc.deepstack], positions, offset)}[variant]
+    pages = -(-len(golden.input_ids) // PAGE)
+    pools = [np.zeros((2, pages, PAGE, engine.cfg["num_key_value_heads"], engine.cfg["head_dim"]), engine.pool_dtype)
+             for _ in range(engine.layers)]
+    table = np.stack([np.arange(pages), np.arange(pages)])[None].astype(np.int32)
+    logits = engine.step(list(golden.input_ids), 0, pools, table, image).astype(np.float64)[:engine.cfg["vocab_size"]]
+    return logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+
+
+@pytest.mark.parametrize("which", ["validated", "validated_orin"])
+def test_the_runtime_double_computes_the_image_goldens_and_tells_a_wrong_image_feed(which, request):
+    """The device check is only as good as the double: its first step agrees with the goldens' log-probabilities
+    (FP8 / INT4 and FP16 against the calibrated model's), and feeding the image tokens text positions or dropping
+    the image's features changes the top token."""
+    import numpy as np
+
+    tmp_path, proc = request.getfixturevalue(which)
+    assert proc.returncode == 0, proc.stderr
+    work = tmp_path / "work"
+    goldens = contract.Goldens.load(work / "kit" / contract.GOLDENS)
+    for golden in [g for g in goldens.prompts if g.image]:
+        ids = [int(i) for i, _ in golden.top_logprobs[0]]
+        want = np.array([v for _, v in golden.top_logprobs[0]])
+        ours = {v: _double_first_step(work / "engine", work / "kit", golden, v) for v in ("runtime", "1-D", "no image")}
+        off = {v: float(np.abs(lp[ids] - want).max()) for v, lp in ours.items()}
+        assert int(ours["runtime"].argmax()) == ids[0] and off["runtime"] < 0.3, off
+        assert off["1-D"] > 3 * off["runtime"] and off["no image"] > 3 * off["runtime"], off
+        print(which, golden.image, off)
 
 
 def _data_url(data: bytes) -> str:

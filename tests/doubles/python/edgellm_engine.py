@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -281,6 +282,16 @@ def inv_freq(cfg: dict) -> np.ndarray:
     return np.where(mid, (1 - smooth) * scaled / f + smooth * scaled, scaled)
 
 
+@dataclass
+class ImageInputs:
+    """What the multimodal runtime hands the language engine for a request with images (edgellm_visual.py)."""
+    placeholder: int
+    embeds: np.ndarray                  # [image tokens, hidden], in placeholder order
+    deepstack: list[np.ndarray]         # Qwen3-VL: per DeepStack input, [image tokens, hidden]
+    positions: np.ndarray | None        # Qwen: [3, T] multimodal RoPE positions of the prompt (None: 1-D RoPE)
+    offset: int = 0                     # Qwen: what later steps add to their cache position
+
+
 class Engine:
     """One engine file of the llm_build double, run as the runtime runs it (one sequence at a time)."""
 
@@ -293,13 +304,33 @@ class Engine:
         pools = {i.name: i for i in self.model.graph.input if i.name.startswith("past_key_values_")}
         self.pool_dtype = onnx.helper.tensor_dtype_to_np_dtype(pools["past_key_values_0"].type.tensor_type.elem_type)
         self.outputs = [o.name for o in self.model.graph.output]
+        self.deepstack = sum(1 for i in self.model.graph.input if i.name.startswith("deepstack_embeds_"))
+        rs = config.get("rope_scaling") or {}
+        if rs.get("mrope_section"):     # Qwen-VL: each rotary frequency from one position axis
+            from edgellm_visual import mrope_axes
+            self.axes = mrope_axes(rs, len(self.inv))
 
-    def step(self, tokens: list[int], past: int, pools: list[np.ndarray], table: np.ndarray) -> np.ndarray:
-        """Run `tokens` (at positions past..) through the graph; the KV pools are updated; returns the last logits."""
+    def step(self, tokens: list[int], past: int, pools: list[np.ndarray], table: np.ndarray,
+             image: ImageInputs | None = None) -> np.ndarray:
+        """Run `tokens` (at positions past..) through the graph; the KV pools are updated; returns the last logits.
+        image: a prefill's image features and multimodal positions (edgellm_visual.py); a later step of such a
+        request: its RoPE offset."""
         t = len(tokens)
         pos = np.arange(past, past + t)
-        angles = np.outer(pos, self.inv)
-        feeds = {"inputs_embeds": self.embedding[tokens].astype(np.float16),
+        embeds = self.embedding[tokens].astype(np.float16)
+        deepstack = [np.zeros((t, self.embedding.shape[1]), np.float16) for _ in range(self.deepstack)]
+        if image is not None and past == 0:     # the prefill: image features at the placeholder positions
+            at = np.flatnonzero(np.asarray(tokens) == image.placeholder)
+            embeds[at] = image.embeds.astype(np.float16)
+            for i, features in enumerate(image.deepstack[:self.deepstack]):
+                deepstack[i][at] = features.astype(np.float16)
+        if image is not None and image.positions is not None:
+            rope = image.positions if past == 0 else np.broadcast_to(pos + image.offset, (3, t))
+            angles = np.take_along_axis(rope.T[:, :, None] * self.inv[None, None, :],   # [T, 3, half]
+                                        self.axes[None, None, :], axis=1)[:, 0, :]
+        else:
+            angles = np.outer(pos, self.inv)
+        feeds = {"inputs_embeds": embeds,
                  "rope_rotary_cos_sin": (np.concatenate([np.cos(angles), np.sin(angles)], -1)
                                          * self.rope_scale).astype(np.float32),
                  "positions": pos.astype(np.int32), "query_start_offsets": np.array([0, t], np.int32),
@@ -310,8 +341,10 @@ class Engine:
                  "context_sequence_count_carrier": np.zeros(1 if past == 0 else 0, np.int8),
                  "kv_page_table": table, "logits_indices": np.array([t - 1], np.int32), **self.external,
                  # an EAGLE-3 base decoding one chain (no draft): token i sees tokens 0..i of this step
-                 "packed_attention_mask": np.array([[sum(1 << j for j in range(i + 1) if j // 32 == w) for w in
-                                                     range(-(-t // 32))] for i in range(t)], np.int64).astype(np.int32),
+                 # (bit j % 32 of word j // 32)
+                 "packed_attention_mask": np.array([[sum(1 << (j - 32 * w) for j in range(i + 1) if j // 32 == w)
+                                                     for w in range(-(-t // 32))] for i in range(t)],
+                                                   np.int64).astype(np.int32),
                  "attention_position_ids": pos.astype(np.int32),
                  "tree_parent_ids": np.arange(-1, t - 1, dtype=np.int32), "tree_depths": np.arange(t, dtype=np.int32),
                  "valid_tree_counts": np.array([t], np.int32)}
@@ -319,22 +352,22 @@ class Engine:
             feeds[f"past_key_values_{i}"] = pools[i]
         wanted = {i.name for i in self.model.graph.input}
         # a Qwen3-VL language model adds its DeepStack image features to the first layers' hidden states at image
-        # positions: a text-only step adds nothing
-        for name in wanted:
-            if name.startswith("deepstack_embeds_"):
-                feeds[name] = np.zeros((t, self.embedding.shape[1]), np.float16)
+        # positions: a text-only step adds nothing (zeros)
+        for i in range(self.deepstack):
+            feeds[f"deepstack_embeds_{i}"] = deepstack[i]
         out = dict(zip(self.outputs, self.session.run(self.outputs, {k: v for k, v in feeds.items() if k in wanted}),
                        strict=True))
         for i in range(self.layers):
             pools[i] = out[f"present_key_values_{i}"]
         return out["logits"][0]
 
-    def generate(self, ids: list[int], max_new: int, stops: set[int], on_token=None) -> list[int]:
+    def generate(self, ids: list[int], max_new: int, stops: set[int], on_token=None,
+                 image: ImageInputs | None = None) -> list[int]:
         pages = -(-(len(ids) + max_new) // PAGE)
         pools = [np.zeros((2, pages, PAGE, self.cfg["num_key_value_heads"], self.cfg["head_dim"]), self.pool_dtype)
                  for _ in range(self.layers)]
         table = np.stack([np.arange(pages), np.arange(pages)])[None].astype(np.int32)
-        logits = self.step(ids, 0, pools, table)
+        logits = self.step(ids, 0, pools, table, image)
         out: list[int] = []
         while True:
             nxt = int(np.argmax(logits[:self.cfg["vocab_size"]]))
@@ -343,7 +376,7 @@ class Engine:
                 on_token(len(out))
             if nxt in stops or len(out) >= max_new:
                 return out
-            logits = self.step([nxt], len(ids) + len(out) - 1, pools, table)
+            logits = self.step([nxt], len(ids) + len(out) - 1, pools, table, image)
 
 
 def load_engine(engine_dir: Path, name: str, config_name: str) -> Engine:

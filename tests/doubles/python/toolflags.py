@@ -10,6 +10,10 @@ switch in 0.12 (it takes a value only from 0.13); --use_flash_attn, --strongly_t
 llm_build (TensorRT Edge-LLM 0.11, C++): --onnxDir, --engineDir, --maxInputLen, --maxKVCacheCapacity,
 --maxBatchSize, --specBase / --specDraft (switches; --eagleBase / --eagleDraft their deprecated aliases),
 --maxVerifyTreeSize, --maxDraftTreeSize (Edge-LLM's build documentation); an unknown option ends it with exit 1.
+
+visual_build (TensorRT Edge-LLM 0.11, examples/multimodal/visual_build.cpp getopt table): --onnxDir, --engineDir,
+--minImageTokens (default 4), --maxImageTokens (1024), --maxImageTokensPerImage (512), --debug,
+--profilingDetailed; the per-image maximum must lie within min..max, else it exits 1.
 """
 from __future__ import annotations
 
@@ -62,21 +66,44 @@ LLM_BUILD_INTEGERS = ("--maxInputLen", "--maxKVCacheCapacity", "--maxBatchSize",
 def llm_build_options(argv: list[str]) -> tuple[dict[str, str], set[str]] | str:
     """(options with values, switches given) of an llm_build argv (argv[0] the program), or the error it would
     print. `--opt value` and `--opt=value` are both taken, as getopt_long takes them."""
+    return getopt_options(argv, LLM_BUILD_VALUED, LLM_BUILD_SWITCHES, LLM_BUILD_INTEGERS)
+
+
+VISUAL_BUILD_VALUED = ("--onnxDir", "--engineDir", "--minImageTokens", "--maxImageTokens", "--maxImageTokensPerImage")
+VISUAL_BUILD_SWITCHES = ("--debug", "--profilingDetailed")
+VISUAL_BUILD_INTEGERS = ("--minImageTokens", "--maxImageTokens", "--maxImageTokensPerImage")
+
+
+def visual_build_options(argv: list[str]) -> tuple[dict[str, str], set[str]] | str:
+    """As llm_build_options, for visual_build, with its defaults filled in and its own range check."""
+    parsed = getopt_options(argv, VISUAL_BUILD_VALUED, VISUAL_BUILD_SWITCHES, VISUAL_BUILD_INTEGERS)
+    if isinstance(parsed, str):
+        return parsed
+    values, switches = parsed
+    values = {"--minImageTokens": "4", "--maxImageTokens": "1024", "--maxImageTokensPerImage": "512", **values}
+    lo, hi, per = (int(values[k]) for k in VISUAL_BUILD_INTEGERS)
+    if not lo <= per <= hi:
+        return f"maxImageTokensPerImage ({per}) must be within [minImageTokens ({lo}), maxImageTokens ({hi})]"
+    return values, switches
+
+
+def getopt_options(argv: list[str], valued: tuple[str, ...], switch_names: tuple[str, ...],
+                   integers: tuple[str, ...]) -> tuple[dict[str, str], set[str]] | str:
     values: dict[str, str] = {}
     switches: set[str] = set()
     i = 1
     while i < len(argv):
         arg = argv[i]
         name, eq, inline = arg.partition("=")
-        if name in LLM_BUILD_SWITCHES and not eq:
+        if name in switch_names and not eq:
             switches.add(name)
-        elif name in LLM_BUILD_VALUED:
+        elif name in valued:
             if not eq:
                 i += 1
                 if i >= len(argv):
                     return f"option '{name}' requires an argument"
                 inline = argv[i]
-            if name in LLM_BUILD_INTEGERS and not inline.isdigit():
+            if name in integers and not inline.isdigit():
                 return f"invalid value for {name}: {inline!r}"
             values[name] = inline
         else:
