@@ -282,6 +282,19 @@ def inv_freq(cfg: dict) -> np.ndarray:
     return np.where(mid, (1 - smooth) * scaled / f + smooth * scaled, scaled)
 
 
+def mrope_axes(rope_scaling: dict, half: int) -> np.ndarray:
+    """Which position axis (0 t, 1 h, 2 w) each of the `half` rotary frequencies takes."""
+    section = rope_scaling["mrope_section"]
+    axes = np.zeros(half, np.int64)
+    if rope_scaling.get("mrope_interleaved"):
+        for axis in (1, 2):     # transformers' apply_interleaved_mrope: slice(axis, 3 x section, 3), clipped
+            idx = np.arange(axis, section[axis] * 3, 3)
+            axes[idx[idx < half]] = axis
+    else:
+        axes[:] = np.repeat([0, 1, 2], section)[:half]
+    return axes
+
+
 @dataclass
 class ImageInputs:
     """What the multimodal runtime hands the language engine for a request with images (edgellm_visual.py)."""
@@ -307,7 +320,6 @@ class Engine:
         self.deepstack = sum(1 for i in self.model.graph.input if i.name.startswith("deepstack_embeds_"))
         rs = config.get("rope_scaling") or {}
         if rs.get("mrope_section"):     # Qwen-VL: each rotary frequency from one position axis
-            from edgellm_visual import mrope_axes
             self.axes = mrope_axes(rs, len(self.inv))
 
     def step(self, tokens: list[int], past: int, pools: list[np.ndarray], table: np.ndarray,

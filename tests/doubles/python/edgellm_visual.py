@@ -109,16 +109,3 @@ def mrope_positions(ids: list[int], placeholder: int, grids: list[tuple[int, int
             cols.append(np.full((3, 1), cur))
             cur, i = cur + 1, i + 1
     return np.concatenate(cols, axis=1), cur - len(ids)
-
-
-def mrope_axes(rope_scaling: dict, half: int) -> np.ndarray:
-    """Which position axis (0 t, 1 h, 2 w) each of the `half` rotary frequencies takes."""
-    section = rope_scaling["mrope_section"]
-    axes = np.zeros(half, np.int64)
-    if rope_scaling.get("mrope_interleaved"):
-        for axis in (1, 2):     # transformers' apply_interleaved_mrope: slice(axis, 3 x section, 3), clipped
-            idx = np.arange(axis, section[axis] * 3, 3)
-            axes[idx[idx < half]] = axis
-    else:
-        axes[:] = np.repeat([0, 1, 2], section)[:half]
-    return axes
