@@ -57,12 +57,27 @@ def test_the_kit_carries_both_graphs_the_images_and_the_image_goldens(built):
 ORIN = "tiny-qwen2.5-vl-orin-nano-jp72"      # the other tower design (window attention, sectioned RoPE) on Orin
 
 
+INTERNVL = "tiny-internvl3-thor"            # the tiled tower: no multimodal RoPE, 256 tokens a tile
+
+
+def _build(tmp_path_factory, recipe, target):
+    project = Project(tmp_path_factory.mktemp(recipe) / "proj")
+    (project.recipes / f"{recipe}.toml").write_text((REPO / "recipes" / f"{recipe}.toml").read_text())
+    project.doit("build", f"recipe={recipe}", timeout=900)
+    return project, project.artifacts / recipe / "kit" / f"{recipe}@{target}"
+
+
 @pytest.fixture(scope="module")
 def built_orin(tmp_path_factory):
-    project = Project(tmp_path_factory.mktemp("vlm-orin") / "proj")
-    (project.recipes / f"{ORIN}.toml").write_text((REPO / "recipes" / f"{ORIN}.toml").read_text())
-    project.doit("build", f"recipe={ORIN}", timeout=900)
-    return project, project.artifacts / ORIN / "kit" / f"{ORIN}@orin-nano-8gb"
+    return _build(tmp_path_factory, ORIN, "orin-nano-8gb")
+
+
+@pytest.fixture(scope="module")
+def validated_internvl(tmp_path_factory):
+    """The InternVL3 kit built and run through `pipeline device` on the recorded Thor."""
+    project, kit = _build(tmp_path_factory, INTERNVL, "agx-thor")
+    tmp = tmp_path_factory.mktemp("device-internvl")
+    return tmp, device(project, kit, tmp, board="agx-thor-jp72")
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +94,16 @@ def validated_orin(built_orin, tmp_path_factory):
     project, kit = built_orin
     tmp = tmp_path_factory.mktemp("device-orin")
     return tmp, device(project, kit, tmp, board="orin-nano-8gb-jp72", LLM_BUILD_DOUBLE_RECORD=str(tmp / "b.jsonl"))
+
+
+def test_an_internvl3_kit_validates_its_tiled_images_through_the_runtime(validated_internvl):
+    """The second tower design: whole 256-token tiles, image features into a Qwen2 language model with plain RoPE."""
+    tmp_path, proc = validated_internvl
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (report_dir,) = (tmp_path / "out").glob("*.report")
+    report = contract.Report.load(report_dir / contract.REPORT_JSON)
+    assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0, 1.0]
+    assert report.measured.image_tokens == 256 and report.measured.vit_ms > 0
 
 
 def test_the_orin_on_jetpack_7_2_builds_and_validates_a_qwen2_5_vl_kit(validated_orin):
@@ -141,7 +166,7 @@ def _double_first_step(engine_dir, kit_dir, golden, variant):
     pad = PreTrainedTokenizerFast(tokenizer_file=str(engine_dir / "tokenizer.json")).convert_tokens_to_ids(
         visual.placeholder)
     enc = visual.encode([str(kit_dir / golden.image)])
-    positions, offset = mrope_positions(golden.input_ids, pad, enc.grids)
+    positions, offset = mrope_positions(golden.input_ids, pad, enc.grids) if visual.geometry else (None, 0)
     image = {"runtime": ImageInputs(pad, enc.embeds, enc.deepstack, positions, offset),
              "1-D": ImageInputs(pad, enc.embeds, enc.deepstack, None, 0),
              "no image": ImageInputs(pad, enc.embeds * 0, [d * 0 for d in enc.deepstack], positions, offset)}[variant]
@@ -153,7 +178,7 @@ def _double_first_step(engine_dir, kit_dir, golden, variant):
     return logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
 
 
-@pytest.mark.parametrize("which", ["validated", "validated_orin"])
+@pytest.mark.parametrize("which", ["validated", "validated_orin", "validated_internvl"])
 def test_the_runtime_double_computes_the_image_goldens_and_tells_a_wrong_image_feed(which, request):
     """The device check is only as good as the double: its first step agrees with the goldens' log-probabilities
     (FP8 / INT4 and FP16 against the calibrated model's), and feeding the image tokens text positions or dropping
@@ -170,8 +195,9 @@ def test_the_runtime_double_computes_the_image_goldens_and_tells_a_wrong_image_f
         ours = {v: _double_first_step(work / "engine", work / "kit", golden, v) for v in ("runtime", "1-D", "no image")}
         off = {v: float(np.abs(lp[ids] - want).max()) for v, lp in ours.items()}
         assert int(ours["runtime"].argmax()) == ids[0] and off["runtime"] < 0.3, off
-        assert off["1-D"] > 3 * off["runtime"] and off["no image"] > 3 * off["runtime"], off
-        print(which, golden.image, off)
+        assert off["no image"] > 3 * off["runtime"], off
+        if which != "validated_internvl":       # InternVL's language model has no multimodal RoPE
+            assert off["1-D"] > 3 * off["runtime"], off
 
 
 def _data_url(data: bytes) -> str:
