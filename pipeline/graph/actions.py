@@ -121,12 +121,26 @@ def model_dir(recipe: Recipe) -> Path:
 def export_refusal(recipe: Recipe, plan: contract.Plan) -> str | None:
     """Why the export for this plan's target would refuse, where that is known from the recipe and the fetched
     files alone (so it is said before a calibration of minutes to hours, not after it)."""
+    found = export_refusal_hint(recipe, plan)
+    return found[0] if found else None
+
+
+def export_refusal_hint(recipe: Recipe, plan: contract.Plan) -> tuple[str, str] | None:
+    """(why the export would refuse, what to do), or None."""
+    from pipeline.plan.formats import UNQUANTIZED
     from pipeline.workstation.fetch import has_chat_template
 
     backend = backends.get(plan.backend)
     if backend.needs_chat_template and not has_chat_template(model_dir(recipe)):
         return (f"{backend.label} (target {plan.target}) renders prompts with the tokenizer's chat template, and "
-                "this model's tokenizer has none")
+                "this model's tokenizer has none", "use the instruct model's repository, or add chat_template.jinja "
+                "to the local model")
+    if plan.visual is not None and plan.visual.precision != UNQUANTIZED.name:
+        # the plan prices an FP8 tower (a what-if `plan --visual-quant fp8` answers); the export writes the tower
+        # as the checkpoint has it, so a kit would carry an FP16 tower under an FP8 plan
+        return (f"quantization.visual = {plan.visual.precision!r}: this version exports the visual tower in FP16 "
+                "only (Edge-LLM's --visual_quantization fp8 path is not implemented here yet)",
+                f"set quantization.visual = {UNQUANTIZED.name!r} (the default)")
     return None
 
 
@@ -140,10 +154,9 @@ def quantize_stage(recipe: Recipe, plans: list[contract.Plan], for_export: bool 
         raise PipelineError(f"{recipe.file}: targets need different group sizes {sorted(group_sizes, key=str)}",
                             "set quantization.group_size")
     for plan in plans if for_export else []:
-        refusal = export_refusal(recipe, plan)
+        refusal = export_refusal_hint(recipe, plan)
         if refusal:
-            raise PipelineError(f"{recipe.file}: {refusal}",
-                                "use the instruct model's repository, or add chat_template.jinja to the local model")
+            raise PipelineError(f"{recipe.file}: {refusal[0]}", refusal[1])
     if for_export:      # before calibration: a prompt the engine cannot take would fail on the device, after signing
         from pipeline.workstation.evaluate import prompt_lengths, prompts_too_long
         lengths = prompt_lengths(model_dir(recipe), recipe.validation)

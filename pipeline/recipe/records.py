@@ -61,8 +61,9 @@ class Quantization:
     kv_cache: str = setting(DEFAULT_KV.name, choices=tuple(KV_FORMATS))
     group_size: int | None = setting(None, choices=(16, 32, 64, 128))
     calibration: Calibration = setting(None)
-    visual: str = setting(UNQUANTIZED.name, choices=VISUAL_FORMATS, doc="a vision-language model's tower: fp16, "
-                          "or fp8 on SM 8.9+ (Edge-LLM's --visual_quantization fp8: Thor)")
+    visual: str = setting(UNQUANTIZED.name, choices=VISUAL_FORMATS, doc="a vision-language model's tower: fp16; "
+                          "fp8 (SM 8.9+, Edge-LLM's --visual_quantization fp8: Thor) is planned but not yet exported, "
+                          "so a build refuses it before calibrating")
 
 
 def _builder(value: Any, _file: str) -> Builder:

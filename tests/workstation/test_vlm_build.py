@@ -26,6 +26,21 @@ def built(tmp_path_factory):
     return project, project.artifacts / RECIPE / "kit" / f"{RECIPE}@agx-thor", proc.stdout
 
 
+def test_an_fp8_tower_is_refused_before_calibration_since_the_export_writes_fp16(tmp_path):
+    """The plan prices an FP8 tower (Edge-LLM's --visual_quantization fp8); the export does not make one yet, so a
+    recipe asking for it stops before the quantize stage, naming the field, rather than ship an FP16 tower under an
+    FP8 plan."""
+    project = Project(tmp_path / "proj")
+    text = (REPO / "recipes" / f"{RECIPE}.toml").read_text().replace('kv_cache = "fp8"',
+                                                                    'kv_cache = "fp8"\nvisual = "fp8"')
+    (project.recipes / "fp8-tower.toml").write_text(text)
+    proc = project.doit("build", "recipe=fp8-tower", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "quantization.visual = 'fp8': this version exports the visual tower in FP16 " \
+        "only" in out and "set quantization.visual = 'fp16'" in out and "Traceback" not in out
+    assert not (project.artifacts / "stages" / "quantize").exists()
+
+
 def _stage(project, name):
     (d,) = [p for p in (project.artifacts / "stages" / name).iterdir() if (p / "stage.json").is_file()]
     return d
