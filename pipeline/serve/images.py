@@ -176,15 +176,18 @@ def _fetch(part: ImagePart, allow_hosts: frozenset[str]) -> bytes:
     import http.client
     from urllib.parse import urlsplit
 
-    parts = urlsplit(part.url)
-    host = (parts.hostname or "").lower()
+    try:
+        parts = urlsplit(part.url)
+        host, port = (parts.hostname or "").lower(), parts.port
+    except ValueError:      # a malformed IPv6 host, a port out of range
+        raise _bad(part, "URL is not a valid http(s) URL") from None
     if host not in allow_hosts:
         allowed = f"only from {', '.join(sorted(allow_hosts))}" if allow_hosts else "off"
         raise ApiError(400, f"{part.param}: remote image URLs are refused (host {host[:80]!r}; fetching is {allowed})",
                        part.param, "image_url_not_allowed")
     cls = http.client.HTTPSConnection if parts.scheme.lower() == "https" else http.client.HTTPConnection
     try:
-        conn = cls(host, parts.port, timeout=FETCH_TIMEOUT_S)
+        conn = cls(host, port, timeout=FETCH_TIMEOUT_S)
         try:
             conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
                          headers={"Accept": "image/png, image/jpeg, image/webp"})

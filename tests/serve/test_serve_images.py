@@ -161,6 +161,9 @@ def test_remote_images_come_only_from_allowed_hosts_and_redirects_are_not_follow
         with pytest.raises(ApiError, match=r"remote image URLs are refused \(host '127.0.0.1'; fetching is only "
                                            r"from kiosk.local\)"):
             image_bytes(ImagePart(f"{url}/c.png", "p"), frozenset({"kiosk.local"}))
+        for bad in ("http://127.0.0.1:99999/c.png", "http://[::1/c.png", "https://[fe80::1%25en0]:x/c.png"):
+            with pytest.raises(ApiError, match=r"p: the image URL is not a valid http\(s\) URL"):
+                image_bytes(ImagePart(bad, "p"), frozenset({"127.0.0.1", "::1"}))
     finally:
         server.shutdown()
         server.server_close()
