@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pipeline.errors import PipelineError
+
 
 @dataclass(frozen=True)
 class PatchMerger:
@@ -120,3 +122,14 @@ VisualTower = PatchMerger | Tiles
 QWEN2_5_VL = PatchMerger(patch=14, merge=2, min_pixels=56 * 56, max_pixels=28 * 28 * 1280)
 QWEN3_VL = PatchMerger(patch=16, merge=2, min_pixels=65_536, max_pixels=16_777_216)
 INTERNVL3 = Tiles(tile=448, patch=14, scale=0.5)
+
+
+def expand_one(ids: list[int], placeholder: int, count: int) -> list[int]:
+    """A prompt asked with one image: its ids with the placeholder the chat template placed once repeated `count`
+    times (as the processor does). The goldens build their prompts with it, and the server checks the goldens
+    with it."""
+    if ids.count(placeholder) != 1:
+        raise PipelineError(f"the chat template placed {ids.count(placeholder)} image placeholders for one image",
+                            "use the model's own chat template")
+    i = ids.index(placeholder)
+    return ids[:i] + [placeholder] * count + ids[i + 1:]

@@ -19,6 +19,7 @@ from typing import Any
 
 from pipeline import contract
 from pipeline.errors import PipelineError
+from pipeline.families.visual import expand_one
 from pipeline.files import read_regular
 
 TOKENIZER_MAX = 64 * 2**20        # tokenizer.json of a 256k vocabulary: ~35 MB
@@ -211,8 +212,11 @@ def check_against_goldens(codec: TextCodec, goldens: contract.Goldens, where: st
             if p.image is not None and placeholder is not None:
                 _, ids = codec.chat_ids([{"role": "user", "content": [{"type": "image"},
                                                                       {"type": "text", "text": p.prompt}]}])
-                at = ids.index(placeholder) if ids.count(placeholder) == 1 else len(ids)
-                ids = ids[:at] + [placeholder] * (p.image_tokens or 0) + ids[at + 1:]
+                try:
+                    ids = expand_one(ids, placeholder, p.image_tokens or 0)
+                except PipelineError as exc:
+                    raise PipelineError(f"{where}: prompt {i} ({p.prompt[:40]!r}): {exc.message}",
+                                        "serve the kit's own tokenizer and chat template") from None
             else:
                 _, ids = codec.chat_ids([{"role": "user", "content": p.prompt}])
         else:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pipeline.contract import VisualLimits
 from pipeline.errors import PipelineError
-from pipeline.families.visual import PatchMerger, Tiles, VisualTower
+from pipeline.families.visual import PatchMerger, Tiles, VisualTower, expand_one
 from pipeline.images import BUILTIN_IMAGES, ImageError, open_image
 
 
@@ -89,15 +89,6 @@ def placeholder_id(tokenizer, tower: VisualTower) -> int:
     return tid
 
 
-def expand(ids: list[int], placeholder: int, count: int) -> list[int]:
-    """The rendered prompt's ids with its one image placeholder repeated `count` times (as the processor does)."""
-    if ids.count(placeholder) != 1:
-        raise PipelineError(f"the chat template placed {ids.count(placeholder)} image placeholders for one image",
-                            "use the model's own chat template")
-    i = ids.index(placeholder)
-    return ids[:i] + [placeholder] * count + ids[i + 1:]
-
-
 def image_tokens(inputs, tower: VisualTower) -> int:
     """The image's tokens in the language model's sequence, from what the processor made of it."""
     if isinstance(tower, PatchMerger):
@@ -154,7 +145,7 @@ def asked(tokenizer, processor, tower: VisualTower, prompt: str, image: PromptIm
     inputs = processor(images=[image.pil()], return_tensors="pt")
     count = image_tokens(inputs, tower)
     pad = placeholder_id(tokenizer, tower)
-    ids = expand(tokenizer(rendered, add_special_tokens=False)["input_ids"], pad, count)
+    ids = expand_one(tokenizer(rendered, add_special_tokens=False)["input_ids"], pad, count)
     return rendered, ids, {**{k: inputs[k] for k in ("pixel_values", "image_grid_thw") if k in inputs},
                            **mrope_inputs(ids, pad, tower)}, count
 

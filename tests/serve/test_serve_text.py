@@ -99,3 +99,16 @@ def test_a_tokenizer_that_reads_the_goldens_otherwise_is_refused_at_start(codec)
     with pytest.raises(PipelineError, match=r"the golden answer to prompt 0 decodes to ' is baked' here, ' is "
                                             r"fried' in the goldens"):
         check_against_goldens(codec, _goldens("the bread", ids, answer, " is fried"), "kit")
+
+
+def test_goldens_asked_with_an_image_are_refused_by_a_server_of_a_text_model(codec):
+    from pipeline import contract
+    from pipeline.errors import PipelineError
+    from pipeline.serve.text import check_against_goldens
+    g = _goldens("What is it?", codec.encode("What is it?"), [], "")
+    imaged = contract.Goldens(max_new_tokens=4, min_token_agreement=1.0, top_k=1, eos_token_id=None, prompts=[
+        contract.GoldenPrompt(prompt="What is it?", input_ids=g.prompts[0].input_ids, output_ids=[], top_logprobs=[],
+                              text="", image="images/a.png", image_sha256="0" * 64, image_tokens=4)])
+    with pytest.raises(PipelineError, match=r"kit: golden prompt 0 is asked with an image, and this model serves no "
+                                            r"images"):
+        check_against_goldens(codec, imaged, "kit")

@@ -53,3 +53,13 @@ def test_an_internvl_image_is_the_tiles_its_processor_cuts():
 def test_a_single_tile_tower_has_no_thumbnail():
     one = Tiles(tile=448, patch=14, scale=0.5, max_tiles=1)
     assert one.crops(1080, 1920) == 1 and one.max_image_tokens() == 256
+
+
+def test_one_images_placeholder_is_expanded_and_any_other_count_refused():
+    from pipeline.errors import PipelineError
+    from pipeline.families.visual import expand_one
+    assert expand_one([1, 9, 2], 9, 3) == [1, 9, 9, 9, 2]
+    for ids in ([1, 2], [9, 1, 9]):
+        with pytest.raises(PipelineError, match=rf"the chat template placed {ids.count(9)} image placeholders for "
+                                                r"one image"):
+            expand_one(ids, 9, 3)
