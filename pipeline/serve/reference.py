@@ -49,8 +49,8 @@ class ReferenceSession(Session):
         super().__init__()
         self.pixels = pixels
         # Qwen-VL keeps its multimodal RoPE offset on the model between forward calls: set per request, per step
-        self._rope_holder = getattr(model, "model", None) if hasattr(getattr(model, "model", None), "rope_deltas") \
-            else None
+        inner = getattr(model, "model", None)
+        self._rope_holder = inner if hasattr(inner, "rope_deltas") else None
         self.model, self.limits, self.device = model, limits, device
         self._context, self._on_close = thread_context, on_close
         self.grammars = grammars

@@ -90,10 +90,9 @@ def placeholder_id(tokenizer, tower: VisualTower) -> int:
 
 
 def image_tokens(inputs, tower: VisualTower) -> int:
-    """The image's tokens in the language model's sequence, from what the processor made of it."""
+    """The images' tokens in the language model's sequence, from what the processor made of them (all together)."""
     if isinstance(tower, PatchMerger):
-        t, h, w = (int(x) for x in inputs["image_grid_thw"][0])
-        return t * h * w // (tower.merge * tower.merge)
+        return sum(int(t) * int(h) * int(w) for t, h, w in inputs["image_grid_thw"]) // (tower.merge * tower.merge)
     return int(inputs["pixel_values"].shape[0]) * tower.per_tile
 
 
@@ -112,10 +111,7 @@ class PixelMaker:
 
     def __call__(self, images: tuple[bytes, ...], ids: list[int]) -> dict:
         inputs = self.processor(images=[open_image(d) for d in images], return_tensors="pt")   # type: ignore[operator]
-        if isinstance(self.tower, PatchMerger):
-            made = int(sum(int(t) * int(h) * int(w) for t, h, w in inputs["image_grid_thw"])) // self.tower.merge ** 2
-        else:
-            made = int(inputs["pixel_values"].shape[0]) * self.tower.per_tile
+        made = image_tokens(inputs, self.tower)
         if made != ids.count(self.placeholder):
             raise ValueError(f"the processor makes {made} image tokens of the request's {len(images)} image(s); the "
                              f"prompt holds {ids.count(self.placeholder)}")
