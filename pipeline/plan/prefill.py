@@ -102,6 +102,13 @@ def load_rows(path: Path = ROWS) -> list[PrefillRow]:
                 for r in csv.DictReader(fh)]
 
 
+def fastest_published(target: str, rows: list[PrefillRow] | None = None) -> PrefillRow | None:
+    """The shortest TTFT published for this target (any model, format, prompt length): the least a user of that
+    board waits for a first token, against which a fixed per-request cost (the HTTP server's) is judged."""
+    mine = [r for r in (load_rows() if rows is None else rows) if r.target == target]
+    return min(mine, key=lambda r: r.prefill_ms) if mine else None
+
+
 def fit(rows: list[PrefillRow]) -> PrefillConstants:
     """Least squares on relative error: y - read_s = a*x + b, weights 1/y^2 (y: the published time); efficiency =
     1/a."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request  # module level: FastAPI resolves the handlers' annotations here
 
 from pipeline.errors import PipelineError
-from pipeline.runtime.session import Event, Generation, Session
+from pipeline.runtime.session import Event, Generation, Handle, Session
 from pipeline.serve import protocol, responses
 from pipeline.serve.gate import Gate, error_response
 from pipeline.serve.metrics import Metrics
@@ -136,11 +136,9 @@ class Server:
         return [{**one(t, lp.logprob), "top_logprobs": [one(i, v) for i, v in lp.top]}
                 for t, lp in zip(ev.tokens, ev.logprobs or [], strict=False) if t not in stop_ids]
 
-    async def run(self, admission: Admission, gen: Generation, stop: tuple[str, ...],
-                  keep: frozenset[int] = frozenset()) -> AsyncGenerator[Piece, None]:
-        """Run and stream one request `admit` admitted, as Pieces (the last with its finish reason). `keep`: control
-        tokens the text keeps (a tool-call marker). Its admission ends with it; its callers release it too, where
-        this never started or never got a slot (release is once)."""
+    async def start(self, admission: Admission, gen: Generation) -> Started:
+        """Wait for a slot, then submit: the engine works from here. A streamed request that finds a slot free
+        starts before its 200 is written (the headers go out while the engine computes its first token)."""
         m, session = self.metrics, admission.session
         m.queue.inc()
         try:
@@ -150,16 +148,48 @@ class Server:
         m.running.inc()
         m.prompt_tokens.inc(len(gen.prompt_ids))
         loop, events = asyncio.get_running_loop(), asyncio.Queue[Event]()
-        handle, stream, done = None, TextStream(self.served.codec, gen.stop_ids, stop, keep), False
-        pending: list[dict[str, Any]] | None = [] if gen.logprobs is not None else None
-        start = last = admission.started     # as a client sees it: the wait for a slot is part of its TTFT
         # one timer for the whole request, not a wait_for per token: at the deadline it queues TIMED_OUT
-        left = max(0.0, start + self.settings.request_timeout - time.monotonic())
-        timer = loop.call_later(left, events.put_nowait, TIMED_OUT)
+        left = max(0.0, admission.started + self.settings.request_timeout - time.monotonic())
+        started = Started(admission, events, loop.call_later(left, events.put_nowait, TIMED_OUT))
+
+        def emit(ev: Event) -> None:        # from the session's thread
+            loop.call_soon_threadsafe(events.put_nowait, ev)
         try:
-            def emit(ev: Event) -> None:        # from the session's thread
-                loop.call_soon_threadsafe(events.put_nowait, ev)
-            handle = session.submit(gen, emit)
+            started.handle = session.submit(gen, emit)
+        except RuntimeError as exc:     # the engine's process went away since admission: /health says so too
+            self.finish(started)
+            raise ApiError(503, f"the engine failed: {exc}", code="engine_unavailable",
+                           headers={"Retry-After": "5"}) from None
+        except BaseException:
+            self.finish(started)
+            raise
+        return started
+
+    def finish(self, started: Started) -> None:
+        """End a started request once: its timer, its slot, its admission; the engine's work where it has not
+        finished (the client went away, it timed out, a stop string ended it early, or its stream never began)."""
+        if started.finished:
+            return
+        started.finished = True
+        started.timer.cancel()
+        if started.handle is not None and not started.done:
+            started.admission.session.cancel(started.handle)
+        self.metrics.running.dec()
+        self.slots.release()
+        started.admission.release()
+
+    async def run(self, admission: Admission, gen: Generation, stop: tuple[str, ...],
+                  keep: frozenset[int] = frozenset(), started: Started | None = None) -> AsyncGenerator[Piece, None]:
+        """Run and stream one request `admit` admitted, as Pieces (the last with its finish reason); `started`: one
+        `start` submitted already. `keep`: control tokens the text keeps (a tool-call marker). Its admission ends
+        with it; its callers release it too, where this never started or never got a slot (release is once)."""
+        m = self.metrics
+        try:
+            if started is None:
+                started = await self.start(admission, gen)
+            events, stream = started.events, TextStream(self.served.codec, gen.stop_ids, stop, keep)
+            pending: list[dict[str, Any]] | None = [] if gen.logprobs is not None else None
+            start = last = admission.started     # as a client sees it: the wait for a slot is part of its TTFT
             while True:
                 ev = await events.get()
                 if ev is TIMED_OUT:
@@ -179,7 +209,7 @@ class Server:
                     pending += self.logprob_entries(ev, gen.stop_ids)
                 delta = stream.feed(ev.tokens)
                 if stream.finish_reason or ev.final:
-                    done = ev.final
+                    started.done = ev.final
                     delta += stream.finish(ev.reason or "length")
                     m.duration.observe(now - start)
                     yield Piece(delta, stream.finish_reason, len(stream.ids), pending)
@@ -188,12 +218,20 @@ class Server:
                     yield Piece(delta, None, len(stream.ids), pending)
                     pending = [] if pending is not None else None
         finally:
-            timer.cancel()
-            if handle is not None and not done:
-                session.cancel(handle)      # the client went away, it timed out, or a stop string ended it early
-            m.running.dec()
-            self.slots.release()
+            if started is not None:
+                self.finish(started)
             admission.release()
+
+
+@dataclass
+class Started:
+    """A request given a slot and submitted to the session; `Server.finish` ends it, once."""
+    admission: Admission
+    events: asyncio.Queue[Event]
+    timer: asyncio.TimerHandle
+    handle: Handle | None = None
+    done: bool = False          # the engine sent its final event
+    finished: bool = False
 
 
 async def _body(request, limit: int) -> dict[str, Any]:
@@ -230,10 +268,25 @@ class Reply:
         self.gen, self.fmt = prepared.generation, prepared.calls
         self.ident = responses.Ident(f"{endpoint.id_prefix}-{uuid.uuid4().hex}", server.served.name,
                                      int(time.time()))
+        self.started: Started | None = None     # submitted before the stream began (`begin`)
         # a tool-call marker that is a control token stays in the text the parser reads (Mistral's [TOOL_CALLS])
         control = server.served.codec.control_tokens
         self.keep = frozenset({control[self.fmt.marker]}) if self.fmt is not None and self.fmt.marker in control \
             else frozenset()
+
+    async def begin(self) -> None:
+        """Submit a streamed request now where a slot is free (acquiring it does not wait then), so the engine
+        computes its first token while the 200's headers are written; a request that must queue starts when its
+        stream does, so a client that leaves while it waits costs no engine time."""
+        if not self.server.slots.locked():
+            self.started = await self.server.start(self.admission, self.gen)
+
+    def close(self) -> None:
+        """After the response, however it ended: a stream that never began (the client left first) frees what
+        `begin` took."""
+        if self.started is not None:
+            self.server.finish(self.started)
+        self.admission.release()
 
     def calls(self, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return found if self.req.parallel_tool_calls else found[:1]
@@ -277,7 +330,7 @@ class Reply:
         """The SSE stream: the endpoint's opening, content pieces, its closing (held-back text, tool calls, the finish
         reason), the usage chunk where asked, [DONE]; an engine failure after the 200 is an error event."""
         ep, req, ident, usage = self.ep, self.req, self.ident, self.req.include_usage
-        pieces = self.server.run(self.admission, self.gen, req.stop, self.keep)
+        pieces = self.server.run(self.admission, self.gen, req.stop, self.keep, self.started)
         made, sent = 0, 0
         calls = CallStream(self.fmt, req.tools) if self.fmt is not None else None
         try:
@@ -302,12 +355,25 @@ class Reply:
             yield responses.sse(exc.body())
         finally:
             await pieces.aclose()
-            self.admission.release()    # where the stream never started (the client left first)
 
 
 def create_app(server: Server):
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+    class SSE(StreamingResponse):
+        """A Reply's stream, which frees the Reply's slot and admission however the response ends, also where its
+        body never began (StreamingResponse never starts the body of a client that left before its headers)."""
+
+        def __init__(self, reply: Reply, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.reply = reply
+
+        async def __call__(self, scope, receive, send) -> None:
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                self.reply.close()
     from starlette.exceptions import HTTPException
 
     @asynccontextmanager
@@ -392,7 +458,12 @@ def create_app(server: Server):
         reply = Reply(server, req, prepared, endpoint, server.admit())  # a 429 or 503 is decided now: never after a 200
         if not req.stream:
             return await reply.whole(request.receive, headers)
-        return StreamingResponse(reply.events(), media_type="text/event-stream",
+        try:
+            await reply.begin()
+        except BaseException:
+            reply.close()
+            raise
+        return SSE(reply, reply.events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 
     @app.post("/v1/chat/completions")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import struct
 import threading
 import time
 
@@ -272,6 +274,36 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(kit, tmp_path):
             time.sleep(0.05)
         assert s.metrics()["jetson_llm_requests_running"] == 0
         assert s.metrics()["jetson_llm_completion_tokens_total"] < 3 * 250      # cancelled, not run to the end
+    finally:
+        s.stop()
+
+
+def test_streams_whose_clients_leave_before_the_headers_free_their_slots(kit, tmp_path):
+    """A streamed request that finds a slot free is submitted before its 200 is written; a client gone by then
+    (its body never began) still gets its engine work cancelled, its slot and its admission back."""
+    project, _, _ = kit
+    s = Served(["tiny-llama-cpu", "--max-queue", "0"], project.env, REPO, tmp_path / "server.log")
+    try:
+        body = json.dumps({"model": "tiny-llama-cpu", "prompt": "Bread", "max_tokens": 250, "temperature": 0,
+                           "stream": True}).encode()
+        host, port = s.url.removeprefix("http://").split(":")
+        for _ in range(5):          # more than max_batch_size (2) + --max-queue (0): a leaked admission is a 429
+            with socket.create_connection((host, int(port))) as sock:
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                # gone at once (a reset): it may be seen before or after the stream's first byte
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            time.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while s.metrics()["jetson_llm_requests_running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        m = s.metrics()
+        assert m["jetson_llm_requests_running"] == 0
+        assert m["jetson_llm_completion_tokens_total"] < 5 * 250      # cancelled, not run to the end
+        for _ in range(3):      # all capacity is back: no 429
+            r = httpx.post(s.url + "/v1/completions", json={**json.loads(body), "stream": False, "max_tokens": 3},
+                           timeout=30)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     finally:
         s.stop()
 
