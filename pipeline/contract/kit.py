@@ -82,6 +82,7 @@ class VisualExport(Part):
     max_relative_error: float
     cosine: float
     onnx: OnnxGraph | None = None
+    precision: str = "fp16"         # the tower's linears: fp16, or fp8 (E4M3 weights and inputs, per-tensor scales)
 
 
 @dataclass(frozen=True)

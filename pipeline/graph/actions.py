@@ -127,7 +127,6 @@ def export_refusal(recipe: Recipe, plan: contract.Plan) -> str | None:
 
 def export_refusal_hint(recipe: Recipe, plan: contract.Plan) -> tuple[str, str] | None:
     """(why the export would refuse, what to do), or None."""
-    from pipeline.plan.formats import UNQUANTIZED
     from pipeline.workstation.fetch import has_chat_template
 
     backend = backends.get(plan.backend)
@@ -135,12 +134,6 @@ def export_refusal_hint(recipe: Recipe, plan: contract.Plan) -> tuple[str, str] 
         return (f"{backend.label} (target {plan.target}) renders prompts with the tokenizer's chat template, and "
                 "this model's tokenizer has none", "use the instruct model's repository, or add chat_template.jinja "
                 "to the local model")
-    if plan.visual is not None and plan.visual.precision != UNQUANTIZED.name:
-        # the plan prices an FP8 tower (a what-if `plan --visual-quant fp8` answers); the export writes the tower
-        # as the checkpoint has it, so a kit would carry an FP16 tower under an FP8 plan
-        return (f"quantization.visual = {plan.visual.precision!r}: this version exports the visual tower in FP16 "
-                "only (Edge-LLM's --visual_quantization fp8 path is not implemented here yet)",
-                f"set quantization.visual = {UNQUANTIZED.name!r} (the default)")
     return None
 
 
@@ -173,7 +166,8 @@ def quantize_stage(recipe: Recipe, plans: list[contract.Plan], for_export: bool 
     visual = image_profile(recipe, load_shape(model_dir(recipe)))
     return run_stage(quantize_spec(recipe), lambda out: quantize(model_dir(recipe), out, q.weights,
                                                                  q.kv_cache, group_sizes.pop(), q.calibration,
-                                                                 recipe.file, handoff=_handoff(), visual=visual),
+                                                                 recipe.file, handoff=_handoff(), visual=visual,
+                                                                 visual_precision=q.visual),
                      stage_cache())
 
 

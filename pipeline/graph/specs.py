@@ -49,9 +49,10 @@ WORKSTATION_TOOLS = ("torch", "transformers", "nvidia-modelopt", "safetensors")
 
 
 def _image_calibration_key(recipe: Recipe) -> dict:
-    """A vision-language recipe (it names images or an image profile) whose format fits weights to the data is
-    calibrated with image prompts at its profile (workstation/image_calibration.py): both are part of the key."""
-    if not WEIGHT_FORMATS[recipe.quantization.weights].fits_weights_to_data:
+    """A vision-language recipe (it names images or an image profile) whose format fits weights to the data, or whose
+    tower is quantized, is calibrated with image prompts at its profile (workstation/image_calibration.py): both are
+    part of the key."""
+    if not WEIGHT_FORMATS[recipe.quantization.weights].fits_weights_to_data and recipe.quantization.visual == "fp16":
         return {}
     if not recipe.validation.images and recipe.build.visual == VisualSettings():
         return {}
@@ -66,9 +67,10 @@ def quantize_spec(recipe: Recipe) -> StageSpec:
     fingerprint = (lambda: [path.stat().st_size, path.stat().st_mtime_ns]) if path else None
     return StageSpec(QUANTIZE.name, {"weights": q.weights, "kv_cache": q.kv_cache, "group_size": q.group_size,
                                   "calibration": cal if WEIGHT_FORMATS[q.weights].needs_calibration
-                                  or KV_FORMATS[q.kv_cache].needs_calibration else None,
+                                  or KV_FORMATS[q.kv_cache].needs_calibration or q.visual != "fp16" else None,
                                   # a stage calibrated before the query was quantized too is not this stage
                                   **({"quantized_query": True} if KV_FORMATS[q.kv_cache].quantizes_query else {}),
+                                  **({"visual": q.visual} if q.visual != "fp16" else {}),
                                   **_image_calibration_key(recipe)},
                      inputs=(fetch_spec(recipe),), tools=WORKSTATION_TOOLS, fingerprint=fingerprint,
                      version=2)     # 2: changed tensors in calibrated.safetensors, not in the pickle

@@ -44,15 +44,29 @@ class CalibrationSettings(Protocol):
 TOWER_QUANTIZER_MODULES = ("visual.", "vision_tower.", "multi_modal_projector.")
 
 
-def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None) -> dict | None:
-    """The ModelOpt quant config for a recipe's weight and KV formats (None: nothing to quantize)."""
+# FP8 on a tower (Edge-LLM 0.11's --visual_quantization fp8, quantization/quantization_configs.py): per-tensor E4M3
+# weights and static per-tensor E4M3 inputs, as FP8_DEFAULT_CFG has them. Only the tower's linears: Edge-LLM's
+# exporter builds those through make_linear (FP8Linear where the checkpoint carries scales), its patch embedding as
+# an FP16 Conv3d and its position table as an FP16 gather, so their quantizers (which Edge-LLM's own config leaves
+# on for convolutions) would calibrate numerics no engine computes.
+TOWER_FP8 = {"num_bits": (4, 3), "axis": None}
+
+
+def tower_fp8_entries() -> list[dict]:
+    return [{"quantizer_name": f"*{module}*{kind}_quantizer", "parent_class": "nn.Linear", "cfg": dict(TOWER_FP8),
+             "enable": True} for module in TOWER_QUANTIZER_MODULES for kind in ("weight", "input")]
+
+
+def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None, visual: str = "fp16") -> dict | None:
+    """The ModelOpt quant config for a recipe's weight and KV formats and its tower's precision (fp16, fp8: a
+    vision-language model's `quantization.visual`); None: nothing to quantize."""
     import_modelopt()
     import modelopt.torch.quantization as mtq
 
     # a format calibrated by nothing (int8_wo: quantized at engine load) is simulated by its reference config, so
     # that the goldens carry the deployed numerics (plan/formats.py)
     name = fmt.calibration_config
-    if name is None and kv.unquantized:
+    if name is None and kv.unquantized and visual == "fp16":
         return None
     cfg: dict[str, Any] = copy.deepcopy(getattr(mtq, name)) if name else {
         "quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
@@ -66,8 +80,12 @@ def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None) -> 
     if kv.modelopt_num_bits is not None:
         bmm = "*[qkv]_bmm_quantizer" if kv.quantizes_query else "*[kv]_bmm_quantizer"
         cfg["quant_cfg"].append({"quantizer_name": bmm, "cfg": {"num_bits": kv.modelopt_num_bits, "axis": None}})
-    # a vision-language model's tower stays as the checkpoint has it: Edge-LLM exports it apart, in FP16
+    # a vision-language model's tower: Edge-LLM exports it apart, in FP16 unless the recipe asks for FP8
     cfg["quant_cfg"] += [{"quantizer_name": f"*{module}*", "enable": False} for module in TOWER_QUANTIZER_MODULES]
+    if visual == "fp8":
+        cfg["quant_cfg"] += tower_fp8_entries()
+    elif visual != "fp16":
+        raise ValueError(f"tower precision {visual!r}")
     return cfg
 
 
@@ -114,20 +132,22 @@ def reshapes_weights(cfg: dict) -> bool:
 
 def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size: int | None,
              calibration: CalibrationSettings,
-             recipe_file: str, handoff: ModelHandoff | None = None, visual: VisualLimits | None = None) -> dict:
+             recipe_file: str, handoff: ModelHandoff | None = None, visual: VisualLimits | None = None,
+             visual_precision: str = "fp16") -> dict:
     """Calibrate and save ModelOpt state into `out`; returns the stage's manifest extras. With a `handoff`, the
     calibrated model is left there for the next stage of this process. visual: a vision-language model's image
     profile: where the algorithm reshapes weights against the data, the language model is calibrated with image
     prompts too (image_calibration.py), as Edge-LLM's own quantizer does (text alone optimizes the image tokens'
-    ranges away)."""
+    ranges away); an FP8 tower (visual_precision) is calibrated with them too, as only images reach it."""
     import torch
 
     from pipeline.progress import Progress
     from pipeline.workstation.calibration import load_texts, token_windows
 
     fmt, kv = WEIGHT_FORMATS[weights], KV_FORMATS[kv_cache]
-    cfg = modelopt_config(fmt, kv, group_size)
-    info: dict[str, Any] = {"weights": weights, "kv_cache": kv_cache, "group_size": group_size, "modelopt_config": None}
+    cfg = modelopt_config(fmt, kv, group_size, visual_precision)
+    info: dict[str, Any] = {"weights": weights, "kv_cache": kv_cache, "group_size": group_size, "modelopt_config": None,
+                            **({"visual": visual_precision} if visual_precision != "fp16" else {})}
     if cfg is None:
         (out / "quantize.json").write_text(json.dumps({**info, "method": "none"}, indent=1))
         return {"quantize": {**info, "method": "none"}}
@@ -149,7 +169,7 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         texts = load_texts(calibration.source, recipe_file)
         windows = token_windows(tokenizer, texts, calibration.samples, calibration.seq_len, calibration.seed)
-        if visual is not None and reshapes_weights(cfg):
+        if visual is not None and (reshapes_weights(cfg) or visual_precision != "fp16"):
             from pipeline.workstation.image_calibration import image_calibration
             asked = image_calibration(model_dir, tokenizer, visual)
     if handoff is not None:

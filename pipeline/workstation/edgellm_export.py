@@ -54,6 +54,13 @@ def int4_plugin_version(model) -> int:
     return 2
 
 
+def quantized_tower(model) -> bool:
+    """Whether calibration quantized the visual tower (recipe quantization.visual = "fp8")."""
+    from pipeline.workstation.calibrate import TOWER_QUANTIZER_MODULES
+    return any(name.endswith("weight_quantizer") and getattr(m, "is_enabled", False)
+               and any(t in name for t in TOWER_QUANTIZER_MODULES) for name, m in model.named_modules())
+
+
 def query_scales(model) -> dict:
     """The calibrated FP8 query scales (amax / 448) as checkpoint tensors `<attention>.q_proj.q_scale`, where Edge-LLM's
     attention reads them (qkv_scales[0] of its AttentionPlugin). ModelOpt's unified export writes the K and V scales
@@ -164,6 +171,7 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     plugin = int4_plugin_version(model) if WEIGHT_FORMATS[weights].edgellm_int4_plugin else None
     export_hf_checkpoint(model, export_dir=hf, extra_state_dict=query_scales(model) or None)
     layers = getattr(model.config, "text_config", model.config).num_hidden_layers   # a VLM: its language model
+    tower_quantized = quantized_tower(model)
     del model
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(hf)
     if not (hf / "chat_template.jinja").is_file() and "chat_template" not in json.loads(
@@ -204,9 +212,11 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
                                  draft_onnx=OnnxGraph(**draft_graph))
     quant = json.loads((hf / "hf_quant_config.json").read_text())["quantization"] \
         if (hf / "hf_quant_config.json").is_file() else {}
-    shutil.rmtree(hf)        # the kit carries the ONNX; the unified checkpoint is rebuilt from the state if needed
     from pipeline.workstation.visual_export import export_tower
-    visual = export_tower(model_dir, scratch, payload_dir, tower) if tower else None
+    # an FP8 tower's tensors as the unified export wrote them (E4M3 weights, their scales); an FP16 one's from the
+    # checkpoint itself
+    visual = export_tower(model_dir, scratch, payload_dir, tower, hf if tower_quantized else None) if tower else None
+    shutil.rmtree(hf)        # the kit carries the ONNX; the unified checkpoint is rebuilt from the state if needed
     return ExportRecord(
         weights=weights, kv_cache=kv_cache, quant_algo=quant.get("quant_algo"),
         kv_cache_quant_algo=quant.get("kv_cache_quant_algo"), group_size=quant.get("group_size"),

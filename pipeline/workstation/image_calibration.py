@@ -5,7 +5,8 @@ calibrated on text alone they fit the text tokens' activations and leave the ima
 differently, to the rounding (Edge-LLM 0.11's own quantizer says "text-only data optimizes the image-token ranges
 away and the model degenerates on image input", tensorrt_edgellm/quantization/quantize.py
 _is_image_blind_calibration, and switches to image calibration for them). Range-only calibration (FP8, NVFP4:
-"max") is modality-blind and stays text-only, as there.
+"max") is modality-blind and stays text-only, as there, unless the tower itself is quantized (quantization.visual =
+"fp8", Edge-LLM's --visual_quantization): only images reach it, so they are added to the text then.
 
 The images are the builtin ones (pipeline/images.py: drawn in code, so calibration runs offline and the same bytes
 every time), each asked a few questions through the checkpoint's chat template and its processor held to the engine's

@@ -13,6 +13,11 @@ What Edge-LLM 0.11's exporter does with a tower (read from the 0.11.0 wheel: ten
   checkpoint's dtype and its FP16 linears refuse float32 input, so the checkpoint it reads must be FP16 (a float32
   one fails in torch.export with "FP16Linear expects float16 input"). Here it reads a directory written for it: the
   tower's tensors in FP16, config.json (without auto_map) and preprocessor_config.json, nothing else.
+- An FP8 tower (--visual_quantization fp8): the tower's linears are built by make_linear (models/linear.py), which
+  picks FP8Linear for a module whose checkpoint tensors carry a weight_scale under an hf_quant_config.json saying
+  quant_algo FP8 (config.py _parse_quant; a linear without one is detected as unquantized and stays FP16); FP8Linear
+  exports QuantizeLinear (float8e4m3fn) / DequantizeLinear with per-tensor FP16 scales on its input and its weight.
+  The patch embedding (Conv3d) and the position table are never quantized there.
 - Its visual path imports tensorrt_edgellm.quantization, which imports `datasets` (qwen3_omni.py); 0.11's [export]
   extra does not pull it in (only [tools] does, with a CUDA torchvision), so the workstation extra pins it.
 - The graph's custom op is trt_edgellm::ViTAttentionPlugin (separate q/k/v [T, H, D] FP16, no RoPE, no KV cache;
@@ -39,7 +44,7 @@ from pipeline.backends.edgellm import VISUAL_DIR
 from pipeline.contract import OnnxGraph, VisualExport
 from pipeline.errors import PipelineError
 from pipeline.workstation.onnx_graph import check_graph
-from pipeline.workstation.visual_check import TOWER_MODULES, check_tower, tower_module
+from pipeline.workstation.visual_check import SCALES, TOWER_MODULES, check_tower, tower_module
 
 VIT_ATTENTION = "trt_edgellm:ViTAttentionPlugin"
 GRAPH_INPUTS = {
@@ -57,22 +62,27 @@ def graph_outputs(deepstack: int) -> list[str]:
     return ["output", *[f"deepstack_features_{i}" for i in range(deepstack)]]
 
 
-def write_tower_checkpoint(model_dir: Path, out: Path, design: str) -> int:
-    """The checkpoint the exporter reads: the tower's tensors in FP16 (model.safetensors), config.json without
-    auto_map, the processor's config. Returns the number of tensors written."""
+def write_tower_checkpoint(model_dir: Path, out: Path, design: str, source: Path | None = None) -> int:
+    """The checkpoint the exporter reads: the tower's tensors (model.safetensors), config.json without auto_map, the
+    processor's config. Returns the number of tensors written. source: where the tensors come from (default
+    model_dir): the unified checkpoint of a calibrated model whose tower is FP8 (E4M3 weights with their
+    weight_scale and input_scale), written as they are, with an hf_quant_config.json saying FP8; everything else FP16.
+    """
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
     tensors = {}
-    for path in sorted(model_dir.glob("*.safetensors")):
+    for path in sorted((source or model_dir).glob("*.safetensors")):
         with safe_open(str(path), "pt") as fh:
             for key in fh.keys():
                 if tower_module(key, design):
-                    tensors[key] = fh.get_tensor(key).to(torch.float16).contiguous()
+                    t = fh.get_tensor(key)
+                    quantized = t.dtype == torch.float8_e4m3fn or key.endswith(SCALES)
+                    tensors[key] = (t if quantized else t.to(torch.float16)).contiguous()
     if not tensors:
         names = " or ".join(f"[model.]{n}.*" for n in TOWER_MODULES[design])
-        raise PipelineError(f"{model_dir}: no visual tower tensors (named {names})",
+        raise PipelineError(f"{source or model_dir}: no visual tower tensors (named {names})",
                             "use the vision-language checkpoint as transformers 5 saves it, vision weights included")
     missing = [f for f in PROCESSOR_FILES if not (model_dir / f).is_file()]
     if missing:
@@ -84,20 +94,29 @@ def write_tower_checkpoint(model_dir: Path, out: Path, design: str) -> int:
     config = json.loads((model_dir / "config.json").read_text())
     config.pop("auto_map", None)        # never code of the checkpoint's own: transformers' native class
     (out / "config.json").write_text(json.dumps(config, indent=1))
+    if any(k.endswith(".weight_scale") for k in tensors):
+        # Edge-LLM's config.py _parse_quant: quant_algo FP8 for every linear that carries a weight_scale; a linear
+        # without one is detected as unquantized and stays FP16 (_detect_modelopt_unquantized_linears)
+        (out / "hf_quant_config.json").write_text(json.dumps(
+            {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None,
+                                                                 "exclude_modules": []}}, indent=1))
     for name in PROCESSOR_FILES:
         shutil.copy2(model_dir / name, out / name)
     return len(tensors)
 
 
-def export_visual(model_dir: Path, scratch: Path, onnx_dir: Path, design: str, deepstack: int) -> dict:
+def export_visual(model_dir: Path, scratch: Path, onnx_dir: Path, design: str, deepstack: int,
+                  source: Path | None = None) -> dict:
     """Edge-LLM's exporter on the tower alone, into onnx_dir (model.onnx, model.onnx.data, config.json,
-    preprocessor_config.json), its graph checked. Returns the graph's description (contract OnnxGraph fields)."""
+    preprocessor_config.json), its graph checked. Returns the graph's description (contract OnnxGraph fields).
+    The tower checkpoint it read stays in scratch/tower-checkpoint for the numerical check (source: as
+    write_tower_checkpoint)."""
     tower = scratch / "tower-checkpoint"
     out = scratch / "edgellm-visual"
     for d in (tower, out):
         if d.exists():
             shutil.rmtree(d)
-    write_tower_checkpoint(model_dir, tower, design)
+    write_tower_checkpoint(model_dir, tower, design, source)
     argv = [sys.executable, "-m", "tensorrt_edgellm.scripts.export", str(tower), str(out), "--skip-llm"]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S)
@@ -110,22 +129,27 @@ def export_visual(model_dir: Path, scratch: Path, onnx_dir: Path, design: str, d
         raise PipelineError(f"Edge-LLM's visual export failed (exit {proc.returncode}):\n{tail}",
                             "this is a bug in the Edge-LLM export path; please report it with the recipe")
     shutil.move(str(produced), str(onnx_dir))
-    shutil.rmtree(tower, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
     return check_graph(onnx_dir / "model.onnx", GRAPH_INPUTS[design], graph_outputs(deepstack),
                        extra_files=("config.json", *PROCESSOR_FILES), consumer="visual_build",
                        attention=VIT_ATTENTION)
 
 
-def export_tower(model_dir: Path, scratch: Path, payload_dir: Path, tower) -> VisualExport:
-    """The visual tower through Edge-LLM's exporter into onnx/visual, checked against transformers' tower on the
-    builtin test images (workstation/visual_export.py, visual_check.py)."""
+def export_tower(model_dir: Path, scratch: Path, payload_dir: Path, tower, source: Path | None = None
+                 ) -> VisualExport:
+    """The visual tower through Edge-LLM's exporter into onnx/visual, checked on the builtin test images against
+    transformers' tower with the weights and scales of the checkpoint the exporter read (workstation/visual_check.py):
+    FP16, or FP8 where `source` (the calibrated model's unified checkpoint) carries an FP8 tower."""
     from pipeline.backends.edgellm import VISUAL_DIR
     from pipeline.images import BUILTIN_IMAGES, open_image
 
-    graph = export_visual(model_dir, scratch, payload_dir / VISUAL_DIR, tower.design, tower.deepstack)
+    graph = export_visual(model_dir, scratch, payload_dir / VISUAL_DIR, tower.design, tower.deepstack, source)
     images = [open_image(i.png()) for i in BUILTIN_IMAGES.values()]
-    agreement = check_tower(payload_dir / VISUAL_DIR / "model.onnx", model_dir, tower.design, images)
-    return VisualExport(design=tower.design, images=agreement.images,
+    checkpoint = scratch / "tower-checkpoint"
+    try:
+        agreement = check_tower(payload_dir / VISUAL_DIR / "model.onnx", checkpoint, tower.design, images)
+    finally:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    return VisualExport(design=tower.design, precision=agreement.precision, images=agreement.images,
                         max_relative_error=round(agreement.max_relative_error, 6),
                         cosine=round(agreement.cosine, 7), onnx=OnnxGraph(**graph))

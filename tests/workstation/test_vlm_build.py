@@ -12,6 +12,7 @@ from conftest import REPO, Project, device
 
 from pipeline import contract
 from pipeline.images import BUILTIN_IMAGES
+from pipeline.workstation.visual_check import MAX_RELATIVE_ERROR_FP8, MIN_COSINE_FP8
 from tests.serving import Served
 
 pytestmark = pytest.mark.integration
@@ -26,19 +27,98 @@ def built(tmp_path_factory):
     return project, project.artifacts / RECIPE / "kit" / f"{RECIPE}@agx-thor", proc.stdout
 
 
-def test_an_fp8_tower_is_refused_before_calibration_since_the_export_writes_fp16(tmp_path):
-    """The plan prices an FP8 tower (Edge-LLM's --visual_quantization fp8); the export does not make one yet, so a
-    recipe asking for it stops before the quantize stage, naming the field, rather than ship an FP16 tower under an
-    FP8 plan."""
-    project = Project(tmp_path / "proj")
-    text = (REPO / "recipes" / f"{RECIPE}.toml").read_text().replace('kv_cache = "fp8"',
-                                                                    'kv_cache = "fp8"\nvisual = "fp8"')
+@pytest.fixture(scope="module")
+def fp8_tower(tmp_path_factory):
+    """The tiny Qwen3-VL recipe with `quantization.visual = "fp8"` (Edge-LLM's --visual_quantization fp8) and its
+    language model in FP16, so that what the device half checks against the goldens is the tower's quantization
+    alone, built, then through the device half on the recorded Thor."""
+    tmp = tmp_path_factory.mktemp("fp8-tower")
+    project = Project(tmp / "proj")
+    text = (REPO / "recipes" / f"{RECIPE}.toml").read_text().replace(
+        'weights = "fp8"\nkv_cache = "fp8"', 'weights = "fp16"\nkv_cache = "fp16"\nvisual = "fp8"')
+    assert 'visual = "fp8"' in text
     (project.recipes / "fp8-tower.toml").write_text(text)
-    proc = project.doit("build", "recipe=fp8-tower", check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and "quantization.visual = 'fp8': this version exports the visual tower in FP16 " \
-        "only" in out and "set quantization.visual = 'fp16'" in out and "Traceback" not in out
-    assert not (project.artifacts / "stages" / "quantize").exists()
+    proc = project.doit("build", "recipe=fp8-tower", timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    kit = project.artifacts / "fp8-tower" / "kit" / "fp8-tower@agx-thor"
+    return project, tmp, device(project, kit, tmp / "device", board="agx-thor-jp72")
+
+
+def test_an_fp8_tower_is_calibrated_with_images_exported_in_e4m3_and_checked_against_its_scales(fp8_tower):
+    """The tower's linears (not its patch embedding or position table) calibrated with image prompts; the exporter
+    reads them as E4M3 weights with per-tensor scales and writes FP8 Q/DQ; the independent check runs that graph
+    against transformers' tower with the same scales."""
+    import onnx
+
+    project, _, _ = fp8_tower
+    quant = json.loads((_stage(project, "quantize") / "quantize.json").read_text())
+    assert quant["visual"] == "fp8" and quant["calibration_images"] > 0
+    visual = json.loads((_stage(project, "export") / "stage.json").read_text())["export"]["visual"]
+    assert visual["precision"] == "fp8" and visual["images"] == len(BUILTIN_IMAGES)
+    assert visual["cosine"] >= MIN_COSINE_FP8 and visual["max_relative_error"] <= MAX_RELATIVE_ERROR_FP8
+    graph = onnx.load(str(_stage(project, "export") / "onnx" / "visual" / "model.onnx"), load_external_data=False)
+    q = [n for n in graph.graph.node if n.op_type == "QuantizeLinear"]
+    fp8 = {a.i for n in q for a in n.attribute if a.name == "output_dtype"} | {
+        i.data_type for i in graph.graph.initializer if i.data_type == onnx.TensorProto.FLOAT8E4M3FN}
+    assert onnx.TensorProto.FLOAT8E4M3FN in fp8
+    # one input Q/DQ per tower linear: each block's qkv, proj, fc1, fc2 and the merger's and DeepStack mergers'
+    # fc1, fc2; none for the patch embedding (a convolution) or the position table
+    (config,) = (project.artifacts / "stages" / "fetch").glob("*/model/config.json")
+    vision = json.loads(config.read_text())["vision_config"]
+    assert len(q) == 4 * vision["depth"] + 2 * (1 + len(vision["deepstack_visual_indexes"]))
+    # every Q/DQ scale per tensor, in FP16 (FP8Linear's export)
+    scales = {n.input[1] for n in graph.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")}
+    held = {i.name: i for i in graph.graph.initializer}
+    assert scales and all(held[s].data_type == onnx.TensorProto.FLOAT16 and not held[s].dims
+                          for s in scales if s in held)
+
+
+def test_the_fp8_towers_check_fails_a_graph_that_lost_its_activation_quantization(fp8_tower, tmp_path):
+    """The check's FP8 bounds tell the exported graph from one whose tower linears take their inputs unquantized
+    (each input QuantizeLinear -> DequantizeLinear pair removed), against the same tower checkpoint."""
+    import onnx
+    from modelopt.torch.export import export_hf_checkpoint
+
+    from pipeline.errors import PipelineError
+    from pipeline.images import open_image
+    from pipeline.workstation.state import load_quantized
+    from pipeline.workstation.visual_check import check_tower
+    from pipeline.workstation.visual_export import write_tower_checkpoint
+
+    project, _, _ = fp8_tower
+    (model_dir,) = (project.artifacts / "stages" / "fetch").glob("*/model")
+    model = load_quantized(model_dir, _stage(project, "quantize"), "cpu").half()
+    export_hf_checkpoint(model, export_dir=tmp_path / "hf")
+    write_tower_checkpoint(model_dir, tmp_path / "tower", "qwen3_vl", tmp_path / "hf")
+    exported = _stage(project, "export") / "onnx" / "visual" / "model.onnx"
+    images = [open_image(BUILTIN_IMAGES["red-circle"].png())]
+    assert check_tower(exported, tmp_path / "tower", "qwen3_vl", images).precision == "fp8"
+
+    graph = onnx.load(str(exported))
+    nodes = {n.output[0]: n for n in graph.graph.node}
+    bypass = {}     # an input DequantizeLinear's output -> the tensor its QuantizeLinear read
+    for n in graph.graph.node:
+        if n.op_type == "DequantizeLinear" and nodes.get(n.input[0]) is not None \
+                and nodes[n.input[0]].op_type == "QuantizeLinear":
+            bypass[n.output[0]] = nodes[n.input[0]].input[0]
+    assert bypass
+    for n in graph.graph.node:
+        n.input[:] = [bypass.get(i, i) for i in n.input]
+    (tmp_path / "lost").mkdir()
+    onnx.save(graph, str(tmp_path / "lost" / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
+    with pytest.raises(PipelineError, match=r"disagrees with the checkpoint's .* cosine 0\.99[0-9]+ \(at least "
+                                            r"0\.9995\)"):
+        check_tower(tmp_path / "lost" / "model.onnx", tmp_path / "tower", "qwen3_vl", images)
+
+
+def test_an_fp8_tower_kit_builds_and_validates_on_thor_through_the_runtime(fp8_tower):
+    """The device half on the FP8 tower's kit: visual_build, then llm_inference answers every golden, the image ones
+    through the FP8 graph (the runtime double runs its Q/DQ as ONNX specifies them)."""
+    _, tmp, proc = fp8_tower
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (report_dir,) = (tmp / "device" / "out").glob("*.report")
+    report = contract.Report.load(report_dir / contract.REPORT_JSON)
+    assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0, 1.0]
 
 
 def _stage(project, name):
@@ -193,7 +273,13 @@ def _double_first_step(engine_dir, kit_dir, golden, variant):
     return logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
 
 
-@pytest.mark.parametrize("which", ["validated", "validated_orin", "validated_internvl"])
+@pytest.fixture(scope="module")
+def validated_fp8_tower(fp8_tower):
+    _, tmp, proc = fp8_tower
+    return tmp / "device", proc
+
+
+@pytest.mark.parametrize("which", ["validated", "validated_orin", "validated_internvl", "validated_fp8_tower"])
 def test_the_runtime_double_computes_the_image_goldens_and_tells_a_wrong_image_feed(which, request):
     """The device check is only as good as the double: its first step agrees with the goldens' log-probabilities
     (FP8 / INT4 and FP16 against the calibrated model's), and feeding the image tokens text positions or dropping
