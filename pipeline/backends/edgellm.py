@@ -125,7 +125,11 @@ def build_memory(engine_weights: int, activations: int, ffn_int4: int = 0) -> Bu
 
 
 def export_summary(e: ExportRecord) -> str:
-    return f"{e.quant_algo or e.weights} ONNX for SM {e.target_sm}"
+    # with a quantized tower, ModelOpt's quant_algo describes the whole checkpoint (FP8 for an FP16 language model
+    # beside an FP8 tower): the language model is then named by its recipe format
+    tower = e.visual.precision if e.visual is not None else "fp16"
+    llm = e.weights if tower != "fp16" else (e.quant_algo or e.weights)
+    return f"{llm} ONNX for SM {e.target_sm}" + (f", {tower} visual tower" if e.visual is not None else "")
 
 
 from pipeline.families.kinds import Support  # noqa: E402  (beside its use)

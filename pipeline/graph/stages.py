@@ -37,9 +37,11 @@ def _quantize(result: contract.StageManifest) -> str:
     q = result.quantize or {}
     if q.get("method") == "none":
         return f"{q['weights']} (KV {q['kv_cache']}): nothing to quantize"
-    tokens = q.get("calibration_tokens") or 0
+    tokens, images = q.get("calibration_tokens") or 0, q.get("calibration_images") or 0
     data = f"{tokens} calibration tokens" if tokens else "no calibration data"
-    return f"{q['weights']} (KV {q['kv_cache']}) on {q['device']}, {data}"
+    data += f" and {images} image prompts" if images else ""
+    tower = f", {q['visual']} tower" if q.get("visual") else ""
+    return f"{q['weights']} (KV {q['kv_cache']}{tower}) on {q['device']}, {data}"
 
 
 def _export(result: contract.StageManifest) -> str:

@@ -67,7 +67,7 @@ def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None, vis
     # that the goldens carry the deployed numerics (plan/formats.py)
     name = fmt.calibration_config
     if name is None and kv.unquantized and visual == "fp16":
-        return None
+        return None     # an FP8 tower alone still needs the model's linears converted (all off but the tower's)
     cfg: dict[str, Any] = copy.deepcopy(getattr(mtq, name)) if name else {
         "quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
     if group_size and fmt.takes_group_size:
@@ -80,13 +80,35 @@ def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None, vis
     if kv.modelopt_num_bits is not None:
         bmm = "*[qkv]_bmm_quantizer" if kv.quantizes_query else "*[kv]_bmm_quantizer"
         cfg["quant_cfg"].append({"quantizer_name": bmm, "cfg": {"num_bits": kv.modelopt_num_bits, "axis": None}})
-    # a vision-language model's tower: Edge-LLM exports it apart, in FP16 unless the recipe asks for FP8
+    # a vision-language model's tower: Edge-LLM exports it apart, in FP16, or FP8 calibrated after the language
+    # model (calibrate_tower_fp8)
     cfg["quant_cfg"] += [{"quantizer_name": f"*{module}*", "enable": False} for module in TOWER_QUANTIZER_MODULES]
-    if visual == "fp8":
-        cfg["quant_cfg"] += tower_fp8_entries()
-    elif visual != "fp16":
+    if visual not in ("fp16", "fp8"):
         raise ValueError(f"tower precision {visual!r}")
     return cfg
+
+
+def calibrate_tower_fp8(model, forward_loop) -> int:
+    """FP8 on the tower's linears, max-calibrated with `forward_loop` (image prompts through the whole model), after
+    the language model's own calibration and apart from it: AWQ and SmoothQuant would otherwise search pre-quant
+    scales for the tower's linears too, which Edge-LLM's FP8Linear has no input for, and a range-only language model
+    stays calibrated on its text as with an FP16 tower. Returns the number of tower quantizers calibrated."""
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.quantization.model_calib import max_calibrate
+
+    mtq.set_quantizer_by_cfg(model, tower_fp8_entries())
+    towers = [m for name, m in model.named_modules()
+              if any(name.endswith(t.rstrip(".")) and name.count(".") <= 1 for t in TOWER_QUANTIZER_MODULES)]
+    for tower in towers:
+        max_calibrate(tower, lambda _tower: forward_loop(model))
+    quantizers = [q for t in towers for n, q in t.named_modules() if n.endswith(("weight_quantizer", "input_quantizer"))
+                  and getattr(q, "is_enabled", False)]
+    missing = [q for q in quantizers if q.amax is None]
+    if missing or not quantizers:
+        raise PipelineError(f"the FP8 tower's calibration left {len(missing)} of {len(quantizers)} quantizers "
+                            "without a range", "this is a bug in the tower's calibration; please report it with the "
+                            "recipe")
+    return len(quantizers)
 
 
 def fuse_for_export(model) -> int:
@@ -165,11 +187,13 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     # on a CPU: 30 s of 4 x 64 tokens).
     windows: list = []
     asked: list[dict] = []      # image prompts: ids and the processor's pixel inputs
-    if need_calibration(cfg):
+    tower_fp8 = visual is not None and visual_precision == "fp8"
+    if need_calibration(cfg) or tower_fp8:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         texts = load_texts(calibration.source, recipe_file)
-        windows = token_windows(tokenizer, texts, calibration.samples, calibration.seq_len, calibration.seed)
-        if visual is not None and (reshapes_weights(cfg) or visual_precision != "fp16"):
+        windows = token_windows(tokenizer, texts, calibration.samples, calibration.seq_len, calibration.seed) \
+            if need_calibration(cfg) else []
+        if visual is not None and (reshapes_weights(cfg) or tower_fp8):
             from pipeline.workstation.image_calibration import image_calibration
             asked = image_calibration(model_dir, tokenizer, visual)
     if handoff is not None:
@@ -182,17 +206,27 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
         raise PipelineError(f"{fmt.label} calibration needs a CUDA GPU, and this model does not fit this "
                             f"workstation's GPUs ({model.placement['note']})", "use a workstation with more GPU memory")
 
+    # the language model's data: its text, and image prompts where the algorithm fits weights to the data
+    lm_asked = asked if reshapes_weights(cfg) else []
+
     def forward_loop(m):
         with Progress(f"calibrating {fmt.label}", unit="sample") as bar:
             for i, w in enumerate(windows, 1):
                 m(torch.tensor([w], device=inputs))
-                bar.update(i, len(windows) + len(asked))
-            for i, a in enumerate(asked, len(windows) + 1):
+                bar.update(i, len(windows) + len(lm_asked))
+            for i, a in enumerate(lm_asked, len(windows) + 1):
                 m(**{k: v.to(inputs) for k, v in a.items()})
-                bar.update(i, len(windows) + len(asked))
+                bar.update(i, len(windows) + len(lm_asked))
+
+    def tower_loop(m):
+        with Progress("calibrating the FP8 visual tower", unit="image prompt") as bar:
+            for i, a in enumerate(asked, 1):
+                m(**{k: v.to(inputs) for k, v in a.items()})
+                bar.update(i, len(asked))
 
     with timer("calibrate"), torch.no_grad():
         mtq.quantize(model, cfg, forward_loop if windows else None)
+        tower_quantizers = calibrate_tower_fp8(model, tower_loop) if tower_fp8 else 0
     if getattr(model, "placement", {}).get("kind") == "gpu+cpu":
         with timer("gather"):
             model = gather_on_cpu(model)     # offloaded layers: read through their hooks, then an ordinary model
@@ -210,6 +244,7 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
                 device=inputs.split(":")[0], placement=getattr(model, "placement", {"kind": "cpu"}),
                 calibration_tokens=sum(map(len, windows)),      # 0: weight-only, calibrated from the weights
                 **({"calibration_images": len(asked)} if asked else {}),
+                **({"tower_quantizers": tower_quantizers} if tower_quantizers else {}),
                 fused_groups=fused, saved_bytes=saved)
     # the timings go to the stage's manifest (and its terminal line), not into quantize.json: an output file that
     # held them would differ on every run and make everything downstream of an identical re-run run again

@@ -54,11 +54,15 @@ def int4_plugin_version(model) -> int:
     return 2
 
 
+def _in_tower(name: str) -> bool:
+    from pipeline.workstation.calibrate import TOWER_QUANTIZER_MODULES
+    return any(t in name for t in TOWER_QUANTIZER_MODULES)
+
+
 def quantized_tower(model) -> bool:
     """Whether calibration quantized the visual tower (recipe quantization.visual = "fp8")."""
-    from pipeline.workstation.calibrate import TOWER_QUANTIZER_MODULES
-    return any(name.endswith("weight_quantizer") and getattr(m, "is_enabled", False)
-               and any(t in name for t in TOWER_QUANTIZER_MODULES) for name, m in model.named_modules())
+    return any(name.endswith("weight_quantizer") and getattr(m, "is_enabled", False) and _in_tower(name)
+               for name, m in model.named_modules())
 
 
 def query_scales(model) -> dict:
@@ -169,9 +173,18 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     # before the unified export, which packs INT4 weights in place (two per byte: half the rows)
     from pipeline.plan.formats import WEIGHT_FORMATS
     plugin = int4_plugin_version(model) if WEIGHT_FORMATS[weights].edgellm_int4_plugin else None
+    from pipeline.plan.shapes import load_shape
+    tower = load_shape(model_dir).tower     # a vision-language model: its language model in onnx/llm
+    fp8_tower = None
+    if tower is not None and quantized_tower(model):
+        # the tower's E4M3 tensors for its own export; off for the unified one, which is the language model's
+        from pipeline.workstation.visual_export import tower_fp8_tensors
+        fp8_tower = tower_fp8_tensors(model, tower.design)
+        for name, q in model.named_modules():
+            if name.endswith(("weight_quantizer", "input_quantizer")) and _in_tower(name):
+                q.disable()
     export_hf_checkpoint(model, export_dir=hf, extra_state_dict=query_scales(model) or None)
     layers = getattr(model.config, "text_config", model.config).num_hidden_layers   # a VLM: its language model
-    tower_quantized = quantized_tower(model)
     del model
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(hf)
     if not (hf / "chat_template.jinja").is_file() and "chat_template" not in json.loads(
@@ -184,8 +197,6 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     set_nvfp4_a16_export_target_sm(sm)
     from pipeline.backends.edgellm import LLM_DIR
     from pipeline.plan import speculative
-    from pipeline.plan.shapes import load_shape
-    tower = load_shape(model_dir).tower     # a vision-language model: its language model in onnx/llm
     onnx_dir = payload_dir / (speculative.ONNX_BASE if draft_dir else LLM_DIR if tower else "")
     onnx_dir.mkdir(parents=True)
     eagle = {"eagle_base": True, "eagle_draft_dir": str(draft_dir)} if draft_dir else {}
@@ -212,11 +223,9 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
                                  draft_onnx=OnnxGraph(**draft_graph))
     quant = json.loads((hf / "hf_quant_config.json").read_text())["quantization"] \
         if (hf / "hf_quant_config.json").is_file() else {}
-    from pipeline.workstation.visual_export import export_tower
-    # an FP8 tower's tensors as the unified export wrote them (E4M3 weights, their scales); an FP16 one's from the
-    # checkpoint itself
-    visual = export_tower(model_dir, scratch, payload_dir, tower, hf if tower_quantized else None) if tower else None
     shutil.rmtree(hf)        # the kit carries the ONNX; the unified checkpoint is rebuilt from the state if needed
+    from pipeline.workstation.visual_export import export_tower
+    visual = export_tower(model_dir, scratch, payload_dir, tower, fp8_tower) if tower else None
     return ExportRecord(
         weights=weights, kv_cache=kv_cache, quant_algo=quant.get("quant_algo"),
         kv_cache_quant_algo=quant.get("kv_cache_quant_algo"), group_size=quant.get("group_size"),

@@ -44,7 +44,7 @@ from pipeline.backends.edgellm import VISUAL_DIR
 from pipeline.contract import OnnxGraph, VisualExport
 from pipeline.errors import PipelineError
 from pipeline.workstation.onnx_graph import check_graph
-from pipeline.workstation.visual_check import SCALES, TOWER_MODULES, check_tower, tower_module
+from pipeline.workstation.visual_check import TOWER_MODULES, check_tower, tower_module
 
 VIT_ATTENTION = "trt_edgellm:ViTAttentionPlugin"
 GRAPH_INPUTS = {
@@ -62,28 +62,62 @@ def graph_outputs(deepstack: int) -> list[str]:
     return ["output", *[f"deepstack_features_{i}" for i in range(deepstack)]]
 
 
-def write_tower_checkpoint(model_dir: Path, out: Path, design: str, source: Path | None = None) -> int:
-    """The checkpoint the exporter reads: the tower's tensors (model.safetensors), config.json without auto_map, the
-    processor's config. Returns the number of tensors written. source: where the tensors come from (default
-    model_dir): the unified checkpoint of a calibrated model whose tower is FP8 (E4M3 weights with their
-    weight_scale and input_scale), written as they are, with an hf_quant_config.json saying FP8; everything else FP16.
-    """
+def tower_fp8_tensors(model, design: str) -> dict[tuple[str, str], object]:
+    """The calibrated FP8 tower's linears as ModelOpt's unified checkpoint writes FP8 (and Edge-LLM's FP8Linear reads
+    it): weight_scale = weight amax / 448, the weight as E4M3 of weight / weight_scale, input_scale = input amax / 448.
+    Keyed like tower_module: (tower module, tensor name within it). Made here, not by a second unified export, so
+    that the language model's checkpoint says only the language model's format (a tower in it turns ModelOpt's
+    quant_algo into MIXED_PRECISION, which Edge-LLM 0.11's loader then misreads for the language model's INT4-AWQ
+    layers when the tower's FP8 layers outnumber them)."""
+    import torch
+
+    from pipeline.workstation.visual_check import FP8_MAX
+    out: dict[tuple[str, str], object] = {}
+    for name, module in model.named_modules():
+        wq, iq = getattr(module, "weight_quantizer", None), getattr(module, "input_quantizer", None)
+        where = tower_module(name + ".weight", design)
+        if where is None or wq is None or not wq.is_enabled or iq is None or not iq.is_enabled:
+            continue
+        w_scale = (wq.amax.float() / FP8_MAX).reshape(())
+        i_scale = (iq.amax.float() / FP8_MAX).reshape(())
+        weight = module.weight.detach().float()
+        out[where] = (weight / w_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        stem = where[1][:-len("weight")]
+        out[(where[0], stem + "weight_scale")], out[(where[0], stem + "input_scale")] = w_scale, i_scale
+    return out
+
+
+def write_tower_checkpoint(model_dir: Path, out: Path, design: str, fp8: dict | None = None) -> int:
+    """The checkpoint the exporter reads: the tower's tensors in FP16 (model.safetensors), config.json without
+    auto_map, the processor's config. Returns the number of tensors written. fp8 (tower_fp8_tensors): the linears of
+    an FP8 tower as E4M3 weights with their weight_scale and input_scale, with an hf_quant_config.json saying FP8."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    tensors = {}
-    for path in sorted((source or model_dir).glob("*.safetensors")):
+    tensors, used = {}, set()
+    for path in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(path), "pt") as fh:
             for key in fh.keys():
-                if tower_module(key, design):
-                    t = fh.get_tensor(key)
-                    quantized = t.dtype == torch.float8_e4m3fn or key.endswith(SCALES)
-                    tensors[key] = (t if quantized else t.to(torch.float16)).contiguous()
+                where = tower_module(key, design)
+                if not where:
+                    continue
+                tensors[key] = fh.get_tensor(key).to(torch.float16).contiguous()
+                if fp8 and where in fp8:
+                    stem = key[:-len("weight")]
+                    tensors[key] = fp8[where]
+                    for scale in ("weight_scale", "input_scale"):
+                        tensors[stem + scale] = fp8[(where[0], where[1][:-len("weight")] + scale)]
+                        used.add((where[0], where[1][:-len("weight")] + scale))
+                    used.add(where)
     if not tensors:
         names = " or ".join(f"[model.]{n}.*" for n in TOWER_MODULES[design])
-        raise PipelineError(f"{source or model_dir}: no visual tower tensors (named {names})",
+        raise PipelineError(f"{model_dir}: no visual tower tensors (named {names})",
                             "use the vision-language checkpoint as transformers 5 saves it, vision weights included")
+    if fp8 and set(fp8) - used:
+        raise PipelineError(f"{model_dir}: the calibrated tower's FP8 linears are not all in the checkpoint (e.g. "
+                            f"{'.'.join(sorted(set(fp8) - used)[0])})", "this is a bug in the FP8 tower's export; "
+                            "please report it with the recipe")
     missing = [f for f in PROCESSOR_FILES if not (model_dir / f).is_file()]
     if missing:
         raise PipelineError(f"{model_dir}: no {', '.join(missing)}: the image processor's settings, which the "
@@ -94,7 +128,7 @@ def write_tower_checkpoint(model_dir: Path, out: Path, design: str, source: Path
     config = json.loads((model_dir / "config.json").read_text())
     config.pop("auto_map", None)        # never code of the checkpoint's own: transformers' native class
     (out / "config.json").write_text(json.dumps(config, indent=1))
-    if any(k.endswith(".weight_scale") for k in tensors):
+    if fp8:
         # Edge-LLM's config.py _parse_quant: quant_algo FP8 for every linear that carries a weight_scale; a linear
         # without one is detected as unquantized and stays FP16 (_detect_modelopt_unquantized_linears)
         (out / "hf_quant_config.json").write_text(json.dumps(
@@ -106,17 +140,17 @@ def write_tower_checkpoint(model_dir: Path, out: Path, design: str, source: Path
 
 
 def export_visual(model_dir: Path, scratch: Path, onnx_dir: Path, design: str, deepstack: int,
-                  source: Path | None = None) -> dict:
+                  fp8: dict | None = None) -> dict:
     """Edge-LLM's exporter on the tower alone, into onnx_dir (model.onnx, model.onnx.data, config.json,
     preprocessor_config.json), its graph checked. Returns the graph's description (contract OnnxGraph fields).
-    The tower checkpoint it read stays in scratch/tower-checkpoint for the numerical check (source: as
+    The tower checkpoint it read stays in scratch/tower-checkpoint for the numerical check (fp8: as
     write_tower_checkpoint)."""
     tower = scratch / "tower-checkpoint"
     out = scratch / "edgellm-visual"
     for d in (tower, out):
         if d.exists():
             shutil.rmtree(d)
-    write_tower_checkpoint(model_dir, tower, design, source)
+    write_tower_checkpoint(model_dir, tower, design, fp8)
     argv = [sys.executable, "-m", "tensorrt_edgellm.scripts.export", str(tower), str(out), "--skip-llm"]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S)
@@ -135,15 +169,14 @@ def export_visual(model_dir: Path, scratch: Path, onnx_dir: Path, design: str, d
                        attention=VIT_ATTENTION)
 
 
-def export_tower(model_dir: Path, scratch: Path, payload_dir: Path, tower, source: Path | None = None
-                 ) -> VisualExport:
+def export_tower(model_dir: Path, scratch: Path, payload_dir: Path, tower, fp8: dict | None = None) -> VisualExport:
     """The visual tower through Edge-LLM's exporter into onnx/visual, checked on the builtin test images against
     transformers' tower with the weights and scales of the checkpoint the exporter read (workstation/visual_check.py):
-    FP16, or FP8 where `source` (the calibrated model's unified checkpoint) carries an FP8 tower."""
+    FP16, or FP8 with the calibrated tower's tensors (tower_fp8_tensors)."""
     from pipeline.backends.edgellm import VISUAL_DIR
     from pipeline.images import BUILTIN_IMAGES, open_image
 
-    graph = export_visual(model_dir, scratch, payload_dir / VISUAL_DIR, tower.design, tower.deepstack, source)
+    graph = export_visual(model_dir, scratch, payload_dir / VISUAL_DIR, tower.design, tower.deepstack, fp8)
     images = [open_image(i.png()) for i in BUILTIN_IMAGES.values()]
     checkpoint = scratch / "tower-checkpoint"
     try:

@@ -29,13 +29,13 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fp8_tower(tmp_path_factory):
-    """The tiny Qwen3-VL recipe with `quantization.visual = "fp8"` (Edge-LLM's --visual_quantization fp8) and its
-    language model in FP16, so that what the device half checks against the goldens is the tower's quantization
-    alone, built, then through the device half on the recorded Thor."""
+    """The tiny Qwen3-VL recipe with `quantization.visual = "fp8"` (Edge-LLM's --visual_quantization fp8) beside an
+    INT4-AWQ language model (whose pre-quant scale search must leave the tower alone) and an FP16 KV cache, built,
+    then through the device half on the recorded Thor."""
     tmp = tmp_path_factory.mktemp("fp8-tower")
     project = Project(tmp / "proj")
     text = (REPO / "recipes" / f"{RECIPE}.toml").read_text().replace(
-        'weights = "fp8"\nkv_cache = "fp8"', 'weights = "fp16"\nkv_cache = "fp16"\nvisual = "fp8"')
+        'weights = "fp8"\nkv_cache = "fp8"', 'weights = "int4_awq"\nkv_cache = "fp16"\nvisual = "fp8"')
     assert 'visual = "fp8"' in text
     (project.recipes / "fp8-tower.toml").write_text(text)
     proc = project.doit("build", "recipe=fp8-tower", timeout=900, check=False)
@@ -65,7 +65,8 @@ def test_an_fp8_tower_is_calibrated_with_images_exported_in_e4m3_and_checked_aga
     # fc1, fc2; none for the patch embedding (a convolution) or the position table
     (config,) = (project.artifacts / "stages" / "fetch").glob("*/model/config.json")
     vision = json.loads(config.read_text())["vision_config"]
-    assert len(q) == 4 * vision["depth"] + 2 * (1 + len(vision["deepstack_visual_indexes"]))
+    linears = 4 * vision["depth"] + 2 * (1 + len(vision["deepstack_visual_indexes"]))
+    assert len(q) == linears and quant["tower_quantizers"] == 2 * linears     # a weight and an input quantizer each
     # every Q/DQ scale per tensor, in FP16 (FP8Linear's export)
     scales = {n.input[1] for n in graph.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")}
     held = {i.name: i for i in graph.graph.initializer}
@@ -77,19 +78,17 @@ def test_the_fp8_towers_check_fails_a_graph_that_lost_its_activation_quantizatio
     """The check's FP8 bounds tell the exported graph from one whose tower linears take their inputs unquantized
     (each input QuantizeLinear -> DequantizeLinear pair removed), against the same tower checkpoint."""
     import onnx
-    from modelopt.torch.export import export_hf_checkpoint
 
     from pipeline.errors import PipelineError
     from pipeline.images import open_image
     from pipeline.workstation.state import load_quantized
     from pipeline.workstation.visual_check import check_tower
-    from pipeline.workstation.visual_export import write_tower_checkpoint
+    from pipeline.workstation.visual_export import tower_fp8_tensors, write_tower_checkpoint
 
     project, _, _ = fp8_tower
     (model_dir,) = (project.artifacts / "stages" / "fetch").glob("*/model")
     model = load_quantized(model_dir, _stage(project, "quantize"), "cpu").half()
-    export_hf_checkpoint(model, export_dir=tmp_path / "hf")
-    write_tower_checkpoint(model_dir, tmp_path / "tower", "qwen3_vl", tmp_path / "hf")
+    write_tower_checkpoint(model_dir, tmp_path / "tower", "qwen3_vl", tower_fp8_tensors(model, "qwen3_vl"))
     exported = _stage(project, "export") / "onnx" / "visual" / "model.onnx"
     images = [open_image(BUILTIN_IMAGES["red-circle"].png())]
     assert check_tower(exported, tmp_path / "tower", "qwen3_vl", images).precision == "fp8"
