@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.plan import perf, prefill, vision_check, vision_time
+from pipeline.plan import moe, perf, prefill, vision_check, vision_time
 
 
 def main(argv: list[str]) -> int:
@@ -27,6 +27,10 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["fit"]:
         report = {**perf.fit_report(), "prefill": prefill.fit_report(), "vision": vision_time.fit_report()}
+        perf.FIT.write_text(json.dumps(report, indent=1) + "\n")
+        perf.fit_data.cache_clear()
+        perf.fitted.cache_clear()
+        report["moe"] = moe.fit_report()       # on the dense fit just written
         perf.FIT.write_text(json.dumps(report, indent=1) + "\n")
         perf.fit_data.cache_clear()
         perf.fitted.cache_clear()
@@ -48,6 +52,15 @@ def main(argv: list[str]) -> int:
                      else ""))
         for key, s in vision_check.check_summary(checks).items():
             print(f"  {key:<8} error: median {s['median']:.1%}, worst {s['worst']:.1%}")
+        m = report["moe"]
+        print(f"mixture-of-experts rows ({m['rows']}, Edge-LLM's published Qwen3-30B-A3B): routing cost per MoE "
+              "layer and step " + ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in m["layer_s"].items())
+              + f"; batch-1 leave-one-out error median {m['loo_median_abs_error']:.1%}, worst "
+              f"{m['loo_max_abs_error']:.1%}; batch 8 (not fitted) worst {m['batch_max_abs_error']:.1%}")
+        for c in m["checks"]:
+            print(f"  {c['target']:<14} {c['model'].split('/')[-1]:<16} {c['precision']:<6} batch {c['batch']} "
+                  f"context {c['context']:<5} decode {c['predicted']:6.1f}/{c['published']:<6} ({c['error']:+.0%})"
+                  + ("" if c["leave_one_out"] else "  (not fitted: batch)"))
         return 0
     print("usage: python -m pipeline.perf extract REFERENCE.csv | fit", file=sys.stderr)
     return 2

@@ -25,6 +25,7 @@ average_time_per_token_ms x total_image_tokens / total_images.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from pipeline.backends import (
@@ -125,15 +126,15 @@ def build_memory(engine_weights: int, activations: int, ffn_int4: int = 0) -> Bu
 
 
 def export_summary(e: ExportRecord) -> str:
-    # with a quantized tower, ModelOpt's quant_algo describes the whole checkpoint (FP8 for an FP16 language model
-    # beside an FP8 tower): the language model is then named by its recipe format
-    tower = e.visual.precision if e.visual is not None else "fp16"
-    llm = e.weights if tower != "fp16" else (e.quant_algo or e.weights)
-    return f"{llm} ONNX for SM {e.target_sm}" + (f", {tower} visual tower" if e.visual is not None else "")
+    if e.visual is not None:
+        # ModelOpt's quant_algo describes the whole checkpoint (FP8 for an FP16 language model beside an FP8 tower):
+        # a vision-language model's language model is named by its recipe format, its tower by its own
+        return f"{e.weights} ONNX for SM {e.target_sm}, {e.visual.precision} visual tower"
+    return f"{e.quant_algo or e.weights} ONNX for SM {e.target_sm}"
 
 
 from pipeline.families.kinds import Support  # noqa: E402  (beside its use)
-from pipeline.families.records import GEMMA2, GEMMA3, LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, VISION_LANGUAGE  # noqa: E402
+from pipeline.families.records import GEMMA2, GEMMA3, LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE, VISION_LANGUAGE  # noqa: E402
 
 # Edge-LLM 0.11's generic decoder (tensorrt_edgellm/models/default, config.py ModelConfig) reads RoPE scaling
 # (linear, dynamic, llama3, longrope, yarn) and partial rotary from config.json, and its attention plugin applies q/k
@@ -174,6 +175,14 @@ EDGELLM_011: dict[str, Support] = {
                          "tests/workstation/test_families.py (tiny-phi3 FP16, FP8, the FP8 KV cache and INT4-AWQ "
                          "through the V1 plugin, tiny-phi3-h128 INT4-AWQ through V2, tiny-phi3-longrope; run by the "
                          "runtime double), tests/workstation/test_nvfp4.py (NVFP4, on a GPU)", *_PHI3_CHECKED),
+    # planned by all its experts (memory) and the ones each step reaches (decode: plan/moe.py)
+    QWEN3_MOE: dataclasses.replace(
+        _edgellm_dense("Edge-LLM 0.11 exporter (models/qwen3_moe; FACTS: Int4MoePlugin (Marlin) on Orin and Thor, "
+                       "NVFP4 MoE plugins on Thor, FP16 MoE); tests/shared/test_moe_plan.py (the plan against its "
+                       "published Qwen3-30B-A3B rows)", ("fp16", "int4_awq", "nvfp4"),
+                       formats_why="Edge-LLM 0.11's MoE plugins are FP16, INT4 (Marlin) and NVFP4"),
+        plan_only="the quantize and export stages do not handle experts yet (Edge-LLM's MoE plugins, INT4-AWQ's "
+                  "shared pre-quant scales, calibration reaching every expert)"),
     GEMMA2: Support(refused=_NO_GEMMA_PATH.format("Gemma 2")),
     GEMMA3: Support(refused=_NO_GEMMA_PATH.format("Gemma 3")),
     **{arch: _edgellm_dense(_VLM_VERIFIED) for arch in VISION_LANGUAGE},

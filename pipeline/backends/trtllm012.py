@@ -93,7 +93,7 @@ def export_summary(e: ExportRecord) -> str:
 
 
 from pipeline.families.kinds import Support  # noqa: E402  (beside its use)
-from pipeline.families.records import GEMMA2, GEMMA3, LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, VISION_LANGUAGE  # noqa: E402
+from pipeline.families.records import GEMMA2, GEMMA3, LLAMA, MISTRAL, PHI3, QWEN2, QWEN3, QWEN3_MOE, VISION_LANGUAGE  # noqa: E402
 
 
 # TensorRT-LLM 0.12's LLaMA class (tensorrt_llm/models/llama/model.py): RMSNorm, SiLU-gated MLP, RoPE with
@@ -127,6 +127,9 @@ TRTLLM_012: dict[str, Support] = {
                    verified="0.12 MODEL_MAP; tests/workstation/test_export.py (tiny-qwen2)"),
     QWEN3: Support(refused="Qwen3 was added to TensorRT-LLM after 0.12 (0.12's examples/qwen covers Qwen, Qwen1.5 "
                            "and Qwen2), and 0.12 is the last release for Orin on JetPack 6"),
+    QWEN3_MOE: Support(refused="Qwen3-MoE was added to TensorRT-LLM after 0.12 (0.12's Qwen MoE is Qwen1.5-MoE's "
+                               "shared-expert design); TensorRT Edge-LLM 0.11 builds it (its qwen3_moe model and MoE "
+                               "plugins), on Orin with JetPack 7.2 and on Thor"),
     PHI3: Support(refused=_PHI3_012),
     GEMMA2: Support(refused=_GEMMA2_012),
     GEMMA3: Support(refused="Gemma 3 was added to TensorRT-LLM after 0.12"),

@@ -26,6 +26,9 @@ class Support:
     softcapping: bool = False               # applies attention / final logit soft-capping
     partial_rotary: bool = False            # rotates only part of each head (partial_rotary_factor < 1)
     verified: str = ""                      # how we know (source file, test)
+    # the backend builds it, this version of the pipeline does not export it yet: why (the plan sizes and times it;
+    # a build stops before calibrating, saying this)
+    plan_only: str | None = None
 
     def losses(self, features: ModelFeatures, max_seq_len: int) -> list[str]:
         """What this backend version would compute differently from the checkpoint, at max_seq_len: each item
@@ -51,6 +54,35 @@ class Support:
 
 
 @dataclass(frozen=True)
+class MoeLayout:
+    """Where a mixture-of-experts family's config.json keeps its experts, how it routes, and its checkpoint's expert
+    tensors (the hub's names, `{layer}`, `{expert}`, `{proj}` filled in)."""
+    # routed experts per MoE layer: the hub's configs say num_experts, transformers 5 saves num_local_experts
+    count: tuple[str, ...] = ("num_experts", "num_local_experts")
+    active: str = "num_experts_per_tok"             # experts each token is routed to (top-k)
+    intermediate: str = "moe_intermediate_size"     # each expert's MLP width
+    shared_intermediate: str | None = None          # a shared expert's width, where the family has one
+    normalized: str | None = "norm_topk_prob"       # the top-k routing weights renormalized to sum to 1
+    sparse_step: str | None = "decoder_sparse_step"     # every n-th layer is an MoE layer
+    dense_layers: str | None = "mlp_only_layers"    # layers that keep the dense MLP (intermediate_size wide)
+    expert_tensors: str = "model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"
+    router: str = "model.layers.{layer}.mlp.gate.weight"    # [num_experts, hidden]; kept in FP16
+
+    def count_key(self, config: dict) -> str:
+        """The key of `count` this config uses (the first; a config with none is reported under it)."""
+        return next((k for k in self.count if k in config), self.count[0])
+
+    def moe_layers(self, config: dict, num_layers: int) -> tuple[int, ...]:
+        """Which of the decoder's layers are MoE layers (Qwen3-MoE's rule: not listed dense, and every
+        sparse_step-th)."""
+        step = config.get(self.sparse_step, 1) if self.sparse_step else 1
+        step = step if isinstance(step, int) and not isinstance(step, bool) and step > 0 else 1
+        dense = config.get(self.dense_layers) if self.dense_layers else None
+        dense = {d for d in dense if isinstance(d, int)} if isinstance(dense, list) else set()
+        return tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
+
+
+@dataclass(frozen=True)
 class Family:
     architecture: str                       # the HF class name in config.json's "architectures"
     name: str
@@ -70,6 +102,7 @@ class Family:
     # model's config (the dimensions the planner reads)
     visual: VisualTower | None = None
     text_config: str | None = None
+    moe: MoeLayout | None = None            # a mixture-of-experts family: where its config keeps the experts
     notes: str = ""
 
     @property

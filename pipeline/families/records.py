@@ -8,7 +8,7 @@ would want it said.
 from __future__ import annotations
 
 from pipeline.families import visual
-from pipeline.families.kinds import Family
+from pipeline.families.kinds import Family, MoeLayout
 
 LLAMA, MISTRAL, QWEN2, QWEN3 = "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
 PHI3, GEMMA2, GEMMA3 = "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"
@@ -17,6 +17,7 @@ PHI3, GEMMA2, GEMMA3 = "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalL
 QWEN2_5_VL, QWEN3_VL = "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration"
 INTERNVL = "InternVLForConditionalGeneration"
 VISION_LANGUAGE = (QWEN2_5_VL, QWEN3_VL, INTERNVL)
+QWEN3_MOE = "Qwen3MoeForCausalLM"
 
 FAMILIES: tuple[Family, ...] = (
     Family(LLAMA, "Llama", ("Llama 3.1 / 3.2", "DeepSeek-R1-Distill-Llama", "SmolLM2"), "LlamaConfig",
@@ -39,6 +40,10 @@ FAMILIES: tuple[Family, ...] = (
     Family(GEMMA3, "Gemma 3", ("Gemma 3 1B",), "Gemma3TextConfig", norm="rms_plus_one", sandwich_norms=True,
            activation="gelu_tanh", qk_norm=True, embedding_scale="sqrt_hidden",
            notes="5 sliding-window layers to 1 global; q/k RMSNorm"),
+    Family(QWEN3_MOE, "Qwen3-MoE", ("Qwen3-30B-A3B", "Qwen3-Coder-30B-A3B"), "Qwen3MoeConfig", qk_norm=True,
+           tool_calls="hermes", moe=MoeLayout(),
+           notes="a Qwen3 decoder whose MLPs are 128 routed experts, 8 per token (top-k renormalized), no shared "
+                 "expert"),
     Family(QWEN2_5_VL, "Qwen2.5-VL", ("Qwen2.5-VL 3B / 7B",), "Qwen2_5_VLConfig", attention_bias=True,
            tool_calls="hermes", visual=visual.QWEN2_5_VL, text_config="text_config",
            notes="a Qwen2 decoder with multimodal RoPE; a window-attention ViT, 2x2 patches per token"),

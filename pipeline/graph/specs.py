@@ -16,7 +16,7 @@ from pipeline.errors import PipelineError
 from pipeline.files import data_digest
 from pipeline.graph.framework import StageSpec, artifacts_dir, link
 from pipeline.graph.stages import ACCURACY, EXPORT, FETCH, FETCH_DRAFT, GOLDENS, PACKAGE, PLAN, QUANTIZE
-from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+from pipeline.plan.formats import KV_FORMATS, TOWER_FP16, WEIGHT_FORMATS
 from pipeline.recipe import Recipe
 from pipeline.recipe.records import VisualSettings
 from pipeline.recipe.sources import ModelSource
@@ -52,7 +52,8 @@ def _image_calibration_key(recipe: Recipe) -> dict:
     """A vision-language recipe (it names images or an image profile) whose format fits weights to the data, or whose
     tower is quantized, is calibrated with image prompts at its profile (workstation/image_calibration.py): both are
     part of the key."""
-    if not WEIGHT_FORMATS[recipe.quantization.weights].fits_weights_to_data and recipe.quantization.visual == "fp16":
+    q = recipe.quantization
+    if not WEIGHT_FORMATS[q.weights].fits_weights_to_data and q.visual == TOWER_FP16:
         return {}
     if not recipe.validation.images and recipe.build.visual == VisualSettings():
         return {}
@@ -67,10 +68,10 @@ def quantize_spec(recipe: Recipe) -> StageSpec:
     fingerprint = (lambda: [path.stat().st_size, path.stat().st_mtime_ns]) if path else None
     return StageSpec(QUANTIZE.name, {"weights": q.weights, "kv_cache": q.kv_cache, "group_size": q.group_size,
                                   "calibration": cal if WEIGHT_FORMATS[q.weights].needs_calibration
-                                  or KV_FORMATS[q.kv_cache].needs_calibration or q.visual != "fp16" else None,
+                                  or KV_FORMATS[q.kv_cache].needs_calibration or q.visual != TOWER_FP16 else None,
                                   # a stage calibrated before the query was quantized too is not this stage
                                   **({"quantized_query": True} if KV_FORMATS[q.kv_cache].quantizes_query else {}),
-                                  **({"visual": q.visual} if q.visual != "fp16" else {}),
+                                  **({"visual": q.visual} if q.visual != TOWER_FP16 else {}),
                                   **_image_calibration_key(recipe)},
                      inputs=(fetch_spec(recipe),), tools=WORKSTATION_TOOLS, fingerprint=fingerprint,
                      version=2)     # 2: changed tensors in calibrated.safetensors, not in the pickle

@@ -153,6 +153,7 @@ ROW_PRECISIONS: dict[str, RowPrecision] = {r.name: r for r in [
 
 # a vision-language model's tower: Edge-LLM exports it in FP16, or FP8 with --visual_quantization fp8 (SM 8.9+)
 VISUAL_FORMATS = ("fp16", "fp8")
+TOWER_FP16, TOWER_FP8 = VISUAL_FORMATS     # what callers compare a tower's precision with
 DEFAULT_KV = KV_FORMATS["fp16"]             # a recipe's and an ad-hoc plan's KV cache unless they say otherwise
 UNQUANTIZED = WEIGHT_FORMATS["fp16"]        # what drafts are exported in, and the no-quantization format
 SMALLEST = WEIGHT_FORMATS["int4_awq"]       # the smallest format every Jetson builds: the advice when a model is big

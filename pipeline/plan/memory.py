@@ -21,17 +21,20 @@ TOKENS_PER_BLOCK = 64         # paged KV cache block (trtllm-build 0.12 default 
 VOCAB_PAD = 64                # ModelOpt pads the vocabulary to a multiple of 64 for TensorRT-LLM AWQ checkpoints
 
 
-def weight_bytes(shape: ModelShape, fmt: WeightFormat, group_size: int | None) -> tuple[int, int, int]:
-    """(decoder weights, embedding, lm_head) in bytes for this format."""
-    layer = sum(fmt.bytes_for(i, o, group_size) for _, i, o in shape.layer_linears())
-    layer += shape.small_params_per_layer * 2
+def weight_bytes(shape: ModelShape, fmt: WeightFormat, group_size: int | None,
+                 tokens: int | None = None) -> tuple[int, int, int]:
+    """(decoder weights, embedding, lm_head) in bytes for this format. tokens: an MoE model's experts that many
+    tokens reach (ModelShape.linears), else all of them."""
+    linears = shape.linears(tokens)
+    body = sum(fmt.bytes_for(i, o, group_size) * n for _, i, o, n in linears)
+    body += shape.num_layers * shape.small_params_per_layer * 2
     if fmt.awq:
-        layer += sum(i * 2 for _, i, _ in shape.layer_linears())  # per-input-channel pre-quant scales, fp16
+        body += sum(i * 2 * n for _, i, _, n in linears)  # per-input-channel pre-quant scales, fp16
     vocab = shape.vocab_size if fmt.unquantized else math.ceil(shape.vocab_size / VOCAB_PAD) * VOCAB_PAD
     table = vocab * shape.hidden_size * 2
     # Tied embeddings are still two tensors in the engine (TensorRT-LLM writes lm_head separately; Edge-LLM keeps
     # the embedding outside the ONNX), so both count.
-    return int(shape.num_layers * layer + shape.hidden_size * 2), table, table
+    return int(body + shape.hidden_size * 2), table, table
 
 
 def kv_bytes(shape: ModelShape, kv: KVFormat, seq: int, batch: int) -> int:
@@ -82,7 +85,8 @@ def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv
 
 
 def decode_bytes_per_token(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat,
-                           context: int) -> float:
-    """Bytes one decode step reads: every weight except the embedding table (one row) plus the KV cache so far."""
-    weights, _, lm_head = weight_bytes(shape, fmt, group_size)
+                           context: int, batch: int = 1) -> float:
+    """Bytes one decode step reads: every weight except the embedding table (one row) plus one sequence's KV cache
+    so far; of an MoE model's experts, those the step's `batch` tokens reach (the active ones for one)."""
+    weights, _, lm_head = weight_bytes(shape, fmt, group_size, batch)
     return weights + lm_head + shape.kv_bytes_per_token(kv.bytes_per_element) * context

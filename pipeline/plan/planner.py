@@ -243,10 +243,24 @@ def _prediction(req: PlanRequest, engine: backends.Backend, backend: str | None,
     mode = req.power_mode or t.fastest_power_mode
     constants = fitted()[engine.perf_class]
     bytes_read = decode_bytes_per_token(req.shape, fmt, group_size, kv, context)
-    by_mode = {m: round(constants.tok_s(bytes_read, t.bandwidth_bytes(m)), 1) for m in t.bandwidth_gbs}
     kv_per_seq = req.shape.kv_bytes_per_token(kv.bytes_per_element) * context
-    by_batch = {str(b): round(constants.aggregate_tok_s(bytes_read, kv_per_seq, b, t.bandwidth_bytes(mode)), 1)
-                for b in batch_levels(req.limits.max_batch_size)} if mode in t.bandwidth_gbs else None
+    levels = batch_levels(req.limits.max_batch_size)
+    if req.shape.experts is not None:       # the experts the tokens reach, and a routing cost per layer (plan/moe.py)
+        from pipeline.plan import moe
+        from pipeline.plan.perf import fit_data
+        cost, borrowed = moe.layer_cost(moe.key_of(t.id, fmt.decode_class), (fit_data().get("moe") or {}).get(
+            "layer_s") or {})
+        if borrowed:
+            warnings.append(f"decode: {borrowed}")
+
+        def speed(m: str, b: int) -> float:
+            return moe.predict_tok_s(req.shape, fmt.name, t.id, m, context, b, cost or 0.0)
+        by_mode = {m: round(speed(m, 1), 1) for m in t.bandwidth_gbs}
+        by_batch = {str(b): round(speed(mode, b), 1) for b in levels} if mode in t.bandwidth_gbs else None
+    else:
+        by_mode = {m: round(constants.tok_s(bytes_read, t.bandwidth_bytes(m)), 1) for m in t.bandwidth_gbs}
+        by_batch = {str(b): round(constants.aggregate_tok_s(bytes_read, kv_per_seq, b, t.bandwidth_bytes(mode)), 1)
+                    for b in levels} if mode in t.bandwidth_gbs else None
     if backend is not None and engine.perf_note:
         warnings.append(engine.perf_note)
     ttft, ttft_fields = _ttft(req, mode)
@@ -281,8 +295,10 @@ def _build_memory(req: PlanRequest, engine: backends.Backend, fmt, memory: Memor
     build = estimate(engine_weights, memory.activations, 0)
     externalized = None
     if engine.externalizes_int4_ffn and fmt.edgellm_int4_plugin:
-        ffn = sum(i * o for n, i, o in req.shape.layer_linears() if n.endswith(("gate_proj", "up_proj", "down_proj")))
-        share = ffn / sum(i * o for _, i, o in req.shape.layer_linears())
+        # Edge-LLM's int4_ffn: the dense MLPs' INT4 weights (an MoE model's experts are its int4_moe, not modelled yet)
+        ffn = sum(i * o * n for name, i, o, n in req.shape.linears()
+                  if name in ("gate_proj", "up_proj", "down_proj"))
+        share = ffn / req.shape.linear_params
         externalized = estimate(engine_weights, memory.activations, int(memory.weights * share))
     bigger = tuple(o.id for o in load_targets().values() if o.sm == t.sm and o.family == t.family and o.id != t.id
                    and o.usable_headless_bytes >= build.peak)
@@ -302,7 +318,9 @@ def _ttft(req: PlanRequest, mode: str) -> tuple[float | None, dict]:
     from pipeline.plan.prefill import predict_ttft_ms
 
     data = fit_data()
-    fields: dict = {"decode_error_band": data.get("loo_median_abs_error")}
+    moe_fit = data.get("moe") or {}
+    band = moe_fit.get("loo_median_abs_error") if req.shape.experts is not None else data.get("loo_median_abs_error")
+    fields: dict = {"decode_error_band": band}
     pre = data.get("prefill")
     if pre is None:
         return None, fields

@@ -2,7 +2,8 @@
 fixed cost.
 
     prefill_s(isl) = flops(isl) / (efficiency x tensor_tflops[math precision]) + fixed_s + read_s
-    flops(isl)     = 2 x linear_params x isl            (every body linear, every prompt token)
+    flops(isl)     = 2 x linear_params x isl            (every body linear, every prompt token; an MoE model's
+                                                         active experts per token)
                    + 2 x num_layers x isl^2 x q_size    (QK^T and AV, causal: half of 2 x 2 x isl^2 x q_size each)
                    + 2 x embedding_params               (lm_head for the last token only)
 
@@ -36,7 +37,7 @@ def _math(weights: str) -> str:
 
 
 def prefill_flops(shape: ModelShape, isl: int) -> float:
-    return 2.0 * shape.linear_params * isl + 2.0 * shape.num_layers * isl * isl * shape.q_size \
+    return 2.0 * shape.active_linear_params(1) * isl + 2.0 * shape.num_layers * isl * isl * shape.q_size \
         + 2.0 * shape.embedding_params
 
 
@@ -60,7 +61,8 @@ def weight_read_s(shape: ModelShape, weights: str, target_id: str, context: int,
     from pipeline.plan.formats import ROW_PRECISIONS, WEIGHT_FORMATS
     from pipeline.plan.targets import get_target
     body, head = ROW_PRECISIONS[WEIGHT_FORMATS[weights].decode_class].bits[perf.TENSORRT]
-    return 1 / perf.fitted()[perf.TENSORRT].tok_s(perf.bytes_per_token(shape, body, head, context, 2),
+    # a prompt reads the weights once; of an MoE model's experts, those its tokens reach
+    return 1 / perf.fitted()[perf.TENSORRT].tok_s(perf.bytes_per_token(shape, body, head, context, 2, context),
                                                    get_target(target_id).bandwidth_bytes(power_mode))
 
 

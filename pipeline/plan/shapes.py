@@ -14,6 +14,27 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts decoder's routed experts (families/kinds.py MoeLayout says where its config keeps them)."""
+    count: int                  # routed experts in each MoE layer
+    active: int                 # experts each token is routed to
+    intermediate: int           # each expert's gated-MLP width
+    layer_ids: tuple[int, ...]  # the MoE layers (the others have the dense MLP, intermediate_size wide)
+    shared_intermediate: int = 0    # a shared expert every token passes through (0: none)
+
+    @property
+    def layers(self) -> int:
+        return len(self.layer_ids)
+
+    def touched(self, tokens: int) -> float:
+        """Expected distinct experts of one MoE layer that `tokens` tokens routed independently reach: what a
+        batched decode step (or a prompt) reads of the layer's experts. One token: exactly `active`."""
+        if tokens <= 1:
+            return float(self.active)
+        return self.count * (1.0 - (1.0 - self.active / self.count) ** tokens)
+
+
+@dataclass(frozen=True)
 class ModelShape:
     architecture: str
     hidden_size: int
@@ -28,6 +49,7 @@ class ModelShape:
     attention_bias: bool = False
     features: ModelFeatures = ModelFeatures()     # what the checkpoint uses of its family's features
     tower: TowerShape | None = None               # a vision-language model's visual tower (plan/vision.py)
+    experts: Experts | None = None                # a mixture-of-experts model's routed experts
 
     @property
     def q_size(self) -> int:
@@ -44,17 +66,46 @@ class ModelShape:
                 ("o_proj", self.q_size, h), ("gate_proj", h, i), ("up_proj", h, i), ("down_proj", i, h)]
 
     def quantized_input_dims(self) -> list[int]:
-        return sorted({inp for _, inp, _ in self.layer_linears()})
+        return sorted({inp for _, inp, _, _ in self.linears()})
+
+    def linears(self, tokens: int | None = None) -> list[tuple[str, int, int, float]]:
+        """(name, in_features, out_features, copies in the whole decoder) of every quantizable linear. An MoE layer
+        has its attention, `count` experts (gate/up/down, `intermediate` wide) and its shared expert. tokens: count
+        only the experts that many tokens reach (Experts.touched: a decode step of a batch, a prompt); None: all of
+        them (what is stored)."""
+        e = self.experts
+        if e is None:
+            return [(n, i, o, float(self.num_layers)) for n, i, o in self.layer_linears()]
+        attention = [x for x in self.layer_linears() if x[0] in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        dense = [x for x in self.layer_linears() if x not in attention]
+        h, w = self.hidden_size, e.intermediate
+        experts = e.count if tokens is None else e.touched(tokens)
+        out = [(n, i, o, float(self.num_layers)) for n, i, o in attention]
+        out += [(n, i, o, float(self.num_layers - e.layers)) for n, i, o in dense if self.num_layers > e.layers]
+        out += [(f"experts.{n}", i, o, e.layers * experts) for n, i, o in (("gate_proj", h, w), ("up_proj", h, w),
+                                                                          ("down_proj", w, h))]
+        if e.shared_intermediate:
+            s = e.shared_intermediate
+            out += [(f"shared_expert.{n}", i, o, float(e.layers))
+                    for n, i, o in (("gate_proj", h, s), ("up_proj", h, s), ("down_proj", s, h))]
+        return out
 
     @property
     def linear_params(self) -> int:
-        return self.num_layers * sum(i * o for _, i, o in self.layer_linears())
+        """Every quantizable weight (an MoE model: all its experts)."""
+        return int(sum(i * o * n for _, i, o, n in self.linears()))
+
+    def active_linear_params(self, tokens: int = 1) -> float:
+        """The quantizable weights `tokens` tokens read or compute with: an MoE model's experts they reach."""
+        return sum(i * o * n for _, i, o, n in self.linears(tokens))
 
     @property
     def small_params_per_layer(self) -> int:
-        """Norm weights and biases: kept in fp16 whatever the format."""
+        """Norm weights, biases and an MoE layer's router (on average over the layers): kept in fp16 whatever the
+        format (ModelOpt leaves routers unquantized)."""
         bias = (self.q_size + 2 * self.kv_size) if self.attention_bias else 0
-        return 2 * self.hidden_size + bias
+        router = self.experts.count * self.hidden_size * self.experts.layers // self.num_layers if self.experts else 0
+        return 2 * self.hidden_size + bias + router
 
     @property
     def embedding_params(self) -> int:
@@ -106,9 +157,11 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
                                     f"({fam.name} keeps it there)", "use the model's own config.json"))
             raise InputError(problems)
         config, prefix = inner, f"{fam.text_config}."
-    if config.get("num_local_experts") or config.get("num_experts"):
-        problems.append(Problem(source, "num_experts", config.get("num_local_experts") or config.get("num_experts"),
-                                "mixture-of-experts models are not supported yet", "use a dense model"))
+    experts_given = config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts")
+    if experts_given and fam is not None and fam.moe is None:
+        problems.append(Problem(source, prefix + "num_experts", experts_given, f"a mixture-of-experts config, and "
+                                f"{fam.name} is a dense family here", "use the model's own config.json (its "
+                                "architectures name its MoE class)"))
 
     def need_int(key: str, default=None) -> int:
         value = config.get(key, default)
@@ -129,6 +182,26 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
         intermediate_size=need_int("intermediate_size"), vocab_size=need_int("vocab_size"),
         max_position_embeddings=need_int("max_position_embeddings", 2048),
     )
+    experts = None
+    if fam is not None and fam.moe is not None:
+        m = fam.moe
+
+        def expert_int(key: str, most: int) -> int:
+            value = config.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= most:
+                problems.append(Problem(source, prefix + key, value, f"must be a positive integer up to {most}",
+                                        "use the model's own config.json, as transformers saved it"))
+                return 1
+            return value
+        count, active = expert_int(m.count_key(config), 4096), expert_int(m.active, 4096)
+        if active > count:
+            problems.append(Problem(source, prefix + m.active, active, f"more experts per token than the {count} "
+                                    "there are", "use the model's own config.json, as transformers saved it"))
+        shared = expert_int(m.shared_intermediate, BOUNDS["intermediate_size"]) \
+            if m.shared_intermediate and config.get(m.shared_intermediate) else 0
+        experts = Experts(count=count, active=min(active, count),
+                          intermediate=expert_int(m.intermediate, BOUNDS["intermediate_size"]),
+                          layer_ids=m.moe_layers(config, shape["num_layers"]), shared_intermediate=shared)
     heads, kv = shape["num_heads"], shape["num_kv_heads"]
     if not problems and (kv > heads or heads % kv):
         problems.append(Problem(source, prefix + "num_key_value_heads", kv, f"must divide num_attention_heads "
@@ -140,7 +213,8 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     assert fam is not None
     features = features_of(config, fam)
     return ModelShape(architecture=arch, tie_word_embeddings=features.tied_embeddings,
-                      attention_bias=features.attention_bias, features=features, tower=tower, **shape)
+                      attention_bias=features.attention_bias, features=features, tower=tower, experts=experts,
+                      **shape)
 
 
 def load_config(path: Path, hint: str = "pass a model's config.json") -> dict:

@@ -14,7 +14,15 @@ from typing import Any, Protocol
 
 from pipeline.contract import VisualLimits
 from pipeline.errors import PipelineError
-from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS, KVFormat, WeightFormat
+from pipeline.plan.formats import (
+    KV_FORMATS,
+    TOWER_FP8,
+    TOWER_FP16,
+    VISUAL_FORMATS,
+    WEIGHT_FORMATS,
+    KVFormat,
+    WeightFormat,
+)
 from pipeline.progress import StepTimer
 from pipeline.workstation.grid import grid_modules, snap_to_export_grid
 from pipeline.workstation.models import (
@@ -49,15 +57,15 @@ TOWER_QUANTIZER_MODULES = ("visual.", "vision_tower.", "multi_modal_projector.")
 # exporter builds those through make_linear (FP8Linear where the checkpoint carries scales), its patch embedding as
 # an FP16 Conv3d and its position table as an FP16 gather, so their quantizers (which Edge-LLM's own config leaves
 # on for convolutions) would calibrate numerics no engine computes.
-TOWER_FP8 = {"num_bits": (4, 3), "axis": None}
+E4M3_PER_TENSOR = {"num_bits": (4, 3), "axis": None}
 
 
 def tower_fp8_entries() -> list[dict]:
-    return [{"quantizer_name": f"*{module}*{kind}_quantizer", "parent_class": "nn.Linear", "cfg": dict(TOWER_FP8),
+    return [{"quantizer_name": f"*{module}*{kind}_quantizer", "parent_class": "nn.Linear", "cfg": dict(E4M3_PER_TENSOR),
              "enable": True} for module in TOWER_QUANTIZER_MODULES for kind in ("weight", "input")]
 
 
-def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None, visual: str = "fp16") -> dict | None:
+def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None, visual: str = TOWER_FP16) -> dict | None:
     """The ModelOpt quant config for a recipe's weight and KV formats and its tower's precision (fp16, fp8: a
     vision-language model's `quantization.visual`); None: nothing to quantize."""
     import_modelopt()
@@ -66,7 +74,7 @@ def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None, vis
     # a format calibrated by nothing (int8_wo: quantized at engine load) is simulated by its reference config, so
     # that the goldens carry the deployed numerics (plan/formats.py)
     name = fmt.calibration_config
-    if name is None and kv.unquantized and visual == "fp16":
+    if name is None and kv.unquantized and visual == TOWER_FP16:
         return None     # an FP8 tower alone still needs the model's linears converted (all off but the tower's)
     cfg: dict[str, Any] = copy.deepcopy(getattr(mtq, name)) if name else {
         "quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
@@ -83,7 +91,7 @@ def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None, vis
     # a vision-language model's tower: Edge-LLM exports it apart, in FP16, or FP8 calibrated after the language
     # model (calibrate_tower_fp8)
     cfg["quant_cfg"] += [{"quantizer_name": f"*{module}*", "enable": False} for module in TOWER_QUANTIZER_MODULES]
-    if visual not in ("fp16", "fp8"):
+    if visual not in VISUAL_FORMATS:
         raise ValueError(f"tower precision {visual!r}")
     return cfg
 
@@ -155,7 +163,7 @@ def reshapes_weights(cfg: dict) -> bool:
 def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size: int | None,
              calibration: CalibrationSettings,
              recipe_file: str, handoff: ModelHandoff | None = None, visual: VisualLimits | None = None,
-             visual_precision: str = "fp16") -> dict:
+             visual_precision: str = TOWER_FP16) -> dict:
     """Calibrate and save ModelOpt state into `out`; returns the stage's manifest extras. With a `handoff`, the
     calibrated model is left there for the next stage of this process. visual: a vision-language model's image
     profile: where the algorithm reshapes weights against the data, the language model is calibrated with image
@@ -169,7 +177,7 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     fmt, kv = WEIGHT_FORMATS[weights], KV_FORMATS[kv_cache]
     cfg = modelopt_config(fmt, kv, group_size, visual_precision)
     info: dict[str, Any] = {"weights": weights, "kv_cache": kv_cache, "group_size": group_size, "modelopt_config": None,
-                            **({"visual": visual_precision} if visual_precision != "fp16" else {})}
+                            **({"visual": visual_precision} if visual_precision != TOWER_FP16 else {})}
     if cfg is None:
         (out / "quantize.json").write_text(json.dumps({**info, "method": "none"}, indent=1))
         return {"quantize": {**info, "method": "none"}}
@@ -187,7 +195,7 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     # on a CPU: 30 s of 4 x 64 tokens).
     windows: list = []
     asked: list[dict] = []      # image prompts: ids and the processor's pixel inputs
-    tower_fp8 = visual is not None and visual_precision == "fp8"
+    tower_fp8 = visual is not None and visual_precision == TOWER_FP8
     if need_calibration(cfg) or tower_fp8:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         texts = load_texts(calibration.source, recipe_file)

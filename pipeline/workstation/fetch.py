@@ -87,12 +87,20 @@ def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
     # a vision-language model's language model sits under its own prefix, as its hub layout has it
     base = next((b for b in LANGUAGE_MODEL_PREFIXES if f"{b}embed_tokens.weight" in headers), "model.")
     want = {f"{base}embed_tokens.weight": (shape.vocab_size, h), f"{base}norm.weight": (h,)}
+    e, moe = shape.experts, fam.moe
     for n in range(shape.num_layers):
         p = f"{base}layers.{n}."
         want |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-                 p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-                 p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-                 p + "mlp.down_proj.weight": (h, i)}
+                 p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q)}
+        if e is not None and moe is not None and n in e.layer_ids:     # its experts and router, as the hub names them
+            w = e.intermediate
+            want[moe.router.format(layer=n).replace("model.", base, 1)] = (e.count, h)
+            for x in range(e.count):
+                want |= {moe.expert_tensors.format(layer=n, expert=x, proj=proj).replace("model.", base, 1): dims
+                         for proj, dims in (("gate_proj", (w, h)), ("up_proj", (w, h)), ("down_proj", (h, w)))}
+        else:
+            want |= {p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                     p + "mlp.down_proj.weight": (h, i)}
     out = [f"{k} is {list(headers[k])}, config.json says {list(s)}" for k, s in want.items()
            if k in headers and tuple(headers[k]) != s]
     missing = sorted(k for k in want if k not in headers)

@@ -1,0 +1,154 @@
+"""Decode speed of a mixture-of-experts model: the experts its tokens reach, read like any weight, plus a fixed cost
+per MoE layer and step (routing, top-k, the expert dispatch of Edge-LLM's Int4MoePlugin (Marlin) and NVFP4 MoE
+plugins).
+
+A decode step reads the model's dense parts (attention, norms, routers, the LM head, the KV cache) and of each MoE
+layer only the experts its tokens are routed to (plan/shapes.py Experts: `active` for one token, the expected number
+of distinct experts for a batch, routing taken as independent). Priced by the dense fit alone, Qwen3-30B-A3B on Thor
+comes out 11% (NVFP4) to 27% (INT4) faster than published. The gap is a fixed cost per step, not a slower read:
+fitted as a fixed cost, the batch-1 rows predict the published batch-8 rows (which read 6.5x the experts per step)
+within -9% to +4% without seeing them; fitted as a lower expert-read efficiency instead, the same rows
+under-predict batch 8 by 23-32%. So
+
+    step_s = (dense_bytes + expert_bytes) / (efficiency x bandwidth) + fixed_s + moe_layers x layer_s[key]
+
+with `efficiency` and `fixed_s` the dense fit's (plan/perf.py, which never sees an MoE row) and `layer_s` fitted per
+board family and row precision (key "thor-nvfp4", ...) to Edge-LLM's published batch-1 MoE rows (data/moe_rows.csv,
+with their sources): each row gives the cost that explains it exactly, and the fit is their mean. A key without a
+row borrows the same precision on another board family, else the largest fitted cost, and the plan says so.
+`python -m pipeline.perf fit` refits it, prints each batch-1 row's leave-one-out error (its key fitted without it)
+and checks the batch-8 rows; the plan quotes the median leave-one-out error as MoE decode's error band.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.plan.shapes import ModelShape
+
+ROWS = Path(__file__).parents[1] / "data" / "moe_rows.csv"
+
+
+@dataclass(frozen=True)
+class MoeRow:
+    target: str
+    power_mode: str
+    model: str
+    precision: str          # a ROW_PRECISIONS name (plan/formats.py)
+    batch: int
+    context: int            # tokens in each sequence's KV cache, on average over the answer
+    decode_tok_s: float     # generated tok/s of the whole batch
+    source: str
+
+
+def load_rows(path: Path = ROWS) -> list[MoeRow]:
+    with open(path, newline="") as fh:
+        return [MoeRow(r["target"], r["power_mode"], r["model"], r["precision"], int(r["batch"]), int(r["context"]),
+                       float(r["decode_tok_s"]), r["source"]) for r in csv.DictReader(fh)]
+
+
+def split_bytes(shape: ModelShape, weights: str, context: int, batch: int = 1) -> tuple[float, float]:
+    """(dense bytes, expert bytes) one decode step of `batch` sequences reads: the weights once (of the experts,
+    those the batch reaches), each sequence's KV cache (`context` tokens, FP16)."""
+    from pipeline.plan.formats import DEFAULT_KV, WEIGHT_FORMATS, pick_group_size
+    from pipeline.plan.memory import decode_bytes_per_token
+    fmt = WEIGHT_FORMATS[weights]
+    group = pick_group_size(fmt, shape.quantized_input_dims(), None)[0]
+    total = decode_bytes_per_token(shape, fmt, group, DEFAULT_KV, context, batch)
+    total += (batch - 1) * shape.kv_bytes_per_token(DEFAULT_KV.bytes_per_element) * context
+    experts = sum((fmt.bytes_for(i, o, group) + (i * 2 if fmt.awq else 0)) * n
+                  for name, i, o, n in shape.linears(batch) if name.startswith("experts."))
+    return total - experts, experts
+
+
+def _weights_of(precision: str) -> str:
+    from pipeline.plan.formats import ROW_PRECISIONS
+    return ROW_PRECISIONS[precision].weight_format
+
+
+def key_of(target: str, precision: str) -> str:
+    from pipeline.plan.targets import get_target
+    return f"{get_target(target).family}-{precision}"
+
+
+def _dense_s(shape: ModelShape, weights: str, target: str, power_mode: str, context: int, batch: int) -> float:
+    """One step of `batch` sequences by the dense fit: every byte it reads (the experts it reaches) and its fixed
+    cost."""
+    from pipeline.plan import perf
+    from pipeline.plan.targets import get_target
+    dense_fit = perf.fitted()[perf.TENSORRT]
+    dense, experts = split_bytes(shape, weights, context, batch)
+    return (dense + experts) / (dense_fit.efficiency * get_target(target).bandwidth_bytes(power_mode)) \
+        + dense_fit.fixed_s
+
+
+def implied_layer_s(row: MoeRow, shape: ModelShape) -> float:
+    """The cost per MoE layer and step that makes the dense fit predict this row exactly."""
+    assert shape.experts is not None
+    dense_s = _dense_s(shape, _weights_of(row.precision), row.target, row.power_mode, row.context, row.batch)
+    return (row.batch / row.decode_tok_s - dense_s) / shape.experts.layers
+
+
+def predict_tok_s(shape: ModelShape, weights: str, target: str, power_mode: str, context: int, batch: int,
+                  layer_s: float) -> float:
+    assert shape.experts is not None
+    step = _dense_s(shape, weights, target, power_mode, context, batch) + shape.experts.layers * layer_s
+    return batch / step
+
+
+def fit(rows: list[MoeRow]) -> dict[str, float]:
+    """layer_s per key (board family and row precision): the mean of its batch-1 rows' implied costs."""
+    from pipeline.plan.perf import known_shape
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        shape = known_shape(r.model)
+        if r.batch == 1 and shape is not None:
+            by.setdefault(key_of(r.target, r.precision), []).append(implied_layer_s(r, shape))
+    return {k: round(statistics.fmean(v), 8) for k, v in sorted(by.items())}
+
+
+def layer_cost(key: str, fitted: dict[str, float]) -> tuple[float | None, str | None]:
+    """(the cost per MoE layer and step for a key, a note where it is borrowed); None: nothing fitted."""
+    if key in fitted:
+        return fitted[key], None
+    precision = key.split("-", 1)[1]
+    same = sorted((k, v) for k, v in fitted.items() if k.endswith(f"-{precision}"))
+    if same:
+        return same[0][1], (f"no published MoE row for {key}: its routing cost is {same[0][0]}'s "
+                            f"({same[0][1] * 1e6:.0f} us per MoE layer)")
+    if fitted:
+        k, v = max(fitted.items(), key=lambda kv: kv[1])
+        return v, f"no published MoE row for {key}: its routing cost is the largest fitted, {k}'s ({v * 1e6:.0f} us " \
+                  "per MoE layer)"
+    return None, None
+
+
+def fit_report(rows: list[MoeRow] | None = None) -> dict:
+    """The constants, and each row predicted: batch-1 rows with their key fitted without them (leave-one-out; a key
+    with one row borrows as a plan would), batch-8 rows with the full fit (never fitted to them)."""
+    from pipeline.plan.perf import known_shape
+    rows = rows if rows is not None else load_rows()
+    constants = fit(rows)
+    checks: list[dict[str, Any]] = []
+    for i, r in enumerate(rows):
+        shape = known_shape(r.model)
+        assert shape is not None and shape.experts is not None, r.model      # the rows name known MoE models
+        key = key_of(r.target, r.precision)
+        pool = fit([o for j, o in enumerate(rows) if j != i]) if r.batch == 1 else constants
+        cost, _ = layer_cost(key, pool)
+        if cost is None:
+            continue
+        got = predict_tok_s(shape, _weights_of(r.precision), r.target, r.power_mode, r.context, r.batch, cost)
+        checks.append({"target": r.target, "model": r.model, "precision": r.precision, "batch": r.batch,
+                       "context": r.context, "published": r.decode_tok_s, "predicted": round(got, 1),
+                       "error": round(got / r.decode_tok_s - 1, 4), "leave_one_out": r.batch == 1})
+    loo = [abs(float(c["error"])) for c in checks if c["leave_one_out"]]
+    batch = [abs(float(c["error"])) for c in checks if not c["leave_one_out"]]
+    return {"layer_s": constants, "rows": len(rows), "checks": checks,
+            "loo_median_abs_error": round(statistics.median(loo), 4) if loo else None,
+            "loo_max_abs_error": round(max(loo), 4) if loo else None,
+            "batch_max_abs_error": round(max(batch), 4) if batch else None}
