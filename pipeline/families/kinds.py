@@ -59,7 +59,7 @@ class MoeLayout:
     tensors (the hub's names, `{layer}`, `{expert}`, `{proj}` filled in)."""
     # routed experts per MoE layer: the hub's configs say num_experts, transformers 5 saves num_local_experts
     count: tuple[str, ...] = ("num_experts", "num_local_experts")
-    active: str = "num_experts_per_tok"             # experts each token is routed to (top-k)
+    active: tuple[str, ...] = ("num_experts_per_tok",)     # experts each token is routed to (top-k)
     intermediate: str = "moe_intermediate_size"     # each expert's MLP width
     shared_intermediate: str | None = None          # a shared expert's width, where the family has one
     normalized: str | None = "norm_topk_prob"       # the top-k routing weights renormalized to sum to 1
@@ -71,6 +71,9 @@ class MoeLayout:
     def count_key(self, config: dict) -> str:
         """The key of `count` this config uses (the first; a config with none is reported under it)."""
         return next((k for k in self.count if k in config), self.count[0])
+
+    def active_key(self, config: dict) -> str:
+        return next((k for k in self.active if k in config), self.active[0])
 
     def moe_layers(self, config: dict, num_layers: int) -> tuple[int, ...]:
         """Which of the decoder's layers are MoE layers (Qwen3-MoE's rule: not listed dense, and every

@@ -17,7 +17,10 @@ PHI3, GEMMA2, GEMMA3 = "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalL
 QWEN2_5_VL, QWEN3_VL = "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration"
 INTERNVL = "InternVLForConditionalGeneration"
 VISION_LANGUAGE = (QWEN2_5_VL, QWEN3_VL, INTERNVL)
-QWEN3_MOE = "Qwen3MoeForCausalLM"
+QWEN3_MOE, GPT_OSS = "Qwen3MoeForCausalLM", "GptOssForCausalLM"
+# the same on every backend here: where it does run on a Jetson
+GPT_OSS_WHERE = ("gpt-oss (MXFP4 experts with attention sinks) has no path in TensorRT Edge-LLM 0.11 or TensorRT-LLM "
+                 "0.12; on a Jetson it runs with vLLM (NVIDIA's Jetson vLLM container) or llama.cpp / Ollama")
 
 FAMILIES: tuple[Family, ...] = (
     Family(LLAMA, "Llama", ("Llama 3.1 / 3.2", "DeepSeek-R1-Distill-Llama", "SmolLM2"), "LlamaConfig",
@@ -44,6 +47,13 @@ FAMILIES: tuple[Family, ...] = (
            tool_calls="hermes", moe=MoeLayout(),
            notes="a Qwen3 decoder whose MLPs are 128 routed experts, 8 per token (top-k renormalized), no shared "
                  "expert"),
+    # read so that a plan can say where it runs: no backend here builds it (MXFP4 experts, attention sinks)
+    Family(GPT_OSS, "gpt-oss", ("gpt-oss-20b", "gpt-oss-120b"), "GptOssConfig", attention_bias=True,
+           moe=MoeLayout(count=("num_local_experts",), active=("experts_per_token", "num_experts_per_tok"),
+                         intermediate="intermediate_size", normalized=None, sparse_step=None, dense_layers=None,
+                         expert_tensors="model.layers.{layer}.mlp.experts.gate_up_proj_blocks",
+                         router="model.layers.{layer}.mlp.router.weight"),
+           notes="every layer MoE (MXFP4 experts), attention sinks, a 128-token sliding window every other layer"),
     Family(QWEN2_5_VL, "Qwen2.5-VL", ("Qwen2.5-VL 3B / 7B",), "Qwen2_5_VLConfig", attention_bias=True,
            tool_calls="hermes", visual=visual.QWEN2_5_VL, text_config="text_config",
            notes="a Qwen2 decoder with multimodal RoPE; a window-attention ViT, 2x2 patches per token"),

@@ -193,9 +193,10 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
                                         "use the model's own config.json, as transformers saved it"))
                 return 1
             return value
-        count, active = expert_int(m.count_key(config), 4096), expert_int(m.active, 4096)
+        count, active = expert_int(m.count_key(config), 4096), expert_int(m.active_key(config), 4096)
         if active > count:
-            problems.append(Problem(source, prefix + m.active, active, f"more experts per token than the {count} "
+            problems.append(Problem(source, prefix + m.active_key(config), active, f"more experts per token than the "
+                                    f"{count} "
                                     "there are", "use the model's own config.json, as transformers saved it"))
         shared = expert_int(m.shared_intermediate, BOUNDS["intermediate_size"]) \
             if m.shared_intermediate and config.get(m.shared_intermediate) else 0

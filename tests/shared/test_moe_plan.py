@@ -129,3 +129,23 @@ def test_expert_fields_are_checked_and_a_dense_family_with_experts_is_refused():
     assert "a mixture-of-experts config, and Qwen3 is a dense family here" in str(exc.value)
     sparse = shape_from_config({**cfg, "decoder_sparse_step": 2, "mlp_only_layers": [1, 3]}, "moe.json")
     assert sparse.experts.layers == 24 - 2 and sparse.linear_params < known_shape(QWEN3_MOE).linear_params
+
+
+GPT_OSS_20B = {     # openai/gpt-oss-20b's config.json fields the planner reads (its expert count and top-k as the hub
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+    "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+    "num_local_experts": 32, "experts_per_token": 4, "vocab_size": 201088, "max_position_embeddings": 131072,
+    "sliding_window": 128, "attention_bias": True, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("target,weights", [("agx-orin-64gb", "int4_awq"), ("agx-thor", "nvfp4")])
+def test_gpt_oss_is_read_and_refused_on_every_backend_naming_what_runs_it_on_a_jetson(target, weights):
+    shape = shape_from_config(GPT_OSS_20B, "gpt-oss-20b/config.json")
+    assert (shape.experts.count, shape.experts.active, shape.experts.layers) == (32, 4, 24)
+    assert 20.5e9 < shape.total_params < 21.5e9         # "21B parameters, 3.6B active"
+    # (Thor has no TensorRT-LLM 0.12 stack at all: forcing it there is refused for that first)
+    for backend in (None, "edgellm") + (("trtllm-0.12",) if target.startswith("agx-orin") else ()):
+        p = make_plan(PlanRequest(shape=shape, model_label="gpt-oss-20b", weights=weights, kv_cache="fp16",
+                                  target=get_target(target), limits=BuildLimits.of(1, 512, 1024), backend=backend))
+        assert not p.ok and "vLLM (NVIDIA's Jetson vLLM container) or llama.cpp / Ollama" in " ".join(p.refused), \
+            (backend, p.refused)
