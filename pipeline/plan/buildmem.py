@@ -58,11 +58,15 @@ def swap_commands(size_bytes: int) -> list[str]:
 
 
 EXTERNAL_INT4_FFN = "int4_ffn"   # Edge-LLM's export kind (external_weights.py): dense FFN INT4 GEMM weights + scales
+EXTERNAL_INT4_MOE = "int4_moe"   # the same for an MoE model's experts (Edge-LLM's docs: "int4_ffn int4_moe" for MoE)
 
 
-def externalized_kinds(on_board: BuildOnBoard) -> tuple[str, ...]:
-    """The weight kinds the export must keep outside the engine for this way of building."""
-    return (EXTERNAL_INT4_FFN,) if on_board.how == "externalize" else ()
+def externalized_kinds(on_board: BuildOnBoard, moe: bool) -> tuple[str, ...]:
+    """The weight kinds the export must keep outside the engine for this way of building (moe: an MoE model, whose
+    experts go out too)."""
+    if on_board.how != "externalize":
+        return ()
+    return (EXTERNAL_INT4_FFN, EXTERNAL_INT4_MOE) if moe else (EXTERNAL_INT4_FFN,)
 
 
 def build_on_board(build: BuildMemory, usable: int, usable_headless: int, target_id: str,
@@ -76,8 +80,9 @@ def build_on_board(build: BuildMemory, usable: int, usable_headless: int, target
     for how, b in (("swap", build), ("externalize", externalized)):
         if b is not None and b.device_total <= usable_headless:
             swap = b.peak - usable_headless + SWAP_MARGIN if b.peak > usable_headless else 0
-            extra = "; the export keeps the INT4 FFN weights outside the engine (Edge-LLM external weight files, " \
-                "which llm_build copies beside the engine and the runtime loads)" if how == "externalize" else ""
+            extra = "; the export keeps the INT4 FFN weights (an MoE model's experts too) outside the engine " \
+                "(Edge-LLM external weight files, which llm_build copies beside the engine and the runtime loads)" \
+                if how == "externalize" else ""
             where = f"headless with {math.ceil(swap / GB)} GB of swap on NVMe for the pageable part" if swap else \
                 "headless"
             slower = " The build will be slower while it pages; the engine is the same" if swap else ""

@@ -187,7 +187,8 @@ def make_plan(req: PlanRequest) -> Plan:
         quant=contract.QuantSettings(req.weights, req.kv_cache, group_size, fmt.label), limits=limits,
         fits=memory.fits, ok=ok, memory=memory, predicted_decode_tok_s=by_mode.get(mode), prediction=prediction,
         refused=refused, warnings=warnings, speculative=speculative, device_build_commands=argvs,
-        build_on_board=on_board, predicted_ttft_ms=ttft, externalized_weights=list(externalized_kinds(on_board)),
+        build_on_board=on_board, predicted_ttft_ms=ttft, externalized_weights=list(
+            externalized_kinds(on_board, req.shape.experts is not None)),
         predicted_build_s=build_s, visual=visual)
 
 
@@ -284,6 +285,14 @@ def refuse(plan: Plan, reason: str) -> Plan:
     return dataclasses.replace(plan, refused=[*plan.refused, reason], ok=False, device_build_commands=None)
 
 
+def externalizable_share(shape) -> float:
+    """The share of the quantized weights Edge-LLM's export can keep outside the engine: int4_ffn (the dense MLPs)
+    and, for an MoE model, int4_moe (its experts)."""
+    ffn = sum(i * o * n for name, i, o, n in shape.linears()
+              if name in ("gate_proj", "up_proj", "down_proj") or name.startswith("experts."))
+    return ffn / shape.linear_params
+
+
 def _build_memory(req: PlanRequest, engine: backends.Backend, fmt, memory: MemoryPlan
                   ) -> tuple[MemoryPlan, contract.BuildOnBoard]:
     """The backend's build-memory model, and the first way to build on the target board itself."""
@@ -295,15 +304,12 @@ def _build_memory(req: PlanRequest, engine: backends.Backend, fmt, memory: Memor
     build = estimate(engine_weights, memory.activations, 0)
     externalized = None
     if engine.externalizes_int4_ffn and fmt.edgellm_int4_plugin:
-        # Edge-LLM's int4_ffn: the dense MLPs' INT4 weights (an MoE model's experts are its int4_moe, not modelled yet)
-        ffn = sum(i * o * n for name, i, o, n in req.shape.linears()
-                  if name in ("gate_proj", "up_proj", "down_proj"))
-        share = ffn / req.shape.linear_params
-        externalized = estimate(engine_weights, memory.activations, int(memory.weights * share))
+        externalized = estimate(engine_weights, memory.activations,
+                                int(memory.weights * externalizable_share(req.shape)))
     bigger = tuple(o.id for o in load_targets().values() if o.sm == t.sm and o.family == t.family and o.id != t.id
                    and o.usable_headless_bytes >= build.peak)
     on_board = build_on_board(build, t.usable_bytes, t.usable_headless_bytes, t.id, externalized, bigger)
-    if externalized_kinds(on_board):        # the export keeps them outside the engine: the device builds with less
+    if externalized_kinds(on_board, False):     # the export keeps them outside the engine: the device builds with less
         assert externalized is not None
         build = externalized
     memory = dataclasses.replace(memory, build_peak=build.peak, build_host=build.host_total,

@@ -149,3 +149,18 @@ def test_gpt_oss_is_read_and_refused_on_every_backend_naming_what_runs_it_on_a_j
                                   target=get_target(target), limits=BuildLimits.of(1, 512, 1024), backend=backend))
         assert not p.ok and "vLLM (NVIDIA's Jetson vLLM container) or llama.cpp / Ollama" in " ".join(p.refused), \
             (backend, p.refused)
+
+
+def test_an_moe_models_experts_leave_the_engine_with_its_ffns_when_externalized():
+    """Edge-LLM externalizes int4_moe beside int4_ffn: nearly all of Qwen3-30B-A3B's quantized weights are experts."""
+    from pipeline.contract import BuildOnBoard
+    from pipeline.plan.buildmem import externalized_kinds
+    from pipeline.plan.planner import externalizable_share
+    moe_shape, dense = known_shape(QWEN3_MOE), known_shape("Qwen/Qwen3-8B")
+    experts = sum(i * o * n for name, i, o, n in moe_shape.linears() if name.startswith("experts."))
+    assert externalizable_share(moe_shape) == pytest.approx(experts / moe_shape.linear_params) \
+        and externalizable_share(moe_shape) > 0.96
+    assert 0.7 < externalizable_share(dense) < 0.8        # its MLPs
+    out = BuildOnBoard("externalize", 0, [], "")
+    assert externalized_kinds(out, True) == ("int4_ffn", "int4_moe") and externalized_kinds(out, False) == ("int4_ffn",)
+    assert externalized_kinds(BuildOnBoard("swap", 1, [], ""), True) == ()
