@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.plan.formats import KVFormat
 from pipeline.plan.shapes import ModelShape
 
 ROWS = Path(__file__).parents[1] / "data" / "moe_rows.csv"
@@ -51,15 +52,17 @@ def load_rows(path: Path = ROWS) -> list[MoeRow]:
                        float(r["decode_tok_s"]), r["source"]) for r in csv.DictReader(fh)]
 
 
-def split_bytes(shape: ModelShape, weights: str, context: int, batch: int = 1) -> tuple[float, float]:
+def split_bytes(shape: ModelShape, weights: str, context: int, batch: int = 1, kv: KVFormat | None = None,
+                group_size: int | None = None) -> tuple[float, float]:
     """(dense bytes, expert bytes) one decode step of `batch` sequences reads: the weights once (of the experts,
-    those the batch reaches), each sequence's KV cache (`context` tokens, FP16)."""
+    those the batch reaches), each sequence's KV cache (`context` tokens; FP16 unless `kv` says, as the published
+    rows ran). group_size: the format's default for the model unless given."""
     from pipeline.plan.formats import DEFAULT_KV, WEIGHT_FORMATS, pick_group_size
     from pipeline.plan.memory import decode_bytes_per_token
-    fmt = WEIGHT_FORMATS[weights]
-    group = pick_group_size(fmt, shape.quantized_input_dims(), None)[0]
-    total = decode_bytes_per_token(shape, fmt, group, DEFAULT_KV, context, batch)
-    total += (batch - 1) * shape.kv_bytes_per_token(DEFAULT_KV.bytes_per_element) * context
+    fmt, kv = WEIGHT_FORMATS[weights], kv or DEFAULT_KV
+    group = group_size if group_size is not None else pick_group_size(fmt, shape.quantized_input_dims(), None)[0]
+    total = decode_bytes_per_token(shape, fmt, group, kv, context, batch)
+    total += (batch - 1) * shape.kv_bytes_per_token(kv.bytes_per_element) * context
     experts = sum((fmt.bytes_for(i, o, group) + (i * 2 if fmt.awq else 0)) * n
                   for name, i, o, n in shape.linears(batch) if name.startswith("experts."))
     return total - experts, experts
@@ -75,13 +78,14 @@ def key_of(target: str, precision: str) -> str:
     return f"{get_target(target).family}-{precision}"
 
 
-def _dense_s(shape: ModelShape, weights: str, target: str, power_mode: str, context: int, batch: int) -> float:
+def _dense_s(shape: ModelShape, weights: str, target: str, power_mode: str, context: int, batch: int,
+             kv: KVFormat | None = None, group_size: int | None = None) -> float:
     """One step of `batch` sequences by the dense fit: every byte it reads (the experts it reaches) and its fixed
     cost."""
     from pipeline.plan import perf
     from pipeline.plan.targets import get_target
     dense_fit = perf.fitted()[perf.TENSORRT]
-    dense, experts = split_bytes(shape, weights, context, batch)
+    dense, experts = split_bytes(shape, weights, context, batch, kv, group_size)
     return (dense + experts) / (dense_fit.efficiency * get_target(target).bandwidth_bytes(power_mode)) \
         + dense_fit.fixed_s
 
@@ -94,9 +98,11 @@ def implied_layer_s(row: MoeRow, shape: ModelShape) -> float:
 
 
 def predict_tok_s(shape: ModelShape, weights: str, target: str, power_mode: str, context: int, batch: int,
-                  layer_s: float) -> float:
+                  layer_s: float, kv: KVFormat | None = None, group_size: int | None = None) -> float:
+    """Generated tok/s of `batch` sequences decoding together at `context` tokens each."""
     assert shape.experts is not None
-    step = _dense_s(shape, weights, target, power_mode, context, batch) + shape.experts.layers * layer_s
+    step = _dense_s(shape, weights, target, power_mode, context, batch, kv, group_size) \
+        + shape.experts.layers * layer_s
     return batch / step
 
 

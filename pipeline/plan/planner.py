@@ -255,7 +255,7 @@ def _prediction(req: PlanRequest, engine: backends.Backend, backend: str | None,
             warnings.append(f"decode: {borrowed}")
 
         def speed(m: str, b: int) -> float:
-            return moe.predict_tok_s(req.shape, fmt.name, t.id, m, context, b, cost or 0.0)
+            return moe.predict_tok_s(req.shape, fmt.name, t.id, m, context, b, cost or 0.0, kv, group_size)
         by_mode = {m: round(speed(m, 1), 1) for m in t.bandwidth_gbs}
         by_batch = {str(b): round(speed(mode, b), 1) for b in levels} if mode in t.bandwidth_gbs else None
     else:
