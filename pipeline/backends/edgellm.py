@@ -170,9 +170,10 @@ _NO_GEMMA_PATH = ("Edge-LLM 0.11's exporter has a Gemma 4 model and no {} path; 
 
 # Edge-LLM 0.11 exports these (tensorrt-edgellm-export: llm/ and visual/, its models/qwen2_5_vl, qwen3_vl and internvl3)
 # and builds the tower with visual_build. The language model exports as a dense one (Qwen3-VL with DeepStack inputs);
-# the tower is exported by Edge-LLM's own exporter in FP16 and checked against transformers'
+# the tower is exported by Edge-LLM's own exporter in FP16 (FP8 on SM 8.9+ when asked) and checked against transformers'
 _VLM_VERIFIED = ("Edge-LLM 0.11 exporter (llm/ + visual/); tests/workstation/test_visual_export.py (tiny models of the "
-                 "family: language model INT4-AWQ / FP8 through the runtime double, tower against transformers)")
+                 "family: language model INT4-AWQ / FP8 through the runtime double, tower against transformers), "
+                 "tests/workstation/test_vlm_build.py (an FP8 tower)")
 
 EDGELLM_011: dict[str, Support] = {
     LLAMA: _edgellm_dense("tests/workstation/test_edgellm_export.py (tiny-llama)"),
