@@ -61,6 +61,11 @@ def main(argv: list[str]) -> int:
             print(f"  {c['target']:<14} {c['model'].split('/')[-1]:<16} {c['precision']:<6} batch {c['batch']} "
                   f"context {c['context']:<5} decode {c['predicted']:6.1f}/{c['published']:<6} ({c['error']:+.0%})"
                   + ("" if c["leave_one_out"] else "  (not fitted: batch)"))
+        print(f"  prefill by the dense fit (never fitted to these): median {m['prefill_median_abs_error']:.1%}, worst "
+              f"{m['prefill_max_abs_error']:.1%}")
+        for c in m["prefill_checks"]:
+            print(f"  {c['target']:<14} {c['model'].split('/')[-1]:<16} {c['precision']:<6} {c['tokens']:>5} tokens "
+                  f"prefill {c['predicted_ms']:6.1f}/{c['published_ms']:<6} ms ({c['error']:+.0%})")
         return 0
     print("usage: python -m pipeline.perf extract REFERENCE.csv | fit", file=sys.stderr)
     return 2

@@ -44,12 +44,16 @@ class MoeRow:
     context: int            # tokens in each sequence's KV cache, on average over the answer
     decode_tok_s: float     # generated tok/s of the whole batch
     source: str
+    prefill_ms: float | None = None     # the prompt's prefill (batch 1), published beside the decode figure
+    prefill_tokens: int | None = None
 
 
 def load_rows(path: Path = ROWS) -> list[MoeRow]:
     with open(path, newline="") as fh:
         return [MoeRow(r["target"], r["power_mode"], r["model"], r["precision"], int(r["batch"]), int(r["context"]),
-                       float(r["decode_tok_s"]), r["source"]) for r in csv.DictReader(fh)]
+                       float(r["decode_tok_s"]), r["source"],
+                       float(r["prefill_ms"]) if r["prefill_ms"] else None,
+                       int(r["prefill_tokens"]) if r["prefill_tokens"] else None) for r in csv.DictReader(fh)]
 
 
 def split_bytes(shape: ModelShape, weights: str, context: int, batch: int = 1, kv: KVFormat | None = None,
@@ -154,7 +158,31 @@ def fit_report(rows: list[MoeRow] | None = None) -> dict:
                        "error": round(got / r.decode_tok_s - 1, 4), "leave_one_out": r.batch == 1})
     loo = [abs(float(c["error"])) for c in checks if c["leave_one_out"]]
     batch = [abs(float(c["error"])) for c in checks if not c["leave_one_out"]]
+    prefill = prefill_checks(rows)
+    pre = [abs(float(c["error"])) for c in prefill]
     return {"layer_s": constants, "rows": len(rows), "checks": checks,
             "loo_median_abs_error": round(statistics.median(loo), 4) if loo else None,
             "loo_max_abs_error": round(max(loo), 4) if loo else None,
-            "batch_max_abs_error": round(max(batch), 4) if batch else None}
+            "batch_max_abs_error": round(max(batch), 4) if batch else None,
+            "prefill_checks": prefill,
+            "prefill_median_abs_error": round(statistics.median(pre), 4) if pre else None,
+            "prefill_max_abs_error": round(max(pre), 4) if pre else None}
+
+
+def prefill_checks(rows: list[MoeRow]) -> list[dict[str, Any]]:
+    """Each published MoE prefill predicted by the dense prefill fit (plan/prefill.py: the active experts' FLOPs per
+    token, the experts the prompt reaches read once), which never saw an MoE row: not fitted, only checked."""
+    from pipeline.plan.perf import fit_data, known_shape
+    from pipeline.plan.prefill import predict_ttft_ms
+    pre = fit_data().get("prefill")
+    out: list[dict[str, Any]] = []
+    for r in rows:
+        shape = known_shape(r.model)
+        if r.prefill_ms is None or r.prefill_tokens is None or shape is None or pre is None:
+            continue
+        ms = predict_ttft_ms(shape, _weights_of(r.precision), r.target, r.prefill_tokens, r.power_mode, pre)
+        if ms is not None:
+            out.append({"target": r.target, "model": r.model, "precision": r.precision, "tokens": r.prefill_tokens,
+                        "published_ms": r.prefill_ms, "predicted_ms": round(ms, 1),
+                        "error": round(ms / r.prefill_ms - 1, 4)})
+    return out

@@ -335,9 +335,11 @@ def _ttft(req: PlanRequest, mode: str) -> tuple[float | None, dict]:
     # measured (it has no model shape of its own)
     lengths = sorted({n for n in (8, 32, 128, 512) if n < req.limits.max_input_len} | {req.limits.max_input_len})
     by_len = {str(n): predict_ttft_ms(req.shape, req.weights, req.target.id, n, mode, pre) for n in lengths}
+    # an MoE model: the dense fit's error on the published MoE prefill rows, which it never saw (plan/moe.py)
+    ttft_band = moe_fit.get("prefill_median_abs_error") if req.shape.experts is not None else None
     fields.update(ttft_input_tokens=req.limits.max_input_len,
                   ttft_ms_by_input_tokens={k: round(v, 1) for k, v in by_len.items() if v is not None},
-                  ttft_error_band=pre["loo_median_abs_error"])
+                  ttft_error_band=ttft_band if ttft_band is not None else pre["loo_median_abs_error"])
     return (None if ms is None else round(ms, 1)), fields
 
 
