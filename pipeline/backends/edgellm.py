@@ -138,6 +138,7 @@ from pipeline.families.records import (  # noqa: E402
     GEMMA2,
     GEMMA3,
     GPT_OSS,
+    GPT_OSS_WHERE,
     LLAMA,
     MISTRAL,
     PHI3,
@@ -146,7 +147,6 @@ from pipeline.families.records import (  # noqa: E402
     QWEN3_MOE,
     VISION_LANGUAGE,
 )
-from pipeline.families.records import GPT_OSS_WHERE as _GPT_OSS  # noqa: E402
 
 # Edge-LLM 0.11's generic decoder (tensorrt_edgellm/models/default, config.py ModelConfig) reads RoPE scaling
 # (linear, dynamic, llama3, longrope, yarn) and partial rotary from config.json, and its attention plugin applies q/k
@@ -196,7 +196,7 @@ EDGELLM_011: dict[str, Support] = {
                        formats_why="Edge-LLM 0.11's MoE plugins are FP16, INT4 (Marlin) and NVFP4"),
         plan_only="the quantize and export stages do not handle experts yet (Edge-LLM's MoE plugins, INT4-AWQ's "
                   "shared pre-quant scales, calibration reaching every expert)"),
-    GPT_OSS: Support(refused=_GPT_OSS),
+    GPT_OSS: Support(refused=GPT_OSS_WHERE),
     GEMMA2: Support(refused=_NO_GEMMA_PATH.format("Gemma 2")),
     GEMMA3: Support(refused=_NO_GEMMA_PATH.format("Gemma 3")),
     **{arch: _edgellm_dense(_VLM_VERIFIED) for arch in VISION_LANGUAGE},

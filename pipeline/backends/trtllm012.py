@@ -97,6 +97,7 @@ from pipeline.families.records import (  # noqa: E402
     GEMMA2,
     GEMMA3,
     GPT_OSS,
+    GPT_OSS_WHERE,
     LLAMA,
     MISTRAL,
     PHI3,
@@ -105,7 +106,6 @@ from pipeline.families.records import (  # noqa: E402
     QWEN3_MOE,
     VISION_LANGUAGE,
 )
-from pipeline.families.records import GPT_OSS_WHERE as _GPT_OSS  # noqa: E402
 
 
 # TensorRT-LLM 0.12's LLaMA class (tensorrt_llm/models/llama/model.py): RMSNorm, SiLU-gated MLP, RoPE with
@@ -142,7 +142,7 @@ TRTLLM_012: dict[str, Support] = {
     QWEN3_MOE: Support(refused="Qwen3-MoE was added to TensorRT-LLM after 0.12 (0.12's Qwen MoE is Qwen1.5-MoE's "
                                "shared-expert design); TensorRT Edge-LLM 0.11 builds it (its qwen3_moe model and MoE "
                                "plugins), on Orin with JetPack 7.2 and on Thor"),
-    GPT_OSS: Support(refused=_GPT_OSS),
+    GPT_OSS: Support(refused=GPT_OSS_WHERE),
     PHI3: Support(refused=_PHI3_012),
     GEMMA2: Support(refused=_GEMMA2_012),
     GEMMA3: Support(refused="Gemma 3 was added to TensorRT-LLM after 0.12"),

@@ -62,13 +62,12 @@ def split_bytes(shape: ModelShape, weights: str, context: int, batch: int = 1, k
     those the batch reaches), each sequence's KV cache (`context` tokens; FP16 unless `kv` says, as the published
     rows ran). group_size: the format's default for the model unless given."""
     from pipeline.plan.formats import DEFAULT_KV, WEIGHT_FORMATS, pick_group_size
-    from pipeline.plan.memory import decode_bytes_per_token
+    from pipeline.plan.memory import decode_bytes_per_token, linear_bytes
     fmt, kv = WEIGHT_FORMATS[weights], kv or DEFAULT_KV
     group = group_size if group_size is not None else pick_group_size(fmt, shape.quantized_input_dims(), None)[0]
     total = decode_bytes_per_token(shape, fmt, group, kv, context, batch)
     total += (batch - 1) * shape.kv_bytes_per_token(kv.bytes_per_element) * context
-    experts = sum((fmt.bytes_for(i, o, group) + (i * 2 if fmt.awq else 0)) * n
-                  for name, i, o, n in shape.linears(batch) if name.startswith("experts."))
+    experts = linear_bytes([x for x in shape.linears(batch) if x[0].startswith("experts.")], fmt, group)
     return total - experts, experts
 
 
