@@ -27,8 +27,18 @@ class Support:
     partial_rotary: bool = False            # rotates only part of each head (partial_rotary_factor < 1)
     verified: str = ""                      # how we know (source file, test)
     # the backend builds it, this version of the pipeline does not export it yet: why (the plan sizes and times it;
-    # a build stops before calibrating, saying this)
+    # a build stops before calibrating, saying this); for the formats in plan_only_formats, or every one (None)
     plan_only: str | None = None
+    plan_only_formats: tuple[str, ...] | None = None
+    # its MoE plugins renormalize the top-k routing weights whatever the config says (Edge-LLM 0.11: Int4MoePlugin
+    # calls moeTopkSoftmax(..., renormalize=true); its qwen3_moe passes norm_topk_prob = 1 to the others)
+    renormalizes_topk: bool = False
+
+    def plan_only_for(self, weights: str) -> str | None:
+        """Why this format of the family is planned but not exported yet, or None."""
+        if self.plan_only and (self.plan_only_formats is None or weights in self.plan_only_formats):
+            return self.plan_only
+        return None
 
     def losses(self, features: ModelFeatures, max_seq_len: int) -> list[str]:
         """What this backend version would compute differently from the checkpoint, at max_seq_len: each item
@@ -42,6 +52,9 @@ class Support:
             out.append(f"its LongRoPE uses the long factors for every position of an engine longer than the "
                        f"model's original {original}-token window, where the model uses its short factors up to "
                        f"{original} tokens; set build.max_seq_len <= {original} to keep the model's numerics")
+        if features.unnormalized_routing and self.renormalizes_topk:
+            out.append("its MoE plugins renormalize the top-k routing weights to sum to 1, and this model does not "
+                       "(norm_topk_prob = false): every token's expert mix would be scaled differently")
         if features.partial_rotary < 1 and not self.partial_rotary:
             out.append(f"partial rotary embedding (factor {features.partial_rotary}) is not supported")
         if features.softcaps and not self.softcapping:
@@ -124,6 +137,7 @@ class ModelFeatures:
     tied_embeddings: bool = False
     attention_bias: bool = False
     mlp_bias: bool = False
+    unnormalized_routing: bool = False      # an MoE whose top-k routing weights are not renormalized
 
 
 def _positive_int(value) -> int | None:
@@ -148,4 +162,6 @@ def features_of(config: dict, family: Family) -> ModelFeatures:
     return ModelFeatures(rope_type=kind, partial_rotary=partial, rope_original_max=original,
                          sliding_window=window, softcaps=caps,
                          tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-                         attention_bias=bool(bias), mlp_bias=bool(config.get("mlp_bias", False)))
+                         attention_bias=bool(bias), mlp_bias=bool(config.get("mlp_bias", False)),
+                         unnormalized_routing=bool(family.moe and family.moe.normalized
+                                                   and config.get(family.moe.normalized) is False))

@@ -72,6 +72,8 @@ def quantize_spec(recipe: Recipe) -> StageSpec:
                                   # a stage calibrated before the query was quantized too is not this stage
                                   **({"quantized_query": True} if KV_FORMATS[q.kv_cache].quantizes_query else {}),
                                   **({"visual": q.visual} if q.visual != TOWER_FP16 else {}),
+                                  # accepting unreached experts changes what the stage lets through, not its output
+                                  **({"uncalibrated_experts": "accept"} if q.uncalibrated_experts == "accept" else {}),
                                   **_image_calibration_key(recipe)},
                      inputs=(fetch_spec(recipe),), tools=WORKSTATION_TOOLS, fingerprint=fingerprint,
                      version=2)     # 2: changed tensors in calibrated.safetensors, not in the pickle

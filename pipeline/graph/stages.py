@@ -41,7 +41,14 @@ def _quantize(result: contract.StageManifest) -> str:
     data = f"{tokens} calibration tokens" if tokens else "no calibration data"
     data += f" and {images} image prompts" if images else ""
     tower = f", {q['visual']} tower" if q.get("visual") else ""
-    return f"{q['weights']} (KV {q['kv_cache']}{tower}) on {q['device']}, {data}"
+    line = f"{q['weights']} (KV {q['kv_cache']}{tower}) on {q['device']}, {data}"
+    experts = q.get("experts")
+    if experts:
+        unreached = len(experts["unreached"])
+        line += (f"; calibration reached {experts['experts'] - unreached} of {experts['experts']} experts"
+                 + (f" (fewest tokens: {experts['least_tokens']})" if not unreached else
+                    f" (unreached, e.g. {experts['unreached'][0]})"))
+    return line
 
 
 def _export(result: contract.StageManifest) -> str:

@@ -37,6 +37,7 @@ class WeightFormat:
     quantized_at_engine_load: bool = False  # exported as fp16 weights; the engine builder quantizes them
     edgellm_ops: frozenset[str] = frozenset()   # ops (domain:type) Edge-LLM's ONNX export must hold for it
     edgellm_int4_plugin: bool = False   # Edge-LLM exports it through its INT4 groupwise GEMM plugin
+    edgellm_moe_op: str | None = None   # the MoE plugin (domain:type) Edge-LLM's qwen3_moe export uses for its experts
     hardware: str = ""              # the tensor cores it needs, for refusals ("FP8", "FP4")
 
     def bytes_for(self, in_features: int, out_features: int, group_size: int | None) -> float:
@@ -103,12 +104,12 @@ Q_DQ = frozenset({":QuantizeLinear", ":DequantizeLinear"})
 WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in [
     WeightFormat(name="fp16", label="FP16", bits=16, scale_bits_per_group=0, default_group_size=None, min_sm=5.3,
                  modelopt_config=None, trtllm_quant_algo=None, math="fp16", decode_class="fp16",
-                 needs_calibration=False, unquantized=True),
+                 needs_calibration=False, unquantized=True, edgellm_moe_op="trt_edgellm:Fp16MoePlugin"),
     # W4A16 AWQ: int4 weights, one fp16 scale per group of input channels, fp16 pre-quant scale per input channel
     # (the latter is negligible and counted in the per-layer small tensors). Prefill dequantizes to FP16 math.
     WeightFormat(name="int4_awq", label="INT4-AWQ (W4A16)", bits=4, scale_bits_per_group=16, default_group_size=128,
                  min_sm=8.0, modelopt_config="INT4_AWQ_CFG", trtllm_quant_algo="W4A16_AWQ", math="fp16",
-                 decode_class="int4", awq=True, edgellm_int4_plugin=True),
+                 decode_class="int4", awq=True, edgellm_int4_plugin=True, edgellm_moe_op="trt_edgellm:Int4MoePlugin"),
     WeightFormat(name="int8_sq", label="INT8 SmoothQuant (W8A8)", bits=8, scale_bits_per_group=32,
                  default_group_size=None, min_sm=7.2, modelopt_config="INT8_SMOOTHQUANT_CFG",
                  trtllm_quant_algo="W8A8_SQ_PER_CHANNEL", math="int8", decode_class="fp8", edgellm_ops=Q_DQ),
@@ -130,6 +131,7 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in [
     WeightFormat(name="nvfp4", label="NVFP4", bits=4, scale_bits_per_group=8, default_group_size=16, min_sm=10.0,
                  modelopt_config="NVFP4_DEFAULT_CFG", trtllm_quant_algo="NVFP4", math="fp4", decode_class="nvfp4",
                  gpu_calibration_only=True, fixed_group_size=16, hardware="FP4",
+                 edgellm_moe_op="trt_edgellm:Nvfp4MoePlugin",
                  edgellm_ops=frozenset({"trt:TRT_FP4DynamicQuantize", "trt:DequantizeLinear"})),
 ]}
 

@@ -64,6 +64,10 @@ class Quantization:
     visual: str = setting(UNQUANTIZED.name, choices=VISUAL_FORMATS, doc="a vision-language model's tower: fp16; "
                           "fp8 (SM 8.9+, Edge-LLM's --visual_quantization fp8: Thor): its linears' weights and inputs "
                           "in E4M3, calibrated with image prompts")
+    uncalibrated_experts: str = setting("refuse", choices=("refuse", "accept"),
+                                        doc="a mixture-of-experts model whose experts' inputs are quantized (an "
+                                        "activation scale per projection): refuse a calibration that left an "
+                                        "expert without a token, or accept it; raise calibration.samples first")
 
 
 def _builder(value: Any, _file: str) -> Builder:

@@ -163,7 +163,7 @@ def reshapes_weights(cfg: dict) -> bool:
 def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size: int | None,
              calibration: CalibrationSettings,
              recipe_file: str, handoff: ModelHandoff | None = None, visual: VisualLimits | None = None,
-             visual_precision: str = TOWER_FP16) -> dict:
+             visual_precision: str = TOWER_FP16, accept_uncalibrated_experts: bool = False) -> dict:
     """Calibrate and save ModelOpt state into `out`; returns the stage's manifest extras. With a `handoff`, the
     calibrated model is left there for the next stage of this process. visual: a vision-language model's image
     profile: where the algorithm reshapes weights against the data, the language model is calibrated with image
@@ -232,9 +232,13 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
                 m(**{k: v.to(inputs) for k, v in a.items()})
                 bar.update(i, len(asked))
 
-    with timer("calibrate"), torch.no_grad():
+    from pipeline.workstation.experts import ExpertCoverage, count_routed_tokens, refuse_unreached
+    with timer("calibrate"), torch.no_grad(), count_routed_tokens(model) as routed:
         mtq.quantize(model, cfg, forward_loop if windows else None)
         tower_quantizers = calibrate_tower_fp8(model, tower_loop) if tower_fp8 else 0
+    coverage = ExpertCoverage(routed) if routed else None
+    if coverage is not None and not accept_uncalibrated_experts:
+        refuse_unreached(model, coverage, recipe_file)      # before anything is saved: the stage leaves no output
     if getattr(model, "placement", {}).get("kind") == "gpu+cpu":
         with timer("gather"):
             model = gather_on_cpu(model)     # offloaded layers: read through their hooks, then an ordinary model
@@ -253,6 +257,7 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
                 calibration_tokens=sum(map(len, windows)),      # 0: weight-only, calibrated from the weights
                 **({"calibration_images": len(asked)} if asked else {}),
                 **({"tower_quantizers": tower_quantizers} if tower_quantizers else {}),
+                **({"experts": coverage.as_record()} if coverage is not None else {}),
                 fused_groups=fused, saved_bytes=saved)
     # the timings go to the stage's manifest (and its terminal line), not into quantize.json: an output file that
     # held them would differ on every run and make everything downstream of an identical re-run run again

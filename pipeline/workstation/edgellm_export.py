@@ -113,14 +113,16 @@ def external_weights(onnx_dir: Path, externalize: tuple[str, ...]) -> list[dict]
 
 
 def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | None = None,
-               extra_outputs: tuple[str, ...] = (), external_inputs: tuple[str, ...] = ()) -> dict:
+               extra_outputs: tuple[str, ...] = (), external_inputs: tuple[str, ...] = (), moe: bool = False) -> dict:
     """The base model's graph: the inputs, outputs and quantization ops llm_build expects for `weights` (and the
-    externalized weights as graph inputs)."""
+    externalized weights as graph inputs); a mixture-of-experts model's experts in the format's MoE plugin."""
     from pipeline.plan.formats import WEIGHT_FORMATS
     fmt = WEIGHT_FORMATS[weights]
     expected = set(fmt.edgellm_ops)      # what the format must leave in the graph (plan/formats.py)
     if fmt.edgellm_int4_plugin:
         expected.add(INT4_OPS[int4_plugin or 2])
+    if moe and fmt.edgellm_moe_op:
+        expected.add(fmt.edgellm_moe_op)
     return check_graph(onnx_dir / "model.onnx", ["inputs_embeds", *[f"past_key_values_{i}" for i in range(layers)],
                                                  *external_inputs],
                        ["logits", *[f"present_key_values_{i}" for i in range(layers)], *extra_outputs],
@@ -183,7 +185,15 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
         for name, q in model.named_modules():
             if name.endswith(("weight_quantizer", "input_quantizer")) and _in_tower(name):
                 q.disable()
-    export_hf_checkpoint(model, export_dir=hf, extra_state_dict=query_scales(model) or None)
+    from pipeline.workstation.experts import moe_blocks, unified_export_of_fused_experts
+    moe = bool(moe_blocks(model))
+    if moe and not any(n.endswith("_quantizer") for n, _ in model.named_modules()):
+        # FP16 experts: ModelOpt 0.47's export has no unquantized path for transformers 5's fused experts
+        # (NotImplementedError for Qwen3MoeExperts); transformers writes the hub's per-expert layout itself
+        model.save_pretrained(hf)
+    else:
+        with unified_export_of_fused_experts():
+            export_hf_checkpoint(model, export_dir=hf, extra_state_dict=query_scales(model) or None)
     layers = getattr(model.config, "text_config", model.config).num_hidden_layers   # a VLM: its language model
     del model
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(hf)
@@ -212,7 +222,7 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
                             "quantization.kv_cache, and please report it with the recipe")
     external = external_weights(onnx_dir, externalize)
     graph = check_onnx(onnx_dir, weights, layers, plugin, speculative.BASE_EXTRA_OUTPUTS if draft_dir else (),
-                       tuple(t for e in external for t in e["tensors"]))
+                       tuple(t for e in external for t in e["tensors"]), moe=moe)
     spec = None
     if draft_dir:
         draft_graph = export_draft(draft_dir, payload_dir / speculative.ONNX_DRAFT)

@@ -81,6 +81,14 @@ BUILTINS: dict[str, Builtin] = {
         max_position_embeddings=512, partial_rotary_factor=0.75,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
         tie_word_embeddings=True, rms_norm_eps=1e-5), train_steps=100, notes="tiny-phi3, hidden 128"),
+    # Qwen3-30B-A3B in miniature: every layer an MoE layer of 8 experts (64 wide, every width 64-aligned as the MoE
+    # plugins' layouts need), 2 per token, top-k weights renormalized; q/k norm; untied lm_head.
+    "tiny-qwen3-moe": Builtin("Qwen3MoeForCausalLM", dict(
+        hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False,
+        rms_norm_eps=1e-6), train_steps=100, notes="Qwen3-30B-A3B-style: 8 experts, 2 per token"),
     # Vision-language models shrunk from real configs (tinyvlm.py holds their towers, processors and image tokens).
     **{name: Builtin(vlm["architecture"], {}, notes=f"{vlm['architecture']} shrunk", extra=vlm)
        for name, vlm in VLM_BUILTINS.items()},

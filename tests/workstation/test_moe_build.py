@@ -1,26 +1,34 @@
-"""A mixture-of-experts checkpoint through `doit build`: planned, then refused before calibration by name (this
-version plans MoE models but does not export them yet: Support.plan_only)."""
+"""Mixture-of-experts models through the pipeline: the repository's tiny Qwen3-MoE recipe (`doit build` for Thor and
+an Orin Nano on JetPack 7.2: INT4-AWQ experts in Edge-LLM's Int4MoePlugin), the device half on both recorded boards,
+`serve`; the MoE plugins run by the runtime double against the calibrated model; what stays refused, and why."""
 
 import json
 
+import numpy as np
 import pytest
-from conftest import Project, local_recipe
+from conftest import DOUBLES, REPO, Project, device, local_recipe
+
+from pipeline import contract
+from pipeline.errors import PipelineError
+from tests.edgellm_run import model_vs_engine
+from tests.serving import Served
+from tests.workstation.test_export import CAL, builtin  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
+RECIPE = "tiny-qwen3-moe"
+BOARDS = {"agx-thor": "agx-thor-jp72", "orin-nano-8gb": "orin-nano-8gb-jp72"}
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen3_moe(tmp_path_factory):
-    """Qwen3-30B-A3B's config shrunk (4 experts, 2 per token, two layers), random weights, a trained tokenizer with
-    the Qwen chat template's shape."""
+def random_qwen3_moe(path, experts=4, layers=2):
+    """Qwen3-30B-A3B's config shrunk (`experts` experts, 2 per token), random weights, a trained tokenizer with the
+    Qwen chat template's shape."""
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from pipeline.workstation.tinymodel import train_tokenizer
-    path = tmp_path_factory.mktemp("moe") / "tiny-qwen3-moe"
     torch.manual_seed(0)
-    cfg = Qwen3MoeConfig(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=4,
-                         num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    cfg = Qwen3MoeConfig(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=experts,
+                         num_experts_per_tok=2, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          head_dim=16, vocab_size=512, max_position_embeddings=512, norm_topk_prob=True,
                          tie_word_embeddings=False, eos_token_id=1)
     Qwen3MoeForCausalLM(cfg).save_pretrained(path)
@@ -32,21 +40,194 @@ def tiny_qwen3_moe(tmp_path_factory):
     return path
 
 
-def test_an_moe_checkpoint_is_planned_then_refused_before_calibration_naming_why(tiny_qwen3_moe, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_qwen3_moe(tmp_path_factory):
+    return random_qwen3_moe(tmp_path_factory.mktemp("moe") / "tiny-qwen3-moe")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    project = Project(tmp_path_factory.mktemp("moe-build") / "proj")
+    (project.recipes / f"{RECIPE}.toml").write_text((REPO / "recipes" / f"{RECIPE}.toml").read_text())
+    proc = project.doit("build", f"recipe={RECIPE}", timeout=900)
+    kits = {t: project.artifacts / RECIPE / f"kit@{t}" / f"{RECIPE}@{t}" for t in BOARDS}
+    return project, kits, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def validated(built, tmp_path_factory):
+    """`pipeline device` on each kit, on its recorded board (Thor and an Orin Nano, both JetPack 7.2)."""
+    project, kits, _ = built
+    out = {}
+    for target, board in BOARDS.items():
+        tmp = tmp_path_factory.mktemp(f"device-{target}")
+        out[target] = tmp, device(project, kits[target], tmp, board=board)
+    return out
+
+
+def test_the_tiny_moe_recipe_calibrates_every_expert_and_exports_them_to_the_int4_moe_plugin(built):
+    """Calibration reaches every expert of both MoE layers and says so; each SM's ONNX holds one Int4MoePlugin per
+    MoE layer (its routing attributes from the config) with Marlin-packed gate/up and down weights for all 8
+    experts, beside the attention's INT4 GEMMs."""
+    import onnx
+
+    project, kits, out = built
+    assert "quantize tiny-qwen3-moe: int4_awq (KV fp16) on cpu, 512 calibration tokens; calibration reached 16 of " \
+           "16 experts (fewest tokens: " in out, out
+    assert "export   tiny-qwen3-moe@agx-thor: W4A16_AWQ ONNX for SM 110" in out and "for SM 87" in out, out
+    (q,) = [p for p in (project.artifacts / "stages" / "quantize").iterdir() if (p / "quantize.json").is_file()]
+    experts = json.loads((q / "quantize.json").read_text())["experts"]
+    assert experts["experts"] == 16 and experts["unreached"] == [] and experts["least_tokens"] > 0
+    exports = [p.parent for p in (project.artifacts / "stages" / "export").glob("*/stage.json")]
+    assert len(exports) == 2        # one ONNX per SM
+    for stage in exports:
+        graph = onnx.load(str(stage / "onnx" / "model.onnx"), load_external_data=False).graph
+        moe = [n for n in graph.node if n.op_type == "Int4MoePlugin"]
+        assert len(moe) == 2 and all(n.domain == "trt_edgellm" for n in moe)
+        assert {a.name: onnx.helper.get_attribute_value(a) for a in moe[0].attribute} == {
+            "num_experts": 8, "top_k": 2, "hidden_size": 128, "moe_inter_size": 64, "activation_type": 0,
+            "quantization_group_size": 64}
+        shapes = {i.name.rsplit(".", 1)[-1]: list(i.dims) for i in graph.initializer if ".layers.0.mlp." in i.name}
+        # Marlin: [E, K/16, 2N] int32 stored as int8 (x4); scales [E, K/group, N]
+        assert shapes == {"weight": [8, 128], "fc_gate_up_qweights": [8, 8, 1024], "fc_gate_up_scales": [8, 2, 128],
+                          "fc_down_qweights": [8, 4, 1024], "fc_down_scales": [8, 1, 128]}
+        assert sum(n.op_type == "Int4GroupwiseGemmPluginV2" for n in graph.node) == 2 * 4     # q, k, v, o
+    assert all((kit / "MANIFEST.json").is_file() for kit in kits.values())
+
+
+@pytest.mark.parametrize("target", list(BOARDS))
+def test_the_moe_kit_validates_on_the_recorded_board_through_the_runtime(validated, target):
+    """The device half: llm_build, then every golden answered by the runtime (its double computes Int4MoePlugin from
+    the Marlin bytes in the engine: routing, top-2, renormalized weights, SwiGLU experts), a signed bundle."""
+    tmp, proc = validated[target]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "JetPack 7.2" in proc.stderr
+    (report_dir,) = (tmp / "out").glob("*.report")
+    report = contract.Report.load(report_dir / contract.REPORT_JSON)
+    assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0]
+    assert list((tmp / "out").glob(f"{RECIPE}@{target}-sm*-trt*"))
+
+
+def test_serve_answers_the_goldens_of_the_moe_kit(built, tmp_path):
+    """`serve` on the built recipe answers the openai client as the goldens say (the workstation's serving path runs
+    the same Edge-LLM runtime over the MoE graph)."""
+    from openai import OpenAI
+    project, _, _ = built
+    (stage,) = [p for p in (project.artifacts / "stages" / "goldens").iterdir() if (p / "stage.json").is_file()]
+    goldens = contract.Goldens.load(stage / contract.GOLDENS)
+    s = Served([RECIPE], project.env, REPO, tmp_path / "server.log")
+    try:
+        client = OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        for p in goldens.prompts:
+            r = client.chat.completions.create(model=RECIPE, temperature=0, max_tokens=len(p.output_ids),
+                                               messages=[{"role": "user", "content": p.prompt}])
+            assert r.choices[0].message.content == p.text
+            assert r.usage.prompt_tokens == len(p.input_ids) and r.usage.completion_tokens == len(p.output_ids)
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("weights", ["int4_awq", "fp16"])
+def test_the_moe_plugins_compute_the_calibrated_model(builtin, tmp_path, weights):  # noqa: F811
+    """Int4MoePlugin (Marlin) and Fp16MoePlugin (64-row up/gate interleave), run by the runtime double from the
+    engine's bytes, reproduce the calibrated model along its own greedy answer: logits within fp16 rounding, every
+    top-1 the same."""
+    r = model_vs_engine(builtin(RECIPE), tmp_path, weights, "fp16", CAL, group_size=64 if weights == "int4_awq"
+                        else None)
+    assert r["top1_agreement"] == 1 and r["greedy_agreement"] == 1 and r["logit_cosine_min"] > 0.9999, r
+
+
+def test_routing_without_renormalization_is_told_apart(builtin, tmp_path, monkeypatch):  # noqa: F811
+    """The comparison above can fail: the same engine with the top-2 weights left as softmax gave them (no
+    renormalization, what a plugin ignoring norm_topk_prob would compute) is far from the calibrated model."""
+    monkeypatch.syspath_prepend(str(DOUBLES / "python"))
+    import edgellm_moe
+
+    route = edgellm_moe.route
+    monkeypatch.setattr(edgellm_moe, "route", lambda logits, k, renormalize: route(logits, k, False))
+    r = model_vs_engine(builtin(RECIPE), tmp_path, "fp16", "fp16", CAL)
+    assert r["logit_cosine_min"] < 0.999, r
+
+
+def test_the_runtime_doubles_marlin_layout_is_edge_llms_packer_undone(monkeypatch):
+    """The double reads Marlin from the layout's definition; Edge-LLM's own packer (the exporter the kit was made
+    with) round-trips through it for grouped scales and for one group per row (group size = K)."""
+    import torch
+    monkeypatch.syspath_prepend(str(DOUBLES / "python"))
+    from edgellm_moe import marlin_nibbles, marlin_scales
+    from tensorrt_edgellm.checkpoint.repacking import pack_int4_awq_marlin
+
+    torch.manual_seed(0)
+    for n, k, group in ((128, 128, 64), (128, 64, 64), (256, 128, 32), (64, 256, 128)):
+        w = torch.randint(0, 16, (2, n, k), dtype=torch.int16)
+        s = torch.rand(2, n, k // group).half()
+        # cloned: the packer permutes a [E, N, 1] scale tensor in place (its transpose is contiguous already)
+        packed_w, packed_s = pack_int4_awq_marlin(w.clone(), s.clone(), group)
+        for e in range(2):
+            assert np.array_equal(marlin_nibbles(packed_w[e].view(torch.int8).numpy(), k, n), w[e].numpy())
+            assert np.array_equal(marlin_scales(packed_s[e].numpy(), k, n, group), s[e].float().numpy())
+
+
+def test_nvfp4_experts_are_planned_then_refused_before_calibration_naming_why(tiny_qwen3_moe, tmp_path):
     config = json.loads((tiny_qwen3_moe / "config.json").read_text())
     # transformers 5 saves the expert count as num_local_experts (the hub's configs: num_experts); both are read
     assert config["architectures"] == ["Qwen3MoeForCausalLM"] and config["num_local_experts"] == 4
-    from pipeline.plan.shapes import load_shape
-    assert load_shape(tiny_qwen3_moe).experts.count == 4
     project = Project(tmp_path / "proj")
     local_recipe(project.recipes / "moe.toml", tiny_qwen3_moe, targets=("agx-thor",), weights="nvfp4")
     proc = project.doit("build", "recipe=moe", check=False, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out, out
     assert "plan     moe: NVFP4 on agx-thor via TensorRT Edge-LLM" in out, out
-    assert "TensorRT Edge-LLM builds Qwen3MoeForCausalLM, and this version plans it but does not export it yet: " \
-        "the quantize and export stages do not handle experts yet" in out, out
+    assert "TensorRT Edge-LLM builds Qwen3MoeForCausalLM as NVFP4, and this version plans it but does not export " \
+           "it yet: Edge-LLM's Nvfp4MoePlugin quantizes the experts' inputs with a global scale of 1.0" in out, out
+    assert "or set quantization.weights to one of fp16, int4_awq" in out, out
     assert not list((project.artifacts / "stages").glob("quantize/*/stage.json"))
+
+
+def test_a_model_whose_routing_is_not_renormalized_is_refused_where_the_plugins_renormalize(tiny_qwen3_moe, tmp_path):
+    """Edge-LLM's MoE plugins renormalize the top-k weights whatever the config says: a norm_topk_prob = false model
+    would be computed as another model, so the plan refuses it naming the field."""
+    import shutil
+    model = tmp_path / "m"
+    shutil.copytree(tiny_qwen3_moe, model)
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**cfg, "norm_topk_prob": False}))
+    project = Project(tmp_path / "p")
+    local_recipe(project.recipes / "moe.toml", model, targets=("agx-thor",), weights="int4_awq")
+    proc = project.doit("build", "recipe=moe", check=False, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out
+    assert "its MoE plugins renormalize the top-k routing weights to sum to 1, and this model does not " \
+           "(norm_topk_prob = false)" in out, out
+
+
+def test_experts_no_calibration_token_reached_are_refused_where_their_inputs_are_quantized(tmp_path):
+    """FP8 experts quantize their inputs with a scale calibrated on the tokens routed to them (one per projection,
+    shared by the layer's experts). Eight calibration tokens routed to 2 of 32 experts each reach at most 16: where
+    an expert saw none, the calibration is refused (nothing saved), naming the experts and what to do; accepted, the
+    stage saves and records which experts were not reached."""
+    from pipeline.recipe import Calibration
+    from pipeline.workstation.calibrate import quantize
+
+    tiny_qwen3_moe = random_qwen3_moe(tmp_path / "m32", experts=32, layers=1)
+
+    few = Calibration("builtin:calib-en", 1, 8, 0)
+    refused = tmp_path / "refused"
+    refused.mkdir()
+    with pytest.raises(PipelineError) as err:
+        quantize(tiny_qwen3_moe, refused, "fp8", "fp16", None, few, "moe.toml")
+    assert "moe.toml: calibration reached " in str(err.value) and " saw no calibration token (e.g. model.layers." \
+        in str(err.value) and "uncalibrated_experts = \"accept\"" in err.value.hint, err.value
+    assert not list(refused.iterdir())
+    accepted = tmp_path / "accepted"
+    accepted.mkdir()
+    info = quantize(tiny_qwen3_moe, accepted, "fp8", "fp16", None, few, "moe.toml", accept_uncalibrated_experts=True)
+    experts = info["quantize"]["experts"]
+    assert experts["experts"] == 32 and len(experts["unreached"]) >= 16 and experts["least_tokens"] == 0
+    # and the weight-only INT4 experts, whose numerics no input statistic reaches, are not refused
+    int4 = tmp_path / "int4"
+    int4.mkdir()
+    assert quantize(tiny_qwen3_moe, int4, "int4_awq", "fp16", 32, few, "moe.toml")["quantize"]["experts"]["unreached"]
 
 
 def test_fetch_checks_every_expert_and_router_against_the_config(tiny_qwen3_moe, tmp_path):
@@ -63,7 +244,7 @@ def test_fetch_checks_every_expert_and_router_against_the_config(tiny_qwen3_moe,
         cfg = json.loads((model / "config.json").read_text())
         (model / "config.json").write_text(json.dumps({**cfg, **edit}))
         project = Project(tmp_path / f"p{len(match)}")
-        local_recipe(project.recipes / "moe.toml", model, targets=("agx-thor",), weights="nvfp4")
+        local_recipe(project.recipes / "moe.toml", model, targets=("agx-thor",), weights="fp16")
         proc = project.doit("build", "recipe=moe", check=False, timeout=300)
         out = proc.stdout + proc.stderr
         assert proc.returncode != 0 and match in out and "Traceback" not in out, out

@@ -19,6 +19,7 @@ published interfaces (tensorrt_edgellm/models/ops.py, checkpoint/repacking.py of
     Int4GroupwiseGemmPlugin(V2)    W4A16: biased nibbles (value - 8) x scales [K/group, N]; v1: AWQ-swizzled int16,
                                    v2: cuteDSL fragment order (128 x 64 tiles)
     QkvConcatPlugin                concat on the last dimension
+    Int4MoePlugin, Fp16MoePlugin   edgellm_moe.py beside this module
 
 So the answer is what a correct engine built from this ONNX computes: the same checkpoint-to-numerics path the
 TensorRT-LLM runtime double follows with the independent reader.
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from edgellm_moe import OPS as MOE_OPS  # beside this module (the MoE plugins)
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
@@ -310,7 +312,7 @@ class Engine:
 
     def __init__(self, engine_file: Path, config: dict, embedding: np.ndarray, external: dict[str, np.ndarray]):
         self.model = onnx.load(str(engine_file))
-        self.session = ReferenceEvaluator(self.model, new_ops=OPS)
+        self.session = ReferenceEvaluator(self.model, new_ops=[*OPS, *MOE_OPS])
         self.cfg, self.embedding, self.external = config, embedding, external
         self.layers = config["num_hidden_layers"]
         self.inv, self.rope_scale = inv_freq(config), rope_scale(config)

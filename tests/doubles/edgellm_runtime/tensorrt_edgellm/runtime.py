@@ -212,7 +212,13 @@ class RequestEngine:
                     self._running.append(self._waiting.pop(0))
                 batch = list(self._running)
             for s in batch:             # one step: every request in flight advances one token
-                done = s["cancelled"] or self._advance(s)
+                try:
+                    done = s["cancelled"] or self._advance(s)
+                except Exception:       # the engine failed this request: it ends with an error, as the runtime's do
+                    import traceback
+                    traceback.print_exc()
+                    s["channel"].push(StreamChunk([], True, FinishReason.ERROR))
+                    done = True
                 if done:
                     with self._lock:
                         self._running.remove(s)

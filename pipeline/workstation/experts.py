@@ -1,0 +1,139 @@
+"""Mixture-of-experts layers on the workstation: which experts calibration reached, and their unified export.
+
+transformers 5 keeps a layer's experts as two 3-D parameters (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj`
+[E, H, I]); ModelOpt 0.47 wraps them as `_QuantFusedExperts`: one weight quantizer per expert and one input quantizer
+per projection shared by every expert, and its unified export writes the hub's per-expert tensors
+(`mlp.experts.{j}.{gate,up,down}_proj.*`), the layout Edge-LLM's qwen3_moe loader reads.
+
+Two things about those experts are ours to know:
+  * coverage: how many calibration tokens the router sent to each expert. An expert no token reached has
+    activation statistics from none of its own inputs; where its numerics depend on them (an enabled input
+    quantizer: FP8, NVFP4) the kit is refused unless the recipe accepts it (quantization.uncalibrated_experts).
+  * export: ModelOpt 0.47's unified export averages the experts' AWQ pre-quant scales through a helper that indexes
+    the experts as a list (`len(module.experts)`), which the fused container is not. The fused wrapper's input
+    quantizers are already one per projection for all experts, so there is nothing to average: the helper is told
+    so for fused containers only, for the length of the export.
+    Its per-expert split also slices each expert's block amax out of the fused one ([2I, G] -> [I, G] for gate and
+    up) but leaves the quantizer's `_amax_shape_for_export` at the fused shape, so INT4's export reshaped the gate's
+    [I, G] scales to [2I, G/2] and failed (IndexError in pack_int4_in_uint8). The export shape is set to the slice's
+    rows where it disagrees with the weight it exports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+
+def fused_experts(module) -> bool:
+    """A transformers 5 fused expert container (3-D gate_up_proj and down_proj)."""
+    gate_up = getattr(module, "gate_up_proj", None)
+    down = getattr(module, "down_proj", None)
+    return getattr(gate_up, "dim", lambda: 0)() == 3 and getattr(down, "dim", lambda: 0)() == 3
+
+
+def moe_blocks(model) -> list[tuple[str, Any]]:
+    """(name, block) of every MoE block: a router (`gate` with top_k) beside fused experts."""
+    return [(name, m) for name, m in model.named_modules()
+            if fused_experts(getattr(m, "experts", None)) and hasattr(getattr(m, "gate", None), "top_k")]
+
+
+@dataclass(frozen=True)
+class ExpertCoverage:
+    """Calibration tokens routed to each expert of each MoE block (top-k routing as the model runs it)."""
+    tokens: dict[str, list[int]]            # block name -> tokens per expert
+
+    @property
+    def experts(self) -> int:
+        return sum(len(v) for v in self.tokens.values())
+
+    def unreached(self) -> list[str]:
+        """`<block>.experts.<j>` for every expert no calibration token reached."""
+        return [f"{name}.experts.{j}" for name, counts in self.tokens.items() for j, n in enumerate(counts) if n == 0]
+
+    def least(self) -> int:
+        return min((n for counts in self.tokens.values() for n in counts), default=0)
+
+    def as_record(self) -> dict:
+        return {"experts": self.experts, "unreached": self.unreached(), "least_tokens": self.least()}
+
+
+@contextlib.contextmanager
+def count_routed_tokens(model) -> Iterator[dict[str, list[int]]]:
+    """Count, while the block is open, the tokens each router sends to each of its experts. Read from the router's
+    own output (transformers 5's TopKRouter returns logits, scores, indices), so it counts what the model ran."""
+    import torch
+
+    counts: dict[str, list[int]] = {}
+    handles = []
+    for name, block in moe_blocks(model):
+        n = int(getattr(block.experts, "num_experts", 0) or block.experts.gate_up_proj.shape[0])
+        counts[name] = [0] * n
+
+        def hook(_module, _inputs, output, name=name, n=n):
+            indices = output[2] if isinstance(output, tuple) and len(output) >= 3 else None
+            if indices is None:
+                return
+            seen = torch.bincount(indices.detach().reshape(-1).cpu(), minlength=n).tolist()
+            counts[name] = [a + b for a, b in zip(counts[name], seen, strict=True)]
+        handles.append(block.gate.register_forward_hook(hook))
+    try:
+        yield counts
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def activation_dependent(model) -> bool:
+    """Whether any expert's numerics depend on calibrated activations (an enabled shared input quantizer)."""
+    for _name, block in moe_blocks(model):
+        for attr in ("gate_up_proj_input_quantizer", "down_proj_input_quantizer"):
+            q = getattr(block.experts, attr, None)
+            if q is not None and getattr(q, "is_enabled", False):
+                return True
+    return False
+
+
+def refuse_unreached(model, coverage: ExpertCoverage, recipe_file: str) -> None:
+    """The calibration's refusal where an expert no token reached has numerics that depend on calibrated inputs."""
+    from pipeline.errors import PipelineError
+
+    unreached = coverage.unreached()
+    if unreached and activation_dependent(model):
+        raise PipelineError(f"{recipe_file}: calibration reached {coverage.experts - len(unreached)} of "
+                            f"{coverage.experts} experts; {len(unreached)} saw no calibration token (e.g. "
+                            f"{', '.join(unreached[:3])}), and their inputs are quantized with scales calibrated "
+                            "on other experts' tokens only",
+                            "raise quantization.calibration.samples (or use a calibration text closer to the "
+                            "deployment's), or set quantization.uncalibrated_experts = \"accept\"")
+
+
+@contextlib.contextmanager
+def unified_export_of_fused_experts() -> Iterator[None]:
+    """ModelOpt 0.47's export_hf_checkpoint, taught that fused experts need no pre-quant scale averaging (the module
+    docstring says why). Other MoE layouts keep ModelOpt's own path."""
+    from modelopt.torch.export import unified_export_hf
+
+    original_list, original_export = unified_export_hf.get_experts_list, unified_export_hf._export_quantized_weight
+
+    def experts_list(module, model_type):
+        if fused_experts(getattr(module, "experts", None)):
+            return []
+        return original_list(module, model_type)
+
+    def export_weight(module, dtype, *args, **kwargs):
+        q, w = getattr(module, "weight_quantizer", None), getattr(module, "weight", None)
+        shape = getattr(q, "_amax_shape_for_export", None)
+        if q is not None and shape is not None and w is not None and w.dim() == 2 and shape[0] != w.shape[0]:
+            q._amax_shape_for_export = (w.shape[0], -1)
+        return original_export(module, dtype, *args, **kwargs)
+
+    unified_export_hf.get_experts_list = experts_list
+    unified_export_hf._export_quantized_weight = export_weight
+    try:
+        yield
+    finally:
+        unified_export_hf.get_experts_list = original_list
+        unified_export_hf._export_quantized_weight = original_export
