@@ -61,12 +61,13 @@ EXTERNAL_INT4_FFN = "int4_ffn"   # Edge-LLM's export kind (external_weights.py):
 EXTERNAL_INT4_MOE = "int4_moe"   # the same for an MoE model's experts (Edge-LLM's docs: "int4_ffn int4_moe" for MoE)
 
 
-def externalized_kinds(on_board: BuildOnBoard, moe: bool) -> tuple[str, ...]:
-    """The weight kinds the export must keep outside the engine for this way of building (moe: an MoE model, whose
-    experts go out too)."""
+def externalized_kinds(on_board: BuildOnBoard, dense_ffn: bool = True, experts: bool = False) -> tuple[str, ...]:
+    """The weight kinds the export must keep outside the engine for this way of building: the dense MLPs' where the
+    model has any (Qwen3-30B-A3B has none: every layer is an MoE layer, and Edge-LLM's export then writes no int4_ffn
+    file), an MoE model's experts."""
     if on_board.how != "externalize":
         return ()
-    return (EXTERNAL_INT4_FFN, EXTERNAL_INT4_MOE) if moe else (EXTERNAL_INT4_FFN,)
+    return ((EXTERNAL_INT4_FFN,) if dense_ffn else ()) + ((EXTERNAL_INT4_MOE,) if experts else ())
 
 
 def build_on_board(build: BuildMemory, usable: int, usable_headless: int, target_id: str,

@@ -188,7 +188,8 @@ def make_plan(req: PlanRequest) -> Plan:
         fits=memory.fits, ok=ok, memory=memory, predicted_decode_tok_s=by_mode.get(mode), prediction=prediction,
         refused=refused, warnings=warnings, speculative=speculative, device_build_commands=argvs,
         build_on_board=on_board, predicted_ttft_ms=ttft, externalized_weights=list(
-            externalized_kinds(on_board, req.shape.experts is not None)),
+            externalized_kinds(on_board, req.shape.experts is None or req.shape.experts.layers < req.shape.num_layers,
+                               req.shape.experts is not None)),
         predicted_build_s=build_s, visual=visual)
 
 
@@ -309,7 +310,7 @@ def _build_memory(req: PlanRequest, engine: backends.Backend, fmt, memory: Memor
     bigger = tuple(o.id for o in load_targets().values() if o.sm == t.sm and o.family == t.family and o.id != t.id
                    and o.usable_headless_bytes >= build.peak)
     on_board = build_on_board(build, t.usable_bytes, t.usable_headless_bytes, t.id, externalized, bigger)
-    if externalized_kinds(on_board, False):     # the export keeps them outside the engine: the device builds with less
+    if externalized_kinds(on_board):            # the export keeps them outside the engine: the device builds with less
         assert externalized is not None
         build = externalized
     memory = dataclasses.replace(memory, build_peak=build.peak, build_host=build.host_total,

@@ -137,6 +137,40 @@ def test_the_moe_plugins_compute_the_calibrated_model(builtin, tmp_path, weights
     assert r["top1_agreement"] == 1 and r["greedy_agreement"] == 1 and r["logit_cosine_min"] > 0.9999, r
 
 
+def test_externalized_experts_leave_the_graph_for_the_file_the_runtime_loads(builtin, tmp_path):  # noqa: F811
+    """int4_moe (the plan's choice where only that lets the engine build on the board): the experts' Marlin weights
+    become graph inputs written to external_int4_moe_weights.safetensors, listed in config.json; the builder copies
+    the file beside the engine and the runtime's answer is still the calibrated model's greedy one. Every layer of
+    the model is an MoE layer, so no int4_ffn file is asked for (plan/buildmem.externalized_kinds)."""
+    import onnx
+    import torch
+
+    from pipeline.workstation.calibrate import quantize
+    from pipeline.workstation.edgellm_export import export
+    from pipeline.workstation.grid import weights_on_grid
+    from pipeline.workstation.state import load_quantized
+    from tests.edgellm_run import engine_answer
+
+    src = builtin(RECIPE)
+    (tmp_path / "q").mkdir()
+    quantize(src, tmp_path / "q", "int4_awq", "fp16", 64, CAL, ".")
+    onnx_dir = tmp_path / "e" / "onnx"
+    info = export(src, tmp_path / "q", tmp_path / "e", onnx_dir, "int4_awq", "fp16", "11.0",
+                  externalize=("int4_moe",)).to_dict()
+    (ext,) = info["externalized_weights"]
+    assert ext["file"] == "external_int4_moe_weights.safetensors" and ext["kind"] == "int4_moe_weights"
+    listed = json.loads((onnx_dir / "config.json").read_text())["external_weight_files"][0]["tensors"]
+    assert sorted(t.rsplit(".", 1)[-1] for t in listed) == ["fc_down_qweights"] * 2 + ["fc_gate_up_qweights"] * 2
+    graph = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False).graph
+    assert set(listed) <= {i.name for i in graph.input} and not set(listed) & {i.name for i in graph.initializer}
+    ids = [5, 17, 42, 99, 7, 300]
+    model = load_quantized(src, tmp_path / "q", "cpu")
+    with weights_on_grid(model), torch.no_grad():
+        want = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
+    got, _, engine = engine_answer(onnx_dir, tmp_path, ids, 8)
+    assert got == want and (engine / ext["file"]).is_file()
+
+
 def test_routing_without_renormalization_is_told_apart(builtin, tmp_path, monkeypatch):  # noqa: F811
     """The comparison above can fail: the same engine with the top-2 weights left as softmax gave them (no
     renormalization, what a plugin ignoring norm_topk_prob would compute) is far from the calibrated model."""
