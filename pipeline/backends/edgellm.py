@@ -193,12 +193,11 @@ EDGELLM_011: dict[str, Support] = {
         _edgellm_dense("Edge-LLM 0.11 exporter (models/qwen3_moe: Int4MoePlugin (Marlin) on Orin and Thor, "
                        "Nvfp4MoePlugin on Thor, Fp16MoePlugin); tests/workstation/test_moe_build.py (tiny Qwen3-MoE "
                        "FP16 and INT4-AWQ through doit build and the device half; the MoE plugins run by the runtime "
-                       "double), tests/shared/test_moe_plan.py (the plan against its published Qwen3-30B-A3B rows)",
+                       "double), tests/workstation/test_nvfp4.py (NVFP4 experts through Nvfp4MoePlugin, on a GPU), "
+                       "tests/shared/test_moe_plan.py (the plan against its published Qwen3-30B-A3B rows)",
                        ("fp16", "int4_awq", "nvfp4"), ("fp16",),
                        formats_why="Edge-LLM 0.11's MoE plugins are FP16, INT4 (Marlin) and NVFP4"),
-        plan_only="Edge-LLM's Nvfp4MoePlugin quantizes the experts' inputs with a global scale of 1.0, not the "
-                  "calibrated one (its loader sets input_global_scale to ones), and the reference outputs do not "
-                  "model that yet", plan_only_formats=("nvfp4",), renormalizes_topk=True),
+        renormalizes_topk=True),
     GPT_OSS: Support(refused=GPT_OSS_WHERE),
     GEMMA2: Support(refused=_NO_GEMMA_PATH.format("Gemma 2")),
     GEMMA3: Support(refused=_NO_GEMMA_PATH.format("Gemma 3")),

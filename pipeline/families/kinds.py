@@ -26,19 +26,9 @@ class Support:
     softcapping: bool = False               # applies attention / final logit soft-capping
     partial_rotary: bool = False            # rotates only part of each head (partial_rotary_factor < 1)
     verified: str = ""                      # how we know (source file, test)
-    # the backend builds it, this version of the pipeline does not export it yet: why (the plan sizes and times it;
-    # a build stops before calibrating, saying this); for the formats in plan_only_formats, or every one (None)
-    plan_only: str | None = None
-    plan_only_formats: tuple[str, ...] | None = None
     # its MoE plugins renormalize the top-k routing weights whatever the config says (Edge-LLM 0.11: Int4MoePlugin
     # calls moeTopkSoftmax(..., renormalize=true); its qwen3_moe passes norm_topk_prob = 1 to the others)
     renormalizes_topk: bool = False
-
-    def plan_only_for(self, weights: str) -> str | None:
-        """Why this format of the family is planned but not exported yet, or None."""
-        if self.plan_only and (self.plan_only_formats is None or weights in self.plan_only_formats):
-            return self.plan_only
-        return None
 
     def losses(self, features: ModelFeatures, max_seq_len: int) -> list[str]:
         """What this backend version would compute differently from the checkpoint, at max_seq_len: each item

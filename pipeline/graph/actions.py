@@ -127,21 +127,8 @@ def export_refusal(recipe: Recipe, plan: contract.Plan) -> str | None:
 
 def export_refusal_hint(recipe: Recipe, plan: contract.Plan) -> tuple[str, str] | None:
     """(why the export would refuse, what to do), or None."""
-    from pipeline.plan.formats import WEIGHT_FORMATS
-    from pipeline.plan.shapes import load_shape
     from pipeline.workstation.fetch import has_chat_template
     backend = backends.get(plan.backend)
-    shape = load_shape(model_dir(recipe))
-    support = backends.family_support(backend.name, shape.architecture)
-    why = support.plan_only_for(recipe.weights) if support is not None else None
-    if why:
-        what = shape.architecture if support is not None and support.plan_only_formats is None else \
-            f"{shape.architecture} as {WEIGHT_FORMATS[recipe.weights].label}"
-        others = [f for f in support.formats or () if not support.plan_only_for(f)] if support is not None else []
-        return (f"{backend.label} builds {what}, and this version plans it but does not export it yet: {why}",
-                "use `python -m pipeline plan` for its memory and speed; build it with "
-                f"{backend.label}'s own exporter for now" + (f", or set quantization.weights to one of "
-                                                            f"{', '.join(others)}" if others else ""))
     if backend.needs_chat_template and not has_chat_template(model_dir(recipe)):
         return (f"{backend.label} (target {plan.target}) renders prompts with the tokenizer's chat template, and "
                 "this model's tokenizer has none", "use the instruct model's repository, or add chat_template.jinja "

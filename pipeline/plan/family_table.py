@@ -31,14 +31,8 @@ def cell(fam: Family, backend: str) -> str:
     weights, kv = backend_formats(backend)
     weights = [w for w in weights if w in (s.formats or weights)]
     kv = [k for k in kv if k in (s.kv_cache or kv) and k != DEFAULT_KV.name]
-    built = [w for w in weights if not s.plan_only_for(w)]
-    planned = [w for w in weights if s.plan_only_for(w)]
-    out = ", ".join(WEIGHT_FORMATS[w].label for w in built)
-    out += f"; {', '.join(KV_FORMATS[k].label for k in kv)}" if kv and built else ""
-    if not planned:
-        return out
-    later = f"planned, not built yet ({s.plan_only}): {', '.join(WEIGHT_FORMATS[w].label for w in planned)}"
-    return f"{out}; {later}" if built else later
+    out = ", ".join(WEIGHT_FORMATS[w].label for w in weights)
+    return out + (f"; {', '.join(KV_FORMATS[k].label for k in kv)}" if kv else "")
 
 
 def markdown() -> str:

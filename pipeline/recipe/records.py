@@ -65,9 +65,11 @@ class Quantization:
                           "fp8 (SM 8.9+, Edge-LLM's --visual_quantization fp8: Thor): its linears' weights and inputs "
                           "in E4M3, calibrated with image prompts")
     uncalibrated_experts: str = setting("refuse", choices=("refuse", "accept"),
-                                        doc="a mixture-of-experts model whose experts' inputs are quantized (an "
-                                        "activation scale per projection): refuse a calibration that left an "
-                                        "expert without a token, or accept it; raise calibration.samples first")
+                                        doc="a mixture-of-experts model whose experts' inputs are quantized with "
+                                        "calibrated scales (FP8 experts; NVFP4 experts run with Edge-LLM's fixed "
+                                        "scale and INT4 is weight-only, so neither is affected): refuse a "
+                                        "calibration that left an expert without a token, or accept it; raise "
+                                        "calibration.samples first")
 
 
 def _builder(value: Any, _file: str) -> Builder:

@@ -232,13 +232,14 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
                 m(**{k: v.to(inputs) for k, v in a.items()})
                 bar.update(i, len(asked))
 
-    from pipeline.workstation.experts import ExpertCoverage, count_routed_tokens, refuse_unreached
-    with timer("calibrate"), torch.no_grad(), count_routed_tokens(model) as routed:
+    from pipeline.workstation import experts
+    with timer("calibrate"), torch.no_grad(), experts.count_routed_tokens(model) as routed:
         mtq.quantize(model, cfg, forward_loop if windows else None)
         tower_quantizers = calibrate_tower_fp8(model, tower_loop) if tower_fp8 else 0
-    coverage = ExpertCoverage(routed) if routed else None
-    if coverage is not None and not accept_uncalibrated_experts:
-        refuse_unreached(model, coverage, recipe_file)      # before anything is saved: the stage leaves no output
+    coverage = experts.ExpertCoverage(routed) if routed else None
+    pinned = experts.pin_nvfp4_expert_inputs(model) if coverage is not None else 0     # as the engine runs them
+    if coverage is not None and not pinned and not accept_uncalibrated_experts:
+        experts.refuse_unreached(model, coverage, recipe_file)      # before anything is saved: no output is left
     if getattr(model, "placement", {}).get("kind") == "gpu+cpu":
         with timer("gather"):
             model = gather_on_cpu(model)     # offloaded layers: read through their hooks, then an ordinary model
@@ -257,7 +258,8 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
                 calibration_tokens=sum(map(len, windows)),      # 0: weight-only, calibrated from the weights
                 **({"calibration_images": len(asked)} if asked else {}),
                 **({"tower_quantizers": tower_quantizers} if tower_quantizers else {}),
-                **({"experts": coverage.as_record()} if coverage is not None else {}),
+                **({"experts": {**coverage.as_record(), **({"inputs_pinned": pinned} if pinned else {})}}
+                   if coverage is not None else {}),
                 fused_groups=fused, saved_bytes=saved)
     # the timings go to the stage's manifest (and its terminal line), not into quantize.json: an output file that
     # held them would differ on every run and make everything downstream of an identical re-run run again

@@ -5,10 +5,16 @@ transformers 5 keeps a layer's experts as two 3-D parameters (`experts.gate_up_p
 per projection shared by every expert, and its unified export writes the hub's per-expert tensors
 (`mlp.experts.{j}.{gate,up,down}_proj.*`), the layout Edge-LLM's qwen3_moe loader reads.
 
-Two things about those experts are ours to know:
+Three things about those experts are ours to know:
   * coverage: how many calibration tokens the router sent to each expert. An expert no token reached has
-    activation statistics from none of its own inputs; where its numerics depend on them (an enabled input
-    quantizer: FP8, NVFP4) the kit is refused unless the recipe accepts it (quantization.uncalibrated_experts).
+    activation statistics from none of its own inputs; where its numerics depend on them (an input quantizer with
+    a calibrated scale: FP8 experts) the calibration is refused unless the recipe accepts it
+    (quantization.uncalibrated_experts). INT4 experts are weight-only and NVFP4 experts run with a fixed scale
+    (below): for them the coverage is reported only.
+  * NVFP4 experts' inputs: Edge-LLM 0.11's loader gives its Nvfp4MoePlugin an input global scale of 1.0 for both
+    GEMMs (input_global_scale and down_input_scale set to ones: "activation scales stay 1.0"), whatever was
+    calibrated. The calibrated model is pinned to that (amax 6 x 448, a global scale of exactly 1) so that the
+    goldens are the numerics the engine computes; those experts' numerics then depend on no calibration token.
   * export: ModelOpt 0.47's unified export averages the experts' AWQ pre-quant scales through a helper that indexes
     the experts as a list (`len(module.experts)`), which the fused container is not. The fused wrapper's input
     quantizers are already one per projection for all experts, so there is nothing to average: the helper is told
@@ -84,6 +90,24 @@ def count_routed_tokens(model) -> Iterator[dict[str, list[int]]]:
     finally:
         for h in handles:
             h.remove()
+
+
+NVFP4_UNIT_AMAX = 6.0 * 448.0      # E2M1's largest value x E4M3's: the amax whose NVFP4 global scale is 1
+
+
+def pin_nvfp4_expert_inputs(model) -> int:
+    """Every MoE block's NVFP4 expert input quantizers set to a global scale of 1.0, as Edge-LLM's Nvfp4MoePlugin
+    runs them (the module docstring says why). Returns how many were set."""
+    import torch
+
+    pinned = 0
+    for _name, block in moe_blocks(model):
+        for attr in ("gate_up_proj_input_quantizer", "down_proj_input_quantizer"):
+            q = getattr(block.experts, attr, None)
+            if q is not None and getattr(q, "is_enabled", False) and getattr(q, "num_bits", None) == (2, 1):
+                q.amax = torch.tensor(NVFP4_UNIT_AMAX, dtype=torch.float32, device=q.amax.device)
+                pinned += 1
+    return pinned
 
 
 def activation_dependent(model) -> bool:

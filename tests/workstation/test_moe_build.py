@@ -202,7 +202,35 @@ def test_the_runtime_doubles_marlin_layout_is_edge_llms_packer_undone(monkeypatc
             assert np.array_equal(marlin_scales(packed_s[e].numpy(), k, n, group), s[e].float().numpy())
 
 
-def test_nvfp4_experts_are_planned_then_refused_before_calibration_naming_why(tiny_qwen3_moe, tmp_path):
+def test_the_runtime_doubles_nvfp4_moe_layout_is_edge_llms_repacking_undone(monkeypatch):
+    """Nvfp4MoePlugin's tensors as Edge-LLM's loader writes them (its FP4 bytes passed through, its E4M3 block scales
+    swizzled into the 6-D MMA layout, FC1 as 64-row up/gate chunks) read back by the double into the weights they
+    encode. (The whole path, calibrated on a GPU: tests/workstation/test_nvfp4.py.)"""
+    import ml_dtypes
+    import torch
+    monkeypatch.syspath_prepend(str(DOUBLES / "python"))
+    from edgellm_moe import fp4_values, mma_scales
+    from tensorrt_edgellm.checkpoint.repacking import _interleave_gated_moe_fc1, _nvfp4_moe_plugin_tensors
+
+    rng = np.random.default_rng(0)
+    for rows, k in ((256, 128), (128, 64), (64, 32)):       # FC1 (2 x 128), FC2, a part tile in both directions
+        codes = rng.integers(0, 16, (rows, k), dtype=np.uint8)
+        packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)     # ModelOpt: element 2j low
+        scales = rng.uniform(2 ** -6, 448, (rows, k // 16)).astype(ml_dtypes.float8_e4m3fn)
+        q, sf = _nvfp4_moe_plugin_tensors(packed, scales.view(np.uint8))
+        e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+        assert np.array_equal(fp4_values(q.numpy()), e2m1[codes])
+        assert np.array_equal(mma_scales(sf.numpy(), rows, k // 16), scales.astype(np.float32))
+    gate, up = (torch.arange(128 * 4).reshape(128, 4) + off for off in (0, 10000))
+    fc1 = _interleave_gated_moe_fc1(gate.numpy(), up.numpy(), 4, 128).reshape(2, 2, 64, 4)
+    assert np.array_equal(fc1[:, 1].reshape(128, 4), gate.numpy()) and np.array_equal(fc1[:, 0].reshape(128, 4),
+                                                                                       up.numpy())
+
+
+def test_nvfp4_experts_need_a_gpu_to_calibrate_and_say_so_before_any_work(tiny_qwen3_moe, tmp_path):
+    """NVFP4 experts build (Nvfp4MoePlugin; checked on a GPU by tests/workstation/test_nvfp4.py), and ModelOpt's FP4
+    quantizer runs only on CUDA: on this CPU workstation the build says so at the quantize stage, naming what to
+    do, and leaves no quantize output."""
     config = json.loads((tiny_qwen3_moe / "config.json").read_text())
     # transformers 5 saves the expert count as num_local_experts (the hub's configs: num_experts); both are read
     assert config["architectures"] == ["Qwen3MoeForCausalLM"] and config["num_local_experts"] == 4
@@ -212,9 +240,7 @@ def test_nvfp4_experts_are_planned_then_refused_before_calibration_naming_why(ti
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out, out
     assert "plan     moe: NVFP4 on agx-thor via TensorRT Edge-LLM" in out, out
-    assert "TensorRT Edge-LLM builds Qwen3MoeForCausalLM as NVFP4, and this version plans it but does not export " \
-           "it yet: Edge-LLM's Nvfp4MoePlugin quantizes the experts' inputs with a global scale of 1.0" in out, out
-    assert "or set quantization.weights to one of fp16, int4_awq" in out, out
+    assert "NVFP4 calibration needs a CUDA GPU" in out, out
     assert not list((project.artifacts / "stages").glob("quantize/*/stage.json"))
 
 

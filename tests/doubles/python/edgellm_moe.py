@@ -11,6 +11,12 @@ slots summed per token):
                        scales [E, groups, N] in Marlin's permuted order; W = (nibble - 8) * scale; FC1 rows are
                        [gate | up]
     Fp16MoePlugin      fc1_weights [E, 2I, H] in 64-row chunks [up 0:64, gate 0:64, up 64:128, ...], fc2 [E, H, I]
+    Nvfp4MoePlugin     FC1 [E, 2I, H/2] FP4 bytes (two E2M1 codes a byte, the low nibble first) in the same 64-row
+                       chunks, FC2 [E, H, I/2]; E4M3 block scales (16 along K) in CuTeDSL's 6-D MMA layout
+                       [E, m_tiles, k_tiles, 32, 4, 4] (128-row x 4-block tiles); W = E2M1 x block scale, each GEMM
+                       times its expert's alpha (weight_scale_2); the FC1 input and the FC2 input (the SwiGLU output)
+                       quantized to NVFP4 per block of 16 with input_global_scale / down_input_scale as the global
+                       scale (Edge-LLM's loader writes ones there)
 
 The Marlin layout is undone from its definition (below), which a test checks against Edge-LLM's own packer.
 """
@@ -131,4 +137,69 @@ class Fp16MoePlugin(OpRun):
                 .reshape(shape),)
 
 
-OPS = [Int4MoePlugin, Fp16MoePlugin]
+_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
+
+
+def fp4_values(packed: np.ndarray) -> np.ndarray:
+    """[..., K/2] bytes -> [..., K] E2M1 values (element 2j in the low nibble, as ModelOpt packs them)."""
+    b = np.ascontiguousarray(packed).view(np.uint8)
+    return np.stack([_E2M1[b & 15], _E2M1[b >> 4]], -1).reshape(*b.shape[:-1], 2 * b.shape[-1])
+
+
+def mma_scales(swizzled: np.ndarray, rows: int, blocks: int) -> np.ndarray:
+    """CuTeDSL's 6-D block-scale layout [m_tiles, k_tiles, 32, 4, 4] (bytes) -> [rows, blocks] E4M3 values."""
+    import ml_dtypes
+    m_tiles, k_tiles = swizzled.shape[:2]
+    linear = np.ascontiguousarray(swizzled).view(np.uint8).reshape(m_tiles, k_tiles, 32, 4, 4) \
+        .transpose(0, 3, 2, 1, 4).reshape(m_tiles * 128, k_tiles * 4)
+    return linear[:rows, :blocks].view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+
+
+def nvfp4_qdq(x: np.ndarray, global_scale: float) -> np.ndarray:
+    """Activations through NVFP4 and back: per block of 16, scale = amax / 6 / global in E4M3 (1 for an all-zero
+    block), elements x / (scale * global) in E2M1 (as TRT_FP4DynamicQuantize in edgellm_engine.py)."""
+    from edgellm_engine import _e2m1, _fp8
+    g = np.float32(global_scale)
+    xb = x.astype(np.float32).reshape(*x.shape[:-1], x.shape[-1] // 16, 16)
+    per_block = np.abs(xb).max(-1, keepdims=True) / np.float32(6.0)
+    scale = np.where(per_block == 0, np.float32(1.0), _fp8(per_block / g).astype(np.float32))
+    return (_e2m1(xb / (scale * g)).astype(np.float32) * scale * g).reshape(x.shape)
+
+
+class Nvfp4MoePlugin(OpRun):
+    op_domain = "trt_edgellm"
+
+    def _run(self, router_logits, hidden, fc1_q, fc1_s, fc1_alpha, fc2_q, fc2_s, fc2_alpha, input_scale,
+             down_scale, bias, num_experts=None, top_k=None, hidden_size=None, moe_inter_size=None,
+             activation_type=None, n_group=None, topk_group=None, norm_topk_prob=None, routed_scaling_factor=None,
+             routing_mode=None, **_):
+        if activation_type != 2 or routing_mode != 0 or n_group != 1 or topk_group != 1 or np.any(bias):
+            raise NotImplementedError(f"Nvfp4MoePlugin activation {activation_type}, routing mode {routing_mode}, "
+                                      f"groups {n_group}/{topk_group}, a correction bias")
+        h, i = hidden_size, moe_inter_size
+        kept = getattr(self, "_kept", None)
+        if kept is None or kept[0] is not fc1_q or kept[1] is not fc2_q:
+            w1, w2 = [], []
+            for e in range(num_experts):
+                fc1 = fp4_values(fc1_q[e]) * np.repeat(mma_scales(fc1_s[e], 2 * i, h // 16), 16, axis=1)
+                chunks = fc1.reshape(i // 64, 2, 64, h)                 # [up, gate] per 64 rows
+                w1.append(np.concatenate([chunks[:, 1].reshape(i, h), chunks[:, 0].reshape(i, h)]))
+                w2.append(fp4_values(fc2_q[e]) * np.repeat(mma_scales(fc2_s[e], h, i // 16), 16, axis=1))
+            kept = self._kept = (fc1_q, fc2_q, w1, w2)
+        shape = hidden.shape
+        flat = hidden.reshape(-1, shape[-1]).astype(np.float16)
+        idx, w = route(router_logits.reshape(flat.shape[0], -1), top_k, renormalize=bool(norm_topk_prob))
+        w = w * np.float32(routed_scaling_factor)
+        out = np.zeros(flat.shape, np.float32)
+        for e in np.unique(idx):
+            rows, slot = np.nonzero(idx == e)
+            x = nvfp4_qdq(flat[rows], float(input_scale[e]))
+            gu = ((x @ kept[2][e].T) * fc1_alpha[e]).astype(np.float16).astype(np.float32)
+            act = (_silu(gu[:, :i]) * gu[:, i:]).astype(np.float16)
+            a = nvfp4_qdq(act, float(down_scale[e]))
+            y = ((a @ kept[3][e].T) * fc2_alpha[e] * w[rows, slot][:, None]).astype(np.float16)
+            np.add.at(out, rows, y.astype(np.float32))
+        return (out.astype(np.float16).reshape(shape),)
+
+
+OPS = [Int4MoePlugin, Fp16MoePlugin, Nvfp4MoePlugin]
