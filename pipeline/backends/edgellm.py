@@ -137,6 +137,8 @@ from pipeline.families.kinds import Support  # noqa: E402  (beside its use)
 from pipeline.families.records import (  # noqa: E402
     GEMMA2,
     GEMMA3,
+    GEMMA4,
+    GEMMA4_MM,
     GPT_OSS,
     GPT_OSS_WHERE,
     LLAMA,
@@ -165,6 +167,8 @@ def _edgellm_dense(verified: str, formats: tuple[str, ...] | None = None, kv_cac
                    kv_cache=kv_cache, formats_why=formats_why, verified=verified)
 
 
+_GEMMA4_PLAN_ONLY = ("its export and check are not written yet: Edge-LLM's gemma4 graph takes per-layer input "
+                     "embeddings gathered outside the engine, KV caches of two widths and sliding-window pools")
 _NO_GEMMA_PATH = ("Edge-LLM 0.11's exporter has a Gemma 4 model and no {} path; its generic decoder has no (1 + w) "
                   "RMSNorm, post-attention norms or embedding scaling")
 
@@ -199,6 +203,14 @@ EDGELLM_011: dict[str, Support] = {
                        formats_why="Edge-LLM 0.11's MoE plugins are FP16, INT4 (Marlin) and NVFP4"),
         renormalizes_topk=True),
     GPT_OSS: Support(refused=GPT_OSS_WHERE),
+    # planned from its layers as they are (plan/shapes.py LayerGeometry); the published Gemma 4 E4B rows on Thor
+    # checked in tests/shared/test_gemma4_plan.py
+    **{arch: Support(rope_types=("default",), sliding_window=True, softcapping=True, partial_rotary=True,
+                     formats=("fp16", "fp8", "int4_awq", "nvfp4"), kv_cache=("fp16",),
+                     formats_why="the formats Edge-LLM publishes Gemma 4 results in",
+                     verified="Edge-LLM 0.11 exporter (models/gemma4: per-layer attention types and widths, KV "
+                              "sharing, per-layer input embeddings); tests/shared/test_gemma4_plan.py",
+                     plan_only=_GEMMA4_PLAN_ONLY) for arch in (GEMMA4, GEMMA4_MM)},
     GEMMA2: Support(refused=_NO_GEMMA_PATH.format("Gemma 2")),
     GEMMA3: Support(refused=_NO_GEMMA_PATH.format("Gemma 3")),
     **{arch: _edgellm_dense(_VLM_VERIFIED) for arch in VISION_LANGUAGE},

@@ -96,6 +96,8 @@ from pipeline.families.kinds import Support  # noqa: E402  (beside its use)
 from pipeline.families.records import (  # noqa: E402
     GEMMA2,
     GEMMA3,
+    GEMMA4,
+    GEMMA4_MM,
     GPT_OSS,
     GPT_OSS_WHERE,
     LLAMA,
@@ -146,6 +148,9 @@ TRTLLM_012: dict[str, Support] = {
     PHI3: Support(refused=_PHI3_012),
     GEMMA2: Support(refused=_GEMMA2_012),
     GEMMA3: Support(refused="Gemma 3 was added to TensorRT-LLM after 0.12"),
+    **{arch: Support(refused="Gemma 4 came after TensorRT-LLM 0.12 (the last release for Orin on JetPack 6); "
+                             "TensorRT Edge-LLM 0.11 builds it (its gemma4 model), on Orin with JetPack 7.2 and on "
+                             "Thor") for arch in (GEMMA4, GEMMA4_MM)},
     **{arch: Support(refused=_VLM_012) for arch in VISION_LANGUAGE},
 }
 

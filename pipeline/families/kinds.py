@@ -26,6 +26,9 @@ class Support:
     softcapping: bool = False               # applies attention / final logit soft-capping
     partial_rotary: bool = False            # rotates only part of each head (partial_rotary_factor < 1)
     verified: str = ""                      # how we know (source file, test)
+    # the backend builds the family and this version of the pipeline does not export it yet: why (the plan sizes
+    # and times it; a build stops before calibrating, saying this)
+    plan_only: str | None = None
     # its MoE plugins renormalize the top-k routing weights whatever the config says (Edge-LLM 0.11: Int4MoePlugin
     # calls moeTopkSoftmax(..., renormalize=true); its qwen3_moe passes norm_topk_prob = 1 to the others)
     renormalizes_topk: bool = False
@@ -89,6 +92,25 @@ class MoeLayout:
 
 
 @dataclass(frozen=True)
+class LayerLayout:
+    """Where a family whose decoder layers differ from each other keeps how (Gemma 4's config keys): each layer's
+    attention type (sliding window or full, full layers with their own head width and K/V heads, some with K = V),
+    the last layers that reuse an earlier layer's K/V (no K/V projections of their own; MLPs twice as wide where the
+    config says so), and per-layer input embeddings (a second table, gathered per token for every layer)."""
+    types: str = "layer_types"
+    full: str = "full_attention"                    # the type name of a full-attention layer (the rest: sliding)
+    global_head_dim: str = "global_head_dim"
+    global_kv_heads: str = "num_global_key_value_heads"
+    k_eq_v: str = "attention_k_eq_v"                # full layers use the key projection as the value
+    kv_shared: str = "num_kv_shared_layers"         # counted back from the last layer
+    double_wide: str = "use_double_wide_mlp"        # the KV-shared layers' MLPs are 2 x intermediate_size
+    window: str = "sliding_window"
+    per_layer_width: str = "hidden_size_per_layer_input"    # 0: no per-layer inputs (Gemma 4 31B)
+    per_layer_vocab: str = "vocab_size_per_layer_input"
+    moe_block: str = "enable_moe_block"             # a routed MoE beside each layer's MLP (26B-A4B)
+
+
+@dataclass(frozen=True)
 class Family:
     architecture: str                       # the HF class name in config.json's "architectures"
     name: str
@@ -109,6 +131,7 @@ class Family:
     visual: VisualTower | None = None
     text_config: str | None = None
     moe: MoeLayout | None = None            # a mixture-of-experts family: where its config keeps the experts
+    layers: LayerLayout | None = None       # layers that differ from each other (plan/shapes.py LayerGeometry)
     notes: str = ""
 
     @property

@@ -8,10 +8,13 @@ would want it said.
 from __future__ import annotations
 
 from pipeline.families import visual
-from pipeline.families.kinds import Family, MoeLayout
+from pipeline.families.kinds import Family, LayerLayout, MoeLayout
 
 LLAMA, MISTRAL, QWEN2, QWEN3 = "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
 PHI3, GEMMA2, GEMMA3 = "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"
+# Gemma 4 text (Gemma4ForCausalLM) and the multimodal checkpoints the hub ships (its language model in text_config;
+# the image and audio towers are not planned yet)
+GEMMA4, GEMMA4_MM = "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"
 # vision-language models, as transformers 5 names them natively (InternVL3's original checkpoints load through their
 # own code, InternVLChatModel: only the "-hf" conversions are this architecture)
 QWEN2_5_VL, QWEN3_VL = "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration"
@@ -43,6 +46,16 @@ FAMILIES: tuple[Family, ...] = (
     Family(GEMMA3, "Gemma 3", ("Gemma 3 1B",), "Gemma3TextConfig", norm="rms_plus_one", sandwich_norms=True,
            activation="gelu_tanh", qk_norm=True, embedding_scale="sqrt_hidden",
            notes="5 sliding-window layers to 1 global; q/k RMSNorm"),
+    Family(GEMMA4, "Gemma 4", ("Gemma 4 E2B / E4B (text)",), "Gemma4TextConfig", norm="rms_plus_one",
+           sandwich_norms=True, activation="gelu_tanh", qk_norm=True, embedding_scale="sqrt_hidden",
+           layers=LayerLayout(),
+           notes="sliding-window and full layers of different widths; the last layers reuse earlier K/V; per-layer "
+                 "input embeddings (E2B / E4B)"),
+    Family(GEMMA4_MM, "Gemma 4 (multimodal checkpoint)", ("gemma-4-E4B-it", "gemma-4-E2B-it"), "Gemma4Config",
+           norm="rms_plus_one", sandwich_norms=True, activation="gelu_tanh", qk_norm=True,
+           embedding_scale="sqrt_hidden", layers=LayerLayout(), text_config="text_config",
+           notes="the hub's Gemma 4 checkpoints: the language model in text_config planned, the image and audio "
+                 "towers not yet"),
     Family(QWEN3_MOE, "Qwen3-MoE", ("Qwen3-30B-A3B", "Qwen3-Coder-30B-A3B"), "Qwen3MoeConfig", qk_norm=True,
            tool_calls="hermes", moe=MoeLayout(),
            notes="a Qwen3 decoder whose MLPs are 128 routed experts, 8 per token (top-k renormalized), no shared "

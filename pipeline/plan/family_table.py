@@ -32,7 +32,8 @@ def cell(fam: Family, backend: str) -> str:
     weights = [w for w in weights if w in (s.formats or weights)]
     kv = [k for k in kv if k in (s.kv_cache or kv) and k != DEFAULT_KV.name]
     out = ", ".join(WEIGHT_FORMATS[w].label for w in weights)
-    return out + (f"; {', '.join(KV_FORMATS[k].label for k in kv)}" if kv else "")
+    out += f"; {', '.join(KV_FORMATS[k].label for k in kv)}" if kv else ""
+    return f"planned, not built yet ({s.plan_only}): {out}" if s.plan_only else out
 
 
 def markdown() -> str:

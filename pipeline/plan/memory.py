@@ -36,8 +36,9 @@ def weight_bytes(shape: ModelShape, fmt: WeightFormat, group_size: int | None,
     vocab = shape.vocab_size if fmt.unquantized else math.ceil(shape.vocab_size / VOCAB_PAD) * VOCAB_PAD
     table = vocab * shape.hidden_size * 2
     # Tied embeddings are still two tensors in the engine (TensorRT-LLM writes lm_head separately; Edge-LLM keeps
-    # the embedding outside the ONNX), so both count.
-    return int(body + shape.hidden_size * 2), table, table
+    # the embedding outside the ONNX), so both count. Per-layer input embeddings (Gemma 4) are a second table the
+    # runtime gathers from outside the engine: in the same DRAM, never read whole by a decode step.
+    return int(body + shape.hidden_size * 2), table + shape.per_layer_table_params * 2, table
 
 
 def kv_bytes(shape: ModelShape, kv: KVFormat, seq: int, batch: int) -> int:

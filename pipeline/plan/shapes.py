@@ -35,6 +35,25 @@ class Experts:
 
 
 @dataclass(frozen=True)
+class LayerGeometry:
+    """One decoder layer of a family whose layers differ (families/kinds.py LayerLayout: Gemma 4)."""
+    head_dim: int
+    kv_heads: int
+    own_kv: bool                # projects and caches its own K/V (a KV-shared layer reads an earlier layer's)
+    v_proj: bool                # has a value projection (a K = V layer uses its key as the value)
+    mlp: int                    # its MLP's width
+    window: int | None = None   # a sliding-window layer's window
+
+
+@dataclass(frozen=True)
+class PerLayerInputs:
+    """Per-layer input embeddings (Gemma 4 E2B / E4B): a table of `vocab` rows of layers x width, gathered per token
+    outside the engine, and the projections that mix it into each layer."""
+    vocab: int
+    width: int
+
+
+@dataclass(frozen=True)
 class ModelShape:
     architecture: str
     hidden_size: int
@@ -50,6 +69,8 @@ class ModelShape:
     features: ModelFeatures = ModelFeatures()     # what the checkpoint uses of its family's features
     tower: TowerShape | None = None               # a vision-language model's visual tower (plan/vision.py)
     experts: Experts | None = None                # a mixture-of-experts model's routed experts
+    geometry: tuple[LayerGeometry, ...] = ()      # layers that differ from each other, one each (else uniform)
+    per_layer_inputs: PerLayerInputs | None = None
 
     @property
     def q_size(self) -> int:
@@ -73,6 +94,8 @@ class ModelShape:
         has its attention, `count` experts (gate/up/down, `intermediate` wide) and its shared expert. tokens: count
         only the experts that many tokens reach (Experts.touched: a decode step of a batch, a prompt); None: all of
         them (what is stored)."""
+        if self.geometry:
+            return self._geometry_linears()
         e = self.experts
         if e is None:
             return [(n, i, o, float(self.num_layers)) for n, i, o in self.layer_linears()]
@@ -89,6 +112,39 @@ class ModelShape:
             out += [(f"shared_expert.{n}", i, o, float(e.layers))
                     for n, i, o in (("gate_proj", h, s), ("up_proj", h, s), ("down_proj", s, h))]
         return out
+
+    def _geometry_linears(self) -> list[tuple[str, int, int, float]]:
+        """Every layer's own linears (a KV-shared layer has no K/V projections, a K = V layer no V projection), the
+        per-layer input projections, as (name, in, out, copies) with equal rows merged."""
+        h = self.hidden_size
+        rows: dict[tuple[str, int, int], float] = {}
+        ple = self.per_layer_inputs
+
+        def add(name: str, i: int, o: int, n: float = 1.0) -> None:
+            rows[(name, i, o)] = rows.get((name, i, o), 0.0) + n
+        for g in self.geometry:
+            q, kv = self.num_heads * g.head_dim, g.kv_heads * g.head_dim
+            add("q_proj", h, q)
+            if g.own_kv:
+                add("k_proj", h, kv)
+                if g.v_proj:
+                    add("v_proj", h, kv)
+            add("o_proj", q, h)
+            add("gate_proj", h, g.mlp)
+            add("up_proj", h, g.mlp)
+            add("down_proj", g.mlp, h)
+            if ple:
+                add("per_layer_input_gate", h, ple.width)
+                add("per_layer_projection", ple.width, h)
+        if ple:
+            add("per_layer_model_projection", h, self.num_layers * ple.width)
+        return [(n, i, o, c) for (n, i, o), c in rows.items()]
+
+    @property
+    def per_layer_table_params(self) -> int:
+        """The per-layer input embedding table (outside the engine, like the token embedding)."""
+        ple = self.per_layer_inputs
+        return ple.vocab * self.num_layers * ple.width if ple else 0
 
     @property
     def linear_params(self) -> int:
@@ -115,10 +171,14 @@ class ModelShape:
     def total_params(self) -> int:
         lm_head = 0 if self.tie_word_embeddings else self.embedding_params
         return (self.linear_params + self.num_layers * self.small_params_per_layer + self.hidden_size
-                + self.embedding_params + lm_head)
+                + self.embedding_params + self.per_layer_table_params + lm_head)
 
     def kv_bytes_per_token(self, bytes_per_element: int) -> int:
-        """K and V for one token across all layers."""
+        """K and V for one token across all layers (of layers that differ: those with their own K/V, each at its
+        width; a sliding-window layer counted at full length, an upper bound: Edge-LLM bounds its pool to the window
+        with an FP16 KV cache)."""
+        if self.geometry:
+            return 2 * sum(g.kv_heads * g.head_dim for g in self.geometry if g.own_kv) * bytes_per_element
         return 2 * self.num_layers * self.kv_size * bytes_per_element
 
 
@@ -203,6 +263,10 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
         experts = Experts(count=count, active=min(active, count),
                           intermediate=expert_int(m.intermediate, BOUNDS["intermediate_size"]),
                           layer_ids=m.moe_layers(config, shape["num_layers"]), shared_intermediate=shared)
+    geometry: tuple[LayerGeometry, ...] = ()
+    per_layer: PerLayerInputs | None = None
+    if fam is not None and fam.layers is not None:
+        geometry, per_layer = _layer_geometry(fam.layers, config, shape, prefix, source, problems)
     heads, kv = shape["num_heads"], shape["num_kv_heads"]
     if not problems and (kv > heads or heads % kv):
         problems.append(Problem(source, prefix + "num_key_value_heads", kv, f"must divide num_attention_heads "
@@ -215,7 +279,50 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     features = features_of(config, fam)
     return ModelShape(architecture=arch, tie_word_embeddings=features.tied_embeddings,
                       attention_bias=features.attention_bias, features=features, tower=tower, experts=experts,
-                      **shape)
+                      geometry=geometry, per_layer_inputs=per_layer, **shape)
+
+
+def _layer_geometry(layout, config: dict, shape: dict, prefix: str, source: str, problems: list[Problem]
+                    ) -> tuple[tuple[LayerGeometry, ...], PerLayerInputs | None]:
+    """Each layer's geometry from a LayerLayout family's config (Gemma 4), every odd field reported."""
+    layers = shape["num_layers"]
+
+    def fix(key: str, value, why: str) -> None:
+        problems.append(Problem(source, prefix + key, value, why, "use the model's own config.json, as transformers "
+                                                                  "saved it"))
+
+    def opt_int(key: str, most: int) -> int:
+        value = config.get(key)
+        if value is None:
+            return 0
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= most:
+            fix(key, value, f"must be an integer from 0 to {most}")
+            return 0
+        return value
+    types = config.get(layout.types)
+    if not isinstance(types, list) or len(types) != layers or not all(isinstance(t, str) for t in types):
+        fix(layout.types, types, f"must list one attention type per layer ({layers})")
+        return (), None
+    if config.get(layout.moe_block):
+        problems.append(Problem(source, prefix + layout.moe_block, config.get(layout.moe_block),
+                                "a Gemma 4 mixture-of-experts block beside each MLP (26B-A4B): not planned yet",
+                                "plan the dense Gemma 4 models (E2B, E4B); the 26B-A4B follows"))
+    shared = opt_int(layout.kv_shared, layers)
+    width = opt_int(layout.per_layer_width, BOUNDS["hidden_size"])
+    full_dim = opt_int(layout.global_head_dim, BOUNDS["head_dim"]) or shape["head_dim"]
+    full_kv = opt_int(layout.global_kv_heads, BOUNDS["num_key_value_heads"]) or shape["num_kv_heads"]
+    window = opt_int(layout.window, BOUNDS["max_position_embeddings"]) or None
+    wide = bool(config.get(layout.double_wide))
+    out = []
+    for i, kind in enumerate(types):
+        full, kv_shared = kind == layout.full, i >= layers - shared
+        out.append(LayerGeometry(head_dim=full_dim if full else shape["head_dim"],
+                                 kv_heads=full_kv if full else shape["num_kv_heads"], own_kv=not kv_shared,
+                                 v_proj=not (full and bool(config.get(layout.k_eq_v))),
+                                 mlp=shape["intermediate_size"] * (2 if wide and kv_shared else 1),
+                                 window=None if full else window))
+    vocab = opt_int(layout.per_layer_vocab, BOUNDS["vocab_size"]) or shape["vocab_size"]
+    return tuple(out), (PerLayerInputs(vocab, width) if width else None)
 
 
 def load_config(path: Path, hint: str = "pass a model's config.json") -> dict:

@@ -90,8 +90,14 @@ def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
     e, moe = shape.experts, fam.moe
     for n in range(shape.num_layers):
         p = f"{base}layers.{n}."
-        want |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-                 p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q)}
+        g = shape.geometry[n] if shape.geometry else None
+        if g is not None:       # a layer of its own width; a KV-shared layer has no K/V, a K = V layer no V
+            q, kv, i = shape.num_heads * g.head_dim, g.kv_heads * g.head_dim, g.mlp
+        want |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.o_proj.weight": (h, q)}
+        if g is None or g.own_kv:
+            want[p + "self_attn.k_proj.weight"] = (kv, h)
+        if g is None or (g.own_kv and g.v_proj):
+            want[p + "self_attn.v_proj.weight"] = (kv, h)
         if e is not None and moe is not None and n in e.layer_ids:     # its experts and router, as the hub names them
             w = e.intermediate
             want[moe.router.format(layer=n).replace("model.", base, 1)] = (e.count, h)

@@ -52,6 +52,9 @@ PLANS = [
     ("google/gemma-2-2b-it", "orin-nano-8gb", "int4_awq", "TensorRT-LLM had no Gemma 2 when 0.12 shipped"),
     ("google/gemma-2-2b-it", "orin-nano-8gb", "fp16", "llama.cpp and Ollama run it"),
     ("google/gemma-3-1b-it", "agx-thor", "fp8", "no Gemma 3 path"),
+    # Gemma 4 plans through Edge-LLM (tests/shared/test_gemma4_plan.py); TensorRT-LLM 0.12 never had it
+    ("google/gemma-4-E4B-it", "agx-thor", "int4_awq", "edgellm"),
+    ("google/gemma-4-E2B-it", "agx-orin-64gb", "fp16", "edgellm"),
 ]
 
 

@@ -1,0 +1,120 @@
+"""Gemma 4 in the planner: layers that differ (sliding-window and full layers of different widths, KV-shared layers
+without K/V, per-layer input embeddings) read from the config as they are, checked against transformers' own Gemma 4
+and against Edge-LLM's published Gemma 4 E4B rows on Thor."""
+
+import csv
+import json
+
+import pytest
+from conftest import REPO
+
+from pipeline.contract import BuildLimits
+from pipeline.errors import InputError
+from pipeline.plan.perf import known_model_configs, known_shape
+from pipeline.plan.planner import PlanRequest, make_plan
+from pipeline.plan.shapes import shape_from_config
+from pipeline.plan.targets import get_target
+
+REFERENCE = REPO.parent / "shared" / "reference" / "jetson-llm-benchmarks.csv"
+E2B, E4B = "google/gemma-4-E2B-it", "google/gemma-4-E4B-it"
+
+
+@pytest.mark.parametrize("repo", [E2B, E4B])
+def test_the_layers_are_read_as_transformers_builds_them(repo):
+    """Every linear of transformers' Gemma4ForCausalLM for the real config (built on the meta device: no memory),
+    counted exactly: full layers twice as wide per head, no K/V projections in the KV-shared layers, E2B's doubled
+    MLPs there, the per-layer input projections; the per-layer table beside the token embedding. The rest (norms,
+    layer scalars) is within 0.01%."""
+    import torch
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    text = known_model_configs()[repo]["text_config"]
+    with torch.device("meta"):
+        model = Gemma4ForCausalLM(Gemma4TextConfig(**text))
+    params = dict(model.named_parameters())
+    linears = sum(p.numel() for n, p in params.items() if p.dim() == 2 and "embed" not in n)
+    shape = known_shape(repo)
+    assert shape.linear_params == linears
+    assert shape.per_layer_table_params == params["model.embed_tokens_per_layer.weight"].numel()
+    total = sum(p.numel() for p in params.values())       # the tied lm_head once
+    assert shape.total_params == pytest.approx(total, rel=1e-4)
+    shared = text["num_kv_shared_layers"]
+    assert [g.own_kv for g in shape.geometry] == [True] * (text["num_hidden_layers"] - shared) + [False] * shared
+    layer = text["num_hidden_layers"] - 1
+    assert f"model.layers.{layer}.self_attn.k_proj.weight" not in params
+    full = [g for g in shape.geometry if g.window is None]
+    assert {g.head_dim for g in full} == {512} and len(full) == text["layer_types"].count("full_attention")
+
+
+def test_the_kv_cache_holds_the_layers_with_their_own_kv_at_their_own_width():
+    """E4B: 24 of 42 layers keep K/V (18 reuse an earlier layer's): 20 sliding layers of 2 x 256 and 4 full ones of
+    2 x 512 per K and V, FP16. Sliding layers are counted at full length (an upper bound: Edge-LLM bounds their pool
+    to the 512-token window with an FP16 KV cache)."""
+    shape = known_shape(E4B)
+    own = [g for g in shape.geometry if g.own_kv]
+    assert len(own) == 24 and sum(g.window is None for g in own) == 4
+    assert shape.kv_bytes_per_token(2) == 2 * 2 * (20 * 2 * 256 + 4 * 2 * 512)
+
+
+def _published_e4b_thor() -> dict[str, float]:
+    with REFERENCE.open() as f:
+        (row,) = [r for r in csv.DictReader(f) if r["model"].startswith("gemma-4-E4B-it")
+                  and r["device"].startswith("Jetson AGX Thor")]
+    precisions = [p.strip() for p in row["precision"].split("/")]
+    values = [float(v) for v in row["decode_tok_s"].split("/")]
+    names = {"FP16": "fp16", "FP8": "fp8", "INT4 AWQ": "int4_awq", "NVFP4": "nvfp4"}
+    return {names[p]: v for p, v in zip(precisions, values, strict=True)} | {"context": float(row["isl_tokens"])}
+
+
+def test_e4b_decode_on_thor_is_within_the_fits_error_of_the_published_rows_in_every_format():
+    """Edge-LLM 0.10's llm_inference on MTBench (292-token prompts) on Thor: FP16 25.4, FP8 42.7, INT4-AWQ 61.9,
+    NVFP4 59.3 tok/s. The dense decode fit, which never saw a Gemma 4 row, predicts each within 8% (the bytes a step
+    reads: every layer's own linears, the tied 262k-token LM head in FP16, the KV cache; not the per-layer table, of
+    which a step gathers one row)."""
+    published = _published_e4b_thor()
+    context = int(published.pop("context"))
+    shape = known_shape(E4B)
+    errors = {}
+    for weights, tok_s in published.items():
+        plan = make_plan(PlanRequest(shape=shape, model_label=E4B, weights=weights, kv_cache="fp16",
+                                     target=get_target("agx-thor"), limits=BuildLimits.of(2, context, 2 * context)))
+        assert plan.ok and plan.backend == "edgellm", plan.refused
+        errors[weights] = plan.predicted_decode_tok_s / tok_s - 1
+    assert all(abs(e) <= 0.08 for e in errors.values()), errors
+    assert errors["fp16"] == pytest.approx(0.0, abs=0.02)     # 25.3 against 25.4
+
+
+def test_the_per_layer_table_is_memory_the_board_holds():
+    """Edge-LLM's runtime loads ple_embedding.safetensors whole (FP16; its Gemma4EmbeddingPreprocessor): E2B's
+    4.7 GB table does not fit an Orin Nano 8GB beside the model, and the plan says so; an AGX Orin holds it."""
+    shape = known_shape(E2B)
+    assert shape.per_layer_table_params * 2 == 262144 * 35 * 256 * 2
+    limits = BuildLimits.of(2, 512, 2048)
+    nano = make_plan(PlanRequest(shape=shape, model_label=E2B, weights="int4_awq", kv_cache="fp16",
+                                 target=get_target("orin-nano-8gb"), limits=limits, backend="edgellm"))
+    agx = make_plan(PlanRequest(shape=shape, model_label=E2B, weights="int4_awq", kv_cache="fp16",
+                                target=get_target("agx-orin-64gb"), limits=limits))
+    assert nano.memory.embedding >= shape.per_layer_table_params * 2 and not nano.memory.fits
+    assert agx.ok and agx.backend == "edgellm"
+
+
+def test_tensorrt_llm_0_12_refuses_gemma_4_naming_where_it_builds():
+    plan = make_plan(PlanRequest(shape=known_shape(E4B), model_label=E4B, weights="int4_awq", kv_cache="fp16",
+                                 target=get_target("agx-orin-64gb"), limits=BuildLimits.of(1, 512, 1024),
+                                 backend="trtllm-0.12"))
+    assert not plan.ok and "Gemma 4 came after TensorRT-LLM 0.12" in " ".join(plan.refused)
+
+
+def test_a_gemma_4_config_whose_layer_types_do_not_match_its_layers_is_one_error_naming_the_field():
+    config = json.loads(json.dumps(known_model_configs()[E4B]))
+    config["text_config"]["layer_types"] = config["text_config"]["layer_types"][:-1]
+    config["text_config"]["num_kv_shared_layers"] = -3
+    with pytest.raises(InputError) as err:
+        shape_from_config(config, "config.json")
+    text = str(err.value)
+    assert "text_config.layer_types" in text and "must list one attention type per layer (42)" in text, text
+    moe = json.loads(json.dumps(known_model_configs()[E4B]))
+    moe["text_config"]["enable_moe_block"] = True
+    with pytest.raises(InputError) as err:
+        shape_from_config(moe, "config.json")
+    assert "text_config.enable_moe_block" in str(err.value) and "26B-A4B" in str(err.value)
