@@ -59,6 +59,32 @@ def _merge_kv_scales(tensors: dict) -> None:
         tensors[k.replace(".k_cache_", ".kv_cache_")] = kt.float().reshape(1)
 
 
+# Where ModelOpt keeps its TensorRT-LLM checkpoint converter: 0.47 (the version this project pins and checks) at
+# model_config_export; 0.48 moved it under trtllm/ and deprecated it; 0.49 removes it. The JetPack 6 backend
+# (TensorRT-LLM 0.12) can only be exported by a ModelOpt that still has it.
+CONVERTER_MODULES = ("modelopt.torch.export.model_config_export", "modelopt.torch.export.trtllm.model_config_export")
+
+
+def checkpoint_converter():
+    """ModelOpt's torch_to_tensorrt_llm_checkpoint from wherever the installed version keeps it."""
+    import importlib
+    from importlib import metadata
+
+    for name in CONVERTER_MODULES:
+        try:
+            return importlib.import_module(name).torch_to_tensorrt_llm_checkpoint
+        except (ImportError, AttributeError):
+            continue
+    try:
+        version = metadata.version("nvidia-modelopt")
+    except metadata.PackageNotFoundError:
+        version = "not installed"
+    raise PipelineError(f"the TensorRT-LLM 0.12 export needs ModelOpt's TensorRT-LLM checkpoint converter, and "
+                        f"nvidia-modelopt {version} has none (looked in {' and '.join(CONVERTER_MODULES)}; ModelOpt "
+                        "0.49 removed it)", "pip install 'nvidia-modelopt==0.47.0' (./bootstrap.sh installs it); "
+                        "Edge-LLM targets do not need it")
+
+
 def convert(model, decoder_type: str) -> tuple[dict, dict]:
     """(config, tensors) of a one-rank TensorRT-LLM checkpoint, from ModelOpt's converter.
 
@@ -68,7 +94,7 @@ def convert(model, decoder_type: str) -> tuple[dict, dict]:
     check then reads it back from disk). The one difference: exclude_modules is sorted (ModelOpt writes a set's
     order, which changes from run to run and so would the checkpoint's digest)."""
     import torch
-    from modelopt.torch.export.model_config_export import torch_to_tensorrt_llm_checkpoint
+    torch_to_tensorrt_llm_checkpoint = checkpoint_converter()
 
     # without grad: ModelOpt's converter computes on the parameters, and autograd would keep each one alive (saved
     # for backward) for as long as the tensors made from it: 12.8 GB of a 3B fp32 model through the write

@@ -601,3 +601,23 @@ def test_end_to_end_cosine_has_a_floor_where_rounding_compounds(sq_export):
     check, failed = fidelity(_at_cosine(reference, 0.98), reader, ids, inputs, outputs, vocab, True)
     assert check["logit_cosine"] < MIN_COSINE_ROUNDED
     assert f"mean logit cosine {check['logit_cosine']} < {MIN_COSINE_ROUNDED}" in failed, failed
+
+
+def test_modelopts_trtllm_converter_is_found_where_each_version_keeps_it(monkeypatch):
+    """0.47 (pinned, checked here) keeps torch_to_tensorrt_llm_checkpoint in model_config_export, 0.48 under trtllm/
+    (deprecated), 0.49 nowhere: the first path that has it is used, the second when the first is gone, and with
+    neither the export stops naming the installed version and what to install."""
+    import importlib
+
+    from pipeline.workstation import trtllm_export
+
+    real = importlib.import_module(trtllm_export.CONVERTER_MODULES[0]).torch_to_tensorrt_llm_checkpoint
+    assert trtllm_export.checkpoint_converter() is real
+    monkeypatch.setattr(trtllm_export, "CONVERTER_MODULES", ("modelopt.torch.export.gone_in_this_version",
+                                                             trtllm_export.CONVERTER_MODULES[0]))
+    assert trtllm_export.checkpoint_converter() is real
+    monkeypatch.setattr(trtllm_export, "CONVERTER_MODULES", ("modelopt.torch.export.gone_a", "modelopt.torch.gone_b"))
+    with pytest.raises(PipelineError) as err:
+        trtllm_export.checkpoint_converter()
+    assert "nvidia-modelopt 0.47.0 has none (looked in modelopt.torch.export.gone_a and modelopt.torch.gone_b" \
+        in err.value.message and "nvidia-modelopt==0.47.0" in err.value.hint
