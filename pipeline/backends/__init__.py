@@ -123,6 +123,9 @@ class Backend:
     externalizes_int4_ffn: bool  # its export can keep INT4 FFN weights outside the engine (less build memory)
     needs_chat_template: bool   # its runtime renders prompts with the tokenizer's chat template
     reports_kv_allocation: bool  # its runtime says how much paged KV cache it allocated (a report check requires it)
+    # its INT4-AWQ engines need one pre-quant scale for projections that read one input (TensorRT-LLM 0.12 fuses
+    # q/k/v and gate/up into one GEMM); False: each linear keeps its own, as calibrated
+    shared_awq_scales: bool
     export_summary: Callable[[ExportRecord], str]   # the export stage's line
     refuse_on_family: dict[str, str] = field(default_factory=dict)   # target family -> why it cannot work there
     # HF architecture -> what this backend version builds of that model family (its own table, in its module)

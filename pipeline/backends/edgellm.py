@@ -237,4 +237,7 @@ BACKEND = Backend(
     build_commands=build_commands, output_flag="--engineDir",
     build_memory=build_memory, externalizes_int4_ffn=True, needs_chat_template=True,
     reports_kv_allocation=False, export_summary=export_summary, families=EDGELLM_011, refuses_pair=refuses_pair,
+    # its INT4 GEMM takes each linear's own pre-quant scale (Edge-LLM's own quantizer keeps them: shared ones
+    # "collapse small-model accuracy", its quantization/quantize.py); its MoE experts have none (workstation/experts)
+    shared_awq_scales=False,
 )

@@ -166,7 +166,7 @@ BACKEND = Backend(
     build_commands=build_commands, output_flag="--output_dir",
     build_memory=build_memory, externalizes_int4_ffn=False, needs_chat_template=False,
     reports_kv_allocation=True, export_summary=export_summary,
-    families=TRTLLM_012,
+    families=TRTLLM_012, shared_awq_scales=True,
     refuse_on_family={"thor": "TensorRT-LLM has no working Thor path (it refuses INT4/INT8 on SM >= 100); Thor "
                               "engines are built with TensorRT Edge-LLM: use backend = 'edgellm'."},
 )

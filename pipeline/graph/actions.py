@@ -20,6 +20,7 @@ from pipeline.graph.cmdline import stage_cache
 from pipeline.graph.framework import StageSpec, run_stage
 from pipeline.graph.specs import (
     accuracy_spec,
+    awq_scales_shared,
     draft_dir,
     draft_fetch_spec,
     export_spec,
@@ -175,7 +176,8 @@ def quantize_stage(recipe: Recipe, plans: list[contract.Plan], for_export: bool 
                                                                  recipe.file, handoff=_handoff(), visual=visual,
                                                                  visual_precision=q.visual,
                                                                  accept_uncalibrated_experts=q.uncalibrated_experts
-                                                                 == "accept"),
+                                                                 == "accept",
+                                                                 share_awq_scales=awq_scales_shared(recipe)),
                      stage_cache())
 
 

@@ -60,6 +60,15 @@ def _image_calibration_key(recipe: Recipe) -> dict:
     return {"image_calibration": {"version": 1, "visual": asdict(recipe.build.visual)}}
 
 
+def awq_scales_shared(recipe: Recipe) -> bool:
+    """Whether the recipe's AWQ calibration gives projections that read one input (q/k/v, gate/up) one pre-quant
+    scale: where a backend its targets may build with needs that (TensorRT-LLM 0.12 fuses them into one GEMM). A
+    recipe only Edge-LLM builds (Thor, a pinned backend) keeps each linear's own, as calibrated."""
+    from pipeline.plan.targets import get_target
+    names = {recipe.backend} if recipe.backend else {s.backend for t in recipe.targets for s in get_target(t).stacks}
+    return any(backends.get(n).shared_awq_scales for n in names)
+
+
 def quantize_spec(recipe: Recipe) -> StageSpec:
     q = recipe.quantization
     cal = asdict(q.calibration)
@@ -72,6 +81,8 @@ def quantize_spec(recipe: Recipe) -> StageSpec:
                                   # a stage calibrated before the query was quantized too is not this stage
                                   **({"quantized_query": True} if KV_FORMATS[q.kv_cache].quantizes_query else {}),
                                   **({"visual": q.visual} if q.visual != TOWER_FP16 else {}),
+                                  **({"awq_scales": "per-linear"} if WEIGHT_FORMATS[q.weights].awq
+                                     and not awq_scales_shared(recipe) else {}),
                                   # accepting unreached experts changes what the stage lets through, not its output
                                   **({"uncalibrated_experts": "accept"} if q.uncalibrated_experts == "accept" else {}),
                                   **_image_calibration_key(recipe)},

@@ -119,10 +119,12 @@ def calibrate_tower_fp8(model, forward_loop) -> int:
     return len(quantizers)
 
 
-def fuse_for_export(model) -> int:
+def fuse_for_export(model, share_awq_scales: bool = True) -> int:
     """Make the calibrated model compute what the exported checkpoint will, before anything is derived from it.
 
-    - fused groups (q/k/v; gate/up) get one pre-quant scale and one input amax, as the export will do;
+    - fused groups (q/k/v; gate/up) get one pre-quant scale and one input amax, as the export will do, where the
+      backend needs it (share_awq_scales; for AWQ formats: TensorRT-LLM 0.12). Otherwise each AWQ linear keeps its
+      own scale (Edge-LLM), and the groups are left alone;
     - pre-quant scales are rounded to fp16, the precision they are exported in (SmoothQuant activations are
       rounded to int8 after this scale: an fp32 scale flips some roundings the engine will make differently);
     - K and V quantizers share one amax: TensorRT-LLM 0.12 has one kv_cache_scaling_factor per layer.
@@ -139,7 +141,9 @@ def fuse_for_export(model) -> int:
                                                                    (mlp, ("gate_proj", "up_proj")))
                   if all(hasattr(m, p) for p in parts)]
         for group in groups:
-            if hasattr(group[0], "weight_quantizer"):
+            per_linear = not share_awq_scales and \
+                getattr(getattr(group[0], "input_quantizer", None), "pre_quant_scale", None) is not None
+            if hasattr(group[0], "weight_quantizer") and not per_linear:
                 preprocess_linear_fusion(group)
                 n += 1
         for linear in (*attn.children(), *mlp.children()):
@@ -163,7 +167,8 @@ def reshapes_weights(cfg: dict) -> bool:
 def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size: int | None,
              calibration: CalibrationSettings,
              recipe_file: str, handoff: ModelHandoff | None = None, visual: VisualLimits | None = None,
-             visual_precision: str = TOWER_FP16, accept_uncalibrated_experts: bool = False) -> dict:
+             visual_precision: str = TOWER_FP16, accept_uncalibrated_experts: bool = False,
+             share_awq_scales: bool = True) -> dict:
     """Calibrate and save ModelOpt state into `out`; returns the stage's manifest extras. With a `handoff`, the
     calibrated model is left there for the next stage of this process. visual: a vision-language model's image
     profile: where the algorithm reshapes weights against the data, the language model is calibrated with image
@@ -244,7 +249,7 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
         with timer("gather"):
             model = gather_on_cpu(model)     # offloaded layers: read through their hooks, then an ordinary model
     with timer("fuse"):
-        fused = fuse_for_export(model)
+        fused = fuse_for_export(model, share_awq_scales or not fmt.awq)     # only AWQ's may stay per linear
     # Saved as computed (fp32 on the CPU, fp16 on a GPU): rounding it to fp16 for the CPU case would change
     # SmoothQuant's scales relative to the weights they were derived from. Every later stage restores this file.
     with timer("save"):
@@ -260,7 +265,8 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
                 **({"tower_quantizers": tower_quantizers} if tower_quantizers else {}),
                 **({"experts": {**coverage.as_record(), **({"inputs_pinned": pinned} if pinned else {})}}
                    if coverage is not None else {}),
-                fused_groups=fused, saved_bytes=saved)
+                fused_groups=fused, saved_bytes=saved,
+                **({"awq_scales": "per-linear"} if fmt.awq and not share_awq_scales else {}))
     # the timings go to the stage's manifest (and its terminal line), not into quantize.json: an output file that
     # held them would differ on every run and make everything downstream of an identical re-run run again
     (out / "quantize.json").write_text(json.dumps(info, indent=1, sort_keys=True))

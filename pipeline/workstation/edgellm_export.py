@@ -15,8 +15,10 @@ needs no flag for it: it copies the listed files beside the engine and the runti
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -63,6 +65,27 @@ def quantized_tower(model) -> bool:
     """Whether calibration quantized the visual tower (recipe quantization.visual = "fp8")."""
     return any(name.endswith("weight_quantizer") and getattr(m, "is_enabled", False) and _in_tower(name)
                for name, m in model.named_modules())
+
+
+@contextlib.contextmanager
+def awq_scales_as_calibrated(weights: str) -> Iterator[None]:
+    """ModelOpt's unified export with its AWQ resmoothing off (requantize_resmooth_fused_llm_layers: it averages the
+    pre-quant scales of projections that read one input and re-quantizes their weights), as Edge-LLM's own quantizer
+    exports dense INT4-AWQ (its quantization/quantize.py): Edge-LLM's INT4 GEMM takes each linear's own scale. The
+    quantize stage already gave the model the scales its recipe's backends need (calibrate.fuse_for_export: shared
+    where one of them is TensorRT-LLM 0.12), so the checkpoint holds exactly the calibrated model's numerics."""
+    from pipeline.plan.formats import WEIGHT_FORMATS
+    if not WEIGHT_FORMATS[weights].awq:
+        yield
+        return
+    from modelopt.torch.export import unified_export_hf
+
+    original = unified_export_hf.requantize_resmooth_fused_llm_layers
+    unified_export_hf.requantize_resmooth_fused_llm_layers = lambda _model: None
+    try:
+        yield
+    finally:
+        unified_export_hf.requantize_resmooth_fused_llm_layers = original
 
 
 def query_scales(model) -> dict:
@@ -192,7 +215,7 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
         # (NotImplementedError for Qwen3MoeExperts); transformers writes the hub's per-expert layout itself
         model.save_pretrained(hf)
     else:
-        with unified_export_of_fused_experts():
+        with unified_export_of_fused_experts(), awq_scales_as_calibrated(weights):
             export_hf_checkpoint(model, export_dir=hf, extra_state_dict=query_scales(model) or None)
     layers = getattr(model.config, "text_config", model.config).num_hidden_layers   # a VLM: its language model
     del model

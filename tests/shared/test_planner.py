@@ -340,3 +340,17 @@ def test_aggregate_decode_reads_each_further_sequences_kv_at_its_formats_bytes(k
         step = (p.bytes_per_token + (b - 1) * kv_per_seq) / (constants.efficiency * bandwidth) + constants.fixed_s
         assert p.aggregate_tok_s_by_batch[str(b)] == pytest.approx(b / step, abs=0.051)
     assert p.aggregate_tok_s_by_batch["8"] > p.aggregate_tok_s_by_batch["1"]
+
+
+@pytest.mark.parametrize("recipe,shared", [("llama3.2-3b-orin-nano", True), ("tiny-llama-cpu", True),
+                                           ("qwen3-1.7b-orin-nano-jp72", False), ("tiny-qwen3-moe", False)])
+def test_awq_scales_are_shared_only_where_a_backend_the_recipe_may_build_with_needs_it(recipe, shared):
+    """TensorRT-LLM 0.12 fuses q/k/v and gate/up into one GEMM, so one pre-quant scale each; Edge-LLM takes each
+    linear's own. A recipe whose targets' stacks include 0.12 (and no pinned backend) calibrates shared scales; one
+    pinned to Edge-LLM, or for Thor, keeps them per linear, and its quantize stage is keyed so."""
+    from pipeline.graph.specs import awq_scales_shared, quantize_spec
+    from pipeline.recipe import load_recipe
+
+    r = load_recipe(recipe)
+    assert awq_scales_shared(r) is shared
+    assert quantize_spec(r).identity.get("awq_scales") == (None if shared else "per-linear")

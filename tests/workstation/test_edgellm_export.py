@@ -193,3 +193,41 @@ def test_a_query_quantizer_without_a_usable_amax_is_one_error_naming_it():
         query_scales(model)
     del model["bad"]
     assert query_scales(model) == {"good.q_proj.q_scale": pytest.approx(torch.tensor([0.01]))}
+
+
+def test_int4_awq_keeps_each_linears_own_pre_quant_scale_for_edge_llm(builtin, tmp_path):  # noqa: F811
+    """Where no TensorRT-LLM 0.12 target needs them shared (a recipe Edge-LLM alone builds), q, k and v keep their
+    own calibrated pre-quant scales through ModelOpt's unified export (its resmoothing off, as Edge-LLM's quantizer
+    exports) into the graph, and the engine still computes the calibrated model: the same greedy tokens, logits
+    within fp16 rounding."""
+    import numpy as np
+    import onnx
+    import torch
+    from onnx import numpy_helper
+
+    from pipeline.workstation.grid import weights_on_grid
+    from pipeline.workstation.state import load_quantized
+    from tests.workstation.test_export import probe_ids
+
+    src = builtin("tiny-llama-h128")
+    q = tmp_path / "q"
+    q.mkdir()
+    info = quantize(src, q, "int4_awq", "fp16", 64, CAL, ".", share_awq_scales=False)["quantize"]
+    assert info["awq_scales"] == "per-linear" and info["fused_groups"] == 0
+    onnx_dir = tmp_path / "e" / "onnx"
+    export(src, q, tmp_path / "e", onnx_dir, "int4_awq", "fp16", "11.0")
+    graph = onnx.load(str(onnx_dir / "model.onnx"))
+    scales = {i.name: numpy_helper.to_array(i) for i in graph.graph.initializer if "pre_quant_scale" in i.name}
+    # shared, the three are one tensor, which the exporter keeps once (only q_proj's name remains)
+    qkv = {p: v for p in ("q_proj", "k_proj", "v_proj") for k, v in scales.items() if f"layers.0.self_attn.{p}." in k}
+    assert set(qkv) == {"q_proj", "k_proj", "v_proj"}, sorted(scales)
+    assert not np.array_equal(qkv["q_proj"], qkv["k_proj"]) and not np.array_equal(qkv["k_proj"], qkv["v_proj"])
+    ids = probe_ids(src, 24)
+    model = load_quantized(src, q, "cpu")
+    with weights_on_grid(model), torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0, -1].float().numpy()
+        ref_ids = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
+    got_ids, logits, _ = engine_answer(onnx_dir, tmp_path, ids, 12)
+    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    cos = float(np.dot(ref, logits[:vocab]) / np.linalg.norm(ref) / np.linalg.norm(logits[:vocab]))
+    assert got_ids == ref_ids and cos > 0.999, cos
