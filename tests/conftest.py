@@ -18,6 +18,23 @@ from tests.sshserver import sshd  # noqa: F401  (a fixture: the ssh builder and 
 REPO = Path(__file__).resolve().parents[1]
 
 
+def save_random_model(path: Path, model_class: str, config, chat_template: str, vocab: int = 512) -> Path:
+    """A transformers model of `model_class` with random weights from `config` (a real config shrunk), beside a BPE
+    tokenizer trained here with `chat_template`: a checkpoint as a hub repository holds one."""
+    import torch
+    import transformers
+    from transformers import PreTrainedTokenizerFast
+
+    from pipeline.workstation.tinymodel import train_tokenizer
+    torch.manual_seed(0)
+    getattr(transformers, model_class)(config).save_pretrained(path)
+    tok = PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(vocab), bos_token="<|bos|>", eos_token="<|eos|>",
+                                  pad_token="<|pad|>")
+    tok.chat_template = chat_template
+    tok.save_pretrained(path)
+    return path
+
+
 def write_checkpoint(path: Path, hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab=320, seed=0) -> Path:
     """A Llama checkpoint directory with random fp32 weights (safetensors' numpy API) and a real BPE tokenizer."""
     import numpy as np

@@ -40,6 +40,27 @@ def engine_answer(onnx_dir, tmp_path, prompt_ids, new_tokens, capacity=128):
     return eng.generate(prompt_ids, new_tokens, set()), logits, engine
 
 
+def calibrated_vs_engine(src, quant_dir, onnx_dir, tmp_path, ids, new_tokens: int = 12) -> dict:
+    """The calibrated model (quantize's state, weights on the export grid, CPU) against the ONNX run as the runtime
+    runs its engine: both greedy answers to `ids`, the cosine of the prompt's last logits, and the engine's
+    directory (where the builder copied what it needs)."""
+    import json
+
+    import torch
+
+    from pipeline.workstation.grid import weights_on_grid
+    from pipeline.workstation.state import load_quantized
+
+    model = load_quantized(src, quant_dir, "cpu")
+    with weights_on_grid(model), torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0, -1].float().numpy()
+        want = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False)[0, len(ids):].tolist()
+    got, logits, engine = engine_answer(onnx_dir, tmp_path, ids, new_tokens)
+    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    cos = float(np.dot(ref, logits[:vocab]) / np.linalg.norm(ref) / np.linalg.norm(logits[:vocab]))
+    return {"engine_ids": got, "model_ids": want, "cosine": cos, "engine": engine}
+
+
 def engine_logits_along(eng, prompt_ids, path) -> np.ndarray:
     """The engine's logits after the prompt and after each token of `path` fed one at a time (teacher forcing along
     the reference's own answer): [1 + len(path), vocab]."""

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.workstation.calibrate import quantize
 from pipeline.workstation.edgellm_export import export
-from tests.edgellm_run import engine_answer, model_vs_engine
+from tests.edgellm_run import calibrated_vs_engine, model_vs_engine
 from tests.workstation.test_export import CAL, builtin  # noqa: F401  (fixture)
 
 FILES = ("model.onnx", "model.onnx.data", "config.json", "embedding.safetensors")
@@ -97,11 +97,6 @@ def test_int4_onnx_computes_the_calibrated_model(builtin, tmp_path, name, plugin
     greedy tokens and logits within fp16 rounding; with every projection 64-aligned the V2 plugin is chosen (read from
     the model before the unified export packs it), and with int4_ffn externalized the FFN weights leave the graph for
     an external weight file that llm_build copies and the runtime loads, with the same answer."""
-    import numpy as np
-    import torch
-
-    from pipeline.workstation.grid import weights_on_grid
-    from pipeline.workstation.state import load_quantized
     from tests.workstation.test_export import probe_ids
 
     src = builtin(name)
@@ -112,15 +107,9 @@ def test_int4_onnx_computes_the_calibrated_model(builtin, tmp_path, name, plugin
                   externalize=externalize).to_dict()
     assert info["int4_gemm_plugin_version"] == plugin
     onnx_dir = tmp_path / "e" / "onnx"
-    ids = probe_ids(src, 24)
-    model = load_quantized(src, q, "cpu")
-    with weights_on_grid(model), torch.no_grad():
-        ref = model(torch.tensor([ids])).logits[0, -1].float().numpy()
-        ref_ids = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
-    got_ids, logits, engine = engine_answer(onnx_dir, tmp_path, ids, 12)
-    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
-    cos = float(np.dot(ref, logits[:vocab]) / np.linalg.norm(ref) / np.linalg.norm(logits[:vocab]))
-    assert got_ids == ref_ids and cos > 0.999, cos
+    r = calibrated_vs_engine(src, q, onnx_dir, tmp_path, probe_ids(src, 24))
+    assert r["engine_ids"] == r["model_ids"] and r["cosine"] > 0.999, r
+    engine = r["engine"]
     cfg = json.loads((onnx_dir / "config.json").read_text())
     if externalize:
         (ext,) = info["externalized_weights"]
@@ -202,11 +191,8 @@ def test_int4_awq_keeps_each_linears_own_pre_quant_scale_for_edge_llm(builtin, t
     within fp16 rounding."""
     import numpy as np
     import onnx
-    import torch
     from onnx import numpy_helper
 
-    from pipeline.workstation.grid import weights_on_grid
-    from pipeline.workstation.state import load_quantized
     from tests.workstation.test_export import probe_ids
 
     src = builtin("tiny-llama-h128")
@@ -222,12 +208,5 @@ def test_int4_awq_keeps_each_linears_own_pre_quant_scale_for_edge_llm(builtin, t
     qkv = {p: v for p in ("q_proj", "k_proj", "v_proj") for k, v in scales.items() if f"layers.0.self_attn.{p}." in k}
     assert set(qkv) == {"q_proj", "k_proj", "v_proj"}, sorted(scales)
     assert not np.array_equal(qkv["q_proj"], qkv["k_proj"]) and not np.array_equal(qkv["k_proj"], qkv["v_proj"])
-    ids = probe_ids(src, 24)
-    model = load_quantized(src, q, "cpu")
-    with weights_on_grid(model), torch.no_grad():
-        ref = model(torch.tensor([ids])).logits[0, -1].float().numpy()
-        ref_ids = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
-    got_ids, logits, _ = engine_answer(onnx_dir, tmp_path, ids, 12)
-    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
-    cos = float(np.dot(ref, logits[:vocab]) / np.linalg.norm(ref) / np.linalg.norm(logits[:vocab]))
-    assert got_ids == ref_ids and cos > 0.999, cos
+    r = calibrated_vs_engine(src, q, onnx_dir, tmp_path, probe_ids(src, 24))
+    assert r["engine_ids"] == r["model_ids"] and r["cosine"] > 0.999, r

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import DOUBLES, REPO, Project, device, local_recipe
+from conftest import DOUBLES, REPO, Project, device, local_recipe, save_random_model
 
 from pipeline import contract
 from pipeline.errors import PipelineError
@@ -22,22 +22,15 @@ BOARDS = {"agx-thor": "agx-thor-jp72", "orin-nano-8gb": "orin-nano-8gb-jp72"}
 def random_qwen3_moe(path, experts=4, layers=2):
     """Qwen3-30B-A3B's config shrunk (`experts` experts, 2 per token), random weights, a trained tokenizer with the
     Qwen chat template's shape."""
-    import torch
-    from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeConfig
 
-    from pipeline.workstation.tinymodel import train_tokenizer
-    torch.manual_seed(0)
     cfg = Qwen3MoeConfig(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=experts,
                          num_experts_per_tok=2, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          head_dim=16, vocab_size=512, max_position_embeddings=512, norm_topk_prob=True,
                          tie_word_embeddings=False, eos_token_id=1)
-    Qwen3MoeForCausalLM(cfg).save_pretrained(path)
-    tok = PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(512), bos_token="<|bos|>", eos_token="<|eos|>",
-                                  pad_token="<|pad|>")
-    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    tok.save_pretrained(path)
-    return path
+    return save_random_model(path, "Qwen3MoeForCausalLM", cfg, (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"))
 
 
 @pytest.fixture(scope="module")
@@ -143,13 +136,10 @@ def test_externalized_experts_leave_the_graph_for_the_file_the_runtime_loads(bui
     the file beside the engine and the runtime's answer is still the calibrated model's greedy one. Every layer of
     the model is an MoE layer, so no int4_ffn file is asked for (plan/buildmem.externalized_kinds)."""
     import onnx
-    import torch
 
     from pipeline.workstation.calibrate import quantize
     from pipeline.workstation.edgellm_export import export
-    from pipeline.workstation.grid import weights_on_grid
-    from pipeline.workstation.state import load_quantized
-    from tests.edgellm_run import engine_answer
+    from tests.edgellm_run import calibrated_vs_engine
 
     src = builtin(RECIPE)
     (tmp_path / "q").mkdir()
@@ -163,12 +153,8 @@ def test_externalized_experts_leave_the_graph_for_the_file_the_runtime_loads(bui
     assert sorted(t.rsplit(".", 1)[-1] for t in listed) == ["fc_down_qweights"] * 2 + ["fc_gate_up_qweights"] * 2
     graph = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False).graph
     assert set(listed) <= {i.name for i in graph.input} and not set(listed) & {i.name for i in graph.initializer}
-    ids = [5, 17, 42, 99, 7, 300]
-    model = load_quantized(src, tmp_path / "q", "cpu")
-    with weights_on_grid(model), torch.no_grad():
-        want = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
-    got, _, engine = engine_answer(onnx_dir, tmp_path, ids, 8)
-    assert got == want and (engine / ext["file"]).is_file()
+    r = calibrated_vs_engine(src, tmp_path / "q", onnx_dir, tmp_path, [5, 17, 42, 99, 7, 300], 8)
+    assert r["engine_ids"] == r["model_ids"] and (r["engine"] / ext["file"]).is_file(), r
 
 
 def test_routing_without_renormalization_is_told_apart(builtin, tmp_path, monkeypatch):  # noqa: F811
