@@ -189,6 +189,21 @@ BOUNDS = {"hidden_size": 2**20, "num_hidden_layers": 4096, "num_attention_heads"
 MAX_CONFIG_BYTES = 16 * 2**20
 
 
+def _int_field(config: dict, key: str, most: int, problems: list[Problem], source: str, prefix: str, low: int = 1,
+               default=None, fallback: int = 1) -> int:
+    """config[key] (default where absent) as an integer from `low` to `most`. Anything else is a problem naming the
+    field (a huge number shown shortened), and `fallback` stands in so that the other fields are still checked."""
+    value = config.get(key, default)
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= most:
+        return value
+    shown = value if not isinstance(value, int) or value < 10**12 else f"{str(value)[:12]}... " \
+        f"({len(str(value))} digits)"
+    what = f"a positive integer up to {most}" if low == 1 else f"an integer from {low} to {most}"
+    problems.append(Problem(source, prefix + key, shown, f"must be {what}",
+                            "use the model's own config.json, as transformers saved it"))
+    return fallback
+
+
 def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     """Validate and read the fields the planner needs; every missing or odd field is reported at once."""
     if not isinstance(config, dict):
@@ -224,14 +239,7 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
                                 "architectures name its MoE class)"))
 
     def need_int(key: str, default=None) -> int:
-        value = config.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= BOUNDS[key]:
-            shown = value if not isinstance(value, int) or value < 10**12 else f"{str(value)[:12]}... " \
-                f"({len(str(value))} digits)"
-            problems.append(Problem(source, prefix + key, shown, f"must be a positive integer up to {BOUNDS[key]}",
-                                    "use the model's own config.json, as transformers saved it"))
-            return 1
-        return value
+        return _int_field(config, key, BOUNDS[key], problems, source, prefix, default=default)
 
     hidden = need_int("hidden_size")
     heads = need_int("num_attention_heads")
@@ -247,12 +255,7 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
         m = fam.moe
 
         def expert_int(key: str, most: int) -> int:
-            value = config.get(key)
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= most:
-                problems.append(Problem(source, prefix + key, value, f"must be a positive integer up to {most}",
-                                        "use the model's own config.json, as transformers saved it"))
-                return 1
-            return value
+            return _int_field(config, key, most, problems, source, prefix)
         count, active = expert_int(m.count_key(config), 4096), expert_int(m.active_key(config), 4096)
         if active > count:
             problems.append(Problem(source, prefix + m.active_key(config), active, f"more experts per token than the "
@@ -287,21 +290,15 @@ def _layer_geometry(layout, config: dict, shape: dict, prefix: str, source: str,
     """Each layer's geometry from a LayerLayout family's config (Gemma 4), every odd field reported."""
     layers = shape["num_layers"]
 
-    def fix(key: str, value, why: str) -> None:
-        problems.append(Problem(source, prefix + key, value, why, "use the model's own config.json, as transformers "
-                                                                  "saved it"))
-
     def opt_int(key: str, most: int) -> int:
-        value = config.get(key)
-        if value is None:
+        """An optional count: absent or null is 0."""
+        if config.get(key) is None:
             return 0
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= most:
-            fix(key, value, f"must be an integer from 0 to {most}")
-            return 0
-        return value
+        return _int_field(config, key, most, problems, source, prefix, low=0, fallback=0)
     types = config.get(layout.types)
     if not isinstance(types, list) or len(types) != layers or not all(isinstance(t, str) for t in types):
-        fix(layout.types, types, f"must list one attention type per layer ({layers})")
+        problems.append(Problem(source, prefix + layout.types, types, f"must list one attention type per layer "
+                                f"({layers})", "use the model's own config.json, as transformers saved it"))
         return (), None
     if config.get(layout.moe_block):
         problems.append(Problem(source, prefix + layout.moe_block, config.get(layout.moe_block),
