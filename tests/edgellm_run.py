@@ -27,9 +27,7 @@ def build_engine(onnx_dir, tmp_path, capacity=128):
 
 
 def _pools(eng, pages=1):
-    from edgellm_engine import PAGE
-    return [np.zeros((2, pages, PAGE, eng.cfg["num_key_value_heads"], eng.cfg["head_dim"]), eng.pool_dtype)
-            for _ in range(eng.layers)]
+    return eng.new_pools(pages)
 
 
 def engine_answer(onnx_dir, tmp_path, prompt_ids, new_tokens, capacity=128):

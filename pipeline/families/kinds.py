@@ -132,6 +132,9 @@ class Family:
     text_config: str | None = None
     moe: MoeLayout | None = None            # a mixture-of-experts family: where its config keeps the experts
     layers: LayerLayout | None = None       # layers that differ from each other (plan/shapes.py LayerGeometry)
+    # linears (by their last name) that stay FP16 when the rest of the model is quantized to 4 bits, where 4 bits
+    # cannot hold what they compute; the plan counts them so, and calibration leaves them alone
+    fp16_at_4bit: tuple[str, ...] = ()
     notes: str = ""
 
     @property

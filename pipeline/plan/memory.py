@@ -21,17 +21,19 @@ TOKENS_PER_BLOCK = 64         # paged KV cache block (trtllm-build 0.12 default 
 VOCAB_PAD = 64                # ModelOpt pads the vocabulary to a multiple of 64 for TensorRT-LLM AWQ checkpoints
 
 
-def linear_bytes(linears: list[tuple[str, int, int, float]], fmt: WeightFormat, group_size: int | None) -> float:
+def linear_bytes(linears: list[tuple[str, int, int, float]], fmt: WeightFormat, group_size: int | None,
+                 kept: tuple[str, ...] = ()) -> float:
     """Bytes of these linears (ModelShape.linears rows) in this format, AWQ's per-input-channel FP16 pre-quant
-    scales included."""
-    return sum((fmt.bytes_for(i, o, group_size) + (i * 2 if fmt.awq else 0)) * n for _, i, o, n in linears)
+    scales included; those named in `kept` (ModelShape.kept_fp16) in FP16."""
+    return sum((i * o * 2.0 if name.rsplit(".", 1)[-1] in kept else
+                fmt.bytes_for(i, o, group_size) + (i * 2 if fmt.awq else 0)) * n for name, i, o, n in linears)
 
 
 def weight_bytes(shape: ModelShape, fmt: WeightFormat, group_size: int | None,
                  tokens: int | None = None) -> tuple[int, int, int]:
     """(decoder weights, embedding, lm_head) in bytes for this format. tokens: an MoE model's experts that many
     tokens reach (ModelShape.linears), else all of them."""
-    body = linear_bytes(shape.linears(tokens), fmt, group_size)
+    body = linear_bytes(shape.linears(tokens), fmt, group_size, shape.kept_fp16(fmt))
     body += shape.num_layers * shape.small_params_per_layer * 2
     vocab = shape.vocab_size if fmt.unquantized else math.ceil(shape.vocab_size / VOCAB_PAD) * VOCAB_PAD
     table = vocab * shape.hidden_size * 2

@@ -64,7 +64,7 @@ def split_bytes(shape: ModelShape, weights: str, context: int, batch: int = 1, k
     from pipeline.plan.formats import DEFAULT_KV, WEIGHT_FORMATS, pick_group_size
     from pipeline.plan.memory import decode_bytes_per_token, linear_bytes
     fmt, kv = WEIGHT_FORMATS[weights], kv or DEFAULT_KV
-    group = group_size if group_size is not None else pick_group_size(fmt, shape.quantized_input_dims(), None)[0]
+    group = group_size if group_size is not None else pick_group_size(fmt, shape.quantized_input_dims(fmt), None)[0]
     total = decode_bytes_per_token(shape, fmt, group, kv, context, batch)
     total += (batch - 1) * shape.kv_bytes_per_token(kv.bytes_per_element) * context
     experts = linear_bytes([x for x in shape.linears(batch) if x[0].startswith("experts.")], fmt, group)

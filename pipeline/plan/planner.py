@@ -140,12 +140,12 @@ def make_plan(req: PlanRequest) -> Plan:
         warnings.append(f"{engine.label} engines built for batch 1 fail at run time (known issue): built and "
                         f"planned for max_batch_size {engine.min_batch_size}.")
 
-    group_size, problem = pick_group_size(fmt, req.shape.quantized_input_dims(), req.group_size)
+    group_size, problem = pick_group_size(fmt, req.shape.quantized_input_dims(fmt), req.group_size)
     if problem:
         refused.append(f"{fmt.label}: {problem}.")
     elif fmt.default_group_size and group_size != fmt.default_group_size and not req.group_size:
         warnings.append(f"group size {group_size} chosen: {fmt.default_group_size} does not divide every quantized "
-                        f"input dimension {req.shape.quantized_input_dims()}.")
+                        f"input dimension {req.shape.quantized_input_dims(fmt)}.")
     if req.limits.max_seq_len > req.shape.max_position_embeddings:
         refused.append(f"max_seq_len {req.limits.max_seq_len} exceeds the model's max_position_embeddings "
                        f"{req.shape.max_position_embeddings}.")

@@ -10,6 +10,7 @@ from pipeline.errors import InputError, Problem
 from pipeline.families import ModelFeatures, family, features_of, known
 
 if TYPE_CHECKING:
+    from pipeline.plan.formats import WeightFormat
     from pipeline.plan.vision import TowerShape
 
 
@@ -71,6 +72,7 @@ class ModelShape:
     experts: Experts | None = None                # a mixture-of-experts model's routed experts
     geometry: tuple[LayerGeometry, ...] = ()      # layers that differ from each other, one each (else uniform)
     per_layer_inputs: PerLayerInputs | None = None
+    fp16_at_4bit: tuple[str, ...] = ()            # linears its family keeps FP16 in 4-bit formats (Family)
 
     @property
     def q_size(self) -> int:
@@ -86,8 +88,14 @@ class ModelShape:
         return [("q_proj", h, self.q_size), ("k_proj", h, self.kv_size), ("v_proj", h, self.kv_size),
                 ("o_proj", self.q_size, h), ("gate_proj", h, i), ("up_proj", h, i), ("down_proj", i, h)]
 
-    def quantized_input_dims(self) -> list[int]:
-        return sorted({inp for _, inp, _, _ in self.linears()})
+    def kept_fp16(self, fmt: WeightFormat) -> tuple[str, ...]:
+        """The linears that stay FP16 in this format (Family.fp16_at_4bit, in a 4-bit format)."""
+        return self.fp16_at_4bit if fmt.bits <= 4 and not fmt.unquantized else ()
+
+    def quantized_input_dims(self, fmt: WeightFormat | None = None) -> list[int]:
+        """The input widths the format's groups must divide (with `fmt`: of the linears it quantizes)."""
+        kept = self.kept_fp16(fmt) if fmt is not None else ()
+        return sorted({inp for name, inp, _, _ in self.linears() if name.rsplit(".", 1)[-1] not in kept})
 
     def linears(self, tokens: int | None = None) -> list[tuple[str, int, int, float]]:
         """(name, in_features, out_features, copies in the whole decoder) of every quantizable linear. An MoE layer
@@ -282,7 +290,7 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     features = features_of(config, fam)
     return ModelShape(architecture=arch, tie_word_embeddings=features.tied_embeddings,
                       attention_bias=features.attention_bias, features=features, tower=tower, experts=experts,
-                      geometry=geometry, per_layer_inputs=per_layer, **shape)
+                      geometry=geometry, per_layer_inputs=per_layer, fp16_at_4bit=fam.fp16_at_4bit, **shape)
 
 
 def _layer_geometry(layout, config: dict, shape: dict, prefix: str, source: str, problems: list[Problem]

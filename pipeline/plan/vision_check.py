@@ -54,7 +54,7 @@ def check_rows(rows: list[VlmRow] | None = None) -> list[RowCheck]:
         pre = prefill.predict_ttft_ms(r.shape, r.precision, r.target, r.prefill_tokens, mode, data["prefill"])
         assert pre is not None, r
         fmt = WEIGHT_FORMATS[r.precision]
-        read = decode_bytes_per_token(r.shape, fmt, pick_group_size(fmt, r.shape.quantized_input_dims(), None)[0],
+        read = decode_bytes_per_token(r.shape, fmt, pick_group_size(fmt, r.shape.quantized_input_dims(fmt), None)[0],
                                       DEFAULT_KV, r.prefill_tokens + 64)
         tok = perf.fitted()[perf.TENSORRT].tok_s(read, get_target(r.target).bandwidth_bytes(mode))
         out.append(RowCheck(r, vit, pre, vit + pre, tok, benchmark_memory(r) / 1e6))
@@ -76,7 +76,7 @@ def benchmark_memory(r: VlmRow) -> int:
     most = 2048 if r.target.startswith(("orin-nx", "orin-nano")) else 16384
     visual = plan_visual(r.shape, t, limits, VisualLimits(8, most, 2048), "fp16", [], None)
     assert visual is not None
-    group = pick_group_size(fmt, r.shape.quantized_input_dims(), None)[0]
+    group = pick_group_size(fmt, r.shape.quantized_input_dims(fmt), None)[0]
     return plan_memory(r.shape, fmt, group, DEFAULT_KV, limits, get(r.backend).runtime_overhead, t.usable_bytes,
                        t.usable_headless_bytes, visual=visual.weights + visual.activations).total
 

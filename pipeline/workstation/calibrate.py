@@ -65,9 +65,11 @@ def tower_fp8_entries() -> list[dict]:
              "enable": True} for module in TOWER_QUANTIZER_MODULES for kind in ("weight", "input")]
 
 
-def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None, visual: str = TOWER_FP16) -> dict | None:
+def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None, visual: str = TOWER_FP16,
+                    keep_fp16: tuple[str, ...] = ()) -> dict | None:
     """The ModelOpt quant config for a recipe's weight and KV formats and its tower's precision (fp16, fp8: a
-    vision-language model's `quantization.visual`); None: nothing to quantize."""
+    vision-language model's `quantization.visual`); None: nothing to quantize. keep_fp16: linears (by their last
+    name, ModelShape.kept_fp16) left unquantized, weights and inputs, as Edge-LLM's quantizer leaves them."""
     import_modelopt()
     import modelopt.torch.quantization as mtq
 
@@ -91,6 +93,8 @@ def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None, vis
     # a vision-language model's tower: Edge-LLM exports it apart, in FP16, or FP8 calibrated after the language
     # model (calibrate_tower_fp8)
     cfg["quant_cfg"] += [{"quantizer_name": f"*{module}*", "enable": False} for module in TOWER_QUANTIZER_MODULES]
+    cfg["quant_cfg"] += [{"quantizer_name": f"*.{name}.{kind}_quantizer", "enable": False}
+                         for name in keep_fp16 for kind in ("weight", "input")]
     if visual not in VISUAL_FORMATS:
         raise ValueError(f"tower precision {visual!r}")
     return cfg
@@ -176,13 +180,16 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     ranges away); an FP8 tower (visual_precision) is calibrated with them too, as only images reach it."""
     import torch
 
+    from pipeline.plan.shapes import load_shape
     from pipeline.progress import Progress
     from pipeline.workstation.calibration import load_texts, token_windows
 
     fmt, kv = WEIGHT_FORMATS[weights], KV_FORMATS[kv_cache]
-    cfg = modelopt_config(fmt, kv, group_size, visual_precision)
+    kept = load_shape(model_dir).kept_fp16(fmt)
+    cfg = modelopt_config(fmt, kv, group_size, visual_precision, kept)
     info: dict[str, Any] = {"weights": weights, "kv_cache": kv_cache, "group_size": group_size, "modelopt_config": None,
-                            **({"visual": visual_precision} if visual_precision != TOWER_FP16 else {})}
+                            **({"visual": visual_precision} if visual_precision != TOWER_FP16 else {}),
+                            **({"kept_fp16": list(kept)} if kept and cfg is not None else {})}
     if cfg is None:
         (out / "quantize.json").write_text(json.dumps({**info, "method": "none"}, indent=1))
         return {"quantize": {**info, "method": "none"}}

@@ -89,6 +89,17 @@ BUILTINS: dict[str, Builtin] = {
         num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False,
         rms_norm_eps=1e-6), train_steps=100, notes="Qwen3-30B-A3B-style: 8 experts, 2 per token"),
+    # Gemma 4 E2B's text decoder in miniature: 2 sliding layers (window 16, shorter than the validation prompts) to 1
+    # full one of twice the head width with proportional RoPE; the last 3 of 6 layers reuse the K/V of the last
+    # earlier layer of their kind and have double-wide MLPs; per-layer input embeddings; soft-capped logits; tied
+    # embeddings. Every width 64-aligned (INT4 groups of 64).
+    "tiny-gemma4": Builtin("Gemma4ForCausalLM", dict(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=32, global_head_dim=64, hidden_size_per_layer_input=64, num_kv_shared_layers=3,
+        use_double_wide_mlp=True, attention_k_eq_v=False, sliding_window=16, final_logit_softcapping=30.0,
+        layer_types=(["sliding_attention"] * 2 + ["full_attention"]) * 2, max_position_embeddings=512,
+        tie_word_embeddings=True, rms_norm_eps=1e-6), train_steps=100,
+        notes="Gemma-4-E2B-style: sliding and full layers, KV sharing, per-layer inputs"),
     # Vision-language models shrunk from real configs (tinyvlm.py holds their towers, processors and image tokens).
     **{name: Builtin(vlm["architecture"], {}, notes=f"{vlm['architecture']} shrunk", extra=vlm)
        for name, vlm in VLM_BUILTINS.items()},
@@ -150,8 +161,10 @@ def materialize(name: str, out_dir: Path, progress=None) -> None:
     fam = family(spec.architecture)
     assert fam is not None, spec.architecture           # every builtin is of a registered family
     config_cls = getattr(transformers, fam.transformers_config)
+    # Gemma 4's per-layer embedding table has a vocabulary of its own: the tokenizer's, as in the real models
+    per_layer = {"vocab_size_per_layer_input": vocab} if spec.config.get("hidden_size_per_layer_input") else {}
     config = config_cls(vocab_size=vocab, bos_token_id=0, eos_token_id=1, pad_token_id=2,
-                        architectures=[spec.architecture], **spec.config)
+                        architectures=[spec.architecture], **per_layer, **spec.config)
     torch.manual_seed(spec.seed)
     model = getattr(transformers, spec.architecture)(config).float()
     train(model, fast, spec.train_steps, spec.seed, progress)

@@ -76,22 +76,38 @@ def test_the_stored_rows_are_the_reference_csvs():
     assert reference | {"context": float(row["isl_tokens"])} == _published_e4b_thor()
 
 
-def test_e4b_decode_on_thor_is_within_the_fits_error_of_the_published_rows_in_every_format():
-    """Edge-LLM 0.10's llm_inference on MTBench (292-token prompts) on Thor: FP16 25.4, FP8 42.7, INT4-AWQ 61.9,
-    NVFP4 59.3 tok/s. The dense decode fit, which never saw a Gemma 4 row, predicts each within 8% (the bytes a step
-    reads: every layer's own linears, the tied 262k-token LM head in FP16, the KV cache; not the per-layer table, of
-    which a step gathers one row)."""
+def _e4b_thor_errors(shape) -> dict[str, float]:
     published = _published_e4b_thor()
     context = int(published.pop("context"))
-    shape = known_shape(E4B)
     errors = {}
     for weights, tok_s in published.items():
         plan = make_plan(PlanRequest(shape=shape, model_label=E4B, weights=weights, kv_cache="fp16",
                                      target=get_target("agx-thor"), limits=BuildLimits.of(2, context, 2 * context)))
         assert plan.ok and plan.backend == "edgellm", plan.refused
         errors[weights] = plan.predicted_decode_tok_s / tok_s - 1
-    assert all(abs(e) <= 0.08 for e in errors.values()), errors
-    assert errors["fp16"] == pytest.approx(0.0, abs=0.02)     # 25.3 against 25.4
+    return errors
+
+
+def test_e4b_decode_on_thor_is_within_the_fits_error_of_the_published_rows_in_every_format():
+    """Edge-LLM 0.10's llm_inference on MTBench (292-token prompts) on Thor: FP16 25.4, FP8 42.7, INT4-AWQ 61.9,
+    NVFP4 59.3 tok/s. The dense decode fit, which never saw a Gemma 4 row, predicts each within 8% (the bytes a step
+    reads: every layer's own linears, the tied 262k-token LM head in FP16, the KV cache; not the per-layer table, of
+    which a step gathers one row) for the model quantized whole. The rows' 4-bit engines must have been: with its
+    down_proj in FP16 the plan is 25% slower than both 4-bit rows while FP16 and FP8 agree within 2% (an inference
+    from the numbers: the benchmark page does not say how they were quantized)."""
+    import dataclasses
+    whole = _e4b_thor_errors(dataclasses.replace(known_shape(E4B), fp16_at_4bit=()))
+    assert all(abs(e) <= 0.08 for e in whole.values()), whole
+    assert whole["fp16"] == pytest.approx(0.0, abs=0.02)     # 25.3 against 25.4
+
+
+def test_what_0_11_builds_keeps_down_proj_fp16_and_the_plan_reads_it_so():
+    """Edge-LLM 0.11's quantizer keeps Gemma 4's down_proj FP16 in INT4 and NVFP4 (4 bits cannot hold the clamped
+    GeGLU intermediate), and so does this pipeline (Family.fp16_at_4bit): the plan counts those weights at 2 bytes,
+    about a quarter slower than the published 0.10 rows in the 4-bit formats; FP16 and FP8 are unchanged."""
+    errors = _e4b_thor_errors(known_shape(E4B))
+    assert -0.30 <= errors["int4_awq"] <= -0.20 and -0.30 <= errors["nvfp4"] <= -0.20, errors
+    assert abs(errors["fp16"]) <= 0.02 and abs(errors["fp8"]) <= 0.02, errors
 
 
 def test_the_per_layer_table_is_memory_the_board_holds():

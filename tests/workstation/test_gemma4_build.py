@@ -1,14 +1,23 @@
-"""A Gemma 4 checkpoint through `doit build`: planned from its layers as they are, its tensors checked against its
-config at fetch, then refused before calibration by name (Support.plan_only: this version plans Gemma 4 but does
-not export it yet)."""
+"""Gemma 4 through the pipeline: the repository's tiny Gemma 4 recipe (E2B's text layout shrunk: sliding and full
+layers of two head widths, KV-shared layers, per-layer input embeddings) by `doit build` to kits for Thor and an Orin
+Nano on JetPack 7.2, the device half on both recorded boards, `serve`; Edge-LLM's gemma4 graph run by the runtime
+double against transformers' Gemma 4; what each part of that double is there for; what stays refused."""
 
 import json
 import shutil
 
+import numpy as np
 import pytest
-from conftest import Project, local_recipe, save_random_model
+from conftest import REPO, Project, device, local_recipe, save_random_model
+
+from pipeline import contract
+from tests.edgellm_run import build_engine, model_vs_engine
+from tests.serving import Served
+from tests.workstation.test_export import CAL, builtin  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
+RECIPE = "tiny-gemma4"
+BOARDS = {"agx-thor": "agx-thor-jp72", "orin-nano-8gb": "orin-nano-8gb-jp72"}
 
 
 @pytest.fixture(scope="module")
@@ -30,27 +39,162 @@ def tiny_gemma4(tmp_path_factory):
         "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"))
 
 
-def _build_refused(model, tmp_path) -> str:
-    """`doit build` of a local recipe for `model` on Thor (FP16): it must fail without a traceback; its output."""
-    project = Project(tmp_path)
-    local_recipe(project.recipes / "g4.toml", model, targets=("agx-thor",), weights="fp16")
-    proc = project.doit("build", "recipe=g4", check=False, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and "Traceback" not in out, out
-    assert not list((project.artifacts / "stages").glob("quantize/*/stage.json"))
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    project = Project(tmp_path_factory.mktemp("gemma4-build") / "proj")
+    (project.recipes / f"{RECIPE}.toml").write_text((REPO / "recipes" / f"{RECIPE}.toml").read_text())
+    proc = project.doit("build", f"recipe={RECIPE}", timeout=900)
+    kits = {t: project.artifacts / RECIPE / f"kit@{t}" / f"{RECIPE}@{t}" for t in BOARDS}
+    return project, kits, proc.stdout
+
+
+def test_the_tiny_gemma4_recipe_exports_edgellm_gemma4_graphs_with_down_proj_kept_fp16(built):
+    """Each SM's ONNX is Edge-LLM's gemma4 graph: per-layer token embeddings as inputs (ple_embedding.safetensors
+    beside it), a RoPE table per attention kind, KV pools of two widths, sliding layers bound to the SWA page table,
+    the KV-shared full layer reading its donor's cache (query only); INT4 GEMMs everywhere but down_proj, which stays
+    FP16 as Edge-LLM's own quantizer leaves it (quantize.json says so)."""
+    import onnx
+
+    project, kits, out = built
+    assert "export   tiny-gemma4@agx-thor: W4A16_AWQ ONNX for SM 110" in out and "for SM 87" in out, out
+    (q,) = [p for p in (project.artifacts / "stages" / "quantize").iterdir() if (p / "quantize.json").is_file()]
+    assert json.loads((q / "quantize.json").read_text())["kept_fp16"] == ["down_proj"]
+    exports = [p.parent for p in (project.artifacts / "stages" / "export").glob("*/stage.json")]
+    assert len(exports) == 2
+    for stage in exports:
+        onnx_dir = stage / "onnx"
+        assert (onnx_dir / "ple_embedding.safetensors").is_file()
+        cfg = json.loads((onnx_dir / "config.json").read_text())
+        assert cfg["kv_sharing_donors"] == [-1, -1, -1, 1, 1, 2] and cfg["ple_enabled"] and cfg["ple_hidden_size"] == 64
+        graph = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False).graph
+        inputs = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.input}
+        assert [inputs[f"ple_token_embeds_{i}"] for i in range(6)] == [["physical_tokens", 64]] * 6
+        assert inputs["rope_rotary_cos_sin_sliding"] == ["physical_tokens", 32]
+        assert inputs["rope_rotary_cos_sin_full"] == ["physical_tokens", 64]
+        assert [inputs[f"past_key_values_{i}"][-1] for i in range(6)] == [32, 32, 64] * 2
+        plugins = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} | {"table": n.input[5]}
+                   for n in graph.node if n.op_type == "AttentionPlugin"]
+        assert [(p["sliding_window_size"], p["enable_kv_shared"], p["table"]) for p in plugins] == [
+            (16, 0, "swa_kv_page_table"), (16, 0, "swa_kv_page_table"), (-1, 0, "kv_page_table"),
+            (16, 0, "swa_kv_page_table"), (16, 0, "swa_kv_page_table"), (-1, 1, "kv_page_table")]
+        int4 = [n for n in graph.node if n.op_type == "Int4GroupwiseGemmPlugin"]
+        # non-shared layers: q k v o gate up + 2 per-layer projections; shared: q o gate up + 2; the model's own
+        # per-layer projection; no down_proj
+        assert len(int4) == 3 * 8 + 3 * 6 + 1
+        assert sum(n.op_type == "Gemm" for n in graph.node) == 6 + 1     # down_proj x 6, the LM head
+    assert all((kit / "MANIFEST.json").is_file() for kit in kits.values())
+
+
+@pytest.fixture(scope="module")
+def validated(built, tmp_path_factory):
+    project, kits, _ = built
+    out = {}
+    for target, board in BOARDS.items():
+        tmp = tmp_path_factory.mktemp(f"device-{target}")
+        out[target] = tmp, device(project, kits[target], tmp, board=board)
     return out
 
 
-def test_a_gemma_4_checkpoint_is_planned_then_refused_before_calibration_naming_why(tiny_gemma4, tmp_path):
-    from pipeline.plan.shapes import load_shape
-    shape = load_shape(tiny_gemma4)
-    assert [g.own_kv for g in shape.geometry] == [True] * 3 + [False] * 3
-    assert [g.head_dim for g in shape.geometry] == [16, 16, 32] * 2 and shape.per_layer_inputs.width == 8
-    out = _build_refused(tiny_gemma4, tmp_path / "proj")
-    assert "plan     g4: FP16 on agx-thor via TensorRT Edge-LLM" in out, out
-    assert "fetch    g4: local" in out, out         # its tensors matched its config, layer by layer
-    assert "TensorRT Edge-LLM builds Gemma4ForCausalLM, and this version plans it but does not export it yet: its " \
-           "export and check are not written yet: Edge-LLM" in out, out
+@pytest.mark.parametrize("target", list(BOARDS))
+def test_the_gemma4_kit_validates_on_the_recorded_board_through_the_runtime(validated, target):
+    """The device half: llm_build (which copies the per-layer table beside the engine), then every golden answered
+    by the runtime (its double gathers the per-layer embeddings, binds both RoPE tables and the SWA pools, wires the
+    shared layer to its donor's cache), a signed bundle. The longer golden prompt runs past the 16-token window."""
+    tmp, proc = validated[target]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "JetPack 7.2" in proc.stderr
+    (report_dir,) = (tmp / "out").glob("*.report")
+    report = contract.Report.load(report_dir / contract.REPORT_JSON)
+    assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0]
+    assert list((tmp / "work").rglob("ple_embedding.safetensors"))
+
+
+def test_serve_answers_the_goldens_of_the_gemma4_kit(built, tmp_path):
+    from openai import OpenAI
+    project, _, _ = built
+    (stage,) = [p for p in (project.artifacts / "stages" / "goldens").iterdir() if (p / "stage.json").is_file()]
+    goldens = contract.Goldens.load(stage / contract.GOLDENS)
+    assert max(len(p.input_ids) for p in goldens.prompts) > 16       # past the sliding window
+    s = Served([RECIPE], project.env, REPO, tmp_path / "server.log")
+    try:
+        client = OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        for p in goldens.prompts:
+            r = client.chat.completions.create(model=RECIPE, temperature=0, max_tokens=len(p.output_ids),
+                                               messages=[{"role": "user", "content": p.prompt}])
+            assert r.choices[0].message.content == p.text
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("weights", ["fp16", "int4_awq"])
+def test_the_gemma4_graph_computes_the_calibrated_model(builtin, tmp_path, weights):  # noqa: F811
+    """Along the calibrated model's own greedy answer to a 24-token prompt (past the 16-token window): logits within
+    fp16 rounding, every top-1 the same."""
+    r = model_vs_engine(builtin(RECIPE), tmp_path, weights, "fp16", CAL,
+                        group_size=64 if weights == "int4_awq" else None)
+    assert r["top1_agreement"] == 1 and r["greedy_agreement"] == 1 and r["logit_cosine_min"] > 0.9999, r
+
+
+def _fp16_engine(model, tmp_path):
+    """Edge-LLM's FP16 export of `model`, built by the llm_build double: (the runtime double's engine, its dir)."""
+    from tensorrt_edgellm import AutoModel, export_onnx
+    onnx_dir = tmp_path / "onnx"
+    onnx_dir.mkdir(parents=True)
+    export_onnx(AutoModel.from_pretrained(str(model), device="cpu"), str(onnx_dir / "model.onnx"),
+                model_dir=str(model))
+    return build_engine(onnx_dir, tmp_path)
+
+
+def test_each_part_of_the_double_is_needed_to_compute_transformers_gemma4(tiny_gemma4, tmp_path):
+    """transformers' Gemma 4 (fp32) against Edge-LLM's FP16 export of the random model, prefill past the window then
+    decode: cosine >= 0.9999 everywhere. Without the sliding window, without the donor's cache for the shared layer
+    or with another RoPE for the full layers, the double disagrees: each is what the model computes."""
+    import onnx
+    import torch
+    from onnx.reference import ReferenceEvaluator
+    from transformers import AutoModelForCausalLM
+
+    eng, engine_dir = _fp16_engine(tiny_gemma4, tmp_path)
+    from edgellm_engine import MOE_OPS, OPS, load_engine  # beside the engine double (build_engine imported it)
+    model = AutoModelForCausalLM.from_pretrained(tiny_gemma4, dtype=torch.float32).eval()
+    ids = [int(t) for t in np.random.default_rng(0).integers(3, 500, 36)]
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].numpy()
+
+    def worst(engine) -> float:
+        pools, table = engine.new_pools(1), np.zeros((1, 2, 1), np.int32)
+        got = [engine.step(ids[:28], 0, pools, table)]
+        got += [engine.step([ids[i]], i, pools, table) for i in range(28, 36)]
+        return min(float(np.dot(a, b[:512]) / np.linalg.norm(a) / np.linalg.norm(b[:512]))
+                   for a, b in zip(ref[27:], got, strict=True))
+
+    def rerun(engine, graph) -> None:
+        engine.model, engine.session = graph, ReferenceEvaluator(graph, new_ops=[*OPS, *MOE_OPS])
+    assert worst(eng) > 0.9999
+    unwindowed = load_engine(engine_dir, "llm.engine", "config.json")
+    for node in unwindowed.model.graph.node:
+        for a in node.attribute:
+            if node.op_type == "AttentionPlugin" and a.name == "sliding_window_size":
+                a.i = -1
+    rerun(unwindowed, unwindowed.model)
+    assert worst(unwindowed) < 0.999
+    donorless = load_engine(engine_dir, "llm.engine", "config.json")
+    rerun(donorless, onnx.load(str(engine_dir / "llm.engine")))     # the shared layer on its own, empty pool
+    assert worst(donorless) < 0.999
+    rotated = load_engine(engine_dir, "llm.engine", "config.json")      # the full layers turned at every frequency
+    rotated.ropes["rope_rotary_cos_sin_full"] = np.concatenate([rotated.ropes["rope_rotary_cos_sin_sliding"]] * 2)
+    assert worst(rotated) < 0.999
+
+
+def test_the_multimodal_gemma4_checkpoint_is_planned_and_its_export_refused_naming_why():
+    """The hub's checkpoints are Gemma4ForConditionalGeneration (image and audio towers): planned by their text
+    model; the build refuses them before any work, saying the text model builds."""
+    from pipeline import backends
+    from pipeline.families.records import GEMMA4, GEMMA4_MM
+
+    mm, text = (backends.family_support("edgellm", a) for a in (GEMMA4_MM, GEMMA4))
+    assert mm is not None and text is not None and text.plan_only is None
+    assert mm.plan_only and "Gemma4ForCausalLM" in mm.plan_only and "towers are not exported" in mm.plan_only
 
 
 def test_fetch_checks_each_layers_own_widths(tiny_gemma4, tmp_path):
@@ -60,5 +204,10 @@ def test_fetch_checks_each_layers_own_widths(tiny_gemma4, tmp_path):
     shutil.copytree(tiny_gemma4, model)
     cfg = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**cfg, "layer_types": ["sliding_attention"] * 6}))
-    out = _build_refused(model, tmp_path / "p")
+    project = Project(tmp_path / "p")
+    local_recipe(project.recipes / "g4.toml", model, targets=("agx-thor",), weights="fp16")
+    proc = project.doit("build", "recipe=g4", check=False, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out
+    assert not list((project.artifacts / "stages").glob("quantize/*/stage.json"))
     assert "model.layers.2.self_attn.q_proj.weight is [128, 64], config.json says [64, 64]" in out, out

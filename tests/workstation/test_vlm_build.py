@@ -265,8 +265,7 @@ def _double_first_step(engine_dir, kit_dir, golden, variant):
              "1-D": ImageInputs(pad, enc.embeds, enc.deepstack, None, 0),
              "no image": ImageInputs(pad, enc.embeds * 0, [d * 0 for d in enc.deepstack], positions, offset)}[variant]
     pages = -(-len(golden.input_ids) // PAGE)
-    pools = [np.zeros((2, pages, PAGE, engine.cfg["num_key_value_heads"], engine.cfg["head_dim"]), engine.pool_dtype)
-             for _ in range(engine.layers)]
+    pools = engine.new_pools(pages)
     table = np.stack([np.arange(pages), np.arange(pages)])[None].astype(np.int32)
     logits = engine.step(list(golden.input_ids), 0, pools, table, image).astype(np.float64)[:engine.cfg["vocab_size"]]
     return logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())

@@ -53,6 +53,17 @@ class AttentionPlugin(OpRun):
 
     def _run(self, qkv, past, query_lengths, cos_sin, past_lengths, page_table, *rest, **attrs):
         hq, hkv, d = attrs["num_q_heads"], attrs["num_kv_heads"], attrs["head_size"]
+        if attrs.get("supports_bounded_kv_cache"):
+            # Gemma 4's sliding layers: the 7th input is swa_kv_cache_mode, read by its length only (1: the pool
+            # holds the window, O(W); 0: the whole sequence). The double drives full storage; the bounded pool's
+            # ring layout is the C++ runtime's, not part of any published interface this double can follow.
+            mode, rest = rest[0], rest[1:]
+            if mode.size:
+                raise NotImplementedError("bounded (O(W)) sliding-window storage is not part of this double")
+        window = attrs.get("sliding_window_size", -1)
+        # a KV-shared layer (Gemma 4) carries its query only and reads the donor layer's pool, which the donor's
+        # plugin updated earlier in the same step; it never writes it (Engine wires the donor's pool in)
+        shared = bool(attrs.get("enable_kv_shared")) and qkv.shape[-1] == hq * d
         tree_mask = rest[0] if attrs.get("enable_tree_attention") else None
         # Qwen3-style q/k RMSNorm per head, before RoPE (qk_norm_post_rope = 0), with the gammas the graph feeds as
         # the plugin's 7th and 8th inputs
@@ -71,9 +82,9 @@ class AttentionPlugin(OpRun):
         for s, (ql, pl) in enumerate(zip(query_lengths.tolist(), past_lengths.tolist(), strict=True)):
             x = qkv[start:start + ql].astype(np.float32)
             q = x[:, :hq * d].reshape(ql, hq, d)
-            k = x[:, hq * d:(hq + hkv) * d].reshape(ql, hkv, d)
-            v = x[:, (hq + hkv) * d:].reshape(ql, hkv, d)
-            if qk_norm is not None:
+            k = x[:, hq * d:(hq + hkv) * d].reshape(ql, -1, d)     # none where the layer is KV-shared
+            v = x[:, (hq + hkv) * d:].reshape(ql, -1, d)
+            if qk_norm is not None and not shared:
                 q, k = (t / np.sqrt((t * t).mean(-1, keepdims=True) + eps) * g for t, g in zip((q, k), qk_norm,
                                                                                           strict=True))
             # the table holds cos | sin of the rotated dimensions: all of each head, or its first part
@@ -85,10 +96,10 @@ class AttentionPlugin(OpRun):
             def rope(t, cos=cos, sin=sin, r=r):
                 a, b = t[..., :r // 2], t[..., r // 2:r]
                 return np.concatenate([a * cos - b * sin, b * cos + a * sin, t[..., r:]], axis=-1)
-            q, k = rope(q), rope(k)
+            q, k = rope(q), (k if shared else rope(k))
             if fp8:     # the query in E4M3 with its per-tensor scale (1.0 where the checkpoint has none)
                 q = _fp8(q / q_scale).astype(np.float32) * q_scale
-            for i in range(ql):
+            for i in range(0 if shared else ql):
                 pos = pl + i
                 kp, vp = page_table[s, 0, pos // PAGE], page_table[s, 1, pos // PAGE]
                 present[0, kp, pos % PAGE] = _fp8(k[i] / k_scale) if fp8 else k[i]
@@ -102,6 +113,8 @@ class AttentionPlugin(OpRun):
             att = np.einsum("qhd,khd->hqk", q, keys) * scale
             if tree_mask is None:
                 hidden = np.arange(total)[None, :] > (pl + np.arange(ql))[:, None]
+                if window > 0:      # a sliding layer sees the last `window` positions, its own included
+                    hidden |= np.arange(total)[None, :] <= (pl + np.arange(ql))[:, None] - window
             else:       # bit j of row i: current token i sees current token j; every past token is seen
                 rows = tree_mask[start:start + ql].astype(np.uint32)
                 bits = (rows[:, np.arange(ql) // 32] >> (np.arange(ql) % 32)) & 1
@@ -266,10 +279,18 @@ def rope_scale(cfg: dict) -> float:
 
 def inv_freq(cfg: dict) -> np.ndarray:
     """The runtime's RoPE frequencies from its config: default, Llama-3 frequency scaling, or LongRoPE."""
-    d = int(cfg["head_dim"] * cfg.get("partial_rotary_factor", 1.0))
-    inv = 1.0 / (cfg["rope_theta"] ** (np.arange(0, d, 2, dtype=np.float64) / d))
     rs = cfg.get("rope_scaling") or {}
     kind = rs.get("rope_type") or rs.get("type") or "default"
+    if kind == "proportional":
+        # Gemma 4's full layers (transformers' _compute_proportional_rope_parameters): the table spans the whole
+        # head; the first partial_rotary_factor of its frequencies turn (exponents over the whole head), the rest
+        # are zero (cos 1, sin 0)
+        d = cfg["head_dim"]
+        turning = int(rs.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) * d // 2)
+        inv = 1.0 / (cfg["rope_theta"] ** (np.arange(0, 2 * turning, 2, dtype=np.float64) / d))
+        return np.concatenate([inv, np.zeros(d // 2 - turning)]) / rs.get("factor", 1.0)
+    d = int(cfg["head_dim"] * cfg.get("partial_rotary_factor", 1.0))
+    inv = 1.0 / (cfg["rope_theta"] ** (np.arange(0, d, 2, dtype=np.float64) / d))
     if kind == "default":
         return inv
     if kind == "longrope":
@@ -310,14 +331,26 @@ class ImageInputs:
 class Engine:
     """One engine file of the llm_build double, run as the runtime runs it (one sequence at a time)."""
 
-    def __init__(self, engine_file: Path, config: dict, embedding: np.ndarray, external: dict[str, np.ndarray]):
+    def __init__(self, engine_file: Path, config: dict, embedding: np.ndarray, external: dict[str, np.ndarray],
+                 ple: np.ndarray | None = None):
+        """ple: Gemma 4's per-layer token embeddings, [vocab, layers x width] (ple_embedding.safetensors)."""
         self.model = onnx.load(str(engine_file))
-        self.session = ReferenceEvaluator(self.model, new_ops=[*OPS, *MOE_OPS])
-        self.cfg, self.embedding, self.external = config, embedding, external
+        self.cfg, self.embedding, self.external, self.ple = config, embedding, external, ple
         self.layers = config["num_hidden_layers"]
+        _share_donor_pools(self.model, config.get("kv_sharing_donors") or [])
+        self.session = ReferenceEvaluator(self.model, new_ops=[*OPS, *MOE_OPS])
         self.inv, self.rope_scale = inv_freq(config), rope_scale(config)
+        # Gemma 4: a table per attention kind (sliding: the local theta over the head; full: proportional RoPE over
+        # the global head), from the config's sliding_rope_config / full_rope_config as the runtime reads them
+        self.ropes = {f"rope_rotary_cos_sin_{kind}": inv_freq({**config[f"{kind}_rope_config"], "head_dim": width})
+                      for kind, width in (("sliding", config["head_dim"]),
+                                          ("full", config.get("global_head_dim") or config["head_dim"]))
+                      if f"{kind}_rope_config" in config}
         pools = {i.name: i for i in self.model.graph.input if i.name.startswith("past_key_values_")}
         self.pool_dtype = onnx.helper.tensor_dtype_to_np_dtype(pools["past_key_values_0"].type.tensor_type.elem_type)
+        # each layer's pool: [heads, width] from kv_layer_configs where the layers differ (Gemma 4), else the model's
+        self.kv_shapes = [(c["num_kv_heads"], c["head_dim"]) for c in config["kv_layer_configs"]] \
+            if config.get("kv_layer_configs") else [(config["num_key_value_heads"], config["head_dim"])] * self.layers
         self.outputs = [o.name for o in self.model.graph.output]
         self.deepstack = sum(1 for i in self.model.graph.input if i.name.startswith("deepstack_embeds_"))
         rs = config.get("rope_scaling") or {}
@@ -362,6 +395,15 @@ class Engine:
                  "attention_position_ids": pos.astype(np.int32),
                  "tree_parent_ids": np.arange(-1, t - 1, dtype=np.int32), "tree_depths": np.arange(t, dtype=np.int32),
                  "valid_tree_counts": np.array([t], np.int32)}
+        for name, inv in self.ropes.items():
+            a = np.outer(pos, inv)
+            feeds[name] = np.concatenate([np.cos(a), np.sin(a)], -1).astype(np.float32)
+        if self.ple is not None:        # the runtime's gather: layer i's slice of each token's row
+            width = self.cfg["ple_hidden_size"]
+            rows = self.ple[tokens].astype(np.float16)
+            feeds.update({f"ple_token_embeds_{i}": rows[:, i * width:(i + 1) * width] for i in range(self.layers)})
+        # full storage for the sliding layers: the same pages as the full layers, swa_kv_cache_mode of length 0
+        feeds.update(swa_kv_page_table=table, swa_kv_cache_mode=np.zeros(0, np.int8))
         for i in range(self.layers):
             feeds[f"past_key_values_{i}"] = pools[i]
         wanted = {i.name for i in self.model.graph.input}
@@ -375,11 +417,14 @@ class Engine:
             pools[i] = out[f"present_key_values_{i}"]
         return out["logits"][0]
 
+    def new_pools(self, pages: int) -> list[np.ndarray]:
+        """Empty KV pools of `pages` pages, one per layer, each of its layer's shape."""
+        return [np.zeros((2, pages, PAGE, heads, width), self.pool_dtype) for heads, width in self.kv_shapes]
+
     def generate(self, ids: list[int], max_new: int, stops: set[int], on_token=None,
                  image: ImageInputs | None = None) -> list[int]:
         pages = -(-(len(ids) + max_new) // PAGE)
-        pools = [np.zeros((2, pages, PAGE, self.cfg["num_key_value_heads"], self.cfg["head_dim"]), self.pool_dtype)
-                 for _ in range(self.layers)]
+        pools = self.new_pools(pages)
         table = np.stack([np.arange(pages), np.arange(pages)])[None].astype(np.int32)
         logits = self.step(ids, 0, pools, table, image)
         out: list[int] = []
@@ -393,6 +438,17 @@ class Engine:
             logits = self.step([nxt], len(ids) + len(out) - 1, pools, table, image)
 
 
+def _share_donor_pools(model: onnx.ModelProto, donors: list[int]) -> None:
+    """Gemma 4's KV-shared layers read their donor's pool. TensorRT aliases each pool in place (past and present are
+    one allocation, ops.py), so a shared layer sees what its donor wrote earlier in the same step; the reference
+    evaluator passes values, so the shared layer's plugin is wired to the donor's present pool instead."""
+    for node in model.graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "AttentionPlugin" and attrs.get("enable_kv_shared"):
+            layer = int(node.input[1].rsplit("_", 1)[1])
+            node.input[1] = f"present_key_values_{donors[layer]}"
+
+
 def load_engine(engine_dir: Path, name: str, config_name: str) -> Engine:
     from safetensors.numpy import load_file
 
@@ -401,4 +457,5 @@ def load_engine(engine_dir: Path, name: str, config_name: str) -> Engine:
     external: dict[str, np.ndarray] = {}
     for entry in cfg.get("external_weight_files", []):      # as the runtime loads them: from the engine directory
         external.update(load_file(str(engine_dir / entry["file"])))
-    return Engine(engine_dir / name, cfg, embedding, external)
+    ple = load_file(str(engine_dir / "ple_embedding.safetensors"))["weight"] if cfg.get("ple_enabled") else None
+    return Engine(engine_dir / name, cfg, embedding, external, ple)

@@ -231,8 +231,7 @@ class RequestEngine:
                 s["channel"].push(StreamChunk([], True, FinishReason.ERROR))
                 return True
             pages = -(-(n + req.max_generate_length) // self.page)
-            s["pools"] = [np.zeros((2, pages, self.page, eng.cfg["num_key_value_heads"], eng.cfg["head_dim"]),
-                                   eng.pool_dtype) for _ in range(eng.layers)]
+            s["pools"] = eng.new_pools(pages)
             s["table"] = np.stack([np.arange(pages), np.arange(pages)])[None].astype(np.int32)
             logits = eng.step(s["ids"], 0, s["pools"], s["table"])
             s["past"] = n
