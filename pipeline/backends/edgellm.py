@@ -207,13 +207,14 @@ EDGELLM_011: dict[str, Support] = {
     # checked in tests/shared/test_gemma4_plan.py. The text model builds; the hub's multimodal checkpoint waits for
     # its towers' export.
     GEMMA4: Support(rope_types=("default",), sliding_window=True, softcapping=True, partial_rotary=True,
-                    formats=("fp16", "int4_awq", "fp8"), kv_cache=("fp16",),
+                    formats=("fp16", "int4_awq", "fp8", "nvfp4"), kv_cache=("fp16",),
                     formats_why="the formats a test here took through Edge-LLM's gemma4 export and the runtime double",
                     verified="Edge-LLM 0.11 exporter (models/gemma4: per-layer attention types and widths, KV "
                              "sharing, per-layer input embeddings); tests/workstation/test_gemma4_build.py (tiny "
                              "Gemma 4 FP16 and INT4-AWQ through doit build, the device half and serve; run by the "
                              "runtime double against transformers' Gemma 4), tests/workstation/test_families.py "
-                             "(FP8), tests/shared/test_gemma4_plan.py"),
+                             "(FP8), tests/workstation/test_nvfp4.py (NVFP4, on a GPU), "
+                             "tests/shared/test_gemma4_plan.py"),
     GEMMA4_MM: Support(rope_types=("default",), sliding_window=True, softcapping=True, partial_rotary=True,
                        formats=("fp16", "fp8", "int4_awq", "nvfp4"), kv_cache=("fp16",),
                        formats_why="the formats Edge-LLM publishes Gemma 4 results in",
