@@ -14,8 +14,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 FAMILIES = ("tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-phi3")
-# (builtin, KV caches): Edge-LLM builds Qwen3-MoE with an FP16 KV cache here (backends/edgellm.py)
-CASES = tuple((name, ("fp16", "fp8")) for name in FAMILIES) + (("tiny-qwen3-moe", ("fp16",)), ("tiny-gemma4", ("fp16",)))
+# (builtin, KV caches): Edge-LLM builds Qwen3-MoE and Gemma 4 with an FP16 KV cache here (backends/edgellm.py)
+CASES = tuple((name, ("fp16", "fp8")) for name in FAMILIES) + tuple((name, ("fp16",))
+                                                                   for name in ("tiny-qwen3-moe", "tiny-gemma4"))
 
 
 def _act_qdq_graph():
