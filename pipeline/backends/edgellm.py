@@ -167,8 +167,20 @@ def _edgellm_dense(verified: str, formats: tuple[str, ...] | None = None, kv_cac
                    kv_cache=kv_cache, formats_why=formats_why, verified=verified)
 
 
-_GEMMA4_PLAN_ONLY = ("the multimodal checkpoint's image and audio towers are not exported yet; a Gemma 4 text "
-                     "checkpoint (Gemma4ForCausalLM) builds")
+_GEMMA4_TOWERS = ("its image and audio towers are not exported yet (Edge-LLM's exporter takes the language model "
+                  "from the checkpoint); image and audio requests are refused by the server")
+# Gemma 4: planned from its layers as they are (plan/shapes.py LayerGeometry; the published E4B rows on Thor in
+# tests/shared/test_gemma4_plan.py); its text model builds, from a text checkpoint or the hub's multimodal one (whose
+# towers wait for their export)
+_EDGELLM_GEMMA4 = Support(
+    rope_types=("default",), sliding_window=True, softcapping=True, partial_rotary=True,
+    formats=("fp16", "int4_awq", "fp8", "nvfp4"), kv_cache=("fp16",),
+    formats_why="the formats a test here took through Edge-LLM's gemma4 export and the runtime double",
+    verified="Edge-LLM 0.11 exporter (models/gemma4: per-layer attention types and widths, KV sharing, per-layer "
+             "input embeddings); tests/workstation/test_gemma4_build.py (tiny Gemma 4 FP16 and INT4-AWQ through doit "
+             "build, the device half and serve, a multimodal checkpoint's language model; run by the runtime double "
+             "against transformers' Gemma 4), tests/workstation/test_families.py (FP8), "
+             "tests/workstation/test_nvfp4.py (NVFP4, on a GPU), tests/shared/test_gemma4_plan.py")
 _NO_GEMMA_PATH = ("Edge-LLM 0.11's exporter has a Gemma 4 model and no {} path; its generic decoder has no (1 + w) "
                   "RMSNorm, post-attention norms or embedding scaling")
 
@@ -203,23 +215,8 @@ EDGELLM_011: dict[str, Support] = {
                        formats_why="Edge-LLM 0.11's MoE plugins are FP16, INT4 (Marlin) and NVFP4"),
         renormalizes_topk=True),
     GPT_OSS: Support(refused=GPT_OSS_WHERE),
-    # planned from its layers as they are (plan/shapes.py LayerGeometry); the published Gemma 4 E4B rows on Thor
-    # checked in tests/shared/test_gemma4_plan.py. The text model builds; the hub's multimodal checkpoint waits for
-    # its towers' export.
-    GEMMA4: Support(rope_types=("default",), sliding_window=True, softcapping=True, partial_rotary=True,
-                    formats=("fp16", "int4_awq", "fp8", "nvfp4"), kv_cache=("fp16",),
-                    formats_why="the formats a test here took through Edge-LLM's gemma4 export and the runtime double",
-                    verified="Edge-LLM 0.11 exporter (models/gemma4: per-layer attention types and widths, KV "
-                             "sharing, per-layer input embeddings); tests/workstation/test_gemma4_build.py (tiny "
-                             "Gemma 4 FP16 and INT4-AWQ through doit build, the device half and serve; run by the "
-                             "runtime double against transformers' Gemma 4), tests/workstation/test_families.py "
-                             "(FP8), tests/workstation/test_nvfp4.py (NVFP4, on a GPU), "
-                             "tests/shared/test_gemma4_plan.py"),
-    GEMMA4_MM: Support(rope_types=("default",), sliding_window=True, softcapping=True, partial_rotary=True,
-                       formats=("fp16", "fp8", "int4_awq", "nvfp4"), kv_cache=("fp16",),
-                       formats_why="the formats Edge-LLM publishes Gemma 4 results in",
-                       verified="Edge-LLM 0.11 exporter (models/gemma4); tests/shared/test_gemma4_plan.py",
-                       plan_only=_GEMMA4_PLAN_ONLY),
+    GEMMA4: _EDGELLM_GEMMA4,
+    GEMMA4_MM: dataclasses.replace(_EDGELLM_GEMMA4, text_only=_GEMMA4_TOWERS),
     GEMMA2: Support(refused=_NO_GEMMA_PATH.format("Gemma 2")),
     GEMMA3: Support(refused=_NO_GEMMA_PATH.format("Gemma 3")),
     **{arch: _edgellm_dense(_VLM_VERIFIED) for arch in VISION_LANGUAGE},

@@ -26,9 +26,9 @@ class Support:
     softcapping: bool = False               # applies attention / final logit soft-capping
     partial_rotary: bool = False            # rotates only part of each head (partial_rotary_factor < 1)
     verified: str = ""                      # how we know (source file, test)
-    # the backend builds the family and this version of the pipeline does not export it yet: why (the plan sizes
-    # and times it; a build stops before calibrating, saying this)
-    plan_only: str | None = None
+    # the checkpoint holds towers (image, audio) this version does not export: the kit answers text only; what the
+    # plan says of them
+    text_only: str | None = None
     # its MoE plugins renormalize the top-k routing weights whatever the config says (Edge-LLM 0.11: Int4MoePlugin
     # calls moeTopkSoftmax(..., renormalize=true); its qwen3_moe passes norm_topk_prob = 1 to the others)
     renormalizes_topk: bool = False

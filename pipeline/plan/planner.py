@@ -265,6 +265,9 @@ def _prediction(req: PlanRequest, engine: backends.Backend, backend: str | None,
                     for b in levels} if mode in t.bandwidth_gbs else None
     if backend is not None and engine.perf_note:
         warnings.append(engine.perf_note)
+    support = backends.family_support(backend, req.shape.architecture) if backend else None
+    if support is not None and support.text_only:
+        warnings.append(f"text only: {support.text_only}")
     ttft, ttft_fields = _ttft(req, mode)
     prediction = Prediction(
         power_mode=mode, bandwidth_gbs=t.bandwidth_gbs.get(mode), context_tokens=context,

@@ -49,7 +49,9 @@ class CalibrationSettings(Protocol):
 
 
 # the visual towers' module names (workstation/visual_export.py TOWER_MODULES), as quantizer name patterns match them
-TOWER_QUANTIZER_MODULES = ("visual.", "vision_tower.", "multi_modal_projector.")
+# Gemma 4's multimodal checkpoints: vision_tower, audio_tower and their embedders into the language model
+TOWER_QUANTIZER_MODULES = ("visual.", "vision_tower.", "multi_modal_projector.", "audio_tower.", "embed_vision.",
+                           "embed_audio.")
 
 
 # FP8 on a tower (Edge-LLM 0.11's --visual_quantization fp8, quantization/quantization_configs.py): per-tensor E4M3

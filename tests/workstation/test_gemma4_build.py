@@ -186,15 +186,93 @@ def test_each_part_of_the_double_is_needed_to_compute_transformers_gemma4(tiny_g
     assert worst(rotated) < 0.999
 
 
-def test_the_multimodal_gemma4_checkpoint_is_planned_and_its_export_refused_naming_why():
-    """The hub's checkpoints are Gemma4ForConditionalGeneration (image and audio towers): planned by their text
-    model; the build refuses them before any work, saying the text model builds."""
-    from pipeline import backends
-    from pipeline.families.records import GEMMA4, GEMMA4_MM
+@pytest.fixture(scope="module")
+def tiny_gemma4_multimodal(tmp_path_factory):
+    """The hub's layout: Gemma4ForConditionalGeneration, the language model under model.language_model beside a
+    vision tower (one layer) and its embedder; briefly trained on text (random weights give near-uniform logits,
+    where FP16's rounding decides the greedy answer)."""
+    import torch
+    from transformers import AutoTokenizer, Gemma4ForConditionalGeneration
 
-    mm, text = (backends.family_support("edgellm", a) for a in (GEMMA4_MM, GEMMA4))
-    assert mm is not None and text is not None and text.plan_only is None
-    assert mm.plan_only and "Gemma4ForCausalLM" in mm.plan_only and "towers are not exported" in mm.plan_only
+    from pipeline.workstation.tinytrain import train
+    from transformers import Gemma4Config, Gemma4TextConfig, Gemma4VisionConfig
+
+    text = Gemma4TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                            num_key_value_heads=1, head_dim=16, global_head_dim=32, vocab_size=512,
+                            vocab_size_per_layer_input=512, hidden_size_per_layer_input=64, num_kv_shared_layers=3,
+                            use_double_wide_mlp=True, sliding_window=16, max_position_embeddings=512,
+                            final_logit_softcapping=30.0,
+                            layer_types=(["sliding_attention"] * 2 + ["full_attention"]) * 2, eos_token_id=1)
+    vision = Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                num_key_value_heads=2, head_dim=16, position_embedding_size=64)
+    cfg = Gemma4Config(text_config=text.to_dict(), vision_config=vision.to_dict(), audio_config=None,
+                       architectures=["Gemma4ForConditionalGeneration"], image_token_id=500, boi_token_id=501,
+                       eoi_token_id=502, tie_word_embeddings=True)
+    path = save_random_model(tmp_path_factory.mktemp("gemma4-mm") / "tiny-gemma4-mm",
+                             "Gemma4ForConditionalGeneration", cfg, (
+        "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"))
+    model = Gemma4ForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
+    train(model, AutoTokenizer.from_pretrained(path), 60, 0)
+    model.eval().save_pretrained(path)
+    return path
+
+
+def test_a_multimodal_gemma4_checkpoint_builds_its_language_model_and_says_the_kit_is_text_only(
+        tiny_gemma4_multimodal, tmp_path):
+    """The hub's Gemma 4 checkpoints are multimodal. Edge-LLM's exporter takes the language model from them: the
+    plan says the kit is text only (its towers are not exported yet); the FP16 kit validates on the recorded Thor
+    (every golden, past the window); its server refuses an image naming why."""
+    import httpx
+
+    project = Project(tmp_path / "p")
+    local_recipe(project.recipes / "g4mm.toml", tiny_gemma4_multimodal, targets=("agx-thor",), weights="fp16",
+                 prompts=("Hello", "What is the capital of France?"))
+    plan = project.cli("plan", "g4mm")
+    assert plan.returncode == 0, plan.stderr
+    assert "text only: its image and audio towers are not exported yet" in plan.stdout, plan.stdout
+    project.doit("build", "recipe=g4mm", timeout=600)
+    (kit,) = (project.artifacts / "g4mm").glob("kit*/g4mm@agx-thor")
+    proc = device(project, kit, tmp_path / "dev", board="agx-thor-jp72")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (report_dir,) = (tmp_path / "dev" / "out").glob("*.report")
+    report = contract.Report.load(report_dir / contract.REPORT_JSON)
+    assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0]
+    s = Served(["g4mm"], project.env, REPO, tmp_path / "server.log")
+    try:
+        r = httpx.post(s.url + "/v1/chat/completions", timeout=30, json={"model": "g4mm", "messages": [{
+            "role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
+        assert r.status_code == 400 and "is a text model and takes no images" in r.json()["error"]["message"], r.text
+    finally:
+        s.stop()
+
+
+def test_a_multimodal_gemma4_checkpoints_int4_language_model_computes_the_calibrated_one(
+        tiny_gemma4_multimodal, tmp_path):
+    """INT4-AWQ (down_proj FP16) from the multimodal checkpoint, its tower left out of calibration: the engine's
+    logits are the calibrated model's (the random model's near-uniform logits make its top-1 a coin toss, so the
+    cosine is what is checked)."""
+    import torch
+
+    from pipeline.workstation.calibrate import quantize
+    from pipeline.workstation.edgellm_export import export
+    from pipeline.workstation.grid import weights_on_grid
+    from pipeline.workstation.state import load_quantized
+
+    (tmp_path / "q").mkdir()
+    info = quantize(tiny_gemma4_multimodal, tmp_path / "q", "int4_awq", "fp16", 64, CAL, ".")
+    assert info["quantize"]["kept_fp16"] == ["down_proj"]
+    onnx_dir = tmp_path / "e" / "onnx"
+    export(tiny_gemma4_multimodal, tmp_path / "q", tmp_path / "e", onnx_dir, "int4_awq", "fp16", "11.0")
+    eng, _ = build_engine(onnx_dir, tmp_path)
+    model = load_quantized(tiny_gemma4_multimodal, tmp_path / "q", "cpu")
+    assert not [n for n, m in model.named_modules() if "vision" in n and getattr(m, "is_enabled", False)]
+    ids = list(range(3, 40))
+    with weights_on_grid(model), torch.no_grad():
+        ref = model(input_ids=torch.tensor([ids])).logits[0, -1].float().numpy()
+    got = eng.step(ids, 0, eng.new_pools(1), np.zeros((1, 2, 1), np.int32))[:512]
+    assert float(np.dot(ref, got) / np.linalg.norm(ref) / np.linalg.norm(got)) > 0.9999
 
 
 def test_fetch_checks_each_layers_own_widths(tiny_gemma4, tmp_path):
