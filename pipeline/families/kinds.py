@@ -29,6 +29,9 @@ class Support:
     # the checkpoint holds towers (image, audio) this version does not export: the kit answers text only; what the
     # plan says of them
     text_only: str | None = None
+    # the family's variant with routed experts is planned but not exported by this version: why (a build stops
+    # before calibrating, saying so)
+    experts_not_built: str | None = None
     # its MoE plugins renormalize the top-k routing weights whatever the config says (Edge-LLM 0.11: Int4MoePlugin
     # calls moeTopkSoftmax(..., renormalize=true); its qwen3_moe passes norm_topk_prob = 1 to the others)
     renormalizes_topk: bool = False
@@ -73,6 +76,15 @@ class MoeLayout:
     dense_layers: str | None = "mlp_only_layers"    # layers that keep the dense MLP (intermediate_size wide)
     expert_tensors: str = "model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"
     router: str = "model.layers.{layer}.mlp.gate.weight"    # [num_experts, hidden]; kept in FP16
+    # Gemma 4's 26B-A4B: the config key that turns the experts on (absent or false: a dense model of the family),
+    # a block beside each layer's dense MLP (which keeps intermediate_size), its experts stored fused: {layer}'s
+    # gate_up [experts, 2 x width, hidden] and down [experts, hidden, width]
+    enabled_by: str | None = None
+    beside_mlp: bool = False
+    fused_tensors: tuple[str, str] | None = None
+
+    def enabled(self, config: dict) -> bool:
+        return not self.enabled_by or bool(config.get(self.enabled_by))
 
     def count_key(self, config: dict) -> str:
         """The key of `count` this config uses (the first; a config with none is reported under it)."""
@@ -107,7 +119,6 @@ class LayerLayout:
     window: str = "sliding_window"
     per_layer_width: str = "hidden_size_per_layer_input"    # 0: no per-layer inputs (Gemma 4 31B)
     per_layer_vocab: str = "vocab_size_per_layer_input"
-    moe_block: str = "enable_moe_block"             # a routed MoE beside each layer's MLP (26B-A4B)
 
 
 @dataclass(frozen=True)
@@ -132,8 +143,9 @@ class Family:
     text_config: str | None = None
     moe: MoeLayout | None = None            # a mixture-of-experts family: where its config keeps the experts
     layers: LayerLayout | None = None       # layers that differ from each other (plan/shapes.py LayerGeometry)
-    # linears (by their last name) that stay FP16 when the rest of the model is quantized to 4 bits, where 4 bits
-    # cannot hold what they compute; the plan counts them so, and calibration leaves them alone
+    # the dense layers' linears (by name: an MoE's experts are not these) that stay FP16 when the rest of the model is
+    # quantized to 4 bits, where 4 bits cannot hold what they compute; the plan counts them so, and calibration
+    # leaves them alone
     fp16_at_4bit: tuple[str, ...] = ()
     notes: str = ""
 

@@ -19,6 +19,12 @@ GEMMA4, GEMMA4_MM = "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"
 # (quantization/quantize.py: "4-bit down_proj cannot represent the clamped +/-2048 GeGLU intermediate and drops
 # mmlu/mmmu below threshold")
 GEMMA4_FP16_AT_4BIT = ("down_proj",)
+# Gemma 4 26B-A4B: 128 experts (8 per token, top-k renormalized then scaled per expert) beside every layer's MLP
+GEMMA4_EXPERTS = MoeLayout(count=("num_experts",), active=("top_k_experts",), normalized=None, sparse_step=None,
+                           dense_layers=None, router="model.layers.{layer}.router.proj.weight",
+                           enabled_by="enable_moe_block", beside_mlp=True,
+                           fused_tensors=("model.layers.{layer}.experts.gate_up_proj",
+                                          "model.layers.{layer}.experts.down_proj"))
 # vision-language models, as transformers 5 names them natively (InternVL3's original checkpoints load through their
 # own code, InternVLChatModel: only the "-hf" conversions are this architecture)
 QWEN2_5_VL, QWEN3_VL = "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration"
@@ -52,13 +58,13 @@ FAMILIES: tuple[Family, ...] = (
            notes="5 sliding-window layers to 1 global; q/k RMSNorm"),
     Family(GEMMA4, "Gemma 4", ("Gemma 4 E2B / E4B (text)",), "Gemma4TextConfig", norm="rms_plus_one",
            sandwich_norms=True, activation="gelu_tanh", qk_norm=True, embedding_scale="sqrt_hidden",
-           layers=LayerLayout(), fp16_at_4bit=GEMMA4_FP16_AT_4BIT,
+           layers=LayerLayout(), fp16_at_4bit=GEMMA4_FP16_AT_4BIT, moe=GEMMA4_EXPERTS,
            notes="sliding-window and full layers of different widths; the last layers reuse earlier K/V; per-layer "
                  "input embeddings (E2B / E4B)"),
     Family(GEMMA4_MM, "Gemma 4 (multimodal checkpoint)", ("gemma-4-E4B-it", "gemma-4-E2B-it"), "Gemma4Config",
            norm="rms_plus_one", sandwich_norms=True, activation="gelu_tanh", qk_norm=True,
            embedding_scale="sqrt_hidden", layers=LayerLayout(), text_config="text_config",
-           fp16_at_4bit=GEMMA4_FP16_AT_4BIT,
+           fp16_at_4bit=GEMMA4_FP16_AT_4BIT, moe=GEMMA4_EXPERTS,
            notes="the hub's Gemma 4 checkpoints: the language model in text_config planned, the image and audio "
                  "towers not yet"),
     Family(QWEN3_MOE, "Qwen3-MoE", ("Qwen3-30B-A3B", "Qwen3-Coder-30B-A3B"), "Qwen3MoeConfig", qk_norm=True,

@@ -128,8 +128,15 @@ def export_refusal(recipe: Recipe, plan: contract.Plan) -> str | None:
 
 def export_refusal_hint(recipe: Recipe, plan: contract.Plan) -> tuple[str, str] | None:
     """(why the export would refuse, what to do), or None."""
+    from pipeline.plan.shapes import load_shape
     from pipeline.workstation.fetch import has_chat_template
     backend = backends.get(plan.backend)
+    shape = load_shape(model_dir(recipe))
+    support = backends.family_support(backend.name, shape.architecture)
+    if support is not None and support.experts_not_built and shape.experts is not None:
+        return (f"{backend.label} builds {shape.architecture} with routed experts, and this version plans it but does "
+                f"not export it yet: {support.experts_not_built}", "use `python -m pipeline plan` for its memory and "
+                f"speed; build it with {backend.label}'s own exporter for now")
     if backend.needs_chat_template and not has_chat_template(model_dir(recipe)):
         return (f"{backend.label} (target {plan.target}) renders prompts with the tokenizer's chat template, and "
                 "this model's tokenizer has none", "use the instruct model's repository, or add chat_template.jinja "

@@ -33,7 +33,9 @@ def cell(fam: Family, backend: str) -> str:
     kv = [k for k in kv if k in (s.kv_cache or kv) and k != DEFAULT_KV.name]
     out = ", ".join(WEIGHT_FORMATS[w].label for w in weights)
     out += f"; {', '.join(KV_FORMATS[k].label for k in kv)}" if kv else ""
-    return f"{out} (text only: {s.text_only})" if s.text_only else out
+    out += f" (text only: {s.text_only})" if s.text_only else ""
+    return out + (f" (with routed experts: planned, not built yet: {s.experts_not_built})" if s.experts_not_built
+                  else "")
 
 
 def markdown() -> str:

@@ -25,7 +25,7 @@ def linear_bytes(linears: list[tuple[str, int, int, float]], fmt: WeightFormat, 
                  kept: tuple[str, ...] = ()) -> float:
     """Bytes of these linears (ModelShape.linears rows) in this format, AWQ's per-input-channel FP16 pre-quant
     scales included; those named in `kept` (ModelShape.kept_fp16) in FP16."""
-    return sum((i * o * 2.0 if name.rsplit(".", 1)[-1] in kept else
+    return sum((i * o * 2.0 if name in kept else
                 fmt.bytes_for(i, o, group_size) + (i * 2 if fmt.awq else 0)) * n for name, i, o, n in linears)
 
 

@@ -95,31 +95,41 @@ class ModelShape:
     def quantized_input_dims(self, fmt: WeightFormat | None = None) -> list[int]:
         """The input widths the format's groups must divide (with `fmt`: of the linears it quantizes)."""
         kept = self.kept_fp16(fmt) if fmt is not None else ()
-        return sorted({inp for name, inp, _, _ in self.linears() if name.rsplit(".", 1)[-1] not in kept})
+        return sorted({inp for name, inp, _, _ in self.linears() if name not in kept})
 
     def linears(self, tokens: int | None = None) -> list[tuple[str, int, int, float]]:
         """(name, in_features, out_features, copies in the whole decoder) of every quantizable linear. An MoE layer
-        has its attention, `count` experts (gate/up/down, `intermediate` wide) and its shared expert. tokens: count
+        has its attention, `count` experts (gate/up/down, `intermediate` wide) and its shared expert (Gemma 4: its
+        experts beside the layer's own MLP, which the geometry holds). tokens: count
         only the experts that many tokens reach (Experts.touched: a decode step of a batch, a prompt); None: all of
         them (what is stored)."""
         if self.geometry:
-            return self._geometry_linears()
+            return self._geometry_linears() + self._expert_linears(tokens)
         e = self.experts
         if e is None:
             return [(n, i, o, float(self.num_layers)) for n, i, o in self.layer_linears()]
         attention = [x for x in self.layer_linears() if x[0] in ("q_proj", "k_proj", "v_proj", "o_proj")]
         dense = [x for x in self.layer_linears() if x not in attention]
-        h, w = self.hidden_size, e.intermediate
-        experts = e.count if tokens is None else e.touched(tokens)
+        h = self.hidden_size
         out = [(n, i, o, float(self.num_layers)) for n, i, o in attention]
         out += [(n, i, o, float(self.num_layers - e.layers)) for n, i, o in dense if self.num_layers > e.layers]
-        out += [(f"experts.{n}", i, o, e.layers * experts) for n, i, o in (("gate_proj", h, w), ("up_proj", h, w),
-                                                                          ("down_proj", w, h))]
+        out += self._expert_linears(tokens)
         if e.shared_intermediate:
             s = e.shared_intermediate
             out += [(f"shared_expert.{n}", i, o, float(e.layers))
                     for n, i, o in (("gate_proj", h, s), ("up_proj", h, s), ("down_proj", s, h))]
         return out
+
+    def _expert_linears(self, tokens: int | None) -> list[tuple[str, int, int, float]]:
+        """The routed experts' gate/up/down rows (all of them, or those `tokens` tokens reach); none for a dense
+        model."""
+        e = self.experts
+        if e is None:
+            return []
+        h, w = self.hidden_size, e.intermediate
+        experts = e.count if tokens is None else e.touched(tokens)
+        return [(f"experts.{n}", i, o, e.layers * experts) for n, i, o in (("gate_proj", h, w), ("up_proj", h, w),
+                                                                           ("down_proj", w, h))]
 
     def _geometry_linears(self) -> list[tuple[str, int, int, float]]:
         """Every layer's own linears (a KV-shared layer has no K/V projections, a K = V layer no V projection), the
@@ -259,7 +269,7 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
         max_position_embeddings=need_int("max_position_embeddings", 2048),
     )
     experts = None
-    if fam is not None and fam.moe is not None:
+    if fam is not None and fam.moe is not None and fam.moe.enabled(config):
         m = fam.moe
 
         def expert_int(key: str, most: int) -> int:
@@ -308,10 +318,6 @@ def _layer_geometry(layout, config: dict, shape: dict, prefix: str, source: str,
         problems.append(Problem(source, prefix + layout.types, types, f"must list one attention type per layer "
                                 f"({layers})", "use the model's own config.json, as transformers saved it"))
         return (), None
-    if config.get(layout.moe_block):
-        problems.append(Problem(source, prefix + layout.moe_block, config.get(layout.moe_block),
-                                "a Gemma 4 mixture-of-experts block beside each MLP (26B-A4B): not planned yet",
-                                "plan the dense Gemma 4 models (E2B, E4B); the 26B-A4B follows"))
     shared = opt_int(layout.kv_shared, layers)
     width = opt_int(layout.per_layer_width, BOUNDS["hidden_size"])
     full_dim = opt_int(layout.global_head_dim, BOUNDS["head_dim"]) or shape["head_dim"]

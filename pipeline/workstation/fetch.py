@@ -98,13 +98,19 @@ def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
             want[p + "self_attn.k_proj.weight"] = (kv, h)
         if g is None or (g.own_kv and g.v_proj):
             want[p + "self_attn.v_proj.weight"] = (kv, h)
-        if e is not None and moe is not None and n in e.layer_ids:     # its experts and router, as the hub names them
+        routed = e is not None and moe is not None and n in e.layer_ids
+        if routed:     # its experts and router, as the hub names them
+            assert e is not None and moe is not None
             w = e.intermediate
             want[moe.router.format(layer=n).replace("model.", base, 1)] = (e.count, h)
-            for x in range(e.count):
-                want |= {moe.expert_tensors.format(layer=n, expert=x, proj=proj).replace("model.", base, 1): dims
-                         for proj, dims in (("gate_proj", (w, h)), ("up_proj", (w, h)), ("down_proj", (h, w)))}
-        else:
+            if moe.fused_tensors:       # [experts, 2 x width, hidden] and [experts, hidden, width]
+                gate_up, down = (t.format(layer=n).replace("model.", base, 1) for t in moe.fused_tensors)
+                want |= {gate_up: (e.count, 2 * w, h), down: (e.count, h, w)}
+            else:
+                for x in range(e.count):
+                    want |= {moe.expert_tensors.format(layer=n, expert=x, proj=proj).replace("model.", base, 1): dims
+                             for proj, dims in (("gate_proj", (w, h)), ("up_proj", (w, h)), ("down_proj", (h, w)))}
+        if not routed or (moe is not None and moe.beside_mlp):      # the dense MLP (Gemma 4: beside the experts)
             want |= {p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
                      p + "mlp.down_proj.weight": (h, i)}
     out = [f"{k} is {list(headers[k])}, config.json says {list(s)}" for k, s in want.items()

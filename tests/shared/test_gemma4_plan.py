@@ -143,4 +143,53 @@ def test_a_gemma_4_config_whose_layer_types_do_not_match_its_layers_is_one_error
     moe["text_config"]["enable_moe_block"] = True
     with pytest.raises(InputError) as err:
         shape_from_config(moe, "config.json")
-    assert "text_config.enable_moe_block" in str(err.value) and "26B-A4B" in str(err.value)
+    # the MoE block turned on without its experts: each missing field named
+    assert all(f"text_config.{k} = None" in str(err.value)
+               for k in ("num_experts", "top_k_experts", "moe_intermediate_size")), str(err.value)
+
+
+A26B, B31 = "google/gemma-4-26B-A4B-it", "google/gemma-4-31B-it"
+
+
+def _published(model: str) -> dict[str, float]:
+    with ROWS.open(newline="") as f:
+        return {r["precision"]: float(r["decode_tok_s"]) for r in csv.DictReader(f) if r["model"] == model}
+
+
+def _errors(shape, model: str) -> dict[str, float]:
+    out = {}
+    for weights, tok_s in _published(model).items():
+        plan = make_plan(PlanRequest(shape=shape, model_label=model, weights=weights, kv_cache="fp16",
+                                     target=get_target("agx-thor"), limits=BuildLimits.of(2, 2048, 4096)))
+        assert plan.ok and plan.backend == "edgellm", plan.refused
+        out[weights] = plan.predicted_decode_tok_s / tok_s - 1
+    return out
+
+
+def test_the_26b_a4b_is_planned_by_all_its_experts_and_decoded_by_the_active_ones():
+    """Gemma 4 26B-A4B: 128 experts of 704 beside every layer's 2112-wide MLP, 8 per token. Stored: 25.2 B
+    parameters (its name's 26B, the tied 262k embedding included); a decode step reads the attention, the dense
+    MLPs and 8 of each layer's experts: ~3.1 B linear weights."""
+    shape = known_shape(A26B)
+    assert shape.experts is not None and (shape.experts.count, shape.experts.active, shape.experts.layers) == (
+        128, 8, 30)
+    assert 25.0e9 < shape.total_params < 25.5e9
+    assert 3.0e9 < shape.active_linear_params(1) < 3.15e9
+    dense = [r for r in shape.linears() if r[0] == "down_proj"]
+    assert dense and all(i == 2112 for _, i, _, _ in dense)      # the MLP beside the experts keeps its width
+
+
+def test_gemma4_26b_and_31b_plans_against_the_published_thor_rows():
+    """Edge-LLM 0.10's llm_bench at 2048 past tokens on Thor. 31B: FP8 within 6%; INT4-AWQ within 6% for the model
+    quantized whole (37% slow with down_proj FP16, as 0.11 builds it: the published engine was quantized whole, as
+    E4B's); NVIDIA's own NVFP4 checkpoint exactly as 0.11 builds NVFP4 (down_proj FP16: +47% if quantized whole).
+    26B-A4B (NVIDIA's NVFP4 checkpoint): the MoE fit from Qwen3-30B-A3B's rows predicts 33% fast, the largest error
+    of the published MoE rows; which parts NVIDIA's checkpoint keeps above 4 bits is not known here."""
+    import dataclasses
+    b31 = known_shape(B31)
+    as_built, whole = _errors(b31, B31), _errors(dataclasses.replace(b31, fp16_at_4bit=()), B31)
+    assert abs(as_built["fp8"]) < 0.06 and abs(whole["int4_awq"]) < 0.06 and abs(as_built["nvfp4"]) < 0.01, \
+        (as_built, whole)
+    assert as_built["int4_awq"] < -0.3 and whole["nvfp4"] > 0.4, (as_built, whole)
+    moe = _errors(known_shape(A26B), A26B)
+    assert 0.25 < moe["nvfp4"] < 0.40, moe

@@ -192,10 +192,15 @@ def tiny_gemma4_multimodal(tmp_path_factory):
     vision tower (one layer) and its embedder; briefly trained on text (random weights give near-uniform logits,
     where FP16's rounding decides the greedy answer)."""
     import torch
-    from transformers import AutoTokenizer, Gemma4ForConditionalGeneration
+    from transformers import (
+        AutoTokenizer,
+        Gemma4Config,
+        Gemma4ForConditionalGeneration,
+        Gemma4TextConfig,
+        Gemma4VisionConfig,
+    )
 
     from pipeline.workstation.tinytrain import train
-    from transformers import Gemma4Config, Gemma4TextConfig, Gemma4VisionConfig
 
     text = Gemma4TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
                             num_key_value_heads=1, head_dim=16, global_head_dim=32, vocab_size=512,
@@ -273,6 +278,33 @@ def test_a_multimodal_gemma4_checkpoints_int4_language_model_computes_the_calibr
         ref = model(input_ids=torch.tensor([ids])).logits[0, -1].float().numpy()
     got = eng.step(ids, 0, eng.new_pools(1), np.zeros((1, 2, 1), np.int32))[:512]
     assert float(np.dot(ref, got) / np.linalg.norm(ref) / np.linalg.norm(got)) > 0.9999
+
+
+def test_a_gemma4_with_routed_experts_is_planned_then_stopped_before_calibrating(tmp_path):
+    """The 26B-A4B's layout shrunk (8 experts of 32, 2 per token, beside every layer's MLP; K = V full layers):
+    fetch checks its fused expert tensors and its dense MLPs against the config, the plan sizes it, and the build
+    stops before calibrating, naming the routed experts as what is not exported yet."""
+    from transformers import Gemma4TextConfig
+
+    cfg = Gemma4TextConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                           attention_k_eq_v=True, vocab_size=512, hidden_size_per_layer_input=0,
+                           enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
+                           sliding_window=16, max_position_embeddings=512, final_logit_softcapping=30.0,
+                           layer_types=(["sliding_attention"] * 5 + ["full_attention"]),
+                           architectures=["Gemma4ForCausalLM"], eos_token_id=1)
+    model = save_random_model(tmp_path / "moe", "Gemma4ForCausalLM", cfg, (
+        "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"))
+    project = Project(tmp_path / "p")
+    local_recipe(project.recipes / "g4moe.toml", model, targets=("agx-thor",), weights="fp16")
+    proc = project.doit("build", "recipe=g4moe", check=False, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out
+    assert "fetch    g4moe: local" in out, out        # fused experts, routers and dense MLPs as the config says
+    assert "builds Gemma4ForCausalLM with routed experts, and this version plans it but does not export it yet: " \
+           "the 26B-A4B's MoE block" in out, out
+    assert not list((project.artifacts / "stages").glob("quantize/*/stage.json"))
 
 
 def test_fetch_checks_each_layers_own_widths(tiny_gemma4, tmp_path):
