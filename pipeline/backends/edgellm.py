@@ -176,8 +176,12 @@ _EDGELLM_GEMMA4 = Support(
     rope_types=("default",), sliding_window=True, softcapping=True, partial_rotary=True,
     formats=("fp16", "int4_awq", "fp8", "nvfp4"), kv_cache=("fp16",),
     formats_why="the formats a test here took through Edge-LLM's gemma4 export and the runtime double",
+    # Edge-LLM 0.11's gemma4 MoE block: NVFP4 through Nvfp4MoePlugin (routing mode 2: softmax, top-k, then the
+    # per-expert scales); INT4 through Int4MoePlugin, whose inputs have no place for the per-expert scales (the
+    # block registers them and passes them nowhere); FP16 through a fallback that runs every expert for every token
     experts_not_built="the 26B-A4B's MoE block (beside each MLP, routed weights scaled per expert) is not exported and "
-                      "checked here yet",
+                      "checked here yet; note that Edge-LLM 0.11's INT4 path gives its Int4MoePlugin no input for "
+                      "the per-expert scales, and its FP16 path runs every expert for every token",
     verified="Edge-LLM 0.11 exporter (models/gemma4: per-layer attention types and widths, KV sharing, per-layer "
              "input embeddings); tests/workstation/test_gemma4_build.py (tiny Gemma 4 FP16 and INT4-AWQ through doit "
              "build, the device half and serve, a multimodal checkpoint's language model; run by the runtime double "

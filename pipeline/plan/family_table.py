@@ -34,8 +34,7 @@ def cell(fam: Family, backend: str) -> str:
     out = ", ".join(WEIGHT_FORMATS[w].label for w in weights)
     out += f"; {', '.join(KV_FORMATS[k].label for k in kv)}" if kv else ""
     out += f" (text only: {s.text_only})" if s.text_only else ""
-    return out + (f" (with routed experts: planned, not built yet: {s.experts_not_built})" if s.experts_not_built
-                  else "")
+    return out + (" (with routed experts: planned, not built yet)" if s.experts_not_built else "")
 
 
 def markdown() -> str:
