@@ -264,7 +264,9 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
     with timer("save"):
         unchanged = unchanged_parameters(model, model_dir)       # before snapping, which moves every grid weight
         changed = {name + ".weight" for name, _ in grid_modules(model)} - unchanged
-        saved = save_quantized(model, out, unchanged, snap_to_export_grid(model, keep=changed))
+        # int8_wo: the engine quantizes at load and keeps each scale in fp16 (grid.snap_to_export_grid)
+        levels = snap_to_export_grid(model, keep=changed, fp16_scales=fmt.quantized_at_engine_load)
+        saved = save_quantized(model, out, unchanged, levels)
     if handoff is not None:
         handoff.put(model_dir, out, model)
     info.update(method="modelopt", modelopt_config=fmt.calibration_config,

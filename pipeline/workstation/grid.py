@@ -65,7 +65,8 @@ def _row_blocks(w):
     return [(lo, min(lo + rows, w.shape[0])) for lo in range(0, w.shape[0], rows)]
 
 
-def snap_to_export_grid(model, levels: dict | None = None, keep: frozenset | set = frozenset()) -> dict:
+def snap_to_export_grid(model, levels: dict | None = None, keep: frozenset | set = frozenset(),
+                        fp16_scales: bool = False) -> dict:
     """Put every integer-quantized weight on the grid the export writes: w = round(w / s) * s.
 
     The fake quantizer computes w * (maxbound / amax) and the export w / (amax / maxbound): for a weight exactly
@@ -76,7 +77,11 @@ def snap_to_export_grid(model, levels: dict | None = None, keep: frozenset | set
     levels: {"<linear>.weight": int8 k} saved by an earlier snap; those weights become k * s without rounding again.
     keep: names of the weights whose levels to return, on the weight's device, for save_quantized: keyed by name +
     LEVELS (int8), or name + LEVELS_INT4 for INT4 levels packed two per byte (a 3B INT4-AWQ model's 2.9 GB of
-    levels took 2.4 s to save on an H200, a third of what the pipeline adds there)."""
+    levels took 2.4 s to save on an H200, a third of what the pipeline adds there).
+    fp16_scales: the levels found with the fp32 scale, the weight made with that scale rounded to fp16, as the
+    engine keeps it (TensorRT-LLM 0.12's load-time INT8 weight-only quantization, int8_wo: s = max|w| / 127 in fp32
+    for the rounding, fp16(s) in the GEMM). With an INT8 KV cache the fp32 scale's weights moved K and V by up to
+    2^-11 and flipped some cached values a level: layer updates 0.47% off the engine's, where exact is 0.0."""
     import torch
 
     kept, exact = {}, True
@@ -84,6 +89,7 @@ def snap_to_export_grid(model, levels: dict | None = None, keep: frozenset | set
         for name, module in grid_modules(model):
             w, key = module.weight, name + ".weight"
             s = export_scale(module.weight_quantizer).to(w.device).reshape(w.shape[0], -1, 1)
+            made = s.half().float() if fp16_scales else s        # the scale the engine multiplies by
             top = 7 if module.weight_quantizer.num_bits == 4 else 127
             k = torch.empty(w.shape, dtype=torch.int8, device=w.device) if key in keep else None
             given = levels.get(key) if levels is not None else None
@@ -100,7 +106,7 @@ def snap_to_export_grid(model, levels: dict | None = None, keep: frozenset | set
                     grouped.div_(s[lo:hi]).round_().clamp_(-top - 1, top)
                 if k is not None:
                     k[lo:hi] = x
-                grouped.mul_(s[lo:hi])
+                grouped.mul_(made[lo:hi])
                 if not in_place:
                     w[lo:hi] = x
             if k is not None and top == 7 and w.shape[1] % 2 == 0:
@@ -111,6 +117,7 @@ def snap_to_export_grid(model, levels: dict | None = None, keep: frozenset | set
     # fp32 weights hold the grid values exactly; fp16 weights (GPU calibration) only to fp16 precision, and the
     # fake quantizer then still differs from them by up to half an fp16 ulp: those keep it (weights_on_grid)
     model.pipeline_on_grid = exact
+    model.pipeline_grid_fp16_scales = fp16_scales
     return kept
 
 

@@ -116,7 +116,10 @@ def save_quantized(model, out_dir: Path, unchanged: set[str], levels: dict) -> i
         storage = v.untyped_storage().data_ptr()
         tensors[k] = v.detach().clone() if storage in storages else v.detach().contiguous()
         storages.add(storage)
-    save_state_deterministically({"modelopt_state": _sorted(mto.modelopt_state(model))}, out_dir / STATE)
+    # how the grid was made (grid.snap_to_export_grid), for the restore to make it again
+    grid = {"fp16_scales": bool(getattr(model, "pipeline_grid_fp16_scales", False))}
+    save_state_deterministically({"modelopt_state": _sorted(mto.modelopt_state(model)), "grid": grid},
+                                 out_dir / STATE)
     save_file(tensors, str(out_dir / TENSORS))
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
@@ -238,5 +241,6 @@ def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu", consum
             raise PipelineError(f"{quant_dir / STATE} does not fit the model in {model_dir}: {unknown[:3]}", RERUN)
         if device == "cpu":
             model = model.float()
-        snap_to_export_grid(model, levels)
+        grid = blob.get("grid") if isinstance(blob.get("grid"), dict) else {}
+        snap_to_export_grid(model, levels, fp16_scales=grid.get("fp16_scales") is True)
     return model
