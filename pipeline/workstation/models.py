@@ -5,6 +5,7 @@ The checkpoint is deployed in fp16, so every model made here starts from fp16 va
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,52 @@ def language_layers(model):
     """The decoder layers of a model's language model (a vision-language model keeps them one level deeper)."""
     inner = model.model
     return getattr(inner, "language_model", inner).layers
+
+
+@contextlib.contextmanager
+def computed_in_fp32(model):
+    """Forward passes of an fp16 model computed in fp32, holding one decoder layer (or the embedding, or the LM
+    head) in fp32 at a time: the same arithmetic as model.float(), without a second, fp32 copy of the model. A 3B
+    model calibrated on a GPU held 13.9 GB in the export's fp32 reference against 8.7 GB for ModelOpt alone.
+    Everything else (norms, rotary tables, quantizers outside those units) is upcast for the duration. Each tensor
+    goes back to its own dtype afterwards (fp16 -> fp32 -> fp16 is exact), quantizer buffers included."""
+    import torch
+
+    if all(p.dtype == torch.float32 for p in model.parameters()):
+        yield model
+        return
+    units = [model.get_input_embeddings(), *language_layers(model), model.get_output_embeddings()]
+    inside = {id(t) for u in units for t in (*u.parameters(), *u.buffers())}
+
+    def upcast(tensors) -> list:
+        """Each floating tensor to fp32 in place of its data; returns (tensor, its dtype) to restore."""
+        kept = []
+        for t in tensors:
+            if t.is_floating_point() and t.dtype != torch.float32:
+                kept.append((t, t.dtype))
+                t.data = t.data.float()
+        return kept
+
+    def restore(kept) -> None:
+        for t, dtype in kept:
+            t.data = t.data.to(dtype)
+    rest = upcast([t for t in (*model.parameters(), *model.buffers()) if id(t) not in inside])
+    pending: dict[int, list] = {}
+
+    def before(module, _args):
+        pending[id(module)] = upcast([*module.parameters(), *module.buffers()])
+
+    def after(module, _args, _out):
+        restore(pending.pop(id(module), []))
+    hooks = [h for u in units for h in (u.register_forward_pre_hook(before), u.register_forward_hook(after))]
+    try:
+        yield model
+    finally:
+        for h in hooks:
+            h.remove()
+        for kept in pending.values():
+            restore(kept)
+        restore(rest)
 
 
 def load_model(model_dir: Path, device: str):

@@ -196,7 +196,7 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, check_ids:
 
     from pipeline.workstation.cpu_linear import skinny_linears
     from pipeline.workstation.grid import weights_on_grid
-    from pipeline.workstation.models import import_modelopt, input_device
+    from pipeline.workstation.models import computed_in_fp32, import_modelopt, input_device
     from pipeline.workstation.reader import CheckpointModel
     from pipeline.workstation.state import load_quantized
 
@@ -210,15 +210,11 @@ def export(model_dir: Path, quant_dir: Path, out: Path, weights: str, check_ids:
     with timer("load"):
         model = load_quantized(model_dir, quant_dir, device, consume=True, handoff=handoff)
     device = input_device(model)        # where the model went: a model no GPU holds runs on the CPU
-    calibrated_in_fp16 = next(model.parameters()).dtype == torch.float16
     ids = torch.tensor(check_ids, device=device)
-    with timer("reference"), torch.no_grad(), skinny_linears():
-        # fp32 on either device: the reference and the reader then differ by summation order only. A model
-        # calibrated in fp16 (GPU) holds fp16 values only, so it goes back to fp16 exactly for the export.
-        with weights_on_grid(model.float()):
-            reference, layer_in, layer_out = reference_logits(model, ids)
-        if calibrated_in_fp16:
-            model.half()
+    # fp32 on either device: the reference and the reader then differ by summation order only. A model calibrated
+    # in fp16 (GPU) stays fp16 and computes in fp32 a layer at a time (its values are fp16 ones).
+    with timer("reference"), torch.no_grad(), skinny_linears(), computed_in_fp32(model), weights_on_grid(model):
+        reference, layer_in, layer_out = reference_logits(model, ids)
     fmt = WEIGHT_FORMATS[weights]
     if fmt.quantized_at_engine_load:
         mtq.disable_quantizer(model, "*weight_quantizer")   # export fp16 weights; TensorRT-LLM quantizes at load
