@@ -126,6 +126,8 @@ def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str
                       "hold asymmetric INT4 with zero points in AutoAWQ's GEMM packing and no pre-quant scales). "
                       "TensorRT-LLM's own converters load them as W4A16_GPTQ (`use_autoawq`, asymmetric), not as "
                       "W4A16_AWQ (ModelOpt's symmetric INT4 with pre-quant scales, the format this pipeline exports "
-                      "and verifies); Edge-LLM takes ModelOpt checkpoints only. Point the recipe at the unquantized "
+                      "and verifies). Edge-LLM 0.11's loader takes ModelOpt, AutoAWQ and GPTQ checkpoints, but this "
+                      "version of the pipeline does not take pre-quantized checkpoints yet: it cannot compute their "
+                      "numerics for the goldens and the quality gate. Point the recipe at the unquantized "
                       f"base model and set quantization.weights = '{SMALLEST.name}'.")
     return plan
