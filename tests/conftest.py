@@ -305,6 +305,15 @@ def device(project, kit, tmp, board="orin-nano-8gb-jp62-super", args=(), **extra
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=tmp)
 
 
+def device_on_boards(project, kits: dict, boards: dict, mktemp) -> dict:
+    """`pipeline device` on each target's kit, on its recorded board: {target: (its tmp dir, the process)}."""
+    out = {}
+    for target, board in boards.items():
+        tmp = mktemp(f"device-{target}")
+        out[target] = tmp, device(project, kits[target], tmp, board=board)
+    return out
+
+
 def resigned(project, kit_dir, tmp_path, edit):
     """The kit, its payload edited by `edit(content_dir)`, re-signed by the project's key."""
     from pipeline import contract

@@ -94,3 +94,24 @@ def serving(kit, log: Path, *args: str, **kw):
         yield s
     finally:
         s.stop()
+
+
+def built_goldens(project):
+    """The goldens a project's `doit build` made (its one goldens stage)."""
+    from pipeline import contract
+    (stage,) = [p for p in (project.artifacts / "stages" / "goldens").iterdir() if (p / "stage.json").is_file()]
+    return contract.Goldens.load(stage / contract.GOLDENS)
+
+
+def served_golden_answers(project, recipe: str, goldens, log: Path) -> list[tuple[str, str]]:
+    """`serve RECIPE` asked each golden chat prompt through the openai client, greedy and as long as its golden
+    answer: (its answer, the golden text) per prompt."""
+    from openai import OpenAI
+    s = Served([recipe], project.env, Path(__file__).resolve().parents[1], log)
+    try:
+        client = OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        return [(client.chat.completions.create(model=recipe, temperature=0, max_tokens=len(p.output_ids),
+                                                messages=[{"role": "user", "content": p.prompt}])
+                 .choices[0].message.content, p.text) for p in goldens.prompts]
+    finally:
+        s.stop()

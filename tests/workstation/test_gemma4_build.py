@@ -8,11 +8,11 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import REPO, Project, device, local_recipe, save_random_model
+from conftest import REPO, Project, device, device_on_boards, local_recipe, save_random_model
 
 from pipeline import contract
 from tests.edgellm_run import build_engine, model_vs_engine
-from tests.serving import Served
+from tests.serving import Served, built_goldens, served_golden_answers
 from tests.workstation.test_export import CAL, builtin  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
@@ -88,11 +88,7 @@ def test_the_tiny_gemma4_recipe_exports_edgellm_gemma4_graphs_with_down_proj_kep
 @pytest.fixture(scope="module")
 def validated(built, tmp_path_factory):
     project, kits, _ = built
-    out = {}
-    for target, board in BOARDS.items():
-        tmp = tmp_path_factory.mktemp(f"device-{target}")
-        out[target] = tmp, device(project, kits[target], tmp, board=board)
-    return out
+    return device_on_boards(project, kits, BOARDS, tmp_path_factory.mktemp)
 
 
 @pytest.mark.parametrize("target", list(BOARDS))
@@ -110,20 +106,11 @@ def test_the_gemma4_kit_validates_on_the_recorded_board_through_the_runtime(vali
 
 
 def test_serve_answers_the_goldens_of_the_gemma4_kit(built, tmp_path):
-    from openai import OpenAI
     project, _, _ = built
-    (stage,) = [p for p in (project.artifacts / "stages" / "goldens").iterdir() if (p / "stage.json").is_file()]
-    goldens = contract.Goldens.load(stage / contract.GOLDENS)
+    goldens = built_goldens(project)
     assert max(len(p.input_ids) for p in goldens.prompts) > 16       # past the sliding window
-    s = Served([RECIPE], project.env, REPO, tmp_path / "server.log")
-    try:
-        client = OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
-        for p in goldens.prompts:
-            r = client.chat.completions.create(model=RECIPE, temperature=0, max_tokens=len(p.output_ids),
-                                               messages=[{"role": "user", "content": p.prompt}])
-            assert r.choices[0].message.content == p.text
-    finally:
-        s.stop()
+    answers = served_golden_answers(project, RECIPE, goldens, tmp_path / "server.log")
+    assert all(got == want for got, want in answers), answers
 
 
 @pytest.mark.parametrize("weights", ["fp16", "int4_awq"])

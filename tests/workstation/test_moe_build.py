@@ -6,12 +6,12 @@ import json
 
 import numpy as np
 import pytest
-from conftest import DOUBLES, REPO, Project, device, local_recipe, save_random_model
+from conftest import DOUBLES, REPO, Project, device_on_boards, local_recipe, save_random_model
 
 from pipeline import contract
 from pipeline.errors import PipelineError
 from tests.edgellm_run import model_vs_engine
-from tests.serving import Served
+from tests.serving import built_goldens, served_golden_answers
 from tests.workstation.test_export import CAL, builtin  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
@@ -51,11 +51,7 @@ def built(tmp_path_factory):
 def validated(built, tmp_path_factory):
     """`pipeline device` on each kit, on its recorded board (Thor and an Orin Nano, both JetPack 7.2)."""
     project, kits, _ = built
-    out = {}
-    for target, board in BOARDS.items():
-        tmp = tmp_path_factory.mktemp(f"device-{target}")
-        out[target] = tmp, device(project, kits[target], tmp, board=board)
-    return out
+    return device_on_boards(project, kits, BOARDS, tmp_path_factory.mktemp)
 
 
 def test_the_tiny_moe_recipe_calibrates_every_expert_and_exports_them_to_the_int4_moe_plugin(built):
@@ -104,20 +100,9 @@ def test_the_moe_kit_validates_on_the_recorded_board_through_the_runtime(validat
 def test_serve_answers_the_goldens_of_the_moe_kit(built, tmp_path):
     """`serve` on the built recipe answers the openai client as the goldens say (the workstation's serving path runs
     the same Edge-LLM runtime over the MoE graph)."""
-    from openai import OpenAI
     project, _, _ = built
-    (stage,) = [p for p in (project.artifacts / "stages" / "goldens").iterdir() if (p / "stage.json").is_file()]
-    goldens = contract.Goldens.load(stage / contract.GOLDENS)
-    s = Served([RECIPE], project.env, REPO, tmp_path / "server.log")
-    try:
-        client = OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
-        for p in goldens.prompts:
-            r = client.chat.completions.create(model=RECIPE, temperature=0, max_tokens=len(p.output_ids),
-                                               messages=[{"role": "user", "content": p.prompt}])
-            assert r.choices[0].message.content == p.text
-            assert r.usage.prompt_tokens == len(p.input_ids) and r.usage.completion_tokens == len(p.output_ids)
-    finally:
-        s.stop()
+    answers = served_golden_answers(project, RECIPE, built_goldens(project), tmp_path / "server.log")
+    assert all(got == want for got, want in answers), answers
 
 
 @pytest.mark.parametrize("weights", ["int4_awq", "fp16"])
