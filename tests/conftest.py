@@ -305,6 +305,15 @@ def device(project, kit, tmp, board="orin-nano-8gb-jp62-super", args=(), **extra
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=tmp)
 
 
+def build_shipped_recipe(root: Path, recipe: str, targets) -> tuple:
+    """`doit build` of a repository recipe in a fresh project under `root`: (the project, {target: its kit}, the
+    build's output)."""
+    project = Project(root)
+    (project.recipes / f"{recipe}.toml").write_text((REPO / "recipes" / f"{recipe}.toml").read_text())
+    proc = project.doit("build", f"recipe={recipe}", timeout=900)
+    return project, {t: project.artifacts / recipe / f"kit@{t}" / f"{recipe}@{t}" for t in targets}, proc.stdout
+
+
 def device_on_boards(project, kits: dict, boards: dict, mktemp) -> dict:
     """`pipeline device` on each target's kit, on its recorded board: {target: (its tmp dir, the process)}."""
     out = {}

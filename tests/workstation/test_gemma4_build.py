@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import REPO, Project, device, device_on_boards, local_recipe, save_random_model
+from conftest import REPO, Project, build_shipped_recipe, device, device_on_boards, local_recipe, save_random_model
 
 from pipeline import contract
 from tests.edgellm_run import build_engine, model_vs_engine
@@ -41,11 +41,7 @@ def tiny_gemma4(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    project = Project(tmp_path_factory.mktemp("gemma4-build") / "proj")
-    (project.recipes / f"{RECIPE}.toml").write_text((REPO / "recipes" / f"{RECIPE}.toml").read_text())
-    proc = project.doit("build", f"recipe={RECIPE}", timeout=900)
-    kits = {t: project.artifacts / RECIPE / f"kit@{t}" / f"{RECIPE}@{t}" for t in BOARDS}
-    return project, kits, proc.stdout
+    return build_shipped_recipe(tmp_path_factory.mktemp("gemma4-build") / "proj", RECIPE, BOARDS)
 
 
 def test_the_tiny_gemma4_recipe_exports_edgellm_gemma4_graphs_with_down_proj_kept_fp16(built):

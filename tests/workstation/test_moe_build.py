@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import DOUBLES, REPO, Project, device_on_boards, local_recipe, save_random_model
+from conftest import DOUBLES, Project, build_shipped_recipe, device_on_boards, local_recipe, save_random_model
 
 from pipeline import contract
 from pipeline.errors import PipelineError
@@ -40,11 +40,7 @@ def tiny_qwen3_moe(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    project = Project(tmp_path_factory.mktemp("moe-build") / "proj")
-    (project.recipes / f"{RECIPE}.toml").write_text((REPO / "recipes" / f"{RECIPE}.toml").read_text())
-    proc = project.doit("build", f"recipe={RECIPE}", timeout=900)
-    kits = {t: project.artifacts / RECIPE / f"kit@{t}" / f"{RECIPE}@{t}" for t in BOARDS}
-    return project, kits, proc.stdout
+    return build_shipped_recipe(tmp_path_factory.mktemp("moe-build") / "proj", RECIPE, BOARDS)
 
 
 @pytest.fixture(scope="module")
