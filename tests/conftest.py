@@ -314,6 +314,14 @@ def build_shipped_recipe(root: Path, recipe: str, targets) -> tuple:
     return project, {t: project.artifacts / recipe / f"kit@{t}" / f"{recipe}@{t}" for t in targets}, proc.stdout
 
 
+def device_report(tmp: Path, proc):
+    """The report `pipeline device` (device(), device_on_boards) wrote under tmp/out, once the run succeeded."""
+    from pipeline import contract
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (report_dir,) = (tmp / "out").glob("*.report")
+    return contract.Report.load(report_dir / contract.REPORT_JSON)
+
+
 def device_on_boards(project, kits: dict, boards: dict, mktemp) -> dict:
     """`pipeline device` on each target's kit, on its recorded board: {target: (its tmp dir, the process)}."""
     out = {}

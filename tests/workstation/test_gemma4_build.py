@@ -8,9 +8,17 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import REPO, Project, build_shipped_recipe, device, device_on_boards, local_recipe, save_random_model
+from conftest import (
+    REPO,
+    Project,
+    build_shipped_recipe,
+    device,
+    device_on_boards,
+    device_report,
+    local_recipe,
+    save_random_model,
+)
 
-from pipeline import contract
 from tests.edgellm_run import build_engine, model_vs_engine
 from tests.serving import Served, built_goldens, served_golden_answers
 from tests.workstation.test_export import CAL, builtin  # noqa: F401  (fixture)
@@ -93,10 +101,8 @@ def test_the_gemma4_kit_validates_on_the_recorded_board_through_the_runtime(vali
     by the runtime (its double gathers the per-layer embeddings, binds both RoPE tables and the SWA pools, wires the
     shared layer to its donor's cache), a signed bundle. The longer golden prompt runs past the 16-token window."""
     tmp, proc = validated[target]
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = device_report(tmp, proc)
     assert "JetPack 7.2" in proc.stderr
-    (report_dir,) = (tmp / "out").glob("*.report")
-    report = contract.Report.load(report_dir / contract.REPORT_JSON)
     assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0]
     assert list((tmp / "work").rglob("ple_embedding.safetensors"))
 
@@ -220,10 +226,7 @@ def test_a_multimodal_gemma4_checkpoint_builds_its_language_model_and_says_the_k
     assert "text only: its image and audio towers are not exported yet" in plan.stdout, plan.stdout
     project.doit("build", "recipe=g4mm", timeout=600)
     (kit,) = (project.artifacts / "g4mm").glob("kit*/g4mm@agx-thor")
-    proc = device(project, kit, tmp_path / "dev", board="agx-thor-jp72")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (report_dir,) = (tmp_path / "dev" / "out").glob("*.report")
-    report = contract.Report.load(report_dir / contract.REPORT_JSON)
+    report = device_report(tmp_path / "dev", device(project, kit, tmp_path / "dev", board="agx-thor-jp72"))
     assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0]
     s = Served(["g4mm"], project.env, REPO, tmp_path / "server.log")
     try:

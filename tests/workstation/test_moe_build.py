@@ -6,9 +6,16 @@ import json
 
 import numpy as np
 import pytest
-from conftest import DOUBLES, Project, build_shipped_recipe, device_on_boards, local_recipe, save_random_model
+from conftest import (
+    DOUBLES,
+    Project,
+    build_shipped_recipe,
+    device_on_boards,
+    device_report,
+    local_recipe,
+    save_random_model,
+)
 
-from pipeline import contract
 from pipeline.errors import PipelineError
 from tests.edgellm_run import model_vs_engine
 from tests.serving import built_goldens, served_golden_answers
@@ -85,10 +92,8 @@ def test_the_moe_kit_validates_on_the_recorded_board_through_the_runtime(validat
     """The device half: llm_build, then every golden answered by the runtime (its double computes Int4MoePlugin from
     the Marlin bytes in the engine: routing, top-2, renormalized weights, SwiGLU experts), a signed bundle."""
     tmp, proc = validated[target]
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = device_report(tmp, proc)
     assert "JetPack 7.2" in proc.stderr
-    (report_dir,) = (tmp / "out").glob("*.report")
-    report = contract.Report.load(report_dir / contract.REPORT_JSON)
     assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0]
     assert list((tmp / "out").glob(f"{RECIPE}@{target}-sm*-trt*"))
 
