@@ -136,8 +136,14 @@ def test_fp8_kv_cache_carries_the_calibrated_query_scale_and_computes_the_model(
     # within fp16's precision: the unified export is fp16, amax included (K's and V's scales are rounded alike)
     assert len(got) == 2 and sum(got, []) == pytest.approx(sum(calibrated, []), rel=2 ** -10), (got, calibrated)
     assert all(s[0] != 1.0 for s in got)
-    assert r["top1_agreement"] == 1 and r["greedy_agreement"] == 1, r
-    # measured least cosines along the answer: 0.999887 (FP16 weights), 0.998614 (FP8)
+    assert r["logit_cosine_min"] > 0.998, r
+    # measured least cosines along the answer: 0.999887 (FP16 weights), 0.998614 and 0.998945 (FP8, two machines).
+    # FP16 weights: the same top-1 at every step. FP8 weights: one step of 8 may flip, and only a near-tie within
+    # E4M3's relative half-step (2^-5) of the two logits' magnitude (one machine's calibration flipped step 5:
+    # margin 0.162 against logits of 9.3 each, 0.9%); a clear flip or a second one fails
+    if weights == "fp16":
+        assert r["top1_agreement"] == 1 and r["greedy_agreement"] == 1, r
+    assert r["top1_agreement"] >= 0.875 and all(d["margin"] < 2 ** -5 * d["scale"] for d in r["differ"]), r
     assert r["logit_cosine_min"] > {"fp16": 0.9998, "fp8": 0.998}[weights], r
 
 
