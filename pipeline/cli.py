@@ -61,6 +61,17 @@ def _plan_cmd(args) -> int:
         config, source = config_for(recipe, recipe.model, fetch_spec(recipe).dir / "model")
         plans = [plan_recipe(recipe, t, config, source, backend=args.backend) for t in targets]
     else:
+        held = _held_quantization(args.model_config) if args.model_config else None
+        if held is not None:    # a pre-quantized checkpoint plans in its own formats unless told otherwise
+            for flag, given, own in (("--quant", args.quant, held.weights), ("--kv-quant", args.kv_quant,
+                                                                              held.kv_cache),
+                                     ("--group-size", args.group_size, held.group_size)):
+                if given is not None and own is not None and given != own:
+                    raise PipelineError(f"{held.source}: the checkpoint is {held.label} ({own}); {flag} {given} "
+                                        "asks for other numerics", f"leave {flag} out (it plans as the checkpoint "
+                                        "is) or plan the unquantized model's config")
+            args.quant, args.kv_quant = held.weights, held.kv_cache
+            args.group_size = args.group_size or held.group_size
         missing = [f for f, v in (("--model-config", args.model_config), ("--quant", args.quant),
                                   ("--target", args.target)) if not v]
         if missing:
@@ -88,6 +99,24 @@ def _plan_cmd(args) -> int:
     for p in refused:
         print(f"refused: {p.target}: " + " ".join(p.refused), file=sys.stderr)
     return 1 if refused else 0
+
+
+def _held_quantization(model_config: str):
+    """What a --model-config's checkpoint already holds (its config.json, and hf_quant_config.json beside it)."""
+    from pathlib import Path
+
+    from pipeline.files import read_json_file
+    from pipeline.plan.shapes import load_config
+    from pipeline.workstation.prequantized import HF_QUANT_CONFIG, describe
+    path = Path(model_config)
+    path = path / "config.json" if path.is_dir() else path
+    if not path.is_file():
+        return None         # the plan's own reading of it says what is wrong
+    config = load_config(path)
+    beside = path.parent / HF_QUANT_CONFIG
+    hq = read_json_file(beside, 1 * 2**20, "ModelOpt quantization config", "use the checkpoint's own file") \
+        if beside.is_file() else None
+    return describe(config, hq, str(beside if hq is not None else path))
 
 
 def _compare_cmd(args) -> int:

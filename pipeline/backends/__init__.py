@@ -133,6 +133,9 @@ class Backend:
     # why this version cannot build a weight format with a KV cache format although it builds each on its own,
     # asked with the two formats' records (plan/formats.py); None where it builds the pair
     refuses_pair: Callable[[WeightFormat, KVFormat], str | None] = lambda _w, _kv: None
+    # why this version does not build the formats only pre-quantized checkpoints hold (WeightFormat.checkpoint_only),
+    # where its stacks leave them out (said in the refusal)
+    checkpoint_only_note: str | None = None
 
     def check_argv(self, argv: list[str]) -> list[str]:
         """Problems with one build argv: a program this backend does not build with, or what its checker finds."""

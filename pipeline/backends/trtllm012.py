@@ -167,6 +167,12 @@ BACKEND = Backend(
     build_memory=build_memory, externalizes_int4_ffn=False, needs_chat_template=False,
     reports_kv_allocation=True, export_summary=export_summary,
     families=TRTLLM_012, shared_awq_scales=True,
+    # 0.12's own convert_checkpoint.py reads GPTQ INT4 (W4A16_GPTQ, zero points); this pipeline writes 0.12
+    # checkpoints through ModelOpt's converter and reads them back with its own reader, neither of which has
+    # zero points yet
+    checkpoint_only_note="this pipeline writes TensorRT-LLM 0.12 checkpoints through ModelOpt's converter, which has "
+    "no zero-point INT4 (W4A16_GPTQ); build AutoAWQ/GPTQ checkpoints with Edge-LLM (JetPack 7.2 Orin, Thor), or "
+    "quantize the unquantized model to int4_awq here",
     refuse_on_family={"thor": "TensorRT-LLM has no working Thor path (it refuses INT4/INT8 on SM >= 100); Thor "
                               "engines are built with TensorRT Edge-LLM: use backend = 'edgellm'."},
 )

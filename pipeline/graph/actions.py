@@ -171,6 +171,12 @@ def quantize_stage(recipe: Recipe, plans: list[contract.Plan], for_export: bool 
     from pipeline.plan.shapes import load_shape
     from pipeline.recipe import image_profile
     visual = image_profile(recipe, load_shape(model_dir(recipe)))
+    from pipeline.workstation.prequantized import detect
+    held = detect(model_dir(recipe))
+    if held is not None:        # quantized already: its own numerics, nothing calibrated (workstation/restore.py)
+        from pipeline.workstation.restore import restore
+        return run_stage(quantize_spec(recipe), lambda out: restore(model_dir(recipe), out, held, q.kv_cache,
+                                                                    _handoff()), stage_cache())
     return run_stage(quantize_spec(recipe), lambda out: quantize(model_dir(recipe), out, q.weights,
                                                                  q.kv_cache, group_sizes.pop(), q.calibration,
                                                                  recipe.file, handoff=_handoff(), visual=visual,
@@ -339,7 +345,11 @@ def accuracy_stage(recipe: Recipe) -> contract.StageManifest:
                                             recipe.validation.max_new_tokens)
                     figures = dataclasses.replace(figures, image_prompts=len(images.images),
                                                   image_top1_agreement=round(agree, 6))
-            write_report(out, figures, recipe.weights, recipe.name, fetch_digest(recipe))
+            from pipeline.workstation.prequantized import detect
+            held = detect(model_dir(recipe))
+            write_report(out, figures, recipe.weights, recipe.name, fetch_digest(recipe),
+                         original=f"the checkpoint's own numerics ({held.label}); quantized: as the engine computes "
+                         "them" if held is not None else None)
         return {"accuracy": figures}
 
     return run_stage(accuracy_spec(recipe), build, stage_cache())

@@ -60,7 +60,8 @@ def default_formats(recipe: Recipe) -> list[str]:
     for t in recipe.targets:
         for stack in get_target(t).stacks:
             if recipe.backend in (None, stack.backend):
-                names += [w for w in stack.weights if w not in names]
+                # a checkpoint-only format (AutoAWQ / GPTQ zero points) is nothing to quantize into here
+                names += [w for w in stack.weights if w not in names and not WEIGHT_FORMATS[w].checkpoint_only]
     return names
 
 

@@ -35,6 +35,12 @@ def _fetch(result: contract.StageManifest) -> str:
 
 def _quantize(result: contract.StageManifest) -> str:
     q = result.quantize or {}
+    if q.get("method") == "checkpoint":
+        c = q.get("checkpoint") or {}
+        clipped = q.get("engine_clipped")
+        return (f"{q['weights']} (KV {q['kv_cache']}) from the checkpoint ({c.get('kind')} {c.get('algo')}), its own "
+                "scales, nothing calibrated" + (f"; Edge-LLM's INT4 range [-8, 7] clips {clipped:.3%} of its weights "
+                                                "(q - zero)" if clipped else ""))
     if q.get("method") == "none":
         return f"{q['weights']} (KV {q['kv_cache']}): nothing to quantize"
     tokens, images = q.get("calibration_tokens") or 0, q.get("calibration_images") or 0

@@ -39,6 +39,8 @@ class WeightFormat:
     edgellm_int4_plugin: bool = False   # Edge-LLM exports it through its INT4 groupwise GEMM plugin
     edgellm_moe_op: str | None = None   # the MoE plugin (domain:type) Edge-LLM's qwen3_moe export uses for its experts
     hardware: str = ""              # the tensor cores it needs, for refusals ("FP8", "FP4")
+    # held only by checkpoints that arrive quantized (AutoAWQ, GPTQ): nothing here quantizes into it
+    checkpoint_only: bool = False
 
     def bytes_for(self, in_features: int, out_features: int, group_size: int | None) -> float:
         """Bytes of one linear weight of shape (out, in) in this format, scales included."""
@@ -61,8 +63,8 @@ class WeightFormat:
 
     @property
     def takes_group_size(self) -> bool:
-        """The recipe's quantization.group_size applies (INT4 AWQ formats)."""
-        return self.awq
+        """The recipe's quantization.group_size applies (INT4 AWQ formats; a zero-point checkpoint's own)."""
+        return self.awq or self.checkpoint_only
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,12 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in [
     WeightFormat(name="int4_awq", label="INT4-AWQ (W4A16)", bits=4, scale_bits_per_group=16, default_group_size=128,
                  min_sm=8.0, modelopt_config="INT4_AWQ_CFG", trtllm_quant_algo="W4A16_AWQ", math="fp16",
                  decode_class="int4", awq=True, edgellm_int4_plugin=True, edgellm_moe_op="trt_edgellm:Int4MoePlugin"),
+    # INT4 with a zero point per group (AutoAWQ, GPTQ checkpoints): 4 bits, an fp16 scale and a 4-bit zero per group.
+    # Edge-LLM 0.11 runs it on its INT4 groupwise GEMM with the zero baked into the nibbles (prequantized.py).
+    WeightFormat(name="int4_zp", label="INT4 with zero points (AutoAWQ / GPTQ, W4A16)", bits=4,
+                 scale_bits_per_group=20, default_group_size=128, min_sm=8.0, modelopt_config=None,
+                 trtllm_quant_algo="W4A16_GPTQ", math="fp16", decode_class="int4", needs_calibration=False,
+                 edgellm_int4_plugin=True, checkpoint_only=True),
     WeightFormat(name="int8_sq", label="INT8 SmoothQuant (W8A8)", bits=8, scale_bits_per_group=32,
                  default_group_size=None, min_sm=7.2, modelopt_config="INT8_SMOOTHQUANT_CFG",
                  trtllm_quant_algo="W8A8_SQ_PER_CHANNEL", math="int8", decode_class="fp8", edgellm_ops=Q_DQ),
@@ -169,7 +177,7 @@ def row_precision(text: str) -> RowPrecision | None:
 
 def quantized_formats_for(sm: float) -> list[str]:
     """The quantized weight formats a board of this SM has kernels for, in registry order (for advice)."""
-    return [f.name for f in WEIGHT_FORMATS.values() if not f.unquantized and f.min_sm <= sm]
+    return [f.name for f in WEIGHT_FORMATS.values() if not f.unquantized and not f.checkpoint_only and f.min_sm <= sm]
 
 
 def kv_formats_for(sm: float) -> list[str]:

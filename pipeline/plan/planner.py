@@ -113,7 +113,9 @@ def _choose_stack(req: PlanRequest, refused: list[str]) -> StackSupport | None:
         if pair:
             why.append(pair)
         if req.weights not in stack.weights:
-            why.append(f"{name} on {t.id} does not build {req.weights} (it builds: {', '.join(stack.weights)})")
+            note = backends.get(stack.backend).checkpoint_only_note if fmt.checkpoint_only else None
+            why.append(f"{name} on {t.id} does not build {req.weights} (it builds: {', '.join(stack.weights)})"
+                       + (f": {note}" if note else ""))
         if req.kv_cache not in stack.kv_cache:
             why.append(f"{name} on {t.id} has no {req.kv_cache} KV cache (it has: {', '.join(stack.kv_cache)})")
         if not why:

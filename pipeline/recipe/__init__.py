@@ -93,11 +93,54 @@ def image_profile(recipe: Recipe, shape) -> contract.VisualLimits | None:
     return visual_limits(b.visual, shape, limits) or default_limits(shape, b.max_input_len)
 
 
+def checkpoint_refusals(recipe: Recipe, config: dict, config_source: str, shape=None) -> list[str]:
+    """Why the recipe's quantization disagrees with what its checkpoint already holds (a pre-quantized checkpoint:
+    AutoAWQ, GPTQ, ModelOpt's unified format), or asks for a format only such checkpoints hold."""
+    from pipeline.errors import PipelineError
+    from pipeline.plan.formats import SMALLEST, WEIGHT_FORMATS
+    from pipeline.workstation.prequantized import describe
+    q = recipe.quantization
+    try:
+        held = describe(config, None, config_source)
+    except PipelineError as exc:
+        return [f"{exc.message}; {exc.hint}"]
+    if held is None:
+        if WEIGHT_FORMATS[q.weights].checkpoint_only:
+            return [f"{recipe.file}: quantization.weights = '{q.weights}' is what AutoAWQ and GPTQ checkpoints hold, "
+                    f"and {config_source} is not quantized: this pipeline does not quantize into it; use "
+                    f"'{SMALLEST.name}'"]
+        return []
+    out = []
+    if shape is not None and (shape.experts is not None or shape.tower is not None):
+        out.append(f"{config_source} is a pre-quantized ({held.label}) "
+                   f"{'mixture-of-experts' if shape.experts is not None else 'vision-language'} model: this version "
+                   "takes pre-quantized checkpoints of dense text models only; point [model] at the unquantized "
+                   "model and quantize it here")
+    if q.weights != held.weights:
+        out.append(f"{config_source} is already quantized ({held.label}: {WEIGHT_FORMATS[held.weights].label}); "
+                   f"the recipe asks for quantization.weights = '{q.weights}': set it to '{held.weights}' (the "
+                   "checkpoint's numerics are used as they are, nothing is re-quantized), or point [model] at the "
+                   "unquantized model")
+    if q.kv_cache != held.kv_cache:
+        out.append(f"{config_source} asks for a {held.kv_cache} KV cache ({held.label}); the recipe has "
+                   f"quantization.kv_cache = '{q.kv_cache}': set it to '{held.kv_cache}'")
+    if held.group_size and q.group_size and q.group_size != held.group_size:
+        out.append(f"{config_source} is quantized in groups of {held.group_size}; the recipe has "
+                   f"quantization.group_size = {q.group_size}: remove it or set it to {held.group_size}")
+    return out
+
+
+def held_group_size(config: dict) -> int | None:
+    """The group size a pre-quantized checkpoint's config declares (None: none, or not quantized)."""
+    qc = config.get("quantization_config")
+    g = qc.get("group_size", qc.get("q_group_size")) if isinstance(qc, dict) else None
+    return g if isinstance(g, int) and not isinstance(g, bool) and g > 0 else None
+
+
 def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str, backend: str | None = None,
                 draft: tuple[dict, str] | None = None) -> contract.Plan:
     """The planner's verdict for one of the recipe's targets, from the model's config (and its draft's)."""
     from pipeline.contract import BuildLimits
-    from pipeline.plan.formats import SMALLEST
     from pipeline.plan.planner import DraftRequest, PlanRequest, make_plan, refuse
     from pipeline.plan.shapes import shape_from_config
     from pipeline.plan.targets import get_target
@@ -115,19 +158,11 @@ def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str
     limits = BuildLimits.of(b.max_batch_size, b.max_input_len, b.max_seq_len)
     req = PlanRequest(shape=shape, model_label=recipe.model.label, weights=recipe.weights, kv_cache=recipe.kv_cache,
                       target=get_target(target_id), backend=backend or recipe.backend, limits=limits,
-                      group_size=recipe.quantization.group_size, power_mode=b.power_mode, recipe=recipe.name,
+                      group_size=recipe.quantization.group_size or held_group_size(config),
+                      power_mode=b.power_mode, recipe=recipe.name,
                       draft=draft_req, visual=visual_limits(b.visual, shape, limits),
                       visual_precision=recipe.quantization.visual)
     plan = make_plan(req)
-    prequant = config.get("quantization_config")
-    if prequant:
-        method = prequant.get("quant_method", "?")
-        plan = refuse(plan, f"{config_source} is already quantized (quant_method {method!r}; AutoAWQ checkpoints "
-                      "hold asymmetric INT4 with zero points in AutoAWQ's GEMM packing and no pre-quant scales). "
-                      "TensorRT-LLM's own converters load them as W4A16_GPTQ (`use_autoawq`, asymmetric), not as "
-                      "W4A16_AWQ (ModelOpt's symmetric INT4 with pre-quant scales, the format this pipeline exports "
-                      "and verifies). Edge-LLM 0.11's loader takes ModelOpt, AutoAWQ and GPTQ checkpoints, but this "
-                      "version of the pipeline does not take pre-quantized checkpoints yet: it cannot compute their "
-                      "numerics for the goldens and the quality gate. Point the recipe at the unquantized "
-                      f"base model and set quantization.weights = '{SMALLEST.name}'.")
+    for reason in checkpoint_refusals(recipe, config, config_source, shape):
+        plan = refuse(plan, reason)
     return plan

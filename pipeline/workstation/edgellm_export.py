@@ -21,6 +21,7 @@ import shutil
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from pipeline.backends import ExportJob
 from pipeline.contract import ExportRecord, ExternalWeights, OnnxGraph, SpeculativeExport
@@ -179,7 +180,6 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     emits the hidden states the draft reads) and onnx/draft (the draft in fp16). scratch holds the unified HF
     checkpoint while the ONNX is made from it."""
     from pipeline.workstation.models import MODELOPT_MODULES, import_clean
-    from pipeline.workstation.state import load_quantized
 
     try:
         import_clean(*MODELOPT_MODULES, "tensorrt_edgellm", "tensorrt_edgellm.models.ops")    # (its docstring)
@@ -189,36 +189,21 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
         raise PipelineError(f"the edgellm export needs TensorRT Edge-LLM's exporter ({exc})",
                             "pip install 'tensorrt-edgellm[export]==0.11.0' (never [tools]: its CUDA torchvision "
                             "breaks CPU torch); ./bootstrap.sh installs it") from None
-    from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoTokenizer
 
     hf = scratch / "hf-checkpoint"
-    # the unified export is fp16
-    model = load_quantized(model_dir, quant_dir, "cpu", consume=True, handoff=handoff).half()
-    # before the unified export, which packs INT4 weights in place (two per byte: half the rows)
-    from pipeline.plan.formats import WEIGHT_FORMATS
-    plugin = int4_plugin_version(model) if WEIGHT_FORMATS[weights].edgellm_int4_plugin else None
     from pipeline.plan.shapes import load_shape
+    from pipeline.workstation.prequantized import detect
+    held = detect(model_dir)
+    fp8_tower, moe = None, False
     tower = load_shape(model_dir).tower     # a vision-language model: its language model in onnx/llm
-    fp8_tower = None
-    if tower is not None and quantized_tower(model):
-        # the tower's E4M3 tensors for its own export; off for the unified one, which is the language model's
-        from pipeline.workstation.visual_export import tower_fp8_tensors
-        fp8_tower = tower_fp8_tensors(model, tower.design)
-        for name, q in model.named_modules():
-            if name.endswith(("weight_quantizer", "input_quantizer")) and _in_tower(name):
-                q.disable()
-    from pipeline.workstation.experts import moe_blocks, unified_export_of_fused_experts
-    moe = bool(moe_blocks(model))
-    if moe and not any(n.endswith("_quantizer") for n, _ in model.named_modules()):
-        # FP16 experts: ModelOpt 0.47's export has no unquantized path for transformers 5's fused experts
-        # (NotImplementedError for Qwen3MoeExperts); transformers writes the hub's per-expert layout itself
-        model.save_pretrained(hf)
+    if held is not None and held.zero_point:
+        # AutoAWQ / GPTQ: the checkpoint's own files, which Edge-LLM's loader reads as they are (quant_method awq,
+        # gptq); the goldens were computed from them as that loader repacks them (prequantized.py)
+        plugin = checkpoint_plugin_version(model_dir)
+        layers = zero_point_copy(model_dir, hf)
     else:
-        with unified_export_of_fused_experts(), awq_scales_as_calibrated(weights):
-            export_hf_checkpoint(model, export_dir=hf, extra_state_dict=query_scales(model) or None)
-    layers = getattr(model.config, "text_config", model.config).num_hidden_layers   # a VLM: its language model
-    del model
+        plugin, layers, fp8_tower, moe = _unified_checkpoint(model_dir, quant_dir, hf, weights, handoff, tower)
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(hf)
     if not (hf / "chat_template.jinja").is_file() and "chat_template" not in json.loads(
             (hf / "tokenizer_config.json").read_text()):
@@ -254,8 +239,9 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
                                  draft_vocab_size=draft_cfg.get("draft_vocab_size"),
                                  base_hidden_state_layers=runtime_cfg.get("eagle_hidden_state_layers"),
                                  draft_onnx=OnnxGraph(**draft_graph))
-    quant = json.loads((hf / "hf_quant_config.json").read_text())["quantization"] \
-        if (hf / "hf_quant_config.json").is_file() else {}
+    quant: dict[str, Any] = json.loads((hf / "hf_quant_config.json").read_text())["quantization"] \
+        if (hf / "hf_quant_config.json").is_file() else \
+        {"quant_algo": held.algo, "group_size": held.group_size} if held is not None else {}
     shutil.rmtree(hf)        # the kit carries the ONNX; the unified checkpoint is rebuilt from the state if needed
     from pipeline.workstation.visual_export import export_tower
     visual = export_tower(model_dir, scratch, payload_dir, tower, fp8_tower) if tower else None
@@ -267,6 +253,68 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
                                               size=e["size"]) for e in external],
         onnx=OnnxGraph(**graph), speculative=spec, visual=visual,
         versions={d: _version(d) for d in ("tensorrt-edgellm", "nvidia-modelopt", "transformers", "onnx")})
+
+
+def _unified_checkpoint(model_dir: Path, quant_dir: Path, hf: Path, weights: str, handoff, tower):
+    """ModelOpt's unified checkpoint of the calibrated (or restored) model in `hf`; returns (INT4 plugin version,
+    decoder layers, the FP8 tower's tensors, whether it has experts)."""
+    from modelopt.torch.export import export_hf_checkpoint
+
+    from pipeline.plan.formats import WEIGHT_FORMATS
+    from pipeline.workstation.state import load_quantized
+    # the unified export is fp16
+    model = load_quantized(model_dir, quant_dir, "cpu", consume=True, handoff=handoff).half()
+    # before the unified export, which packs INT4 weights in place (two per byte: half the rows)
+    plugin = int4_plugin_version(model) if WEIGHT_FORMATS[weights].edgellm_int4_plugin else None
+    fp8_tower = None
+    if tower is not None and quantized_tower(model):
+        # the tower's E4M3 tensors for its own export; off for the unified one, which is the language model's
+        from pipeline.workstation.visual_export import tower_fp8_tensors
+        fp8_tower = tower_fp8_tensors(model, tower.design)
+        for name, q in model.named_modules():
+            if name.endswith(("weight_quantizer", "input_quantizer")) and _in_tower(name):
+                q.disable()
+    from pipeline.workstation.experts import moe_blocks, unified_export_of_fused_experts
+    moe = bool(moe_blocks(model))
+    if moe and not any(n.endswith("_quantizer") for n, _ in model.named_modules()):
+        # FP16 experts: ModelOpt 0.47's export has no unquantized path for transformers 5's fused experts
+        # (NotImplementedError for Qwen3MoeExperts); transformers writes the hub's per-expert layout itself
+        model.save_pretrained(hf)
+    else:
+        with unified_export_of_fused_experts(), awq_scales_as_calibrated(weights):
+            export_hf_checkpoint(model, export_dir=hf, extra_state_dict=query_scales(model) or None)
+    layers = getattr(model.config, "text_config", model.config).num_hidden_layers   # a VLM: its language model
+    del model
+    return plugin, layers, fp8_tower, moe
+
+
+def checkpoint_plugin_version(model_dir: Path) -> int:
+    """int4_plugin_version for a zero-point checkpoint, from its quantized linears' shapes (headers only)."""
+    from pipeline.workstation.prequantized import detect, logical_headers
+    from pipeline.workstation.safetensors_check import check_safetensors
+    held = detect(model_dir)
+    assert held is not None
+    typed: dict = {}
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        typed |= check_safetensors(shard)
+    quantized = {k[: -len(".qweight")] + ".weight" for k in typed if k.endswith(".qweight")}
+    shapes = [s for k, s in logical_headers(held, typed, str(model_dir)).items() if k in quantized]
+    return 1 if any(o % INT4_V2_ALIGN or i % INT4_V2_ALIGN for o, i in shapes) else 2
+
+
+def zero_point_copy(model_dir: Path, hf: Path) -> int:
+    """The checkpoint's files in `hf` for Edge-LLM's exporter (weights linked: nothing writes them; the rest copied, as
+    the tokenizer is saved over them); returns its decoder layers."""
+    from pipeline.files import link_or_copy
+    from pipeline.workstation.fetch import needed_files
+    hf.mkdir(parents=True)
+    for f in needed_files(model_dir):
+        if f.suffix == ".safetensors":
+            link_or_copy(f, hf / f.name)
+        else:
+            shutil.copyfile(f, hf / f.name)
+    config = json.loads((model_dir / "config.json").read_text())
+    return int(config.get("text_config", config)["num_hidden_layers"])
 
 
 def export_job(job: ExportJob) -> ExportRecord:

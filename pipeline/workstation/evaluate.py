@@ -318,14 +318,14 @@ def advice(figures: contract.AccuracyFigures, weights: str) -> str:
 
 
 def write_report(out: Path, figures: contract.AccuracyFigures, weights: str, recipe: str,
-                 model_digest: str | None = None) -> contract.AccuracyReport:
+                 model_digest: str | None = None, original: str | None = None) -> contract.AccuracyReport:
     """accuracy.json (the record) and accuracy.md (for people). model_digest: the fetched model's content digest,
-    so formats compare on the same model."""
+    so formats compare on the same model. original: what "original" is where it is not the unquantized model."""
     r = contract.AccuracyReport(**dataclasses.asdict(figures), weights=weights, recipe=recipe,
                                 advice=advice(figures, weights), model_digest=model_digest)
     r.dump(out / contract.ACCURACY_JSON)
     lo, hi = r.perplexity_change_interval
-    md = [f"# Accuracy: {recipe} ({weights})", "",
+    md = [f"# Accuracy: {recipe} ({weights})", "", *([f"original: {original}", ""] if original else []),
           "| metric | original | quantized |", "|---|---|---|",
           f"| perplexity ({r.heldout}, {r.tokens} tokens) | {r.perplexity_original} | {r.perplexity_quantized} "
           f"({r.perplexity_change:+.2%}; 95% interval {lo:+.2%} to {hi:+.2%}) |",

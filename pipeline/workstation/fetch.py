@@ -14,7 +14,9 @@ NEEDED = ["config.json", "generation_config.json", "*.safetensors", "model.safet
           "merges.txt", "added_tokens.json", "chat_template.jinja",
           # a vision-language model's image processor (the export copies it for Edge-LLM's runtime) and the chat
           # template some of them keep apart
-          "preprocessor_config.json", "processor_config.json", "chat_template.json"]
+          "preprocessor_config.json", "processor_config.json", "chat_template.json",
+          # a ModelOpt checkpoint's quantization (older exports keep it only here)
+          "hf_quant_config.json"]
 # An EAGLE-3 draft: config and weights only (it uses the base's tokenizer); many ship pytorch_model.bin.
 DRAFT_NEEDED = ["config.json", "*.safetensors", "model.safetensors.index.json", "pytorch_model.bin"]
 
@@ -46,9 +48,12 @@ def check_checkpoint(model_dir: Path, source: str) -> None:
     config = load_config(model_dir / "config.json")
     refuse_remote_code(config, model_dir / "config.json")
     shape = shape_from_config(config, str(model_dir / "config.json"))
-    headers: dict[str, tuple] = {}
+    typed: dict[str, tuple] = {}
     for shard in shards:
-        headers |= {k: shape for k, (_, shape) in check_safetensors(shard).items()}
+        typed |= check_safetensors(shard)
+    from pipeline.workstation.prequantized import detect, logical_headers
+    held = detect(model_dir)        # a pre-quantized checkpoint: its tensors as its metadata says, then as weights
+    headers = logical_headers(held, typed, source) if held is not None else {k: s for k, (_, s) in typed.items()}
     mismatch = config_mismatch(shape, headers)
     if mismatch:
         raise PipelineError(f"{source}: the weights in {model_dir} are not the model its config.json describes: "

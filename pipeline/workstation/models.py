@@ -130,8 +130,20 @@ def computed_in_fp32(model):
         restore(rest)
 
 
-def load_model(model_dir: Path, device: str):
+def load_model(model_dir: Path, device: str, engine_numerics: bool = False):
+    """The checkpoint as a transformers model for reference forwards. A pre-quantized checkpoint (AutoAWQ, GPTQ,
+    ModelOpt's unified format) loads dequantized on the CPU: with engine_numerics, as the engine computes it
+    (prequantized.py), else as its format defines it."""
     import torch
+
+    from pipeline.workstation import prequantized
+    pq = prequantized.detect(model_dir)
+    if pq is not None:
+        held = prequantized.load_dequantized(model_dir, pq, engine_numerics, model_class(model_dir))
+        if device != "cpu":
+            held = held.half().to(device)
+        held.pipeline_loaded = {name: param_fingerprint(p) for name, p in held.named_parameters()}
+        return held
     AutoModelForCausalLM = model_class(model_dir)       # noqa: N806 (the class, named as transformers names it)
 
     # The checkpoint is deployed in fp16, so the reference starts from fp16 weights. On the CPU it computes in fp32

@@ -210,7 +210,7 @@ def load_quantized(model_dir: Path, quant_dir: Path, device: str = "cpu", consum
         from pipeline.workstation.placement import probe
         if probe(model_dir).kind in ("gpu+cpu", "cpu"):
             device = "cpu"
-    model = load_model(model_dir, device)
+    model = load_model(model_dir, device, engine_numerics=True)   # a pre-quantized checkpoint: as the engine computes
     device = input_device(model)
     if (quant_dir / STATE).is_file():
         import modelopt.torch.opt as mto

@@ -50,7 +50,7 @@ def test_every_record_answers_what_its_callers_ask():
         assert f.unquantized == (f.bits == 16) and f.needs_calibration == (f.modelopt_config is not None)
         assert f.takes_group_size == (f.default_group_size is not None and f.fixed_group_size is None)
         assert f.decode_class in formats.ROW_PRECISIONS and (f.min_sm < 8.9 or f.hardware)
-        assert f.calibration_config is not None or f.unquantized
+        assert f.calibration_config is not None or f.unquantized or f.checkpoint_only
     for r in formats.ROW_PRECISIONS.values():
         assert r.weight_format in formats.WEIGHT_FORMATS and "tensorrt" in r.bits
     assert formats.DEFAULT_KV.unquantized and formats.UNQUANTIZED.unquantized and formats.SMALLEST.bits == 4

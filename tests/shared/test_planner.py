@@ -183,18 +183,18 @@ def test_cli_bad_input(project, tmp_path):
     assert proc.returncode == 2 and "none.json: no such file" in proc.stderr
 
 
-def test_prequantized_checkpoints_are_refused_with_the_reason():
+def test_a_recipe_must_ask_for_what_a_prequantized_checkpoint_holds():
+    """An AutoAWQ checkpoint planned by a recipe that asks for int4_awq (ModelOpt's symmetric INT4): refused naming
+    both and the format to set (tests/workstation/test_prequantized.py takes such checkpoints through the build)."""
     from pipeline.recipe import load_recipe, plan_recipe
     cfg = dict(known("meta-llama/Llama-3.2-3B-Instruct"),
                quantization_config={"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True})
     plan = plan_recipe(load_recipe("llama3.2-3b-orin-nano"), "orin-nano-8gb", cfg, "hub/config.json")
     assert not plan.ok
-    assert "hub/config.json is already quantized (quant_method 'awq'" in plan.refused[-1]
-    assert "Point the recipe at the unquantized base model" in plan.refused[-1]
-    assert "W4A16_GPTQ" in plan.refused[-1]
-    # what Edge-LLM 0.11 takes, said as it is: the limit is this pipeline's
-    assert "loader takes ModelOpt, AutoAWQ and GPTQ checkpoints, but this version of the pipeline does not take " \
-           "pre-quantized checkpoints yet" in plan.refused[-1]
+    assert plan.refused[-1] == (
+        "hub/config.json is already quantized (AutoAWQ awq 4-bit, group 128: INT4 with zero points (AutoAWQ / GPTQ, "
+        "W4A16)); the recipe asks for quantization.weights = 'int4_awq': set it to 'int4_zp' (the checkpoint's "
+        "numerics are used as they are, nothing is re-quantized), or point [model] at the unquantized model")
 
 
 def test_cli_flags_are_named_when_refused(project, tmp_path):

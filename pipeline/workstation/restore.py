@@ -1,0 +1,134 @@
+"""The quantize stage of a pre-quantized checkpoint: nothing is calibrated; the checkpoint's own numerics become the
+stage's output, in the form every later stage already reads.
+
+- ModelOpt FP8 and W4A16_AWQ: ModelOpt's quantizers are put on the dequantized model and every amax and pre-quant
+  scale is set from the checkpoint's own scales (amax = scale x the format's largest level), so the saved state is
+  what a calibration that had found those scales would save: the export (either backend), the goldens and the
+  accuracy stage read it as they read our own calibrations.
+- AutoAWQ and GPTQ: zero-point INT4, which ModelOpt's quantizers do not represent. Nothing is saved beside the
+  record; the reference model is the checkpoint dequantized as the engine computes it (prequantized.py) and the
+  Edge-LLM export hands the checkpoint's own files to Edge-LLM's loader.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
+from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+from pipeline.workstation import prequantized as pqz
+from pipeline.workstation.prequantized import Prequantized
+
+
+def _quantizer_scales(model, scales: dict) -> int:
+    """Every enabled quantizer's amax (and pre-quant scale) from the checkpoint's scales; returns how many were set.
+    A quantizer the checkpoint gives no scale for is one error naming it (its numerics would be made up here)."""
+    import torch
+
+    set_ = 0
+    for name, module in model.named_modules():
+        for role, tensor in (("weight_quantizer", "weight_scale"), ("input_quantizer", "input_scale"),
+                             ("k_bmm_quantizer", "k_proj.k_scale"), ("v_bmm_quantizer", "v_proj.v_scale"),
+                             ("q_bmm_quantizer", "q_proj.q_scale")):
+            q = getattr(module, role, None)
+            if q is None:
+                continue
+            if role == "input_quantizer" and f"{name}.pre_quant_scale" in scales:
+                q.pre_quant_scale = scales[f"{name}.pre_quant_scale"].to(torch.float32).half().float()
+            if not getattr(q, "is_enabled", False):
+                continue
+            key = f"{name}.{tensor}"
+            largest = float(q.maxbound)
+            if key not in scales:
+                if role == "q_bmm_quantizer":
+                    # no q_scale in the checkpoint: Edge-LLM's attention quantizes the query with scale 1.0
+                    # (edgellm_export.query_scales says why ours writes one)
+                    q.amax = torch.tensor(largest)
+                    set_ += 1
+                    continue
+                raise PipelineError(f"{key}: the checkpoint holds no scale for this quantizer", "use the checkpoint's "
+                                    "own files (a ModelOpt export writes one per quantized tensor)")
+            s = scales[key].to(torch.float32)
+            if not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
+                raise PipelineError(f"{key}: scales must be finite and positive", "the checkpoint is damaged: use the "
+                                    "files of one checkpoint revision")
+            amax = s * largest
+            current = getattr(q, "amax", None)
+            if current is not None and current.numel() == amax.numel():
+                amax = amax.reshape(current.shape)
+            elif amax.numel() != 1:
+                raise PipelineError(f"{key}: {amax.numel()} scales where ModelOpt's quantizer holds "
+                                    f"{current.numel() if current is not None else 1}", "this is a bug; please report "
+                                    "it with the checkpoint's hf_quant_config.json")
+            q.amax = amax.reshape(current.shape if current is not None else ()).to(q.amax.device
+                                                                                  if current is not None else "cpu")
+            set_ += 1
+    return set_
+
+
+def restore(model_dir: Path, out: Path, pq: Prequantized, kv_cache: str, handoff: Any = None) -> dict:
+    """The quantize stage's output for a pre-quantized checkpoint (see the module doc); returns its manifest extras."""
+    from pipeline.workstation.models import load_model
+    info: dict[str, Any] = {"weights": pq.weights, "kv_cache": pq.kv_cache, "group_size": pq.group_size,
+                            "method": "checkpoint", "checkpoint": pq.as_record(), "modelopt_config": None}
+    if kv_cache != pq.kv_cache:
+        raise PipelineError(f"{pq.source}: the checkpoint's KV cache is {pq.kv_cache}; the recipe asks for {kv_cache}",
+                            f"set quantization.kv_cache = '{pq.kv_cache}'")
+    if pq.zero_point:
+        from pipeline.workstation.prequantized import clamped_fraction, gptq_zero_offset, read_tensors, split_quantized
+        linears, _ = split_quantized(pq, read_tensors(model_dir))
+        offset = gptq_zero_offset(pq, next(iter(linears.values()))["qzeros"]) if pq.kind == pqz.GPTQ else 0
+        info.update(zero_offset=offset, engine_clipped=round(clamped_fraction(pq, linears, offset), 8))
+        (out / "quantize.json").write_text(json.dumps(info, indent=1, sort_keys=True))
+        return {"quantize": info}
+    if pq.algo not in pqz.RESTORED:
+        raise PipelineError(f"{pq.source}: {pq.label}: its numerics are not reproduced by this version yet (it "
+                            f"restores ModelOpt {', '.join(pqz.RESTORED)} checkpoints; NVFP4's per-block scales are "
+                            "recomputed by ModelOpt's quantizer)", "use an FP8 or W4A16_AWQ checkpoint, or quantize "
+                            "the unquantized model here")
+    import modelopt.torch.quantization as mtq
+
+    from pipeline.plan.shapes import load_shape
+    from pipeline.workstation.calibrate import modelopt_config
+    from pipeline.workstation.grid import grid_modules, snap_to_export_grid
+    from pipeline.workstation.state import save_quantized, unchanged_parameters
+    fmt, kv = WEIGHT_FORMATS[pq.weights], KV_FORMATS[pq.kv_cache]
+    if handoff is not None:
+        handoff.drop()
+    model = load_model(model_dir, "cpu")
+    cfg = modelopt_config(fmt, kv, pq.group_size, keep_fp16=load_shape(model_dir).kept_fp16(fmt))
+    assert cfg is not None      # a quantized format
+    cfg = dict(cfg, algorithm="max")    # weights only: every other range comes from the checkpoint
+    for name in pq.excluded:            # what the checkpoint left unquantized stays so
+        cfg["quant_cfg"] = [*cfg["quant_cfg"], {"quantizer_name": f"*{name.strip('*')}*", "enable": False}]
+    import torch
+    with torch.no_grad():
+        mtq.quantize(model, cfg, None)
+        restored = _quantizer_scales(model, model.pipeline_checkpoint_scales)
+    unquantized = sorted(n for n, m in model.named_modules()
+                         if getattr(getattr(m, "weight_quantizer", None), "is_enabled", False)
+                         and f"{n}.weight_scale" not in model.pipeline_checkpoint_scales)
+    if unquantized:
+        raise PipelineError(f"{pq.source}: {unquantized[0]} is quantized by {pq.label} as ModelOpt applies it, and "
+                            "the checkpoint holds it unquantized", "list it in the checkpoint's exclude_modules, or "
+                            "use the checkpoint's own files")
+    if fmt.awq:     # q/k/v and gate/up: ModelOpt's export folded their pre-quant scales into the norms before them;
+        # a scale of ones keeps what TensorRT-LLM 0.12's loader requires of W4A16_AWQ (a prequant_scaling_factor on
+        # every linear), exactly
+        for _name, m in grid_modules(model):
+            if m.input_quantizer.pre_quant_scale is None:
+                m.input_quantizer.pre_quant_scale = torch.ones(m.weight.shape[1])
+    # nothing is fused or shared (calibrate.fuse_for_export): the checkpoint's scales are what the engine reads, K and
+    # V each their own (Edge-LLM's attention takes both)
+    unchanged = unchanged_parameters(model, model_dir)
+    changed = {name + ".weight" for name, _ in grid_modules(model)} - unchanged
+    levels = snap_to_export_grid(model, keep=changed)
+    saved = save_quantized(model, out, unchanged, levels)
+    if handoff is not None:
+        handoff.put(model_dir, out, model)
+    info.update(method="checkpoint", modelopt_config=fmt.calibration_config, device="cpu", calibration_tokens=0,
+                restored_quantizers=restored, saved_bytes=saved)
+    (out / "quantize.json").write_text(json.dumps(info, indent=1, sort_keys=True))
+    return {"quantize": info}
