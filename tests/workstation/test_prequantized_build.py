@@ -1,0 +1,105 @@
+"""Pre-quantized checkpoints through the pipeline: a ModelOpt FP8 checkpoint (with an FP8 KV cache), an AutoAWQ and a
+GPTQ act-order checkpoint, each written here (tests/prequant_checkpoints.py), by `doit build` to kits without a
+calibration, then the device half on the recorded boards (AutoAWQ on an Orin Nano on JetPack 7.2, the others on
+Thor); and a ModelOpt W4A16_AWQ checkpoint through TensorRT-LLM
+0.12 for JetPack 6."""
+
+import json
+
+import pytest
+from conftest import Project, device_on_boards, device_report
+from prequant_checkpoints import write_autoawq, write_gptq, write_modelopt
+
+pytestmark = pytest.mark.integration
+
+RECIPE = """\
+description = "{what}"
+targets = {targets}
+{backend}
+[model]
+source = "local"
+path = "{path}"
+
+[quantization]
+weights = "{weights}"
+kv_cache = "{kv}"
+
+[build]
+max_batch_size = 1
+max_input_len = 64
+max_seq_len = 256
+
+[validation]
+prompts = ["Hello", "The small computer sat on a shelf"]
+max_new_tokens = 12
+"""
+# recipe -> (writer, weights, kv cache, {target: recorded board}, backend)
+CASES = {
+    "pq-autoawq": (write_autoawq, "int4_zp", "fp16", {"orin-nano-8gb": "orin-nano-8gb-jp72"}, "edgellm"),
+    "pq-gptq-act-order": (lambda s, d: write_gptq(s, d, act_order=True), "int4_zp", "fp16",
+                          {"agx-thor": "agx-thor-jp72"}, "edgellm"),
+    "pq-modelopt-fp8": (lambda s, d: write_modelopt(s, d, "fp8", "fp8"), "fp8", "fp8",
+                        {"agx-thor": "agx-thor-jp72"}, "edgellm"),
+    "pq-modelopt-awq": (lambda s, d: write_modelopt(s, d, "int4_awq", "fp16", 64), "int4_awq", "fp16",
+                        {"orin-nano-8gb": "orin-nano-8gb-jp62-super"}, "trtllm-0.12"),
+}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    from pipeline.workstation.tinymodel import materialize
+    out = tmp_path_factory.mktemp("pq-base") / "tiny-llama-h128"
+    materialize("tiny-llama-h128", out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(base, tmp_path_factory):
+    """One project, the four recipes, one `doit build` each: (project, {recipe: stdout})."""
+    project = Project(tmp_path_factory.mktemp("pq-build") / "proj")
+    outputs = {}
+    for name, (write, weights, kv, boards, backend) in CASES.items():
+        ckpt = write(base, project.root / "checkpoints" / name)
+        (project.recipes / f"{name}.toml").write_text(RECIPE.format(
+            what=name, targets=json.dumps(list(boards)), path=ckpt, weights=weights, kv=kv,
+            backend=f'backend = "{backend}"\n'))
+        outputs[name] = project.doit("build", f"recipe={name}", timeout=900).stdout
+    return project, outputs
+
+
+def kit_dir(project, name, target, boards) -> object:
+    """A recipe's kit for one target (kit@<target> where it has several, kit where one)."""
+    return project.artifacts / name / (f"kit@{target}" if len(boards) > 1 else "kit") / f"{name}@{target}"
+
+
+def quantize_record(project, name) -> dict:
+    return json.loads((project.artifacts / name / "quantize" / "quantize.json").read_text())
+
+
+def test_each_checkpoint_builds_a_kit_without_calibration(built):
+    """No calibration ran: each quantize stage says it took the checkpoint's own scales; the zero-point ones say how
+    many weights Edge-LLM's INT4 range clips; the ModelOpt ones restored a quantizer per checkpoint scale."""
+    project, outputs = built
+    for name, (_w, weights, kv, boards, _b) in CASES.items():
+        q = quantize_record(project, name)
+        assert q["method"] == "checkpoint" and q["weights"] == weights and q["kv_cache"] == kv, q
+        assert "calibrating" not in outputs[name]
+        assert "nothing calibrated" in outputs[name], outputs[name]
+        for target in boards:
+            assert kit_dir(project, name, target, boards).is_dir()
+    for name in ("pq-autoawq", "pq-gptq-act-order"):
+        # asymmetric min/max groups: the largest level above the zero is 8 where the zero is 7, which [-8, 7] clips
+        assert 0.001 < quantize_record(project, name)["engine_clipped"] < 0.05
+    fp8 = quantize_record(project, "pq-modelopt-fp8")
+    # 2 layers x (7 weights + 7 inputs + K + V + the query, given scale 1 as Edge-LLM's runtime does without one)
+    assert fp8["restored_quantizers"] == 2 * (7 + 7 + 3)
+
+
+def test_kits_validate_on_the_recorded_boards(built, tmp_path_factory):
+    """The device half of every kit, on each target's recorded board: the engine's answers agree with the goldens."""
+    project, _ = built
+    for name, (_w, _weights, _kv, boards, _b) in CASES.items():
+        kits = {t: kit_dir(project, name, t, boards) for t in boards}
+        for target, (tmp, proc) in device_on_boards(project, kits, boards, tmp_path_factory.mktemp).items():
+            report = device_report(tmp, proc)
+            assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0], (name, target, report.prompts)
