@@ -300,7 +300,8 @@ def levels(pq: Prequantized, t: dict, engine: bool, zero_offset: int = 0):
         g_idx = t.get("g_idx")
         group = g_idx.to(torch.int64) if g_idx is not None else torch.arange(q.shape[0]) // (q.shape[0] // z.shape[0])
         if int(group.min()) < 0 or int(group.max()) >= z.shape[0]:
-            raise ValueError(f"g_idx holds groups outside 0..{z.shape[0] - 1}")
+            raise PipelineError(f"g_idx holds groups outside 0..{z.shape[0] - 1}", "the checkpoint is damaged: use "
+                                "the files of one revision of one checkpoint")
     k = q - z[group]
     if engine:
         k = k.clamp(-8, 7)

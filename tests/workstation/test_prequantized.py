@@ -215,3 +215,13 @@ def test_the_plan_says_what_the_recipe_must_agree_with(written, base, tmp_path):
     plain = plan("int4_zp", "agx-thor", base, json.loads((base / "config.json").read_text()))
     assert not plain.ok and any("this pipeline does not quantize into it; use 'int4_awq'" in r
                                 for r in plain.refused), plain.refused
+
+
+def test_a_g_idx_naming_a_group_that_does_not_exist_is_an_error_not_a_crash(written):
+    held = pqz.detect(written["gptq-act-order"])
+    linears, _ = pqz.split_quantized(held, pqz.read_tensors(written["gptq-act-order"]))
+    t = dict(linears["model.layers.0.mlp.up_proj"])
+    t["g_idx"] = t["g_idx"].clone()
+    t["g_idx"][3] = 2       # 128 inputs in groups of 64: groups 0 and 1
+    with pytest.raises(PipelineError, match=r"g_idx holds groups outside 0\.\.1"):
+        pqz.levels(held, t, engine=True, zero_offset=1)
