@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.contract import BuildLimits, ExportRecord, GoldenPrompt, PromptResult, Speculative, VisualLimits
+from pipeline.contract import BuildLimits, ExportRecord, GoldenPrompt, NearTie, PromptResult, Speculative, VisualLimits
 from pipeline.errors import PipelineError
 from pipeline.families.kinds import Family, Support
 
@@ -82,22 +82,38 @@ class BuildMemory:
         return max(parts, key=lambda k: parts[k])
 
 
-def token_agreement(golden: list | str, produced: list | str) -> float:
-    """Fraction of golden tokens reproduced up to the first divergence (greedy decoding diverges for good after)."""
+def _common(golden: list | str, produced: list | str) -> int:
+    """How many leading items both have (greedy decoding diverges for good after the first difference)."""
     n = 0
     for a, b in zip(golden, produced, strict=False):  # up to the shorter: a short answer is a divergence
         if a != b:
             break
         n += 1
-    return n / max(1, len(golden))
+    return n
 
 
-def agreement(golden: GoldenPrompt, produced: PromptResult, unit: str) -> float:
+def token_agreement(golden: list | str, produced: list | str) -> float:
+    """Fraction of golden tokens reproduced up to the first divergence."""
+    return _common(golden, produced) / max(1, len(golden))
+
+
+def agreement(golden: GoldenPrompt, produced: PromptResult, unit: str) -> tuple[float, NearTie | None]:
     """How much of the golden answer the engine reproduced: token ids where the runtime returned them ("token"),
-    else characters of the decoded text ("text"); missing output agrees with nothing."""
+    else characters of the decoded text ("text"); missing output agrees with nothing. An answer that first departs
+    from the golden by taking one of its near ties agrees in full as far as it can be compared: (1.0, that tie)."""
     if unit == "token":
-        return token_agreement(golden.output_ids, produced.output_ids or [])
-    return token_agreement(golden.text, produced.output_text or "")
+        want_ids, got = golden.output_ids, produced.output_ids or []
+        n, size = _common(want_ids, got), len(want_ids)
+        tie = next((t for t in golden.near_ties if t.step == n and n < len(got) and t.token_id == got[n]), None)
+    else:
+        want, text = golden.text, produced.output_text or ""
+        n, size = _common(want, text), len(want)
+        # the runtime's text runs through the tie's token where the golden's runs through its own
+        tie = next((t for t in golden.near_ties if len(t.text) >= n and text.startswith(t.text)
+                    and not want.startswith(t.text)), None)
+    if n < size and tie is not None:
+        return 1.0, tie
+    return n / max(1, size), None
 
 
 @dataclass(frozen=True)

@@ -198,6 +198,7 @@ class PromptOutcome(Part):
     decode_tok_s: float | None
     acceptance: float | None
     vit_ms: float | None = None
+    near_tie_at: int | None = None      # the golden step where the answer took a near tie (compared up to there)
 
 
 @dataclass(frozen=True)

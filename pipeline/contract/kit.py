@@ -223,6 +223,17 @@ IMAGE_FILE_RE = re.compile(r"\Aimages/[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")   # \
 
 
 @dataclass(frozen=True)
+class NearTie(Part):
+    """A step of a golden answer where the reference's runner-up was within Goldens.tie_logprob of its choice. An
+    engine computing the same numerics in another order (FP16 accumulation, fused kernels) may take either; one that
+    takes this token agrees up to here, and what follows answers another context, so it is not compared."""
+    step: int           # index into output_ids
+    token_id: int
+    margin: float       # the golden token's logprob minus this one's, in nats
+    text: str           # the answer's decoded text through this token in place of the golden's (text-only runtimes)
+
+
+@dataclass(frozen=True)
 class GoldenPrompt(Part):
     prompt: str
     input_ids: list[int]
@@ -233,6 +244,7 @@ class GoldenPrompt(Part):
     image: str | None = None            # a vision-language prompt's image: the kit's file (images/<name>)
     image_sha256: str | None = None
     image_tokens: int = 0               # its placeholder tokens in input_ids (the processor's count at the profile)
+    near_ties: list[NearTie] = field(default_factory=list)     # by step; kits written before them have none
 
 
 @dataclass(frozen=True)
@@ -246,6 +258,7 @@ class Goldens(Record):
     prompts: list[GoldenPrompt]
     stop_token_ids: list[int] = field(default_factory=list)    # every id that ends a generation (eos first)
     chat_template: bool = False         # prompts were rendered with the model's chat template
+    tie_logprob: float = 0.0            # the widest margin a NearTie has (0: none recorded, every divergence counts)
 
     @property
     def stop_ids(self) -> tuple[int, ...]:

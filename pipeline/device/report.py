@@ -80,10 +80,11 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
                             f"{len(goldens.prompts)} golden prompts", "see the validation log in the work directory")
     backend = backends.get(plan.backend)
     unit = validation.agreement_unit
-    per_prompt = [contract.PromptOutcome(prompt=g.prompt, agreement=round(backends.agreement(g, v, unit), 4),
-                                         ttft_s=v.ttft_s, decode_tok_s=v.decode_tok_s, acceptance=v.acceptance,
-                                         vit_ms=v.vit_ms)
-                  for g, v in zip(goldens.prompts, validation.prompts, strict=True)]
+    compared = [backends.agreement(g, v, unit) for g, v in zip(goldens.prompts, validation.prompts, strict=True)]
+    per_prompt = [contract.PromptOutcome(prompt=g.prompt, agreement=round(score, 4), ttft_s=v.ttft_s,
+                                         decode_tok_s=v.decode_tok_s, acceptance=v.acceptance, vit_ms=v.vit_ms,
+                                         near_tie_at=None if tie is None else tie.step)
+                  for g, v, (score, tie) in zip(goldens.prompts, validation.prompts, compared, strict=True)]
     # the visual engine's time per image, at the test images' mean size, beside the plan's at that size
     imaged = [(g.image_tokens or 0, v.vit_ms) for g, v in zip(goldens.prompts, validation.prompts, strict=True)
               if g.image and v.vit_ms is not None]
@@ -118,6 +119,10 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
     notes = [f"weak check: the golden answer to {g.prompt!r} has {len(g.output_ids)} tokens, less than half of "
              f"max_new_tokens ({goldens.max_new_tokens}); ask for longer answers" for g in goldens.prompts
              if len(g.output_ids) < goldens.max_new_tokens / 2]
+    notes += [f"the answer to {g.prompt!r} took token {tie.token_id} at step {tie.step + 1} of {len(g.output_ids)}, "
+              f"{tie.margin} nats below the golden's choice (a near tie: at most {goldens.tie_logprob}); it agrees up "
+              "to there and the rest answers another context, so it was not compared"
+              for g, (_, tie) in zip(goldens.prompts, compared, strict=True) if tie is not None]
     if reused:
         notes.append("engine reused from an earlier run of this kit: its build time and memory were measured then")
     if validation.kv_cache is None and not backend.reports_kv_allocation:

@@ -259,8 +259,9 @@ def goldens_images(recipe: Recipe):
 def do_goldens(recipe: Recipe) -> contract.StageManifest:
     from transformers import AutoTokenizer
 
+    from pipeline.plan.formats import rounds_activations
     from pipeline.workstation.cpu_linear import skinny_linears
-    from pipeline.workstation.evaluate import make_goldens, weak_prompts
+    from pipeline.workstation.evaluate import make_goldens, tie_logprob, weak_prompts
 
     spec = goldens_spec(recipe)
 
@@ -268,7 +269,9 @@ def do_goldens(recipe: Recipe) -> contract.StageManifest:
         tok = AutoTokenizer.from_pretrained(model_dir(recipe))
         images = goldens_images(recipe)
         with reference_model(recipe) as model, skinny_linears():
-            goldens = make_goldens(model, tok, recipe.validation, model_dir(recipe), images)
+            q = recipe.quantization
+            tie = tie_logprob(rounds_activations(q.weights, q.kv_cache, q.visual))
+            goldens = make_goldens(model, tok, recipe.validation, model_dir(recipe), images, tie)
         goldens.dump(out / contract.GOLDENS)
         if images is not None:
             images.write(out)

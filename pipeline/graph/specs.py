@@ -132,7 +132,7 @@ def goldens_spec(recipe: Recipe) -> StageSpec:
                                  "top_k_logprobs": v.top_k_logprobs, "min_token_agreement": v.min_token_agreement,
                                  **_image_keys(recipe)},
                      inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS,
-                     version=2)     # 2: goldens.json written from its record (keys sorted)
+                     version=3)     # 2: goldens.json written from its record (keys sorted); 3: near ties
 
 
 def _heldout_digest(recipe: Recipe) -> str:

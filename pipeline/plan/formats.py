@@ -62,6 +62,11 @@ class WeightFormat:
         return self.modelopt_config or self.reference_modelopt_config
 
     @property
+    def rounds_activations(self) -> bool:
+        """Its GEMMs take activations rounded to 8 bits or fewer (SmoothQuant, FP8, W4A8, NVFP4), not FP16."""
+        return self.math != "fp16"
+
+    @property
     def takes_group_size(self) -> bool:
         """The recipe's quantization.group_size applies (INT4 AWQ formats; a zero-point checkpoint's own)."""
         return self.awq or self.checkpoint_only
@@ -211,3 +216,9 @@ def pick_group_size(fmt: WeightFormat, dims: list[int], requested: int | None) -
         return None, f"group_size {requested} does not divide quantized input dimension(s) {bad}; {hint}"
     return None, (f"no INT4 group size in {list(INT4_GROUP_SIZES)} divides input dimension(s) {bad}; "
                   "use int8_wo or fp16")
+
+
+def rounds_activations(weights: str, kv_cache: str, visual: str) -> bool:
+    """A model deployed in these formats rounds what flows through it to 8 bits or fewer somewhere: its GEMMs'
+    inputs, its K/V (and FP8 KV's query), or its vision tower's linears' inputs (an FP8 tower)."""
+    return WEIGHT_FORMATS[weights].rounds_activations or not KV_FORMATS[kv_cache].unquantized or visual == TOWER_FP8

@@ -76,6 +76,36 @@ def greedy(model, ids: list[int], max_new_tokens: int, top_k: int, eos: list[int
     return {"output_ids": new, "top_logprobs": steps}
 
 
+# An engine computes the deployed numerics in another order (FP16 accumulation, fused kernels); where the reference's
+# runner-up is this close to its choice, either token is the model's answer. FP16 activations: 0.03 nats, two FP16
+# steps of a logit between 16 and 32 (2^-6 each), where real models' top logits lie. Where the engine rounds
+# activations or K/V to 8 bits or fewer, an input that order moved across a rounding boundary lands a whole step away
+# (an E4M3 step is 1/8 of the value): 0.1 nats.
+TIE_LOGPROB = 0.03
+TIE_LOGPROB_ROUNDED = 0.1
+
+
+def tie_logprob(rounds_activations: bool) -> float:
+    """The widest margin at which a golden step counts as a near tie (formats.rounds_activations says which)."""
+    return TIE_LOGPROB_ROUNDED if rounds_activations else TIE_LOGPROB
+
+
+def near_ties(tokenizer, output_ids: list[int], top_logprobs: list[list[list[float]]],
+              tie: float) -> list[contract.NearTie]:
+    """Each step's runner-ups within `tie` of the golden token (top_logprobs: greedy()'s [id, logprob] per step),
+    with the answer's text as it reads through that token (for runtimes that return text only)."""
+    ties = []
+    for step, (chosen, top) in enumerate(zip(output_ids, top_logprobs, strict=False)):
+        best = next((v for i, v in top if int(i) == chosen), None)
+        if best is None:
+            continue
+        for i, v in top:
+            if int(i) != chosen and best - v <= tie:
+                text = tokenizer.decode([*output_ids[:step], int(i)], skip_special_tokens=True)
+                ties.append(contract.NearTie(step=step, token_id=int(i), margin=round(best - v, 5), text=text))
+    return ties
+
+
 RENDER_TIMEOUT_S = 10
 RENDER_MAX_BYTES = 1 * 2**20       # a prompt rendered by its template: a few KB; a megabyte is a runaway template
 RENDER_MEMORY = 1 * 2**30          # what the rendering may allocate beyond the process it is forked from
@@ -220,10 +250,11 @@ def prompt_lengths(model_dir, validation: GoldenSettings) -> list[tuple[str, int
     return [(p, len(render_prompt(tok, p, chat)[1])) for p in validation.prompts]
 
 
-def make_goldens(model, tokenizer, validation: GoldenSettings, model_dir=None, images=None) -> contract.Goldens:
+def make_goldens(model, tokenizer, validation: GoldenSettings, model_dir=None, images=None,
+                 tie: float = TIE_LOGPROB) -> contract.Goldens:
     """Greedy completions and per-step top-k log-probs for every validation prompt, asked as the deployed model is
     asked (render_prompt); with `images` (workstation/image_prompts.py ImagePrompts) the first prompts are asked
-    with their images."""
+    with their images. `tie` (tie_logprob): the margin within which a runner-up is recorded as a near tie."""
     chat = uses_chat_template(tokenizer, validation)
     if chat and not tokenizer.chat_template:
         raise PipelineError("validation.chat_template = true, but the model's tokenizer has no chat template",
@@ -244,7 +275,9 @@ def make_goldens(model, tokenizer, validation: GoldenSettings, model_dir=None, i
     return contract.Goldens(max_new_tokens=validation.max_new_tokens,
                             min_token_agreement=validation.min_token_agreement, top_k=validation.top_k_logprobs,
                             eos_token_id=stops[0] if stops else None, stop_token_ids=stops, chat_template=chat,
-                            prompts=prompts)
+                            prompts=[dataclasses.replace(p, near_ties=near_ties(tokenizer, p.output_ids,
+                                                                                p.top_logprobs, tie))
+                                     for p in prompts], tie_logprob=tie)
 
 
 def weak_prompts(goldens: contract.Goldens) -> list[str]:

@@ -2,6 +2,8 @@
 checks that compare them with the plan (unit level; test_device.py runs them end to end)."""
 
 
+import pytest
+
 from pipeline import backends, contract
 from pipeline.device.report import build_report, kv_check, memory_checks
 from pipeline.device.runners import edgellm_profile
@@ -98,10 +100,7 @@ def test_a_report_says_not_measured_and_fails_rather_than_pass_on_a_guess(tmp_pa
     plan = _plan()
     goldens = contract.Goldens(max_new_tokens=4, min_token_agreement=0.5, top_k=1, eos_token_id=None, prompts=[
         contract.GoldenPrompt("p", [1, 2], [3, 4, 5, 6], [], "x y z w")])
-    board = contract.Board(l4t="36.4.3", jetpack="6.2", board="b", compatible=[], soc="tegra234", sm="8.7",
-                           target="orin-nano-8gb", cuda=None, tensorrt="10.3",
-                           python_packages={"tensorrt_llm": "0.12.0"},
-                           memory_total=None, memory_available=None, power_mode="15W", emc_hz=None, bandwidth_gbs=None)
+    board = _board()
     validation = contract.Validation(runtime="r", speed_source="s", prompts=[
         contract.PromptResult(prompt="p", output_ids=[3, 4, 5, 6])])
     nothing = contract.PhaseMemory(taken=None, swapped=0, peak_rss=None, min_available=None, samples=0)
@@ -127,6 +126,79 @@ def test_agreement_is_on_what_the_runtime_returned():
     ids = contract.Validation(runtime="r", speed_source="s", prompts=[contract.PromptResult("p", output_ids=[3, 4, 9])])
     text = contract.Validation(runtime="r", speed_source="s", prompts=[contract.PromptResult("p", output_text="abXd")])
     assert ids.agreement_unit == "token" and text.agreement_unit == "text"
-    assert backends.agreement(golden, ids.prompts[0], "token") == 0.5
-    assert backends.agreement(golden, text.prompts[0], "text") == 0.5
+    assert backends.agreement(golden, ids.prompts[0], "token") == (0.5, None)
+    assert backends.agreement(golden, text.prompts[0], "text") == (0.5, None)
     assert EdgellmSession.reported_kv_allocation(LOG_012, {"max_num_blocks": 9, "tokens_per_block": 64}) is None
+
+
+def _tied_goldens(tokenizer, top_logprobs, tie=0.03):
+    from pipeline.workstation.evaluate import near_ties
+
+    ids = [int(step[0][0]) for step in top_logprobs]
+    golden = contract.GoldenPrompt(prompt="p", input_ids=[1], output_ids=ids, top_logprobs=top_logprobs,
+                                   text=tokenizer.decode(ids, skip_special_tokens=True),
+                                   near_ties=near_ties(tokenizer, ids, top_logprobs, tie))
+    return contract.Goldens(max_new_tokens=len(ids), min_token_agreement=0.9, top_k=2, eos_token_id=None,
+                            prompts=[golden], tie_logprob=tie)
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer():
+    from transformers import PreTrainedTokenizerFast
+
+    from pipeline.workstation.tinymodel import train_tokenizer
+
+    return PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(320), eos_token="<|eos|>")
+
+
+def test_an_answer_that_takes_a_near_tie_agrees_as_far_as_it_can_be_compared(tiny_tokenizer):
+    """A runner-up within the goldens' tie margin (0.03 nats, counted at its edge) is the model's answer too: the
+    engine that takes it agrees up to there, by token id or by text; one step wider, or another token, does not."""
+    steps = [[[40, -0.5], [41, -3.0]], [[42, -2.0], [43, -2.03]], [[44, -1.0], [45, -1.03001]],
+             [[46, -0.1], [47, -4.0]]]
+    goldens = _tied_goldens(tiny_tokenizer, steps)
+    (g,) = goldens.prompts
+    assert [(t.step, t.token_id, t.margin) for t in g.near_ties] == [(1, 43, 0.03)]   # 0.03001 is no tie
+    tie = g.near_ties[0]
+    assert tie.text == tiny_tokenizer.decode([40, 43]) and tie.text != g.text[:len(tie.text)]
+
+    def result(ids=None, text=None):
+        return contract.PromptResult("p", output_ids=ids, output_text=text)
+
+    assert backends.agreement(g, result([40, 43, 9, 9]), "token") == (1.0, tie)
+    assert backends.agreement(g, result([40, 42, 45, 9]), "token") == (0.5, None)     # 0.03001: a divergence
+    assert backends.agreement(g, result([40, 41, 9, 9]), "token") == (0.25, None)     # not a runner-up in the margin
+    assert backends.agreement(g, result([40, 43]), "token") == (1.0, tie)             # it stopped after the tie
+    assert backends.agreement(g, result(text=tie.text + "zz"), "text") == (1.0, tie)
+    other = tiny_tokenizer.decode([40, 41])
+    assert backends.agreement(g, result(text=other + "zz"), "text")[1] is None
+
+    report = build_report(goldens, contract.Validation(runtime="r", speed_source="s", prompts=[
+        result([40, 43, 9, 9])]), _plan(), _board(), None, False, None)
+    assert report.checks[0].ok and report.checks[0].measured == 1.0 and report.prompts[0].near_tie_at == 1
+    assert any(n.startswith("the answer to 'p' took token 43 at step 2 of 4, 0.03 nats below the golden's choice "
+                            "(a near tie: at most 0.03)") for n in report.notes), report.notes
+    # kits written before near ties were recorded: every divergence counts, as it did
+    old = contract.Goldens.from_dict({k: v for k, v in goldens.to_dict().items() if k != "tie_logprob"} | {
+        "prompts": [{k: v for k, v in g.to_dict().items() if k != "near_ties"}]}, "goldens.json")
+    assert backends.agreement(old.prompts[0], result([40, 43, 9, 9]), "token") == (0.25, None)
+
+
+def test_the_tie_margin_widens_where_the_engine_rounds_what_flows_through_it():
+    """FP16 activations: 0.03 nats; anything rounded to 8 bits or fewer (GEMM inputs, K/V, an FP8 tower): 0.1."""
+    from pipeline.plan.formats import KV_FORMATS, TOWER_FP8, UNQUANTIZED, WEIGHT_FORMATS, rounds_activations
+    from pipeline.workstation.evaluate import tie_logprob
+
+    fp16, kv16 = UNQUANTIZED.name, KV_FORMATS[UNQUANTIZED.name].name
+    widened = {w for w in WEIGHT_FORMATS if tie_logprob(rounds_activations(w, kv16, fp16)) == 0.1}
+    assert widened == {w.name for w in WEIGHT_FORMATS.values() if w.math != "fp16"} and "int4_awq" not in widened
+    assert tie_logprob(rounds_activations("int4_awq", kv16, fp16)) == 0.03
+    assert tie_logprob(rounds_activations("int4_awq", kv16, TOWER_FP8)) == 0.1
+    assert all(tie_logprob(rounds_activations(fp16, kv, fp16)) == (0.03 if kv == kv16 else 0.1) for kv in KV_FORMATS)
+
+
+def _board():
+    return contract.Board(l4t="36.4.3", jetpack="6.2", board="b", compatible=[], soc="tegra234", sm="8.7",
+                          target="orin-nano-8gb", cuda=None, tensorrt="10.3",
+                          python_packages={"tensorrt_llm": "0.12.0"}, memory_total=None, memory_available=None,
+                          power_mode="15W", emc_hz=None, bandwidth_gbs=None)
