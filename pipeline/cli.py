@@ -34,6 +34,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def _plan_cmd(args) -> int:
     from pipeline.contract import BuildLimits
     from pipeline.plan.formats import DEFAULT_KV, UNQUANTIZED
@@ -260,13 +271,19 @@ def _trust_cmd(args) -> int:
 
 
 def _on_board_args(p: argparse.ArgumentParser) -> None:
-    """What `device` and `install` share: the board to probe, an extra trusted key, the validation time limit."""
+    """What `device` and `install` share: the board to probe, an extra trusted key, the validation time limit and
+    load run."""
+    from pipeline.runtime.load import LOAD_REQUESTS
     p.add_argument("--root", default=settings.get("JETSON_PIPELINE_PROBE_ROOT", "/"),
                    help="probe this directory instead of / (a recorded board; default $JETSON_PIPELINE_PROBE_ROOT "
                    "or /)")
     p.add_argument("--pubkey", help="trust this public key too")
     p.add_argument("--validate-timeout", type=positive_int, default=None,
                    help="seconds per validation run (default: the plan's predicted time x 10, at least 5 min)")
+    p.add_argument("--load-requests", type=non_negative_int, default=LOAD_REQUESTS, metavar="N",
+                   help="after the goldens, the load run through the serving session sends N requests at each "
+                   "concurrency (1, 4 and the engine's max batch) and reports throughput and latency percentiles; "
+                   f"0 skips it, for a quicker check (default {LOAD_REQUESTS})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -460,7 +477,8 @@ def _device_cmd(args) -> int:
     from pipeline.device.driver import run_device
     return run_device(Path(args.kit), work=Path(args.work) if args.work else None, out=Path(args.out),
                       root=args.root, pubkey=args.pubkey, build_timeout=args.build_timeout, force=args.force,
-                      allow_downgrade=args.allow_downgrade, validate_timeout=args.validate_timeout)
+                      allow_downgrade=args.allow_downgrade, validate_timeout=args.validate_timeout,
+                      load_requests=args.load_requests)
 
 
 def _install_cmd(args) -> int:
@@ -468,6 +486,7 @@ def _install_cmd(args) -> int:
     return run_install(Path(args.bundle), work=Path(args.work) if args.work else None, out=Path(args.out),
                        options=InstallOptions(root=args.root, pubkey=args.pubkey,
                                               validate_timeout=args.validate_timeout,
+                                              load_requests=args.load_requests,
                                               any_board_model=args.any_board_model, as_json=args.json,
                                               allow_downgrade=args.allow_downgrade, switch_kit=args.switch_kit))
 

@@ -284,8 +284,10 @@ def board_copy(tmp: Path, board: str) -> Path:
     return root
 
 
-def device_command(project, kit, tmp, board="orin-nano-8gb-jp62-super", args=(), **extra_env):
-    """argv and environment of `pipeline device` on the kit, with the doubles on PATH and a copied board."""
+def device_command(project, kit, tmp, board="orin-nano-8gb-jp62-super", args=(), load=False, **extra_env):
+    """argv and environment of `pipeline device` on the kit, with the doubles on PATH and a copied board. load=False:
+    --load-requests 0 (the load run's 24 requests through the runtime double take most of a run's minute here;
+    test_device.py runs it where its figures are checked)."""
     tmp.mkdir(parents=True, exist_ok=True)
     root = board_copy(tmp, board)
     # the doubles run with this interpreter's python3 (they import the pipeline's checkpoint schema)
@@ -296,12 +298,13 @@ def device_command(project, kit, tmp, board="orin-nano-8gb-jp62-super", args=(),
                FAKE_BOARD_ROOT=str(root),
                TRTLLM_BUILD_DOUBLE_RECORD=str(tmp / "argv.jsonl"), **extra_env)
     argv = [sys.executable, "-m", "pipeline", "device", str(kit), "--root", str(root), "--work", str(tmp / "work"),
-            "--out", str(tmp / "out"), "--pubkey", str(project.root / "home" / "signing.pub"), *map(str, args)]
+            "--out", str(tmp / "out"), "--pubkey", str(project.root / "home" / "signing.pub"), *map(str, args),
+            *(() if load else ("--load-requests", "0"))]
     return argv, env
 
 
-def device(project, kit, tmp, board="orin-nano-8gb-jp62-super", args=(), **extra_env):
-    argv, env = device_command(project, kit, tmp, board, args, **extra_env)
+def device(project, kit, tmp, board="orin-nano-8gb-jp62-super", args=(), load=False, **extra_env):
+    argv, env = device_command(project, kit, tmp, board, args, load, **extra_env)
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=tmp)
 
 

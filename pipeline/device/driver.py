@@ -27,6 +27,7 @@ from pipeline import backends, contract
 from pipeline.device.memwatch import MemoryWatch
 from pipeline.device.process import claim_work, run_logged, say, terminate_as_interrupt
 from pipeline.errors import PipelineError
+from pipeline.runtime.load import LOAD_REQUESTS
 
 BUILD_TIMEOUT_MARGIN, BUILD_TIMEOUT_FLOOR = 3.0, 1800          # x the plan's generous build bound, at least 30 min
 VALIDATE_TIMEOUT_MARGIN, VALIDATE_TIMEOUT_FLOOR = 10.0, 300    # x the predicted time of one run, at least 5 min
@@ -69,7 +70,7 @@ def _taken(watch: MemoryWatch) -> str:
 
 
 def timeouts(plan: contract.Plan, goldens: contract.Goldens, build: int | None,
-             validate: int | None) -> tuple[int, int]:
+             validate: int | None, load_requests: int = LOAD_REQUESTS) -> tuple[int, int]:
     """The build's and each validation run's time limits: given, or the plan's predicted times with a margin (a
     hung builder or runtime then frees the board in minutes, not after a fixed hour)."""
     if build is None:
@@ -79,9 +80,10 @@ def timeouts(plan: contract.Plan, goldens: contract.Goldens, build: int | None,
         m = plan.memory
         weights = m.weights + m.embedding + m.lm_head if m else 0
         decode = plan.predicted_decode_tok_s or 1.0
-        from pipeline.runtime.load import LOAD_REQUESTS, concurrencies
+        from pipeline.runtime.load import concurrencies
         # the goldens, then the load run at each concurrency (timed as if single-stream: batching only helps)
-        requests = len(goldens.prompts) + sum(max(LOAD_REQUESTS, c) for c in concurrencies(plan.limits.max_batch_size))
+        requests = len(goldens.prompts) + (sum(max(load_requests, c) for c in concurrencies(
+            plan.limits.max_batch_size)) if load_requests else 0)
         one = LOAD_S + weights / LOAD_BYTES_PER_S + requests * ((plan.predicted_ttft_ms or 0) / 1000 +
                                                                  goldens.max_new_tokens / decode)
         validate = int(max(VALIDATE_TIMEOUT_FLOOR, VALIDATE_TIMEOUT_MARGIN * one))
@@ -90,13 +92,14 @@ def timeouts(plan: contract.Plan, goldens: contract.Goldens, build: int | None,
 
 def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey: str | None = None,
                build_timeout: int | None = None, force: bool = False, allow_downgrade: bool = False,
-               validate_timeout: int | None = None) -> int:
+               validate_timeout: int | None = None, load_requests: int = LOAD_REQUESTS) -> int:
     with terminate_as_interrupt():
-        return _run(kit, work, out, root, pubkey, build_timeout, force, allow_downgrade, validate_timeout)
+        return _run(kit, work, out, root, pubkey, build_timeout, force, allow_downgrade, validate_timeout,
+                    load_requests)
 
 
 def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None, build_timeout: int | None,
-         force: bool, allow_downgrade: bool, validate_timeout: int | None) -> int:
+         force: bool, allow_downgrade: bool, validate_timeout: int | None, load_requests: int) -> int:
     from pipeline.device import gate
     from pipeline.device.opening import open_verified, unpack_verified
     from pipeline.files import fresh_dir, move_into_place, remove_entry, write_atomic
@@ -138,7 +141,7 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
     if problems:
         raise PipelineError(f"{kit_dir / contract.PLAN}: device_build_commands refused: {'; '.join(problems)}",
                             "nothing was run; re-package the kit with this version of the pipeline")
-    build_limit, validate_limit = timeouts(plan, goldens, build_timeout, validate_timeout)
+    build_limit, validate_limit = timeouts(plan, goldens, build_timeout, validate_timeout, load_requests)
 
     engine, staging = work / contract.ENGINE_DIR, work / contract.ENGINE_STAGING
     build = _reusable_build(work, engine, verified.manifest_sha256, argvs)
@@ -165,7 +168,7 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
     from pipeline.device.report import build_report
     from pipeline.device.runners import RUNNERS
     watch = MemoryWatch(Path(root))
-    validation = RUNNERS[backend.name](kit_dir, engine, plan, goldens, work, watch, validate_limit)
+    validation = RUNNERS[backend.name](kit_dir, engine, plan, goldens, work, watch, validate_limit, load_requests)
     report = build_report(goldens, validation, plan, board, build, reused, watch.measured())
     out.mkdir(parents=True, exist_ok=True)
     report_dir = out / f"{verified.name}.report"

@@ -29,6 +29,7 @@ from pathlib import Path
 from pipeline import backends, contract
 from pipeline.device.process import claim_work, say, terminate_as_interrupt
 from pipeline.errors import PipelineError
+from pipeline.runtime.load import LOAD_REQUESTS
 
 INSTALL_DIR = "bundle"      # under --work: the unpacked, verified bundle (engine files + serving/)
 NEXT_DIR = ".bundle.next"   # under --work: a bundle being checked, before it replaces INSTALL_DIR
@@ -52,6 +53,7 @@ class InstallOptions:
     root: str = "/"
     pubkey: str | None = None
     validate_timeout: int | None = None
+    load_requests: int = LOAD_REQUESTS      # per concurrency level of the load run after the goldens (0: none)
     any_board_model: bool = False
     as_json: bool = False
     allow_downgrade: bool = False
@@ -132,9 +134,9 @@ def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions
         raise
     say(f"unpacked and verified: {staging} (the installed bundle stays until this one passes)")
     backend = backends.get(m.compat.backend)
-    _, limit = timeouts(plan, goldens, None, options.validate_timeout)
+    _, limit = timeouts(plan, goldens, None, options.validate_timeout, options.load_requests)
     watch = MemoryWatch(Path(root))
-    validation = RUNNERS[backend.name](serving, staging, plan, goldens, work, watch, limit)
+    validation = RUNNERS[backend.name](serving, staging, plan, goldens, work, watch, limit, options.load_requests)
     report = build_report(goldens, validation, plan, board, None, False, watch.measured())
     report = dataclasses.replace(report, notes=[
         f"engine installed from bundle {m.name}, built on {m.built_on.name} from kit {m.kit.name} (signed "

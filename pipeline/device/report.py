@@ -123,6 +123,8 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
               f"{tie.margin} nats below the golden's choice (a near tie: at most {goldens.tie_logprob}); it agrees up "
               "to there and the rest answers another context, so it was not compared"
               for g, (_, tie) in zip(goldens.prompts, compared, strict=True) if tie is not None]
+    if unit == "token" and not validation.load_runs:       # the serve session's run, asked for no load run
+        notes.append("no load run (--load-requests 0): no throughput or latency figures at concurrency")
     if reused:
         notes.append("engine reused from an earlier run of this kit: its build time and memory were measured then")
     if validation.kv_cache is None and not backend.reports_kv_allocation:

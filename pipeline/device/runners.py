@@ -17,9 +17,8 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pipeline import contract
 from pipeline.backends import edgellm, trtllm012
@@ -27,6 +26,7 @@ from pipeline.device.memwatch import MemoryWatch
 from pipeline.device.process import run_logged
 from pipeline.errors import PipelineError
 from pipeline.files import read_regular, remove_entry, replace_file
+from pipeline.runtime.load import LOAD_REQUESTS
 
 RECORD_MAX = 16 * 2**20
 
@@ -144,15 +144,17 @@ def validate_llm_inference(kit_dir: Path, engine: Path, plan: contract.Plan, gol
 
 
 def validate_session(kit_dir: Path, engine: Path, plan: contract.Plan, _goldens: contract.Goldens, work: Path,
-                     watch: MemoryWatch | None = None, timeout: int = 3600) -> contract.Validation:
-    """The goldens and the load run through the serve session, in a process of its own (its memory is the runtime's,
-    measured by `watch`); the KV cache the runtime reported is read from that process's log."""
+                     watch: MemoryWatch | None = None, timeout: int = 3600,
+                     load_requests: int = LOAD_REQUESTS) -> contract.Validation:
+    """The goldens and the load run (`load_requests` per concurrency level; 0: none) through the serve session, in a
+    process of its own (its memory is the runtime's, measured by `watch`); the KV cache the runtime reported is read
+    from that process's log."""
     from pipeline.runtime.engines import SESSIONS
 
     out, log = work / contract.VALIDATION, work / "validate.log"
     remove_entry(out)
     run_logged([sys.executable, "-m", "pipeline.device.session_runner", "--kit-dir", str(kit_dir),
-                "--engine-dir", str(engine), "--out", str(out)],
+                "--engine-dir", str(engine), "--out", str(out), "--load-requests", str(load_requests)],
                cwd=work, log=log, timeout=timeout, watch=watch,
                env=dict(os.environ, TLLM_LOG_LEVEL="INFO", PYTHONPATH=os.pathsep.join(
                    [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])))
@@ -166,7 +168,8 @@ def validate_session(kit_dir: Path, engine: Path, plan: contract.Plan, _goldens:
 
 
 def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
-                     watch: MemoryWatch | None = None, timeout: int = 3600) -> contract.Validation:
+                     watch: MemoryWatch | None = None, timeout: int = 3600,
+                     load_requests: int = LOAD_REQUESTS) -> contract.Validation:
     """Through the serve session (RequestEngine), except what it cannot serve (speculative engines) or take here
     (images: the session is not given a visual engine): those through llm_inference, whose profiler also measures
     EAGLE-3's acceptance and the visual engine's time."""
@@ -174,8 +177,13 @@ def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: 
 
     if SESSIONS[plan.backend or ""].refuses(plan) or plan.visual is not None:
         return validate_llm_inference(kit_dir, engine, plan, goldens, work, watch, timeout)
-    return validate_session(kit_dir, engine, plan, goldens, work, watch, timeout)
+    return validate_session(kit_dir, engine, plan, goldens, work, watch, timeout, load_requests)
 
 
-Runner = Callable[[Path, Path, contract.Plan, contract.Goldens, Path, MemoryWatch | None, int], contract.Validation]
+class Runner(Protocol):
+    def __call__(self, kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
+                 watch: MemoryWatch | None = None, timeout: int = 3600,
+                 load_requests: int = LOAD_REQUESTS, /) -> contract.Validation: ...
+
+
 RUNNERS: dict[str, Runner] = {trtllm012.BACKEND.name: validate_session, edgellm.BACKEND.name: validate_edgellm}

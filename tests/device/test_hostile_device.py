@@ -318,6 +318,9 @@ def test_the_time_limits_come_from_the_plans_predictions():
     # one validation run: 60 s load + 3e9 B / 500e6 B/s = 6 s, then 3 goldens + 8 requests at each of 1, 2 and 4
     # clients = 27 requests of 0.5 s prefill + 64 tokens / 20 tok/s
     assert timeouts(plan(), goldens, None, None) == (4500, int(10 * (60 + 6 + 27 * (0.5 + 64 / 20))))
+    # --load-requests 0: the goldens only; 1: each level's clients send one each (at least one per client)
+    assert timeouts(plan(), goldens, None, None, 0)[1] == int(10 * (60 + 6 + 3 * (0.5 + 64 / 20)))
+    assert timeouts(plan(), goldens, None, None, 1)[1] == int(10 * (60 + 6 + (3 + 1 + 2 + 4) * (0.5 + 64 / 20)))
     assert timeouts(plan(predicted_build_s=100.0, predicted_decode_tok_s=1000.0), goldens, None, None)[0] == 1800
     # nothing to load, a fast model: the engine load's fixed minute decides
     assert timeouts(plan(predicted_decode_tok_s=1000.0, memory=(0, 0, 0), predicted_ttft_ms=0.0), goldens, None,
