@@ -35,6 +35,9 @@ ENV: dict[str, str] = {
     "JETSON_PIPELINE_CACHE": "the shared stage cache (doit's cache=REF): oci://HOST[:PORT]/REPO or oci-layout:DIR",
     "JETSON_PIPELINE_CACHE_PLAIN_HTTP": "1: the stage cache's registry speaks HTTP, not HTTPS (doit's "
                                         "cache-plain-http=1)",
+    "JETSON_PIPELINE_BUILTIN_CACHE": "where the builtin tiny models are kept once trained (default: "
+                                     "$XDG_CACHE_HOME or ~/.cache, /jetson-pipeline/builtins); off: train each anew",
+    "XDG_CACHE_HOME": "the user's cache directory (default ~/.cache): the builtin models' cache goes under it",
     "HF_HUB_OFFLINE": "1: read models from the Hugging Face cache only, never the network",
 }
 

@@ -195,9 +195,15 @@ def fetch_local(src: Path, out: Path, source: str, patterns: list[str] = NEEDED,
 
 
 def fetch_builtin(name: str, out: Path) -> dict:
-    from pipeline.progress import Progress
-    from pipeline.workstation.tinymodel import materialize
+    """Builtin `name` into `out`: trained here the first time, then copied from this machine's cache of builtins
+    (workstation/builtin_cache.py), verified."""
+    from pipeline.progress import Progress, terminal
+    from pipeline.workstation.builtin_cache import made_once
+    from pipeline.workstation.tinymodel import BUILTINS, materialize
 
-    with Progress(f"making builtin {name}", unit="step") as bar:
-        materialize(name, out, progress=lambda step, total, loss: bar.update(step, total, f"loss {loss:.3f}"))
+    def make(to: Path) -> None:
+        with Progress(f"making builtin {name}", unit="step") as bar:
+            materialize(name, to, progress=lambda step, total, loss: bar.update(step, total, f"loss {loss:.3f}"))
+
+    made_once(name, BUILTINS[name], out, make, say=lambda line: print(line, file=terminal()))
     return {"source": {"kind": "builtin", "name": name}}

@@ -27,9 +27,11 @@ def builtin(tmp_path_factory):
 
     def get(name):
         if name not in made:
-            from pipeline.workstation.tinymodel import materialize
+            from pipeline.workstation.builtin_cache import made_once
+            from pipeline.workstation.tinymodel import BUILTINS, materialize
             made[name] = tmp_path_factory.mktemp(name) / "model"
-            materialize(name, made[name])
+            made[name].mkdir()
+            made_once(name, BUILTINS[name], made[name], lambda out: materialize(name, out))
         return made[name]
     return get
 

@@ -1,0 +1,131 @@
+"""The builtin tiny models, made once per machine. Making one trains it (20 s to minutes on a CPU), and each project
+that fetches it, each first run of the README's command in a fresh clone, would train the same bytes again.
+
+An entry is keyed by everything that decides those bytes: the builtin's spec, the source of the modules that make it,
+the training corpus, and the versions of torch, transformers and tokenizers. It is written whole into a private
+directory and renamed into place, so a killed writer leaves none; before use, every file is checked against the
+entry's manifest (names, sizes, SHA-256), and an entry that fails (damaged, truncated, planted with other files, a
+link) is set aside and the model made again. Set JETSON_PIPELINE_BUILTIN_CACHE=off to make each anew.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from pipeline import settings
+from pipeline.errors import PipelineError
+from pipeline.files import read_regular, remove_entry, sha256_file
+
+MANIFEST = "cache-manifest.json"
+MANIFEST_MAX = 1 * 2**20
+ENTRY_MAX_BYTES = 2 * 2**30         # the builtins are a few MB; anything near this is not one of ours
+# what materialize() runs: a change to any of them makes other bytes, so it keys the entry
+SOURCES = ("tinymodel.py", "tinytrain.py", "tinyvlm.py")
+TRAINED_BY = ("torch", "transformers", "tokenizers")     # distributions whose versions decide the trained bytes
+
+
+def cache_root() -> Path | None:
+    """JETSON_PIPELINE_BUILTIN_CACHE, else $XDG_CACHE_HOME (or ~/.cache)/jetson-pipeline/builtins; None when off."""
+    value = settings.get("JETSON_PIPELINE_BUILTIN_CACHE")
+    if value and value.strip().lower() in ("off", "0", "no", "false"):
+        return None
+    if value:
+        return Path(value).expanduser()
+    base = settings.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "jetson-pipeline" / "builtins"
+
+
+def entry_key(name: str, spec: object) -> str:
+    """What decides a builtin's bytes, hashed (spec: its Builtin or DraftBuiltin record)."""
+    from importlib.metadata import version  # not the imports: a cache hit needs no torch
+
+    here = Path(__file__).parent
+    h = hashlib.sha256(json.dumps({"name": name, "spec": repr(spec), **{d: version(d) for d in TRAINED_BY}},
+                                  sort_keys=True).encode())
+    for source in SOURCES:
+        h.update((here / source).read_bytes())
+    corpus = here.parent / "data" / "corpus"
+    for f in sorted(corpus.iterdir()):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:24]
+
+
+def _verified(entry: Path) -> dict[str, str] | None:
+    """The entry's files {name: sha256} if every one is a regular file its manifest names with its size and hash, and
+    nothing else is there; else None."""
+    try:
+        if entry.is_symlink() or not entry.is_dir():
+            return None
+        manifest = json.loads(read_regular(entry / MANIFEST, MANIFEST_MAX))
+        files = manifest["files"]
+        if set(os.listdir(entry)) != {*files, MANIFEST}:
+            return None
+        for fname, want in files.items():
+            path = entry / fname
+            if path.is_symlink() or not path.is_file() or path.stat().st_size != want["size"] \
+                    or sha256_file(path) != want["sha256"]:
+                return None
+        return {fname: want["sha256"] for fname, want in files.items()}
+    except (OSError, PipelineError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _store(root: Path, entry: Path, made: Path) -> None:
+    """`made`'s files as a new entry (nothing under a name that is already there: another process made it first)."""
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=root))
+    try:
+        files: dict[str, dict] = {}
+        for f in sorted(made.iterdir()):
+            if f.is_symlink() or not f.is_file():
+                return              # not the flat checkpoint directory materialize() writes: not cached
+            shutil.copyfile(f, staging / f.name)
+            files[f.name] = {"size": f.stat().st_size, "sha256": sha256_file(staging / f.name)}
+        if sum(v["size"] for v in files.values()) > ENTRY_MAX_BYTES:
+            return
+        (staging / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
+        os.chmod(staging, 0o755)
+        try:
+            os.rename(staging, entry)       # fails where the entry exists: the first one made stays
+        except OSError:
+            return
+    finally:
+        remove_entry(staging)
+
+
+def made_once(name: str, spec: object, out: Path, make: Callable[[Path], None],
+              say: Callable[[str], None] = lambda _: None) -> bool:
+    """Builtin `name` in `out`: copied from its verified cache entry, or made by make(out) and stored. True when it
+    came from the cache. A cache that cannot be read or written only costs the time to make the model."""
+    out.mkdir(parents=True, exist_ok=True)
+    if any(out.iterdir()):
+        raise ValueError(f"{out} is not empty: the builtin's directory is what the cache keeps")
+    root = cache_root()
+    if root is None:
+        make(out)
+        return False
+    entry = root / f"{name}-{entry_key(name, spec)}"
+    files = _verified(entry) if os.path.lexists(entry) else None
+    if files is not None:
+        for fname, digest in files.items():
+            shutil.copyfile(entry / fname, out / fname)
+            if sha256_file(out / fname) != digest:      # changed between the check and the copy
+                raise PipelineError(f"{entry / fname} changed while it was copied", f"remove {entry} and run again")
+        return True
+    if os.path.lexists(entry):
+        say(f"the cached {name} at {entry} does not match its manifest: making it again")
+        with contextlib.suppress(OSError):       # not ours to remove: the new entry's rename then fails too
+            remove_entry(entry)
+    make(out)
+    try:
+        _store(root, entry, out)
+    except OSError as exc:
+        say(f"could not keep {name} in {root} ({exc.strerror or exc}); it will be made again next time")
+    return False
