@@ -60,6 +60,13 @@ if [ ! -e "$stamp" ]; then
   # torch alone and first, pinned: nothing installed after it can then resolve a multi-GB CUDA build by accident.
   .venv/bin/python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
   .venv/bin/python -m pip install -q -e ".[workstation,serve,dev,registry]"
+  # A CUDA GPU here: compile ModelOpt's CUDA extensions now (torch caches them), or the first GPU calibration
+  # stalls about a minute compiling them. Without a CUDA toolkit ModelOpt quantizes through plain torch instead.
+  if .venv/bin/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "bootstrap: compiling ModelOpt's CUDA extensions for this GPU (a few minutes, once)" >&2
+    .venv/bin/python -c "from pipeline.workstation.calibrate import load_cuda_extensions as l; l()" >/dev/null \
+      || echo "bootstrap: ModelOpt's CUDA extensions did not build; calibration will compile or skip them" >&2
+  fi
   rm -f .venv/.bootstrap-*
   touch "$stamp"
 fi

@@ -76,6 +76,9 @@ def run_plain(model_dir: Path, out: Path, weights: str, group: int | None, cal: 
         now = time.perf_counter()
         steps[name] = round(now - t, 2)
         t = now
+        if torch.cuda.is_available():
+            print(json.dumps({"gpu_step": name, "peak_gb": round(torch.cuda.max_memory_allocated() / 1e9, 3),
+                              "held_gb": round(torch.cuda.memory_allocated() / 1e9, 3)}), file=sys.stderr)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if device == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
@@ -123,9 +126,32 @@ def run_pipeline(model_dir: Path, out: Path, weights: str, group: int | None, ca
           file=sys.stderr)
 
 
+def trace_gpu_steps() -> None:
+    """Each pipeline step's GPU memory on stderr: the peak it raised the process's peak to (null: it did not) and
+    what it left allocated, so a peak above plain ModelOpt's names the step that reached it."""
+    import torch
+
+    from pipeline import progress
+    original = progress.StepTimer.__call__
+
+    def call(self, name):
+        @contextlib.contextmanager
+        def traced():
+            before = torch.cuda.max_memory_allocated()
+            with original(self, name):
+                yield
+            peak = torch.cuda.max_memory_allocated()
+            print(json.dumps({"gpu_step": name, "new_peak_gb": round(peak / 1e9, 3) if peak > before else None,
+                              "held_gb": round(torch.cuda.memory_allocated() / 1e9, 3)}), file=sys.stderr)
+        return traced()
+    progress.StepTimer.__call__ = call
+
+
 def child(which: str, model_dir: str, out: str, weights: str, group: str, cal: str) -> None:
     import torch
 
+    if torch.cuda.is_available():
+        trace_gpu_steps()
     fn = run_plain if which == "plain" else run_pipeline
     t = time.perf_counter()
     from pipeline.recipe import Calibration
@@ -205,6 +231,9 @@ def main() -> int:
         run = json.loads(proc.stdout.strip().splitlines()[-1])
         run["detail"] = json.loads(proc.stderr.strip().splitlines()[-1]) if which != "warmup" else {}
         print(f"  {which} steps (s):", json.dumps(run["detail"].get("steps")), flush=True)
+        for line in proc.stderr.splitlines():
+            if line.startswith('{"gpu_step"'):
+                print(f"  {which} GPU:", line, flush=True)
         if which == "pipeline":
             print("  reader check:", json.dumps(run["detail"]["reader"]), flush=True)
         if which not in results or run["wall_s"] < results[which]["wall_s"]:
@@ -218,6 +247,9 @@ def main() -> int:
         print(f"{name:<10}{r['wall_s']:>10.1f}{r['peak_rss'] / 1e9:>14.2f}{r['peak_gpu'] / 1e9:>14.2f}")
     ratio = q["wall_s"] / p["wall_s"]
     print(f"pipeline / plain wall time: {ratio:.3f} ({(ratio - 1):+.1%} overhead)")
+    if p["peak_gpu"]:
+        print(f"pipeline / plain peak GPU memory: {q['peak_gpu'] / p['peak_gpu']:.3f}")
+    print(f"pipeline / plain peak RSS: {q['peak_rss'] / p['peak_rss']:.3f}")
     # The export stage proves the checkpoint: a reference forward of the calibrated model and a forward of the
     # independent reader over the written file. Plain ModelOpt does neither; shown apart from the stage machinery.
     detail = q["detail"]

@@ -162,6 +162,24 @@ def fuse_for_export(model, share_awq_scales: bool = True) -> int:
     return n
 
 
+def load_cuda_extensions() -> None:
+    """ModelOpt's fake-quantization kernels (integer and FP8), which torch compiles on their first use on a machine
+    (about a minute each on an H200) and caches (TORCH_EXTENSIONS_DIR). Loaded as a step of their own, with a line
+    saying so: a first run's compile is then named, not a minute in which the first calibration sample seems to
+    hang; ./bootstrap.sh compiles them ahead on a machine with a CUDA GPU. (ModelOpt's third, for MX formats, serves
+    no format here.) Without a CUDA toolkit ModelOpt says it could not build them and quantizes through plain
+    torch."""
+    from modelopt.torch.quantization import extensions
+
+    from pipeline.progress import Progress
+
+    with Progress("ModelOpt's CUDA extensions (compiled on their first use on this machine, then cached)",
+                  unit="extension") as bar:
+        for i, load in enumerate((extensions.get_cuda_ext, extensions.get_cuda_ext_fp8), 1):
+            load()
+            bar.update(i, 2)
+
+
 def reshapes_weights(cfg: dict) -> bool:
     """Whether the config's algorithm reshapes weights against the calibration data (AWQ's pre-quant scales,
     SmoothQuant's smoothing) rather than only recording ranges ("max": FP8, NVFP4)."""
@@ -246,6 +264,9 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
                 m(**{k: v.to(inputs) for k, v in a.items()})
                 bar.update(i, len(asked))
 
+    if inputs != "cpu":
+        with timer("cuda extensions"):
+            load_cuda_extensions()
     from pipeline.workstation import experts
     with timer("calibrate"), torch.no_grad(), experts.count_routed_tokens(model) as routed:
         mtq.quantize(model, cfg, forward_loop if windows else None)
