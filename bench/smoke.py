@@ -1,4 +1,5 @@
-"""Every benchmark, run at a tiny size, so that a change that breaks one fails CI (`.ci/run` calls this).
+"""Every benchmark, run at a tiny size, so that a change that breaks one fails CI (tests/test_bench_smoke.py runs
+each as a test; this runs them all in a row).
 
     .venv/bin/python bench/smoke.py
 
@@ -34,24 +35,32 @@ def gpu() -> bool:
         return False
 
 
+def scripts() -> list[str]:
+    return sorted(p.name for p in BENCH.glob("*.py") if p.name not in ("__init__.py", "smoke.py"))
+
+
+def smoke(name: str) -> tuple[bool, str]:
+    """Run one benchmark at its tiny size: (it ran to a verdict or refused as it should, its line [+ its output])."""
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, str(BENCH / name), *RUNS[name]], capture_output=True, text=True,
+                       timeout=600)
+    gpu_only_refused = r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not gpu()
+    ok = "Traceback" not in r.stderr and (r.returncode in (0, 1) or gpu_only_refused)
+    line = f"bench smoke: {name:<18} exit {r.returncode}  {time.perf_counter() - t:5.1f} s  {'ok' if ok else 'BROKEN'}"
+    return ok, line if ok else line + "\n" + r.stdout[-3000:] + r.stderr[-3000:]
+
+
 def main() -> int:
-    scripts = sorted(p.name for p in BENCH.glob("*.py") if p.name not in ("__init__.py", "smoke.py"))
-    unknown = sorted(set(scripts) - set(RUNS))
+    unknown = sorted(set(scripts()) - set(RUNS))
     if unknown:
         print(f"bench/smoke.py: no smoke run for {', '.join(unknown)}: add one to RUNS", file=sys.stderr)
         return 1
     failed = []
-    for name in scripts:
-        t = time.perf_counter()
-        r = subprocess.run([sys.executable, str(BENCH / name), *RUNS[name]], capture_output=True, text=True,
-                           timeout=600)
-        gpu_only_refused = r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not gpu()
-        ok = "Traceback" not in r.stderr and (r.returncode in (0, 1) or gpu_only_refused)
-        print(f"bench smoke: {name:<18} exit {r.returncode}  {time.perf_counter() - t:5.1f} s  "
-              f"{'ok' if ok else 'BROKEN'}", flush=True)
+    for name in scripts():
+        ok, text = smoke(name)
+        print(text, flush=True)
         if not ok:
             failed.append(name)
-            print(r.stdout[-3000:] + r.stderr[-3000:], file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -15,6 +15,16 @@ import pytest
 
 from tests.sshserver import sshd  # noqa: F401  (a fixture: the ssh builder and fleet tests use it)
 
+
+def pytest_configure(config):   # noqa: ARG001 - pytest's hook signature
+    """Under pytest-xdist (the README's test command) every core runs a worker: each worker and the processes it
+    starts (doit, the device half, servers) compute on one thread, where two of two threads on two cores would
+    contend for them."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch
+        torch.set_num_threads(1)
+
 REPO = Path(__file__).resolve().parents[1]
 
 
