@@ -15,6 +15,19 @@ import pytest
 
 from tests.sshserver import sshd  # noqa: F401  (a fixture: the ssh builder and fleet tests use it)
 
+# The files that take longest (minutes of doit builds and device runs; pytest's --durations says which), run first:
+# pytest-xdist's --dist loadfile hands whole files to whichever worker is free, in collection order, so the long ones
+# started last would leave one worker running alone for the last minutes.
+LONGEST_FIRST = ("test_vlm_build.py", "test_visual_export.py", "test_gemma4_build.py", "test_families.py",
+                 "test_fleet.py", "test_graph.py", "test_graph_faults.py", "test_stage_cache.py",
+                 "test_prequantized_build.py", "test_serve.py", "test_builder_ssh.py", "test_speculative.py",
+                 "test_hostile_artifacts.py", "test_moe_build.py", "test_edgellm_export.py")
+
+
+def pytest_collection_modifyitems(config, items):   # noqa: ARG001 - pytest's hook signature
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))     # stable: the rest keep their order
+
 
 def pytest_configure(config):   # noqa: ARG001 - pytest's hook signature
     """Under pytest-xdist (the README's test command) every core runs a worker: each worker and the processes it
