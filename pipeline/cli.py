@@ -23,26 +23,21 @@ AD_HOC_FLAGS = {"--quant": "quant", "--kv-quant": "kv_quant", "--max-seq": "max_
                 "--max-image-tokens-per-image": "max_image_tokens_per_image", "--visual-quant": "visual_quant"}
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def int_at_least(minimum: int, expected: str):
+    """An argparse type: an integer >= minimum (argparse names the flag in its error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+positive_int = int_at_least(1, "a positive integer")
+non_negative_int = int_at_least(0, "a whole number")
 
 
 def _plan_cmd(args) -> int:

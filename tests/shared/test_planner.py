@@ -205,6 +205,11 @@ def test_cli_flags_are_named_when_refused(project, tmp_path):
     word = project.cli("plan", "--model-config", str(cfg), "--quant", "int4_awq", "--target", "orin-nano-8gb",
                        "--batch", "two")
     assert word.returncode == 2 and "argument --batch: expected a positive integer, got 'two'" in word.stderr
+    for cmd in ("device", "install"):       # 0 is allowed there (no load run); below it, or a word, is not
+        neg = project.cli(cmd, str(tmp_path), "--load-requests", "-1")
+        assert neg.returncode == 2 and "argument --load-requests: must be at least 0, got -1" in neg.stderr
+        many = project.cli(cmd, str(tmp_path), "--load-requests", "many")
+        assert many.returncode == 2 and "argument --load-requests: expected a whole number, got 'many'" in many.stderr
     ad_hoc = project.cli("plan", "llama3.2-3b-orin-nano", "--max-seq", "100", "--batch", "2", repo_recipes=True)
     assert ad_hoc.returncode == 2 and "error: --max-seq, --batch apply to plans from --model-config; the " \
         "recipe llama3.2-3b-orin-nano sets them" in ad_hoc.stderr
