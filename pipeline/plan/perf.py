@@ -110,6 +110,14 @@ def load_rows(path: Path = ROWS) -> list[Row]:
                     float(r["decode_tok_s"]), r["source"]) for r in csv.DictReader(fh)]
 
 
+def fastest_published(target: str, rows: list[Row] | None = None) -> Row | None:
+    """The fastest single-stream decode published for this target (any model, format, engine): the shortest gap
+    between two tokens a user of that board sees, against which a fixed per-token cost (the HTTP server's framing
+    and hand-offs) is judged."""
+    mine = [r for r in (load_rows() if rows is None else rows) if r.target == target]
+    return max(mine, key=lambda r: r.decode_tok_s) if mine else None
+
+
 def weighted_line(points: list[tuple[float, float, float]]) -> tuple[float, float]:
     """Weighted least squares y = a*x + b over (x, y, weight) points; a negative intercept (an unphysical negative
     fixed cost) refits through the origin. The decode and prefill fits both use it."""

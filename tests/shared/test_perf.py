@@ -95,3 +95,16 @@ def test_fastest_published_ttft_per_target_is_the_least_a_board_user_waits():
     assert prefill.fastest_published("no-such-board") is None
     rows = [prefill.PrefillRow("t", "m", "fp16", 8, 5.0, "s"), prefill.PrefillRow("t", "m", "fp16", 8, 4.99, "s")]
     assert prefill.fastest_published("t", rows) is rows[1]
+
+
+def test_fastest_published_decode_per_target_is_the_shortest_token_gap_a_board_user_sees():
+    # bench/serve.py judges the server's fixed per-token cost against 5% of this gap
+    nano = perf.fastest_published("orin-nano-8gb")
+    assert nano is not None and (nano.model, nano.engine_class, nano.context, nano.decode_tok_s) == \
+        ("Qwen/Qwen3-0.6B", "tensorrt", 125, 77.0)
+    assert all(r.decode_tok_s <= 77.0 for r in perf.load_rows() if r.target == "orin-nano-8gb")
+    thor = perf.fastest_published("agx-thor")
+    assert thor is not None and thor.decode_tok_s == 319.7
+    assert perf.fastest_published("no-such-board") is None
+    rows = [perf.Row("t", "p", "mlc", "m", "int4", 8, 10.0, "s"), perf.Row("t", "p", "mlc", "m", "int4", 8, 10.01, "s")]
+    assert perf.fastest_published("t", rows) is rows[1]
