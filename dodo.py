@@ -7,6 +7,7 @@ from pipeline.graph.tasks import (  # noqa: F401  (doit collects the task_* func
     task_device,
     task_export,
     task_fetch,
+    task_fetch_base,
     task_fetch_draft,
     task_goldens,
     task_package,

@@ -54,6 +54,9 @@ class AccuracyReport(AccuracyFigures, Record):
     recipe: str = ""
     advice: str = ""
     model_digest: str | None = None     # the fetched model's content digest: formats compare on the same model
+    # what "original" is where it is not the fetched model unquantized (a pre-quantized checkpoint: its own
+    # numerics, or the [base_model] it was made from); None: the unquantized model
+    original: str | None = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ from pipeline.graph.framework import StageSpec, run_stage
 from pipeline.graph.specs import (
     accuracy_spec,
     awq_scales_shared,
+    base_dir,
+    base_fetch_spec,
     draft_dir,
     draft_fetch_spec,
     export_spec,
@@ -31,7 +33,7 @@ from pipeline.graph.specs import (
     recipe_link,
     recipe_plan,
 )
-from pipeline.graph.stages import ACCURACY, EXPORT, FETCH, FETCH_DRAFT, GOLDENS, PLAN, QUANTIZE
+from pipeline.graph.stages import ACCURACY, EXPORT, FETCH, FETCH_BASE, FETCH_DRAFT, GOLDENS, PLAN, QUANTIZE
 from pipeline.plan.formats import WEIGHT_FORMATS
 from pipeline.recipe import Recipe
 
@@ -74,6 +76,23 @@ def do_fetch_draft(recipe: Recipe) -> contract.StageManifest:
     return manifest
 
 
+def do_fetch_base(recipe: Recipe) -> contract.StageManifest:
+    from pipeline.workstation import fetch
+
+    spec, source = base_fetch_spec(recipe), recipe.base_model
+    assert spec is not None and source is not None      # the task exists for recipes with a [base_model] only
+
+    def build(out: Path) -> dict:
+        target = out / "base"
+        info = source.fetch(target, recipe.file, fetch.NEEDED)
+        fetch.check_checkpoint(target, recipe.file)
+        return info
+
+    manifest = run_stage(spec, build, stage_cache())
+    recipe_link(recipe, FETCH_BASE.name, None, spec)
+    return manifest
+
+
 def do_plan(recipe: Recipe, target: str):
     """Plan for one target; writes plan.json/plan.md and returns the Plan (refused plans are written too)."""
     import dataclasses
@@ -81,16 +100,18 @@ def do_plan(recipe: Recipe, target: str):
     from pipeline.plan.planner import render_table
     from pipeline.plan.shapes import shape_from_config
     from pipeline.plan.speculative import draft_shape
-    from pipeline.recipe import config_for, plan_recipe
+    from pipeline.recipe import BASE_FIELDS, config_for, plan_recipe
 
     config, source = config_for(recipe, recipe.model, fetch_spec(recipe).dir / "model")
     draft = config_for(recipe, recipe.draft.source, draft_dir(recipe)) if recipe.draft else None
+    base = config_for(recipe, recipe.base_model, base_dir(recipe)) if recipe.base_model else None
     # keyed on the shape the planner reads, not the config's bytes: the builtin or hub config before the fetch and
     # the fetched config.json after it (which adds transformers_version & co.) plan the same, so the second build
     # of a fresh checkout is a no-op
     spec = plan_spec(recipe, target, dataclasses.asdict(shape_from_config(config, source)),
-                     dataclasses.asdict(draft_shape(*draft)) if draft else None)
-    plan = plan_recipe(recipe, target, config, source, draft=draft)
+                     dataclasses.asdict(draft_shape(*draft)) if draft else None,
+                     {k: base[0].get(k) for k in BASE_FIELDS} if base else None)
+    plan = plan_recipe(recipe, target, config, source, draft=draft, base=base)
 
     def build(out: Path) -> dict:
         plan.dump(out / contract.PLAN)
@@ -336,8 +357,11 @@ def accuracy_stage(recipe: Recipe) -> contract.StageManifest:
 
     def build(out: Path) -> dict:
         tok = AutoTokenizer.from_pretrained(model_dir(recipe))
+        base = base_dir(recipe)
         with reference_model(recipe) as quantized:
-            original = load_model(model_dir(recipe), input_device(quantized).split(":")[0])
+            # a pre-quantized checkpoint: its [base_model] unquantized where the recipe names one, else the
+            # checkpoint's own numerics (load_model dequantizes it without the engine's clamp)
+            original = load_model(base or model_dir(recipe), input_device(quantized).split(":")[0])
             with skinny_linears():
                 name, text = heldout_text(recipe.validation.heldout, recipe.file)
                 figures = accuracy_report(original, quantized, tok, text, name)
@@ -350,9 +374,11 @@ def accuracy_stage(recipe: Recipe) -> contract.StageManifest:
                                                   image_top1_agreement=round(agree, 6))
             from pipeline.workstation.prequantized import detect
             held = detect(model_dir(recipe))
-            write_report(out, figures, recipe.weights, recipe.name, fetch_digest(recipe),
-                         original=f"the checkpoint's own numerics ({held.label}); quantized: as the engine computes "
-                         "them" if held is not None else None)
+            original = None if held is None else \
+                f"the unquantized base model {recipe.base_model.label} ([base_model]); quantized: the checkpoint " \
+                f"({held.label}) as the engine computes it" if recipe.base_model else \
+                f"the checkpoint's own numerics ({held.label}); quantized: as the engine computes them"
+            write_report(out, figures, recipe.weights, recipe.name, fetch_digest(recipe), original=original)
         return {"accuracy": figures}
 
     return run_stage(accuracy_spec(recipe), build, stage_cache())

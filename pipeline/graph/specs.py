@@ -15,7 +15,7 @@ from pipeline import backends, contract
 from pipeline.errors import PipelineError
 from pipeline.files import data_digest
 from pipeline.graph.framework import StageSpec, artifacts_dir, link
-from pipeline.graph.stages import ACCURACY, EXPORT, FETCH, FETCH_DRAFT, GOLDENS, PACKAGE, PLAN, QUANTIZE
+from pipeline.graph.stages import ACCURACY, EXPORT, FETCH, FETCH_BASE, FETCH_DRAFT, GOLDENS, PACKAGE, PLAN, QUANTIZE
 from pipeline.plan.formats import KV_FORMATS, TOWER_FP16, WEIGHT_FORMATS
 from pipeline.recipe import Recipe
 from pipeline.recipe.records import VisualSettings
@@ -43,6 +43,19 @@ def draft_fetch_spec(recipe: Recipe) -> StageSpec | None:
 def draft_dir(recipe: Recipe) -> Path | None:
     spec = draft_fetch_spec(recipe)
     return spec.dir / "draft" if spec else None
+
+
+def base_fetch_spec(recipe: Recipe) -> StageSpec | None:
+    """The [base_model]'s own fetch stage (None without one)."""
+    if not recipe.base_model:
+        return None
+    from pipeline.workstation.fetch import NEEDED
+    return _source_spec(FETCH_BASE.name, recipe.base_model, NEEDED)
+
+
+def base_dir(recipe: Recipe) -> Path | None:
+    spec = base_fetch_spec(recipe)
+    return spec.dir / "base" if spec else None
 
 
 WORKSTATION_TOOLS = ("torch", "transformers", "nvidia-modelopt", "safetensors")
@@ -149,7 +162,8 @@ def _heldout_digest(recipe: Recipe) -> str:
 def accuracy_spec(recipe: Recipe) -> StageSpec:
     # a vision-language recipe's image prompts are measured too (their agreement with the original)
     return StageSpec(ACCURACY.name, {"heldout": _heldout_digest(recipe), **_image_keys(recipe)},
-                     inputs=(fetch_spec(recipe), quantize_spec(recipe)), tools=WORKSTATION_TOOLS)
+                     inputs=(fetch_spec(recipe), quantize_spec(recipe),
+                             *filter(None, [base_fetch_spec(recipe)])), tools=WORKSTATION_TOOLS)
 
 
 def package_spec(recipe: Recipe, target: str, plan: contract.Plan, key_id: str) -> StageSpec:
@@ -163,11 +177,13 @@ def package_spec(recipe: Recipe, target: str, plan: contract.Plan, key_id: str) 
                              accuracy_spec(recipe)))
 
 
-def plan_spec(recipe: Recipe, target: str, model_config: dict, draft_config: dict | None = None) -> StageSpec:
+def plan_spec(recipe: Recipe, target: str, model_config: dict, draft_config: dict | None = None,
+              base_config: dict | None = None) -> StageSpec:
     """The plan depends on the model's config (not its weights): it can run before the download, as a gate."""
     q, b, d = recipe.quantization, recipe.build, recipe.draft
     return StageSpec(PLAN.name, {
         "recipe": recipe.name,      # the plan record names its recipe: a copied recipe must not share it
+        **({"base_model": base_config} if base_config is not None else {}),
         **({"draft": {"config": draft_config, "method": d.method, "max_draft_tree_size": d.max_draft_tree_size,
                       "max_verify_tree_size": d.max_verify_tree_size}} if d else {}),
         "target": target, "backend": recipe.backend, "model_config": model_config,

@@ -112,6 +112,8 @@ FETCH = Stage("fetch", "Get the model checkpoint (builtin, local directory or pi
               cached=True)
 FETCH_DRAFT = Stage("fetch-draft", "Get the recipe's EAGLE-3 draft checkpoint (recipes with a [draft] table only).",
                     _fetch, cached=True)
+FETCH_BASE = Stage("fetch-base", "Get the unquantized model a pre-quantized checkpoint was made from (recipes with a "
+                   "[base_model] table only): the accuracy stage compares with it.", _fetch, cached=True)
 QUANTIZE = Stage("quantize", "Calibrate with NVIDIA ModelOpt (CPU for tiny models, GPU where present); saves the "
                  "quantized state.", _quantize, cached=True)
 EXPORT = Stage("export", "Write the backend's payload (TensorRT-LLM 0.12: checkpoint; Edge-LLM: ONNX), validated and "
@@ -126,6 +128,7 @@ DEVICE = Stage("device", "On the recipe's builder (local or ssh://): verify, gat
                "back the bundle.", lambda _result: "engine built and validated", per_target=True)
 BUILD = Stage("build", "Every stage of the selected recipes.", str)
 
-STAGES: tuple[Stage, ...] = (PLAN, FETCH, FETCH_DRAFT, QUANTIZE, EXPORT, GOLDENS, ACCURACY, PACKAGE, DEVICE, BUILD)
+STAGES: tuple[Stage, ...] = (PLAN, FETCH, FETCH_DRAFT, FETCH_BASE, QUANTIZE, EXPORT, GOLDENS, ACCURACY, PACKAGE, DEVICE,
+                             BUILD)
 BY_NAME = {s.name: s for s in STAGES}
 CACHED = frozenset(s.name for s in STAGES if s.cached)      # what the shared stage cache may carry

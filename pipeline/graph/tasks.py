@@ -20,6 +20,7 @@ from pipeline.graph.stages import (
     DEVICE,
     EXPORT,
     FETCH,
+    FETCH_BASE,
     FETCH_DRAFT,
     GOLDENS,
     PACKAGE,
@@ -144,6 +145,18 @@ def task_fetch_draft():
                               _plans(r), f"fetch the {r.draft.method} draft of {r.name}")
 
 
+def task_fetch_base():
+    from pipeline.graph.actions import do_fetch_base
+    from pipeline.graph.framework import is_current
+    from pipeline.graph.specs import base_fetch_spec
+
+    for r in selected_recipes():
+        if r.base_model:
+            spec = base_fetch_spec(r)
+            yield _stage_task(r.name, _action(do_fetch_base, r, FETCH_BASE), lambda spec=spec: is_current(spec),
+                              _plans(r), f"fetch {r.base_model.label}, the base model of {r.name}")
+
+
 def _draft_dep(r) -> list[str]:
     return [FETCH_DRAFT.task_for(r.name)] if r.draft else []
 
@@ -213,7 +226,9 @@ def task_accuracy():
     from pipeline.graph.actions import do_accuracy
     from pipeline.graph.specs import accuracy_spec
 
-    yield from _per_recipe_stage(ACCURACY, accuracy_spec, do_accuracy, lambda r: [QUANTIZE.task_for(r.name)],
+    yield from _per_recipe_stage(ACCURACY, accuracy_spec, do_accuracy,
+                                 lambda r: [QUANTIZE.task_for(r.name),
+                                            *([FETCH_BASE.task_for(r.name)] if r.base_model else [])],
                                  lambda r: f"accuracy report for {r.name}")
 
 
@@ -312,6 +327,6 @@ def doit_config() -> dict:
 
 
 # doit shows a task function's docstring in `doit list`: each is its row's, written once in the table
-for _fn in (task_plan, task_fetch, task_fetch_draft, task_quantize, task_export, task_goldens, task_accuracy,
-            task_package, task_device, task_build):
+for _fn in (task_plan, task_fetch, task_fetch_draft, task_fetch_base, task_quantize, task_export, task_goldens,
+            task_accuracy, task_package, task_device, task_build):
     _fn.__doc__ = BY_NAME[_fn.__name__.removeprefix("task_").replace("_", "-")].doc

@@ -172,6 +172,9 @@ TOWER_FP16, TOWER_FP8 = VISUAL_FORMATS     # what callers compare a tower's prec
 DEFAULT_KV = KV_FORMATS["fp16"]             # a recipe's and an ad-hoc plan's KV cache unless they say otherwise
 UNQUANTIZED = WEIGHT_FORMATS["fp16"]        # what drafts are exported in, and the no-quantization format
 SMALLEST = WEIGHT_FORMATS["int4_awq"]       # the smallest format every Jetson builds: the advice when a model is big
+# a recipe's quantization.weights that takes whatever weight format its pre-quantized checkpoint holds (resolved
+# from the checkpoint's config when the recipe is loaded: recipe/__init__.py, held_weights)
+AS_HELD = "as-is"
 
 
 def row_precision(text: str) -> RowPrecision | None:

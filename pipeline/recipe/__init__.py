@@ -27,7 +27,7 @@ from pipeline.recipe.sources import ModelSource
 
 __all__ = ["BuildSettings", "Calibration", "Draft", "ModelSource", "Quantization", "Recipe", "ValidationSettings",
            "VisualSettings", "config_for", "image_profile", "load_recipe", "parse_recipe", "plan_recipe",
-           "recipe_names", "visual_limits"]
+           "BASE_FIELDS", "held_weights", "recipe_names", "visual_limits"]
 
 
 def parse_recipe(data: dict, file: str, name: str | None = None) -> Recipe:
@@ -57,7 +57,28 @@ def load_recipe(name_or_path: str) -> Recipe:
     if not os.path.lexists(path):         # anything else there (a FIFO, a directory, a loop) is read and refused
         known = ", ".join(recipe_names()) or "(none)"
         raise PipelineError(f"no recipe {name_or_path!r} (looked for {path})", f"known recipes: {known}")
-    return parse_recipe(read_toml(path, MAX_RECIPE_BYTES), str(path), path.stem)
+    return held_weights(parse_recipe(read_toml(path, MAX_RECIPE_BYTES), str(path), path.stem))
+
+
+def held_weights(recipe: Recipe) -> Recipe:
+    """The recipe with quantization.weights = 'as-is' made the format its pre-quantized checkpoint holds (read from
+    the checkpoint's config: the builtin's, the local directory's, a known one or the hub's config alone, as the
+    plan reads it); any other recipe as it is. Everything after loading sees a concrete format."""
+    import dataclasses
+
+    from pipeline.plan.formats import AS_HELD, SMALLEST
+    from pipeline.workstation.prequantized import describe
+    q = recipe.quantization
+    if q.weights != AS_HELD:
+        return recipe
+    config, source = config_for(recipe, recipe.model)
+    held = describe(config, None, source)
+    if held is None:
+        raise PipelineError(f"{recipe.file}: quantization.weights = '{AS_HELD}' takes the format a pre-quantized "
+                            f"checkpoint holds, and {source} is not quantized (its config has no "
+                            "quantization_config)", f"name the format to quantize it into (e.g. '{SMALLEST.name}'), or "
+                            "point [model] at a pre-quantized checkpoint")
+    return dataclasses.replace(recipe, quantization=dataclasses.replace(q, weights=held.weights))
 
 
 def config_for(recipe: Recipe, source: ModelSource, fetched_dir: Path | None = None) -> tuple[dict, str]:
@@ -93,9 +114,28 @@ def image_profile(recipe: Recipe, shape) -> contract.VisualLimits | None:
     return visual_limits(b.visual, shape, limits) or default_limits(shape, b.max_input_len)
 
 
-def checkpoint_refusals(recipe: Recipe, config: dict, config_source: str, shape=None) -> list[str]:
+# what a pre-quantized checkpoint and its base model must share for the comparison to mean anything
+BASE_FIELDS = ("architectures", "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size",
+               "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
+def base_refusals(recipe: Recipe, config: dict, config_source: str, base: tuple[dict, str]) -> list[str]:
+    """Why the recipe's [base_model] cannot be what its pre-quantized checkpoint was made from."""
+    base_config, base_source = base
+    for key in BASE_FIELDS:
+        if config.get(key) != base_config.get(key):
+            return [f"{recipe.file}: [base_model] ({base_source}) has {key} = {base_config.get(key)!r} and the "
+                    f"checkpoint ({config_source}) {config.get(key)!r}: it is not the model the checkpoint was "
+                    "quantized from; point [base_model] at that model, or remove it (the accuracy stage then "
+                    "compares with the checkpoint's own numerics)"]
+    return []
+
+
+def checkpoint_refusals(recipe: Recipe, config: dict, config_source: str, shape=None,
+                        base: tuple[dict, str] | None = None) -> list[str]:
     """Why the recipe's quantization disagrees with what its checkpoint already holds (a pre-quantized checkpoint:
-    AutoAWQ, GPTQ, ModelOpt's unified format), or asks for a format only such checkpoints hold."""
+    AutoAWQ, GPTQ, ModelOpt's unified format), or asks for a format only such checkpoints hold, or its [base_model]
+    (`base`: its config and where it came from) is not the checkpoint's."""
     from pipeline.errors import PipelineError
     from pipeline.plan.formats import SMALLEST, WEIGHT_FORMATS
     from pipeline.workstation.prequantized import describe
@@ -105,12 +145,15 @@ def checkpoint_refusals(recipe: Recipe, config: dict, config_source: str, shape=
     except PipelineError as exc:
         return [f"{exc.message}; {exc.hint}"]
     if held is None:
+        out = [f"{recipe.file}: [base_model] names the unquantized model a pre-quantized checkpoint was made from, "
+               f"and {config_source} is not quantized (the pipeline quantizes it and compares with it): remove "
+               "[base_model]"] if recipe.base_model else []
         if WEIGHT_FORMATS[q.weights].checkpoint_only:
-            return [f"{recipe.file}: quantization.weights = '{q.weights}' is what AutoAWQ and GPTQ checkpoints hold, "
-                    f"and {config_source} is not quantized: this pipeline does not quantize into it; use "
-                    f"'{SMALLEST.name}'"]
-        return []
-    out = []
+            out.append(f"{recipe.file}: quantization.weights = '{q.weights}' is what AutoAWQ and GPTQ checkpoints "
+                       f"hold, and {config_source} is not quantized: this pipeline does not quantize into it; use "
+                       f"'{SMALLEST.name}'")
+        return out
+    out = base_refusals(recipe, config, config_source, base) if base else []
     if shape is not None and (shape.experts is not None or shape.tower is not None):
         out.append(f"{config_source} is a pre-quantized ({held.label}) "
                    f"{'mixture-of-experts' if shape.experts is not None else 'vision-language'} model: this version "
@@ -138,8 +181,9 @@ def held_group_size(config: dict) -> int | None:
 
 
 def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str, backend: str | None = None,
-                draft: tuple[dict, str] | None = None) -> contract.Plan:
-    """The planner's verdict for one of the recipe's targets, from the model's config (and its draft's)."""
+                draft: tuple[dict, str] | None = None, base: tuple[dict, str] | None = None) -> contract.Plan:
+    """The planner's verdict for one of the recipe's targets, from the model's config (and its draft's, and its
+    [base_model]'s: read from its source where not given)."""
     from pipeline.contract import BuildLimits
     from pipeline.plan.planner import DraftRequest, PlanRequest, make_plan, refuse
     from pipeline.plan.shapes import shape_from_config
@@ -163,6 +207,8 @@ def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str
                       draft=draft_req, visual=visual_limits(b.visual, shape, limits),
                       visual_precision=recipe.quantization.visual)
     plan = make_plan(req)
-    for reason in checkpoint_refusals(recipe, config, config_source, shape):
+    if base is None and recipe.base_model:
+        base = config_for(recipe, recipe.base_model)
+    for reason in checkpoint_refusals(recipe, config, config_source, shape, base):
         plan = refuse(plan, reason)
     return plan

@@ -13,7 +13,7 @@ from typing import Any
 from pipeline import backends
 from pipeline.builders import Builder
 from pipeline.contract import MAX_BATCH_SIZE, MAX_CONTEXT
-from pipeline.plan.formats import DEFAULT_KV, KV_FORMATS, UNQUANTIZED, VISUAL_FORMATS, WEIGHT_FORMATS
+from pipeline.plan.formats import AS_HELD, DEFAULT_KV, KV_FORMATS, UNQUANTIZED, VISUAL_FORMATS, WEIGHT_FORMATS
 from pipeline.recipe.sources import ModelSource
 
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -57,7 +57,9 @@ class Calibration:
 
 @dataclass(frozen=True)
 class Quantization:
-    weights: str = setting(required=True, choices=tuple(WEIGHT_FORMATS))
+    weights: str = setting(required=True, choices=(*WEIGHT_FORMATS, AS_HELD),
+                           doc=f"the weight format; '{AS_HELD}': the one a pre-quantized checkpoint holds (ModelOpt, "
+                           "AutoAWQ, GPTQ), read from its config when the recipe is loaded")
     kv_cache: str = setting(DEFAULT_KV.name, choices=tuple(KV_FORMATS))
     group_size: int | None = setting(None, choices=(16, 32, 64, 128))
     calibration: Calibration = setting(None)
@@ -131,6 +133,19 @@ class DraftTable:
 
 
 @dataclass(frozen=True)
+class BaseTable:
+    """[base_model] as written: the unquantized model a pre-quantized [model] was made from; the accuracy stage
+    compares the checkpoint, as the engine computes it, with this model (without it: with the checkpoint's own
+    numerics). Empty: no base."""
+    source: str | None = setting(None, choices=SOURCES)
+    repo: str | None = setting(None, pattern=REPO_RE, pattern_hint=REPO_HINT)
+    revision: str | None = setting(None, doc=REVISION_DOC)
+    allow_branch: bool = setting(False)
+    path: str | None = setting(None, doc="local model directory (relative paths are relative to the recipe file)")
+    name: str | None = setting(None, doc="builtin model name")
+
+
+@dataclass(frozen=True)
 class Draft:
     """An EAGLE-3 draft beside the base (speculative decoding through the edgellm backend)."""
     method: str
@@ -142,6 +157,11 @@ class Draft:
 def _model(table: dict[str, Any], file: str) -> ModelSource:
     from pipeline.recipe.sources import MODEL, source_from
     return source_from(MODEL, table, file)
+
+
+def _base(table: dict[str, Any], file: str) -> ModelSource | None:
+    from pipeline.recipe.sources import BASE, source_from
+    return None if table["source"] is None else source_from(BASE, table, file)
 
 
 def _draft(table: dict[str, Any], file: str) -> Draft | None:
@@ -188,6 +208,7 @@ class Recipe:
     build: BuildSettings = setting(None)
     validation: ValidationSettings = setting(None)
     draft: Draft | None = setting(None, toml=DraftTable, convert=_draft)
+    base_model: ModelSource | None = setting(None, toml=BaseTable, convert=_base)
 
     @property
     def weights(self) -> str:

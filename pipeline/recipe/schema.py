@@ -189,6 +189,13 @@ def cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
     tlist = _target_checks(file, v["targets"], targets, problems)
     _source_checks(file, "model", v["model"], BUILTINS, problems)
     _draft_checks(file, v["draft"], problems)
+    if v["base_model"]["source"] is not None:
+        _source_checks(file, "base_model", v["base_model"], BUILTINS, problems)
+    else:
+        given = [k for k in ("repo", "revision", "path", "name") if v["base_model"].get(k) is not None]
+        if given:
+            problems.append(Problem(file, "base_model.source", None, f"is required when [base_model] names a "
+                                    f"model ({given[0]})", "hf, local or builtin, like model.source"))
     _build_checks(file, v["build"], tlist, targets, problems)
     _calibration_checks(file, v["quantization"]["calibration"]["source"], problems)
     _prompt_checks(file, v["validation"]["prompts"], problems)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 
-MODEL, DRAFT = "model", "draft"         # the recipe tables that name a source
+MODEL, DRAFT, BASE = "model", "draft", "base_model"     # the recipe tables that name a source
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Builtin(ModelSource):
 
     def _catalog(self) -> dict:
         from pipeline.workstation.tinymodel import BUILTINS, DRAFT_BUILTINS
-        return BUILTINS if self.table == MODEL else DRAFT_BUILTINS
+        return DRAFT_BUILTINS if self.table == DRAFT else BUILTINS
 
     def fetch_key(self, _patterns: list[str]) -> FetchKey:
         from pipeline.files import data_digest
@@ -74,13 +74,13 @@ class Builtin(ModelSource):
     def fetch(self, out: Path, _recipe_file: str, _patterns: list[str]) -> dict:
         from pipeline.workstation.fetch import fetch_builtin
         from pipeline.workstation.tinymodel import materialize_draft
-        if self.table == MODEL:
+        if self.table != DRAFT:
             return fetch_builtin(self.name, out)
         materialize_draft(self.name, out)
         return {"source": {"kind": "builtin", "name": self.name}}
 
     def config(self, _recipe_file: str) -> tuple[dict, str]:
-        if self.table == MODEL:
+        if self.table != DRAFT:
             spec = self._catalog()[self.name]
             if spec.extra:          # a vision-language builtin: its nested config, exact (made in a second)
                 from pipeline.workstation.tinyvlm import builtin_config

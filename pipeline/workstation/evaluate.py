@@ -355,7 +355,7 @@ def write_report(out: Path, figures: contract.AccuracyFigures, weights: str, rec
     """accuracy.json (the record) and accuracy.md (for people). model_digest: the fetched model's content digest,
     so formats compare on the same model. original: what "original" is where it is not the unquantized model."""
     r = contract.AccuracyReport(**dataclasses.asdict(figures), weights=weights, recipe=recipe,
-                                advice=advice(figures, weights), model_digest=model_digest)
+                                advice=advice(figures, weights), model_digest=model_digest, original=original)
     r.dump(out / contract.ACCURACY_JSON)
     lo, hi = r.perplexity_change_interval
     md = [f"# Accuracy: {recipe} ({weights})", "", *([f"original: {original}", ""] if original else []),

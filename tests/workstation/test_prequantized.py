@@ -217,6 +217,47 @@ def test_the_plan_says_what_the_recipe_must_agree_with(written, base, tmp_path):
                                 for r in plain.refused), plain.refused
 
 
+def test_as_is_takes_the_format_the_checkpoint_holds_and_refuses_one_that_holds_none(written, base, tmp_path):
+    from pipeline.recipe import load_recipe
+    for kind in ("autoawq", "gptq-act-order"):
+        r = load_recipe(str(local_recipe(tmp_path / f"{kind}.toml", written[kind], targets=("agx-thor",),
+                                         weights="as-is")))
+        assert r.weights == "int4_zp" and r.quantization.weights == "int4_zp"
+    plain = local_recipe(tmp_path / "plain.toml", base, targets=("agx-thor",), weights="as-is")
+    with pytest.raises(PipelineError) as e:
+        load_recipe(str(plain))
+    assert e.value.message == (f"{plain}: quantization.weights = 'as-is' takes the format a pre-quantized checkpoint "
+                               f"holds, and {base / 'config.json'} is not quantized (its config has no "
+                               "quantization_config)")
+    assert "'int4_awq'" in e.value.hint
+
+
+def test_a_base_model_must_be_what_the_checkpoint_was_made_from_and_only_for_a_quantized_one(written, base,
+                                                                                                 tmp_path):
+    from pipeline.recipe import load_recipe, plan_recipe
+    other = write_checkpoint(tmp_path / "other", hidden=64, inter=256, heads=4, kv_heads=2)
+
+    def plan(ckpt, base_dir):
+        path = local_recipe(tmp_path / "r.toml", ckpt, targets=("agx-thor",), weights="as-is" if ckpt != base
+                            else "int4_awq")
+        path.write_text(path.read_text() + f'\n[base_model]\nsource = "local"\npath = "{base_dir}"\n')
+        r = load_recipe(str(path))
+        return plan_recipe(r, "agx-thor", json.loads((ckpt / "config.json").read_text()),
+                           str(ckpt / "config.json")), path
+    ok, _ = plan(written["autoawq"], base)
+    assert ok.ok, ok.refused
+    wrong, path = plan(written["autoawq"], other)
+    assert not wrong.ok and wrong.refused[-1] == (
+        f"{path}: [base_model] ({other / 'config.json'}) has hidden_size = 64 and the checkpoint "
+        f"({written['autoawq'] / 'config.json'}) 128: it is not the model the checkpoint was quantized from; point "
+        "[base_model] at that model, or remove it (the accuracy stage then compares with the checkpoint's own "
+        "numerics)"), wrong.refused
+    plain, path = plan(base, base)
+    assert not plain.ok and any(r.startswith(f"{path}: [base_model] names the unquantized model a pre-quantized "
+                                             f"checkpoint was made from, and {base / 'config.json'} is not quantized")
+                                for r in plain.refused), plain.refused
+
+
 def test_a_g_idx_naming_a_group_that_does_not_exist_is_an_error_not_a_crash(written):
     held = pqz.detect(written["gptq-act-order"])
     linears, _ = pqz.split_quantized(held, pqz.read_tensors(written["gptq-act-order"]))

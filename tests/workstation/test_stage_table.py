@@ -40,12 +40,14 @@ def test_the_check_finds_what_it_looks_for():
 
 def test_the_table_is_whole_and_the_cache_carries_only_content_keyed_workstation_stages():
     assert len(NAMES) == len(stages.STAGES) and stages.BY_NAME["fetch-draft"].task == "fetch_draft"
-    assert {"fetch", "fetch-draft", "quantize", "export", "goldens", "accuracy"} == stages.CACHED
+    assert {"fetch", "fetch-draft", "fetch-base", "quantize", "export", "goldens", "accuracy"} == stages.CACHED
     assert stages.EXPORT.task_for("r@t") == "export:r@t"
-    import dodo  # noqa: F401  (the doit entry point: every task function documented by its row)
+    import dodo  # the doit entry point: every task function documented by its row
     from pipeline.graph import tasks
     for s in stages.STAGES:
         assert getattr(tasks, f"task_{s.task}").__doc__ == s.doc
+        # doit collects the task functions dodo.py holds: one missing there is a dependency doit cannot find
+        assert getattr(dodo, f"task_{s.task}") is getattr(tasks, f"task_{s.task}"), s.name
 
 
 def test_a_stage_cache_skips_a_stage_the_table_does_not_let_it_carry(tmp_path):
