@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.sshserver import sshd  # noqa: F401  (a fixture: the ssh builder and fleet tests use it)
+from tests.zygote import run_module
 
 # The files that take longest (minutes of doit builds and device runs; pytest's --durations says which), run first:
 # pytest-xdist's --dist loadfile hands whole files to whichever worker is free, in collection order, so the long ones
@@ -143,8 +144,7 @@ class Project:
         return env
 
     def doit(self, *args, check=True, timeout=600) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args], env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
+        proc = run_module("doit", ["-f", str(REPO / "dodo.py"), *args], self.env, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"doit {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
         return proc

@@ -12,6 +12,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tests.zygote import ZygoteProcess, zygote
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -21,7 +23,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def stop_process(proc: subprocess.Popen) -> None:
+def stop_process(proc: subprocess.Popen | ZygoteProcess) -> None:
     """SIGTERM, then SIGKILL after 10 s: a test's server never outlives it."""
     if proc.poll() is None:
         proc.terminate()
@@ -50,9 +52,15 @@ class Served:
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = args[args.index("--api-key") + 1] if "--api-key" in args else None
         self.log = log
-        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", *args, "--port", str(self.port)],
-                                     env=env, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                                     preexec_fn=preexec_fn)
+        argv = ["serve", *args, "--port", str(self.port)]
+        z = zygote()
+        self.proc: subprocess.Popen | ZygoteProcess
+        if z is not None and z.fits(env) and preexec_fn is None:     # a warm interpreter (tests/zygote.py)
+            log.write_text("")
+            self.proc = ZygoteProcess("pipeline", argv, env, str(cwd), str(log), str(log))
+        else:
+            self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", *argv], env=env, cwd=cwd,
+                                         stdout=log.open("w"), stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
         self.seen: list[tuple[int, dict]] = []
         if wait:
             self.wait_ready()

@@ -19,29 +19,53 @@ pytestmark = pytest.mark.integration
 RECIPE = "tiny-qwen3-vl-thor"
 
 
+FP8_TOWER = "fp8-tower"
+ORIN = "tiny-qwen2.5-vl-orin-nano-jp72"      # the other tower design (window attention, sectioned RoPE) on Orin
+INTERNVL = "tiny-internvl3-thor"            # the tiled tower: no multimodal RoPE, 256 tokens a tile
+
+
+def _kit(project, recipe, target):
+    return project.artifacts / recipe / "kit" / f"{recipe}@{target}"
+
+
+def _stage(project, name, recipe=RECIPE):
+    """A recipe's current output of one stage (its link under artifacts/<recipe>/)."""
+    d = (project.artifacts / recipe / name).resolve()
+    assert (d / "stage.json").is_file(), d
+    return d
+
+
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def project_built(tmp_path_factory):
+    """The module's four vision-language recipes built by one `doit build` (one process: the libraries are imported
+    once, and the two Qwen3-VL recipes share their fetch): the repository's tiny Qwen3-VL, Qwen2.5-VL and InternVL3
+    recipes, and the Qwen3-VL one with `quantization.visual = "fp8"` (Edge-LLM's --visual_quantization fp8) beside an
+    INT4-AWQ language model (whose pre-quant scale search must leave the tower alone) and an FP16 KV cache.
+    (project, the build's output)."""
     project = Project(tmp_path_factory.mktemp("vlm") / "proj")
-    (project.recipes / f"{RECIPE}.toml").write_text((REPO / "recipes" / f"{RECIPE}.toml").read_text())
-    proc = project.doit("build", f"recipe={RECIPE}", timeout=900)
-    return project, project.artifacts / RECIPE / "kit" / f"{RECIPE}@agx-thor", proc.stdout
-
-
-@pytest.fixture(scope="module")
-def fp8_tower(tmp_path_factory):
-    """The tiny Qwen3-VL recipe with `quantization.visual = "fp8"` (Edge-LLM's --visual_quantization fp8) beside an
-    INT4-AWQ language model (whose pre-quant scale search must leave the tower alone) and an FP16 KV cache, built,
-    then through the device half on the recorded Thor."""
-    tmp = tmp_path_factory.mktemp("fp8-tower")
-    project = Project(tmp / "proj")
+    for recipe in (RECIPE, ORIN, INTERNVL):
+        (project.recipes / f"{recipe}.toml").write_text((REPO / "recipes" / f"{recipe}.toml").read_text())
     text = (REPO / "recipes" / f"{RECIPE}.toml").read_text().replace(
         'weights = "fp8"\nkv_cache = "fp8"', 'weights = "int4_awq"\nkv_cache = "fp16"\nvisual = "fp8"')
     assert 'visual = "fp8"' in text
-    (project.recipes / "fp8-tower.toml").write_text(text)
-    proc = project.doit("build", "recipe=fp8-tower", timeout=900, check=False)
+    (project.recipes / f"{FP8_TOWER}.toml").write_text(text)
+    proc = project.doit("build", f"recipe={RECIPE},{FP8_TOWER},{ORIN},{INTERNVL}", timeout=1800, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    kit = project.artifacts / "fp8-tower" / "kit" / "fp8-tower@agx-thor"
-    return project, tmp, device(project, kit, tmp / "device", board="agx-thor-jp72")
+    return project, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def built(project_built):
+    project, stdout = project_built
+    return project, _kit(project, RECIPE, "agx-thor"), stdout
+
+
+@pytest.fixture(scope="module")
+def fp8_tower(project_built, tmp_path_factory):
+    """The FP8-tower kit through the device half on the recorded Thor."""
+    project, _ = project_built
+    tmp = tmp_path_factory.mktemp("fp8-tower")
+    return project, tmp, device(project, _kit(project, FP8_TOWER, "agx-thor"), tmp / "device", board="agx-thor-jp72")
 
 
 def test_an_fp8_tower_is_calibrated_with_images_exported_in_e4m3_and_checked_against_its_scales(fp8_tower):
@@ -51,19 +75,20 @@ def test_an_fp8_tower_is_calibrated_with_images_exported_in_e4m3_and_checked_aga
     import onnx
 
     project, _, _ = fp8_tower
-    quant = json.loads((_stage(project, "quantize") / "quantize.json").read_text())
+    quant = json.loads((_stage(project, "quantize", FP8_TOWER) / "quantize.json").read_text())
     assert quant["visual"] == "fp8" and quant["calibration_images"] > 0
-    visual = json.loads((_stage(project, "export") / "stage.json").read_text())["export"]["visual"]
+    visual = json.loads((_stage(project, "export", FP8_TOWER) / "stage.json").read_text())["export"]["visual"]
     assert visual["precision"] == "fp8" and visual["images"] == len(BUILTIN_IMAGES)
     assert visual["cosine"] >= MIN_COSINE_FP8 and visual["max_relative_error"] <= MAX_RELATIVE_ERROR_FP8
-    graph = onnx.load(str(_stage(project, "export") / "onnx" / "visual" / "model.onnx"), load_external_data=False)
+    graph = onnx.load(str(_stage(project, "export", FP8_TOWER) / "onnx" / "visual" / "model.onnx"),
+                      load_external_data=False)
     q = [n for n in graph.graph.node if n.op_type == "QuantizeLinear"]
     fp8 = {a.i for n in q for a in n.attribute if a.name == "output_dtype"} | {
         i.data_type for i in graph.graph.initializer if i.data_type == onnx.TensorProto.FLOAT8E4M3FN}
     assert onnx.TensorProto.FLOAT8E4M3FN in fp8
     # one input Q/DQ per tower linear: each block's qkv, proj, fc1, fc2 and the merger's and DeepStack mergers'
     # fc1, fc2; none for the patch embedding (a convolution) or the position table
-    (config,) = (project.artifacts / "stages" / "fetch").glob("*/model/config.json")
+    config = _stage(project, "fetch", FP8_TOWER) / "model" / "config.json"
     vision = json.loads(config.read_text())["vision_config"]
     linears = 4 * vision["depth"] + 2 * (1 + len(vision["deepstack_visual_indexes"]))
     assert len(q) == linears and quant["tower_quantizers"] == 2 * linears     # a weight and an input quantizer each
@@ -86,10 +111,10 @@ def test_the_fp8_towers_check_fails_a_graph_that_lost_its_activation_quantizatio
     from pipeline.workstation.visual_export import tower_fp8_tensors, write_tower_checkpoint
 
     project, _, _ = fp8_tower
-    (model_dir,) = (project.artifacts / "stages" / "fetch").glob("*/model")
-    model = load_quantized(model_dir, _stage(project, "quantize"), "cpu").half()
+    model_dir = _stage(project, "fetch", FP8_TOWER) / "model"
+    model = load_quantized(model_dir, _stage(project, "quantize", FP8_TOWER), "cpu").half()
     write_tower_checkpoint(model_dir, tmp_path / "tower", "qwen3_vl", tower_fp8_tensors(model, "qwen3_vl"))
-    exported = _stage(project, "export") / "onnx" / "visual" / "model.onnx"
+    exported = _stage(project, "export", FP8_TOWER) / "onnx" / "visual" / "model.onnx"
     images = [open_image(BUILTIN_IMAGES["red-circle"].png())]
     assert check_tower(exported, tmp_path / "tower", "qwen3_vl", images).precision == "fp8"
 
@@ -120,11 +145,6 @@ def test_an_fp8_tower_kit_builds_and_validates_on_thor_through_the_runtime(fp8_t
     assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0, 1.0]
 
 
-def _stage(project, name):
-    (d,) = [p for p in (project.artifacts / "stages" / name).iterdir() if (p / "stage.json").is_file()]
-    return d
-
-
 def test_the_kit_carries_both_graphs_the_images_and_the_image_goldens(built):
     project, kit, stdout = built
     assert "package  tiny-qwen3-vl-thor: tiny-qwen3-vl-thor@agx-thor" in stdout
@@ -148,28 +168,17 @@ def test_the_kit_carries_both_graphs_the_images_and_the_image_goldens(built):
     assert plan.visual is not None and plan.visual.limits.max_image_tokens_per_image == 128
 
 
-ORIN = "tiny-qwen2.5-vl-orin-nano-jp72"      # the other tower design (window attention, sectioned RoPE) on Orin
-
-
-INTERNVL = "tiny-internvl3-thor"            # the tiled tower: no multimodal RoPE, 256 tokens a tile
-
-
-def _build(tmp_path_factory, recipe, target):
-    project = Project(tmp_path_factory.mktemp(recipe) / "proj")
-    (project.recipes / f"{recipe}.toml").write_text((REPO / "recipes" / f"{recipe}.toml").read_text())
-    project.doit("build", f"recipe={recipe}", timeout=900)
-    return project, project.artifacts / recipe / "kit" / f"{recipe}@{target}"
+@pytest.fixture(scope="module")
+def built_orin(project_built):
+    project, _ = project_built
+    return project, _kit(project, ORIN, "orin-nano-8gb")
 
 
 @pytest.fixture(scope="module")
-def built_orin(tmp_path_factory):
-    return _build(tmp_path_factory, ORIN, "orin-nano-8gb")
-
-
-@pytest.fixture(scope="module")
-def validated_internvl(tmp_path_factory):
+def validated_internvl(project_built, tmp_path_factory):
     """The InternVL3 kit built and run through `pipeline device` on the recorded Thor."""
-    project, kit = _build(tmp_path_factory, INTERNVL, "agx-thor")
+    project, _ = project_built
+    kit = _kit(project, INTERNVL, "agx-thor")
     tmp = tmp_path_factory.mktemp("device-internvl")
     return tmp, device(project, kit, tmp, board="agx-thor-jp72")
 
