@@ -118,10 +118,11 @@ def write_gptq(src: Path, dst: Path, group: int = 64, act_order: bool = False, s
     return dst
 
 
-def write_modelopt(src: Path, dst: Path, weights: str = "fp8", kv_cache: str = "fp16", group: int | None = None
-                   ) -> Path:
+def write_modelopt(src: Path, dst: Path, weights: str = "fp8", kv_cache: str = "fp16", group: int | None = None,
+                   device: str = "cpu") -> Path:
     """A ModelOpt unified checkpoint of the model in src, made by ModelOpt: mtq.quantize with the pipeline's config
-    for the format on a short text, then export_hf_checkpoint (fp16), tokenizer beside it."""
+    for the format on a short text (on `device`: NVFP4's quantizer runs on CUDA only), then export_hf_checkpoint
+    (fp16), tokenizer beside it."""
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -129,10 +130,11 @@ def write_modelopt(src: Path, dst: Path, weights: str = "fp8", kv_cache: str = "
     from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
     from pipeline.workstation.calibrate import modelopt_config
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(device)
     tok = AutoTokenizer.from_pretrained(src)
     ids = tok("The small computer sat on a shelf and counted the hours. " * 6, return_tensors="pt").input_ids
-    mtq.quantize(model, modelopt_config(WEIGHT_FORMATS[weights], KV_FORMATS[kv_cache], group), lambda m: m(ids))
+    mtq.quantize(model, modelopt_config(WEIGHT_FORMATS[weights], KV_FORMATS[kv_cache], group),
+                 lambda m: m(ids.to(device)))
     export_hf_checkpoint(model.half(), export_dir=dst)
     tok.save_pretrained(dst)
     for extra in ("generation_config.json", "chat_template.jinja"):

@@ -37,9 +37,12 @@ MODELOPT_WEIGHTS = {"FP8": "fp8", "W4A16_AWQ": "int4_awq", "NVFP4": "nvfp4", "W4
 MODELOPT_KV = {None: "fp16", "FP8": "fp8", "INT8": "int8"}
 ZERO_POINT_INT4 = "int4_zp"         # AutoAWQ's and GPTQ's INT4 with per-group zero points
 # ModelOpt formats whose deployed numerics the quantize stage restores from the checkpoint's own scales (static
-# amax per tensor, or per group for INT4): NVFP4's per-block scales are recomputed from the weights by ModelOpt's
-# quantizer, which need not give the checkpoint's, so its numerics are not reproduced here yet
-RESTORED = ("FP8", "W4A16_AWQ")
+# amax per tensor, or per group for INT4). NVFP4's per-block scales are recomputed from the weights by ModelOpt's
+# quantizer: from the dequantized weights and the checkpoint's global scales they come out as the checkpoint's, which
+# the restore checks tensor by tensor (restore.py) and refuses where they do not
+RESTORED = ("FP8", "W4A16_AWQ", "NVFP4")
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)    # FP4 (E2M1) magnitudes by code; bit 3 is the sign
+NVFP4_BLOCK = 16
 FP8_MAX, INT4_MAX = 448.0, 7.0
 _AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 FLOATS = ("F32", "F16", "BF16")    # AutoAWQ: output column (within 8) held by nibble k of an int32
@@ -315,6 +318,10 @@ def dequantized(pq: Prequantized, t: dict, engine: bool, zero_offset: int = 0):
         w = t["weight"]
         if pq.algo == "FP8":
             return w.float() * t["weight_scale"].float().reshape(())
+        if pq.algo == "NVFP4":      # (out, in / 2) uint8, low nibble = even input; each 16 inputs' FP8 scale times
+            # the global one first, as the engine's DequantizeLinear of the block scales and ModelOpt's do
+            block = t["weight_scale"].float() * t["weight_scale_2"].float().reshape(())
+            return nvfp4_values(w) * block.repeat_interleave(NVFP4_BLOCK, dim=1)
         u = w.to(torch.uint8).to(torch.int32)                         # int4_awq: (out / 2, in) two's complement
         k = torch.stack([u & 0xF, u >> 4], dim=1).reshape(2 * u.shape[0], u.shape[1])
         k = torch.where(k > 7, k - 16, k)
@@ -322,6 +329,15 @@ def dequantized(pq: Prequantized, t: dict, engine: bool, zero_offset: int = 0):
         return k.float() * t["weight_scale"].float().repeat_interleave(g, dim=1)
     k, s = levels(pq, t, engine, zero_offset)
     return k.float() * s
+
+
+def nvfp4_values(packed):
+    """The E2M1 values (fp32) of a weight packed two per byte, (out, in / 2) -> (out, in)."""
+    import torch
+    u = packed.to(torch.uint8).to(torch.int64)
+    codes = torch.stack([u & 0xF, u >> 4], dim=-1).reshape(u.shape[0], 2 * u.shape[1])
+    magnitude = torch.tensor(E2M1, dtype=torch.float32)[codes & 0x7]
+    return torch.where(codes >= 8, -magnitude, magnitude)
 
 
 def clamped_fraction(pq: Prequantized, tensors: dict[str, dict], zero_offset: int) -> float:

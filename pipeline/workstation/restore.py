@@ -1,10 +1,12 @@
 """The quantize stage of a pre-quantized checkpoint: nothing is calibrated; the checkpoint's own numerics become the
 stage's output, in the form every later stage already reads.
 
-- ModelOpt FP8 and W4A16_AWQ: ModelOpt's quantizers are put on the dequantized model and every amax and pre-quant
+- ModelOpt FP8, W4A16_AWQ and NVFP4: ModelOpt's quantizers are put on the dequantized model and every amax and pre-quant
   scale is set from the checkpoint's own scales (amax = scale x the format's largest level), so the saved state is
   what a calibration that had found those scales would save: the export (either backend), the goldens and the
-  accuracy stage read it as they read our own calibrations.
+  accuracy stage read it as they read our own calibrations. NVFP4 (on a CUDA GPU, where ModelOpt's FP4 quantizer
+  runs): the global scales are set from the checkpoint's, and the per-block scales and packed weights ModelOpt
+  recomputes from the dequantized weights are checked bit for bit against the checkpoint's.
 - AutoAWQ and GPTQ: zero-point INT4, which ModelOpt's quantizers do not represent. Nothing is saved beside the
   record; the reference model is the checkpoint dequantized as the engine computes it (prequantized.py) and the
   Edge-LLM export hands the checkpoint's own files to Edge-LLM's loader.
@@ -21,15 +23,33 @@ from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
 from pipeline.workstation import prequantized as pqz
 from pipeline.workstation.prequantized import Prequantized
 
+E4M3_MAX = 448.0       # NVFP4's global scales: amax / (E2M1's largest x E4M3's largest)
 
-def _quantizer_scales(model, scales: dict) -> int:
+
+def _amax_of(scale, divisor: float):
+    """The fp32 amax whose amax / divisor is exactly `scale` (ModelOpt divides to get the scale back; a plain product
+    can land one ulp off)."""
+    import torch
+    amax = scale * divisor
+    for _ in range(4):
+        back = amax / divisor
+        if bool((back == scale).all()):
+            break
+        amax = torch.nextafter(amax, torch.where(back < scale, amax + amax.abs(), amax - amax.abs()))
+    return amax
+
+
+def _quantizer_scales(model, scales: dict, nvfp4: bool = False) -> int:
     """Every enabled quantizer's amax (and pre-quant scale) from the checkpoint's scales; returns how many were set.
-    A quantizer the checkpoint gives no scale for is one error naming it (its numerics would be made up here)."""
+    A quantizer the checkpoint gives no scale for is one error naming it (its numerics would be made up here).
+    nvfp4: a weight's global amax comes from weight_scale_2 (its per-block scales are ModelOpt's to recompute, and
+    are checked after), and both global scales are amax / (6 x 448)."""
     import torch
 
     set_ = 0
     for name, module in model.named_modules():
-        for role, tensor in (("weight_quantizer", "weight_scale"), ("input_quantizer", "input_scale"),
+        for role, tensor in (("weight_quantizer", "weight_scale_2" if nvfp4 else "weight_scale"),
+                             ("input_quantizer", "input_scale"),
                              ("k_bmm_quantizer", "k_proj.k_scale"), ("v_bmm_quantizer", "v_proj.v_scale"),
                              ("q_bmm_quantizer", "q_proj.q_scale")):
             q = getattr(module, role, None)
@@ -40,7 +60,8 @@ def _quantizer_scales(model, scales: dict) -> int:
             if not getattr(q, "is_enabled", False):
                 continue
             key = f"{name}.{tensor}"
-            largest = float(q.maxbound)
+            largest = float(q.maxbound) * (E4M3_MAX if nvfp4 and role in ("weight_quantizer", "input_quantizer")
+                                           else 1.0)
             if key not in scales:
                 if role == "q_bmm_quantizer":
                     # no q_scale in the checkpoint: Edge-LLM's attention quantizes the query with scale 1.0
@@ -54,7 +75,7 @@ def _quantizer_scales(model, scales: dict) -> int:
             if not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
                 raise PipelineError(f"{key}: scales must be finite and positive", "the checkpoint is damaged: use the "
                                     "files of one checkpoint revision")
-            amax = s * largest
+            amax = _amax_of(s, largest)
             current = getattr(q, "amax", None)
             if current is not None and current.numel() == amax.numel():
                 amax = amax.reshape(current.shape)
@@ -66,6 +87,61 @@ def _quantizer_scales(model, scales: dict) -> int:
                                                                                   if current is not None else "cpu")
             set_ += 1
     return set_
+
+
+def _nvfp4_reproduced(model, model_dir: Path, source: str) -> int:
+    """Each NVFP4 linear's tensors as ModelOpt's export computes them from the restored model (the packed weight, its
+    per-block FP8 scales, both global scales), compared with the checkpoint's: the per-block scales bit for bit, the
+    weight as E2M1 values (-0 and +0 are one value), the fp32 global scales to one ulp. The numerics the goldens and
+    the engine get are the checkpoint's, or the restore is refused naming the first tensor that differs. Returns how
+    many tensors were compared."""
+    import torch
+    from modelopt.torch.export.model_config import QUANTIZATION_NVFP4
+    from modelopt.torch.export.quant_utils import (
+        get_activation_scaling_factor,
+        get_weight_scaling_factor,
+        get_weight_scaling_factor_2,
+        to_quantized_weight,
+    )
+    from safetensors import safe_open
+
+    held: dict[str, Any] = {}
+    for shard in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            held |= {k: f.get_tensor(k) for k in f.keys()      # noqa: SIM118 - safe_open has keys(), no iteration
+                     if k.endswith((".weight", ".weight_scale", ".weight_scale_2", ".input_scale"))}
+    compared = 0
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            wq = getattr(m, "weight_quantizer", None)
+            if wq is None or not getattr(wq, "is_enabled", False):
+                continue
+            s2 = get_weight_scaling_factor_2(m)
+            s = get_weight_scaling_factor(m)
+            ours = {"weight": to_quantized_weight(m.weight, s, QUANTIZATION_NVFP4, s2, pqz.NVFP4_BLOCK),
+                    "weight_scale": s, "weight_scale_2": s2, "input_scale": get_activation_scaling_factor(m)}
+            for role, tensor in ours.items():
+                want = held.get(f"{name}.{role}")
+                if want is None or tensor is None:
+                    continue
+                got = tensor.detach().to("cpu").reshape(want.shape).to(want.dtype)
+                if role == "weight":    # as E2M1 values: the checkpoint may spell a zero as -0 (code 8), ModelOpt
+                    # re-quantizing a dequantized -0.0 spells it +0; both are the value 0
+                    same = torch.equal(pqz.nvfp4_values(got), pqz.nvfp4_values(want))
+                elif got.element_size() == 1:
+                    same = not bool(got.view(torch.uint8).ne(want.view(torch.uint8)).any())
+                else:       # the fp32 global scales: within one unit in the last place (the writer's export may
+                    # compute amax / (6 x 448) by another sequence of fp32 operations than the single division ours
+                    # does: an input amax of 0.52734375 gave 0.00019618443912 there and 0.00019618442457 here)
+                    same = torch.equal(got, want) or bool((torch.nextafter(got, want) == want).all())
+                if not same:
+                    raise PipelineError(f"{source}: {name}.{role}: ModelOpt's NVFP4 quantizer does not give the "
+                                        "checkpoint's values back from its weights and global scales (it was not "
+                                        "written by ModelOpt's max calibration), so its numerics cannot be "
+                                        "reproduced here", "use the unquantized model and quantize it here, or an "
+                                        "FP8 checkpoint")
+                compared += 1
+    return compared
 
 
 def restore(model_dir: Path, out: Path, pq: Prequantized, kv_cache: str, handoff: Any = None) -> dict:
@@ -85,19 +161,23 @@ def restore(model_dir: Path, out: Path, pq: Prequantized, kv_cache: str, handoff
         return {"quantize": info}
     if pq.algo not in pqz.RESTORED:
         raise PipelineError(f"{pq.source}: {pq.label}: its numerics are not reproduced by this version yet (it "
-                            f"restores ModelOpt {', '.join(pqz.RESTORED)} checkpoints; NVFP4's per-block scales are "
-                            "recomputed by ModelOpt's quantizer)", "use an FP8 or W4A16_AWQ checkpoint, or quantize "
-                            "the unquantized model here")
+                            f"restores ModelOpt {', '.join(pqz.RESTORED)} checkpoints)", "use one of those, or "
+                            "quantize the unquantized model here")
     import modelopt.torch.quantization as mtq
 
     from pipeline.plan.shapes import load_shape
     from pipeline.workstation.calibrate import modelopt_config
     from pipeline.workstation.grid import grid_modules, snap_to_export_grid
+    from pipeline.workstation.models import input_device
     from pipeline.workstation.state import save_quantized, unchanged_parameters
     fmt, kv = WEIGHT_FORMATS[pq.weights], KV_FORMATS[pq.kv_cache]
     if handoff is not None:
         handoff.drop()
-    model = load_model(model_dir, "cpu")
+    from pipeline.workstation.models import pick_device
+    nvfp4 = pq.algo == "NVFP4"
+    # NVFP4: ModelOpt's FP4 quantizer runs on a CUDA GPU only (pick_device says so on a machine without one); the
+    # others restore on the CPU, in fp32, as they always have
+    model = load_model(model_dir, pick_device(fmt) if nvfp4 else "cpu")
     cfg = modelopt_config(fmt, kv, pq.group_size, keep_fp16=load_shape(model_dir).kept_fp16(fmt))
     assert cfg is not None      # a quantized format
     cfg = dict(cfg, algorithm="max")    # weights only: every other range comes from the checkpoint
@@ -106,10 +186,12 @@ def restore(model_dir: Path, out: Path, pq: Prequantized, kv_cache: str, handoff
     import torch
     with torch.no_grad():
         mtq.quantize(model, cfg, None)
-        restored = _quantizer_scales(model, model.pipeline_checkpoint_scales)
+        restored = _quantizer_scales(model, model.pipeline_checkpoint_scales, nvfp4)
+    checked = _nvfp4_reproduced(model, model_dir, pq.source) if nvfp4 else 0
     unquantized = sorted(n for n, m in model.named_modules()
                          if getattr(getattr(m, "weight_quantizer", None), "is_enabled", False)
-                         and f"{n}.weight_scale" not in model.pipeline_checkpoint_scales)
+                         and f"{n}.{'weight_scale_2' if nvfp4 else 'weight_scale'}"
+                         not in model.pipeline_checkpoint_scales)
     if unquantized:
         raise PipelineError(f"{pq.source}: {unquantized[0]} is quantized by {pq.label} as ModelOpt applies it, and "
                             "the checkpoint holds it unquantized", "list it in the checkpoint's exclude_modules, or "
@@ -128,7 +210,8 @@ def restore(model_dir: Path, out: Path, pq: Prequantized, kv_cache: str, handoff
     saved = save_quantized(model, out, unchanged, levels)
     if handoff is not None:
         handoff.put(model_dir, out, model)
-    info.update(method="checkpoint", modelopt_config=fmt.calibration_config, device="cpu", calibration_tokens=0,
-                restored_quantizers=restored, saved_bytes=saved)
+    info.update(method="checkpoint", modelopt_config=fmt.calibration_config, device=str(input_device(model)),
+                calibration_tokens=0, restored_quantizers=restored, saved_bytes=saved,
+                **({"reproduced_tensors": checked} if nvfp4 else {}))
     (out / "quantize.json").write_text(json.dumps(info, indent=1, sort_keys=True))
     return {"quantize": info}

@@ -258,6 +258,24 @@ def test_a_base_model_must_be_what_the_checkpoint_was_made_from_and_only_for_a_q
                                 for r in plain.refused), plain.refused
 
 
+def test_nvfp4_weights_dequantize_bit_for_bit_as_modelopt_dequantizes_them():
+    """NVFP4's packing (two E2M1 codes a byte, the even input in the low nibble), its code table and its two scales,
+    against ModelOpt's own NVFP4QTensor on the CPU: blocks of every size, negative values and an all-zero block."""
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+    torch.manual_seed(0)
+    w = torch.randn(6, 64) * torch.logspace(-3, 2, 6).reshape(6, 1)
+    w[2, 16:32] = 0.0
+    q, s, s2 = NVFP4QTensor.quantize(w, 16)
+    want = q.dequantize(dtype=torch.float32, scale=s, double_scale=s2, block_sizes={-1: 16})
+    held = pqz.Prequantized(pqz.MODELOPT, "NVFP4", "nvfp4", "fp16", 16, "ckpt/config.json")
+    t = {"weight": q._quantized_data, "weight_scale": s, "weight_scale_2": s2}
+    got = pqz.dequantized(held, t, engine=True)
+    assert got.shape == (6, 64) and got.dtype == torch.float32 and torch.equal(got, want)
+    assert float((got - w).abs().max()) > 0 and bool((got[2, 16:32] == 0).all())
+    swapped = ((q._quantized_data & 0xF) << 4) | (q._quantized_data >> 4)     # the other nibble order
+    assert not torch.equal(pqz.dequantized(held, dict(t, weight=swapped), engine=True), want)
+
+
 def test_a_g_idx_naming_a_group_that_does_not_exist_is_an_error_not_a_crash(written):
     held = pqz.detect(written["gptq-act-order"])
     linears, _ = pqz.split_quantized(held, pqz.read_tensors(written["gptq-act-order"]))
