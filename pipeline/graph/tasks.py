@@ -133,28 +133,34 @@ def task_fetch():
     yield from _per_recipe_stage(FETCH, fetch_spec, do_fetch, _plans, lambda r: f"fetch {r.model.label}")
 
 
-def task_fetch_draft():
-    from pipeline.graph.actions import do_fetch_draft
+def _second_checkpoint_stage(stage: Stage, spec_of: Callable[[Recipe], StageSpec | None],
+                             action: Callable[[Recipe], object], doc: Callable[[Recipe], str]):
+    """The fetch of a second checkpoint a recipe may name ([draft], [base_model]): a task only where it names one,
+    after the plans (a refused plan stops the chain before the download)."""
     from pipeline.graph.framework import is_current
-    from pipeline.graph.specs import draft_fetch_spec
 
     for r in selected_recipes():
-        if r.draft:
-            spec = draft_fetch_spec(r)
-            yield _stage_task(r.name, _action(do_fetch_draft, r, FETCH_DRAFT), lambda spec=spec: is_current(spec),
-                              _plans(r), f"fetch the {r.draft.method} draft of {r.name}")
+        spec = spec_of(r)
+        if spec is not None:
+            yield _stage_task(r.name, _action(action, r, stage), lambda spec=spec: is_current(spec), _plans(r),
+                              doc(r))
+
+
+def task_fetch_draft():
+    from pipeline.graph.actions import do_fetch_draft
+    from pipeline.graph.specs import draft_fetch_spec
+
+    yield from _second_checkpoint_stage(FETCH_DRAFT, draft_fetch_spec, do_fetch_draft,
+                                        lambda r: f"fetch the {r.draft.method if r.draft else ''} draft of {r.name}")
 
 
 def task_fetch_base():
     from pipeline.graph.actions import do_fetch_base
-    from pipeline.graph.framework import is_current
     from pipeline.graph.specs import base_fetch_spec
 
-    for r in selected_recipes():
-        if r.base_model:
-            spec = base_fetch_spec(r)
-            yield _stage_task(r.name, _action(do_fetch_base, r, FETCH_BASE), lambda spec=spec: is_current(spec),
-                              _plans(r), f"fetch {r.base_model.label}, the base model of {r.name}")
+    yield from _second_checkpoint_stage(FETCH_BASE, base_fetch_spec, do_fetch_base,
+                                        lambda r: f"fetch {r.base_model.label if r.base_model else ''}, the base "
+                                                  f"model of {r.name}")
 
 
 def _draft_dep(r) -> list[str]:
