@@ -67,12 +67,13 @@ def held_weights(recipe: Recipe) -> Recipe:
     import dataclasses
 
     from pipeline.plan.formats import AS_HELD, SMALLEST
-    from pipeline.workstation.prequantized import describe
+    from pipeline.workstation.prequantized import describe, detect
     q = recipe.quantization
     if q.weights != AS_HELD:
         return recipe
     config, source = config_for(recipe, recipe.model)
-    held = describe(config, None, source)
+    local = recipe.model.local_dir      # a local checkpoint: its hf_quant_config.json too, as the fetch reads it
+    held = detect(local) if local is not None and local.is_dir() else describe(config, None, source)
     if held is None:
         raise PipelineError(f"{recipe.file}: quantization.weights = '{AS_HELD}' takes the format a pre-quantized "
                             f"checkpoint holds, and {source} is not quantized (its config has no "
