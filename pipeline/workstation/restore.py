@@ -27,15 +27,14 @@ E4M3_MAX = 448.0       # NVFP4's global scales: amax / (E2M1's largest x E4M3's 
 
 
 def _amax_of(scale, divisor: float):
-    """The fp32 amax whose amax / divisor is exactly `scale` (ModelOpt divides to get the scale back; a plain product
-    can land one ulp off)."""
+    """Per element, the fp32 amax whose amax / divisor is exactly `scale` where one exists (ModelOpt divides to get
+    the scale back, and the plain product can land one ulp off): the product, else whichever neighbour of it divides
+    back exactly, else the product (some scales are no single fp32 division's result)."""
     import torch
     amax = scale * divisor
-    for _ in range(4):
-        back = amax / divisor
-        if bool((back == scale).all()):
-            break
-        amax = torch.nextafter(amax, torch.where(back < scale, amax + amax.abs(), amax - amax.abs()))
+    for neighbour in (torch.nextafter(amax, torch.full_like(amax, float("inf"))),
+                      torch.nextafter(amax, torch.full_like(amax, float("-inf")))):
+        amax = torch.where((amax / divisor != scale) & (neighbour / divisor == scale), neighbour, amax)
     return amax
 
 
