@@ -114,12 +114,7 @@ class Zygote:
             raise RuntimeError("the test zygote did not start")
 
     def fits(self, env: dict) -> bool:
-        ok = _import_env(env) == _import_env(self.env)
-        if not ok and os.environ.get("ZYGOTE_DEBUG"):
-            a, b = _import_env(env), _import_env(self.env)
-            with open(os.environ["ZYGOTE_DEBUG"], "a") as f:
-                f.write(repr({k: (a.get(k), b.get(k)) for k in set(a) | set(b) if a.get(k) != b.get(k)}) + "\n")
-        return ok
+        return _import_env(env) == _import_env(self.env)
 
     def start(self, module: str, args: list[str], env: dict, cwd: str, stdout: str, stderr: str,
               new_group: bool = False) -> tuple[socket.socket, int]:
