@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.plan import moe, perf, prefill, vision_check, vision_time
+from pipeline.plan import hybrid_perf, moe, perf, prefill, vision_check, vision_time
 
 
 def main(argv: list[str]) -> int:
@@ -31,6 +31,7 @@ def main(argv: list[str]) -> int:
         perf.fit_data.cache_clear()
         perf.fitted.cache_clear()
         report["moe"] = moe.fit_report()       # on the dense fit just written
+        report["hybrid"] = hybrid_perf.fit_report()
         perf.FIT.write_text(json.dumps(report, indent=1) + "\n")
         perf.fit_data.cache_clear()
         perf.fitted.cache_clear()
@@ -66,9 +67,23 @@ def main(argv: list[str]) -> int:
         for c in m["prefill_checks"]:
             print(f"  {c['target']:<14} {c['model'].split('/')[-1]:<16} {c['precision']:<6} {c['tokens']:>5} tokens "
                   f"prefill {c['predicted_ms']:6.1f}/{c['published_ms']:<6} ms ({c['error']:+.0%})")
+        _print_hybrid(report["hybrid"])
         return 0
     print("usage: python -m pipeline.perf extract REFERENCE.csv | fit", file=sys.stderr)
     return 2
+
+
+def _print_hybrid(h: dict) -> None:
+    print(f"hybrid recurrent rows ({h['rows']}, Edge-LLM's published Qwen3.5): recurrent cost per state element and "
+          "layer, decode step " + ", ".join(f"{k} {v:.2e} s" for k, v in h["decode_s"].items()) + "; prefill token "
+          + ", ".join(f"{k} {v:.2e} s" for k, v in h["prefill_s"].items()))
+    print(f"  leave-one-out error: decode median {h['decode_loo_median_abs_error']:.1%}, worst "
+          f"{h['decode_loo_max_abs_error']:.1%}; TTFT median {h['ttft_loo_median_abs_error']:.1%}, worst "
+          f"{h['ttft_loo_max_abs_error']:.1%}")
+    for c in h["checks"]:
+        print(f"  {c['target']:<14} {c['model'].split('/')[-1]:<14} {c['precision']:<6} decode "
+              f"{c['decode']:6.1f}/{c['decode_published']:<6} ({c['decode_error']:+.0%})  TTFT "
+              f"{c['ttft_ms']:7.1f}/{c['ttft_published_ms']:<7} ms ({c['ttft_error']:+.0%})")
 
 
 if __name__ == "__main__":

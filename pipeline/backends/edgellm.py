@@ -143,9 +143,12 @@ from pipeline.families.records import (  # noqa: E402
     GPT_OSS_WHERE,
     LLAMA,
     MISTRAL,
+    NEMOTRON_H,
     PHI3,
     QWEN2,
     QWEN3,
+    QWEN3_5,
+    QWEN3_5_MM,
     QWEN3_MOE,
     VISION_LANGUAGE,
 )
@@ -197,6 +200,20 @@ _VLM_VERIFIED = ("Edge-LLM 0.11 exporter (llm/ + visual/); tests/workstation/tes
                  "family: language model INT4-AWQ / FP8 through the runtime double, tower against transformers), "
                  "tests/workstation/test_vlm_build.py (an FP8 tower)")
 
+# Edge-LLM 0.11 exports Qwen3.5 (qwen3_5: gated_delta_net plugin, FP32 state) and Nemotron-H (nemotron_h:
+# update_ssm_state and causal_conv1d plugins) and publishes Qwen3.5 INT4-AWQ rows on every Orin and INT4-AWQ / NVFP4
+# on Thor. Planned here (plan/hybrid.py: their state pools as its runtime allocates them); their export, the
+# quantization of the recurrent projections and the runtime double's plugins are not built yet.
+_HYBRID_NOT_BUILT = ("its export (Edge-LLM's {} model, with the {} plugins) and the independent check of its "
+                     "recurrent layers are not built here yet: `python -m pipeline plan` sizes it, a build stops "
+                     "before calibrating")
+_EDGELLM_QWEN3_5 = Support(
+    rope_types=("default",), partial_rotary=True, formats=("fp16", "int4_awq", "nvfp4"), kv_cache=("fp16",),
+    formats_why="the formats Edge-LLM 0.11 publishes for Qwen3.5 (INT4-AWQ on Orin, INT4-AWQ and NVFP4 on Thor)",
+    not_built=_HYBRID_NOT_BUILT.format("qwen3_5", "gated_delta_net"), recurrent_head_dim=128,
+    verified="Edge-LLM 0.11 exporter (models/qwen3_5) and its published Qwen3.5 rows; plan only "
+             "(tests/shared/test_hybrid_plan.py)")
+
 EDGELLM_011: dict[str, Support] = {
     LLAMA: _edgellm_dense("tests/workstation/test_edgellm_export.py (tiny-llama)"),
     MISTRAL: _edgellm_dense("its generic decoder; tests/workstation/test_families.py (tiny-mistral: FP16, INT4-AWQ, "
@@ -226,6 +243,16 @@ EDGELLM_011: dict[str, Support] = {
     GEMMA2: Support(refused=_NO_GEMMA_PATH.format("Gemma 2")),
     GEMMA3: Support(refused=_NO_GEMMA_PATH.format("Gemma 3")),
     **{arch: _edgellm_dense(_VLM_VERIFIED) for arch in VISION_LANGUAGE},
+    QWEN3_5: _EDGELLM_QWEN3_5,
+    QWEN3_5_MM: dataclasses.replace(_EDGELLM_QWEN3_5, text_only="its vision tower is not planned or exported yet "
+                                    "(Edge-LLM's exporter takes the language model from the checkpoint); image "
+                                    "requests are refused by the server"),
+    NEMOTRON_H: Support(rope_types=("default",), formats=("fp16", "int4_awq", "nvfp4"), kv_cache=("fp16",),
+                        formats_why="the formats Edge-LLM 0.11 builds for Nemotron-H's linears (FP16, INT4-AWQ, "
+                                    "NVFP4); its Mamba-2 state stays FP16",
+                        not_built=_HYBRID_NOT_BUILT.format("nemotron_h", "update_ssm_state / causal_conv1d"),
+                        verified="Edge-LLM 0.11 exporter (models/nemotron_h); plan only "
+                                 "(tests/shared/test_hybrid_plan.py)"),
 }
 
 

@@ -108,6 +108,7 @@ from pipeline.families.records import (  # noqa: E402
     QWEN3_MOE,
     VISION_LANGUAGE,
 )
+from pipeline.families.records import HYBRID as _HYBRID  # noqa: E402
 
 
 # TensorRT-LLM 0.12's LLaMA class (tensorrt_llm/models/llama/model.py): RMSNorm, SiLU-gated MLP, RoPE with
@@ -152,6 +153,11 @@ TRTLLM_012: dict[str, Support] = {
                              "TensorRT Edge-LLM 0.11 builds it (its gemma4 model), on Orin with JetPack 7.2 and on "
                              "Thor") for arch in (GEMMA4, GEMMA4_MM)},
     **{arch: Support(refused=_VLM_012) for arch in VISION_LANGUAGE},
+    # 0.12 has Mamba (1) and RecurrentGemma, no Mamba-2 hybrid and no gated delta-net
+    **{arch: Support(refused="hybrid recurrent models (Qwen3.5's gated delta-net, Nemotron-H's Mamba-2) came after "
+                             "TensorRT-LLM 0.12, the last release for Orin on JetPack 6; TensorRT Edge-LLM 0.11 "
+                             "builds them (its qwen3_5 and nemotron_h models), on Orin with JetPack 7.2 and on Thor")
+       for arch in _HYBRID},
 }
 
 BACKEND = Backend(

@@ -108,6 +108,8 @@ class MemoryPlan(Part):
     visual: int = 0        # a vision-language model's visual engine: its weights and activations
     build_host: int = 0    # of build_peak: pageable (swap can hold it)
     build_device: int = 0  # of build_peak: pinned on the GPU side (must fit in RAM)
+    # a hybrid model's recurrent layers: each sequence slot's fixed-size state (plan/hybrid.py), for max_batch_size
+    recurrent_state: int = 0
 
 
 @dataclass(frozen=True)

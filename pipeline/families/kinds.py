@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from pipeline.families.visual import VisualTower
 
+# what a hybrid decoder's layer (block) is: plan/hybrid.py sizes each kind
+ATTENTION, GATED_DELTA_NET, MAMBA2, MLP, MOE = "attention", "gated_delta_net", "mamba2", "mlp", "moe"
+RECURRENT = (GATED_DELTA_NET, MAMBA2)
+
 
 @dataclass(frozen=True)
 class Support:
@@ -35,6 +39,20 @@ class Support:
     # its MoE plugins renormalize the top-k routing weights whatever the config says (Edge-LLM 0.11: Int4MoePlugin
     # calls moeTopkSoftmax(..., renormalize=true); its qwen3_moe passes norm_topk_prob = 1 to the others)
     renormalizes_topk: bool = False
+    # planned, and not exported by this version yet: why (a build stops before calibrating, saying so)
+    not_built: str | None = None
+    # the only head width its gated delta-net kernel is built for (Edge-LLM: k = v = 128); None: any
+    recurrent_head_dim: int | None = None
+
+    def shape_refusals(self, shape) -> list[str]:
+        """What in this checkpoint's shape (plan/shapes.py ModelShape) the backend version cannot build."""
+        r = shape.hybrid.recurrent if getattr(shape, "hybrid", None) is not None else None
+        want = self.recurrent_head_dim
+        if r is None or want is None or not r.layer_ids or r.kind != GATED_DELTA_NET or \
+                (r.head_dim, r.state) == (want, want):
+            return []
+        return [f"its gated delta-net kernel is built for key and value heads of {want} only, and this model's are "
+                f"{r.head_dim} and {r.state} (linear_key_head_dim, linear_value_head_dim)"]
 
     def losses(self, features: ModelFeatures, max_seq_len: int) -> list[str]:
         """What this backend version would compute differently from the checkpoint, at max_seq_len: each item
@@ -122,6 +140,29 @@ class LayerLayout:
 
 
 @dataclass(frozen=True)
+class HybridLayout:
+    """Where a hybrid family's config.json says what each decoder layer is. Qwen3.5: each layer is a token mixer
+    (gated delta-net or attention) and then its own gated MLP; Nemotron-H: each layer is one block (Mamba-2,
+    attention, a plain MLP or MoE), listed by name or, in older configs, by a one-character pattern."""
+    recurrent: str                                  # the family's recurrent mixer: GATED_DELTA_NET or MAMBA2
+    types: tuple[str, ...]                          # config keys listing one name per layer, the first found read
+    names: tuple[tuple[str, str], ...]              # a name in that list -> its kind
+    pattern: str | None = None                      # the legacy key: one character per layer
+    pattern_chars: tuple[tuple[str, str], ...] = ()
+    mlp_in_every_layer: bool = True                 # Qwen3.5: each mixer layer has its own MLP
+    gated_mlp: bool = True                          # gate/up/down (SiLU); False: up/down (Nemotron-H's relu2)
+    attention_output_gate: bool = False             # q_proj projects queries and a gate of the same width (Qwen3.5)
+    norms_per_layer: int = 2                        # RMSNorm weights of hidden width in each layer
+    head_dim_keys: tuple[str, ...] = ("head_dim",)  # the attention layers' head width, the first key present
+    # with no list: every n-th layer attends, the others are recurrent (transformers' Qwen3.5 rule: n = this key, 4)
+    interval: str | None = None
+    interval_default: int = 4
+
+    def kind_of(self, name: str) -> str | None:
+        return dict(self.names).get(name)
+
+
+@dataclass(frozen=True)
 class Family:
     architecture: str                       # the HF class name in config.json's "architectures"
     name: str
@@ -143,6 +184,7 @@ class Family:
     text_config: str | None = None
     moe: MoeLayout | None = None            # a mixture-of-experts family: where its config keeps the experts
     layers: LayerLayout | None = None       # layers that differ from each other (plan/shapes.py LayerGeometry)
+    hybrid: HybridLayout | None = None      # layers of different kinds, recurrent among them (plan/hybrid.py)
     # the dense layers' linears (by name: an MoE's experts are not these) that stay FP16 when the rest of the model is
     # quantized to 4 bits, where 4 bits cannot hold what they compute; the plan counts them so, and calibration
     # leaves them alone

@@ -8,7 +8,17 @@ would want it said.
 from __future__ import annotations
 
 from pipeline.families import visual
-from pipeline.families.kinds import Family, LayerLayout, MoeLayout
+from pipeline.families.kinds import (
+    ATTENTION,
+    GATED_DELTA_NET,
+    MAMBA2,
+    MLP,
+    MOE,
+    Family,
+    HybridLayout,
+    LayerLayout,
+    MoeLayout,
+)
 
 LLAMA, MISTRAL, QWEN2, QWEN3 = "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
 PHI3, GEMMA2, GEMMA3 = "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"
@@ -34,6 +44,24 @@ QWEN3_MOE, GPT_OSS = "Qwen3MoeForCausalLM", "GptOssForCausalLM"
 # the same on every backend here: where it does run on a Jetson
 GPT_OSS_WHERE = ("gpt-oss (MXFP4 experts with attention sinks) has no path in TensorRT Edge-LLM 0.11 or TensorRT-LLM "
                  "0.12; on a Jetson it runs with vLLM (NVIDIA's Jetson vLLM container) or llama.cpp / Ollama")
+
+# hybrid recurrent decoders, as transformers 5 names them natively (Nemotron-H checkpoints also name their own code in
+# auto_map: the native class is used, never that code). Qwen3.5's hub checkpoints are multimodal, its language model
+# in text_config; its vision tower is not planned yet.
+QWEN3_5, QWEN3_5_MM, NEMOTRON_H = "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "NemotronHForCausalLM"
+HYBRID = (QWEN3_5, QWEN3_5_MM, NEMOTRON_H)
+# Qwen3.5: three gated delta-net layers to one gated attention layer (layer_types), each followed by its SwiGLU MLP
+QWEN3_5_LAYERS = HybridLayout(recurrent=GATED_DELTA_NET, types=("layer_types",),
+                              names=(("linear_attention", GATED_DELTA_NET), ("full_attention", ATTENTION)),
+                              attention_output_gate=True, interval="full_attention_interval")
+# Nemotron-H: one block per layer. transformers 5 writes layers_block_type with linear_attention for Mamba-2; the
+# hub's configs still carry hybrid_override_pattern (M Mamba-2, * attention, - MLP, E MoE) or the old block names
+NEMOTRON_H_LAYERS = HybridLayout(
+    recurrent=MAMBA2, types=("layers_block_type", "layer_types"),
+    names=(("linear_attention", MAMBA2), ("mamba", MAMBA2), ("full_attention", ATTENTION), ("attention", ATTENTION),
+           ("mlp", MLP), ("moe", MOE)),
+    pattern="hybrid_override_pattern", pattern_chars=(("M", MAMBA2), ("*", ATTENTION), ("-", MLP), ("E", MOE)),
+    mlp_in_every_layer=False, gated_mlp=False, norms_per_layer=1, head_dim_keys=("head_dim", "attention_head_dim"))
 
 FAMILIES: tuple[Family, ...] = (
     Family(LLAMA, "Llama", ("Llama 3.1 / 3.2", "DeepSeek-R1-Distill-Llama", "SmolLM2"), "LlamaConfig",
@@ -78,6 +106,17 @@ FAMILIES: tuple[Family, ...] = (
                          expert_tensors="model.layers.{layer}.mlp.experts.gate_up_proj_blocks",
                          router="model.layers.{layer}.mlp.router.weight"),
            notes="every layer MoE (MXFP4 experts), attention sinks, a 128-token sliding window every other layer"),
+    Family(QWEN3_5, "Qwen3.5", ("Qwen3.5 0.8B / 2B / 4B / 9B / 27B (text)",), "Qwen3_5TextConfig", qk_norm=True,
+           hybrid=QWEN3_5_LAYERS,
+           notes="gated delta-net layers (a fixed-size recurrent state per sequence) and gated attention, 3 to 1; "
+                 "partial rotary (1/4 of each head)"),
+    Family(QWEN3_5_MM, "Qwen3.5 (multimodal checkpoint)", ("Qwen3.5-0.8B", "Qwen3.5-4B", "Qwen3.5-27B"),
+           "Qwen3_5Config", qk_norm=True, hybrid=QWEN3_5_LAYERS, text_config="text_config",
+           notes="the hub's Qwen3.5 checkpoints: the language model in text_config planned, the vision tower not yet"),
+    Family(NEMOTRON_H, "Nemotron-H", ("Nemotron-H 8B", "NVIDIA-Nemotron-Nano-9B-v2", "Nemotron 3 Nano 4B"),
+           "NemotronHConfig", activation="relu2", hybrid=NEMOTRON_H_LAYERS,
+           notes="Mamba-2 blocks (a fixed-size state per sequence), a few attention blocks and plain relu2 MLP "
+                 "blocks, one per layer; the 30B-A3B adds MoE blocks"),
     Family(QWEN2_5_VL, "Qwen2.5-VL", ("Qwen2.5-VL 3B / 7B",), "Qwen2_5_VLConfig", attention_bias=True,
            tool_calls="hermes", visual=visual.QWEN2_5_VL, text_config="text_config",
            notes="a Qwen2 decoder with multimodal RoPE; a window-attention ViT, 2x2 patches per token"),

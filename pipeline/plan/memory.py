@@ -34,7 +34,7 @@ def weight_bytes(shape: ModelShape, fmt: WeightFormat, group_size: int | None,
     """(decoder weights, embedding, lm_head) in bytes for this format. tokens: an MoE model's experts that many
     tokens reach (ModelShape.linears), else all of them."""
     body = linear_bytes(shape.linears(tokens), fmt, group_size, shape.kept_fp16(fmt))
-    body += shape.num_layers * shape.small_params_per_layer * 2
+    body += shape.small_params * 2
     vocab = shape.vocab_size if fmt.unquantized else math.ceil(shape.vocab_size / VOCAB_PAD) * VOCAB_PAD
     table = vocab * shape.hidden_size * 2
     # Tied embeddings are still two tensors in the engine (TensorRT-LLM writes lm_head separately; Edge-LLM keeps
@@ -48,30 +48,35 @@ def kv_bytes(shape: ModelShape, kv: KVFormat, seq: int, batch: int) -> int:
     return shape.kv_bytes_per_token(kv.bytes_per_element) * blocks * batch
 
 
-def activation_bytes(shape: ModelShape, limits: BuildLimits) -> int:
-    """One layer's live tensors for max_num_tokens (TensorRT reuses them across layers) plus fp32 logits."""
+def activation_bytes(shape: ModelShape, limits: BuildLimits, sm: float = 0.0) -> int:
+    """One layer's live tensors for max_num_tokens (TensorRT reuses them across layers) plus fp32 logits, and a
+    hybrid's recurrent prefill workspace where the target's kernels take one (plan/hybrid.py)."""
     per_token = 4 * shape.hidden_size + shape.q_size + 2 * shape.kv_size + 2 * shape.intermediate_size
     logits = limits.max_batch_size * shape.vocab_size * 4 * 2
-    return limits.max_num_tokens * per_token * 2 + logits + WORKSPACE
+    scratch = shape.hybrid.recurrent.prefill_workspace(limits.max_batch_size, sm) if shape.hybrid else 0
+    return limits.max_num_tokens * per_token * 2 + logits + WORKSPACE + scratch
 
 
 def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat, limits: BuildLimits,
                 runtime_overhead: int, usable: int, usable_headless: int, draft: int = 0,
-                visual: int = 0) -> MemoryPlan:
+                visual: int = 0, sm: float = 0.0) -> MemoryPlan:
     """draft, visual: the bytes of an EAGLE-3 draft engine and of a visual engine beside the model's (counted at the
-    recipe's limits, constant while the searches below vary the language model's)."""
+    recipe's limits, constant while the searches below vary the language model's). sm: the target's (a hybrid's
+    recurrent kernels take a workspace on some). A hybrid's recurrent state is one slot per sequence of the batch,
+    whatever max_seq_len."""
     weights, embedding, lm_head = weight_bytes(shape, fmt, group_size)
     overhead = runtime_overhead   # the backend's runtime beside weights, KV cache and activations
 
     def total_for(seq: int, batch: int) -> int:
         lim = BuildLimits.of(batch, min(limits.max_input_len, seq - 1), seq)
         # the draft is counted at the recipe's limits (a small share next to the base; kept constant here)
-        return weights + embedding + lm_head + kv_bytes(shape, kv, seq, batch) + activation_bytes(shape, lim) + \
-            overhead + draft + visual
+        return weights + embedding + lm_head + kv_bytes(shape, kv, seq, batch) + activation_bytes(shape, lim, sm) + \
+            shape.recurrent_state_bytes(batch) + overhead + draft + visual
 
     kv_cache = kv_bytes(shape, kv, limits.max_seq_len, limits.max_batch_size)
-    activations = activation_bytes(shape, limits)
-    total = weights + embedding + lm_head + kv_cache + activations + overhead + draft + visual
+    activations = activation_bytes(shape, limits, sm)
+    recurrent = shape.recurrent_state_bytes(limits.max_batch_size)
+    total = weights + embedding + lm_head + kv_cache + recurrent + activations + overhead + draft + visual
 
     # Largest max_seq_len at the recipe's batch, and largest batch at the recipe's max_seq_len (0 = not even one).
     lo, hi = 0, shape.max_position_embeddings
@@ -87,12 +92,14 @@ def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv
                       activations=activations, runtime_overhead=overhead, total=total, usable=usable,
                       usable_headless=usable_headless, fits=total <= usable, fits_headless=total <= usable_headless,
                       margin=usable - total, max_seq_len_that_fits=max_seq, max_batch_that_fits=max_batch,
-                      draft=draft, visual=visual)
+                      draft=draft, visual=visual, recurrent_state=recurrent)
 
 
 def decode_bytes_per_token(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat,
                            context: int, batch: int = 1) -> float:
     """Bytes one decode step reads: every weight except the embedding table (one row) plus one sequence's KV cache
-    so far; of an MoE model's experts, those the step's `batch` tokens reach (the active ones for one)."""
+    so far and its recurrent state (read and written back whole: twice); of an MoE model's experts, those the step's
+    `batch` tokens reach (the active ones for one)."""
     weights, _, lm_head = weight_bytes(shape, fmt, group_size, batch)
-    return weights + lm_head + shape.kv_bytes_per_token(kv.bytes_per_element) * context
+    return weights + lm_head + shape.kv_bytes_per_token(kv.bytes_per_element) * context + \
+        2 * shape.recurrent_state_bytes()

@@ -47,9 +47,9 @@ def known_shape(repo: str) -> ModelShape | None:
 def bytes_per_token(shape: ModelShape, body_bits: float, lm_head_bits: float, context: int, kv_bytes: int,
                     tokens: int = 1) -> float:
     """What one decode step reads (`tokens` sequences: an MoE model's experts they reach) for one sequence."""
-    body = shape.active_linear_params(tokens) * body_bits / 8 + shape.num_layers * shape.small_params_per_layer * 2
+    body = shape.active_linear_params(tokens) * body_bits / 8 + shape.small_params * 2
     lm_head = shape.embedding_params * lm_head_bits / 8
-    return body + lm_head + shape.kv_bytes_per_token(kv_bytes) * context
+    return body + lm_head + shape.kv_bytes_per_token(kv_bytes) * context + 2 * shape.recurrent_state_bytes()
 
 
 @dataclass(frozen=True)

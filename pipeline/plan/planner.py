@@ -109,6 +109,7 @@ def _choose_stack(req: PlanRequest, refused: list[str]) -> StackSupport | None:
                 why.append(f"{name} builds {fam.name} only with a {' or '.join(support.kv_cache)} KV cache")
             why += [f"{name} would not run this {fam.name} checkpoint as it is defined: {loss}"
                     for loss in support.losses(req.shape.features, req.limits.max_seq_len)]
+            why += [f"{name} cannot build this {fam.name} checkpoint: {w}" for w in support.shape_refusals(req.shape)]
         pair = backends.get(stack.backend).refuses_pair(WEIGHT_FORMATS[req.weights], KV_FORMATS[req.kv_cache])
         if pair:
             why.append(pair)
@@ -159,7 +160,7 @@ def make_plan(req: PlanRequest) -> Plan:
     visual = plan_visual(req.shape, t, req.limits, req.visual, req.visual_precision, refused, fit_data())
     memory = plan_memory(req.shape, fmt, group_size, kv, req.limits, engine.runtime_overhead,
                          t.usable_bytes, t.usable_headless_bytes, draft_mem.total if draft_mem else 0,
-                         visual.weights + visual.activations if visual else 0)
+                         visual.weights + visual.activations if visual else 0, t.sm_float)
     _memory_verdict(req, fmt, memory, refused, warnings)
     memory, on_board = _build_memory(req, engine, fmt, memory)     # shown with its commands by render_table
 
@@ -231,6 +232,7 @@ def _memory_verdict(req: PlanRequest, fmt, memory, refused: list[str], warnings:
             refused.append(
                 f"does not fit: needs {_gb(memory.total)} (weights {_gb(memory.weights)}, embedding "
                 f"{_gb(memory.embedding)}, lm_head {_gb(memory.lm_head)}, KV cache {_gb(memory.kv_cache)}, "
+                + (f"recurrent state {_gb(memory.recurrent_state)}, " if memory.recurrent_state else "")
                 + (f"EAGLE-3 draft {_gb(memory.draft)}, " if memory.draft else "")
                 + (f"visual engine {_gb(memory.visual)}, " if memory.visual else "") +
                 f"activations {_gb(memory.activations)}, runtime {_gb(memory.runtime_overhead)}) but {t.id} has "
@@ -247,7 +249,8 @@ def _prediction(req: PlanRequest, engine: backends.Backend, backend: str | None,
     mode = req.power_mode or t.fastest_power_mode
     constants = fitted()[engine.perf_class]
     bytes_read = decode_bytes_per_token(req.shape, fmt, group_size, kv, context)
-    kv_per_seq = req.shape.kv_bytes_per_token(kv.bytes_per_element) * context
+    # what each further sequence of a batch adds: its KV cache so far, its recurrent state read and written
+    kv_per_seq = req.shape.kv_bytes_per_token(kv.bytes_per_element) * context + 2 * req.shape.recurrent_state_bytes()
     levels = batch_levels(req.limits.max_batch_size)
     if req.shape.experts is not None:       # the experts the tokens reach, and a routing cost per layer (plan/moe.py)
         from pipeline.plan import moe
@@ -261,6 +264,19 @@ def _prediction(req: PlanRequest, engine: backends.Backend, backend: str | None,
             return moe.predict_tok_s(req.shape, fmt.name, t.id, m, context, b, cost or 0.0, kv, group_size)
         by_mode = {m: round(speed(m, 1), 1) for m in t.bandwidth_gbs}
         by_batch = {str(b): round(speed(mode, b), 1) for b in levels} if mode in t.bandwidth_gbs else None
+    elif req.shape.hybrid is not None:     # its recurrent layers' cost beyond their bytes (plan/hybrid_perf.py)
+        from pipeline.plan import hybrid_perf
+        from pipeline.plan.perf import fit_data
+        hybrid_fit = fit_data().get("hybrid") or {}
+        for which, what in (("decode_s", "decode"), ("prefill_s", "TTFT")):
+            note = hybrid_perf.cost(which, t.id, req.shape.hybrid.recurrent.kind, hybrid_fit)[1]
+            if note:
+                warnings.append(f"{what}: {note}")
+
+        def hybrid_speed(m: str, b: int) -> float:
+            return hybrid_perf.predict_tok_s(req.shape, fmt.name, t.id, m, context, b, hybrid_fit, kv, group_size)
+        by_mode = {m: round(hybrid_speed(m, 1), 1) for m in t.bandwidth_gbs}
+        by_batch = {str(b): round(hybrid_speed(mode, b), 1) for b in levels} if mode in t.bandwidth_gbs else None
     else:
         by_mode = {m: round(constants.tok_s(bytes_read, t.bandwidth_bytes(m)), 1) for m in t.bandwidth_gbs}
         by_batch = {str(b): round(constants.aggregate_tok_s(bytes_read, kv_per_seq, b, t.bandwidth_bytes(mode)), 1)
@@ -270,6 +286,8 @@ def _prediction(req: PlanRequest, engine: backends.Backend, backend: str | None,
     support = backends.family_support(backend, req.shape.architecture) if backend else None
     if support is not None and support.text_only:
         warnings.append(f"text only: {support.text_only}")
+    if support is not None and support.not_built:
+        warnings.append(f"planned, not built yet: {support.not_built}")
     ttft, ttft_fields = _ttft(req, mode)
     prediction = Prediction(
         power_mode=mode, bandwidth_gbs=t.bandwidth_gbs.get(mode), context_tokens=context,
@@ -330,19 +348,29 @@ def _ttft(req: PlanRequest, mode: str) -> tuple[float | None, dict]:
     from pipeline.plan.prefill import predict_ttft_ms
 
     data = fit_data()
-    moe_fit = data.get("moe") or {}
-    band = moe_fit.get("loo_median_abs_error") if req.shape.experts is not None else data.get("loo_median_abs_error")
+    moe_fit, hybrid_fit = data.get("moe") or {}, data.get("hybrid") or {}
+    band = moe_fit.get("loo_median_abs_error") if req.shape.experts is not None else \
+        hybrid_fit.get("decode_loo_median_abs_error") if req.shape.hybrid is not None else \
+        data.get("loo_median_abs_error")
     fields: dict = {"decode_error_band": band}
     pre = data.get("prefill")
     if pre is None:
         return None, fields
-    ms = predict_ttft_ms(req.shape, req.weights, req.target.id, req.limits.max_input_len, mode, pre)
+
+    def ttft_at(n: int) -> float | None:
+        if req.shape.hybrid is not None:
+            from pipeline.plan import hybrid_perf
+            return hybrid_perf.predict_ttft_ms(req.shape, req.weights, req.target.id, n, mode, hybrid_fit)
+        return predict_ttft_ms(req.shape, req.weights, req.target.id, n, mode, pre)
+    ms = ttft_at(req.limits.max_input_len)
     # at a few prompt lengths too: the device interpolates at its golden prompts' length to compare with what it
     # measured (it has no model shape of its own)
     lengths = sorted({n for n in (8, 32, 128, 512) if n < req.limits.max_input_len} | {req.limits.max_input_len})
-    by_len = {str(n): predict_ttft_ms(req.shape, req.weights, req.target.id, n, mode, pre) for n in lengths}
-    # an MoE model: the dense fit's error on the published MoE prefill rows, which it never saw (plan/moe.py)
-    ttft_band = moe_fit.get("prefill_median_abs_error") if req.shape.experts is not None else None
+    by_len = {str(n): ttft_at(n) for n in lengths}
+    # an MoE model: the dense fit's error on the published MoE prefill rows, which it never saw (plan/moe.py); a
+    # hybrid: its leave-one-out error on the published hybrid rows (plan/hybrid_perf.py)
+    ttft_band = moe_fit.get("prefill_median_abs_error") if req.shape.experts is not None else \
+        hybrid_fit.get("ttft_loo_median_abs_error") if req.shape.hybrid is not None else None
     fields.update(ttft_input_tokens=req.limits.max_input_len,
                   ttft_ms_by_input_tokens={k: round(v, 1) for k, v in by_len.items() if v is not None},
                   ttft_error_band=ttft_band if ttft_band is not None else pre["loo_median_abs_error"])
@@ -361,11 +389,11 @@ def render_table(plan: Plan) -> str:
     lines.append(f"  limits       batch {lim.max_batch_size}, input {lim.max_input_len}, "
                  f"seq {lim.max_seq_len}, group size {q.group_size}")
     if m:
-        for key in ("weights", "embedding", "lm_head", "kv_cache", "draft", "visual", "activations",
+        for key in ("weights", "embedding", "lm_head", "kv_cache", "recurrent_state", "draft", "visual", "activations",
                     "runtime_overhead"):
-            if key in ("draft", "visual") and not getattr(m, key):
+            if key in ("draft", "visual", "recurrent_state") and not getattr(m, key):
                 continue
-            lines.append(f"  {key.replace('_overhead', ''):<12} {_gb(getattr(m, key)):>10}")
+            lines.append(f"  {key.replace('_overhead', '').replace('_state', ''):<12} {_gb(getattr(m, key)):>10}")
         lines.append(f"  {'total':<12} {_gb(m.total):>10} of {_gb(m.usable)} usable "
                      f"({'fits' if m.fits else 'DOES NOT FIT'}, margin {_gb(m.margin)})")
         lines.append(f"  largest      max_seq_len {m.max_seq_len_that_fits} at batch {lim.max_batch_size}; "

@@ -37,8 +37,10 @@ def _math(weights: str) -> str:
 
 
 def prefill_flops(shape: ModelShape, isl: int) -> float:
-    return 2.0 * shape.active_linear_params(1) * isl + 2.0 * shape.num_layers * isl * isl * shape.q_size \
-        + 2.0 * shape.embedding_params
+    recurrent = shape.hybrid.recurrent if shape.hybrid is not None else None
+    scan = recurrent.flops_per_token() * len(recurrent.layer_ids) * isl if recurrent is not None else 0.0
+    return 2.0 * shape.active_linear_params(1) * isl + 2.0 * shape.attention_layers * isl * isl * shape.q_size \
+        + 2.0 * shape.embedding_params + scan
 
 
 @dataclass(frozen=True)

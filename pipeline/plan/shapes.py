@@ -11,6 +11,7 @@ from pipeline.families import ModelFeatures, family, features_of, known
 
 if TYPE_CHECKING:
     from pipeline.plan.formats import WeightFormat
+    from pipeline.plan.hybrid import Hybrid
     from pipeline.plan.vision import TowerShape
 
 
@@ -73,6 +74,7 @@ class ModelShape:
     geometry: tuple[LayerGeometry, ...] = ()      # layers that differ from each other, one each (else uniform)
     per_layer_inputs: PerLayerInputs | None = None
     fp16_at_4bit: tuple[str, ...] = ()            # linears its family keeps FP16 in 4-bit formats (Family)
+    hybrid: Hybrid | None = None                  # layers of different kinds, recurrent ones among them
 
     @property
     def q_size(self) -> int:
@@ -105,6 +107,8 @@ class ModelShape:
         them (what is stored)."""
         if self.geometry:
             return self._geometry_linears() + self._expert_linears(tokens)
+        if self.hybrid is not None:
+            return self.hybrid.linears(self.hidden_size, self.q_size, self.kv_size)
         e = self.experts
         if e is None:
             return [(n, i, o, float(self.num_layers)) for n, i, o in self.layer_linears()]
@@ -182,13 +186,29 @@ class ModelShape:
         return 2 * self.hidden_size + bias + router
 
     @property
+    def small_params(self) -> int:
+        """Every layer's small tensors (a hybrid's counted layer by layer)."""
+        if self.hybrid is not None:
+            return self.hybrid.small_params(self.hidden_size, self.head_dim)
+        return self.num_layers * self.small_params_per_layer
+
+    @property
+    def attention_layers(self) -> int:
+        """The layers that attend over the context (a hybrid's others keep a fixed-size state)."""
+        return self.hybrid.attention_layers if self.hybrid is not None else self.num_layers
+
+    def recurrent_state_bytes(self, sequences: int = 1) -> int:
+        """The recurrent layers' state for `sequences` resident slots (hybrid/Recurrent: as Edge-LLM holds it)."""
+        return self.hybrid.recurrent.bytes_per_sequence() * sequences if self.hybrid is not None else 0
+
+    @property
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size
 
     @property
     def total_params(self) -> int:
         lm_head = 0 if self.tie_word_embeddings else self.embedding_params
-        return (self.linear_params + self.num_layers * self.small_params_per_layer + self.hidden_size
+        return (self.linear_params + self.small_params + self.hidden_size
                 + self.embedding_params + self.per_layer_table_params + lm_head)
 
     def kv_bytes_per_token(self, bytes_per_element: int) -> int:
@@ -197,7 +217,7 @@ class ModelShape:
         with an FP16 KV cache)."""
         if self.geometry:
             return 2 * sum(g.kv_heads * g.head_dim for g in self.geometry if g.own_kv) * bytes_per_element
-        return 2 * self.num_layers * self.kv_size * bytes_per_element
+        return 2 * self.attention_layers * self.kv_size * bytes_per_element
 
 
 # Bounds of a real decoder's config: a field past them is damaged or crafted (and would overflow the planner's
@@ -251,7 +271,7 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
             raise InputError(problems)
         config, prefix = inner, f"{fam.text_config}."
     experts_given = config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts")
-    if experts_given and fam is not None and fam.moe is None:
+    if experts_given and fam is not None and fam.moe is None and fam.hybrid is None:    # a hybrid's MoE: its blocks
         problems.append(Problem(source, prefix + "num_experts", experts_given, f"a mixture-of-experts config, and "
                                 f"{fam.name} is a dense family here", "use the model's own config.json (its "
                                 "architectures name its MoE class)"))
@@ -259,12 +279,20 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     def need_int(key: str, default=None) -> int:
         return _int_field(config, key, BOUNDS[key], problems, source, prefix, default=default)
 
+    hybrid_layout = fam.hybrid if fam is not None else None
+    listed = None       # a hybrid's layer list, whose length is its layer count where the config has no other
+    if hybrid_layout is not None:
+        listed = next((config[k] for k in (*hybrid_layout.types, hybrid_layout.pattern or "") if k in config), None)
     hidden = need_int("hidden_size")
     heads = need_int("num_attention_heads")
+    head_keys = hybrid_layout.head_dim_keys if hybrid_layout is not None else ("head_dim",)
+    head_key = next((k for k in head_keys if config.get(k) is not None), "head_dim")
     shape = dict(
-        hidden_size=hidden, num_layers=need_int("num_hidden_layers"), num_heads=heads,
+        hidden_size=hidden, num_heads=heads,
+        num_layers=need_int("num_hidden_layers", len(listed) if isinstance(listed, (list, str)) else None),
         num_kv_heads=need_int("num_key_value_heads", heads),
-        head_dim=need_int("head_dim", config.get("head_dim") or hidden // max(heads, 1)),
+        head_dim=_int_field(config, head_key, BOUNDS["head_dim"], problems, source, prefix,
+                            default=config.get(head_key) or hidden // max(heads, 1)),
         intermediate_size=need_int("intermediate_size"), vocab_size=need_int("vocab_size"),
         max_position_embeddings=need_int("max_position_embeddings", 2048),
     )
@@ -288,6 +316,10 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     per_layer: PerLayerInputs | None = None
     if fam is not None and fam.layers is not None:
         geometry, per_layer = _layer_geometry(fam.layers, config, shape, prefix, source, problems)
+    hybrid = None
+    if hybrid_layout is not None and fam is not None:
+        from pipeline.plan.hybrid import hybrid_from_config
+        hybrid = hybrid_from_config(hybrid_layout, config, shape, prefix, source, problems, fam.qk_norm)
     heads, kv = shape["num_heads"], shape["num_kv_heads"]
     if not problems and (kv > heads or heads % kv):
         problems.append(Problem(source, prefix + "num_key_value_heads", kv, f"must divide num_attention_heads "
@@ -300,7 +332,8 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     features = features_of(config, fam)
     return ModelShape(architecture=arch, tie_word_embeddings=features.tied_embeddings,
                       attention_bias=features.attention_bias, features=features, tower=tower, experts=experts,
-                      geometry=geometry, per_layer_inputs=per_layer, fp16_at_4bit=fam.fp16_at_4bit, **shape)
+                      geometry=geometry, per_layer_inputs=per_layer, fp16_at_4bit=fam.fp16_at_4bit, hybrid=hybrid,
+                      **shape)
 
 
 def _layer_geometry(layout, config: dict, shape: dict, prefix: str, source: str, problems: list[Problem]

@@ -61,16 +61,21 @@ def check_checkpoint(model_dir: Path, source: str) -> None:
     generation_stop_ids(model_dir, shape.vocab_size)
 
 
-def refuse_remote_code(config: dict, path: Path) -> None:
+def refuse_remote_code(config: dict, path: Path) -> str | None:
     """A model whose config needs its own Python code (auto_map, a model type transformers does not know) is refused:
     the pipeline never runs code that comes with a model (no trust_remote_code). A known type that also names remote
-    code (older Phi-3 repositories) loads with transformers' own implementation."""
+    code (older Phi-3 repositories, Nemotron-H's) loads with transformers' own implementation, and that is said (the
+    line returned, also printed)."""
     auto_map, model_type = config.get("auto_map"), config.get("model_type")
     if auto_map is None:
-        return
+        return None
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     if isinstance(model_type, str) and model_type in CONFIG_MAPPING:
-        return
+        line = (f"{path}: its auto_map names the checkpoint's own code; transformers implements model_type "
+                f"{model_type!r} natively, and that implementation is used (the checkpoint's code is never run)")
+        from pipeline.progress import terminal
+        print(line, file=terminal())
+        return line
     names = sorted(auto_map)[:3] if isinstance(auto_map, dict) else [str(auto_map)[:40]]
     raise PipelineError(f"{path}: the model needs its own Python code (auto_map: {', '.join(names)}; model_type "
                         f"{str(model_type)[:40]!r} is not one transformers implements): the pipeline never runs code "

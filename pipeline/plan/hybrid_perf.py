@@ -1,0 +1,174 @@
+"""Decode and prefill speed of a hybrid recurrent model: the dense fits, plus what its recurrent layers cost beyond
+the bytes and FLOPs those fits already count.
+
+The dense decode fit (plan/perf.py) prices a step by the bytes it reads, here with each recurrent layer's state read
+and written back (plan/memory.py); the dense prefill fit (plan/prefill.py) prices a prompt by its FLOPs, here with
+attention's quadratic term for the attention layers only and ~4 FLOPs per state element and token for the
+recurrence. Against Edge-LLM's published Qwen3.5 rows (data/hybrid_rows.csv, with their sources) that alone is
+close on Thor (decode within 5%, INT4 TTFT within 9%) and not on Orin: decode 7-19% too fast and TTFT 40-84% too
+short. The Orin gap per layer grows with the layer's state (Qwen3.5 0.8B / 4B / 27B on AGX Orin: 2.2, 2.1, 2.2 x
+1e-10 s per state element and step), so it is priced so:
+
+    decode step   += recurrent_layers x state_elements x decode_s[target:kind]
+    prefill       += recurrent_layers x state_elements x tokens x prefill_s[target:kind]
+
+each constant fitted per board and recurrent kind as the mean of what each of its rows implies (never below 0: a
+board whose rows the dense fits already meet costs nothing extra). A board without rows borrows the largest constant
+of its family (the slower board: a safe side), else nothing, and the plan says so. `python -m pipeline.perf fit`
+refits it and prints every row's leave-one-out error; the plan quotes their medians as the hybrid's error bands.
+No Mamba-2 (Nemotron-H) row of a dense hybrid is published for a Jetson: its layers are priced by bytes and FLOPs alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.plan.shapes import ModelShape
+
+ROWS = Path(__file__).parents[1] / "data" / "hybrid_rows.csv"
+
+
+@dataclass(frozen=True)
+class HybridRow:
+    target: str
+    power_mode: str
+    model: str
+    precision: str          # a ROW_PRECISIONS name (plan/formats.py)
+    context: int            # the KV cache and state a decode step reads past
+    decode_tok_s: float
+    prefill_ms: float
+    prefill_tokens: int
+    source: str
+
+
+def load_rows(path: Path = ROWS) -> list[HybridRow]:
+    with open(path, newline="") as fh:
+        return [HybridRow(r["target"], r["power_mode"], r["model"], r["precision"], int(r["context"]),
+                          float(r["decode_tok_s"]), float(r["prefill_ms"]), int(r["prefill_tokens"]), r["source"])
+                for r in csv.DictReader(fh)]
+
+
+def _weights_of(precision: str) -> str:
+    from pipeline.plan.formats import ROW_PRECISIONS
+    return ROW_PRECISIONS[precision].weight_format
+
+
+def key_of(target: str, kind: str) -> str:
+    return f"{target}:{kind}"
+
+
+def _units(shape: ModelShape) -> float:
+    """Recurrent layers x state elements of each: what the constants multiply."""
+    assert shape.hybrid is not None
+    r = shape.hybrid.recurrent
+    return len(r.layer_ids) * r.heads * r.head_dim * r.state
+
+
+def dense_step_s(shape: ModelShape, weights: str, target: str, power_mode: str, context: int, batch: int = 1,
+                 kv=None, group_size: int | None = None) -> float:
+    """One decode step of `batch` sequences by the dense fit (its bytes: weights once, each sequence's KV cache and
+    recurrent state)."""
+    from pipeline.plan import perf
+    from pipeline.plan.formats import DEFAULT_KV, WEIGHT_FORMATS, pick_group_size
+    from pipeline.plan.memory import decode_bytes_per_token
+    from pipeline.plan.targets import get_target
+    fmt, kv = WEIGHT_FORMATS[weights], kv or DEFAULT_KV
+    group = group_size if group_size is not None else pick_group_size(fmt, shape.quantized_input_dims(fmt), None)[0]
+    per_seq = shape.kv_bytes_per_token(kv.bytes_per_element) * context + 2 * shape.recurrent_state_bytes()
+    read = decode_bytes_per_token(shape, fmt, group, kv, context) + (batch - 1) * per_seq
+    fit = perf.fitted()[perf.TENSORRT]
+    return read / (fit.efficiency * get_target(target).bandwidth_bytes(power_mode)) + fit.fixed_s
+
+
+def dense_prefill_ms(shape: ModelShape, weights: str, target: str, tokens: int, power_mode: str | None) -> float | None:
+    from pipeline.plan.perf import fit_data
+    from pipeline.plan.prefill import predict_ttft_ms
+    return predict_ttft_ms(shape, weights, target, tokens, power_mode, fit_data().get("prefill"))
+
+
+def fit(rows: list[HybridRow]) -> dict[str, dict[str, float]]:
+    """{"decode_s": {key: s}, "prefill_s": {key: s}}: per board and recurrent kind, the mean of its rows' implied
+    costs, at least 0."""
+    from pipeline.plan.perf import known_shape
+    dec: dict[str, list[float]] = {}
+    pre: dict[str, list[float]] = {}
+    for r in rows:
+        shape = known_shape(r.model)
+        if shape is None or shape.hybrid is None:
+            continue
+        key, units = key_of(r.target, shape.hybrid.recurrent.kind), _units(shape)
+        weights = _weights_of(r.precision)
+        dec.setdefault(key, []).append((1 / r.decode_tok_s - dense_step_s(shape, weights, r.target, r.power_mode,
+                                                                          r.context)) / units)
+        ms = dense_prefill_ms(shape, weights, r.target, r.prefill_tokens, r.power_mode)
+        if ms is not None:
+            pre.setdefault(key, []).append((r.prefill_ms - ms) / 1000 / (units * r.prefill_tokens))
+    return {"decode_s": {k: max(0.0, statistics.fmean(v)) for k, v in sorted(dec.items())},
+            "prefill_s": {k: max(0.0, statistics.fmean(v)) for k, v in sorted(pre.items())}}
+
+
+def cost(which: str, target: str, kind: str, fitted: dict[str, dict[str, float]]) -> tuple[float, str | None]:
+    """(the constant for this board and kind, a note where it is borrowed or missing)."""
+    from pipeline.plan.targets import get_target
+    table = fitted.get(which) or {}
+    key = key_of(target, kind)
+    if key in table:
+        return table[key], None
+    family = get_target(target).family
+    same = [(v, k) for k, v in table.items() if k.endswith(f":{kind}") and get_target(k.split(":")[0]).family == family]
+    what = "decode" if which == "decode_s" else "prefill"
+    if same:
+        v, k = max(same)
+        return v, f"no published {kind} row for {target}: its recurrent {what} cost is {k.split(':')[0]}'s"
+    return 0.0, f"no published {kind} row for a {family} board: its recurrent layers' {what} is priced by bytes " \
+                "and FLOPs alone"
+
+
+def predict_tok_s(shape: ModelShape, weights: str, target: str, power_mode: str, context: int, batch: int,
+                  fitted: dict[str, dict[str, float]], kv=None, group_size: int | None = None) -> float:
+    assert shape.hybrid is not None
+    c, _ = cost("decode_s", target, shape.hybrid.recurrent.kind, fitted)
+    step = dense_step_s(shape, weights, target, power_mode, context, batch, kv, group_size) + batch * _units(shape) * c
+    return batch / step
+
+
+def predict_ttft_ms(shape: ModelShape, weights: str, target: str, tokens: int, power_mode: str | None,
+                    fitted: dict[str, dict[str, float]]) -> float | None:
+    assert shape.hybrid is not None
+    ms = dense_prefill_ms(shape, weights, target, tokens, power_mode)
+    if ms is None:
+        return None
+    c, _ = cost("prefill_s", target, shape.hybrid.recurrent.kind, fitted)
+    return ms + 1000 * _units(shape) * tokens * c
+
+
+def fit_report(rows: list[HybridRow] | None = None) -> dict[str, Any]:
+    """The constants and every row predicted with its board's constants fitted without it (leave-one-out: a board
+    with one row borrows as a plan would)."""
+    from pipeline.plan.perf import known_shape
+    rows = rows if rows is not None else load_rows()
+    constants = fit(rows)
+    checks: list[dict[str, Any]] = []
+    for i, r in enumerate(rows):
+        shape = known_shape(r.model)
+        assert shape is not None and shape.hybrid is not None, r.model      # the rows name known hybrid models
+        pool = fit([o for j, o in enumerate(rows) if j != i])
+        weights = _weights_of(r.precision)
+        tok = predict_tok_s(shape, weights, r.target, r.power_mode, r.context, 1, pool)
+        ms = predict_ttft_ms(shape, weights, r.target, r.prefill_tokens, r.power_mode, pool)
+        checks.append({"target": r.target, "model": r.model, "precision": r.precision,
+                       "decode": round(tok, 1), "decode_published": r.decode_tok_s,
+                       "decode_error": round(tok / r.decode_tok_s - 1, 4),
+                       "ttft_ms": None if ms is None else round(ms, 1), "ttft_published_ms": r.prefill_ms,
+                       "ttft_error": None if ms is None else round(ms / r.prefill_ms - 1, 4)})
+    dec = [abs(c["decode_error"]) for c in checks]
+    pre = [abs(c["ttft_error"]) for c in checks if c["ttft_error"] is not None]
+    return {**constants, "rows": len(rows), "checks": checks,
+            "decode_loo_median_abs_error": round(statistics.median(dec), 4) if dec else None,
+            "decode_loo_max_abs_error": round(max(dec), 4) if dec else None,
+            "ttft_loo_median_abs_error": round(statistics.median(pre), 4) if pre else None,
+            "ttft_loo_max_abs_error": round(max(pre), 4) if pre else None}

@@ -1,0 +1,237 @@
+"""Hybrid recurrent models in the planner: Qwen3.5 (gated delta-net + attention) and Nemotron-H (Mamba-2, attention
+and MLP blocks) read from their configs' own layer lists, counted against transformers' own models, their recurrent
+state sized as Edge-LLM allocates it, and their speed checked against Edge-LLM's published Qwen3.5 rows."""
+
+import csv
+import json
+
+import pytest
+from conftest import REPO
+
+from pipeline.contract import BuildLimits
+from pipeline.errors import InputError
+from pipeline.plan import hybrid_perf
+from pipeline.plan.perf import fit_data, known_model_configs, known_shape
+from pipeline.plan.planner import PlanRequest, make_plan
+from pipeline.plan.shapes import shape_from_config
+from pipeline.plan.targets import get_target
+
+REFERENCE = REPO.parent / "shared" / "reference" / "jetson-llm-benchmarks.csv"
+QWEN = ["Qwen/Qwen3.5-0.8B", "Qwen/Qwen3.5-2B", "Qwen/Qwen3.5-4B", "Qwen/Qwen3.5-9B", "Qwen/Qwen3.5-27B"]
+NEMOTRON = ["nvidia/Nemotron-H-8B-Base-8K", "nvidia/NVIDIA-Nemotron-Nano-9B-v2",
+            "nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16"]
+
+
+def _transformers_model(repo: str):
+    import torch
+    from transformers import NemotronHConfig, NemotronHForCausalLM, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    cfg = json.loads(json.dumps(known_model_configs()[repo]))
+    with torch.device("meta"):
+        if "text_config" in cfg:
+            return Qwen3_5ForCausalLM(Qwen3_5TextConfig(**cfg["text_config"]))
+        return NemotronHForCausalLM(NemotronHConfig(**cfg))
+
+
+@pytest.mark.parametrize("repo", QWEN + NEMOTRON)
+def test_every_weight_of_the_real_configs_is_counted_as_transformers_builds_them(repo):
+    """Built on the meta device (no memory) by transformers' native classes from the real configs: every linear
+    (Qwen3.5's gated q_proj twice as wide, its delta-net in_proj_qkv/z/b/a and out_proj; Nemotron-H's Mamba-2
+    in_proj/out_proj and its plain up/down MLP blocks) and every other tensor (conv filters and biases, A_log, dt_bias,
+    D, norms, q/k norms), exactly."""
+    model = _transformers_model(repo)
+    params = dict(model.named_parameters())
+    shape = known_shape(repo)
+    linears = sum(p.numel() for n, p in params.items() if p.dim() == 2 and "embed" not in n and "lm_head" not in n)
+    assert shape.linear_params == linears
+    assert shape.total_params == sum(p.numel() for p in params.values())      # a tied lm_head once
+    kinds = {"gated_delta_net": "linear_attention", "mamba2": "linear_attention", "attention": "full_attention",
+             "mlp": "mlp"}
+    assert [kinds[b] for b in shape.hybrid.blocks] == list(model.config.layer_types)
+
+
+def test_a_layer_list_an_interval_and_a_legacy_pattern_describe_the_same_layers():
+    qwen = json.loads(json.dumps(known_model_configs()["Qwen/Qwen3.5-4B"]))
+    by_interval = shape_from_config(qwen).hybrid.blocks
+    text = qwen["text_config"]
+    text["layer_types"] = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(32)]
+    del text["full_attention_interval"]
+    assert shape_from_config(qwen).hybrid.blocks == by_interval
+    assert by_interval.count("attention") == 8 and by_interval[3] == "attention" and by_interval[0] != "attention"
+
+    nemo = json.loads(json.dumps(known_model_configs()["nvidia/Nemotron-H-8B-Base-8K"]))
+    by_pattern = shape_from_config(nemo).hybrid.blocks
+    names = {"M": "linear_attention", "*": "full_attention", "-": "mlp"}
+    legacy = {"M": "mamba", "*": "attention", "-": "mlp"}
+    for table in (names, legacy):
+        listed = dict(nemo)
+        listed["layers_block_type"] = [table[c] for c in listed.pop("hybrid_override_pattern")]
+        assert shape_from_config(listed).hybrid.blocks == by_pattern
+    assert (by_pattern.count("mamba2"), by_pattern.count("attention"), by_pattern.count("mlp")) == (24, 4, 24)
+
+
+def test_the_kv_cache_holds_the_attention_layers_and_each_recurrent_layer_one_state_per_sequence():
+    """Qwen3.5-4B: 8 of 32 layers attend (K and V of 4 heads x 256, FP16); each of the other 24 keeps an FP32
+    state of 32 value heads x 128 x 128 and an FP16 conv state of (2 x 16 x 128 + 32 x 128) channels x 4 (Edge-LLM's
+    gatedDeltaNetPlugin and mambaCacheManager). Nemotron Nano 9B v2: 4 attention layers of 8 x 128, 27 Mamba-2 layers
+    of an FP16 state 128 heads x 80 x 128 and a conv state of (128 x 80 + 2 x 8 x 128) x 4."""
+    qwen = known_shape("Qwen/Qwen3.5-4B")
+    assert qwen.kv_bytes_per_token(2) == 2 * 8 * 4 * 256 * 2
+    assert qwen.recurrent_state_bytes() == 24 * (32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 4 * 2)
+    assert qwen.recurrent_state_bytes(4) == 4 * qwen.recurrent_state_bytes()
+    nemo = known_shape("nvidia/NVIDIA-Nemotron-Nano-9B-v2")
+    assert nemo.kv_bytes_per_token(2) == 2 * 4 * 8 * 128 * 2
+    assert nemo.recurrent_state_bytes() == 27 * (128 * 80 * 128 * 2 + (128 * 80 + 2 * 8 * 128) * 4 * 2)
+
+
+def _plan(repo, target, weights="int4_awq", limits=BuildLimits.of(4, 2048, 4096), backend=None):
+    return make_plan(PlanRequest(shape=known_shape(repo), model_label=repo, weights=weights, kv_cache="fp16",
+                                 target=get_target(target), limits=limits, backend=backend))
+
+
+def test_the_memory_plan_holds_the_state_pool_for_the_batch_whatever_the_sequence_length():
+    """The state is one slot per sequence of max_batch_size (Edge-LLM allocates the pools so); the KV cache grows
+    with max_seq_len, the state does not."""
+    short, long = (_plan("Qwen/Qwen3.5-4B", "orin-nx-16gb", limits=BuildLimits.of(4, 1024, n)) for n in (2048, 8192))
+    state = known_shape("Qwen/Qwen3.5-4B").recurrent_state_bytes(4)
+    assert short.memory.recurrent_state == long.memory.recurrent_state == state
+    assert long.memory.kv_cache == 4 * short.memory.kv_cache
+    assert long.memory.total - short.memory.total == long.memory.kv_cache - short.memory.kv_cache
+
+
+def test_the_gated_delta_net_prefill_workspace_is_counted_on_blackwell_only():
+    """On SM 10.x / 11.0 the plugin's prefill takes one more FP32 state per slot (gatedDeltaNetPlugin.cpp
+    getWorkspaceSize: h0 scratch [maxN, hv, k, v]); on Orin (SM 8.7) none."""
+    limits = BuildLimits.of(4, 2048, 4096)
+    thor, orin = _plan("Qwen/Qwen3.5-9B", "agx-thor", "nvfp4", limits), _plan("Qwen/Qwen3.5-9B", "agx-orin-64gb")
+    from pipeline.plan.memory import activation_bytes
+    shape = known_shape("Qwen/Qwen3.5-9B")
+    assert thor.memory.activations - orin.memory.activations == 4 * 32 * 128 * 128 * 4
+    assert orin.memory.activations == activation_bytes(shape, limits)
+
+
+def _dense_only(rows):
+    """The published rows priced by the dense fits alone (no recurrent constant)."""
+    zero = {"decode_s": {}, "prefill_s": {}}
+    out = []
+    for r in rows:
+        shape, w = known_shape(r.model), hybrid_perf._weights_of(r.precision)
+        out.append((hybrid_perf.predict_tok_s(shape, w, r.target, r.power_mode, r.context, 1, zero) / r.decode_tok_s
+                    - 1, hybrid_perf.predict_ttft_ms(shape, w, r.target, r.prefill_tokens, r.power_mode, zero)
+                    / r.prefill_ms - 1))
+    return out
+
+
+def test_the_recurrent_cost_explains_the_orin_rows_the_dense_fits_miss_and_the_plan_quotes_its_error():
+    """Priced by bytes and FLOPs alone, Qwen3.5 on Orin decodes 7-19% faster and prefills 40-84% sooner than
+    published; with each board's recurrent cost fitted without the row it predicts (leave-one-out), every Orin row's
+    TTFT error is smaller, decode's median and worst errors a third or less (one row, NX 4B, was already within 1%
+    and is 3.5% off now), and the plan's error bands are the report's medians (perf_fit.json as written by
+    `python -m pipeline.perf fit`)."""
+    rows = hybrid_perf.load_rows()
+    report = hybrid_perf.fit_report(rows)
+    dense = _dense_only(rows)
+    orin = [(c, d) for c, d, r in zip(report["checks"], dense, rows, strict=True) if r.target != "agx-thor"]
+    assert len(orin) == 10
+    assert min(d[1] for _, d in orin) < -0.8 and max(d[1] for _, d in orin) < -0.35     # the gap, as published
+    for c, (_, ttft) in orin:
+        assert abs(c["ttft_error"]) < abs(ttft), c
+    import statistics
+    loo, alone = [abs(c["decode_error"]) for c, _ in orin], [abs(d) for _, (d, _) in orin]
+    assert statistics.median(loo) < statistics.median(alone) / 3 and max(loo) < max(alone) / 3, (loo, alone)
+    stored = fit_data()["hybrid"]
+    assert stored["decode_s"] == report["decode_s"] and stored["prefill_s"] == report["prefill_s"]
+    plan = _plan("Qwen/Qwen3.5-4B", "orin-nx-16gb", limits=BuildLimits.of(2, 2048, 4096))
+    assert plan.prediction.decode_error_band == report["decode_loo_median_abs_error"]
+    assert plan.prediction.ttft_error_band == report["ttft_loo_median_abs_error"]
+
+
+@pytest.mark.skipif(not REFERENCE.is_file(), reason="workspace reference CSV not beside the checkout")
+def test_the_stored_rows_are_the_reference_csvs():
+    with REFERENCE.open(newline="") as f:
+        ref = {(r["device"], "Qwen/" + r["model"], r["precision"]): (float(r["decode_tok_s"]),
+                                                                     float(r["ttft_or_prefill_ms"]))
+               for r in csv.DictReader(f) if r["model"].startswith("Qwen3.5") and "llm_bench" in r["engine"]}
+    devices = {"agx-thor": "Jetson AGX Thor T5000 devkit", "agx-orin-64gb": "Jetson AGX Orin 64GB",
+               "orin-nx-16gb": "Jetson Orin NX 16GB", "orin-nano-8gb": "Jetson Orin Nano 8GB"}
+    names = {"int4": "INT4 AWQ", "nvfp4": "NVFP4"}
+    rows = hybrid_perf.load_rows()
+    assert {(devices[r.target], r.model, names[r.precision]): (r.decode_tok_s, r.prefill_ms) for r in rows} == \
+        {k: v for k, v in ref.items() if k[0] in devices.values()}
+
+
+def test_a_board_without_rows_borrows_its_familys_slowest_and_mamba_2_is_priced_by_bytes_alone():
+    nano4 = _plan("Qwen/Qwen3.5-0.8B", "orin-nano-4gb", limits=BuildLimits.of(2, 512, 1024))
+    assert any("no published gated_delta_net row for orin-nano-4gb: its recurrent decode cost is orin-nano-8gb's"
+               in w for w in nano4.warnings), nano4.warnings
+    nemo = _plan("nvidia/NVIDIA-Nemotron-Nano-9B-v2", "agx-orin-64gb")
+    assert nemo.ok and any("no published mamba2 row for a orin board" in w for w in nemo.warnings), nemo.warnings
+
+
+def test_tensorrt_llm_0_12_refuses_the_hybrids_naming_where_they_build():
+    for repo in ("Qwen/Qwen3.5-2B", "nvidia/NVIDIA-Nemotron-Nano-9B-v2"):
+        plan = _plan(repo, "agx-orin-64gb", backend="trtllm-0.12")
+        text = " ".join(plan.refused)
+        assert not plan.ok and "came after TensorRT-LLM 0.12" in text and "Edge-LLM 0.11 builds them" in text
+
+
+def test_edgellm_plans_them_and_says_they_are_not_built_yet():
+    plan = _plan("Qwen/Qwen3.5-2B", "orin-nano-8gb", limits=BuildLimits.of(2, 1024, 2048))
+    assert plan.ok and plan.backend == "edgellm"
+    assert any(w.startswith("planned, not built yet: its export (Edge-LLM's qwen3_5 model") for w in plan.warnings)
+    from pipeline.plan.planner import render_table
+    table = render_table(plan)
+    assert "  recurrent    " in table and "kv_cache" in table
+
+
+def test_edgellm_refuses_gated_delta_net_heads_other_than_128():
+    """Its gated delta-net kernel is built for k = v = 128 (canImplement); a config with 64 is refused naming both
+    fields, on the stack that would build it."""
+    cfg = json.loads(json.dumps(known_model_configs()["Qwen/Qwen3.5-0.8B"]))
+    cfg["text_config"]["linear_key_head_dim"] = 64
+    plan = make_plan(PlanRequest(shape=shape_from_config(cfg), model_label="q", weights="int4_awq", kv_cache="fp16",
+                                 target=get_target("agx-orin-64gb"), limits=BuildLimits.of(2, 512, 1024),
+                                 backend="edgellm"))
+    assert not plan.ok
+    assert "built for key and value heads of 128 only, and this model's are 64 and 128 (linear_key_head_dim, " \
+           "linear_value_head_dim)" in " ".join(plan.refused)
+
+
+@pytest.mark.parametrize("change, field, words", [
+    (lambda c: c.update(hybrid_override_pattern="M-M*E-"), "hybrid_override_pattern",
+     "must describe num_hidden_layers = 52 layers"),
+    (lambda c: c.update(hybrid_override_pattern="M-M*X" + "-" * 47), "hybrid_override_pattern", "'X' is none of them"),
+    (lambda c: c.update(hybrid_override_pattern="E" * 52), "hybrid_override_pattern",
+     "a hybrid model with MoE blocks (Nemotron 3 Nano 30B-A3B): this version plans dense hybrids only"),
+    (lambda c: c.update(layers_block_type=["mamba", "convolution"] * 26), "layers_block_type",
+     "must list each layer's kind"),
+    (lambda c: c.update(mamba_num_heads=0), "mamba_num_heads", "must be an integer from 1 to"),
+    (lambda c: c.pop("ssm_state_size"), "ssm_state_size", "is missing"),
+])
+def test_a_damaged_hybrid_config_is_one_error_naming_the_field(change, field, words):
+    cfg = json.loads(json.dumps(known_model_configs()["nvidia/Nemotron-H-8B-Base-8K"]))
+    change(cfg)
+    with pytest.raises(InputError) as err:
+        shape_from_config(cfg, "config.json")
+    text = str(err.value)
+    assert field in text and words in text, text
+
+
+def test_a_qwen3_5_config_with_uneven_delta_net_heads_is_refused():
+    cfg = json.loads(json.dumps(known_model_configs()["Qwen/Qwen3.5-4B"]))
+    cfg["text_config"]["linear_num_value_heads"] = 24
+    with pytest.raises(InputError) as err:
+        shape_from_config(cfg, "config.json")
+    assert "text_config.linear_num_value_heads" in str(err.value) and "multiple of linear_num_key_heads (16)" in \
+        str(err.value)
+
+
+def test_nemotron_h_remote_code_is_never_run_and_the_native_class_is_said(tmp_path, capsys):
+    from pipeline.errors import PipelineError
+    from pipeline.workstation.fetch import refuse_remote_code
+    cfg = {"model_type": "nemotron_h", "auto_map": {"AutoModelForCausalLM": "modeling_nemotron_h.NemotronHForCausalLM"}}
+    line = refuse_remote_code(cfg, tmp_path / "config.json")
+    assert "transformers implements model_type 'nemotron_h' natively" in line and "never run" in line
+    assert line in capsys.readouterr().err
+    with pytest.raises(PipelineError, match="never runs code that comes with a model"):
+        refuse_remote_code({**cfg, "model_type": "nemotron_h_custom"}, tmp_path / "config.json")
