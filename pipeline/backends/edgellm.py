@@ -133,7 +133,7 @@ def export_summary(e: ExportRecord) -> str:
     return f"{e.quant_algo or e.weights} ONNX for SM {e.target_sm}"
 
 
-from pipeline.families.kinds import Support  # noqa: E402  (beside its use)
+from pipeline.families.kinds import GATED_DELTA_NET, MAMBA2, Support  # noqa: E402  (beside its use)
 from pipeline.families.records import (  # noqa: E402
     GEMMA2,
     GEMMA3,
@@ -204,15 +204,24 @@ _VLM_VERIFIED = ("Edge-LLM 0.11 exporter (llm/ + visual/); tests/workstation/tes
 # update_ssm_state and causal_conv1d plugins) and publishes Qwen3.5 INT4-AWQ rows on every Orin and INT4-AWQ / NVFP4
 # on Thor. Planned here (plan/hybrid.py: their state pools as its runtime allocates them); their export, the
 # quantization of the recurrent projections and the runtime double's plugins are not built yet.
-_HYBRID_NOT_BUILT = ("its export (Edge-LLM's {} model, with the {} plugins) and the independent check of its "
-                     "recurrent layers are not built here yet: `python -m pipeline plan` sizes it, a build stops "
-                     "before calibrating")
+# the plugins a hybrid's recurrent layers export to (tensorrt_edgellm/models/ops.py), and the per-layer state its
+# graph takes in and gives back (present_<name>_<i>), numbered over the recurrent layers
+RECURRENT_OPS = {GATED_DELTA_NET: ("trt_edgellm:gated_delta_net", "trt_edgellm:causal_conv1d"),
+                 MAMBA2: ("trt_edgellm:update_ssm_state", "trt_edgellm:causal_conv1d")}
+STATE_INPUTS = ("conv_state", "recurrent_state")
+_HYBRID_NOT_BUILT = ("its export (Edge-LLM's {} model, with the {} plugins) and the runtime double's recurrent "
+                     "plugins are not built here yet: `python -m pipeline plan` sizes it, a build stops before "
+                     "calibrating")
 _EDGELLM_QWEN3_5 = Support(
     rope_types=("default",), partial_rotary=True, formats=("fp16", "int4_awq", "nvfp4"), kv_cache=("fp16",),
     formats_why="the formats Edge-LLM 0.11 publishes for Qwen3.5 (INT4-AWQ on Orin, INT4-AWQ and NVFP4 on Thor)",
-    not_built=_HYBRID_NOT_BUILT.format("qwen3_5", "gated_delta_net"), recurrent_head_dim=128,
-    verified="Edge-LLM 0.11 exporter (models/qwen3_5) and its published Qwen3.5 rows; plan only "
-             "(tests/shared/test_hybrid_plan.py)")
+    recurrent_head_dim=128, built_formats=("fp16",),
+    not_built="the quantization of its recurrent layers' projections (which parts Edge-LLM keeps FP16) is not "
+              "built and checked here yet; FP16 builds",
+    verified="Edge-LLM 0.11 exporter (models/qwen3_5: gated_delta_net and causal_conv1d plugins); "
+             "tests/workstation/test_hybrid_build.py (tiny Qwen3.5 FP16 through doit build, the device half and "
+             "serve; the runtime double against transformers' Qwen3.5 past a 64-token chunk); "
+             "tests/shared/test_hybrid_plan.py (the plan against its published rows)")
 
 EDGELLM_011: dict[str, Support] = {
     LLAMA: _edgellm_dense("tests/workstation/test_edgellm_export.py (tiny-llama)"),

@@ -39,10 +39,16 @@ class Support:
     # its MoE plugins renormalize the top-k routing weights whatever the config says (Edge-LLM 0.11: Int4MoePlugin
     # calls moeTopkSoftmax(..., renormalize=true); its qwen3_moe passes norm_topk_prob = 1 to the others)
     renormalizes_topk: bool = False
-    # planned, and not exported by this version yet: why (a build stops before calibrating, saying so)
+    # planned, and not exported by this version yet: why (a build stops before calibrating, saying so); except the
+    # weight formats in built_formats, which do build
     not_built: str | None = None
+    built_formats: tuple[str, ...] = ()
     # the only head width its gated delta-net kernel is built for (Edge-LLM: k = v = 128); None: any
     recurrent_head_dim: int | None = None
+
+    def unbuilt(self, weights: str) -> str | None:
+        """Why this version plans but does not build the family in `weights` (None: it builds it)."""
+        return self.not_built if self.not_built and weights not in self.built_formats else None
 
     def shape_refusals(self, shape) -> list[str]:
         """What in this checkpoint's shape (plan/shapes.py ModelShape) the backend version cannot build."""
@@ -157,6 +163,11 @@ class HybridLayout:
     # with no list: every n-th layer attends, the others are recurrent (transformers' Qwen3.5 rule: n = this key, 4)
     interval: str | None = None
     interval_default: int = 4
+    # where each kind's tensors sit in a layer (the checkpoint's module names), and the model's embedding and final norm
+    prefixes: tuple[tuple[str, str], ...] = ((GATED_DELTA_NET, "linear_attn."), (ATTENTION, "self_attn."),
+                                             (MLP, "mlp."))
+    embedding: tuple[str, ...] = ("embed_tokens",)     # the names a checkpoint may give it
+    final_norm: str = "norm"
 
     def kind_of(self, name: str) -> str | None:
         return dict(self.names).get(name)

@@ -55,13 +55,16 @@ QWEN3_5_LAYERS = HybridLayout(recurrent=GATED_DELTA_NET, types=("layer_types",),
                               names=(("linear_attention", GATED_DELTA_NET), ("full_attention", ATTENTION)),
                               attention_output_gate=True, interval="full_attention_interval")
 # Nemotron-H: one block per layer. transformers 5 writes layers_block_type with linear_attention for Mamba-2; the
-# hub's configs still carry hybrid_override_pattern (M Mamba-2, * attention, - MLP, E MoE) or the old block names
+# hub's configs still carry hybrid_override_pattern (M Mamba-2, * attention, - MLP, E MoE) or the old block names.
+# Its checkpoints keep the decoder under backbone. (transformers saves them so: backbone.embedding, backbone.norm_f)
 NEMOTRON_H_LAYERS = HybridLayout(
     recurrent=MAMBA2, types=("layers_block_type", "layer_types"),
     names=(("linear_attention", MAMBA2), ("mamba", MAMBA2), ("full_attention", ATTENTION), ("attention", ATTENTION),
            ("mlp", MLP), ("moe", MOE)),
     pattern="hybrid_override_pattern", pattern_chars=(("M", MAMBA2), ("*", ATTENTION), ("-", MLP), ("E", MOE)),
-    mlp_in_every_layer=False, gated_mlp=False, norms_per_layer=1, head_dim_keys=("head_dim", "attention_head_dim"))
+    mlp_in_every_layer=False, gated_mlp=False, norms_per_layer=1, head_dim_keys=("head_dim", "attention_head_dim"),
+    prefixes=((MAMBA2, "mixer."), (ATTENTION, "mixer."), (MLP, "mixer.")), embedding=("embedding", "embeddings"),
+    final_norm="norm_f")
 
 FAMILIES: tuple[Family, ...] = (
     Family(LLAMA, "Llama", ("Llama 3.1 / 3.2", "DeepSeek-R1-Distill-Llama", "SmolLM2"), "LlamaConfig",

@@ -154,10 +154,12 @@ def export_refusal_hint(recipe: Recipe, plan: contract.Plan) -> tuple[str, str] 
     backend = backends.get(plan.backend)
     shape = load_shape(model_dir(recipe))
     support = backends.family_support(backend.name, shape.architecture)
-    if support is not None and support.not_built:
-        return (f"{backend.label} builds {shape.architecture}, and this version plans it but does not export it yet: "
-                f"{support.not_built}", "use `python -m pipeline plan` for its memory and speed; build it with "
-                f"{backend.label}'s own exporter for now")
+    unbuilt = support.unbuilt(plan.quant.weights) if support is not None else None
+    if unbuilt:
+        built = f" (it builds {', '.join(support.built_formats)})" if support and support.built_formats else ""
+        return (f"{backend.label} builds {shape.architecture}, and this version plans it but does not export it as "
+                f"{plan.quant.weights} yet{built}: {unbuilt}", "use `python -m pipeline plan` for its memory and "
+                f"speed; build it with {backend.label}'s own exporter for now")
     if support is not None and support.experts_not_built and shape.experts is not None:
         return (f"{backend.label} builds {shape.architecture} with routed experts, and this version plans it but does "
                 f"not export it yet: {support.experts_not_built}", "use `python -m pipeline plan` for its memory and "

@@ -34,7 +34,10 @@ def cell(fam: Family, backend: str) -> str:
     out = ", ".join(WEIGHT_FORMATS[w].label for w in weights)
     out += f"; {', '.join(KV_FORMATS[k].label for k in kv)}" if kv else ""
     out += f" (text only: {s.text_only})" if s.text_only else ""
-    out += " (planned, not built yet: `plan` sizes it, a build stops before calibrating)" if s.not_built else ""
+    if s.not_built:
+        built = [WEIGHT_FORMATS[w].label for w in s.built_formats]
+        out += f" ({', '.join(built)} built; the rest planned, not built yet)" if built else \
+            " (planned, not built yet: `plan` sizes it, a build stops before calibrating)"
     return out + (" (with routed experts: planned, not built yet)" if s.experts_not_built else "")
 
 

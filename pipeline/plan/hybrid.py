@@ -104,6 +104,25 @@ class Hybrid:
         return total + (self.attention_layers * 2 * head_dim if self.qk_norm else 0)
 
 
+def expected_tensors(hybrid: Hybrid, layout: HybridLayout, base: str, hidden: int, q_size: int, kv_size: int
+                     ) -> dict[str, tuple[int, ...]]:
+    """Every linear's weight [out, in] as the checkpoint names it (the layout's module prefixes) and the final norm:
+    what fetch checks a hybrid checkpoint's headers against (with the embedding, under the name the checkpoint
+    uses)."""
+    prefix = dict(layout.prefixes)
+    mlp = [("gate_proj", hidden, hybrid.mlp_width)] if hybrid.gated_mlp else []
+    mlp += [("up_proj", hidden, hybrid.mlp_width), ("down_proj", hybrid.mlp_width, hidden)]
+    attention = [("q_proj", hidden, q_size * (2 if hybrid.attention_gate else 1)), ("k_proj", hidden, kv_size),
+                 ("v_proj", hidden, kv_size), ("o_proj", q_size, hidden)]
+    want: dict[str, tuple[int, ...]] = {f"{base}{layout.final_norm}.weight": (hidden,)}
+    for n, kind in enumerate(hybrid.blocks):
+        rows = attention if kind == ATTENTION else list(hybrid.recurrent.linears) if kind in RECURRENT else []
+        own = [(kind, r) for r in rows] + [(MLP, r) for r in mlp if kind == MLP or hybrid.mlp_in_every_layer]
+        for k, (name, i, o) in own:
+            want[f"{base}layers.{n}.{prefix[k]}{name}.weight"] = (o, i)
+    return want
+
+
 def _blocks(layout: HybridLayout, config: dict, layers: int, prefix: str, source: str, problems: list[Problem]
             ) -> tuple[str, list[str]] | None:
     """(the key read, each layer's kind) from the config's list, legacy pattern or attention interval; None after a

@@ -286,8 +286,8 @@ def _prediction(req: PlanRequest, engine: backends.Backend, backend: str | None,
     support = backends.family_support(backend, req.shape.architecture) if backend else None
     if support is not None and support.text_only:
         warnings.append(f"text only: {support.text_only}")
-    if support is not None and support.not_built:
-        warnings.append(f"planned, not built yet: {support.not_built}")
+    if support is not None and support.unbuilt(fmt.name):
+        warnings.append(f"planned, not built yet as {fmt.name}: {support.unbuilt(fmt.name)}")
     ttft, ttft_fields = _ttft(req, mode)
     prediction = Prediction(
         power_mode=mode, bandwidth_gbs=t.bandwidth_gbs.get(mode), context_tokens=context,

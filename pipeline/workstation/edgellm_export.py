@@ -137,9 +137,13 @@ def external_weights(onnx_dir: Path, externalize: tuple[str, ...]) -> list[dict]
 
 
 def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | None = None,
-               extra_outputs: tuple[str, ...] = (), external_inputs: tuple[str, ...] = (), moe: bool = False) -> dict:
+               extra_outputs: tuple[str, ...] = (), external_inputs: tuple[str, ...] = (), moe: bool = False,
+               recurrent: tuple[str, int] | None = None) -> dict:
     """The base model's graph: the inputs, outputs and quantization ops llm_build expects for `weights` (and the
-    externalized weights as graph inputs); a mixture-of-experts model's experts in the format's MoE plugin."""
+    externalized weights as graph inputs); a mixture-of-experts model's experts in the format's MoE plugin. layers:
+    those with a KV cache; recurrent: a hybrid's (kind, count) of recurrent layers, each with its conv and recurrent
+    state in and out and the kind's plugins."""
+    from pipeline.backends.edgellm import RECURRENT_OPS, STATE_INPUTS
     from pipeline.plan.formats import WEIGHT_FORMATS
     fmt = WEIGHT_FORMATS[weights]
     expected = set(fmt.edgellm_ops)      # what the format must leave in the graph (plan/formats.py)
@@ -147,9 +151,14 @@ def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | Non
         expected.add(INT4_OPS[int4_plugin or 2])
     if moe and fmt.edgellm_moe_op:
         expected.add(fmt.edgellm_moe_op)
+    states: list[str] = []
+    if recurrent is not None:
+        expected.update(RECURRENT_OPS[recurrent[0]])
+        states = [f"{kind}_{i}" for i in range(recurrent[1]) for kind in STATE_INPUTS]
     return check_graph(onnx_dir / "model.onnx", ["inputs_embeds", *[f"past_key_values_{i}" for i in range(layers)],
-                                                 *external_inputs],
-                       ["logits", *[f"present_key_values_{i}" for i in range(layers)], *extra_outputs],
+                                                 *external_inputs, *states],
+                       ["logits", *[f"present_key_values_{i}" for i in range(layers)], *extra_outputs,
+                        *[f"present_{s}" for s in states]],
                        ops=sorted(expected))
 
 
@@ -229,8 +238,11 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
                             "this pair of formats is not one this Edge-LLM version builds; use another "
                             "quantization.kv_cache, and please report it with the recipe")
     external = external_weights(onnx_dir, externalize)
-    graph = check_onnx(onnx_dir, weights, layers, plugin, speculative.BASE_EXTRA_OUTPUTS if draft_dir else (),
-                       tuple(t for e in external for t in e["tensors"]), moe=moe)
+    hybrid = load_shape(model_dir).hybrid       # KV for its attention layers, states for its recurrent ones
+    recurrent = (hybrid.recurrent.kind, len(hybrid.recurrent.layer_ids)) if hybrid is not None else None
+    graph = check_onnx(onnx_dir, weights, hybrid.attention_layers if hybrid is not None else layers, plugin,
+                       speculative.BASE_EXTRA_OUTPUTS if draft_dir else (),
+                       tuple(t for e in external for t in e["tensors"]), moe=moe, recurrent=recurrent)
     spec = None
     if draft_dir:
         draft_graph = export_draft(draft_dir, payload_dir / speculative.ONNX_DRAFT)

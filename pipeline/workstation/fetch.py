@@ -83,7 +83,7 @@ def refuse_remote_code(config: dict, path: Path) -> str | None:
 
 
 # where a checkpoint keeps its (language) model's decoder: text models, Qwen3-VL, InternVL (-hf)
-LANGUAGE_MODEL_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+LANGUAGE_MODEL_PREFIXES = ("model.", "model.language_model.", "language_model.model.", "backbone.")
 
 
 def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
@@ -94,9 +94,17 @@ def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
     if fam is None or not fam.separate_projections:
         return []           # fused q/k/v or gate/up tensors (Phi-3): not these names
     h, q, kv, i = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size
-    # a vision-language model's language model sits under its own prefix, as its hub layout has it
-    base = next((b for b in LANGUAGE_MODEL_PREFIXES if f"{b}embed_tokens.weight" in headers), "model.")
+    # a vision-language model's language model sits under its own prefix, as its hub layout has it (Nemotron-H's
+    # hub checkpoints under backbone.)
+    names = fam.hybrid.embedding if fam.hybrid else ("embed_tokens",)
+    base, embedding = next(((b, e) for b in LANGUAGE_MODEL_PREFIXES for e in names if f"{b}{e}.weight" in headers),
+                           ("model.", names[0]))
     want = {f"{base}embed_tokens.weight": (shape.vocab_size, h), f"{base}norm.weight": (h,)}
+    if shape.hybrid is not None and fam.hybrid is not None:
+        from pipeline.plan.hybrid import expected_tensors
+        want = expected_tensors(shape.hybrid, fam.hybrid, base, h, q, kv)
+        want[f"{base}{embedding}.weight"] = (shape.vocab_size, h)
+        return _compare(shape, want, headers, base)
     e, moe = shape.experts, fam.moe
     for n in range(shape.num_layers):
         p = f"{base}layers.{n}."
@@ -123,6 +131,10 @@ def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
         if not routed or (moe is not None and moe.beside_mlp):      # the dense MLP (Gemma 4: beside the experts)
             want |= {p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
                      p + "mlp.down_proj.weight": (h, i)}
+    return _compare(shape, want, headers, base)
+
+
+def _compare(shape, want: dict, headers: dict[str, tuple], base: str) -> list[str]:
     out = [f"{k} is {list(headers[k])}, config.json says {list(s)}" for k, s in want.items()
            if k in headers and tuple(headers[k]) != s]
     missing = sorted(k for k in want if k not in headers)

@@ -100,6 +100,17 @@ BUILTINS: dict[str, Builtin] = {
         layer_types=(["sliding_attention"] * 2 + ["full_attention"]) * 2, max_position_embeddings=512,
         tie_word_embeddings=True, rms_norm_eps=1e-6), train_steps=100,
         notes="Gemma-4-E2B-style: sliding and full layers, KV sharing, per-layer inputs"),
+    # Qwen3.5-0.8B's text decoder in miniature: three gated delta-net layers to one gated attention layer (a quarter
+    # of each head rotated), delta-net heads 128 wide as Edge-LLM's kernel takes them (1 key head, 2 value heads),
+    # tied embeddings; every width 64-aligned.
+    "tiny-qwen3_5": Builtin("Qwen3_5ForCausalLM", dict(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=64, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        tie_word_embeddings=True, rms_norm_eps=1e-6), train_steps=100,
+        notes="Qwen3.5-0.8B-style: gated delta-net and gated attention, 3 to 1"),
     # Vision-language models shrunk from real configs (tinyvlm.py holds their towers, processors and image tokens).
     **{name: Builtin(vlm["architecture"], {}, notes=f"{vlm['architecture']} shrunk", extra=vlm)
        for name, vlm in VLM_BUILTINS.items()},

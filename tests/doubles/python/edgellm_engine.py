@@ -20,6 +20,8 @@ published interfaces (tensorrt_edgellm/models/ops.py, checkpoint/repacking.py of
                                    v2: cuteDSL fragment order (128 x 64 tiles)
     QkvConcatPlugin                concat on the last dimension
     Int4MoePlugin, Fp16MoePlugin   edgellm_moe.py beside this module
+    gated_delta_net, causal_conv1d edgellm_recurrent.py beside this module: each sequence's recurrent and conv state
+                                   in a resident slot (state_indices), carried from step to step with its KV pages
 
 So the answer is what a correct engine built from this ONNX computes: the same checkpoint-to-numerics path the
 TensorRT-LLM runtime double follows with the independent reader.
@@ -35,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from edgellm_moe import OPS as MOE_OPS  # beside this module (the MoE plugins)
+from edgellm_recurrent import OPS as RECURRENT_OPS  # beside this module (gated delta-net, causal conv1d)
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
@@ -328,6 +331,12 @@ class ImageInputs:
     offset: int = 0                     # Qwen: what later steps add to their cache position
 
 
+class Pools(list):
+    """One sequence's KV pools, one per layer, and a hybrid model's recurrent states (graph input name -> its slot
+    pool of one row), which the runtime keeps beside them from step to step."""
+    states: dict[str, np.ndarray]
+
+
 class Engine:
     """One engine file of the llm_build double, run as the runtime runs it (one sequence at a time)."""
 
@@ -338,7 +347,11 @@ class Engine:
         self.cfg, self.embedding, self.external, self.ple = config, embedding, external, ple
         self.layers = config["num_hidden_layers"]
         _share_donor_pools(self.model, config.get("kv_sharing_donors") or [])
-        self.session = ReferenceEvaluator(self.model, new_ops=[*OPS, *MOE_OPS])
+        self.session = ReferenceEvaluator(self.model, new_ops=[*OPS, *MOE_OPS, *RECURRENT_OPS])
+        # a hybrid's recurrent layers: conv_state_i / recurrent_state_i inputs, present_* outputs (one slot here)
+        self.state_inputs = {i.name: (onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type),
+                                      [d.dim_value for d in i.type.tensor_type.shape.dim][1:])
+                             for i in self.model.graph.input if i.name.startswith(("conv_state_", "recurrent_state_"))}
         self.inv, self.rope_scale = inv_freq(config), rope_scale(config)
         # Gemma 4: a table per attention kind (sliding: the local theta over the head; full: proportional RoPE over
         # the global head), from the config's sliding_rope_config / full_rope_config as the runtime reads them
@@ -349,7 +362,8 @@ class Engine:
         pools = {i.name: i for i in self.model.graph.input if i.name.startswith("past_key_values_")}
         self.pool_dtype = onnx.helper.tensor_dtype_to_np_dtype(pools["past_key_values_0"].type.tensor_type.elem_type)
         # each layer's pool: [heads, width] from kv_layer_configs where the layers differ (Gemma 4), else the model's
-        self.kv_shapes = [(c["num_kv_heads"], c["head_dim"]) for c in config["kv_layer_configs"]] \
+        # (a hybrid's recurrent layers have none: null entries; its KV pools are numbered over its attention layers)
+        self.kv_shapes = [(c["num_kv_heads"], c["head_dim"]) for c in config["kv_layer_configs"] if c] \
             if config.get("kv_layer_configs") else [(config["num_key_value_heads"], config["head_dim"])] * self.layers
         self.outputs = [o.name for o in self.model.graph.output]
         self.deepstack = sum(1 for i in self.model.graph.input if i.name.startswith("deepstack_embeds_"))
@@ -404,8 +418,9 @@ class Engine:
             feeds.update({f"ple_token_embeds_{i}": rows[:, i * width:(i + 1) * width] for i in range(self.layers)})
         # full storage for the sliding layers: the same pages as the full layers, swa_kv_cache_mode of length 0
         feeds.update(swa_kv_page_table=table, swa_kv_cache_mode=np.zeros(0, np.int8))
-        for i in range(self.layers):
+        for i in range(len(self.kv_shapes)):
             feeds[f"past_key_values_{i}"] = pools[i]
+        feeds.update(getattr(pools, "states", {}))
         wanted = {i.name for i in self.model.graph.input}
         # a Qwen3-VL language model adds its DeepStack image features to the first layers' hidden states at image
         # positions: a text-only step adds nothing (zeros)
@@ -413,13 +428,18 @@ class Engine:
             feeds[f"deepstack_embeds_{i}"] = deepstack[i]
         out = dict(zip(self.outputs, self.session.run(self.outputs, {k: v for k, v in feeds.items() if k in wanted}),
                        strict=True))
-        for i in range(self.layers):
+        for i in range(len(self.kv_shapes)):
             pools[i] = out[f"present_key_values_{i}"]
+        for name in getattr(pools, "states", {}):
+            pools.states[name] = out[f"present_{name}"]
         return out["logits"][0]
 
-    def new_pools(self, pages: int) -> list[np.ndarray]:
-        """Empty KV pools of `pages` pages, one per layer, each of its layer's shape."""
-        return [np.zeros((2, pages, PAGE, heads, width), self.pool_dtype) for heads, width in self.kv_shapes]
+    def new_pools(self, pages: int) -> Pools:
+        """Empty KV pools of `pages` pages, one per attention layer, each of its layer's shape; a hybrid's recurrent
+        states zeroed (a new sequence's slot, as the runtime clears it)."""
+        pools = Pools(np.zeros((2, pages, PAGE, heads, width), self.pool_dtype) for heads, width in self.kv_shapes)
+        pools.states = {name: np.zeros((1, *dims), dtype) for name, (dtype, dims) in self.state_inputs.items()}
+        return pools
 
     def generate(self, ids: list[int], max_new: int, stops: set[int], on_token=None,
                  image: ImageInputs | None = None) -> list[int]:

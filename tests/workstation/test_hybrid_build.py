@@ -1,0 +1,170 @@
+"""Qwen3.5 (gated delta-net hybrid) through the pipeline: the repository's tiny Qwen3.5 recipe (Qwen3.5-0.8B's text
+layout shrunk: three delta-net layers to one gated attention layer) by `doit build` to FP16 kits for Thor and an
+Orin Nano on JetPack 7.2, the device half on both recorded boards, `serve`; Edge-LLM's qwen3_5 graph run by the
+runtime double against transformers' own Qwen3.5 over a prompt longer than its 64-token chunk, the recurrent and
+conv states carried from step to step; what stays refused."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import build_shipped_recipe, device_on_boards, device_report, save_random_model
+
+from tests.edgellm_run import build_engine
+from tests.serving import built_goldens, served_golden_answers
+
+pytestmark = pytest.mark.integration
+RECIPE = "tiny-qwen3_5"
+BOARDS = {"agx-thor": "agx-thor-jp72", "orin-nano-8gb": "orin-nano-8gb-jp72"}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return build_shipped_recipe(tmp_path_factory.mktemp("qwen3_5-build") / "proj", RECIPE, BOARDS)
+
+
+def test_the_tiny_qwen3_5_recipe_exports_edgellm_hybrid_graphs(built):
+    """Each SM's ONNX is Edge-LLM's qwen3_5 graph: a KV pool for the one attention layer only, and for each of the
+    three delta-net layers a conv state [rows, q and k 128 each + v 2 x 128, 4] (FP16) and a recurrent state
+    [rows, 2, 128, 128] (FP32) in and out, computed by its gated_delta_net and causal_conv1d plugins."""
+    import onnx
+
+    project, kits, out = built
+    assert "export   tiny-qwen3_5@agx-thor: fp16 ONNX for SM 110" in out and "for SM 87" in out, out
+    exports = [p.parent for p in (project.artifacts / "stages" / "export").glob("*/stage.json")]
+    assert len(exports) == 2
+    for stage in exports:
+        cfg = json.loads((stage / "onnx" / "config.json").read_text())
+        assert (cfg["num_linear_attn_layers"], cfg["num_attention_layers"]) == (3, 1)
+        assert (cfg["recurrent_state_dtype"], cfg["conv_state_dtype"]) == ("fp32", "fp16")
+        graph = onnx.load(str(stage / "onnx" / "model.onnx"), load_external_data=False).graph
+        inputs = {i.name: ([d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim],
+                           i.type.tensor_type.elem_type) for i in graph.input}
+        assert [n for n in inputs if n.startswith("past_key_values_")] == ["past_key_values_0"]
+        for i in range(3):
+            assert inputs[f"conv_state_{i}"] == (["state_pool_rows", 512, 4], onnx.TensorProto.FLOAT16)
+            assert inputs[f"recurrent_state_{i}"] == (["state_pool_rows", 2, 128, 128], onnx.TensorProto.FLOAT)
+        ops = [n.op_type for n in graph.node]
+        assert (ops.count("gated_delta_net"), ops.count("causal_conv1d"), ops.count("AttentionPlugin")) == (3, 3, 1)
+    assert all((kit / "MANIFEST.json").is_file() for kit in kits.values())
+
+
+@pytest.fixture(scope="module")
+def validated(built, tmp_path_factory):
+    project, kits, _ = built
+    return device_on_boards(project, kits, BOARDS, tmp_path_factory.mktemp)
+
+
+@pytest.mark.parametrize("target", list(BOARDS))
+def test_the_qwen3_5_kit_validates_on_the_recorded_board_through_the_runtime(validated, target):
+    """The device half: llm_build, then every golden answered by the runtime (its double carrying each sequence's
+    recurrent and conv states in their slots from prefill through every decode step), a signed bundle."""
+    tmp, proc = validated[target]
+    report = device_report(tmp, proc)
+    assert "JetPack 7.2" in proc.stderr
+    assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0]
+
+
+def test_serve_answers_the_goldens_of_the_qwen3_5_kit(built, tmp_path):
+    project, _, _ = built
+    goldens = built_goldens(project)
+    answers = served_golden_answers(project, RECIPE, goldens, tmp_path / "server.log")
+    assert all(got == want for got, want in answers), answers
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3_5(tmp_path_factory):
+    """Qwen3.5's text config shrunk (delta-net heads 128 wide, as the plugin takes them; 2 value heads sharing 1 key
+    head), random weights drawn wider than transformers' default so that each token moves the state visibly."""
+    from transformers import Qwen3_5TextConfig
+
+    cfg = Qwen3_5TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=64, linear_key_head_dim=128,
+                            linear_value_head_dim=128, linear_num_key_heads=1, linear_num_value_heads=2,
+                            layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=1024,
+                            tie_word_embeddings=True, initializer_range=0.1, architectures=["Qwen3_5ForCausalLM"],
+                            eos_token_id=1)
+    path = save_random_model(tmp_path_factory.mktemp("qwen3_5") / "tiny-qwen3_5", "Qwen3_5ForCausalLM", cfg, (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"))
+    # a slow decay (exp(A_log) = 0.02), as a trained model's long-memory heads have: transformers' initial A_log
+    # (up to log 16) forgets within a few tokens, and a double that lost the state would go unnoticed
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        for layer in model.model.layers[:3]:
+            layer.linear_attn.A_log.fill_(float(np.log(0.02)))
+    model.save_pretrained(path)
+    return path
+
+
+def test_the_double_computes_transformers_qwen3_5_past_a_chunk_and_needs_both_states(tiny_qwen3_5, tmp_path):
+    """transformers' Qwen3.5 (the fp16 weights in fp32; its chunked delta rule over the 100-token prompt, 64 tokens a
+    chunk, then its recurrent form) against Edge-LLM's FP16 export of the random model run by the runtime double: the
+    prompt, then 8 tokens one at a time along transformers' own greedy answer: every logit vector as close to the
+    fp32 model as transformers' own fp16 computation at its worst, cosine >= 0.9999 at every decode step, every
+    top-1 the same. Dropping either state between steps (as a runtime that lost the slot would) makes the next
+    step's logits disagree."""
+    import torch
+    from tensorrt_edgellm import AutoModel, export_onnx
+    from transformers import AutoModelForCausalLM
+
+    onnx_dir = tmp_path / "onnx"
+    onnx_dir.mkdir()
+    export_onnx(AutoModel.from_pretrained(str(tiny_qwen3_5), device="cpu"), str(onnx_dir / "model.onnx"),
+                model_dir=str(tiny_qwen3_5))
+    eng, _ = build_engine(onnx_dir, tmp_path, capacity=256)
+    # the weights the FP16 engine holds (rounded to fp16), computed in fp32
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_5, dtype=torch.float16).float().eval()
+    ids = [int(t) for t in np.random.default_rng(0).integers(3, 500, 100)]
+    half = AutoModelForCausalLM.from_pretrained(tiny_qwen3_5, dtype=torch.float16).eval()     # all in fp16
+    with torch.no_grad():
+        path = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
+        ref = model(torch.tensor([ids + path])).logits[0, len(ids) - 1:].numpy()
+        rounded = half(torch.tensor([ids + path])).logits[0, len(ids) - 1:].float().numpy()
+
+    def cosine(a, b) -> float:
+        return float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b))
+
+    pools, table = eng.new_pools(2), np.zeros((1, 2, 2), np.int32)
+    got = [eng.step(ids, 0, pools, table)[:512]]
+    got += [eng.step([t], len(ids) + i, pools, table)[:512] for i, t in enumerate(path)]
+    # within fp16 rounding: at worst no further from the fp32 model than transformers' own fp16 computation gets
+    # (0.9994, at the prompt's last position of this random model), and >= 0.9999 at every decode step
+    engine = [cosine(a, b) for a, b in zip(ref, got, strict=True)]
+    fp16 = [cosine(a, b) for a, b in zip(ref, rounded, strict=True)]
+    assert min(engine) >= min(fp16) and min(engine[1:]) >= 0.9999, (engine, fp16)
+    assert [int(a.argmax()) for a in ref] == [int(b.argmax()) for b in got]
+    assert len(set(path)) > 1           # an answer that moves, not one token repeated
+    for dropped in ("conv_state_", "recurrent_state_"):
+        pools = eng.new_pools(2)
+        eng.step(ids, 0, pools, table)
+        for name in pools.states:
+            if name.startswith(dropped):
+                pools.states[name] = np.zeros_like(pools.states[name])
+        assert cosine(ref[1], eng.step([path[0]], len(ids), pools, table)[:512]) < 0.99, dropped
+
+
+def test_a_nemotron_h_build_stops_before_calibrating_saying_why(tmp_path):
+    """Nemotron-H is planned, not exported yet: a build of one refuses at the export's check, before any
+    calibration, naming what is missing; its plan answers."""
+    from conftest import Project, local_recipe
+    from transformers import NemotronHConfig
+
+    cfg = NemotronHConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16, layers_block_type=["mamba", "mlp", "attention", "mlp"],
+                          ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2, conv_kernel=4,
+                          chunk_size=8, architectures=["NemotronHForCausalLM"], eos_token_id=1)
+    model = save_random_model(tmp_path / "tiny-nemotron-h", "NemotronHForCausalLM", cfg,
+                              "{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    project = Project(tmp_path / "p")
+    local_recipe(project.recipes / "nh.toml", model, targets=("agx-thor",), weights="fp16",
+                 prompts=("Hello",))
+    plan = project.cli("plan", "nh")
+    assert plan.returncode == 0 and "recurrent" in plan.stdout and "planned, not built yet" in plan.stdout, plan
+    run = project.doit("build", "recipe=nh", timeout=600, check=False)
+    assert run.returncode != 0
+    text = run.stdout + run.stderr
+    assert "does not export it as fp16 yet" in text and "nemotron_h model" in text, text
+    assert not list((project.artifacts / "stages").glob("quantize/*/stage.json"))
