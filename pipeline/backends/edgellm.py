@@ -202,22 +202,20 @@ _VLM_VERIFIED = ("Edge-LLM 0.11 exporter (llm/ + visual/); tests/workstation/tes
 
 # Edge-LLM 0.11 exports Qwen3.5 (qwen3_5: gated_delta_net plugin, FP32 state) and Nemotron-H (nemotron_h:
 # update_ssm_state and causal_conv1d plugins) and publishes Qwen3.5 INT4-AWQ rows on every Orin and INT4-AWQ / NVFP4
-# on Thor. Planned here (plan/hybrid.py: their state pools as its runtime allocates them); their export, the
-# quantization of the recurrent projections and the runtime double's plugins are not built yet.
+# on Thor. Planned here (plan/hybrid.py: their state pools as its runtime allocates them) and built in FP16 (the
+# runtime double computes their plugins); the quantization of the recurrent projections is not built yet.
 # the plugins a hybrid's recurrent layers export to (tensorrt_edgellm/models/ops.py), and the per-layer state its
 # graph takes in and gives back (present_<name>_<i>), numbered over the recurrent layers
 RECURRENT_OPS = {GATED_DELTA_NET: ("trt_edgellm:gated_delta_net", "trt_edgellm:causal_conv1d"),
                  MAMBA2: ("trt_edgellm:update_ssm_state", "trt_edgellm:causal_conv1d")}
 STATE_INPUTS = ("conv_state", "recurrent_state")
-_HYBRID_NOT_BUILT = ("its export (Edge-LLM's {} model, with the {} plugins) and the runtime double's recurrent "
-                     "plugins are not built here yet: `python -m pipeline plan` sizes it, a build stops before "
-                     "calibrating")
+_QUANTIZED_RECURRENT_NOT_BUILT = (
+    "the quantization of its recurrent layers' projections (which parts Edge-LLM's quantizer keeps FP16) is not built "
+    "and checked here yet; FP16 builds")
 _EDGELLM_QWEN3_5 = Support(
     rope_types=("default",), partial_rotary=True, formats=("fp16", "int4_awq", "nvfp4"), kv_cache=("fp16",),
     formats_why="the formats Edge-LLM 0.11 publishes for Qwen3.5 (INT4-AWQ on Orin, INT4-AWQ and NVFP4 on Thor)",
-    recurrent_head_dim=128, built_formats=("fp16",),
-    not_built="the quantization of its recurrent layers' projections (which parts Edge-LLM keeps FP16) is not "
-              "built and checked here yet; FP16 builds",
+    recurrent_head_dim=128, built_formats=("fp16",), not_built=_QUANTIZED_RECURRENT_NOT_BUILT,
     verified="Edge-LLM 0.11 exporter (models/qwen3_5: gated_delta_net and causal_conv1d plugins); "
              "tests/workstation/test_hybrid_build.py (tiny Qwen3.5 FP16 through doit build, the device half and "
              "serve; the runtime double against transformers' Qwen3.5 past a 64-token chunk); "
@@ -259,9 +257,12 @@ EDGELLM_011: dict[str, Support] = {
     NEMOTRON_H: Support(rope_types=("default",), formats=("fp16", "int4_awq", "nvfp4"), kv_cache=("fp16",),
                         formats_why="the formats Edge-LLM 0.11 builds for Nemotron-H's linears (FP16, INT4-AWQ, "
                                     "NVFP4); its Mamba-2 state stays FP16",
-                        not_built=_HYBRID_NOT_BUILT.format("nemotron_h", "update_ssm_state / causal_conv1d"),
-                        verified="Edge-LLM 0.11 exporter (models/nemotron_h); plan only "
-                                 "(tests/shared/test_hybrid_plan.py)"),
+                        not_built=_QUANTIZED_RECURRENT_NOT_BUILT, built_formats=("fp16",),
+                        verified="Edge-LLM 0.11 exporter (models/nemotron_h: update_ssm_state and causal_conv1d "
+                                 "plugins; its loader reads backbone.embeddings.weight: "
+                                 "workstation/edgellm_hybrid.py); tests/workstation/test_hybrid_build.py (tiny "
+                                 "Nemotron-H FP16 through doit build, the device half and serve; the runtime double "
+                                 "against transformers' Nemotron-H); tests/shared/test_hybrid_plan.py"),
 }
 
 

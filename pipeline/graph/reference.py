@@ -83,8 +83,9 @@ def from_recipe(name: str, target: str | None = None, threads: int | None = None
         if served.images is not None:       # a vision-language model: its processor, held as the goldens' was
             from pipeline.workstation.image_prompts import pixel_maker
             pixels = pixel_maker(model_dir(recipe), served.images.placeholder_id, served.images.limits)
+        from pipeline.workstation.models import new_cache
         return ReferenceSession(model, served.limits, input_device(model), skinny_linears, on_close=stack.close,
-                                grammars=grammars, pixels=pixels)
+                                grammars=grammars, pixels=pixels, new_cache=new_cache)
     return served, load
 
 

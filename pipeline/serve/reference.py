@@ -40,14 +40,17 @@ class ReferenceSession(Session):
     def __init__(self, model: Any, limits: Limits, device: str = "cpu",
                  thread_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
                  on_close: Callable[[], None] = lambda: None, grammars: Any = None,
-                 pixels: Callable[[tuple[bytes, ...], list[int]], dict] | None = None):
-        """device: where the model's inputs go. thread_context: entered by the session's own thread around every
-        forward (torch function modes such as the goldens' skinny_linears are per thread). on_close: releases the
-        model after the thread stopped. grammars: grammar.Grammars of the served tokenizer, for requests with a
-        grammar. pixels: a vision-language model's images and prompt ids made into its image inputs
-        (workstation/image_prompts.PixelMaker); None for a text model."""
+                 pixels: Callable[[tuple[bytes, ...], list[int]], dict] | None = None,
+                 new_cache: Callable[[Any], Any] = lambda _model: None):
+        """new_cache: the cache a request's first forward starts from where transformers cannot make it itself
+        (None: it makes its own; workstation/models.new_cache). device: where the model's inputs go. thread_context:
+        entered by the session's own thread around every forward (torch function modes such as the goldens'
+        skinny_linears are per thread). on_close: releases the model after the thread stopped. grammars:
+        grammar.Grammars of the served tokenizer, for requests with a grammar. pixels: a vision-language model's
+        images and prompt ids made into its image inputs (workstation/image_prompts.PixelMaker); None for a text
+        model."""
         super().__init__()
-        self.pixels = pixels
+        self.pixels, self.new_cache = pixels, new_cache
         # Qwen-VL keeps its multimodal RoPE offset on the model between forward calls: set per request, per step
         inner = getattr(model, "model", None)
         self._rope_holder = inner if hasattr(inner, "rope_deltas") else None
@@ -117,7 +120,9 @@ class ReferenceSession(Session):
                 self._rope_holder.rope_deltas = r.rope_deltas
             if r.cache is None:
                 ids = torch.tensor([list(gen.prompt_ids)], device=self.device)
-                out = self.model(input_ids=ids, use_cache=True, **self._image_inputs(gen))
+                cache = self.new_cache(self.model)      # a dense Nemotron-H's (transformers 5.14.1)
+                out = self.model(input_ids=ids, use_cache=True,
+                                 **({"past_key_values": cache} if cache is not None else {}), **self._image_inputs(gen))
                 if gen.images and self._rope_holder is not None:
                     r.rope_deltas = self._rope_holder.rope_deltas
             else:

@@ -214,6 +214,11 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     else:
         plugin, layers, fp8_tower, moe = _unified_checkpoint(model_dir, quant_dir, hf, weights, handoff, tower)
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(hf)
+    shape = load_shape(model_dir)
+    if shape.hybrid is not None:        # what Edge-LLM's loader reads differently from what transformers writes
+        from pipeline.workstation import edgellm_hybrid
+        for change in edgellm_hybrid.prepare(hf):
+            print(f"edgellm checkpoint: {change}")
     if not (hf / "chat_template.jinja").is_file() and "chat_template" not in json.loads(
             (hf / "tokenizer_config.json").read_text()):
         raise PipelineError(f"{model_dir}: the tokenizer has no chat template; Edge-LLM's runtime needs one",
@@ -238,7 +243,11 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
                             "this pair of formats is not one this Edge-LLM version builds; use another "
                             "quantization.kv_cache, and please report it with the recipe")
     external = external_weights(onnx_dir, externalize)
-    hybrid = load_shape(model_dir).hybrid       # KV for its attention layers, states for its recurrent ones
+    hybrid = shape.hybrid       # KV for its attention layers, states for its recurrent ones
+    if hybrid is not None:
+        fam = family(shape.architecture)
+        assert fam is not None and fam.hybrid is not None
+        edgellm_hybrid.check_embedding(onnx_dir, hf, fam.hybrid.embedding)
     recurrent = (hybrid.recurrent.kind, len(hybrid.recurrent.layer_ids)) if hybrid is not None else None
     graph = check_onnx(onnx_dir, weights, hybrid.attention_layers if hybrid is not None else layers, plugin,
                        speculative.BASE_EXTRA_OUTPUTS if draft_dir else (),

@@ -184,8 +184,16 @@ def load_model(model_dir: Path, device: str, engine_numerics: bool = False):
             model = model.to(placement.device)
         model.placement = placement.as_dict()
     model.eval()
+    without_default_cache(model)
     model.pipeline_loaded = {name: param_fingerprint(p) for name, p in model.named_parameters()}
     return model
+
+
+def without_default_cache(model) -> None:
+    """A model whose own forward cannot make its cache (new_cache) makes none unless given one: forwards without a
+    cache (calibration, perplexity, training) then run, and generation passes new_cache's."""
+    if new_cache(model) is not None:
+        model.config.use_cache = False
 
 
 def input_device(model) -> str:
@@ -246,3 +254,22 @@ def param_fingerprint(p) -> tuple:
     """Identity, storage and version counter of a parameter: every write through it (copy_, mul_, a new
     Parameter, `.data = ...`) changes one of them."""
     return id(p), p.data_ptr(), p._version
+
+
+def new_cache(model):
+    """The cache to start a generation with, where transformers cannot make one itself (None: let it). transformers
+    5.14.1's DynamicCache(config) has no entry for Nemotron-H's plain MLP blocks (KeyError: 'mlp' in
+    DYNAMIC_LAYER_TYPE_MAPPING), so no dense Nemotron-H can generate with a cache; its MLP blocks keep no state, and
+    get the placeholder layer its MoE blocks get."""
+    import copy
+
+    from transformers import DynamicCache
+    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING
+
+    config = getattr(model.config, "text_config", model.config)
+    types = getattr(config, "layer_types", None)
+    if not isinstance(types, list) or "mlp" not in types or "mlp" in DYNAMIC_LAYER_TYPE_MAPPING:
+        return None
+    clone = copy.copy(config)
+    clone.layer_types = ["moe" if t == "mlp" else t for t in types]
+    return DynamicCache(config=clone)

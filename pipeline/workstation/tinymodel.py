@@ -111,6 +111,14 @@ BUILTINS: dict[str, Builtin] = {
         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
         tie_word_embeddings=True, rms_norm_eps=1e-6), train_steps=100,
         notes="Qwen3.5-0.8B-style: gated delta-net and gated attention, 3 to 1"),
+    # Nemotron-H in miniature (NVIDIA-Nemotron-Nano-9B-v2's block pattern shortened): Mamba-2 blocks (8 heads of 16,
+    # 2 groups, state 16), one attention block without RoPE, plain relu2 MLP blocks; one block per layer.
+    "tiny-nemotron-h": Builtin("NemotronHForCausalLM", dict(
+        hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        layers_block_type=["mamba", "mlp", "mamba", "attention", "mlp", "mamba"], ssm_state_size=16,
+        mamba_num_heads=8, mamba_head_dim=16, n_groups=2, conv_kernel=4, chunk_size=16, max_position_embeddings=512,
+        tie_word_embeddings=False, layer_norm_epsilon=1e-5), train_steps=100,
+        notes="Nemotron-H-style: Mamba-2, attention and MLP blocks"),
     # Vision-language models shrunk from real configs (tinyvlm.py holds their towers, processors and image tokens).
     **{name: Builtin(vlm["architecture"], {}, notes=f"{vlm['architecture']} shrunk", extra=vlm)
        for name, vlm in VLM_BUILTINS.items()},
@@ -178,6 +186,8 @@ def materialize(name: str, out_dir: Path, progress=None) -> None:
                         architectures=[spec.architecture], **per_layer, **spec.config)
     torch.manual_seed(spec.seed)
     model = getattr(transformers, spec.architecture)(config).float()
+    from pipeline.workstation.models import without_default_cache
+    without_default_cache(model)
     train(model, fast, spec.train_steps, spec.seed, progress)
     model.eval()
     model.generation_config.do_sample = False

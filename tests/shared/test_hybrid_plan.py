@@ -175,15 +175,15 @@ def test_tensorrt_llm_0_12_refuses_the_hybrids_naming_where_they_build():
         assert not plan.ok and "came after TensorRT-LLM 0.12" in text and "Edge-LLM 0.11 builds them" in text
 
 
-def test_edgellm_plans_them_and_says_they_are_not_built_yet():
+def test_edgellm_plans_them_and_says_which_formats_are_not_built_yet():
     plan = _plan("Qwen/Qwen3.5-2B", "orin-nano-8gb", limits=BuildLimits.of(2, 1024, 2048))
     assert plan.ok and plan.backend == "edgellm"
     assert any(w.startswith("planned, not built yet as int4_awq: the quantization of its recurrent layers' "
                             "projections") for w in plan.warnings), plan.warnings
     fp16 = _plan("Qwen/Qwen3.5-2B", "orin-nano-8gb", "fp16", BuildLimits.of(2, 1024, 2048))
     assert fp16.ok and not any("not built" in w for w in fp16.warnings), fp16.warnings
-    nemo = _plan("nvidia/NVIDIA-Nemotron-Nano-9B-v2", "agx-thor", "fp16", BuildLimits.of(2, 1024, 2048))
-    assert any(w.startswith("planned, not built yet as fp16: its export (Edge-LLM's nemotron_h model")
+    nemo = _plan("nvidia/NVIDIA-Nemotron-Nano-9B-v2", "agx-thor", "nvfp4", BuildLimits.of(2, 1024, 2048))
+    assert any(w.startswith("planned, not built yet as nvfp4: the quantization of its recurrent layers'")
                for w in nemo.warnings), nemo.warnings
     from pipeline.plan.planner import render_table
     table = render_table(plan)

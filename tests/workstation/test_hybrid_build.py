@@ -1,26 +1,33 @@
-"""Qwen3.5 (gated delta-net hybrid) through the pipeline: the repository's tiny Qwen3.5 recipe (Qwen3.5-0.8B's text
-layout shrunk: three delta-net layers to one gated attention layer) by `doit build` to FP16 kits for Thor and an
-Orin Nano on JetPack 7.2, the device half on both recorded boards, `serve`; Edge-LLM's qwen3_5 graph run by the
-runtime double against transformers' own Qwen3.5 over a prompt longer than its 64-token chunk, the recurrent and
-conv states carried from step to step; what stays refused."""
+"""Hybrid recurrent models through the pipeline: the repository's tiny Qwen3.5 recipe (Qwen3.5-0.8B's text layout
+shrunk: three gated delta-net layers to one gated attention layer) and tiny Nemotron-H recipe (Mamba-2, attention
+and MLP blocks) by `doit build` to FP16 kits for Thor and an Orin Nano on JetPack 7.2, the device half on both
+recorded boards, `serve`; Edge-LLM's qwen3_5 and nemotron_h graphs run by the runtime double against transformers'
+own models over a prompt longer than a chunk, the recurrent and conv states carried from step to step; what stays
+refused."""
 
 import json
 
 import numpy as np
 import pytest
-from conftest import build_shipped_recipe, device_on_boards, device_report, save_random_model
+from conftest import REPO, build_shipped_recipe, device_on_boards, device_report, save_random_model
 
 from tests.edgellm_run import build_engine
 from tests.serving import built_goldens, served_golden_answers
 
 pytestmark = pytest.mark.integration
 RECIPE = "tiny-qwen3_5"
+NEMOTRON = "tiny-nemotron-h"
 BOARDS = {"agx-thor": "agx-thor-jp72", "orin-nano-8gb": "orin-nano-8gb-jp72"}
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     return build_shipped_recipe(tmp_path_factory.mktemp("qwen3_5-build") / "proj", RECIPE, BOARDS)
+
+
+@pytest.fixture(scope="module")
+def built_nemotron(tmp_path_factory):
+    return build_shipped_recipe(tmp_path_factory.mktemp("nemotron-build") / "proj", NEMOTRON, BOARDS)
 
 
 def test_the_tiny_qwen3_5_recipe_exports_edgellm_hybrid_graphs(built):
@@ -49,26 +56,53 @@ def test_the_tiny_qwen3_5_recipe_exports_edgellm_hybrid_graphs(built):
     assert all((kit / "MANIFEST.json").is_file() for kit in kits.values())
 
 
+def test_the_tiny_nemotron_h_recipe_exports_edgellm_mamba_graphs_from_the_embedding_it_holds(built_nemotron):
+    """Each SM's ONNX is Edge-LLM's nemotron_h graph: the attention block's KV pool, and for each of the three Mamba-2
+    blocks a conv state [rows, 8 x 16 + 2 x 2 x 16, 4] and an FP16 state [rows, 8, 16, 16] in and out, through its
+    update_ssm_state and causal_conv1d plugins; no RoPE. The checkpoint it was exported from names the embedding as
+    Edge-LLM's loader reads it, and the exported table is the checkpoint's (the stage compares them)."""
+    import onnx
+
+    project, kits, out = built_nemotron
+    assert "export   tiny-nemotron-h@agx-thor: fp16 ONNX for SM 110" in out and "for SM 87" in out, out
+    log = (project.artifacts / NEMOTRON / "logs" / "export@agx-thor.log").read_text()
+    assert "edgellm checkpoint: backbone.embedding.weight -> backbone.embeddings.weight" in log, log
+    for stage in [p.parent for p in (project.artifacts / "stages" / "export").glob("*/stage.json")]:
+        cfg = json.loads((stage / "onnx" / "config.json").read_text())
+        assert (cfg["num_linear_attn_layers"], cfg["num_attention_layers"], cfg["use_rope"]) == (3, 1, False)
+        graph = onnx.load(str(stage / "onnx" / "model.onnx"), load_external_data=False).graph
+        inputs = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.input}
+        assert [inputs[f"conv_state_{i}"] for i in range(3)] == [["resident_rows", 192, 4]] * 3
+        assert [inputs[f"recurrent_state_{i}"] for i in range(3)] == [["resident_rows", 8, 16, 16]] * 3
+        ops = [n.op_type for n in graph.node]
+        assert (ops.count("update_ssm_state"), ops.count("causal_conv1d"), ops.count("AttentionPlugin")) == (3, 3, 1)
+    assert all((kit / "MANIFEST.json").is_file() for kit in kits.values())
+
+
 @pytest.fixture(scope="module")
-def validated(built, tmp_path_factory):
-    project, kits, _ = built
-    return device_on_boards(project, kits, BOARDS, tmp_path_factory.mktemp)
+def validated(built, built_nemotron, tmp_path_factory):
+    return {recipe: device_on_boards(project, kits, BOARDS, tmp_path_factory.mktemp)
+            for recipe, (project, kits, _) in ((RECIPE, built), (NEMOTRON, built_nemotron))}
 
 
+@pytest.mark.parametrize("recipe", [RECIPE, NEMOTRON])
 @pytest.mark.parametrize("target", list(BOARDS))
-def test_the_qwen3_5_kit_validates_on_the_recorded_board_through_the_runtime(validated, target):
+def test_the_hybrid_kits_validate_on_the_recorded_boards_through_the_runtime(validated, recipe, target):
     """The device half: llm_build, then every golden answered by the runtime (its double carrying each sequence's
     recurrent and conv states in their slots from prefill through every decode step), a signed bundle."""
-    tmp, proc = validated[target]
+    tmp, proc = validated[recipe][target]
     report = device_report(tmp, proc)
     assert "JetPack 7.2" in proc.stderr
     assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0]
 
 
-def test_serve_answers_the_goldens_of_the_qwen3_5_kit(built, tmp_path):
-    project, _, _ = built
+@pytest.mark.parametrize("recipe", [RECIPE, NEMOTRON])
+def test_serve_answers_the_goldens_of_the_hybrid_kits(built, built_nemotron, recipe, tmp_path):
+    """Served by the reference backend: its own cache for each request (for a dense Nemotron-H, the one
+    workstation/models.new_cache makes: transformers 5.14.1 cannot make it for MLP blocks)."""
+    project = (built if recipe == RECIPE else built_nemotron)[0]
     goldens = built_goldens(project)
-    answers = served_golden_answers(project, RECIPE, goldens, tmp_path / "server.log")
+    answers = served_golden_answers(project, recipe, goldens, tmp_path / "server.log")
     assert all(got == want for got, want in answers), answers
 
 
@@ -146,25 +180,121 @@ def test_the_double_computes_transformers_qwen3_5_past_a_chunk_and_needs_both_st
         assert cosine(ref[1], eng.step([path[0]], len(ids), pools, table)[:512]) < 0.99, dropped
 
 
-def test_a_nemotron_h_build_stops_before_calibrating_saying_why(tmp_path):
-    """Nemotron-H is planned, not exported yet: a build of one refuses at the export's check, before any
-    calibration, naming what is missing; its plan answers."""
-    from conftest import Project, local_recipe
+@pytest.fixture(scope="module")
+def tiny_nemotron_h(tmp_path_factory):
+    """Nemotron-H's block layout shrunk (Mamba-2, MLP, attention, MLP, Mamba-2, MLP), random weights drawn wide,
+    saved by transformers in fp16 (embedding as backbone.embedding.weight)."""
     from transformers import NemotronHConfig
 
     cfg = NemotronHConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=16, layers_block_type=["mamba", "mlp", "attention", "mlp"],
-                          ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2, conv_kernel=4,
-                          chunk_size=8, architectures=["NemotronHForCausalLM"], eos_token_id=1)
-    model = save_random_model(tmp_path / "tiny-nemotron-h", "NemotronHForCausalLM", cfg,
-                              "{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+                          num_key_value_heads=2, head_dim=16,
+                          layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba", "mlp"], ssm_state_size=16,
+                          mamba_num_heads=8, mamba_head_dim=16, n_groups=2, conv_kernel=4, chunk_size=8,
+                          initializer_range=0.1, architectures=["NemotronHForCausalLM"], eos_token_id=1)
+    path = save_random_model(tmp_path_factory.mktemp("nemotron") / "tiny-nemotron-h", "NemotronHForCausalLM", cfg,
+                             "{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    import torch
+    from transformers import AutoModelForCausalLM  # in fp16, as the export stage hands a checkpoint to Edge-LLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float16)
+    with torch.no_grad():       # a slower decay (exp(A_log) = 0.2): the state then carries what came before
+        for layer in model.model.layers:
+            if hasattr(layer.mixer, "A_log"):
+                layer.mixer.A_log.fill_(float(np.log(0.2)))
+    model.save_pretrained(path)
+    return path
+
+
+def _export(model_dir, out, prepare: bool):
+    """Edge-LLM's FP16 export of a copy of `model_dir` (prepared as the export stage prepares it, or not)."""
+    import shutil
+
+    from tensorrt_edgellm import AutoModel, export_onnx
+
+    from pipeline.workstation import edgellm_hybrid
+    hf = out / "hf"
+    shutil.copytree(model_dir, hf)
+    changes = edgellm_hybrid.prepare(hf) if prepare else []
+    if not prepare:     # the layer count alone, which its loader needs to load at all
+        cfg = json.loads((hf / "config.json").read_text())
+        (hf / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": len(cfg["layers_block_type"])}))
+    (out / "onnx").mkdir()
+    export_onnx(AutoModel.from_pretrained(str(hf), device="cpu"), str(out / "onnx" / "model.onnx"), model_dir=str(hf))
+    return hf, out / "onnx", changes
+
+
+def test_the_double_computes_transformers_nemotron_h_and_the_export_is_checked_for_the_embedding(tiny_nemotron_h,
+                                                                                                 tmp_path):
+    """Exported from the checkpoint as the stage prepares it (the embedding under the name Edge-LLM's loader reads),
+    the runtime double computes transformers' Nemotron-H over a 100-token prompt and 8 decode steps no further from
+    its fp32 scan than transformers' own recurrent path is, every top-1 the same, and needs both states carried.
+    Exported from the checkpoint as transformers saved it, Edge-LLM's loader keeps a random embedding without a word:
+    the stage's comparison of the tables refuses that export."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.errors import PipelineError
+    from pipeline.workstation.edgellm_hybrid import check_embedding
+    (tmp_path / "a").mkdir()
+    hf, onnx_dir, changes = _export(tiny_nemotron_h, tmp_path / "a", prepare=True)
+    assert changes == ["num_hidden_layers = 6 (from layers_block_type)",
+                       "backbone.embedding.weight -> backbone.embeddings.weight"]
+    check_embedding(onnx_dir, hf, ("embedding", "embeddings"))
+    eng, _ = build_engine(onnx_dir, tmp_path / "a", capacity=256)
+    model = AutoModelForCausalLM.from_pretrained(tiny_nemotron_h, dtype=torch.float16).float().eval()
+    ids = [int(t) for t in np.random.default_rng(0).integers(3, 500, 100)]
+    from pipeline.workstation.models import new_cache
+    with torch.no_grad():
+        path: list[int] = []
+        for _ in range(8):
+            path.append(int(model(torch.tensor([ids + path]), use_cache=False).logits[0, -1].argmax()))
+        ref = model(torch.tensor([ids + path]), use_cache=False).logits[0, len(ids) - 1:].numpy()
+        # transformers' own recurrent path: the prompt, then a token at a time on the cache new_cache makes (its
+        # DynamicCache(config) has no entry for MLP blocks in 5.14.1)
+        out = model(torch.tensor([ids]), past_key_values=new_cache(model), use_cache=True)
+        recurrent = [out.logits[0, -1].numpy()]
+        for t in path:
+            out = model(torch.tensor([[t]]), past_key_values=out.past_key_values, use_cache=True)
+            recurrent.append(out.logits[0, -1].numpy())
+
+    def cosine(a, b) -> float:
+        return float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b))
+    pools, table = eng.new_pools(2), np.zeros((1, 2, 2), np.int32)
+    got = [eng.step(ids, 0, pools, table)[:512]]
+    got += [eng.step([t], len(ids) + i, pools, table)[:512] for i, t in enumerate(path)]
+    # a Mamba-2 with a slow decay is sensitive: transformers' own recurrent path strays from its chunked scan by up
+    # to 0.4% (cosine 0.9962 one step after the prompt); the engine strays no further, and without either state it
+    # strays further than that
+    engine = [cosine(a, b) for a, b in zip(ref, got, strict=True)]
+    own = [cosine(a, b) for a, b in zip(ref, recurrent, strict=True)]
+    assert min(engine) >= min(own) and min(engine) > 0.995, (engine, own)
+    assert [int(a.argmax()) for a in ref] == [int(b.argmax()) for b in got] and len(set(path)) > 1
+    for dropped in ("conv_state_", "recurrent_state_"):
+        pools = eng.new_pools(2)
+        eng.step(ids, 0, pools, table)
+        for name in pools.states:
+            if name.startswith(dropped):
+                pools.states[name] = np.zeros_like(pools.states[name])
+        lost = cosine(ref[1], eng.step([path[0]], len(ids), pools, table)[:512])
+        assert lost < min(own), (dropped, lost, own)
+
+    (tmp_path / "b").mkdir()
+    hf, onnx_dir, _ = _export(tiny_nemotron_h, tmp_path / "b", prepare=False)
+    with pytest.raises(PipelineError, match="wrote an embedding table that is not the checkpoint's "
+                                            "backbone.embedding.weight"):
+        check_embedding(onnx_dir, hf, ("embedding", "embeddings"))
+
+
+def test_a_quantized_hybrid_build_stops_before_calibrating_saying_why(tmp_path):
+    """INT4-AWQ of a hybrid is planned, not built yet: the build refuses at the export's check, before any
+    calibration, naming what is missing and what builds."""
+    from conftest import Project
+
     project = Project(tmp_path / "p")
-    local_recipe(project.recipes / "nh.toml", model, targets=("agx-thor",), weights="fp16",
-                 prompts=("Hello",))
-    plan = project.cli("plan", "nh")
-    assert plan.returncode == 0 and "recurrent" in plan.stdout and "planned, not built yet" in plan.stdout, plan
-    run = project.doit("build", "recipe=nh", timeout=600, check=False)
-    assert run.returncode != 0
+    recipe = (REPO / "recipes" / f"{RECIPE}.toml").read_text().replace('weights = "fp16"', 'weights = "int4_awq"')
+    (project.recipes / "q.toml").write_text(recipe.replace('name = "tiny-qwen3_5"', 'name = "tiny-qwen3_5"'))
+    plan = project.cli("plan", "q")
+    assert plan.returncode == 0 and "planned, not built yet as int4_awq" in plan.stdout, plan
+    run = project.doit("build", "recipe=q", timeout=600, check=False)
     text = run.stdout + run.stderr
-    assert "does not export it as fp16 yet" in text and "nemotron_h model" in text, text
+    assert run.returncode != 0 and "does not export it as int4_awq yet (it builds fp16)" in text, text
     assert not list((project.artifacts / "stages").glob("quantize/*/stage.json"))

@@ -360,7 +360,8 @@ class Engine:
                                           ("full", config.get("global_head_dim") or config["head_dim"]))
                       if f"{kind}_rope_config" in config}
         pools = {i.name: i for i in self.model.graph.input if i.name.startswith("past_key_values_")}
-        self.pool_dtype = onnx.helper.tensor_dtype_to_np_dtype(pools["past_key_values_0"].type.tensor_type.elem_type)
+        self.pool_dtype = onnx.helper.tensor_dtype_to_np_dtype(pools["past_key_values_0"].type.tensor_type.elem_type) \
+            if pools else np.float16        # a hybrid without attention layers has no KV cache at all
         # each layer's pool: [heads, width] from kv_layer_configs where the layers differ (Gemma 4), else the model's
         # (a hybrid's recurrent layers have none: null entries; its KV pools are numbered over its attention layers)
         self.kv_shapes = [(c["num_kv_heads"], c["head_dim"]) for c in config["kv_layer_configs"] if c] \
@@ -391,6 +392,8 @@ class Engine:
                                         self.axes[None, None, :], axis=1)[:, 0, :]
         else:
             angles = np.outer(pos, self.inv)
+        if self.cfg.get("use_rope") is False:      # no positional rotation (Nemotron-H): the identity table
+            angles = np.zeros_like(angles)
         feeds = {"inputs_embeds": embeds,
                  "rope_rotary_cos_sin": (np.concatenate([np.cos(angles), np.sin(angles)], -1)
                                          * self.rope_scale).astype(np.float32),

@@ -1,13 +1,18 @@
 """TEST DOUBLE of TensorRT Edge-LLM's recurrent-layer plugins (TensorRT and its plugins cannot exist in CI), run in
 ONNX's reference evaluator beside edgellm_engine.py, as written here from their published interfaces:
 cpp/plugins/gatedDeltaNet/gatedDeltaNetPlugin.h (inputs, dtypes, the resident FP32 state pool [rows, hv, k, v], "QK
-L2 norm, H/HV head mapping" in the plugin), cpp/plugins/mamba/causalConv1dPlugin.h and the exporter's op signatures
-(tensorrt_edgellm/models/ops.py of the 0.11 wheel, its qwen3_5 model feeding them).
+L2 norm, H/HV head mapping" in the plugin), cpp/plugins/mamba/mambaPlugin.h and causalConv1dPlugin.h, and the
+exporter's op signatures (tensorrt_edgellm/models/ops.py of the 0.11 wheel, its qwen3_5 and nemotron_h models feeding
+them).
 
     causal_conv1d    x [T, C] token-major, a depthwise filter [C, 1, K] and bias [C]; each sequence continues from
                      its slot of the rolling conv state [rows, C, K] (its last K inputs, zeros for a new sequence):
                      y[t] = bias + sum_j w[:, j] * x[t - K + 1 + j]; the slot keeps the last K inputs. No activation
                      (the graph applies SiLU after it).
+    update_ssm_state Mamba-2's selective state update (mambaPlugin.h): x [T, heads, dim], A [heads] (-exp(A_log)),
+                     B, C [T, groups, dstate], D [heads], dt [T, heads] (+ dt_bias, softplus where dt_softplus), each
+                     head reading its group (head // (heads / groups)); per token S = S * exp(A dt) + dt B (x) x,
+                     y = S.C + D x. The resident state [rows, heads, dim, dstate] is FP16 between steps.
     gated_delta_net  q, k [T, H, K], v [T, HV, V], a, b [T, HV], A_log [HV] (fp32), dt_bias [HV]; q and k L2-normalised
                      (eps 1e-6), q scaled by 1/sqrt(K), value head j reading key head j // (HV / H);
                      g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); per token, on the sequence's FP32
@@ -89,4 +94,28 @@ class gated_delta_net(OpRun):    # noqa: N801 (the plugin's op name)
         return out, pool
 
 
-OPS = [causal_conv1d, gated_delta_net]
+class update_ssm_state(OpRun):   # noqa: N801 (the plugin's op name)
+    op_domain = "trt_edgellm"
+
+    def _run(self, x, a, b, c, d, dt, dt_bias, state, query_lengths, query_start_offsets, state_indices, *_,
+             dt_softplus=1, ngroups=None, chunk_size=0, **__):
+        heads, groups = x.shape[1], b.shape[1]
+        if heads % groups or (ngroups and ngroups != groups):
+            raise NotImplementedError(f"update_ssm_state x {x.shape} B {b.shape} ngroups {ngroups}")
+        step = dt.astype(np.float32) + dt_bias.astype(np.float32)
+        step = np.logaddexp(np.float32(0.0), step) if dt_softplus else step          # [T, heads]
+        bh, ch = (np.repeat(m.astype(np.float32), heads // groups, axis=1) for m in (b, c))    # [T, heads, dstate]
+        xf, af, df = x.astype(np.float32), a.astype(np.float32), d.astype(np.float32)
+        out = np.zeros(x.shape, dtype=x.dtype)
+        pool = state.copy()
+        for s, e, row in _sequences(query_start_offsets, state_indices):
+            h = pool[row].astype(np.float32)                     # [heads, dim, dstate]
+            for t in range(s, e):
+                h = h * np.exp(step[t] * af)[:, None, None] + \
+                    step[t][:, None, None] * bh[t][:, None, :] * xf[t][:, :, None]
+                out[t] = ((h * ch[t][:, None, :]).sum(-1) + df[:, None] * xf[t]).astype(x.dtype)
+            pool[row] = h.astype(state.dtype)                    # the resident pool's dtype (FP16) between steps
+        return out, pool
+
+
+OPS = [causal_conv1d, gated_delta_net, update_ssm_state]
