@@ -106,6 +106,27 @@ def test_serve_answers_the_goldens_of_the_hybrid_kits(built, built_nemotron, rec
     assert all(got == want for got, want in answers), answers
 
 
+def _cosine(a, b) -> float:
+    return float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def _along(eng, ids: list[int], path: list[int]) -> list:
+    """The engine's logits after the prompt and after each token of `path` fed one at a time."""
+    pools, table = eng.new_pools(2), np.zeros((1, 2, 2), np.int32)
+    got = [eng.step(ids, 0, pools, table)[:512]]
+    return got + [eng.step([t], len(ids) + i, pools, table)[:512] for i, t in enumerate(path)]
+
+
+def _dropped(eng, ids: list[int], token: int, prefix: str):
+    """The logits one step after the prompt with the states named `prefix*` lost in between."""
+    pools, table = eng.new_pools(2), np.zeros((1, 2, 2), np.int32)
+    eng.step(ids, 0, pools, table)
+    for name in pools.states:
+        if name.startswith(prefix):
+            pools.states[name] = np.zeros_like(pools.states[name])
+    return eng.step([token], len(ids), pools, table)[:512]
+
+
 @pytest.fixture(scope="module")
 def tiny_qwen3_5(tmp_path_factory):
     """Qwen3.5's text config shrunk (delta-net heads 128 wide, as the plugin takes them; 2 value heads sharing 1 key
@@ -158,26 +179,16 @@ def test_the_double_computes_transformers_qwen3_5_past_a_chunk_and_needs_both_st
         ref = model(torch.tensor([ids + path])).logits[0, len(ids) - 1:].numpy()
         rounded = half(torch.tensor([ids + path])).logits[0, len(ids) - 1:].float().numpy()
 
-    def cosine(a, b) -> float:
-        return float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b))
-
-    pools, table = eng.new_pools(2), np.zeros((1, 2, 2), np.int32)
-    got = [eng.step(ids, 0, pools, table)[:512]]
-    got += [eng.step([t], len(ids) + i, pools, table)[:512] for i, t in enumerate(path)]
+    got = _along(eng, ids, path)
     # within fp16 rounding: at worst no further from the fp32 model than transformers' own fp16 computation gets
     # (0.9994, at the prompt's last position of this random model), and >= 0.9999 at every decode step
-    engine = [cosine(a, b) for a, b in zip(ref, got, strict=True)]
-    fp16 = [cosine(a, b) for a, b in zip(ref, rounded, strict=True)]
+    engine = [_cosine(a, b) for a, b in zip(ref, got, strict=True)]
+    fp16 = [_cosine(a, b) for a, b in zip(ref, rounded, strict=True)]
     assert min(engine) >= min(fp16) and min(engine[1:]) >= 0.9999, (engine, fp16)
     assert [int(a.argmax()) for a in ref] == [int(b.argmax()) for b in got]
     assert len(set(path)) > 1           # an answer that moves, not one token repeated
     for dropped in ("conv_state_", "recurrent_state_"):
-        pools = eng.new_pools(2)
-        eng.step(ids, 0, pools, table)
-        for name in pools.states:
-            if name.startswith(dropped):
-                pools.states[name] = np.zeros_like(pools.states[name])
-        assert cosine(ref[1], eng.step([path[0]], len(ids), pools, table)[:512]) < 0.99, dropped
+        assert _cosine(ref[1], _dropped(eng, ids, path[0], dropped)) < 0.99, dropped
 
 
 @pytest.fixture(scope="module")
@@ -256,25 +267,16 @@ def test_the_double_computes_transformers_nemotron_h_and_the_export_is_checked_f
             out = model(torch.tensor([[t]]), past_key_values=out.past_key_values, use_cache=True)
             recurrent.append(out.logits[0, -1].numpy())
 
-    def cosine(a, b) -> float:
-        return float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b))
-    pools, table = eng.new_pools(2), np.zeros((1, 2, 2), np.int32)
-    got = [eng.step(ids, 0, pools, table)[:512]]
-    got += [eng.step([t], len(ids) + i, pools, table)[:512] for i, t in enumerate(path)]
+    got = _along(eng, ids, path)
     # a Mamba-2 with a slow decay is sensitive: transformers' own recurrent path strays from its chunked scan by up
     # to 0.4% (cosine 0.9962 one step after the prompt); the engine strays no further, and without either state it
     # strays further than that
-    engine = [cosine(a, b) for a, b in zip(ref, got, strict=True)]
-    own = [cosine(a, b) for a, b in zip(ref, recurrent, strict=True)]
+    engine = [_cosine(a, b) for a, b in zip(ref, got, strict=True)]
+    own = [_cosine(a, b) for a, b in zip(ref, recurrent, strict=True)]
     assert min(engine) >= min(own) and min(engine) > 0.995, (engine, own)
     assert [int(a.argmax()) for a in ref] == [int(b.argmax()) for b in got] and len(set(path)) > 1
     for dropped in ("conv_state_", "recurrent_state_"):
-        pools = eng.new_pools(2)
-        eng.step(ids, 0, pools, table)
-        for name in pools.states:
-            if name.startswith(dropped):
-                pools.states[name] = np.zeros_like(pools.states[name])
-        lost = cosine(ref[1], eng.step([path[0]], len(ids), pools, table)[:512])
+        lost = _cosine(ref[1], _dropped(eng, ids, path[0], dropped))
         assert lost < min(own), (dropped, lost, own)
 
     (tmp_path / "b").mkdir()
