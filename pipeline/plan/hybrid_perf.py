@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.plan.moe import dense_step_s, weights_of
 from pipeline.plan.shapes import ModelShape
 
 ROWS = Path(__file__).parents[1] / "data" / "hybrid_rows.csv"
@@ -52,11 +53,6 @@ def load_rows(path: Path = ROWS) -> list[HybridRow]:
                 for r in csv.DictReader(fh)]
 
 
-def _weights_of(precision: str) -> str:
-    from pipeline.plan.formats import ROW_PRECISIONS
-    return ROW_PRECISIONS[precision].weight_format
-
-
 def key_of(target: str, kind: str) -> str:
     return f"{target}:{kind}"
 
@@ -66,22 +62,6 @@ def _units(shape: ModelShape) -> float:
     assert shape.hybrid is not None
     r = shape.hybrid.recurrent
     return len(r.layer_ids) * r.heads * r.head_dim * r.state
-
-
-def dense_step_s(shape: ModelShape, weights: str, target: str, power_mode: str, context: int, batch: int = 1,
-                 kv=None, group_size: int | None = None) -> float:
-    """One decode step of `batch` sequences by the dense fit (its bytes: weights once, each sequence's KV cache and
-    recurrent state)."""
-    from pipeline.plan import perf
-    from pipeline.plan.formats import DEFAULT_KV, WEIGHT_FORMATS, pick_group_size
-    from pipeline.plan.memory import decode_bytes_per_token
-    from pipeline.plan.targets import get_target
-    fmt, kv = WEIGHT_FORMATS[weights], kv or DEFAULT_KV
-    group = group_size if group_size is not None else pick_group_size(fmt, shape.quantized_input_dims(fmt), None)[0]
-    per_seq = shape.kv_bytes_per_token(kv.bytes_per_element) * context + 2 * shape.recurrent_state_bytes()
-    read = decode_bytes_per_token(shape, fmt, group, kv, context) + (batch - 1) * per_seq
-    fit = perf.fitted()[perf.TENSORRT]
-    return read / (fit.efficiency * get_target(target).bandwidth_bytes(power_mode)) + fit.fixed_s
 
 
 def dense_prefill_ms(shape: ModelShape, weights: str, target: str, tokens: int, power_mode: str | None) -> float | None:
@@ -101,7 +81,7 @@ def fit(rows: list[HybridRow]) -> dict[str, dict[str, float]]:
         if shape is None or shape.hybrid is None:
             continue
         key, units = key_of(r.target, shape.hybrid.recurrent.kind), _units(shape)
-        weights = _weights_of(r.precision)
+        weights = weights_of(r.precision)
         dec.setdefault(key, []).append((1 / r.decode_tok_s - dense_step_s(shape, weights, r.target, r.power_mode,
                                                                           r.context)) / units)
         ms = dense_prefill_ms(shape, weights, r.target, r.prefill_tokens, r.power_mode)
@@ -157,7 +137,7 @@ def fit_report(rows: list[HybridRow] | None = None) -> dict[str, Any]:
         shape = known_shape(r.model)
         assert shape is not None and shape.hybrid is not None, r.model      # the rows name known hybrid models
         pool = fit([o for j, o in enumerate(rows) if j != i])
-        weights = _weights_of(r.precision)
+        weights = weights_of(r.precision)
         tok = predict_tok_s(shape, weights, r.target, r.power_mode, r.context, 1, pool)
         ms = predict_ttft_ms(shape, weights, r.target, r.prefill_tokens, r.power_mode, pool)
         checks.append({"target": r.target, "model": r.model, "precision": r.precision,

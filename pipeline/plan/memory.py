@@ -101,5 +101,4 @@ def decode_bytes_per_token(shape: ModelShape, fmt: WeightFormat, group_size: int
     so far and its recurrent state (read and written back whole: twice); of an MoE model's experts, those the step's
     `batch` tokens reach (the active ones for one)."""
     weights, _, lm_head = weight_bytes(shape, fmt, group_size, batch)
-    return weights + lm_head + shape.kv_bytes_per_token(kv.bytes_per_element) * context + \
-        2 * shape.recurrent_state_bytes()
+    return weights + lm_head + shape.sequence_read_bytes(kv.bytes_per_element, context)

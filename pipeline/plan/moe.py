@@ -66,12 +66,13 @@ def split_bytes(shape: ModelShape, weights: str, context: int, batch: int = 1, k
     fmt, kv = WEIGHT_FORMATS[weights], kv or DEFAULT_KV
     group = group_size if group_size is not None else pick_group_size(fmt, shape.quantized_input_dims(fmt), None)[0]
     total = decode_bytes_per_token(shape, fmt, group, kv, context, batch)
-    total += (batch - 1) * shape.kv_bytes_per_token(kv.bytes_per_element) * context
+    total += (batch - 1) * shape.sequence_read_bytes(kv.bytes_per_element, context)
     experts = linear_bytes([x for x in shape.linears(batch) if x[0].startswith("experts.")], fmt, group)
     return total - experts, experts
 
 
-def _weights_of(precision: str) -> str:
+def weights_of(precision: str) -> str:
+    """The weight format of a published row's precision (a ROW_PRECISIONS name)."""
     from pipeline.plan.formats import ROW_PRECISIONS
     return ROW_PRECISIONS[precision].weight_format
 
@@ -81,10 +82,10 @@ def key_of(target: str, precision: str) -> str:
     return f"{get_target(target).family}-{precision}"
 
 
-def _dense_s(shape: ModelShape, weights: str, target: str, power_mode: str, context: int, batch: int,
-             kv: KVFormat | None = None, group_size: int | None = None) -> float:
-    """One step of `batch` sequences by the dense fit: every byte it reads (the experts it reaches) and its fixed
-    cost."""
+def dense_step_s(shape: ModelShape, weights: str, target: str, power_mode: str, context: int, batch: int = 1,
+                 kv: KVFormat | None = None, group_size: int | None = None) -> float:
+    """One step of `batch` sequences by the dense fit: every byte it reads (the experts it reaches; a hybrid's
+    recurrent states, plan/hybrid_perf.py) and its fixed cost."""
     from pipeline.plan import perf
     from pipeline.plan.targets import get_target
     dense_fit = perf.fitted()[perf.TENSORRT]
@@ -96,7 +97,7 @@ def _dense_s(shape: ModelShape, weights: str, target: str, power_mode: str, cont
 def implied_layer_s(row: MoeRow, shape: ModelShape) -> float:
     """The cost per MoE layer and step that makes the dense fit predict this row exactly."""
     assert shape.experts is not None
-    dense_s = _dense_s(shape, _weights_of(row.precision), row.target, row.power_mode, row.context, row.batch)
+    dense_s = dense_step_s(shape, weights_of(row.precision), row.target, row.power_mode, row.context, row.batch)
     return (row.batch / row.decode_tok_s - dense_s) / shape.experts.layers
 
 
@@ -104,7 +105,7 @@ def predict_tok_s(shape: ModelShape, weights: str, target: str, power_mode: str,
                   layer_s: float, kv: KVFormat | None = None, group_size: int | None = None) -> float:
     """Generated tok/s of `batch` sequences decoding together at `context` tokens each."""
     assert shape.experts is not None
-    step = _dense_s(shape, weights, target, power_mode, context, batch, kv, group_size) \
+    step = dense_step_s(shape, weights, target, power_mode, context, batch, kv, group_size) \
         + shape.experts.layers * layer_s
     return batch / step
 
@@ -151,7 +152,7 @@ def fit_report(rows: list[MoeRow] | None = None) -> dict:
         cost, _ = layer_cost(key, pool)
         if cost is None:
             continue
-        got = predict_tok_s(shape, _weights_of(r.precision), r.target, r.power_mode, r.context, r.batch, cost)
+        got = predict_tok_s(shape, weights_of(r.precision), r.target, r.power_mode, r.context, r.batch, cost)
         checks.append({"target": r.target, "model": r.model, "precision": r.precision, "batch": r.batch,
                        "context": r.context, "published": r.decode_tok_s, "predicted": round(got, 1),
                        "error": round(got / r.decode_tok_s - 1, 4), "leave_one_out": r.batch == 1})
@@ -179,7 +180,7 @@ def prefill_checks(rows: list[MoeRow]) -> list[dict[str, Any]]:
         shape = known_shape(r.model)
         if r.prefill_ms is None or r.prefill_tokens is None or shape is None or pre is None:
             continue
-        ms = predict_ttft_ms(shape, _weights_of(r.precision), r.target, r.prefill_tokens, r.power_mode, pre)
+        ms = predict_ttft_ms(shape, weights_of(r.precision), r.target, r.prefill_tokens, r.power_mode, pre)
         if ms is not None:
             out.append({"target": r.target, "model": r.model, "precision": r.precision, "tokens": r.prefill_tokens,
                         "published_ms": r.prefill_ms, "predicted_ms": round(ms, 1),

@@ -49,7 +49,7 @@ def bytes_per_token(shape: ModelShape, body_bits: float, lm_head_bits: float, co
     """What one decode step reads (`tokens` sequences: an MoE model's experts they reach) for one sequence."""
     body = shape.active_linear_params(tokens) * body_bits / 8 + shape.small_params * 2
     lm_head = shape.embedding_params * lm_head_bits / 8
-    return body + lm_head + shape.kv_bytes_per_token(kv_bytes) * context + 2 * shape.recurrent_state_bytes()
+    return body + lm_head + shape.sequence_read_bytes(kv_bytes, context)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,7 @@ def predict_speed(req: PlanRequest, engine: backends.Backend, backend: str | Non
     mode = req.power_mode or t.fastest_power_mode
     constants = fitted()[engine.perf_class]
     bytes_read = decode_bytes_per_token(req.shape, fmt, group_size, kv, context)
-    # what each further sequence of a batch adds: its KV cache so far, its recurrent state read and written
-    kv_per_seq = req.shape.kv_bytes_per_token(kv.bytes_per_element) * context + 2 * req.shape.recurrent_state_bytes()
+    kv_per_seq = req.shape.sequence_read_bytes(kv.bytes_per_element, context)    # what each further sequence adds
     levels = batch_levels(req.limits.max_batch_size)
     if req.shape.experts is not None:       # the experts the tokens reach, and a routing cost per layer (plan/moe.py)
         from pipeline.plan import moe

@@ -219,6 +219,11 @@ class ModelShape:
             return 2 * sum(g.kv_heads * g.head_dim for g in self.geometry if g.own_kv) * bytes_per_element
         return 2 * self.attention_layers * self.kv_size * bytes_per_element
 
+    def sequence_read_bytes(self, bytes_per_element: int, context: int) -> int:
+        """What one sequence adds to a decode step's reads: its KV cache of `context` tokens and, for a hybrid, its
+        recurrent state, read and written back whole (twice)."""
+        return self.kv_bytes_per_token(bytes_per_element) * context + 2 * self.recurrent_state_bytes()
+
 
 # Bounds of a real decoder's config: a field past them is damaged or crafted (and would overflow the planner's
 # arithmetic: JSON integers have no size)

@@ -11,6 +11,7 @@ from conftest import REPO
 from pipeline.contract import BuildLimits
 from pipeline.errors import InputError
 from pipeline.plan import hybrid_perf
+from pipeline.plan.moe import weights_of
 from pipeline.plan.perf import fit_data, known_model_configs, known_shape
 from pipeline.plan.planner import PlanRequest, make_plan
 from pipeline.plan.shapes import shape_from_config
@@ -115,7 +116,7 @@ def _dense_only(rows):
     zero = {"decode_s": {}, "prefill_s": {}}
     out = []
     for r in rows:
-        shape, w = known_shape(r.model), hybrid_perf._weights_of(r.precision)
+        shape, w = known_shape(r.model), weights_of(r.precision)
         out.append((hybrid_perf.predict_tok_s(shape, w, r.target, r.power_mode, r.context, 1, zero) / r.decode_tok_s
                     - 1, hybrid_perf.predict_ttft_ms(shape, w, r.target, r.prefill_tokens, r.power_mode, zero)
                     / r.prefill_ms - 1))
