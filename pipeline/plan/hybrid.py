@@ -76,25 +76,26 @@ class Hybrid:
     def attention_layers(self) -> int:
         return sum(1 for b in self.blocks if b == ATTENTION)
 
+    def layer_linears(self, hidden: int, q_size: int, kv_size: int) -> list[list[tuple[str, str, int, int]]]:
+        """Each layer's quantizable linears as (the kind whose module holds it, name, in, out): its mixer's (an MLP
+        block: none) and its MLP's where it has one."""
+        mlp = [("gate_proj", hidden, self.mlp_width)] if self.gated_mlp else []
+        mlp += [("up_proj", hidden, self.mlp_width), ("down_proj", self.mlp_width, hidden)]
+        attention = [("q_proj", hidden, q_size * (2 if self.attention_gate else 1)), ("k_proj", hidden, kv_size),
+                     ("v_proj", hidden, kv_size), ("o_proj", q_size, hidden)]
+        out = []
+        for kind in self.blocks:
+            own = attention if kind == ATTENTION else list(self.recurrent.linears) if kind in RECURRENT else []
+            out.append([(kind, *row) for row in own]
+                       + [(MLP, *row) for row in mlp if kind == MLP or self.mlp_in_every_layer])
+        return out
+
     def linears(self, hidden: int, q_size: int, kv_size: int) -> list[tuple[str, int, int, float]]:
         """(name, in, out, copies) of every quantizable linear, equal rows merged."""
         rows: dict[tuple[str, int, int], float] = {}
-
-        def add(name: str, i: int, o: int) -> None:
-            rows[(name, i, o)] = rows.get((name, i, o), 0.0) + 1.0
-        mlp = [("gate_proj", hidden, self.mlp_width)] if self.gated_mlp else []
-        mlp += [("up_proj", hidden, self.mlp_width), ("down_proj", self.mlp_width, hidden)]
-        for kind in self.blocks:
-            if kind == ATTENTION:
-                for row in (("q_proj", hidden, q_size * (2 if self.attention_gate else 1)), ("k_proj", hidden, kv_size),
-                            ("v_proj", hidden, kv_size), ("o_proj", q_size, hidden)):
-                    add(*row)
-            elif kind in RECURRENT:
-                for row in self.recurrent.linears:
-                    add(*row)
-            if kind == MLP or self.mlp_in_every_layer:
-                for row in mlp:
-                    add(*row)
+        for layer in self.layer_linears(hidden, q_size, kv_size):
+            for _, name, i, o in layer:
+                rows[(name, i, o)] = rows.get((name, i, o), 0.0) + 1.0
         return [(n, i, o, c) for (n, i, o), c in rows.items()]
 
     def small_params(self, hidden: int, head_dim: int) -> int:
@@ -110,16 +111,10 @@ def expected_tensors(hybrid: Hybrid, layout: HybridLayout, base: str, hidden: in
     what fetch checks a hybrid checkpoint's headers against (with the embedding, under the name the checkpoint
     uses)."""
     prefix = dict(layout.prefixes)
-    mlp = [("gate_proj", hidden, hybrid.mlp_width)] if hybrid.gated_mlp else []
-    mlp += [("up_proj", hidden, hybrid.mlp_width), ("down_proj", hybrid.mlp_width, hidden)]
-    attention = [("q_proj", hidden, q_size * (2 if hybrid.attention_gate else 1)), ("k_proj", hidden, kv_size),
-                 ("v_proj", hidden, kv_size), ("o_proj", q_size, hidden)]
     want: dict[str, tuple[int, ...]] = {f"{base}{layout.final_norm}.weight": (hidden,)}
-    for n, kind in enumerate(hybrid.blocks):
-        rows = attention if kind == ATTENTION else list(hybrid.recurrent.linears) if kind in RECURRENT else []
-        own = [(kind, r) for r in rows] + [(MLP, r) for r in mlp if kind == MLP or hybrid.mlp_in_every_layer]
-        for k, (name, i, o) in own:
-            want[f"{base}layers.{n}.{prefix[k]}{name}.weight"] = (o, i)
+    for n, layer in enumerate(hybrid.layer_linears(hidden, q_size, kv_size)):
+        for kind, name, i, o in layer:
+            want[f"{base}layers.{n}.{prefix[kind]}{name}.weight"] = (o, i)
     return want
 
 
@@ -223,10 +218,3 @@ def hybrid_from_config(layout: HybridLayout, config: dict, shape: dict, prefix: 
                   attention_gate=layout.attention_output_gate, qk_norm=qk_norm,
                   norms_per_layer=layout.norms_per_layer)
 
-
-def counts(hybrid: Hybrid) -> dict[str, int]:
-    """Layers of each kind, for the plan's summary."""
-    out: dict[str, int] = {}
-    for b in hybrid.blocks:
-        out[b] = out.get(b, 0) + 1
-    return out
