@@ -205,7 +205,8 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     from pipeline.workstation.prequantized import detect
     held = detect(model_dir)
     fp8_tower, moe = None, False
-    tower = load_shape(model_dir).tower     # a vision-language model: its language model in onnx/llm
+    shape = load_shape(model_dir)
+    tower = shape.tower     # a vision-language model: its language model in onnx/llm
     if held is not None and held.zero_point:
         # AutoAWQ / GPTQ: the checkpoint's own files, which Edge-LLM's loader reads as they are (quant_method awq,
         # gptq); the goldens were computed from them as that loader repacks them (prequantized.py)
@@ -214,7 +215,6 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     else:
         plugin, layers, fp8_tower, moe = _unified_checkpoint(model_dir, quant_dir, hf, weights, handoff, tower)
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(hf)
-    shape = load_shape(model_dir)
     if shape.hybrid is not None:        # what Edge-LLM's loader reads differently from what transformers writes
         from pipeline.workstation import edgellm_hybrid
         for change in edgellm_hybrid.prepare(hf):

@@ -99,12 +99,11 @@ def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
     names = fam.hybrid.embedding if fam.hybrid else ("embed_tokens",)
     base, embedding = next(((b, e) for b in LANGUAGE_MODEL_PREFIXES for e in names if f"{b}{e}.weight" in headers),
                            ("model.", names[0]))
-    want = {f"{base}embed_tokens.weight": (shape.vocab_size, h), f"{base}norm.weight": (h,)}
-    if shape.hybrid is not None and fam.hybrid is not None:
+    want: dict[str, tuple[int, ...]] = {f"{base}{embedding}.weight": (shape.vocab_size, h)}
+    if shape.hybrid is not None and fam.hybrid is not None:     # each layer's tensors by its kind, the final norm
         from pipeline.plan.hybrid import expected_tensors
-        want = expected_tensors(shape.hybrid, fam.hybrid, base, h, q, kv)
-        want[f"{base}{embedding}.weight"] = (shape.vocab_size, h)
-        return _compare(shape, want, headers, base)
+        return _compare(shape, want | expected_tensors(shape.hybrid, fam.hybrid, base, h, q, kv), headers, base)
+    want[f"{base}norm.weight"] = (h,)
     e, moe = shape.experts, fam.moe
     for n in range(shape.num_layers):
         p = f"{base}layers.{n}."

@@ -192,7 +192,7 @@ def load_model(model_dir: Path, device: str, engine_numerics: bool = False):
 def without_default_cache(model) -> None:
     """A model whose own forward cannot make its cache (new_cache) makes none unless given one: forwards without a
     cache (calibration, perplexity, training) then run, and generation passes new_cache's."""
-    if new_cache(model) is not None:
+    if _cache_layer_types(model) is not None:
         model.config.use_cache = False
 
 
@@ -264,12 +264,20 @@ def new_cache(model):
     import copy
 
     from transformers import DynamicCache
+
+    types = _cache_layer_types(model)
+    if types is None:
+        return None
+    clone = copy.copy(getattr(model.config, "text_config", model.config))
+    clone.layer_types = types
+    return DynamicCache(config=clone)
+
+
+def _cache_layer_types(model) -> list[str] | None:
+    """The layer types new_cache gives DynamicCache (MLP blocks as MoE blocks); None where transformers' own do."""
     from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING
 
-    config = getattr(model.config, "text_config", model.config)
-    types = getattr(config, "layer_types", None)
+    types = getattr(getattr(model.config, "text_config", model.config), "layer_types", None)
     if not isinstance(types, list) or "mlp" not in types or "mlp" in DYNAMIC_LAYER_TYPE_MAPPING:
         return None
-    clone = copy.copy(config)
-    clone.layer_types = ["moe" if t == "mlp" else t for t in types]
-    return DynamicCache(config=clone)
+    return ["moe" if t == "mlp" else t for t in types]
