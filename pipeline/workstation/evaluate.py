@@ -64,12 +64,11 @@ def greedy(model, ids: list[int], max_new_tokens: int, top_k: int, eos: list[int
 
     device = input_device(model)
     cache = new_cache(model)
-    if cache is not None:
-        inputs = {**inputs, "past_key_values": cache}
+    given = {"past_key_values": cache} if cache is not None else {}
     out = model.generate(torch.tensor([ids], device=device), max_new_tokens=max_new_tokens,
                          do_sample=False, output_logits=True, return_dict_in_generate=True,
                          eos_token_id=eos or None, pad_token_id=eos[0] if eos else None,
-                         **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
+                         **given, **{k: v.to(device) for k, v in inputs.items()})
     new = out.sequences[0, len(ids):].tolist()
     steps = []
     for logits in out.logits:

@@ -20,8 +20,9 @@ published interfaces (tensorrt_edgellm/models/ops.py, checkpoint/repacking.py of
                                    v2: cuteDSL fragment order (128 x 64 tiles)
     QkvConcatPlugin                concat on the last dimension
     Int4MoePlugin, Fp16MoePlugin   edgellm_moe.py beside this module
-    gated_delta_net, causal_conv1d edgellm_recurrent.py beside this module: each sequence's recurrent and conv state
-                                   in a resident slot (state_indices), carried from step to step with its KV pages
+    gated_delta_net,               edgellm_recurrent.py beside this module: each sequence's recurrent and conv state
+    update_ssm_state,              in a resident slot (state_indices), carried from step to step with its KV pages
+    causal_conv1d
 
 So the answer is what a correct engine built from this ONNX computes: the same checkpoint-to-numerics path the
 TensorRT-LLM runtime double follows with the independent reader.
@@ -37,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from edgellm_moe import OPS as MOE_OPS  # beside this module (the MoE plugins)
-from edgellm_recurrent import OPS as RECURRENT_OPS  # beside this module (gated delta-net, causal conv1d)
+from edgellm_recurrent import OPS as RECURRENT_OPS  # beside this module (delta-net, Mamba-2, causal conv1d)
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
