@@ -47,12 +47,14 @@ def calibrated_vs_engine(src, quant_dir, onnx_dir, tmp_path, ids, new_tokens: in
     import torch
 
     from pipeline.workstation.grid import weights_on_grid
+    from pipeline.workstation.models import new_cache
     from pipeline.workstation.state import load_quantized
 
     model = load_quantized(src, quant_dir, "cpu")
     with weights_on_grid(model), torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0, -1].float().numpy()
-        want = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False)[0, len(ids):].tolist()
+        want = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False,
+                              past_key_values=new_cache(model))[0, len(ids):].tolist()
     got, logits, engine = engine_answer(onnx_dir, tmp_path, ids, new_tokens)
     vocab = json.loads((src / "config.json").read_text())["vocab_size"]
     cos = float(np.dot(ref, logits[:vocab]) / np.linalg.norm(ref) / np.linalg.norm(logits[:vocab]))
@@ -85,12 +87,13 @@ def calibrated_scales(model) -> list[list[float]]:
 
 
 def model_vs_engine(src, tmp_path, weights: str, kv: str, calibration, new_tokens: int = 8, device: str = "cpu",
-                    target_sm: str = "11.0", group_size: int | None = None) -> dict:
+                    target_sm: str = "11.0", group_size: int | None = None, share_awq_scales: bool = True) -> dict:
     """quantize + export for target_sm, then the calibrated model (on `device`) against the ONNX run as the runtime
     runs its engine, along the model's own greedy answer (teacher forcing): the logits' cosine per position (the
     first is the prompt's last) and the tie-aware top-1 agreement (pipeline.workstation.reader.agreement, the
     TensorRT-LLM checkpoint check's measure); the engine's free greedy answer's token agreement (the device's
-    measure); the plugin's qkv_scales and, with a quantized KV cache, the calibrated ones."""
+    measure); the plugin's qkv_scales and, with a quantized KV cache, the calibrated ones. share_awq_scales: False
+    quantizes AWQ as a recipe whose backends are all Edge-LLM does (each linear keeps its own scale)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -98,6 +101,7 @@ def model_vs_engine(src, tmp_path, weights: str, kv: str, calibration, new_token
     from pipeline.workstation.calibrate import quantize
     from pipeline.workstation.edgellm_export import export
     from pipeline.workstation.grid import weights_on_grid
+    from pipeline.workstation.models import new_cache
     from pipeline.workstation.reader import agreement
     from pipeline.workstation.state import ModelHandoff, load_quantized
     from pipeline.workstation.tinytrain import corpus_text
@@ -105,7 +109,7 @@ def model_vs_engine(src, tmp_path, weights: str, kv: str, calibration, new_token
     q = tmp_path / "q"
     q.mkdir()
     handoff = ModelHandoff()      # as the graph hands the calibrated model on (NVFP4's lives on the GPU)
-    quantize(src, q, weights, kv, group_size, calibration, ".", handoff=handoff)
+    quantize(src, q, weights, kv, group_size, calibration, ".", handoff=handoff, share_awq_scales=share_awq_scales)
     onnx_dir = tmp_path / "e" / "onnx"
     export(src, q, tmp_path / "e", onnx_dir, weights, kv, target_sm, handoff=handoff)
     if (onnx_dir / "llm").is_dir():        # a vision-language model's language model (its tower in onnx/visual)
@@ -114,7 +118,7 @@ def model_vs_engine(src, tmp_path, weights: str, kv: str, calibration, new_token
     model = load_quantized(src, q, device)
     with weights_on_grid(model), torch.no_grad():
         out = model.generate(torch.tensor([ids], device=device), max_new_tokens=new_tokens, do_sample=False,
-                             output_logits=True, return_dict_in_generate=True)
+                             output_logits=True, return_dict_in_generate=True, past_key_values=new_cache(model))
     ref_ids = out.sequences[0, len(ids):].tolist()
     ref = torch.stack([step[0].float().cpu() for step in out.logits])
     eng, _ = build_engine(onnx_dir, tmp_path)

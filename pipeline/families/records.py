@@ -50,6 +50,10 @@ GPT_OSS_WHERE = ("gpt-oss (MXFP4 experts with attention sinks) has no path in Te
 # in text_config; its vision tower is not planned yet.
 QWEN3_5, QWEN3_5_MM, NEMOTRON_H = "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "NemotronHForCausalLM"
 HYBRID = (QWEN3_5, QWEN3_5_MM, NEMOTRON_H)
+# a gated delta-net's beta and alpha projections (one output per value head: 16 or 32 wide) stay FP16: ModelOpt's
+# stock configs leave them unquantized, and Edge-LLM 0.11's quantizer keeps every INT4 linear that is not 64-aligned in
+# FP16 (quantization/quantize.py); its exporter then builds them as plain GEMMs beside the INT4 ones
+GDN_FP16_AT_4BIT = ("in_proj_b", "in_proj_a")
 # Qwen3.5: three gated delta-net layers to one gated attention layer (layer_types), each followed by its SwiGLU MLP
 QWEN3_5_LAYERS = HybridLayout(recurrent=GATED_DELTA_NET, types=("layer_types",),
                               names=(("linear_attention", GATED_DELTA_NET), ("full_attention", ATTENTION)),
@@ -110,11 +114,12 @@ FAMILIES: tuple[Family, ...] = (
                          router="model.layers.{layer}.mlp.router.weight"),
            notes="every layer MoE (MXFP4 experts), attention sinks, a 128-token sliding window every other layer"),
     Family(QWEN3_5, "Qwen3.5", ("Qwen3.5 0.8B / 2B / 4B / 9B / 27B (text)",), "Qwen3_5TextConfig", qk_norm=True,
-           hybrid=QWEN3_5_LAYERS,
+           hybrid=QWEN3_5_LAYERS, fp16_at_4bit=GDN_FP16_AT_4BIT,
            notes="gated delta-net layers (a fixed-size recurrent state per sequence) and gated attention, 3 to 1; "
                  "partial rotary (1/4 of each head)"),
     Family(QWEN3_5_MM, "Qwen3.5 (multimodal checkpoint)", ("Qwen3.5-0.8B", "Qwen3.5-4B", "Qwen3.5-27B"),
-           "Qwen3_5Config", qk_norm=True, hybrid=QWEN3_5_LAYERS, text_config="text_config",
+           "Qwen3_5Config", qk_norm=True, hybrid=QWEN3_5_LAYERS, fp16_at_4bit=GDN_FP16_AT_4BIT,
+           text_config="text_config",
            notes="the hub's Qwen3.5 checkpoints: the language model in text_config planned, the vision tower not yet"),
     Family(NEMOTRON_H, "Nemotron-H", ("Nemotron-H 8B", "NVIDIA-Nemotron-Nano-9B-v2", "Nemotron 3 Nano 4B"),
            "NemotronHConfig", activation="relu2", hybrid=NEMOTRON_H_LAYERS,

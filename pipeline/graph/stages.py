@@ -48,6 +48,8 @@ def _quantize(result: contract.StageManifest) -> str:
     data += f" and {images} image prompts" if images else ""
     tower = f", {q['visual']} tower" if q.get("visual") else ""
     line = f"{q['weights']} (KV {q['kv_cache']}{tower}) on {q['device']}, {data}"
+    if q.get("kept_fp16"):
+        line += f"; kept FP16: {', '.join(q['kept_fp16'])}"
     experts = q.get("experts")
     if experts:
         unreached = len(experts["unreached"])

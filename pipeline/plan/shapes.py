@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.errors import InputError, Problem
 from pipeline.families import ModelFeatures, family, features_of, known
+from pipeline.plan.formats import INT4_V2_ALIGN
 
 if TYPE_CHECKING:
     from pipeline.plan.formats import WeightFormat
@@ -91,8 +92,23 @@ class ModelShape:
                 ("o_proj", self.q_size, h), ("gate_proj", h, i), ("up_proj", h, i), ("down_proj", i, h)]
 
     def kept_fp16(self, fmt: WeightFormat) -> tuple[str, ...]:
-        """The linears that stay FP16 in this format (Family.fp16_at_4bit, in a 4-bit format)."""
-        return self.fp16_at_4bit if fmt.bits <= 4 and not fmt.unquantized else ()
+        """The linears that stay FP16 in this format (Family.fp16_at_4bit, in a 4-bit format). A hybrid's INT4
+        linears whose width is not a multiple of 64 too: Edge-LLM 0.11's quantizer keeps those FP16 (its INT4 GEMM
+        plugin V2 packs 64 x 64 tiles), and its hybrids are built as its quantizer makes them. (A dense model's
+        misaligned linears take the V1 plugin instead: edgellm_export.int4_plugin_version.)"""
+        if fmt.bits > 4 or fmt.unquantized:
+            return ()
+        if self.hybrid is None or not fmt.edgellm_int4_plugin:
+            return self.fp16_at_4bit
+        misaligned = {name for name, i, o, _ in self.linears() if i % INT4_V2_ALIGN or o % INT4_V2_ALIGN}
+        return self.fp16_at_4bit + tuple(sorted(misaligned - set(self.fp16_at_4bit)))
+
+    def quantized_linears(self, fmt: WeightFormat) -> int:
+        """How many linears of the decoder the format quantizes (every copy; those kept FP16 left out)."""
+        if fmt.unquantized:
+            return 0
+        kept = self.kept_fp16(fmt)
+        return round(sum(copies for name, _, _, copies in self.linears() if name not in kept))
 
     def quantized_input_dims(self, fmt: WeightFormat | None = None) -> list[int]:
         """The input widths the format's groups must divide (with `fmt`: of the linears it quantizes)."""

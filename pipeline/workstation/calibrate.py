@@ -125,6 +125,12 @@ def calibrate_tower_fp8(model, forward_loop) -> int:
     return len(quantizers)
 
 
+# a decoder layer's blocks whose linears the export reads (attention; a hybrid's gated delta-net or Nemotron-H's one
+# mixer; the MLP), and the projections in one of them that read one input and that a fused export gives one scale
+LAYER_BLOCKS = ("self_attn", "linear_attn", "mixer", "mlp")
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
 def fuse_for_export(model, share_awq_scales: bool = True) -> int:
     """Make the calibrated model compute what the exported checkpoint will, before anything is derived from it.
 
@@ -140,11 +146,12 @@ def fuse_for_export(model, share_awq_scales: bool = True) -> int:
 
     n = 0
     for layer in language_layers(model):
-        attn, mlp = layer.self_attn, layer.mlp
+        blocks = [m for name, m in layer.named_children() if name in LAYER_BLOCKS]
         # projections that read one input; a family that stores them as one tensor (Phi-3's qkv_proj and
-        # gate_up_proj) has one linear there, whose quantizers already see that input once
-        groups = [[getattr(m, p) for p in parts] for m, parts in ((attn, ("q_proj", "k_proj", "v_proj")),
-                                                                   (mlp, ("gate_proj", "up_proj")))
+        # gate_up_proj) has one linear there, whose quantizers already see that input once. A hybrid's recurrent
+        # projections (a gated delta-net's in_proj_qkv/z/b/a) also read one input, and keep their own scales, as
+        # Edge-LLM's quantizer leaves them (it turns the export's resmoothing off for hybrids)
+        groups = [[getattr(m, p) for p in parts] for m in blocks for parts in FUSED_GROUPS
                   if all(hasattr(m, p) for p in parts)]
         for group in groups:
             per_linear = not share_awq_scales and \
@@ -152,13 +159,14 @@ def fuse_for_export(model, share_awq_scales: bool = True) -> int:
             if hasattr(group[0], "weight_quantizer") and not per_linear:
                 preprocess_linear_fusion(group)
                 n += 1
-        for linear in (*attn.children(), *mlp.children()):
+        for linear in (child for m in blocks for child in m.children()):
             quantizer = getattr(linear, "input_quantizer", None)
             if quantizer is not None and quantizer.pre_quant_scale is not None:
                 quantizer.pre_quant_scale = quantizer.pre_quant_scale.half().float()
-        k, v = getattr(attn, "k_bmm_quantizer", None), getattr(attn, "v_bmm_quantizer", None)
-        if k is not None and v is not None and k.is_enabled and k.amax is not None and v.amax is not None:
-            k.amax = v.amax = torch.maximum(k.amax, v.amax)
+        for attn in blocks:
+            k, v = getattr(attn, "k_bmm_quantizer", None), getattr(attn, "v_bmm_quantizer", None)
+            if k is not None and v is not None and k.is_enabled and k.amax is not None and v.amax is not None:
+                k.amax = v.amax = torch.maximum(k.amax, v.amax)
     return n
 
 

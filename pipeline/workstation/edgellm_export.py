@@ -27,7 +27,7 @@ from pipeline.backends import ExportJob
 from pipeline.contract import ExportRecord, ExternalWeights, OnnxGraph, SpeculativeExport
 from pipeline.errors import PipelineError
 from pipeline.families import family
-from pipeline.plan.formats import INT4_V2_ALIGN
+from pipeline.plan.formats import INT4_V2_ALIGN, WEIGHT_FORMATS
 from pipeline.workstation.onnx_graph import check_graph
 
 # Edge-LLM 0.11's default INT4 GEMM is the cuteDSL Int4GroupwiseGemmPluginV2, whose weight layout needs every
@@ -75,7 +75,6 @@ def awq_scales_as_calibrated(weights: str) -> Iterator[None]:
     exports dense INT4-AWQ (its quantization/quantize.py): Edge-LLM's INT4 GEMM takes each linear's own scale. The
     quantize stage already gave the model the scales its recipe's backends need (calibrate.fuse_for_export: shared
     where one of them is TensorRT-LLM 0.12), so the checkpoint holds exactly the calibrated model's numerics."""
-    from pipeline.plan.formats import WEIGHT_FORMATS
     if not WEIGHT_FORMATS[weights].awq:
         yield
         return
@@ -138,13 +137,13 @@ def external_weights(onnx_dir: Path, externalize: tuple[str, ...]) -> list[dict]
 
 def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | None = None,
                extra_outputs: tuple[str, ...] = (), external_inputs: tuple[str, ...] = (), moe: bool = False,
-               recurrent: tuple[str, int] | None = None) -> dict:
+               recurrent: tuple[str, int] | None = None, int4_linears: int | None = None) -> dict:
     """The base model's graph: the inputs, outputs and quantization ops llm_build expects for `weights` (and the
     externalized weights as graph inputs); a mixture-of-experts model's experts in the format's MoE plugin. layers:
     those with a KV cache; recurrent: a hybrid's (kind, count) of recurrent layers, each with its conv and recurrent
-    state in and out and the kind's plugins."""
+    state in and out and one of each of the kind's plugins; int4_linears: how many INT4 GEMMs there must be (a
+    hybrid: its quantized linears, those its quantizer keeps FP16 left out)."""
     from pipeline.backends.edgellm import RECURRENT_OPS, STATE_INPUTS
-    from pipeline.plan.formats import WEIGHT_FORMATS
     fmt = WEIGHT_FORMATS[weights]
     expected = set(fmt.edgellm_ops)      # what the format must leave in the graph (plan/formats.py)
     if fmt.edgellm_int4_plugin:
@@ -152,14 +151,18 @@ def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | Non
     if moe and fmt.edgellm_moe_op:
         expected.add(fmt.edgellm_moe_op)
     states: list[str] = []
+    counts: dict[str, int] = {}
     if recurrent is not None:
         expected.update(RECURRENT_OPS[recurrent[0]])
+        counts = {op: recurrent[1] for op in RECURRENT_OPS[recurrent[0]]}
         states = [f"{kind}_{i}" for i in range(recurrent[1]) for kind in STATE_INPUTS]
+    if int4_linears is not None and fmt.edgellm_int4_plugin:
+        counts[INT4_OPS[int4_plugin or 2]] = int4_linears
     return check_graph(onnx_dir / "model.onnx", ["inputs_embeds", *[f"past_key_values_{i}" for i in range(layers)],
                                                  *external_inputs, *states],
                        ["logits", *[f"present_key_values_{i}" for i in range(layers)], *extra_outputs,
                         *[f"present_{s}" for s in states]],
-                       ops=sorted(expected))
+                       ops=sorted(expected), counts=counts)
 
 
 def export_draft(draft_dir: Path, onnx_dir: Path) -> dict:
@@ -251,7 +254,8 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     recurrent = (hybrid.recurrent.kind, len(hybrid.recurrent.layer_ids)) if hybrid is not None else None
     graph = check_onnx(onnx_dir, weights, hybrid.attention_layers if hybrid is not None else layers, plugin,
                        speculative.BASE_EXTRA_OUTPUTS if draft_dir else (),
-                       tuple(t for e in external for t in e["tensors"]), moe=moe, recurrent=recurrent)
+                       tuple(t for e in external for t in e["tensors"]), moe=moe, recurrent=recurrent,
+                       int4_linears=shape.quantized_linears(WEIGHT_FORMATS[weights]) if hybrid is not None else None)
     spec = None
     if draft_dir:
         draft_graph = export_draft(draft_dir, payload_dir / speculative.ONNX_DRAFT)
@@ -281,7 +285,6 @@ def _unified_checkpoint(model_dir: Path, quant_dir: Path, hf: Path, weights: str
     decoder layers, the FP8 tower's tensors, whether it has experts)."""
     from modelopt.torch.export import export_hf_checkpoint
 
-    from pipeline.plan.formats import WEIGHT_FORMATS
     from pipeline.workstation.state import load_quantized
     # the unified export is fp16
     model = load_quantized(model_dir, quant_dir, "cpu", consume=True, handoff=handoff).half()

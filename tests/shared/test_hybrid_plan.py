@@ -179,16 +179,41 @@ def test_tensorrt_llm_0_12_refuses_the_hybrids_naming_where_they_build():
 def test_edgellm_plans_them_and_says_which_formats_are_not_built_yet():
     plan = _plan("Qwen/Qwen3.5-2B", "orin-nano-8gb", limits=BuildLimits.of(2, 1024, 2048))
     assert plan.ok and plan.backend == "edgellm"
-    assert any(w.startswith("planned, not built yet as int4_awq: the quantization of its recurrent layers' "
-                            "projections") for w in plan.warnings), plan.warnings
     fp16 = _plan("Qwen/Qwen3.5-2B", "orin-nano-8gb", "fp16", BuildLimits.of(2, 1024, 2048))
-    assert fp16.ok and not any("not built" in w for w in fp16.warnings), fp16.warnings
+    for built in (plan, fp16):
+        assert built.ok and not any("not built" in w for w in built.warnings), built.warnings
     nemo = _plan("nvidia/NVIDIA-Nemotron-Nano-9B-v2", "agx-thor", "nvfp4", BuildLimits.of(2, 1024, 2048))
-    assert any(w.startswith("planned, not built yet as nvfp4: the quantization of its recurrent layers'")
+    assert any(w.startswith("planned, not built yet as nvfp4: NVFP4 of its recurrent layers' projections")
                for w in nemo.warnings), nemo.warnings
     from pipeline.plan.planner import render_table
     table = render_table(plan)
     assert "  recurrent    " in table and "kv_cache" in table
+
+
+def test_int4_keeps_fp16_what_edgellms_quantizer_keeps_and_the_plan_counts_it_so():
+    """Edge-LLM's quantizer keeps a gated delta-net's beta/alpha projections (16 or 32 outputs) FP16, and in INT4 every
+    linear that is not 64-aligned: of the real configs only Nemotron 3 Nano 4B's Mamba-2 in_proj (17504 outputs, 32
+    past a multiple of 64), in INT4 and not in NVFP4. The memory plan holds those in FP16 (two bytes a weight) and the
+    export expects exactly the rest as INT4 GEMMs."""
+    from pipeline.plan.formats import WEIGHT_FORMATS
+    from pipeline.plan.memory import linear_bytes
+    int4, nvfp4 = WEIGHT_FORMATS["int4_awq"], WEIGHT_FORMATS["nvfp4"]
+    for repo in QWEN:
+        shape = known_shape(repo)
+        assert shape.kept_fp16(int4) == shape.kept_fp16(nvfp4) == ("in_proj_b", "in_proj_a"), repo
+    nano = known_shape("nvidia/NVIDIA-Nemotron-3-Nano-4B-BF16")
+    assert (nano.kept_fp16(int4), nano.kept_fp16(nvfp4)) == (("in_proj",), ())
+    assert [known_shape(r).kept_fp16(int4) for r in NEMOTRON if "3-Nano" not in r] == [(), ()]
+    assert nano.kept_fp16(WEIGHT_FORMATS["fp16"]) == () and nano.quantized_linears(WEIGHT_FORMATS["fp16"]) == 0
+    rows = nano.linears()
+    in_proj = [r for r in rows if r[0] == "in_proj"]
+    assert in_proj == [("in_proj", 3136, 17504, 21.0)]
+    kept, quantized = linear_bytes(rows, int4, 128, ("in_proj",)), linear_bytes(rows, int4, 128)
+    assert kept - quantized == 21 * (3136 * 17504 * 2 - int4.bytes_for(3136, 17504, 128) - 3136 * 2)
+    assert nano.quantized_linears(int4) == round(sum(n for name, _, _, n in rows)) - 21
+    qwen = known_shape("Qwen/Qwen3.5-0.8B")
+    # 18 delta-net layers x (qkv, z, out) + 6 attention layers x 4 + 24 MLPs x 3
+    assert qwen.quantized_linears(int4) == 18 * 3 + 6 * 4 + 24 * 3
 
 
 def test_edgellm_refuses_gated_delta_net_heads_other_than_128():

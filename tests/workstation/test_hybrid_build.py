@@ -1,9 +1,9 @@
 """Hybrid recurrent models through the pipeline: the repository's tiny Qwen3.5 recipe (Qwen3.5-0.8B's text layout
 shrunk: three gated delta-net layers to one gated attention layer) and tiny Nemotron-H recipe (Mamba-2, attention
-and MLP blocks) by `doit build` to FP16 kits for Thor and an Orin Nano on JetPack 7.2, the device half on both
-recorded boards, `serve`; Edge-LLM's qwen3_5 and nemotron_h graphs run by the runtime double against transformers'
-own models over a prompt longer than a chunk, the recurrent and conv states carried from step to step; what stays
-refused."""
+and MLP blocks) by `doit build` to INT4-AWQ kits for Thor and an Orin Nano on JetPack 7.2 (as Edge-LLM's quantizer
+makes them), the device half on both recorded boards, `serve`; Edge-LLM's qwen3_5 and nemotron_h graphs run by the
+runtime double against transformers' own models in FP16 over a prompt longer than a chunk, the recurrent and conv
+states carried from step to step, and against the calibrated INT4 models; what stays refused (NVFP4)."""
 
 import json
 
@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from conftest import REPO, build_shipped_recipe, device_on_boards, device_report, save_random_model
 
-from tests.edgellm_run import build_engine
+from tests.edgellm_run import build_engine, model_vs_engine
 from tests.serving import built_goldens, served_golden_answers
+from tests.workstation.test_export import CAL, builtin  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 RECIPE = "tiny-qwen3_5"
@@ -30,14 +31,31 @@ def built_nemotron(tmp_path_factory):
     return build_shipped_recipe(tmp_path_factory.mktemp("nemotron-build") / "proj", NEMOTRON, BOARDS)
 
 
+def _ops(stage):
+    import collections
+
+    import onnx
+    return collections.Counter(n.op_type for n in onnx.load(str(stage / "onnx" / "model.onnx"),
+                                                             load_external_data=False).graph.node)
+
+
 def test_the_tiny_qwen3_5_recipe_exports_edgellm_hybrid_graphs(built):
     """Each SM's ONNX is Edge-LLM's qwen3_5 graph: a KV pool for the one attention layer only, and for each of the
     three delta-net layers a conv state [rows, q and k 128 each + v 2 x 128, 4] (FP16) and a recurrent state
-    [rows, 2, 128, 128] (FP32) in and out, computed by its gated_delta_net and causal_conv1d plugins."""
+    [rows, 2, 128, 128] (FP32) in and out, computed by its gated_delta_net and causal_conv1d plugins. INT4-AWQ as
+    Edge-LLM's quantizer makes it: each linear's own AWQ scale (nothing fused), the delta-net's beta and alpha
+    projections (2 outputs each) in FP16, so 25 INT4 GEMMs through the V2 plugin (3 x 6 in the delta-net layers,
+    7 in the attention layer) and 7 FP16 ones (3 x 2, and the tied head)."""
     import onnx
 
     project, kits, out = built
-    assert "export   tiny-qwen3_5@agx-thor: fp16 ONNX for SM 110" in out and "for SM 87" in out, out
+    assert "quantize tiny-qwen3_5: int4_awq (KV fp16) on cpu, 512 calibration tokens; kept FP16: in_proj_b, " \
+           "in_proj_a" in out, out
+    assert "export   tiny-qwen3_5@agx-thor: W4A16_AWQ ONNX for SM 110" in out and "for SM 87" in out, out
+    (q,) = [p.parent for p in (project.artifacts / "stages" / "quantize").glob("*/quantize.json")]
+    info = json.loads((q / "quantize.json").read_text())
+    assert (info["awq_scales"], info["fused_groups"]) == ("per-linear", 0)
+    assert info["kept_fp16"] == ["in_proj_b", "in_proj_a"]
     exports = [p.parent for p in (project.artifacts / "stages" / "export").glob("*/stage.json")]
     assert len(exports) == 2
     for stage in exports:
@@ -51,9 +69,25 @@ def test_the_tiny_qwen3_5_recipe_exports_edgellm_hybrid_graphs(built):
         for i in range(3):
             assert inputs[f"conv_state_{i}"] == (["state_pool_rows", 512, 4], onnx.TensorProto.FLOAT16)
             assert inputs[f"recurrent_state_{i}"] == (["state_pool_rows", 2, 128, 128], onnx.TensorProto.FLOAT)
-        ops = [n.op_type for n in graph.node]
-        assert (ops.count("gated_delta_net"), ops.count("causal_conv1d"), ops.count("AttentionPlugin")) == (3, 3, 1)
+        ops = _ops(stage)
+        assert (ops["gated_delta_net"], ops["causal_conv1d"], ops["AttentionPlugin"]) == (3, 3, 1)
+        assert (ops["Int4GroupwiseGemmPluginV2"], ops["Gemm"], ops["Int4GroupwiseGemmPlugin"]) == (25, 7, 0)
     assert all((kit / "MANIFEST.json").is_file() for kit in kits.values())
+
+
+def test_the_export_check_counts_a_hybrids_int4_gemms(built):
+    """The export's own check counts the INT4 GEMMs the plan's kept-FP16 set leaves: one more or less expected (a
+    quantizer that kept other linears FP16 than the plan did) is refused, naming both numbers."""
+    from pipeline.errors import PipelineError
+    from pipeline.workstation.edgellm_export import check_onnx
+
+    project = built[0]
+    stage = next(p.parent for p in (project.artifacts / "stages" / "export").glob("*/stage.json"))
+    check_onnx(stage / "onnx", "int4_awq", 1, 2, recurrent=("gated_delta_net", 3), int4_linears=25)
+    with pytest.raises(PipelineError, match="25 trt_edgellm:Int4GroupwiseGemmPluginV2 nodes where 31 were expected"):
+        check_onnx(stage / "onnx", "int4_awq", 1, 2, recurrent=("gated_delta_net", 3), int4_linears=31)
+    with pytest.raises(PipelineError, match="3 trt_edgellm:causal_conv1d nodes where 4 were expected"):
+        check_onnx(stage / "onnx", "int4_awq", 1, 2, recurrent=("gated_delta_net", 4), int4_linears=25)
 
 
 def test_the_tiny_nemotron_h_recipe_exports_edgellm_mamba_graphs_from_the_embedding_it_holds(built_nemotron):
@@ -64,7 +98,8 @@ def test_the_tiny_nemotron_h_recipe_exports_edgellm_mamba_graphs_from_the_embedd
     import onnx
 
     project, kits, out = built_nemotron
-    assert "export   tiny-nemotron-h@agx-thor: fp16 ONNX for SM 110" in out and "for SM 87" in out, out
+    assert "int4_awq (KV fp16) on cpu, 512 calibration tokens; kept FP16: in_proj (" in out, out
+    assert "export   tiny-nemotron-h@agx-thor: W4A16_AWQ ONNX for SM 110" in out and "for SM 87" in out, out
     log = (project.artifacts / NEMOTRON / "logs" / "export@agx-thor.log").read_text()
     assert "edgellm checkpoint: backbone.embedding.weight -> backbone.embeddings.weight" in log, log
     for stage in [p.parent for p in (project.artifacts / "stages" / "export").glob("*/stage.json")]:
@@ -74,8 +109,11 @@ def test_the_tiny_nemotron_h_recipe_exports_edgellm_mamba_graphs_from_the_embedd
         inputs = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.input}
         assert [inputs[f"conv_state_{i}"] for i in range(3)] == [["resident_rows", 192, 4]] * 3
         assert [inputs[f"recurrent_state_{i}"] for i in range(3)] == [["resident_rows", 8, 16, 16]] * 3
-        ops = [n.op_type for n in graph.node]
-        assert (ops.count("update_ssm_state"), ops.count("causal_conv1d"), ops.count("AttentionPlugin")) == (3, 3, 1)
+        ops = _ops(stage)
+        assert (ops["update_ssm_state"], ops["causal_conv1d"], ops["AttentionPlugin"]) == (3, 3, 1)
+        # INT4 out_proj (3), attention (4) and MLP (2 x 2) through V2; each Mamba-2 in_proj (328 outputs: 2 x 128 +
+        # 2 x 2 x 16 + 8, not a multiple of 64) in FP16 as Edge-LLM's quantizer keeps it, and the head
+        assert (ops["Int4GroupwiseGemmPluginV2"], ops["Gemm"]) == (11, 4)
     assert all((kit / "MANIFEST.json").is_file() for kit in kits.values())
 
 
@@ -286,17 +324,28 @@ def test_the_double_computes_transformers_nemotron_h_and_the_export_is_checked_f
         check_embedding(onnx_dir, hf, ("embedding", "embeddings"))
 
 
-def test_a_quantized_hybrid_build_stops_before_calibrating_saying_why(tmp_path):
-    """INT4-AWQ of a hybrid is planned, not built yet: the build refuses at the export's check, before any
+@pytest.mark.parametrize("name", ["tiny-qwen3_5", "tiny-nemotron-h"])
+def test_the_double_computes_the_calibrated_int4_hybrid(builtin, name, tmp_path):  # noqa: F811
+    """INT4-AWQ with each linear's own scale (as the edgellm-only recipes quantize) exported by Edge-LLM and run by
+    the runtime double along the calibrated model's greedy answer: the same top-1 at every position, logits as
+    close as fp16 rounding leaves them (the Mamba-2 scan a little less close: its state accumulates in fp16)."""
+    r = model_vs_engine(builtin(name), tmp_path, "int4_awq", "fp16", CAL, share_awq_scales=False)
+    assert r["top1_tie_aware"] == 1.0 and r["greedy_agreement"] == 1.0, r
+    assert r["logit_cosine_min"] >= (0.9999 if name == "tiny-qwen3_5" else 0.999), r
+
+
+def test_a_nvfp4_hybrid_build_stops_before_calibrating_saying_why(tmp_path):
+    """NVFP4 of a hybrid is planned, not built yet: the build refuses at the export's check, before any
     calibration, naming what is missing and what builds."""
     from conftest import Project
 
     project = Project(tmp_path / "p")
-    recipe = (REPO / "recipes" / f"{RECIPE}.toml").read_text().replace('weights = "fp16"', 'weights = "int4_awq"')
-    (project.recipes / "q.toml").write_text(recipe.replace('name = "tiny-qwen3_5"', 'name = "tiny-qwen3_5"'))
+    recipe = (REPO / "recipes" / f"{RECIPE}.toml").read_text().replace('weights = "int4_awq"', 'weights = "nvfp4"')
+    (project.recipes / "q.toml").write_text(recipe.replace('targets = ["agx-thor", "orin-nano-8gb"]',
+                                                           'targets = ["agx-thor"]'))
     plan = project.cli("plan", "q")
-    assert plan.returncode == 0 and "planned, not built yet as int4_awq" in plan.stdout, plan
+    assert plan.returncode == 0 and "planned, not built yet as nvfp4" in plan.stdout, plan
     run = project.doit("build", "recipe=q", timeout=600, check=False)
     text = run.stdout + run.stderr
-    assert run.returncode != 0 and "does not export it as int4_awq yet (it builds fp16)" in text, text
+    assert run.returncode != 0 and "does not export it as nvfp4 yet (it builds fp16, int4_awq)" in text, text
     assert not list((project.artifacts / "stages").glob("quantize/*/stage.json"))
