@@ -213,6 +213,9 @@ STATE_INPUTS = ("conv_state", "recurrent_state")
 _NVFP4_RECURRENT_NOT_BUILT = (
     "NVFP4 of its recurrent layers' projections (Edge-LLM's quantizer gives a gated delta-net's input projections one "
     "per-tensor scale so that its exporter fuses them into one GEMM) is not built and checked here yet")
+_NVFP4_MAMBA_NOT_BUILT = (
+    "NVFP4 of its Mamba-2 projections (calibrated on a GPU, with the export's resmoothing kept as Edge-LLM's quantizer "
+    "keeps it for NVFP4 hybrids) is not built and checked here yet")
 _HYBRID_BUILT = ("fp16", "int4_awq")
 _EDGELLM_QWEN3_5 = Support(
     rope_types=("default",), partial_rotary=True, formats=("fp16", "int4_awq", "nvfp4"), kv_cache=("fp16",),
@@ -260,7 +263,9 @@ EDGELLM_011: dict[str, Support] = {
     NEMOTRON_H: Support(rope_types=("default",), formats=("fp16", "int4_awq", "nvfp4"), kv_cache=("fp16",),
                         formats_why="the formats Edge-LLM 0.11 builds for Nemotron-H's linears (FP16, INT4-AWQ, "
                                     "NVFP4); its Mamba-2 state stays FP16",
-                        not_built=_NVFP4_RECURRENT_NOT_BUILT, built_formats=_HYBRID_BUILT,
+                        not_built=_NVFP4_MAMBA_NOT_BUILT, built_formats=_HYBRID_BUILT,
+                        experts_not_built="Nemotron 3 Nano 30B-A3B's MoE blocks (128 relu2 experts, a shared expert, "
+                                          "sigmoid routing with a score correction) are not exported here yet",
                         verified="Edge-LLM 0.11 exporter (models/nemotron_h: update_ssm_state and causal_conv1d "
                                  "plugins; its loader reads backbone.embeddings.weight: "
                                  "workstation/edgellm_hybrid.py); tests/workstation/test_hybrid_build.py (tiny "

@@ -168,6 +168,9 @@ class HybridLayout:
                                              (MLP, "mlp."))
     embedding: tuple[str, ...] = ("embed_tokens",)     # the names a checkpoint may give it
     final_norm: str = "norm"
+    # MoE blocks (Nemotron 3 Nano 30B-A3B): where the config keeps their experts; their layers are the list's MoE
+    # entries, their experts' MLP is the family's (gated_mlp). None: the family has no MoE blocks.
+    experts: MoeLayout | None = None
 
     def kind_of(self, name: str) -> str | None:
         return dict(self.names).get(name)

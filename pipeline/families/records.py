@@ -61,6 +61,14 @@ QWEN3_5_LAYERS = HybridLayout(recurrent=GATED_DELTA_NET, types=("layer_types",),
 # Nemotron-H: one block per layer. transformers 5 writes layers_block_type with linear_attention for Mamba-2; the
 # hub's configs still carry hybrid_override_pattern (M Mamba-2, * attention, - MLP, E MoE) or the old block names.
 # Its checkpoints keep the decoder under backbone. (transformers saves them so: backbone.embedding, backbone.norm_f)
+# Nemotron 3 Nano 30B-A3B's MoE blocks: 128 relu2 experts (up/down), 6 per token (sigmoid scores, top-k
+# renormalized, then scaled by routed_scaling_factor) and a shared expert twice as wide; transformers 5 stores each
+# block's experts fused ([experts, width, hidden] up, [experts, hidden, width] down), the hub one tensor per expert
+NEMOTRON_H_EXPERTS = MoeLayout(count=("n_routed_experts",), active=("num_experts_per_tok",),
+                               shared_intermediate="moe_shared_expert_intermediate_size", sparse_step=None,
+                               dense_layers=None,
+                               expert_tensors="backbone.layers.{layer}.mixer.experts.{expert}.{proj}.weight",
+                               router="backbone.layers.{layer}.mixer.gate.weight")
 NEMOTRON_H_LAYERS = HybridLayout(
     recurrent=MAMBA2, types=("layers_block_type", "layer_types"),
     names=(("linear_attention", MAMBA2), ("mamba", MAMBA2), ("full_attention", ATTENTION), ("attention", ATTENTION),
@@ -68,7 +76,7 @@ NEMOTRON_H_LAYERS = HybridLayout(
     pattern="hybrid_override_pattern", pattern_chars=(("M", MAMBA2), ("*", ATTENTION), ("-", MLP), ("E", MOE)),
     mlp_in_every_layer=False, gated_mlp=False, norms_per_layer=1, head_dim_keys=("head_dim", "attention_head_dim"),
     prefixes=((MAMBA2, "mixer."), (ATTENTION, "mixer."), (MLP, "mixer.")), embedding=("embedding", "embeddings"),
-    final_norm="norm_f")
+    final_norm="norm_f", experts=NEMOTRON_H_EXPERTS)
 
 FAMILIES: tuple[Family, ...] = (
     Family(LLAMA, "Llama", ("Llama 3.1 / 3.2", "DeepSeek-R1-Distill-Llama", "SmolLM2"), "LlamaConfig",
@@ -121,7 +129,7 @@ FAMILIES: tuple[Family, ...] = (
            "Qwen3_5Config", qk_norm=True, hybrid=QWEN3_5_LAYERS, fp16_at_4bit=GDN_FP16_AT_4BIT,
            text_config="text_config",
            notes="the hub's Qwen3.5 checkpoints: the language model in text_config planned, the vision tower not yet"),
-    Family(NEMOTRON_H, "Nemotron-H", ("Nemotron-H 8B", "NVIDIA-Nemotron-Nano-9B-v2", "Nemotron 3 Nano 4B"),
+    Family(NEMOTRON_H, "Nemotron-H", ("Nemotron-H 8B", "NVIDIA-Nemotron-Nano-9B-v2", "Nemotron 3 Nano 4B / 30B-A3B"),
            "NemotronHConfig", activation="relu2", hybrid=NEMOTRON_H_LAYERS,
            notes="Mamba-2 blocks (a fixed-size state per sequence), a few attention blocks and plain relu2 MLP "
                  "blocks, one per layer; the 30B-A3B adds MoE blocks"),

@@ -76,9 +76,14 @@ class Hybrid:
     def attention_layers(self) -> int:
         return sum(1 for b in self.blocks if b == ATTENTION)
 
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """The MoE blocks (their experts: ModelShape.experts)."""
+        return tuple(i for i, b in enumerate(self.blocks) if b == MOE)
+
     def layer_linears(self, hidden: int, q_size: int, kv_size: int) -> list[list[tuple[str, str, int, int]]]:
         """Each layer's quantizable linears as (the kind whose module holds it, name, in, out): its mixer's (an MLP
-        block: none) and its MLP's where it has one."""
+        block: none) and its MLP's where it has one. An MoE block's experts are ModelShape's (none here)."""
         mlp = [("gate_proj", hidden, self.mlp_width)] if self.gated_mlp else []
         mlp += [("up_proj", hidden, self.mlp_width), ("down_proj", self.mlp_width, hidden)]
         attention = [("q_proj", hidden, q_size * (2 if self.attention_gate else 1)), ("k_proj", hidden, kv_size),
@@ -165,10 +170,9 @@ def hybrid_from_config(layout: HybridLayout, config: dict, shape: dict, prefix: 
         problems.append(Problem(source, prefix + key, f"{len(blocks)} layers", f"must describe num_hidden_layers = "
                                 f"{shape['num_layers']} layers", "use the model's own config.json"))
         return None
-    if MOE in blocks:
-        problems.append(Problem(source, prefix + key, MOE, "a hybrid model with MoE blocks (Nemotron 3 Nano "
-                                "30B-A3B): this version plans dense hybrids only",
-                                "plan a dense Nemotron-H (8B, Nano 9B v2, Nemotron 3 Nano 4B) or Qwen3.5"))
+    if MOE in blocks and layout.experts is None:
+        problems.append(Problem(source, prefix + key, MOE, "MoE blocks, which this family's layout has none of",
+                                "use the model's own config.json"))
         return None
     shape["num_layers"] = len(blocks)
 

@@ -13,10 +13,13 @@ short. The Orin gap per layer grows with the layer's state (Qwen3.5 0.8B / 4B / 
     prefill       += recurrent_layers x state_elements x tokens x prefill_s[target:kind]
 
 each constant fitted per board and recurrent kind as the mean of what each of its rows implies (never below 0: a
-board whose rows the dense fits already meet costs nothing extra). A board without rows borrows the largest constant
-of its family (the slower board: a safe side), else nothing, and the plan says so. `python -m pipeline.perf fit`
-refits it and prints every row's leave-one-out error; the plan quotes their medians as the hybrid's error bands.
-No Mamba-2 (Nemotron-H) row of a dense hybrid is published for a Jetson: its layers are priced by bytes and FLOPs alone.
+board whose rows the dense fits already meet costs nothing extra), for a recurrent kind with at least MIN_ROWS rows (a
+lone row would only be reproduced, never checked). A board without a constant borrows the largest of its family (the
+slower board: a safe side), else nothing, and the plan says so. A hybrid with MoE blocks also pays the MoE fit's
+routing cost per MoE layer (plan/moe.py). `python -m pipeline.perf fit` refits it and prints every row's
+leave-one-out error; the plan quotes their medians, per recurrent kind, as the hybrid's error bands. One Mamba-2 row
+is published for a Jetson (Nemotron 3 Nano 30B-A3B, NVFP4 on Thor): too few to fit, so Mamba-2 layers are priced by
+bytes and FLOPs alone, and that row's error is the band the plan quotes for them.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pipeline.plan.moe import dense_step_s, weights_of
 from pipeline.plan.shapes import ModelShape
 
 ROWS = Path(__file__).parents[1] / "data" / "hybrid_rows.csv"
+MIN_ROWS = 2        # published rows of a recurrent kind before its constants are fitted
 
 
 @dataclass(frozen=True)
@@ -70,9 +74,22 @@ def dense_prefill_ms(shape: ModelShape, weights: str, target: str, tokens: int, 
     return predict_ttft_ms(shape, weights, target, tokens, power_mode, fit_data().get("prefill"))
 
 
+def routing_s(shape: ModelShape, weights: str, target: str) -> tuple[float, str | None]:
+    """A hybrid's MoE blocks' routing cost per step (the MoE fit's per-layer cost; plan/moe.py), and a note where
+    that cost is borrowed; 0 without MoE blocks."""
+    if shape.experts is None:
+        return 0.0, None
+    from pipeline.plan import moe
+    from pipeline.plan.formats import WEIGHT_FORMATS
+    from pipeline.plan.perf import fit_data
+    layer_s, note = moe.layer_cost(moe.key_of(target, WEIGHT_FORMATS[weights].decode_class),
+                                   (fit_data().get("moe") or {}).get("layer_s") or {})
+    return shape.experts.layers * (layer_s or 0.0), note
+
+
 def fit(rows: list[HybridRow]) -> dict[str, dict[str, float]]:
-    """{"decode_s": {key: s}, "prefill_s": {key: s}}: per board and recurrent kind, the mean of its rows' implied
-    costs, at least 0."""
+    """{"decode_s": {key: s}, "prefill_s": {key: s}}: per board and recurrent kind (of a kind with at least MIN_ROWS
+    rows), the mean of its rows' implied costs, at least 0."""
     from pipeline.plan.perf import known_shape
     dec: dict[str, list[float]] = {}
     pre: dict[str, list[float]] = {}
@@ -83,12 +100,19 @@ def fit(rows: list[HybridRow]) -> dict[str, dict[str, float]]:
         key, units = key_of(r.target, shape.hybrid.recurrent.kind), _units(shape)
         weights = weights_of(r.precision)
         dec.setdefault(key, []).append((1 / r.decode_tok_s - dense_step_s(shape, weights, r.target, r.power_mode,
-                                                                          r.context)) / units)
+                                                                          r.context)
+                                        - routing_s(shape, weights, r.target)[0]) / units)
         ms = dense_prefill_ms(shape, weights, r.target, r.prefill_tokens, r.power_mode)
         if ms is not None:
             pre.setdefault(key, []).append((r.prefill_ms - ms) / 1000 / (units * r.prefill_tokens))
-    return {"decode_s": {k: max(0.0, statistics.fmean(v)) for k, v in sorted(dec.items())},
-            "prefill_s": {k: max(0.0, statistics.fmean(v)) for k, v in sorted(pre.items())}}
+    per_kind: dict[str, int] = {}
+    for key, v in dec.items():
+        per_kind[key.split(":")[1]] = per_kind.get(key.split(":")[1], 0) + len(v)
+
+    def fitted(key: str) -> bool:
+        return per_kind.get(key.split(":")[1], 0) >= MIN_ROWS
+    return {"decode_s": {k: max(0.0, statistics.fmean(v)) for k, v in sorted(dec.items()) if fitted(k)},
+            "prefill_s": {k: max(0.0, statistics.fmean(v)) for k, v in sorted(pre.items()) if fitted(k)}}
 
 
 def cost(which: str, target: str, kind: str, fitted: dict[str, dict[str, float]]) -> tuple[float, str | None]:
@@ -104,15 +128,16 @@ def cost(which: str, target: str, kind: str, fitted: dict[str, dict[str, float]]
     if same:
         v, k = max(same)
         return v, f"no published {kind} row for {target}: its recurrent {what} cost is {k.split(':')[0]}'s"
-    return 0.0, f"no published {kind} row for a {family} board: its recurrent layers' {what} is priced by bytes " \
-                "and FLOPs alone"
+    return 0.0, f"no {kind} cost is fitted for a {family} board (fewer than {MIN_ROWS} published {kind} rows): its " \
+                f"recurrent layers' {what} is priced by bytes and FLOPs alone"
 
 
 def predict_tok_s(shape: ModelShape, weights: str, target: str, power_mode: str, context: int, batch: int,
                   fitted: dict[str, dict[str, float]], kv=None, group_size: int | None = None) -> float:
     assert shape.hybrid is not None
     c, _ = cost("decode_s", target, shape.hybrid.recurrent.kind, fitted)
-    step = dense_step_s(shape, weights, target, power_mode, context, batch, kv, group_size) + batch * _units(shape) * c
+    step = dense_step_s(shape, weights, target, power_mode, context, batch, kv, group_size) \
+        + routing_s(shape, weights, target)[0] + batch * _units(shape) * c
     return batch / step
 
 
@@ -141,13 +166,21 @@ def fit_report(rows: list[HybridRow] | None = None) -> dict[str, Any]:
         tok = predict_tok_s(shape, weights, r.target, r.power_mode, r.context, 1, pool)
         ms = predict_ttft_ms(shape, weights, r.target, r.prefill_tokens, r.power_mode, pool)
         checks.append({"target": r.target, "model": r.model, "precision": r.precision,
+                       "kind": shape.hybrid.recurrent.kind,
                        "decode": round(tok, 1), "decode_published": r.decode_tok_s,
                        "decode_error": round(tok / r.decode_tok_s - 1, 4),
                        "ttft_ms": None if ms is None else round(ms, 1), "ttft_published_ms": r.prefill_ms,
                        "ttft_error": None if ms is None else round(ms / r.prefill_ms - 1, 4)})
+    return {**constants, "rows": len(rows), "checks": checks,
+            "bands": {kind: _bands([c for c in checks if c["kind"] == kind])
+                      for kind in sorted({c["kind"] for c in checks})}}
+
+
+def _bands(checks: list[dict[str, Any]]) -> dict[str, float | None]:
+    """One recurrent kind's leave-one-out errors: median and worst, decode and TTFT (what the plan quotes)."""
     dec = [abs(c["decode_error"]) for c in checks]
     pre = [abs(c["ttft_error"]) for c in checks if c["ttft_error"] is not None]
-    return {**constants, "rows": len(rows), "checks": checks,
+    return {"rows": len(checks),
             "decode_loo_median_abs_error": round(statistics.median(dec), 4) if dec else None,
             "decode_loo_max_abs_error": round(max(dec), 4) if dec else None,
             "ttft_loo_median_abs_error": round(statistics.median(pre), 4) if pre else None,

@@ -24,6 +24,13 @@ class Experts:
     intermediate: int           # each expert's gated-MLP width
     layer_ids: tuple[int, ...]  # the MoE layers (the others have the dense MLP, intermediate_size wide)
     shared_intermediate: int = 0    # a shared expert every token passes through (0: none)
+    gated: bool = True          # gate/up/down; False: up/down (Nemotron-H's relu2 experts)
+    router_bias: bool = False   # a per-expert score correction beside the router (Nemotron-H)
+
+    def mlp(self, hidden: int, width: int) -> list[tuple[str, int, int]]:
+        """One expert's (or the shared expert's) linears at this width."""
+        return ([("gate_proj", hidden, width)] if self.gated else []) + [("up_proj", hidden, width),
+                                                                         ("down_proj", width, hidden)]
 
     @property
     def layers(self) -> int:
@@ -124,21 +131,23 @@ class ModelShape:
         if self.geometry:
             return self._geometry_linears() + self._expert_linears(tokens)
         if self.hybrid is not None:
-            return self.hybrid.linears(self.hidden_size, self.q_size, self.kv_size)
+            return self.hybrid.linears(self.hidden_size, self.q_size, self.kv_size) + self._expert_linears(tokens) \
+                + self._shared_expert_linears()
         e = self.experts
         if e is None:
             return [(n, i, o, float(self.num_layers)) for n, i, o in self.layer_linears()]
         attention = [x for x in self.layer_linears() if x[0] in ("q_proj", "k_proj", "v_proj", "o_proj")]
         dense = [x for x in self.layer_linears() if x not in attention]
-        h = self.hidden_size
         out = [(n, i, o, float(self.num_layers)) for n, i, o in attention]
         out += [(n, i, o, float(self.num_layers - e.layers)) for n, i, o in dense if self.num_layers > e.layers]
-        out += self._expert_linears(tokens)
-        if e.shared_intermediate:
-            s = e.shared_intermediate
-            out += [(f"shared_expert.{n}", i, o, float(e.layers))
-                    for n, i, o in (("gate_proj", h, s), ("up_proj", h, s), ("down_proj", s, h))]
-        return out
+        return out + self._expert_linears(tokens) + self._shared_expert_linears()
+
+    def _shared_expert_linears(self) -> list[tuple[str, int, int, float]]:
+        e = self.experts
+        if e is None or not e.shared_intermediate:
+            return []
+        return [(f"shared_expert.{n}", i, o, float(e.layers)) for n, i, o in e.mlp(self.hidden_size,
+                                                                                  e.shared_intermediate)]
 
     def _expert_linears(self, tokens: int | None) -> list[tuple[str, int, int, float]]:
         """The routed experts' gate/up/down rows (all of them, or those `tokens` tokens reach); none for a dense
@@ -146,10 +155,8 @@ class ModelShape:
         e = self.experts
         if e is None:
             return []
-        h, w = self.hidden_size, e.intermediate
         experts = e.count if tokens is None else e.touched(tokens)
-        return [(f"experts.{n}", i, o, e.layers * experts) for n, i, o in (("gate_proj", h, w), ("up_proj", h, w),
-                                                                           ("down_proj", w, h))]
+        return [(f"experts.{n}", i, o, e.layers * experts) for n, i, o in e.mlp(self.hidden_size, e.intermediate)]
 
     def _geometry_linears(self) -> list[tuple[str, int, int, float]]:
         """Every layer's own linears (a KV-shared layer has no K/V projections, a K = V layer no V projection), the
@@ -205,7 +212,9 @@ class ModelShape:
     def small_params(self) -> int:
         """Every layer's small tensors (a hybrid's counted layer by layer)."""
         if self.hybrid is not None:
-            return self.hybrid.small_params(self.hidden_size, self.head_dim)
+            e = self.experts        # its MoE blocks' routers (and their score corrections)
+            routers = e.layers * e.count * (self.hidden_size + (1 if e.router_bias else 0)) if e else 0
+            return self.hybrid.small_params(self.hidden_size, self.head_dim) + routers
         return self.num_layers * self.small_params_per_layer
 
     @property
@@ -319,20 +328,7 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     )
     experts = None
     if fam is not None and fam.moe is not None and fam.moe.enabled(config):
-        m = fam.moe
-
-        def expert_int(key: str, most: int) -> int:
-            return _int_field(config, key, most, problems, source, prefix)
-        count, active = expert_int(m.count_key(config), 4096), expert_int(m.active_key(config), 4096)
-        if active > count:
-            problems.append(Problem(source, prefix + m.active_key(config), active, f"more experts per token than the "
-                                    f"{count} "
-                                    "there are", "use the model's own config.json, as transformers saved it"))
-        shared = expert_int(m.shared_intermediate, BOUNDS["intermediate_size"]) \
-            if m.shared_intermediate and config.get(m.shared_intermediate) else 0
-        experts = Experts(count=count, active=min(active, count),
-                          intermediate=expert_int(m.intermediate, BOUNDS["intermediate_size"]),
-                          layer_ids=m.moe_layers(config, shape["num_layers"]), shared_intermediate=shared)
+        experts = _experts(fam.moe, config, fam.moe.moe_layers(config, shape["num_layers"]), prefix, source, problems)
     geometry: tuple[LayerGeometry, ...] = ()
     per_layer: PerLayerInputs | None = None
     if fam is not None and fam.layers is not None:
@@ -341,6 +337,10 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     if hybrid_layout is not None and fam is not None:
         from pipeline.plan.hybrid import hybrid_from_config
         hybrid = hybrid_from_config(hybrid_layout, config, shape, prefix, source, problems, fam.qk_norm)
+        if hybrid is not None and hybrid.moe_layers and hybrid_layout.experts is not None:
+            # its MoE blocks: the list's MoE entries, experts of the family's MLP, a score correction per expert
+            experts = _experts(hybrid_layout.experts, config, hybrid.moe_layers, prefix, source, problems,
+                               gated=hybrid_layout.gated_mlp, router_bias=True)
     heads, kv = shape["num_heads"], shape["num_kv_heads"]
     if not problems and (kv > heads or heads % kv):
         problems.append(Problem(source, prefix + "num_key_value_heads", kv, f"must divide num_attention_heads "
@@ -355,6 +355,22 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
                       attention_bias=features.attention_bias, features=features, tower=tower, experts=experts,
                       geometry=geometry, per_layer_inputs=per_layer, fp16_at_4bit=fam.fp16_at_4bit, hybrid=hybrid,
                       **shape)
+
+
+def _experts(m, config: dict, layer_ids: tuple[int, ...], prefix: str, source: str, problems: list[Problem],
+             gated: bool = True, router_bias: bool = False) -> Experts:
+    """The routed experts a family's MoeLayout says where to find (layer_ids: its MoE layers)."""
+    def need(key: str, most: int) -> int:
+        return _int_field(config, key, most, problems, source, prefix)
+    count, active = need(m.count_key(config), 4096), need(m.active_key(config), 4096)
+    if active > count:
+        problems.append(Problem(source, prefix + m.active_key(config), active, f"more experts per token than the "
+                                f"{count} there are", "use the model's own config.json, as transformers saved it"))
+    shared = need(m.shared_intermediate, BOUNDS["intermediate_size"]) \
+        if m.shared_intermediate and config.get(m.shared_intermediate) else 0
+    width = need(m.intermediate, BOUNDS["intermediate_size"])
+    return Experts(count=count, active=min(active, count), intermediate=width, layer_ids=layer_ids,
+                   shared_intermediate=shared, gated=gated, router_bias=router_bias)
 
 
 def _layer_geometry(layout, config: dict, shape: dict, prefix: str, source: str, problems: list[Problem]
