@@ -202,29 +202,23 @@ _VLM_VERIFIED = ("Edge-LLM 0.11 exporter (llm/ + visual/); tests/workstation/tes
 
 # Edge-LLM 0.11 exports Qwen3.5 (qwen3_5: gated_delta_net plugin, FP32 state) and Nemotron-H (nemotron_h:
 # update_ssm_state and causal_conv1d plugins) and publishes Qwen3.5 INT4-AWQ rows on every Orin and INT4-AWQ / NVFP4
-# on Thor. Planned here (plan/hybrid.py: their state pools as its runtime allocates them) and built in FP16 and
-# INT4-AWQ as its quantizer makes them (each linear's own AWQ scale; a gated delta-net's beta/alpha projections and
-# any linear not 64-aligned kept FP16: ModelShape.kept_fp16); the runtime double computes their plugins. NVFP4 not yet.
+# on Thor. Planned here (plan/hybrid.py: their state pools as its runtime allocates them) and built as its quantizer
+# makes them: INT4-AWQ with each linear's own AWQ scale, a gated delta-net's beta/alpha projections and any linear not
+# 64-aligned kept FP16 (ModelShape.kept_fp16); NVFP4 (on a GPU) with the export's resmoothing, a gated delta-net's
+# qkv and z projections sharing one global scale (calibrate.FUSED_GROUPS). The runtime double computes their plugins.
 # the plugins a hybrid's recurrent layers export to (tensorrt_edgellm/models/ops.py), and the per-layer state its
 # graph takes in and gives back (present_<name>_<i>), numbered over the recurrent layers
 RECURRENT_OPS = {GATED_DELTA_NET: ("trt_edgellm:gated_delta_net", "trt_edgellm:causal_conv1d"),
                  MAMBA2: ("trt_edgellm:update_ssm_state", "trt_edgellm:causal_conv1d")}
 STATE_INPUTS = ("conv_state", "recurrent_state")
-_NVFP4_RECURRENT_NOT_BUILT = (
-    "NVFP4 of its recurrent layers' projections (Edge-LLM's quantizer gives a gated delta-net's input projections one "
-    "per-tensor scale so that its exporter fuses them into one GEMM) is not built and checked here yet")
-_NVFP4_MAMBA_NOT_BUILT = (
-    "NVFP4 of its Mamba-2 projections (calibrated on a GPU, with the export's resmoothing kept as Edge-LLM's quantizer "
-    "keeps it for NVFP4 hybrids) is not built and checked here yet")
-_HYBRID_BUILT = ("fp16", "int4_awq")
 _EDGELLM_QWEN3_5 = Support(
     rope_types=("default",), partial_rotary=True, formats=("fp16", "int4_awq", "nvfp4"), kv_cache=("fp16",),
     formats_why="the formats Edge-LLM 0.11 publishes for Qwen3.5 (INT4-AWQ on Orin, INT4-AWQ and NVFP4 on Thor)",
-    recurrent_head_dim=128, built_formats=_HYBRID_BUILT, not_built=_NVFP4_RECURRENT_NOT_BUILT,
+    recurrent_head_dim=128,
     verified="Edge-LLM 0.11 exporter (models/qwen3_5: gated_delta_net and causal_conv1d plugins); "
              "tests/workstation/test_hybrid_build.py (tiny Qwen3.5 INT4-AWQ through doit build, the device half and "
              "serve; the runtime double against transformers' Qwen3.5 past a 64-token chunk in FP16 and against the "
-             "calibrated model in INT4-AWQ); "
+             "calibrated model in INT4-AWQ), tests/workstation/test_nvfp4.py (NVFP4, on a GPU); "
              "tests/shared/test_hybrid_plan.py (the plan against its published rows)")
 
 EDGELLM_011: dict[str, Support] = {
@@ -263,7 +257,6 @@ EDGELLM_011: dict[str, Support] = {
     NEMOTRON_H: Support(rope_types=("default",), formats=("fp16", "int4_awq", "nvfp4"), kv_cache=("fp16",),
                         formats_why="the formats Edge-LLM 0.11 builds for Nemotron-H's linears (FP16, INT4-AWQ, "
                                     "NVFP4); its Mamba-2 state stays FP16",
-                        not_built=_NVFP4_MAMBA_NOT_BUILT, built_formats=_HYBRID_BUILT,
                         experts_not_built="Nemotron 3 Nano 30B-A3B's MoE blocks (128 relu2 experts, a shared expert, "
                                           "sigmoid routing with a score correction) are not exported here yet",
                         verified="Edge-LLM 0.11 exporter (models/nemotron_h: update_ssm_state and causal_conv1d "
@@ -271,7 +264,8 @@ EDGELLM_011: dict[str, Support] = {
                                  "workstation/edgellm_hybrid.py); tests/workstation/test_hybrid_build.py (tiny "
                                  "Nemotron-H INT4-AWQ through doit build, the device half and serve; the runtime "
                                  "double against transformers' Nemotron-H in FP16 and against the calibrated model "
-                                 "in INT4-AWQ); tests/shared/test_hybrid_plan.py"),
+                                 "in INT4-AWQ), tests/workstation/test_nvfp4.py (NVFP4, on a GPU); "
+                                 "tests/shared/test_hybrid_plan.py"),
 }
 
 

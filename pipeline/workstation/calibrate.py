@@ -126,9 +126,12 @@ def calibrate_tower_fp8(model, forward_loop) -> int:
 
 
 # a decoder layer's blocks whose linears the export reads (attention; a hybrid's gated delta-net or Nemotron-H's one
-# mixer; the MLP), and the projections in one of them that read one input and that a fused export gives one scale
+# mixer; the MLP), and the projections in one of them that read one input and that a fused export gives one scale.
+# A gated delta-net's qkv and z projections: in NVFP4 the export's resmoothing (which Edge-LLM's quantizer keeps for
+# NVFP4 hybrids) gives them one global scale, and Edge-LLM's exporter then fuses them into one GEMM (its b and a
+# projections stay FP16 beside it); in INT4-AWQ they keep their own scales like every linear there
 LAYER_BLOCKS = ("self_attn", "linear_attn", "mixer", "mlp")
-FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("in_proj_qkv", "in_proj_z"))
 
 
 def fuse_for_export(model, share_awq_scales: bool = True) -> int:

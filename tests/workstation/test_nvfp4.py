@@ -15,8 +15,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 FAMILIES = ("tiny-llama", "tiny-mistral", "tiny-qwen3", "tiny-phi3")
 # (builtin, KV caches): Edge-LLM builds Qwen3-MoE and Gemma 4 with an FP16 KV cache here (backends/edgellm.py)
-CASES = tuple((name, ("fp16", "fp8")) for name in FAMILIES) + tuple((name, ("fp16",))
-                                                                   for name in ("tiny-qwen3-moe", "tiny-gemma4"))
+CASES = tuple((name, ("fp16", "fp8")) for name in FAMILIES) + tuple((name, ("fp16",)) for name in (
+    "tiny-qwen3-moe", "tiny-gemma4", "tiny-qwen3_5", "tiny-nemotron-h"))
 
 
 def _act_qdq_graph():
@@ -44,10 +44,20 @@ def _double_ops():
     return edgellm_engine.OPS
 
 
+try:
+    import pytest
+    strict = pytest.mark.filterwarnings("error::RuntimeWarning")    # a division by zero is a failure here
+except ImportError:         # a GPU machine without pytest
+    def strict(f):
+        return f
+
+
+@strict
 def test_the_doubles_nvfp4_activation_ops_are_edgellms_eager_mirror_bit_for_bit():
     """TRT_FP4DynamicQuantize + 2 trt::DequantizeLinear in the double give exactly what Edge-LLM 0.11's eager body of
     the same graph gives (tensorrt_edgellm/models/ops.py _nvfp4_act_qdq_eager): random activations, an all-zero
-    block, E2M1 midpoints (ties to even), and a block past the calibrated range (saturating E4M3 scales)."""
+    block, E2M1 midpoints (ties to even), a block past the calibrated range (saturating E4M3 scales) and one so small
+    that its E4M3 scale underflows to 0 (zeros, never a division by zero)."""
     import torch
     from onnx.reference import ReferenceEvaluator
     from tensorrt_edgellm.models.ops import _nvfp4_act_qdq_eager
@@ -57,13 +67,14 @@ def test_the_doubles_nvfp4_activation_ops_are_edgellms_eager_mirror_bit_for_bit(
     x[1, :16] = 0                                                   # a zero block
     x[2, :16] = np.array([6, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5] * 2, np.float16)   # midpoints at scale 1
     x[3, 16:32] *= 1000                                             # far past the global scale: E4M3 saturates
+    x[4, 32:48] = np.float16(1e-6) * np.arange(16)                  # its E4M3 block scale underflows to 0
     global_scale = np.array(2.0 ** -6, np.float32)    # a power of two: block scale 64 x 2^-6 is exactly 1 below
     session = ReferenceEvaluator(_act_qdq_graph(), new_ops=_double_ops())
     got = session.run(None, {"x": x, "s": global_scale})[0]
     want = _nvfp4_act_qdq_eager(torch.from_numpy(x), torch.from_numpy(global_scale)).numpy()
     assert got.dtype == np.float16 and got.shape == x.shape
     assert np.array_equal(got, want), np.argwhere(got != want)[:5]
-    assert not np.any(got[1, :16]) and np.isfinite(got).all()
+    assert not np.any(got[1, :16]) and not np.any(got[4, 32:48]) and np.isfinite(got).all()
     # the midpoint block (amax 6: its scale is exactly 1), so the elements show the rounding itself: ties to even
     assert got[2, :8].tolist() == [6, 0, 1, 1, 2, 2, 4, 4], got[2, :8]
 
@@ -106,6 +117,9 @@ def nvfp4_answers(out_dir: Path | None = None, only: tuple[str, ...] = ()) -> li
 # 1.0, its experts' inputs at Edge-LLM's global scale of 1.0 (experts.pin_nvfp4_expert_inputs); with the calibrated
 # scale kept instead, 0.9890 (worst 0.9558), top-1 0.875 and another greedy answer: below this bar. The tiny Gemma 4
 # (H200, 2026-11-27; down_proj FP16 as Edge-LLM keeps it): 0.9991 (worst 0.9980), top-1 1.0, the same greedy answer.
+# The hybrids (H200, 2026-11-28): tiny Qwen3.5 0.9987 (worst 0.9958), top-1 0.875 (one position, margin 0.22 of logits
+# near 14; the free greedy answers part there), its delta-net qkv and z projections sharing one global scale as the
+# export's resmoothing gives them and b/a in FP16; tiny Nemotron-H 0.9991 (worst 0.9967), top-1 1.0, the same answer.
 MIN_COSINE, MIN_TOP1 = 0.99, 0.75
 
 

@@ -241,7 +241,9 @@ class TRT_FP4DynamicQuantize(OpRun):     # noqa: N801 (TensorRT's op name)
         per_block = np.abs(xb).max(-1, keepdims=True) / np.float32(6.0)
         scale = _fp8(per_block / s2).astype(np.float32)
         scale = np.where(per_block == 0, np.float32(1.0), scale)
-        elements = _e2m1(xb / (scale * s2)).reshape(x.shape)
+        # a block whose scale underflows E4M3 to 0 divides by the mirror's floor (1e-20), not by 0: its elements
+        # saturate (0 stays 0) and dequantize to 0 against the zero scale, as the engine's do
+        elements = _e2m1(xb / np.maximum(scale * s2, np.float32(1e-20))).reshape(x.shape)
         return elements, _fp8(scale[..., 0])
 
 
