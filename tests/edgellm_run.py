@@ -87,13 +87,15 @@ def calibrated_scales(model) -> list[list[float]]:
 
 
 def model_vs_engine(src, tmp_path, weights: str, kv: str, calibration, new_tokens: int = 8, device: str = "cpu",
-                    target_sm: str = "11.0", group_size: int | None = None, share_awq_scales: bool = True) -> dict:
+                    target_sm: str = "11.0", group_size: int | None = None, share_awq_scales: bool = True,
+                    prompt_tokens: int = 24) -> dict:
     """quantize + export for target_sm, then the calibrated model (on `device`) against the ONNX run as the runtime
     runs its engine, along the model's own greedy answer (teacher forcing): the logits' cosine per position (the
     first is the prompt's last) and the tie-aware top-1 agreement (pipeline.workstation.reader.agreement, the
     TensorRT-LLM checkpoint check's measure); the engine's free greedy answer's token agreement (the device's
     measure); the plugin's qkv_scales and, with a quantized KV cache, the calibrated ones. share_awq_scales: False
-    quantizes AWQ as a recipe whose backends are all Edge-LLM does (each linear keeps its own scale)."""
+    quantizes AWQ as a recipe whose backends are all Edge-LLM does (each linear keeps its own scale). prompt_tokens:
+    the prompt's length (a held-out text's first tokens)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -114,14 +116,15 @@ def model_vs_engine(src, tmp_path, weights: str, kv: str, calibration, new_token
     export(src, q, tmp_path / "e", onnx_dir, weights, kv, target_sm, handoff=handoff)
     if (onnx_dir / "llm").is_dir():        # a vision-language model's language model (its tower in onnx/visual)
         onnx_dir = onnx_dir / "llm"
-    ids = AutoTokenizer.from_pretrained(src)(corpus_text("heldout-en"))["input_ids"][:24]
+    ids = AutoTokenizer.from_pretrained(src)(corpus_text("heldout-en"))["input_ids"][:prompt_tokens]
+    assert len(ids) == prompt_tokens
     model = load_quantized(src, q, device)
     with weights_on_grid(model), torch.no_grad():
         out = model.generate(torch.tensor([ids], device=device), max_new_tokens=new_tokens, do_sample=False,
                              output_logits=True, return_dict_in_generate=True, past_key_values=new_cache(model))
     ref_ids = out.sequences[0, len(ids):].tolist()
     ref = torch.stack([step[0].float().cpu() for step in out.logits])
-    eng, _ = build_engine(onnx_dir, tmp_path)
+    eng, _ = build_engine(onnx_dir, tmp_path, capacity=max(128, prompt_tokens + new_tokens))
     cand = torch.from_numpy(engine_logits_along(eng, ids, ref_ids[:-1])[:, :ref.shape[-1]]).float()
     along = agreement(ref, cand)
     # where the engine's top-1 differs: by how much the model preferred its own (margin) against the two logits'

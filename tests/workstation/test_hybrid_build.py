@@ -328,11 +328,14 @@ def test_the_double_computes_transformers_nemotron_h_and_the_export_is_checked_f
 @pytest.mark.parametrize("name", ["tiny-qwen3_5", "tiny-nemotron-h"])
 def test_the_double_computes_the_calibrated_int4_hybrid(builtin, name, tmp_path):  # noqa: F811
     """INT4-AWQ with each linear's own scale (as the edgellm-only recipes quantize) exported by Edge-LLM and run by
-    the runtime double along the calibrated model's greedy answer: the same top-1 at every position, logits as
-    close as fp16 rounding leaves them (the Mamba-2 scan a little less close: its state accumulates in fp16)."""
-    r = model_vs_engine(builtin(name), tmp_path, "int4_awq", "fp16", CAL, share_awq_scales=False)
+    the runtime double along the calibrated model's greedy answer after a 100-token prompt (past transformers'
+    64-token delta-rule chunk and Nemotron-H's 16-token scan chunk, the states then carried step by step): the same
+    top-1 at every position, logits as close as fp16 rounding leaves them. The Mamba-2 scan strays further (its state
+    accumulates in fp16: 0.9986 at worst here), and is held to the stray of transformers' own recurrent decode from
+    its chunked scan on the FP16 test model above (0.9962)."""
+    r = model_vs_engine(builtin(name), tmp_path, "int4_awq", "fp16", CAL, share_awq_scales=False, prompt_tokens=100)
     assert r["top1_tie_aware"] == 1.0 and r["greedy_agreement"] == 1.0, r
-    assert r["logit_cosine_min"] >= (0.9999 if name == "tiny-qwen3_5" else 0.999), r
+    assert r["logit_cosine_min"] >= (0.9999 if name == "tiny-qwen3_5" else 0.996), r
 
 
 def test_a_nvfp4_hybrid_needs_a_gpu_to_calibrate_and_says_so_before_any_work(tmp_path):
