@@ -258,7 +258,9 @@ EDGELLM_011: dict[str, Support] = {
                         formats_why="the formats Edge-LLM 0.11 builds for Nemotron-H's linears (FP16, INT4-AWQ, "
                                     "NVFP4); its Mamba-2 state stays FP16",
                         experts_not_built="Nemotron 3 Nano 30B-A3B's MoE blocks (128 relu2 experts, a shared expert, "
-                                          "sigmoid routing with a score correction) are not exported here yet",
+                                          "sigmoid routing with a score correction) are not exported here yet; "
+                                          "Edge-LLM 0.11 exports those experts in NVFP4 only (its Nvfp4MoePlugin; "
+                                          "weight-only NVFP4 through Marlin on Orin), the shared expert in FP8",
                         verified="Edge-LLM 0.11 exporter (models/nemotron_h: update_ssm_state and causal_conv1d "
                                  "plugins; its loader reads backbone.embeddings.weight: "
                                  "workstation/edgellm_hybrid.py); tests/workstation/test_hybrid_build.py (tiny "

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,14 +106,12 @@ def fit(rows: list[HybridRow]) -> dict[str, dict[str, float]]:
         ms = dense_prefill_ms(shape, weights, r.target, r.prefill_tokens, r.power_mode)
         if ms is not None:
             pre.setdefault(key, []).append((r.prefill_ms - ms) / 1000 / (units * r.prefill_tokens))
-    per_kind: dict[str, int] = {}
+    rows_of: Counter[str] = Counter()
     for key, v in dec.items():
-        per_kind[key.split(":")[1]] = per_kind.get(key.split(":")[1], 0) + len(v)
-
-    def fitted(key: str) -> bool:
-        return per_kind.get(key.split(":")[1], 0) >= MIN_ROWS
-    return {"decode_s": {k: max(0.0, statistics.fmean(v)) for k, v in sorted(dec.items()) if fitted(k)},
-            "prefill_s": {k: max(0.0, statistics.fmean(v)) for k, v in sorted(pre.items()) if fitted(k)}}
+        rows_of[key.split(":")[1]] += len(v)
+    kinds = {kind for kind, n in rows_of.items() if n >= MIN_ROWS}
+    return {"decode_s": {k: max(0.0, statistics.fmean(v)) for k, v in sorted(dec.items()) if k.split(":")[1] in kinds},
+            "prefill_s": {k: max(0.0, statistics.fmean(v)) for k, v in sorted(pre.items()) if k.split(":")[1] in kinds}}
 
 
 def cost(which: str, target: str, kind: str, fitted: dict[str, dict[str, float]]) -> tuple[float, str | None]:

@@ -21,7 +21,7 @@ class Experts:
     """A mixture-of-experts decoder's routed experts (families/kinds.py MoeLayout says where its config keeps them)."""
     count: int                  # routed experts in each MoE layer
     active: int                 # experts each token is routed to
-    intermediate: int           # each expert's gated-MLP width
+    intermediate: int           # each expert's MLP width
     layer_ids: tuple[int, ...]  # the MoE layers (the others have the dense MLP, intermediate_size wide)
     shared_intermediate: int = 0    # a shared expert every token passes through (0: none)
     gated: bool = True          # gate/up/down; False: up/down (Nemotron-H's relu2 experts)
