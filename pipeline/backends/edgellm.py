@@ -261,6 +261,7 @@ EDGELLM_011: dict[str, Support] = {
                                           "sigmoid routing with a score correction) are not exported here yet; "
                                           "Edge-LLM 0.11 exports those experts in NVFP4 only (its Nvfp4MoePlugin; "
                                           "weight-only NVFP4 through Marlin on Orin), the shared expert in FP8",
+                        expert_formats=("nvfp4",),
                         verified="Edge-LLM 0.11 exporter (models/nemotron_h: update_ssm_state and causal_conv1d "
                                  "plugins; its loader reads backbone.embeddings.weight: "
                                  "workstation/edgellm_hybrid.py); tests/workstation/test_hybrid_build.py (tiny "

@@ -36,6 +36,8 @@ class Support:
     # the family's variant with routed experts is planned but not exported by this version: why (a build stops
     # before calibrating, saying so)
     experts_not_built: str | None = None
+    # the weight formats it exports the family's routed experts in, where fewer than `formats`; None: all of those
+    expert_formats: tuple[str, ...] | None = None
     # its MoE plugins renormalize the top-k routing weights whatever the config says (Edge-LLM 0.11: Int4MoePlugin
     # calls moeTopkSoftmax(..., renormalize=true); its qwen3_moe passes norm_topk_prob = 1 to the others)
     renormalizes_topk: bool = False

@@ -105,6 +105,8 @@ def _choose_stack(req: PlanRequest, refused: list[str]) -> StackSupport | None:
             if support.formats and req.weights not in support.formats:
                 why.append(f"{name} builds {fam.name} only as {', '.join(support.formats)}"
                            + (f" ({support.formats_why})" if support.formats_why else ""))
+            if support.expert_formats and req.shape.experts is not None and req.weights not in support.expert_formats:
+                why.append(f"{name} builds {fam.name}'s routed experts only as {', '.join(support.expert_formats)}")
             if support.kv_cache and req.kv_cache not in support.kv_cache:
                 why.append(f"{name} builds {fam.name} only with a {' or '.join(support.kv_cache)} KV cache")
             why += [f"{name} would not run this {fam.name} checkpoint as it is defined: {loss}"

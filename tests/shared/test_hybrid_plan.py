@@ -325,3 +325,13 @@ def test_nemotron_3_nano_30b_a3b_plans_on_thor_against_its_published_row():
                for w in plan.warnings), plan.warnings
     routing, borrowed = hybrid_perf.routing_s(shape, "nvfp4", "agx-thor")     # Thor NVFP4's own MoE rows
     assert borrowed is None and routing == pytest.approx(23 * fit_data()["moe"]["layer_s"]["thor-nvfp4"])
+
+
+def test_nemotron_3_nano_30b_a3b_is_refused_in_a_format_edgellm_does_not_export_its_experts_in():
+    """Edge-LLM 0.11's nemotron_h exports routed experts through its NVFP4 MoE plugins only: INT4-AWQ (which its
+    dense Nemotron-H builds) is refused for the 30B-A3B by name, on Orin as on Thor; the dense 9B v2 still plans."""
+    for target in ("agx-orin-64gb", "agx-thor"):
+        plan = _plan(NANO_30B, target, "int4_awq")
+        assert not plan.ok and any("builds Nemotron-H's routed experts only as nvfp4" in r for r in plan.refused), \
+            plan.refused
+    assert _plan("nvidia/NVIDIA-Nemotron-Nano-9B-v2", "agx-orin-64gb", "int4_awq").ok
