@@ -151,9 +151,8 @@ def fuse_for_export(model, share_awq_scales: bool = True) -> int:
     for layer in language_layers(model):
         blocks = [m for name, m in layer.named_children() if name in LAYER_BLOCKS]
         # projections that read one input; a family that stores them as one tensor (Phi-3's qkv_proj and
-        # gate_up_proj) has one linear there, whose quantizers already see that input once. A hybrid's recurrent
-        # projections (a gated delta-net's in_proj_qkv/z/b/a) also read one input, and keep their own scales, as
-        # Edge-LLM's quantizer leaves them (it turns the export's resmoothing off for hybrids)
+        # gate_up_proj) has one linear there, whose quantizers already see that input once (FUSED_GROUPS: which
+        # groups, and why a gated delta-net's qkv/z is one of them)
         groups = [[getattr(m, p) for p in parts] for m in blocks for parts in FUSED_GROUPS
                   if all(hasattr(m, p) for p in parts)]
         for group in groups:

@@ -20,12 +20,12 @@ def check_graph(path: Path, inputs, outputs, ops=(), extra_files=(), consumer: s
 
     m = onnx.load(str(path), load_external_data=False)
     have_in, have_out = [i.name for i in m.graph.input], [o.name for o in m.graph.output]
-    have_ops = sorted({f"{n.domain}:{n.op_type}" for n in m.graph.node})
+    made = Counter(f"{n.domain}:{n.op_type}" for n in m.graph.node)
+    have_ops = sorted(made)
     problems = [f"missing input {n}" for n in inputs if n not in have_in]
     problems += [f"missing output {n}" for n in outputs if n not in have_out]
     problems += [f"no {f} beside it" for f in extra_files if not (path.parent / f).is_file()]
     problems += [f"no {op} node" for op in (attention, *ops) if op not in have_ops]
-    made = Counter(f"{n.domain}:{n.op_type}" for n in m.graph.node)
     problems += [f"{made[op]} {op} nodes where {n} were expected" for op, n in (counts or {}).items()
                  if made[op] != n]
     if problems:
