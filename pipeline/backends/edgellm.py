@@ -251,9 +251,13 @@ EDGELLM_011: dict[str, Support] = {
     GEMMA3: Support(refused=_NO_GEMMA_PATH.format("Gemma 3")),
     **{arch: _edgellm_dense(_VLM_VERIFIED) for arch in VISION_LANGUAGE},
     QWEN3_5: _EDGELLM_QWEN3_5,
-    QWEN3_5_MM: dataclasses.replace(_EDGELLM_QWEN3_5, text_only="its vision tower is not planned or exported yet "
-                                    "(Edge-LLM's exporter takes the language model from the checkpoint); image "
-                                    "requests are refused by the server"),
+    # the hub's multimodal checkpoints: the language model as above, the tower as Qwen3-VL's without DeepStack
+    # (Edge-LLM's qwen3_5 visual model), exported to visual/ and run by the double's multimodal runtime
+    QWEN3_5_MM: dataclasses.replace(
+        _EDGELLM_QWEN3_5, verified=_EDGELLM_QWEN3_5.verified + "; Edge-LLM 0.11 exporter (models/qwen3_5 visual: "
+        "Qwen3-VL's tower without DeepStack); tests/workstation/test_visual_export.py (tiny multimodal Qwen3.5: tower "
+        "against transformers, language model INT4-AWQ through the runtime double), tests/workstation/"
+        "test_vlm_build.py (its kit validated with images through the runtime double)"),
     NEMOTRON_H: Support(rope_types=("default",), formats=("fp16", "int4_awq", "nvfp4"), kv_cache=("fp16",),
                         formats_why="the formats Edge-LLM 0.11 builds for Nemotron-H's linears (FP16, INT4-AWQ, "
                                     "NVFP4); its Mamba-2 state stays FP16",

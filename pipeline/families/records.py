@@ -127,8 +127,9 @@ FAMILIES: tuple[Family, ...] = (
                  "partial rotary (1/4 of each head)"),
     Family(QWEN3_5_MM, "Qwen3.5 (multimodal checkpoint)", ("Qwen3.5-0.8B", "Qwen3.5-4B", "Qwen3.5-27B"),
            "Qwen3_5Config", qk_norm=True, hybrid=QWEN3_5_LAYERS, fp16_at_4bit=GDN_FP16_AT_4BIT,
-           text_config="text_config",
-           notes="the hub's Qwen3.5 checkpoints: the language model in text_config planned, the vision tower not yet"),
+           text_config="text_config", visual=visual.QWEN3_VL,
+           notes="the hub's Qwen3.5 checkpoints: the hybrid decoder with interleaved multimodal RoPE and Qwen3-VL's "
+                 "tower without DeepStack"),
     Family(NEMOTRON_H, "Nemotron-H", ("Nemotron-H 8B", "NVIDIA-Nemotron-Nano-9B-v2", "Nemotron 3 Nano 4B / 30B-A3B"),
            "NemotronHConfig", activation="relu2", hybrid=NEMOTRON_H_LAYERS,
            notes="Mamba-2 blocks (a fixed-size state per sequence), a few attention blocks and plain relu2 MLP "

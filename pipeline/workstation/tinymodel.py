@@ -120,7 +120,8 @@ BUILTINS: dict[str, Builtin] = {
         tie_word_embeddings=False, layer_norm_epsilon=1e-5), train_steps=100,
         notes="Nemotron-H-style: Mamba-2, attention and MLP blocks"),
     # Vision-language models shrunk from real configs (tinyvlm.py holds their towers, processors and image tokens).
-    **{name: Builtin(vlm["architecture"], {}, notes=f"{vlm['architecture']} shrunk", extra=vlm)
+    **{name: Builtin(vlm["architecture"], {}, notes=f"{vlm['architecture']} shrunk", extra=vlm,
+                     train_steps=vlm.get("train_steps", 300))
        for name, vlm in VLM_BUILTINS.items()},
 }
 

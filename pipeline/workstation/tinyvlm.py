@@ -44,6 +44,27 @@ VLM_BUILTINS: dict[str, dict] = {
                     deepstack_visual_indexes=[0, 1]),
         processor_config=dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5, 0.5, 0.5],
                               image_std=[0.5, 0.5, 0.5], size={"shortest_edge": 65536, "longest_edge": 16777216})),
+    # Qwen3.5-0.8B as the hub has it (multimodal), shrunk: tiny-qwen3_5's hybrid decoder (three gated delta-net layers
+    # to one gated attention layer, delta-net heads 128 wide as Edge-LLM's kernel takes them) with interleaved mrope
+    # over its rotated quarter of each head (the hub's rope_parameters: mrope_section [11, 11, 10] of 64 rotated
+    # dimensions; here [3, 3, 2] of 16, at base 10,000 rather than the hub's 10,000,000, under which 8 frequencies
+    # barely turn and a wrong image position would go unseen by the checks); Qwen3-VL's tower without DeepStack
+    # (transformers' Qwen3_5VisionModel, Edge-LLM's qwen3_5 visual model) and Qwen3-VL's processor (transformers
+    # maps qwen3_5 to Qwen3VLProcessor).
+    "tiny-qwen3_5-vl": dict(
+        architecture="Qwen3_5ForConditionalGeneration", image=QWEN_IMAGE, processor="Qwen2VLImageProcessorPil",
+        train_steps=100,        # as tiny-qwen3_5 (transformers' delta-net runs its slow torch path on the CPU)
+        text=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=1, head_dim=64, linear_num_key_heads=1, linear_num_value_heads=2,
+                  linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                  layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=2048,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                   "mrope_section": [3, 3, 2], "mrope_interleaved": True},
+                  tie_word_embeddings=True, rms_norm_eps=1e-6),
+        vision=dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, patch_size=16, spatial_merge_size=2,
+                    temporal_patch_size=2, out_hidden_size=128, num_position_embeddings=2304),
+        processor_config=dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5, 0.5, 0.5],
+                              image_std=[0.5, 0.5, 0.5], size={"shortest_edge": 65536, "longest_edge": 16777216})),
     # Qwen2.5-VL-3B shrunk: 14-pixel patches, 112-pixel attention windows but in two of four blocks; CLIP's mean/std.
     "tiny-qwen2.5-vl": dict(
         architecture="Qwen2_5_VLForConditionalGeneration", image=QWEN_IMAGE, processor="Qwen2VLImageProcessorPil",

@@ -7,7 +7,7 @@ from pipeline.recipe.sources import Hub
 
 SHIPPED = ["tiny-llama-cpu", "llama3.2-3b-orin-nano", "qwen2.5-1.5b-orin-nano", "qwen3-1.7b-orin-nano-jp72",
            "llama3.1-8b-agx-orin", "llama3.1-8b-thor-fp8", "llama3.1-8b-thor-nvfp4", "llama3.1-8b-thor-nvfp4-eagle3",
-           "tiny-qwen3-vl-thor", "tiny-qwen2.5-vl-orin-nano-jp72", "tiny-internvl3-thor"]
+           "tiny-qwen3-vl-thor", "tiny-qwen2.5-vl-orin-nano-jp72", "tiny-internvl3-thor", "tiny-qwen3_5-vl"]
 
 
 def base() -> dict:

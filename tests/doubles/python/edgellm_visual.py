@@ -35,8 +35,11 @@ from pipeline.images import open_image
 from pipeline.workstation import visual_check as vc
 from pipeline.workstation.image_prompts import held_processor
 
-DESIGNS = {"qwen3_vl": ("qwen3_vl", QWEN3_VL), "qwen2_5_vl": ("qwen2_5_vl", QWEN2_5_VL),
-           "internvl": ("internvl", INTERNVL3), "internvl_chat": ("internvl", INTERNVL3)}
+# the visual engine's model_type (its config.json, as Edge-LLM's exporter writes it) -> (tower design, token math);
+# Qwen3.5's tower is Qwen3-VL's without DeepStack (its qwen3_5 visual model)
+DESIGNS = {"qwen3_vl": ("qwen3_vl", QWEN3_VL), "qwen3_5": ("qwen3_vl", QWEN3_VL),
+           "qwen2_5_vl": ("qwen2_5_vl", QWEN2_5_VL), "internvl": ("internvl", INTERNVL3),
+           "internvl_chat": ("internvl", INTERNVL3)}
 
 
 @dataclass
