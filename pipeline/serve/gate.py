@@ -1,5 +1,6 @@
-"""What every request passes before a route runs (serve/app.py mounts it): Host and Origin, CORS for the allowed
-origins, the JSON content type of a POST, the API key, and the request counter; as plain ASGI."""
+"""What every request passes before a route runs (serve/app.py wraps its app in it): Host and Origin, CORS for the
+allowed origins, the JSON content type of a POST, the API key, and the request counter; as plain ASGI. The
+generation routes are then called directly; every other request goes on to the FastAPI app."""
 
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ class Gate:
     """
 
     def __init__(self, app: Any, api_key: str | None, metrics: Metrics, allowed_hosts: frozenset[str] | None = None,
-                 cors_origins: frozenset[str] = frozenset(), public_metrics: bool = False):
-        self.app, self.metrics = app, metrics
+                 cors_origins: frozenset[str] = frozenset(), public_metrics: bool = False,
+                 posts: dict[str, Any] | None = None):
+        """posts: ASGI handlers of POST routes called directly, past `app` (serve/app.py's generation routes)."""
+        self.app, self.metrics, self.posts = app, metrics, posts or {}
         self.expected = None if api_key is None else api_key.encode()
         self.allowed_hosts, self.cors_origins, self.public_metrics = allowed_hosts, cors_origins, public_metrics
 
@@ -106,8 +109,9 @@ class Gate:
         if not path.startswith("/v1/"):
             await self.app(scope, receive, sending)
             return
+        route = self.posts.get(path) if scope.get("method") == "POST" else None
         try:
-            await self.app(scope, receive, sending)
+            await (route or self.app)(scope, receive, sending)
         finally:
             self.metrics.requests.labels(label, str(status["code"])).inc()
 
