@@ -21,7 +21,7 @@ tensorrt_edgellm/scripts/export.py, "the C++ runtime expects preprocessor_config
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline.errors import PipelineError
 
@@ -122,6 +122,17 @@ VisualTower = PatchMerger | Tiles
 QWEN2_5_VL = PatchMerger(patch=14, merge=2, min_pixels=56 * 56, max_pixels=28 * 28 * 1280)
 QWEN3_VL = PatchMerger(patch=16, merge=2, min_pixels=65_536, max_pixels=16_777_216)
 INTERNVL3 = Tiles(tile=448, patch=14, scale=0.5)
+
+
+
+def held(tower: VisualTower, per_image: int) -> VisualTower:
+    """The tower's token math bounded as Edge-LLM's runtime bounds an image (at most per_image tokens; the goldens'
+    processor is held the same way): Qwen's max_pixels = per_image x (patch x merge)^2 (min_pixels not above it);
+    InternVL's tiles at most per_image / tokens-per-tile - 1, one kept for the thumbnail."""
+    if isinstance(tower, PatchMerger):
+        most = min(tower.max_pixels, per_image * tower.factor * tower.factor)
+        return replace(tower, min_pixels=min(tower.min_pixels, most), max_pixels=most)
+    return replace(tower, max_tiles=max(1, min(tower.max_tiles, per_image // tower.per_tile - 1)))
 
 
 def expand_one(ids: list[int], placeholder: int, count: int) -> list[int]:

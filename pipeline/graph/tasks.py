@@ -115,7 +115,7 @@ def _plan_action(recipe, target):
         from pipeline.progress import terminal_out
         print(render_table(plan), file=terminal_out())
     if not plan.ok:
-        raise PipelineError(f"{recipe.file}: plan for {target} refused: " + " ".join(plan.refused),
+        raise PipelineError(f"{recipe.file}: plan for {target} refused: " + "; ".join(plan.refused),
                             "the plan says what would work instead; change the recipe")
     return plan
 

@@ -11,7 +11,7 @@ text in one prompt of max_input_len.
 from __future__ import annotations
 
 from pipeline.contract import BuildLimits, VisualLimits, VisualPlan
-from pipeline.families.visual import PatchMerger, Tiles
+from pipeline.families.visual import PatchMerger, Tiles, held
 from pipeline.plan.formats import UNQUANTIZED, WEIGHT_FORMATS
 from pipeline.plan.shapes import ModelShape
 from pipeline.plan.targets import TargetProfile
@@ -53,6 +53,29 @@ def limit_problems(shape: ModelShape, limits: VisualLimits, build: BuildLimits) 
                    f"{tokens.wrap_tokens} wrapping tokens) leaves no room for text in max_input_len "
                    f"{build.max_input_len}: raise build.max_input_len above {need} or lower "
                    "build.visual.max_image_tokens_per_image")
+    return out
+
+
+
+def image_refusals(shape: ModelShape, limits: VisualLimits, images: list[tuple[str, int, int]]) -> list[str]:
+    """The validation images the goldens stage would refuse, said by the plan, before calibration and export: each
+    image's tokens through the family's processor held to the profile (as the goldens hold the checkpoint's own
+    processor: image_prompts.held_processor) against max_image_tokens_per_image. images: (the recipe's reference,
+    height, width). A checkpoint whose processor bounds differ from its family's is still checked by the goldens."""
+    assert shape.tower is not None
+    per_image = limits.max_image_tokens_per_image
+    tokens = held(shape.tower.tokens, per_image)
+    out = []
+    for ref, height, width in images:
+        try:
+            count = tokens.image_tokens(height, width)
+        except ValueError as exc:
+            out.append(f"validation.images: {ref}: {exc}")
+            continue
+        if count > per_image:
+            out.append(f"validation.images: {ref} ({width}x{height} pixels) becomes {count} image tokens through the "
+                       f"model's processor, more than build.visual.max_image_tokens_per_image = {per_image} takes: "
+                       f"raise it to at least {count}, or use a larger or smaller image")
     return out
 
 

@@ -208,6 +208,15 @@ def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str
                       draft=draft_req, visual=visual_limits(b.visual, shape, limits),
                       visual_precision=recipe.quantization.visual)
     plan = make_plan(req)
+    if plan.visual is not None and recipe.validation.images:
+        from pipeline.plan.visual_plan import image_refusals
+        from pipeline.workstation.image_prompts import read_image
+        sized = []
+        for i, ref in enumerate(recipe.validation.images):
+            image = read_image(ref, recipe.file, f"validation.images[{i}]").pil()
+            sized.append((ref, image.height, image.width))
+        for reason in image_refusals(shape, plan.visual.limits, sized):
+            plan = refuse(plan, reason)
     if base is None and recipe.base_model:
         base = config_for(recipe, recipe.base_model)
     for reason in checkpoint_refusals(recipe, config, config_source, shape, base):

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.contract import VisualLimits
-from pipeline.families.visual import PatchMerger, VisualTower
+from pipeline.families.visual import PatchMerger, VisualTower, held
 from pipeline.images import MAX_IMAGE_BYTES, ImageError, image_format, open_image
 from pipeline.serve.protocol import ApiError, ImagePart
 
@@ -55,16 +55,6 @@ class ImageSide:
 
     def tokens(self, width: int, height: int) -> int:
         return self.tower.image_tokens(height, width)
-
-
-def held(tower: VisualTower, per_image: int) -> VisualTower:
-    """The tower's token math bounded as Edge-LLM's runtime bounds an image (at most per_image tokens; the goldens'
-    processor is held the same way): Qwen's max_pixels = per_image x (patch x merge)^2 (min_pixels not above it);
-    InternVL's tiles at most per_image / tokens-per-tile - 1, one kept for the thumbnail."""
-    if isinstance(tower, PatchMerger):
-        most = min(tower.max_pixels, per_image * tower.factor * tower.factor)
-        return replace(tower, min_pixels=min(tower.min_pixels, most), max_pixels=most)
-    return replace(tower, max_tiles=max(1, min(tower.max_tiles, per_image // tower.per_tile - 1)))
 
 
 def with_processor_config(tower: VisualTower, cfg: dict[str, Any]) -> VisualTower:

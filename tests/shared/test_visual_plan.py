@@ -160,3 +160,37 @@ def test_recipe_visual_fields_are_checked_and_fill_from_the_defaults(project, tm
     assert visual_limits(VisualSettings(), shape, BuildLimits.of(1, 2048, 4096)) is None
     assert visual_limits(VisualSettings(max_image_tokens_per_image=700), shape, BuildLimits.of(1, 2048, 4096)) == \
         VisualLimits(4, 1024, 700)
+
+
+def test_a_validation_image_past_the_profile_is_refused_by_the_plan_at_the_goldens_own_count():
+    """red-circle (150x130) and flag-stripes (180x110) through Qwen3-VL's processor held to the profile: 72 and 77
+    tokens, as the goldens count them (tests/workstation/test_vlm_build.py: their mean 74). A profile of 72 takes
+    the first and refuses the second; 77 takes both; the refusal names the image, its count and what to do."""
+    from pipeline.images import BUILTIN_IMAGES
+    from pipeline.plan.visual_plan import image_refusals
+    shape = known_shape("Qwen/Qwen3-VL-2B-Instruct")
+    sized = [(f"builtin:{n}", BUILTIN_IMAGES[n].height, BUILTIN_IMAGES[n].width)
+             for n in ("red-circle", "flag-stripes")]
+    assert image_refusals(shape, VisualLimits(4, 1024, 77), sized) == []
+    (one,) = image_refusals(shape, VisualLimits(4, 1024, 72), sized)
+    assert one == ("validation.images: builtin:flag-stripes (180x110 pixels) becomes 77 image tokens through the "
+                   "model's processor, more than build.visual.max_image_tokens_per_image = 72 takes: raise it to at "
+                   "least 77, or use a larger or smaller image")
+    assert len(image_refusals(shape, VisualLimits(4, 1024, 71), sized)) == 2
+
+
+def test_a_recipe_whose_images_the_goldens_would_refuse_is_refused_before_any_work(tmp_path):
+    """The shipped tiny multimodal Qwen3.5 recipe with a 64-token profile: its plan (read from the builtin's config,
+    before any fetch, calibration or export) refuses both images; the shipped 96 plans."""
+    from pipeline.recipe import config_for, load_recipe, plan_recipe
+    src = (REPO / "recipes" / "tiny-qwen3_5-vl.toml").read_text()
+    assert "max_image_tokens_per_image = 96" in src
+    small = tmp_path / "small.toml"
+    small.write_text(src.replace("max_image_tokens_per_image = 96", "max_image_tokens_per_image = 64"))
+    for path, refused in ((REPO / "recipes" / "tiny-qwen3_5-vl.toml", 0), (small, 2)):
+        recipe = load_recipe(str(path))
+        config, source = config_for(recipe, recipe.model)
+        p = plan_recipe(recipe, "orin-nano-8gb", config, source)
+        said = [r for r in p.refused if r.startswith("validation.images")]
+        assert len(said) == refused and p.ok == (refused == 0), p.refused
+    assert "builtin:red-circle (150x130 pixels) becomes 72 image tokens" in said[0]
