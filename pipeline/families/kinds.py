@@ -108,6 +108,8 @@ class MoeLayout:
     enabled_by: str | None = None
     beside_mlp: bool = False
     fused_tensors: tuple[str, str] | None = None
+    score_correction: bool = False      # a per-expert bias added to the router's scores (Nemotron-H)
+    shared_gate: bool = False           # the shared expert's output scaled by sigmoid(Linear(hidden, 1)) (Qwen3.5-MoE)
 
     def enabled(self, config: dict) -> bool:
         return not self.enabled_by or bool(config.get(self.enabled_by))
@@ -173,6 +175,8 @@ class HybridLayout:
     # MoE blocks (Nemotron 3 Nano 30B-A3B): where the config keeps their experts; their layers are the list's MoE
     # entries, their experts' MLP is the family's (gated_mlp). None: the family has no MoE blocks.
     experts: MoeLayout | None = None
+    # Qwen3.5-MoE: every mixer layer's MLP is an MoE block of `experts` (no dense MLP, no intermediate_size)
+    moe_in_every_layer: bool = False
 
     def kind_of(self, name: str) -> str | None:
         return dict(self.names).get(name)

@@ -7,6 +7,8 @@ would want it said.
 
 from __future__ import annotations
 
+import dataclasses
+
 from pipeline.families import visual
 from pipeline.families.kinds import (
     ATTENTION,
@@ -46,10 +48,11 @@ GPT_OSS_WHERE = ("gpt-oss (MXFP4 experts with attention sinks) has no path in Te
                  "0.12; on a Jetson it runs with vLLM (NVIDIA's Jetson vLLM container) or llama.cpp / Ollama")
 
 # hybrid recurrent decoders, as transformers 5 names them natively (Nemotron-H checkpoints also name their own code in
-# auto_map: the native class is used, never that code). Qwen3.5's hub checkpoints are multimodal, its language model
-# in text_config; its vision tower is not planned yet.
+# auto_map: the native class is used, never that code). Qwen3.5's hub checkpoints are multimodal: the language model
+# in text_config, Qwen3-VL's tower without DeepStack beside it.
 QWEN3_5, QWEN3_5_MM, NEMOTRON_H = "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "NemotronHForCausalLM"
-HYBRID = (QWEN3_5, QWEN3_5_MM, NEMOTRON_H)
+QWEN3_5_MOE, QWEN3_5_MOE_MM = "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"
+HYBRID = (QWEN3_5, QWEN3_5_MM, QWEN3_5_MOE, QWEN3_5_MOE_MM, NEMOTRON_H)
 # a gated delta-net's beta and alpha projections (one output per value head: 16 or 32 wide) stay FP16: ModelOpt's
 # stock configs leave them unquantized, and Edge-LLM 0.11's quantizer keeps every INT4 linear that is not 64-aligned in
 # FP16 (quantization/quantize.py); its exporter then builds them as plain GEMMs beside the INT4 ones
@@ -58,6 +61,15 @@ GDN_FP16_AT_4BIT = ("in_proj_b", "in_proj_a")
 QWEN3_5_LAYERS = HybridLayout(recurrent=GATED_DELTA_NET, types=("layer_types",),
                               names=(("linear_attention", GATED_DELTA_NET), ("full_attention", ATTENTION)),
                               attention_output_gate=True, interval="full_attention_interval")
+# Qwen3.5-MoE (35B-A3B and up): the same mixers, each followed by an MoE block instead of a dense MLP: softmax routing
+# to the top 8 of 256 experts, renormalized (unconditionally: its config has no norm_topk_prob), and a shared expert
+# scaled by sigmoid(shared_expert_gate(x)); transformers 5 stores each block's experts fused
+QWEN3_5_MOE_EXPERTS = MoeLayout(count=("num_experts",), shared_intermediate="shared_expert_intermediate_size",
+                                normalized=None, sparse_step=None, dense_layers=None, shared_gate=True,
+                                fused_tensors=("model.layers.{layer}.mlp.experts.gate_up_proj",
+                                               "model.layers.{layer}.mlp.experts.down_proj"))
+QWEN3_5_MOE_LAYERS = dataclasses.replace(QWEN3_5_LAYERS, mlp_in_every_layer=False, moe_in_every_layer=True,
+                                         experts=QWEN3_5_MOE_EXPERTS)
 # Nemotron-H: one block per layer. transformers 5 writes layers_block_type with linear_attention for Mamba-2; the
 # hub's configs still carry hybrid_override_pattern (M Mamba-2, * attention, - MLP, E MoE) or the old block names.
 # Its checkpoints keep the decoder under backbone. (transformers saves them so: backbone.embedding, backbone.norm_f)
@@ -68,7 +80,7 @@ NEMOTRON_H_EXPERTS = MoeLayout(count=("n_routed_experts",), active=("num_experts
                                shared_intermediate="moe_shared_expert_intermediate_size", sparse_step=None,
                                dense_layers=None,
                                expert_tensors="backbone.layers.{layer}.mixer.experts.{expert}.{proj}.weight",
-                               router="backbone.layers.{layer}.mixer.gate.weight")
+                               router="backbone.layers.{layer}.mixer.gate.weight", score_correction=True)
 NEMOTRON_H_LAYERS = HybridLayout(
     recurrent=MAMBA2, types=("layers_block_type", "layer_types"),
     names=(("linear_attention", MAMBA2), ("mamba", MAMBA2), ("full_attention", ATTENTION), ("attention", ATTENTION),
@@ -130,6 +142,14 @@ FAMILIES: tuple[Family, ...] = (
            text_config="text_config", visual=visual.QWEN3_VL,
            notes="the hub's Qwen3.5 checkpoints: the hybrid decoder with interleaved multimodal RoPE and Qwen3-VL's "
                  "tower without DeepStack"),
+    Family(QWEN3_5_MOE, "Qwen3.5-MoE", ("Qwen3.5-35B-A3B (text)",), "Qwen3_5MoeTextConfig", qk_norm=True,
+           hybrid=QWEN3_5_MOE_LAYERS, fp16_at_4bit=GDN_FP16_AT_4BIT,
+           notes="Qwen3.5's gated delta-net and gated attention layers, each followed by an MoE block (256 experts, "
+                 "8 per token, and a gated shared expert)"),
+    Family(QWEN3_5_MOE_MM, "Qwen3.5-MoE (multimodal checkpoint)", ("Qwen3.5-35B-A3B",), "Qwen3_5MoeConfig",
+           qk_norm=True, hybrid=QWEN3_5_MOE_LAYERS, fp16_at_4bit=GDN_FP16_AT_4BIT, text_config="text_config",
+           visual=visual.QWEN3_VL,
+           notes="the hub's Qwen3.5-MoE checkpoints: the MoE hybrid decoder and Qwen3-VL's tower without DeepStack"),
     Family(NEMOTRON_H, "Nemotron-H", ("Nemotron-H 8B", "NVIDIA-Nemotron-Nano-9B-v2", "Nemotron 3 Nano 4B / 30B-A3B"),
            "NemotronHConfig", activation="relu2", hybrid=NEMOTRON_H_LAYERS,
            notes="Mamba-2 blocks (a fixed-size state per sequence), a few attention blocks and plain relu2 MLP "

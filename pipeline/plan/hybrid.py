@@ -71,6 +71,7 @@ class Hybrid:
     attention_gate: bool        # q_proj also projects the attention output's gate
     qk_norm: bool
     norms_per_layer: int
+    moe_in_every_layer: bool = False    # each layer's MLP is an MoE block (Qwen3.5-MoE)
 
     @property
     def attention_layers(self) -> int:
@@ -78,7 +79,9 @@ class Hybrid:
 
     @property
     def moe_layers(self) -> tuple[int, ...]:
-        """The MoE blocks (their experts: ModelShape.experts)."""
+        """The MoE blocks (their experts: ModelShape.experts): the list's MoE entries, or every layer's MLP."""
+        if self.moe_in_every_layer:
+            return tuple(range(len(self.blocks)))
         return tuple(i for i, b in enumerate(self.blocks) if b == MOE)
 
     def layer_linears(self, hidden: int, q_size: int, kv_size: int) -> list[list[tuple[str, str, int, int]]]:
@@ -170,7 +173,7 @@ def hybrid_from_config(layout: HybridLayout, config: dict, shape: dict, prefix: 
         problems.append(Problem(source, prefix + key, f"{len(blocks)} layers", f"must describe num_hidden_layers = "
                                 f"{shape['num_layers']} layers", "use the model's own config.json"))
         return None
-    if MOE in blocks and layout.experts is None:
+    if (MOE in blocks or layout.moe_in_every_layer) and layout.experts is None:
         problems.append(Problem(source, prefix + key, MOE, "MoE blocks, which this family's layout has none of",
                                 "use the model's own config.json"))
         return None
@@ -220,5 +223,5 @@ def hybrid_from_config(layout: HybridLayout, config: dict, shape: dict, prefix: 
     return Hybrid(blocks=tuple(blocks), recurrent=recurrent, mlp_width=shape["intermediate_size"],
                   gated_mlp=layout.gated_mlp, mlp_in_every_layer=layout.mlp_in_every_layer,
                   attention_gate=layout.attention_output_gate, qk_norm=qk_norm,
-                  norms_per_layer=layout.norms_per_layer)
+                  norms_per_layer=layout.norms_per_layer, moe_in_every_layer=layout.moe_in_every_layer)
 

@@ -26,6 +26,7 @@ class Experts:
     shared_intermediate: int = 0    # a shared expert every token passes through (0: none)
     gated: bool = True          # gate/up/down; False: up/down (Nemotron-H's relu2 experts)
     router_bias: bool = False   # a per-expert score correction beside the router (Nemotron-H)
+    shared_gate: bool = False   # the shared expert's own gate, Linear(hidden, 1) (Qwen3.5-MoE)
 
     def mlp(self, hidden: int, width: int) -> list[tuple[str, int, int]]:
         """One expert's (or the shared expert's) linears at this width."""
@@ -213,7 +214,8 @@ class ModelShape:
         """Every layer's small tensors (a hybrid's counted layer by layer)."""
         if self.hybrid is not None:
             e = self.experts        # its MoE blocks' routers (and their score corrections)
-            routers = e.layers * e.count * (self.hidden_size + (1 if e.router_bias else 0)) if e else 0
+            routers = e.layers * (e.count * (self.hidden_size + (1 if e.router_bias else 0))
+                                  + (self.hidden_size if e.shared_gate else 0)) if e else 0
             return self.hybrid.small_params(self.hidden_size, self.head_dim) + routers
         return self.num_layers * self.small_params_per_layer
 
@@ -323,7 +325,9 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
         num_kv_heads=need_int("num_key_value_heads", heads),
         head_dim=_int_field(config, head_key, BOUNDS["head_dim"], problems, source, prefix,
                             default=config.get(head_key) or hidden // max(heads, 1)),
-        intermediate_size=need_int("intermediate_size"), vocab_size=need_int("vocab_size"),
+        # a hybrid whose every MLP is an MoE block has no dense MLP width (Qwen3.5-MoE's configs carry none)
+        intermediate_size=0 if hybrid_layout is not None and hybrid_layout.moe_in_every_layer and
+        config.get("intermediate_size") is None else need_int("intermediate_size"), vocab_size=need_int("vocab_size"),
         max_position_embeddings=need_int("max_position_embeddings", 2048),
     )
     experts = None
@@ -340,7 +344,7 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
         if hybrid is not None and hybrid.moe_layers and hybrid_layout.experts is not None:
             # its MoE blocks: the list's MoE entries, experts of the family's MLP, a score correction per expert
             experts = _experts(hybrid_layout.experts, config, hybrid.moe_layers, prefix, source, problems,
-                               gated=hybrid_layout.gated_mlp, router_bias=True)
+                               gated=hybrid_layout.gated_mlp)
     heads, kv = shape["num_heads"], shape["num_kv_heads"]
     if not problems and (kv > heads or heads % kv):
         problems.append(Problem(source, prefix + "num_key_value_heads", kv, f"must divide num_attention_heads "
@@ -358,7 +362,7 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
 
 
 def _experts(m, config: dict, layer_ids: tuple[int, ...], prefix: str, source: str, problems: list[Problem],
-             gated: bool = True, router_bias: bool = False) -> Experts:
+             gated: bool = True) -> Experts:
     """The routed experts a family's MoeLayout says where to find (layer_ids: its MoE layers)."""
     def need(key: str, most: int) -> int:
         return _int_field(config, key, most, problems, source, prefix)
@@ -370,7 +374,8 @@ def _experts(m, config: dict, layer_ids: tuple[int, ...], prefix: str, source: s
         if m.shared_intermediate and config.get(m.shared_intermediate) else 0
     width = need(m.intermediate, BOUNDS["intermediate_size"])
     return Experts(count=count, active=min(active, count), intermediate=width, layer_ids=layer_ids,
-                   shared_intermediate=shared, gated=gated, router_bias=router_bias)
+                   shared_intermediate=shared, gated=gated, router_bias=m.score_correction,
+                   shared_gate=m.shared_gate and shared > 0)
 
 
 def _layer_geometry(layout, config: dict, shape: dict, prefix: str, source: str, problems: list[Problem]

@@ -110,7 +110,8 @@ class TowerShape:
 # Qwen3.5's tower is Qwen3-VL's without DeepStack (Edge-LLM 0.11: models/qwen3_5/modeling_qwen3_5_visual.py reuses
 # its Qwen3-VL classes with deepstack_visual_indexes = []): the same graph inputs, processor and check
 DESIGNS = {"Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl", "Qwen3VLForConditionalGeneration": "qwen3_vl",
-           "Qwen3_5ForConditionalGeneration": "qwen3_vl", "InternVLForConditionalGeneration": "internvl"}
+           "Qwen3_5ForConditionalGeneration": "qwen3_vl", "Qwen3_5MoeForConditionalGeneration": "qwen3_vl",
+           "InternVLForConditionalGeneration": "internvl"}
 
 
 def tower_from_config(arch: str, config: dict, source: str, problems: list[Problem]) -> TowerShape | None:

@@ -336,3 +336,51 @@ def test_nemotron_3_nano_30b_a3b_is_refused_in_a_format_edgellm_does_not_export_
         assert not plan.ok and any("builds Nemotron-H's routed experts only as nvfp4" in r for r in plan.refused), \
             plan.refused
     assert _plan("nvidia/NVIDIA-Nemotron-Nano-9B-v2", "agx-orin-64gb", "int4_awq").ok
+
+
+QWEN3_5_MOE = "Qwen/Qwen3.5-35B-A3B"
+
+
+def test_qwen3_5_moe_is_counted_as_transformers_builds_it_experts_and_all():
+    """Qwen3.5's mixers, each followed by an MoE block: built on the meta device by transformers' native
+    Qwen3.5-MoE from the config. The fused routed experts (3-D, 256 per layer, gate/up/down), the shared expert and
+    the mixers' linears counted as linears; the routers and the shared experts' one-output gates with the norms and
+    the delta-nets' small tensors; no dense MLP; 34.7B in all, 2.42B of linears a decoded token reads (8 experts)."""
+    import torch
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+    cfg = json.loads(json.dumps(known_model_configs()[QWEN3_5_MOE]))
+    with torch.device("meta"):
+        model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**cfg["text_config"]))
+    params = dict(model.named_parameters())
+    shape = known_shape(QWEN3_5_MOE)
+    e = shape.experts
+    assert (e.count, e.active, e.intermediate, e.shared_intermediate, e.gated, e.shared_gate, e.router_bias) == \
+        (256, 8, 512, 512, True, True, False)
+    assert e.layer_ids == tuple(range(40)) and shape.hybrid.mlp_width == 0
+    small = ("mlp.gate.weight", "shared_expert_gate.weight")
+    linears = sum(p.numel() for n, p in params.items() if ("experts" in n and p.dim() == 3) or (
+        p.dim() == 2 and "embed" not in n and "lm_head" not in n and not n.endswith(small)))
+    assert shape.linear_params == linears
+    assert shape.total_params == sum(p.numel() for p in params.values())
+    assert round(shape.total_params / 1e9, 1) == 34.7
+    assert round(shape.active_linear_params(1) / 1e9, 2) == 2.42
+    kinds = {"gated_delta_net": "linear_attention", "attention": "full_attention"}
+    assert [kinds[b] for b in shape.hybrid.blocks] == list(model.config.layer_types)
+
+
+def test_qwen3_5_moe_plans_with_its_tower_on_orin_and_thor_and_says_its_experts_are_not_built():
+    """The multimodal 35B-A3B: all 256 experts of every layer in memory (INT4-AWQ 17.5 GB of weights), the tower's
+    engine beside them; it fits an AGX Orin 64GB and a Thor, not an 8 GB Orin Nano; its MoE blocks are planned and not
+    built here (the plan warns; the build refuses by the same Support record); TensorRT-LLM 0.12 refuses it."""
+    orin = _plan(QWEN3_5_MOE, "agx-orin-64gb", limits=BuildLimits.of(2, 1024, 4096))
+    thor = _plan(QWEN3_5_MOE, "agx-thor", "nvfp4", BuildLimits.of(2, 1024, 4096))
+    nano = _plan(QWEN3_5_MOE, "orin-nano-8gb", limits=BuildLimits.of(2, 1024, 4096))
+    for p in (orin, thor):
+        assert p.ok and p.backend == "edgellm" and p.visual is not None and p.memory.visual > 0
+        assert any("planned, not built yet with its routed experts: Qwen3.5-MoE's MoE blocks" in w for w in p.warnings)
+        assert p.memory.recurrent_state > 0 and p.predicted_decode_tok_s > 0
+    assert round(orin.memory.weights / 1e9, 1) == 17.5
+    assert thor.predicted_decode_tok_s > orin.predicted_decode_tok_s
+    assert not nano.ok and "does not fit" in nano.refused[0]
+    old = _plan(QWEN3_5_MOE, "agx-orin-64gb", backend="trtllm-0.12")
+    assert not old.ok and "hybrid recurrent models" in " ".join(old.refused)
