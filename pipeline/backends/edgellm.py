@@ -257,9 +257,9 @@ EDGELLM_011: dict[str, Support] = {
     # (Edge-LLM's qwen3_5 visual model), exported to visual/ and run by the double's multimodal runtime
     QWEN3_5_MM: dataclasses.replace(
         _EDGELLM_QWEN3_5, verified=_EDGELLM_QWEN3_5.verified + "; Edge-LLM 0.11 exporter (models/qwen3_5 visual: "
-        "Qwen3-VL's tower without DeepStack); tests/workstation/test_visual_export.py (tiny multimodal Qwen3.5: tower "
-        "against transformers, language model INT4-AWQ through the runtime double), tests/workstation/"
-        "test_vlm_build.py (its kit validated with images through the runtime double)"),
+        "Qwen3-VL's tower without DeepStack); tests/workstation/test_hybrid_vlm_build.py (tiny multimodal Qwen3.5 "
+        "INT4-AWQ with an FP16 tower through doit build, its tower checked against transformers in the export, its "
+        "image goldens validated through the runtime double on the recorded Orin Nano, served)"),
     # Qwen3.5-MoE: planned (its MoE blocks as the MoE fit prices them, its delta-nets as the hybrid fit does); Edge-LLM
     # 0.11's qwen3_5_moe model is Qwen3.5's mixers with Qwen3-MoE's sparse block (MoE plugins: INT4 Marlin, NVFP4,
     # FP16; the shared expert in FP16 behind its sigmoid gate), whose export is not taken through the double here yet
