@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from pipeline.errors import PipelineError
+from pipeline.workstation.onnx_reference import exact_elementwise_ops, float32_accumulating_ops, vit_attention_op
 
 # an FP16 graph against the float32 reference with the same (FP16) weights: the largest difference relative to the
 # reference's largest magnitude, and the cosine over all features. Measured on the tiny towers: 8e-4 and 0.9999996.
@@ -33,45 +33,6 @@ MIN_COSINE = 0.999
 # would show): 0.99907-0.99936. The cosine bound sits between the two.
 MAX_RELATIVE_ERROR_FP8 = 0.1
 MIN_COSINE_FP8 = 0.9995
-
-
-def vit_attention_op() -> Any:
-    from onnx.reference.op_run import OpRun
-
-    class ViTAttentionPlugin(OpRun):
-        op_domain = "trt_edgellm"
-
-        def _run(self, q, k, v, cu_seqlens, _max_seqlen_carrier, attention_scale=None, **_shape_attributes):
-            out = np.zeros_like(q)
-            bounds = cu_seqlens.tolist()
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-                if b <= a:
-                    continue
-                qq, kk, vv = (t[a:b].astype(np.float32) for t in (q, k, v))
-                att = np.einsum("qhd,khd->hqk", qq, kk) * attention_scale
-                att = np.exp(att - att.max(-1, keepdims=True))
-                att /= att.sum(-1, keepdims=True)
-                out[a:b] = np.einsum("hqk,khd->qhd", att, vv).astype(q.dtype)
-            return (out,)
-    return ViTAttentionPlugin
-
-
-def float32_accumulating_ops() -> list:
-    """MatMul and Gemm on FP16 inputs accumulated in float32 (numpy's FP16 matmul accumulates in FP16)."""
-    from onnx.reference.op_run import OpRun
-
-    class MatMul(OpRun):
-        def _run(self, a, b):
-            return (np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype),)
-
-    class Gemm(OpRun):
-        def _run(self, a, b, c=None, alpha=1.0, beta=1.0, transA=0, transB=0):  # noqa: N803 (ONNX's names)
-            a32, b32 = a.astype(np.float32), b.astype(np.float32)
-            y = alpha * np.matmul(a32.T if transA else a32, b32.T if transB else b32)
-            if c is not None:
-                y = y + beta * c.astype(np.float32)
-            return (y.astype(a.dtype),)
-    return [MatMul, Gemm]
 
 
 # the image processor of each design, as its PIL implementation (no torchvision: the workstation's torch is CPU-only
@@ -271,7 +232,8 @@ def check_tower(onnx_path: Path, model_dir: Path, design: str, images: list) -> 
 
     model = load_tower(model_dir, design)
     processor = image_processor(model_dir, design)
-    session = ReferenceEvaluator(onnx.load(str(onnx_path)), new_ops=[vit_attention_op(), *float32_accumulating_ops()])
+    session = ReferenceEvaluator(onnx.load(str(onnx_path)), new_ops=[vit_attention_op(), *float32_accumulating_ops(),
+                                                                   *exact_elementwise_ops()])
     worst, cosine = 0.0, 1.0
     vision = model.config.vision_config.to_dict()
     geometry = None if design == "internvl" else TowerGeometry.of(vision)
