@@ -139,11 +139,10 @@ def test_each_part_of_the_double_is_needed_to_compute_transformers_gemma4(tiny_g
     or with another RoPE for the full layers, the double disagrees: each is what the model computes."""
     import onnx
     import torch
-    from onnx.reference import ReferenceEvaluator
     from transformers import AutoModelForCausalLM
 
     eng, engine_dir = _fp16_engine(tiny_gemma4, tmp_path)
-    from edgellm_engine import MOE_OPS, OPS, load_engine  # beside the engine double (build_engine imported it)
+    from edgellm_engine import evaluator, load_engine  # beside the engine double (build_engine imported it)
     model = AutoModelForCausalLM.from_pretrained(tiny_gemma4, dtype=torch.float32).eval()
     ids = [int(t) for t in np.random.default_rng(0).integers(3, 500, 36)]
     with torch.no_grad():
@@ -157,7 +156,7 @@ def test_each_part_of_the_double_is_needed_to_compute_transformers_gemma4(tiny_g
                    for a, b in zip(ref[27:], got, strict=True))
 
     def rerun(engine, graph) -> None:
-        engine.model, engine.session = graph, ReferenceEvaluator(graph, new_ops=[*OPS, *MOE_OPS])
+        engine.model, engine.session = graph, evaluator(graph)
     assert worst(eng) > 0.9999
     unwindowed = load_engine(engine_dir, "llm.engine", "config.json")
     for node in unwindowed.model.graph.node:

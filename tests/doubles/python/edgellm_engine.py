@@ -42,6 +42,8 @@ from edgellm_recurrent import OPS as RECURRENT_OPS  # beside this module (delta-
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
+from pipeline.workstation.onnx_reference import exact_elementwise_ops
+
 PAGE = 128      # tokens per KV page: the pool shape the exporter declares, [2, pages, 128, Hkv, D]
 
 
@@ -103,18 +105,19 @@ class AttentionPlugin(OpRun):
             q, k = rope(q), (k if shared else rope(k))
             if fp8:     # the query in E4M3 with its per-tensor scale (1.0 where the checkpoint has none)
                 q = _fp8(q / q_scale).astype(np.float32) * q_scale
-            for i in range(0 if shared else ql):
-                pos = pl + i
-                kp, vp = page_table[s, 0, pos // PAGE], page_table[s, 1, pos // PAGE]
-                present[0, kp, pos % PAGE] = _fp8(k[i] / k_scale) if fp8 else k[i]
-                present[1, vp, pos % PAGE] = _fp8(v[i] / v_scale) if fp8 else v[i]
+            if not shared:      # this step's keys and values into their pages
+                pos = pl + np.arange(ql)
+                present[0, page_table[s, 0, pos // PAGE], pos % PAGE] = _fp8(k / k_scale) if fp8 else k
+                present[1, page_table[s, 1, pos // PAGE], pos % PAGE] = _fp8(v / v_scale) if fp8 else v
             total = pl + ql
-            keys, vals = (np.stack([present[kv, page_table[s, kv, p // PAGE], p % PAGE] for p in range(total)])
-                          .astype(np.float32) for kv in (0, 1))
+            seen = np.arange(total)
+            keys, vals = (present[kv, page_table[s, kv, seen // PAGE], seen % PAGE].astype(np.float32)
+                          for kv in (0, 1))
             if fp8:
                 keys, vals = keys * k_scale, vals * v_scale
             keys, vals = np.repeat(keys, hq // hkv, axis=1), np.repeat(vals, hq // hkv, axis=1)
-            att = np.einsum("qhd,khd->hqk", q, keys) * scale
+            # heads first, as batched matmuls: numpy's einsum does not reach BLAS for these contractions
+            att = np.matmul(q.transpose(1, 0, 2), keys.transpose(1, 2, 0)) * scale
             if tree_mask is None:
                 hidden = np.arange(total)[None, :] > (pl + np.arange(ql))[:, None]
                 if window > 0:      # a sliding layer sees the last `window` positions, its own included
@@ -126,7 +129,7 @@ class AttentionPlugin(OpRun):
             att = np.where(hidden[None], -np.inf, att)
             att = np.exp(att - att.max(-1, keepdims=True))
             att /= att.sum(-1, keepdims=True)
-            out[start:start + ql] = np.einsum("hqk,khd->qhd", att, vals).astype(qkv.dtype)
+            out[start:start + ql] = np.matmul(att, vals.transpose(1, 0, 2)).transpose(1, 0, 2).astype(qkv.dtype)
             start += ql
         return out, present
 
@@ -324,6 +327,13 @@ def mrope_axes(rope_scaling: dict, half: int) -> np.ndarray:
     return axes
 
 
+def causal_words(t: int) -> np.ndarray:
+    """[t, ceil(t / 32)] int32: bit j % 32 of word j // 32 of row i set where j <= i (each word's 32 bits as the
+    kernel reads them, the top bit as the sign)."""
+    seen = np.arange(-(-t // 32) * 32)[None, :] <= np.arange(t)[:, None]
+    return (seen.reshape(t, -1, 32).astype(np.int64) << np.arange(32)).sum(-1).astype(np.uint32).view(np.int32)
+
+
 @dataclass
 class ImageInputs:
     """What the multimodal runtime hands the language engine for a request with images (edgellm_visual.py)."""
@@ -340,6 +350,12 @@ class Pools(list):
     states: dict[str, np.ndarray]
 
 
+def evaluator(model: onnx.ModelProto) -> ReferenceEvaluator:
+    """The graph under ONNX's reference evaluator with Edge-LLM's plugins (this module's, the MoE's, the recurrent
+    ones) and whole-array Sigmoid/Erf (the reference's per-element Python took most of a step's time)."""
+    return ReferenceEvaluator(model, new_ops=[*OPS, *MOE_OPS, *RECURRENT_OPS, *exact_elementwise_ops()])
+
+
 class Engine:
     """One engine file of the llm_build double, run as the runtime runs it (one sequence at a time)."""
 
@@ -350,7 +366,7 @@ class Engine:
         self.cfg, self.embedding, self.external, self.ple = config, embedding, external, ple
         self.layers = config["num_hidden_layers"]
         _share_donor_pools(self.model, config.get("kv_sharing_donors") or [])
-        self.session = ReferenceEvaluator(self.model, new_ops=[*OPS, *MOE_OPS, *RECURRENT_OPS])
+        self.session = evaluator(self.model)
         # a hybrid's recurrent layers: conv_state_i / recurrent_state_i inputs, present_* outputs (one slot here)
         self.state_inputs = {i.name: (onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type),
                                       [d.dim_value for d in i.type.tensor_type.shape.dim][1:])
@@ -409,9 +425,7 @@ class Engine:
                  "kv_page_table": table, "logits_indices": np.array([t - 1], np.int32), **self.external,
                  # an EAGLE-3 base decoding one chain (no draft): token i sees tokens 0..i of this step
                  # (bit j % 32 of word j // 32)
-                 "packed_attention_mask": np.array([[sum(1 << (j - 32 * w) for j in range(i + 1) if j // 32 == w)
-                                                     for w in range(-(-t // 32))] for i in range(t)],
-                                                   np.int64).astype(np.int32),
+                 "packed_attention_mask": causal_words(t),
                  "attention_position_ids": pos.astype(np.int32),
                  "tree_parent_ids": np.arange(-1, t - 1, dtype=np.int32), "tree_depths": np.arange(t, dtype=np.int32),
                  "valid_tree_counts": np.array([t], np.int32)}
