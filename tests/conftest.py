@@ -38,6 +38,12 @@ def pytest_configure(config):   # noqa: ARG001 - pytest's hook signature
         os.environ["OMP_NUM_THREADS"] = "1"
         import torch
         torch.set_num_threads(1)
+    # torch's inductor writes its cache directory into os.environ the first time anything in this process exports or
+    # compiles (torch/_inductor/runtime/cache_dir_utils.py cache_dir()): the first in-process Edge-LLM export then
+    # made every later doit and serve run of the worker differ from the zygote's environment (TORCH*), and each of
+    # them fell back to a fresh interpreter (13-15 s of imports). Set now, before the zygote starts, it never changes.
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    cache_dir()
 
 REPO = Path(__file__).resolve().parents[1]
 
