@@ -53,6 +53,12 @@ def float32_accumulating_ops() -> list:
     return [MatMul, Gemm]
 
 
+def tower_ops() -> list:
+    """What a visual tower's graph needs under the reference evaluator: its attention plugin, FP32-accumulating
+    MatMul/Gemm, whole-array Sigmoid/Erf (the tower check here and the visual engine double in tests/)."""
+    return [vit_attention_op(), *float32_accumulating_ops(), *exact_elementwise_ops()]
+
+
 def exact_elementwise_ops() -> list:
     """Sigmoid and Erf as ONNX's reference evaluator computes them (each element in float64, rounded to the input's
     dtype), bit for bit, over whole arrays: the reference calls a Python function per element (np.vectorize), and a

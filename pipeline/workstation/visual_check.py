@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import PipelineError
-from pipeline.workstation.onnx_reference import exact_elementwise_ops, float32_accumulating_ops, vit_attention_op
+from pipeline.workstation.onnx_reference import tower_ops
 
 # an FP16 graph against the float32 reference with the same (FP16) weights: the largest difference relative to the
 # reference's largest magnitude, and the cosine over all features. Measured on the tiny towers: 8e-4 and 0.9999996.
@@ -232,8 +232,7 @@ def check_tower(onnx_path: Path, model_dir: Path, design: str, images: list) -> 
 
     model = load_tower(model_dir, design)
     processor = image_processor(model_dir, design)
-    session = ReferenceEvaluator(onnx.load(str(onnx_path)), new_ops=[vit_attention_op(), *float32_accumulating_ops(),
-                                                                   *exact_elementwise_ops()])
+    session = ReferenceEvaluator(onnx.load(str(onnx_path)), new_ops=tower_ops())
     worst, cosine = 0.0, 1.0
     vision = model.config.vision_config.to_dict()
     geometry = None if design == "internvl" else TowerGeometry.of(vision)

@@ -34,7 +34,7 @@ from pipeline.families.visual import INTERNVL3, QWEN2_5_VL, QWEN3_VL
 from pipeline.images import open_image
 from pipeline.workstation import visual_check as vc
 from pipeline.workstation.image_prompts import held_processor
-from pipeline.workstation.onnx_reference import exact_elementwise_ops, float32_accumulating_ops, vit_attention_op
+from pipeline.workstation.onnx_reference import tower_ops
 
 # the visual engine's model_type (its config.json, as Edge-LLM's exporter writes it) -> (tower design, token math);
 # Qwen3.5's tower is Qwen3-VL's without DeepStack (its qwen3_5 visual model)
@@ -64,8 +64,7 @@ class VisualEngine:
         self.geometry = None if self.design == "internvl" else vc.TowerGeometry.of(cfg["vision_config"])
         self.tower, self.placeholder = tower, tower.placeholder
         self.session = ReferenceEvaluator(onnx.load(str(visual_dir / "visual.engine")),
-                                          new_ops=[vit_attention_op(), *float32_accumulating_ops(),
-                                                   *exact_elementwise_ops()])
+                                          new_ops=tower_ops())
 
     def encode(self, paths: list[str]) -> Encoded:
         embeds, deepstack, grids, tokens = [], [], [], []
