@@ -58,8 +58,14 @@ if [ ! -e "$stamp" ]; then
   echo "bootstrap: installing the workstation environment into .venv (first run: a few minutes)" >&2
   .venv/bin/python -m pip install -q --upgrade pip
   # torch alone and first, pinned: nothing installed after it can then resolve a multi-GB CUDA build by accident.
-  .venv/bin/python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
-  .venv/bin/python -m pip install -q -e ".[workstation,serve,dev,registry]"
+  # --no-compile, then compileall on every core: pip byte-compiles each wheel on one core, which was most of the
+  # install's time on a 2-core machine (torch and transformers ship ~20,000 modules). compileall stops at nothing
+  # pip would have stopped at: a module written for a newer Python (torch's py312 test helpers) fails to compile
+  # under both, and only its exit status says so here.
+  .venv/bin/python -m pip install -q --no-compile "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+  .venv/bin/python -m pip install -q --no-compile -e ".[workstation,serve,dev,registry]"
+  .venv/bin/python -m compileall -q -j0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    >/dev/null 2>&1 || true
   # A CUDA GPU here: compile ModelOpt's CUDA extensions now (torch caches them), or the first GPU calibration
   # stalls about a minute compiling them. Without a CUDA toolkit ModelOpt quantizes through plain torch instead.
   if .venv/bin/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
