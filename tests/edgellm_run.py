@@ -89,36 +89,43 @@ def calibrated_scales(model) -> list[list[float]]:
 def model_vs_engine(src, tmp_path, weights: str, kv: str, calibration, new_tokens: int = 8, device: str = "cpu",
                     target_sm: str = "11.0", group_size: int | None = None, share_awq_scales: bool = True,
                     prompt_tokens: int = 24) -> dict:
-    """quantize + export for target_sm, then the calibrated model (on `device`) against the ONNX run as the runtime
-    runs its engine, along the model's own greedy answer (teacher forcing): the logits' cosine per position (the
-    first is the prompt's last) and the tie-aware top-1 agreement (pipeline.workstation.reader.agreement, the
-    TensorRT-LLM checkpoint check's measure); the engine's free greedy answer's token agreement (the device's
-    measure); the plugin's qkv_scales and, with a quantized KV cache, the calibrated ones. share_awq_scales: False
-    quantizes AWQ as a recipe whose backends are all Edge-LLM does (each linear keeps its own scale). prompt_tokens:
-    the prompt's length (a held-out text's first tokens)."""
-    import torch
-    from transformers import AutoTokenizer
-
-    from pipeline.backends import token_agreement
+    """quantize + export for target_sm, then `exported_vs_engine` on what they wrote. share_awq_scales: False
+    quantizes AWQ as a recipe whose backends are all Edge-LLM does (each linear keeps its own scale)."""
     from pipeline.workstation.calibrate import quantize
     from pipeline.workstation.edgellm_export import export
-    from pipeline.workstation.grid import weights_on_grid
-    from pipeline.workstation.models import new_cache
-    from pipeline.workstation.reader import agreement
-    from pipeline.workstation.state import ModelHandoff, load_quantized
-    from pipeline.workstation.tinytrain import corpus_text
+    from pipeline.workstation.state import ModelHandoff
 
     q = tmp_path / "q"
     q.mkdir()
     handoff = ModelHandoff()      # as the graph hands the calibrated model on (NVFP4's lives on the GPU)
     quantize(src, q, weights, kv, group_size, calibration, ".", handoff=handoff, share_awq_scales=share_awq_scales)
-    onnx_dir = tmp_path / "e" / "onnx"
-    export(src, q, tmp_path / "e", onnx_dir, weights, kv, target_sm, handoff=handoff)
+    export(src, q, tmp_path / "e", tmp_path / "e" / "onnx", weights, kv, target_sm, handoff=handoff)
+    return exported_vs_engine(src, q, tmp_path / "e" / "onnx", tmp_path, kv, new_tokens, device, prompt_tokens)
+
+
+def exported_vs_engine(src, quant_dir, onnx_dir, tmp_path, kv: str, new_tokens: int = 8, device: str = "cpu",
+                       prompt_tokens: int = 24) -> dict:
+    """The calibrated model (quantize's output in quant_dir, on `device`) against the ONNX exported from it (an
+    export's onnx/ directory) run as the runtime runs its engine, along the model's own greedy answer (teacher
+    forcing): the logits' cosine per position (the first is the prompt's last) and the tie-aware top-1 agreement
+    (pipeline.workstation.reader.agreement, the TensorRT-LLM checkpoint check's measure); the engine's free greedy
+    answer's token agreement (the device's measure); the plugin's qkv_scales and, with a quantized KV cache, the
+    calibrated ones. prompt_tokens: the prompt's length (a held-out text's first tokens)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from pipeline.backends import token_agreement
+    from pipeline.workstation.grid import weights_on_grid
+    from pipeline.workstation.models import new_cache
+    from pipeline.workstation.reader import agreement
+    from pipeline.workstation.state import load_quantized
+    from pipeline.workstation.tinytrain import corpus_text
+
     if (onnx_dir / "llm").is_dir():        # a vision-language model's language model (its tower in onnx/visual)
         onnx_dir = onnx_dir / "llm"
     ids = AutoTokenizer.from_pretrained(src)(corpus_text("heldout-en"))["input_ids"][:prompt_tokens]
     assert len(ids) == prompt_tokens
-    model = load_quantized(src, q, device)
+    model = load_quantized(src, quant_dir, device)
     with weights_on_grid(model), torch.no_grad():
         out = model.generate(torch.tensor([ids], device=device), max_new_tokens=new_tokens, do_sample=False,
                              output_logits=True, return_dict_in_generate=True, past_key_values=new_cache(model))

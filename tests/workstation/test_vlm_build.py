@@ -168,6 +168,24 @@ def test_the_kit_carries_both_graphs_the_images_and_the_image_goldens(built):
     assert plan.visual is not None and plan.visual.limits.max_image_tokens_per_image == 128
 
 
+@pytest.mark.parametrize("recipe, kv, deepstack", [(RECIPE, "fp8", 2), (FP8_TOWER, "fp16", 2), (ORIN, "fp16", 0),
+                                                     (INTERNVL, "fp16", 0)])
+def test_each_language_model_the_build_exported_agrees_with_its_calibrated_model_through_the_runtime_double(
+        project_built, tmp_path, recipe, kv, deepstack):
+    """The build's own stages: the language model its quantize stage calibrated (the tower left alone: text and image
+    prompts) against the ONNX its export stage wrote (ModelOpt's unified checkpoint through Edge-LLM's exporter), run
+    by the runtime double along the calibrated model's own greedy answer."""
+    from tests.edgellm_run import exported_vs_engine
+    project, _ = project_built
+    export = _stage(project, "export", recipe)
+    r = exported_vs_engine(_stage(project, "fetch", recipe) / "model", _stage(project, "quantize", recipe),
+                           export / "onnx", tmp_path, kv)
+    assert r["top1_tie_aware"] == 1.0 and r["logit_cosine_min"] > (0.99 if kv == "fp8" else 0.9999), r
+    cfg = json.loads((export / "onnx" / "llm" / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 2 and cfg["kv_cache_dtype"] == kv
+    assert cfg.get("num_deepstack_features", 0) == deepstack     # Qwen3-VL's first layers take the tower's extras
+
+
 @pytest.fixture(scope="module")
 def built_orin(project_built):
     project, _ = project_built
