@@ -19,6 +19,8 @@ from pipeline import contract
 from tests.serving import REPO, Served
 
 pytestmark = pytest.mark.integration
+KEY = "sekrit"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +29,25 @@ def server(kit, tmp_path_factory):
     s = Served(["tiny-llama-cpu"], project.env, REPO, tmp_path_factory.mktemp("serve") / "server.log")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def one_slot(kit, tmp_path_factory):
+    """A keyed server with no queue: max_batch_size (2) requests at a time, a third is a 429. Its tests each leave
+    every slot free again (what they prove), so they share it."""
+    project, _, _ = kit
+    s = Served(["tiny-llama-cpu", "--max-queue", "0", "--api-key", KEY], project.env, REPO,
+               tmp_path_factory.mktemp("one-slot") / "server.log")
+    yield s
+    s.stop()
+
+
+def _drained(s: Served) -> dict[str, float]:
+    """The server's metrics once no request runs (cancellations are seen at the engine's next step)."""
+    deadline = time.monotonic() + 10
+    while s.metrics()["jetson_llm_requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return s.metrics()
 
 
 @pytest.fixture(scope="module")
@@ -209,29 +230,23 @@ def test_metrics_count_what_was_sent(server):
     assert after["jetson_llm_engine_ready"] == 1
 
 
-def test_a_full_queue_is_429_with_retry_after_and_auth_is_required(kit, tmp_path):
-    project, _, _ = kit
-    s = Served(["tiny-llama-cpu", "--max-queue", "0", "--api-key", "sekrit"], project.env, REPO,
-               tmp_path / "server.log")
-    try:
-        assert httpx.get(s.url + "/v1/models").status_code == 401
-        with pytest.raises(openai.AuthenticationError):
-            client(s, api_key="wrong").models.list()
-        c = client(s, api_key="sekrit")
-        body = {"model": "tiny-llama-cpu", "prompt": "Bread", "max_tokens": 250, "temperature": 0, "stream": True}
-        headers = {"Authorization": "Bearer sekrit"}
-        with httpx.stream("POST", s.url + "/v1/completions", json=body, headers=headers, timeout=30) as a, \
-                httpx.stream("POST", s.url + "/v1/completions", json=body, headers=headers, timeout=30) as b:
-            assert a.status_code == b.status_code == 200
-            code, answer, h = _error(s, "/v1/completions", body, headers=headers)
-            assert code == 429 and h["retry-after"] == "1" and answer["error"]["code"] == "queue_full"
-        # the server frees a slot when it sees the disconnect (at its next write): within Retry-After's second
-        deadline = time.monotonic() + 5
-        while s.metrics()["jetson_llm_requests_running"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert c.completions.create(model="tiny-llama-cpu", prompt="Bread", max_tokens=3).usage.completion_tokens
-    finally:
-        s.stop()
+def test_a_full_queue_is_429_with_retry_after_and_auth_is_required(one_slot):
+    s = one_slot
+    assert httpx.get(s.url + "/v1/models").status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        client(s, api_key="wrong").models.list()
+    c = client(s, api_key=KEY)
+    body = {"model": "tiny-llama-cpu", "prompt": "Bread", "max_tokens": 250, "temperature": 0, "stream": True}
+    with httpx.stream("POST", s.url + "/v1/completions", json=body, headers=AUTH, timeout=30) as a, \
+            httpx.stream("POST", s.url + "/v1/completions", json=body, headers=AUTH, timeout=30) as b:
+        assert a.status_code == b.status_code == 200
+        code, answer, h = _error(s, "/v1/completions", body, headers=AUTH)
+        assert code == 429 and h["retry-after"] == "1" and answer["error"]["code"] == "queue_full"
+    # the server frees a slot when it sees the disconnect (at its next write): within Retry-After's second
+    deadline = time.monotonic() + 5
+    while s.metrics()["jetson_llm_requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert c.completions.create(model="tiny-llama-cpu", prompt="Bread", max_tokens=3).usage.completion_tokens
 
 
 def test_a_public_address_needs_a_key_or_no_auth(kit):
@@ -261,51 +276,44 @@ def test_a_server_killed_mid_stream_fails_the_client_and_a_restarted_one_serves(
         again.stop()
 
 
-def test_a_client_that_disconnects_mid_stream_frees_its_slot(kit, tmp_path):
-    project, _, _ = kit
-    s = Served(["tiny-llama-cpu", "--max-queue", "0"], project.env, REPO, tmp_path / "server.log")
-    try:
-        body = {"model": "tiny-llama-cpu", "prompt": "Bread", "max_tokens": 250, "temperature": 0, "stream": True}
-        for _ in range(3):          # more than max_batch_size (2) streams dropped after their first event
-            with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=30) as r:
-                next(r.iter_lines())
-        deadline = time.monotonic() + 10
-        while s.metrics()["jetson_llm_requests_running"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert s.metrics()["jetson_llm_requests_running"] == 0
-        assert s.metrics()["jetson_llm_completion_tokens_total"] < 3 * 250      # cancelled, not run to the end
-    finally:
-        s.stop()
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(one_slot):
+    s = one_slot
+    made = _drained(s)["jetson_llm_completion_tokens_total"]
+    body = {"model": "tiny-llama-cpu", "prompt": "Bread", "max_tokens": 250, "temperature": 0, "stream": True}
+    for _ in range(3):          # more than max_batch_size (2) streams dropped after their first event
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, headers=AUTH, timeout=30) as r:
+            assert r.status_code == 200
+            next(r.iter_lines())
+    m = _drained(s)
+    assert m["jetson_llm_requests_running"] == 0
+    assert m["jetson_llm_completion_tokens_total"] - made < 3 * 250      # cancelled, not run to the end
 
 
-def test_streams_whose_clients_leave_before_the_headers_free_their_slots(kit, tmp_path):
+def test_streams_whose_clients_leave_before_the_headers_free_their_slots(one_slot):
     """A streamed request that finds a slot free is submitted before its 200 is written; a client gone by then
     (its body never began) still gets its engine work cancelled, its slot and its admission back."""
-    project, _, _ = kit
-    s = Served(["tiny-llama-cpu", "--max-queue", "0"], project.env, REPO, tmp_path / "server.log")
-    try:
-        body = json.dumps({"model": "tiny-llama-cpu", "prompt": "Bread", "max_tokens": 250, "temperature": 0,
-                           "stream": True}).encode()
-        host, port = s.url.removeprefix("http://").split(":")
-        for _ in range(5):          # more than max_batch_size (2) + --max-queue (0): a leaked admission is a 429
-            with socket.create_connection((host, int(port))) as sock:
-                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-                # gone at once (a reset): it may be seen before or after the stream's first byte
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            time.sleep(0.05)
-        deadline = time.monotonic() + 10
-        while s.metrics()["jetson_llm_requests_running"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        m = s.metrics()
-        assert m["jetson_llm_requests_running"] == 0
-        assert m["jetson_llm_completion_tokens_total"] < 5 * 250      # cancelled, not run to the end
-        for _ in range(3):      # all capacity is back: no 429
-            r = httpx.post(s.url + "/v1/completions", json={**json.loads(body), "stream": False, "max_tokens": 3},
-                           timeout=30)
-            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
-    finally:
-        s.stop()
+    s = one_slot
+    before = _drained(s)
+    body = json.dumps({"model": "tiny-llama-cpu", "prompt": "Bread", "max_tokens": 250, "temperature": 0,
+                       "stream": True}).encode()
+    host, port = s.url.removeprefix("http://").split(":")
+    for _ in range(5):          # more than max_batch_size (2) + --max-queue (0): a leaked admission is a 429
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
+                         b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s"
+                         % (host.encode(), port.encode(), KEY.encode(), len(body), body))
+            # gone at once (a reset): it may be seen before or after the stream's first byte
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        time.sleep(0.05)
+    m = _drained(s)
+    assert m["jetson_llm_requests_running"] == 0
+    # admitted (their prompts counted), then cancelled, not run to the end
+    assert m["jetson_llm_prompt_tokens_total"] > before["jetson_llm_prompt_tokens_total"]
+    assert m["jetson_llm_completion_tokens_total"] - before["jetson_llm_completion_tokens_total"] < 5 * 250
+    for _ in range(3):      # all capacity is back: no 429
+        r = httpx.post(s.url + "/v1/completions", json={**json.loads(body), "stream": False, "max_tokens": 3},
+                       headers=AUTH, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
 
 
 def test_bench_loads_the_server_at_1_4_and_max_batch_size(server, kit, tmp_path):
