@@ -346,6 +346,13 @@ def build_shipped_recipe(root: Path, recipe: str, targets) -> tuple:
     return project, {t: project.artifacts / recipe / f"kit@{t}" / f"{recipe}@{t}" for t in targets}, proc.stdout
 
 
+def stage_dir(project, recipe: str, stage: str, target: str | None = None) -> Path:
+    """A recipe's current output of one stage (its link artifacts/<recipe>/<stage>[@<target>]), built."""
+    d = (project.artifacts / recipe / (f"{stage}@{target}" if target else stage)).resolve()
+    assert (d / "stage.json").is_file(), d
+    return d
+
+
 def device_report(tmp: Path, proc):
     """The report `pipeline device` (device(), device_on_boards) wrote under tmp/out, once the run succeeded."""
     from pipeline import contract

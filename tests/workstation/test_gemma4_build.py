@@ -17,11 +17,12 @@ from conftest import (
     device_report,
     local_recipe,
     save_random_model,
+    stage_dir,
 )
 
-from tests.edgellm_run import build_engine, model_vs_engine
+from tests.edgellm_run import build_engine, exported_vs_engine
 from tests.serving import Served, built_goldens, served_golden_answers
-from tests.workstation.test_export import CAL, builtin  # noqa: F401  (fixture)
+from tests.workstation.test_export import CAL
 
 pytestmark = pytest.mark.integration
 RECIPE = "tiny-gemma4"
@@ -115,11 +116,14 @@ def test_serve_answers_the_goldens_of_the_gemma4_kit(built, tmp_path):
     assert all(got == want for got, want in answers), answers
 
 
-def test_the_gemma4_int4_graph_computes_the_calibrated_model(builtin, tmp_path):  # noqa: F811
-    """INT4-AWQ (down_proj FP16), along the calibrated model's own greedy answer to a 24-token prompt (past the
-    16-token window): logits within fp16 rounding, every top-1 the same. FP16 is checked against transformers'
-    own Gemma 4 below, and through the device half (the MM checkpoint's kit)."""
-    r = model_vs_engine(builtin(RECIPE), tmp_path, "int4_awq", "fp16", CAL, group_size=64)
+def test_the_gemma4_int4_graph_computes_the_calibrated_model(built, tmp_path):
+    """The recipe's INT4-AWQ (down_proj FP16) as its build calibrated and exported it for Thor, along the calibrated
+    model's own greedy answer to a 24-token prompt (past the 16-token window): logits within fp16 rounding, every
+    top-1 the same. FP16 is checked against transformers' own Gemma 4 below, and through the device half (the MM
+    checkpoint's kit)."""
+    project, _, _ = built
+    r = exported_vs_engine(stage_dir(project, RECIPE, "fetch") / "model", stage_dir(project, RECIPE, "quantize"),
+                           stage_dir(project, RECIPE, "export", "agx-thor") / "onnx", tmp_path, "fp16")
     assert r["top1_agreement"] == 1 and r["greedy_agreement"] == 1 and r["logit_cosine_min"] > 0.9999, r
 
 

@@ -10,11 +10,10 @@ import json
 
 import numpy as np
 import pytest
-from conftest import REPO, build_shipped_recipe, device_on_boards, device_report, save_random_model
+from conftest import REPO, build_shipped_recipe, device_on_boards, device_report, save_random_model, stage_dir
 
-from tests.edgellm_run import build_engine, model_vs_engine
+from tests.edgellm_run import build_engine, exported_vs_engine
 from tests.serving import built_goldens, served_golden_answers
-from tests.workstation.test_export import CAL, builtin  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 RECIPE = "tiny-qwen3_5"
@@ -325,17 +324,20 @@ def test_the_double_computes_transformers_nemotron_h_and_the_export_is_checked_f
         check_embedding(onnx_dir, hf, ("embedding", "embeddings"))
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen3_5", "tiny-nemotron-h"])
-def test_the_double_computes_the_calibrated_int4_hybrid(builtin, name, tmp_path):  # noqa: F811
-    """INT4-AWQ with each linear's own scale (as the edgellm-only recipes quantize) exported by Edge-LLM and run by
-    the runtime double along the calibrated model's greedy answer after a 100-token prompt (past transformers'
-    64-token delta-rule chunk and Nemotron-H's 16-token scan chunk, the states then carried step by step): the same
-    top-1 at every position, logits as close as fp16 rounding leaves them. The Mamba-2 scan strays further (its state
-    accumulates in fp16: 0.9986 at worst here), and is held to the stray of transformers' own recurrent decode from
-    its chunked scan on the FP16 test model above (0.9962)."""
-    r = model_vs_engine(builtin(name), tmp_path, "int4_awq", "fp16", CAL, share_awq_scales=False, prompt_tokens=100)
+@pytest.mark.parametrize("recipe", [RECIPE, NEMOTRON])
+def test_the_double_computes_the_calibrated_int4_hybrid(built, built_nemotron, recipe, tmp_path):
+    """The recipe's INT4-AWQ with each linear's own scale (as the edgellm-only recipes quantize), as its build
+    calibrated and Edge-LLM exported it for Thor, run by the runtime double along the calibrated model's greedy answer
+    after a 100-token prompt (past transformers' 64-token delta-rule chunk and Nemotron-H's 16-token scan chunk, the
+    states then carried step by step): the same top-1 at every position, logits as close as fp16 rounding leaves
+    them. The Mamba-2 scan strays further (its state accumulates in fp16: 0.9986 at worst here), and is held to the
+    stray of transformers' own recurrent decode from its chunked scan on the FP16 test model above (0.9962)."""
+    project = (built if recipe == RECIPE else built_nemotron)[0]
+    r = exported_vs_engine(stage_dir(project, recipe, "fetch") / "model", stage_dir(project, recipe, "quantize"),
+                           stage_dir(project, recipe, "export", "agx-thor") / "onnx", tmp_path, "fp16",
+                           prompt_tokens=100)
     assert r["top1_tie_aware"] == 1.0 and r["greedy_agreement"] == 1.0, r
-    assert r["logit_cosine_min"] >= (0.9999 if name == "tiny-qwen3_5" else 0.996), r
+    assert r["logit_cosine_min"] >= (0.9999 if recipe == RECIPE else 0.996), r
 
 
 def test_a_nvfp4_hybrid_needs_a_gpu_to_calibrate_and_says_so_before_any_work(tmp_path):

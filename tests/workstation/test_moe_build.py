@@ -14,10 +14,11 @@ from conftest import (
     device_report,
     local_recipe,
     save_random_model,
+    stage_dir,
 )
 
 from pipeline.errors import PipelineError
-from tests.edgellm_run import model_vs_engine
+from tests.edgellm_run import exported_vs_engine, model_vs_engine
 from tests.serving import built_goldens, served_golden_answers
 from tests.workstation.test_export import CAL, builtin  # noqa: F401  (fixture)
 
@@ -107,12 +108,16 @@ def test_serve_answers_the_goldens_of_the_moe_kit(built, tmp_path):
 
 
 @pytest.mark.parametrize("weights", ["int4_awq", "fp16"])
-def test_the_moe_plugins_compute_the_calibrated_model(builtin, tmp_path, weights):  # noqa: F811
-    """Int4MoePlugin (Marlin) and Fp16MoePlugin (64-row up/gate interleave), run by the runtime double from the
-    engine's bytes, reproduce the calibrated model along its own greedy answer: logits within fp16 rounding, every
-    top-1 the same."""
-    r = model_vs_engine(builtin(RECIPE), tmp_path, weights, "fp16", CAL, group_size=64 if weights == "int4_awq"
-                        else None)
+def test_the_moe_plugins_compute_the_calibrated_model(builtin, request, tmp_path, weights):  # noqa: F811
+    """Int4MoePlugin (Marlin: the recipe's build, its Thor export) and Fp16MoePlugin (64-row up/gate interleave),
+    run by the runtime double from the engine's bytes, reproduce the calibrated model along its own greedy answer:
+    logits within fp16 rounding, every top-1 the same."""
+    if weights == "int4_awq":
+        project, _, _ = request.getfixturevalue("built")
+        r = exported_vs_engine(stage_dir(project, RECIPE, "fetch") / "model", stage_dir(project, RECIPE, "quantize"),
+                               stage_dir(project, RECIPE, "export", "agx-thor") / "onnx", tmp_path, "fp16")
+    else:
+        r = model_vs_engine(builtin(RECIPE), tmp_path, weights, "fp16", CAL)
     assert r["top1_agreement"] == 1 and r["greedy_agreement"] == 1 and r["logit_cosine_min"] > 0.9999, r
 
 
