@@ -25,7 +25,9 @@ AUTH = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
 
 @pytest.fixture(scope="module")
 def keyed(kit, tmp_path_factory):
-    with serving(kit, tmp_path_factory.mktemp("serve-keyed") / "server.log", "--api-key", KEY) as s:
+    """A keyed server with no queue (max_batch_size 2 at a time); its tests each leave every slot free again."""
+    with serving(kit, tmp_path_factory.mktemp("serve-keyed") / "server.log", "--api-key", KEY, "--max-queue", "0") \
+            as s:
         yield s
 
 
@@ -149,24 +151,25 @@ def test_a_web_page_cannot_drive_the_loopback_server(server_open, headers, statu
     assert r.headers["connection"] == "close"
 
 
-def test_loopback_names_and_allowed_hosts_are_answered(server_open, kit, tmp_path):
-    for host in ("127.0.0.1", f"127.0.0.1:{server_open.port}", f"localhost:{server_open.port}", "LOCALHOST"):
+def test_loopback_names_and_allowed_hosts_are_answered(server_open):
+    for host in ("127.0.0.1", f"127.0.0.1:{server_open.port}", f"localhost:{server_open.port}", "LOCALHOST",
+                 "kiosk.local:8000"):
         r = httpx.post(server_open.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 2},
                        headers={"Host": host}, timeout=10)
         assert r.status_code == 200, (host, r.text)
-    with serving(kit, tmp_path / "server.log",
-                 "--allowed-host", "kiosk.local", "--cors-origin", "http://kiosk.local:3000") as s:
-        r = httpx.post(s.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 2},
-                       headers={"Host": "kiosk.local:8000", "Origin": "http://kiosk.local:3000"}, timeout=10)
-        assert r.status_code == 200, r.text
-        r = httpx.post(s.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 2},
-                       headers={"Host": "kiosk.local:8000", "Origin": "http://kiosk.local:3001"}, timeout=10)
-        assert r.status_code == 403
+    r = httpx.post(server_open.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 2},
+                   headers={"Host": "kiosk.local:8000", "Origin": "http://kiosk.local:3000"}, timeout=10)
+    assert r.status_code == 200, r.text
+    r = httpx.post(server_open.url + "/v1/completions", json={"prompt": "Bread", "max_tokens": 2},
+                   headers={"Host": "kiosk.local:8000", "Origin": "http://kiosk.local:3001"}, timeout=10)
+    assert r.status_code == 403
 
 
 @pytest.fixture(scope="module")
 def server_open(kit, tmp_path_factory):
-    with serving(kit, tmp_path_factory.mktemp("serve-open") / "server.log") as s:
+    """No key, on loopback, with one more name and one browser origin allowed."""
+    with serving(kit, tmp_path_factory.mktemp("serve-open") / "server.log",
+                 "--allowed-host", "kiosk.local", "--cors-origin", "http://kiosk.local:3000") as s:
         yield s
 
 
@@ -223,21 +226,34 @@ def test_the_character_bound_at_its_edge(keyed, kit):
     assert past.startswith(f"the prompt is {bound + 1} characters")
 
 
-def test_a_non_streamed_request_whose_client_left_frees_its_slot(kit, tmp_path):
-    with serving(kit, tmp_path / "server.log", "--max-queue", "0") as s:
-        body = json.dumps({"prompt": "Bread", "max_tokens": 250, "temperature": 0}).encode()
-        for _ in range(3):          # more than max_batch_size (2): each left after sending its request
-            c = socket.create_connection(("127.0.0.1", s.port), timeout=5)
-            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-            time.sleep(0.3)
-            c.close()
-        deadline = time.monotonic() + 10
-        while s.metrics()["jetson_llm_requests_running"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert s.metrics()["jetson_llm_requests_running"] == 0
-        assert s.metrics()["jetson_llm_completion_tokens_total"] < 3 * 250     # cancelled, not run to the end
-        assert "client went away: request cancelled" in (tmp_path / "server.log").read_text()
+def test_a_non_streamed_request_whose_client_left_frees_its_slot(keyed):
+    s = keyed
+    before = s.metrics()
+    body = json.dumps({"prompt": "Bread", "max_tokens": 250, "temperature": 0}).encode()
+    for _ in range(3):          # more than max_batch_size (2): each left after sending its request
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s" % (KEY.encode(), len(body), body))
+        time.sleep(0.3)
+        c.close()
+    deadline = time.monotonic() + 10
+    while s.metrics()["jetson_llm_requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = s.metrics()
+    assert after["jetson_llm_requests_running"] == 0
+    assert after["jetson_llm_prompt_tokens_total"] > before["jetson_llm_prompt_tokens_total"]      # admitted
+    # cancelled, not run to the end
+    assert after["jetson_llm_completion_tokens_total"] - before["jetson_llm_completion_tokens_total"] < 3 * 250
+    assert s.log.read_text().count("client went away: request cancelled") >= 3
+
+
+def test_the_bearer_scheme_is_read_in_any_case(keyed):
+    for header in (f"Bearer {KEY}", f"bearer {KEY}", f"BEARER  {KEY}"):
+        assert httpx.get(keyed.url + "/v1/models", headers={"Authorization": header}, timeout=10).status_code == 200, \
+            header
+    for header in ("Bearer K2", f"Basic {KEY}", KEY, "Bearer"):
+        assert httpx.get(keyed.url + "/v1/models", headers={"Authorization": header}, timeout=10).status_code == 401, \
+            header
 
 
 def test_arithmetic_breaking_temperature_is_greedy_and_lone_surrogates_are_a_400(keyed):
