@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -127,6 +128,7 @@ class Zygote:
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)      # its socket's directory: none left behind in /tmp
 
 
 _ZYGOTE: Zygote | None = None
