@@ -3,6 +3,7 @@ the images and goldens asked with them; the device half builds both engines and 
 the runtime (doubles); `serve` answers the openai client's image chat as the goldens say."""
 
 import base64
+import io
 import json
 import subprocess
 import sys
@@ -166,6 +167,73 @@ def test_the_kit_carries_both_graphs_the_images_and_the_image_goldens(built):
     plan = contract.Plan.load(_stage(project, "plan") / contract.PLAN)
     assert [a[0] for a in plan.device_build_commands] == ["llm_build", "visual_build"]
     assert plan.visual is not None and plan.visual.limits.max_image_tokens_per_image == 128
+
+
+def _tower(project, recipe):
+    """(the recipe's fetched model, its export's onnx/visual, the stage's visual record, the tower's shape)."""
+    from pipeline.plan.shapes import load_shape
+    src = _stage(project, "fetch", recipe) / "model"
+    export = _stage(project, "export", recipe)
+    visual = json.loads((export / "stage.json").read_text())["export"]["visual"]
+    return src, export / "onnx" / "visual", visual, load_shape(src).tower
+
+
+@pytest.mark.parametrize("recipe", [RECIPE, ORIN, INTERNVL])
+def test_each_exported_tower_computes_what_transformers_computes_on_every_builtin_image(project_built, recipe):
+    """The three tower designs through Edge-LLM's exporter: the graph the build device's visual_build reads, and the
+    export stage's own check (the ONNX in ONNX's reference evaluator against transformers' tower, on every builtin
+    image) within FP16's error."""
+    from pipeline.workstation.visual_export import GRAPH_INPUTS
+    src, onnx_dir, visual, tower = _tower(project_built[0], recipe)
+    graph = visual["onnx"]
+    assert visual["design"] == tower.design and visual["precision"] == "fp16"
+    assert graph["inputs"] == list(GRAPH_INPUTS[tower.design])
+    assert graph["outputs"] == ["output", *[f"deepstack_features_{i}" for i in range(tower.deepstack)]]
+    assert graph["custom_ops"] == ["trt_edgellm:ViTAttentionPlugin"]
+    assert sorted(p.name for p in onnx_dir.iterdir()) == ["config.json", "model.onnx", "model.onnx.data",
+                                                          "preprocessor_config.json"]
+    # the processor's settings travel as the checkpoint has them (Edge-LLM's runtime preprocesses with them)
+    assert json.loads((onnx_dir / "preprocessor_config.json").read_text()) == json.loads(
+        (src / "preprocessor_config.json").read_text())
+    assert visual["images"] == len(BUILTIN_IMAGES)
+    assert visual["max_relative_error"] < 5e-3 and visual["cosine"] > 0.99999
+
+
+def test_the_tower_export_is_byte_for_byte_reproducible(project_built, tmp_path):
+    """Exporting the build's tower again gives the same bytes."""
+    from pipeline.workstation.visual_export import export_visual
+    src, first, _, tower = _tower(project_built[0], RECIPE)
+    export_visual(src, tmp_path, tmp_path / "visual", tower.design, tower.deepstack)
+    for f in ("model.onnx", "model.onnx.data"):
+        assert (tmp_path / "visual" / f).read_bytes() == (first / f).read_bytes(), f
+    # the exporter's output is moved out; the checkpoint it read stays for the numerical check (export_tower
+    # removes it after the check)
+    assert (tmp_path / "tower-checkpoint" / "model.safetensors").is_file()
+    assert not (tmp_path / "edgellm-visual").exists()
+
+
+def test_a_tampered_tower_weight_is_caught_by_the_check(project_built, tmp_path):
+    """The merger's last matrix with one column scaled: the independent check names the disagreement, its size."""
+    import onnx
+    from onnx import numpy_helper
+    from PIL import Image
+
+    from pipeline.errors import PipelineError
+    from pipeline.workstation.visual_check import MAX_RELATIVE_ERROR, check_tower
+    src, onnx_dir, _, tower = _tower(project_built[0], ORIN)
+    model = onnx.load(str(onnx_dir / "model.onnx"))
+    merger = [i for i in model.graph.initializer if "merger" in i.name and i.dims and len(i.dims) == 2][-1]
+    w = numpy_helper.to_array(merger).copy()
+    w[:, 0] *= 3
+    merger.CopyFrom(numpy_helper.from_array(w, merger.name))
+    bad = tmp_path / "visual"
+    bad.mkdir()
+    onnx.save(model, str(bad / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
+    image = Image.open(io.BytesIO(BUILTIN_IMAGES["red-circle"].png())).convert("RGB")
+    with pytest.raises(PipelineError, match=r"disagrees with the checkpoint's on the recipe's images: largest "
+                                            r"difference .* of the reference's scale \(at most 0.02\)"):
+        check_tower(bad / "model.onnx", src, tower.design, [image])
+    assert MAX_RELATIVE_ERROR == 0.02
 
 
 @pytest.mark.parametrize("recipe, kv, deepstack", [(RECIPE, "fp8", 2), (FP8_TOWER, "fp16", 2), (ORIN, "fp16", 0),
