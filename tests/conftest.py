@@ -353,6 +353,14 @@ def stage_dir(project, recipe: str, stage: str, target: str | None = None) -> Pa
     return d
 
 
+def built_vs_engine(project, recipe: str, tmp_path: Path, kv: str, target: str | None = None, **kw) -> dict:
+    """tests/edgellm_run.exported_vs_engine on what a build of `recipe` fetched, calibrated and exported (for
+    `target` where the recipe has several)."""
+    from tests.edgellm_run import exported_vs_engine
+    return exported_vs_engine(stage_dir(project, recipe, "fetch") / "model", stage_dir(project, recipe, "quantize"),
+                              stage_dir(project, recipe, "export", target) / "onnx", tmp_path, kv, **kw)
+
+
 def device_report(tmp: Path, proc):
     """The report `pipeline device` (device(), device_on_boards) wrote under tmp/out, once the run succeeded."""
     from pipeline import contract

@@ -12,15 +12,15 @@ from conftest import (
     REPO,
     Project,
     build_shipped_recipe,
+    built_vs_engine,
     device,
     device_on_boards,
     device_report,
     local_recipe,
     save_random_model,
-    stage_dir,
 )
 
-from tests.edgellm_run import build_engine, exported_vs_engine
+from tests.edgellm_run import build_engine
 from tests.serving import Served, built_goldens, served_golden_answers
 from tests.workstation.test_export import CAL
 
@@ -122,8 +122,7 @@ def test_the_gemma4_int4_graph_computes_the_calibrated_model(built, tmp_path):
     top-1 the same. FP16 is checked against transformers' own Gemma 4 below, and through the device half (the MM
     checkpoint's kit)."""
     project, _, _ = built
-    r = exported_vs_engine(stage_dir(project, RECIPE, "fetch") / "model", stage_dir(project, RECIPE, "quantize"),
-                           stage_dir(project, RECIPE, "export", "agx-thor") / "onnx", tmp_path, "fp16")
+    r = built_vs_engine(project, RECIPE, tmp_path, "fp16", "agx-thor")
     assert r["top1_agreement"] == 1 and r["greedy_agreement"] == 1 and r["logit_cosine_min"] > 0.9999, r
 
 

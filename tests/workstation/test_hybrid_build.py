@@ -10,9 +10,9 @@ import json
 
 import numpy as np
 import pytest
-from conftest import REPO, build_shipped_recipe, device_on_boards, device_report, save_random_model, stage_dir
+from conftest import REPO, build_shipped_recipe, built_vs_engine, device_on_boards, device_report, save_random_model
 
-from tests.edgellm_run import build_engine, exported_vs_engine
+from tests.edgellm_run import build_engine
 from tests.serving import built_goldens, served_golden_answers
 
 pytestmark = pytest.mark.integration
@@ -333,9 +333,7 @@ def test_the_double_computes_the_calibrated_int4_hybrid(built, built_nemotron, r
     them. The Mamba-2 scan strays further (its state accumulates in fp16: 0.9986 at worst here), and is held to the
     stray of transformers' own recurrent decode from its chunked scan on the FP16 test model above (0.9962)."""
     project = (built if recipe == RECIPE else built_nemotron)[0]
-    r = exported_vs_engine(stage_dir(project, recipe, "fetch") / "model", stage_dir(project, recipe, "quantize"),
-                           stage_dir(project, recipe, "export", "agx-thor") / "onnx", tmp_path, "fp16",
-                           prompt_tokens=100)
+    r = built_vs_engine(project, recipe, tmp_path, "fp16", "agx-thor", prompt_tokens=100)
     assert r["top1_tie_aware"] == 1.0 and r["greedy_agreement"] == 1.0, r
     assert r["logit_cosine_min"] >= (0.9999 if recipe == RECIPE else 0.996), r
 

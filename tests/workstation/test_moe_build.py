@@ -10,15 +10,15 @@ from conftest import (
     DOUBLES,
     Project,
     build_shipped_recipe,
+    built_vs_engine,
     device_on_boards,
     device_report,
     local_recipe,
     save_random_model,
-    stage_dir,
 )
 
 from pipeline.errors import PipelineError
-from tests.edgellm_run import exported_vs_engine, model_vs_engine
+from tests.edgellm_run import model_vs_engine
 from tests.serving import built_goldens, served_golden_answers
 from tests.workstation.test_export import CAL, builtin  # noqa: F401  (fixture)
 
@@ -114,8 +114,7 @@ def test_the_moe_plugins_compute_the_calibrated_model(builtin, request, tmp_path
     logits within fp16 rounding, every top-1 the same."""
     if weights == "int4_awq":
         project, _, _ = request.getfixturevalue("built")
-        r = exported_vs_engine(stage_dir(project, RECIPE, "fetch") / "model", stage_dir(project, RECIPE, "quantize"),
-                               stage_dir(project, RECIPE, "export", "agx-thor") / "onnx", tmp_path, "fp16")
+        r = built_vs_engine(project, RECIPE, tmp_path, "fp16", "agx-thor")
     else:
         r = model_vs_engine(builtin(RECIPE), tmp_path, weights, "fp16", CAL)
     assert r["top1_agreement"] == 1 and r["greedy_agreement"] == 1 and r["logit_cosine_min"] > 0.9999, r

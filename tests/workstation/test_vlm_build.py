@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, Project, device
+from conftest import REPO, Project, built_vs_engine, device, stage_dir
 
 from pipeline import contract
 from pipeline.images import BUILTIN_IMAGES
@@ -31,9 +31,7 @@ def _kit(project, recipe, target):
 
 def _stage(project, name, recipe=RECIPE):
     """A recipe's current output of one stage (its link under artifacts/<recipe>/)."""
-    d = (project.artifacts / recipe / name).resolve()
-    assert (d / "stage.json").is_file(), d
-    return d
+    return stage_dir(project, recipe, name)
 
 
 @pytest.fixture(scope="module")
@@ -243,11 +241,9 @@ def test_each_language_model_the_build_exported_agrees_with_its_calibrated_model
     """The build's own stages: the language model its quantize stage calibrated (the tower left alone: text and image
     prompts) against the ONNX its export stage wrote (ModelOpt's unified checkpoint through Edge-LLM's exporter), run
     by the runtime double along the calibrated model's own greedy answer."""
-    from tests.edgellm_run import exported_vs_engine
     project, _ = project_built
     export = _stage(project, "export", recipe)
-    r = exported_vs_engine(_stage(project, "fetch", recipe) / "model", _stage(project, "quantize", recipe),
-                           export / "onnx", tmp_path, kv)
+    r = built_vs_engine(project, recipe, tmp_path, kv)
     assert r["top1_tie_aware"] == 1.0 and r["logit_cosine_min"] > (0.99 if kv == "fp8" else 0.9999), r
     cfg = json.loads((export / "onnx" / "llm" / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 2 and cfg["kv_cache_dtype"] == kv
