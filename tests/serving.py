@@ -81,6 +81,14 @@ class Served:
     def stop(self) -> None:
         stop_process(self.proc)
 
+    def drained(self, timeout: float = 10) -> dict[str, float]:
+        """The metrics once no request runs, or after `timeout` s (a cancellation is seen at the engine's next
+        step): the caller asserts on them."""
+        deadline = time.monotonic() + timeout
+        while (m := self.metrics())["jetson_llm_requests_running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return m
+
     def metrics(self) -> dict[str, float]:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         with urllib.request.urlopen(urllib.request.Request(self.url + "/metrics", headers=headers), timeout=5) as r:

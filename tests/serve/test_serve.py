@@ -42,14 +42,6 @@ def one_slot(kit, tmp_path_factory):
     s.stop()
 
 
-def _drained(s: Served) -> dict[str, float]:
-    """The server's metrics once no request runs (cancellations are seen at the engine's next step)."""
-    deadline = time.monotonic() + 10
-    while s.metrics()["jetson_llm_requests_running"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return s.metrics()
-
-
 @pytest.fixture(scope="module")
 def goldens(kit) -> contract.Goldens:
     project, _, _ = kit
@@ -243,9 +235,7 @@ def test_a_full_queue_is_429_with_retry_after_and_auth_is_required(one_slot):
         code, answer, h = _error(s, "/v1/completions", body, headers=AUTH)
         assert code == 429 and h["retry-after"] == "1" and answer["error"]["code"] == "queue_full"
     # the server frees a slot when it sees the disconnect (at its next write): within Retry-After's second
-    deadline = time.monotonic() + 5
-    while s.metrics()["jetson_llm_requests_running"] and time.monotonic() < deadline:
-        time.sleep(0.05)
+    s.drained(5)
     assert c.completions.create(model="tiny-llama-cpu", prompt="Bread", max_tokens=3).usage.completion_tokens
 
 
@@ -278,13 +268,13 @@ def test_a_server_killed_mid_stream_fails_the_client_and_a_restarted_one_serves(
 
 def test_a_client_that_disconnects_mid_stream_frees_its_slot(one_slot):
     s = one_slot
-    made = _drained(s)["jetson_llm_completion_tokens_total"]
+    made = s.drained()["jetson_llm_completion_tokens_total"]
     body = {"model": "tiny-llama-cpu", "prompt": "Bread", "max_tokens": 250, "temperature": 0, "stream": True}
     for _ in range(3):          # more than max_batch_size (2) streams dropped after their first event
         with httpx.stream("POST", s.url + "/v1/completions", json=body, headers=AUTH, timeout=30) as r:
             assert r.status_code == 200
             next(r.iter_lines())
-    m = _drained(s)
+    m = s.drained()
     assert m["jetson_llm_requests_running"] == 0
     assert m["jetson_llm_completion_tokens_total"] - made < 3 * 250      # cancelled, not run to the end
 
@@ -293,7 +283,7 @@ def test_streams_whose_clients_leave_before_the_headers_free_their_slots(one_slo
     """A streamed request that finds a slot free is submitted before its 200 is written; a client gone by then
     (its body never began) still gets its engine work cancelled, its slot and its admission back."""
     s = one_slot
-    before = _drained(s)
+    before = s.drained()
     body = json.dumps({"model": "tiny-llama-cpu", "prompt": "Bread", "max_tokens": 250, "temperature": 0,
                        "stream": True}).encode()
     host, port = s.url.removeprefix("http://").split(":")
@@ -305,7 +295,7 @@ def test_streams_whose_clients_leave_before_the_headers_free_their_slots(one_slo
             # gone at once (a reset): it may be seen before or after the stream's first byte
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         time.sleep(0.05)
-    m = _drained(s)
+    m = s.drained()
     assert m["jetson_llm_requests_running"] == 0
     # admitted (their prompts counted), then cancelled, not run to the end
     assert m["jetson_llm_prompt_tokens_total"] > before["jetson_llm_prompt_tokens_total"]
