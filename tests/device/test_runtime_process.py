@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.errors import PipelineError
 from pipeline.runtime import process
-from pipeline.runtime.process import ProcessSession, split_cpus
+from pipeline.runtime.process import Channel, ProcessSession, split_cpus
 from pipeline.runtime.session import Constraint, Event, Generation, Sampling, generate_blocking
 from tests.scripted_session import open_refused, open_scripted
 from tests.serving import REPO
@@ -25,6 +25,32 @@ from tests.serving import REPO
 
 def gen(*prompt: int, n: int = 3) -> Generation:
     return Generation(tuple(prompt), "", n, Sampling(), ())
+
+
+def test_the_channel_carries_frames_of_any_size_in_order_then_eof():
+    """Frames of 0 bytes to past the pipe's 64 KiB buffer (written in parts while read), several landing in one read
+    and one split over many, arrive whole and in order; the writer's close is EOFError; a closed channel sends
+    nothing (its descriptor numbers may be reused)."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    (a_in, b_out), (b_in, a_out) = ctx.Pipe(duplex=False), ctx.Pipe(duplex=False)
+    a, b = Channel(a_in, a_out), Channel(b_in, b_out)
+    small = [(n, bytes([n % 251]) * n) for n in (0, 1, 7, 8, 9, 4096)]
+    large = [(n, bytes([n % 251]) * n) for n in (65535, 65536, 65537, 3 << 20)] * 2
+    for f in small:         # all in the pipe before the first read: one read takes them all
+        b.send(f)
+    writer = threading.Thread(target=lambda: [b.send(f) for f in large])
+    writer.start()
+    assert [a.recv() for _ in small + large] == small + large
+    writer.join()
+    b.send(("event", 1, Event([7], final=True, reason="stop")))
+    b.close()
+    assert a.recv() == ("event", 1, Event([7], final=True, reason="stop"))
+    with pytest.raises(EOFError):
+        a.recv()
+    with pytest.raises(ValueError, match="closed"):
+        b.send(("cancel", 1))
+    a.close()
 
 
 @pytest.fixture(scope="module")
