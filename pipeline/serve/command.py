@@ -200,6 +200,9 @@ def run(args) -> int:
     print(f"serving {served.name} ({served.backend}; max_batch_size {served.limits.max_batch_size}, max_input_len "
           f"{served.limits.max_input_len}, max_seq_len {served.limits.max_seq_len}) on http://{args.host}:"
           f"{args.port}/v1 (at most {cap} connections)", flush=True)
+    # no X-Forwarded-* rewriting (uvicorn trusts them from 127.0.0.1 by default; nothing here reads the client's
+    # address or scheme, and one layer less runs before every request), no access log (warning level hides it, but
+    # uvicorn formats its arguments for every response all the same)
     uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5,
-                http=protocol)
+                http=protocol, proxy_headers=False, access_log=False)
     return 0
