@@ -44,8 +44,8 @@ READ = 1 << 16                  # bytes one read takes at most (a token's event 
 class Channel:
     """Length-prefixed pickles, each written with one write (under a lock: many threads send), read by one thread
     with as few reads as the frames allow. Both ends are this program: what comes up the pipe is trusted as much as
-    the code that sent it. `ends`: the multiprocessing Connections holding the two descriptors (a spawned child gets
-    them through them), closed with the channel."""
+    the code that sent it. `receive`, `transmit`: the multiprocessing Connections holding the two descriptors (a
+    spawned child gets them through them), closed with the channel."""
 
     def __init__(self, receive: Any, transmit: Any):
         self._ends = (receive, transmit)
@@ -116,14 +116,11 @@ class ProcessSession(Session):
         self._reader = threading.Thread(target=self._read, name=f"{name}-session-reader", daemon=True)
         self._reader.start()
 
-    def _send(self, msg: tuple[Any, ...]) -> None:
-        self._conn.send(msg)
-
     def submit(self, gen: Generation, emit: Emit) -> Handle:
         handle = self._handle(gen, emit)
         self._handles[handle.id] = handle
         try:
-            self._send(("submit", handle.id, gen))
+            self._conn.send(("submit", handle.id, gen))
         except (OSError, ValueError):       # the pipe is gone: the reader is about to fail the session
             self._handles.pop(handle.id, None)
             raise RuntimeError(self.failure or "the engine process is gone") from None
@@ -133,14 +130,14 @@ class ProcessSession(Session):
         handle.cancelled.set()
         if self._handles.pop(handle.id, None) is not None:
             with contextlib.suppress(OSError, ValueError):
-                self._send(("cancel", handle.id))
+                self._conn.send(("cancel", handle.id))
 
     def _ask(self, what: str, arg: Any = None) -> Any:
         ask = next(self._ask_ids)
         answer: Future[Any] = Future()
         self._asks[ask] = answer
         try:
-            self._send(("ask", ask, what, arg))
+            self._conn.send(("ask", ask, what, arg))
         except (OSError, ValueError):
             self._asks.pop(ask, None)
             raise RuntimeError(self.failure or "the engine process is gone") from None
@@ -188,7 +185,7 @@ class ProcessSession(Session):
     def close(self) -> None:
         self._closing = True
         with contextlib.suppress(OSError, ValueError):
-            self._send(("close",))
+            self._conn.send(("close",))
         self._proc.join(CLOSE_TIMEOUT)
         if self._proc.is_alive():
             self._proc.kill()
