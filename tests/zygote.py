@@ -8,11 +8,22 @@ module's own `__main__` runs: a fresh process with its own pid and exit status, 
 exactly as `python -m doit ...` does (the pipeline's modules are imported in the child, after its environment is
 set). A run whose environment differs from the zygote's in anything a library reads when it is imported (HF_*,
 PYTHON*, OMP_*, TORCH*, ...) runs as a plain subprocess instead, as does every run when JETSON_TEST_ZYGOTE=off.
+
+The processes those runs spawn with multiprocessing (the reference server's engine process, runtime/process.py:
+11-13 s of imports each on this machine) come warm too. Each run's multiprocessing executable is `spawn-shim`, a
+tiny interpreter script: multiprocessing execs it exactly as it would exec python (`-c "...spawn_main(...)"
+--multiprocessing-fork`, the child's pipes and the resource tracker's descriptor passed at their numbers); the shim
+hands those descriptors, its environment and directory to the zygote (SCM_RIGHTS), which forks a child that puts
+them back at the same numbers and runs the same `-c` program: multiprocessing's own spawn_main, unpickling the same
+process object. The shim stays the spawned child's parent-visible pid: it forwards signals to the fork and exits
+with its status; killed itself, the zygote kills the fork. Anything else the shim is exec'd for (the resource
+tracker, a run whose environment does not fit) is exec'd as the real interpreter.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -36,8 +47,10 @@ def _import_env(env: dict) -> dict:
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
 
 
-def _child(req: dict) -> None:
-    """In the forked child: become `python -m MODULE ARGS` in the request's directory and environment."""
+def _child(req: dict, shim: str) -> None:
+    """In the forked child: become `python -m MODULE ARGS` in the request's directory and environment, its
+    multiprocessing children spawned through `shim`."""
+    import multiprocessing
     import runpy
     code = 1
     try:
@@ -58,6 +71,7 @@ def _child(req: dict) -> None:
         os.environ.update(req["env"])
         sys.path[0] = req["cwd"]
         sys.argv = [req["module"], *req["args"]]
+        multiprocessing.set_executable(shim)
         runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:
@@ -76,29 +90,157 @@ def _child(req: dict) -> None:
             os._exit(code)
 
 
-def _serve_one(conn: socket.socket) -> None:
+def _spawned(req: dict, fds: list[int]) -> None:
+    """In the forked child: the process multiprocessing spawned (the shim's request): its descriptors back at the
+    numbers the shim had them at, its environment and directory, then the `-c` program it was exec'd with."""
+    code = 1
+    try:
+        for sig in (signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)     # as a fresh interpreter has it
+        with contextlib.suppress(OSError):      # the spawner's process group, as an exec'd child would be in
+            os.setpgid(0, req["pgid"])
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1024) for fd in fds]     # above every number they go back to
+        for fd in fds:
+            os.close(fd)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, number in zip(high, req["fds"], strict=True):
+            os.dup2(fd, number)     # fds 0-2 too: sys.stdout and sys.stderr write to the spawner's from here on
+            os.close(fd)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        sys.argv = ["-c", "--multiprocessing-fork"]
+        sys.path[0] = ""
+        exec(compile(req["argv"][-2], "<string>", "exec"), {"__name__": "__main__"})     # noqa: S102 - multiprocessing's own
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:       # noqa: BLE001 - printed as the interpreter would, then the exit status says it
+        import traceback
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _flags() -> list[str]:
+    """This interpreter's flags as multiprocessing passes them on (-B under PYTHONDONTWRITEBYTECODE, ...): a spawn
+    asking for others gets an interpreter of its own."""
+    from multiprocessing import util
+    return util._args_from_interpreter_flags()
+
+
+def _request(conn: socket.socket) -> tuple[dict, list[int]]:
+    """A request: one JSON line, and the descriptors sent with it (a spawn request's)."""
+    data, fds = b"", []
+    while not data.endswith(b"\n"):
+        chunk, got, _, _ = socket.recv_fds(conn, 1 << 16, 256)
+        fds += got
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return json.loads(data), fds
+
+
+def _serve_one(conn: socket.socket, shim: str) -> None:
     with conn:
-        req = json.loads(conn.makefile("r").readline())
+        try:
+            req, fds = _request(conn)
+        except (EOFError, OSError, ValueError):
+            return
+        spawn = req.get("kind") == "spawn"
+        if spawn and (_import_env(req["env"]) != _import_env(_STARTED_WITH) or req["argv"][:-3] != _flags()):
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(b"exec\n")        # the shim execs the real interpreter
+            return
         pid = os.fork()
         if pid == 0:
             conn.close()
-            _child(req)
+            _spawned(req, fds) if spawn else _child(req, shim)
+        for fd in fds:
+            os.close(fd)
+        reaped = threading.Event()
+
+        def lifeline() -> None:     # the shim's end closing before its fork has exited: the shim was killed
+            with contextlib.suppress(OSError):
+                conn.recv(1)
+            if not reaped.is_set():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        watch = threading.Thread(target=lifeline, daemon=True)
+        if spawn:
+            watch.start()
         conn.sendall(f"{pid}\n".encode())
         _, status = os.waitpid(pid, 0)
+        reaped.set()
         with contextlib.suppress(OSError):
             conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+        if spawn:
+            watch.join(5)       # the shim reads the status and exits: its end closes
+
+
+SHIM = """#!{python} -IS
+# tests/zygote.py's spawn shim: multiprocessing execs this as it would exec python; the zygote forks the process
+import json, os, signal, socket, sys
+argv = sys.argv[1:]
+if len(argv) >= 3 and argv[-3] == "-c" and "spawn_main(" in argv[-2] and argv[-1] == "--multiprocessing-fork":
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            os.fstat(int(name))
+            fds.append(int(name))
+        except OSError:
+            pass        # the listing's own directory, closed by now
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect({path!r})
+    req = json.dumps({{"kind": "spawn", "argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "fds": fds,
+                      "pgid": os.getpgid(0)}}).encode() + b"\\n"
+    socket.send_fds(sock, [req[:1]], fds)
+    sock.sendall(req[1:])
+    lines = sock.makefile("r")
+    first = lines.readline().strip()
+    if first.isdigit():
+        pid = int(first)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)    # the fork holds them: they close when it exits, as the spawned child's would
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, lambda s, _f: os.kill(pid, s))
+        status = lines.readline().strip()
+        code = int(status) if status.lstrip("-").isdigit() else -signal.SIGKILL
+        if code < 0:
+            if -code != signal.SIGKILL:
+                signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+        os._exit(code)
+    sock.close()
+os.execv({python!r}, [{python!r}, *argv])
+"""
+
+
+_STARTED_WITH: dict[str, str] = {}     # the zygote's environment before its imports (torch's add to it)
 
 
 def serve(path: str) -> None:
+    _STARTED_WITH.update(os.environ)
     for name in WARM:
         __import__(name)
+    shim = os.path.join(os.path.dirname(path), "spawn-shim")
+    with open(shim, "w") as f:
+        f.write(SHIM.format(python=sys.executable, path=path))
+    os.chmod(shim, 0o755)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(64)
     print("ready", flush=True)
     while True:
         conn, _ = srv.accept()
-        threading.Thread(target=_serve_one, args=(conn,), daemon=True).start()
+        threading.Thread(target=_serve_one, args=(conn, shim), daemon=True).start()
 
 
 class Zygote:

@@ -1,0 +1,86 @@
+"""The test zygote's spawn shim (tests/zygote.py): a process multiprocessing spawns through it is a warm fork that
+behaves, for its spawner, as the spawned interpreter would: its arguments, pipes, directory, environment, exit
+status and signals; and it dies with the shim."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.zygote import zygote
+
+
+def _report(conn, code: int) -> None:
+    """The spawned target: what it sees, then the exit status asked for (0: wait to be signalled)."""
+    conn.send({"warm": "torch" in sys.modules, "cwd": os.getcwd(), "env": os.environ.get("ZYGOTE_TEST_VALUE"),
+               "pid": os.getpid(), "name": multiprocessing.current_process().name})
+    if code:
+        sys.exit(code)
+    time.sleep(60)
+
+
+@pytest.fixture
+def through_shim(tmp_path, monkeypatch):
+    z = zygote()
+    if z is None:
+        pytest.skip("the zygote is off (JETSON_TEST_ZYGOTE=off)")
+    from multiprocessing import spawn
+    before = spawn.get_executable()
+    spawn.set_executable(str(Path(z.path).parent / "spawn-shim"))
+    monkeypatch.chdir(tmp_path)
+    try:
+        yield multiprocessing.get_context("spawn")
+    finally:
+        spawn.set_executable(before)
+
+
+def _start(ctx, code: int):
+    r, w = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_report, args=(w, code), name="probe")
+    p.start()
+    w.close()
+    assert r.poll(60), "the spawned process said nothing"
+    return p, r, r.recv()
+
+
+def test_a_spawned_process_is_a_warm_fork_with_the_spawners_pipes_directory_and_environment(through_shim, tmp_path,
+                                                                                          monkeypatch):
+    monkeypatch.setenv("ZYGOTE_TEST_VALUE", "from-the-spawner")
+    p, r, seen = _start(through_shim, 7)
+    p.join(30)
+    assert seen == {"warm": True, "cwd": str(tmp_path), "env": "from-the-spawner", "pid": seen["pid"],
+                    "name": "probe"}
+    assert seen["pid"] != p.pid             # the fork; the spawner sees the shim
+    assert p.exitcode == 7
+    with pytest.raises(EOFError):
+        r.recv()
+
+
+def test_a_signalled_spawn_ends_by_that_signal_and_a_killed_shim_takes_its_fork_with_it(through_shim):
+    p, _, _ = _start(through_shim, 0)
+    p.terminate()
+    p.join(30)
+    assert p.exitcode == -signal.SIGTERM
+
+    p, r, seen = _start(through_shim, 0)
+    os.kill(p.pid, signal.SIGKILL)      # the shim, as an out-of-memory kill would take it
+    p.join(30)
+    assert p.exitcode == -signal.SIGKILL
+    assert r.poll(10)       # the fork's end of the pipe closed: it is gone
+    with pytest.raises(EOFError):
+        r.recv()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(seen["pid"], 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the fork {seen['pid']} outlived its shim")
