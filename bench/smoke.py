@@ -23,7 +23,7 @@ RUNS = {
     "registry.py": ["--gb", "0.02", "--repeat", "1"],
     "quantize.py": ["--shape", "tiny", "--samples", "2", "--seq-len", "16"],
     "nvfp4.py": [],
-    "serve.py": ["--requests", "3", "--max-tokens", "8"],
+    "serve.py": ["--requests", "3", "--max-tokens", "8", "--ttft-requests", "5"],
 }
 
 
