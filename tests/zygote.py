@@ -129,7 +129,8 @@ def _spawned(req: dict, fds: list[int]) -> None:
 
 def _flags() -> list[str]:
     """This interpreter's flags as multiprocessing passes them on (-B under PYTHONDONTWRITEBYTECODE, ...): a spawn
-    asking for others gets an interpreter of its own."""
+    asking for others gets an interpreter of its own. (Imported in serve(), before any thread forks: a fork made
+    while another thread held a module's import lock would inherit it held.)"""
     from multiprocessing import util
     return util._args_from_interpreter_flags()
 
@@ -230,6 +231,7 @@ def serve(path: str) -> None:
     _STARTED_WITH.update(os.environ)
     for name in WARM:
         __import__(name)
+    _flags()
     shim = os.path.join(os.path.dirname(path), "spawn-shim")
     with open(shim, "w") as f:
         f.write(SHIM.format(python=sys.executable, path=path))
