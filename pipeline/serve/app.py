@@ -329,29 +329,35 @@ class Reply:
 
     async def events(self) -> AsyncGenerator[bytes, None]:
         """The SSE stream: the endpoint's opening, content pieces, its closing (held-back text, tool calls, the finish
-        reason), the usage chunk where asked, [DONE]; an engine failure after the 200 is an error event."""
+        reason), the usage chunk where asked, [DONE]; an engine failure after the 200 is an error event. The events
+        one piece makes go out in one write, the last piece's with the closing, usage and [DONE]: a write to a
+        loopback socket cost ~0.2 ms of the server's CPU on the 2-core workstation, five per one-token answer."""
         ep, req, ident, usage = self.ep, self.req, self.ident, self.req.include_usage
         pieces = self.server.run(self.admission, self.gen, req.stop, self.keep, self.started)
         made, sent = 0, 0
         calls = CallStream(self.fmt, req.tools) if self.fmt is not None else None
         try:
-            for chunk in ep.opening(ident, usage):
-                yield responses.sse(chunk)
+            opening = b"".join(responses.sse(chunk) for chunk in ep.opening(ident, usage))
+            if opening:
+                yield opening
+            out = b""
             async for piece in pieces:
                 made, text = piece.made, piece.text
                 if calls is not None:
                     text = calls.feed(text)
-                for chunk in ep.piece(ident, responses.Output(text, piece.reason, None, piece.logprobs, sent), usage):
-                    yield responses.sse(chunk)
+                out = b"".join(responses.sse(chunk) for chunk in
+                               ep.piece(ident, responses.Output(text, piece.reason, None, piece.logprobs, sent), usage))
                 sent += len(text)
                 if piece.reason:
                     rest, found = calls.finish() if calls is not None else ("", [])
                     closing = responses.Output(rest, "tool_calls" if found else piece.reason, self.calls(found))
-                    for chunk in ep.closing(ident, closing, usage):
-                        yield responses.sse(chunk)
+                    out += b"".join(responses.sse(chunk) for chunk in ep.closing(ident, closing, usage))
+                elif out:
+                    yield out
+                    out = b""
             if usage:
-                yield responses.sse(ep.usage_chunk(ident, self.usage(made)))
-            yield responses.sse("[DONE]")
+                out += responses.sse(ep.usage_chunk(ident, self.usage(made)))
+            yield out + responses.sse("[DONE]")
         except ApiError as exc:     # after the 200: the engine failed mid-answer, as vLLM sends it
             yield responses.sse(exc.body())
         finally:
