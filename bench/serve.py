@@ -141,8 +141,8 @@ def main() -> int:
         # several milliseconds from one to the next on a busy VM, so 40 requests left the median difference
         # uncertain by about as much as the budget it is judged against; 300 pairs take seconds. Two tokens, not
         # one: after the first token's frame the server waits for the engine, as in any streamed answer; a
-        # one-token answer's closing frames follow at once, and on the CPU the client shares with the server their
-        # writes (~0.2 ms each here) delayed the client's reading of the first (0.1-0.3 ms more).
+        # one-token answer's closing frames follow at once, and on the CPU the client shares with the server that
+        # delayed the client's reading of the first (0.1-0.3 ms more).
         d_first, h_first = [], []
         for i in range(args.ttft_requests):
             p = PROMPTS[i % len(PROMPTS)]
