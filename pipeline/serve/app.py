@@ -337,7 +337,7 @@ class Reply:
         made, sent = 0, 0
         calls = CallStream(self.fmt, req.tools) if self.fmt is not None else None
         try:
-            opening = b"".join(responses.sse(chunk) for chunk in ep.opening(ident, usage))
+            opening = responses.sse_all(ep.opening(ident, usage))
             if opening:
                 yield opening
             out = b""
@@ -345,13 +345,13 @@ class Reply:
                 made, text = piece.made, piece.text
                 if calls is not None:
                     text = calls.feed(text)
-                out = b"".join(responses.sse(chunk) for chunk in
-                               ep.piece(ident, responses.Output(text, piece.reason, None, piece.logprobs, sent), usage))
+                output = responses.Output(text, piece.reason, None, piece.logprobs, sent)
+                out = responses.sse_all(ep.piece(ident, output, usage))
                 sent += len(text)
                 if piece.reason:
                     rest, found = calls.finish() if calls is not None else ("", [])
                     closing = responses.Output(rest, "tool_calls" if found else piece.reason, self.calls(found))
-                    out += b"".join(responses.sse(chunk) for chunk in ep.closing(ident, closing, usage))
+                    out += responses.sse_all(ep.closing(ident, closing, usage))
                 elif out:
                     yield out
                     out = b""

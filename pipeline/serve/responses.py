@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,3 +175,8 @@ def tool_call_deltas(calls: list[dict[str, Any]], fragment: int = 32) -> list[li
 
 def sse(obj: dict[str, Any] | str) -> bytes:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+def sse_all(objs: Iterable[dict[str, Any] | str]) -> bytes:
+    """Several events as one write's bytes."""
+    return b"".join(sse(obj) for obj in objs)
