@@ -3,14 +3,13 @@ any other) at concurrency 1, 4 and its max_batch_size: requests/s, generated tok
 latency p50/p95, as its clients see them. Streams /v1/completions (SSE) with temperature 0 and
 stream_options.include_usage, so the token count is the server's own.
 
-Standard library only (http.client): it runs on the device beside the server, with nothing else installed.
+Standard library only (wire.py): it runs on the device beside the server, with nothing else installed.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
 import socket
 import sys
@@ -23,6 +22,7 @@ from pipeline import settings
 from pipeline.contract import LoadResult
 from pipeline.errors import PipelineError
 from pipeline.runtime.load import Timing, concurrencies, run_load
+from pipeline.serve.wire import Connection, bad
 
 PROMPTS = ("The small computer sat on a shelf", "To bake bread you need", "What is the capital of France?",
            "Write a haiku about the sea.", "The train left the station")
@@ -60,16 +60,6 @@ class Deadline:
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
 
-    def connection(self, cls: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
-        """`cls` whose sockets this deadline cuts (a response keeps its socket after its connection lets go)."""
-        deadline = self
-
-        class Watched(cls):         # type: ignore[valid-type, misc]
-            def connect(self) -> None:
-                super().connect()
-                deadline.add(self.sock)
-        return Watched
-
     def check(self) -> None:
         if self.passed or time.monotonic() > self.at:
             self.passed = True
@@ -80,73 +70,73 @@ class Deadline:
         self._timer.cancel()
 
 
-def _bad(what: str) -> PipelineError:
-    return PipelineError(f"the server's answer is not OpenAI's: {what}", "is this an OpenAI-compatible server?")
-
-
 class Client:
-    """One keep-alive connection (per client thread), as an application keeps one."""
+    """One keep-alive connection (per client thread), as an application keeps one (wire.py: each request written
+    in one write, each answer read bounded)."""
 
     def __init__(self, url: str, api_key: str | None, deadline: Deadline):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise PipelineError(f"{url}: not an http(s) URL", "pass the server's base URL, e.g. http://127.0.0.1:8000")
-        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        self.conn = deadline.connection(cls)(parts.hostname, parts.port, timeout=READ_S)
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            raise PipelineError(f"{url}: the port is not a number 0-65535", "e.g. http://127.0.0.1:8000") from None
+        self.conn = Connection(parts.hostname, port, parts.scheme == "https", READ_S, deadline.add)
         self.deadline = deadline
         self.base = parts.path.rstrip("/")
-        self.headers = {"Content-Type": "application/json"}
-        if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
+        host = parts.netloc.rsplit("@", 1)[-1]
+        auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
+        self.headers = f"Host: {host}\r\nAccept-Encoding: identity\r\n{auth}".encode("latin-1")
+
+    def _head(self, method: str, path: str, length: int | None) -> bytes:
+        body = b"" if length is None else b"Content-Type: application/json\r\nContent-Length: %d\r\n" % length
+        return f"{method} {self.base}{path} HTTP/1.1\r\n".encode() + self.headers + body + b"\r\n"
 
     def get(self, path: str) -> dict:
-        self.conn.request("GET", self.base + path, headers=self.headers)
-        r = self.conn.getresponse()
+        r = self.conn.request(self._head("GET", path, None))
         body = r.read(MAX_BODY + 1)
         if r.status != 200:
             raise PipelineError(f"GET {path}: HTTP {r.status} {body[:200].decode('utf-8', 'replace')}",
                                 "check the URL and --api-key")
         if len(body) > MAX_BODY:
-            raise _bad(f"GET {path} answered more than {MAX_BODY} bytes")
+            raise bad(f"GET {path} answered more than {MAX_BODY} bytes")
         try:
             out = json.loads(body)
         except (ValueError, RecursionError):
-            raise _bad(f"GET {path} is not JSON") from None
+            raise bad(f"GET {path} is not JSON") from None
         if not isinstance(out, dict):
-            raise _bad(f"GET {path} is not a JSON object")
+            raise bad(f"GET {path} is not a JSON object")
         return out
 
     def completion(self, model: str, prompt: str, max_tokens: int, image: str | None = None) -> Timing:
         """One streamed request: a completion of `prompt`, or with `image` (a data URL) a chat asking `prompt`
-        about it (as the openai client sends an image)."""
+        about it (as the openai client sends an image). A token's time is when its line arrived."""
         fields = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                   "stream_options": {"include_usage": True}}
         if image is None:
-            path, body = "/v1/completions", json.dumps({**fields, "prompt": prompt})
+            path, data = "/v1/completions", json.dumps({**fields, "prompt": prompt})
         else:
-            path, body = "/v1/chat/completions", json.dumps({**fields, "messages": [{"role": "user", "content": [
+            path, data = "/v1/chat/completions", json.dumps({**fields, "messages": [{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": prompt}]}]})
+        body = data.encode()
+        head = self._head("POST", path, len(body))
         sent = time.perf_counter()
-        self.conn.request("POST", self.base + path, body=body, headers=self.headers)
-        r = self.conn.getresponse()
+        r = self.conn.request(head, body)
         if r.status != 200:
             raise PipelineError(f"POST {path}: HTTP {r.status} "
                                 f"{r.read(MAX_LINE)[:300].decode('utf-8', 'replace')}", "see the server's log")
         arrivals: list[tuple[float, int]] = []
         usage, done = None, False
-        while True:         # to the end of the response: the connection is kept for the next request
+        for line in r.lines(MAX_LINE):      # to the end of the response: the connection is kept for the next request
+            now = time.perf_counter()
             self.deadline.check()
-            line = r.readline(MAX_LINE + 1)
-            if not line:
-                break
-            if len(line) > MAX_LINE:
-                raise _bad(f"a stream line longer than {MAX_LINE} bytes")
             if line.strip() == b"data: [DONE]":
                 done = True
             elif line.startswith(b"data: {"):
                 text, count = _chunk(line[6:])
                 if text:
-                    arrivals.append((time.perf_counter(), 1))
+                    arrivals.append((now, 1))
                 usage = count if count is not None else usage
         self.deadline.check()
         if not done:
@@ -165,29 +155,29 @@ def _chunk(raw: bytes) -> tuple[str, int | None]:
     try:
         chunk = json.loads(raw)
     except (ValueError, RecursionError):
-        raise _bad("a stream chunk is not JSON") from None
+        raise bad("a stream chunk is not JSON") from None
     if not isinstance(chunk, dict):
-        raise _bad("a stream chunk is not an object")
+        raise bad("a stream chunk is not an object")
     choices, usage = chunk.get("choices") or [], chunk.get("usage")
     if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
-        raise _bad("`choices` is not a list of objects")
+        raise bad("`choices` is not a list of objects")
     delta = choices[0].get("delta") if choices else None      # a chat chunk's text is its delta's content
     text = (delta.get("content") if isinstance(delta, dict) else None) if delta is not None else \
         choices[0].get("text") if choices else None
     if text is not None and not isinstance(text, str):
-        raise _bad("a choice's `text` is not a string")
+        raise bad("a choice's `text` is not a string")
     if usage is None:
         return text or "", None
     count = usage.get("completion_tokens") if isinstance(usage, dict) else None
     if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= 10**9:
-        raise _bad("`usage.completion_tokens` is not a count")
+        raise bad("`usage.completion_tokens` is not a count")
     return text or "", count
 
 
 def _max_batch(card: dict) -> int:
     value = card.get("max_batch_size") or 1
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1 << 20:
-        raise _bad(f"/v1/models says max_batch_size {str(value)[:40]}: not a batch size")
+        raise bad(f"/v1/models says max_batch_size {str(value)[:40]}: not a batch size")
     return value
 
 
@@ -200,7 +190,7 @@ def bench(url: str, api_key: str | None, levels: list[int] | None, requests: int
         models = Client(url, api_key, deadline).get("/v1/models").get("data")
         if not isinstance(models, list) or not models or not isinstance(models[0], dict) or \
                 not isinstance(models[0].get("id"), str):
-            raise _bad("/v1/models lists no model")
+            raise bad("/v1/models lists no model")
         card = models[0]
         model, max_batch = card["id"], _max_batch(card)
         local = threading.local()
@@ -214,7 +204,7 @@ def bench(url: str, api_key: str | None, levels: list[int] | None, requests: int
             local = threading.local()           # fresh connections per level
             results.append(run_load(send, c, max(requests, c), max_batch))
         return model, max_batch, results
-    except (OSError, http.client.HTTPException):
+    except OSError:
         if deadline.passed:
             deadline.check()
         raise
@@ -268,7 +258,7 @@ def run(args) -> int:
     try:
         model, max_batch, results = bench(args.url, args.api_key, levels, args.requests, args.max_tokens,
                                           args.timeout, image)
-    except (OSError, http.client.HTTPException, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         raise PipelineError(f"{args.url}: {type(exc).__name__}: {str(exc)[:200]}",
                             "is the server running (python -m pipeline serve ...) and is this its URL?") from None
     print(f"{model} at {args.url} (max_batch_size {max_batch}), {args.requests} requests of {args.max_tokens} "
