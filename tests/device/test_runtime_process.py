@@ -53,6 +53,22 @@ def test_the_channel_carries_frames_of_any_size_in_order_then_eof():
     a.close()
 
 
+def test_requests_and_events_cross_as_flat_tuples_with_every_field():
+    """Wire: every field of a Generation (its Sampling included) and of an Event, none at its default, comes back
+    equal from a tuple that holds no dataclass but the ones inside an event's log-probabilities and a guide."""
+    from pipeline.runtime.process import Wire
+    from pipeline.runtime.session import TokenLogprob
+    g = Generation((1, 2, 3), "a b c", 7, Sampling(0.7, 0.9, 40, 11, 1.1, 0.2, 0.3, 0.05), (2, 9),
+                   Constraint({"type": "object"}, "<tool_call>"), 3, (b"\x89PNG",))
+    flat = Wire.generation(g)
+    assert type(flat) is tuple and not any(isinstance(v, (Generation, Sampling)) for v in flat)
+    assert flat[3] == (0.7, 0.9, 40, 11, 1.1, 0.2, 0.3, 0.05)
+    assert Wire.to_generation(flat) == g
+    ev = Event([5, 6], final=True, reason="stop", error="e", logprobs=[TokenLogprob(-0.5, ((5, -0.5), (6, -1.0)))])
+    assert Wire.event(ev) == ([5, 6], True, "stop", "e", ev.logprobs)
+    assert Wire.to_event(Wire.event(ev)) == ev
+
+
 @pytest.fixture(scope="module")
 def scripted():
     s = ProcessSession(open_scripted, "scripted")
