@@ -246,21 +246,21 @@ class Started:
 
 
 async def _body(request, limit: int) -> dict[str, Any]:
+    """The request's JSON body, read from the ASGI messages themselves (Starlette's stream is an async generator
+    around the same reads), at most `limit` bytes."""
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
-    from starlette.requests import ClientDisconnect
-
-    data = bytearray()
-    try:
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > limit:
-                raise ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
-    except ClientDisconnect:        # the client left, or its body passed the body deadline (guard.py)
-        raise ApiError(400, "the client went away before its request body ended", code="client_disconnected") \
-            from None
-    return protocol.parse_json(bytes(data))
+    data, receive = bytearray(), request.receive
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":   # the client left, or its body passed the body deadline (guard.py)
+            raise ApiError(400, "the client went away before its request body ended", code="client_disconnected")
+        data += message.get("body", b"")
+        if len(data) > limit:
+            raise ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
+        if not message.get("more_body", False):
+            return protocol.parse_json(bytes(data))
 
 
 async def _until_disconnect(receive: Callable[[], Any]) -> None:

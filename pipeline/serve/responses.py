@@ -173,8 +173,12 @@ def tool_call_deltas(calls: list[dict[str, Any]], fragment: int = 32) -> list[li
     return out
 
 
+# one encoder for every event: json.dumps(..., ensure_ascii=False) builds a JSONEncoder per call
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def sse(obj: dict[str, Any] | str) -> bytes:
-    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+    return f"data: {obj if isinstance(obj, str) else _encode(obj)}\n\n".encode()
 
 
 def sse_all(objs: Iterable[dict[str, Any] | str]) -> bytes:

@@ -279,3 +279,25 @@ def test_an_image_sent_to_a_text_model_is_a_400_naming_the_part_and_the_body_bou
     big = httpx.post(keyed.url + "/v1/chat/completions", headers=AUTH, timeout=10,     # 2 MiB: a text model's bound
                      content=b'{"messages": [{"role": "user", "content": "' + b"a" * (2 * 2**20) + b'"}]}')
     assert big.status_code == 413
+
+
+def test_a_chunked_body_is_bounded_as_it_arrives_and_one_cut_short_costs_nothing(keyed):
+    """No Content-Length to refuse on: a chunked body is a 413 once past the bound (2 MiB for a text model), read no
+    further; a body the client abandons half-way ends that request, and the server answers the next."""
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+    port = int(keyed.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+        c.sendall(head + b'5\r\n{"pro\r\n')
+        piece = b"%x\r\n" % 65536 + b"a" * 65536 + b"\r\n"
+        try:
+            for _ in range(40):         # 2.5 MiB
+                c.sendall(piece)
+        except OSError:                 # the server answered and closed while this was still sending
+            pass
+        assert (_closed(c, 10) or b"").startswith(b"HTTP/1.1 413"), "no 413"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+        c.sendall(head + b'5\r\n{"pro\r\n')
+        time.sleep(0.2)
+    assert _chat(keyed).status_code == 200
+    assert "Traceback" not in keyed.log.read_text()
