@@ -82,6 +82,10 @@ class Client:
             port = parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError:
             raise PipelineError(f"{url}: the port is not a number 0-65535", "e.g. http://127.0.0.1:8000") from None
+        for what, value in (("the URL's path", parts.path), ("--api-key", api_key or "")):
+            if any(not 32 < ord(c) < 127 for c in value):   # it goes into the request's head as it is
+                raise PipelineError(f"{what} holds a space, a control or a non-ASCII character",
+                                    "pass it as the server expects it, percent-encoded where it is a URL")
         self.conn = Connection(parts.hostname, port, parts.scheme == "https", READ_S, deadline.add)
         self.deadline = deadline
         self.base = parts.path.rstrip("/")

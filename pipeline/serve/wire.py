@@ -40,7 +40,9 @@ class Response:
         length = headers.get("content-length")
         if not self._chunked and length is not None and not length.strip().isdigit():
             raise bad(f"Content-Length {length[:40]!r} is not a length")
-        self._length = None if self._chunked or length is None else int(length)
+        # a 204 or 304 has no body whatever its headers say (RFC 9112 6.3)
+        self._length = 0 if status in (204, 304) else None if self._chunked or length is None else int(length)
+        self._chunked = self._chunked and self._length is None
         self._reusable = version == b"HTTP/1.1" and "close" not in headers.get("connection", "").lower() and \
             (self._chunked or self._length is not None)
 

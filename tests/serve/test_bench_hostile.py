@@ -109,6 +109,20 @@ def test_malformed_answers_are_one_clear_error(models, stream, message):
     assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
 
 
+@pytest.mark.parametrize("args,url_tail,what", [
+    (("--api-key", "key\r\nX-Injected: 1"), "", "--api-key"),
+    (("--api-key", "clé"), "", "--api-key"),
+    ((), "/v1 beta", "the URL's path"),
+])
+def test_a_key_or_path_that_would_break_the_request_head_is_refused(args, url_tail, what):
+    from pipeline.cli import main
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        rc = main(["bench", f"http://127.0.0.1:9{url_tail}", "--requests", "1", *args])
+    assert rc == 2 and f"{what} holds a space, a control or a non-ASCII character" in err.getvalue(), err.getvalue()
+    assert "Traceback" not in err.getvalue()
+
+
 def test_json_is_never_written_through_a_link_and_concurrency_is_capped(tmp_path):
     target = tmp_path / "elsewhere.txt"
     target.write_text("keep")

@@ -120,6 +120,14 @@ def test_a_body_to_the_connections_end_and_a_kept_connection_the_server_closed(s
     assert server.connections == 3 and len(server.requests) == 3
 
 
+def test_a_204_has_no_body_whatever_its_headers_say_and_keeps_the_connection(scripted):
+    server = scripted([b"HTTP/1.1 204 No Content\r\n\r\n"], [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"])
+    conn = connect(server)
+    r = conn.request(HEAD, BODY)
+    assert r.status == 204 and r.read(10) == b""        # no length, no chunks: not read to the connection's end
+    assert conn.request(HEAD, BODY).read(10) == b"ok" and server.connections == 1
+
+
 def test_read_stops_at_its_limit(scripted):
     server = scripted([b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789"])
     assert connect(server).request(HEAD, BODY).read(4) == b"0123"
