@@ -35,14 +35,16 @@ class Response:
 
     def __init__(self, conn: Connection, status: int, headers: dict[str, str], version: bytes):
         self.status, self.headers, self._conn = status, headers, conn
-        coding = headers.get("transfer-encoding", "").lower()
-        self._chunked = coding.endswith("chunked")
         length = headers.get("content-length")
-        if not self._chunked and length is not None and not length.strip().isdigit():
-            raise bad(f"Content-Length {length[:40]!r} is not a length")
-        # a 204 or 304 has no body whatever its headers say (RFC 9112 6.3)
-        self._length = 0 if status in (204, 304) else None if self._chunked or length is None else int(length)
-        self._chunked = self._chunked and self._length is None
+        self._chunked, self._length = False, None
+        if status in (204, 304):        # no body whatever its headers say (RFC 9112 6.3)
+            self._length = 0
+        elif headers.get("transfer-encoding", "").lower().endswith("chunked"):
+            self._chunked = True
+        elif length is not None:
+            if not length.strip().isdigit():
+                raise bad(f"Content-Length {length[:40]!r} is not a length")
+            self._length = int(length)
         self._reusable = version == b"HTTP/1.1" and "close" not in headers.get("connection", "").lower() and \
             (self._chunked or self._length is not None)
 
@@ -84,22 +86,19 @@ class Response:
     def lines(self, limit: int) -> Iterator[bytes]:
         """The body's lines (each with its newline; the last may have none), each yielded as soon as it has
         arrived; a line longer than `limit` is an error."""
-        held = b""
+        held = bytearray()      # grown in place: a line trickled a byte per read is not copied per byte
         for piece in self._pieces():
             held += piece
-            if b"\n" not in piece:
-                if len(held) > limit:
-                    raise bad(f"a stream line longer than {limit} bytes")
-                continue
-            *done, held = held.split(b"\n")
-            for line in done:
-                if len(line) >= limit:
-                    raise bad(f"a stream line longer than {limit} bytes")
-                yield line + b"\n"
+            if b"\n" in piece:
+                *done, held = held.split(b"\n")
+                for line in done:
+                    if len(line) >= limit:
+                        raise bad(f"a stream line longer than {limit} bytes")
+                    yield bytes(line) + b"\n"
             if len(held) > limit:
                 raise bad(f"a stream line longer than {limit} bytes")
         if held:
-            yield held
+            yield bytes(held)
 
     def read(self, limit: int) -> bytes:
         """The body, or its first `limit` bytes (the rest is left unread and the connection is not reused)."""
