@@ -22,7 +22,8 @@ Each figure is printed with a 95% interval (the rounds resampled): where the bud
 well give the other verdict.
 The ratios to the direct figures are printed beside both, and the median of an empty exchange with the same server
 (GET /v1/models on the same connection): the least any HTTP answer costs. A target with nothing published is judged
-against the direct figures themselves (5% of them).
+against the direct figures themselves (5% of them). bench/http_floor.py measures the floor under the TTFT figure: the
+same exchange answered by servers that do no work of their own (uvicorn, a bare asyncio protocol).
 """
 
 from __future__ import annotations

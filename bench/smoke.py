@@ -24,6 +24,7 @@ RUNS = {
     "quantize.py": ["--shape", "tiny", "--samples", "2", "--seq-len", "16"],
     "nvfp4.py": [],
     "serve.py": ["--requests", "3", "--max-tokens", "8", "--ttft-requests", "5"],
+    "http_floor.py": ["--requests", "5", "--compute-ms", "1"],
 }
 
 
