@@ -35,11 +35,9 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import queue
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -47,7 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.runtime.session import Emit, Event, Generation, Handle, Limits, Session  # noqa: E402
+from pipeline.runtime.session import Event, Generation, Limits, Session  # noqa: E402
 from pipeline.serve.reference import ReferenceSession  # noqa: E402
 
 PROMPTS = ("The small computer sat on a shelf", "To bake bread you need", "What is the capital of France?",
@@ -70,46 +68,27 @@ def http_once(client, model: str, prompt: str, max_tokens: int) -> tuple[float, 
     return t.ttft, t.gaps()
 
 
-class FixedWork(Session):
-    """An engine whose every step is exactly `step` seconds of work on its own thread (spinning: an engine's CPU
-    computes, it does not sleep), each answering `token`: the model's compute made constant, so that what the server
-    adds to a first token is measured without it. The tiny model's first step varies by milliseconds from one
-    request to the next, and its median differs between two processes by up to half a millisecond a run (traced:
-    the server's engine process against this one's session, 0.02, 0.11 and 0.57 ms in three runs): a TTFT difference
-    between the two includes that. The server runs it in its engine process (runtime/process.py) as it runs the
-    reference session; this process calls it directly."""
+class FixedWork(ReferenceSession):
+    """The reference session (its own thread, its scheduling, its events) whose every step is exactly `step` seconds
+    of work (spinning: an engine's CPU computes, it does not sleep) instead of the model's forward, each answering
+    `token`: the model's compute made constant, so that what the server adds to a first token is measured without it.
+    The tiny model's first step varies by milliseconds from one request to the next, and its median differs between
+    two processes by up to half a millisecond a run (traced: the server's engine process against this one's session,
+    0.02, 0.11 and 0.57 ms in three runs): a TTFT difference between the two includes that. The server runs it in its
+    engine process (runtime/process.py) as it runs the reference session; this process calls it directly."""
     backend = "fixed-work"
-    applies = ReferenceSession.applies      # the server prepares requests for it as for the reference session
 
     def __init__(self, step: float, token: int, limits: Limits):
-        super().__init__()
-        self.step, self.token, self.limits = step, token, limits
-        self._pending: queue.Queue[Handle | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="fixed-work", daemon=True)
-        self._thread.start()
+        super().__init__(None, limits)
+        self.step, self.token = step, token
 
-    def submit(self, gen: Generation, emit: Emit) -> Handle:
-        handle = self._handle(gen, emit)
-        self._pending.put(handle)
-        return handle
-
-    def cancel(self, handle: Handle) -> None:
-        handle.cancelled.set()
-
-    def close(self) -> None:
-        self._pending.put(None)
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        while (handle := self._pending.get()) is not None:
-            for i in range(handle.generation.max_new_tokens):
-                end = time.perf_counter() + self.step
-                while time.perf_counter() < end:
-                    pass
-                if handle.cancelled.is_set():
-                    break
-                last = i + 1 == handle.generation.max_new_tokens
-                handle.emit(Event([self.token], final=last, reason="length" if last else None))
+    def _step(self, r: Any) -> Event:
+        end = time.perf_counter() + self.step
+        while time.perf_counter() < end:
+            pass
+        r.made += 1
+        last = r.made >= r.handle.generation.max_new_tokens
+        return Event([self.token], final=last, reason="length" if last else None)
 
 
 def open_fixed(step: float, token: int, limits: Limits) -> Session:
