@@ -176,7 +176,8 @@ def main() -> int:
                 if first is None and line.startswith(b"data: {"):
                     first = time.perf_counter()
             if r.status != 200 or first is None:
-                raise Broken(f"the {kind} server answered HTTP {r.status} without an SSE line")
+                raise Broken(f"the {kind} server's port {kinds[kind]} answered HTTP {r.status} without an SSE line "
+                             "(another program on that port? pass --port)")
             return first - sent - engine.compute
 
         def direct() -> float:

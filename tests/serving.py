@@ -37,11 +37,15 @@ def stop_process(proc: subprocess.Popen | ZygoteProcess) -> None:
 def health(url: str) -> tuple[int, dict] | None:
     try:
         with urllib.request.urlopen(url + "/health", timeout=5) as r:
-            return r.status, json.loads(r.read())
+            status, body = r.status, r.read()
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+        status, body = e.code, e.read()
     except OSError:
         return None
+    try:
+        return status, json.loads(body)
+    except ValueError:      # not the server's JSON: another program answers on that port
+        return status, {}
 
 
 class Served:

@@ -139,3 +139,27 @@ def test_json_is_never_written_through_a_link_and_concurrency_is_capped(tmp_path
     finally:
         server.stop.set()
         server.shutdown()
+
+
+def test_the_http_floor_benchmark_on_a_port_another_program_answers_says_so():
+    """bench/http_floor.py's own servers cannot take a port another program holds: the answer it then gets is one
+    clear error naming the port, not a traceback or figures of the wrong server."""
+    import subprocess
+    import sys
+    from http.server import BaseHTTPRequestHandler
+    from pathlib import Path
+
+    squatter = ThreadingHTTPServer(("127.0.0.1", free_port()), BaseHTTPRequestHandler)     # a POST is its 501
+    squatter.daemon_threads = True
+    threading.Thread(target=squatter.serve_forever, daemon=True).start()
+    port = squatter.server_address[1]
+    try:
+        r = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[2] / "bench" / "http_floor.py"),
+                            "--port", str(port), "--requests", "2", "--compute-ms", "1"],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        squatter.shutdown()
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"bench/http_floor.py: the uvicorn server's port {port} answered HTTP 501 without an SSE line (another " \
+           "program on that port? pass --port)" in r.stderr
+    assert "Traceback" not in r.stderr
