@@ -4,7 +4,7 @@ adds to a streamed request's first token, with the engine on other CPUs.
     .venv/bin/python bench/http_floor.py --requests 400
 
 The exchange bench/serve.py times (a POST with a JSON body, a 200 whose SSE line follows once the engine's first
-token is ready, read by the same client, pinned the same way) answered by
+token is ready, read by the same HTTP client, serve/wire.py, pinned the same way) answered by
 - uvicorn with a minimal ASGI app (the server's stack: httptools, and uvloop where installed), and
 - a bare asyncio protocol over httptools (no ASGI, no task per request beyond the answer's),
 each handing the request to an "engine" thread on the CPUs the server's engine process takes, which works (spins)

@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,41 @@ def direct_once(session, served, prompt: str, max_tokens: int, grammar: object =
 def http_once(client, model: str, prompt: str, max_tokens: int) -> tuple[float, list[float]]:
     t = client.completion(model, prompt, max_tokens)
     return t.ttft, t.gaps()
+
+
+def on_engine_cpus(split: Any, make: Callable[[], Session]) -> Session:
+    """`make()` with this thread on the engine's CPUs (the session's thread inherits them), then this thread back on
+    the server's: both modes compute on the cores the server's engine process takes, and the client (this thread,
+    reading either) never takes the engine's core (on 2 cores it otherwise did in HTTP mode only, reading and parsing
+    each SSE frame, and that was charged to the server)."""
+    if split:
+        os.sched_setaffinity(0, split[0])
+    try:
+        return make()
+    finally:
+        if split:
+            os.sched_setaffinity(0, split[1])
+
+
+def came_up(url: str, server: subprocess.Popen, seconds: float) -> bool:
+    """Whether the server at `url` answers /health with 200 within `seconds` (False at once where it exited)."""
+    from tests.serving import health
+    deadline = time.monotonic() + seconds
+    while (health(url) or (0,))[0] != 200:
+        if time.monotonic() > deadline or server.poll() is not None:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def first_tokens(session: Session, client: Any, served: Any, requests: int) -> tuple[list[float], list[float]]:
+    """The first-token times of `requests` two-token requests each way, alternating: (direct, through the server)."""
+    direct, through = [], []
+    for i in range(requests):
+        p = PROMPTS[i % len(PROMPTS)]
+        direct.append(direct_once(session, served, p, 2)[0])
+        through.append(http_once(client, served.name, p, 2)[0])
+    return direct, through
 
 
 class FixedWork(ReferenceSession):
@@ -122,34 +158,20 @@ def fixed_rounds(args: Any, served: Any, split: Any, step: float) -> tuple[list[
     """First tokens of two-token requests with FixedWork's engine (`step` s a step): called directly in this process
     (its thread on the engine's CPUs) and through the server, alternating. (direct, served) times."""
     from pipeline.serve.bench import Client, Deadline
-    from tests.serving import health
 
     token = served.codec.prompt_ids(PROMPTS[0])[1][-1]
     port = args.port + 1
     server = subprocess.Popen([sys.executable, __file__, "--recipe", args.recipe, "--port", str(port),
                                "--fixed-engine", f"{step}:{token}"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
-    if split:
-        os.sched_setaffinity(0, split[0])
-    session = FixedWork(step, token, served.limits)
-    if split:
-        os.sched_setaffinity(0, split[1])
+    session = on_engine_cpus(split, lambda: FixedWork(step, token, served.limits))
     try:
-        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
-        while (health(url) or (0,))[0] != 200:
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("the server with FixedWork's engine did not come up")
-            time.sleep(0.1)
+        url = f"http://127.0.0.1:{port}"
+        if not came_up(url, server, 120):
+            raise RuntimeError("the server with FixedWork's engine did not come up")
         client = Client(url, None, Deadline(3600))
-        for p in PROMPTS:
-            direct_once(session, served, p, 2)
-            http_once(client, served.name, p, 2)
-        direct, through = [], []
-        for i in range(args.ttft_requests):
-            p = PROMPTS[i % len(PROMPTS)]
-            direct.append(direct_once(session, served, p, 2)[0])
-            through.append(http_once(client, served.name, p, 2)[0])
-        return direct, through
+        first_tokens(session, client, served, len(PROMPTS))     # warm both paths
+        return first_tokens(session, client, served, args.ttft_requests)
     finally:
         session.close()
         server.terminate()
@@ -190,7 +212,6 @@ def main() -> int:
     from pipeline.errors import PipelineError
     from pipeline.graph.reference import from_recipe
     from pipeline.serve.bench import Client, Deadline, bench, table
-    from tests.serving import health
 
     try:
         served, opener = from_recipe(args.recipe, own_process=False)
@@ -207,25 +228,14 @@ def main() -> int:
     url = f"http://127.0.0.1:{args.port}"
     server = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", args.recipe, "--port", str(args.port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    # the direct session on the CPUs the server's engine process takes (runtime/process.py), so both compute on
-    # the same cores; this thread (the client, reading either) on the CPUs the server keeps, so that in both modes
-    # the client's own work never takes the engine's core (on a 2-core machine it otherwise does in HTTP mode only,
-    # reading and parsing each SSE frame, and that was charged to the server)
     from pipeline.graph.reference import torch_threads
     from pipeline.runtime.process import split_cpus
     split = split_cpus(torch_threads())
-    if split:
-        os.sched_setaffinity(0, split[0])
-    session = opener()      # its thread inherits this thread's CPUs
-    if split:
-        os.sched_setaffinity(0, split[1])
+    session = on_engine_cpus(split, opener)
     try:
-        deadline = time.monotonic() + 180
-        while (health(url) or (0,))[0] != 200:
-            if time.monotonic() > deadline or server.poll() is not None:
-                print("bench/serve.py: the server did not come up", file=sys.stderr)
-                return 2
-            time.sleep(0.1)
+        if not came_up(url, server, 180):
+            print("bench/serve.py: the server did not come up", file=sys.stderr)
+            return 2
         client = Client(url, None, Deadline(3600))     # one keep-alive connection, as an application keeps one
         for p in PROMPTS:       # warm both paths
             direct_once(session, served, p, 4)
@@ -245,11 +255,7 @@ def main() -> int:
         # one: after the first token's frame the server waits for the engine, as in any streamed answer; a
         # one-token answer's closing frames follow at once, and on the CPU the client shares with the server that
         # delayed the client's reading of the first (0.1-0.3 ms more).
-        d_first, h_first = [], []
-        for i in range(args.ttft_requests):
-            p = PROMPTS[i % len(PROMPTS)]
-            d_first.append(direct_once(session, served, p, 2)[0])
-            h_first.append(http_once(client, served.name, p, 2)[0])
+        d_first, h_first = first_tokens(session, client, served, args.ttft_requests)
         floor = []
         for _ in range(args.requests):
             t = time.perf_counter()
