@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.sshserver import sshd  # noqa: F401  (a fixture: the ssh builder and fleet tests use it)
-from tests.zygote import run_module
+from tests.zygote import run_module, zygote_started
 
 # The files that take longest (minutes of doit builds and device runs; pytest's --durations says which), run first:
 # pytest-xdist's --dist loadfile hands whole files to whichever worker is free, in collection order, so the long ones
@@ -44,6 +44,11 @@ def pytest_configure(config):   # noqa: ARG001 - pytest's hook signature
     # them fell back to a fresh interpreter (13-15 s of imports). Set now, before the zygote starts, it never changes.
     from torch._inductor.runtime.cache_dir_utils import cache_dir
     cache_dir()
+    # The same for the tiny tokenizer's training (pipeline/workstation/tinytrain.py sets it in the process that
+    # trains): the tests' checkpoints are trained in the worker (write_checkpoint), and a worker whose zygote had
+    # started before its first one ran every later run cold; test_zygote.py, spawning with the changed environment,
+    # failed on it in CI (warm False).
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -166,6 +171,26 @@ class Project:
 @pytest.fixture
 def project(tmp_path) -> Project:
     return Project(tmp_path / "proj")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):    # noqa: ARG001 - pytest's hook signature
+    """A test (or the code it runs in-process) that leaves an environment variable a library reads at import time
+    different from the zygote's errors here, naming it: every later run of its worker would silently start cold
+    (tests/zygote.py), and what a spawned process sees would depend on which tests the worker ran first. Checked
+    after the test's fixtures are torn down (monkeypatch's changes undone)."""
+    result = yield
+    z = zygote_started()
+    if z is not None and not z.fits(dict(os.environ)):
+        changed = z.changed(dict(os.environ))
+        for name in changed:        # put back, so that the tests after this one run as they would have
+            if name in z.env:
+                os.environ[name] = z.env[name]
+            else:
+                os.environ.pop(name, None)
+        pytest.fail(f"the test left import-time environment variables different from the zygote's: {changed} "
+                    "(set them in pytest_configure, or with monkeypatch)")
+    return result
 
 
 @pytest.fixture(autouse=True)

@@ -84,3 +84,28 @@ def test_a_signalled_spawn_ends_by_that_signal_and_a_killed_shim_takes_its_fork_
         time.sleep(0.05)
     else:
         raise AssertionError(f"the fork {seen['pid']} outlived its shim")
+
+
+def test_training_a_tokenizer_in_the_worker_keeps_its_spawns_warm(through_shim):
+    """The tests train their checkpoints' tokenizers in the worker (conftest.write_checkpoint): the environment the
+    pipeline sets for that (TOKENIZERS_PARALLELISM) must be the zygote's already, or each later run starts cold."""
+    from pipeline.workstation.tinytrain import train_tokenizer
+    z = zygote()
+    assert z is not None
+    train_tokenizer(300)
+    assert z.changed(dict(os.environ)) == []
+    p, _, seen = _start(through_shim, 3)
+    p.join(30)
+    assert seen["warm"] is True and p.exitcode == 3
+
+
+def test_a_changed_import_time_variable_is_named(monkeypatch):
+    z = zygote()
+    if z is None:
+        pytest.skip("the zygote is off (JETSON_TEST_ZYGOTE=off)")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    monkeypatch.setenv("ZYGOTE_TEST_VALUE", "not read at import")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    want = ["TOKENIZERS_PARALLELISM"] + (["OMP_NUM_THREADS"] if "OMP_NUM_THREADS" in z.env else [])
+    assert z.changed(dict(os.environ)) == sorted(want)
+    assert not z.fits(dict(os.environ))

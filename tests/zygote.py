@@ -261,6 +261,11 @@ class Zygote:
     def fits(self, env: dict) -> bool:
         return _import_env(env) == _import_env(self.env)
 
+    def changed(self, env: dict) -> list[str]:
+        """The import-time variables whose values in `env` differ from the zygote's."""
+        mine, theirs = _import_env(self.env), _import_env(env)
+        return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+
     def start(self, module: str, args: list[str], env: dict, cwd: str, stdout: str, stderr: str,
               new_group: bool = False) -> tuple[socket.socket, int]:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -286,6 +291,11 @@ def zygote() -> Zygote | None:
         _ZYGOTE = Zygote()
         import atexit
         atexit.register(_ZYGOTE.close)
+    return _ZYGOTE
+
+
+def zygote_started() -> Zygote | None:
+    """The zygote if this process has started it (without starting it)."""
     return _ZYGOTE
 
 
