@@ -138,17 +138,13 @@ def serve_fixed(recipe: str, port: int, step: float, token: int) -> int:
     from bench import serve as this  # pickled by this name: the engine process imports it
     from pipeline.cli import build_parser
     from pipeline.graph.reference import from_recipe, torch_threads
-    from pipeline.runtime.process import ProcessSession, keep_cpus, split_cpus
+    from pipeline.runtime.process import engine_process
 
     served, _ = from_recipe(recipe, own_process=False)
 
     def load() -> Any:      # as from_recipe's own: the engine in a process of its own on the last CPUs
-        split = split_cpus(torch_threads())
-        session = ProcessSession(functools.partial(this.open_fixed, step, token, served.limits), "fixed-work",
-                                 split[0] if split else None)
-        if split:
-            keep_cpus(split[1])
-        return session
+        return engine_process(functools.partial(this.open_fixed, step, token, served.limits), "fixed-work",
+                              torch_threads())
     args = build_parser().parse_args(["serve", recipe, "--port", str(port)])
     args.recipe_source = lambda _name, _target, _threads: (served, load)
     return args.func(args)

@@ -53,14 +53,9 @@ def from_recipe(name: str, target: str | None = None, threads: int | None = None
 
     def load() -> Session:
         if own_process:
-            from pipeline.runtime.process import ProcessSession, keep_cpus, split_cpus
+            from pipeline.runtime.process import engine_process
             n = threads or torch_threads()
-            split = split_cpus(n)
-            session = ProcessSession(functools.partial(_open_here, name, target, n), "reference",
-                                     split[0] if split else None)
-            if split:
-                keep_cpus(split[1])
-            return session
+            return engine_process(functools.partial(_open_here, name, target, n), "reference", n)
         import torch
 
         from pipeline.graph.actions import reference_model

@@ -257,6 +257,16 @@ def keep_cpus(cpus: frozenset[int]) -> None:
             os.sched_setaffinity(int(tid), cpus)
 
 
+def engine_process(opener: Callable[[], Session], backend: str, threads: int) -> ProcessSession:
+    """`opener`'s session in a process of its own on the last `threads` CPUs, this process (the server) kept on the
+    others (split_cpus; nothing pinned where none would be left)."""
+    split = split_cpus(threads)
+    session = ProcessSession(opener, backend, split[0] if split else None)
+    if split:
+        keep_cpus(split[1])
+    return session
+
+
 def serve_child(ends: tuple[Any, Any], opener: Callable[[], Session], cpus: frozenset[int] | None = None) -> None:
     """The child's whole life: open the session, say ready (or why not), relay requests down and events up.
     ends: the down pipe's reading Connection, the up pipe's writing one."""
