@@ -181,8 +181,8 @@ def pytest_runtest_teardown(item, nextitem):    # noqa: ARG001 - pytest's hook s
     after the test's fixtures are torn down (monkeypatch's changes undone)."""
     result = yield
     z = zygote_started()
-    if z is not None and not z.fits(dict(os.environ)):
-        changed = z.changed(dict(os.environ))
+    changed = z.changed(dict(os.environ)) if z is not None else []
+    if z is not None and changed:
         for name in changed:        # put back, so that the tests after this one run as they would have
             if name in z.env:
                 os.environ[name] = z.env[name]

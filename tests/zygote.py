@@ -258,13 +258,13 @@ class Zygote:
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError("the test zygote did not start")
 
-    def fits(self, env: dict) -> bool:
-        return _import_env(env) == _import_env(self.env)
-
     def changed(self, env: dict) -> list[str]:
         """The import-time variables whose values in `env` differ from the zygote's."""
         mine, theirs = _import_env(self.env), _import_env(env)
         return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+
+    def fits(self, env: dict) -> bool:
+        return not self.changed(env)
 
     def start(self, module: str, args: list[str], env: dict, cwd: str, stdout: str, stderr: str,
               new_group: bool = False) -> tuple[socket.socket, int]:
