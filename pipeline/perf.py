@@ -1,9 +1,9 @@
 """`python -m pipeline.perf fit | extract REFERENCE.csv`: the decode, prefill and ViT models' data and fits.
 
-The models live in pipeline/plan/perf.py (decode), pipeline/plan/prefill.py (time to first token) and
-pipeline/plan/vision_time.py (a vision-language model's visual tower); this entry point is the short name the README
-and the plan's notes use, and the one place that drives them all. `fit` also checks the published vision-language
-rows' prefill and decode against the text models' fits and prints those errors.
+The models live in pipeline/plan/perf.py (decode), pipeline/plan/prefill.py (time to first token) and the parts'
+own fits (pipeline/plan/parts/*_speed.py: routed experts, recurrent layers, the visual tower); this entry point is the
+short name the README and the plan's notes use, and the one place that drives them all. `fit` also checks the published
+vision-language rows' prefill and decode against the text models' fits and prints those errors.
 """
 
 from __future__ import annotations
@@ -13,7 +13,11 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.plan import hybrid_perf, moe, perf, prefill, vision_check, vision_time
+from pipeline.plan import perf, prefill
+from pipeline.plan.parts import experts_speed as moe
+from pipeline.plan.parts import hybrid_speed as hybrid_perf
+from pipeline.plan.parts import tower_check as vision_check
+from pipeline.plan.parts import tower_speed as vision_time
 
 
 def main(argv: list[str]) -> int:

@@ -204,12 +204,12 @@ _VLM_VERIFIED = ("Edge-LLM 0.11 exporter (llm/ + visual/); tests/workstation/tes
 
 # Edge-LLM 0.11 exports Qwen3.5 (qwen3_5: gated_delta_net plugin, FP32 state) and Nemotron-H (nemotron_h:
 # update_ssm_state and causal_conv1d plugins) and publishes Qwen3.5 INT4-AWQ rows on every Orin and INT4-AWQ / NVFP4
-# on Thor. Planned here (plan/hybrid.py: their state pools as its runtime allocates them) and built as its quantizer
-# makes them: INT4-AWQ with each linear's own AWQ scale, a gated delta-net's beta/alpha projections and any linear not
-# 64-aligned kept FP16 (ModelShape.kept_fp16); NVFP4 (on a GPU) with the export's resmoothing, a gated delta-net's
-# qkv and z projections sharing one global scale (calibrate.FUSED_GROUPS). The runtime double computes their plugins.
-# the plugins a hybrid's recurrent layers export to (tensorrt_edgellm/models/ops.py), and the per-layer state its
-# graph takes in and gives back (present_<name>_<i>), numbered over the recurrent layers
+# on Thor. Planned here (plan/parts/hybrid.py: their state pools as its runtime allocates them) and built as its
+# quantizer makes them: INT4-AWQ with each linear's own AWQ scale, a gated delta-net's beta/alpha projections and any
+# linear not 64-aligned kept FP16 (ModelShape.kept_fp16); NVFP4 (on a GPU) with the export's resmoothing, a gated
+# delta-net's qkv and z projections sharing one global scale (calibrate.FUSED_GROUPS). The runtime double computes
+# their plugins. the plugins a hybrid's recurrent layers export to (tensorrt_edgellm/models/ops.py), and the per-layer
+# state its graph takes in and gives back (present_<name>_<i>), numbered over the recurrent layers
 RECURRENT_OPS = {GATED_DELTA_NET: ("trt_edgellm:gated_delta_net", "trt_edgellm:causal_conv1d"),
                  MAMBA2: ("trt_edgellm:update_ssm_state", "trt_edgellm:causal_conv1d")}
 STATE_INPUTS = ("conv_state", "recurrent_state")
@@ -236,7 +236,7 @@ EDGELLM_011: dict[str, Support] = {
                          "tests/workstation/test_families.py (tiny-phi3 FP16, FP8, the FP8 KV cache and INT4-AWQ "
                          "through the V1 plugin, tiny-phi3-h128 INT4-AWQ through V2, tiny-phi3-longrope; run by the "
                          "runtime double), tests/workstation/test_nvfp4.py (NVFP4, on a GPU)", *_PHI3_CHECKED),
-    # planned by all its experts (memory) and the ones each step reaches (decode: plan/moe.py)
+    # planned by all its experts (memory) and the ones each step reaches (decode: plan/parts/experts_speed.py)
     QWEN3_MOE: dataclasses.replace(
         _edgellm_dense("Edge-LLM 0.11 exporter (models/qwen3_moe: Int4MoePlugin (Marlin) on Orin and Thor, "
                        "Nvfp4MoePlugin on Thor, Fp16MoePlugin); tests/workstation/test_moe_build.py (tiny Qwen3-MoE "
@@ -278,6 +278,11 @@ EDGELLM_011: dict[str, Support] = {
                                           "Edge-LLM 0.11 exports those experts in NVFP4 only (its Nvfp4MoePlugin; "
                                           "weight-only NVFP4 through Marlin on Orin), the shared expert in FP8",
                         expert_formats=("nvfp4",),
+                        # transformers 5 saves the hub's embedding.weight as embedding.weight under backbone. (its
+                        # conversion mapping), and 0.11's nemotron_h loader reads backbone.embeddings.weight: without
+                        # it, it keeps its own random embedding and exports without a word (workstation/
+                        # edgellm_hybrid.py)
+                        checkpoint_renames=(("backbone.embedding.weight", "backbone.embeddings.weight"),),
                         verified="Edge-LLM 0.11 exporter (models/nemotron_h: update_ssm_state and causal_conv1d "
                                  "plugins; its loader reads backbone.embeddings.weight: "
                                  "workstation/edgellm_hybrid.py); tests/workstation/test_hybrid_build.py (tiny "

@@ -108,7 +108,8 @@ class MemoryPlan(Part):
     visual: int = 0        # a vision-language model's visual engine: its weights and activations
     build_host: int = 0    # of build_peak: pageable (swap can hold it)
     build_device: int = 0  # of build_peak: pinned on the GPU side (must fit in RAM)
-    # a hybrid model's recurrent layers: each sequence slot's fixed-size state (plan/hybrid.py), for max_batch_size
+    # a hybrid model's recurrent layers: each sequence slot's fixed-size state (plan/parts/hybrid.py), for
+    # max_batch_size
     recurrent_state: int = 0
 
 
@@ -164,10 +165,10 @@ class VisualLimits(Part):
 
 @dataclass(frozen=True)
 class VisualPlan(Part):
-    """A vision-language model's visual engine on the target (plan/visual_plan.py): its weights and activations
+    """A vision-language model's visual engine on the target (plan/parts/tower.py): its weights and activations
     (counted in the memory plan's `visual`), its build peak, and the ViT's time for the largest image the profile
     takes."""
-    design: str                 # plan/vision.py: qwen2_5_vl | qwen3_vl | internvl
+    design: str                 # the tower design's name (families/visual.py TowerDesign)
     precision: str              # fp16 | fp8 (Edge-LLM --visual_quantization fp8, SM 8.9+)
     params: int
     weights: int                # bytes

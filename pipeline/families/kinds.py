@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.families.visual import VisualTower
+from pipeline.families.visual import TowerDesign
 
-# what a hybrid decoder's layer (block) is: plan/hybrid.py sizes each kind
+# what a hybrid decoder's layer (block) is: plan/parts/hybrid.py sizes each kind
 ATTENTION, GATED_DELTA_NET, MAMBA2, MLP, MOE = "attention", "gated_delta_net", "mamba2", "mlp", "moe"
 RECURRENT = (GATED_DELTA_NET, MAMBA2)
 
@@ -47,20 +47,12 @@ class Support:
     built_formats: tuple[str, ...] = ()
     # the only head width its gated delta-net kernel is built for (Edge-LLM: k = v = 128); None: any
     recurrent_head_dim: int | None = None
+    # tensors its checkpoint loader reads under another name than transformers writes: (written, read)
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
 
     def unbuilt(self, weights: str) -> str | None:
         """Why this version plans but does not build the family in `weights` (None: it builds it)."""
         return self.not_built if self.not_built and weights not in self.built_formats else None
-
-    def shape_refusals(self, shape) -> list[str]:
-        """What in this checkpoint's shape (plan/shapes.py ModelShape) the backend version cannot build."""
-        r = shape.hybrid.recurrent if getattr(shape, "hybrid", None) is not None else None
-        want = self.recurrent_head_dim
-        if r is None or want is None or not r.layer_ids or r.kind != GATED_DELTA_NET or \
-                (r.head_dim, r.state) == (want, want):
-            return []
-        return [f"its gated delta-net kernel is built for key and value heads of {want} only, and this model's are "
-                f"{r.head_dim} and {r.state} (linear_key_head_dim, linear_value_head_dim)"]
 
     def losses(self, features: ModelFeatures, max_seq_len: int) -> list[str]:
         """What this backend version would compute differently from the checkpoint, at max_seq_len: each item
@@ -198,18 +190,52 @@ class Family:
     # the format its instruct models write tool calls in (a key of serve/toolcalls.py FORMATS); None: none known.
     # Used only where the kit's chat template renders tools (SmolLM2's, a Llama, does not).
     tool_calls: str | None = None
-    # a vision-language model: its image side (families/visual.py), and the config.json key that holds its language
-    # model's config (the dimensions the planner reads)
-    visual: VisualTower | None = None
+    # a vision-language model: its tower's design (families/visual.py), and the config.json key that holds its
+    # language model's config (the dimensions the planner reads)
+    visual: TowerDesign | None = None
     text_config: str | None = None
     moe: MoeLayout | None = None            # a mixture-of-experts family: where its config keeps the experts
-    layers: LayerLayout | None = None       # layers that differ from each other (plan/shapes.py LayerGeometry)
-    hybrid: HybridLayout | None = None      # layers of different kinds, recurrent among them (plan/hybrid.py)
+    layers: LayerLayout | None = None       # layers that differ from each other (plan/parts/layers.py)
+    hybrid: HybridLayout | None = None      # layers of different kinds, recurrent among them (plan/parts/hybrid.py)
     # the dense layers' linears (by name: an MoE's experts are not these) that stay FP16 when the rest of the model is
     # quantized to 4 bits, where 4 bits cannot hold what they compute; the plan counts them so, and calibration
     # leaves them alone
     fp16_at_4bit: tuple[str, ...] = ()
     notes: str = ""
+
+    @property
+    def model_class(self) -> str | None:
+        """transformers' class that loads the whole checkpoint where AutoModelForCausalLM does not (a vision-language
+        family's own: transformers 5 maps none of them there); None: AutoModelForCausalLM."""
+        return self.architecture if self.visual is not None else None
+
+    @property
+    def head_dim_keys(self) -> tuple[str, ...]:
+        """The config keys of the attention layers' head width, the first present read."""
+        return self.hybrid.head_dim_keys if self.hybrid is not None else ("head_dim",)
+
+    def layers_listed(self, config: dict) -> int | None:
+        """The layer count a config's own list of layer kinds gives (a hybrid's, where num_hidden_layers is not
+        saved), else None."""
+        if self.hybrid is None:
+            return None
+        listed = next((config[k] for k in (*self.hybrid.types, self.hybrid.pattern or "") if k in config), None)
+        return len(listed) if isinstance(listed, (list, str)) else None
+
+    @property
+    def dense_mlp_optional(self) -> bool:
+        """Every MLP is an MoE block: the config may carry no dense MLP width (Qwen3.5-MoE)."""
+        return self.hybrid is not None and self.hybrid.moe_in_every_layer
+
+    @property
+    def embedding_names(self) -> tuple[str, ...]:
+        """What its checkpoints may call the token embedding (under the decoder's prefix)."""
+        return self.hybrid.embedding if self.hybrid is not None else ("embed_tokens",)
+
+    @property
+    def final_norm(self) -> str:
+        """Its checkpoints' final norm (under the decoder's prefix)."""
+        return self.hybrid.final_norm if self.hybrid is not None else "norm"
 
     @property
     def separate_projections(self) -> bool:

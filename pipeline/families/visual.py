@@ -124,6 +124,58 @@ QWEN3_VL = PatchMerger(patch=16, merge=2, min_pixels=65_536, max_pixels=16_777_2
 INTERNVL3 = Tiles(tile=448, patch=14, scale=0.5)
 
 
+@dataclass(frozen=True)
+class TowerDesign:
+    """One visual tower design, as data: how its images become tokens, what its checkpoint and config call things,
+    what its exported graph takes, and the counts its weights are made of (plan/parts/tower.py sizes a checkpoint's
+    tower from them; the workstation exports and checks it by them). The layers each design has are in
+    plan/parts/tower.py's docstring."""
+    name: str                       # recorded in plans and kits (what the plan table prints); never compared
+    tokens: VisualTower             # how an image becomes tokens
+    processor: str                  # transformers' PIL image processor (no torchvision: the workstation's torch
+                                    # is CPU-only, torchvision's wheels pull a CUDA build)
+    modules: tuple[str, ...]        # the tower's modules in the checkpoint (<module>.* or model.<module>.*)
+    graph_inputs: tuple[str, ...]   # the inputs of Edge-LLM's exported visual/model.onnx
+    depth_key: str = "depth"        # vision_config's block count and head count
+    heads_key: str = "num_heads"
+    mlp_matrices: int = 2           # per block: fc1/fc2 (GELU) = 2, gate/up/down (SwiGLU) = 3
+    block_norms: int = 4            # norm parameters per block per hidden channel: LayerNorm x2 = 4, RMSNorm x2 = 2
+    layer_scales: bool = False      # two per-channel layer scales per block (InternViT)
+    qkv_bias_key: str | None = None     # vision_config's key for the q/k/v biases (None: always there)
+    patch_bias: bool = True         # the patch embedding's bias
+    class_token: bool = False
+    position_key: str | None = None     # a learned position table's rows (Tiles: one per patch of a tile, + class)
+    position_default: int = 0
+    window: bool = False            # window attention (window_size, fullatt_block_indexes)
+    deepstack: bool = False         # DeepStack mergers (deepstack_visual_indexes) feeding the LLM's first layers
+    merger_norm: int = 2            # the merger's norm: LayerNorm = 2 parameters per channel, RMSNorm = 1
+    projector: bool = False         # merged tokens -> text hidden -> text hidden (InternVL), else -> merged -> out
+
+    @property
+    def tiled(self) -> bool:
+        """Images cut into fixed tiles (InternVL), not merged patches at native resolution (Qwen)."""
+        return isinstance(self.tokens, Tiles)
+
+
+# Edge-LLM: tensorrt_edgellm/models/qwen2_5_vl/modeling_qwen2_5_vl_visual.py
+QWEN2_5_VL_TOWER = TowerDesign(
+    "qwen2_5_vl", QWEN2_5_VL, "Qwen2VLImageProcessorPil", ("visual",),
+    ("input", "rotary_pos_emb", "cu_seqlens", "cu_window_seqlens", "window_index", "reverse_window_index",
+     "max_seqlen_carrier"), mlp_matrices=3, block_norms=2, patch_bias=False, window=True, merger_norm=1)
+# models/qwen3_vl/modeling_qwen3_vl_visual.py; Qwen3.5's tower is this one without DeepStack (its
+# modeling_qwen3_5_visual.py reuses these classes with deepstack_visual_indexes = []): the same graph inputs,
+# processor and check
+QWEN3_VL_TOWER = TowerDesign(
+    "qwen3_vl", QWEN3_VL, "Qwen2VLImageProcessorPil", ("visual",),
+    ("input", "rotary_pos_emb", "cu_seqlens", "fast_pos_embed_idx", "fast_pos_embed_weight", "max_seqlen_carrier"),
+    position_key="num_position_embeddings", position_default=2304, deepstack=True)
+# models/internvl3/modeling_internvl3_visual.py
+INTERNVL3_TOWER = TowerDesign(
+    "internvl", INTERNVL3, "GotOcr2ImageProcessorPil", ("vision_tower", "multi_modal_projector"), ("input",),
+    depth_key="num_hidden_layers", heads_key="num_attention_heads", layer_scales=True,
+    qkv_bias_key="attention_bias", class_token=True, projector=True)
+
+
 
 def held(tower: VisualTower, per_image: int) -> VisualTower:
     """The tower's token math bounded as Edge-LLM's runtime bounds an image (at most per_image tokens; the goldens'

@@ -160,10 +160,12 @@ def export_refusal_hint(recipe: Recipe, plan: contract.Plan) -> tuple[str, str] 
         return (f"{backend.label} builds {shape.architecture}, and this version plans it but does not export it as "
                 f"{plan.quant.weights} yet{built}: {unbuilt}", "use `python -m pipeline plan` for its memory and "
                 f"speed; build it with {backend.label}'s own exporter for now")
-    if support is not None and support.experts_not_built and shape.experts is not None:
-        return (f"{backend.label} builds {shape.architecture} with routed experts, and this version plans it but does "
-                f"not export it yet: {support.experts_not_built}", "use `python -m pipeline plan` for its memory and "
-                f"speed; build it with {backend.label}'s own exporter for now")
+    for part in shape.parts:
+        why = part.unbuilt(support) if support is not None else None
+        if why:
+            return (f"{backend.label} builds {shape.architecture} with {part.called}, and this version plans it but "
+                    f"does not export it yet: {why}", "use `python -m pipeline plan` for its memory and speed; build "
+                    f"it with {backend.label}'s own exporter for now")
     if backend.needs_chat_template and not has_chat_template(model_dir(recipe)):
         return (f"{backend.label} (target {plan.target}) renders prompts with the tokenizer's chat template, and "
                 "this model's tokenizer has none", "use the instruct model's repository, or add chat_template.jinja "

@@ -61,13 +61,14 @@ EXTERNAL_INT4_FFN = "int4_ffn"   # Edge-LLM's export kind (external_weights.py):
 EXTERNAL_INT4_MOE = "int4_moe"   # the same for an MoE model's experts (Edge-LLM's docs: "int4_ffn int4_moe" for MoE)
 
 
-def externalized_kinds(on_board: BuildOnBoard, dense_ffn: bool = True, experts: bool = False) -> tuple[str, ...]:
+def externalized_kinds(on_board: BuildOnBoard, dense_ffn: bool = True, parts: tuple[str, ...] = ()
+                       ) -> tuple[str, ...]:
     """The weight kinds the export must keep outside the engine for this way of building: the dense MLPs' where the
     model has any (Qwen3-30B-A3B has none: every layer is an MoE layer, and Edge-LLM's export then writes no int4_ffn
-    file), an MoE model's experts."""
+    file), and the parts' (an MoE model's experts: ModelShape.externalizable)."""
     if on_board.how != "externalize":
         return ()
-    return ((EXTERNAL_INT4_FFN,) if dense_ffn else ()) + ((EXTERNAL_INT4_MOE,) if experts else ())
+    return ((EXTERNAL_INT4_FFN,) if dense_ffn else ()) + parts
 
 
 def build_on_board(build: BuildMemory, usable: int, usable_headless: int, target_id: str,

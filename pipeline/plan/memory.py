@@ -49,21 +49,21 @@ def kv_bytes(shape: ModelShape, kv: KVFormat, seq: int, batch: int) -> int:
 
 
 def activation_bytes(shape: ModelShape, limits: BuildLimits, sm: float = 0.0) -> int:
-    """One layer's live tensors for max_num_tokens (TensorRT reuses them across layers) plus fp32 logits, and a
-    hybrid's recurrent prefill workspace where the target's kernels take one (plan/hybrid.py)."""
+    """One layer's live tensors for max_num_tokens (TensorRT reuses them across layers) plus fp32 logits, and the
+    workspace the parts' kernels take on the target (a hybrid's recurrent prefill: plan/parts/hybrid.py)."""
     per_token = 4 * shape.hidden_size + shape.q_size + 2 * shape.kv_size + 2 * shape.intermediate_size
     logits = limits.max_batch_size * shape.vocab_size * 4 * 2
-    scratch = shape.hybrid.recurrent.prefill_workspace(limits.max_batch_size, sm) if shape.hybrid else 0
-    return limits.max_num_tokens * per_token * 2 + logits + WORKSPACE + scratch
+    return limits.max_num_tokens * per_token * 2 + logits + WORKSPACE + shape.workspace_bytes(limits.max_batch_size,
+                                                                                              sm)
 
 
 def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat, limits: BuildLimits,
                 runtime_overhead: int, usable: int, usable_headless: int, draft: int = 0,
                 visual: int = 0, sm: float = 0.0) -> MemoryPlan:
     """draft, visual: the bytes of an EAGLE-3 draft engine and of a visual engine beside the model's (counted at the
-    recipe's limits, constant while the searches below vary the language model's). sm: the target's (a hybrid's
-    recurrent kernels take a workspace on some). A hybrid's recurrent state is one slot per sequence of the batch,
-    whatever max_seq_len."""
+    recipe's limits, constant while the searches below vary the language model's). sm: the target's (a part's kernels
+    may take a workspace on some). A fixed-size state (a hybrid's recurrent layers) is one slot per sequence of the
+    batch, whatever max_seq_len."""
     weights, embedding, lm_head = weight_bytes(shape, fmt, group_size)
     overhead = runtime_overhead   # the backend's runtime beside weights, KV cache and activations
 

@@ -25,6 +25,8 @@ from pipeline.plan.formats import (
     quantized_formats_for,
 )
 from pipeline.plan.memory import plan_memory
+from pipeline.plan.parts import PARTS
+from pipeline.plan.parts.base import MLP_NAMES
 from pipeline.plan.prediction import predict_speed
 from pipeline.plan.shapes import ModelShape
 from pipeline.plan.targets import GB, StackSupport, TargetProfile, load_targets
@@ -105,13 +107,11 @@ def _choose_stack(req: PlanRequest, refused: list[str]) -> StackSupport | None:
             if support.formats and req.weights not in support.formats:
                 why.append(f"{name} builds {fam.name} only as {', '.join(support.formats)}"
                            + (f" ({support.formats_why})" if support.formats_why else ""))
-            if support.expert_formats and req.shape.experts is not None and req.weights not in support.expert_formats:
-                why.append(f"{name} builds {fam.name}'s routed experts only as {', '.join(support.expert_formats)}")
+            why += [r for p in req.shape.parts for r in p.refusals(support, req.weights, name, fam)]
             if support.kv_cache and req.kv_cache not in support.kv_cache:
                 why.append(f"{name} builds {fam.name} only with a {' or '.join(support.kv_cache)} KV cache")
             why += [f"{name} would not run this {fam.name} checkpoint as it is defined: {loss}"
                     for loss in support.losses(req.shape.features, req.limits.max_seq_len)]
-            why += [f"{name} cannot build this {fam.name} checkpoint: {w}" for w in support.shape_refusals(req.shape)]
         pair = backends.get(stack.backend).refuses_pair(WEIGHT_FORMATS[req.weights], KV_FORMATS[req.kv_cache])
         if pair:
             why.append(pair)
@@ -158,8 +158,10 @@ def make_plan(req: PlanRequest) -> Plan:
     draft_mem = _draft(req, engine, backend, refused, warnings)
     t = req.target
     from pipeline.plan.perf import fit_data
-    from pipeline.plan.visual_plan import plan_visual
-    visual = plan_visual(req.shape, t, req.limits, req.visual, req.visual_precision, refused, fit_data())
+    visual = req.shape.visual_plan(t, req.limits, req.visual, req.visual_precision, refused, fit_data())
+    if visual is None and req.visual is not None:
+        refused.append("build.visual sets an image-token profile, but the model has no visual tower: remove "
+                       "[build.visual] or use a vision-language model")
     memory = plan_memory(req.shape, fmt, group_size, kv, req.limits, engine.runtime_overhead,
                          t.usable_bytes, t.usable_headless_bytes, draft_mem.total if draft_mem else 0,
                          visual.weights + visual.activations if visual else 0, t.sm_float)
@@ -193,8 +195,7 @@ def make_plan(req: PlanRequest) -> Plan:
         fits=memory.fits, ok=ok, memory=memory, predicted_decode_tok_s=by_mode.get(mode), prediction=prediction,
         refused=refused, warnings=warnings, speculative=speculative, device_build_commands=argvs,
         build_on_board=on_board, predicted_ttft_ms=ttft, externalized_weights=list(
-            externalized_kinds(on_board, req.shape.experts is None or req.shape.experts.layers < req.shape.num_layers,
-                               req.shape.experts is not None)),
+            externalized_kinds(on_board, req.shape.keeps_dense_ffn(), req.shape.externalizable())),
         predicted_build_s=build_s, visual=visual)
 
 
@@ -249,9 +250,9 @@ def refuse(plan: Plan, reason: str) -> Plan:
 
 def externalizable_share(shape) -> float:
     """The share of the quantized weights Edge-LLM's export can keep outside the engine: int4_ffn (the dense MLPs)
-    and, for an MoE model, int4_moe (its experts)."""
+    and the parts' kinds (an MoE model's int4_moe: its experts)."""
     ffn = sum(i * o * n for name, i, o, n in shape.linears()
-              if name in ("gate_proj", "up_proj", "down_proj") or name.startswith("experts."))
+              if name in MLP_NAMES or name.startswith(shape.externalizable_rows()))
     return ffn / shape.linear_params
 
 
@@ -308,8 +309,7 @@ def render_table(plan: Plan) -> str:
     if plan.predicted_ttft_ms is not None and p is not None and p.ttft_error_band is not None:
         lines.append(f"  TTFT         ~{plan.predicted_ttft_ms:.0f} ms for a {p.ttft_input_tokens}-token prompt "
                      f"(+-{p.ttft_error_band:.0%}, the fit's leave-one-out median error)")
-    if plan.visual is not None:
-        lines += _visual_lines(plan)
+    lines += [line for kind in PARTS for line in kind.plan_lines(plan)]
     lines += [f"  warning: {w}" for w in plan.warnings]
     b = plan.build_on_board
     if plan.externalized_weights:
@@ -320,22 +320,3 @@ def render_table(plan: Plan) -> str:
         lines += [f"    {c}" for c in b.commands]
     lines += [f"  REFUSED: {r}" for r in plan.refused]
     return "\n".join(lines)
-
-
-def _visual_lines(plan: Plan) -> list[str]:
-    v = plan.visual
-    assert v is not None
-    lim = v.limits
-    out = [f"  visual       {v.design} tower, {v.params / 1e6:.0f}M params in {v.precision}: weights {_gb(v.weights)}, "
-           f"activations {_gb(v.activations)} at {lim.max_image_tokens} image tokens",
-           f"  images       {lim.min_image_tokens}..{lim.max_image_tokens} image tokens a request, at most "
-           f"{lim.max_image_tokens_per_image} an image (visual_build's profile); visual_build peak "
-           f"{_gb(v.build_peak)}, after llm_build"]
-    if v.vit_ms is not None:
-        band = f"+-{v.vit_error_band:.0%}, the ViT fit's leave-one-out median error" if v.vit_error_band is not None \
-            else f"no published {v.precision} ViT row: the FP16 fit at the {v.precision} tensor peak"
-        out.append(f"  ViT          ~{v.vit_ms:.0f} ms for an image of {v.image_tokens} tokens ({band})")
-    if v.ttft_ms is not None and plan.prediction is not None:
-        out.append(f"  TTFT+image   ~{v.ttft_ms:.0f} ms: that image's ViT + the prefill of a "
-                   f"{plan.prediction.ttft_input_tokens}-token prompt holding it")
-    return out

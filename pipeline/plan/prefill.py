@@ -37,10 +37,10 @@ def _math(weights: str) -> str:
 
 
 def prefill_flops(shape: ModelShape, isl: int) -> float:
-    recurrent = shape.hybrid.recurrent if shape.hybrid is not None else None
-    scan = recurrent.flops_per_token() * len(recurrent.layer_ids) * isl if recurrent is not None else 0.0
+    """What the fit prices: the linears, attention's quadratic term for the layers that attend, the last token's
+    lm_head and what the parts add per token (a recurrence's state updates)."""
     return 2.0 * shape.active_linear_params(1) * isl + 2.0 * shape.attention_layers * isl * isl * shape.q_size \
-        + 2.0 * shape.embedding_params + scan
+        + 2.0 * shape.embedding_params + shape.prefill_flops_per_token() * isl
 
 
 @dataclass(frozen=True)

@@ -97,9 +97,7 @@ def visual_limits(given: VisualSettings, shape, limits) -> contract.VisualLimits
     all defaults; a text model with a [build.visual] gets the plan's refusal)."""
     if not given.given:
         return None
-    from pipeline.plan.visual_plan import default_limits
-    base = default_limits(shape, limits.max_input_len) if shape.tower is not None else \
-        contract.VisualLimits(4, 1024, 512)
+    base = shape.default_visual_limits(limits.max_input_len) or contract.VisualLimits(4, 1024, 512)
     return contract.VisualLimits(*(g if g is not None else d for g, d in (
         (given.min_image_tokens, base.min_image_tokens), (given.max_image_tokens, base.max_image_tokens),
         (given.max_image_tokens_per_image, base.max_image_tokens_per_image))))
@@ -107,12 +105,12 @@ def visual_limits(given: VisualSettings, shape, limits) -> contract.VisualLimits
 
 def image_profile(recipe: Recipe, shape) -> contract.VisualLimits | None:
     """The image profile the plan gives the recipe's model: [build.visual] over the defaults (None: a text model)."""
-    if shape.tower is None:
+    default = shape.default_visual_limits(recipe.build.max_input_len)
+    if default is None:
         return None
-    from pipeline.plan.visual_plan import default_limits
     b = recipe.build
     limits = contract.BuildLimits.of(b.max_batch_size, b.max_input_len, b.max_seq_len)
-    return visual_limits(b.visual, shape, limits) or default_limits(shape, b.max_input_len)
+    return visual_limits(b.visual, shape, limits) or default
 
 
 # what a pre-quantized checkpoint and its base model must share for the comparison to mean anything
@@ -155,9 +153,9 @@ def checkpoint_refusals(recipe: Recipe, config: dict, config_source: str, shape=
                        f"'{SMALLEST.name}'")
         return out
     out = base_refusals(recipe, config, config_source, base) if base else []
-    if shape is not None and (shape.experts is not None or shape.tower is not None):
-        out.append(f"{config_source} is a pre-quantized ({held.label}) "
-                   f"{'mixture-of-experts' if shape.experts is not None else 'vision-language'} model: this version "
+    refusing = [p for p in shape.parts if p.refuses_prequantized] if shape is not None else []
+    if refusing:
+        out.append(f"{config_source} is a pre-quantized ({held.label}) {refusing[0].adjective} model: this version "
                    "takes pre-quantized checkpoints of dense text models only; point [model] at the unquantized "
                    "model and quantize it here")
     if q.weights != held.weights:
@@ -209,7 +207,7 @@ def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str
                       visual_precision=recipe.quantization.visual)
     plan = make_plan(req)
     if plan.visual is not None and recipe.validation.images:
-        from pipeline.plan.visual_plan import image_refusals
+        from pipeline.plan.parts.tower import image_refusals
         from pipeline.workstation.image_prompts import read_image
         sized = []
         for i, ref in enumerate(recipe.validation.images):

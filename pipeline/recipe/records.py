@@ -82,7 +82,7 @@ def _builder(value: Any, _file: str) -> Builder:
 @dataclass(frozen=True)
 class VisualSettings:
     """[build.visual]: a vision-language model's image-token profile (Edge-LLM's visual_build); what is not set
-    comes from the plan's defaults for the model (plan/visual_plan.py)."""
+    comes from the plan's defaults for the model (plan/parts/tower.py)."""
     min_image_tokens: int | None = setting(None, min=1, max=MAX_CONTEXT, doc="visual_build --minImageTokens")
     max_image_tokens: int | None = setting(None, min=1, max=MAX_CONTEXT,
                                            doc="visual_build --maxImageTokens: all images of a request together")

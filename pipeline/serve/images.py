@@ -77,6 +77,17 @@ def with_processor_config(tower: VisualTower, cfg: dict[str, Any]) -> VisualTowe
     return replace(tower, min_tiles=lo or tower.min_tiles, max_tiles=hi or tower.max_tiles)
 
 
+def image_side_of(plan, tokenizer_dir: Path, tokenizer) -> ImageSide | None:
+    """The image side of a served model: its family's tower's token arithmetic at the plan's image profile (None where
+    the plan has no visual engine)."""
+    from pipeline.families import family
+    fam = family(plan.model.architecture)
+    if plan.visual is None or fam is None or fam.visual is None:
+        return None
+    return image_side(tokenizer_dir, fam.visual.tokens, plan.visual.limits,
+                      tokenizer.get_vocab(with_added_tokens=True))
+
+
 def image_side(tokenizer_dir: Path, tower: VisualTower, limits: VisualLimits, vocab: dict[str, int],
                allow_hosts: frozenset[str] = frozenset()) -> ImageSide:
     """The image side of a served model whose processor config sits in tokenizer_dir (the kit carries it beside the

@@ -19,7 +19,7 @@ from pipeline import contract
 from pipeline.errors import PipelineError
 from pipeline.families import family
 from pipeline.runtime.session import Limits, Session
-from pipeline.serve.images import ImageSide, image_side
+from pipeline.serve.images import ImageSide, image_side_of
 from pipeline.serve.protocol import OPENAI_DEFAULTS, SamplingDefaults
 from pipeline.serve.text import TextCodec, check_against_goldens, sampling_defaults
 from pipeline.serve.toolcalls import FORMATS, ToolCallFormat
@@ -47,10 +47,7 @@ def served_of(name: str, created: int, tokenizer_dir: Path, goldens: contract.Go
             backend: str, where: str) -> Served:
     codec = TextCodec.load(tokenizer_dir)
     fam = family(plan.model.architecture)
-    side = None
-    if plan.visual is not None and fam is not None and fam.visual is not None:
-        vocab = codec.tokenizer.get_vocab(with_added_tokens=True)
-        side = image_side(tokenizer_dir, fam.visual, plan.visual.limits, vocab)
+    side = image_side_of(plan, tokenizer_dir, codec.tokenizer)
     check_against_goldens(codec, goldens, where, side.placeholder_id if side else None)
     stops = goldens.stop_ids
     fmt = FORMATS.get(fam.tool_calls) if fam is not None and fam.tool_calls else None

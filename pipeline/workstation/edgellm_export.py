@@ -28,6 +28,7 @@ from pipeline.contract import ExportRecord, ExternalWeights, OnnxGraph, Speculat
 from pipeline.errors import PipelineError
 from pipeline.families import family
 from pipeline.plan.formats import INT4_V2_ALIGN, WEIGHT_FORMATS
+from pipeline.workstation.export_steps import PartExport
 from pipeline.workstation.onnx_graph import check_graph
 
 # Edge-LLM 0.11's default INT4 GEMM is the cuteDSL Int4GroupwiseGemmPluginV2, whose weight layout needs every
@@ -55,17 +56,6 @@ def int4_plugin_version(model) -> int:
         if any(o % INT4_V2_ALIGN or i % INT4_V2_ALIGN for _, i, o in parts):
             return 1
     return 2
-
-
-def _in_tower(name: str) -> bool:
-    from pipeline.workstation.calibrate import TOWER_QUANTIZER_MODULES
-    return any(t in name for t in TOWER_QUANTIZER_MODULES)
-
-
-def quantized_tower(model) -> bool:
-    """Whether calibration quantized the visual tower (recipe quantization.visual = "fp8")."""
-    return any(name.endswith("weight_quantizer") and getattr(m, "is_enabled", False) and _in_tower(name)
-               for name, m in model.named_modules())
 
 
 @contextlib.contextmanager
@@ -207,20 +197,20 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     from pipeline.plan.shapes import load_shape
     from pipeline.workstation.prequantized import detect
     held = detect(model_dir)
-    fp8_tower, moe = None, False
     shape = load_shape(model_dir)
-    tower = shape.tower     # a vision-language model: its language model in onnx/llm
+    steps = part_steps(shape)        # what the model's kinds need of the export (a tower, a hybrid's layers)
+    states: list = [None] * len(steps)
+    moe = False
     if held is not None and held.zero_point:
         # AutoAWQ / GPTQ: the checkpoint's own files, which Edge-LLM's loader reads as they are (quant_method awq,
         # gptq); the goldens were computed from them as that loader repacks them (prequantized.py)
         plugin = checkpoint_plugin_version(model_dir)
-        layers = zero_point_copy(model_dir, hf)
+        zero_point_copy(model_dir, hf)
     else:
-        plugin, layers, fp8_tower, moe = _unified_checkpoint(model_dir, quant_dir, hf, weights, handoff, tower)
+        plugin, states, moe = _unified_checkpoint(model_dir, quant_dir, hf, weights, handoff, steps)
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(hf)
-    if shape.hybrid is not None:        # what Edge-LLM's loader reads differently from what transformers writes
-        from pipeline.workstation import edgellm_hybrid
-        for change in edgellm_hybrid.prepare(hf):
+    for part, step in steps:        # what Edge-LLM's loader reads differently from what transformers writes
+        for change in step.prepare(part, hf):
             print(f"edgellm checkpoint: {change}")
     if not (hf / "chat_template.jinja").is_file() and "chat_template" not in json.loads(
             (hf / "tokenizer_config.json").read_text()):
@@ -230,9 +220,9 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     sm = int(round(float(target_sm) * 10))
     set_int4_gemm_plugin_version(plugin or 2)
     set_nvfp4_a16_export_target_sm(sm)
-    from pipeline.backends.edgellm import LLM_DIR
     from pipeline.plan import speculative
-    onnx_dir = payload_dir / (speculative.ONNX_BASE if draft_dir else LLM_DIR if tower else "")
+    llm_subdir = next((step.llm_subdir for _, step in steps if step.llm_subdir), "")
+    onnx_dir = payload_dir / (speculative.ONNX_BASE if draft_dir else llm_subdir)
     onnx_dir.mkdir(parents=True)
     eagle = {"eagle_base": True, "eagle_draft_dir": str(draft_dir)} if draft_dir else {}
     export_onnx(AutoModel.from_pretrained(str(hf), device="cpu", **eagle), str(onnx_dir / "model.onnx"),
@@ -246,16 +236,14 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
                             "this pair of formats is not one this Edge-LLM version builds; use another "
                             "quantization.kv_cache, and please report it with the recipe")
     external = external_weights(onnx_dir, externalize)
-    hybrid = shape.hybrid       # KV for its attention layers, states for its recurrent ones
-    if hybrid is not None:
-        fam = family(shape.architecture)
-        assert fam is not None and fam.hybrid is not None
-        edgellm_hybrid.check_embedding(onnx_dir, hf, fam.hybrid.embedding)
-    recurrent = (hybrid.recurrent.kind, len(hybrid.recurrent.layer_ids)) if hybrid is not None else None
-    graph = check_onnx(onnx_dir, weights, hybrid.attention_layers if hybrid is not None else layers, plugin,
+    expected: dict[str, Any] = {}
+    for part, step in steps:
+        step.check(part, shape, onnx_dir, hf)
+        expected |= step.graph(part, shape, weights)
+    # KV for the layers that attend (a hybrid's others keep states: its step says which)
+    graph = check_onnx(onnx_dir, weights, shape.attention_layers, plugin,
                        speculative.BASE_EXTRA_OUTPUTS if draft_dir else (),
-                       tuple(t for e in external for t in e["tensors"]), moe=moe, recurrent=recurrent,
-                       int4_linears=shape.quantized_linears(WEIGHT_FORMATS[weights]) if hybrid is not None else None)
+                       tuple(t for e in external for t in e["tensors"]), moe=moe, **expected)
     spec = None
     if draft_dir:
         draft_graph = export_draft(draft_dir, payload_dir / speculative.ONNX_DRAFT)
@@ -268,21 +256,30 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
         if (hf / "hf_quant_config.json").is_file() else \
         {"quant_algo": held.algo, "group_size": held.group_size} if held is not None else {}
     shutil.rmtree(hf)        # the kit carries the ONNX; the unified checkpoint is rebuilt from the state if needed
-    from pipeline.workstation.visual_export import export_tower
-    visual = export_tower(model_dir, scratch, payload_dir, tower, fp8_tower) if tower else None
+    beside = [v for (part, step), state in zip(steps, states, strict=True)
+              if (v := step.beside(part, model_dir, scratch, payload_dir, state)) is not None]
     return ExportRecord(
         weights=weights, kv_cache=kv_cache, quant_algo=quant.get("quant_algo"),
         kv_cache_quant_algo=quant.get("kv_cache_quant_algo"), group_size=quant.get("group_size"),
         kv_cache_dtype=runtime_cfg.get("kv_cache_dtype"), target_sm=sm, int4_gemm_plugin_version=plugin,
         externalized_weights=[ExternalWeights(file=e["file"], kind=e["kind"], tensors=len(e["tensors"]),
                                               size=e["size"]) for e in external],
-        onnx=OnnxGraph(**graph), speculative=spec, visual=visual,
+        onnx=OnnxGraph(**graph), speculative=spec, visual=beside[0] if beside else None,
         versions={d: _version(d) for d in ("tensorrt-edgellm", "nvidia-modelopt", "transformers", "onnx")})
 
 
-def _unified_checkpoint(model_dir: Path, quant_dir: Path, hf: Path, weights: str, handoff, tower):
+def part_steps(shape) -> list[tuple[Any, PartExport]]:
+    """(part, its export steps) for each of the shape's parts that has some (workstation/export_steps.py)."""
+    from pipeline.plan.parts import Hybrid, TowerShape
+    from pipeline.workstation.edgellm_hybrid import HybridExport
+    from pipeline.workstation.visual_export import TowerExport
+    table: dict[type, PartExport] = {Hybrid: HybridExport(), TowerShape: TowerExport()}
+    return [(p, table[type(p)]) for p in shape.parts if type(p) in table]
+
+
+def _unified_checkpoint(model_dir: Path, quant_dir: Path, hf: Path, weights: str, handoff, steps):
     """ModelOpt's unified checkpoint of the calibrated (or restored) model in `hf`; returns (INT4 plugin version,
-    decoder layers, the FP8 tower's tensors, whether it has experts)."""
+    each part step's state from before the export, whether it has experts)."""
     from modelopt.torch.export import export_hf_checkpoint
 
     from pipeline.workstation.state import load_quantized
@@ -290,14 +287,7 @@ def _unified_checkpoint(model_dir: Path, quant_dir: Path, hf: Path, weights: str
     model = load_quantized(model_dir, quant_dir, "cpu", consume=True, handoff=handoff).half()
     # before the unified export, which packs INT4 weights in place (two per byte: half the rows)
     plugin = int4_plugin_version(model) if WEIGHT_FORMATS[weights].edgellm_int4_plugin else None
-    fp8_tower = None
-    if tower is not None and quantized_tower(model):
-        # the tower's E4M3 tensors for its own export; off for the unified one, which is the language model's
-        from pipeline.workstation.visual_export import tower_fp8_tensors
-        fp8_tower = tower_fp8_tensors(model, tower.design)
-        for name, q in model.named_modules():
-            if name.endswith(("weight_quantizer", "input_quantizer")) and _in_tower(name):
-                q.disable()
+    states = [step.before_unified(part, model) for part, step in steps]
     from pipeline.workstation.experts import moe_blocks, unified_export_of_fused_experts
     moe = bool(moe_blocks(model))
     if moe and not any(n.endswith("_quantizer") for n, _ in model.named_modules()):
@@ -307,9 +297,8 @@ def _unified_checkpoint(model_dir: Path, quant_dir: Path, hf: Path, weights: str
     else:
         with unified_export_of_fused_experts(), awq_scales_as_calibrated(weights):
             export_hf_checkpoint(model, export_dir=hf, extra_state_dict=query_scales(model) or None)
-    layers = getattr(model.config, "text_config", model.config).num_hidden_layers   # a VLM: its language model
     del model
-    return plugin, layers, fp8_tower, moe
+    return plugin, states, moe
 
 
 def checkpoint_plugin_version(model_dir: Path) -> int:
@@ -326,9 +315,9 @@ def checkpoint_plugin_version(model_dir: Path) -> int:
     return 1 if any(o % INT4_V2_ALIGN or i % INT4_V2_ALIGN for o, i in shapes) else 2
 
 
-def zero_point_copy(model_dir: Path, hf: Path) -> int:
+def zero_point_copy(model_dir: Path, hf: Path) -> None:
     """The checkpoint's files in `hf` for Edge-LLM's exporter (weights linked: nothing writes them; the rest copied, as
-    the tokenizer is saved over them); returns its decoder layers."""
+    the tokenizer is saved over them)."""
     from pipeline.files import link_or_copy
     from pipeline.workstation.fetch import needed_files
     hf.mkdir(parents=True)
@@ -337,8 +326,6 @@ def zero_point_copy(model_dir: Path, hf: Path) -> int:
             link_or_copy(f, hf / f.name)
         else:
             shutil.copyfile(f, hf / f.name)
-    config = json.loads((model_dir / "config.json").read_text())
-    return int(config.get("text_config", config)["num_hidden_layers"])
 
 
 def export_job(job: ExportJob) -> ExportRecord:

@@ -15,9 +15,7 @@ import json
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-
-# family architecture -> (name transformers writes, name Edge-LLM 0.11's loader reads)
-RENAMES = {"NemotronHForCausalLM": (("backbone.embedding.weight", "backbone.embeddings.weight"),)}
+from pipeline.workstation.export_steps import PartExport
 
 
 def _shards(hf: Path) -> list[Path]:
@@ -26,9 +24,13 @@ def _shards(hf: Path) -> list[Path]:
 
 def prepare(hf: Path) -> list[str]:
     """Put right, in the checkpoint directory `hf` the export reads, what Edge-LLM's loader reads differently from
-    what transformers writes; returns what was changed (for the stage's log)."""
+    what transformers writes (the tensors its Support for the family renames: backends/edgellm.py); returns what was
+    changed (for the stage's log)."""
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
+
+    from pipeline.backends import family_support
+    from pipeline.backends.edgellm import BACKEND
 
     config_path = hf / "config.json"
     config = json.loads(config_path.read_text())
@@ -38,7 +40,8 @@ def prepare(hf: Path) -> list[str]:
         config["num_hidden_layers"] = len(blocks)
         config_path.write_text(json.dumps(config, indent=2))
         done.append(f"num_hidden_layers = {len(blocks)} (from layers_block_type)")
-    renames = dict(RENAMES.get((config.get("architectures") or ["?"])[0], ()))
+    support = family_support(BACKEND.name, (config.get("architectures") or ["?"])[0])
+    renames = dict(support.checkpoint_renames if support is not None else ())
     for shard in _shards(hf):
         with safe_open(str(shard), "pt") as fh:
             names, metadata = set(fh.keys()), fh.metadata()
@@ -84,3 +87,21 @@ def check_embedding(onnx_dir: Path, hf: Path, names: tuple[str, ...]) -> None:
                             f"that is not the checkpoint's {found[0]} ({list(exported.shape)} vs "
                             f"{list(original.shape)}): its loader did not read the checkpoint's tensor",
                             "this is a bug in the Edge-LLM export path; please report it with the recipe")
+
+
+class HybridExport(PartExport):
+    """The Edge-LLM export's steps for a hybrid's recurrent layers (workstation/export_steps.py)."""
+
+    def prepare(self, part, hf: Path) -> list[str]:  # noqa: ARG002  (the protocol's: a hybrid needs only hf)
+        return prepare(hf)
+
+    def check(self, part, shape, onnx_dir: Path, hf: Path) -> None:  # noqa: ARG002
+        from pipeline.families import family
+        fam = family(shape.architecture)
+        check_embedding(onnx_dir, hf, fam.embedding_names if fam is not None else ("embeddings",))
+
+    def graph(self, part, shape, weights: str) -> dict:
+        """check_onnx's expectations: each recurrent layer's states and plugins, and exactly its INT4 linears."""
+        from pipeline.plan.formats import WEIGHT_FORMATS
+        return {"recurrent": (part.recurrent.kind, len(part.recurrent.layer_ids)),
+                "int4_linears": shape.quantized_linears(WEIGHT_FORMATS[weights])}

@@ -87,49 +87,20 @@ LANGUAGE_MODEL_PREFIXES = ("model.", "model.language_model.", "language_model.mo
 
 
 def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
-    """Tensors whose shape in the weights differs from what config.json says (Llama-style names, which the dense
-    decoders this pipeline builds share), and decoder layers the config counts but the weights lack or add."""
+    """Tensors whose shape in the weights differs from what config.json says (each layer's linears as the shape's
+    parts leave them, under the family's module names; the parts' own tensors, such as an MoE's routers and experts),
+    and decoder layers the config counts but the weights lack or add."""
     from pipeline.families import family
     fam = family(shape.architecture)
     if fam is None or not fam.separate_projections:
         return []           # fused q/k/v or gate/up tensors (Phi-3): not these names
-    h, q, kv, i = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size
     # a vision-language model's language model sits under its own prefix, as its hub layout has it (Nemotron-H's
     # hub checkpoints under backbone.)
-    names = fam.hybrid.embedding if fam.hybrid else ("embed_tokens",)
+    names = fam.embedding_names
     base, embedding = next(((b, e) for b in LANGUAGE_MODEL_PREFIXES for e in names if f"{b}{e}.weight" in headers),
                            ("model.", names[0]))
-    want: dict[str, tuple[int, ...]] = {f"{base}{embedding}.weight": (shape.vocab_size, h)}
-    if shape.hybrid is not None and fam.hybrid is not None:     # each layer's tensors by its kind, the final norm
-        from pipeline.plan.hybrid import expected_tensors
-        return _compare(shape, want | expected_tensors(shape.hybrid, fam.hybrid, base, h, q, kv), headers, base)
-    want[f"{base}norm.weight"] = (h,)
-    e, moe = shape.experts, fam.moe
-    for n in range(shape.num_layers):
-        p = f"{base}layers.{n}."
-        g = shape.geometry[n] if shape.geometry else None
-        if g is not None:       # a layer of its own width; a KV-shared layer has no K/V, a K = V layer no V
-            q, kv, i = shape.num_heads * g.head_dim, g.kv_heads * g.head_dim, g.mlp
-        want |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.o_proj.weight": (h, q)}
-        if g is None or g.own_kv:
-            want[p + "self_attn.k_proj.weight"] = (kv, h)
-        if g is None or (g.own_kv and g.v_proj):
-            want[p + "self_attn.v_proj.weight"] = (kv, h)
-        routed = e is not None and moe is not None and n in e.layer_ids
-        if routed:     # its experts and router, as the hub names them
-            assert e is not None and moe is not None
-            w = e.intermediate
-            want[moe.router.format(layer=n).replace("model.", base, 1)] = (e.count, h)
-            if moe.fused_tensors:       # [experts, 2 x width, hidden] and [experts, hidden, width]
-                gate_up, down = (t.format(layer=n).replace("model.", base, 1) for t in moe.fused_tensors)
-                want |= {gate_up: (e.count, 2 * w, h), down: (e.count, h, w)}
-            else:
-                for x in range(e.count):
-                    want |= {moe.expert_tensors.format(layer=n, expert=x, proj=proj).replace("model.", base, 1): dims
-                             for proj, dims in (("gate_proj", (w, h)), ("up_proj", (w, h)), ("down_proj", (h, w)))}
-        if not routed or (moe is not None and moe.beside_mlp):      # the dense MLP (Gemma 4: beside the experts)
-            want |= {p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-                     p + "mlp.down_proj.weight": (h, i)}
+    want = {f"{base}{embedding}.weight": (shape.vocab_size, shape.hidden_size),
+            f"{base}{fam.final_norm}.weight": (shape.hidden_size,)} | shape.expected_tensors(base)
     return _compare(shape, want, headers, base)
 
 

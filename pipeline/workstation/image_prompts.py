@@ -2,7 +2,7 @@
 checkpoint's own processor held to the engine's image profile, the chat template's placeholder expanded to the
 image's token count, and the calibrated model's greedy answer with the image's features in place.
 
-The profile bounds every image the engine takes (plan/visual_plan.py): Edge-LLM's runtime resizes an image to at
+The profile bounds every image the engine takes (plan/parts/tower.py): Edge-LLM's runtime resizes an image to at
 most max_image_tokens_per_image tokens (Qwen: max_pixels = tokens x (patch x merge)^2; InternVL: at most
 tokens / 256 - 1 tiles, one kept for the thumbnail), so the goldens' processor is held to the same bound. The image
 files are the recipe's (`builtin:NAME`, drawn by pipeline/images.py, or `file:PATH`), read bounded and checked

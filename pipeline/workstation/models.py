@@ -73,9 +73,8 @@ def model_class(model_dir: Path):
     config = read_json_file(Path(model_dir) / "config.json", 16 * 2**20, "config", "use the model's own config.json")
     archs = config.get("architectures") if isinstance(config, dict) else None
     fam = family(archs[0]) if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
-    if fam is not None and fam.visual is not None:
-        return getattr(transformers, fam.architecture)
-    return transformers.AutoModelForCausalLM
+    own = fam.model_class if fam is not None else None
+    return getattr(transformers, own) if own else transformers.AutoModelForCausalLM
 
 
 def language_layers(model):

@@ -38,6 +38,10 @@ def expected_tensors(cfg: dict) -> dict[str, tuple[tuple[str, ...], tuple[int, .
     h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     head = cfg.get("head_size") or h // cfg["num_attention_heads"]
     qkv = (cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * head
+    # q/k/v biases the checkpoint's config does not flag: a family that has them whatever its config says (Qwen2)
+    from pipeline.families import family
+    fam = family(cfg["architecture"])
+    biased = fam is not None and fam.attention_bias
     q = cfg["quantization"]
     algo, group = q.get("quant_algo"), q.get("group_size")
     act = cfg["dtype"]
@@ -50,7 +54,7 @@ def expected_tensors(cfg: dict) -> dict[str, tuple[tuple[str, ...], tuple[int, .
         p = f"transformer.layers.{i}."
         out[p + "input_layernorm.weight"] = ((act,), (h,))
         out[p + "post_layernorm.weight"] = ((act,), (h,))
-        if cfg.get("bias") or cfg["architecture"] == "Qwen2ForCausalLM":
+        if cfg.get("bias") or biased:
             out[p + "attention.qkv.bias"] = ((act,), (qkv,))
         if q.get("kv_cache_quant_algo"):
             out[p + "attention.kv_cache_scaling_factor"] = (SCALES, (1,))

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import PipelineError
+from pipeline.families.visual import TowerDesign
 from pipeline.workstation.onnx_reference import tower_ops
 
 # an FP16 graph against the float32 reference with the same (FP16) weights: the largest difference relative to the
@@ -35,35 +36,25 @@ MAX_RELATIVE_ERROR_FP8 = 0.1
 MIN_COSINE_FP8 = 0.9995
 
 
-# the image processor of each design, as its PIL implementation (no torchvision: the workstation's torch is CPU-only
-# and torchvision's wheels pull a CUDA build); the same resize, rescale and normalisation as the checkpoint's own
-PROCESSORS = {"qwen3_vl": "Qwen2VLImageProcessorPil", "qwen2_5_vl": "Qwen2VLImageProcessorPil",
-              "internvl": "GotOcr2ImageProcessorPil"}
-
-
-def image_processor(model_dir: Path, design: str):
-    """The checkpoint's image processor (its preprocessor_config.json), as the goldens and this check run it."""
+def image_processor(model_dir: Path, design: TowerDesign):
+    """The checkpoint's image processor (its preprocessor_config.json), as the goldens and this check run it: the
+    design's PIL implementation (families/visual.py)."""
     import transformers
-    return getattr(transformers, PROCESSORS[design]).from_pretrained(str(model_dir))
+    return getattr(transformers, design.processor).from_pretrained(str(model_dir))
 
 
-# the tower's modules of each design (plan/vision.py names the designs). Checkpoints name their tensors <module>.* or
-# model.<module>.*: transformers 5 saves each family in its hub layout (Qwen2.5-VL and InternVL -hf without
-# "model.", Qwen3-VL with it)
-TOWER_MODULES = {"qwen3_vl": ("visual",), "qwen2_5_vl": ("visual",),
-                 "internvl": ("vision_tower", "multi_modal_projector")}
-
-
-def tower_module(key: str, design: str) -> tuple[str, str] | None:
-    """(module, the tensor's name within it) of a checkpoint tensor of the tower, else None."""
-    for name in TOWER_MODULES[design]:
+def tower_module(key: str, design: TowerDesign) -> tuple[str, str] | None:
+    """(module, the tensor's name within it) of a checkpoint tensor of the tower, else None. Checkpoints name their
+    tensors <module>.* or model.<module>.*: transformers 5 saves each family in its hub layout (Qwen2.5-VL and InternVL
+    -hf without "model.", Qwen3-VL with it)."""
+    for name in design.modules:
         for prefix in (f"{name}.", f"model.{name}."):
             if key.startswith(prefix):
                 return name, key[len(prefix):]
     return None
 
 
-# the config each tower module (TOWER_MODULES, model.model.<name>) is built from: the vision config or
+# the config each tower module (TowerDesign.modules, model.model.<name>) is built from: the vision config or
 # the whole model's
 MODULE_CONFIG = {"visual": "vision_config", "vision_tower": "vision_config", "multi_modal_projector": None}
 
@@ -78,7 +69,7 @@ def fp8_round(x, scale):
     return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32) * scale
 
 
-def load_tower(model_dir: Path, design: str):
+def load_tower(model_dir: Path, design: TowerDesign):
     """The checkpoint's model with only its tower built and loaded (weights FP16-rounded, held in float32); the
     language model stays on the meta device, never allocated. A tower checkpoint with FP8 linears (E4M3 weights and
     per-tensor weight_scale / input_scale, as ModelOpt writes them and Edge-LLM's FP8Linear reads them) gets those
@@ -90,8 +81,8 @@ def load_tower(model_dir: Path, design: str):
     config = transformers.AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False)
     with torch.device("meta"):
         model = getattr(transformers, config.architectures[0])(config)
-    tensors: dict[str, dict] = {name: {} for name in TOWER_MODULES[design]}
-    scales: dict[str, dict] = {name: {} for name in TOWER_MODULES[design]}
+    tensors: dict[str, dict] = {name: {} for name in design.modules}
+    scales: dict[str, dict] = {name: {} for name in design.modules}
     for path in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(path), "pt") as fh:
             for key in fh.keys():
@@ -99,7 +90,7 @@ def load_tower(model_dir: Path, design: str):
                 if where:
                     t = fh.get_tensor(key)
                     (scales if where[1].endswith(SCALES) else tensors)[where[0]][where[1]] = t
-    for name in TOWER_MODULES[design]:
+    for name in design.modules:
         meta, sub = getattr(model.model, name), MODULE_CONFIG[name]
         module = type(meta)(getattr(config, sub) if sub else config).float().eval()
         held = {k: _fp16_held(k, t, scales[name]) for k, t in tensors[name].items()}
@@ -156,15 +147,16 @@ class TowerGeometry:
         return (pos[..., None] * inv).reshape(pos.shape[0], -1).astype(np.float32)
 
 
-def onnx_feeds(design: str, geometry: TowerGeometry, pixel_values, grid_thw) -> dict:
-    """The visual graph's inputs for one batch of images, as Edge-LLM's runtime feeds them."""
+def onnx_feeds(design: TowerDesign, geometry: TowerGeometry, pixel_values, grid_thw) -> dict:
+    """The visual graph's inputs for one batch of images, as Edge-LLM's runtime feeds them: the position table's
+    bilinear lookup where the design's graph takes one (Qwen3-VL), else window order (Qwen2.5-VL)."""
     from transformers import vision_utils as vu
     merge = geometry.merge
     cu = vu.get_vision_cu_seqlens(grid_thw).numpy().astype(np.int32)
     rot = geometry.rotary(vu.get_vision_position_ids(grid_thw, merge).numpy()).reshape(pixel_values.shape[0], -1)
     feeds = {"input": pixel_values.numpy().astype(np.float16), "rotary_pos_emb": rot, "cu_seqlens": cu,
              "max_seqlen_carrier": np.zeros(int(np.diff(cu).max()), np.int32)}
-    if design == "qwen3_vl":
+    if "fast_pos_embed_idx" in design.graph_inputs:
         idx, w = vu.get_vision_bilinear_indices_and_weights(grid_thw, num_grid_per_side=geometry.grid_per_side,
                                                              spatial_merge_size=merge)
         feeds.update(fast_pos_embed_idx=idx.numpy().astype(np.int64), fast_pos_embed_weight=w.numpy().astype(
@@ -179,9 +171,9 @@ def onnx_feeds(design: str, geometry: TowerGeometry, pixel_values, grid_thw) -> 
     return feeds
 
 
-def image_feeds(design: str, geometry: TowerGeometry | None, inputs) -> dict:
-    """The visual graph's inputs for what the processor made of the images."""
-    if design == "internvl" or geometry is None:
+def image_feeds(design: TowerDesign, geometry: TowerGeometry | None, inputs) -> dict:
+    """The visual graph's inputs for what the processor made of the images (a tiled tower: the tiles alone)."""
+    if design.tiled or geometry is None:
         return {"input": inputs["pixel_values"].numpy().astype(np.float16)}
     return onnx_feeds(design, geometry, inputs["pixel_values"], inputs["image_grid_thw"])
 
@@ -205,10 +197,10 @@ class TowerAgreement:
         return out
 
 
-def reference_outputs(design: str, model, inputs: dict) -> list[np.ndarray]:
+def reference_outputs(design: TowerDesign, model, inputs: dict) -> list[np.ndarray]:
     import torch
     with torch.no_grad():
-        if design == "internvl":
+        if design.tiled:
             feats = model.model.get_image_features(pixel_values=inputs["pixel_values"].float(),
                                                    vision_feature_layer=model.config.vision_feature_layer,
                                                    vision_feature_select_strategy=model.config.
@@ -224,7 +216,7 @@ def tower_precision(checkpoint: Path) -> str:
     return "fp8" if (checkpoint / "hf_quant_config.json").is_file() else "fp16"
 
 
-def check_tower(onnx_path: Path, model_dir: Path, design: str, images: list) -> TowerAgreement:
+def check_tower(onnx_path: Path, model_dir: Path, design: TowerDesign, images: list) -> TowerAgreement:
     """Each image through the exported graph and through transformers (model_dir: the checkpoint the exporter read);
     raises naming the difference when they disagree beyond what the tower's precision explains."""
     import onnx
@@ -235,7 +227,7 @@ def check_tower(onnx_path: Path, model_dir: Path, design: str, images: list) -> 
     session = ReferenceEvaluator(onnx.load(str(onnx_path)), new_ops=tower_ops())
     worst, cosine = 0.0, 1.0
     vision = model.config.vision_config.to_dict()
-    geometry = None if design == "internvl" else TowerGeometry.of(vision)
+    geometry = None if design.tiled else TowerGeometry.of(vision)
     for image in images:
         inputs = processor(images=[image], return_tensors="pt")
         got = session.run(None, image_feeds(design, geometry, inputs))

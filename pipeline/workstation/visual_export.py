@@ -40,20 +40,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.backends.edgellm import VISUAL_DIR
+from pipeline.backends.edgellm import LLM_DIR, VISUAL_DIR
 from pipeline.contract import OnnxGraph, VisualExport
 from pipeline.errors import PipelineError
+from pipeline.families.visual import TowerDesign
+from pipeline.workstation.export_steps import PartExport
 from pipeline.workstation.onnx_graph import check_graph
-from pipeline.workstation.visual_check import TOWER_MODULES, check_tower, tower_module
+from pipeline.workstation.visual_check import check_tower, tower_module
 
 VIT_ATTENTION = "trt_edgellm:ViTAttentionPlugin"
-GRAPH_INPUTS = {
-    "qwen3_vl": ("input", "rotary_pos_emb", "cu_seqlens", "fast_pos_embed_idx", "fast_pos_embed_weight",
-                 "max_seqlen_carrier"),
-    "qwen2_5_vl": ("input", "rotary_pos_emb", "cu_seqlens", "cu_window_seqlens", "window_index",
-                   "reverse_window_index", "max_seqlen_carrier"),
-    "internvl": ("input",),
-}
 PROCESSOR_FILES = ("preprocessor_config.json",)
 EXPORT_TIMEOUT_S = 3600
 
@@ -62,7 +57,7 @@ def graph_outputs(deepstack: int) -> list[str]:
     return ["output", *[f"deepstack_features_{i}" for i in range(deepstack)]]
 
 
-def tower_fp8_tensors(model, design: str) -> dict[tuple[str, str], object]:
+def tower_fp8_tensors(model, design: TowerDesign) -> dict[tuple[str, str], object]:
     """The calibrated FP8 tower's linears as ModelOpt's unified checkpoint writes FP8 (and Edge-LLM's FP8Linear reads
     it): weight_scale = weight amax / 448, the weight as E4M3 of weight / weight_scale, input_scale = input amax / 448.
     Keyed like tower_module: (tower module, tensor name within it). Made here, not by a second unified export, so
@@ -87,7 +82,7 @@ def tower_fp8_tensors(model, design: str) -> dict[tuple[str, str], object]:
     return out
 
 
-def write_tower_checkpoint(model_dir: Path, out: Path, design: str, fp8: dict | None = None) -> int:
+def write_tower_checkpoint(model_dir: Path, out: Path, design: TowerDesign, fp8: dict | None = None) -> int:
     """The checkpoint the exporter reads: the tower's tensors in FP16 (model.safetensors), config.json without
     auto_map, the processor's config. Returns the number of tensors written. fp8 (tower_fp8_tensors): the linears of
     an FP8 tower as E4M3 weights with their weight_scale and input_scale, with an hf_quant_config.json saying FP8."""
@@ -111,7 +106,7 @@ def write_tower_checkpoint(model_dir: Path, out: Path, design: str, fp8: dict | 
                         used.add((where[0], where[1][:-len("weight")] + scale))
                     used.add(where)
     if not tensors:
-        names = " or ".join(f"[model.]{n}.*" for n in TOWER_MODULES[design])
+        names = " or ".join(f"[model.]{n}.*" for n in design.modules)
         raise PipelineError(f"{model_dir}: no visual tower tensors (named {names})",
                             "use the vision-language checkpoint as transformers 5 saves it, vision weights included")
     if fp8 and set(fp8) - used:
@@ -139,7 +134,7 @@ def write_tower_checkpoint(model_dir: Path, out: Path, design: str, fp8: dict | 
     return len(tensors)
 
 
-def export_visual(model_dir: Path, scratch: Path, onnx_dir: Path, design: str, deepstack: int,
+def export_visual(model_dir: Path, scratch: Path, onnx_dir: Path, design: TowerDesign, deepstack: int,
                   fp8: dict | None = None) -> dict:
     """Edge-LLM's exporter on the tower alone, into onnx_dir (model.onnx, model.onnx.data, config.json,
     preprocessor_config.json), its graph checked. Returns the graph's description (contract OnnxGraph fields).
@@ -164,7 +159,7 @@ def export_visual(model_dir: Path, scratch: Path, onnx_dir: Path, design: str, d
                             "this is a bug in the Edge-LLM export path; please report it with the recipe")
     shutil.move(str(produced), str(onnx_dir))
     shutil.rmtree(out, ignore_errors=True)
-    return check_graph(onnx_dir / "model.onnx", GRAPH_INPUTS[design], graph_outputs(deepstack),
+    return check_graph(onnx_dir / "model.onnx", design.graph_inputs, graph_outputs(deepstack),
                        extra_files=("config.json", *PROCESSOR_FILES), consumer="visual_build",
                        attention=VIT_ATTENTION)
 
@@ -183,6 +178,37 @@ def export_tower(model_dir: Path, scratch: Path, payload_dir: Path, tower, fp8: 
         agreement = check_tower(payload_dir / VISUAL_DIR / "model.onnx", checkpoint, tower.design, images)
     finally:
         shutil.rmtree(checkpoint, ignore_errors=True)
-    return VisualExport(design=tower.design, precision=agreement.precision, images=agreement.images,
+    return VisualExport(design=tower.design.name, precision=agreement.precision, images=agreement.images,
                         max_relative_error=round(agreement.max_relative_error, 6),
                         cosine=round(agreement.cosine, 7), onnx=OnnxGraph(**graph))
+
+
+def _in_tower(name: str) -> bool:
+    from pipeline.workstation.calibrate import TOWER_QUANTIZER_MODULES
+    return any(t in name for t in TOWER_QUANTIZER_MODULES)
+
+
+def quantized_tower(model) -> bool:
+    """Whether calibration quantized the visual tower (recipe quantization.visual = "fp8")."""
+    return any(name.endswith("weight_quantizer") and getattr(m, "is_enabled", False) and _in_tower(name)
+               for name, m in model.named_modules())
+
+
+class TowerExport(PartExport):
+    """The Edge-LLM export's steps for a visual tower (workstation/export_steps.py): the language model's graph in
+    onnx/llm, the tower's in onnx/visual, checked against transformers' tower."""
+    llm_subdir = LLM_DIR
+
+    def before_unified(self, part, model) -> dict | None:
+        """A quantized tower's E4M3 tensors for its own export; its quantizers then off for the unified checkpoint,
+        which is the language model's."""
+        if not quantized_tower(model):
+            return None
+        fp8 = tower_fp8_tensors(model, part.design)
+        for name, q in model.named_modules():
+            if name.endswith(("weight_quantizer", "input_quantizer")) and _in_tower(name):
+                q.disable()
+        return fp8
+
+    def beside(self, part, model_dir: Path, scratch: Path, payload_dir: Path, state) -> VisualExport:
+        return export_tower(model_dir, scratch, payload_dir, part, state)

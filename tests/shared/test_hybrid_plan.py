@@ -10,8 +10,8 @@ from conftest import REPO
 
 from pipeline.contract import BuildLimits
 from pipeline.errors import InputError
-from pipeline.plan import hybrid_perf
-from pipeline.plan.moe import weights_of
+from pipeline.plan.parts import hybrid_speed as hybrid_perf
+from pipeline.plan.parts.experts_speed import weights_of
 from pipeline.plan.perf import fit_data, known_model_configs, known_shape
 from pipeline.plan.planner import PlanRequest, make_plan
 from pipeline.plan.shapes import shape_from_config

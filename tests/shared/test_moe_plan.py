@@ -1,5 +1,5 @@
 """Mixture-of-experts models in the planner: memory by all the experts, decode by the ones each step reaches plus a
-routing cost per MoE layer fitted to Edge-LLM's published Qwen3-30B-A3B rows (plan/moe.py)."""
+routing cost per MoE layer fitted to Edge-LLM's published Qwen3-30B-A3B rows (plan/parts/experts_speed.py)."""
 
 import csv
 import json
@@ -9,9 +9,9 @@ from conftest import REPO
 
 from pipeline.contract import BuildLimits
 from pipeline.errors import InputError
-from pipeline.plan import moe
 from pipeline.plan.formats import DEFAULT_KV, WEIGHT_FORMATS
 from pipeline.plan.memory import decode_bytes_per_token, weight_bytes
+from pipeline.plan.parts import experts_speed as moe
 from pipeline.plan.perf import FIT, known_model_configs, known_shape
 from pipeline.plan.planner import PlanRequest, make_plan
 from pipeline.plan.shapes import shape_from_config
@@ -164,10 +164,10 @@ def test_an_moe_models_experts_leave_the_engine_with_its_ffns_when_externalized(
     assert 0.7 < externalizable_share(dense) < 0.8        # its MLPs
     out = BuildOnBoard("externalize", 0, [], "")
     assert externalized_kinds(out) == ("int4_ffn",)
-    assert externalized_kinds(out, dense_ffn=True, experts=True) == ("int4_ffn", "int4_moe")
+    assert externalized_kinds(out, dense_ffn=True, parts=("int4_moe",)) == ("int4_ffn", "int4_moe")
     # every layer of Qwen3-30B-A3B is an MoE layer: Edge-LLM's export writes no int4_ffn file for it, so none is asked
-    assert externalized_kinds(out, dense_ffn=False, experts=True) == ("int4_moe",)
-    assert externalized_kinds(BuildOnBoard("swap", 1, [], ""), experts=True) == ()
+    assert externalized_kinds(out, dense_ffn=False, parts=("int4_moe",)) == ("int4_moe",)
+    assert externalized_kinds(BuildOnBoard("swap", 1, [], ""), parts=("int4_moe",)) == ()
 
 
 def test_moe_prefill_is_checked_against_the_published_rows_and_its_error_is_the_plans_ttft_band():

@@ -1,5 +1,6 @@
-"""The visual tower as the planner counts it (plan/vision.py) and its time (plan/vision_time.py): parameter counts
-exactly transformers' own for the real configs, FLOPs counted by hand, the ViT fit reproducible from the published
+"""The visual tower as the planner counts it (plan/parts/tower.py) and its time (plan/parts/tower_speed.py): parameter
+counts exactly transformers' own for the real configs, FLOPs counted by hand, the ViT fit reproducible from the
+published
 rows and within its printed leave-one-out error."""
 
 import json
@@ -8,7 +9,9 @@ import pytest
 import torch
 
 from pipeline.errors import InputError
-from pipeline.plan import perf, vision_check, vision_time
+from pipeline.plan import perf
+from pipeline.plan.parts import tower_check as vision_check
+from pipeline.plan.parts import tower_speed as vision_time
 from pipeline.plan.perf import known_model_configs, known_shape
 from pipeline.plan.shapes import shape_from_config
 

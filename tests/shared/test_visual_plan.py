@@ -8,11 +8,10 @@ from conftest import REPO
 
 from pipeline import backends
 from pipeline.contract import BuildLimits, Plan, VisualLimits
+from pipeline.plan.parts.tower import default_limits, predict_vit_ms
 from pipeline.plan.perf import known_model_configs, known_shape
 from pipeline.plan.planner import PlanRequest, make_plan
 from pipeline.plan.targets import get_target
-from pipeline.plan.vision_time import predict_vit_ms
-from pipeline.plan.visual_plan import default_limits
 
 EDGELLM = backends.get("edgellm")
 
@@ -167,7 +166,7 @@ def test_a_validation_image_past_the_profile_is_refused_by_the_plan_at_the_golde
     tokens, as the goldens count them (tests/workstation/test_vlm_build.py: their mean 74). A profile of 72 takes
     the first and refuses the second; 77 takes both; the refusal names the image, its count and what to do."""
     from pipeline.images import BUILTIN_IMAGES
-    from pipeline.plan.visual_plan import image_refusals
+    from pipeline.plan.parts.tower import image_refusals
     shape = known_shape("Qwen/Qwen3-VL-2B-Instruct")
     sized = [(f"builtin:{n}", BUILTIN_IMAGES[n].height, BUILTIN_IMAGES[n].width)
              for n in ("red-circle", "flag-stripes")]

@@ -15,9 +15,16 @@ Standard library only (the device plans on Python 3.10 without torch).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from pipeline.errors import Problem
 from pipeline.families.kinds import ATTENTION, GATED_DELTA_NET, MAMBA2, MLP, MOE, RECURRENT, HybridLayout
+from pipeline.plan.formats import INT4_V2_ALIGN
+from pipeline.plan.parts.base import ConfigReader, Core, Layer, Part
+
+if TYPE_CHECKING:
+    from pipeline.families.kinds import Family, Support
+    from pipeline.plan.formats import WeightFormat
 
 STATE_BYTES = {GATED_DELTA_NET: 4, MAMBA2: 2}       # per element of the recurrent state (the plugins' dtypes)
 CONV_STATE_BYTES = 2
@@ -61,7 +68,7 @@ class Recurrent:
 
 
 @dataclass(frozen=True)
-class Hybrid:
+class Hybrid(Part):
     """Each layer's kind and what the non-recurrent ones hold."""
     blocks: tuple[str, ...]
     recurrent: Recurrent
@@ -72,6 +79,21 @@ class Hybrid:
     qk_norm: bool
     norms_per_layer: int
     moe_in_every_layer: bool = False    # each layer's MLP is an MoE block (Qwen3.5-MoE)
+    # each kind's module in a layer, as the checkpoint names it (the layout's prefixes)
+    prefixes: tuple[tuple[str, str], ...] = ((GATED_DELTA_NET, "linear_attn."), (ATTENTION, "self_attn."),
+                                             (MLP, "mlp."))
+
+    adjective: ClassVar[str] = "hybrid recurrent"
+    called: ClassVar[str] = "recurrent layers"
+    own_speed_fit: ClassVar[bool] = True
+    modules: ClassVar[tuple[str, ...]] = ("pipeline.plan.parts.hybrid_speed", "pipeline.workstation.edgellm_hybrid")
+
+    @classmethod
+    def from_config(cls, r: ConfigReader) -> Hybrid | None:
+        layout = r.family.hybrid
+        if layout is None:
+            return None
+        return hybrid_from_config(layout, r.config, r.dims, r.prefix, r.source, r.problems, r.family.qk_norm)
 
     @property
     def attention_layers(self) -> int:
@@ -106,24 +128,106 @@ class Hybrid:
                 rows[(name, i, o)] = rows.get((name, i, o), 0.0) + 1.0
         return [(n, i, o, c) for (n, i, o), c in rows.items()]
 
-    def small_params(self, hidden: int, head_dim: int) -> int:
+    def own_small_params(self, hidden: int, head_dim: int) -> int:
         """Every layer's norms, the recurrent layers' small tensors and the attention layers' q/k norms."""
         total = len(self.blocks) * self.norms_per_layer * hidden
         total += len(self.recurrent.layer_ids) * self.recurrent.small_params
         return total + (self.attention_layers * 2 * head_dim if self.qk_norm else 0)
 
+    # -- the part's protocol (plan/parts/base.py)
+    def routed_layers(self) -> tuple[int, ...]:
+        return self.moe_layers
 
-def expected_tensors(hybrid: Hybrid, layout: HybridLayout, base: str, hidden: int, q_size: int, kv_size: int
-                     ) -> dict[str, tuple[int, ...]]:
-    """Every linear's weight [out, in] as the checkpoint names it (the layout's module prefixes) and the final norm:
-    what fetch checks a hybrid checkpoint's headers against (with the embedding, under the name the checkpoint
-    uses)."""
-    prefix = dict(layout.prefixes)
-    want: dict[str, tuple[int, ...]] = {f"{base}{layout.final_norm}.weight": (hidden,)}
-    for n, layer in enumerate(hybrid.layer_linears(hidden, q_size, kv_size)):
-        for kind, name, i, o in layer:
-            want[f"{base}layers.{n}.{prefix[kind]}{name}.weight"] = (o, i)
-    return want
+    def edit_layers(self, core: Core, layers: list[Layer]) -> list[Layer]:
+        """Its own layers: each block's mixer (attention or recurrent) and MLP, under the layout's module names."""
+        prefix = dict(self.prefixes)
+        return [Layer(tuple((prefix[kind], name, i, o) for kind, name, i, o in rows),
+                      core.kv_size if block == ATTENTION else 0, block == ATTENTION)
+                for block, rows in zip(self.blocks, self.layer_linears(core.hidden_size, core.q_size, core.kv_size),
+                                       strict=True)]
+
+    def kept_fp16(self, core: Core, fmt: WeightFormat, kept: tuple[str, ...]) -> tuple[str, ...]:
+        """Its INT4 linears whose width is not a multiple of 64 stay FP16 too: Edge-LLM 0.11's quantizer keeps those
+        FP16 (its INT4 GEMM plugin V2 packs 64 x 64 tiles), and its hybrids are built as its quantizer makes them.
+        (A dense model's misaligned linears take the V1 plugin instead: edgellm_export.int4_plugin_version.)"""
+        if not fmt.edgellm_int4_plugin:
+            return kept
+        misaligned = {name for name, i, o, _ in core.linears() if i % INT4_V2_ALIGN or o % INT4_V2_ALIGN}
+        return kept + tuple(sorted(misaligned - set(kept)))
+
+    def small_params(self, core: Core, counted: int) -> int:
+        """Counted layer by layer (its layers differ): replaces the uniform decoder's count."""
+        return self.own_small_params(core.hidden_size, core.head_dim)
+
+    def state_bytes(self, sequences: int) -> int:
+        return self.recurrent.bytes_per_sequence() * sequences
+
+    def workspace_bytes(self, max_batch_size: int, sm: float) -> int:
+        return self.recurrent.prefill_workspace(max_batch_size, sm)
+
+    def prefill_flops_per_token(self) -> float:
+        return self.recurrent.flops_per_token() * len(self.recurrent.layer_ids)
+
+    @property
+    def units(self) -> float:
+        """Recurrent layers x state elements of each: what the fitted constants multiply (hybrid_speed.py)."""
+        r = self.recurrent
+        return len(r.layer_ids) * r.heads * r.head_dim * r.state
+
+    def decode_s(self, core: Core, weights: str, target: str, batch: int, fit: dict) -> float:
+        return batch * self.units * cost("decode_s", target, self.recurrent.kind, fit.get("hybrid") or {})[0]
+
+    def prefill_ms(self, core: Core, target: str, tokens: int, fit: dict) -> float:
+        return 1000 * self.units * tokens * cost("prefill_s", target, self.recurrent.kind, fit.get("hybrid") or {})[0]
+
+    def speed_notes(self, target: str, weights: str, fit: dict) -> list[str]:
+        notes = ((what, cost(which, target, self.recurrent.kind, fit.get("hybrid") or {})[1])
+                 for which, what in (("decode_s", "decode"), ("prefill_s", "TTFT")))
+        return [f"{what}: {note}" for what, note in notes if note]
+
+    def _band(self, fit: dict, which: str) -> float | None:
+        """The hybrid fit's leave-one-out error for this model's recurrent kind (hybrid_speed.py)."""
+        return (((fit.get("hybrid") or {}).get("bands") or {}).get(self.recurrent.kind) or {}).get(which)
+
+    def decode_band(self, fit: dict) -> float | None:
+        return self._band(fit, "decode_loo_median_abs_error")
+
+    def ttft_band(self, fit: dict) -> float | None:
+        return self._band(fit, "ttft_loo_median_abs_error")
+
+    def refusals(self, support: Support, weights: str, backend_name: str, family: Family) -> list[str]:
+        r, want = self.recurrent, support.recurrent_head_dim
+        if want is None or not r.layer_ids or r.kind != GATED_DELTA_NET or (r.head_dim, r.state) == (want, want):
+            return []
+        return [f"{backend_name} cannot build this {family.name} checkpoint: its gated delta-net kernel is built for "
+                f"key and value heads of {want} only, and this model's are {r.head_dim} and {r.state} "
+                "(linear_key_head_dim, linear_value_head_dim)"]
+
+
+# ------------------------------------------------------------------------------------ the fitted recurrent cost
+# (plan/parts/hybrid_speed.py fits it: its docstring says how)
+MIN_ROWS = 2        # published rows of a recurrent kind before its constants are fitted
+
+
+def key_of(target: str, kind: str) -> str:
+    return f"{target}:{kind}"
+
+
+def cost(which: str, target: str, kind: str, fitted: dict[str, dict[str, float]]) -> tuple[float, str | None]:
+    """(the constant for this board and kind, a note where it is borrowed or missing)."""
+    from pipeline.plan.targets import get_target
+    table = fitted.get(which) or {}
+    key = key_of(target, kind)
+    if key in table:
+        return table[key], None
+    family = get_target(target).family
+    same = [(v, k) for k, v in table.items() if k.endswith(f":{kind}") and get_target(k.split(":")[0]).family == family]
+    what = "decode" if which == "decode_s" else "prefill"
+    if same:
+        v, k = max(same)
+        return v, f"no published {kind} row for {target}: its recurrent {what} cost is {k.split(':')[0]}'s"
+    return 0.0, f"no {kind} cost is fitted for a {family} board (fewer than {MIN_ROWS} published {kind} rows): its " \
+                f"recurrent layers' {what} is priced by bytes and FLOPs alone"
 
 
 def _blocks(layout: HybridLayout, config: dict, layers: int, prefix: str, source: str, problems: list[Problem]
@@ -223,5 +327,6 @@ def hybrid_from_config(layout: HybridLayout, config: dict, shape: dict, prefix: 
     return Hybrid(blocks=tuple(blocks), recurrent=recurrent, mlp_width=shape["intermediate_size"],
                   gated_mlp=layout.gated_mlp, mlp_in_every_layer=layout.mlp_in_every_layer,
                   attention_gate=layout.attention_output_gate, qk_norm=qk_norm,
-                  norms_per_layer=layout.norms_per_layer, moe_in_every_layer=layout.moe_in_every_layer)
+                  norms_per_layer=layout.norms_per_layer, moe_in_every_layer=layout.moe_in_every_layer,
+                  prefixes=layout.prefixes)
 

@@ -16,7 +16,7 @@ each constant fitted per board and recurrent kind as the mean of what each of it
 board whose rows the dense fits already meet costs nothing extra), for a recurrent kind with at least MIN_ROWS rows (a
 lone row would only be reproduced, never checked). A board without a constant borrows the largest of its family (the
 slower board: a safe side), else nothing, and the plan says so. A hybrid with MoE blocks also pays the MoE fit's
-routing cost per MoE layer (plan/moe.py). `python -m pipeline.perf fit` refits it and prints every row's
+routing cost per MoE layer (plan/parts/experts_speed.py). `python -m pipeline.perf fit` refits it and prints every row's
 leave-one-out error; the plan quotes their medians, per recurrent kind, as the hybrid's error bands. One Mamba-2 row
 is published for a Jetson (Nemotron 3 Nano 30B-A3B, NVFP4 on Thor): too few to fit, so Mamba-2 layers are priced by
 bytes and FLOPs alone, and that row's error is the band the plan quotes for them.
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.plan.moe import dense_step_s, weights_of
+from pipeline.plan.parts.experts_speed import dense_step_s, weights_of
+from pipeline.plan.parts.hybrid import MIN_ROWS, cost, key_of
 from pipeline.plan.shapes import ModelShape
 
-ROWS = Path(__file__).parents[1] / "data" / "hybrid_rows.csv"
-MIN_ROWS = 2        # published rows of a recurrent kind before its constants are fitted
+ROWS = Path(__file__).parents[2] / "data" / "hybrid_rows.csv"
 
 
 @dataclass(frozen=True)
@@ -58,15 +58,9 @@ def load_rows(path: Path = ROWS) -> list[HybridRow]:
                 for r in csv.DictReader(fh)]
 
 
-def key_of(target: str, kind: str) -> str:
-    return f"{target}:{kind}"
-
-
 def _units(shape: ModelShape) -> float:
-    """Recurrent layers x state elements of each: what the constants multiply."""
     assert shape.hybrid is not None
-    r = shape.hybrid.recurrent
-    return len(r.layer_ids) * r.heads * r.head_dim * r.state
+    return shape.hybrid.units
 
 
 def dense_prefill_ms(shape: ModelShape, weights: str, target: str, tokens: int, power_mode: str | None) -> float | None:
@@ -76,15 +70,14 @@ def dense_prefill_ms(shape: ModelShape, weights: str, target: str, tokens: int, 
 
 
 def routing_s(shape: ModelShape, weights: str, target: str) -> tuple[float, str | None]:
-    """A hybrid's MoE blocks' routing cost per step (the MoE fit's per-layer cost; plan/moe.py), and a note where
+    """A hybrid's MoE blocks' routing cost per step (the MoE fit's per-layer cost; plan/parts/experts_speed.py), and a
+    note where
     that cost is borrowed; 0 without MoE blocks."""
     if shape.experts is None:
         return 0.0, None
-    from pipeline.plan import moe
-    from pipeline.plan.formats import WEIGHT_FORMATS
+    from pipeline.plan.parts.experts import layer_cost, routing_costs, weights_key
     from pipeline.plan.perf import fit_data
-    layer_s, note = moe.layer_cost(moe.key_of(target, WEIGHT_FORMATS[weights].decode_class),
-                                   (fit_data().get("moe") or {}).get("layer_s") or {})
+    layer_s, note = layer_cost(weights_key(target, weights), routing_costs(fit_data()))
     return shape.experts.layers * (layer_s or 0.0), note
 
 
@@ -112,23 +105,6 @@ def fit(rows: list[HybridRow]) -> dict[str, dict[str, float]]:
     kinds = {kind for kind, n in rows_of.items() if n >= MIN_ROWS}
     return {"decode_s": {k: max(0.0, statistics.fmean(v)) for k, v in sorted(dec.items()) if k.split(":")[1] in kinds},
             "prefill_s": {k: max(0.0, statistics.fmean(v)) for k, v in sorted(pre.items()) if k.split(":")[1] in kinds}}
-
-
-def cost(which: str, target: str, kind: str, fitted: dict[str, dict[str, float]]) -> tuple[float, str | None]:
-    """(the constant for this board and kind, a note where it is borrowed or missing)."""
-    from pipeline.plan.targets import get_target
-    table = fitted.get(which) or {}
-    key = key_of(target, kind)
-    if key in table:
-        return table[key], None
-    family = get_target(target).family
-    same = [(v, k) for k, v in table.items() if k.endswith(f":{kind}") and get_target(k.split(":")[0]).family == family]
-    what = "decode" if which == "decode_s" else "prefill"
-    if same:
-        v, k = max(same)
-        return v, f"no published {kind} row for {target}: its recurrent {what} cost is {k.split(':')[0]}'s"
-    return 0.0, f"no {kind} cost is fitted for a {family} board (fewer than {MIN_ROWS} published {kind} rows): its " \
-                f"recurrent layers' {what} is priced by bytes and FLOPs alone"
 
 
 def predict_tok_s(shape: ModelShape, weights: str, target: str, power_mode: str, context: int, batch: int,

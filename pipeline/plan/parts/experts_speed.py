@@ -1,6 +1,6 @@
-"""Decode speed of a mixture-of-experts model: the experts its tokens reach, read like any weight, plus a fixed cost
-per MoE layer and step (routing, top-k, the expert dispatch of Edge-LLM's Int4MoePlugin (Marlin) and NVFP4 MoE
-plugins).
+"""Decode speed of a mixture-of-experts model fitted to published rows: the experts its tokens reach, read like any
+weight, plus a fixed cost per MoE layer and step (routing, top-k, the expert dispatch of Edge-LLM's Int4MoePlugin
+(Marlin) and NVFP4 MoE plugins).
 
 A decode step reads the model's dense parts (attention, norms, routers, the LM head, the KV cache) and of each MoE
 layer only the experts its tokens are routed to (plan/shapes.py Experts: `active` for one token, the expected number
@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.plan.formats import KVFormat
+from pipeline.plan.parts.experts import key_of, layer_cost
 from pipeline.plan.shapes import ModelShape
 
-ROWS = Path(__file__).parents[1] / "data" / "moe_rows.csv"
+ROWS = Path(__file__).parents[2] / "data" / "moe_rows.csv"
 
 
 @dataclass(frozen=True)
@@ -77,15 +78,10 @@ def weights_of(precision: str) -> str:
     return ROW_PRECISIONS[precision].weight_format
 
 
-def key_of(target: str, precision: str) -> str:
-    from pipeline.plan.targets import get_target
-    return f"{get_target(target).family}-{precision}"
-
-
 def dense_step_s(shape: ModelShape, weights: str, target: str, power_mode: str, context: int, batch: int = 1,
                  kv: KVFormat | None = None, group_size: int | None = None) -> float:
     """One step of `batch` sequences by the dense fit: every byte it reads (the experts it reaches; a hybrid's
-    recurrent states, plan/hybrid_perf.py) and its fixed cost."""
+    recurrent states, plan/parts/hybrid_speed.py) and its fixed cost."""
     from pipeline.plan import perf
     from pipeline.plan.targets import get_target
     dense_fit = perf.fitted()[perf.TENSORRT]
@@ -119,22 +115,6 @@ def fit(rows: list[MoeRow]) -> dict[str, float]:
         if r.batch == 1 and shape is not None:
             by.setdefault(key_of(r.target, r.precision), []).append(implied_layer_s(r, shape))
     return {k: round(statistics.fmean(v), 8) for k, v in sorted(by.items())}
-
-
-def layer_cost(key: str, fitted: dict[str, float]) -> tuple[float | None, str | None]:
-    """(the cost per MoE layer and step for a key, a note where it is borrowed); None: nothing fitted."""
-    if key in fitted:
-        return fitted[key], None
-    precision = key.split("-", 1)[1]
-    same = sorted((k, v) for k, v in fitted.items() if k.endswith(f"-{precision}"))
-    if same:
-        return same[0][1], (f"no published MoE row for {key}: its routing cost is {same[0][0]}'s "
-                            f"({same[0][1] * 1e6:.0f} us per MoE layer)")
-    if fitted:
-        k, v = max(fitted.items(), key=lambda kv: kv[1])
-        return v, f"no published MoE row for {key}: its routing cost is the largest fitted, {k}'s ({v * 1e6:.0f} us " \
-                  "per MoE layer)"
-    return None, None
 
 
 def fit_report(rows: list[MoeRow] | None = None) -> dict:

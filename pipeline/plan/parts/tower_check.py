@@ -1,7 +1,8 @@
 """Edge-LLM's published vision-language rows (data/vlm_rows.csv) predicted as a plan predicts them: the ViT with its
-own board and tower left out of the fit (plan/vision_time.py), the prefill of image + text tokens and the decode by
-the text models' fits (plan/prefill.py, plan/perf.py, which never saw a VLM row), and the Orin rows' peak GPU memory
-by the memory plan at the benchmark's own build limits. `python -m pipeline.perf fit` prints each row and the errors.
+own board and tower left out of the fit (plan/parts/tower_speed.py), the prefill of image + text tokens and the
+decode by the text models' fits (plan/prefill.py, plan/perf.py, which never saw a VLM row), and the Orin rows' peak
+GPU memory by the memory plan at the benchmark's own build limits. `python -m pipeline.perf fit` prints each row and
+the errors.
 
 Thor's memory column counts something else (0.9 GB for a 2B model whose weights alone are more), so it is not
 compared. The plan holds the visual engine's activations at its largest profile (TensorRT's default allocation); the
@@ -14,7 +15,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from pipeline.plan.vision_time import VlmRow, _constants, fit_classes, load_rows, vit_rows
+from pipeline.plan.parts.tower import constants_for
+from pipeline.plan.parts.tower_speed import VlmRow, fit_classes, load_rows, vit_rows
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ def check_rows(rows: list[VlmRow] | None = None) -> list[RowCheck]:
     out = []
     for r in rows:
         others = [t for t in towers if (t.target, t.model) != (r.target, r.model)]
-        vit = _constants(fit_classes(others), r.target).ms(r.x())
+        vit = constants_for(fit_classes(others), r.target).ms(r.x())
         mode = _power_mode(r.target)
         pre = prefill.predict_ttft_ms(r.shape, r.precision, r.target, r.prefill_tokens, mode, data["prefill"])
         assert pre is not None, r
@@ -68,14 +70,13 @@ def benchmark_memory(r: VlmRow) -> int:
     from pipeline.contract import BuildLimits, VisualLimits
     from pipeline.plan.formats import DEFAULT_KV, WEIGHT_FORMATS, pick_group_size
     from pipeline.plan.memory import plan_memory
+    from pipeline.plan.parts.tower import plan_tower
     from pipeline.plan.targets import get_target
-    from pipeline.plan.visual_plan import plan_visual
 
     t, fmt = get_target(r.target), WEIGHT_FORMATS[r.precision]
     limits = BuildLimits.of(1, 2048, 2200)
     most = 2048 if r.target.startswith(("orin-nx", "orin-nano")) else 16384
-    visual = plan_visual(r.shape, t, limits, VisualLimits(8, most, 2048), "fp16", [], None)
-    assert visual is not None
+    visual = plan_tower(r.tower, t, limits, VisualLimits(8, most, 2048), "fp16", [], None)
     group = pick_group_size(fmt, r.shape.quantized_input_dims(fmt), None)[0]
     return plan_memory(r.shape, fmt, group, DEFAULT_KV, limits, get(r.backend).runtime_overhead, t.usable_bytes,
                        t.usable_headless_bytes, visual=visual.weights + visual.activations).total
