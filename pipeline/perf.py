@@ -11,13 +11,36 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.plan import perf, prefill
-from pipeline.plan.parts import experts_speed as moe
-from pipeline.plan.parts import hybrid_speed as hybrid_perf
-from pipeline.plan.parts import tower_check as vision_check
-from pipeline.plan.parts import tower_speed as vision_time
+from pipeline.plan.parts import experts_speed, hybrid_speed, tower_check, tower_speed
+
+# perf_fit.json's sections (None: the decode fit's, at the top level), each a speed model's report, in the order they
+# are fitted: the MoE fit prices its rows with the dense decode and prefill fits written before it, the hybrid fit
+# with those and the MoE routing cost
+SECTIONS: tuple[tuple[str | None, Callable[[], dict]], ...] = (
+    (None, perf.fit_report), ("prefill", prefill.fit_report), ("vision", tower_speed.fit_report),
+    ("moe", experts_speed.fit_report), ("hybrid", hybrid_speed.fit_report))
+
+
+def refit(write: bool) -> dict:
+    """Every speed model fitted to its rows, in SECTIONS order, each on the sections before it; written to
+    data/perf_fit.json section by section where `write` (a later model reads the earlier ones from there), else
+    computed on the stored ones (what a current perf_fit.json holds: tests/shared/test_perf.py compares)."""
+    report: dict = {}
+    for key, fit_report in SECTIONS:
+        part = fit_report()
+        if key is None:
+            report.update(part)
+        else:
+            report[key] = part
+        if write:
+            perf.FIT.write_text(json.dumps(report, indent=1) + "\n")
+            perf.fit_data.cache_clear()
+            perf.fitted.cache_clear()
+    return report
 
 
 def main(argv: list[str]) -> int:
@@ -30,24 +53,14 @@ def main(argv: list[str]) -> int:
             print(f"wrote {len(rows)} rows to {path}")
         return 0
     if argv[:1] == ["fit"]:
-        report = {**perf.fit_report(), "prefill": prefill.fit_report(), "vision": vision_time.fit_report()}
-        perf.FIT.write_text(json.dumps(report, indent=1) + "\n")
-        perf.fit_data.cache_clear()
-        perf.fitted.cache_clear()
-        report["moe"] = moe.fit_report()       # on the dense fit just written
-        perf.FIT.write_text(json.dumps(report, indent=1) + "\n")
-        perf.fit_data.cache_clear()
-        report["hybrid"] = hybrid_perf.fit_report()     # on both (a hybrid's MoE blocks pay the MoE routing cost)
-        perf.FIT.write_text(json.dumps(report, indent=1) + "\n")
-        perf.fit_data.cache_clear()
-        perf.fitted.cache_clear()
+        report = refit(write=True)
         d, p, v = report, report["prefill"], report["vision"]
         print(json.dumps(report, indent=1))
         print(f"leave-one-out error, decode ({d['rows']} rows): median {d['loo_median_abs_error']:.1%}, worst "
               f"{d['loo_max_abs_error']:.1%}; prefill/TTFT ({p['rows']} rows): median {p['loo_median_abs_error']:.1%}"
               f", worst {p['loo_max_abs_error']:.1%}; ViT ({v['rows']} boards x towers): median "
               f"{v['loo_median_abs_error']:.1%}, worst {v['loo_max_abs_error']:.1%}")
-        checks = vision_check.check_rows()
+        checks = tower_check.check_rows()
         print(f"vision-language rows ({len(checks)}, Edge-LLM's published Qwen3-VL / Qwen2.5-VL): predicted / "
               "published")
         for c in checks:
@@ -57,7 +70,7 @@ def main(argv: list[str]) -> int:
                   f"({e['ttft']:+.0%})  decode {c.decode_tok_s:6.1f}/{r.decode_tok_s:<6} ({e['decode']:+.0%})"
                   + (f"  memory {c.memory_mb:5.0f}/{r.gpu_mem_mb:<5.0f} MB ({e['memory']:+.0%})" if r.gpu_mem_mb
                      else ""))
-        for key, s in vision_check.check_summary(checks).items():
+        for key, s in tower_check.check_summary(checks).items():
             print(f"  {key:<8} error: median {s['median']:.1%}, worst {s['worst']:.1%}")
         m = report["moe"]
         print(f"mixture-of-experts rows ({m['rows']}, Edge-LLM's published Qwen3-30B-A3B): routing cost per MoE "

@@ -14,17 +14,16 @@ from __future__ import annotations
 import csv
 import json
 import re
-import statistics
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.plan.formats import ROW_PRECISIONS, row_precision
+from pipeline.plan.rows import DATA, PublishedFit, max_abs, median_abs, read_rows, weighted_line
 from pipeline.plan.shapes import ModelShape, shape_from_config
 from pipeline.tomlcompat import load_toml
 
-DATA = Path(__file__).parents[1] / "data"
 ROWS = DATA / "perf_rows.csv"
 FIT = DATA / "perf_fit.json"
 
@@ -105,9 +104,7 @@ class Row:
 
 
 def load_rows(path: Path = ROWS) -> list[Row]:
-    with open(path, newline="") as fh:
-        return [Row(r["target"], r["power_mode"], r["engine_class"], r["model"], r["precision"], int(r["context"]),
-                    float(r["decode_tok_s"]), r["source"]) for r in csv.DictReader(fh)]
+    return read_rows(path, Row)
 
 
 def fastest_published(target: str, rows: list[Row] | None = None) -> Row | None:
@@ -116,21 +113,6 @@ def fastest_published(target: str, rows: list[Row] | None = None) -> Row | None:
     and hand-offs) is judged."""
     mine = [r for r in (load_rows() if rows is None else rows) if r.target == target]
     return max(mine, key=lambda r: r.decode_tok_s) if mine else None
-
-
-def weighted_line(points: list[tuple[float, float, float]]) -> tuple[float, float]:
-    """Weighted least squares y = a*x + b over (x, y, weight) points; a negative intercept (an unphysical negative
-    fixed cost) refits through the origin. The decode and prefill fits both use it."""
-    sw = sum(w for _, _, w in points)
-    sx = sum(w * x for x, _, w in points)
-    sy = sum(w * y for _, y, w in points)
-    sxx = sum(w * x * x for x, _, w in points)
-    sxy = sum(w * x * y for x, y, w in points)
-    a = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
-    b = (sy - a * sx) / sw
-    if b < 0:
-        a, b = sxy / sxx, 0.0
-    return a, b
 
 
 def fit(rows: list[Row]) -> dict[str, Constants]:
@@ -146,34 +128,22 @@ def fit(rows: list[Row]) -> dict[str, Constants]:
     return out
 
 
-def errors(rows: list[Row], constants: dict[str, Constants]) -> list[float]:
-    """Relative error of the prediction per row: (predicted - published) / published."""
-    return [constants[r.engine_class].tok_s(r.bytes_read(), r.bandwidth()) / r.decode_tok_s - 1 for r in rows]
+def predict(constants: dict[str, Constants], r: Row) -> float:
+    return constants[r.engine_class].tok_s(r.bytes_read(), r.bandwidth())
 
 
-def leave_one_out(rows: list[Row]) -> list[float]:
-    """Relative error of each row predicted by its class's constants fitted to all the other rows."""
-    out = []
-    for i, r in enumerate(rows):
-        others = rows[:i] + rows[i + 1:]
-        c = fit([o for o in others if o.engine_class == r.engine_class])[r.engine_class]
-        out.append(c.tok_s(r.bytes_read(), r.bandwidth()) / r.decode_tok_s - 1)
-    return out
+DECODE: PublishedFit[Row, dict[str, Constants]] = PublishedFit(ROWS, Row, fit, predict, lambda r: r.decode_tok_s)
 
 
 def fit_report(rows: list[Row] | None = None) -> dict:
     rows = rows if rows is not None else load_rows()
     constants = fit(rows)
-    errs = errors(rows, constants)
-    loo = leave_one_out(rows)
-    by_class = {c: statistics.median(abs(e) for r, e in zip(rows, errs, strict=True) if r.engine_class == c)
-                for c in constants}
+    errs = DECODE.errors(rows, constants)
+    loo = DECODE.leave_one_out(rows)
+    by_class = {c: median_abs([e for r, e in zip(rows, errs, strict=True) if r.engine_class == c]) for c in constants}
     return {"classes": {k: {"efficiency": v.efficiency, "fixed_s": v.fixed_s} for k, v in constants.items()},
-            "rows": len(rows), "median_abs_error": round(statistics.median(abs(e) for e in errs), 4),
-            "median_abs_error_by_class": {k: round(v, 4) for k, v in by_class.items()},
-            "max_abs_error": round(max(abs(e) for e in errs), 4),
-            "loo_median_abs_error": round(statistics.median(abs(e) for e in loo), 4),
-            "loo_max_abs_error": round(max(abs(e) for e in loo), 4)}
+            "rows": len(rows), "median_abs_error": median_abs(errs), "median_abs_error_by_class": by_class,
+            "max_abs_error": max_abs(errs), "loo_median_abs_error": median_abs(loo), "loo_max_abs_error": max_abs(loo)}
 
 
 # ---------------------------------------------------------------------------------------------- extraction (once)

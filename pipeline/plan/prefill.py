@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import csv
 import re
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.plan.rows import DATA, PublishedFit, max_abs, median_abs, read_rows
 from pipeline.plan.shapes import ModelShape
 
-DATA = Path(__file__).parents[1] / "data"
 ROWS = DATA / "prefill_rows.csv"
 
 
@@ -101,9 +100,7 @@ class PrefillRow:
 
 
 def load_rows(path: Path = ROWS) -> list[PrefillRow]:
-    with open(path, newline="") as fh:
-        return [PrefillRow(r["target"], r["model"], r["precision"], int(r["isl"]), float(r["prefill_ms"]), r["source"])
-                for r in csv.DictReader(fh)]
+    return read_rows(path, PrefillRow)
 
 
 def fastest_published(target: str, rows: list[PrefillRow] | None = None) -> PrefillRow | None:
@@ -116,7 +113,7 @@ def fastest_published(target: str, rows: list[PrefillRow] | None = None) -> Pref
 def fit(rows: list[PrefillRow]) -> PrefillConstants:
     """Least squares on relative error: y - read_s = a*x + b, weights 1/y^2 (y: the published time); efficiency =
     1/a."""
-    from pipeline.plan.perf import weighted_line
+    from pipeline.plan.rows import weighted_line
     a, b = weighted_line([(r.x(), r.prefill_ms / 1000 - r.read_s(), (1000 / r.prefill_ms) ** 2) for r in rows])
     return PrefillConstants(round(1 / a, 6), round(b, 6))
 
@@ -137,17 +134,20 @@ def predict_ms(classes: dict[str, PrefillConstants], row: PrefillRow) -> float:
     return 1000 * constants_for(classes, row.target, row.precision).seconds_at_peak(row.x(), row.read_s())
 
 
-def leave_one_out(rows: list[PrefillRow]) -> list[float]:
+PREFILL: PublishedFit[PrefillRow, dict[str, PrefillConstants]] = PublishedFit(ROWS, PrefillRow, fit_classes,
+                                                                                predict_ms, lambda r: r.prefill_ms)
+
+
+def leave_one_out(rows: list[PrefillRow]) -> list[float | None]:
     """Relative error of each row predicted by constants fitted to all the other rows."""
-    return [predict_ms(fit_classes(rows[:i] + rows[i + 1:]), r) / r.prefill_ms - 1 for i, r in enumerate(rows)]
+    return PREFILL.leave_one_out(rows)
 
 
 def fit_report(rows: list[PrefillRow] | None = None) -> dict:
     rows = rows if rows is not None else load_rows()
     loo = leave_one_out(rows)
     return {"classes": {k: {"efficiency": c.efficiency, "fixed_s": c.fixed_s} for k, c in fit_classes(rows).items()},
-            "rows": len(rows), "loo_median_abs_error": round(statistics.median(abs(e) for e in loo), 4),
-            "loo_max_abs_error": round(max(abs(e) for e in loo), 4)}
+            "rows": len(rows), "loo_median_abs_error": median_abs(loo), "loo_max_abs_error": max_abs(loo)}
 
 
 def predict_ttft_ms(shape: ModelShape, weights: str, target_id: str, isl: int, power_mode: str | None = None,

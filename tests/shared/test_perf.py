@@ -23,6 +23,29 @@ def test_fit_is_reproducible_and_within_15_percent():
         assert err <= 0.15, cls
 
 
+def test_every_speed_models_fit_is_what_perf_fit_json_stores():
+    """The five speed models (decode, prefill, ViT, MoE routing, recurrent layers) refitted to their published rows
+    through the one fitter (plan/rows.py) give exactly the stored constants, leave-one-out errors and checks."""
+    from pipeline.perf import refit
+    assert refit(write=False) == json.loads(perf.FIT.read_text()), \
+        "data/perf_fit.json is stale: run python -m pipeline.perf fit"
+
+
+def test_the_one_row_reader_reads_every_published_table_as_its_row_type(tmp_path):
+    from pipeline.plan.parts import experts_speed, hybrid_speed, tower_speed
+    from pipeline.plan.rows import read_rows
+    for model in (perf.DECODE, prefill.PREFILL, tower_speed.VIT, experts_speed.EXPERTS, hybrid_speed.DECODE):
+        rows = model.load()
+        assert rows and all(isinstance(r, model.row) and r.source.startswith("http") for r in rows), model.path
+    moe = experts_speed.load_rows()
+    assert {type(r.batch) for r in moe} == {int} and None in {r.prefill_ms for r in moe}      # an empty cell
+    odd = tmp_path / "rows.csv"
+    odd.write_text("target,power_mode,model,precision,batch,context,decode_tok_s,source,prefill_ms,prefill_tokens,x\n"
+                   "agx-thor,MAXN,m,int4,8,100,55.5,http://s,,,ignored\n")
+    (r,) = read_rows(odd, experts_speed.MoeRow)
+    assert (r.batch, r.decode_tok_s, r.prefill_ms, r.prefill_tokens) == (8, 55.5, None, None)
+
+
 def test_constants_are_physical():
     for cls, c in perf.fitted().items():
         assert 0.3 < c.efficiency <= 1.0, cls       # cannot read faster than the bus

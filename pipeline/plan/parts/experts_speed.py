@@ -22,7 +22,6 @@ and checks the batch-8 rows; the plan quotes the median leave-one-out error as M
 
 from __future__ import annotations
 
-import csv
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +29,10 @@ from typing import Any
 
 from pipeline.plan.formats import KVFormat
 from pipeline.plan.parts.experts import key_of, layer_cost
+from pipeline.plan.rows import DATA, PublishedFit, max_abs, median_abs, read_rows
 from pipeline.plan.shapes import ModelShape
 
-ROWS = Path(__file__).parents[2] / "data" / "moe_rows.csv"
+ROWS = DATA / "moe_rows.csv"
 
 
 @dataclass(frozen=True)
@@ -50,11 +50,7 @@ class MoeRow:
 
 
 def load_rows(path: Path = ROWS) -> list[MoeRow]:
-    with open(path, newline="") as fh:
-        return [MoeRow(r["target"], r["power_mode"], r["model"], r["precision"], int(r["batch"]), int(r["context"]),
-                       float(r["decode_tok_s"]), r["source"],
-                       float(r["prefill_ms"]) if r["prefill_ms"] else None,
-                       int(r["prefill_tokens"]) if r["prefill_tokens"] else None) for r in csv.DictReader(fh)]
+    return read_rows(path, MoeRow)
 
 
 def split_bytes(shape: ModelShape, weights: str, context: int, batch: int = 1, kv: KVFormat | None = None,
@@ -117,36 +113,38 @@ def fit(rows: list[MoeRow]) -> dict[str, float]:
     return {k: round(statistics.fmean(v), 8) for k, v in sorted(by.items())}
 
 
+def predict_row(layer_s: dict[str, float], r: MoeRow) -> float | None:
+    """A published row's decode by fitted costs (None where none is fitted for its key or a borrowable one)."""
+    from pipeline.plan.perf import known_shape
+    shape = known_shape(r.model)
+    assert shape is not None and shape.experts is not None, r.model      # the rows name known MoE models
+    cost, _ = layer_cost(key_of(r.target, r.precision), layer_s)
+    return None if cost is None else predict_tok_s(shape, weights_of(r.precision), r.target, r.power_mode, r.context,
+                                                   r.batch, cost)
+
+
+EXPERTS: PublishedFit[MoeRow, dict[str, float]] = PublishedFit(ROWS, MoeRow, fit, predict_row,
+                                                                lambda r: r.decode_tok_s)
+
+
 def fit_report(rows: list[MoeRow] | None = None) -> dict:
     """The constants, and each row predicted: batch-1 rows with their key fitted without them (leave-one-out; a key
     with one row borrows as a plan would), batch-8 rows with the full fit (never fitted to them)."""
-    from pipeline.plan.perf import known_shape
     rows = rows if rows is not None else load_rows()
-    constants = fit(rows)
     checks: list[dict[str, Any]] = []
-    for i, r in enumerate(rows):
-        shape = known_shape(r.model)
-        assert shape is not None and shape.experts is not None, r.model      # the rows name known MoE models
-        key = key_of(r.target, r.precision)
-        pool = fit([o for j, o in enumerate(rows) if j != i]) if r.batch == 1 else constants
-        cost, _ = layer_cost(key, pool)
-        if cost is None:
-            continue
-        got = predict_tok_s(shape, weights_of(r.precision), r.target, r.power_mode, r.context, r.batch, cost)
-        checks.append({"target": r.target, "model": r.model, "precision": r.precision, "batch": r.batch,
-                       "context": r.context, "published": r.decode_tok_s, "predicted": round(got, 1),
-                       "error": round(got / r.decode_tok_s - 1, 4), "leave_one_out": r.batch == 1})
-    loo = [abs(float(c["error"])) for c in checks if c["leave_one_out"]]
-    batch = [abs(float(c["error"])) for c in checks if not c["leave_one_out"]]
+    for r, got in zip(rows, EXPERTS.held_out_predictions(rows, held_out=lambda r: r.batch == 1), strict=True):
+        if got is not None:
+            checks.append({"target": r.target, "model": r.model, "precision": r.precision, "batch": r.batch,
+                           "context": r.context, "published": r.decode_tok_s, "predicted": round(got, 1),
+                           "error": round(got / r.decode_tok_s - 1, 4), "leave_one_out": r.batch == 1})
     prefill = prefill_checks(rows)
-    pre = [abs(float(c["error"])) for c in prefill]
-    return {"layer_s": constants, "rows": len(rows), "checks": checks,
-            "loo_median_abs_error": round(statistics.median(loo), 4) if loo else None,
-            "loo_max_abs_error": round(max(loo), 4) if loo else None,
-            "batch_max_abs_error": round(max(batch), 4) if batch else None,
+    return {"layer_s": fit(rows), "rows": len(rows), "checks": checks,
+            "loo_median_abs_error": median_abs([c["error"] for c in checks if c["leave_one_out"]]),
+            "loo_max_abs_error": max_abs([c["error"] for c in checks if c["leave_one_out"]]),
+            "batch_max_abs_error": max_abs([c["error"] for c in checks if not c["leave_one_out"]]),
             "prefill_checks": prefill,
-            "prefill_median_abs_error": round(statistics.median(pre), 4) if pre else None,
-            "prefill_max_abs_error": round(max(pre), 4) if pre else None}
+            "prefill_median_abs_error": median_abs([c["error"] for c in prefill]),
+            "prefill_max_abs_error": max_abs([c["error"] for c in prefill])}
 
 
 def prefill_checks(rows: list[MoeRow]) -> list[dict[str, Any]]:

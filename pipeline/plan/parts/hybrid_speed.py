@@ -24,7 +24,6 @@ bytes and FLOPs alone, and that row's error is the band the plan quotes for them
 
 from __future__ import annotations
 
-import csv
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -33,9 +32,10 @@ from typing import Any
 
 from pipeline.plan.parts.experts_speed import dense_step_s, weights_of
 from pipeline.plan.parts.hybrid import MIN_ROWS, cost, key_of
+from pipeline.plan.rows import DATA, PublishedFit, max_abs, median_abs, read_rows
 from pipeline.plan.shapes import ModelShape
 
-ROWS = Path(__file__).parents[2] / "data" / "hybrid_rows.csv"
+ROWS = DATA / "hybrid_rows.csv"
 
 
 @dataclass(frozen=True)
@@ -52,10 +52,7 @@ class HybridRow:
 
 
 def load_rows(path: Path = ROWS) -> list[HybridRow]:
-    with open(path, newline="") as fh:
-        return [HybridRow(r["target"], r["power_mode"], r["model"], r["precision"], int(r["context"]),
-                          float(r["decode_tok_s"]), float(r["prefill_ms"]), int(r["prefill_tokens"]), r["source"])
-                for r in csv.DictReader(fh)]
+    return read_rows(path, HybridRow)
 
 
 def _units(shape: ModelShape) -> float:
@@ -126,37 +123,43 @@ def predict_ttft_ms(shape: ModelShape, weights: str, target: str, tokens: int, p
     return ms + 1000 * _units(shape) * tokens * c
 
 
+def _shape(r: HybridRow) -> ModelShape:
+    from pipeline.plan.perf import known_shape
+    shape = known_shape(r.model)
+    assert shape is not None and shape.hybrid is not None, r.model      # the rows name known hybrid models
+    return shape
+
+
+DECODE: PublishedFit[HybridRow, dict[str, dict[str, float]]] = PublishedFit(
+    ROWS, HybridRow, fit, lambda c, r: predict_tok_s(_shape(r), weights_of(r.precision), r.target, r.power_mode,
+                                                     r.context, 1, c), lambda r: r.decode_tok_s)
+TTFT: PublishedFit[HybridRow, dict[str, dict[str, float]]] = PublishedFit(
+    ROWS, HybridRow, fit, lambda c, r: predict_ttft_ms(_shape(r), weights_of(r.precision), r.target, r.prefill_tokens,
+                                                       r.power_mode, c), lambda r: r.prefill_ms)
+
+
 def fit_report(rows: list[HybridRow] | None = None) -> dict[str, Any]:
     """The constants and every row predicted with its board's constants fitted without it (leave-one-out: a board
     with one row borrows as a plan would)."""
-    from pipeline.plan.perf import known_shape
     rows = rows if rows is not None else load_rows()
-    constants = fit(rows)
     checks: list[dict[str, Any]] = []
-    for i, r in enumerate(rows):
-        shape = known_shape(r.model)
-        assert shape is not None and shape.hybrid is not None, r.model      # the rows name known hybrid models
-        pool = fit([o for j, o in enumerate(rows) if j != i])
-        weights = weights_of(r.precision)
-        tok = predict_tok_s(shape, weights, r.target, r.power_mode, r.context, 1, pool)
-        ms = predict_ttft_ms(shape, weights, r.target, r.prefill_tokens, r.power_mode, pool)
-        checks.append({"target": r.target, "model": r.model, "precision": r.precision,
-                       "kind": shape.hybrid.recurrent.kind,
+    for r, tok, ms in zip(rows, DECODE.held_out_predictions(rows), TTFT.held_out_predictions(rows), strict=True):
+        hybrid = _shape(r).hybrid
+        assert tok is not None and hybrid is not None
+        checks.append({"target": r.target, "model": r.model, "precision": r.precision, "kind": hybrid.recurrent.kind,
                        "decode": round(tok, 1), "decode_published": r.decode_tok_s,
                        "decode_error": round(tok / r.decode_tok_s - 1, 4),
                        "ttft_ms": None if ms is None else round(ms, 1), "ttft_published_ms": r.prefill_ms,
                        "ttft_error": None if ms is None else round(ms / r.prefill_ms - 1, 4)})
-    return {**constants, "rows": len(rows), "checks": checks,
+    return {**fit(rows), "rows": len(rows), "checks": checks,
             "bands": {kind: _bands([c for c in checks if c["kind"] == kind])
                       for kind in sorted({c["kind"] for c in checks})}}
 
 
 def _bands(checks: list[dict[str, Any]]) -> dict[str, float | None]:
     """One recurrent kind's leave-one-out errors: median and worst, decode and TTFT (what the plan quotes)."""
-    dec = [abs(c["decode_error"]) for c in checks]
-    pre = [abs(c["ttft_error"]) for c in checks if c["ttft_error"] is not None]
-    return {"rows": len(checks),
-            "decode_loo_median_abs_error": round(statistics.median(dec), 4) if dec else None,
-            "decode_loo_max_abs_error": round(max(dec), 4) if dec else None,
-            "ttft_loo_median_abs_error": round(statistics.median(pre), 4) if pre else None,
-            "ttft_loo_max_abs_error": round(max(pre), 4) if pre else None}
+    dec = [c["decode_error"] for c in checks]
+    pre = [c["ttft_error"] for c in checks]
+    return {"rows": len(checks), "decode_loo_median_abs_error": median_abs(dec),
+            "decode_loo_max_abs_error": max_abs(dec), "ttft_loo_median_abs_error": median_abs(pre),
+            "ttft_loo_max_abs_error": max_abs(pre)}

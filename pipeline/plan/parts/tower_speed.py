@@ -12,15 +12,14 @@ models' fits and the memory plan against them.
 
 from __future__ import annotations
 
-import csv
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.plan.parts.tower import TowerShape, VitConstants, constants_for, peak_seconds, vit_class
+from pipeline.plan.rows import DATA, PublishedFit, max_abs, median_abs, read_rows, weighted_line
 from pipeline.plan.shapes import ModelShape
 
-ROWS = Path(__file__).parents[2] / "data" / "vlm_rows.csv"
+ROWS = DATA / "vlm_rows.csv"
 
 
 @dataclass(frozen=True)
@@ -56,12 +55,7 @@ class VlmRow:
 
 
 def load_rows(path: Path = ROWS) -> list[VlmRow]:
-    with open(path, newline="") as fh:
-        return [VlmRow(r["target"], r["model"], r["backend"], r["precision"], int(r["image_tokens"]),
-                       int(r["prefill_tokens"]),
-                       float(r["vit_ms"]), float(r["prefill_ms"]), float(r["decode_tok_s"]),
-                       float(r["gpu_mem_mb"]) if r["gpu_mem_mb"] else None, r["source"])
-                for r in csv.DictReader(fh)]
+    return read_rows(path, VlmRow)
 
 
 def vit_rows(rows: list[VlmRow]) -> list[VlmRow]:
@@ -73,7 +67,6 @@ def vit_rows(rows: list[VlmRow]) -> list[VlmRow]:
 
 
 def fit(rows: list[VlmRow]) -> VitConstants:
-    from pipeline.plan.perf import weighted_line
     a, b = weighted_line([(r.x(), r.vit_ms / 1000, (1000 / r.vit_ms) ** 2) for r in rows])
     return VitConstants(round(1 / a, 6), round(b, 6))
 
@@ -89,15 +82,17 @@ def fit_classes(rows: list[VlmRow]) -> dict[str, VitConstants]:
     return out
 
 
-def leave_one_out(rows: list[VlmRow]) -> list[float]:
+VIT: PublishedFit[VlmRow, dict[str, VitConstants]] = PublishedFit(
+    ROWS, VlmRow, fit_classes, lambda c, r: constants_for(c, r.target).ms(r.x()), lambda r: r.vit_ms)
+
+
+def leave_one_out(rows: list[VlmRow]) -> list[float | None]:
     """Relative error of each row's ViT time predicted by constants fitted to all the other rows."""
-    return [constants_for(fit_classes(rows[:i] + rows[i + 1:]), r.target).ms(r.x()) / r.vit_ms - 1
-            for i, r in enumerate(rows)]
+    return VIT.leave_one_out(rows)
 
 
 def fit_report(rows: list[VlmRow] | None = None) -> dict:
     rows = vit_rows(rows if rows is not None else load_rows())
     loo = leave_one_out(rows)
     return {"classes": {k: {"efficiency": c.efficiency, "fixed_s": c.fixed_s} for k, c in fit_classes(rows).items()},
-            "rows": len(rows), "loo_median_abs_error": round(statistics.median(abs(e) for e in loo), 4),
-            "loo_max_abs_error": round(max(abs(e) for e in loo), 4)}
+            "rows": len(rows), "loo_median_abs_error": median_abs(loo), "loo_max_abs_error": max_abs(loo)}
