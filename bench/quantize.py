@@ -65,7 +65,7 @@ def run_plain(model_dir: Path, out: Path, weights: str, group: int | None, cal: 
     from modelopt.torch.quantization.config import need_calibration
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+    from pipeline.formats import KV_FORMATS, WEIGHT_FORMATS
     from pipeline.workstation.calibrate import modelopt_config
     from pipeline.workstation.calibration import load_texts, token_windows
 

@@ -42,7 +42,7 @@ non_negative_int = int_at_least(0, "a whole number")
 
 def _plan_cmd(args) -> int:
     from pipeline.contract import BuildLimits
-    from pipeline.plan.formats import DEFAULT_KV, UNQUANTIZED
+    from pipeline.formats import DEFAULT_KV, UNQUANTIZED
     from pipeline.plan.planner import PlanRequest, make_plan, render_table
     from pipeline.plan.shapes import load_shape
     from pipeline.plan.targets import get_target
@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_planning(sub) -> None:
     """plan, compare, targets, families: what to build, before anything is built."""
     from pipeline import backends
-    from pipeline.plan.formats import KV_FORMATS, VISUAL_FORMATS, WEIGHT_FORMATS
+    from pipeline.formats import KV_FORMATS, VISUAL_FORMATS, WEIGHT_FORMATS
 
     p = sub.add_parser("plan", help="will it fit, through which backend, how fast",
                        description="Gate, size and predict a deployment, from a recipe or ad hoc from a config.json. "

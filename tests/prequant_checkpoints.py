@@ -127,7 +127,7 @@ def write_modelopt(src: Path, dst: Path, weights: str = "fp8", kv_cache: str = "
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+    from pipeline.formats import KV_FORMATS, WEIGHT_FORMATS
     from pipeline.workstation.calibrate import modelopt_config
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(device)

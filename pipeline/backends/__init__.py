@@ -26,7 +26,7 @@ from pipeline.errors import PipelineError
 from pipeline.families.kinds import Family, Support
 
 if TYPE_CHECKING:
-    from pipeline.plan.formats import KVFormat, WeightFormat
+    from pipeline.formats import KVFormat, WeightFormat
 
 INT = "int"
 SWITCH = "switch"
@@ -147,7 +147,7 @@ class Backend:
     # HF architecture -> what this backend version builds of that model family (its own table, in its module)
     families: dict[str, Support] = field(default_factory=dict)
     # why this version cannot build a weight format with a KV cache format although it builds each on its own,
-    # asked with the two formats' records (plan/formats.py); None where it builds the pair
+    # asked with the two formats' records (pipeline/formats.py); None where it builds the pair
     refuses_pair: Callable[[WeightFormat, KVFormat], str | None] = lambda _w, _kv: None
     # why this version does not build the formats only pre-quantized checkpoints hold (WeightFormat.checkpoint_only),
     # where its stacks leave them out (said in the refusal)

@@ -41,7 +41,7 @@ from pipeline.backends import (
 from pipeline.contract import BuildLimits, ExportRecord, Speculative, VisualLimits
 
 if TYPE_CHECKING:
-    from pipeline.plan.formats import KVFormat, WeightFormat
+    from pipeline.formats import KVFormat, WeightFormat
 
 LLM_BUILD_FLAGS: FlagTable = {"--onnxDir": str, "--engineDir": str, "--maxInputLen": INT,
                               "--maxKVCacheCapacity": INT, "--maxBatchSize": INT,

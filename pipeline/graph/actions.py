@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from pipeline import backends, contract
 from pipeline.errors import PipelineError
+from pipeline.formats import WEIGHT_FORMATS
 from pipeline.graph.cmdline import stage_cache
 from pipeline.graph.framework import StageSpec, run_stage
 from pipeline.graph.specs import (
@@ -34,7 +35,6 @@ from pipeline.graph.specs import (
     recipe_plan,
 )
 from pipeline.graph.stages import ACCURACY, EXPORT, FETCH, FETCH_BASE, FETCH_DRAFT, GOLDENS, PLAN, QUANTIZE
-from pipeline.plan.formats import WEIGHT_FORMATS
 from pipeline.recipe import Recipe
 
 
@@ -288,7 +288,7 @@ def goldens_images(recipe: Recipe):
 def do_goldens(recipe: Recipe) -> contract.StageManifest:
     from transformers import AutoTokenizer
 
-    from pipeline.plan.formats import rounds_activations
+    from pipeline.formats import rounds_activations
     from pipeline.workstation.cpu_linear import skinny_linears
     from pipeline.workstation.evaluate import make_goldens, tie_logprob, weak_prompts
 

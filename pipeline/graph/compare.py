@@ -18,9 +18,9 @@ from pathlib import Path
 from pipeline import contract
 from pipeline.errors import PipelineError
 from pipeline.files import write_atomic
+from pipeline.formats import WEIGHT_FORMATS
 from pipeline.graph.specs import accuracy_spec, fetch_spec, quantize_spec, recipe_path
 from pipeline.graph.stages import ACCURACY, FETCH, QUANTIZE
-from pipeline.plan.formats import WEIGHT_FORMATS
 from pipeline.recipe import Recipe
 
 FORMAT = "jetson-compare/1"

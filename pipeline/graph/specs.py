@@ -14,9 +14,9 @@ from pathlib import Path
 from pipeline import backends, contract
 from pipeline.errors import PipelineError
 from pipeline.files import data_digest
+from pipeline.formats import KV_FORMATS, TOWER_FP16, WEIGHT_FORMATS
 from pipeline.graph.framework import StageSpec, artifacts_dir, link
 from pipeline.graph.stages import ACCURACY, EXPORT, FETCH, FETCH_BASE, FETCH_DRAFT, GOLDENS, PACKAGE, PLAN, QUANTIZE
-from pipeline.plan.formats import KV_FORMATS, TOWER_FP16, WEIGHT_FORMATS
 from pipeline.recipe import Recipe
 from pipeline.recipe.records import VisualSettings
 from pipeline.recipe.sources import ModelSource

@@ -24,7 +24,7 @@ def backend_formats(backend: str) -> tuple[list[str], list[str]]:
 
 def cell(fam: Family, backend: str) -> str:
     from pipeline.backends import family_support
-    from pipeline.plan.formats import DEFAULT_KV, KV_FORMATS, WEIGHT_FORMATS
+    from pipeline.formats import DEFAULT_KV, KV_FORMATS, WEIGHT_FORMATS
     s = family_support(backend, fam.architecture)
     if s is None or s.refused is not None:
         return "refused: " + (s.refused if s is not None and s.refused else "not supported")
@@ -54,7 +54,7 @@ def markdown() -> str:
     rows.append("")
     rows.append("A format is built where the target's SM has it (`python -m pipeline plan` says which): Orin has no "
                 "FP8 or NVFP4.")
-    from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+    from pipeline.formats import KV_FORMATS, WEIGHT_FORMATS
     for n in names:
         for w in WEIGHT_FORMATS.values():
             for k in KV_FORMATS.values():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from pipeline.contract import BuildLimits, MemoryPlan
-from pipeline.plan.formats import KVFormat, WeightFormat
+from pipeline.formats import KVFormat, WeightFormat
 from pipeline.plan.shapes import ModelShape
 
 # CUDA context, TensorRT and the runtime's own libraries, resident next to the engine. TensorRT-LLM 0.12's Python

@@ -19,7 +19,7 @@ from functools import cache
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.plan.formats import ROW_PRECISIONS, row_precision
+from pipeline.formats import ROW_PRECISIONS, row_precision
 from pipeline.plan.rows import DATA, PublishedFit, max_abs, median_abs, read_rows, weighted_line
 from pipeline.plan.shapes import ModelShape, shape_from_config
 from pipeline.tomlcompat import load_toml
@@ -29,7 +29,7 @@ FIT = DATA / "perf_fit.json"
 
 # Engine classes of the published rows: "tensorrt" = TensorRT engines built from ModelOpt checkpoints (the rows are
 # TensorRT Edge-LLM's; each backend's registry record names the class whose constants predict it), "mlc" = MLC/TVM.
-# How each class stores each row precision is the format registry's (plan/formats.py ROW_PRECISIONS).
+# How each class stores each row precision is the format registry's (pipeline/formats.py ROW_PRECISIONS).
 TENSORRT, MLC = "tensorrt", "mlc"
 
 
@@ -179,7 +179,8 @@ MODEL_MAP = {
 
 
 def _precision(engine_class: str, text: str) -> str | None:
-    """The row precision (plan/formats.py ROW_PRECISIONS) of a reference row's precision text, for this engine class;
+    """The row precision (pipeline/formats.py ROW_PRECISIONS) of a reference row's precision text, for this engine
+    class;
     None for a row that is no single-model decode figure."""
     t = text.lower()
     if any(s in t for s in ("eagle", "dflash", "/", "draft")):

@@ -8,17 +8,14 @@ so the user sees how far off it is.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pipeline import backends, contract
-from pipeline.contract import BuildLimits, MemoryPlan, Plan, VisualLimits
+from pipeline.contract import BuildLimits, MemoryPlan, Plan
 from pipeline.families import family
-from pipeline.plan.formats import (
+from pipeline.formats import (
     DEFAULT_KV,
     KV_FORMATS,
     SMALLEST,
-    UNQUANTIZED,
     WEIGHT_FORMATS,
     kv_formats_for,
     pick_group_size,
@@ -28,43 +25,8 @@ from pipeline.plan.memory import plan_memory
 from pipeline.plan.parts import PARTS
 from pipeline.plan.parts.base import MLP_NAMES
 from pipeline.plan.prediction import predict_speed
-from pipeline.plan.shapes import ModelShape
-from pipeline.plan.targets import GB, StackSupport, TargetProfile, load_targets
-
-if TYPE_CHECKING:
-    from pipeline.plan.speculative import DraftShape
-
-
-
-@dataclass(frozen=True)
-class DraftRequest:
-    """An EAGLE-3 draft beside the base (speculative decoding)."""
-    shape: DraftShape
-    label: str
-    method: str = "eagle3"
-    max_draft_tree_size: int = 60
-    max_verify_tree_size: int = 60
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    shape: ModelShape
-    model_label: str
-    weights: str
-    kv_cache: str
-    target: TargetProfile
-    limits: BuildLimits
-    backend: str | None = None
-    group_size: int | None = None
-    power_mode: str | None = None
-    recipe: str | None = None
-    draft: DraftRequest | None = None
-    visual: VisualLimits | None = None      # a vision-language model's image-token profile (None: the defaults)
-    visual_precision: str = UNQUANTIZED.name    # its tower's weights: a VISUAL_FORMATS name (plan/formats.py)
-
-
-def _gb(n: float) -> str:
-    return f"{n / GB:.2f} GB" if abs(n) >= 0.1 * GB else f"{n / 1e6:.1f} MB"
+from pipeline.plan.request import PlanRequest
+from pipeline.plan.targets import StackSupport, gb, load_targets
 
 
 def _choose_stack(req: PlanRequest, refused: list[str]) -> StackSupport | None:
@@ -171,8 +133,8 @@ def make_plan(req: PlanRequest) -> Plan:
     prediction, by_mode, mode, ttft = predict_speed(req, engine, backend, fmt, group_size, kv, warnings)
     if visual is not None:
         if visual.build_peak > t.usable_headless_bytes:
-            refused.append(f"visual_build needs {_gb(visual.build_peak)} on the device, more than the "
-                           f"{_gb(t.usable_headless_bytes)} a headless {t.id} has: lower "
+            refused.append(f"visual_build needs {gb(visual.build_peak)} on the device, more than the "
+                           f"{gb(t.usable_headless_bytes)} a headless {t.id} has: lower "
                            "build.visual.max_image_tokens")
         if visual.vit_ms is not None and ttft is not None:
             visual = dataclasses.replace(visual, ttft_ms=round(visual.vit_ms + ttft, 1))
@@ -223,8 +185,8 @@ def _memory_verdict(req: PlanRequest, fmt, memory, refused: list[str], warnings:
     t = req.target
     if not memory.fits:
         if memory.fits_headless:
-            warnings.append(f"needs {_gb(memory.total)}: more than the {_gb(memory.usable)} usable with the desktop "
-                            f"running, within the {_gb(memory.usable_headless)} of a headless {t.id}. Boot to "
+            warnings.append(f"needs {gb(memory.total)}: more than the {gb(memory.usable)} usable with the desktop "
+                            f"running, within the {gb(memory.usable_headless)} of a headless {t.id}. Boot to "
                             "multi-user.target (no desktop) before running.")
         else:
             fix = []
@@ -233,14 +195,14 @@ def _memory_verdict(req: PlanRequest, fmt, memory, refused: list[str], warnings:
             fix.append(f"a smaller weight format ({SMALLEST.name})" if fmt is not SMALLEST else "a smaller model")
             fix.append("a target with more memory")
             refused.append(
-                f"does not fit: needs {_gb(memory.total)} (weights {_gb(memory.weights)}, embedding "
-                f"{_gb(memory.embedding)}, lm_head {_gb(memory.lm_head)}, KV cache {_gb(memory.kv_cache)}, "
-                + (f"recurrent state {_gb(memory.recurrent_state)}, " if memory.recurrent_state else "")
-                + (f"EAGLE-3 draft {_gb(memory.draft)}, " if memory.draft else "")
-                + (f"visual engine {_gb(memory.visual)}, " if memory.visual else "") +
-                f"activations {_gb(memory.activations)}, runtime {_gb(memory.runtime_overhead)}) but {t.id} has "
-                f"{_gb(memory.usable)} usable ({_gb(memory.usable_headless)} headless); short by "
-                f"{_gb(-memory.margin)}. Try: {'; '.join(fix)}.")
+                f"does not fit: needs {gb(memory.total)} (weights {gb(memory.weights)}, embedding "
+                f"{gb(memory.embedding)}, lm_head {gb(memory.lm_head)}, KV cache {gb(memory.kv_cache)}, "
+                + (f"recurrent state {gb(memory.recurrent_state)}, " if memory.recurrent_state else "")
+                + (f"EAGLE-3 draft {gb(memory.draft)}, " if memory.draft else "")
+                + (f"visual engine {gb(memory.visual)}, " if memory.visual else "") +
+                f"activations {gb(memory.activations)}, runtime {gb(memory.runtime_overhead)}) but {t.id} has "
+                f"{gb(memory.usable)} usable ({gb(memory.usable_headless)} headless); short by "
+                f"{gb(-memory.margin)}. Try: {'; '.join(fix)}.")
 
 
 def refuse(plan: Plan, reason: str) -> Plan:
@@ -296,13 +258,13 @@ def render_table(plan: Plan) -> str:
                     "runtime_overhead"):
             if key in ("draft", "visual", "recurrent_state") and not getattr(m, key):
                 continue
-            lines.append(f"  {key.replace('_overhead', '').replace('_state', ''):<12} {_gb(getattr(m, key)):>10}")
-        lines.append(f"  {'total':<12} {_gb(m.total):>10} of {_gb(m.usable)} usable "
-                     f"({'fits' if m.fits else 'DOES NOT FIT'}, margin {_gb(m.margin)})")
+            lines.append(f"  {key.replace('_overhead', '').replace('_state', ''):<12} {gb(getattr(m, key)):>10}")
+        lines.append(f"  {'total':<12} {gb(m.total):>10} of {gb(m.usable)} usable "
+                     f"({'fits' if m.fits else 'DOES NOT FIT'}, margin {gb(m.margin)})")
         lines.append(f"  largest      max_seq_len {m.max_seq_len_that_fits} at batch {lim.max_batch_size}; "
                      f"batch {m.max_batch_that_fits} at max_seq_len {lim.max_seq_len}")
-        lines.append(f"  build peak   {_gb(m.build_peak):>10} on the device (GPU-pinned {_gb(m.build_device)}, "
-                     f"pageable {_gb(m.build_host)})")
+        lines.append(f"  build peak   {gb(m.build_peak):>10} on the device (GPU-pinned {gb(m.build_device)}, "
+                     f"pageable {gb(m.build_host)})")
     if plan.predicted_decode_tok_s is not None and p is not None:
         lines.append(f"  decode       ~{plan.predicted_decode_tok_s} tok/s at {p.power_mode} "
                      f"({p.bandwidth_gbs} GB/s), context {p.context_tokens}")

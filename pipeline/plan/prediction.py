@@ -13,8 +13,9 @@ from pipeline.plan.memory import decode_bytes_per_token
 from pipeline.plan.perf import fit_data, fitted
 
 if TYPE_CHECKING:
-    from pipeline.plan.formats import KVFormat, WeightFormat
+    from pipeline.formats import KVFormat, WeightFormat
     from pipeline.plan.parts.base import Part
+    from pipeline.plan.request import PlanRequest
     from pipeline.plan.shapes import ModelShape
     from pipeline.plan.targets import TargetProfile
 
@@ -30,7 +31,7 @@ def step_s(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVF
     return read / (c.efficiency * target.bandwidth_bytes(mode)) + c.fixed_s + extra
 
 
-def predict_speed(req, engine: backends.Backend, backend: str | None, fmt, group_size: int | None, kv,
+def predict_speed(req: PlanRequest, engine: backends.Backend, backend: str | None, fmt, group_size: int | None, kv,
                   warnings: list[str]):
     """(the speed prediction, decode tok/s by power mode, the power mode, TTFT ms): single-stream decode from the
     bytes each token reads, aggregate decode per batch, prefill."""
@@ -54,8 +55,8 @@ def predict_speed(req, engine: backends.Backend, backend: str | None, fmt, group
         warnings.append(f"text only: {support.text_only}")
     if support is not None and support.unbuilt(fmt.name):
         warnings.append(f"planned, not built yet as {fmt.name}: {support.unbuilt(fmt.name)}")
-    for p in shape.parts if support is not None else ():
-        unbuilt = p.unbuilt(support)
+    for p in shape.parts:
+        unbuilt = p.unbuilt(support) if support is not None else None
         if unbuilt:
             warnings.append(f"planned, not built yet with its {p.called}: {unbuilt}")
     ttft, ttft_fields = predict_ttft(req, mode)
@@ -87,7 +88,7 @@ def ttft_ms(shape: ModelShape, weights: str, target_id: str, tokens: int, mode: 
     return None if ms is None else ms + sum(p.prefill_ms(shape, target_id, tokens, fit) for p in shape.parts)
 
 
-def predict_ttft(req, mode: str) -> tuple[float | None, dict]:
+def predict_ttft(req: PlanRequest, mode: str) -> tuple[float | None, dict]:
     """Time to first token for a prompt of max_input_len tokens, and the prediction's fields: the decode and
     prefill fits' leave-one-out error bands and the TTFT at a few prompt lengths."""
     data = fit_data()

@@ -30,8 +30,8 @@ ROWS = DATA / "prefill_rows.csv"
 
 
 def _math(weights: str) -> str:
-    """The precision of a weight format's prefill GEMMs (plan/formats.py)."""
-    from pipeline.plan.formats import WEIGHT_FORMATS
+    """The precision of a weight format's prefill GEMMs (pipeline/formats.py)."""
+    from pipeline.formats import WEIGHT_FORMATS
     return WEIGHT_FORMATS[weights].math
 
 
@@ -58,8 +58,8 @@ class PrefillConstants:
 def weight_read_s(shape: ModelShape, weights: str, target_id: str, context: int,
                   power_mode: str | None = None) -> float:
     """One decode step's time by the fitted decode model: reading the weights (and the KV cache) once."""
+    from pipeline.formats import ROW_PRECISIONS, WEIGHT_FORMATS
     from pipeline.plan import perf
-    from pipeline.plan.formats import ROW_PRECISIONS, WEIGHT_FORMATS
     from pipeline.plan.targets import get_target
     body, head = ROW_PRECISIONS[WEIGHT_FORMATS[weights].decode_class].bits[perf.TENSORRT]
     # a prompt reads the weights once; of an MoE model's experts, those its tokens reach
@@ -77,7 +77,7 @@ def prefill_class(target_id: str, weights: str) -> str:
 class PrefillRow:
     target: str
     model: str
-    precision: str          # a weight format name (plan/formats.py)
+    precision: str          # a weight format name (pipeline/formats.py)
     isl: int
     prefill_ms: float
     source: str
@@ -165,7 +165,7 @@ def predict_ttft_ms(shape: ModelShape, weights: str, target_id: str, isl: int, p
 
 def extract(reference_csv: Path) -> list[dict]:
     """Batch-1 prefill/TTFT rows of TensorRT engines on known boards and models, one precision each."""
-    from pipeline.plan.formats import ROW_PRECISIONS
+    from pipeline.formats import ROW_PRECISIONS
     from pipeline.plan.perf import TENSORRT, _precision, reference_match
     from pipeline.plan.targets import get_target
 

@@ -27,7 +27,7 @@ from pipeline.plan.parts.tower import TowerShape
 
 if TYPE_CHECKING:
     from pipeline.contract import BuildLimits, VisualLimits, VisualPlan
-    from pipeline.plan.formats import WeightFormat
+    from pipeline.formats import WeightFormat
     from pipeline.plan.targets import TargetProfile
 
 P = TypeVar("P", bound=Part)

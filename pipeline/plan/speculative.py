@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from pipeline.contract import DraftMemory
 from pipeline.errors import PipelineError
-from pipeline.plan.formats import UNQUANTIZED
+from pipeline.formats import UNQUANTIZED
 from pipeline.plan.memory import TOKENS_PER_BLOCK
 from pipeline.plan.shapes import ModelShape
 

@@ -15,6 +15,11 @@ DATA = Path(__file__).parents[1] / "data" / "targets.toml"
 GB = 1e9
 
 
+def gb(n: float) -> str:
+    """Bytes as the plan prints them: GB, or MB below a tenth of one."""
+    return f"{n / GB:.2f} GB" if abs(n) >= 0.1 * GB else f"{n / 1e6:.1f} MB"
+
+
 @dataclass(frozen=True)
 class StackSupport:
     """One JetPack release line and engine backend version (the Stack a plan and a kit record), and what that
@@ -34,7 +39,7 @@ class StackSupport:
 
     def builds(self, architecture: str, weights: str, kv_cache: str) -> bool:
         from pipeline.backends import family_support, get
-        from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+        from pipeline.formats import KV_FORMATS, WEIGHT_FORMATS
         s = family_support(self.backend, architecture)
         return (s is not None and s.refused is None and weights in self.weights and kv_cache in self.kv_cache
                 and weights in (s.formats or self.weights) and kv_cache in (s.kv_cache or self.kv_cache)

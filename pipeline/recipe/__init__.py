@@ -66,7 +66,7 @@ def held_weights(recipe: Recipe) -> Recipe:
     plan reads it); any other recipe as it is. Everything after loading sees a concrete format."""
     import dataclasses
 
-    from pipeline.plan.formats import AS_HELD, SMALLEST
+    from pipeline.formats import AS_HELD, SMALLEST
     from pipeline.workstation.prequantized import describe, detect
     q = recipe.quantization
     if q.weights != AS_HELD:
@@ -136,7 +136,7 @@ def checkpoint_refusals(recipe: Recipe, config: dict, config_source: str, shape=
     AutoAWQ, GPTQ, ModelOpt's unified format), or asks for a format only such checkpoints hold, or its [base_model]
     (`base`: its config and where it came from) is not the checkpoint's."""
     from pipeline.errors import PipelineError
-    from pipeline.plan.formats import SMALLEST, WEIGHT_FORMATS
+    from pipeline.formats import SMALLEST, WEIGHT_FORMATS
     from pipeline.workstation.prequantized import describe
     q = recipe.quantization
     try:
@@ -184,7 +184,8 @@ def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str
     """The planner's verdict for one of the recipe's targets, from the model's config (and its draft's, and its
     [base_model]'s: read from its source where not given)."""
     from pipeline.contract import BuildLimits
-    from pipeline.plan.planner import DraftRequest, PlanRequest, make_plan, refuse
+    from pipeline.plan.planner import make_plan, refuse
+    from pipeline.plan.request import DraftRequest, PlanRequest
     from pipeline.plan.shapes import shape_from_config
     from pipeline.plan.targets import get_target
 

@@ -13,7 +13,7 @@ from typing import Any
 from pipeline import backends
 from pipeline.builders import Builder
 from pipeline.contract import MAX_BATCH_SIZE, MAX_CONTEXT
-from pipeline.plan.formats import AS_HELD, DEFAULT_KV, KV_FORMATS, UNQUANTIZED, VISUAL_FORMATS, WEIGHT_FORMATS
+from pipeline.formats import AS_HELD, DEFAULT_KV, KV_FORMATS, UNQUANTIZED, VISUAL_FORMATS, WEIGHT_FORMATS
 from pipeline.recipe.sources import ModelSource
 
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")

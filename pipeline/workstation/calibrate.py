@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from pipeline.contract import VisualLimits
 from pipeline.errors import PipelineError
-from pipeline.plan.formats import (
+from pipeline.formats import (
     KV_FORMATS,
     TOWER_FP8,
     TOWER_FP16,
@@ -76,7 +76,7 @@ def modelopt_config(fmt: WeightFormat, kv: KVFormat, group_size: int | None, vis
     import modelopt.torch.quantization as mtq
 
     # a format calibrated by nothing (int8_wo: quantized at engine load) is simulated by its reference config, so
-    # that the goldens carry the deployed numerics (plan/formats.py)
+    # that the goldens carry the deployed numerics (pipeline/formats.py)
     name = fmt.calibration_config
     if name is None and kv.unquantized and visual == TOWER_FP16:
         return None     # an FP8 tower alone still needs the model's linears converted (all off but the tower's)

@@ -27,7 +27,7 @@ from pipeline.backends import ExportJob
 from pipeline.contract import ExportRecord, ExternalWeights, OnnxGraph, SpeculativeExport
 from pipeline.errors import PipelineError
 from pipeline.families import family
-from pipeline.plan.formats import INT4_V2_ALIGN, WEIGHT_FORMATS
+from pipeline.formats import INT4_V2_ALIGN, WEIGHT_FORMATS
 from pipeline.workstation.export_steps import PartExport
 from pipeline.workstation.onnx_graph import check_graph
 
@@ -135,7 +135,7 @@ def check_onnx(onnx_dir: Path, weights: str, layers: int, int4_plugin: int | Non
     hybrid: its quantized linears, those its quantizer keeps FP16 left out)."""
     from pipeline.backends.edgellm import RECURRENT_OPS, STATE_INPUTS
     fmt = WEIGHT_FORMATS[weights]
-    expected = set(fmt.edgellm_ops)      # what the format must leave in the graph (plan/formats.py)
+    expected = set(fmt.edgellm_ops)      # what the format must leave in the graph (pipeline/formats.py)
     if fmt.edgellm_int4_plugin:
         expected.add(INT4_OPS[int4_plugin or 2])
     if moe and fmt.edgellm_moe_op:

@@ -102,6 +102,6 @@ class HybridExport(PartExport):
 
     def graph(self, part, shape, weights: str) -> dict:
         """check_onnx's expectations: each recurrent layer's states and plugins, and exactly its INT4 linears."""
-        from pipeline.plan.formats import WEIGHT_FORMATS
+        from pipeline.formats import WEIGHT_FORMATS
         return {"recurrent": (part.recurrent.kind, len(part.recurrent.layer_ids)),
                 "int4_linears": shape.quantized_linears(WEIGHT_FORMATS[weights])}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.plan.formats import WeightFormat
+from pipeline.formats import WeightFormat
 
 MODELOPT_MODULES = ("modelopt.torch.export", "modelopt.torch.opt", "modelopt.torch.quantization")
 

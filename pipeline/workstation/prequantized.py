@@ -31,7 +31,7 @@ from pipeline.errors import PipelineError
 
 MODELOPT, AUTOAWQ, GPTQ = "modelopt", "autoawq", "gptq"
 HF_QUANT_CONFIG = "hf_quant_config.json"
-# ModelOpt quant_algo -> the weight format (plan/formats.py) it is; KV algos -> KV formats
+# ModelOpt quant_algo -> the weight format (pipeline/formats.py) it is; KV algos -> KV formats
 MODELOPT_WEIGHTS = {"FP8": "fp8", "W4A16_AWQ": "int4_awq", "NVFP4": "nvfp4", "W4A8_AWQ": "w4a8_awq",
                     "W8A8_SQ_PER_CHANNEL": "int8_sq"}
 MODELOPT_KV = {None: "fp16", "FP8": "fp8", "INT8": "int8"}
@@ -53,7 +53,7 @@ class Prequantized:
     """What a checkpoint's metadata says it holds."""
     kind: str                   # MODELOPT, AUTOAWQ or GPTQ
     algo: str                   # as the checkpoint names it (quant_algo, or quant_method + bits)
-    weights: str                # the weight format it is (plan/formats.py)
+    weights: str                # the weight format it is (pipeline/formats.py)
     kv_cache: str               # the KV cache format it asks for
     group_size: int | None
     source: str                 # the file the metadata came from
@@ -144,7 +144,7 @@ def _modelopt(algo: Any, kv: Any, group: Any, excluded: Any, source: str) -> Pre
     if group is not None and not (isinstance(group, int) and not isinstance(group, bool) and group > 0):
         raise _refuse(source, f"group_size = {group!r}: not a positive integer")
     names = tuple(str(e) for e in excluded) if isinstance(excluded, list) else ()
-    from pipeline.plan.formats import WEIGHT_FORMATS
+    from pipeline.formats import WEIGHT_FORMATS
     return Prequantized(MODELOPT, str(algo).upper(), weights, kv_name,
                         group if WEIGHT_FORMATS[weights].takes_group_size else None, source, excluded=names)
 

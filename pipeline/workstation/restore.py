@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+from pipeline.formats import KV_FORMATS, WEIGHT_FORMATS
 from pipeline.workstation import prequantized as pqz
 from pipeline.workstation.prequantized import Prequantized
 

@@ -17,7 +17,7 @@ from pipeline import backends
 from pipeline.backends import ExportJob
 from pipeline.contract import ExportRecord, ReaderCheck
 from pipeline.errors import PipelineError
-from pipeline.plan.formats import WEIGHT_FORMATS
+from pipeline.formats import WEIGHT_FORMATS
 from pipeline.progress import StepTimer
 from pipeline.workstation.trtllm_checkpoint import ARCHITECTURES, CONFIG, ROUNDS_ACTIVATIONS, WEIGHTS, validate
 

@@ -186,7 +186,7 @@ class TowerAgreement:
     precision: str = "fp16"         # the tower's linears (the bounds differ: see MAX_RELATIVE_ERROR_FP8)
 
     def problems(self) -> list[str]:
-        from pipeline.plan.formats import TOWER_FP8
+        from pipeline.formats import TOWER_FP8
         fp8 = self.precision == TOWER_FP8
         most, least = (MAX_RELATIVE_ERROR_FP8, MIN_COSINE_FP8) if fp8 else (MAX_RELATIVE_ERROR, MIN_COSINE)
         out = []

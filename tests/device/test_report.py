@@ -186,7 +186,7 @@ def test_an_answer_that_takes_a_near_tie_agrees_as_far_as_it_can_be_compared(tin
 
 def test_the_tie_margin_widens_where_the_engine_rounds_what_flows_through_it():
     """FP16 activations: 0.03 nats; anything rounded to 8 bits or fewer (GEMM inputs, K/V, an FP8 tower): 0.1."""
-    from pipeline.plan.formats import KV_FORMATS, TOWER_FP8, UNQUANTIZED, WEIGHT_FORMATS, rounds_activations
+    from pipeline.formats import KV_FORMATS, TOWER_FP8, UNQUANTIZED, WEIGHT_FORMATS, rounds_activations
     from pipeline.workstation.evaluate import tie_logprob
 
     fp16, kv16 = UNQUANTIZED.name, KV_FORMATS[UNQUANTIZED.name].name

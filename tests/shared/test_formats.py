@@ -1,12 +1,12 @@
-"""The quantization-format axis lives in one registry (pipeline/plan/formats.py): every module asks a format's record
+"""The quantization-format axis lives in one registry (pipeline/formats.py): every module asks a format's record
 and none compares a format name or keeps a table keyed by one (that drift made a format the CLI offered crash)."""
 
 import ast
 from pathlib import Path
 
-from pipeline.plan import formats
+from pipeline import formats
 
-ROOT = Path(formats.__file__).parents[1]
+ROOT = Path(formats.__file__).parent
 NAMES = set(formats.WEIGHT_FORMATS) | set(formats.KV_FORMATS) | set(formats.ROW_PRECISIONS)
 
 

@@ -203,7 +203,7 @@ def test_int4_keeps_fp16_what_edgellms_quantizer_keeps_and_the_plan_counts_it_so
     linear that is not 64-aligned: of the real configs only Nemotron 3 Nano 4B's Mamba-2 in_proj (17504 outputs, 32
     past a multiple of 64), in INT4 and not in NVFP4. The memory plan holds those in FP16 (two bytes a weight) and the
     export expects exactly the rest as INT4 GEMMs."""
-    from pipeline.plan.formats import WEIGHT_FORMATS
+    from pipeline.formats import WEIGHT_FORMATS
     from pipeline.plan.memory import linear_bytes
     int4, nvfp4 = WEIGHT_FORMATS["int4_awq"], WEIGHT_FORMATS["nvfp4"]
     for repo in QWEN:

@@ -9,7 +9,7 @@ from conftest import REPO
 
 from pipeline.contract import BuildLimits
 from pipeline.errors import InputError
-from pipeline.plan.formats import DEFAULT_KV, WEIGHT_FORMATS
+from pipeline.formats import DEFAULT_KV, WEIGHT_FORMATS
 from pipeline.plan.memory import decode_bytes_per_token, weight_bytes
 from pipeline.plan.parts import experts_speed as moe
 from pipeline.plan.perf import FIT, known_model_configs, known_shape

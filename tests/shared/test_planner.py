@@ -6,7 +6,7 @@ from conftest import REPO
 
 from pipeline import backends
 from pipeline.contract import BuildLimits
-from pipeline.plan.formats import KV_FORMATS, WEIGHT_FORMATS
+from pipeline.formats import KV_FORMATS, WEIGHT_FORMATS
 from pipeline.plan.memory import plan_memory
 from pipeline.plan.perf import fitted, known_model_configs
 from pipeline.plan.planner import PlanRequest, make_plan

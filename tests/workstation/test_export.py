@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pipeline.errors import PipelineError
-from pipeline.plan.formats import WEIGHT_FORMATS
+from pipeline.formats import WEIGHT_FORMATS
 from pipeline.recipe import Calibration
 from pipeline.workstation.calibrate import quantize
 from pipeline.workstation.grid import weights_on_grid
@@ -172,7 +172,7 @@ def test_export_writes_what_modelopts_own_writer_writes_plus_our_fixes(builtin, 
 
 def test_only_a_kv_format_that_quantizes_the_query_calibrates_it():
     """FP8 (Edge-LLM's KV cache) calibrates Q, K and V; INT8 (TensorRT-LLM 0.12's) K and V only."""
-    from pipeline.plan.formats import KV_FORMATS
+    from pipeline.formats import KV_FORMATS
     from pipeline.workstation.calibrate import modelopt_config
 
     for kv in KV_FORMATS.values():
@@ -188,7 +188,7 @@ def test_calibration_data_is_used_exactly_where_the_stage_key_says(builtin, tmp_
     then not depend on them, and elsewhere must use them."""
     from modelopt.torch.quantization.config import need_calibration
 
-    from pipeline.plan.formats import KV_FORMATS
+    from pipeline.formats import KV_FORMATS
     from pipeline.workstation.calibrate import modelopt_config
 
     for name, fmt in WEIGHT_FORMATS.items():

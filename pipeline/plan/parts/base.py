@@ -29,7 +29,7 @@ from pipeline.errors import Problem
 if TYPE_CHECKING:
     from pipeline.contract import BuildLimits, Plan, VisualLimits, VisualPlan
     from pipeline.families.kinds import Family, Support
-    from pipeline.plan.formats import WeightFormat
+    from pipeline.formats import WeightFormat
     from pipeline.plan.targets import TargetProfile
 
 # a layer's linear: (module prefix in the checkpoint's layer, name, in_features, out_features)

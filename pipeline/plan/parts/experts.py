@@ -175,14 +175,14 @@ def _read(m: MoeLayout, r: ConfigReader, layer_ids: tuple[int, ...], gated: bool
 
 # ------------------------------------------------------------------------------------------- the fitted routing cost
 def key_of(target: str, precision: str) -> str:
-    """The fit's key: board family and row precision (plan/formats.py ROW_PRECISIONS)."""
+    """The fit's key: board family and row precision (pipeline/formats.py ROW_PRECISIONS)."""
     from pipeline.plan.targets import get_target
     return f"{get_target(target).family}-{precision}"
 
 
 def weights_key(target: str, weights: str) -> str:
     """The key a weight format is priced by: its decode class's."""
-    from pipeline.plan.formats import WEIGHT_FORMATS
+    from pipeline.formats import WEIGHT_FORMATS
     return key_of(target, WEIGHT_FORMATS[weights].decode_class)
 
 

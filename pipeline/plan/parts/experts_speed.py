@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.plan.formats import KVFormat
+from pipeline.formats import KVFormat
 from pipeline.plan.parts.experts import key_of, layer_cost
 from pipeline.plan.rows import DATA, PublishedFit, max_abs, median_abs, read_rows
 from pipeline.plan.shapes import ModelShape
@@ -40,7 +40,7 @@ class MoeRow:
     target: str
     power_mode: str
     model: str
-    precision: str          # a ROW_PRECISIONS name (plan/formats.py)
+    precision: str          # a ROW_PRECISIONS name (pipeline/formats.py)
     batch: int
     context: int            # tokens in each sequence's KV cache, on average over the answer
     decode_tok_s: float     # generated tok/s of the whole batch
@@ -58,7 +58,7 @@ def split_bytes(shape: ModelShape, weights: str, context: int, batch: int = 1, k
     """(dense bytes, expert bytes) one decode step of `batch` sequences reads: the weights once (of the experts,
     those the batch reaches), each sequence's KV cache (`context` tokens; FP16 unless `kv` says, as the published
     rows ran). group_size: the format's default for the model unless given."""
-    from pipeline.plan.formats import DEFAULT_KV, WEIGHT_FORMATS, pick_group_size
+    from pipeline.formats import DEFAULT_KV, WEIGHT_FORMATS, pick_group_size
     from pipeline.plan.memory import decode_bytes_per_token, linear_bytes
     fmt, kv = WEIGHT_FORMATS[weights], kv or DEFAULT_KV
     group = group_size if group_size is not None else pick_group_size(fmt, shape.quantized_input_dims(fmt), None)[0]
@@ -70,7 +70,7 @@ def split_bytes(shape: ModelShape, weights: str, context: int, batch: int = 1, k
 
 def weights_of(precision: str) -> str:
     """The weight format of a published row's precision (a ROW_PRECISIONS name)."""
-    from pipeline.plan.formats import ROW_PRECISIONS
+    from pipeline.formats import ROW_PRECISIONS
     return ROW_PRECISIONS[precision].weight_format
 
 

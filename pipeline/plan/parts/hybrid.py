@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pipeline.errors import Problem
 from pipeline.families.kinds import ATTENTION, GATED_DELTA_NET, MAMBA2, MLP, MOE, RECURRENT, HybridLayout
-from pipeline.plan.formats import INT4_V2_ALIGN
+from pipeline.formats import INT4_V2_ALIGN
 from pipeline.plan.parts.base import ConfigReader, Core, Layer, Part
 
 if TYPE_CHECKING:
     from pipeline.families.kinds import Family, Support
-    from pipeline.plan.formats import WeightFormat
+    from pipeline.formats import WeightFormat
 
 STATE_BYTES = {GATED_DELTA_NET: 4, MAMBA2: 2}       # per element of the recurrent state (the plugins' dtypes)
 CONV_STATE_BYTES = 2

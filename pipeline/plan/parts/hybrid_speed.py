@@ -43,7 +43,7 @@ class HybridRow:
     target: str
     power_mode: str
     model: str
-    precision: str          # a ROW_PRECISIONS name (plan/formats.py)
+    precision: str          # a ROW_PRECISIONS name (pipeline/formats.py)
     context: int            # the KV cache and state a decode step reads past
     decode_tok_s: float
     prefill_ms: float

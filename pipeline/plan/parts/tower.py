@@ -137,15 +137,16 @@ class TowerShape(Part):
 
     @classmethod
     def plan_lines(cls, plan: Plan) -> list[str]:
+        from pipeline.plan.targets import gb
         v = plan.visual
         if v is None:
             return []
         lim = v.limits
         out = [f"  visual       {v.design} tower, {v.params / 1e6:.0f}M params in {v.precision}: weights "
-               f"{_gb(v.weights)}, activations {_gb(v.activations)} at {lim.max_image_tokens} image tokens",
+               f"{gb(v.weights)}, activations {gb(v.activations)} at {lim.max_image_tokens} image tokens",
                f"  images       {lim.min_image_tokens}..{lim.max_image_tokens} image tokens a request, at most "
                f"{lim.max_image_tokens_per_image} an image (visual_build's profile); visual_build peak "
-               f"{_gb(v.build_peak)}, after llm_build"]
+               f"{gb(v.build_peak)}, after llm_build"]
         if v.vit_ms is not None:
             band = f"+-{v.vit_error_band:.0%}, the ViT fit's leave-one-out median error" \
                 if v.vit_error_band is not None \
@@ -155,10 +156,6 @@ class TowerShape(Part):
             out.append(f"  TTFT+image   ~{v.ttft_ms:.0f} ms: that image's ViT + the prefill of a "
                        f"{plan.prediction.ttft_input_tokens}-token prompt holding it")
         return out
-
-
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB" if abs(n) >= 0.1 * 1e9 else f"{n / 1e6:.1f} MB"
 
 
 def tower_from_config(design: TowerDesign, name: str, config: dict, source: str, r: ConfigReader
@@ -313,7 +310,7 @@ def plan_tower(tower: TowerShape, target: TargetProfile, build: BuildLimits, lim
     ViT's time; what visual_build or the target would refuse goes to `refused`."""
     from pipeline.backends.edgellm import build_memory
     from pipeline.contract import VisualPlan
-    from pipeline.plan.formats import UNQUANTIZED, WEIGHT_FORMATS
+    from pipeline.formats import UNQUANTIZED, WEIGHT_FORMATS
 
     limits = limits or limits_for(tower, build.max_input_len)
     refused += [f"build.visual: {p}" for p in limit_problems(tower, limits, build)]

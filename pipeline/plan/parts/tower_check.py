@@ -40,8 +40,8 @@ class RowCheck:
 def check_rows(rows: list[VlmRow] | None = None) -> list[RowCheck]:
     """Each published VLM row predicted as a plan would predict it: the ViT with its own board and tower left out of
     the fit, the prefill and decode by the text models' fits (which saw no VLM row)."""
+    from pipeline.formats import DEFAULT_KV, WEIGHT_FORMATS, pick_group_size
     from pipeline.plan import perf, prefill
-    from pipeline.plan.formats import DEFAULT_KV, WEIGHT_FORMATS, pick_group_size
     from pipeline.plan.memory import decode_bytes_per_token
     from pipeline.plan.targets import get_target
 
@@ -68,7 +68,7 @@ def benchmark_memory(r: VlmRow) -> int:
     2048, --maxKVCacheCapacity 2200; visual_build 8 / 2048 / 2048 on Orin NX and Nano, 8 / 16384 / 2048 elsewhere)."""
     from pipeline.backends import get
     from pipeline.contract import BuildLimits, VisualLimits
-    from pipeline.plan.formats import DEFAULT_KV, WEIGHT_FORMATS, pick_group_size
+    from pipeline.formats import DEFAULT_KV, WEIGHT_FORMATS, pick_group_size
     from pipeline.plan.memory import plan_memory
     from pipeline.plan.parts.tower import plan_tower
     from pipeline.plan.targets import get_target

@@ -27,7 +27,7 @@ class VlmRow:
     target: str
     model: str
     backend: str            # the engine backend the row was measured with (backends/)
-    precision: str          # the language model's weight format (plan/formats.py)
+    precision: str          # the language model's weight format (pipeline/formats.py)
     image_tokens: int
     prefill_tokens: int     # image and text tokens of the prompt
     vit_ms: float
