@@ -1,18 +1,8 @@
-"""doit entry point: `doit build recipe=NAME`, `doit plan recipe=NAME`, `doit list`. Wiring only; see pipeline/."""
+"""doit entry point: `doit build recipe=NAME`, `doit plan recipe=NAME`, `doit list`. Wiring only: the task generators
+are made from the stage table (pipeline/graph/tasks.py, pipeline/graph/stages/)."""
 
-from pipeline.graph.tasks import (  # noqa: F401  (doit collects the task_* functions)
-    doit_config,
-    task_accuracy,
-    task_build,
-    task_device,
-    task_export,
-    task_fetch,
-    task_fetch_base,
-    task_fetch_draft,
-    task_goldens,
-    task_package,
-    task_plan,
-    task_quantize,
-)
+from pipeline.graph.tasks import TASKS, doit_config
+
+globals().update(TASKS)     # doit collects the task_* generators from this module's namespace
 
 DOIT_CONFIG = doit_config()

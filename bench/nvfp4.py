@@ -39,7 +39,7 @@ def main() -> int:
     torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
     handoff = ModelHandoff()
-    info = quantize(model_dir, qdir, "nvfp4", "fp8", None, cal, ".", handoff=handoff)["quantize"]
+    info = quantize(model_dir, qdir, "nvfp4", "fp8", None, cal, ".", handoff=handoff).to_dict()
     t_quant = time.perf_counter() - t
 
     from pipeline.workstation.edgellm_export import export

@@ -114,7 +114,7 @@ def run_pipeline(model_dir: Path, out: Path, weights: str, group: int | None, ca
     qdir.mkdir(parents=True)
     t0 = time.perf_counter()
     handoff = ModelHandoff()        # as doit runs the stages: the calibrated model passes to export in-process
-    steps = quantize(model_dir, qdir, weights, "fp16", group, cal, ".", handoff=handoff)["quantize"]["seconds"]
+    steps = quantize(model_dir, qdir, weights, "fp16", group, cal, ".", handoff=handoff).seconds or {}
     t1 = time.perf_counter()
     probe = AutoTokenizer.from_pretrained(model_dir)(" ".join(load_texts("builtin:heldout-en")))["input_ids"][:32]
     t2 = time.perf_counter()

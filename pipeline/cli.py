@@ -50,7 +50,8 @@ def _plan_cmd(args) -> int:
     if args.recipe and args.model_config:
         raise PipelineError("give a recipe or --model-config, not both")
     if args.recipe:
-        from pipeline.graph.specs import fetch_spec
+        from pipeline.graph.stage import RecipeGraph
+        from pipeline.graph.stages.plan import model_dir
         from pipeline.recipe import config_for, load_recipe, plan_recipe
 
         ignored = [flag for flag, dest in AD_HOC_FLAGS.items() if getattr(args, dest) is not None]
@@ -64,7 +65,7 @@ def _plan_cmd(args) -> int:
             raise PipelineError(f"--target {args.target}: not one of the recipe's targets "
                                 f"({', '.join(recipe.targets)})", "add it to the recipe's targets first")
         targets = [args.target] if args.target else list(recipe.targets)
-        config, source = config_for(recipe, recipe.model, fetch_spec(recipe).dir / "model")
+        config, source = config_for(recipe, recipe.model, model_dir(RecipeGraph(recipe)))
         plans = [plan_recipe(recipe, t, config, source, backend=args.backend) for t in targets]
     else:
         held = _held_quantization(args.model_config) if args.model_config else None
@@ -128,7 +129,7 @@ def _held_quantization(model_config: str):
 def _compare_cmd(args) -> int:
     from pipeline import progress
     from pipeline.graph import compare
-    from pipeline.graph.specs import recipe_path
+    from pipeline.graph.stage import recipe_path
     from pipeline.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)

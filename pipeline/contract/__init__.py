@@ -84,14 +84,22 @@ from pipeline.contract.plan import (
 from pipeline.contract.stage import (
     AccuracyFigures,
     AccuracyReport,
+    ExpertCalibration,
+    ExportResult,
+    FetchResult,
     GoldensSummary,
     KitSummary,
+    PlanResult,
+    QuantizeSummary,
     StageFile,
     StageManifest,
 )
 
 __all__ = [
     "AccuracyFigures",
+    "ExpertCalibration",
+    "ExportResult",
+    "FetchResult",
     "AccuracyReport",
     "Board",
     "BuildLimits",
@@ -116,6 +124,8 @@ __all__ = [
     "KitMeta",
     "KitRef",
     "KitSummary",
+    "PlanResult",
+    "QuantizeSummary",
     "KvAllocation",
     "LoadResult",
     "IMAGE_FILE_RE",

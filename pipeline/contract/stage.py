@@ -5,6 +5,9 @@ does not read (damaged, planted, an older format) means the stage is not built: 
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,6 +22,69 @@ class StageFile(Part):
     size: int
     mtime_ns: int
     sha256: str
+
+
+@dataclass(frozen=True)
+class FetchResult(Part):
+    """What a fetch stage fetched: where from (the source's own record: builtin name, local path, hub repo and the
+    commit a revision resolved to), and for an EAGLE-3 draft its method and shape."""
+    source: dict[str, Any]
+    draft: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class PlanResult(Part):
+    ok: bool                    # whether the plan passed its gates (a refused plan is written too)
+
+
+@dataclass(frozen=True)
+class ExpertCalibration(Part):
+    """Calibration tokens routed to a mixture-of-experts model's experts (workstation/experts.py)."""
+    experts: int
+    unreached: list[str]                # <block>.experts.<j> no calibration token reached
+    least_tokens: int
+    inputs_pinned: int | None = None    # NVFP4 experts whose input scale was pinned as the engine runs them
+
+
+@dataclass(frozen=True)
+class QuantizeSummary(Part):
+    """What the quantize stage made of the model (also its quantize.json, less the timings): calibrated with
+    ModelOpt, restored from a pre-quantized checkpoint, or nothing to quantize."""
+    method: str                         # "modelopt" | "checkpoint" | "none"
+    weights: str | None = None
+    kv_cache: str | None = None
+    group_size: int | None = None
+    modelopt_config: str | None = None
+    visual: str | None = None           # a quantized visual tower's precision
+    kept_fp16: list[str] | None = None  # linears left FP16 (Family.fp16_at_4bit, a part's)
+    device: str | None = None
+    placement: dict[str, Any] | None = None
+    calibration_tokens: int | None = None
+    calibration_images: int | None = None
+    tower_quantizers: int | None = None
+    experts: ExpertCalibration | None = None
+    fused_groups: int | None = None
+    saved_bytes: int | None = None
+    awq_scales: str | None = None       # "per-linear" where AWQ scales stay each linear's own
+    checkpoint: dict[str, Any] | None = None    # a pre-quantized checkpoint's kind, algorithm, formats
+    zero_offset: int | None = None
+    engine_clipped: float | None = None
+    restored_quantizers: int | None = None
+    reproduced_tensors: int | None = None
+    seconds: dict[str, float] | None = None     # by step, in the manifest only (quantize.json is reproducible)
+
+    def record(self) -> str:
+        """quantize.json: what was made, the optional fields where set, timings left out (an output that held them
+        would differ on every run and make everything downstream of an identical re-run run again)."""
+        always = {"weights", "kv_cache", "group_size", "method", "modelopt_config"}
+        kept = {k: v for k, v in self.to_dict().items() if k != "seconds" and (k in always or v is not None)}
+        return json.dumps(kept, indent=1, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class ExportResult(Part):
+    backend: str                # the backend whose payload it wrote
+    export: ExportRecord
 
 
 @dataclass(frozen=True)
@@ -87,13 +153,29 @@ class StageManifest(Record):
     source: dict[str, Any] | None = None        # fetch, fetch-draft: where the files came from
     draft: dict[str, Any] | None = None         # fetch-draft: the draft's method and shape
     ok: bool | None = None                      # plan: whether the plan passed its gates
-    quantize: dict[str, Any] | None = None      # quantize: method, formats, calibration (by method)
+    quantize: QuantizeSummary | None = None     # quantize: method, formats, calibration (by method)
     backend: str | None = None                  # export: the backend whose payload it wrote
     export: ExportRecord | None = None
     goldens: GoldensSummary | None = None
     accuracy: AccuracyFigures | None = None     # accuracy: its figures (accuracy.json adds the advice and origin)
     kit: KitSummary | None = None
     restored_from: str | None = None            # the stage cache entry it came from, where it did
+
+    @classmethod
+    def result_fields(cls, result: Part | None) -> dict[str, Any]:
+        """The fields a stage's typed result is recorded in: the one of its type (a GoldensSummary: goldens), or,
+        for a result that gathers several (FetchResult, ExportResult, PlanResult), its own, by name."""
+        if result is None:
+            return {}
+        hints = typing.get_type_hints(cls)
+        mine = [f.name for f in dataclasses.fields(cls) if type(result) in typing.get_args(hints[f.name])]
+        if len(mine) == 1:
+            return {mine[0]: result}
+        names = {f.name for f in dataclasses.fields(cls)}
+        own = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}  # type: ignore[arg-type]
+        if mine or not set(own) <= names:
+            raise TypeError(f"{type(result).__name__} is no stage result the manifest records")
+        return own
 
     @classmethod
     def read(cls, path: Path) -> StageManifest | None:

@@ -196,3 +196,16 @@ def expand_one(ids: list[int], placeholder: int, count: int) -> list[int]:
                             "use the model's own chat template")
     i = ids.index(placeholder)
     return ids[:i] + [placeholder] * count + ids[i + 1:]
+
+TOWER_DESIGNS = {d.name: d for d in (QWEN2_5_VL_TOWER, QWEN3_VL_TOWER, INTERNVL3_TOWER)}
+
+
+def tower_design(design: TowerDesign | str) -> TowerDesign:
+    """A tower design, or the design a plan or a kit records by name (VisualPlan.design, an engine's config)."""
+    if isinstance(design, TowerDesign):
+        return design
+    found = TOWER_DESIGNS.get(design)
+    if found is None:
+        raise PipelineError(f"unknown visual tower design {design!r} (known: {', '.join(TOWER_DESIGNS)})",
+                            "rebuild the kit with this version of the pipeline")
+    return found

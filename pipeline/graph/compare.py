@@ -19,7 +19,7 @@ from pipeline import contract
 from pipeline.errors import PipelineError
 from pipeline.files import write_atomic
 from pipeline.formats import WEIGHT_FORMATS
-from pipeline.graph.specs import accuracy_spec, fetch_spec, quantize_spec, recipe_path
+from pipeline.graph.stage import RecipeGraph, recipe_path
 from pipeline.graph.stages import ACCURACY, FETCH, QUANTIZE
 from pipeline.recipe import Recipe
 
@@ -94,14 +94,22 @@ def _stage(stage: str, label: str, log: Path, action, summary) -> bool:
 
 def run(recipe: Recipe, formats: list[str]) -> dict:
     """Fetch once, then quantize and measure each format; returns the comparison record (compare.json)."""
-    from pipeline.graph import actions
+    from pipeline.graph.cmdline import stage_cache
+    from pipeline.graph.stages.accuracy import accuracy_stage
+    from pipeline.graph.stages.plan import model_dir
+    from pipeline.graph.stages.quantize import quantize_stage
     from pipeline.recipe import config_for, plan_recipe
 
     logs = recipe_path(recipe, "logs")
-    if not _stage(FETCH.name, recipe.name, logs / f"{FETCH.name}.log", lambda: actions.do_fetch(recipe),
-                  FETCH.summary):
+    g = RecipeGraph(recipe, cache=stage_cache())
+
+    def fetched():
+        manifest = g.run(FETCH)
+        g.link(FETCH)
+        return manifest
+    if not _stage(FETCH.name, recipe.name, logs / f"{FETCH.name}.log", fetched, FETCH.summary):
         raise PipelineError(f"{recipe.name}: the model could not be fetched (above)")
-    config, source = config_for(recipe, recipe.model, fetch_spec(recipe).dir / "model")
+    config, source = config_for(recipe, recipe.model, model_dir(g))
     plans = {w: {t: plan_recipe(variant(recipe, w), t, config, source) for t in recipe.targets}
              for w in formats}
     measured: dict[str, Measurement] = {}
@@ -114,12 +122,14 @@ def run(recipe: Recipe, formats: list[str]) -> dict:
         if WEIGHT_FORMATS[w].gpu_calibration_only and not _cuda():
             failed[w] = f"{WEIGHT_FORMATS[w].label} calibrates on a CUDA GPU only; this workstation has none"
             continue
-        v, label = variant(recipe, w), f"{recipe.name} as {w}"
+        # one model in memory at a time, whichever variant holds it
+        v, label = RecipeGraph(variant(recipe, w), handoff_from=lambda: g.handoff, cache=g.cache), \
+            f"{recipe.name} as {w}"
         ok = _stage(QUANTIZE.name, label, logs / f"compare-{w}-{QUANTIZE.name}.log",
-                    lambda v=v, buildable=buildable: actions.quantize_stage(v, buildable, for_export=False),
+                    lambda v=v, buildable=buildable: quantize_stage(v, buildable, for_export=False),
                     QUANTIZE.summary) and \
             _stage(ACCURACY.name, label, logs / f"compare-{w}-{ACCURACY.name}.log",
-                   lambda v=v: actions.accuracy_stage(v), ACCURACY.summary)
+                   lambda v=v: accuracy_stage(v), ACCURACY.summary)
         if ok:
             measured[w], heldout = _measurement(v)
         else:
@@ -135,23 +145,22 @@ def run(recipe: Recipe, formats: list[str]) -> dict:
                        "min_top1_agreement": recipe.validation.min_top1_agreement},
             "targets": [{"target": t, "target_name": plans[formats[0]][t].target_name,
                          "rows": [dataclasses.asdict(_row(w, plans[w][t], measured.get(w),
-                                                          failed.get(w) or _export_refusal(recipe, plans[w][t])))
+                                                          failed.get(w) or _export_refusal(g, plans[w][t])))
                                   for w in formats]} for t in recipe.targets]}
 
 
-def _export_refusal(recipe: Recipe, plan: contract.Plan) -> str | None:
-    from pipeline.graph.actions import export_refusal
-    return export_refusal(recipe, plan) if plan.stack is not None else None
+def _export_refusal(g: RecipeGraph, plan: contract.Plan) -> str | None:
+    from pipeline.graph.stages.quantize import export_refusal
+    return export_refusal(g, plan) if plan.stack is not None else None
 
 
-def _measurement(recipe: Recipe) -> tuple[Measurement, dict]:
+def _measurement(g: RecipeGraph) -> tuple[Measurement, dict]:
     """The accuracy stage's figures (read as the quality gate reads them: bounded, and only if its bytes are what
     the stage recorded), and the report itself."""
-    from pipeline.graph.actions import recorded_record
-    from pipeline.graph.framework import built_manifest
+    from pipeline.graph.framework import built_manifest, recorded_record
 
-    a = recorded_record(accuracy_spec(recipe), contract.ACCURACY_JSON, contract.AccuracyReport)
-    seconds = sum(built_manifest(spec.dir).seconds for spec in (quantize_spec(recipe), accuracy_spec(recipe)))
+    a = recorded_record(g.spec(ACCURACY), contract.ACCURACY_JSON, contract.AccuracyReport)     # type: ignore[arg-type]
+    seconds = sum(built_manifest(g.dir(s)).seconds for s in (QUANTIZE, ACCURACY))
     lo, hi = a.perplexity_change_interval
     return Measurement(a.perplexity_change, (lo, hi), a.top1_agreement, a.logit_cosine, round(seconds, 1)), \
         a.to_dict()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeline import contract
 from pipeline.errors import PipelineError
@@ -205,11 +205,12 @@ def _remove_stale_partials(spec: StageSpec) -> None:
         shutil.rmtree(p, ignore_errors=True)  # we hold the lock: no live process is writing these
 
 
-def run_stage(spec: StageSpec, build: Callable[[Path], dict[str, Any] | None], cache=None) -> contract.StageManifest:
+def run_stage(spec: StageSpec, build: Callable[[Path], Any], cache=None) -> contract.StageManifest:
     """Build `spec` with build(staging_dir) unless it is current; returns the manifest.
 
-    build() writes the stage's outputs into the staging directory and may return its result: StageManifest fields
-    for its kind of stage (typed: an ExportRecord, a GoldensSummary, ...). `cache`: a
+    build() writes the stage's outputs into the staging directory and may return its typed result (a
+    GoldensSummary, an ExportResult, ...: StageManifest.result_fields records it; a mapping of manifest fields
+    also does, for a stage the framework's own tests make up). `cache`: a
     shared stage cache (pipeline/oci/stagecache.py) to restore the stage from before building it, and to publish it
     to after (the caller's: the framework knows no command line).
     """
@@ -235,14 +236,15 @@ def run_stage(spec: StageSpec, build: Callable[[Path], dict[str, Any] | None], c
             if restored is not None:        # every file hashed against the signed entry: as if built here
                 _swap_into_place(staging, spec.dir)
                 return restored
-            result = build(staging) or {}
+            result = build(staging)
+            fields = result if isinstance(result, dict) else contract.StageManifest.result_fields(result)
             files = hash_outputs(staging)
             manifest = contract.StageManifest(
                 stage=spec.stage, id=spec.id, key=key, identity=spec.identity,
                 inputs={f"{i.stage}:{i.id}": built_manifest(i.dir).content_digest for i in spec.inputs},
                 tools=tool_versions(spec.tools), files=files, content_digest=content_digest(files),
                 created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), seconds=round(time.time() - started, 3),
-                **result)
+                **fields)
             manifest.dump(staging / MANIFEST)
             _swap_into_place(staging, spec.dir)
         except BaseException:
@@ -271,3 +273,38 @@ def link(name: Path, target: Path) -> None:
         tmp.unlink()
     os.symlink(os.path.relpath(target, name.parent), tmp)
     os.replace(tmp, name)
+
+
+def damaged_output(spec: StageSpec, what: str) -> PipelineError:
+    """A stage output whose bytes are no longer what its stage recorded: the stage's manifest is dropped so it
+    re-runs on the next build, and the error says which file and stage. Nothing was signed."""
+    (spec.dir / MANIFEST).unlink(missing_ok=True)
+    return PipelineError(f"{what}; written by the {spec.stage} stage ({spec.dir})",
+                         "run the build again: that stage re-runs and the kit is packed from its fresh output; "
+                         "nothing was signed")
+
+
+def recorded_json(spec: StageSpec, name: str) -> dict:
+    """A stage's JSON output, read only if its bytes are what the stage recorded (same-size damage is refused as at
+    packaging, and the stage re-runs on the next build)."""
+    from pipeline.files import read_regular
+    try:
+        data = read_regular(spec.dir / name, contract.MAX_RECORD_BYTES)
+    except PipelineError as exc:
+        raise damaged_output(spec, exc.message) from None
+    if hashlib.sha256(data).hexdigest() != built_manifest(spec.dir).files[name].sha256:
+        raise damaged_output(spec, f"{name}: its bytes changed since the stage that wrote it recorded them")
+    return json.loads(data)
+
+
+R = TypeVar("R", bound=contract.Record)
+
+
+def recorded_record(spec: StageSpec, name: str, record: type[R]) -> R:
+    """A stage's record file, read only if its bytes are what the stage recorded, then strictly as its contract
+    says (a record that does not read: the stage re-runs on the next build)."""
+    obj = recorded_json(spec, name)
+    try:
+        return record.from_dict(obj, str(spec.dir / name))
+    except contract.ContractError as exc:
+        raise damaged_output(spec, exc.message) from None

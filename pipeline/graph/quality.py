@@ -59,7 +59,8 @@ def measured_formats(stages: Path, fetch_digest: str, heldout: str) -> dict[str,
     """The other formats measured for the same fetched model on the same held-out text (accuracy stages on disk,
     read strictly: bounded, regular files only, every field typed; one that does not read is no report)."""
     found: dict[str, contract.AccuracyReport] = {}
-    for path in sorted(stages.glob(f"accuracy/*/{contract.ACCURACY_JSON}")):
+    from pipeline.graph.stages.accuracy import ACCURACY
+    for path in sorted(stages.glob(f"{ACCURACY.name}/*/{contract.ACCURACY_JSON}")):
         try:
             r = contract.AccuracyReport.load(path)
         except contract.ContractError:

@@ -31,9 +31,10 @@ def from_recipe(name: str, target: str | None = None, threads: int | None = None
     direct calls)."""
     import os
 
-    from pipeline.graph.actions import model_dir
     from pipeline.graph.framework import is_current
-    from pipeline.graph.specs import goldens_spec, quantize_spec, recipe_plan
+    from pipeline.graph.stage import RecipeGraph
+    from pipeline.graph.stages import GOLDENS, QUANTIZE
+    from pipeline.graph.stages.plan import model_dir, plan_of
     from pipeline.recipe import load_recipe
 
     recipe = load_recipe(name)
@@ -41,15 +42,18 @@ def from_recipe(name: str, target: str | None = None, threads: int | None = None
     if target not in recipe.targets:
         raise PipelineError(f"{recipe.file}: target {target!r} is not one of the recipe's targets "
                             f"({', '.join(recipe.targets)})", "pass one of them with --target")
-    for spec in (quantize_spec(recipe), goldens_spec(recipe)):
-        if not is_current(spec):
-            raise PipelineError(f"{recipe.name}: its {spec.stage} stage is not built (or is out of date)",
+    g = RecipeGraph(recipe)
+    for stage in (QUANTIZE, GOLDENS):
+        spec = g.spec(stage)
+        if spec is None or not is_current(spec):
+            raise PipelineError(f"{recipe.name}: its {stage.name} stage is not built (or is out of date)",
                                 f"run `doit build recipe={recipe.name}` first")
-    plan = recipe_plan(recipe, target)
-    goldens = contract.Goldens.load(goldens_spec(recipe).dir / contract.GOLDENS)
-    created = int(os.stat(goldens_spec(recipe).dir / contract.GOLDENS).st_mtime)
-    served = served_of(recipe.name, created, model_dir(recipe), goldens, plan, "reference",
-                     f"{recipe.name} (goldens {goldens_spec(recipe).dir})")
+    plan = plan_of(g, target)
+    goldens_dir = g.dir(GOLDENS)
+    goldens = contract.Goldens.load(goldens_dir / contract.GOLDENS)
+    created = int(os.stat(goldens_dir / contract.GOLDENS).st_mtime)
+    served = served_of(recipe.name, created, model_dir(g), goldens, plan, "reference",
+                     f"{recipe.name} (goldens {goldens_dir})")
 
     def load() -> Session:
         if own_process:
@@ -58,7 +62,7 @@ def from_recipe(name: str, target: str | None = None, threads: int | None = None
             return engine_process(functools.partial(_open_here, name, target, n), "reference", n)
         import torch
 
-        from pipeline.graph.actions import reference_model
+        from pipeline.graph.stages.goldens import reference_model
         from pipeline.runtime.grammar import Grammars
         from pipeline.serve.reference import ReferenceSession
         from pipeline.workstation.cpu_linear import skinny_linears
@@ -69,7 +73,7 @@ def from_recipe(name: str, target: str | None = None, threads: int | None = None
         stack = contextlib.ExitStack()
         # the goldens' own numerics: weights on the export grid, and the same CPU linear kernels (a torch function
         # mode, so entered by the session's thread)
-        model = stack.enter_context(reference_model(recipe))
+        model = stack.enter_context(reference_model(g))
         try:        # structured output: the schema's grammar over this tokenizer (llguidance, the [serve] extra)
             grammars = Grammars(served.codec.tokenizer.to_str(), served.stop_ids, served.codec.control_tokens)
         except PipelineError:
@@ -77,7 +81,7 @@ def from_recipe(name: str, target: str | None = None, threads: int | None = None
         pixels = None
         if served.images is not None:       # a vision-language model: its processor, held as the goldens' was
             from pipeline.workstation.image_prompts import pixel_maker
-            pixels = pixel_maker(model_dir(recipe), served.images.placeholder_id, served.images.limits)
+            pixels = pixel_maker(model_dir(g), served.images.placeholder_id, served.images.limits)
         from pipeline.workstation.models import new_cache
         return ReferenceSession(model, served.limits, input_device(model), skinny_linears, on_close=stack.close,
                                 grammars=grammars, pixels=pixels, new_cache=new_cache)

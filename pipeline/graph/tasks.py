@@ -1,5 +1,6 @@
-"""doit task generators: the graph `dodo.py` exposes. Wiring only; each action calls into pipeline.graph.actions
-(fetch ... accuracy) or pipeline.graph.kit_stages (package, device).
+"""doit's tasks, made from the stage table (graph/stages/): one task generator per stage, one task per recipe (or per
+recipe and target) the stage applies to, its dependencies derived from the stage's inputs. `dodo.py` takes the
+generators from here; nothing names a stage's task but its row.
 
 Tasks are `<stage>:<recipe>` (`<stage>:<recipe>@<target>` for per-target stages of a recipe with several targets);
 `build:<recipe>` depends on every stage of the recipe. `recipe=a,b` on the command line selects recipes (default:
@@ -9,32 +10,17 @@ all of them); any other command-line variable is an error, because doit itself a
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from functools import cache
 from typing import TYPE_CHECKING
 
 from pipeline.errors import PipelineError
-from pipeline.graph.stages import (
-    ACCURACY,
-    BUILD,
-    BY_NAME,
-    DEVICE,
-    EXPORT,
-    FETCH,
-    FETCH_BASE,
-    FETCH_DRAFT,
-    GOLDENS,
-    PACKAGE,
-    PLAN,
-    QUANTIZE,
-    Stage,
-)
+from pipeline.graph.cmdline import KNOWN_VARS, accept_quality, cmdline_vars, stage_cache
+from pipeline.graph.stage import RecipeGraph, Stage, recipe_path, stage_deps, stage_label
+from pipeline.graph.stages import BUILD, STAGES
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from pipeline.graph.framework import StageSpec
     from pipeline.recipe import Recipe
-from pipeline.graph.cmdline import KNOWN_VARS, cmdline_vars, stage_cache
 
 
 def fail(message: str) -> None:
@@ -82,184 +68,77 @@ def _load_selection() -> tuple[tuple[Recipe, ...], dict[str, str]]:
     return tuple(recipes), invalid
 
 
-def _action(fn, recipe, stage: Stage, target: str | None = None, capture: bool = True):
+@cache
+def graph_of(name: str) -> RecipeGraph:
+    """A selected recipe's graph, made once per process: its specs computed once and handed to every stage; the
+    calibrated model handed over in this process's one ModelHandoff."""
+    return next(RecipeGraph(r, handoff_from=_handoff, cache=stage_cache(), accept_quality=accept_quality())
+                for r in selected_recipes() if r.name == name)
+
+
+@cache
+def _handoff():
+    """This doit process's ModelHandoff (graph/stage.py RecipeGraph.handoff)."""
+    from pipeline.workstation.state import ModelHandoff
+    return ModelHandoff()
+
+
+def _action(stage: Stage, g: RecipeGraph, target: str | None):
     """A stage action for doit: one line on the terminal, third-party output in the stage's log, a PipelineError
-    as one `error:` line with its hint and the log (no traceback), False to doit on failure."""
-    from pipeline.graph.specs import recipe_path, stage_label
+    as one `error:` line with its hint and the log (no traceback), False to doit on failure; the stage's link in
+    artifacts/<recipe>/ once it is built."""
     from pipeline.graph.terminal import StageStopped, run_stage_action
 
-    label = stage_label(recipe, target)
-    args = (recipe,) if target is None else (recipe, target)
+    label = stage_label(g.recipe, target)
     # logs/<stage>[@target].log
-    log = recipe_path(recipe, "logs") / f"{recipe_path(recipe, stage.name, target).name}.log"
+    log = recipe_path(g.recipe, "logs") / f"{recipe_path(g.recipe, stage.name, target).name}.log"
+
+    def built():
+        result = g.run(stage, target)
+        g.link(stage, target)
+        return result
 
     def run() -> bool | StageStopped | None:
-        status = run_stage_action(stage.name, label, log, lambda: fn(*args), stage.summary, capture=capture)
+        status = run_stage_action(stage.name, label, log, built, stage.summary, capture=stage.capture)
         return None if status == 0 else StageStopped() if status == 2 else False
-    run.__name__ = fn.__name__
+    run.__name__ = stage.action.__name__
     return run
 
 
-def _explicitly_selected(task: str) -> bool:
-    """`doit plan ...` (the task named on the command line, not reached as a dependency of build)."""
-    return any(a == task or a.startswith(task + ":") for a in sys.argv[1:])
-
-
-def _plan_action(recipe, target):
-    from pipeline.graph.actions import do_plan
-    from pipeline.plan.planner import render_table
-
-    plan = do_plan(recipe, target)
-    print(render_table(plan))                   # into the plan's log; `doit plan` shows it on the terminal
-    if _explicitly_selected(PLAN.task):
-        from pipeline.progress import terminal_out
-        print(render_table(plan), file=terminal_out())
-    if not plan.ok:
-        raise PipelineError(f"{recipe.file}: plan for {target} refused: " + "; ".join(plan.refused),
-                            "the plan says what would work instead; change the recipe")
-    return plan
-
-
-def _plans(r) -> list[str]:
-    from pipeline.graph.specs import stage_label
-    return [PLAN.task_for(stage_label(r, t)) for t in r.targets]
-
-
-def task_fetch():
-    from pipeline.graph.actions import do_fetch
-    from pipeline.graph.specs import fetch_spec
-
-    # After the plans: a refused plan stops the chain before a multi-GB download.
-    yield from _per_recipe_stage(FETCH, fetch_spec, do_fetch, _plans, lambda r: f"fetch {r.model.label}")
-
-
-def _second_checkpoint_stage(stage: Stage, spec_of: Callable[[Recipe], StageSpec | None],
-                             action: Callable[[Recipe], object], doc: Callable[[Recipe], str]):
-    """The fetch of a second checkpoint a recipe may name ([draft], [base_model]): a task only where it names one,
-    after the plans (a refused plan stops the chain before the download)."""
+def _uptodate(stage: Stage, g: RecipeGraph, target: str | None) -> Callable[[], bool] | None:
+    """Whether the stage's task is current: its own check, else its spec's (graph/framework.status); None: it runs
+    every time (the plan, the build's links)."""
     from pipeline.graph.framework import is_current
-
-    for r in selected_recipes():
-        spec = spec_of(r)
-        if spec is not None:
-            yield _stage_task(r.name, _action(action, r, stage), lambda spec=spec: is_current(spec), _plans(r),
-                              doc(r))
-
-
-def task_fetch_draft():
-    from pipeline.graph.actions import do_fetch_draft
-    from pipeline.graph.specs import draft_fetch_spec
-
-    yield from _second_checkpoint_stage(FETCH_DRAFT, draft_fetch_spec, do_fetch_draft,
-                                        lambda r: f"fetch the {r.draft.method if r.draft else ''} draft of {r.name}")
+    if stage.always_runs:
+        return None
+    if stage.current is not None:
+        return lambda: stage.current(g, target)    # type: ignore[misc]
+    if stage.key is not None:
+        return lambda: is_current(g.spec(stage, target))       # type: ignore[arg-type]
+    return None
 
 
-def task_fetch_base():
-    from pipeline.graph.actions import do_fetch_base
-    from pipeline.graph.specs import base_fetch_spec
-
-    yield from _second_checkpoint_stage(FETCH_BASE, base_fetch_spec, do_fetch_base,
-                                        lambda r: f"fetch {r.base_model.label if r.base_model else ''}, the base "
-                                                  f"model of {r.name}")
+def describe(stage: Stage, recipe: Recipe, target: str | None) -> str:
+    """A task's doc line: the recipe's description for its build, else the stage and what it is for."""
+    if stage is BUILD:
+        return recipe.description
+    return f"{stage.name} {recipe.name}" + (f" for {target}" if target else "")
 
 
-def _draft_dep(r) -> list[str]:
-    return [FETCH_DRAFT.task_for(r.name)] if r.draft else []
-
-
-def task_plan():
-    from pipeline.graph.specs import stage_label
-
-    for r in selected_recipes():
-        for t in r.targets:
-            # Always runs (milliseconds) so that `doit plan` prints the table; plan.json is rewritten only on change.
-            yield {"name": stage_label(r, t), "actions": [_action(_plan_action, r, PLAN, t)],
-                   "doc": f"plan {r.name} for {t}", "verbosity": 2}
-
-
-def _stage_task(name: str, action, current, deps: list[str], doc: str) -> dict:
-    return {"name": name, "actions": [action], "uptodate": [current], "task_dep": deps, "doc": doc, "verbosity": 2}
-
-
-def _per_recipe_stage(stage: Stage, spec_of: Callable[[Recipe], StageSpec | None],
-                      action: Callable[[Recipe], object], deps: Callable[[Recipe], list[str]],
-                      doc: Callable[[Recipe], str]):
-    """One task per recipe for a stage whose directory is known from the recipe alone."""
-    from pipeline.graph.framework import is_current
-
-    for r in selected_recipes():
-        spec = spec_of(r)
-        yield _stage_task(r.name, _action(action, r, stage), lambda spec=spec: is_current(spec), deps(r), doc(r))
-
-
-def _per_target_stage(stage: Stage, action: Callable[[Recipe, str], object], current: Callable[[Recipe, str], bool],
-                      deps: Callable[[Recipe, str], list[str]], doc: Callable[[Recipe, str], str]):
-    """One task per (recipe, target) for a stage whose directory depends on the target's plan."""
-    from pipeline.graph.specs import stage_label
-
-    for r in selected_recipes():
-        for t in r.targets:
-            label = stage_label(r, t)
-            yield _stage_task(label, _action(action, r, stage, t), lambda r=r, t=t: current(r, t),
-                              deps(r, label), doc(r, t))
-
-
-def task_quantize():
-    from pipeline.graph.actions import do_quantize
-    from pipeline.graph.specs import quantize_spec
-
-    yield from _per_recipe_stage(QUANTIZE, quantize_spec, do_quantize, lambda r: [FETCH.task_for(r.name)],
-                                 lambda r: f"quantize {r.name} to {r.weights} (KV {r.kv_cache})")
-
-
-def task_export():
-    from pipeline.graph.actions import do_export, export_current
-
-    yield from _per_target_stage(EXPORT, do_export, export_current,
-                                 lambda r, label: [QUANTIZE.task_for(r.name), PLAN.task_for(label), *_draft_dep(r)],
-                                 lambda r, t: f"export {r.name} for {t}")
-
-
-def task_goldens():
-    from pipeline.graph.actions import do_goldens
-    from pipeline.graph.specs import goldens_spec
-
-    yield from _per_recipe_stage(GOLDENS, goldens_spec, do_goldens, lambda r: [QUANTIZE.task_for(r.name)],
-                                 lambda r: f"goldens for {r.name}")
-
-
-def task_accuracy():
-    from pipeline.graph.actions import do_accuracy
-    from pipeline.graph.specs import accuracy_spec
-
-    yield from _per_recipe_stage(ACCURACY, accuracy_spec, do_accuracy,
-                                 lambda r: [QUANTIZE.task_for(r.name),
-                                            *([FETCH_BASE.task_for(r.name)] if r.base_model else [])],
-                                 lambda r: f"accuracy report for {r.name}")
-
-
-def task_package():
-    from pipeline.graph.kit_stages import do_package, package_current
-
-    yield from _per_target_stage(PACKAGE, do_package, package_current,
-                                 lambda r, label: [EXPORT.task_for(label), GOLDENS.task_for(r.name),
-                                                   ACCURACY.task_for(r.name)],
-                                 lambda r, t: f"kit of {r.name} for {t}")
-
-
-def task_device():
-    from pipeline.graph.kit_stages import device_current, do_device
-    from pipeline.graph.specs import stage_label
-
-    for r in selected_recipes():
-        if not r.build.builder.builds:
+def stage_tasks(stage: Stage, recipes: Iterable[Recipe], graph: Callable[[Recipe], RecipeGraph]) -> Iterator[dict]:
+    """The doit tasks of one stage: one per recipe it applies to (and per target for a per-target stage), each
+    depending on its inputs' tasks (graph/stage.py stage_deps)."""
+    for r in recipes:
+        if not stage.applies_to(r):
             continue
-        for t in r.targets:
-            label = stage_label(r, t)
-            # not captured: the device half's own progress lines (build, validation) stream to the terminal
-            yield _stage_task(label, _action(do_device, r, DEVICE, t, capture=False),
-                              lambda r=r, t=t: device_current(r, t), [PACKAGE.task_for(label)],
-                              f"engine for {r.name} on {t} via {r.build.builder.label}")
+        g = graph(r)
+        for t in r.targets if stage.per_target else [None]:
+            task = {"name": stage_label(r, t), "actions": [_action(stage, g, t)], "task_dep": stage_deps(stage, r, t),
+                    "doc": describe(stage, r, t), "verbosity": 2}
+            current = _uptodate(stage, g, t)
+            if current is not None:
+                task["uptodate"] = [current]
+            yield task
 
 
 def _invalid(name: str):
@@ -269,23 +148,24 @@ def _invalid(name: str):
     return report
 
 
-def task_build():
-    from pipeline.graph.kit_stages import link_recipe
-    from pipeline.graph.specs import stage_label
+def _tasks_of(stage: Stage):
+    def generator():
+        yield from stage_tasks(stage, selected_recipes(), lambda r: graph_of(r.name))
+        if stage is BUILD:
+            # after the valid recipes (it depends on their builds): they are built, then the run fails on these
+            for name in invalid_recipes():
+                yield {"name": name, "actions": [_invalid(name)], "uptodate": [False],
+                       "doc": "INVALID recipe: see `doit list` for its problems",
+                       "task_dep": [BUILD.task_for(r.name) for r in selected_recipes()]}
+    # doit shows a task function's docstring in `doit list`: each is its row's, written once in the table
+    generator.__doc__ = stage.doc
+    generator.__name__ = f"task_{stage.task}"
+    return generator
 
-    for r in selected_recipes():
-        labels = [stage_label(r, t) for t in r.targets]
 
-        def each(stage: Stage, labels: list[str] = labels) -> list[str]:
-            return [stage.task_for(label) for label in labels]
-        yield {"name": r.name, "actions": [_action(link_recipe, r, BUILD)], "doc": r.description,
-               "task_dep": each(PLAN) + [FETCH.task_for(r.name), *_draft_dep(r)] + each(EXPORT)
-               + [GOLDENS.task_for(r.name), ACCURACY.task_for(r.name)] + each(PACKAGE)
-               + (each(DEVICE) if r.build.builder.builds else [])}
-    # after the valid recipes (it depends on their builds): they are built, then the run fails on these
-    for name in invalid_recipes():
-        yield {"name": name, "actions": [_invalid(name)], "doc": "INVALID recipe: see `doit list` for its problems",
-               "uptodate": [False], "task_dep": [BUILD.task_for(r.name) for r in selected_recipes()]}
+def doit_tasks(table: tuple[Stage, ...] = STAGES) -> dict[str, Callable]:
+    """doit's task generators, task_<stage> for each row of the table (dodo.py puts them in its namespace)."""
+    return {f"task_{stage.task}": _tasks_of(stage) for stage in table}
 
 
 def _tolerate_full_disk_in_doits_database() -> None:
@@ -332,7 +212,5 @@ def doit_config() -> dict:
             "reporter": StageReporter}
 
 
-# doit shows a task function's docstring in `doit list`: each is its row's, written once in the table
-for _fn in (task_plan, task_fetch, task_fetch_draft, task_fetch_base, task_quantize, task_export, task_goldens,
-            task_accuracy, task_package, task_device, task_build):
-    _fn.__doc__ = BY_NAME[_fn.__name__.removeprefix("task_").replace("_", "-")].doc
+TASKS = doit_tasks()
+globals().update(TASKS)

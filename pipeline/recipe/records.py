@@ -15,6 +15,7 @@ from pipeline.builders import Builder
 from pipeline.contract import MAX_BATCH_SIZE, MAX_CONTEXT
 from pipeline.formats import AS_HELD, DEFAULT_KV, KV_FORMATS, UNQUANTIZED, VISUAL_FORMATS, WEIGHT_FORMATS
 from pipeline.recipe.sources import ModelSource
+from pipeline.texts import TextSource
 
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 CALIB_RE = re.compile(r"^(builtin|file|hf):.+$")
@@ -46,10 +47,15 @@ def setting(default: Any = None, **checks: Any) -> Any:
     return dataclasses.field(default=default, metadata={"recipe": Setting(**checks)})
 
 
+def _text_source(value: Any, file: str) -> TextSource:
+    """A recipe's text source, parsed once here (its pattern is checked first): every reader takes it as it is."""
+    return TextSource.parse(value, file)
+
+
 @dataclass(frozen=True)
 class Calibration:
-    source: str = setting("builtin:calib-en", pattern=CALIB_RE,
-                          pattern_hint="builtin:NAME, file:PATH (.txt or .jsonl) or hf:DATASET")
+    source: TextSource = setting("builtin:calib-en", toml=str, pattern=CALIB_RE, convert=_text_source,
+                                 pattern_hint="builtin:NAME, file:PATH (.txt or .jsonl) or hf:DATASET")
     samples: int = setting(32, min=1, max=4096)
     seq_len: int = setting(256, min=8, max=16384)
     seed: int = setting(0, min=0, max=2**32 - 1)
@@ -186,9 +192,10 @@ class ValidationSettings:
     min_top1_agreement: float = setting(0.7, min=0.0, max=1.0, doc="quality gate: next-token agreement with the "
                                         "original")
     accept_quality: bool = setting(False, doc="sign a kit that misses the quality gate (the build says so)")
-    heldout: str = setting("builtin:heldout-long-en", pattern=re.compile(r"^(builtin|file):.+$"),
-                           pattern_hint="builtin:NAME or file:PATH (relative to the recipe)",
-                           doc="held-out text for the perplexity change (at least a few thousand tokens)")
+    heldout: TextSource = setting("builtin:heldout-long-en", toml=str, pattern=re.compile(r"^(builtin|file):.+$"),
+                                  convert=_text_source,
+                                  pattern_hint="builtin:NAME or file:PATH (relative to the recipe)",
+                                  doc="held-out text for the perplexity change (at least a few thousand tokens)")
     chat_template: bool | None = setting(None, doc="render prompts with the tokenizer's chat template and the "
                                          "generation prompt, as the deployed model is asked (default: when it has "
                                          "one)")

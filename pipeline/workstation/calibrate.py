@@ -8,11 +8,10 @@ computed from this model therefore match the exported checkpoint (FACTS.md: with
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.contract import VisualLimits
+from pipeline.contract import ExpertCalibration, QuantizeSummary, VisualLimits
 from pipeline.errors import PipelineError
 from pipeline.formats import (
     KV_FORMATS,
@@ -24,6 +23,7 @@ from pipeline.formats import (
     WeightFormat,
 )
 from pipeline.progress import StepTimer
+from pipeline.texts import TextSource
 from pipeline.workstation.grid import grid_modules, snap_to_export_grid
 from pipeline.workstation.models import (
     gather_on_cpu,
@@ -39,7 +39,7 @@ from pipeline.workstation.state import ModelHandoff, save_quantized, unchanged_p
 class CalibrationSettings(Protocol):
     """What calibration reads of a recipe's [quantization.calibration] (pipeline.recipe.Calibration)."""
     @property
-    def source(self) -> str: ...
+    def source(self) -> str | TextSource: ...
     @property
     def samples(self) -> int: ...
     @property
@@ -202,10 +202,10 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
              calibration: CalibrationSettings,
              recipe_file: str, handoff: ModelHandoff | None = None, visual: VisualLimits | None = None,
              visual_precision: str = TOWER_FP16, accept_uncalibrated_experts: bool = False,
-             share_awq_scales: bool = True) -> dict:
-    """Calibrate and save ModelOpt state into `out`; returns the stage's manifest extras. With a `handoff`, the
-    calibrated model is left there for the next stage of this process. visual: a vision-language model's image
-    profile: where the algorithm reshapes weights against the data, the language model is calibrated with image
+             share_awq_scales: bool = True) -> QuantizeSummary:
+    """Calibrate and save ModelOpt state into `out`; returns what was made (quantize.json, and the timings). With a
+    `handoff`, the calibrated model is left there for the next stage of this process. visual: a vision-language model's
+    image profile: where the algorithm reshapes weights against the data, the language model is calibrated with image
     prompts too (image_calibration.py), as Edge-LLM's own quantizer does (text alone optimizes the image tokens'
     ranges away); an FP8 tower (visual_precision) is calibrated with them too, as only images reach it."""
     import torch
@@ -221,8 +221,9 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
                             **({"visual": visual_precision} if visual_precision != TOWER_FP16 else {}),
                             **({"kept_fp16": list(kept)} if kept and cfg is not None else {})}
     if cfg is None:
-        (out / "quantize.json").write_text(json.dumps({**info, "method": "none"}, indent=1))
-        return {"quantize": {**info, "method": "none"}}
+        summary = QuantizeSummary(**info, method="none")
+        (out / "quantize.json").write_text(summary.record())
+        return summary
 
     import modelopt.torch.quantization as mtq
     from modelopt.torch.quantization.config import need_calibration
@@ -305,11 +306,11 @@ def quantize(model_dir: Path, out: Path, weights: str, kv_cache: str, group_size
                 calibration_tokens=sum(map(len, windows)),      # 0: weight-only, calibrated from the weights
                 **({"calibration_images": len(asked)} if asked else {}),
                 **({"tower_quantizers": tower_quantizers} if tower_quantizers else {}),
-                **({"experts": {**coverage.as_record(), **({"inputs_pinned": pinned} if pinned else {})}}
+                **({"experts": ExpertCalibration(**coverage.as_record(), inputs_pinned=pinned or None)}
                    if coverage is not None else {}),
                 fused_groups=fused, saved_bytes=saved,
                 **({"awq_scales": "per-linear"} if fmt.awq and not share_awq_scales else {}))
-    # the timings go to the stage's manifest (and its terminal line), not into quantize.json: an output file that
-    # held them would differ on every run and make everything downstream of an identical re-run run again
-    (out / "quantize.json").write_text(json.dumps(info, indent=1, sort_keys=True))
-    return {"quantize": {**info, "seconds": timer.seconds}}
+    # the timings go to the stage's manifest (and its terminal line), not into quantize.json (QuantizeSummary.record)
+    summary = QuantizeSummary(**info, seconds=timer.seconds)
+    (out / "quantize.json").write_text(summary.record())
+    return summary

@@ -12,12 +12,12 @@ import random
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.texts import TextSource
 
 
-def source_path(source: str, recipe_file: str) -> Path | None:
+def source_path(source: str | TextSource, recipe_file: str) -> Path | None:
     """The file of a `file:PATH` calibration source (relative to the recipe file); None for other sources."""
-    from pipeline.texts import TextSource
-    parsed = TextSource.parse(source)
+    parsed = TextSource.parse(source, recipe_file)
     return parsed.path(recipe_file) if parsed.kind == "file" else None
 
 
@@ -41,17 +41,16 @@ def read_text_file(path: Path, what: str, limit: int = MAX_TEXT_BYTES) -> str:
                             FORMAT_HINT) from None
 
 
-def load_texts(source: str, recipe_file: str = ".") -> list[str]:
-    from pipeline.texts import TextSource
-    parsed = TextSource.parse(source)
+def load_texts(source: str | TextSource, recipe_file: str = ".") -> list[str]:
+    parsed = TextSource.parse(source, recipe_file)
     kind, name = parsed.kind, parsed.value
     if kind == "builtin":
         from pipeline.workstation.tinytrain import corpus_text
         return [p for p in corpus_text(name).split("\n") if p.strip()]
     if kind == "file":
-        path = source_path(source, recipe_file)
+        path = source_path(parsed, recipe_file)
         assert path is not None         # a file: source always has a path
-        what = f"{recipe_file}: quantization.calibration.source = {source!r}"
+        what = f"{recipe_file}: quantization.calibration.source = {str(parsed)!r}"
         if not os.path.lexists(path):
             raise PipelineError(f"{what}: no file {path}", FORMAT_HINT)
         text = read_text_file(path, what)
@@ -74,12 +73,12 @@ def load_texts(source: str, recipe_file: str = ".") -> list[str]:
         try:
             import datasets
         except ImportError:
-            raise PipelineError(f"calibration source {source!r} needs the `datasets` package and the hub",
+            raise PipelineError(f"calibration source {str(parsed)!r} needs the `datasets` package and the hub",
                                 "pip install datasets, or use builtin:calib-en / file:PATH offline") from None
         name, _, split = name.partition(":")
         ds = datasets.load_dataset(name, split=split or "train")
         return [row["text"] for row in ds if row.get("text")]
-    raise PipelineError(f"unknown calibration source {source!r}", "use builtin:NAME, file:PATH or hf:DATASET")
+    raise PipelineError(f"unknown calibration source {str(parsed)!r}", "use builtin:NAME, file:PATH or hf:DATASET")
 
 
 def token_windows(tokenizer, texts: list[str], samples: int, seq_len: int, seed: int) -> list[list[int]]:

@@ -13,34 +13,34 @@ from typing import Protocol
 
 from pipeline import contract
 from pipeline.errors import PipelineError
+from pipeline.texts import TextSource
 
 HELDOUT = "heldout-long-en"      # the default held-out text: ~4,800 tokens of varied English written for this project
 HELDOUT_MAX = 64 * 2**20      # a held-out text of a few thousand tokens is tens of KB; more is not one
 
 
-def heldout_path(spec: str, recipe_file: str) -> Path:
+def heldout_path(spec: str | TextSource, recipe_file: str) -> Path:
     """The file of [validation] heldout: "builtin:NAME" (pipeline/data/corpus/NAME.txt) or "file:PATH" (relative to
     the recipe). The accuracy stage's key hashes it and the stage reads it: one resolution for both."""
-    from pipeline.texts import TextSource
-    path = TextSource.parse(spec).path(recipe_file)
+    parsed = TextSource.parse(spec, recipe_file)
+    path = parsed.path(recipe_file)
     if path is None:
-        raise PipelineError(f"{recipe_file}: validation.heldout = {spec!r}: a held-out text is a builtin: or file:",
-                            "use builtin:NAME or file:PATH")
+        raise PipelineError(f"{recipe_file}: validation.heldout = {str(parsed)!r}: a held-out text is a builtin: or "
+                            "file:", "use builtin:NAME or file:PATH")
     return path
 
 
-def heldout_text(spec: str, recipe_file: str) -> tuple[str, str]:
+def heldout_text(spec: str | TextSource, recipe_file: str) -> tuple[str, str]:
     """(name, text) of [validation] heldout: "builtin:NAME" (pipeline/data/corpus) or "file:PATH" (relative to the
     recipe)."""
-    from pipeline.texts import TextSource
     from pipeline.workstation.calibration import read_text_file
     from pipeline.workstation.tinytrain import corpus_text
-    parsed = TextSource.parse(spec)
+    parsed = TextSource.parse(spec, recipe_file)
     if parsed.kind == "builtin":
         return parsed.value, corpus_text(parsed.value)       # its error lists the builtin corpora
-    path = heldout_path(spec, recipe_file)
+    path = heldout_path(parsed, recipe_file)
     # a regular file of bounded size: a FIFO or a link to /dev/zero named here is an error, not a hang
-    return path.name, read_text_file(path, f"{recipe_file}: validation.heldout = {spec!r}", HELDOUT_MAX)
+    return path.name, read_text_file(path, f"{recipe_file}: validation.heldout = {str(parsed)!r}", HELDOUT_MAX)
 
 
 def stop_ids(model_dir, tokenizer) -> list[int]:

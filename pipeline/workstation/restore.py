@@ -14,10 +14,10 @@ stage's output, in the form every later stage already reads.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from pipeline.contract import QuantizeSummary
 from pipeline.errors import PipelineError
 from pipeline.formats import KV_FORMATS, WEIGHT_FORMATS
 from pipeline.workstation import prequantized as pqz
@@ -143,8 +143,8 @@ def _nvfp4_reproduced(model, model_dir: Path, source: str) -> int:
     return compared
 
 
-def restore(model_dir: Path, out: Path, pq: Prequantized, kv_cache: str, handoff: Any = None) -> dict:
-    """The quantize stage's output for a pre-quantized checkpoint (see the module doc); returns its manifest extras."""
+def restore(model_dir: Path, out: Path, pq: Prequantized, kv_cache: str, handoff: Any = None) -> QuantizeSummary:
+    """The quantize stage's output for a pre-quantized checkpoint (see the module doc); returns what was made."""
     from pipeline.workstation.models import load_model
     info: dict[str, Any] = {"weights": pq.weights, "kv_cache": pq.kv_cache, "group_size": pq.group_size,
                             "method": "checkpoint", "checkpoint": pq.as_record(), "modelopt_config": None}
@@ -156,8 +156,9 @@ def restore(model_dir: Path, out: Path, pq: Prequantized, kv_cache: str, handoff
         linears, _ = split_quantized(pq, read_tensors(model_dir))
         offset = gptq_zero_offset(pq, next(iter(linears.values()))["qzeros"]) if pq.kind == pqz.GPTQ else 0
         info.update(zero_offset=offset, engine_clipped=round(clamped_fraction(pq, linears, offset), 8))
-        (out / "quantize.json").write_text(json.dumps(info, indent=1, sort_keys=True))
-        return {"quantize": info}
+        summary = QuantizeSummary(**info)
+        (out / "quantize.json").write_text(summary.record())
+        return summary
     if pq.algo not in pqz.RESTORED:
         raise PipelineError(f"{pq.source}: {pq.label}: its numerics are not reproduced by this version yet (it "
                             f"restores ModelOpt {', '.join(pqz.RESTORED)} checkpoints)", "use one of those, or "
@@ -212,5 +213,6 @@ def restore(model_dir: Path, out: Path, pq: Prequantized, kv_cache: str, handoff
     info.update(method="checkpoint", modelopt_config=fmt.calibration_config, device=str(input_device(model)),
                 calibration_tokens=0, restored_quantizers=restored, saved_bytes=saved,
                 **({"reproduced_tensors": checked} if nvfp4 else {}))
-    (out / "quantize.json").write_text(json.dumps(info, indent=1, sort_keys=True))
-    return {"quantize": info}
+    summary = QuantizeSummary(**info)
+    (out / "quantize.json").write_text(summary.record())
+    return summary

@@ -25,7 +25,8 @@ class ModelHandoff:
     (export, goldens, accuracy) in the same process, instead of loading the checkpoint and the state again (for a
     3B model on a CPU that reload was the largest part of the pipeline's overhead). Keyed by the state file's inode,
     mtime and size: the stage directory's rename keeps them; a re-run or a copy changes them. The doit process
-    holds one (pipeline/graph/actions.py) and passes it to the stages; without one, every stage restores."""
+    holds one (pipeline/graph/tasks.py) and hands it to the stages through their recipe's graph; without one, every
+    stage restores."""
 
     def __init__(self) -> None:
         self.models: dict[tuple, Any] = {}

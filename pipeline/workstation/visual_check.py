@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import PipelineError
-from pipeline.families.visual import TowerDesign
+from pipeline.families.visual import TowerDesign, tower_design
 from pipeline.workstation.onnx_reference import tower_ops
 
 # an FP16 graph against the float32 reference with the same (FP16) weights: the largest difference relative to the
@@ -36,17 +36,19 @@ MAX_RELATIVE_ERROR_FP8 = 0.1
 MIN_COSINE_FP8 = 0.9995
 
 
-def image_processor(model_dir: Path, design: TowerDesign):
+def image_processor(model_dir: Path, design: TowerDesign | str):
     """The checkpoint's image processor (its preprocessor_config.json), as the goldens and this check run it: the
     design's PIL implementation (families/visual.py)."""
+    design = tower_design(design)
     import transformers
     return getattr(transformers, design.processor).from_pretrained(str(model_dir))
 
 
-def tower_module(key: str, design: TowerDesign) -> tuple[str, str] | None:
+def tower_module(key: str, design: TowerDesign | str) -> tuple[str, str] | None:
     """(module, the tensor's name within it) of a checkpoint tensor of the tower, else None. Checkpoints name their
     tensors <module>.* or model.<module>.*: transformers 5 saves each family in its hub layout (Qwen2.5-VL and InternVL
     -hf without "model.", Qwen3-VL with it)."""
+    design = tower_design(design)
     for name in design.modules:
         for prefix in (f"{name}.", f"model.{name}."):
             if key.startswith(prefix):
@@ -69,11 +71,12 @@ def fp8_round(x, scale):
     return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32) * scale
 
 
-def load_tower(model_dir: Path, design: TowerDesign):
+def load_tower(model_dir: Path, design: TowerDesign | str):
     """The checkpoint's model with only its tower built and loaded (weights FP16-rounded, held in float32); the
     language model stays on the meta device, never allocated. A tower checkpoint with FP8 linears (E4M3 weights and
     per-tensor weight_scale / input_scale, as ModelOpt writes them and Edge-LLM's FP8Linear reads them) gets those
     numerics: each weight dequantized with its FP16 scale, each input through E4M3 at its FP16 scale."""
+    design = tower_design(design)
     import torch
     import transformers
     from safetensors import safe_open
@@ -147,9 +150,10 @@ class TowerGeometry:
         return (pos[..., None] * inv).reshape(pos.shape[0], -1).astype(np.float32)
 
 
-def onnx_feeds(design: TowerDesign, geometry: TowerGeometry, pixel_values, grid_thw) -> dict:
+def onnx_feeds(design: TowerDesign | str, geometry: TowerGeometry, pixel_values, grid_thw) -> dict:
     """The visual graph's inputs for one batch of images, as Edge-LLM's runtime feeds them: the position table's
     bilinear lookup where the design's graph takes one (Qwen3-VL), else window order (Qwen2.5-VL)."""
+    design = tower_design(design)
     from transformers import vision_utils as vu
     merge = geometry.merge
     cu = vu.get_vision_cu_seqlens(grid_thw).numpy().astype(np.int32)
@@ -171,8 +175,9 @@ def onnx_feeds(design: TowerDesign, geometry: TowerGeometry, pixel_values, grid_
     return feeds
 
 
-def image_feeds(design: TowerDesign, geometry: TowerGeometry | None, inputs) -> dict:
+def image_feeds(design: TowerDesign | str, geometry: TowerGeometry | None, inputs) -> dict:
     """The visual graph's inputs for what the processor made of the images (a tiled tower: the tiles alone)."""
+    design = tower_design(design)
     if design.tiled or geometry is None:
         return {"input": inputs["pixel_values"].numpy().astype(np.float16)}
     return onnx_feeds(design, geometry, inputs["pixel_values"], inputs["image_grid_thw"])
@@ -197,7 +202,8 @@ class TowerAgreement:
         return out
 
 
-def reference_outputs(design: TowerDesign, model, inputs: dict) -> list[np.ndarray]:
+def reference_outputs(design: TowerDesign | str, model, inputs: dict) -> list[np.ndarray]:
+    design = tower_design(design)
     import torch
     with torch.no_grad():
         if design.tiled:
@@ -216,9 +222,10 @@ def tower_precision(checkpoint: Path) -> str:
     return "fp8" if (checkpoint / "hf_quant_config.json").is_file() else "fp16"
 
 
-def check_tower(onnx_path: Path, model_dir: Path, design: TowerDesign, images: list) -> TowerAgreement:
+def check_tower(onnx_path: Path, model_dir: Path, design: TowerDesign | str, images: list) -> TowerAgreement:
     """Each image through the exported graph and through transformers (model_dir: the checkpoint the exporter read);
     raises naming the difference when they disagree beyond what the tower's precision explains."""
+    design = tower_design(design)
     import onnx
     from onnx.reference import ReferenceEvaluator
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from pipeline.backends.edgellm import LLM_DIR, VISUAL_DIR
 from pipeline.contract import OnnxGraph, VisualExport
 from pipeline.errors import PipelineError
-from pipeline.families.visual import TowerDesign
+from pipeline.families.visual import TowerDesign, tower_design
 from pipeline.workstation.export_steps import PartExport
 from pipeline.workstation.onnx_graph import check_graph
 from pipeline.workstation.visual_check import check_tower, tower_module
@@ -57,13 +57,14 @@ def graph_outputs(deepstack: int) -> list[str]:
     return ["output", *[f"deepstack_features_{i}" for i in range(deepstack)]]
 
 
-def tower_fp8_tensors(model, design: TowerDesign) -> dict[tuple[str, str], object]:
+def tower_fp8_tensors(model, design: TowerDesign | str) -> dict[tuple[str, str], object]:
     """The calibrated FP8 tower's linears as ModelOpt's unified checkpoint writes FP8 (and Edge-LLM's FP8Linear reads
     it): weight_scale = weight amax / 448, the weight as E4M3 of weight / weight_scale, input_scale = input amax / 448.
     Keyed like tower_module: (tower module, tensor name within it). Made here, not by a second unified export, so
     that the language model's checkpoint says only the language model's format (a tower in it turns ModelOpt's
     quant_algo into MIXED_PRECISION, which Edge-LLM 0.11's loader then misreads for the language model's INT4-AWQ
     layers when the tower's FP8 layers outnumber them)."""
+    design = tower_design(design)
     import torch
 
     from pipeline.workstation.visual_check import FP8_MAX
@@ -82,10 +83,11 @@ def tower_fp8_tensors(model, design: TowerDesign) -> dict[tuple[str, str], objec
     return out
 
 
-def write_tower_checkpoint(model_dir: Path, out: Path, design: TowerDesign, fp8: dict | None = None) -> int:
+def write_tower_checkpoint(model_dir: Path, out: Path, design: TowerDesign | str, fp8: dict | None = None) -> int:
     """The checkpoint the exporter reads: the tower's tensors in FP16 (model.safetensors), config.json without
     auto_map, the processor's config. Returns the number of tensors written. fp8 (tower_fp8_tensors): the linears of
     an FP8 tower as E4M3 weights with their weight_scale and input_scale, with an hf_quant_config.json saying FP8."""
+    design = tower_design(design)
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -134,12 +136,13 @@ def write_tower_checkpoint(model_dir: Path, out: Path, design: TowerDesign, fp8:
     return len(tensors)
 
 
-def export_visual(model_dir: Path, scratch: Path, onnx_dir: Path, design: TowerDesign, deepstack: int,
+def export_visual(model_dir: Path, scratch: Path, onnx_dir: Path, design: TowerDesign | str, deepstack: int,
                   fp8: dict | None = None) -> dict:
     """Edge-LLM's exporter on the tower alone, into onnx_dir (model.onnx, model.onnx.data, config.json,
     preprocessor_config.json), its graph checked. Returns the graph's description (contract OnnxGraph fields).
     The tower checkpoint it read stays in scratch/tower-checkpoint for the numerical check (fp8: as
     write_tower_checkpoint)."""
+    design = tower_design(design)
     tower = scratch / "tower-checkpoint"
     out = scratch / "edgellm-visual"
     for d in (tower, out):

@@ -356,8 +356,13 @@ def test_awq_scales_are_shared_only_where_a_backend_the_recipe_may_build_with_ne
     """TensorRT-LLM 0.12 fuses q/k/v and gate/up into one GEMM, so one pre-quant scale each; Edge-LLM takes each
     linear's own. A recipe whose targets' stacks include 0.12 (and no pinned backend) calibrates shared scales; one
     pinned to Edge-LLM, or for Thor, keeps them per linear, and its quantize stage is keyed so."""
-    from pipeline.graph.specs import awq_scales_shared, quantize_spec
+    from pipeline.graph.stage import RecipeGraph
+    from pipeline.graph.stages import QUANTIZE
+    from pipeline.graph.stages.quantize import awq_scales_shared
     from pipeline.recipe import load_recipe
+
+    def quantize_spec(recipe):
+        return RecipeGraph(recipe).spec(QUANTIZE)
 
     r = load_recipe(recipe)
     assert awq_scales_shared(r) is shared

@@ -95,8 +95,15 @@ def test_a_second_compare_measures_nothing_again(compared):
 
 def test_compare_shares_the_builds_stages():
     from pipeline.graph.compare import variant
-    from pipeline.graph.specs import accuracy_spec, quantize_spec
+    from pipeline.graph.stage import RecipeGraph
+    from pipeline.graph.stages import ACCURACY, QUANTIZE
     from pipeline.recipe import load_recipe
+
+    def quantize_spec(recipe):
+        return RecipeGraph(recipe).spec(QUANTIZE)
+
+    def accuracy_spec(recipe):
+        return RecipeGraph(recipe).spec(ACCURACY)
 
     recipe = load_recipe("tiny-llama-cpu")
     same = variant(recipe, recipe.weights)

@@ -204,7 +204,7 @@ def test_int4_awq_keeps_each_linears_own_pre_quant_scale_for_edge_llm(builtin, t
     src = builtin("tiny-llama-h128")
     q = tmp_path / "q"
     q.mkdir()
-    info = quantize(src, q, "int4_awq", "fp16", 64, CAL, ".", share_awq_scales=False)["quantize"]
+    info = quantize(src, q, "int4_awq", "fp16", 64, CAL, ".", share_awq_scales=False).to_dict()
     assert info["awq_scales"] == "per-linear" and info["fused_groups"] == 0
     onnx_dir = tmp_path / "e" / "onnx"
     export(src, q, tmp_path / "e", onnx_dir, "int4_awq", "fp16", "11.0")

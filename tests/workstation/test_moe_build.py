@@ -258,12 +258,12 @@ def test_experts_no_calibration_token_reached_are_refused_where_their_inputs_are
     accepted = tmp_path / "accepted"
     accepted.mkdir()
     info = quantize(tiny_qwen3_moe, accepted, "fp8", "fp16", None, few, "moe.toml", accept_uncalibrated_experts=True)
-    experts = info["quantize"]["experts"]
+    experts = info.to_dict()["experts"]
     assert experts["experts"] == 32 and len(experts["unreached"]) >= 16 and experts["least_tokens"] == 0
     # and the weight-only INT4 experts, whose numerics no input statistic reaches, are not refused
     int4 = tmp_path / "int4"
     int4.mkdir()
-    assert quantize(tiny_qwen3_moe, int4, "int4_awq", "fp16", 32, few, "moe.toml")["quantize"]["experts"]["unreached"]
+    assert quantize(tiny_qwen3_moe, int4, "int4_awq", "fp16", 32, few, "moe.toml").to_dict()["experts"]["unreached"]
 
 
 def test_fetch_checks_every_expert_and_router_against_the_config(tiny_qwen3_moe, tmp_path):

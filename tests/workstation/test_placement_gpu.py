@@ -23,7 +23,7 @@ def _run(src, tmp_path, monkeypatch, budgets):
         monkeypatch.delenv("PIPELINE_GPU_BUDGET_BYTES", raising=False)
     qdir, edir = tmp_path / "q", tmp_path / "e"
     qdir.mkdir(parents=True)
-    info = quantize(src, qdir, "int4_awq", "int8", 64, CAL, ".")["quantize"]
+    info = quantize(src, qdir, "int4_awq", "int8", 64, CAL, ".").to_dict()
     # export takes the live model (moved to the CPU), or reloads it where it is spread over devices
     check = export(src, qdir, edir, "int4_awq", probe_ids(src)).to_dict()["reader_check"]
     return info, check, edir

@@ -135,7 +135,7 @@ def test_a_modelopt_checkpoint_restored_exports_back_bit_for_bit(base, tmp_path,
     assert (held.weights, held.kv_cache) == (weights, kv)
     out = tmp_path / "quantize"
     out.mkdir()
-    info = restore(ckpt, out, held, kv)["quantize"]
+    info = restore(ckpt, out, held, kv).to_dict()
     assert info["method"] == "checkpoint" and info["calibration_tokens"] == 0
     model = load_quantized(ckpt, out, "cpu").half()
     with awq_scales_as_calibrated(weights):

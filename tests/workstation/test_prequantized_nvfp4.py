@@ -50,7 +50,7 @@ def restore_nvfp4(root: Path) -> dict:
     held = detect(ckpt)
     assert held is not None and held.algo == "NVFP4"
     (root / "q").mkdir()
-    info = restore(ckpt, root / "q", held, "fp16")["quantize"]
+    info = restore(ckpt, root / "q", held, "fp16").to_dict()
     # what the restored reference model multiplies by (its fake-quantized fp16 weights) against the checkpoint's
     # weights dequantized independently (prequantized.dequantized, fp32, rounded to fp16 as the model holds them).
     # Not against the model that wrote the checkpoint: ModelOpt's export gives q/k/v and gate/up one shared global

@@ -39,7 +39,7 @@ def test_int4_awq_perplexity_within_20_percent_of_fp32(smollm2, tmp_path):
     from pipeline.workstation.state import load_quantized
 
     cal = Calibration("builtin:calib-en", 16, 128, 0)
-    info = quantize(smollm2, tmp_path, "int4_awq", "fp16", 64, cal, ".")["quantize"]   # hidden 576: group 64
+    info = quantize(smollm2, tmp_path, "int4_awq", "fp16", 64, cal, ".").to_dict()   # hidden 576: group 64
     assert info["group_size"] == 64
     fp32 = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
     # the short paragraph FACTS.md's figures were measured on (the default held-out text is now longer)

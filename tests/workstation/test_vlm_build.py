@@ -181,11 +181,10 @@ def test_each_exported_tower_computes_what_transformers_computes_on_every_builti
     """The three tower designs through Edge-LLM's exporter: the graph the build device's visual_build reads, and the
     export stage's own check (the ONNX in ONNX's reference evaluator against transformers' tower, on every builtin
     image) within FP16's error."""
-    from pipeline.workstation.visual_export import GRAPH_INPUTS
     src, onnx_dir, visual, tower = _tower(project_built[0], recipe)
     graph = visual["onnx"]
-    assert visual["design"] == tower.design and visual["precision"] == "fp16"
-    assert graph["inputs"] == list(GRAPH_INPUTS[tower.design])
+    assert visual["design"] == tower.design.name and visual["precision"] == "fp16"
+    assert graph["inputs"] == list(tower.design.graph_inputs)
     assert graph["outputs"] == ["output", *[f"deepstack_features_{i}" for i in range(tower.deepstack)]]
     assert graph["custom_ops"] == ["trt_edgellm:ViTAttentionPlugin"]
     assert sorted(p.name for p in onnx_dir.iterdir()) == ["config.json", "model.onnx", "model.onnx.data",

@@ -1,0 +1,90 @@
+"""accuracy: perplexity on held-out text, logit cosine and next-token agreement of the quantized model against the
+original (or, for a pre-quantized checkpoint, its [base_model] or its own numerics): what the quality gate reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+from pipeline import contract
+from pipeline.errors import PipelineError
+from pipeline.graph.stage import Input, RecipeGraph, Stage, StageKey, StageRun, count
+from pipeline.graph.stages.goldens import goldens_images, image_keys, reference_model
+from pipeline.graph.stages.plan import FETCH, FETCH_BASE, base_dir, fetch_digest, model_dir
+from pipeline.graph.stages.quantize import QUANTIZE, WORKSTATION_TOOLS
+
+
+def _summary(result: contract.StageManifest) -> str:
+    a = result.accuracy
+    assert a is not None        # the accuracy stage's build returns it
+    lo, hi = a.perplexity_change_interval
+    images = f", {a.image_top1_agreement:.1%} on the {count(a.image_prompts, 'image prompt')}" \
+        if a.image_top1_agreement is not None else ""
+    return f"perplexity {a.perplexity_change:+.1%} (95% {lo:+.1%} to {hi:+.1%}), top-1 agreement " \
+           f"{a.top1_agreement:.1%}{images}"
+
+
+def _heldout_digest(g: RecipeGraph) -> str:
+    """The held-out text's content, so a changed text re-measures (an unreadable file: the stage says why)."""
+    from pipeline.files import read_regular
+    from pipeline.workstation.evaluate import HELDOUT_MAX, heldout_path
+    path = heldout_path(g.recipe.validation.heldout, g.recipe.file)
+    try:
+        return hashlib.sha256(read_regular(path, HELDOUT_MAX)).hexdigest()[:16]
+    except (OSError, PipelineError):
+        return f"unreadable:{path}"
+
+
+def _key(g: RecipeGraph, _target: str | None) -> StageKey:
+    # a vision-language recipe's image prompts are measured too (their agreement with the original)
+    return StageKey({"heldout": _heldout_digest(g), **image_keys(g)}, WORKSTATION_TOOLS)
+
+
+def accuracy_stage(g: RecipeGraph) -> contract.StageManifest:
+    """The accuracy stage of the recipe (built unless current); returns its manifest."""
+    from transformers import AutoTokenizer
+
+    from pipeline.workstation.cpu_linear import skinny_linears
+    from pipeline.workstation.evaluate import accuracy_report, heldout_text, write_report
+    from pipeline.workstation.models import input_device, load_model
+
+    recipe = g.recipe
+
+    def build(out: Path) -> contract.AccuracyFigures:
+        tok = AutoTokenizer.from_pretrained(model_dir(g))
+        base = base_dir(g)
+        with reference_model(g) as quantized:
+            # a pre-quantized checkpoint: its [base_model] unquantized where the recipe names one, else the
+            # checkpoint's own numerics (load_model dequantizes it without the engine's clamp)
+            original = load_model(base or model_dir(g), input_device(quantized).split(":")[0])
+            with skinny_linears():
+                name, text = heldout_text(recipe.validation.heldout, recipe.file)
+                figures = accuracy_report(original, quantized, tok, text, name)
+                images = goldens_images(g)
+                if images is not None:
+                    from pipeline.workstation.image_prompts import image_agreement
+                    agree = image_agreement(original, quantized, tok, images, recipe.validation.prompts,
+                                            recipe.validation.max_new_tokens)
+                    figures = dataclasses.replace(figures, image_prompts=len(images.images),
+                                                  image_top1_agreement=round(agree, 6))
+            from pipeline.workstation.prequantized import detect
+            held = detect(model_dir(g))
+            what = None if held is None else \
+                f"the unquantized base model {recipe.base_model.label} ([base_model]); quantized: the checkpoint " \
+                f"({held.label}) as the engine computes it" if recipe.base_model else \
+                f"the checkpoint's own numerics ({held.label}); quantized: as the engine computes them"
+            write_report(out, figures, recipe.weights, recipe.name, fetch_digest(g), original=what)
+        return figures
+
+    return g.build(ACCURACY, None, build)
+
+
+def do_accuracy(run: StageRun) -> contract.StageManifest:
+    return accuracy_stage(run.graph)
+
+
+ACCURACY = Stage("accuracy", "Perplexity, logit cosine and top-1 agreement of the quantized vs the original model "
+                 "(JSON + Markdown).", _summary, do_accuracy,
+                 inputs=(Input(FETCH), Input(QUANTIZE), Input(FETCH_BASE)), key=_key,
+                 result=contract.AccuracyFigures, cached=True)

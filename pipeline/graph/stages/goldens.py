@@ -1,0 +1,108 @@
+"""goldens: the reference greedy outputs and top-k log-probabilities of the recipe's validation prompts, from the
+deployed numerics (the quantized state restored, weights on the export grid): what the device must match."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from pipeline import contract
+from pipeline.errors import PipelineError
+from pipeline.formats import WEIGHT_FORMATS
+from pipeline.graph.stage import Input, RecipeGraph, Stage, StageKey, StageRun, count
+from pipeline.graph.stages.plan import FETCH, model_dir
+from pipeline.graph.stages.quantize import QUANTIZE, WORKSTATION_TOOLS, quant_dir
+
+
+def _summary(result: contract.StageManifest) -> str:
+    g = result.goldens
+    assert g is not None        # the goldens stage's build returns it
+    line = f"{count(g.prompts, 'prompt')}{' (chat template)' if g.chat_template else ''}, " \
+           f"{count(g.new_tokens, 'reference token')}"
+    return line + (f"\n  warning: {len(g.weak)} golden answer(s) shorter than half of max_new_tokens: a weak "
+                   f"check (e.g. {g.weak[0]!r}); ask for longer answers" if g.weak else "")
+
+
+def image_keys(g: RecipeGraph) -> dict:
+    """A vision-language recipe's images (by content) and the profile they are asked at, for the goldens' and the
+    accuracy stage's keys."""
+    from dataclasses import asdict
+    recipe = g.recipe
+    v = recipe.validation
+    if not v.images:
+        return {}
+    from pipeline.workstation.image_prompts import read_image
+    try:
+        digests = [read_image(r, recipe.file, f"validation.images[{i}]").sha256[:16] for i, r in enumerate(v.images)]
+    except PipelineError as exc:
+        digests = [f"unreadable: {exc.message}"]
+    # image_positions 2: Qwen's image tokens on the image's grid (multimodal RoPE), as the deployed runtime places them
+    return {"images": digests, "visual": asdict(recipe.build.visual), "image_positions": 2,
+            "image_prompts": list(v.prompts[:len(v.images)]), "image_new_tokens": v.max_new_tokens}
+
+
+def _key(g: RecipeGraph, _target: str | None) -> StageKey:
+    v = g.recipe.validation
+    return StageKey({"prompts": list(v.prompts), "max_new_tokens": v.max_new_tokens,
+                     "top_k_logprobs": v.top_k_logprobs, "min_token_agreement": v.min_token_agreement,
+                     **image_keys(g)}, WORKSTATION_TOOLS)
+
+
+@contextlib.contextmanager
+def reference_model(g: RecipeGraph):
+    """The deployed-numerics model (quantize's saved state restored, weights on the export grid).
+
+    Always restored from disk, never the model quantize handed over in memory: goldens from the handed-over model
+    differed in the 5th decimal of their log-probs from goldens made after a restore, so goldens.json (and all that
+    follows it) depended on doit's task order. Same inputs, same bytes: the restore is what the export reads too."""
+    from pipeline.workstation.grid import weights_on_grid
+    from pipeline.workstation.models import pick_device
+    from pipeline.workstation.state import load_quantized
+
+    g.handoff.drop()       # never two models at once
+    model = load_quantized(model_dir(g), quant_dir(g), pick_device(WEIGHT_FORMATS[g.recipe.weights]))
+    with weights_on_grid(model):
+        yield model
+
+
+def goldens_images(g: RecipeGraph):
+    """The recipe's validation images, asked at the plan's image profile (None without images)."""
+    recipe = g.recipe
+    if not recipe.validation.images:
+        return None
+    from pipeline.plan.shapes import load_shape
+    from pipeline.recipe import image_profile
+    from pipeline.workstation.image_prompts import image_prompts
+    return image_prompts(model_dir(g), recipe.validation.images, recipe.file,
+                         image_profile(recipe, load_shape(model_dir(g))))
+
+
+def do_goldens(run: StageRun) -> contract.StageManifest:
+    from transformers import AutoTokenizer
+
+    from pipeline.formats import rounds_activations
+    from pipeline.workstation.cpu_linear import skinny_linears
+    from pipeline.workstation.evaluate import make_goldens, tie_logprob, weak_prompts
+
+    g = run.graph
+
+    def build(out: Path) -> contract.GoldensSummary:
+        tok = AutoTokenizer.from_pretrained(model_dir(g))
+        images = goldens_images(g)
+        with reference_model(g) as model, skinny_linears():
+            q = g.recipe.quantization
+            tie = tie_logprob(rounds_activations(q.weights, q.kv_cache, q.visual))
+            goldens = make_goldens(model, tok, g.recipe.validation, model_dir(g), images, tie)
+        goldens.dump(out / contract.GOLDENS)
+        if images is not None:
+            images.write(out)
+        return contract.GoldensSummary(len(goldens.prompts), goldens.chat_template,
+                                       sum(len(p.output_ids) for p in goldens.prompts), weak_prompts(goldens))
+
+    return run.build(build)
+
+
+GOLDENS = Stage("goldens", "Reference greedy outputs and top-k log-probs for the recipe's validation prompts "
+                "(deployed numerics).", _summary, do_goldens, inputs=(Input(FETCH), Input(QUANTIZE)), key=_key,
+                version=3,     # 2: goldens.json written from its record (keys sorted); 3: near ties
+                result=contract.GoldensSummary, cached=True)
