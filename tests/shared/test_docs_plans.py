@@ -1,0 +1,61 @@
+"""Every plan the README and docs/ show is what the planner says now: each `python -m pipeline plan --model-config
+NAME/config.json ...` block is run on that model's config (pipeline/data/model_configs.toml) and each line it quotes
+(`#  ...`, a trailing note of its own after a wide gap left out) must be a line of the table it prints."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from pipeline.plan.perf import known_model_configs
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+COMMAND = re.compile(r"python -m pipeline plan (--model-config (\S+)/config\.json.*)")
+
+
+def shown_plans() -> list[tuple[str, str, list[str], list[str]]]:
+    """(document, model directory, the command's arguments, the lines it quotes) of every plan block."""
+    out = []
+    for doc in DOCS:
+        lines = doc.read_text().splitlines()
+        for i, line in enumerate(lines):
+            m = COMMAND.search(line)
+            if not m:
+                continue
+            command, j = m.group(1), i
+            while command.endswith("\\"):
+                j += 1
+                command = command[:-1] + " " + lines[j].strip()
+            quoted = []
+            for follow in lines[j + 1:]:
+                if not follow.startswith("#  "):
+                    break
+                quoted.append(re.split(r"\s{3,}\(", follow[1:].rstrip())[0].rstrip())
+            if quoted:
+                out.append((doc.name, m.group(2), command.split(), quoted))
+    return out
+
+
+PLANS = shown_plans()
+
+
+def test_the_docs_show_plans():
+    assert len(PLANS) >= 2 and {p[0] for p in PLANS} >= {"planner.md"}
+
+
+@pytest.mark.parametrize("doc, name, argv, quoted", PLANS, ids=[f"{p[0]}:{p[1]}" for p in PLANS])
+def test_each_plan_the_docs_show_is_what_the_planner_prints(tmp_path, doc, name, argv, quoted):
+    import json
+    repo = min((k for k in known_model_configs() if k.split("/")[-1].startswith(name)), key=len)
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.json").write_text(json.dumps(known_model_configs()[repo]))
+    out = subprocess.run([sys.executable, "-m", "pipeline", "plan", *argv], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    printed = [line.rstrip() for line in out.stdout.splitlines()]
+    assert out.returncode == 0, out.stderr
+    assert [q for q in quoted if q not in printed] == [], (doc, printed)
+    # one figure changed is no line of the table: the comparison is of whole lines
+    changed = re.sub(r"\d(?=\D*$)", lambda d: str((int(d.group()) + 1) % 10), quoted[0])
+    assert changed not in printed
