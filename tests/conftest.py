@@ -30,6 +30,17 @@ def pytest_collection_modifyitems(config, items):   # noqa: ARG001 - pytest's ho
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))     # stable: the rest keep their order
 
 
+def pytest_generate_tests(metafunc):
+    """The family conformance suite (tests/conformance.py), run by a module that imports it, over that module's rows
+    (its FAMILIES, from tests/families.py): `family` per row, `family_target` per row and target board."""
+    rows = getattr(metafunc.module, "FAMILIES", ())
+    if "family" in metafunc.fixturenames:
+        metafunc.parametrize("family", rows, ids=[r.recipe for r in rows])
+    if "family_target" in metafunc.fixturenames:
+        pairs = [(r, t) for r in rows for t in r.boards]
+        metafunc.parametrize("family_target", pairs, ids=[f"{r.recipe}@{t}" for r, t in pairs])
+
+
 def pytest_configure(config):   # noqa: ARG001 - pytest's hook signature
     """Under pytest-xdist (the README's test command) every core runs a worker: each worker and the processes it
     starts (doit, the device half, servers) compute on one thread, where two of two threads on two cores would

@@ -24,6 +24,15 @@ C = TypeVar("C")
 DATA = Path(__file__).parents[1] / "data"
 
 
+@dataclass(frozen=True)
+class BoardRow:
+    """The columns a published result on a Jetson board starts with (the MoE and hybrid rows' own follow)."""
+    target: str
+    power_mode: str
+    model: str
+    precision: str          # a ROW_PRECISIONS name (pipeline/formats.py)
+
+
 def read_rows(path: Path, row: type[R]) -> list[R]:
     """A CSV's rows as `row` (a dataclass): each field from the column of its name, converted by its annotation (an
     optional field's empty cell is None); columns the row type does not name (the references' own) are left out."""

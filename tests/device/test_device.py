@@ -5,7 +5,8 @@ the doubles can make its /proc/meminfo show the memory they take); trtllm-build,
 tensorrt_llm's runtime are TEST DOUBLES (tests/doubles; TensorRT cannot exist in CI): the build doubles check their argv
 against the backends' flag sets and their inputs against the export formats, the runtime doubles compute with the
 engine's weights (the TensorRT-LLM checkpoint through the independent reader, the Edge-LLM ONNX through an
-interpreter of its graph). Everything else is the production code.
+interpreter of its graph). Everything else is the production code. The default recipe's row of the family suite
+(tests/families.py, tests/conformance.py) runs here on the same kit and device run.
 """
 
 import json
@@ -19,6 +20,8 @@ from conftest import board_copy, device, kit_meta
 from conftest import resigned as _resigned
 
 from pipeline import contract
+from tests.conformance import *  # noqa: F403  (the family suite, on this module's rows)
+from tests.families import rows_of
 
 pytestmark = pytest.mark.integration   # runs doit or the device half as subprocesses
 
@@ -26,16 +29,31 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 BUILD_TAKES, RUNTIME_TAKES = 900_000 * 1024, 800_000 * 1024     # what the doubles take from the fake board (kB)
+FAMILIES = rows_of(__file__)
 
 
-def test_device_builds_validates_and_bundles(kit, tmp_path):
+@pytest.fixture(scope="module")
+def kit_built(kit):
     project, kit_dir, doit_out = kit
+    return project, {"orin-nano-8gb": kit_dir}, doit_out
+
+
+@pytest.fixture(scope="module")
+def kit_validated(kit, tmp_path_factory):
+    """The device half on the recorded Orin Nano, its load run too, the doubles taking known memory from the board."""
+    project, kit_dir, _ = kit
+    tmp = tmp_path_factory.mktemp("device")
+    return {"orin-nano-8gb": (tmp, device(project, kit_dir, tmp, load=True, BUILD_DOUBLE_TAKES_BYTES=str(BUILD_TAKES),
+                                          RUNTIME_DOUBLE_TAKES_BYTES=str(RUNTIME_TAKES)))}
+
+
+def test_device_builds_validates_and_bundles(kit, kit_validated):
+    project, kit_dir, doit_out = kit
+    tmp_path, proc = kit_validated["orin-nano-8gb"]
     plan = json.loads((project.artifacts / "tiny-llama-cpu" / "plan" / "plan.json").read_text())
     # offline: where the kit is, and the device command where it will sit (not the workstation's path)
     assert f"kit {kit_dir}" in doit_out and f"python -m pipeline transfer {kit_dir} /media/usb" in doit_out
     assert "python -m pipeline device /media/usb/tiny-llama-cpu@orin-nano-8gb" in doit_out
-    proc = device(project, kit_dir, tmp_path, load=True, BUILD_DOUBLE_TAKES_BYTES=str(BUILD_TAKES),
-                  RUNTIME_DOUBLE_TAKES_BYTES=str(RUNTIME_TAKES))
     assert proc.returncode == 0, proc.stderr
     assert "made for orin-nano-8gb; this board is orin-nano-8gb-super (same SM 8.7)" in proc.stderr
     assert f"it took {BUILD_TAKES / 1e9:.2f} GB from the board (plan: {plan['memory']['build_peak'] / 1e9:.2f} GB)" \

@@ -37,7 +37,7 @@ def run_once(weights: str = "fp8", kv: str = "fp8") -> dict:
         info = quantize(root / "model", root / "q", weights, kv, None,
                         Calibration("builtin:calib-en", 8, 64, 0), ".")
         export(root / "model", root / "q", root / "e", root / "e" / "onnx", weights, kv, "11.0")
-        return {"device": info["quantize"]["device"], "quantize": _tree(root / "q"), "onnx": _tree(root / "e" / "onnx")}
+        return {"device": info.device, "quantize": _tree(root / "q"), "onnx": _tree(root / "e" / "onnx")}
 
 
 def two_processes() -> list[dict]:

@@ -205,7 +205,7 @@ def test_calibration_data_is_used_exactly_where_the_stage_key_says(builtin, tmp_
         for weights, kv in (("int8_wo", "fp16"), ("int8_wo", "int8")):
             info = quantize(src, out, weights, kv, None, dataclasses.replace(CAL, source=source),
                             str(tmp_path / "r.toml"))
-            assert info["quantize"]["calibration_tokens"] == (0 if kv == "fp16" else 8 * 64)
+            assert info.calibration_tokens == (0 if kv == "fp16" else 8 * 64)
             model = load_quantized(src, out, consume=True)
             attn = model.model.layers[0].self_attn
             assert not attn.q_bmm_quantizer.is_enabled      # TensorRT-LLM 0.12's INT8 KV cache leaves Q in fp16

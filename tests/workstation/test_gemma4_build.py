@@ -1,7 +1,8 @@
 """Gemma 4 through the pipeline: the repository's tiny Gemma 4 recipe (E2B's text layout shrunk: sliding and full
 layers of two head widths, KV-shared layers, per-layer input embeddings) by `doit build` to kits for Thor and an Orin
-Nano on JetPack 7.2, the device half on both recorded boards, `serve`; Edge-LLM's gemma4 graph run by the runtime
-double against transformers' Gemma 4; what each part of that double is there for; what stays refused."""
+Nano on JetPack 7.2 through the family suite (the device half on both recorded boards, `serve`, the double against
+the calibrated INT4: tests/conformance.py); Edge-LLM's gemma4 graph run by the runtime double against transformers'
+Gemma 4; what each part of that double is there for; what stays refused."""
 
 import json
 import shutil
@@ -12,7 +13,6 @@ from conftest import (
     REPO,
     Project,
     build_shipped_recipe,
-    built_vs_engine,
     device,
     device_on_boards,
     device_report,
@@ -20,13 +20,16 @@ from conftest import (
     save_random_model,
 )
 
+from tests.conformance import *  # noqa: F403  (the family suite, on this module's rows)
 from tests.edgellm_run import build_engine
-from tests.serving import Served, built_goldens, served_golden_answers
+from tests.families import rows_of
+from tests.serving import Served, built_goldens
 from tests.workstation.test_export import CAL
 
 pytestmark = pytest.mark.integration
 RECIPE = "tiny-gemma4"
-BOARDS = {"agx-thor": "agx-thor-jp72", "orin-nano-8gb": "orin-nano-8gb-jp72"}
+FAMILIES = rows_of(__file__)
+BOARDS = {r: b for f in FAMILIES for r, b in f.boards.items()}
 
 
 @pytest.fixture(scope="module")
@@ -97,33 +100,19 @@ def validated(built, tmp_path_factory):
 
 
 @pytest.mark.parametrize("target", list(BOARDS))
-def test_the_gemma4_kit_validates_on_the_recorded_board_through_the_runtime(validated, target):
-    """The device half: llm_build (which copies the per-layer table beside the engine), then every golden answered
-    by the runtime (its double gathers the per-layer embeddings, binds both RoPE tables and the SWA pools, wires the
-    shared layer to its donor's cache), a signed bundle. The longer golden prompt runs past the 16-token window."""
+def test_llm_build_copies_the_per_layer_table_beside_the_engine(validated, target):
+    """The device half (the family suite checks each golden through the runtime: its double gathers the per-layer
+    embeddings, binds both RoPE tables and the SWA pools, wires the shared layer to its donor's cache): llm_build
+    copies the per-layer embedding table beside the engine, where the runtime reads it."""
     tmp, proc = validated[target]
-    report = device_report(tmp, proc)
-    assert "JetPack 7.2" in proc.stderr
-    assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0]
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert list((tmp / "work").rglob("ple_embedding.safetensors"))
 
 
-def test_serve_answers_the_goldens_of_the_gemma4_kit(built, tmp_path):
+def test_the_golden_prompts_run_past_the_sliding_window(built):
+    """The suite's serve and device checks answer a golden longer than the 16-token window."""
     project, _, _ = built
-    goldens = built_goldens(project)
-    assert max(len(p.input_ids) for p in goldens.prompts) > 16       # past the sliding window
-    answers = served_golden_answers(project, RECIPE, goldens, tmp_path / "server.log")
-    assert all(got == want for got, want in answers), answers
-
-
-def test_the_gemma4_int4_graph_computes_the_calibrated_model(built, tmp_path):
-    """The recipe's INT4-AWQ (down_proj FP16) as its build calibrated and exported it for Thor, along the calibrated
-    model's own greedy answer to a 24-token prompt (past the 16-token window): logits within fp16 rounding, every
-    top-1 the same. FP16 is checked against transformers' own Gemma 4 below, and through the device half (the MM
-    checkpoint's kit)."""
-    project, _, _ = built
-    r = built_vs_engine(project, RECIPE, tmp_path, "fp16", "agx-thor")
-    assert r["top1_agreement"] == 1 and r["greedy_agreement"] == 1 and r["logit_cosine_min"] > 0.9999, r
+    assert max(len(p.input_ids) for p in built_goldens(project).prompts) > 16
 
 
 def _fp16_engine(model, tmp_path):
@@ -254,7 +243,7 @@ def test_a_multimodal_gemma4_checkpoints_int4_language_model_computes_the_calibr
 
     (tmp_path / "q").mkdir()
     info = quantize(tiny_gemma4_multimodal, tmp_path / "q", "int4_awq", "fp16", 64, CAL, ".")
-    assert info["quantize"]["kept_fp16"] == ["down_proj"]
+    assert info.kept_fp16 == ["down_proj"]
     onnx_dir = tmp_path / "e" / "onnx"
     export(tiny_gemma4_multimodal, tmp_path / "q", tmp_path / "e", onnx_dir, "int4_awq", "fp16", "11.0")
     eng, _ = build_engine(onnx_dir, tmp_path)

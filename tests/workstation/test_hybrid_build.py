@@ -1,24 +1,27 @@
 """Hybrid recurrent models through the pipeline: the repository's tiny Qwen3.5 recipe (Qwen3.5-0.8B's text layout
 shrunk: three gated delta-net layers to one gated attention layer) and tiny Nemotron-H recipe (Mamba-2, attention
 and MLP blocks) by `doit build` to INT4-AWQ kits for Thor and an Orin Nano on JetPack 7.2 (as Edge-LLM's quantizer
-makes them), the device half on both recorded boards, `serve`; Edge-LLM's qwen3_5 and nemotron_h graphs run by the
-runtime double against transformers' own models in FP16 over a prompt longer than a chunk, the recurrent and conv
-states carried from step to step, and against the calibrated INT4 models; NVFP4 on a CPU workstation (the GPU check:
+makes them) through the family suite (the device half on both recorded boards, `serve`, the runtime double against
+the calibrated INT4 models after a prompt past the recurrences' chunks: tests/conformance.py); Edge-LLM's qwen3_5 and
+nemotron_h graphs run by the runtime double against transformers' own models in FP16 over a prompt longer than a
+chunk, the recurrent and conv states carried from step to step; NVFP4 on a CPU workstation (the GPU check:
 tests/workstation/test_nvfp4.py)."""
 
 import json
 
 import numpy as np
 import pytest
-from conftest import REPO, build_shipped_recipe, built_vs_engine, device_on_boards, device_report, save_random_model
+from conftest import REPO, build_shipped_recipe, device_on_boards, save_random_model
 
+from tests.conformance import *  # noqa: F403  (the family suite, on this module's rows)
 from tests.edgellm_run import build_engine
-from tests.serving import built_goldens, served_golden_answers
+from tests.families import rows_of
 
 pytestmark = pytest.mark.integration
 RECIPE = "tiny-qwen3_5"
 NEMOTRON = "tiny-nemotron-h"
-BOARDS = {"agx-thor": "agx-thor-jp72", "orin-nano-8gb": "orin-nano-8gb-jp72"}
+FAMILIES = rows_of(__file__)
+BOARDS = {r: b for f in FAMILIES for r, b in f.boards.items()}
 
 
 @pytest.fixture(scope="module")
@@ -123,25 +126,16 @@ def validated(built, built_nemotron, tmp_path_factory):
             for recipe, (project, kits, _) in ((RECIPE, built), (NEMOTRON, built_nemotron))}
 
 
-@pytest.mark.parametrize("recipe", [RECIPE, NEMOTRON])
-@pytest.mark.parametrize("target", list(BOARDS))
-def test_the_hybrid_kits_validate_on_the_recorded_boards_through_the_runtime(validated, recipe, target):
-    """The device half: llm_build, then every golden answered by the runtime (its double carrying each sequence's
-    recurrent and conv states in their slots from prefill through every decode step), a signed bundle."""
-    tmp, proc = validated[recipe][target]
-    report = device_report(tmp, proc)
-    assert "JetPack 7.2" in proc.stderr
-    assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0]
+@pytest.fixture(scope="module")
+def validated_qwen3_5(validated):
+    """The device half on each recorded board (the runtime double carrying each sequence's recurrent and conv states
+    in their slots from prefill through every decode step): the family suite checks it."""
+    return validated[RECIPE]
 
 
-@pytest.mark.parametrize("recipe", [RECIPE, NEMOTRON])
-def test_serve_answers_the_goldens_of_the_hybrid_kits(built, built_nemotron, recipe, tmp_path):
-    """Served by the reference backend: its own cache for each request (for a dense Nemotron-H, the one
-    workstation/models.new_cache makes: transformers 5.14.1 cannot make it for MLP blocks)."""
-    project = (built if recipe == RECIPE else built_nemotron)[0]
-    goldens = built_goldens(project)
-    answers = served_golden_answers(project, recipe, goldens, tmp_path / "server.log")
-    assert all(got == want for got, want in answers), answers
+@pytest.fixture(scope="module")
+def validated_nemotron(validated):
+    return validated[NEMOTRON]
 
 
 def _cosine(a, b) -> float:
@@ -322,20 +316,6 @@ def test_the_double_computes_transformers_nemotron_h_and_the_export_is_checked_f
     with pytest.raises(PipelineError, match="wrote an embedding table that is not the checkpoint's "
                                             "backbone.embedding.weight"):
         check_embedding(onnx_dir, hf, ("embedding", "embeddings"))
-
-
-@pytest.mark.parametrize("recipe", [RECIPE, NEMOTRON])
-def test_the_double_computes_the_calibrated_int4_hybrid(built, built_nemotron, recipe, tmp_path):
-    """The recipe's INT4-AWQ with each linear's own scale (as the edgellm-only recipes quantize), as its build
-    calibrated and Edge-LLM exported it for Thor, run by the runtime double along the calibrated model's greedy answer
-    after a 100-token prompt (past transformers' 64-token delta-rule chunk and Nemotron-H's 16-token scan chunk, the
-    states then carried step by step): the same top-1 at every position, logits as close as fp16 rounding leaves
-    them. The Mamba-2 scan strays further (its state accumulates in fp16: 0.9986 at worst here), and is held to the
-    stray of transformers' own recurrent decode from its chunked scan on the FP16 test model above (0.9962)."""
-    project = (built if recipe == RECIPE else built_nemotron)[0]
-    r = built_vs_engine(project, recipe, tmp_path, "fp16", "agx-thor", prompt_tokens=100)
-    assert r["top1_tie_aware"] == 1.0 and r["greedy_agreement"] == 1.0, r
-    assert r["logit_cosine_min"] >= (0.9999 if recipe == RECIPE else 0.996), r
 
 
 def test_a_nvfp4_hybrid_needs_a_gpu_to_calibrate_and_says_so_before_any_work(tmp_path):

@@ -1,6 +1,8 @@
 """Mixture-of-experts models through the pipeline: the repository's tiny Qwen3-MoE recipe (`doit build` for Thor and
-an Orin Nano on JetPack 7.2: INT4-AWQ experts in Edge-LLM's Int4MoePlugin), the device half on both recorded boards,
-`serve`; the MoE plugins run by the runtime double against the calibrated model; what stays refused, and why."""
+an Orin Nano on JetPack 7.2: INT4-AWQ experts in Edge-LLM's Int4MoePlugin) through the family suite (its device half
+on both recorded boards, `serve`, the runtime double against the calibrated model: tests/conformance.py), and what
+the experts add: every expert calibrated, the MoE plugins' layouts, externalized experts; what stays refused, and
+why."""
 
 import json
 
@@ -10,21 +12,21 @@ from conftest import (
     DOUBLES,
     Project,
     build_shipped_recipe,
-    built_vs_engine,
     device_on_boards,
-    device_report,
     local_recipe,
     save_random_model,
 )
 
 from pipeline.errors import PipelineError
+from tests.conformance import *  # noqa: F403  (the family suite, on this module's rows)
 from tests.edgellm_run import model_vs_engine
-from tests.serving import built_goldens, served_golden_answers
+from tests.families import rows_of
 from tests.workstation.test_export import CAL, builtin  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 RECIPE = "tiny-qwen3-moe"
-BOARDS = {"agx-thor": "agx-thor-jp72", "orin-nano-8gb": "orin-nano-8gb-jp72"}
+FAMILIES = rows_of(__file__)
+BOARDS = {r: b for f in FAMILIES for r, b in f.boards.items()}
 
 
 def random_qwen3_moe(path, experts=4, layers=2):
@@ -88,35 +90,11 @@ def test_the_tiny_moe_recipe_calibrates_every_expert_and_exports_them_to_the_int
     assert all((kit / "MANIFEST.json").is_file() for kit in kits.values())
 
 
-@pytest.mark.parametrize("target", list(BOARDS))
-def test_the_moe_kit_validates_on_the_recorded_board_through_the_runtime(validated, target):
-    """The device half: llm_build, then every golden answered by the runtime (its double computes Int4MoePlugin from
-    the Marlin bytes in the engine: routing, top-2, renormalized weights, SwiGLU experts), a signed bundle."""
-    tmp, proc = validated[target]
-    report = device_report(tmp, proc)
-    assert "JetPack 7.2" in proc.stderr
-    assert report.ok and [p.agreement for p in report.prompts] == [1.0, 1.0]
-    assert list((tmp / "out").glob(f"{RECIPE}@{target}-sm*-trt*"))
-
-
-def test_serve_answers_the_goldens_of_the_moe_kit(built, tmp_path):
-    """`serve` on the built recipe answers the openai client as the goldens say (the workstation's serving path runs
-    the same Edge-LLM runtime over the MoE graph)."""
-    project, _, _ = built
-    answers = served_golden_answers(project, RECIPE, built_goldens(project), tmp_path / "server.log")
-    assert all(got == want for got, want in answers), answers
-
-
-@pytest.mark.parametrize("weights", ["int4_awq", "fp16"])
-def test_the_moe_plugins_compute_the_calibrated_model(builtin, request, tmp_path, weights):  # noqa: F811
-    """Int4MoePlugin (Marlin: the recipe's build, its Thor export) and Fp16MoePlugin (64-row up/gate interleave),
-    run by the runtime double from the engine's bytes, reproduce the calibrated model along its own greedy answer:
-    logits within fp16 rounding, every top-1 the same."""
-    if weights == "int4_awq":
-        project, _, _ = request.getfixturevalue("built")
-        r = built_vs_engine(project, RECIPE, tmp_path, "fp16", "agx-thor")
-    else:
-        r = model_vs_engine(builtin(RECIPE), tmp_path, weights, "fp16", CAL)
+def test_the_fp16_moe_plugin_computes_the_model(builtin, tmp_path):  # noqa: F811
+    """Fp16MoePlugin (64-row up/gate interleave), run by the runtime double from the engine's bytes, reproduces the
+    model along its own greedy answer: logits within fp16 rounding, every top-1 the same. (Int4MoePlugin, Marlin:
+    the recipe's own build, in the family suite.)"""
+    r = model_vs_engine(builtin(RECIPE), tmp_path, "fp16", "fp16", CAL)
     assert r["top1_agreement"] == 1 and r["greedy_agreement"] == 1 and r["logit_cosine_min"] > 0.9999, r
 
 

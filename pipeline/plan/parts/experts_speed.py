@@ -29,18 +29,14 @@ from typing import Any
 
 from pipeline.formats import KVFormat
 from pipeline.plan.parts.experts import key_of, layer_cost
-from pipeline.plan.rows import DATA, PublishedFit, max_abs, median_abs, read_rows
+from pipeline.plan.rows import DATA, BoardRow, PublishedFit, max_abs, median_abs, read_rows
 from pipeline.plan.shapes import ModelShape
 
 ROWS = DATA / "moe_rows.csv"
 
 
 @dataclass(frozen=True)
-class MoeRow:
-    target: str
-    power_mode: str
-    model: str
-    precision: str          # a ROW_PRECISIONS name (pipeline/formats.py)
+class MoeRow(BoardRow):
     batch: int
     context: int            # tokens in each sequence's KV cache, on average over the answer
     decode_tok_s: float     # generated tok/s of the whole batch

@@ -32,18 +32,14 @@ from typing import Any
 
 from pipeline.plan.parts.experts_speed import dense_step_s, weights_of
 from pipeline.plan.parts.hybrid import MIN_ROWS, cost, key_of
-from pipeline.plan.rows import DATA, PublishedFit, max_abs, median_abs, read_rows
+from pipeline.plan.rows import DATA, BoardRow, PublishedFit, max_abs, median_abs, read_rows
 from pipeline.plan.shapes import ModelShape
 
 ROWS = DATA / "hybrid_rows.csv"
 
 
 @dataclass(frozen=True)
-class HybridRow:
-    target: str
-    power_mode: str
-    model: str
-    precision: str          # a ROW_PRECISIONS name (pipeline/formats.py)
+class HybridRow(BoardRow):
     context: int            # the KV cache and state a decode step reads past
     decode_tok_s: float
     prefill_ms: float
