@@ -141,7 +141,12 @@ def main() -> int:
         os.sched_setaffinity(0, split[1])
     engine = Engine(split[0] if split else None, args.compute_ms / 1e3)
     if args.serve:
-        serve(args.serve, args.port, engine)
+        try:
+            serve(args.serve, args.port, engine)
+        except OSError as exc:     # its port taken: the parent finds out by asking it, and says which
+            print(f"bench/http_floor.py: the {args.serve} server cannot listen on port {args.port}: {exc}",
+                  file=sys.stderr)
+            return 2
         return 0
 
     from bench.serve import interval
@@ -151,15 +156,18 @@ def main() -> int:
     servers = [subprocess.Popen([sys.executable, __file__, "--serve", k, "--port", str(p), "--compute-ms",
                                  str(args.compute_ms)]) for k, p in kinds.items()]
     try:
-        for port in kinds.values():
+        # each port until it answers; a server that exited fails only where nothing answers on its port (where
+        # another program does, the first request says so, naming the port: the one answer however the start races)
+        for server, (kind, port) in zip(servers, kinds.items(), strict=True):
             deadline = time.monotonic() + 60
             while True:
                 try:
                     socket.create_connection(("127.0.0.1", port), 1).close()
                     break
                 except OSError:
-                    if time.monotonic() > deadline or any(s.poll() is not None for s in servers):
-                        print("bench/http_floor.py: a server did not come up", file=sys.stderr)
+                    if time.monotonic() > deadline or server.poll() is not None:
+                        print(f"bench/http_floor.py: the {kind} server did not come up on port {port} (pass --port)",
+                              file=sys.stderr)
                         return 2
                     time.sleep(0.05)
         conns = {k: Connection("127.0.0.1", p, False, 30) for k, p in kinds.items()}

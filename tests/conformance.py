@@ -31,40 +31,40 @@ __all__ = ["test_the_recipe_builds_a_kit_for_each_target", "test_each_kit_valida
 STAGE_LINES = (PLAN, FETCH, QUANTIZE, EXPORT, GOLDENS, ACCURACY, PACKAGE)
 
 
-def test_the_recipe_builds_a_kit_for_each_target(family: Tiny, request):
-    project, kits, out = request.getfixturevalue(family.built)
-    assert set(kits) >= set(family.boards)
-    for target in family.boards:
+def test_the_recipe_builds_a_kit_for_each_target(tiny: Tiny, request):
+    project, kits, out = request.getfixturevalue(tiny.built)
+    assert set(kits) >= set(tiny.boards)
+    for target in tiny.boards:
         kit = contract.KitManifest.load(kits[target] / "MANIFEST.json")
-        assert (kit.name, kit.target, kit.backend) == (f"{family.recipe}@{target}", target, family.backend), kit
+        assert (kit.name, kit.target, kit.backend) == (f"{tiny.recipe}@{target}", target, tiny.backend), kit
     for stage in STAGE_LINES:
-        assert re.search(rf"^{re.escape(stage.name)} +{re.escape(family.recipe)}(@\S+)?: ", out, re.M), stage.name
+        assert re.search(rf"^{re.escape(stage.name)} +{re.escape(tiny.recipe)}(@\S+)?: ", out, re.M), stage.name
 
 
-def test_each_kit_validates_on_its_recorded_board(family_target: tuple[Tiny, str], request):
-    family, target = family_target
-    tmp, proc = request.getfixturevalue(family.validated)[target]
+def test_each_kit_validates_on_its_recorded_board(tiny_target: tuple[Tiny, str], request):
+    tiny, target = tiny_target
+    tmp, proc = request.getfixturevalue(tiny.validated)[target]
     report = device_report(tmp, proc)
     goldens = contract.Goldens.load(tmp / "work" / "kit" / contract.GOLDENS)
     assert report.ok and [p.agreement for p in report.prompts] == [1.0] * len(goldens.prompts), report.prompts
-    jetpack = re.search(r"jp(\d)(\d)", family.boards[target])
+    jetpack = re.search(r"jp(\d)(\d)", tiny.boards[target])
     assert jetpack and f"JetPack {jetpack[1]}.{jetpack[2]}" in proc.stderr
-    assert list((tmp / "out").glob(f"{family.recipe}@{target}-sm*-trt*"))       # the signed bundle
+    assert list((tmp / "out").glob(f"{tiny.recipe}@{target}-sm*-trt*"))       # the signed bundle
 
 
-def test_serve_answers_the_goldens(family: Tiny, request, tmp_path):
+def test_serve_answers_the_goldens(tiny: Tiny, request, tmp_path):
     from openai import OpenAI
 
     from tests.serving import REPO, Served
-    project = request.getfixturevalue(family.built)[0]
-    stage = stage_dir(project, family.recipe, GOLDENS.name)
+    project = request.getfixturevalue(tiny.built)[0]
+    stage = stage_dir(project, tiny.recipe, GOLDENS.name)
     goldens = contract.Goldens.load(stage / contract.GOLDENS)
-    s = Served([family.recipe], project.env, REPO, tmp_path / "server.log")
+    s = Served([tiny.recipe], project.env, REPO, tmp_path / "server.log")
     try:
         client = OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
         for p in goldens.prompts:
             if not goldens.chat_template:      # a model without a chat template: its goldens are raw completions
-                r = client.completions.create(model=family.recipe, prompt=p.prompt, temperature=0,
+                r = client.completions.create(model=tiny.recipe, prompt=p.prompt, temperature=0,
                                               max_tokens=len(p.output_ids))
                 answer = r.choices[0].text
             else:
@@ -72,7 +72,7 @@ def test_serve_answers_the_goldens(family: Tiny, request, tmp_path):
                 if p.image:
                     url = "data:image/png;base64," + base64.b64encode((stage / p.image).read_bytes()).decode()
                     content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": p.prompt}]
-                c = client.chat.completions.create(model=family.recipe, temperature=0, max_tokens=len(p.output_ids),
+                c = client.chat.completions.create(model=tiny.recipe, temperature=0, max_tokens=len(p.output_ids),
                                                    messages=[{"role": "user", "content": content}])
                 r, answer = c, c.choices[0].message.content
             assert answer == p.text, (p.prompt, answer, p.text)
@@ -82,17 +82,17 @@ def test_serve_answers_the_goldens(family: Tiny, request, tmp_path):
     assert "Traceback" not in (tmp_path / "server.log").read_text()
 
 
-def test_the_double_computes_the_calibrated_model(family: Tiny, request, tmp_path):
-    project = request.getfixturevalue(family.built)[0]
-    d = family.double
+def test_the_double_computes_the_calibrated_model(tiny: Tiny, request, tmp_path):
+    project = request.getfixturevalue(tiny.built)[0]
+    d = tiny.double
     if d is None:       # TensorRT-LLM 0.12: the export stage reads its checkpoint back with the independent reader
-        record = json.loads((stage_dir(project, family.recipe, EXPORT.name) / "stage.json").read_text())["export"]
+        record = json.loads((stage_dir(project, tiny.recipe, EXPORT.name) / "stage.json").read_text())["export"]
         check = record["reader_check"]      # as strict as the double's: the stage's own gate is looser
         assert check["positions"] > 0 and check["top1_tie_aware"] == 1.0, check
         assert check["logit_cosine_min"] > 0.9999 and check["layer_error_max"] < 1e-3, check
         return
-    target = d.target if d.target is not None and len(family.boards) > 1 else None
-    r = built_vs_engine(project, family.recipe, tmp_path, d.kv, target,
+    target = d.target if d.target is not None and len(tiny.boards) > 1 else None
+    r = built_vs_engine(project, tiny.recipe, tmp_path, d.kv, target,
                         **({"prompt_tokens": d.prompt_tokens} if d.prompt_tokens else {}))
     assert r["top1_tie_aware" if d.tie_aware else "top1_agreement"] == 1.0, r
     assert r["logit_cosine_min"] > d.min_cosine and (r["greedy_agreement"] == 1.0 or not d.greedy), r

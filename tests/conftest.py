@@ -32,13 +32,15 @@ def pytest_collection_modifyitems(config, items):   # noqa: ARG001 - pytest's ho
 
 def pytest_generate_tests(metafunc):
     """The family conformance suite (tests/conformance.py), run by a module that imports it, over that module's rows
-    (its FAMILIES, from tests/families.py): `family` per row, `family_target` per row and target board."""
-    rows = getattr(metafunc.module, "FAMILIES", ())
-    if "family" in metafunc.fixturenames:
-        metafunc.parametrize("family", rows, ids=[r.recipe for r in rows])
-    if "family_target" in metafunc.fixturenames:
+    (its FAMILIES, from tests/families.py): `tiny` per row, `tiny_target` per row and target board."""
+    if not hasattr(metafunc.module, "FAMILIES"):
+        return
+    rows = metafunc.module.FAMILIES
+    if "tiny" in metafunc.fixturenames:
+        metafunc.parametrize("tiny", rows, ids=[r.recipe for r in rows])
+    if "tiny_target" in metafunc.fixturenames:
         pairs = [(r, t) for r in rows for t in r.boards]
-        metafunc.parametrize("family_target", pairs, ids=[f"{r.recipe}@{t}" for r, t in pairs])
+        metafunc.parametrize("tiny_target", pairs, ids=[f"{r.recipe}@{t}" for r, t in pairs])
 
 
 def pytest_configure(config):   # noqa: ARG001 - pytest's hook signature
