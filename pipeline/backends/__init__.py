@@ -256,3 +256,16 @@ def family_refusal(fam: Family, backend: str, label: str) -> str | None:
     alt = (f"{fam.name} builds with {' or '.join(elsewhere)}" if elsewhere else
            f"no engine backend here builds {fam.name} yet; llama.cpp and Ollama run it on Jetson (GGUF)")
     return f"{label} does not build {fam.name} ({fam.architecture}): {why}; {alt}"
+
+
+def nowhere(config: dict) -> str | None:
+    """Why a config's model family builds with no backend here, where it runs on a Jetson instead (gpt-oss: vLLM or
+    llama.cpp); None where some backend builds it or the family is unknown (the plan says so). Asked before anything
+    else is read of a checkpoint: advice about its quantization could not help a model that has no path at all."""
+    from pipeline.families import family
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    fam = family(archs[0]) if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    if fam is None or any(builds_family(b, fam.architecture) for b in NAMES):
+        return None
+    whys = {s.refused for b in NAMES if (s := family_support(b, fam.architecture)) is not None and s.refused}
+    return f"{fam.name} ({fam.architecture}) builds with no backend here: " + "; ".join(sorted(whys))

@@ -217,6 +217,9 @@ _EDGELLM_QWEN3_5 = Support(
     rope_types=("default",), partial_rotary=True, formats=("fp16", "int4_awq", "nvfp4"), kv_cache=("fp16",),
     formats_why="the formats Edge-LLM 0.11 publishes for Qwen3.5 (INT4-AWQ on Orin, INT4-AWQ and NVFP4 on Thor)",
     recurrent_head_dim=128,
+    # its config reader (config.py _validate_mtp_constraints) raises NotImplementedError for any Qwen3.5 config whose
+    # mtp_num_hidden_layers is not 1 or that gives the draft its own embeddings, whatever is exported
+    mtp_layers=(1,), mtp_dedicated_embeddings=False,
     verified="Edge-LLM 0.11 exporter (models/qwen3_5: gated_delta_net and causal_conv1d plugins); "
              "tests/workstation/test_hybrid_build.py (tiny Qwen3.5 INT4-AWQ through doit build, the device half and "
              "serve; the runtime double against transformers' Qwen3.5 past a 64-token chunk in FP16 and against the "
@@ -283,6 +286,7 @@ EDGELLM_011: dict[str, Support] = {
                         # it, it keeps its own random embedding and exports without a word (workstation/
                         # edgellm_hybrid.py)
                         checkpoint_renames=(("backbone.embedding.weight", "backbone.embeddings.weight"),),
+                        mtp_dedicated_embeddings=False,     # its config reader raises on them for Nemotron-H too
                         verified="Edge-LLM 0.11 exporter (models/nemotron_h: update_ssm_state and causal_conv1d "
                                  "plugins; its loader reads backbone.embeddings.weight: "
                                  "workstation/edgellm_hybrid.py); tests/workstation/test_hybrid_build.py (tiny "

@@ -49,6 +49,10 @@ class Support:
     recurrent_head_dim: int | None = None
     # tensors its checkpoint loader reads under another name than transformers writes: (written, read)
     checkpoint_renames: tuple[tuple[str, str], ...] = ()
+    # the multi-token prediction layer counts its config reader takes (None: any), and whether a draft with its own
+    # embedding (Edge-LLM 0.11: one layer for Qwen3.5, no dedicated embeddings; it raises while parsing otherwise)
+    mtp_layers: tuple[int, ...] | None = None
+    mtp_dedicated_embeddings: bool = True
 
     def unbuilt(self, weights: str) -> str | None:
         """Why this version plans but does not build the family in `weights` (None: it builds it)."""
@@ -121,6 +125,18 @@ class MoeLayout:
         dense = config.get(self.dense_layers) if self.dense_layers else None
         dense = {d for d in dense if isinstance(d, int)} if isinstance(dense, list) else set()
         return tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
+
+
+@dataclass(frozen=True)
+class MtpLayout:
+    """Where a family's config.json says what multi-token prediction (MTP) layers its checkpoints ship beside the
+    decoder (the hub's `mtp.*` tensors, which transformers does not load): Qwen3.5 counts them, Nemotron-H lists the
+    draft's blocks for each of its prediction modules."""
+    count: str = "mtp_num_hidden_layers"
+    modules: str = "num_nextn_predict_layers"       # Nemotron-H: how many prediction modules (0: no MTP)
+    types: str | None = None                        # Nemotron-H: the draft's block list (its layer count)
+    pattern: str | None = None                      # ... or the legacy one-character pattern of it
+    dedicated_embeddings: str = "mtp_use_dedicated_embeddings"      # the draft has its own token embedding
 
 
 @dataclass(frozen=True)
@@ -197,6 +213,7 @@ class Family:
     moe: MoeLayout | None = None            # a mixture-of-experts family: where its config keeps the experts
     layers: LayerLayout | None = None       # layers that differ from each other (plan/parts/layers.py)
     hybrid: HybridLayout | None = None      # layers of different kinds, recurrent among them (plan/parts/hybrid.py)
+    mtp: MtpLayout | None = None            # multi-token prediction layers its checkpoints ship (plan/parts/mtp.py)
     # the dense layers' linears (by name: an MoE's experts are not these) that stay FP16 when the rest of the model is
     # quantized to 4 bits, where 4 bits cannot hold what they compute; the plan counts them so, and calibration
     # leaves them alone

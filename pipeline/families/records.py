@@ -20,6 +20,7 @@ from pipeline.families.kinds import (
     HybridLayout,
     LayerLayout,
     MoeLayout,
+    MtpLayout,
 )
 
 LLAMA, MISTRAL, QWEN2, QWEN3 = "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
@@ -68,6 +69,10 @@ QWEN3_5_MOE_EXPERTS = MoeLayout(count=("num_experts",), shared_intermediate="sha
                                 normalized=None, sparse_step=None, dense_layers=None, shared_gate=True,
                                 fused_tensors=("model.layers.{layer}.mlp.experts.gate_up_proj",
                                                "model.layers.{layer}.mlp.experts.down_proj"))
+# their hub checkpoints ship one multi-token prediction layer (mtp.*: a draft predicting the token after next from the
+# last hidden state); Nemotron 3's list the draft's blocks (attention then MoE) for each prediction module
+QWEN3_5_MTP = MtpLayout()
+NEMOTRON_H_MTP = MtpLayout(types="mtp_layers_block_type", pattern="mtp_hybrid_override_pattern")
 QWEN3_5_MOE_LAYERS = dataclasses.replace(QWEN3_5_LAYERS, mlp_in_every_layer=False, moe_in_every_layer=True,
                                          experts=QWEN3_5_MOE_EXPERTS)
 # Nemotron-H: one block per layer. transformers 5 writes layers_block_type with linear_attention for Mamba-2; the
@@ -134,24 +139,24 @@ FAMILIES: tuple[Family, ...] = (
                          router="model.layers.{layer}.mlp.router.weight"),
            notes="every layer MoE (MXFP4 experts), attention sinks, a 128-token sliding window every other layer"),
     Family(QWEN3_5, "Qwen3.5", ("Qwen3.5 0.8B / 2B / 4B / 9B / 27B (text)",), "Qwen3_5TextConfig", qk_norm=True,
-           hybrid=QWEN3_5_LAYERS, fp16_at_4bit=GDN_FP16_AT_4BIT,
+           hybrid=QWEN3_5_LAYERS, fp16_at_4bit=GDN_FP16_AT_4BIT, mtp=QWEN3_5_MTP,
            notes="gated delta-net layers (a fixed-size recurrent state per sequence) and gated attention, 3 to 1; "
                  "partial rotary (1/4 of each head)"),
     Family(QWEN3_5_MM, "Qwen3.5 (multimodal checkpoint)", ("Qwen3.5-0.8B", "Qwen3.5-4B", "Qwen3.5-27B"),
-           "Qwen3_5Config", qk_norm=True, hybrid=QWEN3_5_LAYERS, fp16_at_4bit=GDN_FP16_AT_4BIT,
+           "Qwen3_5Config", qk_norm=True, hybrid=QWEN3_5_LAYERS, fp16_at_4bit=GDN_FP16_AT_4BIT, mtp=QWEN3_5_MTP,
            text_config="text_config", visual=visual.QWEN3_VL_TOWER,
            notes="the hub's Qwen3.5 checkpoints: the hybrid decoder with interleaved multimodal RoPE and Qwen3-VL's "
                  "tower without DeepStack"),
     Family(QWEN3_5_MOE, "Qwen3.5-MoE", ("Qwen3.5-35B-A3B (text)",), "Qwen3_5MoeTextConfig", qk_norm=True,
-           hybrid=QWEN3_5_MOE_LAYERS, fp16_at_4bit=GDN_FP16_AT_4BIT,
+           hybrid=QWEN3_5_MOE_LAYERS, fp16_at_4bit=GDN_FP16_AT_4BIT, mtp=QWEN3_5_MTP,
            notes="Qwen3.5's gated delta-net and gated attention layers, each followed by an MoE block (256 experts, "
                  "8 per token, and a gated shared expert)"),
     Family(QWEN3_5_MOE_MM, "Qwen3.5-MoE (multimodal checkpoint)", ("Qwen3.5-35B-A3B",), "Qwen3_5MoeConfig",
-           qk_norm=True, hybrid=QWEN3_5_MOE_LAYERS, fp16_at_4bit=GDN_FP16_AT_4BIT, text_config="text_config",
-           visual=visual.QWEN3_VL_TOWER,
+           qk_norm=True, hybrid=QWEN3_5_MOE_LAYERS, fp16_at_4bit=GDN_FP16_AT_4BIT, mtp=QWEN3_5_MTP,
+           text_config="text_config", visual=visual.QWEN3_VL_TOWER,
            notes="the hub's Qwen3.5-MoE checkpoints: the MoE hybrid decoder and Qwen3-VL's tower without DeepStack"),
     Family(NEMOTRON_H, "Nemotron-H", ("Nemotron-H 8B", "NVIDIA-Nemotron-Nano-9B-v2", "Nemotron 3 Nano 4B / 30B-A3B"),
-           "NemotronHConfig", activation="relu2", hybrid=NEMOTRON_H_LAYERS,
+           "NemotronHConfig", activation="relu2", hybrid=NEMOTRON_H_LAYERS, mtp=NEMOTRON_H_MTP,
            notes="Mamba-2 blocks (a fixed-size state per sequence), a few attention blocks and plain relu2 MLP "
                  "blocks, one per layer; the 30B-A3B adds MoE blocks"),
     Family(QWEN2_5_VL, "Qwen2.5-VL", ("Qwen2.5-VL 3B / 7B",), "Qwen2_5_VLConfig", attention_bias=True,

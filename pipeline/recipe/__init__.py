@@ -135,10 +135,13 @@ def checkpoint_refusals(recipe: Recipe, config: dict, config_source: str, shape=
     """Why the recipe's quantization disagrees with what its checkpoint already holds (a pre-quantized checkpoint:
     AutoAWQ, GPTQ, ModelOpt's unified format), or asks for a format only such checkpoints hold, or its [base_model]
     (`base`: its config and where it came from) is not the checkpoint's."""
+    from pipeline.backends import nowhere
     from pipeline.errors import PipelineError
     from pipeline.formats import SMALLEST, WEIGHT_FORMATS
     from pipeline.workstation.prequantized import describe
     q = recipe.quantization
+    if nowhere(config) is not None:
+        return []           # the plan refuses the family itself, whatever the checkpoint holds
     try:
         held = describe(config, None, config_source)
     except PipelineError as exc:

@@ -82,7 +82,12 @@ def _refuse(source: str, why: str, hint: str = "use a ModelOpt (FP8, W4A16_AWQ),
 
 def describe(config: dict, hf_quant: dict | None, source: str) -> Prequantized | None:
     """The checkpoint's quantization from its config.json (and hf_quant_config.json where it has one); None for an
-    unquantized checkpoint. A scheme this pipeline does not take is one error naming the field and value."""
+    unquantized checkpoint. A scheme this pipeline does not take is one error naming the field and value; a family
+    no backend here builds is refused for that first, whatever its quantization (gpt-oss's MXFP4)."""
+    from pipeline.backends import nowhere
+    why = nowhere(config)
+    if why is not None:
+        raise PipelineError(f"{source}: {why}", "a model of a family that builds here (python -m pipeline families)")
     if hf_quant is not None:
         q = hf_quant.get("quantization") if isinstance(hf_quant, dict) else None
         if not isinstance(q, dict):

@@ -1,0 +1,110 @@
+"""The flagship checkpoints' configs as the hub publishes them, read before anything else is done with them: a family
+that builds nowhere here (gpt-oss, whatever its quantization) is refused for that first; multi-token prediction
+layers that TensorRT Edge-LLM 0.11's config reader stops on are refused by the plan, naming the field, exactly where
+that reader raises (its own validator is asked here)."""
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from pipeline.contract import BuildLimits
+from pipeline.errors import PipelineError
+from pipeline.plan.perf import known_model_configs
+from pipeline.plan.planner import PlanRequest, make_plan
+from pipeline.plan.shapes import shape_from_config
+from pipeline.plan.targets import get_target
+
+# openai/gpt-oss-20b's config.json as the hub has it (the fields the planner reads, and its MXFP4 quantization)
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+    "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+    "num_local_experts": 32, "experts_per_token": 4, "vocab_size": 201088, "max_position_embeddings": 131072,
+    "sliding_window": 128, "attention_bias": True, "tie_word_embeddings": False,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                       "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"}}
+WHERE = "on a Jetson it runs with vLLM (NVIDIA's Jetson vLLM container) or llama.cpp / Ollama"
+
+
+def _plan_cli(*args):
+    return subprocess.run([sys.executable, "-m", "pipeline", "plan", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+
+
+@pytest.mark.parametrize("quantization", [GPT_OSS_20B["quantization_config"], None,
+                                          {"quant_method": "awq", "bits": 4, "group_size": 128}])
+def test_gpt_oss_is_refused_for_its_family_whatever_its_quantization(tmp_path, quantization):
+    cfg = {k: v for k, v in GPT_OSS_20B.items() if k != "quantization_config"}
+    if quantization is not None:
+        cfg["quantization_config"] = quantization
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for extra in ((), ("--quant", "nvfp4")):
+        r = _plan_cli("--model-config", str(tmp_path), "--target", "agx-thor", *extra)
+        assert r.returncode != 0 and WHERE in r.stderr, r.stderr
+        assert "quant_method" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_gpt_oss_recipe_is_refused_for_its_family_not_its_quantization(tmp_path):
+    from pipeline.recipe import checkpoint_refusals, parse_recipe
+    recipe = parse_recipe({"model": {"source": "local", "path": str(tmp_path)}, "targets": ["agx-thor"],
+                           "quantization": {"weights": "int4_awq"}, "validation": {"prompts": ["Hello"]}},
+                          str(tmp_path / "r.toml"), "r")
+    assert checkpoint_refusals(recipe, GPT_OSS_20B, "config.json") == []       # the plan says the family
+    from pipeline.workstation.prequantized import describe
+    with pytest.raises(PipelineError) as exc:
+        describe(GPT_OSS_20B, None, "gpt-oss-20b/config.json")
+    assert WHERE in str(exc.value) and "gpt-oss-20b/config.json: gpt-oss (GptOssForCausalLM)" in str(exc.value)
+
+
+def _qwen3_5(model: str, **text):
+    cfg = copy.deepcopy(known_model_configs()[model])
+    cfg.get("text_config", cfg).update(text)
+    return cfg
+
+
+def _nemotron(**fields):
+    return {**copy.deepcopy(known_model_configs()["nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"]), **fields}
+
+
+MTP_CASES = [
+    ("qwen3_5", _qwen3_5("Qwen/Qwen3.5-0.8B", mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False), None),
+    ("qwen3_5", _qwen3_5("Qwen/Qwen3.5-0.8B", mtp_num_hidden_layers=2), "text_config.mtp_num_hidden_layers = 2"),
+    ("qwen3_5", _qwen3_5("Qwen/Qwen3.5-0.8B", mtp_num_hidden_layers=0), "text_config.mtp_num_hidden_layers = 0"),
+    ("qwen3_5", _qwen3_5("Qwen/Qwen3.5-0.8B", mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=True),
+     "text_config.mtp_use_dedicated_embeddings = true"),
+    ("qwen3_5_moe", _qwen3_5("Qwen/Qwen3.5-35B-A3B", mtp_num_hidden_layers=3), "text_config.mtp_num_hidden_layers = 3"),
+    ("nemotron_h", _nemotron(num_nextn_predict_layers=1, mtp_hybrid_override_pattern="*E"), None),
+    ("nemotron_h", _nemotron(num_nextn_predict_layers=1, mtp_layers_block_type=["attention", "moe", "moe"]), None),
+    ("nemotron_h", _nemotron(num_nextn_predict_layers=1, mtp_hybrid_override_pattern="*E",
+                             mtp_use_dedicated_embeddings=True), "mtp_use_dedicated_embeddings = true"),
+]
+
+
+@pytest.mark.parametrize("model_type, cfg, refusal", MTP_CASES)
+def test_mtp_layers_edgellms_reader_stops_on_are_refused_by_the_plan_naming_the_field(model_type, cfg, refusal):
+    """Edge-LLM 0.11 raises NotImplementedError while reading such a config, for any export (draft or not): the plan
+    refuses exactly those, before a download or a calibration."""
+    from tensorrt_edgellm.config import _validate_mtp_constraints
+
+    text = cfg.get("text_config", cfg)
+    count = text.get("mtp_num_hidden_layers")
+    if count is None and text.get("num_nextn_predict_layers"):
+        count = len(text.get("mtp_layers_block_type") or text.get("mtp_hybrid_override_pattern") or "")
+    try:
+        _validate_mtp_constraints(model_type=model_type, mtp_num_hidden_layers=count,
+                                  mtp_use_dedicated_embeddings=bool(text.get("mtp_use_dedicated_embeddings")))
+        raises = False
+    except NotImplementedError:
+        raises = True
+    assert raises == (refusal is not None)
+    shape = shape_from_config(cfg, "config.json")
+    plan = make_plan(PlanRequest(shape=shape, model_label="m", weights="nvfp4", kv_cache="fp16",
+                                 target=get_target("agx-thor"), limits=BuildLimits.of(1, 512, 1024)))
+    mtp = [r for r in plan.refused if "multi-token prediction" in r]
+    if refusal is None:
+        assert not mtp, plan.refused
+    else:
+        assert mtp and refusal in mtp[0] and "TensorRT Edge-LLM" in mtp[0], plan.refused
