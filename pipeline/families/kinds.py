@@ -210,6 +210,9 @@ class Family:
     # language model's config (the dimensions the planner reads)
     visual: TowerDesign | None = None
     text_config: str | None = None
+    # its hub checkpoints may keep the language model's fields at the top level beside vision_config instead (as
+    # transformers 4 saved Qwen2.5-VL; transformers 5 still loads them so, and saves them nested)
+    flat_text_config: bool = False
     moe: MoeLayout | None = None            # a mixture-of-experts family: where its config keeps the experts
     layers: LayerLayout | None = None       # layers that differ from each other (plan/parts/layers.py)
     hybrid: HybridLayout | None = None      # layers of different kinds, recurrent among them (plan/parts/hybrid.py)
@@ -277,12 +280,20 @@ def _positive_int(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def features_of(config: dict, family: Family) -> ModelFeatures:
+def features_of(config: dict, family: Family, whole: dict | None = None) -> ModelFeatures:
+    """What a (language model's) config uses of its family's features; `whole`: the config.json it sits in (a
+    vision-language model's), whose top-level fields stand in for the ones the language model's lacks, as Edge-LLM's
+    reader patches them in (a checkpoint loaded from the hub's flat layout and saved nested keeps
+    tie_word_embeddings at the top level only)."""
+    if whole is not None and whole is not config:
+        config = {**{k: v for k, v in whole.items() if v is not None}, **config}
     # RoPE from legacy rope_scaling or transformers 5's rope_parameters
     params: dict = config["rope_parameters"] if isinstance(config.get("rope_parameters"), dict) else {}
     scaling: dict = config["rope_scaling"] if isinstance(config.get("rope_scaling"), dict) else {}
     kind = str(scaling.get("rope_type") or scaling.get("type") or params.get("rope_type") or "default")
-    kind = {"su": "longrope"}.get(kind, kind)           # Phi-3's first configs called longrope "su"
+    # Phi-3's first configs called longrope "su"; Qwen2-VL's and Qwen2.5-VL's hub configs call their multimodal RoPE
+    # "mrope": plain RoPE over the mrope_section split (transformers 5 reads it as "default" so)
+    kind = {"su": "longrope", "mrope": "default"}.get(kind, kind)
     partial = config.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))
     partial = float(partial) if isinstance(partial, (int, float)) and not isinstance(partial, bool) else 1.0
     original = _positive_int(config.get("original_max_position_embeddings",

@@ -160,7 +160,7 @@ FAMILIES: tuple[Family, ...] = (
            notes="Mamba-2 blocks (a fixed-size state per sequence), a few attention blocks and plain relu2 MLP "
                  "blocks, one per layer; the 30B-A3B adds MoE blocks"),
     Family(QWEN2_5_VL, "Qwen2.5-VL", ("Qwen2.5-VL 3B / 7B",), "Qwen2_5_VLConfig", attention_bias=True,
-           tool_calls="hermes", visual=visual.QWEN2_5_VL_TOWER, text_config="text_config",
+           tool_calls="hermes", visual=visual.QWEN2_5_VL_TOWER, text_config="text_config", flat_text_config=True,
            notes="a Qwen2 decoder with multimodal RoPE; a window-attention ViT, 2x2 patches per token"),
     Family(QWEN3_VL, "Qwen3-VL", ("Qwen3-VL 2B / 4B / 8B", "Cosmos-Reason2"), "Qwen3VLConfig", qk_norm=True,
            tool_calls="hermes", visual=visual.QWEN3_VL_TOWER, text_config="text_config",

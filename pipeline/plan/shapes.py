@@ -260,7 +260,8 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
         problems.append(Problem(source, "architectures", archs, "not a model family this pipeline knows",
                                 f"known families: {', '.join(known())} (README: Model families)"))
     whole, prefix = config, ""
-    if fam is not None and fam.text_config:     # a vision-language model: its language model's own config
+    if fam is not None and fam.text_config and not (fam.flat_text_config and fam.text_config not in config):
+        # a vision-language model: its language model's own config (or, the hub's flat layout, the top level's)
         inner = config.get(fam.text_config)
         if not isinstance(inner, dict):
             problems.append(Problem(source, fam.text_config, inner, f"must hold the language model's config "
@@ -302,7 +303,7 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     if problems:
         raise InputError(problems)
     assert fam is not None
-    features = features_of(config, fam)
+    features = features_of(config, fam, whole)
     return ModelShape(architecture=arch, tie_word_embeddings=features.tied_embeddings,
                       attention_bias=features.attention_bias, features=features, fp16_at_4bit=fam.fp16_at_4bit,
                       parts=tuple(parts), **dims)

@@ -108,3 +108,54 @@ def test_mtp_layers_edgellms_reader_stops_on_are_refused_by_the_plan_naming_the_
         assert not mtp, plan.refused
     else:
         assert mtp and refusal in mtp[0] and "TensorRT Edge-LLM" in mtp[0], plan.refused
+
+
+# Qwen/Qwen2.5-VL-7B-Instruct's config.json as the hub publishes it (transformers 4's flat layout: the language model's
+# fields at the top level beside vision_config, RoPE as rope_scaling type "mrope")
+QWEN2_5_VL_7B_FLAT = {
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+    "vision_token_id": 151654, "image_token_id": 151655, "video_token_id": 151656, "hidden_act": "silu",
+    "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 128000,
+    "max_window_layers": 28, "model_type": "qwen2_5_vl", "num_attention_heads": 28, "num_hidden_layers": 28,
+    "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.41.2", "use_cache": True,
+    "use_sliding_window": False,
+    "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
+                      "num_heads": 16, "in_chans": 3, "out_hidden_size": 3584, "patch_size": 14,
+                      "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
+                      "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2, "temporal_patch_size": 2},
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "vocab_size": 152064}
+
+
+@pytest.mark.parametrize("target, weights", [("agx-thor", "fp8"), ("agx-thor", "int4_awq")])
+def test_the_flat_qwen2_5_vl_config_plans_as_its_nested_form(target, weights):
+    """The published flat file plans exactly as its nested form (transformers 5's own reading of it: the top-level
+    text fields become text_config, "mrope" is plain RoPE over its sections), with no refusal or loss."""
+    import transformers
+    nested = transformers.Qwen2_5_VLConfig(**QWEN2_5_VL_7B_FLAT).to_dict()
+    plans = []
+    for cfg in (QWEN2_5_VL_7B_FLAT, nested):
+        shape = shape_from_config(copy.deepcopy(cfg), "config.json")
+        plans.append(make_plan(PlanRequest(shape=shape, model_label="Qwen2.5-VL-7B", weights=weights,
+                                           kv_cache="fp16", target=get_target(target),
+                                           limits=BuildLimits.of(1, 1024, 2048))).to_dict())
+    assert plans[0] == plans[1]
+    assert plans[0]["refused"] == [] and not [w for w in plans[0]["warnings"] if "RoPE" in w], plans[0]
+    shape = shape_from_config(copy.deepcopy(QWEN2_5_VL_7B_FLAT), "config.json")
+    assert (shape.hidden_size, shape.num_layers, shape.vocab_size, shape.tower.depth) == (3584, 28, 152064, 32)
+    assert shape.features.rope_type == "default"
+
+
+def test_the_tiny_qwen2_5_vl_twin_is_written_in_the_hubs_flat_layout():
+    """The builtin the shipped Qwen2.5-VL recipe builds (tests/workstation/test_vlm_build.py, the family suite) has
+    the published file's keys, top level and tower, and none of transformers 5's nesting: every stage after it reads
+    the hub's layout."""
+    from pipeline.workstation.tinymodel import BUILTINS
+    from pipeline.workstation.tinyvlm import builtin_config
+    cfg = builtin_config("tiny-qwen2.5-vl", BUILTINS["tiny-qwen2.5-vl"])
+    assert set(cfg) == set(QWEN2_5_VL_7B_FLAT) and "text_config" not in cfg
+    assert set(cfg["vision_config"]) == set(QWEN2_5_VL_7B_FLAT["vision_config"])
+    assert cfg["rope_scaling"]["type"] == "mrope" and cfg["model_type"] == "qwen2_5_vl"
+    shape = shape_from_config(cfg, "config.json")
+    assert (shape.hidden_size, shape.num_layers, shape.tower.depth) == (64, 2, 4) and shape.features.tied_embeddings
