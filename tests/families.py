@@ -56,6 +56,8 @@ TINY: tuple[Tiny, ...] = (
     # of transformers' own recurrent decode from its chunked scan on the FP16 test model (0.9962)
     Tiny("tiny-nemotron-h", JP72, "edgellm", "tests/workstation/test_hybrid_build.py", "built_nemotron",
          "validated_nemotron", Double("agx-thor", min_cosine=0.996, prompt_tokens=100, tie_aware=True)),
+    Tiny("tiny-qwen3_5-moe", JP72, "edgellm", "tests/workstation/test_hybrid_moe_build.py", "built", "validated",
+         Double("agx-thor", prompt_tokens=100, tie_aware=True)),
     Tiny("tiny-qwen3-vl-thor", {"agx-thor": "agx-thor-jp72"}, "edgellm", VLM, "built_qwen3_vl", "validated_qwen3_vl",
          Double(None, kv="fp8", min_cosine=0.99, tie_aware=True, greedy=False), images=True),
     Tiny("tiny-qwen2.5-vl-orin-nano-jp72", {"orin-nano-8gb": "orin-nano-8gb-jp72"}, "edgellm", VLM, "built_qwen2_5_vl",

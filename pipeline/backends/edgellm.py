@@ -263,16 +263,18 @@ EDGELLM_011: dict[str, Support] = {
         "Qwen3-VL's tower without DeepStack); tests/workstation/test_hybrid_vlm_build.py (tiny multimodal Qwen3.5 "
         "INT4-AWQ with an FP16 tower through doit build, its tower checked against transformers in the export, its "
         "image goldens validated through the runtime double on the recorded Orin Nano, served)"),
-    # Qwen3.5-MoE: planned (its MoE blocks as the MoE fit prices them, its delta-nets as the hybrid fit does); Edge-LLM
-    # 0.11's qwen3_5_moe model is Qwen3.5's mixers with Qwen3-MoE's sparse block (MoE plugins: INT4 Marlin, NVFP4,
-    # FP16; the shared expert in FP16 behind its sigmoid gate), whose export is not taken through the double here yet
+    # Qwen3.5-MoE: Edge-LLM 0.11's qwen3_5_moe model is Qwen3.5's mixers with Qwen3-MoE's sparse block (its MoE
+    # plugins: INT4 Marlin, NVFP4, FP16) and the shared expert as plain linears behind its sigmoid gate; planned with
+    # its MoE blocks as the MoE fit prices them and its delta-nets as the hybrid fit does
     **{arch: dataclasses.replace(
-        _EDGELLM_QWEN3_5,
-        experts_not_built="Qwen3.5-MoE's MoE blocks (256 experts, 8 per token, and a gated shared expert in every "
-                          "layer) are not exported and checked here yet; Edge-LLM 0.11 builds them (its qwen3_5_moe "
-                          "model: Qwen3-MoE's MoE plugins beside Qwen3.5's mixers)",
-        verified="planned only: tests/shared/test_hybrid_plan.py (every weight as transformers' Qwen3.5-MoE builds "
-                 "it; the plan on AGX Orin and Thor)") for arch in (QWEN3_5_MOE, QWEN3_5_MOE_MM)},
+        _EDGELLM_QWEN3_5, renormalizes_topk=True,
+        verified="Edge-LLM 0.11 exporter (models/qwen3_5_moe: Qwen3SparseMoeBlock's MoE plugins and gated shared "
+                 "expert beside models/qwen3_5's mixers); tests/workstation/test_hybrid_moe_build.py (tiny "
+                 "Qwen3.5-MoE INT4-AWQ through doit build, the device half and serve, the runtime double against the "
+                 "calibrated model, FP16 against transformers' Qwen3.5-MoE), tests/workstation/test_nvfp4.py (NVFP4 "
+                 "experts through Nvfp4MoePlugin, on a GPU); tests/shared/test_hybrid_plan.py (every weight as "
+                 "transformers' Qwen3.5-MoE builds it; the plan on AGX Orin and Thor)")
+       for arch in (QWEN3_5_MOE, QWEN3_5_MOE_MM)},
     NEMOTRON_H: Support(rope_types=("default",), formats=("fp16", "int4_awq", "nvfp4"), kv_cache=("fp16",),
                         formats_why="the formats Edge-LLM 0.11 builds for Nemotron-H's linears (FP16, INT4-AWQ, "
                                     "NVFP4); its Mamba-2 state stays FP16",

@@ -3,7 +3,7 @@
     jetson-kit-manifest/1      MANIFEST.json of a kit     pack -> verify, unpack, transfer, device driver, gate
     jetson-bundle-manifest/1   MANIFEST.json of a bundle  device -> verify, unpack, install
     jetson-stages/1            stages.json                package -> the user (which stage outputs made the kit)
-    jetson-goldens/1           goldens.json               goldens stage -> device runners, report
+    jetson-goldens/2           goldens.json               goldens stage -> device runners, report
 """
 
 from __future__ import annotations
@@ -224,13 +224,18 @@ IMAGE_FILE_RE = re.compile(r"\Aimages/[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")   # \
 
 @dataclass(frozen=True)
 class NearTie(Part):
-    """A step of a golden answer where the reference's runner-up was within Goldens.tie_logprob of its choice. An
-    engine computing the same numerics in another order (FP16 accumulation, fused kernels) may take either; one that
-    takes this token agrees up to here, and what follows answers another context, so it is not compared."""
+    """A step of a golden answer where the reference nearly answered another token. An engine computing the same
+    numerics in another order (FP16 accumulation, fused kernels) may take either; one that takes this token agrees up
+    to here, and what follows answers another context, so it is not compared. cause "logits": the reference's
+    runner-up was within Goldens.tie_logprob of its choice; "routing": a mixture-of-experts router (the model's
+    `layer`-th MoE block) near-tied its k-th and (k+1)-th experts for this position, and this is the token the
+    reference answers with them swapped (workstation/routing_ties.py)."""
     step: int           # index into output_ids
     token_id: int
-    margin: float       # the golden token's logprob minus this one's, in nats
+    margin: float       # logits: the golden token's logprob minus this one's; routing: the experts' router logits'
     text: str           # the answer's decoded text through this token in place of the golden's (text-only runtimes)
+    cause: str = "logits"
+    layer: int | None = None    # routing: which MoE block (counted from 0)
 
 
 @dataclass(frozen=True)
@@ -250,7 +255,8 @@ class GoldenPrompt(Part):
 @dataclass(frozen=True)
 class Goldens(Record):
     """Reference greedy outputs of the deployed numerics, which the engine must reproduce."""
-    FORMAT: ClassVar[str] = "jetson-goldens/1"
+    FORMAT: ClassVar[str] = "jetson-goldens/2"
+    UPGRADES: ClassVar = {"jetson-goldens/1": dict}     # 2: near ties say their cause (1's are all of the logits)
     max_new_tokens: int
     min_token_agreement: float
     top_k: int

@@ -120,8 +120,11 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
              f"max_new_tokens ({goldens.max_new_tokens}); ask for longer answers" for g in goldens.prompts
              if len(g.output_ids) < goldens.max_new_tokens / 2]
     notes += [f"the answer to {g.prompt!r} took token {tie.token_id} at step {tie.step + 1} of {len(g.output_ids)}, "
-              f"{tie.margin} nats below the golden's choice (a near tie: at most {goldens.tie_logprob}); it agrees up "
-              "to there and the rest answers another context, so it was not compared"
+              + (f"{tie.margin} nats below the golden's choice (a near tie: at most {goldens.tie_logprob})"
+                 if tie.cause != "routing" else
+                 f"the reference's answer with MoE block {tie.layer}'s k-th and next expert swapped (their router "
+                 f"logits {tie.margin} apart: a near tie, at most {goldens.tie_logprob})")
+              + "; it agrees up to there and the rest answers another context, so it was not compared"
               for g, (_, tie) in zip(goldens.prompts, compared, strict=True) if tie is not None]
     if unit == "token" and not validation.load_runs:       # the serve session's run, asked for no load run
         notes.append("no load run (--load-requests 0): no throughput or latency figures at concurrency")

@@ -131,6 +131,16 @@ class ModelShape:
         kept = self.kept_fp16(fmt)
         return round(sum(copies for name, _, _, copies in self.linears() if name not in kept))
 
+    def gemm_linears(self, fmt: WeightFormat) -> int:
+        """How many of the quantized linears the engine computes as a GEMM each (a part's plugin computes the
+        others: an MoE's routed experts)."""
+        if fmt.unquantized:
+            return 0
+        kept = self.kept_fp16(fmt)
+        in_plugins = tuple(prefix for p in self.parts for prefix in p.plugin_rows())
+        return round(sum(copies for name, _, _, copies in self.linears()
+                         if name not in kept and not name.startswith(in_plugins or ("\0",))))
+
     def quantized_input_dims(self, fmt: WeightFormat | None = None) -> list[int]:
         """The input widths the format's groups must divide (with `fmt`: of the linears it quantizes)."""
         kept = self.kept_fp16(fmt) if fmt is not None else ()

@@ -101,7 +101,8 @@ class HybridExport(PartExport):
         check_embedding(onnx_dir, hf, fam.embedding_names if fam is not None else ("embeddings",))
 
     def graph(self, part, shape, weights: str) -> dict:
-        """check_onnx's expectations: each recurrent layer's states and plugins, and exactly its INT4 linears."""
+        """check_onnx's expectations: each recurrent layer's states and plugins, and exactly its INT4 GEMMs (routed
+        experts, where it has them, are in the format's MoE plugin instead)."""
         from pipeline.formats import WEIGHT_FORMATS
         return {"recurrent": (part.recurrent.kind, len(part.recurrent.layer_ids)),
-                "int4_linears": shape.quantized_linears(WEIGHT_FORMATS[weights])}
+                "int4_linears": shape.gemm_linears(WEIGHT_FORMATS[weights])}

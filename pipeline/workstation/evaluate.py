@@ -256,7 +256,9 @@ def make_goldens(model, tokenizer, validation: GoldenSettings, model_dir=None, i
                  tie: float = TIE_LOGPROB) -> contract.Goldens:
     """Greedy completions and per-step top-k log-probs for every validation prompt, asked as the deployed model is
     asked (render_prompt); with `images` (workstation/image_prompts.py ImagePrompts) the first prompts are asked
-    with their images. `tie` (tie_logprob): the margin within which a runner-up is recorded as a near tie."""
+    with their images. `tie` (tie_logprob): the margin within which a runner-up is recorded as a near tie, and a
+    router's experts are (routing_ties.py: a text prompt's; an image prompt's routing is not re-run)."""
+    from pipeline.workstation.routing_ties import routing_ties
     chat = uses_chat_template(tokenizer, validation)
     if chat and not tokenizer.chat_template:
         raise PipelineError("validation.chat_template = true, but the model's tokenizer has no chat template",
@@ -273,12 +275,13 @@ def make_goldens(model, tokenizer, validation: GoldenSettings, model_dir=None, i
         g = greedy(model, ids, validation.max_new_tokens, validation.top_k_logprobs, stops)
         prompts.append(contract.GoldenPrompt(
             prompt=prompt, rendered=rendered, input_ids=ids, output_ids=g["output_ids"],
-            top_logprobs=g["top_logprobs"], text=tokenizer.decode(g["output_ids"], skip_special_tokens=True)))
+            top_logprobs=g["top_logprobs"], text=tokenizer.decode(g["output_ids"], skip_special_tokens=True),
+            near_ties=routing_ties(model, tokenizer, ids, g["output_ids"], tie)))
     return contract.Goldens(max_new_tokens=validation.max_new_tokens,
                             min_token_agreement=validation.min_token_agreement, top_k=validation.top_k_logprobs,
                             eos_token_id=stops[0] if stops else None, stop_token_ids=stops, chat_template=chat,
                             prompts=[dataclasses.replace(p, near_ties=near_ties(tokenizer, p.output_ids,
-                                                                                p.top_logprobs, tie))
+                                                                                p.top_logprobs, tie) + p.near_ties)
                                      for p in prompts], tie_logprob=tie)
 
 

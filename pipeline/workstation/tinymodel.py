@@ -111,6 +111,18 @@ BUILTINS: dict[str, Builtin] = {
         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
         tie_word_embeddings=True, rms_norm_eps=1e-6), train_steps=100,
         notes="Qwen3.5-0.8B-style: gated delta-net and gated attention, 3 to 1"),
+    # Qwen3.5-35B-A3B's text decoder in miniature: tiny-qwen3_5's mixers (three gated delta-net layers to one gated
+    # attention layer), each followed by an MoE block of 8 experts (64 wide), 2 per token, top-k renormalized, and a
+    # shared expert of 64 scaled by sigmoid(shared_expert_gate(x)); untied lm_head, as the 35B-A3B has it.
+    "tiny-qwen3_5-moe": Builtin("Qwen3_5MoeForCausalLM", dict(
+        hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=64,
+        linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel_dim=4, moe_intermediate_size=64, shared_expert_intermediate_size=64, num_experts=8,
+        num_experts_per_tok=2, layer_types=["linear_attention"] * 3 + ["full_attention"],
+        max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        tie_word_embeddings=False, rms_norm_eps=1e-6), train_steps=100,
+        notes="Qwen3.5-35B-A3B-style: gated delta-net hybrid with MoE blocks and a gated shared expert"),
     # Nemotron-H in miniature (NVIDIA-Nemotron-Nano-9B-v2's block pattern shortened): Mamba-2 blocks (8 heads of 16,
     # 2 groups, state 16), one attention block without RoPE, plain relu2 MLP blocks; one block per layer.
     "tiny-nemotron-h": Builtin("NemotronHForCausalLM", dict(

@@ -93,7 +93,15 @@ def test_goldens_and_board_records_round_trip(tmp_path):
                "eos_token_id": None, "prompts": [{"prompt": "Hi", "input_ids": [1, 2], "output_ids": [3],
                                                   "top_logprobs": [[[3, -0.1], [4, -2.5]]], "text": "!"}]}
     g = contract.Goldens.from_dict(goldens, "goldens.json")
-    assert g.prompts[0].top_logprobs[0][1] == [4.0, -2.5] and g.to_dict()["format"] == "jetson-goldens/1"
+    assert g.prompts[0].top_logprobs[0][1] == [4.0, -2.5] and g.to_dict()["format"] == "jetson-goldens/2"
+    # 1 (read and upgraded above) had near ties of the logits only: 2 says each one's cause
+    tie = {"step": 0, "token_id": 4, "margin": 0.01, "text": "?"}
+    old = contract.Goldens.from_dict({**goldens, "prompts": [{**goldens["prompts"][0], "near_ties": [tie]}]}, "g")
+    assert (old.prompts[0].near_ties[0].cause, old.prompts[0].near_ties[0].layer) == ("logits", None)
+    new = contract.Goldens.from_dict(g.to_dict(), "goldens.json")
+    assert new == g
+    with pytest.raises(contract.ContractError, match="format = 'jetson-goldens/3': made by a newer pipeline"):
+        contract.Goldens.from_dict({**g.to_dict(), "format": "jetson-goldens/3"}, "goldens.json")
     from pipeline.device.probe import probe
     from tests.device.test_probe_gate import FIX
     board = contract.Board.from_dict(probe(FIX / "agx-thor-jp70"), "probe")

@@ -204,6 +204,11 @@ class Part:
         """Name prefixes of its linears (model_rows) that those kinds keep outside the engine."""
         return ()
 
+    def plugin_rows(self) -> tuple[str, ...]:
+        """Name prefixes of its linears (model_rows) that a plugin of its kind computes, not a GEMM each (the MoE
+        plugins' routed experts): the export's GEMM count leaves them out."""
+        return ()
+
     def keeps_dense_ffn(self, core: Core) -> bool:
         """Whether any layer keeps a dense MLP beside this part (False: every MLP is this part's)."""
         return True

@@ -153,6 +153,9 @@ class Experts(Part):
     def externalizable_rows(self) -> tuple[str, ...]:
         return (EXPERT_ROWS,)
 
+    def plugin_rows(self) -> tuple[str, ...]:
+        return (EXPERT_ROWS,)       # the format's MoE plugin (Int4MoePlugin, Nvfp4MoePlugin, Fp16MoePlugin)
+
     def keeps_dense_ffn(self, core: Core) -> bool:
         # every layer an MoE layer (Qwen3-30B-A3B): Edge-LLM's export then writes no int4_ffn file
         return self.layers < core.num_layers
