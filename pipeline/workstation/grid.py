@@ -118,6 +118,8 @@ def snap_to_export_grid(model, levels: dict | None = None, keep: frozenset | set
     # fake quantizer then still differs from them by up to half an fp16 ulp: those keep it (weights_on_grid)
     model.pipeline_on_grid = exact
     model.pipeline_grid_fp16_scales = fp16_scales
+    for _, module in grid_modules(model):
+        module._pipeline_fp16_scales = fp16_scales
     return kept
 
 
@@ -127,13 +129,49 @@ def weights_on_grid(model):
 
     On grid weights the fake quantizer is the identity (to one ulp: 1e-5 of a logit on a 1B model) and on a CPU
     it costs 4x the forward pass itself (1B model, 32 tokens: 9.4 s vs 2.2 s). Activation, KV and pre-quant-scale
-    quantizers stay on. A model that was not snapped keeps its weight quantizers."""
+    quantizers stay on. A model that was not snapped keeps its weight quantizers.
+
+    A model snapped in fp16 (calibrated on a GPU) holds k * s rounded to fp16. Where a linear's weight is fp32 when
+    it runs (models.computed_in_fp32: the export's reference), it is put back on the grid in fp32 first (the fp16
+    value is within half a level of k * s, so the levels come back exactly, times the scale the engine multiplies
+    by) and computed without its fake quantizer, as an fp32-calibrated model is; its fp16 value is what
+    computed_in_fp32 restores afterwards. Its fake quantizer would have used ModelOpt's fp32 scale, not the
+    engine's fp16 one (int8_wo: layer updates 4e-4 off the engine's, and with an INT8 KV cache 0.0063, past the
+    export check's 0.005, on an H200)."""
     on_grid = getattr(model, "pipeline_on_grid", False)
-    off = [m.weight_quantizer for _, m in grid_modules(model)] if on_grid else []
+    modules = list(grid_modules(model))
+    off = [m.weight_quantizer for _, m in modules] if on_grid else []
     for q in off:
         q.disable()
+    snapped_in_fp16 = hasattr(model, "pipeline_grid_fp16_scales") and not on_grid
+    hooks = [h for _, m in modules for h in (m.register_forward_pre_hook(_resnap_in_fp32),
+                                               m.register_forward_hook(_requantize))] if snapped_in_fp16 else []
     try:
         yield model
     finally:
+        for h in hooks:
+            h.remove()
         for q in off:
             q.enable()
+
+
+def _resnap_in_fp32(module, _args) -> None:
+    import torch
+
+    w = module.weight
+    if w.dtype != torch.float32 or not module.weight_quantizer.is_enabled:
+        return
+    with torch.no_grad():
+        s = export_scale(module.weight_quantizer).to(w.device).reshape(w.shape[0], -1, 1)
+        made = s.half().float() if getattr(module, "_pipeline_fp16_scales", False) else s
+        top = 7 if module.weight_quantizer.num_bits == 4 else 127
+        grouped = w.data.view(w.shape[0], s.shape[1], -1)
+        grouped.div_(s).round_().clamp_(-top - 1, top).mul_(made)
+    module.weight_quantizer.disable()
+    module._pipeline_resnapped = True
+
+
+def _requantize(module, _args, _out) -> None:
+    if getattr(module, "_pipeline_resnapped", False):
+        module.weight_quantizer.enable()
+        module._pipeline_resnapped = False
