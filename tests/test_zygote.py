@@ -109,3 +109,28 @@ def test_a_changed_import_time_variable_is_named(monkeypatch):
     want = ["TOKENIZERS_PARALLELISM"] + (["OMP_NUM_THREADS"] if "OMP_NUM_THREADS" in z.env else [])
     assert z.changed(dict(os.environ)) == sorted(want)
     assert not z.fits(dict(os.environ))
+
+
+def test_a_zygote_whose_imports_initialize_cuda_is_not_forked_from(monkeypatch, tmp_path):
+    """On a GPU machine an import that initializes CUDA would leave every fork unable to use it ("Cannot
+    re-initialize CUDA in forked subprocess"): the zygote says so instead of serving, and runs start as plain
+    interpreters from then on, still running the code under test."""
+    import subprocess
+
+    import torch
+
+    from tests import zygote as z
+
+    assert z.unforkable() is None or torch.cuda.is_initialized()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert z.unforkable() == "CUDA was initialized while importing"
+
+    def refuse(self):
+        raise z.Unforkable("CUDA was initialized while importing")
+    monkeypatch.setattr(z, "_ZYGOTE", None)
+    monkeypatch.setattr(z, "_UNFORKABLE", [])
+    monkeypatch.setattr(z.Zygote, "__init__", refuse)
+    monkeypatch.delenv("JETSON_TEST_ZYGOTE", raising=False)
+    assert z.zygote() is None and z._UNFORKABLE == ["CUDA was initialized while importing"]
+    r = z.run_module("pipeline", ["--help"], dict(os.environ), cwd=tmp_path, timeout=120)
+    assert isinstance(r, subprocess.CompletedProcess) and r.returncode == 0 and "usage" in r.stdout.lower()

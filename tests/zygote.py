@@ -7,7 +7,8 @@ run is a fork of it, into which the run's working directory, environment, argv a
 module's own `__main__` runs: a fresh process with its own pid and exit status, running the code under test
 exactly as `python -m doit ...` does (the pipeline's modules are imported in the child, after its environment is
 set). A run whose environment differs from the zygote's in anything a library reads when it is imported (HF_*,
-PYTHON*, OMP_*, TORCH*, ...) runs as a plain subprocess instead, as does every run when JETSON_TEST_ZYGOTE=off.
+PYTHON*, OMP_*, TORCH*, ...) runs as a plain subprocess instead, as does every run when JETSON_TEST_ZYGOTE=off, and
+every run on a machine where those imports initialize CUDA (a GPU machine: unforkable()), whose forks could not use it.
 
 The processes those runs spawn with multiprocessing (the reference server's engine process, runtime/process.py:
 11-13 s of imports each on this machine) come warm too. Each run's multiprocessing executable is `spawn-shim`, a
@@ -227,10 +228,22 @@ os.execv({python!r}, [{python!r}, *argv])
 _STARTED_WITH: dict[str, str] = {}     # the zygote's environment before its imports (torch's add to it)
 
 
+def unforkable() -> str | None:
+    """Why a fork of this process could not run the code under test, if it could not: CUDA initialized by an import
+    (a GPU machine: a forked child then fails with "Cannot re-initialize CUDA in forked subprocess" at its first
+    CUDA call, and every doit-driven test with it)."""
+    import torch
+    return "CUDA was initialized while importing" if torch.cuda.is_initialized() else None
+
+
 def serve(path: str) -> None:
     _STARTED_WITH.update(os.environ)
     for name in WARM:
         __import__(name)
+    why = unforkable()
+    if why:
+        print(f"unforkable: {why}", flush=True)
+        return
     _flags()
     shim = os.path.join(os.path.dirname(path), "spawn-shim")
     with open(shim, "w") as f:
@@ -245,6 +258,10 @@ def serve(path: str) -> None:
         threading.Thread(target=_serve_one, args=(conn, shim), daemon=True).start()
 
 
+class Unforkable(RuntimeError):
+    """The zygote's imports left it in a state its forks cannot run in (unforkable() says which)."""
+
+
 class Zygote:
     """The client side: start the zygote once, then run modules through it."""
 
@@ -255,7 +272,12 @@ class Zygote:
         self.proc = subprocess.Popen([sys.executable, __file__, self.path], stdout=subprocess.PIPE, text=True,
                                      env=self.env, cwd=str(Path(__file__).parent))
         assert self.proc.stdout is not None
-        if self.proc.stdout.readline().strip() != "ready":
+        line = self.proc.stdout.readline().strip()
+        if line.startswith("unforkable: "):
+            self.proc.wait()
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise Unforkable(line.removeprefix("unforkable: "))
+        if line != "ready":
             raise RuntimeError("the test zygote did not start")
 
     def changed(self, env: dict) -> list[str]:
@@ -281,14 +303,20 @@ class Zygote:
 
 
 _ZYGOTE: Zygote | None = None
+_UNFORKABLE: list[str] = []     # why this machine's zygote could not be used (once found, runs start plain)
 
 
 def zygote() -> Zygote | None:
     global _ZYGOTE
-    if os.environ.get("JETSON_TEST_ZYGOTE") == "off" or not hasattr(os, "fork"):
+    if os.environ.get("JETSON_TEST_ZYGOTE") == "off" or not hasattr(os, "fork") or _UNFORKABLE:
         return None
     if _ZYGOTE is None:
-        _ZYGOTE = Zygote()
+        try:
+            _ZYGOTE = Zygote()
+        except Unforkable as exc:
+            _UNFORKABLE.append(str(exc))
+            print(f"tests/zygote.py: {exc}; doit and serve runs start as plain interpreters here", file=sys.stderr)
+            return None
         import atexit
         atexit.register(_ZYGOTE.close)
     return _ZYGOTE
