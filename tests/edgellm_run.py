@@ -80,10 +80,15 @@ def plugin_scales(onnx_dir) -> list[list[float]]:
 
 
 def calibrated_scales(model) -> list[list[float]]:
-    """[q, k, v] per layer as the calibrated model quantizes them: amax / 448 (E4M3's largest value)."""
+    """[q, k, v] per attention layer as the calibrated model quantizes them: amax / 448 (E4M3's largest value). A
+    hybrid's attention sits in some layers only (Qwen3.5's self_attn, Nemotron-H's attention blocks' mixer)."""
     from pipeline.workstation.models import language_layers
-    return [[float(getattr(layer.self_attn, f"{x}_bmm_quantizer").amax) / 448.0 for x in "qkv"]
-            for layer in language_layers(model)]
+    out = []
+    for layer in language_layers(model):
+        attn = next((m for m in layer.modules() if hasattr(m, "k_bmm_quantizer")), None)
+        if attn is not None:
+            out.append([float(getattr(attn, f"{x}_bmm_quantizer").amax) / 448.0 for x in "qkv"])
+    return out
 
 
 def model_vs_engine(src, tmp_path, weights: str, kv: str, calibration, new_tokens: int = 8, device: str = "cpu",

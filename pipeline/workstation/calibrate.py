@@ -153,8 +153,9 @@ def fuse_for_export(model, share_awq_scales: bool = True) -> int:
         # projections that read one input; a family that stores them as one tensor (Phi-3's qkv_proj and
         # gate_up_proj) has one linear there, whose quantizers already see that input once (FUSED_GROUPS: which
         # groups, and why a gated delta-net's qkv/z is one of them)
+        # (Gemma 4's K = V full layers hold v_proj = None: their q/k are not a group of three)
         groups = [[getattr(m, p) for p in parts] for m in blocks for parts in FUSED_GROUPS
-                  if all(hasattr(m, p) for p in parts)]
+                  if all(getattr(m, p, None) is not None for p in parts)]
         for group in groups:
             per_linear = not share_awq_scales and \
                 getattr(getattr(group[0], "input_quantizer", None), "pre_quant_scale", None) is not None
