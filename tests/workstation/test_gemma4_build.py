@@ -297,3 +297,23 @@ def test_fetch_checks_each_layers_own_widths(tiny_gemma4, tmp_path):
     assert proc.returncode != 0 and "Traceback" not in out, out
     assert not list((project.artifacts / "stages").glob("quantize/*/stage.json"))
     assert "model.layers.2.self_attn.q_proj.weight is [128, 64], config.json says [64, 64]" in out, out
+
+
+def test_k_eq_v_full_layers_calibrate_and_export_int4_computing_the_model(tmp_path):
+    """Gemma 4 31B's and 26B-A4B's full layers use the key projection as the value (v_proj is None): calibration
+    forms its fused groups only of linears that exist (it failed on the missing v_proj in every quantized format),
+    and the INT4-AWQ export run by the runtime double computes the calibrated model."""
+    from transformers import Gemma4TextConfig
+
+    from tests.edgellm_run import model_vs_engine
+    cfg = Gemma4TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                           attention_k_eq_v=True, vocab_size=512, hidden_size_per_layer_input=0,
+                           num_kv_shared_layers=0, sliding_window=16, max_position_embeddings=512,
+                           final_logit_softcapping=30.0, layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                           architectures=["Gemma4ForCausalLM"], eos_token_id=1)
+    model = save_random_model(tmp_path / "g", "Gemma4ForCausalLM", cfg, (
+        "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"))
+    r = model_vs_engine(model, tmp_path, "int4_awq", "fp16", CAL, group_size=32, share_awq_scales=False)
+    assert r["top1_agreement"] == 1 and r["greedy_agreement"] == 1 and r["logit_cosine_min"] > 0.9999, r
