@@ -1,6 +1,7 @@
 """Every plan the README and docs/ show is what the planner says now: each `python -m pipeline plan --model-config
-NAME/config.json ...` block is run on that model's config (pipeline/data/model_configs.toml) and each line it quotes
-(`#  ...`, a trailing note of its own after a wide gap left out) must be a line of the table it prints."""
+NAME/config.json ...` block is run on that model's config (pipeline/data/model_configs.toml), each `python -m pipeline
+plan RECIPE` block on the repository's recipe (its model's config from the same table: no download), and each line
+it quotes (`#  ...`, a trailing note of its own after a wide gap left out) must be a line of the table it prints."""
 
 import re
 import subprocess
@@ -13,6 +14,7 @@ from pipeline.plan.perf import known_model_configs
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 COMMAND = re.compile(r"python -m pipeline plan (--model-config (\S+)/config\.json.*)")
+RECIPE_COMMAND = re.compile(r"python -m pipeline plan ([a-z0-9][\w.\-]*)\s*(#.*)?$")
 
 
 def shown_plans() -> list[tuple[str, str, list[str], list[str]]]:
@@ -41,6 +43,28 @@ def shown_plans() -> list[tuple[str, str, list[str], list[str]]]:
 PLANS = shown_plans()
 
 
+def shown_recipe_plans() -> list[tuple[str, str, list[str]]]:
+    """(document, recipe, the lines it quotes) of every `plan RECIPE` block that quotes lines."""
+    out = []
+    for doc in DOCS:
+        lines = doc.read_text().splitlines()
+        for i, line in enumerate(lines):
+            m = RECIPE_COMMAND.search(line)
+            if not m:
+                continue
+            quoted = []
+            for follow in lines[i + 1:]:
+                if not follow.startswith("#  "):
+                    break
+                quoted.append(follow[1:].rstrip())
+            if quoted:
+                out.append((doc.name, m.group(1), quoted))
+    return out
+
+
+RECIPE_PLANS = shown_recipe_plans()
+
+
 def test_the_docs_show_plans():
     assert len(PLANS) >= 2 and {p[0] for p in PLANS} >= {"planner.md"}
 
@@ -59,3 +83,17 @@ def test_each_plan_the_docs_show_is_what_the_planner_prints(tmp_path, doc, name,
     # one figure changed is no line of the table: the comparison is of whole lines
     changed = re.sub(r"\d(?=\D*$)", lambda d: str((int(d.group()) + 1) % 10), quoted[0])
     assert changed not in printed
+
+
+def test_the_readme_shows_the_flagship_recipes_plans():
+    assert {r for d, r, _ in RECIPE_PLANS if d == "README.md"} >= {
+        "qwen3.5-35b-a3b-agx-orin-jp72", "qwen3-vl-4b-orin-nano-jp72", "qwen2.5-vl-7b-thor"}
+
+
+@pytest.mark.parametrize("doc, recipe, quoted", RECIPE_PLANS, ids=[f"{p[0]}:{p[1]}" for p in RECIPE_PLANS])
+def test_each_recipe_plan_the_docs_show_is_what_the_planner_prints(doc, recipe, quoted):
+    out = subprocess.run([sys.executable, "-m", "pipeline", "plan", recipe], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    printed = [line.rstrip() for line in out.stdout.splitlines()]
+    assert out.returncode == 0, out.stderr
+    assert [q for q in quoted if q not in printed] == [], (doc, printed)
