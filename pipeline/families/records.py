@@ -38,8 +38,8 @@ GEMMA4_EXPERTS = MoeLayout(count=("num_experts",), active=("top_k_experts",), no
                            enabled_by="enable_moe_block", beside_mlp=True,
                            fused_tensors=("model.layers.{layer}.experts.gate_up_proj",
                                           "model.layers.{layer}.experts.down_proj"))
-# vision-language models, as transformers 5 names them natively (InternVL3's original checkpoints load through their
-# own code, InternVLChatModel: only the "-hf" conversions are this architecture)
+# vision-language models, as transformers 5 names them natively (InternVL3's original checkpoints, InternVLChatModel
+# with its own code, are this architecture once fetched: families/layouts.py maps them, their code is never run)
 QWEN2_5_VL, QWEN3_VL = "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration"
 INTERNVL = "InternVLForConditionalGeneration"
 VISION_LANGUAGE = (QWEN2_5_VL, QWEN3_VL, INTERNVL)
@@ -165,7 +165,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(QWEN3_VL, "Qwen3-VL", ("Qwen3-VL 2B / 4B / 8B", "Cosmos-Reason2"), "Qwen3VLConfig", qk_norm=True,
            tool_calls="hermes", visual=visual.QWEN3_VL_TOWER, text_config="text_config",
            notes="a Qwen3 decoder with interleaved multimodal RoPE and DeepStack visual features in early layers"),
-    Family(INTERNVL, "InternVL3", ("InternVL3 1B / 2B / 8B (-hf)",), "InternVLConfig", attention_bias=True,
+    Family(INTERNVL, "InternVL3", ("InternVL3 1B / 2B / 8B (original or -hf)",), "InternVLConfig", attention_bias=True,
            visual=visual.INTERNVL3_TOWER, text_config="text_config",
            notes="an InternViT tower, 448-pixel tiles, pixel shuffle to 256 tokens each, before a Qwen2.5 decoder"),
 )

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pipeline.errors import InputError, Problem
 from pipeline.families import ModelFeatures, family, features_of, known
+from pipeline.families.layouts import native_config
 from pipeline.plan.parts import PARTS
 from pipeline.plan.parts.base import (
     ATTENTION_MODULE,
@@ -257,6 +258,8 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     if not isinstance(config, dict):
         raise InputError([Problem(source, "(file)", None, f"is a JSON {type(config).__name__}, not a config object",
                                   "pass a model's config.json")])
+    # a layout the hub publishes under other names (InternVL's chat layout) as its family's native one
+    config = native_config(config, source)
     problems: list[Problem] = []
     archs = config.get("architectures")
     if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):

@@ -174,11 +174,17 @@ def has_chat_template(model_dir: Path) -> bool:
 def fetch_local(src: Path, out: Path, source: str, patterns: list[str] = NEEDED, table: str = "model") -> dict:
     if not src.is_dir():
         raise PipelineError(f"{source}: {table}.path {src} is not a directory", "point it at a checkpoint directory")
-    if patterns is NEEDED:
+    if patterns is NEEDED and not _in_hub_layout(src):     # a hub layout is checked once rewritten (do_fetch)
         check_checkpoint(src, source)
     for f in needed_files(src, patterns):
         link_or_copy(f, out / f.name)
     return {"source": {"kind": "local", "path": str(src)}}
+
+
+def _in_hub_layout(src: Path) -> bool:
+    from pipeline.families.layouts import hub_layout
+    from pipeline.plan.shapes import load_config
+    return (src / "config.json").is_file() and hub_layout(load_config(src / "config.json")) is not None
 
 
 def fetch_builtin(name: str, out: Path) -> dict:

@@ -8,7 +8,6 @@ ones).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 # The placeholder tokens of each family and how its chat template writes an image (content part {"type": "image"});
@@ -69,6 +68,7 @@ VLM_BUILTINS: dict[str, dict] = {
     # Qwen2.5-VL-3B shrunk: 14-pixel patches, 112-pixel attention windows but in two of four blocks; CLIP's mean/std.
     "tiny-qwen2.5-vl": dict(
         architecture="Qwen2_5_VLForConditionalGeneration", image=QWEN_IMAGE, processor="Qwen2VLImageProcessorPil",
+        published="flat",           # written as the hub has Qwen2.5-VL (workstation/tinyhub.py)
         text=dict(_TEXT, rope_parameters=dict(_MROPE), tie_word_embeddings=True),
         vision=dict(depth=4, hidden_size=64, intermediate_size=96, num_heads=4, patch_size=14, spatial_merge_size=2,
                     temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1, 3], out_hidden_size=64),
@@ -78,6 +78,7 @@ VLM_BUILTINS: dict[str, dict] = {
     # 12 tiles and a thumbnail; ImageNet's mean/std.
     "tiny-internvl3": dict(
         architecture="InternVLForConditionalGeneration", image=INTERNVL_IMAGE, processor="GotOcr2ImageProcessorPil",
+        published="internvl_chat",  # written as InternVL3's original repositories have it (workstation/tinyhub.py)
         text=dict(_TEXT, model_type="qwen2", rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
                   tie_word_embeddings=False),
         vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -105,39 +106,6 @@ def build_config(spec: dict, vocab: int, image_ids: tuple[int, int, int]):
                                                          tie_word_embeddings=text["tie_word_embeddings"], **extra)
 
 
-# Qwen2.5-VL's hub checkpoints keep transformers 4's flat layout (Family.flat_text_config), and its builtin is written
-# so: the published config.json's keys (Qwen/Qwen2.5-VL-3B- and 7B-Instruct: the language model's fields at the top
-# level, RoPE as rope_scaling type "mrope" with rope_theta beside it, the tower's as the original vision config names
-# them), each with the tiny model's value. transformers 5 reads it as the nested config it was made from.
-FLAT_TOP = ("architectures", "attention_dropout", "bos_token_id", "eos_token_id", "vision_start_token_id",
-            "vision_end_token_id", "vision_token_id", "image_token_id", "video_token_id", "hidden_act", "hidden_size",
-            "initializer_range", "intermediate_size", "max_position_embeddings", "max_window_layers", "model_type",
-            "num_attention_heads", "num_hidden_layers", "num_key_value_heads", "rms_norm_eps", "rope_theta",
-            "sliding_window", "tie_word_embeddings", "torch_dtype", "transformers_version", "use_cache",
-            "use_sliding_window", "vision_config", "rope_scaling", "vocab_size")
-FLAT_VISION = ("depth", "hidden_act", "hidden_size", "intermediate_size", "num_heads", "in_chans", "out_hidden_size",
-               "patch_size", "spatial_merge_size", "spatial_patch_size", "window_size", "fullatt_block_indexes",
-               "tokens_per_second", "temporal_patch_size")
-
-
-def hub_layout(config: dict) -> dict:
-    """A Qwen2.5-VL config.json as transformers 5 saves it (nested), in the hub's flat layout."""
-    text, vision = config["text_config"], config["vision_config"]
-    rope = text.get("rope_parameters") or {}
-    values = {**text, **config, "vision_token_id": config["image_token_id"], "torch_dtype": "float32",
-              "rope_theta": rope["rope_theta"],
-              "rope_scaling": {"type": "mrope", "mrope_section": rope["mrope_section"]},
-              "vision_config": {k: {**vision, "in_chans": vision["in_channels"],
-                                    "spatial_patch_size": vision["patch_size"]}[k] for k in FLAT_VISION}}
-    return {k: values[k] for k in FLAT_TOP}
-
-
-def _config_json(fam, config) -> dict:
-    """The builtin's config.json: transformers' own, in the hub's layout where the family's checkpoints have it."""
-    saved = config.to_dict()
-    return hub_layout(saved) if fam.flat_text_config else saved
-
-
 def _tokenizer(spec, vlm: dict):
     from pipeline.workstation.tinytrain import train_tokenizer
     tok = train_tokenizer(spec.vocab_size)
@@ -148,12 +116,11 @@ def _tokenizer(spec, vlm: dict):
 
 def builtin_config(name: str, spec) -> dict:
     """The config.json VLM builtin `name` is written with (the plan reads it before the fetch makes the model)."""
-    from pipeline.families import family
+    from pipeline.workstation.tinyhub import published_config
     vlm = VLM_BUILTINS[name]
     tok, ids = _tokenizer(spec, vlm)
-    fam = family(vlm["architecture"])
-    assert fam is not None
-    return {**_config_json(fam, build_config(vlm, tok.get_vocab_size(), ids)), "architectures": [vlm["architecture"]]}
+    saved = {**build_config(vlm, tok.get_vocab_size(), ids).to_dict(), "architectures": [vlm["architecture"]]}
+    return published_config(vlm, saved)
 
 
 def materialize_vlm(name: str, spec, out_dir: Path, progress=None) -> None:
@@ -163,7 +130,7 @@ def materialize_vlm(name: str, spec, out_dir: Path, progress=None) -> None:
     import transformers
     from transformers import PreTrainedTokenizerFast
 
-    from pipeline.families import family
+    from pipeline.workstation.tinyhub import write_published
     from pipeline.workstation.tinytrain import train
 
     vlm = VLM_BUILTINS[name]
@@ -178,9 +145,6 @@ def materialize_vlm(name: str, spec, out_dir: Path, progress=None) -> None:
     model.eval()
     model.generation_config.do_sample = False
     model.save_pretrained(out_dir, safe_serialization=True)
-    fam = family(vlm["architecture"])
-    assert fam is not None
-    if fam.flat_text_config:
-        (out_dir / "config.json").write_text(json.dumps(_config_json(fam, model.config), indent=2) + "\n")
     fast.save_pretrained(out_dir)
     getattr(transformers, vlm["processor"])(**vlm["processor_config"]).save_pretrained(out_dir)
+    write_published(vlm, out_dir)       # in the layout the hub publishes the real model in

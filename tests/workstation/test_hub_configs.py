@@ -159,3 +159,114 @@ def test_the_tiny_qwen2_5_vl_twin_is_written_in_the_hubs_flat_layout():
     assert cfg["rope_scaling"]["type"] == "mrope" and cfg["model_type"] == "qwen2_5_vl"
     shape = shape_from_config(cfg, "config.json")
     assert (shape.hidden_size, shape.num_layers, shape.tower.depth) == (64, 2, 4) and shape.features.tied_embeddings
+
+
+# OpenGVLab/InternVL3-1B's config.json in its chat layout (InternVLChatModel and its remote code), the fields its
+# InternVLChatConfig reads
+INTERNVL3_1B_CHAT = {
+    "architectures": ["InternVLChatModel"], "auto_map": {
+        "AutoConfig": "configuration_internvl_chat.InternVLChatConfig",
+        "AutoModel": "modeling_internvl_chat.InternVLChatModel",
+        "AutoModelForCausalLM": "modeling_internvl_chat.InternVLChatModel"},
+    "downsample_ratio": 0.5, "dynamic_image_size": True, "force_image_size": 448, "hidden_size": 896,
+    "llm_config": {"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+                   "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+                   "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 70,
+                   "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+                   "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+                   "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_bfloat16": True, "use_cache": False,
+                   "use_sliding_window": False, "vocab_size": 151674},
+    "max_dynamic_patch": 12, "min_dynamic_patch": 1, "model_type": "internvl_chat", "ps_version": "v2",
+    "select_layer": -1, "template": "internvl2_5", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_backbone_lora": 0, "use_llm_lora": 0, "use_thumbnail": True,
+    "vision_config": {"architectures": ["InternVisionModel"], "attention_dropout": 0.0, "drop_path_rate": 0.0,
+                      "dropout": 0.0, "hidden_act": "gelu", "hidden_size": 1024, "image_size": 448,
+                      "initializer_factor": 1.0, "initializer_range": 0.02, "intermediate_size": 4096,
+                      "layer_norm_eps": 1e-06, "model_type": "intern_vit_6b", "norm_type": "layer_norm",
+                      "num_attention_heads": 16, "num_channels": 3, "num_hidden_layers": 24, "patch_size": 14,
+                      "qk_normalization": False, "qkv_bias": True, "torch_dtype": "bfloat16", "use_bfloat16": True,
+                      "use_flash_attn": True}}
+
+
+def test_the_internvl3_chat_layout_plans_as_its_native_form_without_its_code():
+    """InternVL3's original config (llm_config, InternViT's own key names, an auto_map to its code) plans as the
+    native config transformers' InternVLConfig reads from the mapping: the same tower, language model and plan."""
+    import transformers
+
+    from pipeline.families.layouts import native_config
+    native = transformers.InternVLConfig(**native_config(copy.deepcopy(INTERNVL3_1B_CHAT), "c")).to_dict()
+    assert native["vision_config"]["attention_bias"] is True and native["text_config"]["hidden_size"] == 896
+    plans = [make_plan(PlanRequest(shape=shape_from_config(copy.deepcopy(c), "config.json"), model_label="InternVL3-1B",
+                                   weights="int4_awq", kv_cache="fp16", target=get_target("orin-nano-8gb"),
+                                   limits=BuildLimits.of(2, 1024, 2048))).to_dict()
+             for c in (INTERNVL3_1B_CHAT, native)]
+    assert plans[0] == plans[1] and plans[0]["refused"] == [], plans[0]["refused"]
+    shape = shape_from_config(copy.deepcopy(INTERNVL3_1B_CHAT), "config.json")
+    assert (shape.architecture, shape.num_layers, shape.tower.depth, shape.tower.qkv_bias) == (
+        "InternVLForConditionalGeneration", 24, 24, True)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"ps_version": "v1"}, "ps_version"),
+    ({"llm_config": {**INTERNVL3_1B_CHAT["llm_config"], "architectures": ["InternLM2ForCausalLM"]}},
+     "llm_config.architectures"),
+    ({"llm_config": None}, "llm_config")])
+def test_a_chat_layout_the_native_class_cannot_build_is_refused_naming_the_field(change, field):
+    from pipeline.errors import InputError
+    with pytest.raises(InputError) as exc:
+        shape_from_config({**copy.deepcopy(INTERNVL3_1B_CHAT), **change}, "InternVL/config.json")
+    assert f"InternVL/config.json: {field} = " in str(exc.value), str(exc.value)
+
+
+def test_the_tiny_internvl3_twin_in_the_chat_layout_is_fetched_as_the_native_model_exactly(tmp_path, monkeypatch):
+    """The builtin the shipped InternVL recipe builds is written in the chat layout (its config's keys those of the
+    published file, InternViT's fused qkv, mlp1, no processor file); the fetch's rewrite gives back the native
+    model's tensors bit for bit, the native processor's settings and a config transformers' native class loads,
+    and the fetch's own checks pass."""
+    import torch
+    from safetensors.torch import load_file
+
+    from pipeline.workstation import tinyvlm
+    from pipeline.workstation.fetch import check_checkpoint, check_tokenizer
+    from pipeline.workstation.hub_layouts import convert
+    from pipeline.workstation.tinymodel import materialize
+
+    monkeypatch.setenv("JETSON_PIPELINE_BUILTIN_CACHE", "off")
+    materialize("tiny-internvl3", tmp_path / "chat")
+    chat = json.loads((tmp_path / "chat" / "config.json").read_text())
+    assert set(chat) == set(INTERNVL3_1B_CHAT) | {"transformers_version"} and chat["auto_map"]
+    assert set(chat["vision_config"]) == set(INTERNVL3_1B_CHAT["vision_config"])
+    assert set(chat["llm_config"]) <= set(INTERNVL3_1B_CHAT["llm_config"]) | {"rope_scaling"}
+    assert not (tmp_path / "chat" / "preprocessor_config.json").exists()
+    monkeypatch.setitem(tinyvlm.VLM_BUILTINS, "tiny-internvl3",
+                        {k: v for k, v in tinyvlm.VLM_BUILTINS["tiny-internvl3"].items() if k != "published"})
+    materialize("tiny-internvl3", tmp_path / "native")      # the same model, as transformers 5 saves it
+
+    assert "chat layout" in convert(tmp_path / "chat", "r.toml")
+    got, want = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("chat", "native"))
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+    processor = json.loads((tmp_path / "chat" / "preprocessor_config.json").read_text())
+    native_processor = json.loads((tmp_path / "native" / "preprocessor_config.json").read_text())
+    assert processor == {k: v for k, v in native_processor.items() if k in processor}
+    config = json.loads((tmp_path / "chat" / "config.json").read_text())
+    assert config["architectures"] == ["InternVLForConditionalGeneration"] and "auto_map" not in config
+    assert config["image_token_id"] == json.loads((tmp_path / "native" / "config.json").read_text())["image_token_id"]
+    check_checkpoint(tmp_path / "chat", "r.toml")
+    check_tokenizer(tmp_path / "chat", "r.toml")
+    assert convert(tmp_path / "chat", "r.toml") is None        # native now: nothing more to do
+
+
+def test_a_chat_layout_tensor_the_mapping_does_not_name_is_refused_naming_it(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from pipeline.errors import PipelineError
+    from pipeline.workstation.hub_layouts import convert
+    (tmp_path / "config.json").write_text(json.dumps(INTERNVL3_1B_CHAT))
+    save_file({"vision_model.encoder.layers.0.attn.qkv.weight": torch.zeros(6, 2),
+               "vision_model.post_adapter.weight": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    from tokenizers import Tokenizer, models
+    tok = Tokenizer(models.WordLevel({"<IMG_CONTEXT>": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(PipelineError, match="holds vision_model.post_adapter.weight, which InternVL's chat layout"):
+        convert(tmp_path, "r.toml")

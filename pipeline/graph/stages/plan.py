@@ -128,7 +128,9 @@ def _fetch(run: StageRun, source, subdir: str, patterns: list[str], check) -> co
 
     def build(out: Path) -> contract.FetchResult:
         info = source.fetch(out / subdir, run.recipe.file, patterns)
-        check(out / subdir)
+        layout = check(out / subdir)
+        if layout:          # a hub layout rewritten in the family's native one: the record says so
+            info["source"] = {**info["source"], "layout": layout}
         return contract.FetchResult(**info)
 
     return run.build(build)
@@ -137,9 +139,12 @@ def _fetch(run: StageRun, source, subdir: str, patterns: list[str], check) -> co
 def do_fetch(run: StageRun) -> contract.StageManifest:
     from pipeline.workstation import fetch
 
-    def check(model: Path) -> None:
+    def check(model: Path) -> str | None:
+        from pipeline.workstation.hub_layouts import convert
+        layout = convert(model, run.recipe.file)        # the hub's layout under other names -> the native one
         fetch.check_checkpoint(model, run.recipe.file)
         fetch.check_tokenizer(model, run.recipe.file)
+        return layout
     return _fetch(run, run.recipe.model, "model", fetch.NEEDED, check)
 
 
