@@ -33,27 +33,46 @@ VISION_RENAMES = {"qkv_bias": "attention_bias", "qk_normalization": "use_qk_norm
 # InternVL's image preprocessing (its build_transform and dynamic_preprocess): ImageNet's mean and std
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
-# chat tensor name -> native, by pattern, in order (the first that matches); `qkv` is split into q/k/v
-_VISION = [(r"^vision_model\.embeddings\.class_embedding$", "vision_tower.embeddings.cls_token"),
-           (r"^vision_model\.embeddings\.position_embedding$", "vision_tower.embeddings.position_embeddings"),
-           (r"^vision_model\.embeddings\.patch_embedding\.(weight|bias)$",
-            r"vision_tower.embeddings.patch_embeddings.projection.\1"),
-           (r"^vision_model\.encoder\.layers\.(\d+)\.attn\.proj\.(weight|bias)$",
-            r"vision_tower.encoder.layer.\1.attention.projection_layer.\2"),
-           (r"^vision_model\.encoder\.layers\.(\d+)\.attn\.(q_norm|k_norm)\.(weight|bias)$",
-            r"vision_tower.encoder.layer.\1.attention.\2.\3"),
-           (r"^vision_model\.encoder\.layers\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)$",
-            r"vision_tower.encoder.layer.\1.mlp.\2.\3"),
-           (r"^vision_model\.encoder\.layers\.(\d+)\.norm1\.(weight|bias)$",
-            r"vision_tower.encoder.layer.\1.layernorm_before.\2"),
-           (r"^vision_model\.encoder\.layers\.(\d+)\.norm2\.(weight|bias)$",
-            r"vision_tower.encoder.layer.\1.layernorm_after.\2"),
-           (r"^vision_model\.encoder\.layers\.(\d+)\.ls([12])$", r"vision_tower.encoder.layer.\1.lambda_\2"),
-           (r"^mlp1\.0\.(weight|bias)$", r"multi_modal_projector.layer_norm.\1"),
-           (r"^mlp1\.1\.(weight|bias)$", r"multi_modal_projector.linear_1.\1"),
-           (r"^mlp1\.3\.(weight|bias)$", r"multi_modal_projector.linear_2.\1"),
-           (r"^(language_model\..+)$", r"\1")]
-QKV = re.compile(r"^vision_model\.encoder\.layers\.(\d+)\.attn\.qkv\.(weight|bias)$")
+# InternVL's chat tensor names and the native ones, one pair each ({i}: a block, {p}: weight or bias, {rest}: the
+# rest of the name): the fetch reads them one way (workstation/hub_layouts.py), the builtin twin is written the other
+# (workstation/tinyhub.py). InternViT's fused qkv is CHAT_QKV, split into NATIVE_QKV's q, k and v (in that order).
+INTERNVL_CHAT_NAMES = (
+    ("vision_model.embeddings.class_embedding", "vision_tower.embeddings.cls_token"),
+    ("vision_model.embeddings.position_embedding", "vision_tower.embeddings.position_embeddings"),
+    ("vision_model.embeddings.patch_embedding.{p}", "vision_tower.embeddings.patch_embeddings.projection.{p}"),
+    ("vision_model.encoder.layers.{i}.attn.proj.{p}", "vision_tower.encoder.layer.{i}.attention.projection_layer.{p}"),
+    ("vision_model.encoder.layers.{i}.attn.q_norm.{p}", "vision_tower.encoder.layer.{i}.attention.q_norm.{p}"),
+    ("vision_model.encoder.layers.{i}.attn.k_norm.{p}", "vision_tower.encoder.layer.{i}.attention.k_norm.{p}"),
+    ("vision_model.encoder.layers.{i}.mlp.fc1.{p}", "vision_tower.encoder.layer.{i}.mlp.fc1.{p}"),
+    ("vision_model.encoder.layers.{i}.mlp.fc2.{p}", "vision_tower.encoder.layer.{i}.mlp.fc2.{p}"),
+    ("vision_model.encoder.layers.{i}.norm1.{p}", "vision_tower.encoder.layer.{i}.layernorm_before.{p}"),
+    ("vision_model.encoder.layers.{i}.norm2.{p}", "vision_tower.encoder.layer.{i}.layernorm_after.{p}"),
+    ("vision_model.encoder.layers.{i}.ls1", "vision_tower.encoder.layer.{i}.lambda_1"),
+    ("vision_model.encoder.layers.{i}.ls2", "vision_tower.encoder.layer.{i}.lambda_2"),
+    ("mlp1.0.{p}", "multi_modal_projector.layer_norm.{p}"),
+    ("mlp1.1.{p}", "multi_modal_projector.linear_1.{p}"),
+    ("mlp1.3.{p}", "multi_modal_projector.linear_2.{p}"),
+    ("language_model.{rest}", "language_model.{rest}"))
+CHAT_QKV = "vision_model.encoder.layers.{i}.attn.qkv.{p}"
+NATIVE_QKV = tuple(f"vision_tower.encoder.layer.{{i}}.attention.{x}_proj.{{p}}" for x in "qkv")
+_FIELDS = {"i": r"\d+", "p": "weight|bias", "rest": ".+"}
+
+
+def _pattern(template: str) -> re.Pattern:
+    out = re.escape(template)
+    for field, allowed in _FIELDS.items():
+        out = out.replace(re.escape("{" + field + "}"), f"(?P<{field}>{allowed})")
+    return re.compile(f"^{out}$")
+
+
+def rename(name: str, pairs: tuple[tuple[str, str], ...], to_native: bool = True) -> str | None:
+    """`name` under the other layout of `pairs` ((chat, native) templates), or None where no pair names it."""
+    for pair in pairs:
+        source, target = pair if to_native else pair[::-1]
+        m = _pattern(source).match(name)
+        if m:
+            return target.format(**m.groupdict())
+    return None
 
 
 @dataclass(frozen=True)
@@ -110,15 +129,21 @@ def _internvl_chat_config(config: dict, source: str) -> dict:
     return native
 
 
+def qkv_part(name: str) -> tuple[str, int] | None:
+    """A native q/k/v projection's fused chat name and its place in it (0, 1, 2), else None."""
+    for part, template in enumerate(NATIVE_QKV):
+        m = _pattern(template).match(name)
+        if m:
+            return CHAT_QKV.format(**m.groupdict()), part
+    return None
+
+
 def _internvl_chat_tensor(name: str) -> list[tuple[str, int, int]]:
-    m = QKV.match(name)
+    m = _pattern(CHAT_QKV).match(name)
     if m:
-        base = f"vision_tower.encoder.layer.{m[1]}.attention"
-        return [(f"{base}.{p}_proj.{m[2]}", i, 3) for i, p in enumerate("qkv")]
-    for pattern, target in _VISION:
-        if re.match(pattern, name):
-            return [(re.sub(pattern, target, name), 0, 1)]
-    return []
+        return [(t.format(**m.groupdict()), part, 3) for part, t in enumerate(NATIVE_QKV)]
+    native = rename(name, INTERNVL_CHAT_NAMES)
+    return [(native, 0, 1)] if native is not None else []
 
 
 LAYOUTS = (HubLayout(INTERNVL_CHAT, INTERNVL_NATIVE, _internvl_chat_config, _internvl_chat_tensor,

@@ -14,7 +14,6 @@ native classes, then written out as the hub has the real one):
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 FLAT_TOP = ("architectures", "attention_dropout", "bos_token_id", "eos_token_id", "vision_start_token_id",
@@ -34,29 +33,6 @@ CHAT_TEXT = ("attention_dropout", "bos_token_id", "eos_token_id", "hidden_act", 
              "intermediate_size", "max_position_embeddings", "max_window_layers", "num_attention_heads",
              "num_hidden_layers", "num_key_value_heads", "rms_norm_eps", "sliding_window", "tie_word_embeddings",
              "use_cache", "use_sliding_window", "vocab_size")
-# native tensor name -> the chat layout's, in order; q/k/v are concatenated into qkv
-_CHAT = [(r"^vision_tower\.embeddings\.cls_token$", "vision_model.embeddings.class_embedding"),
-         (r"^vision_tower\.embeddings\.position_embeddings$", "vision_model.embeddings.position_embedding"),
-         (r"^vision_tower\.embeddings\.patch_embeddings\.projection\.(weight|bias)$",
-          r"vision_model.embeddings.patch_embedding.\1"),
-         (r"^vision_tower\.encoder\.layer\.(\d+)\.attention\.projection_layer\.(weight|bias)$",
-          r"vision_model.encoder.layers.\1.attn.proj.\2"),
-         (r"^vision_tower\.encoder\.layer\.(\d+)\.attention\.(q_norm|k_norm)\.(weight|bias)$",
-          r"vision_model.encoder.layers.\1.attn.\2.\3"),
-         (r"^vision_tower\.encoder\.layer\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)$",
-          r"vision_model.encoder.layers.\1.mlp.\2.\3"),
-         (r"^vision_tower\.encoder\.layer\.(\d+)\.layernorm_before\.(weight|bias)$",
-          r"vision_model.encoder.layers.\1.norm1.\2"),
-         (r"^vision_tower\.encoder\.layer\.(\d+)\.layernorm_after\.(weight|bias)$",
-          r"vision_model.encoder.layers.\1.norm2.\2"),
-         (r"^vision_tower\.encoder\.layer\.(\d+)\.lambda_([12])$", r"vision_model.encoder.layers.\1.ls\2"),
-         (r"^multi_modal_projector\.layer_norm\.(weight|bias)$", r"mlp1.0.\1"),
-         (r"^multi_modal_projector\.linear_1\.(weight|bias)$", r"mlp1.1.\1"),
-         (r"^multi_modal_projector\.linear_2\.(weight|bias)$", r"mlp1.3.\1"),
-         (r"^(language_model\..+)$", r"\1")]
-_QKV_PART = re.compile(r"^vision_tower\.encoder\.layer\.(\d+)\.attention\.([qkv])_proj\.(weight|bias)$")
-
-
 def published_config(vlm: dict, saved: dict) -> dict:
     """The builtin's config.json (transformers 5's `saved`) in the layout its real model is published in."""
     layout = vlm.get("published")
@@ -117,18 +93,22 @@ def _internvl_chat(config: dict) -> dict:
 
 
 def _chat_tensors(path: Path) -> None:
+    """The native tensors under InternVL's chat names (families/layouts.py: the pairs the fetch reads back), q, k
+    and v concatenated into InternViT's qkv."""
     import torch
     from safetensors.torch import load_file, save_file
 
-    native, out = load_file(str(path)), {}
-    qkv: dict[tuple[str, str], dict] = {}
-    for name, tensor in native.items():
-        m = _QKV_PART.match(name)
-        if m:
-            qkv.setdefault((m[1], m[3]), {})[m[2]] = tensor
+    from pipeline.families.layouts import INTERNVL_CHAT_NAMES, qkv_part, rename
+    out: dict = {}
+    fused: dict[str, list] = {}
+    for name, tensor in load_file(str(path)).items():
+        part = qkv_part(name)
+        if part is not None:
+            fused.setdefault(part[0], [None] * 3)[part[1]] = tensor
             continue
-        pattern, target = next((p, t) for p, t in _CHAT if re.match(p, name))
-        out[re.sub(pattern, target, name)] = tensor
-    for (layer, kind), parts in qkv.items():
-        out[f"vision_model.encoder.layers.{layer}.attn.qkv.{kind}"] = torch.cat([parts[p] for p in "qkv"]).contiguous()
+        chat = rename(name, INTERNVL_CHAT_NAMES, to_native=False)
+        assert chat is not None, name       # every tensor of the native tiny model has a chat name
+        out[chat] = tensor
+    for name, parts in fused.items():
+        out[name] = torch.cat(parts).contiguous()
     save_file(out, str(path), metadata={"format": "pt"})
