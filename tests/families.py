@@ -22,6 +22,7 @@ class Double:
     prompt_tokens: int | None = None    # a longer prompt where the kind needs one (past a recurrence's chunk)
     tie_aware: bool = False     # agreement counted as the goldens count it (near ties: FP8)
     greedy: bool = True         # the engine's own greedy answer is the model's too
+    device: str = "cpu"         # where the calibrated model runs (NVFP4: ModelOpt's FP4 quantizer is CUDA-only)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,12 @@ TINY: tuple[Tiny, ...] = (
          "validated_nemotron", Double("agx-thor", min_cosine=0.996, prompt_tokens=100, tie_aware=True)),
     Tiny("tiny-qwen3_5-moe", JP72, "edgellm", "tests/workstation/test_hybrid_moe_build.py", "built", "validated",
          Double("agx-thor", prompt_tokens=100, tie_aware=True)),
+    # NVFP4 only (Edge-LLM 0.11's MoE blocks for these families): built on a GPU machine, skipped without CUDA
+    Tiny("tiny-nemotron-h-moe", {"agx-thor": "agx-thor-jp72"}, "edgellm", "tests/workstation/test_moe_nvfp4_build.py",
+         "built_nemotron", "validated_nemotron",
+         Double(None, kv="fp8", min_cosine=0.95, prompt_tokens=100, tie_aware=True, device="cuda")),
+    Tiny("tiny-gemma4-moe", {"agx-thor": "agx-thor-jp72"}, "edgellm", "tests/workstation/test_moe_nvfp4_build.py",
+         "built_gemma4", "validated_gemma4", Double(None, min_cosine=0.99, tie_aware=True, device="cuda")),
     Tiny("tiny-qwen3-vl-thor", {"agx-thor": "agx-thor-jp72"}, "edgellm", VLM, "built_qwen3_vl", "validated_qwen3_vl",
          Double(None, kv="fp8", min_cosine=0.99, tie_aware=True, greedy=False), images=True),
     Tiny("tiny-qwen2.5-vl-orin-nano-jp72", {"orin-nano-8gb": "orin-nano-8gb-jp72"}, "edgellm", VLM, "built_qwen2_5_vl",

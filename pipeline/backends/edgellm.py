@@ -186,16 +186,22 @@ _EDGELLM_GEMMA4 = Support(
     # tiny one: logit cosine 0.995 with an FP8 KV cache against 0.99999 without)
     formats=("fp16", "int4_awq", "fp8", "nvfp4"), kv_cache=("fp16",),
     formats_why="the formats a test here took through Edge-LLM's gemma4 export and the runtime double",
-    # Edge-LLM 0.11's gemma4 MoE block: NVFP4 through Nvfp4MoePlugin (routing mode 2: softmax, top-k, then the
-    # per-expert scales); INT4 through Int4MoePlugin, whose inputs have no place for the per-expert scales (the
-    # block registers them and passes them nowhere); FP16 through a fallback that runs every expert for every token
-    experts_not_built="the 26B-A4B's MoE block (beside each MLP, routed weights scaled per expert) is not exported and "
-                      "checked here yet; note that Edge-LLM 0.11's INT4 path gives its Int4MoePlugin no input for "
-                      "the per-expert scales, and its FP16 path runs every expert for every token",
+    # Edge-LLM 0.11's gemma4 MoE block (the 26B-A4B: experts beside every layer's MLP): NVFP4 through Nvfp4MoePlugin
+    # (GeGLU, routing mode 2: softmax, top-k, renormalized, then the per-expert scales it is given in the bias slot)
+    expert_formats=("nvfp4",),
+    expert_formats_why="0.11's INT4 block gives its Int4MoePlugin no input for the router's per-expert scales (it "
+                       "registers them and passes them nowhere), so every expert's output would be unscaled; its "
+                       "FP16 block is an export fallback without an MoE plugin that runs every expert for every "
+                       "token",
     verified="Edge-LLM 0.11 exporter (models/gemma4: per-layer attention types and widths, KV sharing, per-layer "
              "input embeddings); tests/workstation/test_gemma4_build.py (tiny Gemma 4 FP16 and INT4-AWQ through doit "
              "build, the device half and serve, a multimodal checkpoint's language model; run by the runtime double "
              "against transformers' Gemma 4), tests/workstation/test_families.py (FP8), "
+             "tests/workstation/test_moe_double_modes.py (Nvfp4MoePlugin's GeGLU and routing mode 2 in the double "
+             "against transformers' Gemma 4 router and experts, packed by Edge-LLM's own repacking); the 26B-A4B's "
+             "MoE block in NVFP4 through doit build, the device half and serve is "
+             "tests/workstation/test_moe_nvfp4_build.py, for a GPU machine (its first H200 run found the routers "
+             "unloaded, fixed by edgellm_export.loader_key_remap; not yet run again there), "
              "tests/workstation/test_nvfp4.py (NVFP4, on a GPU), tests/shared/test_gemma4_plan.py")
 _NO_GEMMA_PATH = ("Edge-LLM 0.11's exporter has a Gemma 4 model and no {} path; its generic decoder has no (1 + w) "
                   "RMSNorm, post-attention norms or embedding scaling")
@@ -283,11 +289,12 @@ EDGELLM_011: dict[str, Support] = {
     NEMOTRON_H: Support(rope_types=("default",), formats=("fp16", "int4_awq", "nvfp4"), kv_cache=("fp16", "fp8"),
                         formats_why="the formats Edge-LLM 0.11 builds for Nemotron-H's linears (FP16, INT4-AWQ, "
                                     "NVFP4); its Mamba-2 state stays FP16",
-                        experts_not_built="Nemotron 3 Nano 30B-A3B's MoE blocks (128 relu2 experts, a shared expert, "
-                                          "sigmoid routing with a score correction) are not exported here yet; "
-                                          "Edge-LLM 0.11 exports those experts in NVFP4 only (its Nvfp4MoePlugin; "
-                                          "weight-only NVFP4 through Marlin on Orin), the shared expert in FP8",
+                        # Nemotron 3 Nano 30B-A3B's MoE blocks (relu2 experts beside a shared one, sigmoid routing
+                        # with a score correction): 0.11's nemotron_h exports routed experts through its NVFP4 MoE
+                        # plugins only (Nvfp4MoePlugin; weight-only NVFP4 through Marlin's Nvfp4A16MoePlugin for a
+                        # W4A16 checkpoint), the shared expert as the checkpoint quantizes it
                         expert_formats=("nvfp4",),
+                        expert_formats_why="0.11's nemotron_h has no INT4 or FP16 MoE block",
                         # transformers 5 saves the hub's embedding.weight as embedding.weight under backbone. (its
                         # conversion mapping), and 0.11's nemotron_h loader reads backbone.embeddings.weight: without
                         # it, it keeps its own random embedding and exports without a word (workstation/
@@ -300,6 +307,12 @@ EDGELLM_011: dict[str, Support] = {
                                  "Nemotron-H INT4-AWQ through doit build, the device half and serve; the runtime "
                                  "double against transformers' Nemotron-H in FP16 and against the calibrated model "
                                  "in INT4-AWQ), tests/workstation/test_nvfp4.py (NVFP4, on a GPU); "
+                                 "tests/workstation/test_nvfp4.py (the MoE twin in NVFP4 with an FP8 KV cache "
+                                 "against the calibrated model, on an H200), "
+                                 "tests/workstation/test_moe_nvfp4_build.py (its doit build, device half and serve, "
+                                 "for a GPU machine: on an H200 the build reached packaging); "
+                                 "tests/workstation/test_moe_double_modes.py (Nvfp4MoePlugin's relu2 and routing mode "
+                                 "1 in the double against transformers' Nemotron-H router and experts); "
                                  "tests/shared/test_hybrid_plan.py"),
 }
 

@@ -38,6 +38,7 @@ class Support:
     experts_not_built: str | None = None
     # the weight formats it exports the family's routed experts in, where fewer than `formats`; None: all of those
     expert_formats: tuple[str, ...] | None = None
+    expert_formats_why: str = ""            # why only those
     # its MoE plugins renormalize the top-k routing weights whatever the config says (Edge-LLM 0.11: Int4MoePlugin
     # calls moeTopkSoftmax(..., renormalize=true); its qwen3_moe passes norm_topk_prob = 1 to the others)
     renormalizes_topk: bool = False

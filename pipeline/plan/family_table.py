@@ -38,6 +38,8 @@ def cell(fam: Family, backend: str) -> str:
         built = [WEIGHT_FORMATS[w].label for w in s.built_formats]
         out += f" ({', '.join(built)} built; the rest planned, not built yet)" if built else \
             " (planned, not built yet: `plan` sizes it, a build stops before calibrating)"
+    if s.expert_formats:
+        out += f" (routed experts: {', '.join(WEIGHT_FORMATS[w].label for w in s.expert_formats)} only)"
     return out + (" (with routed experts: planned, not built yet)" if s.experts_not_built else "")
 
 

@@ -225,8 +225,9 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     onnx_dir = payload_dir / (speculative.ONNX_BASE if draft_dir else llm_subdir)
     onnx_dir.mkdir(parents=True)
     eagle = {"eagle_base": True, "eagle_draft_dir": str(draft_dir)} if draft_dir else {}
-    export_onnx(AutoModel.from_pretrained(str(hf), device="cpu", **eagle), str(onnx_dir / "model.onnx"),
-                model_dir=str(hf), externalize_weights=list(externalize) or None)
+    remap = loader_key_remap(hf)
+    export_onnx(AutoModel.from_pretrained(str(hf), device="cpu", **eagle, **({"key_remap": remap} if remap else {})),
+                str(onnx_dir / "model.onnx"), model_dir=str(hf), externalize_weights=list(externalize) or None)
     runtime_cfg = json.loads((onnx_dir / "config.json").read_text())
     if runtime_cfg.get("kv_cache_dtype") != kv_cache:
         # the exporter decides the KV cache from the checkpoint (and for some formats ignores it): a kit that says
@@ -266,6 +267,22 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
                                               size=e["size"]) for e in external],
         onnx=OnnxGraph(**graph), speculative=spec, visual=beside[0] if beside else None,
         versions={d: _version(d) for d in ("tensorrt-edgellm", "nvidia-modelopt", "transformers", "onnx")})
+
+
+def loader_key_remap(hf: Path):
+    """The checkpoint key remap Edge-LLM 0.11's own export command (scripts/export.py) gives its loader where
+    AutoModel picks none: Gemma 4 with routed experts keeps its router and experts at the decoder layer, which its
+    model nests under moe_block (GEMMA4_NVFP4_KEY_REMAP for a quantized checkpoint's per-expert tensors,
+    GEMMA4_FUSED_BF16_KEY_REMAP for fused ones). Without it the loader leaves the routers unread (seen: an NVFP4
+    export whose router weights were uninitialized memory, and NaN logits). None: no remap."""
+    cfg = json.loads((hf / "config.json").read_text())
+    text = cfg.get("text_config") or cfg
+    if not str(text.get("model_type", cfg.get("model_type", ""))).startswith("gemma4") or \
+            not text.get("enable_moe_block"):
+        return None
+    from tensorrt_edgellm.models.gemma4 import modeling_gemma4_text as gemma4
+    quantized = (hf / "hf_quant_config.json").is_file() or "quantization_config" in cfg
+    return gemma4.GEMMA4_NVFP4_KEY_REMAP if quantized else gemma4.GEMMA4_FUSED_BF16_KEY_REMAP
 
 
 def part_steps(shape) -> list[tuple[Any, PartExport]]:

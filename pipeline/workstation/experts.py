@@ -1,7 +1,8 @@
 """Mixture-of-experts layers on the workstation: which experts calibration reached, and their unified export.
 
-transformers 5 keeps a layer's experts as two 3-D parameters (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj`
-[E, H, I]); ModelOpt 0.47 wraps them as `_QuantFusedExperts`: one weight quantizer per expert and one input quantizer
+transformers 5 keeps a layer's experts as two 3-D parameters (`experts.gate_up_proj` [E, 2I, H], or `experts.up_proj`
+[E, I, H] for Nemotron-H's relu2 experts, and `experts.down_proj` [E, H, I]); ModelOpt 0.47 wraps them as
+`_QuantFusedExperts` (`_QuantNonGatedFusedExperts`): one weight quantizer per expert and one input quantizer
 per projection shared by every expert, and its unified export writes the hub's per-expert tensors
 (`mlp.experts.{j}.{gate,up,down}_proj.*`), the layout Edge-LLM's qwen3_moe loader reads.
 
@@ -32,18 +33,66 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+# the first projection of a fused expert container: gate and up fused (SwiGLU, GeGLU experts), or up alone (Nemotron-H's
+# relu2 experts; ModelOpt 0.47 wraps those as _QuantNonGatedFusedExperts, its quantizers named after up_proj)
+FIRST_PROJECTIONS = ("gate_up_proj", "up_proj")
+
+
+def _first_projection(module) -> str | None:
+    down = getattr(module, "down_proj", None)
+    if getattr(down, "dim", lambda: 0)() != 3:
+        return None
+    return next((a for a in FIRST_PROJECTIONS if getattr(getattr(module, a, None), "dim", lambda: 0)() == 3), None)
+
 
 def fused_experts(module) -> bool:
-    """A transformers 5 fused expert container (3-D gate_up_proj and down_proj)."""
-    gate_up = getattr(module, "gate_up_proj", None)
-    down = getattr(module, "down_proj", None)
-    return getattr(gate_up, "dim", lambda: 0)() == 3 and getattr(down, "dim", lambda: 0)() == 3
+    """A transformers 5 fused expert container (3-D gate_up_proj or up_proj, and down_proj)."""
+    return _first_projection(module) is not None
 
 
-def moe_blocks(model) -> list[tuple[str, Any]]:
-    """(name, block) of every MoE block: a router (`gate` with top_k) beside fused experts."""
-    return [(name, m) for name, m in model.named_modules()
-            if fused_experts(getattr(m, "experts", None)) and hasattr(getattr(m, "gate", None), "top_k")]
+@dataclass(frozen=True)
+class MoeBlock:
+    """One MoE block as transformers 5 builds it: a router beside a fused expert container. The router returns
+    (scores, weights, indices); what its scores are decides whether routing ties can be read from them."""
+    name: str
+    router: Any
+    experts: Any
+    top_k: int
+    first_proj: str             # FIRST_PROJECTIONS
+    # "logits": the indices are the top-k of the scores (Qwen3-MoE, Qwen3.5-MoE); "probabilities": of their
+    # softmax, each scaled per expert after (Gemma 4's router); "biased": chosen by the sigmoid plus a score
+    # correction bias, not by the scores alone (Nemotron-H's)
+    scores: str
+
+    @property
+    def count(self) -> int:
+        return int(getattr(self.experts, "num_experts", 0) or getattr(self.experts, self.first_proj).shape[0])
+
+
+def _router_of(module) -> tuple[Any, int] | None:
+    for attr in ("gate", "router"):
+        r = getattr(module, attr, None)
+        top_k = getattr(r, "top_k", None) or getattr(getattr(r, "config", None), "top_k_experts", None)
+        if r is not None and top_k:
+            return r, int(top_k)
+    return None
+
+
+def moe_blocks(model) -> list[MoeBlock]:
+    """Every MoE block: a module holding fused experts beside its router (`gate` of an MLP or a Nemotron-H mixer,
+    `router` of a Gemma 4 decoder layer)."""
+    out = []
+    for name, m in model.named_modules():
+        experts = getattr(m, "experts", None)
+        first = _first_projection(experts) if experts is not None else None
+        found = _router_of(m) if first is not None else None
+        if found is None:
+            continue
+        router, top_k = found
+        scores = "biased" if hasattr(router, "e_score_correction_bias") else \
+            "probabilities" if hasattr(router, "per_expert_scale") else "logits"
+        out.append(MoeBlock(name, router, experts, top_k, str(first), scores))
+    return out
 
 
 @dataclass(frozen=True)
@@ -74,8 +123,8 @@ def count_routed_tokens(model) -> Iterator[dict[str, list[int]]]:
 
     counts: dict[str, list[int]] = {}
     handles = []
-    for name, block in moe_blocks(model):
-        n = int(getattr(block.experts, "num_experts", 0) or block.experts.gate_up_proj.shape[0])
+    for block in moe_blocks(model):
+        name, n = block.name, block.count
         counts[name] = [0] * n
 
         def hook(_module, _inputs, output, name=name, n=n):
@@ -84,7 +133,7 @@ def count_routed_tokens(model) -> Iterator[dict[str, list[int]]]:
                 return
             seen = torch.bincount(indices.detach().reshape(-1).cpu(), minlength=n).tolist()
             counts[name] = [a + b for a, b in zip(counts[name], seen, strict=True)]
-        handles.append(block.gate.register_forward_hook(hook))
+        handles.append(block.router.register_forward_hook(hook))
     try:
         yield counts
     finally:
@@ -101,8 +150,8 @@ def pin_nvfp4_expert_inputs(model) -> int:
     import torch
 
     pinned = 0
-    for _name, block in moe_blocks(model):
-        for attr in ("gate_up_proj_input_quantizer", "down_proj_input_quantizer"):
+    for block in moe_blocks(model):
+        for attr in (f"{block.first_proj}_input_quantizer", "down_proj_input_quantizer"):
             q = getattr(block.experts, attr, None)
             if q is not None and getattr(q, "is_enabled", False) and getattr(q, "num_bits", None) == (2, 1):
                 q.amax = torch.tensor(NVFP4_UNIT_AMAX, dtype=torch.float32, device=q.amax.device)
@@ -112,8 +161,8 @@ def pin_nvfp4_expert_inputs(model) -> int:
 
 def activation_dependent(model) -> bool:
     """Whether any expert's numerics depend on calibrated activations (an enabled shared input quantizer)."""
-    for _name, block in moe_blocks(model):
-        for attr in ("gate_up_proj_input_quantizer", "down_proj_input_quantizer"):
+    for block in moe_blocks(model):
+        for attr in (f"{block.first_proj}_input_quantizer", "down_proj_input_quantizer"):
             q = getattr(block.experts, attr, None)
             if q is not None and getattr(q, "is_enabled", False):
                 return True

@@ -131,6 +131,28 @@ BUILTINS: dict[str, Builtin] = {
         mamba_num_heads=8, mamba_head_dim=16, n_groups=2, conv_kernel=4, chunk_size=16, max_position_embeddings=512,
         tie_word_embeddings=False, layer_norm_epsilon=1e-5), train_steps=100,
         notes="Nemotron-H-style: Mamba-2, attention and MLP blocks"),
+    # Nemotron 3 Nano 30B-A3B in miniature (its pattern M E M E M * E shortened): Mamba-2, attention and MoE blocks of
+    # 8 relu2 experts (64 wide: Edge-LLM pads them to 128 for its Nvfp4MoePlugin), 2 per token chosen by sigmoid plus
+    # a score correction, renormalized and scaled by 2.5, beside a shared relu2 expert 128 wide.
+    "tiny-nemotron-h-moe": Builtin("NemotronHForCausalLM", dict(
+        hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        layers_block_type=["mamba", "moe", "mamba", "moe", "mamba", "attention", "moe"], ssm_state_size=16,
+        mamba_num_heads=8, mamba_head_dim=16, n_groups=2, conv_kernel=4, chunk_size=16, max_position_embeddings=512,
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, moe_shared_expert_intermediate_size=128,
+        routed_scaling_factor=2.5, n_group=1, topk_group=1, norm_topk_prob=True,
+        tie_word_embeddings=False, layer_norm_epsilon=1e-5), train_steps=100,
+        notes="Nemotron-3-Nano-30B-A3B-style: Mamba-2 and attention blocks, MoE blocks with a shared expert"),
+    # Gemma 4 26B-A4B's text decoder in miniature: five sliding layers (window 16) to one full one whose key projection
+    # is its value (K = V, one KV head of twice the width), every layer's MLP beside an MoE block of 8 GeGLU experts
+    # (64 wide), 2 per token, renormalized then scaled per expert; no per-layer inputs, no KV sharing; tied embeddings.
+    "tiny-gemma4-moe": Builtin("Gemma4ForCausalLM", dict(
+        hidden_size=128, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, global_head_dim=64, num_global_key_value_heads=1, attention_k_eq_v=True,
+        hidden_size_per_layer_input=0, num_kv_shared_layers=0, enable_moe_block=True, num_experts=8, top_k_experts=2,
+        moe_intermediate_size=64, sliding_window=16, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"], max_position_embeddings=512,
+        tie_word_embeddings=True, rms_norm_eps=1e-6), train_steps=100,
+        notes="Gemma-4-26B-A4B-style: routed experts beside every MLP, K = V full layers"),
     # Vision-language models shrunk from real configs (tinyvlm.py holds their towers, processors and image tokens).
     **{name: Builtin(vlm["architecture"], {}, notes=f"{vlm['architecture']} shrunk", extra=vlm,
                      train_steps=vlm.get("train_steps", 300))

@@ -256,10 +256,11 @@ def test_a_multimodal_gemma4_checkpoints_int4_language_model_computes_the_calibr
     assert float(np.dot(ref, got) / np.linalg.norm(ref) / np.linalg.norm(got)) > 0.9999
 
 
-def test_a_gemma4_with_routed_experts_is_planned_then_stopped_before_calibrating(tmp_path):
-    """The 26B-A4B's layout shrunk (8 experts of 32, 2 per token, beside every layer's MLP; K = V full layers):
-    fetch checks its fused expert tensors and its dense MLPs against the config, the plan sizes it, and the build
-    stops before calibrating, naming the routed experts as what is not exported yet."""
+def test_a_gemma4_with_routed_experts_in_a_format_edgellm_does_not_export_them_in_stops_at_the_plan(tmp_path):
+    """The 26B-A4B's layout shrunk (8 experts of 32, 2 per token, beside every layer's MLP; K = V full layers) asked
+    in FP16 and in INT4-AWQ: Edge-LLM 0.11 builds that MoE block in NVFP4 only (its INT4 block drops the per-expert
+    scales, its FP16 one is a fallback without a plugin), so the plan refuses each, saying why, before anything is
+    fetched or calibrated (NVFP4 builds: tests/workstation/test_moe_nvfp4_build.py, on a GPU)."""
     from transformers import Gemma4TextConfig
 
     cfg = Gemma4TextConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
@@ -273,14 +274,14 @@ def test_a_gemma4_with_routed_experts_is_planned_then_stopped_before_calibrating
         "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
         "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"))
     project = Project(tmp_path / "p")
-    local_recipe(project.recipes / "g4moe.toml", model, targets=("agx-thor",), weights="fp16")
-    proc = project.doit("build", "recipe=g4moe", check=False, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and "Traceback" not in out, out
-    assert "fetch    g4moe: local" in out, out        # fused experts, routers and dense MLPs as the config says
-    assert "builds Gemma4ForCausalLM with routed experts, and this version plans it but does not export it yet: " \
-           "the 26B-A4B's MoE block" in out, out
-    assert not list((project.artifacts / "stages").glob("quantize/*/stage.json"))
+    for weights in ("fp16", "int4_awq"):
+        local_recipe(project.recipes / "g4moe.toml", model, targets=("agx-thor",), weights=weights)
+        proc = project.doit("build", "recipe=g4moe", check=False, timeout=300)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "Traceback" not in out, out
+        assert "TensorRT Edge-LLM 0.11.0 (JetPack 7.2) builds Gemma 4's routed experts only as nvfp4 (0.11's INT4 " \
+               "block gives its Int4MoePlugin no input for the router's per-expert scales" in out, out
+        assert not list((project.artifacts / "stages").glob("quantize/*/stage.json"))
 
 
 def test_fetch_checks_each_layers_own_widths(tiny_gemma4, tmp_path):
@@ -317,3 +318,37 @@ def test_k_eq_v_full_layers_calibrate_and_export_int4_computing_the_model(tmp_pa
         "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"))
     r = model_vs_engine(model, tmp_path, "int4_awq", "fp16", CAL, group_size=32, share_awq_scales=False)
     assert r["top1_agreement"] == 1 and r["greedy_agreement"] == 1 and r["logit_cosine_min"] > 0.9999, r
+
+
+def test_edgellm_reads_the_routers_of_gemma4_with_routed_experts_through_its_export_commands_key_remap(tmp_path):
+    """Edge-LLM 0.11's Gemma 4 model nests a layer's router and experts under moe_block, which only the key remap of
+    its own export command maps (scripts/export.py): loaded without it, the routers keep uninitialized memory (an
+    NVFP4 export on an H200 gave NaN logits so). The export passes it the same remap (loader_key_remap): every
+    layer's router weight and per-expert scales are the checkpoint's."""
+    import torch
+    from safetensors.torch import load_file
+    from tensorrt_edgellm import AutoModel
+
+    from pipeline.workstation.edgellm_export import loader_key_remap
+    from pipeline.workstation.tinymodel import materialize
+
+    materialize("tiny-gemma4-moe", tmp_path / "m")
+    want = load_file(str(tmp_path / "m" / "model.safetensors"))
+    remap = loader_key_remap(tmp_path / "m")
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (dense / "config.json").write_text(json.dumps({**config, "enable_moe_block": False}))
+    assert remap is not None and loader_key_remap(dense) is None
+
+    def routers(**kw) -> list:
+        model = AutoModel.from_pretrained(str(tmp_path / "m"), device="cpu", **kw)
+        got = dict(model.named_parameters()) | dict(model.named_buffers())
+        return [tuple(next(v.detach().float() for k, v in got.items() if k.endswith(f"layers.{n}.moe_block.{t}"))
+                      for t in ("router.proj.weight", "router.per_expert_scale")) for n in range(6)]
+
+    for n, (weight, scale) in enumerate(routers(key_remap=remap)):
+        assert torch.allclose(weight, want[f"model.layers.{n}.router.proj.weight"].float(), rtol=1e-3, atol=1e-6)
+        assert torch.allclose(scale, want[f"model.layers.{n}.router.per_expert_scale"].float(), rtol=1e-3)
+    unread = routers()[0]
+    assert not torch.allclose(unread[0], want["model.layers.0.router.proj.weight"].float(), rtol=1e-3, atol=1e-6)

@@ -76,6 +76,7 @@ def test_the_goldens_record_the_routers_near_ties_with_the_answer_of_the_swapped
     import torch
 
     from pipeline import contract
+    from pipeline.workstation.experts import moe_blocks
     from pipeline.workstation.routing_ties import _answer_with_swap
     from pipeline.workstation.state import load_quantized
 
@@ -85,10 +86,10 @@ def test_the_goldens_record_the_routers_near_ties_with_the_answer_of_the_swapped
     for p, t in routing:
         assert 0 <= t.layer < 4 and 0 <= t.margin <= goldens.tie_logprob and t.token_id != p.output_ids[t.step]
     model = load_quantized(stage_dir(project, RECIPE, "fetch") / "model", stage_dir(project, RECIPE, "quantize"), "cpu")
-    blocks = [m for n, m in model.named_modules() if n.endswith(".mlp") and hasattr(m, "gate")]
+    blocks = moe_blocks(model)
     for p, t in routing[:2]:
         ids = p.input_ids + p.output_ids[:t.step]
-        gate = blocks[t.layer].gate
+        gate = blocks[t.layer].router
         captured: dict = {}
         handle = gate.register_forward_hook(lambda _m, _i, out, seen=captured: seen.update(logits=out[0][-1].float()))
         with torch.no_grad():
@@ -96,6 +97,6 @@ def test_the_goldens_record_the_routers_near_ties_with_the_answer_of_the_swapped
         handle.remove()
         ranked = captured["logits"].sort(descending=True).indices
         k = gate.top_k
-        assert _answer_with_swap(model, gate, ids, int(ranked[k - 1]), int(ranked[k]), "cpu") == t.token_id
+        assert _answer_with_swap(model, blocks[t.layer], ids, int(ranked[k - 1]), int(ranked[k]), "cpu") == t.token_id
     assert json.loads((stage_dir(project, RECIPE, "goldens") / contract.GOLDENS).read_text())["format"] == \
         "jetson-goldens/2"

@@ -123,7 +123,9 @@ class Experts(Part):
     # -- refusals and checks
     def refusals(self, support: Support, weights: str, backend_name: str, family: Family) -> list[str]:
         if support.expert_formats and weights not in support.expert_formats:
-            return [f"{backend_name} builds {family.name}'s routed experts only as {', '.join(support.expert_formats)}"]
+            why = f" ({support.expert_formats_why})" if support.expert_formats_why else ""
+            return [f"{backend_name} builds {family.name}'s routed experts only as "
+                    f"{', '.join(support.expert_formats)}{why}"]
         return []
 
     def unbuilt(self, support: Support) -> str | None:

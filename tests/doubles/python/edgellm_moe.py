@@ -16,7 +16,17 @@ slots summed per token):
                        [E, m_tiles, k_tiles, 32, 4, 4] (128-row x 4-block tiles); W = E2M1 x block scale, each GEMM
                        times its expert's alpha (weight_scale_2); the FC1 input and the FC2 input (the SwiGLU output)
                        quantized to NVFP4 per block of 16 with input_global_scale / down_input_scale as the global
-                       scale (Edge-LLM's loader writes ones there)
+                       scale (Edge-LLM's loader writes ones there). Its activation_type: 2 SwiGLU, 5 GeGLU (Gemma 4:
+                       gelu with tanh, as its hidden_activation gelu_pytorch_tanh, in the same 64-row chunks), 4 relu2
+                       (Nemotron-H: not gated, FC1 [E, I, H/2]); moe_inter_size is the padded width the loader packed
+                       (zero rows and columns past the checkpoint's). Its routing_mode:
+                         0  softmax, top-k, renormalized as norm_topk_prob says, x routed_scaling_factor
+                         1  sigmoid; the top-k of sigmoid + e_score_correction_bias among the topk_group best of
+                            n_group groups (a group's score: its two best); the sigmoid's weights of those, renormalized
+                            (+1e-20) as norm_topk_prob says, x routed_scaling_factor (Nemotron-H's router, as
+                            Edge-LLM's NemotronHTopkRouter and transformers compute it)
+                         2  softmax, top-k, renormalized, then x the per-expert scale given in the bias input
+                            (Gemma 4's router.per_expert_scale: "applied post-renorm by plugin")
 
 The Marlin layout is undone from its definition (below), which a test checks against Edge-LLM's own packer.
 """
@@ -37,6 +47,43 @@ def route(logits: np.ndarray, top_k: int, renormalize: bool) -> tuple[np.ndarray
     if renormalize:
         w = w / w.sum(-1, keepdims=True)
     return idx, w.astype(np.float32)
+
+
+def route_nvfp4(logits: np.ndarray, bias: np.ndarray, top_k: int, mode: int, n_group: int, topk_group: int,
+                norm_topk_prob: bool, scaling: float) -> tuple[np.ndarray, np.ndarray]:
+    """Nvfp4MoePlugin's routing (its modes in the module docstring): (indices [T, k], weights [T, k] fp32)."""
+    z = logits.astype(np.float32)
+    if mode in (0, 2):
+        idx, w = route(z, top_k, renormalize=bool(norm_topk_prob) or mode == 2)
+        if mode == 2:
+            w = w * bias.astype(np.float32)[idx]
+        return idx, (w * np.float32(scaling)).astype(np.float32)
+    if mode != 1:
+        raise NotImplementedError(f"Nvfp4MoePlugin routing mode {mode}")
+    scores = np.float32(1.0) / (np.float32(1.0) + np.exp(-z))
+    choice = scores + bias.astype(np.float32)[None, :]
+    tokens, experts = choice.shape
+    grouped = choice.reshape(tokens, n_group, experts // n_group)
+    group_score = -np.sort(-grouped, axis=-1)[..., :2].sum(-1)
+    best_groups = np.argsort(-group_score, axis=-1, kind="stable")[:, :topk_group]
+    allowed = np.zeros((tokens, n_group), bool)
+    np.put_along_axis(allowed, best_groups, True, -1)
+    masked = np.where(np.repeat(allowed, experts // n_group, axis=-1), choice, -np.inf)
+    idx = np.argsort(-masked, axis=-1, kind="stable")[:, :top_k]
+    w = np.take_along_axis(scores, idx, -1)
+    if norm_topk_prob:
+        w = w / (w.sum(-1, keepdims=True) + np.float32(1e-20))
+    return idx, (w * np.float32(scaling)).astype(np.float32)
+
+
+def _gelu_tanh(x):
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(np.float32(0.7978845608028654)
+                                                          * (x + np.float32(0.044715) * x ** 3)))
+
+
+# Nvfp4MoePlugin's activation types: (gated, the function of FC1's output)
+_NVFP4_ACTIVATIONS = {2: (True, lambda g, u: _silu(g) * u), 5: (True, lambda g, u: _gelu_tanh(g) * u),
+                      4: (False, lambda u, _: np.square(np.maximum(u, np.float32(0.0))))}
 
 
 def _silu(x):
@@ -173,29 +220,32 @@ class Nvfp4MoePlugin(OpRun):
              down_scale, bias, num_experts=None, top_k=None, hidden_size=None, moe_inter_size=None,
              activation_type=None, n_group=None, topk_group=None, norm_topk_prob=None, routed_scaling_factor=None,
              routing_mode=None, **_):
-        if activation_type != 2 or routing_mode != 0 or n_group != 1 or topk_group != 1 or np.any(bias):
-            raise NotImplementedError(f"Nvfp4MoePlugin activation {activation_type}, routing mode {routing_mode}, "
-                                      f"groups {n_group}/{topk_group}, a correction bias")
+        if activation_type not in _NVFP4_ACTIVATIONS:
+            raise NotImplementedError(f"Nvfp4MoePlugin activation_type {activation_type}")
+        gated, act_fn = _NVFP4_ACTIVATIONS[activation_type]
         h, i = hidden_size, moe_inter_size
         kept = getattr(self, "_kept", None)
         if kept is None or kept[0] is not fc1_q or kept[1] is not fc2_q:
             w1, w2 = [], []
+            rows = 2 * i if gated else i
             for e in range(num_experts):
-                fc1 = fp4_values(fc1_q[e]) * np.repeat(mma_scales(fc1_s[e], 2 * i, h // 16), 16, axis=1)
-                chunks = fc1.reshape(i // 64, 2, 64, h)                 # [up, gate] per 64 rows
-                w1.append(np.concatenate([chunks[:, 1].reshape(i, h), chunks[:, 0].reshape(i, h)]))
+                fc1 = fp4_values(fc1_q[e]) * np.repeat(mma_scales(fc1_s[e], rows, h // 16), 16, axis=1)
+                if gated:
+                    chunks = fc1.reshape(i // 64, 2, 64, h)                 # [up, gate] per 64 rows
+                    fc1 = np.concatenate([chunks[:, 1].reshape(i, h), chunks[:, 0].reshape(i, h)])
+                w1.append(fc1)
                 w2.append(fp4_values(fc2_q[e]) * np.repeat(mma_scales(fc2_s[e], h, i // 16), 16, axis=1))
             kept = self._kept = (fc1_q, fc2_q, w1, w2)
         shape = hidden.shape
         flat = hidden.reshape(-1, shape[-1]).astype(np.float16)
-        idx, w = route(router_logits.reshape(flat.shape[0], -1), top_k, renormalize=bool(norm_topk_prob))
-        w = w * np.float32(routed_scaling_factor)
+        idx, w = route_nvfp4(router_logits.reshape(flat.shape[0], -1), bias, top_k, routing_mode, n_group,
+                             topk_group, bool(norm_topk_prob), routed_scaling_factor)
         out = np.zeros(flat.shape, np.float32)
         for e in np.unique(idx):
             rows, slot = np.nonzero(idx == e)
             x = nvfp4_qdq(flat[rows], float(input_scale[e]))
             gu = ((x @ kept[2][e].T) * fc1_alpha[e]).astype(np.float16).astype(np.float32)
-            act = (_silu(gu[:, :i]) * gu[:, i:]).astype(np.float16)
+            act = (act_fn(gu[:, :i], gu[:, i:]) if gated else act_fn(gu, None)).astype(np.float16)
             a = nvfp4_qdq(act, float(down_scale[e]))
             y = ((a @ kept[3][e].T) * fc2_alpha[e] * w[rows, slot][:, None]).astype(np.float16)
             np.add.at(out, rows, y.astype(np.float32))
