@@ -47,6 +47,47 @@ def closed_schema(schema: Any) -> Any:
     return out
 
 
+def embedded_schema(schema: dict, prefix: str) -> tuple[dict, dict]:
+    """`schema` made to sit inside another (a forced tool call's arguments inside the call's wrapper): its own
+    definitions (`$defs`, `definitions`) lifted out, renamed `<prefix><name>`, and every local `$ref` ("#/$defs/X",
+    "#/definitions/X", "#" itself) rewritten to them, since a pointer resolves against the outermost schema
+    (Pydantic's nested models come as $defs + $ref; left in place they failed: "Pointer '/$defs/Slot' does not
+    exist"). Returns (the schema, the definitions for the outer schema's $defs)."""
+    defs: dict[str, Any] = {}
+    root = f"{prefix}root"
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, list):
+            return [rewrite(n) for n in node]
+        if not isinstance(node, dict):
+            return node
+        out = {}
+        for k, v in node.items():
+            if k == "$ref" and isinstance(v, str):
+                if v == "#":
+                    defs.setdefault(root, None)
+                    v = f"#/$defs/{root}"
+                else:
+                    for local in ("#/$defs/", "#/definitions/"):
+                        if v.startswith(local):
+                            v = f"#/$defs/{prefix}{v[len(local):]}"
+                out[k] = v
+            elif k in ("enum", "const", "default", "examples"):
+                out[k] = v
+            else:
+                out[k] = rewrite(v)
+        return out
+
+    own = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
+    for key in ("$defs", "definitions"):
+        if isinstance(schema.get(key), dict):
+            defs.update({f"{prefix}{name}": rewrite(sub) for name, sub in schema[key].items()})
+    body = rewrite(own)
+    if root in defs:
+        defs[root] = body
+    return body, defs
+
+
 def _literal(text: str) -> str:
     """A Lark string literal of `text` (JSON's escaping is Lark's for these characters)."""
     return json.dumps(text, ensure_ascii=True)

@@ -284,7 +284,9 @@ def _tools(body: dict) -> tuple[tuple[dict[str, Any], ...], str]:
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
             raise _bad(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
         names.append(fn["name"])
-    choice = body.get("tool_choice", "auto" if tools else "none")
+    choice = body.get("tool_choice")
+    if choice is None:          # null is omitted, as OpenAI reads it (the Agents SDK sends it so)
+        choice = "auto" if tools else "none"
     if isinstance(choice, dict):
         fn = choice.get("function") if choice.get("type") == "function" else None
         name = fn.get("name") if isinstance(fn, dict) else None

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.runtime.grammar import closed_schema
+from pipeline.runtime.grammar import closed_schema, embedded_schema
 from pipeline.runtime.session import Constraint
 
 Call = dict[str, Any]       # {"id", "type": "function", "function": {"name", "arguments": a JSON string}}
@@ -143,11 +143,18 @@ class ToolCallFormat:
         the declared ones only (an object schema that does not say otherwise is closed, as in OpenAI's strict
         mode): else a small model forced into a call could add keys until max_tokens."""
         options = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
-        schemas = [{"type": "object", "properties": {"name": {"const": fn["name"]},
-                                                     self.arguments_key: closed_schema(fn.get("parameters") or
-                                                                                 {"type": "object", "properties": {}})},
-                    "required": ["name", self.arguments_key], "additionalProperties": False} for fn in options]
+        schemas, defs = [], {}
+        for n, fn in enumerate(options):
+            # each tool's own definitions lifted to the wrapper's root, under names of their own (embedded_schema)
+            arguments, own = embedded_schema(closed_schema(fn.get("parameters") or {"type": "object",
+                                                                                    "properties": {}}), f"t{n}_")
+            defs.update(own)
+            schemas.append({"type": "object", "properties": {"name": {"const": fn["name"]},
+                                                             self.arguments_key: arguments},
+                            "required": ["name", self.arguments_key], "additionalProperties": False})
         schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+        if defs:
+            schema = {**schema, "$defs": defs}
         return Constraint(schema, marker=self.marker, prefix=self.open, suffix=self.close)
 
 

@@ -26,6 +26,10 @@ def test_tools_and_a_replayed_tool_conversation_are_taken():
     assert call["content"] == "" and call["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
     assert req.messages[2] == {"role": "tool", "content": "-3 C", "tool_call_id": "call_1"}
     assert parse_chat({"messages": [{"role": "user", "content": "x"}]}).tool_choice == "none"
+    # "tool_choice": null is omitted (OpenAI's reading; the Agents SDK sends it): auto with tools, none without
+    assert parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [TOOL], "tool_choice": None}) \
+        .tool_choice == "auto"
+    assert parse_chat({"messages": [{"role": "user", "content": "x"}], "tool_choice": None}).tool_choice == "none"
     named = parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [TOOL],
                         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
     assert named.tool_choice == "get_weather"

@@ -111,11 +111,10 @@ def tokenizer():
     return tok
 
 
-@pytest.mark.parametrize("fmt", sorted(FORMATS))
-@pytest.mark.parametrize("choice", [None, "add"])
-def test_a_forced_call_parses_and_validates_whatever_tokens_are_chosen(tokenizer, fmt, choice):
-    """Tokens chosen at random among those the grammar allows (a random model's worst case) still make one call of
-    an offered (or the named) function whose arguments validate against its schema."""
+def _random_forced_calls(tokenizer, fmt: str, tools, choice) -> None:
+    """Tokens chosen at random among those the forced call's grammar allows (a random model's worst case), four
+    times: each answer is one call of an offered (or the named) function whose arguments validate against its
+    schema as the client sent it."""
     from pipeline.runtime.grammar import Grammars
     from pipeline.serve.text import TextCodec
 
@@ -125,9 +124,10 @@ def test_a_forced_call_parses_and_validates_whatever_tokens_are_chosen(tokenizer
     f = FORMATS[fmt]
     marker = codec.control_tokens.get(f.marker)
     keep = frozenset({marker}) if marker is not None else frozenset()
+    names = [t["function"]["name"] for t in tools]
     for seed in range(4):
         rng = random.Random(seed)
-        state = grammars.start(grammars.compile(f.forced(TOOLS, choice)))
+        state = grammars.start(grammars.compile(f.forced(tools, choice)))
         ids: list[int] = []
         for _ in range(400):
             allowed = [i for i, b in enumerate(state.allowed()) if b]
@@ -139,15 +139,54 @@ def test_a_forced_call_parses_and_validates_whatever_tokens_are_chosen(tokenizer
         else:
             pytest.fail(f"no end after 400 tokens: {codec.decode(ids, keep)!r}")
         text = codec.decode(ids, keep)
-        found = f.calls(text, TOOLS)
+        found = f.calls(text, tools)
         assert found is not None, text
         (call,) = found[1]
         name = call["function"]["name"]
-        assert name == (choice or name) and name in ("add", "get_weather")
-        schema = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == name)
+        assert name == (choice or name) and name in names
+        schema = next(t["function"]["parameters"] for t in tools if t["function"]["name"] == name)
         jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
         if marker is not None:      # the control token itself, never its spelling in text
             assert ids[0] == marker
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("choice", [None, "add"])
+def test_a_forced_call_parses_and_validates_whatever_tokens_are_chosen(tokenizer, fmt, choice):
+    _random_forced_calls(tokenizer, fmt, TOOLS, choice)
+
+
+# what Pydantic (and so the OpenAI Agents SDK) sends for nested models: $defs beside $ref pointers, two tools each
+# with a definition of the same name, one of them recursive through "#"
+SLOT = {"type": "object", "properties": {"day": {"type": "string", "enum": ["mon", "tue"]},
+                                         "hour": {"type": "integer", "minimum": 0, "maximum": 23}},
+        "required": ["day", "hour"]}
+DEFS_TOOLS = (
+    {"type": "function", "function": {"name": "book", "parameters": {
+        "type": "object", "properties": {"slot": {"$ref": "#/$defs/Slot"}}, "required": ["slot"],
+        "$defs": {"Slot": SLOT}}}},
+    {"type": "function", "function": {"name": "move", "parameters": {
+        "type": "object", "properties": {"to": {"$ref": "#/definitions/Slot"},
+                                         "then": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+        "required": ["to", "then"],
+        "definitions": {"Slot": {"type": "object", "properties": {"room": {"type": "string", "maxLength": 4}},
+                                 "required": ["room"]}}}}},
+)
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3_json"])
+@pytest.mark.parametrize("choice", [None, "book", "move"])
+def test_a_forced_call_whose_parameters_use_defs_and_refs_compiles_and_validates(tokenizer, fmt, choice):
+    """Forced calls of tools whose parameters point into their own $defs / definitions (and at their own root): each
+    tool's definitions are lifted to the call wrapper's root under names of their own, so "#/$defs/Slot" no longer
+    resolves against the wrapper (it was a 400: "Pointer '/$defs/Slot' does not exist") and two tools' "Slot"s stay
+    apart; the answers validate against the schemas as sent."""
+    from pipeline.runtime.grammar import embedded_schema
+
+    body, defs = embedded_schema(DEFS_TOOLS[1]["function"]["parameters"], "t1_")
+    assert body["properties"]["to"] == {"$ref": "#/$defs/t1_Slot"} and set(defs) == {"t1_Slot", "t1_root"}
+    assert body["properties"]["then"]["anyOf"][0] == {"$ref": "#/$defs/t1_root"} and defs["t1_root"] == body
+    _random_forced_calls(tokenizer, fmt, DEFS_TOOLS, choice)
 
 
 def test_a_forced_calls_arguments_are_closed_where_the_schema_says_nothing_and_kept_where_it_does():
