@@ -6,6 +6,7 @@ built through doit) is tests/workstation/test_moe_nvfp4_build.py."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
 from pathlib import Path
@@ -33,6 +34,31 @@ def nvfp4_linear(w: torch.Tensor) -> tuple[types.SimpleNamespace, torch.Tensor]:
     return types.SimpleNamespace(weight=packed, weight_scale=s, weight_scale_2=g.reshape(())), value
 
 
+@contextlib.contextmanager
+def the_double():
+    """The runtime double's MoE module, importable while the block is open (it imports its engine beside it when it
+    runs)."""
+    sys.path.insert(0, str(REPO / "tests" / "doubles" / "python"))
+    try:
+        import edgellm_moe
+        yield edgellm_moe
+    finally:
+        sys.path.remove(str(REPO / "tests" / "doubles" / "python"))
+
+
+def nvfp4_experts(projections: dict[str, tuple[int, int]], count: int = 8) -> tuple[list, dict[str, torch.Tensor]]:
+    """`count` experts of random NVFP4 linears, each projection [out, in] as named: (their ModelOpt-format
+    namespaces, as Edge-LLM's repacking takes them; {projection: the dequantized weights [count, out, in]})."""
+    linears, values = [], {name: [] for name in projections}
+    for _ in range(count):
+        expert = {}
+        for name, shape in projections.items():
+            expert[name], value = nvfp4_linear(torch.randn(*shape) * 0.1)
+            values[name].append(value)
+        linears.append(types.SimpleNamespace(**expert))
+    return linears, {name: torch.stack(v) for name, v in values.items()}
+
+
 def _plugin(inputs: list[np.ndarray], **attrs) -> np.ndarray:
     import onnx
     from onnx import TensorProto, helper
@@ -45,12 +71,8 @@ def _plugin(inputs: list[np.ndarray], **attrs) -> np.ndarray:
                                                                                               None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
                                                     helper.make_opsetid("trt_edgellm", 1)], ir_version=onnx.IR_VERSION)
-    sys.path.insert(0, str(REPO / "tests" / "doubles" / "python"))      # the double imports its engine beside it
-    try:
-        import edgellm_moe
-        return ReferenceEvaluator(model, new_ops=edgellm_moe.OPS).run(None, dict(zip(names, inputs, strict=True)))[0]
-    finally:
-        sys.path.remove(str(REPO / "tests" / "doubles" / "python"))
+    with the_double() as moe:
+        return ReferenceEvaluator(model, new_ops=moe.OPS).run(None, dict(zip(names, inputs, strict=True)))[0]
 
 
 def experts_as_the_plugin_quantizes(experts, x, idx, weights) -> np.ndarray:
@@ -105,12 +127,8 @@ def test_relu2_experts_routed_by_sigmoid_with_a_score_correction_compute_nemotro
     block = NemotronHMoE(cfg).float()
     block.gate.weight.data.normal_(0, 0.3)
     block.gate.e_score_correction_bias.normal_(0, 0.2)
-    linears = []
-    for e in range(8):
-        up, up_w = nvfp4_linear(torch.randn(64, 128) * 0.1)
-        down, down_w = nvfp4_linear(torch.randn(128, 64) * 0.1)
-        block.experts.up_proj.data[e], block.experts.down_proj.data[e] = up_w, down_w
-        linears.append(types.SimpleNamespace(up_proj=up, down_proj=down))
+    linears, w = nvfp4_experts({"up_proj": (64, 128), "down_proj": (128, 64)})
+    block.experts.up_proj.data[:], block.experts.down_proj.data[:] = w["up_proj"], w["down_proj"]
     packed = edgellm_packer.repack_nvfp4_moe_experts(linears, 128, 64, 16)
     assert packed[6:] == (128, 128)                 # the padded intermediate width, the hidden width as it is
     x = torch.randn(24, 128)
@@ -122,12 +140,8 @@ def test_relu2_experts_routed_by_sigmoid_with_a_score_correction_compute_nemotro
                  max_routed_rows=0)
     inputs = _plugin_inputs(packed, logits, x, block.gate.e_score_correction_bias)
 
-    sys.path.insert(0, str(REPO / "tests" / "doubles" / "python"))
-    try:
-        from edgellm_moe import route_nvfp4
-    finally:
-        sys.path.remove(str(REPO / "tests" / "doubles" / "python"))
-    got_idx, got_w = route_nvfp4(inputs[0], inputs[-1], 2, 1, 2, 1, True, 2.5)
+    with the_double() as moe:
+        got_idx, got_w = moe.route_nvfp4(inputs[0], inputs[-1], 2, 1, 2, 1, True, 2.5)
     order = np.argsort(got_idx, -1), idx.numpy().argsort(-1)
     assert np.array_equal(np.take_along_axis(got_idx, order[0], -1), np.take_along_axis(idx.numpy(), order[1], -1))
     np.testing.assert_allclose(np.take_along_axis(got_w, order[0], -1),
@@ -156,14 +170,9 @@ def test_geglu_experts_scaled_per_expert_after_renormalizing_compute_gemma4(edge
     router, experts = Gemma4TextRouter(cfg).float(), Gemma4TextExperts(cfg).float()
     router.proj.weight.data.normal_(0, 0.3)
     router.per_expert_scale.data.uniform_(0.5, 2.0)
-    linears = []
-    for e in range(8):
-        gate, gate_w = nvfp4_linear(torch.randn(64, 128) * 0.1)
-        up, up_w = nvfp4_linear(torch.randn(64, 128) * 0.1)
-        down, down_w = nvfp4_linear(torch.randn(128, 64) * 0.1)
-        experts.gate_up_proj.data[e] = torch.cat([gate_w, up_w])
-        experts.down_proj.data[e] = down_w
-        linears.append(types.SimpleNamespace(gate_proj=gate, up_proj=up, down_proj=down))
+    linears, w = nvfp4_experts({"gate_proj": (64, 128), "up_proj": (64, 128), "down_proj": (128, 64)})
+    experts.gate_up_proj.data[:] = torch.cat([w["gate_proj"], w["up_proj"]], dim=1)
+    experts.down_proj.data[:] = w["down_proj"]
     packed = edgellm_packer.repack_nvfp4_gated_moe_experts(linears, 128, 64, 16, fc1_layout="interleave",
                                                            moe_inter_size_alignment=64)
     x = torch.randn(24, 128)
@@ -178,7 +187,6 @@ def test_geglu_experts_scaled_per_expert_after_renormalizing_compute_gemma4(edge
     inputs = _plugin_inputs(packed, captured["logits"], x, router.per_expert_scale.detach())
     got = _plugin(inputs, **attrs)
     assert got.dtype == np.float16 and got.shape == x.shape
-    assert _cosine(got, want) > 0.99, _cosine(got, want)
     # measured: 0.9986 (each token's NVFP4 rounding of the GeGLU output sits on the engine's fp16 gate and up);
     # without the per-expert scales 0.927; SiLU in place of GeGLU 0.987
     assert _cosine(got, want) > 0.998, _cosine(got, want)
