@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.tomlcompat import load_toml_text
 from tests.sshserver import sshd  # noqa: F401  (a fixture: the ssh builder and fleet tests use it)
 from tests.zygote import run_module, zygote_started
 
@@ -360,8 +361,10 @@ def device_command(project, kit, tmp, board="orin-nano-8gb-jp62-super", args=(),
     # the doubles run with this interpreter's python3 (they import the pipeline's checkpoint schema)
     path = os.pathsep.join([str(DOUBLES / "bin"), str(Path(sys.executable).parent), os.environ["PATH"]])
     env = dict(project.env, PATH=path,
-               # the Edge-LLM runtime double shadows the tensorrt_edgellm wheel in the device's processes only
-               PYTHONPATH=os.pathsep.join([str(DOUBLES / "python"), str(DOUBLES / "edgellm_runtime"), str(REPO)]),
+               # the Edge-LLM runtime double shadows the tensorrt_edgellm wheel in the device's processes only (then
+               # this machine's own path: on a GPU machine the wheels that travelled with the tree)
+               PYTHONPATH=os.pathsep.join([str(DOUBLES / "python"), str(DOUBLES / "edgellm_runtime"), str(REPO),
+                                           *filter(None, [os.environ.get("PYTHONPATH")])]),
                FAKE_BOARD_ROOT=str(root),
                TRTLLM_BUILD_DOUBLE_RECORD=str(tmp / "argv.jsonl"), **extra_env)
     argv = [sys.executable, "-m", "pipeline", "device", str(kit), "--root", str(root), "--work", str(tmp / "work"),
@@ -381,12 +384,22 @@ def build_shipped_recipe(root: Path, recipe: str, targets) -> tuple:
     project = Project(root)
     (project.recipes / f"{recipe}.toml").write_text((REPO / "recipes" / f"{recipe}.toml").read_text())
     proc = project.doit("build", f"recipe={recipe}", timeout=900)
-    return project, {t: project.artifacts / recipe / f"kit@{t}" / f"{recipe}@{t}" for t in targets}, proc.stdout
+    return project, {t: project.artifacts / recipe / _per_target(project, recipe, "kit", t) / f"{recipe}@{t}"
+                     for t in targets}, proc.stdout
+
+
+def _per_target(project, recipe: str, name: str, target: str | None) -> str:
+    """A per-target output's name under artifacts/<recipe>: <name>@<target> only where the recipe has several targets
+    (pipeline/graph/stage.recipe_path's rule, read from the recipe the project holds)."""
+    if target is None:
+        return name
+    targets = load_toml_text((project.recipes / f"{recipe}.toml").read_text())["targets"]
+    return f"{name}@{target}" if len(targets) > 1 else name
 
 
 def stage_dir(project, recipe: str, stage: str, target: str | None = None) -> Path:
     """A recipe's current output of one stage (its link artifacts/<recipe>/<stage>[@<target>]), built."""
-    d = (project.artifacts / recipe / (f"{stage}@{target}" if target else stage)).resolve()
+    d = (project.artifacts / recipe / _per_target(project, recipe, stage, target)).resolve()
     assert (d / "stage.json").is_file(), d
     return d
 

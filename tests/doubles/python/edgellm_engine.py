@@ -239,15 +239,19 @@ class TRT_FP4DynamicQuantize(OpRun):     # noqa: N801 (TensorRT's op name)
     def _run(self, x, global_scale, axis=-1, block_size=16, scale_type=17, **_):
         if axis != -1 or scale_type != onnx.TensorProto.FLOAT8E4M3FN:
             raise NotImplementedError(f"TRT_FP4DynamicQuantize axis={axis} scale_type={scale_type}")
-        s2 = np.float32(np.asarray(global_scale, np.float32).reshape(-1)[0])
-        xb = x.astype(np.float32).reshape(*x.shape[:-1], x.shape[-1] // block_size, block_size)
-        per_block = np.abs(xb).max(-1, keepdims=True) / np.float32(6.0)
-        scale = _fp8(per_block / s2).astype(np.float32)
-        scale = np.where(per_block == 0, np.float32(1.0), scale)
-        # a block whose scale underflows E4M3 to 0 divides by the mirror's floor (1e-20), not by 0: its elements
-        # saturate (0 stays 0) and dequantize to 0 against the zero scale, as the engine's do
-        elements = _e2m1(xb / np.maximum(scale * s2, np.float32(1e-20))).reshape(x.shape)
-        return elements, _fp8(scale[..., 0])
+        return fp4_dynamic_quantize(x, np.float32(np.asarray(global_scale, np.float32).reshape(-1)[0]), block_size)
+
+
+def fp4_dynamic_quantize(x, s2, block_size=16):
+    """TRT_FP4DynamicQuantize's numerics (also the MoE plugin's activations): (E2M1 elements, E4M3 block scales)."""
+    xb = x.astype(np.float32).reshape(*x.shape[:-1], x.shape[-1] // block_size, block_size)
+    per_block = np.abs(xb).max(-1, keepdims=True) / np.float32(6.0)
+    scale = _fp8(per_block / s2).astype(np.float32)
+    scale = np.where(per_block == 0, np.float32(1.0), scale)
+    # a block whose scale underflows E4M3 to 0 divides by the mirror's floor (1e-20), not by 0: its elements
+    # saturate (0 stays 0) and dequantize to 0 against the zero scale, as the engine's do
+    elements = _e2m1(xb / np.maximum(scale * s2, np.float32(1e-20))).reshape(x.shape)
+    return elements, _fp8(scale[..., 0])
 
 
 class DequantizeLinear(OpRun):

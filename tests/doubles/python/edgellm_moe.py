@@ -203,14 +203,12 @@ def mma_scales(swizzled: np.ndarray, rows: int, blocks: int) -> np.ndarray:
 
 
 def nvfp4_qdq(x: np.ndarray, global_scale: float) -> np.ndarray:
-    """Activations through NVFP4 and back: per block of 16, scale = amax / 6 / global in E4M3 (1 for an all-zero
-    block), elements x / (scale * global) in E2M1 (as TRT_FP4DynamicQuantize in edgellm_engine.py)."""
-    from edgellm_engine import _e2m1, _fp8
+    """Activations through NVFP4 and back, as TRT_FP4DynamicQuantize computes them (edgellm_engine's one copy)."""
+    from edgellm_engine import fp4_dynamic_quantize
     g = np.float32(global_scale)
-    xb = x.astype(np.float32).reshape(*x.shape[:-1], x.shape[-1] // 16, 16)
-    per_block = np.abs(xb).max(-1, keepdims=True) / np.float32(6.0)
-    scale = np.where(per_block == 0, np.float32(1.0), _fp8(per_block / g).astype(np.float32))
-    return (_e2m1(xb / (scale * g)).astype(np.float32) * scale * g).reshape(x.shape)
+    elements, scales = fp4_dynamic_quantize(x, g)
+    blocks = elements.astype(np.float32).reshape(*x.shape[:-1], x.shape[-1] // 16, 16)
+    return (blocks * (scales.astype(np.float32) * g)[..., None]).reshape(x.shape)
 
 
 class Nvfp4MoePlugin(OpRun):
