@@ -2,9 +2,16 @@
 
     GET  /v1/models             the one model served
     POST /v1/chat/completions   chat, rendered with the kit's chat template; streaming (SSE) or not
-    POST /v1/completions        raw prompt; streaming or not
+    POST /v1/completions        raw prompt (a string or token ids); streaming or not
+    POST /v1/messages           Anthropic's Messages API (anthropic.py): Claude Code, the anthropic SDK
+    POST /v1/messages/count_tokens
+    POST /v1/responses          OpenAI's Responses API, stateless (openai_responses.py): Codex, the Agents SDK
     GET  /health                200 ready; 503 while loading or after an engine failure
     GET  /metrics               Prometheus text format (metrics.py)
+    GET|HEAD /                  200: what Claude Code probes before its first request
+
+The APIs are front ends of one path: each parses its body into the same protocol.Request, which is prepared,
+admitted, constrained, truncated and counted the same way; only the answer's shapes are the API's (an Endpoint).
 
 Admission: at most max_batch_size requests run in the engine; up to `max_queue` more wait; past that a 429 with
 Retry-After. Limits are checked before any work: a prompt longer than the engine's max_input_len, or max_tokens past
@@ -28,7 +35,7 @@ from starlette.requests import Request  # module level: FastAPI resolves the han
 
 from pipeline.errors import PipelineError
 from pipeline.runtime.session import Event, Generation, Handle, Session
-from pipeline.serve import protocol, responses
+from pipeline.serve import anthropic, openai_responses, protocol, responses
 from pipeline.serve.gate import Gate, error_response
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.prepare import Prepared, Preparer, Settings
@@ -42,19 +49,37 @@ if TYPE_CHECKING:
 log = logging.getLogger("pipeline.serve")
 TOKENIZER_THREADS = 2       # prompts rendered and tokenized at once, off the event loop
 TRUNCATED_HEADER = "X-Truncated-Messages"      # chat messages dropped (oldest turns first) to fit max_input_len
+CUT_HEADER = "X-Truncated-Tokens"              # tokens cut from the middle of an over-long prompt or message
 TOOLS_HEADER = "X-Tools-Ignored"               # why a request's tools were answered as a plain chat
 TIMED_OUT = Event([], final=True, error="--request-timeout")   # what a request's timer queues at its deadline
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"  # the routes the Gate calls `generate` for
+MESSAGES, RESPONSES, COUNT = "/v1/messages", "/v1/responses", "/v1/messages/count_tokens"
+
+
+@dataclass(frozen=True)
+class Api:
+    """One front end: how its body becomes the typed request, and the endpoint that shapes its answers."""
+    parse: Callable[[dict[str, Any], SamplingDefaults], protocol.Request]
+    endpoint: responses.Endpoint
+    chat: bool = True       # the request is a chat (messages), not a raw prompt
+
+
+APIS = {CHAT: Api(protocol.parse_chat, responses.CHAT),
+        COMPLETIONS: Api(protocol.parse_completion, responses.COMPLETIONS, chat=False),
+        MESSAGES: Api(anthropic.parse_messages, anthropic.MESSAGES),
+        RESPONSES: Api(openai_responses.parse_responses, openai_responses.RESPONSES)}
 
 
 @dataclass
 class Piece:
     """What `Server.run` yields: new text, the finish reason on the last piece, tokens so far, and the log-probability
-    entries of the tokens since the last piece (chat's shape; None where not asked)."""
+    entries of the tokens since the last piece (chat's shape; None where not asked); on the last, the stop string that
+    ended the answer, where one did."""
     text: str
     reason: str | None
     made: int
     logprobs: list[dict[str, Any]] | None = None
+    stop_sequence: str | None = None
 
 
 class Admission:
@@ -212,7 +237,7 @@ class Server:
                     delta += stream.finish(ev.reason or "length")
                 try:
                     if final:
-                        yield Piece(delta, stream.finish_reason, len(stream.ids), pending)
+                        yield Piece(delta, stream.finish_reason, len(stream.ids), pending, stream.matched)
                     elif delta:
                         yield Piece(delta, None, len(stream.ids), pending)
                         pending = [] if pending is not None else None
@@ -293,7 +318,8 @@ class Reply:
     @functools.cached_property
     def ident(self) -> responses.Ident:
         """Made once the request is submitted: the engine does not wait on it."""
-        return responses.Ident(f"{self.ep.id_prefix}-{uuid.uuid4().hex}", self.server.served.name, int(time.time()))
+        return responses.Ident(f"{self.ep.id_prefix}{uuid.uuid4().hex}", self.server.served.name, int(time.time()),
+                               self.req.echo)
 
     def close(self) -> None:
         """After the response, however it ended: a stream that never began (the client left first) frees what
@@ -308,14 +334,14 @@ class Reply:
     def usage(self, made: int) -> responses.Usage:
         return responses.Usage(len(self.gen.prompt_ids), made)
 
-    async def _collect(self) -> tuple[str, str, int, list[dict[str, Any]] | None]:
-        text, reason, made, entries = "", "length", 0, None
+    async def _collect(self) -> tuple[str, str, int, list[dict[str, Any]] | None, str | None]:
+        text, reason, made, entries, stop = "", "length", 0, None, None
         async for piece in self.server.run(self.admission, self.gen, self.req.stop, self.keep):
             text += piece.text
-            reason, made = piece.reason or reason, piece.made
+            reason, made, stop = piece.reason or reason, piece.made, piece.stop_sequence
             if piece.logprobs is not None:
                 entries = (entries or []) + piece.logprobs
-        return text, reason, made, entries
+        return text, reason, made, entries, stop
 
     async def whole(self, receive: Callable[[], Any], headers: dict[str, str]):
         """The whole answer as one JSON body; a client that leaves first has its request cancelled (499)."""
@@ -332,47 +358,47 @@ class Reply:
             await asyncio.gather(work, return_exceptions=True)
             log.info("client went away: request cancelled")
             return Response(status_code=499)
-        text, reason, made, entries = work.result()
+        text, reason, made, entries, stop = work.result()
         content: str | None = text
         calls = self.fmt.calls(text, self.req.tools) if self.fmt is not None else None
         if calls is not None:
             content, reason = calls[0], "tool_calls"
-        out = responses.Output(content, reason, self.calls(calls[1]) if calls is not None else None, entries)
+        elif self.prepared.forced:      # a forced call cut short (max_tokens): no call, and not text either
+            content = ""
+        out = responses.Output(content, reason, self.calls(calls[1]) if calls is not None else None, entries,
+                               stop_sequence=stop)
         return JSONResponse(self.ep.whole(self.ident, out, self.usage(made)), headers=headers)
 
     async def events(self) -> AsyncGenerator[bytes, None]:
-        """The SSE stream: the endpoint's opening, content pieces, its closing (held-back text, tool calls, the finish
-        reason), the usage chunk where asked, [DONE]; an engine failure after the 200 is an error event. The events
-        one piece makes go out in one write, the last piece's with the closing, usage and [DONE]: each write is a
-        system call (on loopback it also delivers to the client), and a one-token answer took five."""
-        ep, req, ident, usage = self.ep, self.req, self.ident, self.req.include_usage
+        """The SSE stream as the endpoint writes it (responses.Stream): its opening, content pieces, its closing
+        (held-back text, tool calls, the finish reason, usage, the end marker); an engine failure after the 200 is
+        its error event. The events one piece makes go out in one write, the last piece's with the closing: each
+        write is a system call (on loopback it also delivers to the client), and a one-token answer took five."""
+        req = self.req
+        writer = self.ep.stream(self.ident, req.include_usage, len(self.gen.prompt_ids))
         pieces = self.server.run(self.admission, self.gen, req.stop, self.keep, self.started)
-        made, sent = 0, 0
-        calls = CallStream(self.fmt, req.tools) if self.fmt is not None else None
+        sent = 0
+        calls = CallStream(self.fmt, req.tools, self.prepared.forced) if self.fmt is not None else None
         try:
-            opening = responses.sse_all(ep.opening(ident, usage))
+            opening = writer.opening()
             if opening:
                 yield opening
             out = b""
             async for piece in pieces:
-                made, text = piece.made, piece.text
-                if calls is not None:
-                    text = calls.feed(text)
-                output = responses.Output(text, piece.reason, None, piece.logprobs, sent)
-                out = responses.sse_all(ep.piece(ident, output, usage))
+                text = calls.feed(piece.text) if calls is not None else piece.text
+                out = writer.piece(responses.Output(text, piece.reason, None, piece.logprobs, sent))
                 sent += len(text)
                 if piece.reason:
                     rest, found = calls.finish() if calls is not None else ("", [])
-                    closing = responses.Output(rest, "tool_calls" if found else piece.reason, self.calls(found))
-                    out += responses.sse_all(ep.closing(ident, closing, usage))
+                    closing = responses.Output(rest, "tool_calls" if found else piece.reason, self.calls(found),
+                                               stop_sequence=piece.stop_sequence)
+                    out += writer.closing(closing, self.usage(piece.made))
                 elif out:
                     yield out
                     out = b""
-            if usage:
-                out += responses.sse(ep.usage_chunk(ident, self.usage(made)))
-            yield out + responses.sse("[DONE]")
-        except ApiError as exc:     # after the 200: the engine failed mid-answer, as vLLM sends it
-            yield responses.sse(exc.body())
+            yield out
+        except ApiError as exc:     # after the 200: the engine failed mid-answer
+            yield writer.failed(exc)
         finally:
             await pieces.aclose()
 
@@ -408,19 +434,19 @@ def create_app(server: Server):
     served, settings, metrics = server.served, server.settings, server.metrics
 
     @app.exception_handler(ApiError)
-    async def api_error(_request, exc: ApiError):
-        return error_response(exc)
+    async def api_error(request, exc: ApiError):
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(HTTPException)
-    async def http_error(_request, exc: HTTPException):
+    async def http_error(request, exc: HTTPException):
         code, type_ = {404: ("not_found", None), 405: ("method_not_allowed", "invalid_request_error")}.get(
             exc.status_code, (None, None))
         return error_response(ApiError(exc.status_code, str(exc.detail), code=code, type_=type_,
-                                        headers=dict(exc.headers or {})))
+                                       headers=dict(exc.headers or {})), request.url.path)
 
     @app.exception_handler(Exception)
-    async def internal(_request, exc: Exception):
-        return internal_error(exc)
+    async def internal(request, exc: Exception):
+        return internal_error(exc, request.url.path)
 
     @app.get("/health")
     async def health():
@@ -450,28 +476,31 @@ def create_app(server: Server):
                            "model_not_found")
         return card()
 
-    async def answer(request: Request, chat: bool):
-        body = await _body(request, settings.max_body_bytes)
-        defaults = server.defaults
-        req = protocol.parse_chat(body, defaults) if chat else protocol.parse_completion(body, defaults)
+    async def prepare(req: protocol.Request, chat: bool) -> Prepared:
         server.prepare.check_prompt_size(req, chat)     # before tokenizing: a huge prompt costs no tokenizer time
         if server.prepare.quick(req, chat):     # a short plain prompt: a thread hop would cost more than it
-            prepared = server.prepare.generation(req, chat)
-        else:
-            async with server.tokenizing:       # off the event loop, a few at a time: /health never waits on it
-                prepared = await asyncio.get_running_loop().run_in_executor(None, server.prepare.generation, req,
-                                                                            chat)
+            return server.prepare.generation(req, chat)
+        async with server.tokenizing:       # off the event loop, a few at a time: /health never waits on it
+            return await asyncio.get_running_loop().run_in_executor(None, server.prepare.generation, req, chat)
+
+    async def answer(request: Request, api: Api):
+        body = await _body(request, settings.max_body_bytes)
+        req = api.parse(body, server.defaults)
+        prepared = await prepare(req, api.chat)
         headers = {}
         if prepared.dropped:
             headers[TRUNCATED_HEADER] = str(prepared.dropped)
             metrics.truncated.inc(prepared.dropped)
             log.info("chat of %d messages: its %d oldest dropped to fit max_input_len", len(req.messages),
                      prepared.dropped)
+        if prepared.cut:
+            headers[CUT_HEADER] = str(prepared.cut)
+            metrics.truncated_tokens.inc(prepared.cut)
+            log.info("%d tokens cut from the middle of the prompt to fit max_input_len", prepared.cut)
         if prepared.tools:
             headers[TOOLS_HEADER] = prepared.tools
             log.info("%s: %s", served.name, prepared.tools)
-        endpoint = responses.CHAT if chat else responses.COMPLETIONS
-        reply = Reply(server, req, prepared, endpoint, server.admit())  # a 429 or 503 is decided now: never after a 200
+        reply = Reply(server, req, prepared, api.endpoint, server.admit())  # a 429 or 503 now: never after a 200
         if not req.stream:
             return await reply.whole(request.receive, headers)
         try:
@@ -480,38 +509,58 @@ def create_app(server: Server):
             reply.close()
             raise
         return SSE(reply, reply.events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 
     # the Gate calls `generate` for a POST to these paths; FastAPI keeps them as routes, so that another method on
     # them is its typed 405 (http_error), not a 404
-    @app.post(CHAT)
-    async def chat_completions(request: Request):
-        return await answer(request, True)
+    for path in APIS:
+        app.add_api_route(path, gate_answers, methods=["POST"])
 
-    @app.post(COMPLETIONS)
-    async def completions(request: Request):
-        return await answer(request, False)
+    @app.post(COUNT)
+    async def count_tokens(request: Request):
+        """Anthropic's count_tokens: the prompt's tokens as the model reads it (the served model's tokenizer and
+        chat template, its tools where it takes them), nothing generated."""
+        req = anthropic.parse_count(await _body(request, settings.max_body_bytes), server.defaults)
+        if req.model is not None and req.model != served.name:
+            raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {served.name!r}",
+                           "model", "model_not_found")
+        server.prepare.check_prompt_size(req, True)
+        async with server.tokenizing:
+            n = await asyncio.get_running_loop().run_in_executor(None, server.prepare.count, req)
+        return {"input_tokens": n}
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root():
+        """Claude Code probes HEAD / before its first request; a 200 says a server is here."""
+        return {"status": "ok" if server.ready else "loading", "model": served.name}
 
     async def generate(scope: Any, receive: Any, send: Any) -> None:
-        """POST /v1/chat/completions and /v1/completions, called by the Gate itself: Starlette's error middleware
+        """A POST to one of the APIs' generation routes, called by the Gate itself: Starlette's error middleware
         and FastAPI's routing, dependency solving and exception middleware took ~0.2 ms of each request's time to
-        first token on the 2-core workstation (traced hop by hop), and these two routes need none of them. Errors
-        are answered as the app's handlers answer them."""
+        first token on the 2-core workstation (traced hop by hop), and these routes need none of them. Errors
+        are answered as the app's handlers answer them, in the API's own shape."""
+        path = scope["path"]
         try:
-            response = await answer(Request(scope, receive), scope["path"] == CHAT)
+            response = await answer(Request(scope, receive), APIS[path])
         except ApiError as exc:
-            response = error_response(exc)
+            response = error_response(exc, path)
         except Exception as exc:        # noqa: BLE001 - the client gets a typed 500, the log says what failed
-            response = internal_error(exc)
+            response = internal_error(exc, path)
         await response(scope, receive, send)
 
     # outermost: every request passes the Gate's checks before any of FastAPI runs
     return Gate(app, api_key=settings.api_key, metrics=metrics, allowed_hosts=settings.allowed_hosts,
                 cors_origins=settings.cors_origins, public_metrics=settings.public_metrics,
-                posts={CHAT: generate, COMPLETIONS: generate})
+                posts=dict.fromkeys(APIS, generate))
 
 
-def internal_error(exc: Exception):
+async def gate_answers(request: Request):
+    """The APIs' routes as FastAPI holds them: the Gate answers a POST to them before FastAPI runs (generate); what
+    reaches FastAPI there is another method, its typed 405."""
+    raise ApiError(500, f"{request.url.path} is answered by the Gate", code="internal_error")
+
+
+def internal_error(exc: Exception, path: str = ""):
     """A failure of ours: logged by type and message (never a traceback for the client), a typed 500."""
     log.error("internal error: %s: %s", type(exc).__name__, str(exc)[:300])
-    return error_response(ApiError(500, "internal server error", code="internal_error"))
+    return error_response(ApiError(500, "internal server error", code="internal_error"), path)

@@ -10,12 +10,17 @@ from typing import Any
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.protocol import ApiError
 
-ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions")   # metric labels; /v1/models/{id} is "other"
+# metric labels; /v1/models/{id} is "other"
+ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+          "/v1/responses")
+ANTHROPIC = "/v1/messages"      # its routes answer errors in Anthropic's shape
 
 
-def error_response(exc: ApiError):
+def error_response(exc: ApiError, path: str = ""):
+    """The error in the shape of the API the path belongs to: Anthropic's under /v1/messages, else OpenAI's."""
     from fastapi.responses import JSONResponse
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    body = exc.anthropic_body() if path == ANTHROPIC or path.startswith(ANTHROPIC + "/") else exc.body()
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
 class Gate:
@@ -28,8 +33,9 @@ class Gate:
       a page must not drive a model on the user's machine and read its answers unless the user said so;
     - a POST must say `Content-Type: application/json`: a page may send text/plain anywhere without asking first
       (a "simple" cross-origin request), never JSON;
-    - the API key (`Authorization: Bearer KEY`, the scheme in any case) on /v1/* and, unless public, /metrics:
-      checked on the headers, before any body is read; a refused client's connection is closed;
+    - the API key (`Authorization: Bearer KEY`, the scheme in any case, or Anthropic's `x-api-key: KEY`) on /v1/*
+      and, unless public, /metrics: checked on the headers, before any body is read; a refused client's connection
+      is closed;
     - the request counter, labelled by known route only (clients must not grow the label set).
     """
 
@@ -41,10 +47,13 @@ class Gate:
         self.expected = None if api_key is None else api_key.encode()
         self.allowed_hosts, self.cors_origins, self.public_metrics = allowed_hosts, cors_origins, public_metrics
 
-    def _key_ok(self, header: bytes) -> bool:
-        scheme, _, token = header.strip().partition(b" ")
-        return self.expected is None or (scheme.lower() == b"bearer" and
-                                         hmac.compare_digest(token.strip(), self.expected))
+    def _key_ok(self, headers: dict[bytes, bytes]) -> bool:
+        if self.expected is None:
+            return True
+        scheme, _, token = headers.get(b"authorization", b"").strip().partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected):
+            return True
+        return hmac.compare_digest(headers.get(b"x-api-key", b"").strip(), self.expected)
 
     def _host_refusal(self, headers: dict[bytes, bytes]) -> ApiError | None:
         if self.allowed_hosts is not None and host_name(headers.get(b"host", b"")) not in self.allowed_hosts:
@@ -64,9 +73,9 @@ class Gate:
                             code="origin_not_allowed", headers=CLOSE)
         path = scope.get("path", "")
         guarded = path.startswith("/v1/") or (path == "/metrics" and not self.public_metrics)
-        if guarded and not self._key_ok(headers.get(b"authorization", b"")):
-            return ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", code="invalid_api_key",
-                            headers=CLOSE)
+        if guarded and not self._key_ok(headers):
+            return ApiError(401, "a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)",
+                            code="invalid_api_key", headers=CLOSE)
         if scope.get("method") == "POST":
             ctype = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
             if ctype != b"application/json":
@@ -88,7 +97,7 @@ class Gate:
                 and self._host_refusal(headers) is None:      # a preflight carries no key; its Host still counts
             await send({"type": "http.response.start", "status": 204, "headers": [
                 *cors, (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
-                (b"access-control-allow-headers", b"Authorization, Content-Type"),
+                (b"access-control-allow-headers", b"Authorization, Content-Type, X-Api-Key, Anthropic-Version"),
                 (b"access-control-max-age", b"600")]})
             await send({"type": "http.response.body", "body": b""})
             return
@@ -96,7 +105,7 @@ class Gate:
         if refusal is not None:
             if path.startswith("/v1/"):
                 self.metrics.requests.labels(label, str(refusal.status)).inc()
-            await error_response(refusal)(scope, receive, send)
+            await error_response(refusal, path)(scope, receive, send)
             return
         status = {"code": 500}      # an exception before the response started is a 500 to the client
 

@@ -4,8 +4,10 @@ A chat UI sends the whole history with every message (Open WebUI does); past `ma
 take it at all. As llama.cpp's server and Ollama do with their context window, the oldest turns go first, whole: a
 turn is a user message and everything after it up to the next user message (the assistant's answer, its tool calls,
 their results), so what remains still alternates as the chat template expects. The newest turn always stays; if it
-alone does not fit, the request is refused. The caller says how many messages were dropped (a response header and a
-metric), never silently.
+alone does not fit, its longest message is cut in the middle (`cut_middle`: head and tail kept, as llama.cpp's server
+keeps the start and the end of an over-long prompt), unless the server runs with --no-truncate (then a 400). The
+caller says how many messages were dropped and how many tokens were cut (response headers and metrics), never
+silently.
 """
 
 from __future__ import annotations
@@ -56,3 +58,42 @@ def fit(messages: list[dict[str, Any]], render: Render, max_tokens: int) -> tupl
         return t, i, len(messages) - len(kept(len(parts) - 1))
     t, i, drop = best
     return t, i, len(messages) - len(kept(drop))
+
+
+Codec = tuple[Callable[[str], list[int]], Callable[[list[int]], str]]     # (encode without specials, decode)
+ELLIPSIS = "\n[...]\n"
+
+
+def middle(ids: list[int], remove: int) -> tuple[list[int], list[int]]:
+    """(head, tail) of `ids` without `remove` tokens from its middle."""
+    keep = max(0, len(ids) - remove)
+    head = (keep + 1) // 2
+    return ids[:head], ids[len(ids) - (keep - head):] if keep - head else []
+
+
+def cut_middle(messages: list[dict[str, Any]], render: Render, max_tokens: int,
+               codec: Codec) -> tuple[str, list[int], int]:
+    """(text, ids, tokens cut) of the chat with its longest text message cut in the middle until it renders to at
+    most `max_tokens` ids (a few rounds: a template may render the cut text to a few more or fewer tokens). Where no
+    message has enough text left to cut, the last render is returned (the caller refuses it)."""
+    encode, decode = codec
+    text, ids = render(messages)
+    cut = 0
+    for _ in range(4):
+        over = len(ids) - max_tokens
+        if over <= 0:
+            break
+        texts = [(len(m["content"]), i) for i, m in enumerate(messages) if isinstance(m.get("content"), str)]
+        if not texts:
+            break
+        _, at = max(texts)
+        tokens = encode(messages[at]["content"])
+        remove = min(over + 8 + over // 50, len(tokens))      # a margin for the ellipsis and the re-tokenizing
+        if remove <= 0:
+            break
+        head, tail = middle(tokens, remove)
+        messages = [*messages[:at], {**messages[at], "content": decode(head) + ELLIPSIS + decode(tail)},
+                    *messages[at + 1:]]
+        cut += len(tokens) - len(head) - len(tail)
+        text, ids = render(messages)
+    return text, ids, cut

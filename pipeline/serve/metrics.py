@@ -11,6 +11,7 @@
     jetson_llm_kv_cache_usage_ratio                 used / total KV cache blocks, where the runtime reports them
     jetson_llm_engine_ready                         1 when the engine is loaded and has not failed
     jetson_llm_truncated_messages_total             chat messages dropped to fit max_input_len (oldest turns first)
+    jetson_llm_truncated_tokens_total               tokens cut from the middle of one over-long prompt or message
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class Metrics:
         kv.set_function(lambda: stats().get("kv_cache_usage", float("nan")))
         self.truncated = Counter(p + "truncated_messages", "Chat messages dropped to fit max_input_len",
                                  registry=r)
+        self.truncated_tokens = Counter(p + "truncated_tokens", "Tokens cut from the middle of an over-long prompt",
+                                        registry=r)
         up = Gauge(p + "engine_ready", "1 when the engine is loaded and has not failed", registry=r)
         up.set_function(lambda: 1.0 if ready() else 0.0)
 

@@ -41,6 +41,8 @@ class Prepared:
     dropped: int = 0                # chat messages dropped to fit max_input_len
     tools: str | None = None        # why the request's tools were answered as a plain chat
     calls: ToolCallFormat | None = None     # the answer's tool calls are parsed in this format
+    forced: bool = False            # the answer is a forced tool call: cut short, it is neither text nor a call
+    cut: int = 0                    # tokens cut from the middle of an over-long prompt or message
 
 
 class Preparer:
@@ -57,22 +59,28 @@ class Preparer:
         if req.model is not None and req.model != s.name:
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {s.name!r}", "model",
                            "model_not_found")
-        dropped, held, (calls, tools) = 0, 0, self.tool_mode(req)
+        dropped, held, cut, (calls, tools) = 0, 0, 0, self.tool_mode(req)
         images = self.images(req)
         if chat:
             if not s.codec.has_chat_template:
                 raise ApiError(400, f"{s.name} has no chat template (its tokenizer_config.json and "
                                "chat_template.jinja define none): use /v1/completions with a raw prompt",
                                "messages", "chat_template_missing")
-            text, ids, dropped, held = self.render(req, list(req.tools) if calls else None, images)
-            if calls is not None and req.tool_choice == "auto" and len(ids) > limits.max_input_len:
+            text, ids, dropped, held, cut = self.render(req, list(req.tools) if calls else None, images)
+            if calls is not None and req.tool_choice == "auto" and (len(ids) > limits.max_input_len or cut):
                 # the tools' definitions leave no room for the newest turn: answered as a plain chat, as a model
                 # without tool support is (Open WebUI sends its built-in tools with every chat)
-                text, ids, dropped, held = self.render(req, None, images)
+                text, ids, dropped, held, cut = self.render(req, None, images)
                 calls, tools = None, (f"tools ignored: their definitions do not fit max_input_len = "
                                       f"{limits.max_input_len} with the chat; answered as a plain chat")
         else:
-            text, ids = s.codec.prompt_ids(req.prompt or "")
+            text, ids = self.prompt(req)
+            if len(ids) > limits.max_input_len and self.truncates(req):
+                head, tail = history.middle(ids, len(ids) - limits.max_input_len)
+                cut, ids = len(ids) - len(head) - len(tail), head + tail
+                text = s.codec.tokenizer.decode(ids, skip_special_tokens=False)    # the text holding these ids
+        if req.ignored:
+            tools = f"{tools}; {req.ignored}" if tools else req.ignored
         if not ids:
             raise ApiError(400, "the prompt is empty", field)
         if len(ids) > limits.max_input_len:
@@ -101,7 +109,36 @@ class Preparer:
         if kept and s.images is not None:
             check_profile(s.images, kept)
         return Prepared(Generation(tuple(ids), text, budget, req.sampling, s.stop_ids, guide, req.logprobs,
-                                   tuple(i.data for i in kept)), dropped, tools, calls)
+                                   tuple(i.data for i in kept)), dropped, tools, calls,
+                        calls is not None and req.tool_choice not in ("auto", "none"), cut)
+
+    def truncates(self, req: protocol.Request) -> bool:
+        """Whether an over-long prompt may be fitted (the server's --no-truncate, the request's own truncation)."""
+        return self.settings.truncate and req.truncate
+
+    def prompt(self, req: protocol.Request) -> tuple[str, list[int]]:
+        """A completion's (text, ids): its string tokenized, or its token ids checked against the vocabulary."""
+        codec = self.served.codec
+        if req.prompt_ids is None:
+            return codec.prompt_ids(req.prompt or "")
+        size = codec.tokenizer.get_vocab_size(with_added_tokens=True)
+        bad = next((t for t in req.prompt_ids if not 0 <= t < size), None)
+        if bad is not None:
+            raise ApiError(400, f"prompt: token id {bad} is not in the vocabulary (0 to {size - 1})", "prompt")
+        ids = list(req.prompt_ids)
+        return codec.tokenizer.decode(ids, skip_special_tokens=False), ids
+
+    def count(self, req: protocol.Request) -> int:
+        """The prompt tokens of a chat as sent (its tools where the model takes them; nothing dropped or cut):
+        Anthropic's count_tokens."""
+        calls, _ = self.tool_mode(req)
+        images = self.images(req)
+        codec, side = self.served.codec, self.served.images
+        try:
+            _, ids = codec.chat_ids([dict(m) for m in req.messages], list(req.tools) if calls else None)
+        except PipelineError as exc:
+            raise ApiError(400, exc.message, "messages") from None
+        return len(expand(ids, side, images)) if side is not None and images else len(ids)
 
     def images(self, req: protocol.Request) -> list[RequestImage]:
         """The request's images read, checked and counted (a 400 naming the part), or a 400 where the served model
@@ -120,9 +157,10 @@ class Preparer:
         return [read_image(part, side) for part in req.images]
 
     def render(self, req: protocol.Request, tools: list[dict[str, Any]] | None,
-               images: list[RequestImage]) -> tuple[str, list[int], int, int]:
-        """(text, ids, messages dropped, images kept) of the chat rendered with these tools, each image's placeholder
-        expanded to its tokens, its oldest turns dropped to fit max_input_len unless --no-truncate."""
+               images: list[RequestImage]) -> tuple[str, list[int], int, int, int]:
+        """(text, ids, messages dropped, images kept, tokens cut) of the chat rendered with these tools, each image's
+        placeholder expanded to its tokens, fitted to max_input_len unless --no-truncate: its oldest turns dropped,
+        then its longest message cut in the middle where the newest turn alone is too long."""
         codec, side = self.served.codec, self.served.images
         held: dict[str, int] = {}       # rendered text -> the images it holds
 
@@ -132,15 +170,21 @@ class Preparer:
                 return text, ids
             held[text] = ids.count(side.placeholder_id)
             return text, expand(ids, side, images)
+        limit, cut = self.served.limits.max_input_len, 0
         try:
             messages = [dict(m) for m in req.messages]
-            if self.settings.truncate:
-                text, ids, dropped = history.fit(messages, ids_of, self.served.limits.max_input_len)
+            if self.truncates(req):
+                text, ids, dropped = history.fit(messages, ids_of, limit)
+                if len(ids) > limit:
+                    system = len(history.turns(messages)[0])
+                    kept = messages[:system] + messages[system + dropped:]
+                    text, ids, cut = history.cut_middle(kept, ids_of, limit, (
+                        lambda t: codec.encode(t, add_special_tokens=False), codec.decode))
             else:
                 (text, ids), dropped = ids_of(messages), 0
         except PipelineError as exc:
             raise ApiError(400, exc.message, "messages") from None
-        return text, ids, dropped, held.get(text, 0)
+        return text, ids, dropped, held.get(text, 0), cut
 
     def check_applied(self, req: protocol.Request) -> None:
         """Every sampling extra and logprobs field the request sets is one this backend applies, else a 400 naming it
@@ -203,7 +247,7 @@ class Preparer:
         """Refuse a prompt that cannot fit max_input_len before tokenizing it: no token is longer than the
         vocabulary's longest, so more characters than max_input_len of those (twice, for normalizers that compose
         characters) is over the limit whatever the tokenizer makes of it."""
-        limits = self.served.limits
+        limits = self.served.limits     # (also where the server fits long prompts: this one is past any fitting)
         chars = _prompt_chars(req, chat)
         bound = 2 * limits.max_input_len * self.served.codec.max_token_chars
         if chars > bound:

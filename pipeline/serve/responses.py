@@ -1,6 +1,9 @@
-"""OpenAI's response bodies for the two endpoints, each an `Endpoint` that knows its own shapes (chat's message and
-deltas with tool calls, completions' text and its log-probability layout), built from typed parts: the answer's
-identity (`Ident`), what a choice says (`Output`), and `Usage`. Nothing upstream threads a chat flag through them.
+"""The response bodies and event streams of the server's APIs, each an `Endpoint` that knows its own shapes, built
+from typed parts: the answer's identity (`Ident`), what a choice says (`Output`), and `Usage`. Nothing upstream
+threads an API flag through them. OpenAI's two here (chat's message and deltas with tool calls, completions' text and
+its log-probability layout); Anthropic's Messages (anthropic.py) and OpenAI's Responses (openai_responses.py) beside
+them. A streamed answer is written by the endpoint's `Stream`, one per request (it may keep state: which
+content block is open).
 
     whole answer     {"id", "object", "created", "model", "choices": [choice], "usage"}
     stream chunk     {"id", "object", "created", "model", "choices": [delta choice], "usage": null where asked}
@@ -13,7 +16,10 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.serve.protocol import ApiError
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,7 @@ class Ident:
     id: str
     model: str
     created: int
+    echo: dict[str, Any] | None = None      # what the answer repeats of its request (the Responses object)
 
 
 @dataclass(frozen=True)
@@ -44,10 +51,41 @@ class Output:
     tool_calls: list[dict[str, Any]] | None = None
     logprobs: list[dict[str, Any]] | None = None
     offset: int = 0
+    stop_sequence: str | None = None    # the stop string that ended the answer, where one did
+
+
+class Stream(ABC):
+    """One streamed answer's events, as bytes for one write each: what goes out before any token, per piece, after
+    the last piece (held-back text, tool calls, the finish reason, usage, the end marker), and on a failure after
+    the 200."""
+
+    @abstractmethod
+    def opening(self) -> bytes: ...
+
+    @abstractmethod
+    def piece(self, out: Output) -> bytes: ...
+
+    @abstractmethod
+    def closing(self, out: Output, usage: Usage) -> bytes: ...
+
+    @abstractmethod
+    def failed(self, exc: ApiError) -> bytes: ...
 
 
 class Endpoint(ABC):
-    id_prefix: str
+    id_prefix: str      # the answer's id is this and a random hex
+
+    @abstractmethod
+    def whole(self, ident: Ident, out: Output, usage: Usage) -> dict[str, Any]:
+        """The whole answer's body."""
+
+    @abstractmethod
+    def stream(self, ident: Ident, include_usage: bool, prompt_tokens: int) -> Stream:
+        """A new stream for one answer."""
+
+
+class OpenAIEndpoint(Endpoint):
+    """OpenAI's chat and completions: chunks of one shape, a usage chunk where asked, then [DONE]."""
     object: str
     chunk_object: str
 
@@ -76,6 +114,9 @@ class Endpoint(ABC):
         unless the endpoint says so)."""
         return iter(())
 
+    def stream(self, ident: Ident, include_usage: bool, prompt_tokens: int) -> Stream:  # noqa: ARG002
+        return ChunkStream(self, ident, include_usage)
+
     def whole(self, ident: Ident, out: Output, usage: Usage) -> dict[str, Any]:
         return {"id": ident.id, "object": self.object, "created": ident.created, "model": ident.model,
                 "choices": [self.choice(out)], "usage": usage.to_dict()}
@@ -92,10 +133,10 @@ class Endpoint(ABC):
                 "choices": [], "usage": usage.to_dict()}
 
 
-class ChatEndpoint(Endpoint):
+class ChatEndpoint(OpenAIEndpoint):
     """/v1/chat/completions: a message; streamed as deltas (the role first, then content, then tool calls, then a
     last chunk with the finish reason)."""
-    id_prefix, object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
+    id_prefix, object, chunk_object = "chatcmpl-", "chat.completion", "chat.completion.chunk"
 
     def logprobs(self, out: Output) -> dict[str, Any] | None:
         return None if out.logprobs is None else {"content": out.logprobs, "refusal": None}
@@ -130,9 +171,9 @@ class ChatEndpoint(Endpoint):
         yield self.chunk(ident, Output(None, out.reason), include_usage)
 
 
-class CompletionsEndpoint(Endpoint):
+class CompletionsEndpoint(OpenAIEndpoint):
     """/v1/completions: text; streamed as text chunks, the last carrying the finish reason."""
-    id_prefix, object, chunk_object = "cmpl", "text_completion", "text_completion"
+    id_prefix, object, chunk_object = "cmpl-", "text_completion", "text_completion"
 
     def logprobs(self, out: Output) -> dict[str, Any] | None:
         """Completions' layout: {"tokens", "token_logprobs", "top_logprobs" (token -> logprob), "text_offset"}."""
@@ -158,6 +199,24 @@ class CompletionsEndpoint(Endpoint):
             yield self.chunk(ident, out, include_usage)
 
 
+class ChunkStream(Stream):
+    def __init__(self, ep: OpenAIEndpoint, ident: Ident, include_usage: bool):
+        self.ep, self.ident, self.include_usage = ep, ident, include_usage
+
+    def opening(self) -> bytes:
+        return sse_all(self.ep.opening(self.ident, self.include_usage))
+
+    def piece(self, out: Output) -> bytes:
+        return sse_all(self.ep.piece(self.ident, out, self.include_usage))
+
+    def closing(self, out: Output, usage: Usage) -> bytes:
+        tail = sse(self.ep.usage_chunk(self.ident, usage)) if self.include_usage else b""
+        return sse_all(self.ep.closing(self.ident, out, self.include_usage)) + tail + sse("[DONE]")
+
+    def failed(self, exc: ApiError) -> bytes:
+        return sse(exc.body())      # as vLLM sends an engine failure after the 200
+
+
 CHAT, COMPLETIONS = ChatEndpoint(), CompletionsEndpoint()
 
 
@@ -179,6 +238,11 @@ _encode = json.JSONEncoder(ensure_ascii=False).encode
 
 def sse(obj: dict[str, Any] | str) -> bytes:
     return f"data: {obj if isinstance(obj, str) else _encode(obj)}\n\n".encode()
+
+
+def named(event: str, obj: dict[str, Any]) -> bytes:
+    """An SSE event with its name (Anthropic's and the Responses API's streams: `event:` then `data:`)."""
+    return f"event: {event}\ndata: {_encode(obj)}\n\n".encode()
 
 
 def sse_all(objs: Iterable[dict[str, Any] | str]) -> bytes:

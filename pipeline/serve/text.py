@@ -249,6 +249,7 @@ class TextStream:
         self.ids: list[int] = []       # generated ids, the stop id included (what was computed)
         self.sent = ""                 # text given out so far
         self.finish_reason: str | None = None
+        self.matched: str | None = None     # the stop string that ended the answer (Anthropic's stop_sequence)
 
     def _text(self) -> str:
         ids = self.ids[:-1] if self.ids and self.ids[-1] in self.stop_ids else self.ids
@@ -264,7 +265,7 @@ class TextStream:
                 self.finish_reason = "stop"
                 break
         text = self._text()
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
+        cut = self._cut(text)
         if cut >= 0:
             self.finish_reason, text = "stop", text[:cut]
         if not self.finish_reason:
@@ -278,9 +279,17 @@ class TextStream:
         if not self.finish_reason:
             self.finish_reason = reason
             text = self._text()
-            cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
+            cut = self._cut(text)
             return self._advance(text[:cut] if cut >= 0 else text)
         return ""
+
+    def _cut(self, text: str) -> int:
+        """Where the earliest stop string starts in `text` (-1: none), noting which one it is."""
+        found = [(i, s) for s in self.stop if (i := text.find(s)) >= 0]
+        if not found:
+            return -1
+        at, self.matched = min(found, key=lambda f: f[0])
+        return at
 
     def _advance(self, text: str) -> str:
         if not text.startswith(self.sent):      # a tokenizer whose decode is not prefix-stable: never retract

@@ -171,8 +171,8 @@ class CallStream:
     the answer ends and then parsed (`finish`). What may still become the marker is held back, as stop strings are.
     An answer whose held text is no call after all gets that text as content at the end."""
 
-    def __init__(self, fmt: ToolCallFormat, tools: tuple[dict[str, Any], ...]):
-        self.fmt, self.tools = fmt, tools
+    def __init__(self, fmt: ToolCallFormat, tools: tuple[dict[str, Any], ...], forced: bool = False):
+        self.fmt, self.tools, self.forced = fmt, tools, forced    # forced: a call cut short is not given as text
         self.seen = ""          # all text so far
         self.sent = 0           # characters of it given out as content
         self.held: int | None = None    # where the calls start, once known
@@ -207,6 +207,9 @@ class CallStream:
             return self._give(len(self.seen)), []
         found = self.fmt.calls(self.seen, self.tools)
         if found is None:
+            if self.forced:     # the server's call format never reaches the client as text (max_tokens cut it)
+                self.sent = len(self.seen)
+                return "", []
             return self._give(len(self.seen)), []
         # the text before the calls not given out yet (feed gives it up to the marker; this is what it held back)
         rest, self.sent = self.seen[self.sent:self.held], len(self.seen)

@@ -161,8 +161,14 @@ def _error(s: Served, path: str, body, **kw) -> tuple[int, dict, httpx.Headers]:
 
 
 @pytest.mark.parametrize("path,body,status,param,message", [
-    ("/v1/completions", {"prompt": "bread " * 200, "max_tokens": 4}, 400, "prompt",
-     "the engine takes at most max_input_len = 128"),
+    ("/v1/completions", {"prompt": "bread", "min_tokens": 4}, 400, "min_tokens",
+     "min_tokens: the engine runtimes here cannot hold back the end of an answer (another server's extension"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= \"a\""}, 400,
+     "grammar", "llama.cpp's GBNF grammars are not supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "structured_outputs": {"regex": "a+"}},
+     400, "structured_outputs", "only vLLM's {\"json\": schema}"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt", "prompt holds 2 prompts: send one request per prompt"),
+    ("/v1/completions", {"prompt": [5, 10**9]}, 400, "prompt", "token id 1000000000 is not in the vocabulary"),
     ("/v1/completions", b'{"prompt": "bread", ', 400, None, "not valid JSON"),
     ("/v1/completions", {"prompt": "bread", "model": "llama-70b"}, 404, "model", "'llama-70b' does not exist"),
     ("/v1/completions", {"prompt": "bread", "n": 2}, 400, "n", "n must be 1"),
@@ -179,6 +185,31 @@ def test_errors_in_openais_shape_before_any_work(server, path, body, status, par
                                                                                     "code"}
     assert message in answer["error"]["message"] and answer["error"]["param"] == param
     assert server.metrics().get("jetson_llm_prompt_tokens_total", 0) == before     # nothing reached the engine
+
+
+def test_token_id_prompts_and_an_over_long_prompt_cut_in_the_middle(server, kit):
+    """A prompt of token ids is the prompt those ids are; one past max_input_len keeps its head and tail (the count
+    cut in a header and a metric): it answers exactly as the head and tail sent alone."""
+    c = client(server)
+    ids = c.completions.create(model="tiny-llama-cpu", prompt="Zebra bread", max_tokens=1).usage.prompt_tokens
+    as_text = c.completions.create(model="tiny-llama-cpu", prompt="Zebra bread", max_tokens=6, temperature=0)
+    from tokenizers import Tokenizer
+    project, _, _ = kit
+    tok = Tokenizer.from_file(str(next(p for p in project.artifacts.rglob("tokenizer.json")
+                                       if p.parent.name == "model")))
+    prompt_ids = tok.encode("Zebra bread").ids
+    assert len(prompt_ids) == ids
+    as_ids = c.completions.create(model="tiny-llama-cpu", prompt=prompt_ids, max_tokens=6, temperature=0)
+    assert as_ids.choices[0].text == as_text.choices[0].text and as_ids.usage == as_text.usage
+    long = [(i * 7919) % 500 + 10 for i in range(200)]
+    before = server.metrics().get("jetson_llm_truncated_tokens_total", 0)
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": long, "max_tokens": 6, "temperature": 0},
+                   timeout=60)
+    assert r.status_code == 200 and r.headers["x-truncated-tokens"] == "72"
+    assert r.json()["usage"]["prompt_tokens"] == 128
+    alone = c.completions.create(model="tiny-llama-cpu", prompt=long[:64] + long[-64:], max_tokens=6, temperature=0)
+    assert r.json()["choices"][0]["text"] == alone.choices[0].text
+    assert server.metrics()["jetson_llm_truncated_tokens_total"] - before == 72
 
 
 def test_max_tokens_at_the_edge_of_max_seq_len(server):
@@ -198,8 +229,8 @@ def test_max_tokens_at_the_edge_of_max_seq_len(server):
 
 def test_the_openai_client_raises_its_own_errors(server):
     c = client(server)
-    with pytest.raises(openai.BadRequestError, match="max_input_len = 128"):
-        c.completions.create(model="tiny-llama-cpu", prompt="bread " * 200, max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="GBNF grammars are not supported"):
+        c.completions.create(model="tiny-llama-cpu", prompt="bread", max_tokens=4, extra_body={"grammar": "x"})
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         c.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
 
