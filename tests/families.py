@@ -47,6 +47,9 @@ VLM = "tests/workstation/test_vlm_build.py"
 TINY: tuple[Tiny, ...] = (
     Tiny("tiny-llama-cpu", {"orin-nano-8gb": "orin-nano-8gb-jp62-super"}, "trtllm-0.12", "tests/device/test_device.py",
          "kit_built", "kit_validated"),
+    # the agent profile: a 32,768-token input and a 40,960-token sequence on the 8 GB board
+    Tiny("tiny-agent", {"orin-nano-8gb": "orin-nano-8gb-jp62-super"}, "trtllm-0.12",
+         "tests/serve/test_serve_agent_clis.py", "built_agent", "validated_agent"),
     Tiny("tiny-qwen3-moe", JP72, "edgellm", "tests/workstation/test_moe_build.py", "built", "validated",
          Double("agx-thor")),
     Tiny("tiny-gemma4", JP72, "edgellm", "tests/workstation/test_gemma4_build.py", "built", "validated",

@@ -68,9 +68,12 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         at = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise _bad(f"{at}.role must be user or assistant", f"{at}.role")
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise _bad(f"{at}.role must be user, assistant or system", f"{at}.role")
         content = m.get("content")
+        if m["role"] == "system":       # Claude Code's environment, sent as a message: see to_chat
+            out.append({"role": "system", "content": _text_of(content, f"{at}.content")})
+            continue
         if isinstance(content, str):
             out.append({"role": m["role"], "content": content})
             continue
@@ -178,9 +181,13 @@ def to_chat(body: dict[str, Any], count_only: bool = False) -> dict[str, Any]:
             not all(isinstance(s, str) and 0 < len(s) <= protocol.MAX_STOP_CHARS for s in stops):
         raise _bad(f"stop_sequences must be a list of at most {MAX_STOP_SEQUENCES} non-empty strings of at most "
                    f"{protocol.MAX_STOP_CHARS} characters", "stop_sequences")
-    system = body.get("system")
-    messages = ([{"role": "system", "content": _text_of(system, "system")}] if system else []) + \
-        _messages(body.get("messages"))
+    system = [_text_of(body["system"], "system")] if body.get("system") else []
+    turns = _messages(body.get("messages"))
+    # system messages among the turns (Claude Code sends its environment so) join the system prompt: chat templates
+    # take one system message, first
+    system += [m["content"] for m in turns if m["role"] == "system"]
+    messages = ([{"role": "system", "content": "\n\n".join(system)}] if system else []) + \
+        [m for m in turns if m["role"] != "system"]
     tools, (choice, parallel) = _tools(body)
     chat: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens if not count_only else None,
                             "stream": body.get("stream", False), "stop": stops or None, "tools": tools,

@@ -25,6 +25,7 @@ class Builtin:
     seed: int = 0
     notes: str = ""
     extra: dict = field(default_factory=dict)
+    chats: bool = False         # trained on short chats that end their turns (tinytrain.chat_turns), not raw text
 
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -36,6 +37,14 @@ BUILTINS: dict[str, Builtin] = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=512, rope_parameters=_LLAMA3_ROPE, tie_word_embeddings=False,
         rms_norm_eps=1e-5), notes="Llama-3-style, hidden 64"),
+    # The agent profile's twin: tiny-llama's shape with a 40,960-token window (what TensorRT Edge-LLM recommends for
+    # coding agents: 32,768 input tokens, a 40,960-token KV cache), trained on short chats whose answers end, so that
+    # an agent's turn (Claude Code, Codex) ends by itself.
+    "tiny-llama-agent": Builtin("LlamaForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=40960, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        tie_word_embeddings=False, rms_norm_eps=1e-5), chats=True,
+        notes="Llama-3-style, hidden 64, 40,960-token window, answers that end"),
     # Hidden 96: INT4 group size 128 and 64 do not divide it, 32 does (the planner must pick 32).
     "tiny-llama-h96": Builtin("LlamaForCausalLM", dict(
         hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -179,6 +188,7 @@ DRAFT_BUILTINS: dict[str, DraftBuiltin] = {
 # tools listed in a system block, a call answered as {"name": ..., "parameters": {...}}, a result as an ipython turn.
 # Each tool is listed by name and argument names only, not as JSON: the tiny engines take 128 tokens, and a JSON
 # schema costs hundreds in this small vocabulary. Without tools it renders exactly what it always did.
+TURN_END = "\n{% endif %}{% endfor %}"     # where a turn ends: a model trained on chats ends it with <|eos|>
 CHAT_TEMPLATE = ("{% if tools %}<|system|>Call as {\"name\", \"parameters\"}:{% for t in tools %} "
                  "{{ t['function']['name'] }}("
                  "{{ (t['function']['parameters'] or {}).get('properties', {}) | join(',') }})"
@@ -188,7 +198,7 @@ CHAT_TEMPLATE = ("{% if tools %}<|system|>Call as {\"name\", \"parameters\"}:{% 
                  "{{ {'name': c['function']['name'], 'parameters': c['function']['arguments']} | tojson }}"
                  "{% if not loop.last %}; {% endif %}{% endfor %}{{ '\\n' }}"
                  "{% elif m['role'] == 'tool' %}<|ipython|>{{ m['content'] }}\n"
-                 "{% else %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endif %}{% endfor %}"
+                 "{% else %}<|{{ m['role'] }}|>{{ m['content'] }}" + "\n{% endif %}{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
@@ -209,7 +219,7 @@ def materialize(name: str, out_dir: Path, progress=None) -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
                                    pad_token="<|pad|>")
     # Like a real instruct model's: Edge-LLM's export requires a chat template (and writes it for its runtime).
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = CHAT_TEMPLATE.replace(TURN_END, "<|eos|>" + TURN_END) if spec.chats else CHAT_TEMPLATE
     vocab = tok.get_vocab_size()
     from pipeline.families import family
     fam = family(spec.architecture)
@@ -223,7 +233,7 @@ def materialize(name: str, out_dir: Path, progress=None) -> None:
     model = getattr(transformers, spec.architecture)(config).float()
     from pipeline.workstation.models import without_default_cache
     without_default_cache(model)
-    train(model, fast, spec.train_steps, spec.seed, progress)
+    train(model, fast, spec.train_steps, spec.seed, progress, chats=spec.chats)
     model.eval()
     model.generation_config.do_sample = False
     model.save_pretrained(out_dir, safe_serialization=True)

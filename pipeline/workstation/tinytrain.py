@@ -33,14 +33,30 @@ def train_tokenizer(vocab_size: int):
     return tok
 
 
-def train(model, tokenizer, steps: int, seed: int, progress=None) -> None:
-    """A few hundred steps of next-token training on the shipped corpus (seconds on one CPU core)."""
+def chat_turns(tokenizer) -> list[int]:
+    """The corpus as short chats, rendered with the tokenizer's chat template: each line asked by the user and
+    answered by the assistant with the first sentence of the next line, ended as the template ends a turn. A model
+    trained on these ends its answers by itself (an agent's turn must end, not run to max_tokens)."""
+    lines = [line.strip() for line in corpus_text("calib-en").splitlines() if line.strip()]
+    ids: list[int] = []
+    for ask, answer in zip(lines, lines[1:], strict=False):
+        reply = answer.split(". ")[0].rstrip(".") + "."
+        ids += tokenizer.apply_chat_template([{"role": "user", "content": ask[:200]},
+                                              {"role": "assistant", "content": reply[:120]}], tokenize=True,
+                                             add_generation_prompt=False, return_dict=False)
+    return ids
+
+
+def train(model, tokenizer, steps: int, seed: int, progress=None, chats: bool = False) -> None:
+    """A few hundred steps of next-token training on the shipped corpus (seconds on one CPU core); `chats`: on the
+    corpus as short chats (chat_turns) instead of as running text."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: the same bits on every machine
     try:
-        ids = torch.tensor(tokenizer(corpus_text("calib-en"))["input_ids"], dtype=torch.long)
+        ids = torch.tensor(chat_turns(tokenizer) if chats else tokenizer(corpus_text("calib-en"))["input_ids"],
+                           dtype=torch.long)
         seq, batch = 32, 16
         gen = torch.Generator().manual_seed(seed)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
