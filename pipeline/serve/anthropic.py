@@ -104,7 +104,7 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
             elif kind in ("thinking", "redacted_thinking") and m["role"] == "assistant":
                 continue
             else:
-                raise _bad(f"{where}: a {str(kind)[:40]!r} block is not supported in a {m['role']} message (text, "
+                raise _bad(f"{where}: a {str(kind)[:40]!r} block is not supported from the {m['role']} (text, "
                            "image and tool_result from the user; text, tool_use and thinking from the assistant)",
                            where)
         if parts or calls or not results:      # a turn of tool results only is those tool messages

@@ -1,0 +1,135 @@
+"""The three front ends' requests, parsed into the one typed request (serve/anthropic.py, openai_responses.py,
+protocol.py): what each API's shapes become, and the peer servers' extension fields honoured or refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.serve.anthropic import parse_count, parse_messages
+from pipeline.serve.openai_responses import parse_responses
+from pipeline.serve.protocol import ApiError, parse_chat, parse_completion
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+USER = [{"role": "user", "content": "x"}]
+
+
+def test_an_anthropic_conversation_becomes_the_chat_the_template_renders():
+    req = parse_messages({"model": "m", "max_tokens": 9, "system": [{"type": "text", "text": "A"},
+                                                                     {"type": "text", "text": "B"}],
+                          "tools": [{"name": "get", "input_schema": {"type": "object"}},
+                                    {"name": "later", "input_schema": {"type": "object"}, "defer_loading": True}],
+                          "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+                          "stop_sequences": ["END"], "top_k": 5, "temperature": 0.5,
+                          "messages": [
+                              {"role": "user", "content": "Weather?"},
+                              {"role": "system", "content": [{"type": "text", "text": "env"}]},
+                              {"role": "assistant", "content": [
+                                  {"type": "thinking", "thinking": "hmm", "signature": "s"},
+                                  {"type": "text", "text": "Let me look."},
+                                  {"type": "tool_use", "id": "toolu_1", "name": "get", "input": {"q": 1}}]},
+                              {"role": "user", "content": [
+                                  {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+                                   "content": [{"type": "text", "text": "timeout"}]},
+                                  {"type": "text", "text": "Again", "cache_control": {"type": "ephemeral"}}]}]})
+    assert req.messages == (
+        {"role": "system", "content": "A\nB\n\nenv"},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "get", "arguments": {"q": 1}}}]},
+        {"role": "tool", "content": "Error: timeout", "tool_call_id": "toolu_1"},
+        {"role": "user", "content": "Again"})
+    assert [t["function"]["name"] for t in req.tools] == ["get"]        # a deferred tool is not shown
+    assert req.tool_choice == "required" and req.parallel_tool_calls is False
+    assert req.stop == ("END",) and req.sampling.top_k == 5 and req.sampling.temperature == 0.5
+    assert req.max_tokens == 9 and parse_count({"model": "m", "messages": USER}).max_tokens is None
+
+
+@pytest.mark.parametrize("body,param,message", [
+    ({"model": "m", "messages": USER}, "max_tokens", "max_tokens must be an integer of at least 1, not None"),
+    ({"model": "m", "max_tokens": 4, "messages": USER, "temperature": 1.5}, "temperature", "from 0 to 1"),
+    ({"model": "m", "max_tokens": 4, "messages": USER, "mcp_servers": [{"url": "x"}]}, "mcp_servers",
+     "MCP servers are not reachable"),
+    ({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
+     "messages[0].content[0]", "a 'document' block is not supported from the user"),
+    ({"model": "m", "max_tokens": 4, "messages": [{"role": "assistant", "content": [
+        {"type": "tool_result", "tool_use_id": "t"}]}]}, "messages[0].content[0]", "not supported from the assistant"),
+])
+def test_anthropic_refusals_name_its_own_fields(body, param, message):
+    with pytest.raises(ApiError) as err:
+        parse_messages(body)
+    assert err.value.param == param and message in err.value.message, err.value.message
+    assert err.value.anthropic_body()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_responses_input_becomes_the_chat_with_its_calls_and_results():
+    req = parse_responses({"model": "m", "instructions": "Be brief.", "max_output_tokens": 7, "store": False,
+                           "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"],
+                           "tools": [{"type": "function", "name": "sh", "parameters": {"type": "object"}},
+                                     {"type": "web_search"}],
+                           "input": [
+                               {"type": "message", "role": "developer",
+                                "content": [{"type": "input_text", "text": "Rules."}]},
+                               {"role": "user", "content": "List files"},
+                               {"type": "reasoning", "id": "rs_1", "summary": []},
+                               {"type": "function_call", "call_id": "c1", "name": "sh", "arguments": "{\"a\": 1}"},
+                               {"type": "function_call", "call_id": "c2", "name": "sh", "arguments": "{}"},
+                               {"type": "function_call_output", "call_id": "c1", "output": "a.txt"},
+                               {"type": "function_call_output", "call_id": "c2",
+                                "output": [{"type": "input_text", "text": "b.txt"}]}],
+                           "text": {"format": {"type": "json_schema", "name": "x", "schema": SCHEMA}}})
+    assert [m["role"] for m in req.messages] == ["system", "system", "user", "assistant", "tool", "tool"]
+    assert [c["id"] for c in req.messages[3]["tool_calls"]] == ["c1", "c2"]
+    assert req.messages[3]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+    assert req.messages[5] == {"role": "tool", "content": "b.txt", "tool_call_id": "c2"}
+    assert req.max_tokens == 7 and req.schema == SCHEMA and [t["function"]["name"] for t in req.tools] == ["sh"]
+    assert req.ignored == "tools not offered: web_search (hosted tools run on OpenAI's service, not here)"
+    assert req.echo["instructions"] == "Be brief." and req.truncate
+    assert not parse_responses({"model": "m", "input": "x", "truncation": "disabled"}).truncate
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": "x", "background": True}, "background"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+    ({"input": "x", "tool_choice": {"type": "allowed_tools"}}, "tool_choice"),
+    ({"input": []}, "input"),
+])
+def test_responses_refusals(body, param):
+    with pytest.raises(ApiError) as err:
+        parse_responses({"model": "m", **body})
+    assert err.value.param == param and err.value.status == 400
+
+
+@pytest.mark.parametrize("extra,schema", [
+    ({"structured_outputs": {"json": SCHEMA}}, SCHEMA),
+    ({"structured_outputs": {"json": '{"type": "array"}'}}, {"type": "array"}),
+    ({"structured_outputs": {"json_object": True}}, {"type": "object"}),
+    ({"guided_json": SCHEMA}, SCHEMA),
+    ({"json_schema": SCHEMA}, SCHEMA),                                       # llama.cpp
+    ({"response_format": {"type": "json_object", "schema": SCHEMA}}, SCHEMA),    # llama.cpp
+    ({"min_tokens": 0, "add_generation_prompt": True, "skip_special_tokens": True}, None),    # their defaults
+])
+def test_peer_extensions_that_map_onto_a_schema_are_honoured(extra, schema):
+    assert parse_chat({"messages": USER, **extra}).schema == schema
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"grammar": "root ::= \"a\""}, "grammar"), ({"min_tokens": 3}, "min_tokens"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs"), ({"continue_final_message": True}, "continue_final_message"),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+    ({"structured_outputs": {"choice": ["a", "b"]}}, "structured_outputs"),
+    ({"guided_json": SCHEMA, "response_format": {"type": "json_object"}}, "guided_json"),
+])
+def test_peer_extensions_it_does_not_apply_are_a_400_naming_them(extra, param):
+    with pytest.raises(ApiError) as err:
+        parse_chat({"messages": USER, **extra})
+    assert err.value.param == param and err.value.status == 400
+
+
+def test_completion_prompts_as_token_ids():
+    assert parse_completion({"prompt": [1, 2, 3]}).prompt_ids == (1, 2, 3)
+    assert parse_completion({"prompt": [[4, 5]]}).prompt_ids == (4, 5)
+    assert parse_completion({"prompt": ["one"]}).prompt == "one"
+    for bad in ([1, "a"], [True], [[1], [2]]):
+        with pytest.raises(ApiError):
+            parse_completion({"prompt": bad})
