@@ -2,7 +2,7 @@
 
     GET  /v1/models             the one model served
     POST /v1/chat/completions   chat, rendered with the kit's chat template; streaming (SSE) or not
-    POST /v1/completions        raw prompt (a string or token ids); streaming or not
+    POST /v1/completions        raw prompts (strings or token ids; several: batch.py); streaming or not
     POST /v1/messages           Anthropic's Messages API (anthropic.py): Claude Code, the anthropic SDK
     POST /v1/messages/count_tokens
     POST /v1/responses          OpenAI's Responses API, stateless (openai_responses.py): Codex, the Agents SDK
@@ -35,7 +35,7 @@ from starlette.requests import Request  # module level: FastAPI resolves the han
 
 from pipeline.errors import PipelineError
 from pipeline.runtime.session import Event, Generation, Handle, Session
-from pipeline.serve import anthropic, openai_responses, protocol, responses
+from pipeline.serve import anthropic, batch, openai_responses, protocol, responses
 from pipeline.serve.gate import Gate, error_response
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.prepare import Prepared, Preparer, Settings
@@ -288,7 +288,7 @@ async def _body(request, limit: int) -> dict[str, Any]:
             return protocol.parse_json(bytes(data))
 
 
-async def _until_disconnect(receive: Callable[[], Any]) -> None:
+async def until_disconnect(receive: Callable[[], Any]) -> None:
     """Returns when the client has gone (the request's body was read before: the next message is the disconnect)."""
     while (await receive())["type"] != "http.disconnect":
         pass
@@ -334,7 +334,7 @@ class Reply:
     def usage(self, made: int) -> responses.Usage:
         return responses.Usage(len(self.gen.prompt_ids), made)
 
-    async def _collect(self) -> tuple[str, str, int, list[dict[str, Any]] | None, str | None]:
+    async def collect(self) -> tuple[str, str, int, list[dict[str, Any]] | None, str | None]:
         text, reason, made, entries, stop = "", "length", 0, None, None
         async for piece in self.server.run(self.admission, self.gen, self.req.stop, self.keep):
             text += piece.text
@@ -346,7 +346,7 @@ class Reply:
     async def whole(self, receive: Callable[[], Any], headers: dict[str, str]):
         """The whole answer as one JSON body; a client that leaves first has its request cancelled (499)."""
         from fastapi.responses import JSONResponse, Response
-        work, gone = asyncio.ensure_future(self._collect()), asyncio.ensure_future(_until_disconnect(receive))
+        work, gone = asyncio.ensure_future(self.collect()), asyncio.ensure_future(until_disconnect(receive))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -411,7 +411,7 @@ def create_app(server: Server):
         """A Reply's stream, which frees the Reply's slot and admission however the response ends, also where its
         body never began (StreamingResponse never starts the body of a client that left before its headers)."""
 
-        def __init__(self, reply: Reply, *args: Any, **kwargs: Any):
+        def __init__(self, reply: Reply | batch.Closing, *args: Any, **kwargs: Any):
             super().__init__(*args, **kwargs)
             self.reply = reply
 
@@ -486,7 +486,36 @@ def create_app(server: Server):
     async def answer(request: Request, api: Api):
         body = await _body(request, settings.max_body_bytes)
         req = api.parse(body, server.defaults)
+        if req.batch:
+            return await answer_batch(request, req)
         prepared = await prepare(req, api.chat)
+        headers = notes(req, prepared)
+        reply = Reply(server, req, prepared, api.endpoint, server.admit())  # a 429 or 503 now: never after a 200
+        if not req.stream:
+            return await reply.whole(request.receive, headers)
+        try:
+            await reply.begin()
+        except BaseException:
+            reply.close()
+            raise
+        return SSE(reply, reply.events(), media_type="text/event-stream",
+                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+
+    async def answer_batch(request: Request, req: protocol.Request):
+        """A completion of several prompts (batch.py): each prepared, all admitted at once or none."""
+        prepared = [await prepare(sub, False) for sub in req.batch]
+        headers: dict[str, str] = {}
+        for sub, p in zip(req.batch, prepared, strict=True):
+            for name, value in notes(sub, p).items():
+                headers[name] = str(int(headers.get(name, 0)) + int(value)) if value.isdigit() else value
+        answers = batch.replies(server, req, prepared)
+        if not req.stream:
+            return await batch.whole(server, answers, request.receive, headers)
+        return SSE(batch.Closing(answers), batch.events(server, req, answers), media_type="text/event-stream",
+                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+
+    def notes(req: protocol.Request, prepared: Prepared) -> dict[str, str]:
+        """What was done to fit the request, as response headers, metrics and log lines."""
         headers = {}
         if prepared.dropped:
             headers[TRUNCATED_HEADER] = str(prepared.dropped)
@@ -500,16 +529,7 @@ def create_app(server: Server):
         if prepared.tools:
             headers[TOOLS_HEADER] = prepared.tools
             log.info("%s: %s", served.name, prepared.tools)
-        reply = Reply(server, req, prepared, api.endpoint, server.admit())  # a 429 or 503 now: never after a 200
-        if not req.stream:
-            return await reply.whole(request.receive, headers)
-        try:
-            await reply.begin()
-        except BaseException:
-            reply.close()
-            raise
-        return SSE(reply, reply.events(), media_type="text/event-stream",
-                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
+        return headers
 
     # the Gate calls `generate` for a POST to these paths; FastAPI keeps them as routes, so that another method on
     # them is its typed 405 (http_error), not a 404

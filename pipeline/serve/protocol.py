@@ -115,6 +115,7 @@ class Request:
     truncate: bool = True               # the request lets an over-long prompt be cut to fit (else a 400)
     echo: dict[str, Any] | None = None  # what the API's answer repeats of its request (the Responses object)
     ignored: str | None = None          # what of the request was not used, and why (a response header says it)
+    batch: tuple[Request, ...] = ()     # a completion of several prompts: one request per prompt, answered together
 
 
 
@@ -442,20 +443,37 @@ def parse_chat(body: dict[str, Any], defaults: SamplingDefaults = OPENAI_DEFAULT
                    logprobs=_chat_logprobs(body), images=tuple(images), **_common(body, defaults))
 
 
+MAX_PROMPTS = 16        # prompts in one /v1/completions request (each is admitted as a request of its own)
+
+
 def parse_completion(body: dict[str, Any], defaults: SamplingDefaults = OPENAI_DEFAULTS) -> Request:
-    """OpenAI's legacy prompt: a string, or token ids (a list of integers), or a list holding one of them. Several
-    prompts in one request are refused (n > 1 is, too): send one request per prompt, which the server runs side by
-    side."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
+    """OpenAI's legacy prompt: a string, token ids (a list of integers), or a list of several of either, answered as
+    one choice per prompt (`index`), each prompt admitted and run as a request of its own."""
     common = _common(body, defaults)
     logprobs = _int(body, "logprobs", 0, 5)
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return Request(prompt="", prompt_ids=tuple(prompt), logprobs=logprobs, **common)
-    if not isinstance(prompt, str):
-        several = isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt)
-        raise _bad(f"prompt holds {len(prompt or ())} prompts: send one request per prompt (they run side by side)"
-                   if several else "prompt must be a string or a list of token ids", "prompt",
-                   "unsupported_parameter" if several else "invalid_value")
-    return Request(prompt=text(prompt, "prompt"), logprobs=logprobs, **common)
+    prompts = _prompts(body.get("prompt"))
+    one = [Request(prompt="", prompt_ids=p, logprobs=logprobs, **common) if isinstance(p, tuple)
+           else Request(prompt=text(p, f"prompt[{i}]" if len(prompts) > 1 else "prompt"), logprobs=logprobs, **common)
+           for i, p in enumerate(prompts)]
+    if len(one) == 1:
+        return one[0]
+    return Request(prompt="", logprobs=logprobs, batch=tuple(one), **common)
+
+
+def _ids(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return tuple(value)
+    return None
+
+
+def _prompts(prompt: Any) -> list[str | tuple[int, ...]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    ids = _ids(prompt)
+    if ids is not None:
+        return [ids]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or _ids(p) is not None for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise _bad(f"prompt holds {len(prompt)} prompts: at most {MAX_PROMPTS} per request", "prompt")
+        return [p if isinstance(p, str) else _ids(p) or () for p in prompt]
+    raise _bad("prompt must be a string, a list of token ids, or a list of several of either", "prompt")

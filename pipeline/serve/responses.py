@@ -52,6 +52,7 @@ class Output:
     logprobs: list[dict[str, Any]] | None = None
     offset: int = 0
     stop_sequence: str | None = None    # the stop string that ended the answer, where one did
+    index: int = 0                      # the choice's index (a completion of several prompts: one per prompt)
 
 
 class Stream(ABC):
@@ -188,11 +189,12 @@ class CompletionsEndpoint(OpenAIEndpoint):
                 "text_offset": offsets}
 
     def choice(self, out: Output) -> dict[str, Any]:
-        return {"index": 0, "finish_reason": out.reason, "logprobs": self.logprobs(out), "text": out.text or ""}
+        return {"index": out.index, "finish_reason": out.reason, "logprobs": self.logprobs(out),
+                "text": out.text or ""}
 
     def delta(self, out: Output, first: bool) -> dict[str, Any]:  # noqa: ARG002 - a text chunk has no role
-        return {"index": 0, "finish_reason": out.reason, "logprobs": self.logprobs(out) if out.logprobs else None,
-                "text": out.text or ""}
+        return {"index": out.index, "finish_reason": out.reason,
+                "logprobs": self.logprobs(out) if out.logprobs else None, "text": out.text or ""}
 
     def piece(self, ident: Ident, out: Output, include_usage: bool) -> Iterator[dict[str, Any]]:
         if out.text or out.reason:

@@ -167,7 +167,7 @@ def _error(s: Served, path: str, body, **kw) -> tuple[int, dict, httpx.Headers]:
      "grammar", "llama.cpp's GBNF grammars are not supported"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "structured_outputs": {"regex": "a+"}},
      400, "structured_outputs", "only vLLM's {\"json\": schema}"),
-    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt", "prompt holds 2 prompts: send one request per prompt"),
+    ("/v1/completions", {"prompt": ["a"] * 17}, 400, "prompt", "prompt holds 17 prompts: at most 16 per request"),
     ("/v1/completions", {"prompt": [5, 10**9]}, 400, "prompt", "token id 1000000000 is not in the vocabulary"),
     ("/v1/completions", b'{"prompt": "bread", ', 400, None, "not valid JSON"),
     ("/v1/completions", {"prompt": "bread", "model": "llama-70b"}, 404, "model", "'llama-70b' does not exist"),
@@ -210,6 +210,27 @@ def test_token_id_prompts_and_an_over_long_prompt_cut_in_the_middle(server, kit)
     alone = c.completions.create(model="tiny-llama-cpu", prompt=long[:64] + long[-64:], max_tokens=6, temperature=0)
     assert r.json()["choices"][0]["text"] == alone.choices[0].text
     assert server.metrics()["jetson_llm_truncated_tokens_total"] - before == 72
+
+
+def test_several_prompts_are_one_choice_each_as_each_alone(server, kit):
+    """OpenAI's legacy list of prompts (strings and token ids): choice i answers prompt i exactly as it would alone
+    (greedy), whole and streamed, the usage summed."""
+    c = client(server)
+    prompts = ["Zebra bread", "To bake bread you need", [5, 17, 33]]
+    alone = [c.completions.create(model="tiny-llama-cpu", prompt=p, max_tokens=5, temperature=0) for p in prompts]
+    together = c.completions.create(model="tiny-llama-cpu", prompt=prompts, max_tokens=5, temperature=0)
+    assert [ch.index for ch in together.choices] == [0, 1, 2]
+    assert [ch.text for ch in together.choices] == [a.choices[0].text for a in alone]
+    assert together.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert together.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    texts = ["", "", ""]
+    usage = None
+    for chunk in c.completions.create(model="tiny-llama-cpu", prompt=prompts, max_tokens=5, temperature=0,
+                                      stream=True, stream_options={"include_usage": True}):
+        for ch in chunk.choices:
+            texts[ch.index] += ch.text
+        usage = chunk.usage or usage
+    assert texts == [a.choices[0].text for a in alone] and usage.total_tokens == together.usage.total_tokens
 
 
 def test_max_tokens_at_the_edge_of_max_seq_len(server):

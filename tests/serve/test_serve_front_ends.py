@@ -130,6 +130,8 @@ def test_completion_prompts_as_token_ids():
     assert parse_completion({"prompt": [1, 2, 3]}).prompt_ids == (1, 2, 3)
     assert parse_completion({"prompt": [[4, 5]]}).prompt_ids == (4, 5)
     assert parse_completion({"prompt": ["one"]}).prompt == "one"
-    for bad in ([1, "a"], [True], [[1], [2]]):
+    several = parse_completion({"prompt": ["a", [7, 8]], "max_tokens": 3})
+    assert [(r.prompt, r.prompt_ids, r.max_tokens) for r in several.batch] == [("a", None, 3), ("", (7, 8), 3)]
+    for bad in ([1, "a"], [True], [[1], "a", 5], []):
         with pytest.raises(ApiError):
             parse_completion({"prompt": bad})
