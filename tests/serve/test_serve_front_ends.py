@@ -135,3 +135,37 @@ def test_completion_prompts_as_token_ids():
     for bad in ([1, "a"], [True], [[1], "a", 5], []):
         with pytest.raises(ApiError):
             parse_completion({"prompt": bad})
+
+
+def _junk(rng, depth: int = 0):
+    """A JSON value of any shape: what a careless or hostile client puts where a field should be."""
+    kind = rng.randrange(8 if depth < 3 else 5)
+    makers = [lambda: None, lambda: True, lambda: rng.randint(-3, 10**6), lambda: "x" * rng.randrange(3),
+              lambda: 1.5, lambda: [_junk(rng, depth + 1) for _ in range(rng.randrange(3))],
+              lambda: {k: _junk(rng, depth + 1) for k in rng.sample(
+                  ["type", "text", "content", "role", "name", "id", "input", "source", "format", "schema", "json"], 3)},
+              lambda: [{"type": t, "text": _junk(rng, depth + 1)} for t in ("text", "image", "tool_use")]]
+    return makers[kind]()
+
+
+@pytest.mark.parametrize("parse,valid", [
+    (parse_messages, {"model": "m", "max_tokens": 4, "system": "s", "messages": USER, "tools": [],
+                      "tool_choice": {"type": "auto"}, "stop_sequences": ["x"], "output_config": {}}),
+    (parse_responses, {"model": "m", "input": "x", "instructions": "s", "tools": [], "text": {},
+                       "tool_choice": "auto", "truncation": "auto"}),
+    (parse_chat, {"messages": USER, "structured_outputs": None, "response_format": None, "guided_json": None}),
+    (parse_completion, {"prompt": "x", "max_tokens": 2}),
+], ids=["messages", "responses", "chat", "completions"])
+def test_junk_in_any_field_is_a_400_never_a_traceback(parse, valid):
+    import random
+    rng = random.Random(7)
+    for _ in range(3000):
+        body = dict(valid)
+        for key in rng.sample(sorted(body), rng.randrange(1, 3)):
+            body[key] = _junk(rng)
+        if rng.random() < 0.3 and isinstance(body.get("messages"), list):
+            body["messages"] = [{"role": rng.choice(["user", "assistant", "system"]), "content": _junk(rng)}]
+        try:
+            parse(body)
+        except ApiError as exc:
+            assert exc.status == 400 and exc.message
