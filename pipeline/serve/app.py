@@ -21,6 +21,7 @@ max_seq_len, is a 400 naming the limit. A client that disconnects mid-stream has
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import threading
@@ -50,6 +51,7 @@ log = logging.getLogger("pipeline.serve")
 TOKENIZER_THREADS = 2       # prompts rendered and tokenized at once, off the event loop
 TRUNCATED_HEADER = "X-Truncated-Messages"      # chat messages dropped (oldest turns first) to fit max_input_len
 CUT_HEADER = "X-Truncated-Tokens"              # tokens cut from the middle of an over-long prompt or message
+CHARS_HEADER = "X-Truncated-Characters"        # characters cut before tokenizing (past what the tokenizer is given)
 TOOLS_HEADER = "X-Tools-Ignored"               # why a request's tools were answered as a plain chat
 TIMED_OUT = Event([], final=True, error="--request-timeout")   # what a request's timer queues at its deadline
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"  # the routes the Gate calls `generate` for
@@ -522,6 +524,9 @@ def create_app(server: Server):
             metrics.truncated.inc(prepared.dropped)
             log.info("chat of %d messages: its %d oldest dropped to fit max_input_len", len(req.messages),
                      prepared.dropped)
+        if prepared.cut_chars:
+            headers[CHARS_HEADER] = str(prepared.cut_chars)
+            log.info("%d characters cut from the prompt before tokenizing", prepared.cut_chars)
         if prepared.cut:
             headers[CUT_HEADER] = str(prepared.cut)
             metrics.truncated_tokens.inc(prepared.cut)
@@ -544,7 +549,8 @@ def create_app(server: Server):
         if req.model is not None and req.model != served.name:
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {served.name!r}",
                            "model", "model_not_found")
-        server.prepare.check_prompt_size(req, True)
+        # a count is of the prompt as sent: past the tokenizer's bound it is refused, not cut
+        server.prepare.check_prompt_size(dataclasses.replace(req, truncate=False), True)
         async with server.tokenizing:
             n = await asyncio.get_running_loop().run_in_executor(None, server.prepare.count, req)
         return {"input_tokens": n}

@@ -97,3 +97,42 @@ def cut_middle(messages: list[dict[str, Any]], render: Render, max_tokens: int,
         cut += len(tokens) - len(head) - len(tail)
         text, ids = render(messages)
     return text, ids, cut
+
+
+def _chars(m: dict[str, Any]) -> int:
+    c = m.get("content")
+    return len(c) if isinstance(c, str) else sum(len(p.get("text", "")) for p in c) if isinstance(c, list) else 0
+
+
+def cut_text(text: str, remove: int) -> str:
+    """`text` without `remove` characters from its middle (the ellipsis marks where)."""
+    keep = max(0, len(text) - remove)
+    head = (keep + 1) // 2
+    return text[:head] + ELLIPSIS + text[len(text) - (keep - head):]
+
+
+def shrink_chars(messages: list[dict[str, Any]], bound: int) -> tuple[list[dict[str, Any]], int, int]:
+    """(messages, messages dropped, characters cut) of a chat brought to at most `bound` characters of text before
+    it is tokenized (the tokenizer's work is bounded by characters): its oldest whole turns dropped first, as `fit`
+    drops them, then its longest messages cut in the middle."""
+    total = sum(_chars(m) for m in messages)
+    if total <= bound:
+        return messages, 0, 0
+    system, parts = turns(messages)
+    dropped = 0
+    while len(parts) > 1 and total > bound:
+        turn = parts.pop(0)
+        dropped += len(turn)
+        total -= sum(_chars(m) for m in turn)
+    kept, cut = system + [m for t in parts for m in t], 0
+    while total > bound:
+        sizes = [(len(m["content"]), i) for i, m in enumerate(kept) if isinstance(m.get("content"), str)]
+        size, at = max(sizes, default=(0, -1))
+        if size <= len(ELLIPSIS):
+            break           # nothing left to cut (the text is in image-bearing parts): the caller refuses it
+        remove = min(total - bound + len(ELLIPSIS), size)
+        kept[at] = {**kept[at], "content": cut_text(kept[at]["content"], remove)}
+        after = len(kept[at]["content"])
+        cut += size - after + len(ELLIPSIS)
+        total -= size - after
+    return kept, dropped, cut

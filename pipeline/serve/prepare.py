@@ -5,6 +5,7 @@ tool calls will be read. Every refusal is an ApiError in OpenAI's shape."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,7 @@ class Prepared:
     calls: ToolCallFormat | None = None     # the answer's tool calls are parsed in this format
     forced: bool = False            # the answer is a forced tool call: cut short, it is neither text nor a call
     cut: int = 0                    # tokens cut from the middle of an over-long prompt or message
+    cut_chars: int = 0              # characters cut before tokenizing (a prompt past what the tokenizer is given)
 
 
 class Preparer:
@@ -56,6 +58,7 @@ class Preparer:
         plain chat), or the ApiError that refuses it (before any work)."""
         s, limits = self.served, self.served.limits
         field = "messages" if chat else "prompt"        # the parameter a prompt error names
+        req, pre_dropped, cut_chars = self.bounded(req, chat)
         if req.model is not None and req.model != s.name:
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {s.name!r}", "model",
                            "model_not_found")
@@ -109,8 +112,28 @@ class Preparer:
         if kept and s.images is not None:
             check_profile(s.images, kept)
         return Prepared(Generation(tuple(ids), text, budget, req.sampling, s.stop_ids, guide, req.logprobs,
-                                   tuple(i.data for i in kept)), dropped, tools, calls,
-                        calls is not None and req.tool_choice not in ("auto", "none"), cut)
+                                   tuple(i.data for i in kept)), pre_dropped + dropped, tools, calls,
+                        calls is not None and req.tool_choice not in ("auto", "none"), cut, cut_chars)
+
+    def bound(self) -> int:
+        """The characters a prompt may have before tokenizing: no token is longer than the vocabulary's longest, so
+        past max_input_len of those (twice, for normalizers that compose characters) it cannot fit, whatever the
+        tokenizer makes of it."""
+        return 2 * self.served.limits.max_input_len * self.served.codec.max_token_chars
+
+    def bounded(self, req: protocol.Request, chat: bool) -> tuple[protocol.Request, int, int]:
+        """(the request, messages dropped, characters cut) with its text brought to `bound` characters before it is
+        tokenized, where the request may be fitted: what truncation would keep is answered, and the tokenizer's
+        work stays bounded (check_prompt_size refuses the rest where it may not)."""
+        bound = self.bound()
+        if not self.truncates(req) or _prompt_chars(req, chat) <= bound:
+            return req, 0, 0
+        if not chat:
+            prompt = req.prompt or ""
+            remove = len(prompt) - bound + len(history.ELLIPSIS)
+            return dataclasses.replace(req, prompt=history.cut_text(prompt, remove)), 0, remove
+        messages, dropped, cut = history.shrink_chars([dict(m) for m in req.messages], bound)
+        return dataclasses.replace(req, messages=tuple(messages)), dropped, cut
 
     def truncates(self, req: protocol.Request) -> bool:
         """Whether an over-long prompt may be fitted (the server's --no-truncate, the request's own truncation)."""
@@ -244,13 +267,12 @@ class Preparer:
         return _prompt_chars(req, chat) <= QUICK_CHARS
 
     def check_prompt_size(self, req: protocol.Request, chat: bool) -> None:
-        """Refuse a prompt that cannot fit max_input_len before tokenizing it: no token is longer than the
-        vocabulary's longest, so more characters than max_input_len of those (twice, for normalizers that compose
-        characters) is over the limit whatever the tokenizer makes of it."""
-        limits = self.served.limits     # (also where the server fits long prompts: this one is past any fitting)
+        """Refuse a prompt that cannot fit max_input_len before tokenizing it (past `bound` characters), where the
+        request may not be fitted (--no-truncate; else `bounded` cuts it to the bound)."""
+        limits = self.served.limits
         chars = _prompt_chars(req, chat)
-        bound = 2 * limits.max_input_len * self.served.codec.max_token_chars
-        if chars > bound:
+        bound = self.bound()
+        if chars > bound and not self.truncates(req):
             raise ApiError(400, f"the prompt is {chars} characters: more than max_input_len = {limits.max_input_len} "
                            "tokens can hold", "messages" if chat else "prompt", "context_length_exceeded")
 
