@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import math
 import threading
 import time
 import uuid
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from pipeline.serve.sources import Served
 
 log = logging.getLogger("pipeline.serve")
+LOGPROB_FLOOR = -9999.0     # what OpenAI reports for a token it would never choose
 TOKENIZER_THREADS = 2       # prompts rendered and tokenized at once, off the event loop
 TRUNCATED_HEADER = "X-Truncated-Messages"      # chat messages dropped (oldest turns first) to fit max_input_len
 CUT_HEADER = "X-Truncated-Tokens"              # tokens cut from the middle of an over-long prompt or message
@@ -161,6 +163,9 @@ class Server:
 
         def one(token: int, logprob: float | None) -> dict[str, Any]:
             text = codec.decode([token])
+            if logprob is not None and not math.isfinite(logprob):
+                # a token the grammar masked (-inf): OpenAI's and vLLM's floor, never -Infinity in JSON
+                logprob = LOGPROB_FLOOR
             return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
         return [{**one(t, lp.logprob), "top_logprobs": [one(i, v) for i, v in lp.top]}
                 for t, lp in zip(ev.tokens, ev.logprobs or [], strict=False) if t not in stop_ids]

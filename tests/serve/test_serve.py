@@ -384,3 +384,23 @@ def test_bench_on_a_url_where_nothing_listens_says_so(kit):
     assert proc.returncode == 2 and "is the server running" in proc.stderr and "Traceback" not in proc.stderr
     proc = project.cli("bench", "ftp://x", "--requests", "1")
     assert proc.returncode == 2 and "not an http(s) URL" in proc.stderr
+
+
+def test_logprobs_under_a_schema_are_finite_whole_and_streamed(server):
+    """Where the grammar leaves fewer tokens than top_logprobs asks, the masked alternatives are -inf: reported at
+    OpenAI's floor (-9999.0), never -Infinity (invalid JSON) or a 500 (#66)."""
+    c = client(server)
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "digit", "schema": schema}}
+    whole = c.chat.completions.create(model="tiny-llama-cpu", messages=[{"role": "user", "content": "A digit?"}],
+                                      response_format=fmt, logprobs=True, top_logprobs=5, max_tokens=30)
+    entries = whole.choices[0].logprobs.content
+    alternatives = [t.logprob for e in entries for t in e.top_logprobs]
+    assert entries and all(-9999.0 <= e.logprob <= 0 for e in entries)
+    assert -9999.0 in alternatives and all(-9999.0 <= a <= 0 for a in alternatives)    # masked ones at the floor
+    streamed = [t.logprob for ch in c.chat.completions.create(
+        model="tiny-llama-cpu", messages=[{"role": "user", "content": "A digit?"}], response_format=fmt,
+        logprobs=True, top_logprobs=5, max_tokens=30, stream=True)
+        if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content for t in e.top_logprobs]
+    assert -9999.0 in streamed and all(-9999.0 <= a <= 0 for a in streamed)
