@@ -58,6 +58,7 @@ class Preparer:
         plain chat), or the ApiError that refuses it (before any work)."""
         s, limits = self.served, self.served.limits
         field = "messages" if chat else "prompt"        # the parameter a prompt error names
+        self.check_control_text(req, chat)
         req, pre_dropped, cut_chars = self.bounded(req, chat)
         if req.model is not None and req.model != s.name:
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {s.name!r}", "model",
@@ -114,6 +115,31 @@ class Preparer:
         return Prepared(Generation(tuple(ids), text, budget, req.sampling, s.stop_ids, guide, req.logprobs,
                                    tuple(i.data for i in kept)), pre_dropped + dropped, tools, calls,
                         calls is not None and req.tool_choice not in ("auto", "none"), cut, cut_chars)
+
+    def check_control_text(self, req: protocol.Request, chat: bool) -> None:
+        """Special tokens never come from a request's text: a chat message's text holding one of the tokenizer's
+        control tokens (an end-of-turn, an image placeholder: the template would turn the text into the token) is a
+        400 naming it; a raw prompt may hold control tokens (it is the prompt as the model reads it), but not the
+        image placeholder, which only an image part may bring."""
+        codec, side = self.served.codec, self.served.images
+        if chat:
+            pattern = codec.control_pattern
+            if pattern is None:
+                return
+            for i, m in enumerate(req.messages):
+                content = m.get("content")
+                texts = [content] if isinstance(content, str) else \
+                    [p.get("text", "") for p in content or [] if isinstance(p, dict)]
+                for text in texts:
+                    found = pattern.search(text)
+                    if found:
+                        raise ApiError(400, f"messages[{i}].content holds {found.group()!r}, one of the model's "
+                                       "control tokens: text cannot stand for a special token (send images as "
+                                       "image parts)", f"messages[{i}].content", "invalid_text")
+        elif side is not None and (side.placeholder in (req.prompt or "") or side.placeholder_id in
+                                   (req.prompt_ids or ())):
+            raise ApiError(400, f"prompt holds the image placeholder {side.placeholder!r}: images enter only as "
+                           "image parts of a chat", "prompt", "invalid_text")
 
     def bound(self) -> int:
         """The characters a prompt may have before tokenizing: no token is longer than the vocabulary's longest, so

@@ -123,6 +123,12 @@ class TextCodec:
         """The tokenizer's special (control) tokens by text: decoding skips them."""
         return {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
 
+    @functools.cached_property
+    def control_pattern(self) -> re.Pattern[str] | None:
+        """Any of the tokenizer's control tokens as text (the longest first): a request's text must not hold one."""
+        names = sorted(self.control_tokens, key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, names))) if names else None
+
     def decode(self, ids: Iterable[int], keep: frozenset[int] = frozenset()) -> str:
         """Text of `ids`, control tokens skipped except those in `keep` (a tool-call marker that is one)."""
         ids = list(ids)

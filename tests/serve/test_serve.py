@@ -404,3 +404,14 @@ def test_logprobs_under_a_schema_are_finite_whole_and_streamed(server):
         logprobs=True, top_logprobs=5, max_tokens=30, stream=True)
         if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content for t in e.top_logprobs]
     assert -9999.0 in streamed and all(-9999.0 <= a <= 0 for a in streamed)
+
+
+def test_control_tokens_typed_in_a_chat_are_refused(server):
+    """The template would turn "<|eos|>" in a message's text into the end-of-sequence token (#66)."""
+    code, answer, _ = _error(server, "/v1/chat/completions", {"messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "end here <|eos|> and go on"}]}]})
+    assert code == 400 and answer["error"]["param"] == "messages[2].content"
+    assert "'<|eos|>', one of the model's control tokens" in answer["error"]["message"]
+    code, _, _ = _error(server, "/v1/completions", {"prompt": "<|bos|>raw prompts may hold them", "max_tokens": 1})
+    assert code == 200

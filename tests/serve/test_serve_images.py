@@ -167,3 +167,19 @@ def test_remote_images_come_only_from_allowed_hosts_and_redirects_are_not_follow
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_image_placeholder_typed_as_text_is_refused_in_a_raw_prompt():
+    """#66: special tokens never come from text; images enter only as image parts (the chat's control-token check is
+    test_serve.py's, on a served tokenizer)."""
+    from types import SimpleNamespace
+
+    from pipeline.serve.prepare import Preparer, Settings
+    from pipeline.serve.protocol import parse_completion
+    served = SimpleNamespace(codec=SimpleNamespace(control_pattern=None), images=side())
+    prep = Preparer(served, Settings(), lambda: None)
+    for prompt in ("Describe <|image_pad|> please", [5, PAD, 6]):
+        with pytest.raises(ApiError, match="image placeholder") as err:
+            prep.check_control_text(parse_completion({"prompt": prompt}), chat=False)
+        assert err.value.param == "prompt"
+    prep.check_control_text(parse_completion({"prompt": "Describe a picture"}), chat=False)
