@@ -100,7 +100,7 @@ class Grammars:
 
     def __init__(self, tokenizer_json: str, stop_ids: tuple[int, ...], special: dict[str, int] | None = None):
         self.tokenizer = _llguidance().LLTokenizer(tokenizer_json, eos_token=list(stop_ids))
-        self.special = special or {}
+        self.special, self.stop_ids = special or {}, frozenset(stop_ids)
 
     def compile(self, constraint: Constraint) -> str:
         """The grammar of the constraint, or a ValueError saying what in the schema cannot be compiled."""
@@ -122,6 +122,14 @@ class Grammars:
         failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
         if failed:
             raise ValueError("; ".join(messages)[:300])
+        # a grammar that compiles can still fail at its first token (its lexer's limits), or admit nothing but the
+        # end of the answer (a schema no JSON value satisfies): refused here, not answered with "" and "stop"
+        matcher = llg.LLMatcher(self.tokenizer, grammar)
+        first = matcher.compute_logit_bias()
+        if matcher.is_error():
+            raise ValueError(f"it fails at its first token: {matcher.get_error()[:200]}")
+        if len(first) - first.count(0) == sum(1 for i in self.stop_ids if i < len(first) and first[i]):
+            raise ValueError("no JSON value satisfies it (no first token is allowed)")
         return grammar
 
     def start(self, grammar: str) -> Constrained:

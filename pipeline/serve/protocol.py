@@ -159,6 +159,29 @@ def text(value: str, param: str) -> str:
     return value
 
 
+MAX_JSON_DEPTH = 64         # nesting of a schema or of a tool call's arguments (OpenAI's schemas stop at 10 objects)
+
+
+def json_value(value: Any, param: str) -> Any:
+    """A schema or a tool call's arguments, checked before anything compiles or renders it: nested at most
+    MAX_JSON_DEPTH deep (deeper is a RecursionError somewhere downstream), every key and string UTF-8 (no lone
+    surrogate); a 400 naming the parameter, else the value as it was."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH and isinstance(v, (dict, list)):
+            raise _bad(f"{param} is nested more than {MAX_JSON_DEPTH} levels deep", param, "invalid_schema")
+        if isinstance(v, dict):
+            for k, x in v.items():
+                text(str(k), param)
+                stack.append((x, depth + 1))
+        elif isinstance(v, list):
+            stack.extend((x, depth + 1) for x in v)
+        elif isinstance(v, str):
+            text(v, param)
+    return value
+
+
 @dataclass(frozen=True)
 class ImagePart:
     """An `image_url` part as the request holds it: its URL and the parameter that names it in an error."""
@@ -271,7 +294,7 @@ def _common(body: dict, defaults: SamplingDefaults) -> dict[str, Any]:
     if sampling.top_p == 0.0:
         raise _bad("top_p must be greater than 0", "top_p")
     return {"model": model, "stream": stream, "include_usage": include_usage, "max_tokens": max_tokens,
-            "sampling": sampling, "stop": stops, "schema": peer_schema(body)}
+            "sampling": sampling, "stop": stops, "schema": json_value(peer_schema(body), "response_format")}
 
 
 def peer_schema(body: dict) -> dict[str, Any] | None:
@@ -378,6 +401,9 @@ def _tools(body: dict) -> tuple[tuple[dict[str, Any], ...], str]:
                        "letters, digits, '_', '.' or '-' (at most 64)", "tools")
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
             raise _bad(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
+        json_value(fn.get("parameters"), f"tools[{i}].function.parameters")
+        if isinstance(fn.get("description"), str):
+            text(fn["description"], f"tools[{i}].function.description")
         names.append(fn["name"])
     choice = body.get("tool_choice")
     if choice is None:          # null is omitted, as OpenAI reads it (the Agents SDK sends it so)
@@ -429,7 +455,7 @@ def _arguments(value: Any, i: int) -> Any:
             return json.loads(value) if value.strip() else {}
         except (ValueError, RecursionError):
             raise _bad(f"messages[{i}].tool_calls: arguments are not JSON", "messages") from None
-    return value if isinstance(value, dict) else {}
+    return json_value(value, f"messages[{i}].tool_calls") if isinstance(value, dict) else {}
 
 
 def parse_chat(body: dict[str, Any], defaults: SamplingDefaults = OPENAI_DEFAULTS) -> Request:

@@ -169,3 +169,33 @@ def test_junk_in_any_field_is_a_400_never_a_traceback(parse, valid):
             parse(body)
         except ApiError as exc:
             assert exc.status == 400 and exc.message
+
+
+def _nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+@pytest.mark.parametrize("body,param,message", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested(70)}}},
+     "response_format", "nested more than 64 levels deep"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": _nested(70)}}]},
+     "tools[0].function.parameters", "nested more than 64 levels deep"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"ci\ud800ty": {"type": "string"}}}}}]},
+     "tools[0].function.parameters", "lone surrogate (U+D800"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                                            "function": {"name": "f", "arguments": {
+                                                                                "city": "Os\udc00lo"}}}]},
+                   {"role": "user", "content": "x"}]}, "messages[0].tool_calls", "lone surrogate (U+DC00"),
+])
+def test_what_would_fail_downstream_is_a_400_here(body, param, message):
+    """#66: schemas nested past what the compilers recurse through, and text UTF-8 cannot hold anywhere in a schema
+    or a call's arguments, are the client's mistakes: 400s naming the field, not 500s from the renderer or grammar."""
+    with pytest.raises(ApiError) as err:
+        parse_chat({"messages": USER, **body})
+    assert err.value.param == param and message in err.value.message and err.value.status == 400
+    parse_chat({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": _nested(63)}}})      # 64 levels of JSON: taken
