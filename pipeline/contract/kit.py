@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -265,6 +266,17 @@ class Goldens(Record):
     stop_token_ids: list[int] = field(default_factory=list)    # every id that ends a generation (eos first)
     chat_template: bool = False         # prompts were rendered with the model's chat template
     tie_logprob: float = 0.0            # the widest margin a NearTie has (0: none recorded, every divergence counts)
+
+    def non_finite(self) -> str | None:
+        """Where a reference log-probability is not a finite number (NaN, Inf), or None: log_softmax of finite logits
+        is always finite, so such goldens come from a model that computes NaN or Inf, and nothing can be checked
+        against them."""
+        for i, p in enumerate(self.prompts):
+            for step, top in enumerate(p.top_logprobs):
+                for k, pair in enumerate(top):
+                    if not all(math.isfinite(v) for v in pair):
+                        return f"prompts[{i}].top_logprobs[{step}][{k}] = {pair}"
+        return None
 
     @property
     def stop_ids(self) -> tuple[int, ...]:

@@ -123,6 +123,11 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
     write_atomic(work / contract.BOARD, board.dumps())      # what this run built on, beside the build log
     plan = contract.Plan.load(kit_dir / contract.PLAN)
     goldens = contract.Goldens.load(kit_dir / contract.GOLDENS)
+    bad = goldens.non_finite()
+    if bad is not None:
+        raise PipelineError(f"{kit}: the kit's goldens hold a log-probability that is not finite ({bad}): nothing can "
+                            "be validated against them", "rebuild the kit on the workstation from a model whose "
+                            "logits are finite")
     if any(p.image for p in goldens.prompts) and plan.visual is None:
         raise PipelineError(f"{kit}: the kit's goldens ask with images and its plan builds no visual engine",
                             "re-package the recipe with this version of the pipeline")

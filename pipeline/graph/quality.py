@@ -9,6 +9,7 @@ with advice drawn from what was measured for the same model in other formats (no
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -32,8 +33,19 @@ class GateLimits:
     min_top1_agreement: float
 
 
+def not_finite(report: contract.AccuracyFigures) -> list[str]:
+    """The figures of a measurement that are not numbers (NaN, Inf): a model whose logits are not finite."""
+    figures = {"perplexity change": report.perplexity_change, "top-1 agreement": report.top1_agreement,
+               "image top-1 agreement": report.image_top1_agreement}
+    return [f"{name} is {value}" for name, value in figures.items()
+            if value is not None and not math.isfinite(value)]
+
+
 def misses(change: float, top1: float, heldout: str, validation: QualityLimits) -> list[str]:
-    """Each limit a measurement (perplexity change, top-1 agreement on `heldout`) misses, with by how much."""
+    """Each limit a measurement (perplexity change, top-1 agreement on `heldout`) misses, with by how much; a figure
+    that is not a number misses every limit (a comparison with NaN is false: it passed them all)."""
+    if not (math.isfinite(change) and math.isfinite(top1)):
+        return [f"perplexity change {change} and top-1 agreement {top1} on {heldout}: not finite"]
     out = []
     limit = validation.max_perplexity_increase
     if change > limit:
@@ -72,7 +84,15 @@ def measured_formats(stages: Path, fetch_digest: str, heldout: str) -> dict[str,
 
 def gate(accuracy: contract.AccuracyReport, validation: ValidationSettings, others: dict[str, contract.AccuracyReport],
          recipe_file: str, accept: bool) -> str | None:
-    """None when the kit may be signed silently; a line to print when accepted despite a miss; else refuses."""
+    """None when the kit may be signed silently; a line to print when accepted despite a miss; else refuses. A
+    measurement that is not finite is refused whatever the limits and accept_quality say: the model computes NaN or
+    Inf (a damaged checkpoint's scales), and no kit is signed from it."""
+    broken = not_finite(accuracy)
+    if broken:
+        raise PipelineError(f"{recipe_file}: {accuracy.weights}: the accuracy stage measured {', '.join(broken)}: "
+                            "the quantized model's logits are not finite, and no kit is signed from it",
+                            "check the checkpoint's scales and weights (a pre-quantized checkpoint with NaN or Inf "
+                            "scales computes NaN), or quantize it from the original weights")
     missed = misses_of(accuracy, validation)
     if not missed:
         return None

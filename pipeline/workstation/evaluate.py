@@ -277,12 +277,19 @@ def make_goldens(model, tokenizer, validation: GoldenSettings, model_dir=None, i
             prompt=prompt, rendered=rendered, input_ids=ids, output_ids=g["output_ids"],
             top_logprobs=g["top_logprobs"], text=tokenizer.decode(g["output_ids"], skip_special_tokens=True),
             near_ties=routing_ties(model, tokenizer, ids, g["output_ids"], tie)))
-    return contract.Goldens(max_new_tokens=validation.max_new_tokens,
+    goldens = contract.Goldens(max_new_tokens=validation.max_new_tokens,
                             min_token_agreement=validation.min_token_agreement, top_k=validation.top_k_logprobs,
                             eos_token_id=stops[0] if stops else None, stop_token_ids=stops, chat_template=chat,
                             prompts=[dataclasses.replace(p, near_ties=near_ties(tokenizer, p.output_ids,
                                                                                 p.top_logprobs, tie) + p.near_ties)
                                      for p in prompts], tie_logprob=tie)
+    bad = goldens.non_finite()
+    if bad is not None:
+        raise PipelineError(f"the reference model's log-probabilities are not finite ({bad}): it computes NaN or Inf, "
+                            "and no goldens are written from it",
+                            "check the checkpoint's weights and scales (a pre-quantized checkpoint with NaN or Inf "
+                            "scales computes NaN), or quantize it from the original weights")
+    return goldens
 
 
 def weak_prompts(goldens: contract.Goldens) -> list[str]:

@@ -328,3 +328,22 @@ def test_the_time_limits_come_from_the_plans_predictions():
     assert timeouts(plan(predicted_build_s=None), goldens, None, None)[0] == 4 * 3600
     assert timeouts(plan(), goldens, 7, 9) == (7, 9)
     assert contract.Plan.__dataclass_fields__["predicted_build_s"]             # the plan carries the estimate
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("value", ["NaN", "Infinity"])
+def test_a_validly_signed_kit_whose_goldens_are_not_finite_is_refused_before_it_builds(kit, tmp_path, value):
+    """#66: NaN reference log-probabilities validated anything; the device refuses them before any build."""
+    import json as _json
+    project, kit_dir, _ = kit
+
+    def poison(content: Path) -> None:
+        path = content / "goldens.json"
+        data = _json.loads(path.read_text())
+        data["prompts"][1]["top_logprobs"][2][0][1] = float(value.replace("Infinity", "inf"))
+        path.write_text(_json.dumps(data))
+    forged = resigned(project, kit_dir, tmp_path, poison)
+    proc = device(project, forged, tmp_path / "run")
+    err = one_error(proc)
+    assert proc.returncode == 2 and "prompts[1].top_logprobs[2][0]" in err and "not finite" in err, err
+    assert not (tmp_path / "run" / "argv.jsonl").exists()

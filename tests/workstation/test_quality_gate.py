@@ -33,6 +33,17 @@ def test_a_miss_says_which_figure_by_how_much_and_which_formats_measured_better(
     assert line is not None and line.startswith("signed anyway (accept_quality): int4_awq misses")
 
 
+@pytest.mark.parametrize("change,top1", [(float("nan"), 0.9), (0.1, float("nan")), (float("inf"), 1.0),
+                                         (float("-inf"), 0.9)])
+def test_a_measurement_that_is_not_finite_fails_the_gate_even_when_accepted(change, top1):
+    """#66: a NaN passed every comparison (NaN > limit is false) and a kit was signed from NaN logits."""
+    report = acc("int4_awq", change, top1)
+    assert misses_of(report, LIMITS)
+    for accept in (False, True):
+        with pytest.raises(PipelineError, match="the quantized model's logits are not finite, and no kit is signed"):
+            gate(report, LIMITS, {}, "r.toml", accept=accept)
+
+
 def test_the_limits_hold_at_their_edges():
     """A measurement exactly at a limit passes; the smallest step past it misses, by that step."""
     assert misses_of(acc("int4_awq", 0.25, 0.7), LIMITS) == []
