@@ -59,6 +59,9 @@ def check_checkpoint(model_dir: Path, source: str) -> None:
         raise PipelineError(f"{source}: the weights in {model_dir} are not the model its config.json describes: "
                             + "; ".join(mismatch[:3]), "use config.json and weights of one revision of one model")
     generation_stop_ids(model_dir, shape.vocab_size)
+    if held is not None:            # its numbers, last: the cheap checks above refuse most damage without reading any
+        from pipeline.workstation.prequantized import check_values
+        check_values(held, model_dir, source)
 
 
 def refuse_remote_code(config: dict, path: Path) -> str | None:

@@ -265,6 +265,41 @@ def logical_headers(pq: Prequantized, headers: dict[str, tuple[str, tuple]], sou
     return {k: tuple(s) for k, (_, s) in headers.items() if k not in quantized} | logical
 
 
+# scales whose value must be positive; NVFP4's E4M3 block scales may be 0 (a block of zeros, padding)
+POSITIVE_SCALES = ("weight_scale", "weight_scale_2", "input_scale", "scales", "pre_quant_scale", "k_scale",
+                   "v_scale")
+
+
+def check_values(pq: Prequantized, model_dir: Path, source: str) -> None:
+    """Every floating tensor of a pre-quantized checkpoint finite (an FP8 weight's E4M3 NaN included) and every scale
+    positive (NVFP4's block scales at least 0), read tensor by tensor before any stage runs: a NaN or zero scale made
+    a kit that computes NaN or zeros. One error naming the tensor, the value and where it is."""
+    import torch
+    from safetensors import safe_open
+
+    blocks = pq.kind == MODELOPT and pq.algo == "NVFP4"
+    for shard in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as f:
+            for name in f.keys():        # noqa: SIM118 - safe_open is not a mapping
+                t = f.get_tensor(name)
+                if not t.is_floating_point():
+                    continue
+                v = t.float()
+                role = name.rsplit(".", 1)[-1]
+                bad = ~torch.isfinite(v)
+                why = "is not finite"
+                if not bad.any() and role in POSITIVE_SCALES:
+                    floor_ok = blocks and role == "weight_scale"
+                    bad = v < 0 if floor_ok else v <= 0
+                    why = "is negative" if floor_ok else "is not positive (a scale)"
+                if bad.any():
+                    at = tuple(int(i) for i in bad.nonzero()[0])
+                    raise _refuse(source, f"{name}{list(at) if at else ''} = {v[at].item()} {why} ({pq.label}; "
+                                  f"{int(bad.sum())} of {v.numel()} values)",
+                                  "the checkpoint is damaged: use an intact copy of it, or quantize the original "
+                                  "model here")
+
+
 # ---------------------------------------------------------------------------------------------------- dequantized
 def unpack_columns(packed, order: tuple[int, ...] = tuple(range(8))):
     """int32 (rows, cols / 8) -> int32 nibbles (rows, cols): nibble k of each int32 is column 8c + order[k]."""

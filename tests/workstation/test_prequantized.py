@@ -284,3 +284,33 @@ def test_a_g_idx_naming_a_group_that_does_not_exist_is_an_error_not_a_crash(writ
     t["g_idx"][3] = 2       # 128 inputs in groups of 64: groups 0 and 1
     with pytest.raises(PipelineError, match=r"g_idx holds groups outside 0\.\.1"):
         pqz.levels(held, t, engine=True, zero_offset=1)
+
+
+def _set(name: str, index: tuple, value: float):
+    def edit(t):
+        x = t[name].clone()
+        x[index] = value
+        t[name] = x
+    return edit
+
+
+@pytest.mark.parametrize("kind, name, index, value, why", [
+    ("autoawq", "model.layers.0.mlp.up_proj.scales", (1, 5), float("nan"), "= nan is not finite"),
+    ("autoawq", "model.layers.1.self_attn.q_proj.scales", (0, 3), float("inf"), "= inf is not finite"),
+    ("autoawq", "model.layers.0.mlp.down_proj.scales", (0, 0), 0.0, "= 0.0 is not positive (a scale)"),
+    ("gptq-sym", "model.layers.1.mlp.gate_proj.scales", (1, 7), -0.5, "= -0.5 is not positive (a scale)"),
+    ("autoawq", "model.layers.0.input_layernorm.weight", (9,), float("nan"), "= nan is not finite"),
+    ("modelopt-fp8", "model.layers.0.self_attn.k_proj.weight_scale", (), float("nan"), "= nan is not finite"),
+    ("modelopt-fp8", "model.layers.1.mlp.up_proj.input_scale", (), 0.0, "= 0.0 is not positive"),
+])
+def test_a_checkpoint_whose_numbers_are_not_finite_or_whose_scales_are_not_positive_is_refused_at_fetch(
+        written, base, tmp_path, kind, name, index, value, why):
+    """#66: NaN, Inf, zero and negative scales built signed kits (and a NaN FP8 weight_scale crashed ModelOpt); each
+    is refused at fetch, before any stage, naming the tensor, the value and where it is."""
+    from pipeline.workstation.fetch import check_checkpoint
+    src = write_modelopt(base, tmp_path / "fp8", "fp8") if kind == "modelopt-fp8" else written[kind]
+    bad = _damage(src, tmp_path / "bad", _set(name, index, value))
+    with pytest.raises(PipelineError) as err:
+        check_checkpoint(bad, "recipes/x.toml")
+    assert f"{name}{list(index) if index else ''} {why}" in err.value.message, err.value.message
+    check_checkpoint(src, "recipes/x.toml")         # the intact one passes
