@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pipeline.serve")
 LOGPROB_FLOOR = -9999.0     # what OpenAI reports for a token it would never choose
+PREPARE_WAIT_S = 10.0       # the longest a request waits for a preparation slot before a 503
 TOKENIZER_THREADS = 2       # prompts rendered and tokenized at once, off the event loop
 TRUNCATED_HEADER = "X-Truncated-Messages"      # chat messages dropped (oldest turns first) to fit max_input_len
 CUT_HEADER = "X-Truncated-Tokens"              # tokens cut from the middle of an over-long prompt or message
@@ -108,6 +109,7 @@ class Server:
         self.load_error: str | None = None
         self.slots = asyncio.Semaphore(served.limits.max_batch_size)
         self.tokenizing = asyncio.Semaphore(TOKENIZER_THREADS)
+        self.preparing = 0          # requests in a preparation slot now (/health: all of them busy is saturation)
         self.admitted = 0           # requests admitted and not finished: running, waiting, or about to wait
         self.defaults: SamplingDefaults = served.defaults   # what a request that omits a field gets (`load` checks)
         self.metrics = Metrics(lambda: self.session.stats() if self.session else {}, lambda: self.ready)
@@ -457,8 +459,9 @@ def create_app(server: Server):
 
     @app.get("/health")
     async def health():
-        if server.ready:
-            return {"status": "ok"}
+        if server.ready:        # ok, with whether every preparation slot is taken (requests wait, then get 503s)
+            return {"status": "ok", "preparing": server.preparing,
+                    "saturated": server.preparing >= TOKENIZER_THREADS}
         state = "failed" if server.load_error or (server.session and server.session.failure) else "loading"
         return JSONResponse({"status": state}, status_code=503)
 
@@ -487,8 +490,25 @@ def create_app(server: Server):
         server.prepare.check_prompt_size(req, chat)     # before tokenizing: a huge prompt costs no tokenizer time
         if server.prepare.quick(req, chat):     # a short plain prompt: a thread hop would cost more than it
             return server.prepare.generation(req, chat)
-        async with server.tokenizing:       # off the event loop, a few at a time: /health never waits on it
+        async with preparing():             # off the event loop, a few at a time: /health never waits on it
             return await asyncio.get_running_loop().run_in_executor(None, server.prepare.generation, req, chat)
+
+    @asynccontextmanager
+    async def preparing():
+        """A preparation slot (tokenizing, images, grammars), waited for at most PREPARE_WAIT_S: slots held by slow
+        work (an image host at its deadline) answer the others a 503 to retry, never a hang."""
+        try:
+            await asyncio.wait_for(server.tokenizing.acquire(), PREPARE_WAIT_S)
+        except TimeoutError:
+            raise ApiError(503, f"every request-preparation slot ({TOKENIZER_THREADS}) has been busy for "
+                           f"{PREPARE_WAIT_S:g} s; retry shortly", code="preparation_busy",
+                           headers={"Retry-After": "2"}) from None
+        server.preparing += 1
+        try:
+            yield
+        finally:
+            server.preparing -= 1
+            server.tokenizing.release()
 
     async def answer(request: Request, api: Api):
         body = await _body(request, settings.max_body_bytes)
@@ -556,7 +576,7 @@ def create_app(server: Server):
                            "model", "model_not_found")
         # a count is of the prompt as sent: past the tokenizer's bound it is refused, not cut
         server.prepare.check_prompt_size(dataclasses.replace(req, truncate=False), True)
-        async with server.tokenizing:
+        async with preparing():
             n = await asyncio.get_running_loop().run_in_executor(None, server.prepare.count, req)
         return {"input_tokens": n}
 

@@ -19,6 +19,7 @@ import base64
 import binascii
 import json
 import re
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from pipeline.images import MAX_IMAGE_BYTES, ImageError, image_format, open_imag
 from pipeline.serve.protocol import ApiError, ImagePart
 
 DATA_URL = re.compile(r"data:image/(png|jpeg|jpg|webp);base64,", re.IGNORECASE)
-FETCH_TIMEOUT_S = 10.0
+FETCH_TIMEOUT_S = 10.0      # connecting, and each read
+FETCH_DEADLINE_S = 20.0     # the whole fetch: a host that trickles a byte a second is cut off here
 PROCESSOR_CONFIG = "preprocessor_config.json"
 PROCESSOR_CONFIG_MAX = 64 * 1024
 
@@ -171,6 +173,29 @@ def _bad(part: ImagePart, why: str, code: str = "invalid_image_url") -> ApiError
     return ApiError(400, f"{part.param}: the image {why}", part.param, code)
 
 
+def _read_by(r: Any, conn: Any, deadline: float, part: ImagePart) -> bytes:
+    """The body, at most MAX_IMAGE_BYTES + 1 bytes, read by the deadline (each read waits at most what is left)."""
+    data = bytearray()
+    while len(data) <= MAX_IMAGE_BYTES:
+        left = deadline - time.monotonic()
+        late = _bad(part, f"was not fetched within {FETCH_DEADLINE_S:g} s ({len(data)} bytes came)",
+                    "image_fetch_timeout")
+        if left <= 0:
+            raise late
+        if conn.sock is not None:
+            conn.sock.settimeout(min(FETCH_TIMEOUT_S, left))
+        try:
+            chunk = r.read1(min(65536, MAX_IMAGE_BYTES + 1 - len(data)))
+        except TimeoutError:
+            if left < FETCH_TIMEOUT_S:      # the read waited for what was left of the deadline
+                raise late from None
+            raise
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
+
+
 def _fetch(part: ImagePart, allow_hosts: frozenset[str]) -> bytes:
     """A remote image from an allowed host: one GET, no redirect followed (it could leave the allowed host), its
     size and time bounded."""
@@ -187,6 +212,7 @@ def _fetch(part: ImagePart, allow_hosts: frozenset[str]) -> bytes:
         raise ApiError(400, f"{part.param}: remote image URLs are refused (host {host[:80]!r}; fetching is {allowed})",
                        part.param, "image_url_not_allowed")
     cls = http.client.HTTPSConnection if parts.scheme.lower() == "https" else http.client.HTTPConnection
+    deadline = time.monotonic() + FETCH_DEADLINE_S
     try:
         conn = cls(host, port, timeout=FETCH_TIMEOUT_S)
         try:
@@ -198,7 +224,7 @@ def _fetch(part: ImagePart, allow_hosts: frozenset[str]) -> bytes:
             declared = r.getheader("Content-Length")
             if declared and declared.isdigit() and int(declared) > MAX_IMAGE_BYTES:
                 raise _bad(part, f"is {declared} bytes, more than {MAX_IMAGE_BYTES}", "image_too_large")
-            data = r.read(MAX_IMAGE_BYTES + 1)
+            data = _read_by(r, conn, deadline, part)
         finally:
             conn.close()
     except (OSError, http.client.HTTPException) as exc:

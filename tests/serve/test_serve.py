@@ -53,7 +53,7 @@ def client(s: Served, **kw) -> openai.OpenAI:
 
 
 def test_health_said_loading_before_ready_and_models_lists_the_recipe(server):
-    assert server.seen[-1] == (200, {"status": "ok"})
+    assert server.seen[-1] == (200, {"status": "ok", "preparing": 0, "saturated": False})
     assert (503, {"status": "loading"}) in server.seen       # it listened while the model loaded
     models = client(server).models.list()
     assert [m.id for m in models.data] == ["tiny-llama-cpu"]
