@@ -147,7 +147,8 @@ class LayerLayout:
     the last layers that reuse an earlier layer's K/V (no K/V projections of their own; MLPs twice as wide where the
     config says so), and per-layer input embeddings (a second table, gathered per token for every layer)."""
     types: str = "layer_types"
-    full: str = "full_attention"                    # the type name of a full-attention layer (the rest: sliding)
+    full: str = "full_attention"                    # the type name of a full-attention layer
+    sliding: str = "sliding_attention"              # ... and of a sliding-window one (no other kind is planned)
     global_head_dim: str = "global_head_dim"
     global_kv_heads: str = "num_global_key_value_heads"
     k_eq_v: str = "attention_k_eq_v"                # full layers use the key projection as the value

@@ -193,3 +193,21 @@ def test_gemma4_26b_and_31b_plans_against_the_published_thor_rows():
     assert as_built["int4_awq"] < -0.3 and whole["nvfp4"] > 0.4, (as_built, whole)
     moe = _errors(known_shape(A26B), A26B)
     assert 0.25 < moe["nvfp4"] < 0.40, moe
+
+
+@pytest.mark.parametrize("edit, field, message", [
+    (lambda c: c["layer_types"].__setitem__(3, "chunked_attention"), "text_config.layer_types",
+     "= 'chunked_attention': is not a layer kind this version plans"),
+    (lambda c: c.__setitem__("num_kv_shared_layers", 42), "text_config.num_kv_shared_layers",
+     "shares K/V in all 42 layers: no layer computes any"),
+    (lambda c: c.__setitem__("layer_types", ["sliding_attention"] * 24 + ["full_attention"] * 18),
+     "text_config.num_kv_shared_layers", "leaves no earlier full_attention layer whose K/V its last 18 layers"),
+])
+def test_a_gemma_4_config_that_cannot_be_a_model_is_refused_naming_the_field(edit, field, message):
+    """#66: an unknown layer kind was planned as sliding-window, and a config whose shared layers have no earlier layer
+    of their kind to read K/V from was planned as if they had one."""
+    config = json.loads(json.dumps(known_model_configs()[E4B]))
+    edit(config["text_config"])
+    with pytest.raises(InputError) as err:
+        shape_from_config(config, "config.json")
+    assert field in str(err.value) and message in str(err.value), str(err.value)

@@ -83,6 +83,21 @@ def test_damaged_vision_config_is_one_error_naming_every_field():
         shape_from_config(raw, "config.json")
 
 
+@pytest.mark.parametrize("edit, field, message", [
+    (lambda v: v.update(out_hidden_size=1536), "vision_config.out_hidden_size",
+     "is not the language model's hidden_size 2048"),
+    (lambda v: v.update(num_heads=7), "vision_config.num_heads", "does not divide the tower's hidden_size 1024"),
+])
+def test_a_tower_that_cannot_feed_its_language_model_is_refused_naming_the_field(edit, field, message):
+    """#66: a tower whose merger writes another width than the language model reads, or whose heads do not divide
+    its width, was planned as fitting."""
+    raw = json.loads(json.dumps(known_model_configs()["Qwen/Qwen3-VL-2B-Instruct"]))
+    edit(raw["vision_config"])
+    with pytest.raises(InputError) as e:
+        shape_from_config(raw, "config.json")
+    assert field in str(e.value) and message in str(e.value), str(e.value)
+
+
 def test_vit_fit_is_reproducible_and_its_leave_one_out_error_is_what_the_plan_quotes():
     stored = perf.fit_data()["vision"]
     report = vision_time.fit_report()

@@ -43,7 +43,20 @@ class PerLayer(Part):
             r.problem(layout.types, types, f"must list one attention type per layer ({layers})",
                       "use the model's own config.json, as transformers saved it")
             return None
+        unknown = sorted({t for t in types if t not in (layout.full, layout.sliding)})
+        if unknown:
+            r.problem(layout.types, unknown[0], f"is not a layer kind this version plans ({layout.full}, "
+                      f"{layout.sliding}): its attention's cost and KV cache are unknown",
+                      "use the model's own config.json, or a version of the pipeline that knows the kind")
+            return None
         shared = _optional(r, layout.kv_shared, layers)
+        own = types[:layers - shared]
+        missing = sorted({t for t in types[layers - shared:] if t not in own})
+        if shared and missing:
+            r.problem(layout.kv_shared, shared, f"leaves no earlier {missing[0]} layer whose K/V its last {shared} "
+                      "layers could reuse" if own else f"shares K/V in all {layers} layers: no layer computes any",
+                      "use the model's own config.json")
+            return None
         full_dim = _optional(r, layout.global_head_dim, HEAD_MOST) or dims["head_dim"]
         full_kv = _optional(r, layout.global_kv_heads, KV_MOST) or dims["num_kv_heads"]
         window = _optional(r, layout.window, POSITIONS_MOST) or None

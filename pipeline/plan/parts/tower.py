@@ -182,6 +182,10 @@ def tower_from_config(design: TowerDesign, name: str, config: dict, source: str,
     hidden = need("hidden_size")
     heads = need(design.heads_key)
     inter = need("intermediate_size")
+    if hidden % heads:
+        r.problems.append(Problem(source, f"vision_config.{design.heads_key}", heads,
+                                  f"does not divide the tower's hidden_size {hidden} into heads",
+                                  "use the model's own config.json"))
     tokens = design.tokens
     if isinstance(tokens, PatchMerger) and need("patch_size") != tokens.patch:
         r.problems.append(Problem(source, "vision_config.patch_size", vc.get("patch_size"),
@@ -213,6 +217,12 @@ def tower_from_config(design: TowerDesign, name: str, config: dict, source: str,
         return value
 
     out = need("out_hidden_size")
+    language = r.dims.get("hidden_size")
+    if isinstance(language, int) and out != language:
+        r.problems.append(Problem(source, "vision_config.out_hidden_size", out,
+                                  f"is not the language model's hidden_size {language}: the merger's output is "
+                                  "what the language model reads in place of each image token",
+                                  "use the model's own config.json"))
     temporal = need("temporal_patch_size", 2)
     channels = need("in_chans" if "in_chans" in vc else "in_channels", 3)
     rest: dict[str, Any] = dict(out_hidden=out, in_channels=channels, temporal_patch=temporal)
