@@ -22,9 +22,24 @@ DRAFT_NEEDED = ["config.json", "*.safetensors", "model.safetensors.index.json", 
 
 
 def needed_files(root: Path, patterns: list[str] = NEEDED) -> list[Path]:
+    """The model directory's files the pipeline takes; a link among them that leads out of the directory is refused
+    before anything reads through it (a Hugging Face cache snapshot's links into its repository's blobs/ are the one
+    way out allowed: that is how the hub cache stores every file)."""
     found: set[Path] = set()
     for pattern in patterns:
-        found.update(p for p in root.glob(pattern) if p.is_file())
+        found.update(p for p in root.glob(pattern) if p.is_symlink() or p.is_file())
+    inside = [root.resolve()]
+    if inside[0].parent.name == "snapshots":        # <cache>/models--org--name/snapshots/<revision>
+        inside.append(inside[0].parent.parent / "blobs")
+    for p in found:
+        if p.is_symlink():
+            target = p.resolve()
+            if not any(target.is_relative_to(d) for d in inside):
+                raise PipelineError(f"{p}: a link to {target}, outside the model directory {root}: nothing is read "
+                                    "through it", "copy the file itself into the model directory")
+            if not target.is_file():
+                raise PipelineError(f"{p}: a link to {target}, which is not a regular file",
+                                    "copy the file itself into the model directory")
     return sorted(found)
 
 
@@ -177,10 +192,12 @@ def has_chat_template(model_dir: Path) -> bool:
 def fetch_local(src: Path, out: Path, source: str, patterns: list[str] = NEEDED, table: str = "model") -> dict:
     if not src.is_dir():
         raise PipelineError(f"{source}: {table}.path {src} is not a directory", "point it at a checkpoint directory")
+    files = needed_files(src, patterns)     # first: a link out of the directory is refused before any read
     if patterns is NEEDED and not _in_hub_layout(src):     # a hub layout is checked once rewritten (do_fetch)
         check_checkpoint(src, source)
-    for f in needed_files(src, patterns):
-        link_or_copy(f, out / f.name)
+    for f in files:
+        # a link's target (checked by needed_files): link() would hard-link the link itself, which dangles in staging
+        link_or_copy(f.resolve() if f.is_symlink() else f, out / f.name)
     return {"source": {"kind": "local", "path": str(src)}}
 
 

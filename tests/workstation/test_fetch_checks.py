@@ -65,3 +65,29 @@ def test_edgellm_without_a_chat_template_is_refused_before_calibration(project, 
     assert proc.returncode != 0
     assert "renders prompts with the tokenizer's chat template, and this model's tokenizer has none" in proc.stderr
     assert not list((project.artifacts / "stages").glob("quantize/*/stage.json"))      # nothing was calibrated
+
+
+def test_a_link_out_of_the_model_directory_is_refused_before_anything_reads_through_it(tmp_path):
+    """#66: an outside file was copied into staging before a later check refused it. A hub cache snapshot's links
+    into its own blobs/ stay allowed (how the hub cache stores every file)."""
+    import os
+    import shutil
+    ckpt = write_checkpoint(tmp_path / "ckpt")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.move(ckpt / "config.json", outside / "config.json")
+    os.symlink(outside / "config.json", ckpt / "config.json")
+    with pytest.raises(PipelineError, match=r"config.json: a link to .*elsewhere/config.json, outside the model "
+                                            r"directory .*: nothing is read through it"):
+        fetch_local(ckpt, tmp_path / "out", "r.toml")
+    assert not (tmp_path / "out").exists()
+    # the hub cache's layout: snapshots/<rev>/<file> -> ../../blobs/<hash>
+    repo = tmp_path / "models--org--tiny"
+    snap, blobs = repo / "snapshots" / "abc123", repo / "blobs"
+    blobs.mkdir(parents=True)
+    shutil.copytree(ckpt, snap, symlinks=False)
+    for f in list(snap.iterdir()):
+        shutil.move(f, blobs / f.name)
+        os.symlink(os.path.relpath(blobs / f.name, snap), f)
+    fetch_local(snap, tmp_path / "out2", "r.toml")
+    assert (tmp_path / "out2" / "model.safetensors").stat().st_size == (blobs / "model.safetensors").stat().st_size
