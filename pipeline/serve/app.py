@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pipeline.serve")
 LOGPROB_FLOOR = -9999.0     # what OpenAI reports for a token it would never choose
+BODY_BUDGET_BODIES = 4      # request bodies of the largest size held in memory at once (BodyBudget) ...
+BODY_BUDGET_MIN = 64 * 2**20    # ... or this many bytes, the larger
 PREPARE_WAIT_S = 10.0       # the longest a request waits for a preparation slot before a 503
 TOKENIZER_THREADS = 2       # prompts rendered and tokenized at once, off the event loop
 TRUNCATED_HEADER = "X-Truncated-Messages"      # chat messages dropped (oldest turns first) to fit max_input_len
@@ -110,6 +112,7 @@ class Server:
         self.slots = asyncio.Semaphore(served.limits.max_batch_size)
         self.tokenizing = asyncio.Semaphore(TOKENIZER_THREADS)
         self.preparing = 0          # requests in a preparation slot now (/health: all of them busy is saturation)
+        self.bodies = BodyBudget(max(BODY_BUDGET_BODIES * settings.max_body_bytes, BODY_BUDGET_MIN))
         self.admitted = 0           # requests admitted and not finished: running, waiting, or about to wait
         self.defaults: SamplingDefaults = served.defaults   # what a request that omits a field gets (`load` checks)
         self.metrics = Metrics(lambda: self.session.stats() if self.session else {}, lambda: self.ready)
@@ -144,6 +147,12 @@ class Server:
             raise ApiError(503, "the engine is not ready" if session is None else "the engine failed",
                            code="engine_unavailable", headers={"Retry-After": "5"})
         return session
+
+    def check_capacity(self) -> None:
+        """A 429 now where `admit` would refuse (checked again there: the body is read in between)."""
+        capacity = self.served.limits.max_batch_size + self.settings.max_queue
+        if self.admitted >= capacity:
+            self.admit()        # raises its 429 with the figures
 
     def admit(self) -> Admission:
         """Admit a request now, counted at once (so a burst is decided before any stream starts): else 503 (not
@@ -279,22 +288,45 @@ class Started:
     finished: bool = False
 
 
-async def _body(request, limit: int) -> dict[str, Any]:
+class BodyBudget:
+    """The bytes of request bodies held in memory at once, across requests: a body that would pass it is a 503 to
+    retry (a few hundred slow 30 MB uploads to a vision-language server must not end in the OOM killer choosing the
+    engine on an 8 GB board)."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+
+    def take(self, n: int) -> None:
+        if self.held + n > self.limit:
+            raise ApiError(503, f"the server holds {self.held} bytes of request bodies (at most {self.limit}); retry "
+                           "shortly", code="bodies_over_budget", headers={"Retry-After": "2", "Connection": "close"})
+        self.held += n
+
+    def give(self, n: int) -> None:
+        self.held -= n
+
+
+async def _body(request, limit: int, budget: BodyBudget) -> dict[str, Any]:
     """The request's JSON body, read from the ASGI messages themselves (Starlette's stream is an async generator
-    around the same reads), at most `limit` bytes."""
+    around the same reads), at most `limit` bytes, each chunk counted against the server's budget while held."""
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
     data, receive = bytearray(), request.receive
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":   # the client left, or its body passed the body deadline (guard.py)
-            raise ApiError(400, "the client went away before its request body ended", code="client_disconnected")
-        data += message.get("body", b"")
-        if len(data) > limit:
-            raise ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
-        if not message.get("more_body", False):
-            return protocol.parse_json(bytes(data))
+    try:
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":   # the client left, or its body passed the deadline (guard.py)
+                raise ApiError(400, "the client went away before its request body ended", code="client_disconnected")
+            chunk = message.get("body", b"")
+            if len(data) + len(chunk) > limit:
+                raise ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
+            budget.take(len(chunk))
+            data += chunk
+            if not message.get("more_body", False):
+                return protocol.parse_json(bytes(data))
+    finally:
+        budget.give(len(data))
 
 
 async def until_disconnect(receive: Callable[[], Any]) -> None:
@@ -511,7 +543,8 @@ def create_app(server: Server):
             server.tokenizing.release()
 
     async def answer(request: Request, api: Api):
-        body = await _body(request, settings.max_body_bytes)
+        server.check_capacity()         # a full queue is a 429 before the body is read, not after
+        body = await _body(request, settings.max_body_bytes, server.bodies)
         req = api.parse(body, server.defaults)
         if req.batch:
             return await answer_batch(request, req)
@@ -570,7 +603,7 @@ def create_app(server: Server):
     async def count_tokens(request: Request):
         """Anthropic's count_tokens: the prompt's tokens as the model reads it (the served model's tokenizer and
         chat template, its tools where it takes them), nothing generated."""
-        req = anthropic.parse_count(await _body(request, settings.max_body_bytes), server.defaults)
+        req = anthropic.parse_count(await _body(request, settings.max_body_bytes, server.bodies), server.defaults)
         if req.model is not None and req.model != served.name:
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {served.name!r}",
                            "model", "model_not_found")

@@ -199,3 +199,37 @@ def test_what_would_fail_downstream_is_a_400_here(body, param, message):
     assert err.value.param == param and message in err.value.message and err.value.status == 400
     parse_chat({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": _nested(63)}}})      # 64 levels of JSON: taken
+
+
+def test_bodies_in_flight_are_held_to_a_budget_and_released_however_the_read_ends():
+    """#66: a vision-language server read each body whole (32 MiB) before admission: a few hundred slow uploads could
+    hold gigabytes. Bodies held at once are budgeted; a read past the budget is a 503 to retry."""
+    import asyncio
+    import json as _json
+    from types import SimpleNamespace
+
+    from pipeline.serve.app import BodyBudget, _body
+
+    def request(chunks: list[bytes], gate: asyncio.Event):
+        async def receive():
+            if len(chunks) == 1:
+                await gate.wait()           # the last chunk waits: the body is held meanwhile
+            return {"type": "http.request", "body": chunks.pop(0), "more_body": bool(chunks)}
+        return SimpleNamespace(headers={}, receive=receive)
+
+    async def run():
+        budget, gate, free = BodyBudget(1000), asyncio.Event(), asyncio.Event()
+        free.set()
+        body = _json.dumps({"prompt": "x" * 600}).encode()
+        first = asyncio.ensure_future(_body(request([body[:400], body[400:]], gate), 10_000, budget))
+        await asyncio.sleep(0.01)
+        assert budget.held == 400
+        with pytest.raises(ApiError) as err:
+            await _body(request([b"y" * 700], free), 10_000, budget)
+        assert err.value.status == 503 and err.value.headers["Retry-After"] == "2" and budget.held == 400
+        gate.set()
+        assert (await first)["prompt"] == "x" * 600 and budget.held == 0
+        with pytest.raises(ApiError):       # a body that is not JSON: released too
+            await _body(request([b"{not json"], free), 10_000, budget)
+        assert budget.held == 0
+    asyncio.run(run())
