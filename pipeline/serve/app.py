@@ -568,9 +568,10 @@ def create_app(server: Server):
         for sub, p in zip(req.batch, prepared, strict=True):
             for name, value in notes(sub, p).items():
                 headers[name] = str(int(headers.get(name, 0)) + int(value)) if value.isdigit() else value
-        answers = batch.replies(server, req, prepared)
+        answers = [Reply(server, sub, prep, responses.COMPLETIONS, admission) for sub, prep, admission in
+                   zip(req.batch, prepared, batch.admit_all(server, len(prepared)), strict=True)]
         if not req.stream:
-            return await batch.whole(server, answers, request.receive, headers)
+            return await batch.whole(server, answers, request.receive, headers, until_disconnect)
         return SSE(batch.Closing(answers), batch.events(server, req, answers), media_type="text/event-stream",
                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 

@@ -8,23 +8,46 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pipeline.serve import responses
 from pipeline.serve.protocol import ApiError
 
 if TYPE_CHECKING:
-    from pipeline.serve.app import Admission, Piece, Reply, Server
-    from pipeline.serve.prepare import Prepared
     from pipeline.serve.protocol import Request
+
+
+class Admitted(Protocol):
+    def release(self) -> None: ...
+
+
+class Answer(Protocol):
+    """One prompt's request as app.Reply holds it (the app imports this module, never the other way)."""
+    admission: Any
+    gen: Any
+    req: Request
+
+    async def collect(self) -> tuple[str, str, int, list[dict[str, Any]] | None, str | None]: ...
+
+    def close(self) -> None: ...
+
+
+class Host(Protocol):
+    """The server as app.Server is to a batch: admission, the served model, running one request."""
+    served: Any
+
+    def admit(self) -> Any: ...
+
+    def run(self, admission: Any, gen: Any, stop: tuple[str, ...]) -> AsyncIterator[Any]: ...
+
 
 EP = responses.COMPLETIONS
 
 
-def admit_all(server: Server, count: int) -> list[Admission]:
+def admit_all(server: Host, count: int) -> list[Any]:
     """`count` admissions, or none: a 429 (or 503) for the whole request before any prompt runs."""
-    admitted: list[Admission] = []
+    admitted: list[Any] = []
     try:
         for _ in range(count):
             admitted.append(server.admit())
@@ -35,16 +58,10 @@ def admit_all(server: Server, count: int) -> list[Admission]:
     return admitted
 
 
-def replies(server: Server, req: Request, prepared: list[Prepared]) -> list[Reply]:
-    from pipeline.serve.app import Reply
-    return [Reply(server, sub, prep, EP, admission)
-            for sub, prep, admission in zip(req.batch, prepared, admit_all(server, len(prepared)), strict=True)]
-
-
 class Closing:
     """What the streamed response closes however it ends (a client gone before the body began included)."""
 
-    def __init__(self, answers: list[Reply]):
+    def __init__(self, answers: Sequence[Answer]):
         self.answers = answers
 
     def close(self) -> None:
@@ -52,15 +69,16 @@ class Closing:
             r.close()
 
 
-def _ident(server: Server) -> responses.Ident:
+def _ident(server: Host) -> responses.Ident:
     return responses.Ident(f"{EP.id_prefix}{uuid.uuid4().hex}", server.served.name, int(time.time()))
 
 
-async def whole(server: Server, answers: list[Reply], receive: Callable[[], Any], headers: dict[str, str]):
-    """Every prompt's answer as one body; a client that leaves first has them all cancelled (499)."""
+async def whole(server: Host, answers: Sequence[Answer], receive: Callable[[], Any], headers: dict[str, str],
+                until_disconnect: Callable[[Callable[[], Any]], Any]):
+    """Every prompt's answer as one body; a client that leaves first (`until_disconnect` returns) has them all
+    cancelled (499)."""
     from fastapi.responses import JSONResponse, Response
 
-    from pipeline.serve.app import until_disconnect
     work = asyncio.ensure_future(asyncio.gather(*(r.collect() for r in answers)))
     gone = asyncio.ensure_future(until_disconnect(receive))
     try:
@@ -83,11 +101,11 @@ async def whole(server: Server, answers: list[Reply], receive: Callable[[], Any]
                          "choices": choices, "usage": usage.to_dict()}, headers=headers)
 
 
-async def events(server: Server, req: Request, answers: list[Reply]) -> AsyncGenerator[bytes, None]:
+async def events(server: Host, req: Request, answers: Sequence[Answer]) -> AsyncGenerator[bytes, None]:
     """The prompts' pieces as they come, each a chunk with its prompt's index."""
-    ident, queue = _ident(server), asyncio.Queue[tuple[int, "Piece | None"]]()
+    ident, queue = _ident(server), asyncio.Queue[tuple[int, Any]]()
 
-    async def pump(i: int, reply: Reply) -> None:
+    async def pump(i: int, reply: Answer) -> None:
         try:
             async for piece in server.run(reply.admission, reply.gen, reply.req.stop):
                 await queue.put((i, piece))

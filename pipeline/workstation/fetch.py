@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pipeline.errors import PipelineError
@@ -33,7 +34,7 @@ def needed_files(root: Path, patterns: list[str] = NEEDED) -> list[Path]:
         inside.append(inside[0].parent.parent / "blobs")
     for p in found:
         if p.is_symlink():
-            target = p.resolve()
+            target = Path(os.path.realpath(p))      # a loop resolves to a path that is no file (refused below)
             if not any(target.is_relative_to(d) for d in inside):
                 raise PipelineError(f"{p}: a link to {target}, outside the model directory {root}: nothing is read "
                                     "through it", "copy the file itself into the model directory")

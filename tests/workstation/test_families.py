@@ -308,13 +308,18 @@ def test_a_rope_scaling_no_backend_was_checked_computing_is_refused_by_name(rope
 
 
 def vlm_config(arch: str) -> dict:
-    """A vision-language model's config.json as transformers 5 writes it (its config class's defaults)."""
+    """A vision-language model's config.json as transformers 5 writes it (its config class's defaults), with the
+    tower's output width made the language model's: the defaults pair towers and decoders of different models
+    (Qwen2.5-VL's: a 3584-wide merger before an 8192-wide decoder), which the planner refuses as no model."""
     import transformers
 
     from pipeline.families import family
     fam = family(arch)
     assert fam is not None and fam.visual is not None and fam.text_config == "text_config"
-    return {**getattr(transformers, fam.transformers_config)().to_dict(), "architectures": [arch]}
+    config = {**getattr(transformers, fam.transformers_config)().to_dict(), "architectures": [arch]}
+    if "out_hidden_size" in config.get("vision_config", {}):
+        config["vision_config"]["out_hidden_size"] = config["text_config"]["hidden_size"]
+    return config
 
 
 @pytest.mark.parametrize("arch", ["Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
