@@ -32,8 +32,9 @@ def add_parser(sub, recipe_source: RecipeSource) -> None:
     s = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server: a verified engine bundle (device) or a built recipe "
         "(workstation)", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Serve the model through OpenAI's API (/v1/models, /v1/chat/completions, /v1/completions; "
-        "streaming), with /health and Prometheus /metrics.\n\n"
+        description="Serve the model through OpenAI's API (/v1/models, /v1/chat/completions, /v1/completions, "
+        "/v1/responses), Anthropic's (/v1/messages: Claude Code), streaming, with /health and Prometheus "
+        "/metrics.\n\n"
         "  BUNDLE  an engine bundle made by `python -m pipeline device` on this board: verified (signature, hashes),\n"
         "          gated (same SM, TensorRT, JetPack and backend version as the board that built it), unpacked\n"
         "          into --work, then served by its backend (TensorRT-LLM 0.12 executor or Edge-LLM runtime)\n"
@@ -66,7 +67,8 @@ def add_parser(sub, recipe_source: RecipeSource) -> None:
                    "default: only data: URLs are taken, since a server that fetches any URL is a way into its "
                    "network); redirects are not followed")
     s.add_argument("--no-truncate", action="store_true",
-                   help="refuse a chat longer than max_input_len (400) instead of dropping its oldest turns")
+                   help="refuse a prompt longer than max_input_len (400) instead of dropping its oldest turns "
+                   "and cutting the middle of what is still too long")
     s.add_argument("--strict-limits", action="store_true",
                    help="refuse max_tokens past the room left under max_seq_len (400) instead of clamping it")
     s.add_argument("--public-metrics", action="store_true",
