@@ -363,7 +363,8 @@ def response_schema(fmt: Any) -> dict[str, Any] | None:
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# OpenAI's names are at most 64 characters, Anthropic's 128 (Claude Code's MCP tools: mcp__<server>__<tool>)
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 def _parallel(body: dict) -> bool:
@@ -398,7 +399,7 @@ def _tools(body: dict) -> tuple[tuple[dict[str, Any], ...], str]:
         fn = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not TOOL_NAME.fullmatch(fn["name"]):
             raise _bad(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}} with a name of "
-                       "letters, digits, '_', '.' or '-' (at most 64)", "tools")
+                       "letters, digits, '_', '.' or '-' (at most 128)", "tools")
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
             raise _bad(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
         json_value(fn.get("parameters"), f"tools[{i}].function.parameters")

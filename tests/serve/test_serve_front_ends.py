@@ -233,3 +233,14 @@ def test_bodies_in_flight_are_held_to_a_budget_and_released_however_the_read_end
             await _body(request([b"{not json"], free), 10_000, budget)
         assert budget.held == 0
     asyncio.run(run())
+
+
+def test_claude_codes_long_mcp_tool_names_are_taken_up_to_anthropics_limit():
+    name = "mcp__" + "kiosk_inventory_server__" + "x" * 99
+    assert len(name) == 128
+    req = parse_messages({"model": "m", "max_tokens": 4, "messages": USER,
+                          "tools": [{"name": name, "input_schema": {"type": "object"}}]})
+    assert req.tools[0]["function"]["name"] == name
+    with pytest.raises(ApiError, match="at most 128"):
+        parse_messages({"model": "m", "max_tokens": 4, "messages": USER,
+                        "tools": [{"name": name + "y", "input_schema": {"type": "object"}}]})
