@@ -144,12 +144,24 @@ def test_json_is_never_written_through_a_link_and_concurrency_is_capped(tmp_path
 def test_the_http_floor_benchmark_on_a_port_another_program_answers_says_so():
     """bench/http_floor.py's own servers cannot take a port another program holds: the answer it then gets is one
     clear error naming the port, not a traceback or figures of the wrong server."""
+    import socket
     import subprocess
     import sys
     from http.server import BaseHTTPRequestHandler
     from pathlib import Path
 
-    squatter = ThreadingHTTPServer(("127.0.0.1", free_port()), BaseHTTPRequestHandler)     # a POST is its 501
+    def pair_free() -> int:
+        """A port whose next one is free too: the benchmark's second server takes port + 1, and another test's
+        server there made this test see that server's failure instead of the squatter's answer (a CI flake)."""
+        while True:
+            port = free_port()
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + 1))
+                    return port
+                except OSError:
+                    continue
+    squatter = ThreadingHTTPServer(("127.0.0.1", pair_free()), BaseHTTPRequestHandler)     # a POST is its 501
     squatter.daemon_threads = True
     threading.Thread(target=squatter.serve_forever, daemon=True).start()
     port = squatter.server_address[1]
