@@ -39,6 +39,7 @@ from pipeline.errors import PipelineError
 from pipeline.runtime.session import Event, Generation, Handle, Session
 from pipeline.serve import anthropic, batch, openai_responses, protocol, responses
 from pipeline.serve.gate import Gate, error_response
+from pipeline.serve.guard import unless_gone
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.prepare import Prepared, Preparer, Settings
 from pipeline.serve.protocol import ApiError, SamplingDefaults
@@ -148,18 +149,21 @@ class Server:
                            code="engine_unavailable", headers={"Retry-After": "5"})
         return session
 
+    @property
+    def capacity(self) -> int:
+        """Requests admitted at once: max_batch_size running and --max-queue waiting."""
+        return self.served.limits.max_batch_size + self.settings.max_queue
+
     def check_capacity(self) -> None:
         """A 429 now where `admit` would refuse (checked again there: the body is read in between)."""
-        capacity = self.served.limits.max_batch_size + self.settings.max_queue
-        if self.admitted >= capacity:
+        if self.admitted >= self.capacity:
             self.admit()        # raises its 429 with the figures
 
     def admit(self) -> Admission:
         """Admit a request now, counted at once (so a burst is decided before any stream starts): else 503 (not
         loaded, failed) or 429 (max_batch_size running and --max-queue waiting). Each admit is ended by `run`."""
         session = self._session()
-        capacity = self.served.limits.max_batch_size + self.settings.max_queue
-        if self.admitted >= capacity:
+        if self.admitted >= self.capacity:
             raise ApiError(429, f"the server is busy: {self.served.limits.max_batch_size} requests running and "
                            f"{self.admitted - self.served.limits.max_batch_size} waiting (--max-queue "
                            f"{self.settings.max_queue}); retry shortly", code="queue_full",
@@ -329,12 +333,6 @@ async def _body(request, limit: int, budget: BodyBudget) -> dict[str, Any]:
         budget.give(len(data))
 
 
-async def until_disconnect(receive: Callable[[], Any]) -> None:
-    """Returns when the client has gone (the request's body was read before: the next message is the disconnect)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
 class Reply:
     """One admitted request answered through its endpoint (responses.py): whole (JSON) or streamed (SSE chunks as
     OpenAI frames them), its tool calls read in the model's format where the request offered tools."""
@@ -387,19 +385,14 @@ class Reply:
     async def whole(self, receive: Callable[[], Any], headers: dict[str, str]):
         """The whole answer as one JSON body; a client that leaves first has its request cancelled (499)."""
         from fastapi.responses import JSONResponse, Response
-        work, gone = asyncio.ensure_future(self.collect()), asyncio.ensure_future(until_disconnect(receive))
-        try:
-            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        try:        # a client that left frees its slot now (the run's finally cancels)
+            done, result = await unless_gone(self.collect(), receive)
         finally:
-            for task in (work, gone):
-                if not task.done():
-                    task.cancel()       # a client that left frees its slot now (the run's finally cancels)
             self.admission.release()    # where the run never started
-        if not work.done() or work.cancelled():
-            await asyncio.gather(work, return_exceptions=True)
+        if not done:
             log.info("client went away: request cancelled")
             return Response(status_code=499)
-        text, reason, made, entries, stop = work.result()
+        text, reason, made, entries, stop = result
         content: str | None = text
         calls = self.fmt.calls(text, self.req.tools) if self.fmt is not None else None
         if calls is not None:
@@ -571,7 +564,7 @@ def create_app(server: Server):
         answers = [Reply(server, sub, prep, responses.COMPLETIONS, admission) for sub, prep, admission in
                    zip(req.batch, prepared, batch.admit_all(server, len(prepared)), strict=True)]
         if not req.stream:
-            return await batch.whole(server, answers, request.receive, headers, until_disconnect)
+            return await batch.whole(server, answers, request.receive, headers)
         return SSE(batch.Closing(answers), batch.events(server, req, answers), media_type="text/event-stream",
                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pipeline.serve import responses
+from pipeline.serve.guard import unless_gone
 from pipeline.serve.protocol import ApiError
 
 if TYPE_CHECKING:
@@ -73,32 +74,20 @@ def _ident(server: Host) -> responses.Ident:
     return responses.Ident(f"{EP.id_prefix}{uuid.uuid4().hex}", server.served.name, int(time.time()))
 
 
-async def whole(server: Host, answers: Sequence[Answer], receive: Callable[[], Any], headers: dict[str, str],
-                until_disconnect: Callable[[Callable[[], Any]], Any]):
-    """Every prompt's answer as one body; a client that leaves first (`until_disconnect` returns) has them all
-    cancelled (499)."""
+async def whole(server: Host, answers: Sequence[Answer], receive: Callable[[], Any], headers: dict[str, str]):
+    """Every prompt's answer as one body; a client that leaves first has them all cancelled (499)."""
     from fastapi.responses import JSONResponse, Response
-
-    work = asyncio.ensure_future(asyncio.gather(*(r.collect() for r in answers)))
-    gone = asyncio.ensure_future(until_disconnect(receive))
     try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        done, results = await unless_gone(asyncio.gather(*(r.collect() for r in answers)), receive)
     finally:
-        for task in (work, gone):
-            if not task.done():
-                task.cancel()
         for r in answers:
             r.admission.release()
-    if not work.done() or work.cancelled():
-        await asyncio.gather(work, return_exceptions=True)
+    if not done:
         return Response(status_code=499)
-    results = work.result()
-    choices = [EP.choice(responses.Output(text, reason, None, entries, index=i))
-               for i, (text, reason, _, entries, _) in enumerate(results)]
+    outs = [responses.Output(text, reason, None, entries, index=i)
+            for i, (text, reason, _, entries, _) in enumerate(results)]
     usage = responses.Usage(sum(len(r.gen.prompt_ids) for r in answers), sum(made for _, _, made, _, _ in results))
-    ident = _ident(server)
-    return JSONResponse({"id": ident.id, "object": EP.object, "created": ident.created, "model": ident.model,
-                         "choices": choices, "usage": usage.to_dict()}, headers=headers)
+    return JSONResponse(EP.whole_of(_ident(server), outs, usage), headers=headers)
 
 
 async def events(server: Host, req: Request, answers: Sequence[Answer]) -> AsyncGenerator[bytes, None]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import resource
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,3 +148,25 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             self.transport.close()
 
     return GuardedHttpTools
+
+
+async def until_disconnect(receive: Callable[[], Any]) -> None:
+    """Returns when the client has gone (the request's body was read before: the next message is the disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_gone(work: Awaitable[Any], receive: Callable[[], Any]) -> tuple[bool, Any]:
+    """(True, its result) of `work`, or (False, None) where the client left first: then `work` is cancelled (a
+    non-streamed answer's engine work is freed as soon as its client is gone)."""
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(until_disconnect(receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, gone):
+            if not t.done():
+                t.cancel()
+    if not task.done() or task.cancelled():
+        await asyncio.gather(task, return_exceptions=True)
+        return False, None
+    return True, task.result()

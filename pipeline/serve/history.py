@@ -13,8 +13,9 @@ silently.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
+S = TypeVar("S", str, list[int])     # what `middle` cuts: text, or token ids
 Render = Callable[[list[dict[str, Any]]], tuple[str, list[int]]]
 
 
@@ -64,11 +65,11 @@ Codec = tuple[Callable[[str], list[int]], Callable[[list[int]], str]]     # (enc
 ELLIPSIS = "\n[...]\n"
 
 
-def middle(ids: list[int], remove: int) -> tuple[list[int], list[int]]:
-    """(head, tail) of `ids` without `remove` tokens from its middle."""
+def middle(ids: S, remove: int) -> tuple[S, S]:
+    """(head, tail) of `ids` (token ids, or text) without `remove` of its items from its middle."""
     keep = max(0, len(ids) - remove)
     head = (keep + 1) // 2
-    return ids[:head], ids[len(ids) - (keep - head):] if keep - head else []
+    return ids[:head], ids[len(ids) - (keep - head):len(ids)]
 
 
 def cut_middle(messages: list[dict[str, Any]], render: Render, max_tokens: int,
@@ -106,9 +107,8 @@ def _chars(m: dict[str, Any]) -> int:
 
 def cut_text(text: str, remove: int) -> str:
     """`text` without `remove` characters from its middle (the ellipsis marks where)."""
-    keep = max(0, len(text) - remove)
-    head = (keep + 1) // 2
-    return text[:head] + ELLIPSIS + text[len(text) - (keep - head):]
+    head, tail = middle(text, remove)
+    return head + ELLIPSIS + tail
 
 
 def shrink_chars(messages: list[dict[str, Any]], bound: int) -> tuple[list[dict[str, Any]], int, int]:

@@ -119,8 +119,12 @@ class OpenAIEndpoint(Endpoint):
         return ChunkStream(self, ident, include_usage)
 
     def whole(self, ident: Ident, out: Output, usage: Usage) -> dict[str, Any]:
+        return self.whole_of(ident, [out], usage)
+
+    def whole_of(self, ident: Ident, outs: list[Output], usage: Usage) -> dict[str, Any]:
+        """A whole answer of several choices (a completion of several prompts: serve/batch.py)."""
         return {"id": ident.id, "object": self.object, "created": ident.created, "model": ident.model,
-                "choices": [self.choice(out)], "usage": usage.to_dict()}
+                "choices": [self.choice(out) for out in outs], "usage": usage.to_dict()}
 
     def chunk(self, ident: Ident, out: Output, include_usage: bool, first: bool = False) -> dict[str, Any]:
         body: dict[str, Any] = {"id": ident.id, "object": self.chunk_object, "created": ident.created,
