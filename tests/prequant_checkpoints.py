@@ -1,6 +1,9 @@
 """Small pre-quantized checkpoints written here, as their publishers' tools write them:
 
 - ModelOpt's unified format: ModelOpt itself (mtq.quantize, then export_hf_checkpoint), as NVIDIA's *-FP8 repositories.
+  NVFP4 on a machine without CUDA (ModelOpt's FP4 calibration runs on CUDA only): each linear's weight packed by
+  ModelOpt's own NVFP4QTensor (its codes, E4M3 block scales and global scale; the same call its export makes), the
+  metadata as NVIDIA's *-NVFP4 repositories have it, each input scale from the linear's input amax on a short text.
 - AutoAWQ (GEMM) and GPTQ: written from their published format definitions (AutoAWQ's gemm packing with its
   [0, 2, 4, 6, 1, 3, 5, 7] order; AutoGPTQ's row packing, zeros stored minus one, g_idx for act-order), from an
   unquantized checkpoint by per-group min/max quantization. Neither tool installs here (AutoAWQ is deprecated and its
@@ -140,4 +143,38 @@ def write_modelopt(src: Path, dst: Path, weights: str = "fp8", kv_cache: str = "
     for extra in ("generation_config.json", "chat_template.jinja"):
         if (src / extra).is_file() and not (dst / extra).is_file():
             shutil.copyfile(src / extra, dst / extra)
+    return dst
+
+
+def write_nvfp4_on_cpu(src: Path, dst: Path) -> Path:
+    """A ModelOpt NVFP4 checkpoint of the Llama in src without CUDA (see the module doc); per linear: weight (U8, two
+    E2M1 codes a byte), weight_scale (E4M3 per 16 inputs), weight_scale_2 and input_scale (fp32 scalars)."""
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(src)
+    amax: dict[str, float] = {}
+    hooks = [m.register_forward_pre_hook(lambda _m, a, n=n: amax.__setitem__(n, max(amax.get(n, 0.0),
+                                                                                 float(a[0].abs().max()))))
+             for n, m in model.named_modules() if n.endswith(LINEARS)]
+    with torch.no_grad():
+        model(tok("The small computer sat on a shelf and counted the hours. " * 6, return_tensors="pt").input_ids)
+    for h in hooks:
+        h.remove()
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    for name in amax:
+        q, s, s2 = NVFP4QTensor.quantize(tensors[f"{name}.weight"].float(), 16)
+        tensors |= {f"{name}.weight": q._quantized_data, f"{name}.weight_scale": s,
+                    f"{name}.weight_scale_2": s2.float().reshape(()),
+                    f"{name}.input_scale": torch.tensor(amax[name] / (6.0 * 448.0), dtype=torch.float32)}
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    quant = {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": None,
+             "exclude_modules": ["lm_head", "model.embed_tokens"]}
+    config = json.loads((dst / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "modelopt", **quant}
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    (dst / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}, "quantization": quant},
+                                                         indent=2))
     return dst

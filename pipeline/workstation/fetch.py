@@ -70,7 +70,7 @@ def check_checkpoint(model_dir: Path, source: str) -> None:
     from pipeline.workstation.prequantized import detect, logical_headers
     held = detect(model_dir)        # a pre-quantized checkpoint: its tensors as its metadata says, then as weights
     headers = logical_headers(held, typed, source) if held is not None else {k: s for k, (_, s) in typed.items()}
-    mismatch = config_mismatch(shape, headers)
+    mismatch = config_mismatch(shape, headers) or unaccounted(model_dir, headers)
     if mismatch:
         raise PipelineError(f"{source}: the weights in {model_dir} are not the model its config.json describes: "
                             + "; ".join(mismatch[:3]), "use config.json and weights of one revision of one model")
@@ -121,6 +121,45 @@ def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
     want = {f"{base}{embedding}.weight": (shape.vocab_size, shape.hidden_size),
             f"{base}{fam.final_norm}.weight": (shape.hidden_size,)} | shape.expected_tensors(base)
     return _compare(shape, want, headers, base)
+
+
+# a pre-quantized checkpoint's activation and K/V scales: accounted for by the linear they sit on
+MODULE_SCALES = ("input_scale", "k_scale", "v_scale", "q_scale", "pre_quant_scale")
+
+
+def unaccounted(model_dir: Path, headers: dict[str, tuple]) -> list[str]:
+    """Tensors transformers' own model of config.json has no place for, and tensors it needs that the weights lack,
+    from the headers alone: transformers loads the names and shapes onto the meta device (its renames and fused
+    experts as it applies them to a real load; nothing is read or allocated). An extra tensor was caught only at the
+    accuracy stage, after quantize and export ran on it."""
+    import logging
+
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from pipeline.workstation.models import model_class, unquantized_config
+    scales = [k for k in headers if k.endswith(MODULE_SCALES)]
+    state = {k: torch.empty(s, device="meta") for k, s in headers.items() if not k.endswith(MODULE_SCALES)}
+    model_config = unquantized_config(model_dir)
+    cls = model_class(model_dir)
+    if hasattr(cls, "_model_mapping"):      # an Auto class: its concrete class (only that takes a state dict alone)
+        cls = cls._model_mapping[type(model_config)]
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity(logging.ERROR)             # its loading report: ours is the error below
+    try:
+        _, info = cls.from_pretrained(None, config=model_config, state_dict=state, device_map="meta",
+                                      output_loading_info=True)
+    except Exception as exc:        # noqa: BLE001 - transformers' own refusal of the names, said as ours
+        return [f"transformers cannot place its tensors ({type(exc).__name__}: {str(exc)[:200]})"]
+    finally:
+        hf_logging.set_verbosity(level)
+    extra = sorted(info["unexpected_keys"]) + sorted(
+        k for k in scales if k.rsplit(".", 1)[0] + ".weight" not in headers)
+    out = [f"{len(extra)} tensor(s) the config has no place for (e.g. {extra[0]})"] if extra else []
+    missing = sorted(info["missing_keys"])
+    if missing:
+        out.append(f"{len(missing)} tensor(s) the config's model needs are missing (e.g. {missing[0]})")
+    return out
 
 
 def _compare(shape, want: dict, headers: dict[str, tuple], base: str) -> list[str]:

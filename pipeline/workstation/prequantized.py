@@ -22,7 +22,6 @@ reads, clamped to the kernel's range (checkpoint/repacking.py: clamp(q - z + 8, 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,6 +167,12 @@ def detect(model_dir: Path) -> Prequantized | None:
 
 
 # ------------------------------------------------------------------------------------------------- tensors, checked
+# the tensors a quantized linear of each kind is made of (its quantized weight and what dequantizes it)
+QUANT_ROLES = {MODELOPT: ("weight", "weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale", "k_scale",
+                          "v_scale"),
+               AUTOAWQ: ("qweight", "qzeros", "scales"), GPTQ: ("qweight", "qzeros", "scales", "g_idx")}
+
+
 def _layout(pq: Prequantized, headers: dict[str, tuple[str, tuple]]) -> dict[str, dict[str, tuple[str, tuple]]]:
     """{linear: {role: (dtype, shape)}} for every quantized linear the headers hold."""
     roles = {MODELOPT: ("weight_scale",), AUTOAWQ: ("qweight",), GPTQ: ("qweight",)}[pq.kind]
@@ -178,7 +183,7 @@ def _layout(pq: Prequantized, headers: dict[str, tuple[str, tuple]]) -> dict[str
             found[base] = {}
     for name, dt in headers.items():
         base, _, leaf = name.rpartition(".")
-        if base in found:
+        if base in found and leaf in QUANT_ROLES[pq.kind]:     # a bias (Qwen2's q/k/v) stays a tensor of its own
             found[base][leaf] = dt
     return found
 
@@ -416,10 +421,8 @@ def load_dequantized(model_dir: Path, pq: Prequantized, engine: bool, cls: Any):
     own runs."""
     import torch
 
-    cfg_dict = json.loads((Path(model_dir) / "config.json").read_text())
-    cfg_dict.pop("quantization_config", None)
-    from transformers import AutoConfig
-    config = AutoConfig.for_model(**cfg_dict)
+    from pipeline.workstation.models import unquantized_config
+    config = unquantized_config(model_dir)
     make = getattr(cls, "_from_config", None) or cls.from_config
     model = make(config, dtype=torch.float32)
     tensors = read_tensors(model_dir)

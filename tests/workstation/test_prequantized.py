@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO, local_recipe, write_checkpoint
-from prequant_checkpoints import write_autoawq, write_gptq, write_modelopt
+from prequant_checkpoints import write_autoawq, write_gptq, write_modelopt, write_nvfp4_on_cpu
 from safetensors.torch import load_file, save_file
 
 from pipeline.errors import PipelineError
@@ -302,15 +302,66 @@ def _set(name: str, index: tuple, value: float):
     ("autoawq", "model.layers.0.input_layernorm.weight", (9,), float("nan"), "= nan is not finite"),
     ("modelopt-fp8", "model.layers.0.self_attn.k_proj.weight_scale", (), float("nan"), "= nan is not finite"),
     ("modelopt-fp8", "model.layers.1.mlp.up_proj.input_scale", (), 0.0, "= 0.0 is not positive"),
+    ("modelopt-int4_awq", "model.layers.0.mlp.gate_proj.weight_scale", (3, 1), float("nan"), "= nan is not finite"),
+    ("modelopt-int4_awq", "model.layers.1.mlp.down_proj.weight_scale", (0, 0), 0.0, "= 0.0 is not positive"),
+    ("modelopt-int4_awq", "model.layers.0.self_attn.o_proj.pre_quant_scale", (5,), float("-inf"),
+     "= -inf is not finite"),
+    ("modelopt-nvfp4", "model.layers.1.self_attn.v_proj.weight_scale", (7, 2), float("nan"), "= nan is not finite"),
+    ("modelopt-nvfp4", "model.layers.0.mlp.up_proj.weight_scale", (3, 0), -2.0, "= -2.0 is negative"),
+    ("modelopt-nvfp4", "model.layers.0.mlp.down_proj.weight_scale_2", (), 0.0, "= 0.0 is not positive (a scale)"),
+    ("modelopt-nvfp4", "model.layers.1.mlp.gate_proj.input_scale", (), float("inf"), "= inf is not finite"),
 ])
 def test_a_checkpoint_whose_numbers_are_not_finite_or_whose_scales_are_not_positive_is_refused_at_fetch(
         written, base, tmp_path, kind, name, index, value, why):
     """#66: NaN, Inf, zero and negative scales built signed kits (and a NaN FP8 weight_scale crashed ModelOpt); each
     is refused at fetch, before any stage, naming the tensor, the value and where it is."""
     from pipeline.workstation.fetch import check_checkpoint
-    src = write_modelopt(base, tmp_path / "fp8", "fp8") if kind == "modelopt-fp8" else written[kind]
+    src = _modelopt(base, tmp_path, kind) if kind.startswith("modelopt-") else written[kind]
     bad = _damage(src, tmp_path / "bad", _set(name, index, value))
     with pytest.raises(PipelineError) as err:
         check_checkpoint(bad, "recipes/x.toml")
     assert f"{name}{list(index) if index else ''} {why}" in err.value.message, err.value.message
     check_checkpoint(src, "recipes/x.toml")         # the intact one passes
+
+
+def _modelopt(base, root, kind: str):
+    weights = kind.removeprefix("modelopt-")
+    if weights == "nvfp4":
+        return write_nvfp4_on_cpu(base, root / weights)
+    return write_modelopt(base, root / weights, weights, "fp16", 64 if weights == "int4_awq" else None)
+
+
+def _extra(name: str, shape: tuple):
+    return lambda t: t.update({name: torch.ones(shape, dtype=torch.float16)})
+
+
+@pytest.mark.parametrize("kind, edit, says", [
+    ("plain", _extra("model.layers.0.mlp.router.weight", (4, 128)),
+     "1 tensor(s) the config has no place for (e.g. model.layers.0.mlp.router.weight)"),
+    ("plain", _extra("lm_head.bias", (256,)), "(e.g. lm_head.bias)"),
+    ("plain", lambda t: t.pop("model.layers.1.post_attention_layernorm.weight"),
+     "1 tensor(s) the config's model needs are missing (e.g. model.layers.1.post_attention_layernorm.weight)"),
+    ("autoawq", _extra("model.layers.1.self_attn.q_norm.weight", (32,)),
+     "(e.g. model.layers.1.self_attn.q_norm.weight)"),
+    ("gptq-sym", _extra("model.visual.patch_embed.proj.weight", (8, 3)),
+     "(e.g. model.visual.patch_embed.proj.weight)"),
+    ("modelopt-fp8", _extra("model.layers.0.mlp.shared_expert.input_scale", ()),
+     "(e.g. model.layers.0.mlp.shared_expert.input_scale)"),
+    ("modelopt-int4_awq", _extra("model.layers.1.mlp.up_proj.bias", (256,)),
+     "(e.g. model.layers.1.mlp.up_proj.bias)"),
+    ("modelopt-nvfp4", _extra("model.layers.1.self_attn.qkv_proj.k_scale", ()),
+     "(e.g. model.layers.1.self_attn.qkv_proj.k_scale)"),
+])
+def test_a_tensor_the_config_cannot_account_for_is_refused_at_fetch(written, base, tmp_path, kind, edit, says):
+    """#66: a tensor beside the model's (or one it needs, missing) was caught only at the accuracy stage, after
+    quantize and export had run on it; fetch now refuses it from the headers, for plain and pre-quantized checkpoints
+    alike (the quantized linears by their logical names), naming a tensor."""
+    from pipeline.workstation.fetch import check_checkpoint
+    src = base if kind == "plain" else _modelopt(base, tmp_path, kind) if kind.startswith("modelopt-") \
+        else written[kind]
+    check_checkpoint(src, "recipes/x.toml")         # the intact one passes
+    bad = _damage(src, tmp_path / "bad", edit)
+    with pytest.raises(PipelineError) as err:
+        check_checkpoint(bad, "recipes/x.toml")
+    assert err.value.message.startswith(f"recipes/x.toml: the weights in {bad} are not the model its config.json "
+                                        "describes: ") and says in err.value.message, err.value.message
