@@ -118,6 +118,24 @@ def image_format(data: bytes) -> str:
     raise ImageError("is not a PNG, JPEG or WebP image (its first bytes say otherwise)")
 
 
+def image_size(data: bytes) -> tuple[int, int]:
+    """(width, height) as the image's header states them, nothing decoded; ImageError if it has no readable header.
+    A request's images are held to a pixel budget by these before any is decoded (serve/images.py)."""
+    import io
+    import warnings
+
+    from PIL import Image
+
+    fmt = image_format(data)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)     # the size is the caller's to judge
+            with Image.open(io.BytesIO(data), formats=[fmt]) as im:
+                return im.size
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise ImageError(f"cannot be decoded as {fmt} ({type(exc).__name__}: {str(exc)[:120]})") from None
+
+
 def open_image(data: bytes, max_bytes: int = MAX_IMAGE_BYTES, max_pixels: int = MAX_IMAGE_PIXELS):
     """The image in `data` as an RGB PIL image, or ImageError saying why not."""
     import io

@@ -26,12 +26,16 @@ from typing import Any
 
 from pipeline.contract import VisualLimits
 from pipeline.families.visual import PatchMerger, VisualTower, held
-from pipeline.images import MAX_IMAGE_BYTES, ImageError, image_format, open_image
+from pipeline.images import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, ImageError, image_size, open_image
 from pipeline.serve.protocol import ApiError, ImagePart
 
 DATA_URL = re.compile(r"data:image/(png|jpeg|jpg|webp);base64,", re.IGNORECASE)
 FETCH_TIMEOUT_S = 10.0      # connecting, and each read
 FETCH_DEADLINE_S = 20.0     # the whole fetch: a host that trickles a byte a second is cut off here
+# pixels decoded per request, all its images together: decoding is the CPU work a client can ask of the server before
+# any admission by tokens (16 images at the per-image bound took seconds of every core from the other clients); this
+# holds a request to the cost of one largest image
+MAX_REQUEST_PIXELS = MAX_IMAGE_PIXELS
 PROCESSOR_CONFIG = "preprocessor_config.json"
 PROCESSOR_CONFIG_MAX = 64 * 1024
 
@@ -128,11 +132,25 @@ def image_bytes(part: ImagePart, allow_hosts: frozenset[str]) -> bytes:
     raise _bad(part, "must be a data:image/...;base64 URL (or an http(s) URL of a host --allow-image-urls names)")
 
 
-def read_image(part: ImagePart, side: ImageSide) -> RequestImage:
-    """The part's image read, checked (bounded before decoding) and counted in the engine's tokens."""
+def read_images(parts: tuple[ImagePart, ...] | list[ImagePart], side: ImageSide) -> list[RequestImage]:
+    """A request's images read in order, each held by its header to what is left of the request's pixel budget
+    before it is decoded (a 400 naming the part that passes it)."""
+    out: list[RequestImage] = []
+    for part in parts:
+        out.append(read_image(part, side, MAX_REQUEST_PIXELS - sum(i.width * i.height for i in out)))
+    return out
+
+
+def read_image(part: ImagePart, side: ImageSide, budget: int = MAX_REQUEST_PIXELS) -> RequestImage:
+    """The part's image read, checked (bounded before decoding: its bytes, its pixels, the request's pixel budget
+    left) and counted in the engine's tokens."""
     data = image_bytes(part, side.allow_hosts)
     try:
-        image_format(data)
+        width, height = image_size(data)
+        if width * height > budget and width * height <= MAX_IMAGE_PIXELS:
+            raise _bad(part, f"is {width} x {height} pixels, and {MAX_REQUEST_PIXELS - budget} were decoded for the "
+                       f"request's images before it: at most {MAX_REQUEST_PIXELS} pixels are decoded per request "
+                       "(send fewer or smaller images)", "image_too_large")
         width, height = open_image(data).size
         tokens = side.tokens(width, height)
     except ImageError as exc:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.errors import PipelineError
 from pipeline.runtime.session import Constraint, Generation, Session
 from pipeline.serve import history, protocol
-from pipeline.serve.images import RequestImage, check_profile, expand, read_image
+from pipeline.serve.images import RequestImage, check_profile, expand, read_images
 from pipeline.serve.protocol import ApiError
 from pipeline.serve.toolcalls import ToolCallFormat
 
@@ -203,7 +203,7 @@ class Preparer:
             raise ApiError(400, f"{first}: the {session.backend} runtime session here does not take images (validate "
                            "image prompts through the device's own runtime, or serve the recipe's reference model)",
                            first, "unsupported_parameter")
-        return [read_image(part, side) for part in req.images]
+        return read_images(req.images, side)
 
     def render(self, req: protocol.Request, tools: list[dict[str, Any]] | None,
                images: list[RequestImage]) -> tuple[str, list[int], int, int, int]:

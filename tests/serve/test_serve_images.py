@@ -15,7 +15,16 @@ from pipeline.contract import VisualLimits
 from pipeline.families.visual import INTERNVL3, QWEN2_5_VL, QWEN3_VL, PatchMerger, Tiles
 from pipeline.images import BUILTIN_IMAGES, MAX_IMAGE_BYTES
 from pipeline.serve import images
-from pipeline.serve.images import ImageSide, RequestImage, check_profile, expand, held, image_bytes, read_image
+from pipeline.serve.images import (
+    ImageSide,
+    RequestImage,
+    check_profile,
+    expand,
+    held,
+    image_bytes,
+    read_image,
+    read_images,
+)
 from pipeline.serve.protocol import ApiError, ImagePart, parse_chat
 
 PNG = BUILTIN_IMAGES["red-circle"].png()
@@ -219,3 +228,30 @@ def test_a_trickling_image_host_costs_a_request_at_most_the_fetch_deadline(monke
     finally:
         stop.set()
         listener.close()
+
+
+def test_a_requests_images_are_held_to_one_pixel_budget_before_any_is_decoded(monkeypatch):
+    """#66: sixteen images each inside the per-image bound cost seconds of decoding that every other client waited
+    for; the request's images together are held to MAX_REQUEST_PIXELS by their headers, before each is decoded."""
+    import pipeline.images
+    assert images.MAX_REQUEST_PIXELS == pipeline.images.MAX_IMAGE_PIXELS == 40_000_000
+    one = 150 * 130                                             # the builtin image's pixels
+    monkeypatch.setattr(images, "MAX_REQUEST_PIXELS", 2 * one)
+    parts = [ImagePart(data_url(PNG), f"messages[0].content[{i}].image_url") for i in range(3)]
+    assert [i.tokens for i in read_images(parts[:2], side())] == [72, 72]     # at the budget: taken
+    decoded = []
+    real_open = images.open_image
+    monkeypatch.setattr(images, "open_image", lambda data: decoded.append(len(data)) or real_open(data))
+    with pytest.raises(ApiError) as e:
+        read_images(parts, side())
+    assert (e.value.status, e.value.code, e.value.param) == (400, "image_too_large", parts[2].param)
+    assert e.value.message == (f"{parts[2].param}: the image is 150 x 130 pixels, and {2 * one} were decoded for the "
+                               f"request's images before it: at most {2 * one} pixels are decoded per request (send "
+                               "fewer or smaller images)")
+    assert len(decoded) == 2                                    # the third was never decoded
+    # a bomb's claimed size counts before its data is touched: refused by the budget, not by a failed decode
+    monkeypatch.setattr(images, "MAX_REQUEST_PIXELS", 30_000_000)
+    bomb = ImagePart(data_url(_png_claiming(6000, 5000)), "messages[0].content[1].image_url")
+    with pytest.raises(ApiError, match=r"content\[1\].image_url: the image is 6000 x 5000 pixels, and 19500 were "
+                       r"decoded .* at most 30000000 pixels"):
+        read_images([parts[0], bomb], side())

@@ -16,7 +16,7 @@ from pipeline.images import BUILTIN_IMAGES
 from pipeline.workstation.visual_check import MAX_RELATIVE_ERROR_FP8, MIN_COSINE_FP8
 from tests.conformance import *  # noqa: F403  (the family suite, on this module's rows)
 from tests.families import rows_of
-from tests.serving import Served
+from tests.serving import Served, health
 
 pytestmark = pytest.mark.integration
 RECIPE = "tiny-qwen3-vl-thor"
@@ -500,5 +500,91 @@ def test_serve_answers_an_openai_client_chat_with_an_image_as_the_goldens_say(bu
                 {"type": "image_url", "image_url": {"url": "data:image/png;base64,R0lGODlhAQABAAAAACw="}}]}])
         assert e.value.body["param"] == "messages[0].content[0].image_url"
     finally:
+        s.stop()
+    assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+def test_image_hosts_that_trickle_cost_their_requests_the_deadline_and_block_no_other_request(built, tmp_path):
+    """#66: two requests whose allowed image host trickles a byte every 0.2 s held both preparation slots forever,
+    and every request with an image, tools or a long prompt then hung while /health said ok. Now: /health says the
+    slots are saturated, a plain chat is answered meanwhile, an image chat waits PREPARE_WAIT_S for a slot and gets a
+    503 with Retry-After, and the trickling requests end at the fetch deadline with a 400 naming the part."""
+    import socket
+    import threading
+    import time
+    import urllib.error
+    import urllib.request
+
+    from pipeline.serve.app import PREPARE_WAIT_S, TOKENIZER_THREADS
+    from pipeline.serve.images import FETCH_DEADLINE_S
+    project, _, _ = built
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    stop = threading.Event()
+
+    def trickle(conn) -> None:
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: 100000\r\n\r\n")
+            while not stop.is_set():
+                try:
+                    conn.sendall(b"x")
+                except OSError:
+                    return
+                time.sleep(0.2)
+
+    def host() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+    threading.Thread(target=host, daemon=True).start()
+    s = Served([RECIPE, "--allow-image-urls", "127.0.0.1"], project.env, REPO, tmp_path / "server.log")
+
+    def post(image_url: str | None, out: list) -> None:
+        content: list = [{"type": "text", "text": "What is it?"}]
+        if image_url:
+            content.append({"type": "image_url", "image_url": {"url": image_url}})
+        body = json.dumps({"model": RECIPE, "max_tokens": 2, "messages": [{"role": "user", "content": content}]})
+        t0 = time.monotonic()
+        try:
+            with urllib.request.urlopen(urllib.request.Request(s.url + "/v1/chat/completions", body.encode(), {
+                    "Content-Type": "application/json"}), timeout=120) as r:
+                out.append((r.status, json.loads(r.read()), r.headers, time.monotonic() - t0))
+        except urllib.error.HTTPError as e:
+            out.append((e.code, json.loads(e.read()), e.headers, time.monotonic() - t0))
+    try:
+        slow_url = f"http://127.0.0.1:{listener.getsockname()[1]}/slow.png"
+        slow: list = []
+        held = [threading.Thread(target=post, args=(slow_url, slow)) for _ in range(TOKENIZER_THREADS)]
+        for t in held:
+            t.start()
+        deadline = time.monotonic() + 10
+        while health(s.url)[1].get("preparing") != TOKENIZER_THREADS and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert health(s.url)[1] == {"status": "ok", "preparing": TOKENIZER_THREADS, "saturated": True}
+        plain: list = []
+        post(None, plain)
+        assert plain[0][0] == 200 and plain[0][3] < 5, plain         # a plain chat: not behind the held slots
+        waited: list = []
+        post(_data_url(BUILTIN_IMAGES["checkerboard"].png()), waited)
+        status, err, headers, took = waited[0]
+        assert (status, headers.get("Retry-After"), err["error"]["code"]) == (503, "2", "preparation_busy"), waited
+        assert PREPARE_WAIT_S - 0.5 < took < PREPARE_WAIT_S + 5
+        for t in held:
+            t.join(timeout=FETCH_DEADLINE_S + 30)
+        assert [(r[0], r[1]["error"]["code"], r[1]["error"]["param"]) for r in slow] == \
+            [(400, "image_fetch_timeout", "messages[0].content[1].image_url")] * TOKENIZER_THREADS, slow
+        assert all(FETCH_DEADLINE_S - 0.5 < r[3] < FETCH_DEADLINE_S + 10 for r in slow), slow
+        assert health(s.url)[1] == {"status": "ok", "preparing": 0, "saturated": False}
+        again: list = []
+        post(_data_url(BUILTIN_IMAGES["checkerboard"].png()), again)
+        assert again[0][0] == 200, again                             # the slots are free again
+    finally:
+        stop.set()
+        listener.close()
         s.stop()
     assert "Traceback" not in (tmp_path / "server.log").read_text()
