@@ -137,7 +137,8 @@ def unaccounted(model_dir: Path, headers: dict[str, tuple]) -> list[str]:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from pipeline.workstation.models import model_class, unquantized_config
+    from pipeline.workstation.models import model_class
+    from pipeline.workstation.prequantized import unquantized_config
     scales = [k for k in headers if k.endswith(MODULE_SCALES)]
     state = {k: torch.empty(s, device="meta") for k, s in headers.items() if not k.endswith(MODULE_SCALES)}
     model_config = unquantized_config(model_dir)

@@ -77,17 +77,6 @@ def model_class(model_dir: Path):
     return getattr(transformers, own) if own else transformers.AutoModelForCausalLM
 
 
-def unquantized_config(model_dir: Path):
-    """The checkpoint's config as transformers reads it (its own encodings decoded: Infinity saved as
-    {"__float__": "Infinity"}), without a quantization_config: the model it describes, with the dequantized names
-    (the pre-quantized formats are read by this pipeline, never by a transformers quantizer)."""
-    from transformers import AutoConfig
-    config = AutoConfig.from_pretrained(model_dir)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    return config
-
-
 def language_layers(model):
     """The decoder layers of a model's language model (a vision-language model keeps them one level deeper)."""
     inner = model.model

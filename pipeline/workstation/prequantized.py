@@ -414,6 +414,17 @@ def split_quantized(pq: Prequantized, tensors: dict) -> tuple[dict[str, dict], d
     return linears, {k: v for k, v in tensors.items() if k not in taken}
 
 
+def unquantized_config(model_dir: Path):
+    """The checkpoint's config as transformers reads it (its own encodings decoded: Infinity saved as
+    {"__float__": "Infinity"}), without a quantization_config: the model it describes, with the dequantized names
+    (the pre-quantized formats are read by this pipeline, never by a transformers quantizer)."""
+    from transformers import AutoConfig
+    config = AutoConfig.from_pretrained(model_dir)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    return config
+
+
 def load_dequantized(model_dir: Path, pq: Prequantized, engine: bool, cls: Any):
     """The checkpoint as an ordinary fp32 transformers model on the CPU, every quantized weight dequantized (engine:
     as the engine computes it); the ModelOpt scales stay on the model as `pipeline_checkpoint_scales` for the
@@ -421,7 +432,6 @@ def load_dequantized(model_dir: Path, pq: Prequantized, engine: bool, cls: Any):
     own runs."""
     import torch
 
-    from pipeline.workstation.models import unquantized_config
     config = unquantized_config(model_dir)
     make = getattr(cls, "_from_config", None) or cls.from_config
     model = make(config, dtype=torch.float32)
