@@ -51,6 +51,7 @@ class ModelShape:
     attention_bias: bool = False
     features: ModelFeatures = ModelFeatures()     # what the checkpoint uses of its family's features
     fp16_at_4bit: tuple[str, ...] = ()            # linears its family keeps FP16 in 4-bit formats (Family)
+    unquantized: tuple[str, ...] = ()             # linears a pre-quantized checkpoint holds unquantized (plan/held.py)
     parts: tuple[Part, ...] = ()                  # in plan/parts PARTS order
 
     @property
@@ -116,11 +117,13 @@ class ModelShape:
         return self._layer_rows + [row for p in self.parts for row in p.model_rows(self, tokens)]
 
     def kept_fp16(self, fmt: WeightFormat) -> tuple[str, ...]:
-        """The linears that stay FP16 in this format: Family.fp16_at_4bit in a 4-bit format, and what the parts
-        keep."""
-        if fmt.bits > 4 or fmt.unquantized:
+        """The linears that stay FP16 in this format: those a pre-quantized checkpoint holds unquantized,
+        Family.fp16_at_4bit in a 4-bit format, and what the parts keep."""
+        if fmt.unquantized:
             return ()
-        kept = self.fp16_at_4bit
+        if fmt.bits > 4:
+            return self.unquantized
+        kept = self.unquantized + tuple(n for n in self.fp16_at_4bit if n not in self.unquantized)
         for p in self.parts:
             kept = p.kept_fp16(self, fmt, kept)
         return kept
@@ -317,9 +320,12 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
         raise InputError(problems)
     assert fam is not None
     features = features_of(config, fam, whole)
-    return ModelShape(architecture=arch, tie_word_embeddings=features.tied_embeddings,
-                      attention_bias=features.attention_bias, features=features, fp16_at_4bit=fam.fp16_at_4bit,
-                      parts=tuple(parts), **dims)
+    shape = ModelShape(architecture=arch, tie_word_embeddings=features.tied_embeddings,
+                       attention_bias=features.attention_bias, features=features, fp16_at_4bit=fam.fp16_at_4bit,
+                       unquantized=(), parts=tuple(parts), **dims)
+    from pipeline.plan.held import excluded_patterns, unquantized_linears
+    patterns = excluded_patterns(whole)
+    return dataclasses.replace(shape, unquantized=unquantized_linears(shape.layers, patterns)) if patterns else shape
 
 
 def load_config(path: Path, hint: str = "pass a model's config.json") -> dict:
