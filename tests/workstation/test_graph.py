@@ -101,13 +101,31 @@ def test_refused_plan_stops_the_chain_before_the_download(project, checkpoint):
 
 
 def _sparse_checkpoint(path, gib=1.5):
-    """A valid safetensors file with one large all-zero tensor, written sparse: hashing it takes seconds."""
+    """A checkpoint of more than `gib` GiB whose every tensor is the config's (fetch refuses any other), all zeros
+    and written sparse: hashing it takes seconds. The tiny checkpoint's tokenizer, its config widened (2048 wide,
+    8192-wide MLP) with as many layers as the size takes."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
     write_checkpoint(path)
-    n = int(gib * 2**30)
-    header = json.dumps({"big": {"dtype": "U8", "shape": [n], "data_offsets": [0, n]}}).encode()
-    with open(path / "big.safetensors", "wb") as fh:
-        fh.write(struct.pack("<Q", len(header)) + header)
-        fh.truncate(8 + len(header) + n)
+    config = json.loads((path / "config.json").read_text())
+    per_layer = (4 * 2048 * 2048 + 3 * 2048 * 8192) * 2
+    config.update(hidden_size=2048, intermediate_size=8192, num_attention_heads=16, num_key_value_heads=16,
+                  head_dim=128, num_hidden_layers=int(gib * 2**30 // per_layer) + 1)
+    (path / "config.json").write_text(json.dumps(config))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(LlamaConfig(**{k: v for k, v in config.items()
+                                                                  if k not in ("architectures", "model_type")}))
+    header, offset = {}, 0
+    for name, t in model.state_dict().items():
+        n = t.numel() * 2
+        header[name] = {"dtype": "F16", "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    (path / "model.safetensors").unlink()
+    with open(path / "model.safetensors", "wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)) + raw)
+        fh.truncate(8 + len(raw) + offset)
     return path
 
 
@@ -129,7 +147,7 @@ def test_kill_9_mid_stage_resumes_at_that_stage(project, tmp_path):
     out = project.doit("fetch", "recipe=k").stdout
     assert ran(out, "fetch", "k")
     assert manifest(project, "k", "plan")["created"] == plan0["created"]
-    assert manifest(project, "k", "fetch")["files"]["model/big.safetensors"]["size"] > 1.5 * 2**30
+    assert manifest(project, "k", "fetch")["files"]["model/model.safetensors"]["size"] > 1.5 * 2**30
     assert not list(fetch_parent.glob(".*.partial-*"))
 
 
