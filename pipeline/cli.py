@@ -47,8 +47,10 @@ def _plan_cmd(args) -> int:
     from pipeline.plan.shapes import load_shape
     from pipeline.plan.targets import get_target
 
-    if args.recipe and args.model_config:
-        raise PipelineError("give a recipe or --model-config, not both")
+    if sum(bool(x) for x in (args.recipe, args.model_config, args.board)) > 1:
+        raise PipelineError("give one of a recipe, --model-config or --board")
+    if args.board:
+        return _plan_board(args)
     if args.recipe:
         from pipeline.graph.stage import RecipeGraph
         from pipeline.graph.stages.plan import model_dir
@@ -106,6 +108,21 @@ def _plan_cmd(args) -> int:
     for p in refused:
         print(f"refused: {p.target}: " + " ".join(p.refused), file=sys.stderr)
     return 1 if refused else 0
+
+
+def _plan_board(args) -> int:
+    """A board's set of models planned together (pipeline/boards.py)."""
+    from pipeline.boards import load_board, plan_board, render
+    ignored = [flag for flag, dest in {**AD_HOC_FLAGS, "--target": "target", "--backend": "backend"}.items()
+               if getattr(args, dest) is not None]
+    if ignored:
+        raise PipelineError(f"{', '.join(ignored)}: a board file sets its target, and each [[model]]'s recipe and "
+                            "limits the rest", "edit the board file")
+    plan = plan_board(load_board(args.board))
+    print(json.dumps(plan.to_dict(), indent=1) if args.json else render(plan))
+    for reason in plan.refused:
+        print(f"refused: {reason}", file=sys.stderr)
+    return 0 if plan.ok else 1
 
 
 def _held_quantization(model_config: str):
@@ -315,10 +332,13 @@ def _add_planning(sub) -> None:
                                    "With --json a recipe with several targets prints a list, else one object.",
                        epilog="examples:\n  python -m pipeline plan llama3.2-3b-orin-nano --json\n"
                               "  python -m pipeline plan --model-config ckpt/config.json --quant int4_awq "
-                              "--target orin-nano-8gb --json",
+                              "--target orin-nano-8gb --json\n"
+                              "  python -m pipeline plan --board robot-thor",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recipe", nargs="?", help="recipe name (recipes/NAME.toml) or path to a .toml")
     p.add_argument("--model-config", metavar="PATH", help="a Hugging Face config.json (or its directory)")
+    p.add_argument("--board", metavar="NAME", help="a board's set of models (boards/NAME.toml or a path): each "
+                   "model's plan, what stays resident, what loads on demand, and whether the set fits together")
     p.add_argument("--quant", choices=list(WEIGHT_FORMATS), help="weight format")
     p.add_argument("--kv-quant", choices=list(KV_FORMATS), help="KV-cache format (default fp16)")
     p.add_argument("--target", help="target id (see `python -m pipeline targets`); with a recipe: one of its targets")

@@ -1,0 +1,246 @@
+"""A board's set of models: several recipes sharing one Jetson's memory, planned together before anything is built.
+
+`boards/NAME.toml` names the target and the recipes that share it; each is `resident` (loaded with the server and
+held) or `on-demand` (loaded when asked, one at a time beside the resident ones, unloaded when idle). A model's own
+plan (plan_recipe at the build limits the board file gives it, else its recipe's) sizes its engine, its KV cache (the
+capacity the engine is built with, which it can never grow past: no model takes another's memory), its activations
+and its runtime. The set fits when the resident models together, plus the largest on-demand one, fit the board's
+usable memory (the JetPack's own reserve taken off; a desktop session's too unless the board runs headless).
+
+Each model is counted with its own runtime overhead (CUDA context, runtime buffers) as if it ran alone: an upper
+bound where one server process holds several engines. The single-model plan is the one-item set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline import contract, settings
+from pipeline.contract import MAX_BATCH_SIZE, MAX_CONTEXT
+from pipeline.errors import InputError, PipelineError, Problem
+from pipeline.recipe.records import setting
+
+RESIDENT, ON_DEMAND = "resident", "on-demand"
+MAX_MODELS = 16
+MAX_BOARD_BYTES = 256 * 1024
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class BoardModel:
+    """One [[model]] of a board file."""
+    recipe: str = setting(None, required=True, doc="a recipe name (recipes/NAME.toml)")
+    residency: str = setting(RESIDENT, choices=(RESIDENT, ON_DEMAND))
+    # the model's KV budget on this board, where it is not its recipe's (the engine is built with it)
+    max_batch_size: int | None = setting(None, min=1, max=MAX_BATCH_SIZE)
+    max_input_len: int | None = setting(None, min=1, max=MAX_CONTEXT - 1)
+    max_seq_len: int | None = setting(None, min=2, max=MAX_CONTEXT)
+
+
+@dataclass(frozen=True)
+class BoardHeader:
+    """A board file's top level (its [[model]] entries are read apart: an array of tables)."""
+    target: str = setting(None, required=True, doc="a target id (python -m pipeline targets)")
+    description: str = setting("")
+    headless: bool = setting(True, doc="false: a desktop session holds its share of memory too")
+
+
+@dataclass(frozen=True)
+class Board:
+    name: str
+    file: str
+    target: str
+    description: str
+    headless: bool
+    models: tuple[BoardModel, ...]
+
+
+def board_path(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    return path if path.suffix == ".toml" else settings.project_root() / "boards" / f"{name_or_path}.toml"
+
+
+def load_board(name_or_path: str) -> Board:
+    """A board file by name (boards/NAME.toml) or path, checked whole: every problem named at once."""
+    import os
+
+    from pipeline.recipe.schema import NAME_RE, build, check_table, read_toml
+    path = board_path(name_or_path)
+    if not os.path.lexists(path):
+        raise PipelineError(f"no board {name_or_path!r} (looked for {path})", "write boards/NAME.toml: a target and "
+                            "[[model]] entries naming recipes (README: several models on one board)")
+    data = read_toml(path, MAX_BOARD_BYTES)
+    file, problems = str(path), list[Problem]()
+    entries = data.pop("model", None)
+    head = check_table(file, "", BoardHeader, data, problems)
+    if not isinstance(entries, list) or not entries or len(entries) > MAX_MODELS:
+        problems.append(Problem(file, "model", entries if not isinstance(entries, list) else f"{len(entries)} entries",
+                                f"must be 1 to {MAX_MODELS} [[model]] tables", "add a [[model]] table per recipe"))
+        entries = []
+    checked = [check_table(file, f"model[{i}]", BoardModel, e, problems) for i, e in enumerate(entries)]
+    from pipeline.plan.targets import load_targets
+    if isinstance(head.get("target"), str) and head["target"] not in load_targets():
+        problems.append(Problem(file, "target", head["target"], "is not a known target",
+                                f"one of: {', '.join(sorted(load_targets()))}"))
+    seen: set[str] = set()
+    for i, m in enumerate(checked):
+        name = m.get("recipe")
+        if not isinstance(name, str):
+            continue            # a missing or mistyped recipe: check_table named it
+        if not NAME_RE.fullmatch(name):
+            problems.append(Problem(file, f"model[{i}].recipe", name, "is not a recipe name",
+                                    "recipes/NAME.toml's NAME"))
+        elif name in seen:
+            problems.append(Problem(file, f"model[{i}].recipe", name, "is listed twice", "list each recipe once"))
+        seen.add(name)
+        given_in, given_seq = m.get("max_input_len"), m.get("max_seq_len")
+        if isinstance(given_in, int) and isinstance(given_seq, int) and given_in >= given_seq:
+            problems.append(Problem(file, f"model[{i}].max_input_len", given_in, f"must be below max_seq_len "
+                                    f"({given_seq})", "the answer needs room after the prompt"))
+    if problems:
+        raise InputError(problems)
+    return Board(path.stem, file, head["target"], head["description"], head["headless"],
+                 tuple(build(BoardModel, m, file) for m in checked))
+
+
+@dataclass(frozen=True)
+class SetItem:
+    recipe: str
+    residency: str
+    plan: contract.Plan
+
+    @property
+    def total(self) -> int:
+        return self.plan.memory.total if self.plan.memory is not None else 0
+
+    def as_dict(self) -> dict[str, Any]:
+        m = self.plan.memory
+        parts = {k: getattr(m, k) for k in ("weights", "embedding", "lm_head", "kv_cache", "recurrent_state",
+                                            "activations", "runtime_overhead", "visual", "draft")} if m else {}
+        return {"recipe": self.recipe, "residency": self.residency, "ok": self.plan.ok, "total": self.total,
+                "limits": dataclasses.asdict(self.plan.limits), "memory": parts,
+                "predicted_decode_tok_s": self.plan.predicted_decode_tok_s, "refused": list(self.plan.refused)}
+
+
+@dataclass(frozen=True)
+class BoardPlan:
+    board: str
+    target: str
+    headless: bool
+    usable: int
+    items: tuple[SetItem, ...]
+    refused: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused
+
+    @property
+    def resident(self) -> int:
+        return sum(i.total for i in self.items if i.residency == RESIDENT)
+
+    @property
+    def largest_on_demand(self) -> SetItem | None:
+        return max((i for i in self.items if i.residency == ON_DEMAND), key=lambda i: i.total, default=None)
+
+    @property
+    def peak(self) -> int:
+        """The most the set holds at once: every resident model and the largest on-demand one."""
+        extra = self.largest_on_demand
+        return self.resident + (extra.total if extra is not None else 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        extra = self.largest_on_demand
+        return {"board": self.board, "target": self.target, "headless": self.headless, "usable": self.usable,
+                "resident": self.resident, "largest_on_demand": extra.recipe if extra else None, "peak": self.peak,
+                "margin": self.usable - self.peak, "ok": self.ok, "refused": list(self.refused),
+                "models": [i.as_dict() for i in self.items]}
+
+
+def plan_board(board: Board, plan_one=None) -> BoardPlan:
+    """The set's plan: each model's own (at the board's limits for it), then the set against the board's memory.
+    plan_one(recipe, target) -> contract.Plan: the recipe's plan (the tests pass recipes not in recipes/)."""
+    from pipeline.plan.targets import get_target
+    plan_one = plan_one or _plan_recipe
+    target = get_target(board.target)
+    usable = target.usable_headless_bytes if board.headless else target.usable_bytes
+    items, refused = [], []
+    for i, m in enumerate(board.models):
+        plan = plan_one(_limited(m, board), board.target)
+        items.append(SetItem(m.recipe, m.residency, plan))
+        refused += [f"{board.file}: model[{i}] {m.recipe}: {r}" for r in plan.refused]
+    out = BoardPlan(board.name, board.target, board.headless, usable, tuple(items), ())
+    refused += _one_jetpack(board, items)
+    where = f"{usable / GB:.2f} GB usable on {board.target} ({'headless' if board.headless else 'with a desktop'})"
+    residents = sorted((i for i in items if i.residency == RESIDENT), key=lambda i: -i.total)
+    if out.resident > usable and residents:
+        big = residents[0]
+        refused.append(f"{board.file}: the resident models take {out.resident / GB:.2f} GB of {where}: over by "
+                       f"{(out.resident - usable) / GB:.2f} GB; the largest is {big.recipe} ({big.total / GB:.2f} GB, "
+                       f"its KV cache {_kv(big) / GB:.2f} GB): make it on-demand, give it a smaller KV budget "
+                       "(max_seq_len, max_batch_size in its [[model]]), or build it in a smaller format")
+    for item in (i for i in items if i.residency == ON_DEMAND):
+        if out.resident <= usable < out.resident + item.total:
+            refused.append(f"{board.file}: {item.recipe} (on-demand, {item.total / GB:.2f} GB) does not fit beside "
+                           f"the resident models ({out.resident / GB:.2f} GB) in {where}: over by "
+                           f"{(out.resident + item.total - usable) / GB:.2f} GB; give it a smaller KV budget or "
+                           "format, or make a resident model on-demand")
+    return dataclasses.replace(out, refused=tuple(refused))
+
+
+def _one_jetpack(board: Board, items: list[SetItem]) -> list[str]:
+    """A board runs one JetPack: the models' engines must share a release their stacks build for (a TensorRT-LLM
+    0.12 engine needs JetPack 6, an Edge-LLM one 7.x)."""
+    stacks = [(i.recipe, i.plan.stack) for i in items if i.plan.stack is not None]
+    if len(stacks) < 2 or set.intersection(*(set(s.jetpack) for _, s in stacks)):
+        return []
+    said = "; ".join(f"{name}: JetPack {'/'.join(s.jetpack)} ({s.id})" for name, s in stacks)
+    return [f"{board.file}: no JetPack release runs every model's engine ({said}): one board runs one JetPack"]
+
+
+def _kv(item: SetItem) -> int:
+    return item.plan.memory.kv_cache if item.plan.memory is not None else 0
+
+
+def _limited(m: BoardModel, board: Board):
+    """The model's recipe at the board's limits for it."""
+    from pipeline.recipe import load_recipe
+    recipe = load_recipe(m.recipe)
+    if board.target not in recipe.targets:
+        raise PipelineError(f"{board.file}: model {m.recipe}: the recipe does not build for {board.target} (its "
+                            f"targets: {', '.join(recipe.targets)})", f"add {board.target} to the recipe's targets")
+    given = {k: v for k in ("max_batch_size", "max_input_len", "max_seq_len") if (v := getattr(m, k)) is not None}
+    build = dataclasses.replace(recipe.build, **given)
+    if build.max_input_len >= build.max_seq_len:
+        raise PipelineError(f"{board.file}: model {m.recipe}: max_input_len {build.max_input_len} is not below "
+                            f"max_seq_len {build.max_seq_len} (the board's limits over the recipe's)",
+                            "give both in the board's [[model]]")
+    return dataclasses.replace(recipe, build=build)
+
+
+def _plan_recipe(recipe, target: str) -> contract.Plan:
+    from pipeline.graph.stage import RecipeGraph
+    from pipeline.graph.stages.plan import model_dir
+    from pipeline.recipe import config_for, plan_recipe
+    config, source = config_for(recipe, recipe.model, model_dir(RecipeGraph(recipe)))
+    return plan_recipe(recipe, target, config, source)
+
+
+def render(plan: BoardPlan) -> str:
+    rows = [f"board {plan.board} on {plan.target}: {'fits' if plan.ok else 'DOES NOT FIT'}, peak "
+            f"{plan.peak / GB:.2f} of {plan.usable / GB:.2f} GB usable ({'headless' if plan.headless else 'desktop'})",
+            f"  {'model':<34} {'residency':<10} {'total':>9} {'weights':>9} {'KV':>8}  limits (batch, seq)  decode"]
+    for i in plan.items:
+        m = i.plan.memory
+        w = (m.weights + m.embedding + m.lm_head) if m else 0
+        tok = f"~{i.plan.predicted_decode_tok_s:.1f} tok/s" if i.plan.predicted_decode_tok_s else "-"
+        rows.append(f"  {i.recipe:<34} {i.residency:<10} {i.total / GB:>6.2f} GB {w / GB:>6.2f} GB "
+                    f"{_kv(i) / GB:>5.2f} GB  {i.plan.limits.max_batch_size:>5}, {i.plan.limits.max_seq_len:<12} {tok}")
+    extra = plan.largest_on_demand
+    rows.append(f"  resident {plan.resident / GB:.2f} GB" + (f" + the largest on-demand ({extra.recipe}) "
+                                                             f"{extra.total / GB:.2f} GB" if extra else "")
+                + f"; margin {(plan.usable - plan.peak) / GB:.2f} GB")
+    return "\n".join(rows)

@@ -1,0 +1,146 @@
+"""A board's set of models planned together (pipeline/boards.py, #67): the board file read strictly, each model at
+the KV budget the board gives it, the resident models and the largest on-demand one held to the board's usable
+memory at the edge, refusals naming the largest item, one JetPack for every engine, and `plan --board`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from pipeline.boards import Board, BoardModel, load_board, plan_board
+from pipeline.errors import InputError, PipelineError
+from pipeline.plan.targets import get_target
+
+
+def _board(tmp_path, text: str):
+    path = tmp_path / "b.toml"
+    path.write_text(text)
+    return path
+
+
+def test_the_shipped_board_fits_as_the_sum_of_its_models_own_plans():
+    plan = plan_board(load_board("robot-thor"))
+    assert plan.ok and plan.usable == get_target("agx-thor").usable_headless_bytes
+    by = {i.recipe: i for i in plan.items}
+    resident = by["nemotron-3-nano-30b-a3b-thor"].total + by["qwen2.5-vl-7b-thor"].total
+    assert plan.resident == resident and plan.largest_on_demand is by["gemma-4-26b-a4b-thor"]
+    assert plan.peak == resident + by["gemma-4-26b-a4b-thor"].total
+    # the board's KV budget is the engine's: Gemma 4 at 4096 tokens, half its recipe's 8192, holds half the KV
+    gemma = by["gemma-4-26b-a4b-thor"].plan
+    assert gemma.limits.max_seq_len == 4096 and by["qwen2.5-vl-7b-thor"].plan.limits.max_batch_size == 2
+    alone = dataclasses.replace(load_board("robot-thor"), models=(BoardModel("gemma-4-26b-a4b-thor"),))
+    recipe_kv = plan_board(alone).items[0].plan.memory.kv_cache
+    assert 2 * gemma.memory.kv_cache == recipe_kv, (gemma.memory.kv_cache, recipe_kv)
+    assert json.loads(json.dumps(plan.to_dict()))["margin"] == plan.usable - plan.peak
+
+
+def _scaled(totals: dict[str, int]):
+    """Each recipe's real plan with its total set to the figure given: the set's arithmetic at its edges."""
+    from pipeline.boards import _plan_recipe
+
+    def plan_one(recipe, target):
+        plan = _plan_recipe(recipe, target)
+        return dataclasses.replace(plan, memory=dataclasses.replace(plan.memory, total=totals[recipe.name]))
+    return plan_one
+
+
+def test_the_set_fits_at_exactly_the_usable_memory_and_one_byte_more_is_refused_naming_the_largest():
+    usable = get_target("orin-nano-8gb").usable_headless_bytes
+    board = Board("nano", "boards/nano.toml", "orin-nano-8gb", "", True,
+                  (BoardModel("qwen2.5-1.5b-orin-nano"), BoardModel("llama3.2-3b-orin-nano")))
+    small = 2_000_000_000
+    at = plan_board(board, _scaled({"qwen2.5-1.5b-orin-nano": small, "llama3.2-3b-orin-nano": usable - small}))
+    assert at.ok and at.peak == usable, at.refused
+    over = plan_board(board, _scaled({"qwen2.5-1.5b-orin-nano": small, "llama3.2-3b-orin-nano": usable - small + 1}))
+    (why,) = over.refused
+    assert why.startswith(f"boards/nano.toml: the resident models take {(usable + 1) / 1e9:.2f} GB of "
+                          f"{usable / 1e9:.2f} GB usable on orin-nano-8gb (headless): over by 0.00 GB; the largest "
+                          "is llama3.2-3b-orin-nano"), why
+    assert "make it on-demand, give it a smaller KV budget" in why
+
+
+def test_an_on_demand_model_must_fit_beside_the_resident_ones():
+    usable = get_target("orin-nano-8gb").usable_headless_bytes
+    board = Board("nano", "boards/nano.toml", "orin-nano-8gb", "", True,
+                  (BoardModel("qwen2.5-1.5b-orin-nano"), BoardModel("llama3.2-3b-orin-nano", "on-demand")))
+    real = plan_board(board)
+    (why,) = real.refused
+    assert why.startswith("boards/nano.toml: llama3.2-3b-orin-nano (on-demand, ") and "does not fit beside the " \
+        "resident models" in why, why
+    fits = plan_board(board, _scaled({"qwen2.5-1.5b-orin-nano": 1_000_000_000,
+                                      "llama3.2-3b-orin-nano": usable - 1_000_000_000}))
+    assert fits.ok and fits.resident == 1_000_000_000 and fits.peak == usable
+    desktop = plan_board(dataclasses.replace(board, headless=False), _scaled({
+        "qwen2.5-1.5b-orin-nano": 1_000_000_000, "llama3.2-3b-orin-nano": usable - 1_000_000_000}))
+    assert not desktop.ok and desktop.usable == get_target("orin-nano-8gb").usable_bytes     # a desktop's share
+
+
+def test_engines_that_need_different_jetpacks_cannot_share_a_board():
+    board = Board("mixed", "boards/mixed.toml", "orin-nano-8gb", "", True,
+                  (BoardModel("qwen2.5-1.5b-orin-nano"), BoardModel("qwen3-1.7b-orin-nano-jp72", "on-demand")))
+    plan = plan_board(board, _scaled({"qwen2.5-1.5b-orin-nano": 10**9, "qwen3-1.7b-orin-nano-jp72": 10**9}))
+    assert plan.refused == (
+        "boards/mixed.toml: no JetPack release runs every model's engine (qwen2.5-1.5b-orin-nano: JetPack "
+        "6.1/6.2/6.2.1/6.2.2 (orin-jp6-trtllm); qwen3-1.7b-orin-nano-jp72: JetPack 7.2 (orin-jp72-edgellm)): one "
+        "board runs one JetPack",), plan.refused
+
+
+def test_a_board_file_is_read_strictly_every_problem_named():
+    text = '''target = "orin-nano-16gb"
+headles = true
+[[model]]
+recipe = "tiny-llama-cpu"
+residency = "sometimes"
+[[model]]
+recipe = "tiny-llama-cpu"
+max_input_len = 512
+max_seq_len = 512
+[[model]]
+recipe = "../etc/passwd"
+'''
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "b.toml"
+        path.write_text(text)
+        with pytest.raises(InputError) as err:
+            load_board(str(path))
+    said = str(err.value)
+    for where in ("target = 'orin-nano-16gb': is not a known target", "headles = True: unknown key",
+                  "model[0].residency = 'sometimes'", "model[1].recipe = 'tiny-llama-cpu': is listed twice",
+                  "model[1].max_input_len = 512: must be below max_seq_len (512)",
+                  "model[2].recipe = '../etc/passwd': is not a recipe name"):
+        assert where in said, (where, said)
+
+
+def test_a_board_without_models_and_a_missing_board_are_one_error_each(tmp_path):
+    with pytest.raises(InputError, match=r"model = None: must be 1 to 16 \[\[model\]\] tables"):
+        load_board(str(_board(tmp_path, 'target = "agx-thor"\n')))
+    with pytest.raises(PipelineError, match=r"no board 'nope' \(looked for .*boards/nope.toml\)"):
+        load_board("nope")
+    board = Board("b", "b.toml", "agx-thor", "", True, (BoardModel("tiny-llama-cpu"),))
+    with pytest.raises(PipelineError, match=r"b.toml: model tiny-llama-cpu: the recipe does not build for agx-thor"):
+        plan_board(board)
+
+
+def test_plan_board_on_the_command_line(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "pipeline", "plan", *args], cwd=REPO, capture_output=True,
+                              text=True, timeout=300)
+    ok = run("--board", "robot-thor", "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["largest_on_demand"] == "gemma-4-26b-a4b-thor"
+    table = run("--board", "robot-thor")
+    assert table.stdout.startswith("board robot-thor on agx-thor: fits, peak ") and "on-demand" in table.stdout
+    nano = _board(tmp_path, 'target = "orin-nano-8gb"\n[[model]]\nrecipe = "qwen2.5-1.5b-orin-nano"\n'
+                            '[[model]]\nrecipe = "llama3.2-3b-orin-nano"\n')
+    refused = run("--board", str(nano))
+    assert refused.returncode == 1 and "refused: " in refused.stderr and "the largest is llama3.2-3b-orin-nano" \
+        in refused.stderr and "Traceback" not in refused.stderr
+    both = run("--board", "robot-thor", "--target", "agx-thor")
+    assert both.returncode == 2 and "--target: a board file sets its target" in both.stderr
