@@ -8,7 +8,9 @@ and its runtime. The set fits when the resident models together, plus the larges
 usable memory (the JetPack's own reserve taken off; a desktop session's too unless the board runs headless).
 
 Each model is counted with its own runtime overhead (CUDA context, runtime buffers) as if it ran alone: an upper
-bound where one server process holds several engines. The single-model plan is the one-item set.
+bound where one server process holds several engines. The single-model plan is the one-item set. On the board
+itself (`--board-root /`), what the kernel says is available now (MemAvailable) replaces the table's usable figure:
+what the JetPack, a desktop and every other service left, measured.
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ class BoardPlan:
     usable: int
     items: tuple[SetItem, ...]
     refused: tuple[str, ...]
+    usable_from: str = "the target table"       # or the board's own MemAvailable (measured_usable)
 
     @property
     def ok(self) -> bool:
@@ -155,26 +158,48 @@ class BoardPlan:
     def to_dict(self) -> dict[str, Any]:
         extra = self.largest_on_demand
         return {"board": self.board, "target": self.target, "headless": self.headless, "usable": self.usable,
+                "usable_from": self.usable_from,
                 "resident": self.resident, "largest_on_demand": extra.recipe if extra else None, "peak": self.peak,
                 "margin": self.usable - self.peak, "ok": self.ok, "refused": list(self.refused),
                 "models": [i.as_dict() for i in self.items]}
 
 
-def plan_board(board: Board, plan_one=None) -> BoardPlan:
-    """The set's plan: each model's own (at the board's limits for it), then the set against the board's memory.
+def measured_usable(board: Board, root: str | Path) -> tuple[int, str]:
+    """(MemAvailable, where it was read) of the board under `root` (/ on the board itself), checked to be the board
+    file's target; an unreadable figure is an error, never "enough"."""
+    from pipeline.device.probe import probe
+    facts = probe(root)
+    meminfo = Path(root) / "proc" / "meminfo"
+    if facts.get("target") not in (None, board.target):
+        raise PipelineError(f"{board.file}: target = {board.target!r}, and the board under {root} is "
+                            f"{facts.get('target')!r}", "plan the board file written for this board")
+    available = facts.get("memory_available")
+    if not isinstance(available, int):
+        raise PipelineError(f"{meminfo}: no readable MemAvailable (missing, not a number, or more than MemTotal)",
+                            "run on the board itself, or plan against the target table without --board-root")
+    return available, f"MemAvailable of {meminfo}"
+
+
+def plan_board(board: Board, plan_one=None, measured: tuple[int, str] | None = None) -> BoardPlan:
+    """The set's plan: each model's own (at the board's limits for it), then the set against the board's memory
+    (measured: (bytes, where) read on the board, replacing the table's figure).
     plan_one(recipe, target) -> contract.Plan: the recipe's plan (the tests pass recipes not in recipes/)."""
     from pipeline.plan.targets import get_target
     plan_one = plan_one or _plan_recipe
     target = get_target(board.target)
     usable = target.usable_headless_bytes if board.headless else target.usable_bytes
+    usable_from = "the target table"
+    if measured is not None:
+        usable, usable_from = measured
     items, refused = [], []
     for i, m in enumerate(board.models):
         plan = plan_one(_limited(m, board), board.target)
         items.append(SetItem(m.recipe, m.residency, plan))
         refused += [f"{board.file}: model[{i}] {m.recipe}: {r}" for r in plan.refused]
-    out = BoardPlan(board.name, board.target, board.headless, usable, tuple(items), ())
+    out = BoardPlan(board.name, board.target, board.headless, usable, tuple(items), (), usable_from)
     refused += _one_jetpack(board, items)
-    where = f"{usable / GB:.2f} GB usable on {board.target} ({'headless' if board.headless else 'with a desktop'})"
+    where = f"{usable / GB:.2f} GB usable on {board.target} " + (
+        f"({usable_from})" if measured is not None else f"({'headless' if board.headless else 'with a desktop'})")
     residents = sorted((i for i in items if i.residency == RESIDENT), key=lambda i: -i.total)
     if out.resident > usable and residents:
         big = residents[0]
@@ -231,7 +256,9 @@ def _plan_recipe(recipe, target: str) -> contract.Plan:
 
 def render(plan: BoardPlan) -> str:
     rows = [f"board {plan.board} on {plan.target}: {'fits' if plan.ok else 'DOES NOT FIT'}, peak "
-            f"{plan.peak / GB:.2f} of {plan.usable / GB:.2f} GB usable ({'headless' if plan.headless else 'desktop'})",
+            f"{plan.peak / GB:.2f} of {plan.usable / GB:.2f} GB usable ("
+            + (plan.usable_from if plan.usable_from != "the target table" else
+               'headless' if plan.headless else 'desktop') + ")",
             f"  {'model':<34} {'residency':<10} {'total':>9} {'weights':>9} {'KV':>8}  limits (batch, seq)  decode"]
     for i in plan.items:
         m = i.plan.memory

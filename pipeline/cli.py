@@ -51,6 +51,8 @@ def _plan_cmd(args) -> int:
         raise PipelineError("give one of a recipe, --model-config or --board")
     if args.board:
         return _plan_board(args)
+    if args.board_root:
+        raise PipelineError("--board-root applies to --board only", "plan --board NAME --board-root /")
     if args.recipe:
         from pipeline.graph.stage import RecipeGraph
         from pipeline.graph.stages.plan import model_dir
@@ -112,13 +114,14 @@ def _plan_cmd(args) -> int:
 
 def _plan_board(args) -> int:
     """A board's set of models planned together (pipeline/boards.py)."""
-    from pipeline.boards import load_board, plan_board, render
+    from pipeline.boards import load_board, measured_usable, plan_board, render
     ignored = [flag for flag, dest in {**AD_HOC_FLAGS, "--target": "target", "--backend": "backend"}.items()
                if getattr(args, dest) is not None]
     if ignored:
         raise PipelineError(f"{', '.join(ignored)}: a board file sets its target, and each [[model]]'s recipe and "
                             "limits the rest", "edit the board file")
-    plan = plan_board(load_board(args.board))
+    board = load_board(args.board)
+    plan = plan_board(board, measured=measured_usable(board, args.board_root) if args.board_root else None)
     print(json.dumps(plan.to_dict(), indent=1) if args.json else render(plan))
     for reason in plan.refused:
         print(f"refused: {reason}", file=sys.stderr)
@@ -339,6 +342,8 @@ def _add_planning(sub) -> None:
     p.add_argument("--model-config", metavar="PATH", help="a Hugging Face config.json (or its directory)")
     p.add_argument("--board", metavar="NAME", help="a board's set of models (boards/NAME.toml or a path): each "
                    "model's plan, what stays resident, what loads on demand, and whether the set fits together")
+    p.add_argument("--board-root", metavar="PATH", help="with --board, on the board itself: its MemAvailable "
+                   "(PATH/proc/meminfo; PATH is / there) replaces the target table's usable memory")
     p.add_argument("--quant", choices=list(WEIGHT_FORMATS), help="weight format")
     p.add_argument("--kv-quant", choices=list(KV_FORMATS), help="KV-cache format (default fp16)")
     p.add_argument("--target", help="target id (see `python -m pipeline targets`); with a recipe: one of its targets")

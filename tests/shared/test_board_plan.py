@@ -12,7 +12,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from pipeline.boards import Board, BoardModel, load_board, plan_board
+from pipeline.boards import Board, BoardModel, load_board, measured_usable, plan_board
 from pipeline.errors import InputError, PipelineError
 from pipeline.plan.targets import get_target
 
@@ -144,3 +144,29 @@ def test_plan_board_on_the_command_line(tmp_path):
         in refused.stderr and "Traceback" not in refused.stderr
     both = run("--board", "robot-thor", "--target", "agx-thor")
     assert both.returncode == 2 and "--target: a board file sets its target" in both.stderr
+
+
+BOARDS = REPO / "tests" / "fixtures" / "devices"
+
+
+def test_on_the_board_its_memavailable_replaces_the_tables_figure(tmp_path):
+    board = load_board("robot-thor")
+    available, where = measured_usable(board, BOARDS / "agx-thor-jp72")
+    assert available == 123880448 * 1024 and where.endswith("agx-thor-jp72/proc/meminfo")
+    plan = plan_board(board, measured=(available, where))
+    assert plan.ok and plan.usable == available and plan.to_dict()["usable_from"] == where
+    # a board that has less left than the set's peak: refused, the measured figure named
+    short = plan_board(board, measured=(plan.resident + 1, where))
+    assert not short.ok and f"GB usable on agx-thor ({where})" in short.refused[0], short.refused
+    with pytest.raises(PipelineError, match=r"target = 'agx-thor', and the board under .*orin-nano-8gb-jp72 is "
+                                            r"'orin-nano-8gb-super'"):
+        measured_usable(board, BOARDS / "orin-nano-8gb-jp72")
+    odd = tmp_path / "board"
+    (odd / "proc").mkdir(parents=True)
+    (odd / "proc" / "meminfo").write_text("MemTotal: 1000 kB\nMemAvailable: 2000 kB\n")     # more than there is
+    with pytest.raises(PipelineError, match=r"proc/meminfo: no readable MemAvailable"):
+        measured_usable(board, odd)
+    cli = subprocess.run([sys.executable, "-m", "pipeline", "plan", "--board", "robot-thor", "--board-root",
+                          str(BOARDS / "agx-thor-jp72")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0 and f"GB usable (MemAvailable of {BOARDS / 'agx-thor-jp72'}/proc/meminfo)" \
+        in cli.stdout.splitlines()[0], cli.stdout + cli.stderr
