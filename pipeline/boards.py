@@ -203,10 +203,14 @@ def plan_board(board: Board, plan_one=None, measured: tuple[int, str] | None = N
     residents = sorted((i for i in items if i.residency == RESIDENT), key=lambda i: -i.total)
     if out.resident > usable and residents:
         big = residents[0]
+        split = _turns(items, usable)
+        advice = (f"keep {', '.join(i.recipe for i in split[0]) or 'none'} resident and load "
+                  f"{', '.join(i.recipe for i in split[1])} on demand, one at a time (peak {split[2] / GB:.2f} GB); or "
+                  if split else "")
         refused.append(f"{board.file}: the resident models take {out.resident / GB:.2f} GB of {where}: over by "
                        f"{(out.resident - usable) / GB:.2f} GB; the largest is {big.recipe} ({big.total / GB:.2f} GB, "
-                       f"its KV cache {_kv(big) / GB:.2f} GB): make it on-demand, give it a smaller KV budget "
-                       "(max_seq_len, max_batch_size in its [[model]]), or build it in a smaller format")
+                       f"its KV cache {_kv(big) / GB:.2f} GB): {advice}give it a smaller KV budget (max_seq_len, "
+                       "max_batch_size in its [[model]]), or build it in a smaller format")
     for item in (i for i in items if i.residency == ON_DEMAND):
         if out.resident <= usable < out.resident + item.total:
             refused.append(f"{board.file}: {item.recipe} (on-demand, {item.total / GB:.2f} GB) does not fit beside "
@@ -214,6 +218,20 @@ def plan_board(board: Board, plan_one=None, measured: tuple[int, str] | None = N
                            f"{(out.resident + item.total - usable) / GB:.2f} GB; give it a smaller KV budget or "
                            "format, or make a resident model on-demand")
     return dataclasses.replace(out, refused=tuple(refused))
+
+
+def _turns(items: list[SetItem], usable: int) -> tuple[list[SetItem], list[SetItem], int] | None:
+    """Resident models that cannot all be held: the most of them, in the file's order (its priority), that can stay
+    resident while the rest take turns on demand, and that peak. On-demand loading saves memory only by taking
+    turns: a model loaded on demand is still whole beside the resident ones."""
+    residents = [i for i in items if i.residency == RESIDENT]
+    demand = [i.total for i in items if i.residency == ON_DEMAND]
+    for n in range(len(residents) - 1, -1, -1):
+        keep, turn = residents[:n], residents[n:]
+        peak = sum(i.total for i in keep) + max([i.total for i in turn] + demand)
+        if peak <= usable:
+            return keep, turn, peak
+    return None
 
 
 def _one_jetpack(board: Board, items: list[SetItem]) -> list[str]:
