@@ -2,10 +2,13 @@
 
 `boards/NAME.toml` names the target and the recipes that share it; each is `resident` (loaded with the server and
 held) or `on-demand` (loaded when asked, one at a time beside the resident ones, unloaded when idle). A model's own
-plan (plan_recipe at the build limits the board file gives it, else its recipe's) sizes its engine, its KV cache (the
-capacity the engine is built with, which it can never grow past: no model takes another's memory), its activations
-and its runtime. The set fits when the resident models together, plus the largest on-demand one, fit the board's
-usable memory (the JetPack's own reserve taken off; a desktop session's too unless the board runs headless).
+plan (plan_recipe at its recipe's build limits) sizes its engine, its KV cache (the capacity its engine is built with
+from those limits, which it can never grow past: no model takes another's memory), its activations and its runtime.
+A model's KV budget on a board is therefore its recipe's max_batch_size x max_seq_len: the board file does not
+override them, since the kit is built from the recipe and a figure the engine was not built with would not hold
+(a smaller budget for one board: a recipe of its own). The set fits when the resident models together, plus the
+largest on-demand one, fit the board's usable memory (the JetPack's own reserve taken off; a desktop session's too
+unless the board runs headless). Swap is not counted: the GPU's allocations on a Jetson are not paged out.
 
 Each model is counted with its own runtime overhead (CUDA context, runtime buffers) as if it ran alone: an upper
 bound where one server process holds several engines. The single-model plan is the one-item set. On the board
@@ -21,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import contract, settings
-from pipeline.contract import MAX_BATCH_SIZE, MAX_CONTEXT
 from pipeline.errors import InputError, PipelineError, Problem
 from pipeline.recipe.records import setting
 
@@ -36,10 +38,6 @@ class BoardModel:
     """One [[model]] of a board file."""
     recipe: str = setting(None, required=True, doc="a recipe name (recipes/NAME.toml)")
     residency: str = setting(RESIDENT, choices=(RESIDENT, ON_DEMAND))
-    # the model's KV budget on this board, where it is not its recipe's (the engine is built with it)
-    max_batch_size: int | None = setting(None, min=1, max=MAX_BATCH_SIZE)
-    max_input_len: int | None = setting(None, min=1, max=MAX_CONTEXT - 1)
-    max_seq_len: int | None = setting(None, min=2, max=MAX_CONTEXT)
 
 
 @dataclass(frozen=True)
@@ -98,10 +96,6 @@ def load_board(name_or_path: str) -> Board:
         elif name in seen:
             problems.append(Problem(file, f"model[{i}].recipe", name, "is listed twice", "list each recipe once"))
         seen.add(name)
-        given_in, given_seq = m.get("max_input_len"), m.get("max_seq_len")
-        if isinstance(given_in, int) and isinstance(given_seq, int) and given_in >= given_seq:
-            problems.append(Problem(file, f"model[{i}].max_input_len", given_in, f"must be below max_seq_len "
-                                    f"({given_seq})", "the answer needs room after the prompt"))
     if problems:
         raise InputError(problems)
     return Board(path.stem, file, head["target"], head["description"], head["headless"],
@@ -181,7 +175,7 @@ def measured_usable(board: Board, root: str | Path) -> tuple[int, str]:
 
 
 def plan_board(board: Board, plan_one=None, measured: tuple[int, str] | None = None) -> BoardPlan:
-    """The set's plan: each model's own (at the board's limits for it), then the set against the board's memory
+    """The set's plan: each model's own (at its recipe's limits), then the set against the board's memory
     (measured: (bytes, where) read on the board, replacing the table's figure).
     plan_one(recipe, target) -> contract.Plan: the recipe's plan (the tests pass recipes not in recipes/)."""
     from pipeline.plan.targets import get_target
@@ -193,7 +187,7 @@ def plan_board(board: Board, plan_one=None, measured: tuple[int, str] | None = N
         usable, usable_from = measured
     items, refused = [], []
     for i, m in enumerate(board.models):
-        plan = plan_one(_limited(m, board), board.target)
+        plan = plan_one(_recipe_for(m, board), board.target)
         items.append(SetItem(m.recipe, m.residency, plan))
         refused += [f"{board.file}: model[{i}] {m.recipe}: {r}" for r in plan.refused]
     out = BoardPlan(board.name, board.target, board.headless, usable, tuple(items), (), usable_from)
@@ -209,8 +203,8 @@ def plan_board(board: Board, plan_one=None, measured: tuple[int, str] | None = N
                   if split else "")
         refused.append(f"{board.file}: the resident models take {out.resident / GB:.2f} GB of {where}: over by "
                        f"{(out.resident - usable) / GB:.2f} GB; the largest is {big.recipe} ({big.total / GB:.2f} GB, "
-                       f"its KV cache {_kv(big) / GB:.2f} GB): {advice}give it a smaller KV budget (max_seq_len, "
-                       "max_batch_size in its [[model]]), or build it in a smaller format")
+                       f"its KV cache {_kv(big) / GB:.2f} GB): {advice}give it a smaller KV budget (its recipe's "
+                       "max_seq_len, max_batch_size), or build it in a smaller format")
     for item in (i for i in items if i.residency == ON_DEMAND):
         if out.resident <= usable < out.resident + item.total:
             refused.append(f"{board.file}: {item.recipe} (on-demand, {item.total / GB:.2f} GB) does not fit beside "
@@ -248,20 +242,14 @@ def _kv(item: SetItem) -> int:
     return item.plan.memory.kv_cache if item.plan.memory is not None else 0
 
 
-def _limited(m: BoardModel, board: Board):
-    """The model's recipe at the board's limits for it."""
+def _recipe_for(m: BoardModel, board: Board):
+    """The model's recipe, which must build for the board's target."""
     from pipeline.recipe import load_recipe
     recipe = load_recipe(m.recipe)
     if board.target not in recipe.targets:
         raise PipelineError(f"{board.file}: model {m.recipe}: the recipe does not build for {board.target} (its "
                             f"targets: {', '.join(recipe.targets)})", f"add {board.target} to the recipe's targets")
-    given = {k: v for k in ("max_batch_size", "max_input_len", "max_seq_len") if (v := getattr(m, k)) is not None}
-    build = dataclasses.replace(recipe.build, **given)
-    if build.max_input_len >= build.max_seq_len:
-        raise PipelineError(f"{board.file}: model {m.recipe}: max_input_len {build.max_input_len} is not below "
-                            f"max_seq_len {build.max_seq_len} (the board's limits over the recipe's)",
-                            "give both in the board's [[model]]")
-    return dataclasses.replace(recipe, build=build)
+    return recipe
 
 
 def _plan_recipe(recipe, target: str) -> contract.Plan:
