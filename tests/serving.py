@@ -135,3 +135,41 @@ def served_golden_answers(project, recipe: str, goldens, log: Path) -> list[tupl
                  .choices[0].message.content, p.text) for p in goldens.prompts]
     finally:
         s.stop()
+
+
+@contextlib.contextmanager
+def trickling_image_host():
+    """An image host on 127.0.0.1 that answers every GET with a 100,000-byte PNG's headers, then a byte every 0.2 s
+    for as long as the client reads (what an allowed host that trickles looks like): yields its URL."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    stop = threading.Event()
+
+    def trickle(conn) -> None:
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: 100000\r\n\r\n")
+            while not stop.is_set():
+                try:
+                    conn.sendall(b"x")
+                except OSError:
+                    return
+                time.sleep(0.2)
+
+    def host() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+    threading.Thread(target=host, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/slow.png"
+    finally:
+        stop.set()
+        listener.close()

@@ -197,37 +197,16 @@ def test_the_image_placeholder_typed_as_text_is_refused_in_a_raw_prompt():
 def test_a_trickling_image_host_costs_a_request_at_most_the_fetch_deadline(monkeypatch):
     """#66: each read had a timeout and the fetch none: a host sending a byte every 0.2 s held a preparation slot
     forever. Now the whole fetch has a deadline (here 1.5 s)."""
-    import socket
     import time
 
     from pipeline.serve import images
+    from tests.serving import trickling_image_host
     monkeypatch.setattr(images, "FETCH_DEADLINE_S", 1.5)
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    stop = threading.Event()
-
-    def trickle() -> None:
-        conn, _ = listener.accept()
-        conn.recv(4096)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: 100000\r\n\r\n")
-        while not stop.is_set():
-            try:
-                conn.sendall(b"x")
-            except OSError:
-                break
-            time.sleep(0.2)
-        conn.close()
-    threading.Thread(target=trickle, daemon=True).start()
-    t0 = time.monotonic()
-    try:
+    with trickling_image_host() as url:
+        t0 = time.monotonic()
         with pytest.raises(ApiError, match=r"p: the image was not fetched within 1.5 s \(\d+ bytes came\)") as err:
-            image_bytes(ImagePart(f"http://127.0.0.1:{listener.getsockname()[1]}/slow.png", "p"),
-                        frozenset({"127.0.0.1"}))
+            image_bytes(ImagePart(url, "p"), frozenset({"127.0.0.1"}))
         assert err.value.code == "image_fetch_timeout" and 1.4 < time.monotonic() - t0 < 3.0
-    finally:
-        stop.set()
-        listener.close()
 
 
 def test_a_requests_images_are_held_to_one_pixel_budget_before_any_is_decoded(monkeypatch):

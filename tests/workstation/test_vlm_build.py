@@ -16,7 +16,7 @@ from pipeline.images import BUILTIN_IMAGES
 from pipeline.workstation.visual_check import MAX_RELATIVE_ERROR_FP8, MIN_COSINE_FP8
 from tests.conformance import *  # noqa: F403  (the family suite, on this module's rows)
 from tests.families import rows_of
-from tests.serving import Served, health
+from tests.serving import Served, health, trickling_image_host
 
 pytestmark = pytest.mark.integration
 RECIPE = "tiny-qwen3-vl-thor"
@@ -509,7 +509,7 @@ def test_image_hosts_that_trickle_cost_their_requests_the_deadline_and_block_no_
     and every request with an image, tools or a long prompt then hung while /health said ok. Now: /health says the
     slots are saturated, a plain chat is answered meanwhile, an image chat waits PREPARE_WAIT_S for a slot and gets a
     503 with Retry-After, and the trickling requests end at the fetch deadline with a 400 naming the part."""
-    import socket
+    import contextlib
     import threading
     import time
     import urllib.error
@@ -518,30 +518,8 @@ def test_image_hosts_that_trickle_cost_their_requests_the_deadline_and_block_no_
     from pipeline.serve.app import PREPARE_WAIT_S, TOKENIZER_THREADS
     from pipeline.serve.images import FETCH_DEADLINE_S
     project, _, _ = built
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    stop = threading.Event()
-
-    def trickle(conn) -> None:
-        with conn:
-            conn.recv(4096)
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: 100000\r\n\r\n")
-            while not stop.is_set():
-                try:
-                    conn.sendall(b"x")
-                except OSError:
-                    return
-                time.sleep(0.2)
-
-    def host() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
-    threading.Thread(target=host, daemon=True).start()
+    hosts = contextlib.ExitStack()
+    slow_url = hosts.enter_context(trickling_image_host())
     s = Served([RECIPE, "--allow-image-urls", "127.0.0.1"], project.env, REPO, tmp_path / "server.log")
 
     def post(image_url: str | None, out: list) -> None:
@@ -557,7 +535,6 @@ def test_image_hosts_that_trickle_cost_their_requests_the_deadline_and_block_no_
         except urllib.error.HTTPError as e:
             out.append((e.code, json.loads(e.read()), e.headers, time.monotonic() - t0))
     try:
-        slow_url = f"http://127.0.0.1:{listener.getsockname()[1]}/slow.png"
         slow: list = []
         held = [threading.Thread(target=post, args=(slow_url, slow)) for _ in range(TOKENIZER_THREADS)]
         for t in held:
@@ -584,7 +561,6 @@ def test_image_hosts_that_trickle_cost_their_requests_the_deadline_and_block_no_
         post(_data_url(BUILTIN_IMAGES["checkerboard"].png()), again)
         assert again[0][0] == 200, again                             # the slots are free again
     finally:
-        stop.set()
-        listener.close()
+        hosts.close()
         s.stop()
     assert "Traceback" not in (tmp_path / "server.log").read_text()
