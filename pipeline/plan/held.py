@@ -19,16 +19,32 @@ from typing import Any
 
 # where checkpoints keep their decoder layers (text models, vision-language models, Nemotron-H)
 LAYER_PREFIXES = ("model.layers.", "model.language_model.layers.", "language_model.model.layers.", "backbone.layers.")
-MAX_PATTERNS = 4096
+# a module name or glob is a few dozen characters; these bounds keep a hostile config's patterns from costing more than
+# a fraction of a second to match (each * is a search of its own)
+MAX_PATTERNS, MAX_PATTERN_CHARS, MAX_WILDCARDS = 4096, 256, 8
 
 
-def excluded_patterns(config: dict) -> list[str]:
-    """A ModelOpt checkpoint's exclude_modules (`ignore` in its compressed-tensors-style config), from config.json."""
+def excluded_patterns(config: dict, source: str = "config.json") -> list[str]:
+    """A ModelOpt checkpoint's exclude_modules (`ignore` in its compressed-tensors-style config), from config.json;
+    a list past the bounds is one error naming the entry."""
+    from pipeline.errors import InputError, Problem
     qc = config.get("quantization_config")
     if not isinstance(qc, dict) or "quant_algo" not in qc:
         return []
-    excluded: Any = qc.get("exclude_modules", qc.get("ignore"))
-    return [p for p in excluded[:MAX_PATTERNS] if isinstance(p, str)] if isinstance(excluded, list) else []
+    key = "exclude_modules" if "exclude_modules" in qc else "ignore"
+    excluded: Any = qc.get(key)
+    if not isinstance(excluded, list):
+        return []
+    hint = "use the checkpoint's own config.json (ModelOpt writes module names and short globs)"
+    if len(excluded) > MAX_PATTERNS:
+        raise InputError([Problem(source, f"quantization_config.{key}", f"{len(excluded)} entries",
+                                  f"more than {MAX_PATTERNS} modules or patterns", hint)])
+    for i, p in enumerate(excluded):
+        if isinstance(p, str) and (len(p) > MAX_PATTERN_CHARS or p.count("*") > MAX_WILDCARDS):
+            raise InputError([Problem(source, f"quantization_config.{key}[{i}]", p[:60] + "...",
+                                      f"is not a module name or pattern (more than {MAX_PATTERN_CHARS} characters or "
+                                      f"{MAX_WILDCARDS} wildcards)", hint)])
+    return list(dict.fromkeys(p for p in excluded if isinstance(p, str)))
 
 
 def unquantized_linears(layers, patterns: list[str]) -> tuple[str, ...]:

@@ -324,7 +324,7 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
                        attention_bias=features.attention_bias, features=features, fp16_at_4bit=fam.fp16_at_4bit,
                        unquantized=(), parts=tuple(parts), **dims)
     from pipeline.plan.held import excluded_patterns, unquantized_linears
-    patterns = excluded_patterns(whole)
+    patterns = excluded_patterns(whole, source)
     return dataclasses.replace(shape, unquantized=unquantized_linears(shape.layers, patterns)) if patterns else shape
 
 

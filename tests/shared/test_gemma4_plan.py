@@ -244,6 +244,18 @@ def test_a_prequantized_checkpoint_is_planned_with_the_layers_it_keeps_unquantiz
     assert fp8.kept_fp16(WEIGHT_FORMATS["fp8"]) == held.unquantized      # unquantized in every format
 
 
+@pytest.mark.parametrize("excluded, field, says", [
+    (["lm_head", "*a" * 9 + "b"], "quantization_config.exclude_modules[1]", "more than 256 characters or 8 wildcards"),
+    (["m" * 257], "quantization_config.exclude_modules[0]", "is not a module name or pattern"),
+    (["lm_head"] * 4097, "quantization_config.exclude_modules", "more than 4096 modules or patterns"),
+])
+def test_exclusion_patterns_past_their_bounds_are_one_error_naming_the_entry(excluded, field, says):
+    """A glob with a run of wildcards is a search per wildcard: hostile ones held the planner for minutes."""
+    with pytest.raises(InputError) as err:
+        _prequantized(A26B, excluded)
+    assert f"config.json: {field} = " in str(err.value) and says in str(err.value), str(err.value)
+
+
 @pytest.mark.parametrize("edit, field, message", [
     (lambda c: c["layer_types"].__setitem__(3, "chunked_attention"), "text_config.layer_types",
      "= 'chunked_attention': is not a layer kind this version plans"),
