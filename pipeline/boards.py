@@ -19,6 +19,7 @@ what the JetPack, a desktop and every other service left, measured.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ class Board:
 
 def board_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
-    return path if path.suffix == ".toml" else settings.project_root() / "boards" / f"{name_or_path}.toml"
+    return path if path.suffix == ".toml" else settings.boards_dir() / f"{name_or_path}.toml"
 
 
 def load_board(name_or_path: str) -> Board:
@@ -174,12 +175,12 @@ def measured_usable(board: Board, root: str | Path) -> tuple[int, str]:
     return available, f"MemAvailable of {meminfo}"
 
 
-def plan_board(board: Board, plan_one=None, measured: tuple[int, str] | None = None) -> BoardPlan:
+def plan_board(board: Board, plan_one: Callable[[Any, str], contract.Plan],
+               measured: tuple[int, str] | None = None) -> BoardPlan:
     """The set's plan: each model's own (at its recipe's limits), then the set against the board's memory
-    (measured: (bytes, where) read on the board, replacing the table's figure).
-    plan_one(recipe, target) -> contract.Plan: the recipe's plan (the tests pass recipes not in recipes/)."""
+    (measured: (bytes, where) read on the board, replacing the table's figure). plan_one(recipe, target): the
+    recipe's plan as its plan stage makes it (graph/stages/plan.plan_now)."""
     from pipeline.plan.targets import get_target
-    plan_one = plan_one or _plan_recipe
     target = get_target(board.target)
     usable = target.usable_headless_bytes if board.headless else target.usable_bytes
     usable_from = "the target table"
@@ -250,14 +251,6 @@ def _recipe_for(m: BoardModel, board: Board):
         raise PipelineError(f"{board.file}: model {m.recipe}: the recipe does not build for {board.target} (its "
                             f"targets: {', '.join(recipe.targets)})", f"add {board.target} to the recipe's targets")
     return recipe
-
-
-def _plan_recipe(recipe, target: str) -> contract.Plan:
-    from pipeline.graph.stage import RecipeGraph
-    from pipeline.graph.stages.plan import model_dir
-    from pipeline.recipe import config_for, plan_recipe
-    config, source = config_for(recipe, recipe.model, model_dir(RecipeGraph(recipe)))
-    return plan_recipe(recipe, target, config, source)
 
 
 def render(plan: BoardPlan) -> str:

@@ -120,8 +120,9 @@ def _plan_board(args) -> int:
     if ignored:
         raise PipelineError(f"{', '.join(ignored)}: a board file sets its target, and each [[model]]'s recipe and "
                             "limits the rest", "edit the board file")
+    from pipeline.graph.stages.plan import plan_now
     board = load_board(args.board)
-    plan = plan_board(board, measured=measured_usable(board, args.board_root) if args.board_root else None)
+    plan = plan_board(board, plan_now, measured=measured_usable(board, args.board_root) if args.board_root else None)
     print(json.dumps(plan.to_dict(), indent=1) if args.json else render(plan))
     for reason in plan.refused:
         print(f"refused: {reason}", file=sys.stderr)

@@ -14,6 +14,7 @@ from pathlib import Path
 ENV: dict[str, str] = {
     "PIPELINE_ROOT": "the project directory (default: the current directory)",
     "PIPELINE_RECIPES": "the recipes directory (default: PIPELINE_ROOT/recipes)",
+    "PIPELINE_BOARDS": "the board files directory (default: PIPELINE_ROOT/boards)",
     "PIPELINE_ARTIFACTS": "where stage outputs, kits and logs go (default: PIPELINE_ROOT/artifacts)",
     "JETSON_PIPELINE_HOME": "keys: the signing key, trusted keys, the device secret (default: "
                             "~/.config/jetson-pipeline)",
@@ -60,6 +61,10 @@ def project_root() -> Path:
 
 def recipes_dir() -> Path:
     return Path(get("PIPELINE_RECIPES") or project_root() / "recipes")
+
+
+def boards_dir() -> Path:
+    return Path(get("PIPELINE_BOARDS") or project_root() / "boards")
 
 
 def artifacts_dir() -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 KNOWN_VARS = {"recipe": "comma-separated recipe names (default: every recipe in recipes/)",
+              "board": "a board's set (boards/NAME.toml or a path): its recipes, once the set's plan fits the board",
               "accept-quality": "1: sign kits that miss their recipe's quality gate (it is said in the output)",
               "cache": "a shared stage cache, oci://HOST[:PORT]/REPO or oci-layout:DIR (default: "
                        "$JETSON_PIPELINE_CACHE): stages are pulled from it instead of computed, and pushed to it",

@@ -4,7 +4,8 @@ generators from here; nothing names a stage's task but its row.
 
 Tasks are `<stage>:<recipe>` (`<stage>:<recipe>@<target>` for per-target stages of a recipe with several targets);
 `build:<recipe>` depends on every stage of the recipe. `recipe=a,b` on the command line selects recipes (default:
-all of them); any other command-line variable is an error, because doit itself accepts misspellings silently.
+all of them), `board=NAME` a board's set once its plan fits; any other command-line variable is an error, because
+doit itself accepts misspellings silently.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from pipeline.errors import PipelineError
 from pipeline.graph.cmdline import KNOWN_VARS, accept_quality, cmdline_vars, stage_cache
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from pipeline.recipe import Recipe
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 
@@ -52,8 +53,12 @@ def _load_selection() -> tuple[tuple[Recipe, ...], dict[str, str]]:
     except PipelineError as exc:
         fail(f"cache: {exc}")
     wanted = cmdline_vars().get("recipe")
-    named = wanted is not None
-    names = [n.strip() for n in wanted.split(",") if n.strip()] if wanted is not None else recipe_names()
+    board = cmdline_vars().get("board")
+    if board is not None and wanted is not None:
+        fail("give recipe= or board=, not both")
+    named = wanted is not None or board is not None
+    names = board_recipes(board) if board is not None else \
+        [n.strip() for n in wanted.split(",") if n.strip()] if wanted is not None else recipe_names()
     if named and not names:
         fail("recipe= is empty; name a recipe, e.g. recipe=tiny-llama-cpu")
     recipes, invalid = [], {}
@@ -66,6 +71,24 @@ def _load_selection() -> tuple[tuple[Recipe, ...], dict[str, str]]:
             invalid[name] = str(exc)
             print(f"error: recipe {name} is invalid, skipped (the others go on): {exc}", file=sys.stderr)
     return tuple(recipes), invalid
+
+
+def board_recipes(name: str) -> list[str]:
+    """The recipes of board=NAME, once the set's plan fits the board (pipeline/boards.py): an over-committed set is
+    refused before any stage runs, with every reason."""
+    from pipeline.boards import load_board, plan_board
+    from pipeline.graph.stages.plan import plan_now
+    try:
+        board = load_board(name)
+        plan = plan_board(board, plan_now)
+    except PipelineError as exc:
+        fail(f"board {name}: {exc}")
+    if not plan.ok:
+        fail(f"board {board.name} does not fit {board.target}; nothing was built:\n  " + "\n  ".join(plan.refused)
+             + f"\n  (python -m pipeline plan --board {name} shows the set)")
+    print(f"board {board.name}: {len(board.models)} models fit {board.target} together (peak "
+          f"{plan.peak / 1e9:.2f} of {plan.usable / 1e9:.2f} GB)", file=sys.stderr)
+    return [m.recipe for m in board.models]
 
 
 @cache

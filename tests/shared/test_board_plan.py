@@ -15,6 +15,7 @@ from conftest import REPO
 
 from pipeline.boards import Board, BoardModel, load_board, measured_usable, plan_board
 from pipeline.errors import InputError, PipelineError
+from pipeline.graph.stages.plan import plan_now
 from pipeline.plan.targets import get_target
 
 
@@ -25,27 +26,25 @@ def _board(tmp_path, text: str):
 
 
 def test_the_shipped_board_fits_as_the_sum_of_its_models_own_plans():
-    plan = plan_board(load_board("robot-thor"))
+    plan = plan_board(load_board("robot-thor"), plan_now)
     assert plan.ok and plan.usable == get_target("agx-thor").usable_headless_bytes
     by = {i.recipe: i for i in plan.items}
     resident = by["nemotron-3-nano-30b-a3b-thor"].total + by["qwen2.5-vl-7b-thor"].total
     assert plan.resident == resident and plan.largest_on_demand is by["gemma-4-26b-a4b-thor"]
     assert plan.peak == resident + by["gemma-4-26b-a4b-thor"].total
     # each model as its recipe plans it alone: the limits its kit is built with, nothing the board could change
-    from pipeline.boards import _plan_recipe
     from pipeline.recipe import load_recipe
     for name, item in by.items():
-        alone = _plan_recipe(load_recipe(name), "agx-thor")
+        alone = plan_now(load_recipe(name), "agx-thor")
         assert item.plan.limits == alone.limits and item.total == alone.memory.total, name
     assert json.loads(json.dumps(plan.to_dict()))["margin"] == plan.usable - plan.peak
 
 
 def _scaled(totals: dict[str, int]):
     """Each recipe's real plan with its total set to the figure given: the set's arithmetic at its edges."""
-    from pipeline.boards import _plan_recipe
 
     def plan_one(recipe, target):
-        plan = _plan_recipe(recipe, target)
+        plan = plan_now(recipe, target)
         return dataclasses.replace(plan, memory=dataclasses.replace(plan.memory, total=totals[recipe.name]))
     return plan_one
 
@@ -82,7 +81,7 @@ def test_an_on_demand_model_must_fit_beside_the_resident_ones():
     usable = get_target("orin-nano-8gb").usable_headless_bytes
     board = Board("nano", "boards/nano.toml", "orin-nano-8gb", "", True,
                   (BoardModel("qwen2.5-1.5b-orin-nano"), BoardModel("llama3.2-3b-orin-nano", "on-demand")))
-    real = plan_board(board)
+    real = plan_board(board, plan_now)
     (why,) = real.refused
     assert why.startswith("boards/nano.toml: llama3.2-3b-orin-nano (on-demand, ") and "does not fit beside the " \
         "resident models" in why, why
@@ -138,7 +137,7 @@ def test_a_board_without_models_and_a_missing_board_are_one_error_each(tmp_path)
         load_board("nope")
     board = Board("b", "b.toml", "agx-thor", "", True, (BoardModel("tiny-llama-cpu"),))
     with pytest.raises(PipelineError, match=r"b.toml: model tiny-llama-cpu: the recipe does not build for agx-thor"):
-        plan_board(board)
+        plan_board(board, plan_now)
 
 
 def test_plan_board_on_the_command_line(tmp_path):
@@ -166,10 +165,10 @@ def test_on_the_board_its_memavailable_replaces_the_tables_figure(tmp_path):
     board = load_board("robot-thor")
     available, where = measured_usable(board, BOARDS / "agx-thor-jp72")
     assert available == 123880448 * 1024 and where.endswith("agx-thor-jp72/proc/meminfo")
-    plan = plan_board(board, measured=(available, where))
+    plan = plan_board(board, plan_now, measured=(available, where))
     assert plan.ok and plan.usable == available and plan.to_dict()["usable_from"] == where
     # a board that has less left than the set's peak: refused, the measured figure named
-    short = plan_board(board, measured=(plan.resident + 1, where))
+    short = plan_board(board, plan_now, measured=(plan.resident + 1, where))
     assert not short.ok and f"GB usable on agx-thor ({where})" in short.refused[0], short.refused
     with pytest.raises(PipelineError, match=r"target = 'agx-thor', and the board under .*orin-nano-8gb-jp72 is "
                                             r"'orin-nano-8gb-super'"):
@@ -183,3 +182,27 @@ def test_on_the_board_its_memavailable_replaces_the_tables_figure(tmp_path):
                           str(BOARDS / "agx-thor-jp72")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert cli.returncode == 0 and f"GB usable (MemAvailable of {BOARDS / 'agx-thor-jp72'}/proc/meminfo)" \
         in cli.stdout.splitlines()[0], cli.stdout + cli.stderr
+
+
+def test_doit_board_selects_the_sets_recipes_and_refuses_a_set_that_cannot_share_the_board(project):
+    """`doit ... board=NAME`: the set's plan first; a set that fits selects its recipes (their tasks, nothing else), a
+    set that does not is refused with its reasons before any stage runs."""
+    for name in ("tiny-llama-cpu", "tiny-agent", "tiny-qwen3_5"):
+        (project.recipes / f"{name}.toml").write_text((REPO / "recipes" / f"{name}.toml").read_text())
+    fits = project.root / "fits.toml"
+    fits.write_text('target = "orin-nano-8gb"\n[[model]]\nrecipe = "tiny-llama-cpu"\n'
+                    '[[model]]\nrecipe = "tiny-agent"\nresidency = "on-demand"\n')
+    listed = project.doit("list", "--all", f"board={fits}")
+    assert "board fits: 2 models fit orin-nano-8gb together (peak " in listed.stderr, listed.stderr
+    tasks = {line.split()[0] for line in listed.stdout.splitlines() if line.strip()}
+    assert {"build:tiny-llama-cpu", "build:tiny-agent"} <= tasks and not any("tiny-qwen3_5" in t for t in tasks)
+    mixed = project.root / "mixed.toml"
+    mixed.write_text('target = "orin-nano-8gb"\n[[model]]\nrecipe = "tiny-llama-cpu"\n'
+                     '[[model]]\nrecipe = "tiny-qwen3_5"\nresidency = "on-demand"\n')
+    refused = project.doit("build", f"board={mixed}", check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "error: board mixed does not fit orin-nano-8gb; nothing was built:" in refused.stderr
+    assert "no JetPack release runs every model's engine" in refused.stderr
+    assert not (project.artifacts / "stages").exists()
+    both = project.doit("list", "recipe=tiny-agent", f"board={fits}", check=False)
+    assert both.returncode == 2 and "give recipe= or board=, not both" in both.stderr

@@ -93,6 +93,14 @@ def do_plan(run: StageRun) -> contract.Plan:
     return plan
 
 
+def plan_now(recipe, target: str) -> contract.Plan:
+    """A recipe's plan for one target as its plan stage would make it now (the fetched configs where the fetch ran),
+    without running the stage: what a board's set plan (pipeline/boards.py) sums, before anything is built."""
+    from pipeline.recipe import plan_recipe
+    (config, source), draft, base = _configs(RecipeGraph(recipe))
+    return plan_recipe(recipe, target, config, source, draft=draft, base=base)
+
+
 def plan_of(g: RecipeGraph, target: str) -> contract.Plan:
     """The current plan of one target (the plan task always runs before the stages that read it), read once and
     checked."""
