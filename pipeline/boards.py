@@ -2,8 +2,10 @@
 
 `boards/NAME.toml` names the target and the recipes that share it; each is `resident` (loaded with the server and
 held) or `on-demand` (loaded when asked, one at a time beside the resident ones, unloaded when idle). A model's own
-plan (plan_recipe at its recipe's build limits) sizes its engine, its KV cache (the capacity its engine is built with
-from those limits, which it can never grow past: no model takes another's memory), its activations and its runtime.
+plan (plan_recipe at its recipe's build limits) sizes its engine, its KV cache (the capacity from those limits, which
+it can never grow past: Edge-LLM's llm_build fixes it with --maxKVCacheCapacity, and TensorRT-LLM 0.12's executor is
+capped at it, runtime/trtllm.py, instead of its default 90% of free memory; so no model takes another's memory), its
+activations and its runtime.
 A model's KV budget on a board is therefore its recipe's max_batch_size x max_seq_len: the board file does not
 override them, since the kit is built from the recipe and a figure the engine was not built with would not hold
 (a smaller budget for one board: a recipe of its own). The set fits when the resident models together, plus the

@@ -70,7 +70,7 @@ def check_checkpoint(model_dir: Path, source: str) -> None:
     from pipeline.workstation.prequantized import detect, logical_headers
     held = detect(model_dir)        # a pre-quantized checkpoint: its tensors as its metadata says, then as weights
     headers = logical_headers(held, typed, source) if held is not None else {k: s for k, (_, s) in typed.items()}
-    mismatch = config_mismatch(shape, headers) or unaccounted(model_dir, headers)
+    mismatch = config_mismatch(shape, headers) or unaccounted(model_dir, headers, shape)
     if mismatch:
         raise PipelineError(f"{source}: the weights in {model_dir} are not the model its config.json describes: "
                             + "; ".join(mismatch[:3]), "use config.json and weights of one revision of one model")
@@ -127,7 +127,7 @@ def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
 MODULE_SCALES = ("input_scale", "k_scale", "v_scale", "q_scale", "pre_quant_scale")
 
 
-def unaccounted(model_dir: Path, headers: dict[str, tuple]) -> list[str]:
+def unaccounted(model_dir: Path, headers: dict[str, tuple], shape=None) -> list[str]:
     """Tensors transformers' own model of config.json has no place for, and tensors it needs that the weights lack,
     from the headers alone: transformers loads the names and shapes onto the meta device (its renames and fused
     experts as it applies them to a real load; nothing is read or allocated). An extra tensor was caught only at the
@@ -145,15 +145,18 @@ def unaccounted(model_dir: Path, headers: dict[str, tuple]) -> list[str]:
     cls = model_class(model_dir)
     if hasattr(cls, "_model_mapping"):      # an Auto class: its concrete class (only that takes a state dict alone)
         cls = cls._model_mapping[type(model_config)]
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity(logging.ERROR)             # its loading report: ours is the error below
+    level, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity(logging.ERROR)             # its loading report and progress: ours is the error below
+    hf_logging.disable_progress_bar()
     try:
         _, info = cls.from_pretrained(None, config=model_config, state_dict=state, device_map="meta",
                                       output_loading_info=True)
     except Exception as exc:        # noqa: BLE001 - transformers' own refusal of the names, said as ours
-        return [f"transformers cannot place its tensors ({type(exc).__name__}: {str(exc)[:200]})"]
+        return [_unconvertible(headers, shape, exc)]
     finally:
         hf_logging.set_verbosity(level)
+        if bar:
+            hf_logging.enable_progress_bar()
     extra = sorted(info["unexpected_keys"]) + sorted(
         k for k in scales if k.rsplit(".", 1)[0] + ".weight" not in headers)
     out = [f"{len(extra)} tensor(s) the config has no place for (e.g. {extra[0]})"] if extra else []
@@ -161,6 +164,19 @@ def unaccounted(model_dir: Path, headers: dict[str, tuple]) -> list[str]:
     if missing:
         out.append(f"{len(missing)} tensor(s) the config's model needs are missing (e.g. {missing[0]})")
     return out
+
+
+def _unconvertible(headers: dict[str, tuple], shape, exc: Exception) -> str:
+    """Why transformers could not turn the weights into the config's model (its fused experts gather them by index):
+    an expert past the config's count named where there is one, else transformers' own first line."""
+    import re
+    count = shape.experts.count if shape is not None and shape.experts is not None else None
+    for name in sorted(headers):
+        m = re.search(r"\.experts\.(\d+)\.", name)
+        if count is not None and m and int(m.group(1)) >= count:
+            return f"{name}: expert {m.group(1)}, and the config has {count} experts (0-{count - 1})"
+    first = (str(exc).splitlines() or [""])[0].split(" For details")[0]
+    return f"transformers cannot build the config's model from these tensors ({type(exc).__name__}: {first[:160]})"
 
 
 def _compare(shape, want: dict, headers: dict[str, tuple], base: str) -> list[str]:

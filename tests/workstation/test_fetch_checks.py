@@ -91,3 +91,27 @@ def test_a_link_out_of_the_model_directory_is_refused_before_anything_reads_thro
         os.symlink(os.path.relpath(blobs / f.name, snap), f)
     fetch_local(snap, tmp_path / "out2", "r.toml")
     assert (tmp_path / "out2" / "model.safetensors").stat().st_size == (blobs / "model.safetensors").stat().st_size
+
+
+def test_an_expert_past_the_configs_count_is_refused_at_fetch_naming_it(tmp_path):
+    """transformers gathers a checkpoint's per-expert tensors into its fused experts by index: one past the config's
+    count made its conversion fail with a pointer to a report nobody saw; fetch names the tensor and the count."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from pipeline.workstation.fetch import check_checkpoint
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_experts=4,
+                            num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=8, vocab_size=64, max_position_embeddings=128)
+    Qwen3MoeForCausalLM(config).save_pretrained(tmp_path / "moe")
+    check_checkpoint(tmp_path / "moe", "r.toml")            # as saved: every expert where the config puts it
+    tensors = load_file(str(tmp_path / "moe" / "model.safetensors"))
+    assert "model.layers.1.mlp.experts.3.up_proj.weight" in tensors      # the hub's per-expert layout
+    tensors["model.layers.1.mlp.experts.4.up_proj.weight"] = torch.zeros(16, 32)
+    save_file(tensors, str(tmp_path / "moe" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(PipelineError) as err:
+        check_checkpoint(tmp_path / "moe", "r.toml")
+    assert err.value.message.endswith("describes: model.layers.1.mlp.experts.4.up_proj.weight: expert 4, and the "
+                                      "config has 4 experts (0-3)"), err.value.message
