@@ -19,8 +19,8 @@ from typing import Any
 
 # where checkpoints keep their decoder layers (text models, vision-language models, Nemotron-H)
 LAYER_PREFIXES = ("model.layers.", "model.language_model.layers.", "language_model.model.layers.", "backbone.layers.")
-# a module name or glob is a few dozen characters; these bounds keep a hostile config's patterns from costing more than
-# a fraction of a second to match (each * is a search of its own)
+# a module name or glob is a few dozen characters; these bounds keep the matching of a hostile config's patterns
+# bounded (each * is a search of its own: unbounded, a config of wildcard runs held the planner for minutes)
 MAX_PATTERNS, MAX_PATTERN_CHARS, MAX_WILDCARDS = 4096, 256, 8
 
 
