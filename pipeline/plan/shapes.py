@@ -150,6 +150,10 @@ class ModelShape:
         kept = self.kept_fp16(fmt) if fmt is not None else ()
         return sorted({inp for name, inp, _, _ in self.linears() if name not in kept})
 
+    def indexed_modules(self) -> dict[str, int]:
+        """Every part's module lists kept by index, {name: count} (plan/parts/base.py Part.indexed_modules)."""
+        return {k: v for p in self.parts for k, v in p.indexed_modules().items()}
+
     @property
     def per_layer_table_params(self) -> int:
         """Tables outside the engine, never read whole per token (Gemma 4's per-layer input embeddings)."""

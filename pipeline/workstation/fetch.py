@@ -168,13 +168,15 @@ def unaccounted(model_dir: Path, headers: dict[str, tuple], shape=None) -> list[
 
 def _unconvertible(headers: dict[str, tuple], shape, exc: Exception) -> str:
     """Why transformers could not turn the weights into the config's model (its fused experts gather them by index):
-    an expert past the config's count named where there is one, else transformers' own first line."""
+    a tensor whose index is past its list's count named where the shape knows the list, else transformers' own first
+    line."""
     import re
-    count = shape.experts.count if shape is not None and shape.experts is not None else None
+    counts = shape.indexed_modules() if shape is not None else {}
     for name in sorted(headers):
-        m = re.search(r"\.experts\.(\d+)\.", name)
-        if count is not None and m and int(m.group(1)) >= count:
-            return f"{name}: expert {m.group(1)}, and the config has {count} experts (0-{count - 1})"
+        for m in re.finditer(r"\.(\w+)\.(\d+)\.", name):
+            count = counts.get(m.group(1))
+            if count is not None and int(m.group(2)) >= count:
+                return f"{name}: {m.group(1)} index {m.group(2)}, and the config has {count} (0-{count - 1})"
     first = (str(exc).splitlines() or [""])[0].split(" For details")[0]
     return f"transformers cannot build the config's model from these tensors ({type(exc).__name__}: {first[:160]})"
 

@@ -113,5 +113,5 @@ def test_an_expert_past_the_configs_count_is_refused_at_fetch_naming_it(tmp_path
     save_file(tensors, str(tmp_path / "moe" / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(PipelineError) as err:
         check_checkpoint(tmp_path / "moe", "r.toml")
-    assert err.value.message.endswith("describes: model.layers.1.mlp.experts.4.up_proj.weight: expert 4, and the "
-                                      "config has 4 experts (0-3)"), err.value.message
+    assert err.value.message.endswith("describes: model.layers.1.mlp.experts.4.up_proj.weight: experts index 4, and "
+                                      "the config has 4 (0-3)"), err.value.message

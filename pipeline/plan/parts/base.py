@@ -131,6 +131,11 @@ class Part:
         """The layers whose MLP this part makes an MoE block (a hybrid's block list decides them); () elsewhere."""
         return ()
 
+    def indexed_modules(self) -> dict[str, int]:
+        """Module lists a checkpoint keeps by index under this part, {name: count} (an MoE's `experts.<j>.`): fetch
+        names a tensor whose index is past the count."""
+        return {}
+
     # -- the layers
     def edit_layers(self, core: Core, layers: list[Layer]) -> list[Layer]:
         return layers
