@@ -123,11 +123,7 @@ def config_mismatch(shape, headers: dict[str, tuple]) -> list[str]:
     return _compare(shape, want, headers, base)
 
 
-# a pre-quantized checkpoint's activation and K/V scales: accounted for by the linear they sit on
-MODULE_SCALES = ("input_scale", "k_scale", "v_scale", "q_scale", "pre_quant_scale")
-
-
-def unaccounted(model_dir: Path, headers: dict[str, tuple], shape=None) -> list[str]:
+def unaccounted(model_dir: Path, headers: dict[str, tuple], shape) -> list[str]:
     """Tensors transformers' own model of config.json has no place for, and tensors it needs that the weights lack,
     from the headers alone: transformers loads the names and shapes onto the meta device (its renames and fused
     experts as it applies them to a real load; nothing is read or allocated). An extra tensor was caught only at the
@@ -138,9 +134,10 @@ def unaccounted(model_dir: Path, headers: dict[str, tuple], shape=None) -> list[
     from transformers.utils import logging as hf_logging
 
     from pipeline.workstation.models import model_class
-    from pipeline.workstation.prequantized import unquantized_config
-    scales = [k for k in headers if k.endswith(MODULE_SCALES)]
-    state = {k: torch.empty(s, device="meta") for k, s in headers.items() if not k.endswith(MODULE_SCALES)}
+    from pipeline.workstation.prequantized import ACTIVATION_SCALES, unquantized_config
+    # a pre-quantized checkpoint's activation and K/V scales: accounted for by the linear they sit on (below)
+    scales = [k for k in headers if k.endswith(ACTIVATION_SCALES)]
+    state = {k: torch.empty(s, device="meta") for k, s in headers.items() if not k.endswith(ACTIVATION_SCALES)}
     model_config = unquantized_config(model_dir)
     cls = model_class(model_dir)
     if hasattr(cls, "_model_mapping"):      # an Auto class: its concrete class (only that takes a state dict alone)
@@ -171,7 +168,7 @@ def _unconvertible(headers: dict[str, tuple], shape, exc: Exception) -> str:
     a tensor whose index is past its list's count named where the shape knows the list, else transformers' own first
     line."""
     import re
-    counts = shape.indexed_modules() if shape is not None else {}
+    counts = shape.indexed_modules()
     for name in sorted(headers):
         for m in re.finditer(r"\.(\w+)\.(\d+)\.", name):
             count = counts.get(m.group(1))

@@ -167,6 +167,8 @@ def detect(model_dir: Path) -> Prequantized | None:
 
 
 # ------------------------------------------------------------------------------------------------- tensors, checked
+# a ModelOpt linear's activation and K/V scales: tensors of the linear they sit on, not weights of the model
+ACTIVATION_SCALES = ("input_scale", "k_scale", "v_scale", "q_scale", "pre_quant_scale")
 # the tensors a quantized linear of each kind is made of (its quantized weight and what dequantizes it)
 QUANT_ROLES = {MODELOPT: ("weight", "weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale", "k_scale",
                           "v_scale"),
@@ -439,7 +441,7 @@ def load_dequantized(model_dir: Path, pq: Prequantized, engine: bool, cls: Any):
     linears, rest = split_quantized(pq, tensors)
     offset = gptq_zero_offset(pq, next(iter(linears.values()))["qzeros"]) if pq.kind == GPTQ else 0
     state = {k: v.half().float() if v.is_floating_point() else v for k, v in rest.items()
-             if not k.endswith(("input_scale", "k_scale", "v_scale", "q_scale", "pre_quant_scale"))}
+             if not k.endswith(ACTIVATION_SCALES)}
     scales = {k: v for k, v in rest.items() if k.endswith(("input_scale", "k_scale", "v_scale", "pre_quant_scale"))}
     for base, t in linears.items():
         state[base + ".weight"] = dequantized(pq, t, engine, offset)

@@ -156,10 +156,10 @@ class Experts(Part):
         return (EXPERT_ROWS,)
 
     def plugin_rows(self) -> tuple[str, ...]:
-        return (EXPERT_ROWS,)
+        return (EXPERT_ROWS,)       # the format's MoE plugin (Int4MoePlugin, Nvfp4MoePlugin, Fp16MoePlugin)
 
     def indexed_modules(self) -> dict[str, int]:
-        return {"experts": self.count}       # the format's MoE plugin (Int4MoePlugin, Nvfp4MoePlugin, Fp16MoePlugin)
+        return {"experts": self.count}
 
     def keeps_dense_ffn(self, core: Core) -> bool:
         # every layer an MoE layer (Qwen3-30B-A3B): Edge-LLM's export then writes no int4_ffn file
