@@ -34,6 +34,7 @@ RESIDENT, ON_DEMAND = "resident", "on-demand"
 MAX_MODELS = 16
 MAX_BOARD_BYTES = 256 * 1024
 GB = 1e9
+TABLE = "the target table"      # where the usable figure comes from unless the board's MemAvailable was read
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class BoardPlan:
     usable: int
     items: tuple[SetItem, ...]
     refused: tuple[str, ...]
-    usable_from: str = "the target table"       # or the board's own MemAvailable (measured_usable)
+    usable_from: str = TABLE        # or the board's own MemAvailable (measured_usable)
 
     @property
     def ok(self) -> bool:
@@ -141,6 +142,13 @@ class BoardPlan:
     @property
     def resident(self) -> int:
         return sum(i.total for i in self.items if i.residency == RESIDENT)
+
+    @property
+    def usable_said(self) -> str:
+        """Where the usable figure came from, as the table and the refusals say it."""
+        if self.usable_from != TABLE:
+            return self.usable_from
+        return "headless" if self.headless else "with a desktop"
 
     @property
     def largest_on_demand(self) -> SetItem | None:
@@ -185,7 +193,7 @@ def plan_board(board: Board, plan_one: Callable[[Any, str], contract.Plan],
     from pipeline.plan.targets import get_target
     target = get_target(board.target)
     usable = target.usable_headless_bytes if board.headless else target.usable_bytes
-    usable_from = "the target table"
+    usable_from = TABLE
     if measured is not None:
         usable, usable_from = measured
     items, refused = [], []
@@ -195,8 +203,7 @@ def plan_board(board: Board, plan_one: Callable[[Any, str], contract.Plan],
         refused += [f"{board.file}: model[{i}] {m.recipe}: {r}" for r in plan.refused]
     out = BoardPlan(board.name, board.target, board.headless, usable, tuple(items), (), usable_from)
     refused += _one_jetpack(board, items)
-    where = f"{usable / GB:.2f} GB usable on {board.target} " + (
-        f"({usable_from})" if measured is not None else f"({'headless' if board.headless else 'with a desktop'})")
+    where = f"{usable / GB:.2f} GB usable on {board.target} ({out.usable_said})"
     residents = sorted((i for i in items if i.residency == RESIDENT), key=lambda i: -i.total)
     if out.resident > usable and residents:
         big = residents[0]
@@ -257,9 +264,7 @@ def _recipe_for(m: BoardModel, board: Board):
 
 def render(plan: BoardPlan) -> str:
     rows = [f"board {plan.board} on {plan.target}: {'fits' if plan.ok else 'DOES NOT FIT'}, peak "
-            f"{plan.peak / GB:.2f} of {plan.usable / GB:.2f} GB usable ("
-            + (plan.usable_from if plan.usable_from != "the target table" else
-               'headless' if plan.headless else 'desktop') + ")",
+            f"{plan.peak / GB:.2f} of {plan.usable / GB:.2f} GB usable ({plan.usable_said})",
             f"  {'model':<34} {'residency':<10} {'total':>9} {'weights':>9} {'KV':>8}  limits (batch, seq)  decode"]
     for i in plan.items:
         m = i.plan.memory

@@ -118,8 +118,8 @@ def _plan_board(args) -> int:
     ignored = [flag for flag, dest in {**AD_HOC_FLAGS, "--target": "target", "--backend": "backend"}.items()
                if getattr(args, dest) is not None]
     if ignored:
-        raise PipelineError(f"{', '.join(ignored)}: a board file sets its target, and each [[model]]'s recipe and "
-                            "limits the rest", "edit the board file")
+        raise PipelineError(f"{', '.join(ignored)}: a board file sets its target, and each [[model]]'s recipe the "
+                            "rest", "edit the board file")
     from pipeline.graph.stages.plan import plan_now
     board = load_board(args.board)
     plan = plan_board(board, plan_now, measured=measured_usable(board, args.board_root) if args.board_root else None)
