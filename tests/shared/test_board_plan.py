@@ -156,6 +156,11 @@ def test_plan_board_on_the_command_line(tmp_path):
         in refused.stderr and "Traceback" not in refused.stderr
     both = run("--board", "robot-thor", "--target", "agx-thor")
     assert both.returncode == 2 and "--target: a board file sets its target" in both.stderr
+    two = run("tiny-llama-cpu", "--board", "robot-thor")
+    assert two.returncode == 2 and "give one of a recipe, --model-config or --board" in two.stderr
+    root_alone = run("tiny-llama-cpu", "--board-root", "/")
+    assert root_alone.returncode == 2 and "--board-root applies to --board only" in root_alone.stderr
+    assert "Traceback" not in two.stderr + root_alone.stderr
 
 
 BOARDS = REPO / "tests" / "fixtures" / "devices"
