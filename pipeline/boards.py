@@ -262,6 +262,18 @@ def _recipe_for(m: BoardModel, board: Board):
     return recipe
 
 
+def serving_set(name_or_path: str):
+    """`serve --board`'s view of a board file: (SetSpec: each recipe and whether it is resident, the usable memory
+    from the target table (headless or with a desktop) as the budget), and the board's target."""
+    from pipeline.plan.targets import get_target
+    from pipeline.serve.modelset import SetSpec
+    board = load_board(name_or_path)
+    target = get_target(board.target)
+    usable = target.usable_headless_bytes if board.headless else target.usable_bytes
+    said = f"{board.file}: {board.target}'s usable memory, {'headless' if board.headless else 'with a desktop'}"
+    return SetSpec(tuple((m.recipe, m.residency == RESIDENT) for m in board.models), usable, said), board.target
+
+
 def render(plan: BoardPlan) -> str:
     rows = [f"board {plan.board} on {plan.target}: {'fits' if plan.ok else 'DOES NOT FIT'}, peak "
             f"{plan.peak / GB:.2f} of {plan.usable / GB:.2f} GB usable ({plan.usable_said})",

@@ -316,10 +316,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_board(sub)
     from pipeline.oci.command import add_parser as add_oci
     add_oci(sub)
+    from pipeline.boards import serving_set
     from pipeline.graph.reference import from_recipe
     from pipeline.serve.bench import add_parser as add_bench
     from pipeline.serve.command import add_parser as add_serve
-    add_serve(sub, from_recipe)
+    add_serve(sub, from_recipe, serving_set)
     add_bench(sub)
     for command in sub.choices.values():    # every option spelled out: `--api K` must never be taken as --api-key
         command.allow_abbrev = False

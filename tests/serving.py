@@ -97,12 +97,22 @@ class Served:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         with urllib.request.urlopen(urllib.request.Request(self.url + "/metrics", headers=headers), timeout=5) as r:
             text = r.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
-        return out
+        return parse_metrics(text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text by series; a model's series (its `model` label) also summed under the series without that
+    label, the server's total across its models (`jetson_llm_requests_running`)."""
+    import re
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+            bare = re.sub(r'model="[^"]*",?', "", name).replace(",}", "}").replace("{}", "")
+            if bare != name:
+                out[bare] = out.get(bare, 0.0) + float(value)
+    return out
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""`python -m pipeline serve BUNDLE|RECIPE`: typed settings from the command line, the systemd unit, and uvicorn.
+"""`python -m pipeline serve BUNDLE|RECIPE ...` (or `--board NAME`): typed settings from the command line, the systemd
+unit, and uvicorn. Several models make a set (modelset.py).
 
 Safe by default: binds 127.0.0.1. Any other address needs --api-key (or JETSON_PIPELINE_API_KEY) or an explicit
 --no-auth, so an engine is never put on a robot's network open by accident.
@@ -24,11 +25,13 @@ FILE_LIMIT = 65536      # the unit's LimitNOFILE: systemd's default soft limit o
 
 
 RecipeSource = Callable[[str, "str | None", "int | None"], tuple[Any, Callable[[], Any]]]
+BoardSource = Callable[[str], tuple[Any, str]]
 
 
-def add_parser(sub, recipe_source: RecipeSource) -> None:
+def add_parser(sub, recipe_source: RecipeSource, board_source: BoardSource) -> None:
     """recipe_source(name, target, torch_threads) -> (Served, load): how a RECIPE is served (the graph's, handed in
-    by the CLI: the server knows nothing of recipes or stages)."""
+    by the CLI: the server knows nothing of recipes or stages); board_source(name) -> (SetSpec, its target): a board
+    file's set (pipeline/boards.py)."""
     s = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server: a verified engine bundle (device) or a built recipe "
         "(workstation)", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -40,7 +43,18 @@ def add_parser(sub, recipe_source: RecipeSource) -> None:
         "          into --work, then served by its backend (TensorRT-LLM 0.12 executor or Edge-LLM runtime)\n"
         "  RECIPE  a recipe built here with `doit build`: its quantized model in the exact numerics the goldens\n"
         "          were computed with (PyTorch, CPU or GPU), to develop an application before a board exists")
-    s.add_argument("what", metavar="BUNDLE|RECIPE", help="a bundle directory, or a recipe name")
+    s.add_argument("what", metavar="BUNDLE|RECIPE", nargs="*",
+                   help="bundle directories or recipe names (with --board: the board's bundles; none: its recipes)")
+    s.add_argument("--board", metavar="NAME", help="serve a board's set of models (boards/NAME.toml or a path)")
+    s.add_argument("--memory-budget", type=float, metavar="GB",
+                   help="with --board: the memory (GB, 1e9 bytes) the set may hold by plan, where less than the "
+                   "board's usable memory is free for it (other services); default: the board's usable memory")
+    s.add_argument("--keep-alive", default="5m", metavar="DURATION",
+                   help="how long an on-demand model stays loaded after its last request (seconds or e.g. 5m, 1h; "
+                   "0: unload once idle; negative: keep; a request's keep_alive overrides it; default 5m)")
+    s.add_argument("--load-wait", type=float, default=60.0, metavar="S",
+                   help="seconds a request waits for its on-demand model to load before a 503 with Retry-After "
+                   "(default 60)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     s.add_argument("--api-key", default=settings.get("JETSON_PIPELINE_API_KEY"),
@@ -83,7 +97,7 @@ def add_parser(sub, recipe_source: RecipeSource) -> None:
                    help="BUNDLE: probe this directory instead of / (a recorded board)")
     s.add_argument("--systemd", metavar="UNIT_FILE",
                    help="write a systemd unit that runs this same command (restart on failure) and exit")
-    s.set_defaults(func=run, recipe_source=recipe_source)
+    s.set_defaults(func=run, recipe_source=recipe_source, board_source=board_source)
 
 
 def _check(args) -> None:
@@ -94,8 +108,12 @@ def _check(args) -> None:
         raise PipelineError("--api-key and --no-auth contradict each other", "pass one of them")
     if not 1 <= args.port <= 65535:
         raise PipelineError(f"--port {args.port}: not a TCP port", "pass 1..65535")
-    if args.max_queue < 0 or args.request_timeout <= 0:
-        raise PipelineError("--max-queue must be >= 0 and --request-timeout > 0", "fix the value")
+    if args.max_queue < 0 or args.request_timeout <= 0 or args.load_wait <= 0:
+        raise PipelineError("--max-queue must be >= 0, --request-timeout and --load-wait > 0", "fix the value")
+    if args.memory_budget is not None and (not args.board or not args.memory_budget > 0):
+        raise PipelineError(f"--memory-budget {args.memory_budget:g}: applies to --board, in GB > 0", "fix the value")
+    if not args.what and not args.board:
+        raise PipelineError("nothing to serve", "name a bundle or a recipe (or several), or --board NAME")
     if args.torch_threads is not None and args.torch_threads < 1:
         raise PipelineError(f"--torch-threads {args.torch_threads}: must be at least 1", "fix the value")
     if not (args.header_timeout > 0 and args.body_timeout > 0 and args.max_connections >= 1):
@@ -120,7 +138,8 @@ UNIT_OPTIONS = {"--host": "host", "--port": "port", "--torch-threads": "torch_th
                 "--request-timeout": "request_timeout",
                 "--header-timeout": "header_timeout", "--body-timeout": "body_timeout",
                 "--max-connections": "max_connections", "--target": "target", "--work": "work", "--pubkey": "pubkey",
-                "--root": "root"}
+                "--root": "root", "--board": "board", "--keep-alive": "keep_alive", "--load-wait": "load_wait",
+                "--memory-budget": "memory_budget"}
 UNIT_FLAGS = {"--no-auth": "no_auth", "--public-metrics": "public_metrics", "--no-truncate": "no_truncate",
               "--strict-limits": "strict_limits"}
 
@@ -128,8 +147,8 @@ UNIT_FLAGS = {"--no-auth": "no_auth", "--public-metrics": "public_metrics", "--n
 def unit_file(args) -> str:
     """A systemd service running this command, written from the parsed options (never by editing the command line
     given: an abbreviated --api would survive that): the API key goes in an environment file, never in the unit."""
-    cmd = [sys.executable, "-m", "pipeline", "serve", str(Path(args.what).absolute()) if Path(args.what).exists()
-           else args.what]
+    cmd = [sys.executable, "-m", "pipeline", "serve",
+           *(str(Path(w).absolute()) if Path(w).exists() else w for w in args.what)]
     for flag, dest in UNIT_OPTIONS.items():
         value = getattr(args, dest, None)
         if value is not None:
@@ -141,7 +160,8 @@ def unit_file(args) -> str:
         cmd += ["--allowed-host", name]
     for origin in args.cors_origin:
         cmd += ["--cors-origin", origin]
-    lines = ["[Unit]", f"Description=OpenAI-compatible LLM server ({args.what}, jetson-trtllm-pipeline)",
+    said = " ".join(args.what) or f"board {args.board}"
+    lines = ["[Unit]", f"Description=OpenAI-compatible LLM server ({said}, jetson-trtllm-pipeline)",
              "After=network-online.target", "Wants=network-online.target", "", "[Service]", "Type=simple",
              f"WorkingDirectory={Path.cwd()}", f"ExecStart={shlex.join(cmd)}", "Restart=on-failure", "RestartSec=5",
              f"LimitNOFILE={FILE_LIMIT}", "PrivateTmp=yes", "NoNewPrivileges=yes",
@@ -166,7 +186,8 @@ def run(args) -> int:
     from pipeline.files import write_atomic
     from pipeline.serve.app import Server, Settings, create_app
     from pipeline.serve.guard import connection_cap, guarded_protocol, raise_file_limit
-    from pipeline.serve.sources import from_bundle
+    from pipeline.serve.metrics import Metrics
+    from pipeline.serve.modelset import ModelSet
 
     _check(args)
     if args.systemd:
@@ -178,33 +199,80 @@ def run(args) -> int:
                   f"JETSON_PIPELINE_API_KEY=... | sudo tee {ENV_FILE} >/dev/null")
         return 0
     cap = connection_cap(args.max_connections, raise_file_limit())
-    what = Path(args.what)
-    if (what / "MANIFEST.json").is_file():
-        work = Path(args.work) if args.work else Path(f"{what.name}.serve")
-        served, load = from_bundle(what, work, args.root, args.pubkey)
-    else:
-        served, load = args.recipe_source(args.what, args.target, args.torch_threads)
-    if served.images is not None:
-        served = dataclasses.replace(served, images=dataclasses.replace(
-            served.images, allow_hosts=frozenset(h.lower() for h in args.allow_image_urls)))
-    elif args.allow_image_urls:
-        print(f"note: --allow-image-urls has no effect: {served.name} takes no images", file=sys.stderr)
+    keep_alive = _keep_alive(args.keep_alive)
+    spec, target = args.board_source(args.board) if args.board else (None, args.target)
+    if spec is not None and args.memory_budget is not None:
+        spec = dataclasses.replace(spec, budget=int(args.memory_budget * 1e9), budget_said="--memory-budget")
+    sources = _sources(args, spec, target)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    server = Server(served, Settings(api_key=args.api_key, max_queue=args.max_queue,
-                                     max_body_bytes=IMAGE_BODY_BYTES if served.images else TEXT_BODY_BYTES,
-                                     request_timeout=args.request_timeout, allowed_hosts=allowed_hosts(args),
-                                     cors_origins=frozenset(args.cors_origin),
-                                     public_metrics=args.public_metrics, truncate=not args.no_truncate,
-                                     strict_limits=args.strict_limits), load)
+    metrics = Metrics()
+    servers = []
+    for served, load, resident in sources:
+        settings = Settings(api_key=args.api_key, max_queue=args.max_queue,
+                            max_body_bytes=IMAGE_BODY_BYTES if served.images else TEXT_BODY_BYTES,
+                            request_timeout=args.request_timeout, allowed_hosts=allowed_hosts(args),
+                            cors_origins=frozenset(args.cors_origin), public_metrics=args.public_metrics,
+                            truncate=not args.no_truncate, strict_limits=args.strict_limits)
+        servers.append((Server(served, settings, load, metrics), resident))
+    models = ModelSet(servers, metrics, spec.budget if spec else None, spec.budget_said if spec else "",
+                      args.load_wait, keep_alive)
+    over = models.overcommitted()
+    if over is not None:
+        raise PipelineError(f"--board {args.board}: {over}", "python -m pipeline plan --board NAME says what fits; "
+                            "make a model on-demand, or give one a smaller KV budget or format")
     protocol = guarded_protocol(ConnectionLimits(header_timeout=args.header_timeout, body_timeout=args.body_timeout,
                                                  max_connections=cap))
     import uvicorn
-    print(f"serving {served.name} ({served.backend}; max_batch_size {served.limits.max_batch_size}, max_input_len "
-          f"{served.limits.max_input_len}, max_seq_len {served.limits.max_seq_len}) on http://{args.host}:"
-          f"{args.port}/v1 (at most {cap} connections)", flush=True)
+    for server, resident in servers:
+        served = server.served
+        print(f"serving {served.name} ({served.backend}; max_batch_size {served.limits.max_batch_size}, max_input_len "
+              f"{served.limits.max_input_len}, max_seq_len {served.limits.max_seq_len}"
+              f"{'' if len(servers) == 1 else '; resident' if resident else '; on demand'}) on http://{args.host}:"
+              f"{args.port}/v1 (at most {cap} connections)", flush=True)
     # no X-Forwarded-* rewriting (uvicorn trusts them from 127.0.0.1 by default; nothing here reads the client's
     # address or scheme, and one layer less runs before every request), no access log (warning level hides it, but
     # uvicorn formats its arguments for every response all the same)
-    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5,
+    uvicorn.run(create_app(models), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5,
                 http=protocol, proxy_headers=False, access_log=False)
     return 0
+
+
+def _keep_alive(value: str) -> float:
+    from pipeline.serve.modelset import keep_alive_of
+    from pipeline.serve.protocol import ApiError
+    try:
+        seconds = keep_alive_of(value)
+    except ApiError as exc:
+        raise PipelineError(f"--keep-alive {value!r}: {exc.message}", "e.g. --keep-alive 5m") from None
+    assert seconds is not None
+    return seconds
+
+
+def _sources(args, spec, target: str | None) -> list[tuple[Any, Callable[[], Any], bool]]:
+    """(Served, load, resident) per model: the WHATs given (bundles or recipes), or a board's recipes. With a board,
+    each WHAT must be one of its models (a bundle is named RECIPE@TARGET) and takes its residency."""
+    from pipeline.serve.sources import from_bundle
+
+    residency = dict(spec.models) if spec is not None else {}
+    out, names = [], set()
+    for what in args.what or [name for name, _ in spec.models]:
+        path = Path(what)
+        if (path / "MANIFEST.json").is_file():
+            work = Path(args.work) if args.work else Path(f"{path.name}.serve")
+            served, load = from_bundle(path, work, args.root, args.pubkey)
+        else:
+            served, load = args.recipe_source(what, target, args.torch_threads)
+        if served.images is not None:
+            served = dataclasses.replace(served, images=dataclasses.replace(
+                served.images, allow_hosts=frozenset(h.lower() for h in args.allow_image_urls)))
+        elif args.allow_image_urls and len(args.what) <= 1:
+            print(f"note: --allow-image-urls has no effect: {served.name} takes no images", file=sys.stderr)
+        recipe = served.name.split("@", 1)[0]
+        if spec is not None and recipe not in residency:
+            raise PipelineError(f"{what}: {served.name} is not a model of board {args.board} "
+                                f"({', '.join(residency)})", "serve the board's own bundles, or edit its board file")
+        if served.name in names:
+            raise PipelineError(f"{what}: {served.name} is given twice", "name each model once")
+        names.add(served.name)
+        out.append((served, load, residency.get(recipe, True)))
+    return out

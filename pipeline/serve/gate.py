@@ -33,9 +33,9 @@ class Gate:
       a page must not drive a model on the user's machine and read its answers unless the user said so;
     - a POST must say `Content-Type: application/json`: a page may send text/plain anywhere without asking first
       (a "simple" cross-origin request), never JSON;
-    - the API key (`Authorization: Bearer KEY`, the scheme in any case, or Anthropic's `x-api-key: KEY`) on /v1/*
-      and, unless public, /metrics: checked on the headers, before any body is read; a refused client's connection
-      is closed;
+    - the API key (`Authorization: Bearer KEY`, the scheme in any case, or Anthropic's `x-api-key: KEY`) on /v1/*,
+      /models/* (a set's load and unload) and, unless public, /metrics: checked on the headers, before any body is
+      read; a refused client's connection is closed;
     - the request counter, labelled by known route only (clients must not grow the label set).
     """
 
@@ -72,7 +72,7 @@ class Gate:
                             "server; call it from a program, or serve with --cors-origin ORIGIN",
                             code="origin_not_allowed", headers=CLOSE)
         path = scope.get("path", "")
-        guarded = path.startswith("/v1/") or (path == "/metrics" and not self.public_metrics)
+        guarded = path.startswith(("/v1/", "/models/")) or (path == "/metrics" and not self.public_metrics)
         if guarded and not self._key_ok(headers):
             return ApiError(401, "a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)",
                             code="invalid_api_key", headers=CLOSE)

@@ -37,6 +37,7 @@ class Served:
     defaults: SamplingDefaults = OPENAI_DEFAULTS     # for the sampling fields a request omits
     tool_format: ToolCallFormat | None = None        # how its family writes tool calls (where the template has tools)
     images: ImageSide | None = None                  # a vision-language model's image side (serve/images.py)
+    planned_bytes: int = 0      # its plan's memory at the limits its engine was built with (a set's budget counts it)
 
 
 def limits_of(plan: contract.Plan) -> Limits:
@@ -52,7 +53,7 @@ def served_of(name: str, created: int, tokenizer_dir: Path, goldens: contract.Go
     stops = goldens.stop_ids
     fmt = FORMATS.get(fam.tool_calls) if fam is not None and fam.tool_calls else None
     return Served(name, created, codec, stops, limits_of(plan), backend, goldens, sampling_defaults(tokenizer_dir),
-                  fmt, side)
+                  fmt, side, plan.memory.total if plan.memory is not None else 0)
 
 
 def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = None,

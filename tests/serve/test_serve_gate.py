@@ -32,7 +32,7 @@ def test_a_generation_post_goes_to_its_handler_and_everything_else_to_the_app():
             await send({"type": "http.response.start", "status": status, "headers": []})
             await send({"type": "http.response.body", "body": b""})
         return asgi
-    metrics = Metrics(lambda: {}, lambda: True)
+    metrics = Metrics()
     gate = Gate(answering("app", 405), api_key="k", metrics=metrics,
                 posts={"/v1/completions": answering("direct", 200)})
     json_key = [(b"content-type", b"application/json"), (b"authorization", b"Bearer k")]
