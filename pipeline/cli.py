@@ -459,8 +459,11 @@ def _add_board(sub) -> None:
                        "JetPack, backend version, board model), unpack it into --work and validate the engine on "
                        "the bundle's goldens, writing the same report as `device`. Exit 0 installed and passed, 1 "
                        "the golden check failed, 2 refused.")
-    i.add_argument("bundle", help="engine bundle directory (`device --out`, or `pull`ed from a registry)")
-    i.add_argument("--work", default=None, help="where the engine is installed (default: ./<bundle name>.install)")
+    i.add_argument("bundle", nargs="+", help="engine bundle directory (`device --out`, or `pull`ed from a "
+                   "registry); several: a board's set, installed together or not at all (each validated alone, then "
+                   "all loaded at once, the set's memory held to the sum of their plans)")
+    i.add_argument("--work", default=None, help="where the engine is installed (default: ./<bundle name>.install; "
+                   "a set: ./set.install)")
     i.add_argument("--out", default=".", help="where the report goes (default: .)")
     _on_board_args(i)
     i.add_argument("--any-board-model", action="store_true",
@@ -506,12 +509,14 @@ def _device_cmd(args) -> int:
 
 def _install_cmd(args) -> int:
     from pipeline.device.install import InstallOptions, run_install
-    return run_install(Path(args.bundle), work=Path(args.work) if args.work else None, out=Path(args.out),
-                       options=InstallOptions(root=args.root, pubkey=args.pubkey,
-                                              validate_timeout=args.validate_timeout,
-                                              load_requests=args.load_requests,
-                                              any_board_model=args.any_board_model, as_json=args.json,
-                                              allow_downgrade=args.allow_downgrade, switch_kit=args.switch_kit))
+    options = InstallOptions(root=args.root, pubkey=args.pubkey, validate_timeout=args.validate_timeout,
+                             load_requests=args.load_requests, any_board_model=args.any_board_model,
+                             as_json=args.json, allow_downgrade=args.allow_downgrade, switch_kit=args.switch_kit)
+    work = Path(args.work) if args.work else None
+    if len(args.bundle) > 1:
+        from pipeline.device.install_set import run_install_set
+        return run_install_set([Path(b) for b in args.bundle], work, Path(args.out), options)
+    return run_install(Path(args.bundle[0]), work=work, out=Path(args.out), options=options)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,8 @@ from pipeline.contract.device import (
     PromptOutcome,
     PromptResult,
     Report,
+    SetModel,
+    SetReport,
     Validation,
 )
 from pipeline.contract.kit import (
@@ -151,6 +153,8 @@ __all__ = [
     "ReaderCheck",
     "Record",
     "Report",
+    "SetModel",
+    "SetReport",
     "Speculative",
     "SpeculativeExport",
     "Stack",

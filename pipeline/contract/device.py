@@ -225,3 +225,25 @@ class Report(Record):
     prompts: list[PromptOutcome] = field(default_factory=list)
     gaps: list[Gap] = field(default_factory=list)      # figures > 25% off their prediction, with causes
     notes: list[str] = field(default_factory=list)     # e.g. golden answers too short to be a strong check
+
+
+@dataclass(frozen=True)
+class SetModel(Part):
+    """One model of an installed set: its own validation (alone) and its answers while every model was loaded."""
+    bundle: str
+    planned: int | None                 # the plan's total memory
+    alone_ok: bool                      # its own report passed (report: where it is)
+    report: str
+    coresident_agreement: float         # worst prompt's agreement with its goldens, every model loaded at once
+
+
+@dataclass(frozen=True)
+class SetReport(Record):
+    """`install` of a set: each model validated alone, then all of them loaded at once and asked their goldens
+    together, the board's memory watched over that run and held to the sum of their plans (+ MEMORY_TOLERANCE)."""
+    FORMAT: ClassVar[str] = "jetson-set-report/1"
+    ok: bool
+    models: list[SetModel]
+    checks: list[Check]
+    measured: PhaseMemory               # the co-resident run's memory
+    planned: int                        # the sum of the models' plans

@@ -12,9 +12,9 @@ import time
 import httpx
 import openai
 import pytest
+from conftest import Project
 
 from pipeline import contract
-from tests.conftest import Project
 from tests.serving import REPO, Served
 
 pytestmark = pytest.mark.integration

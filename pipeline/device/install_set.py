@@ -1,0 +1,193 @@
+"""`install B1 B2 ...`: a board's set of engine bundles (several models sharing one board, `plan --board`) installed
+together, or not at all.
+
+    python -m pipeline install BUNDLE BUNDLE ... [--work DIR] [--out DIR]
+
+Every bundle is verified and gated against this board before anything is unpacked (install.py's rules: the same SM,
+TensorRT, JetPack, backend version and board model as the board that built it); a set holds each kit once. Each is
+unpacked into --work/.set.next/<bundle> and validated alone exactly as `install` validates one bundle (its own
+report: golden agreement, its runtime memory against its plan). Then the whole set is loaded at once and every model
+asked its goldens at the same time (device/set_runner.py), with the board's memory watched over that run: what the
+set took is held to the sum of the models' plans (+ MEMORY_TOLERANCE) and to the board's usable memory, and every
+model must still answer its goldens with everything else loaded. Only a set that passed all of it replaces the
+installed set (--work/set), in one atomic rename; a failure, an error or a kill -9 leaves the previous set in place.
+The set's report (set-report.json) names each model's own report, its co-resident agreement and the set's figures.
+
+Exit codes as `install`: 0 installed and passed; 1 a check failed (the previous set is kept); 2 refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+from pipeline import backends, contract
+from pipeline.device.install import InstallOptions, differences
+from pipeline.device.process import claim_work, say, terminate_as_interrupt
+from pipeline.errors import PipelineError
+
+SET_DIR = "set"             # under --work: the installed set, one directory per bundle
+SET_NEXT = ".set.next"      # under --work: a set being checked, before it replaces SET_DIR
+SET_RECORD = ".set.json"    # inside SET_DIR: which bundles it holds
+SET_REPORT = "set-report.json"
+
+
+def run_install_set(bundles: list[Path], work: Path | None, out: Path, options: InstallOptions) -> int:
+    with terminate_as_interrupt():
+        return _install_set(bundles, work, out, options)
+
+
+def installed_set(dest: Path) -> list[str] | None:
+    """The bundles of the set installed at `dest` (None: no set this pipeline installed there)."""
+    from pipeline.files import load_json_or_none
+    rec = load_json_or_none(dest / SET_RECORD, 64 * 1024)
+    names = rec.get("bundles") if isinstance(rec, dict) else None
+    return names if isinstance(names, list) and all(isinstance(n, str) for n in names) else None
+
+
+def _install_set(bundles: list[Path], work: Path | None, out: Path, options: InstallOptions) -> int:
+    from pipeline.device.opening import open_verified
+    from pipeline.files import exchange_dirs, remove_entry, write_atomic
+    from pipeline.kit.signing import required_trusted_keys
+
+    trusted = required_trusted_keys(options.pubkey)
+    opened = [open_verified(b, trusted, options.root, contract.BundleManifest, say) for b in bundles]
+    kits = [o.manifest.kit.name for o in opened]                           # type: ignore[union-attr]
+    twice = sorted({k for k in kits if kits.count(k) > 1})
+    if twice:
+        raise PipelineError(f"the set holds {', '.join(twice)} more than once", "give each kit's bundle once")
+    differ = [f"{b}: {d}" for b, o in zip(bundles, opened, strict=True)
+              for d in differences(o.manifest, o.board, options.any_board_model)]      # type: ignore[arg-type]
+    if differ:
+        raise PipelineError("the set cannot be installed on this board: " + " | ".join(differ),
+                            "nothing was installed; build each refused kit's engine on this board with `python -m "
+                            "pipeline device KIT`")
+    work = (work or Path("set.install")).absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    claim_work(work)
+    dest, staging = work / SET_DIR, work / SET_NEXT
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        remove_entry(dest)          # planted in our work directory: never unpacked through
+    prior = installed_set(dest) if dest.is_dir() else None
+    if dest.is_dir() and prior is None:
+        raise PipelineError(f"{dest} holds something that is not a set this pipeline installed",
+                            "move it away first; nothing was changed")
+    remove_entry(staging)           # a killed install's unchecked set
+    staging.mkdir()
+    out.mkdir(parents=True, exist_ok=True)
+    models, alone_ok, unpacked = [], True, []
+    for o in opened:
+        ok, report_dir, member = _alone(o, staging, work, out, trusted, options)
+        alone_ok &= ok
+        unpacked.append(member)
+        models.append((o, report_dir))
+    report = _together(unpacked, [o for o, _ in models], [r for _, r in models], work, options)
+    report = dataclasses.replace(report, ok=report.ok and alone_ok)
+    report.dump(out / SET_REPORT)
+    say(f"set report: {out / SET_REPORT} ({'passed' if report.ok else 'FAILED'})")
+    names = [o.manifest.name for o in opened]
+    if report.ok:
+        write_atomic(staging / SET_RECORD, json.dumps({"bundles": names, "report": str(out / SET_REPORT)}) + "\n")
+        exchange_dirs(staging, dest)        # the one step that installs the set: atomic under kill -9
+        remove_entry(staging)               # the previous set, now here
+    else:
+        remove_entry(staging)
+    if options.as_json:
+        print(json.dumps({"ok": report.ok, "bundles": names, "installed": str(dest) if report.ok or prior else None,
+                          "report": str(out / SET_REPORT)}))
+    if not report.ok:
+        for c in report.checks:
+            if not c.ok:
+                say(f"failed: {c.check}: required {c.required}, measured {c.measured}, short by {c.by}")
+        say(f"not installed; {dest} still holds {', '.join(prior)}" if prior else "not installed")
+        return 1
+    say(f"installed: {dest} ({', '.join(names)})")
+    return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Member:
+    engine: Path
+    serving: Path
+    plan: contract.Plan
+    goldens: contract.Goldens
+
+
+def _alone(opened, staging: Path, work: Path, out: Path, trusted, options: InstallOptions):
+    """One bundle unpacked into the staging set and validated by itself, as `install` validates it."""
+    from pipeline.device.driver import publish_report, timeouts
+    from pipeline.device.memwatch import MemoryWatch
+    from pipeline.device.opening import serving_records, unpack_verified
+    from pipeline.device.report import build_report
+    from pipeline.device.runners import RUNNERS
+
+    m = opened.manifest
+    engine = staging / m.name
+    unpack_verified(opened, engine, trusted, record=False)
+    plan, goldens, serving = serving_records(opened, engine)
+    _, limit = timeouts(plan, goldens, None, options.validate_timeout, options.load_requests)
+    watch = MemoryWatch(Path(options.root))
+    own = work / f".validate.{m.kit.name}"
+    own.mkdir(exist_ok=True)
+    validation = RUNNERS[backends.get(m.compat.backend).name](serving, engine, plan, goldens, own, watch, limit,
+                                                              options.load_requests)
+    report = build_report(goldens, validation, plan, opened.board, None, False, watch.measured())
+    report = dataclasses.replace(report, notes=[f"installed as part of a set, from bundle {m.name} built on "
+                                                f"{m.built_on.name}; no build here", *report.notes])
+    report_dir = out / f"{m.kit.name}.report"
+    publish_report(report_dir, report)
+    say(f"{m.kit.name}: validated alone ({'passed' if report.ok else 'FAILED'}); report {report_dir}")
+    return report.ok, report_dir, _Member(engine, serving, plan, goldens)
+
+
+def _together(members: list[_Member], opened, report_dirs: list[Path], work: Path,
+              options: InstallOptions) -> contract.SetReport:
+    """Every model loaded at once and asked its goldens together, the board's memory watched over the run."""
+    from pipeline.device.memwatch import MemoryWatch
+    from pipeline.device.process import run_logged
+    from pipeline.device.report import MEMORY_TOLERANCE, memory_checks
+    from pipeline.files import read_regular, remove_entry
+
+    result, log = work / "set-validation.json", work / "set-validate.log"
+    remove_entry(result)
+    watch = MemoryWatch(Path(options.root))
+    argv = [sys.executable, "-m", "pipeline.device.set_runner", "--out", str(result)]
+    for m in members:
+        argv += ["--model", str(m.serving), str(m.engine)]
+    limit = options.validate_timeout or 3600
+    say(f"the set together: {len(members)} models loaded at once, each asked its goldens")
+    run_logged(argv, cwd=work, log=log, timeout=limit, watch=watch,
+               env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                               os.environ.get("PYTHONPATH", "")])))
+    try:
+        raw = json.loads(read_regular(result, 16 * 2**20))
+        validations = [contract.Validation.from_dict(v, str(result)) for v in raw["validations"]]
+    except (PipelineError, ValueError, KeyError, TypeError) as exc:
+        raise PipelineError(f"the set's run wrote no readable result ({str(exc)[:120]})", f"see {log}") from None
+    if len(validations) != len(members):
+        raise PipelineError(f"the set's run answered for {len(validations)} of {len(members)} models", f"see {log}")
+    planned = sum(m.plan.memory.total for m in members if m.plan.memory is not None)
+    usable = min((m.plan.memory.usable_headless for m in members if m.plan.memory), default=None)
+    checks, models = [], []
+    for m, o, report_dir, v in zip(members, opened, report_dirs, validations, strict=True):
+        scores = [backends.agreement(g, p, v.agreement_unit)[0] for g, p in zip(m.goldens.prompts, v.prompts,
+                                                                              strict=True)]
+        worst = round(min(scores), 4)
+        need = m.goldens.min_token_agreement
+        own = contract.Report.load(report_dir / contract.REPORT_JSON)
+        models.append(contract.SetModel(bundle=o.manifest.name, planned=m.plan.memory.total if m.plan.memory else
+                                        None, alone_ok=own.ok, report=str(report_dir / contract.REPORT_JSON),
+                                        coresident_agreement=worst))
+        checks.append(contract.Check(check=f"{o.manifest.kit.name}: agreement with goldens, every model loaded",
+                                     required=f">= {need}", measured=worst, ok=worst >= need,
+                                     by=None if worst >= need else round(need - worst, 4)))
+    measured = watch.measured()
+    checks += memory_checks("the set's runtime", measured, planned or None, usable,
+                            "the board's usable memory (headless)")
+    ok = all(c.ok for c in checks)
+    say(f"the set took {'not measured' if measured.taken is None else f'{measured.taken / 1e9:.2f} GB'} of the "
+        f"board against {planned / 1e9:.2f} GB planned (+{MEMORY_TOLERANCE:.0%})")
+    return contract.SetReport(ok=ok, models=models, checks=checks, measured=measured, planned=planned)

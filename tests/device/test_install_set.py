@@ -1,0 +1,98 @@
+"""`install B1 B2`: a board's set installed together or not at all (pipeline/device/install_set.py), on the recorded
+Orin Nano with the builder and runtime doubles: two kits' bundles (the default recipe's, INT4-AWQ, and an FP16 one),
+each validated alone, then both loaded at once and asked their goldens together with the board's memory watched;
+only a set that passed replaces the installed one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, Project, board_copy, device, device_command
+
+from pipeline import contract
+
+pytestmark = pytest.mark.integration
+SECOND = "tiny-llama-fp16"
+
+
+@pytest.fixture(scope="module")
+def two_bundles(bundle, tmp_path_factory):
+    """The default recipe's bundle and a second kit's (FP16 weights), signed by the same key, both built on the
+    recorded Orin Nano: (project, kit_dir, device run dir, [bundle, bundle])."""
+    project, kit_dir, built, first = bundle
+    tmp = tmp_path_factory.mktemp("second")
+    second = Project(tmp / "proj")
+    shutil.copytree(project.root / "home", second.root / "home")        # the same signing key
+    text = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text()
+    (second.recipes / f"{SECOND}.toml").write_text(
+        text.replace('weights = "int4_awq"', 'weights = "fp16"').replace("group_size = 64\n", ""))
+    second.doit("package", f"recipe={SECOND}", timeout=900)
+    proc = device(second, second.artifacts / SECOND / "kit" / f"{SECOND}@orin-nano-8gb", tmp / "dev")
+    assert proc.returncode == 0, proc.stderr
+    (b,) = [p for p in (tmp / "dev" / "out").iterdir() if (p / "MANIFEST.json").is_file()]
+    return project, kit_dir, built, [first, b]
+
+
+def install_set(two_bundles, tmp, bundles=None, model=None, env_extra=None):
+    project, kit_dir, built, both = two_bundles
+    _, env = device_command(project, kit_dir, built)
+    root = board_copy(tmp, "orin-nano-8gb-jp62-super")
+    if model is not None:
+        (root / "proc/device-tree/model").write_text(model)
+    argv = [sys.executable, "-m", "pipeline", "install", *map(str, bundles or both), "--root", str(root), "--work",
+            str(tmp / "work"), "--out", str(tmp / "out"), "--pubkey", str(project.root / "home" / "signing.pub"),
+            "--load-requests", "0"]
+    return subprocess.run(argv, env=dict(env, FAKE_BOARD_ROOT=str(root), **(env_extra or {})), capture_output=True,
+                          text=True, timeout=600, cwd=tmp)
+
+
+def test_a_set_installs_when_each_model_passes_alone_and_together(two_bundles, tmp_path):
+    both = two_bundles[3]
+    # each engine, as the runtime double loads it, takes 1 GB from the board: within each plan, and what the watch
+    # over the set's run must see
+    taken = 10**9
+    proc = install_set(two_bundles, tmp_path, env_extra={"RUNTIME_DOUBLE_TAKES_BYTES": str(taken)})
+    assert proc.returncode == 0, proc.stderr
+    assert "the set together: 2 models loaded at once" in proc.stderr
+    report = contract.SetReport.load(tmp_path / "out" / "set-report.json")
+    assert report.ok and [m.bundle for m in report.models] == [b.name for b in both]
+    assert all(m.alone_ok and m.coresident_agreement == 1.0 for m in report.models), report.models
+    plans = [contract.Report.load(tmp_path / "out" / f"{n}.report" / "report.json").predicted.memory_total
+             for n in ("tiny-llama-cpu@orin-nano-8gb", f"{SECOND}@orin-nano-8gb")]
+    assert report.planned == sum(plans) > 0
+    memory = [c for c in report.checks if c.check.startswith("the set's runtime memory within the plan")]
+    assert len(memory) == 1 and memory[0].ok and f"plan {report.planned / 1e9:.2f} GB" in memory[0].required
+    assert memory[0].measured == report.measured.taken == -(-taken // 1024) * 1024      # meminfo counts kB
+    installed = tmp_path / "work" / "set"
+    assert json.loads((installed / ".set.json").read_text())["bundles"] == [b.name for b in both]
+    assert sorted(p.name for p in installed.iterdir() if p.is_dir()) == sorted(b.name for b in both)
+    assert not (tmp_path / "work" / ".set.next").exists()
+
+
+def test_a_set_with_a_failing_model_leaves_the_installed_set_as_it_was(two_bundles, tmp_path):
+    assert install_set(two_bundles, tmp_path).returncode == 0
+    record = (tmp_path / "work" / "set" / ".set.json").read_text()
+    # the runtime double takes 50 GB from the board as each engine loads: past every plan and the board itself
+    proc = install_set(two_bundles, tmp_path, env_extra={"RUNTIME_DOUBLE_TAKES_BYTES": str(50 * 10**9)})
+    assert proc.returncode == 1, proc.stderr
+    assert "not installed; " in proc.stderr and "still holds" in proc.stderr
+    assert (tmp_path / "work" / "set" / ".set.json").read_text() == record
+    assert not (tmp_path / "work" / ".set.next").exists()
+    report = contract.SetReport.load(tmp_path / "out" / "set-report.json")
+    assert not report.ok and not any(m.alone_ok for m in report.models)
+    (memory,) = [c for c in report.checks if c.check.startswith("the set's runtime memory within the plan")]
+    assert not memory.ok and memory.measured > report.planned * 1.2 and memory.by > 0     # all it had, swap too
+
+
+def test_a_set_is_refused_before_anything_is_unpacked(two_bundles, tmp_path):
+    first = two_bundles[3][0]
+    proc = install_set(two_bundles, tmp_path, bundles=[first, first])
+    assert proc.returncode == 2 and "the set holds tiny-llama-cpu@orin-nano-8gb more than once" in proc.stderr
+    proc = install_set(two_bundles, tmp_path, model="NVIDIA Jetson Orin NX Engineering Reference Developer Kit")
+    assert proc.returncode == 2 and "the set cannot be installed on this board" in proc.stderr, proc.stderr
+    assert "--any-board-model" in proc.stderr and not (tmp_path / "work" / "set").exists()
+    assert "Traceback" not in proc.stderr
