@@ -343,6 +343,29 @@ def thor_bundle(thor_kit, tmp_path_factory):
     return project, kit_dir, dev, b
 
 
+SECOND = "tiny-llama-fp16"     # the second kit of two_bundles
+
+
+@pytest.fixture(scope="session")
+def two_bundles(bundle, tmp_path_factory):
+    """The default recipe's bundle and a second kit's (FP16 weights), signed by the same key, both built on the
+    recorded Orin Nano: (project, kit_dir, device run dir, [bundle, bundle]). A board's set, for the install and fleet
+    tests."""
+    project, kit_dir, built, first = bundle
+    tmp = tmp_path_factory.mktemp("second")
+    second = Project(tmp / "proj")
+    import shutil
+    shutil.copytree(project.root / "home", second.root / "home")        # the same signing key
+    text = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text()
+    (second.recipes / f"{SECOND}.toml").write_text(
+        text.replace('weights = "int4_awq"', 'weights = "fp16"').replace("group_size = 64\n", ""))
+    second.doit("package", f"recipe={SECOND}", timeout=900)
+    proc = device(second, second.artifacts / SECOND / "kit" / f"{SECOND}@orin-nano-8gb", tmp / "dev")
+    assert proc.returncode == 0, proc.stderr
+    (b,) = [p for p in (tmp / "dev" / "out").iterdir() if (p / "MANIFEST.json").is_file()]
+    return project, kit_dir, built, [first, b]
+
+
 def board_copy(tmp: Path, board: str) -> Path:
     """The recorded board, copied: the doubles write its /proc/meminfo while they "take" memory."""
     import shutil

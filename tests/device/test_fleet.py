@@ -127,3 +127,18 @@ def test_a_controller_bundle_with_a_link_is_refused_and_modes_are_fixed(bundle, 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     copied = tmp_path / "m" / "nano1" / "opt" / "bundles" / b.name
     assert {oct(p.stat().st_mode & 0o777) for p in copied.iterdir()} == {"0o644"}
+
+
+def test_the_playbook_installs_a_set_of_bundles_together(two_bundles, sshd, tmp_path):
+    """bundle_srcs: a board's set copied from the controller and installed together; the report brought back is the
+    set's (each model validated alone and with the other loaded)."""
+    project, _, _, both = two_bundles
+    signer = project.root / "home" / "signing.pub"
+    proc = playbook(sshd, tmp_path, signer, "-e", json.dumps({"bundle_srcs": [str(b) for b in both]}),
+                    hosts={"nano1": HOSTS["nano1"]})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "reports" / "nano1.json").read_text())
+    assert report["format"] == "jetson-set-report/1" and report["ok"] is True, report
+    assert [m["bundle"] for m in report["models"]] == [b.name for b in both]
+    installed = tmp_path / "nano1" / "opt" / "engines" / "set"
+    assert json.loads((installed / ".set.json").read_text())["bundles"] == [b.name for b in both]

@@ -6,35 +6,15 @@ only a set that passed replaces the installed one."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO, Project, board_copy, device, device_command
+from conftest import SECOND, board_copy, device_command
 
 from pipeline import contract
 
 pytestmark = pytest.mark.integration
-SECOND = "tiny-llama-fp16"
-
-
-@pytest.fixture(scope="module")
-def two_bundles(bundle, tmp_path_factory):
-    """The default recipe's bundle and a second kit's (FP16 weights), signed by the same key, both built on the
-    recorded Orin Nano: (project, kit_dir, device run dir, [bundle, bundle])."""
-    project, kit_dir, built, first = bundle
-    tmp = tmp_path_factory.mktemp("second")
-    second = Project(tmp / "proj")
-    shutil.copytree(project.root / "home", second.root / "home")        # the same signing key
-    text = (REPO / "recipes" / "tiny-llama-cpu.toml").read_text()
-    (second.recipes / f"{SECOND}.toml").write_text(
-        text.replace('weights = "int4_awq"', 'weights = "fp16"').replace("group_size = 64\n", ""))
-    second.doit("package", f"recipe={SECOND}", timeout=900)
-    proc = device(second, second.artifacts / SECOND / "kit" / f"{SECOND}@orin-nano-8gb", tmp / "dev")
-    assert proc.returncode == 0, proc.stderr
-    (b,) = [p for p in (tmp / "dev" / "out").iterdir() if (p / "MANIFEST.json").is_file()]
-    return project, kit_dir, built, [first, b]
 
 
 def install_set(two_bundles, tmp, bundles=None, model=None, env_extra=None):
