@@ -24,7 +24,7 @@ another tag (re-tagged in the registry), unless the reference pins its digest. T
 again (only the tag's signature is uploaded)."""
 
 
-def _store(args):
+def _store(args, ref=None):
     from pipeline.oci.refs import parse_ref
     from pipeline.oci.transfer import open_store
 
@@ -34,7 +34,7 @@ def _store(args):
         password = sys.stdin.readline().rstrip("\r\n")
     if args.password_stdin and not username:
         raise PipelineError("--password-stdin needs --username", "pass --username USER")
-    return open_store(parse_ref(args.ref), plain_http=args.plain_http, username=username,
+    return open_store(ref or parse_ref(args.ref), plain_http=args.plain_http, username=username,
                       password=password if username else None, timeout=args.timeout or default_timeout())
 
 
@@ -45,8 +45,16 @@ def _push_cmd(args) -> int:
     from pipeline.oci.transfer import push
     from pipeline.progress import byte_counter
 
-    kit, trusted = Path(args.kit), required_trusted_keys(args.pubkey)
+    trusted = required_trusted_keys(args.pubkey)
     signer = signing_key(Path(args.key) if args.key else None)     # before any network: push signs the tag
+    if len(args.kit) > 1:          # a board's set: each bundle under a tag of its own, then the set's signed list
+        from pipeline.oci.refs import parse_ref
+        from pipeline.oci.sets import push_set
+        ref = parse_ref(args.ref)
+        digest = push_set([Path(k) for k in args.kit], ref, lambda r: _store(args, r), trusted, signer)
+        print(f"pushed a set of {len(args.kit)} to {ref} ({digest})")
+        return 0
+    kit = Path(args.kit[0])
     store = _store(args)
     with byte_counter(f"pushing {kit.name}", kit_bytes(kit)) as progress:
         digest, sent, kept = push(kit, store, trusted, progress=progress, signer=signer)
@@ -61,6 +69,16 @@ def _pull_cmd(args) -> int:
 
     trusted = required_trusted_keys(args.pubkey)    # before any network: nothing is fetched that cannot be checked
     store = _store(args)
+    from pipeline.oci.refs import parse_ref
+    from pipeline.oci.sets import is_set, pull_set
+    if is_set(store.get_manifest()):       # a board's set: its signed list, then each bundle it names
+        got = pull_set(store, parse_ref(args.ref), lambda r: _store(args, r), Path(args.dest), trusted,
+                       say=lambda s: print(s, file=sys.stderr), allow_downgrade=args.allow_downgrade)
+        if args.json:
+            print(json.dumps({"set": True, "paths": [str(v.path) for v in got], "names": [v.name for v in got]}))
+        else:
+            print(f"OK: a set of {len(got)} pulled and verified: " + ", ".join(str(v.path) for v in got))
+        return 0
     with byte_counter(f"pulling {args.ref}") as progress:
         v = pull(store, Path(args.dest), trusted, say=lambda s: print(s, file=sys.stderr),
                  progress=progress, allow_downgrade=args.allow_downgrade)
@@ -88,7 +106,9 @@ def add_parser(sub) -> None:
                        description="Verify the kit, then upload each of its files as a layer (ModelPack media "
                        "types; the kit's annotations say recipe, target, SM, JetPack, backend). Blobs the registry "
                        "already has are not sent again: pushing an unchanged kit uploads nothing.")
-    p.add_argument("kit", metavar="KIT_OR_BUNDLE", help="kit or engine bundle directory")
+    p.add_argument("kit", metavar="KIT_OR_BUNDLE", nargs="+", help="kit or engine bundle directory; several bundles: "
+                   "a board's set, each pushed under REF's tag + -m0, -m1, ... and REF holding the set's signed list "
+                   "of them by digest")
     p.add_argument("ref", metavar="REF", help="where to: oci://HOST[:PORT]/REPO[:TAG] or oci-layout:DIR[:TAG]")
     p.add_argument("--key", help="the signing key that signs the kit's tag (default: $JETSON_PIPELINE_SIGNING_KEY or "
                    "~/.config/jetson-pipeline/signing.key); pullers must trust its public half")
