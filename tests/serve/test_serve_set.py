@@ -156,6 +156,28 @@ def test_the_set_lists_every_model_with_its_state_and_answers_each_by_name(serve
     assert m["jetson_llm_planned_bytes_loaded"] == sum(built[2][n] for n in (CHAT, BASE))
 
 
+def test_open_webuis_model_switcher_and_a_chat_that_switches_models(server):
+    """What Open WebUI sends: the model list with its key, then its default streamed chat (its built-in tools, which
+    do not fit these 128-token engines: answered as plain chats) to the model picked, then the same conversation
+    continued on another model picked from the switcher."""
+    from tests.serve.test_serve_tools import OPEN_WEBUI_TOOLS, sse
+    listed = httpx.get(server.url + "/v1/models", headers=AUTH, timeout=10).json()["data"]
+    assert [m["id"] for m in listed] == [CHAT, BASE, SPARE] and {m["residency"] for m in listed} == \
+        {"resident", "on-demand"}
+    history = [{"role": "user", "content": "say hi"}]
+    for model in (SPARE, CHAT):
+        body = {"model": model, "stream": True, "messages": history, "tools": OPEN_WEBUI_TOOLS,
+                "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60) as r:
+            assert r.status_code == 200 and "x-tools-ignored" in r.headers
+            chunks = sse(r)
+        assert {c["model"] for c in chunks} == {model} and chunks[-1]["usage"]["completion_tokens"] > 0
+        history += [{"role": "assistant", "content": "".join(c["choices"][0]["delta"].get("content") or ""
+                                                             for c in chunks if c["choices"])},
+                    {"role": "user", "content": "and again"}]
+    assert states(server)[SPARE] == "loaded"
+
+
 def test_an_unknown_model_is_a_404_naming_the_served_ones(server):
     r = complete(server, "llama-70b", "hi")
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
