@@ -56,6 +56,13 @@ def test_the_kiosk_board_takes_turns_because_no_two_of_its_models_fit_side_by_si
         "qwen3-vl-4b-orin-nano-jp72, qwen3-1.7b-orin-nano-jp72, qwen2.5-1.5b-orin-nano-jp72 on demand" in why, why
 
 
+def test_the_same_kiosk_set_on_an_agx_orin_is_all_resident():
+    nano, agx = (plan_board(load_board(b), plan_now) for b in ("kiosk-orin-nano", "kiosk-agx-orin"))
+    assert agx.ok and agx.largest_on_demand is None and {i.residency for i in agx.items} == {"resident"}
+    assert agx.resident == agx.peak == sum(i.total for i in nano.items) <= agx.usable, agx.to_dict()
+    assert [i.recipe for i in agx.items] == [i.recipe for i in nano.items]
+
+
 def _scaled(totals: dict[str, int]):
     """Each recipe's real plan with its total set to the figure given: the set's arithmetic at its edges."""
 

@@ -97,3 +97,39 @@ def test_each_recipe_plan_the_docs_show_is_what_the_planner_prints(doc, recipe, 
     printed = [line.rstrip() for line in out.stdout.splitlines()]
     assert out.returncode == 0, out.stderr
     assert [q for q in quoted if q not in printed] == [], (doc, printed)
+
+
+BOARD_COMMAND = re.compile(r"python -m pipeline plan --board ([\w.\-]+)\s*(#.*)?$")
+
+
+def shown_board_plans() -> list[tuple[str, str, list[str]]]:
+    """(document, board, the lines it quotes: `#  ` and then the table's line) of every `plan --board` block."""
+    out = []
+    for doc in DOCS:
+        lines = doc.read_text().splitlines()
+        for i, line in enumerate(lines):
+            m = BOARD_COMMAND.search(line)
+            quoted = []
+            for follow in lines[i + 1:] if m else []:
+                if not follow.startswith("#  "):
+                    break
+                quoted.append(follow[3:].rstrip())
+            if m and quoted:
+                out.append((doc.name, m.group(1), quoted))
+    return out
+
+
+BOARD_PLANS = shown_board_plans()
+
+
+def test_the_readme_shows_the_boards_plans():
+    assert {b for d, b, _ in BOARD_PLANS if d == "README.md"} >= {"kiosk-orin-nano", "robot-thor"}
+
+
+@pytest.mark.parametrize("doc, board, quoted", BOARD_PLANS, ids=[f"{p[0]}:{p[1]}" for p in BOARD_PLANS])
+def test_each_board_plan_the_docs_show_is_what_the_planner_prints(doc, board, quoted):
+    out = subprocess.run([sys.executable, "-m", "pipeline", "plan", "--board", board], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    printed = [line.rstrip() for line in out.stdout.splitlines()]
+    assert out.returncode == 0, out.stderr
+    assert [q for q in quoted if q not in printed] == [], (doc, printed)
