@@ -123,6 +123,7 @@ def _alone(opened, staging: Path, work: Path, out: Path, trusted, options: Insta
     from pipeline.device.opening import serving_records, unpack_verified
     from pipeline.device.report import build_report
     from pipeline.device.runners import RUNNERS
+    from pipeline.files import remove_entry
 
     m = opened.manifest
     engine = staging / m.name
@@ -131,7 +132,8 @@ def _alone(opened, staging: Path, work: Path, out: Path, trusted, options: Insta
     _, limit = timeouts(plan, goldens, None, options.validate_timeout, options.load_requests)
     watch = MemoryWatch(Path(options.root))
     own = work / f".validate.{m.kit.name}"
-    own.mkdir(exist_ok=True)
+    remove_entry(own)           # an earlier run's, or something planted there: never written through
+    own.mkdir()
     validation = RUNNERS[backends.get(m.compat.backend).name](serving, engine, plan, goldens, own, watch, limit,
                                                               options.load_requests)
     report = build_report(goldens, validation, plan, opened.board, None, False, watch.measured())

@@ -71,8 +71,9 @@ def _pull_cmd(args) -> int:
     store = _store(args)
     from pipeline.oci.refs import parse_ref
     from pipeline.oci.sets import is_set, pull_set
-    if is_set(store.get_manifest()):       # a board's set: its signed list, then each bundle it names
-        got = pull_set(store, parse_ref(args.ref), lambda r: _store(args, r), Path(args.dest), trusted,
+    raw = store.get_manifest()
+    if is_set(raw):                         # a board's set: its signed list, then each bundle it names
+        got = pull_set(store, raw, parse_ref(args.ref), lambda r: _store(args, r), Path(args.dest), trusted,
                        say=lambda s: print(s, file=sys.stderr), allow_downgrade=args.allow_downgrade)
         if args.json:
             print(json.dumps({"set": True, "paths": [str(v.path) for v in got], "names": [v.name for v in got]}))

@@ -95,7 +95,12 @@ def push_set(bundles: list[Path], ref: Ref, open_store: Callable[[Ref], Store], 
 
 
 def _layers(raw: bytes, where: str) -> tuple[Blob, Blob]:
-    obj = json.loads(raw.decode("utf-8"))
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise PipelineError(f"{where}: the manifest is not JSON", NOT_OURS) from None
+    if not isinstance(obj, dict) or obj.get("artifactType") != SET_ARTIFACT:
+        raise PipelineError(f"{where}: not a set's manifest (artifactType {SET_ARTIFACT})", NOT_OURS)
     layers = obj.get("layers")
     if not isinstance(layers, list) or len(layers) != 2:
         raise PipelineError(f"{where}: a set's manifest holds {SET_FILE} and {SET_SIG}, nothing else", NOT_OURS)
@@ -124,12 +129,13 @@ def _members(body: bytes, where: str) -> list[dict]:
     return members
 
 
-def pull_set(store: Store, ref: Ref, open_store: Callable[[Ref], Store], dest_root: Path, trusted: list[PublicKey],
-             say: Callable[[str], None] = print, allow_downgrade: bool = False) -> list[VerifiedKit]:
-    """The set at `store` (whose manifest is a set's): its signed list checked, then each member pulled and held to
-    the digest the list names. Returns the verified bundles under dest_root."""
+def pull_set(store: Store, raw: bytes, ref: Ref, open_store: Callable[[Ref], Store], dest_root: Path,
+             trusted: list[PublicKey], say: Callable[[str], None] = print,
+             allow_downgrade: bool = False) -> list[VerifiedKit]:
+    """The set at `store`, whose manifest `raw` (read once, bounded) is a set's: its signed list checked, then each
+    member pulled and held to the digest the list names. Returns the verified bundles under dest_root."""
     where = str(store)
-    set_file, set_sig = _layers(store.get_manifest(), where)
+    set_file, set_sig = _layers(raw, where)
     work = real_dir(Path(dest_root) / ".set.oci-pull")
     try:
         body = read_regular(fetch_blob(store, set_file, work, None), MAX_SET_FILE)

@@ -35,7 +35,12 @@ def test_a_set_installs_when_each_model_passes_alone_and_together(two_bundles, t
     # each engine, as the runtime double loads it, takes 1 GB from the board: within each plan, and what the watch
     # over the set's run must see
     taken = 10**9
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "work").mkdir()         # a link planted where a model's validation writes: never written through
+    (tmp_path / "work" / ".validate.tiny-llama-cpu@orin-nano-8gb").symlink_to(outside)
     proc = install_set(two_bundles, tmp_path, env_extra={"RUNTIME_DOUBLE_TAKES_BYTES": str(taken)})
+    assert list(outside.iterdir()) == []
     assert proc.returncode == 0, proc.stderr
     assert "the set together: 2 models loaded at once" in proc.stderr
     report = contract.SetReport.load(tmp_path / "out" / "set-report.json")

@@ -72,3 +72,35 @@ def test_a_set_goes_onto_a_stick_as_an_image_layout(two_bundles, tmp_path):
     proc = cli(project, "pull", f"oci-layout:{layout}:kiosk", tmp_path / "dest")
     assert proc.returncode == 0 and "a set of 2 pulled and verified" in proc.stdout, proc.stderr
     assert sorted(p.name for p in (tmp_path / "dest").iterdir()) == sorted(b.name for b in both)
+
+
+def test_a_hostile_set_is_refused_before_any_bundle_is_fetched(two_bundles, tmp_path):
+    """A set signed by a key nobody trusts, and a set manifest whose list claims to be huge: refused naming why,
+    nothing pulled."""
+    import hashlib
+
+    from pipeline.oci import media
+    from pipeline.oci.artifact import Blob
+    from pipeline.oci.refs import LayoutRef
+    from pipeline.oci.sets import EMPTY_TYPE, SET_ARTIFACT, SET_FILE, SET_SIG, push_set
+
+    project, _, _, both = two_bundles
+    trusted = [PublicKey.load(project.root / "home" / "signing.pub")]
+    stranger = SecretKey.generate()
+    layout = tmp_path / "stick"
+    push_set(list(both), LayoutRef(layout, "kiosk"), lambda r: open_store(r), trusted, stranger, say=lambda _: None)
+    proc = cli(project, "pull", f"oci-layout:{layout}:kiosk", tmp_path / "dest")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr and SET_SIG in proc.stderr, proc.stderr
+    assert not (tmp_path / "dest").exists() or not [p for p in (tmp_path / "dest").iterdir()]
+    # a set whose SET.json says 1 GB: refused from the manifest alone
+    store = open_store(LayoutRef(layout, "huge"))
+    big = Blob(SET_FILE, "sha256:" + "0" * 64, 2**30, media.WEIGHT_CONFIG_RAW)
+    sig = Blob(SET_SIG, "sha256:" + "1" * 64, 100, media.WEIGHT_CONFIG_RAW)
+    empty = Blob("config", f"sha256:{hashlib.sha256(b'{}').hexdigest()}", 2, EMPTY_TYPE)
+    store.put_blob(empty, b"{}")
+    store.put_manifest(json.dumps({"schemaVersion": 2, "mediaType": media.OCI_MANIFEST, "artifactType": SET_ARTIFACT,
+                                   "config": {"mediaType": EMPTY_TYPE, "digest": empty.digest, "size": 2},
+                                   "layers": [big.descriptor(), sig.descriptor()]}).encode())
+    proc = cli(project, "pull", f"oci-layout:{layout}:huge", tmp_path / "dest")
+    assert proc.returncode != 0 and f"layers[0] is '{SET_FILE}' of {2**30} bytes: not a set's" in proc.stderr, \
+        proc.stderr
