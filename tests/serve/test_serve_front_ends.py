@@ -208,7 +208,7 @@ def test_bodies_in_flight_are_held_to_a_budget_and_released_however_the_read_end
     import json as _json
     from types import SimpleNamespace
 
-    from pipeline.serve.app import BodyBudget, _body
+    from pipeline.serve.reply import BodyBudget, _body
 
     def request(chunks: list[bytes], gate: asyncio.Event):
         async def receive():
