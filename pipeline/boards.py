@@ -262,15 +262,21 @@ def _recipe_for(m: BoardModel, board: Board):
     return recipe
 
 
-def serving_set(name_or_path: str):
-    """`serve --board`'s view of a board file: (SetSpec: each recipe and whether it is resident, the usable memory
-    from the target table (headless or with a desktop) as the budget), and the board's target."""
+def serving_set(name_or_path: str, root: str | None = None):
+    """`serve --board`'s view of a board file: (SetSpec: each recipe and whether it is resident, the memory budget),
+    and the board's target. The budget is the target table's usable memory (headless or with a desktop); on the board
+    itself (`root`: serving its bundles), what its kernel says is available before any engine loads (MemAvailable),
+    where that is less: what the JetPack, a desktop and every other service left."""
     from pipeline.plan.targets import get_target
     from pipeline.serve.modelset import SetSpec
     board = load_board(name_or_path)
     target = get_target(board.target)
     usable = target.usable_headless_bytes if board.headless else target.usable_bytes
     said = f"{board.file}: {board.target}'s usable memory, {'headless' if board.headless else 'with a desktop'}"
+    if root is not None:
+        available, where = measured_usable(board, root)
+        if available < usable:
+            usable, said = available, where
     return SetSpec(tuple((m.recipe, m.residency == RESIDENT) for m in board.models), usable, said), board.target
 
 

@@ -135,7 +135,8 @@ def create_app(models: ModelSet):
 
     @app.get("/health")
     async def health():
-        states = {"models": models.states()} if several else {}
+        states = {"models": models.states(), **({"budget": models.budget, "budget_from": models.budget_said}
+                                                if models.budget is not None else {})} if several else {}
         if models.ready:        # ok, with whether every preparation slot is taken (requests wait, then get 503s)
             return {"status": "ok", "preparing": shared.preparing,
                     "saturated": shared.preparing >= TOKENIZER_THREADS, **states}

@@ -25,13 +25,13 @@ FILE_LIMIT = 65536      # the unit's LimitNOFILE: systemd's default soft limit o
 
 
 RecipeSource = Callable[[str, "str | None", "int | None"], tuple[Any, Callable[[], Any]]]
-BoardSource = Callable[[str], tuple[Any, str]]
+BoardSource = Callable[[str, "str | None"], tuple[Any, str]]
 
 
 def add_parser(sub, recipe_source: RecipeSource, board_source: BoardSource) -> None:
     """recipe_source(name, target, torch_threads) -> (Served, load): how a RECIPE is served (the graph's, handed in
-    by the CLI: the server knows nothing of recipes or stages); board_source(name) -> (SetSpec, its target): a board
-    file's set (pipeline/boards.py)."""
+    by the CLI: the server knows nothing of recipes or stages); board_source(name, root) -> (SetSpec, its target): a
+    board file's set (pipeline/boards.py), budgeted by the board's own MemAvailable under `root` where one is given."""
     s = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server: a verified engine bundle (device) or a built recipe "
         "(workstation)", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -200,7 +200,10 @@ def run(args) -> int:
         return 0
     cap = connection_cap(args.max_connections, raise_file_limit())
     keep_alive = _keep_alive(args.keep_alive)
-    spec, target = args.board_source(args.board) if args.board else (None, args.target)
+    # serving bundles is serving on the board itself: its own MemAvailable before any engine loads bounds the set
+    on_board = any((Path(w) / "MANIFEST.json").is_file() for w in args.what)
+    spec, target = args.board_source(args.board, args.root if on_board else None) if args.board else \
+        (None, args.target)
     if spec is not None and args.memory_budget is not None:
         spec = dataclasses.replace(spec, budget=int(args.memory_budget * 1e9), budget_said="--memory-budget")
     sources = _sources(args, spec, target)

@@ -237,3 +237,45 @@ def test_an_edgellm_bundle_serves_the_goldens_through_the_request_engine(thor_bu
                                           max_tokens=2, extra_body=extra)
     finally:
         s.stop()
+
+
+def _board_with(root, available: int) -> None:
+    """The recorded board's /proc/meminfo saying `available` bytes are available (what the OS and other services
+    left before the server starts)."""
+    import re
+    meminfo = root / "proc" / "meminfo"
+    meminfo.write_text(re.sub(r"^MemAvailable:\s+\d+ kB", f"MemAvailable:   {available // 1024} kB",
+                              meminfo.read_text(), flags=re.M))
+
+
+def test_a_boards_set_of_bundles_is_budgeted_by_the_boards_own_memory(two_bundles, tmp_path):
+    """`serve --board` on the board (its bundles): what its kernel says is available before any engine loads bounds
+    the set where that is less than the table's figure; a set that cannot fit in it is refused at start."""
+    from conftest import SECOND
+    project, kit_dir, dev_tmp, both = two_bundles
+    _, denv = device_command(project, kit_dir, dev_tmp)
+    root = board_copy(tmp_path, "orin-nano-8gb-jp62-super")
+    board = tmp_path / "pair.toml"
+    board.write_text(f'target = "orin-nano-8gb-super"\n[[model]]\nrecipe = "tiny-llama-cpu"\n[[model]]\n'
+                     f'recipe = "{SECOND}"\nresidency = "on-demand"\n')
+    args = ["--board", str(board), *map(str, both), "--root", str(root), "--work", str(tmp_path / "serve"),
+            "--pubkey", str(project.root / "home" / "signing.pub")]
+    _board_with(root, 3 * 10**9)
+    s = Served(args, dict(denv), tmp_path, tmp_path / "server.log")
+    try:
+        h = health(s.url)[1]
+        assert h["budget"] == 3 * 10**9 // 1024 * 1024 and h["budget_from"] == f"MemAvailable of {root}/proc/meminfo"
+        first, second = "tiny-llama-cpu@orin-nano-8gb", f"{SECOND}@orin-nano-8gb"     # served by their kits' names
+        assert h["models"] == {first: "loaded", second: "unloaded"}
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        assert c.completions.create(model=second, prompt="Bread", max_tokens=4).usage.completion_tokens == 4
+        assert health(s.url)[1]["models"][second] == "loaded"
+    finally:
+        s.stop()
+    _board_with(root, int(1.5 * 10**9))      # less than the two plans together (about 1.07 GB each)
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "serve", *args], env=denv, capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode != 0 and "cannot load beside the resident models" in proc.stderr, proc.stderr
+    assert f"(MemAvailable of {root}/proc/meminfo)" in proc.stderr and "Traceback" not in proc.stderr
