@@ -27,6 +27,7 @@ import dataclasses
 from pathlib import Path
 
 from pipeline import backends, contract
+from pipeline.device.opening import Opened
 from pipeline.device.process import claim_work, say, terminate_as_interrupt
 from pipeline.errors import PipelineError
 from pipeline.runtime.load import LOAD_REQUESTS
@@ -95,11 +96,7 @@ def replacement_refusal(prior: dict | None, dest: Path, name: str, created: str,
 
 def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions) -> int:
     root = options.root
-    from pipeline.device.driver import publish_report, timeouts
-    from pipeline.device.memwatch import MemoryWatch
     from pipeline.device.opening import open_verified, serving_records, unpack_verified
-    from pipeline.device.report import build_report
-    from pipeline.device.runners import RUNNERS
     from pipeline.files import exchange_dirs, remove_entry, write_atomic
     from pipeline.kit.signing import required_trusted_keys
 
@@ -133,18 +130,11 @@ def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions
         remove_entry(staging)
         raise
     say(f"unpacked and verified: {staging} (the installed bundle stays until this one passes)")
-    backend = backends.get(m.compat.backend)
-    _, limit = timeouts(plan, goldens, None, options.validate_timeout, options.load_requests)
-    watch = MemoryWatch(Path(root))
-    validation = RUNNERS[backend.name](serving, staging, plan, goldens, work, watch, limit, options.load_requests)
-    report = build_report(goldens, validation, plan, board, None, False, watch.measured())
-    report = dataclasses.replace(report, notes=[
-        f"engine installed from bundle {m.name}, built on {m.built_on.name} from kit {m.kit.name} (signed "
-        f"{verified.created} by {verified.signed_by}); it was not built here, so the build's time and memory are "
-        "not in this report (the building board's report has them)", *report.notes])
-    out.mkdir(parents=True, exist_ok=True)
-    report_dir = out / f"{m.kit.name}.report"
-    publish_report(report_dir, report)
+    report, report_dir = validate_unpacked(opened, staging, (plan, goldens, serving), work, out, options,
+                                           f"engine installed from bundle {m.name}, built on {m.built_on.name} from "
+                                           f"kit {m.kit.name} (signed {verified.created} by {verified.signed_by}); it "
+                                           "was not built here, so the build's time and memory are not in this report "
+                                           "(the building board's report has them)")
     say(f"report: {report_dir / contract.REPORT_MD} ({'passed' if report.ok else 'FAILED'})")
     if report.ok:
         import json
@@ -161,11 +151,40 @@ def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions
                           "board": board.name, "report": str(report_dir / contract.REPORT_JSON),
                           "report_md": str(report_dir / contract.REPORT_MD)}))
     if not report.ok:
-        for c in report.checks:
-            if not c.ok:
-                say(f"failed: {c.check}: required {c.required}, measured {c.measured}, short by {c.by}")
+        say_failed(report.checks)
         say(f"not installed; {dest} still holds {prior['name']} (signed {prior['created']})" if prior
             else "not installed")
         return 1
     say(f"installed: {dest} (serve it: python -m pipeline serve {bundle})")
     return 0
+
+
+def validate_unpacked(opened: Opened, engine: Path, records: tuple, work: Path, out: Path, options: InstallOptions,
+                      note: str) -> tuple[contract.Report, Path]:
+    """An unpacked bundle's engine run on its goldens exactly as `device` validates a fresh build (its backend's
+    runner in `work`, the board's memory watched), no build reported, `note` first among the report's notes; the
+    report published under out/<kit>.report. records: (plan, goldens, serving dir) from serving_records."""
+    from pipeline.device.driver import publish_report, timeouts
+    from pipeline.device.memwatch import MemoryWatch
+    from pipeline.device.report import build_report
+    from pipeline.device.runners import RUNNERS
+
+    m = opened.manifest
+    assert isinstance(m, contract.BundleManifest)       # open_verified checked the kind
+    plan, goldens, serving = records
+    _, limit = timeouts(plan, goldens, None, options.validate_timeout, options.load_requests)
+    watch = MemoryWatch(Path(options.root))
+    validation = RUNNERS[backends.get(m.compat.backend).name](serving, engine, plan, goldens, work, watch, limit,
+                                                              options.load_requests)
+    report = build_report(goldens, validation, plan, opened.board, None, False, watch.measured())
+    report = dataclasses.replace(report, notes=[note, *report.notes])
+    out.mkdir(parents=True, exist_ok=True)
+    report_dir = out / f"{m.kit.name}.report"
+    publish_report(report_dir, report)
+    return report, report_dir
+
+
+def say_failed(checks: list[contract.Check]) -> None:
+    for c in checks:
+        if not c.ok:
+            say(f"failed: {c.check}: required {c.required}, measured {c.measured}, short by {c.by}")

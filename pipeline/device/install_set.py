@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 from pipeline import backends, contract
-from pipeline.device.install import InstallOptions, differences
+from pipeline.device.install import InstallOptions, differences, say_failed, validate_unpacked
+from pipeline.device.opening import Opened
 from pipeline.device.process import claim_work, say, terminate_as_interrupt
 from pipeline.errors import PipelineError
 
@@ -55,12 +56,12 @@ def _install_set(bundles: list[Path], work: Path | None, out: Path, options: Ins
 
     trusted = required_trusted_keys(options.pubkey)
     opened = [open_verified(b, trusted, options.root, contract.BundleManifest, say) for b in bundles]
-    kits = [o.manifest.kit.name for o in opened]                           # type: ignore[union-attr]
+    kits = [_bundle(o).kit.name for o in opened]
     twice = sorted({k for k in kits if kits.count(k) > 1})
     if twice:
         raise PipelineError(f"the set holds {', '.join(twice)} more than once", "give each kit's bundle once")
     differ = [f"{b}: {d}" for b, o in zip(bundles, opened, strict=True)
-              for d in differences(o.manifest, o.board, options.any_board_model)]      # type: ignore[arg-type]
+              for d in differences(_bundle(o), o.board, options.any_board_model)]
     if differ:
         raise PipelineError("the set cannot be installed on this board: " + " | ".join(differ),
                             "nothing was installed; build each refused kit's engine on this board with `python -m "
@@ -78,17 +79,11 @@ def _install_set(bundles: list[Path], work: Path | None, out: Path, options: Ins
     remove_entry(staging)           # a killed install's unchecked set
     staging.mkdir()
     out.mkdir(parents=True, exist_ok=True)
-    models, alone_ok, unpacked = [], True, []
-    for o in opened:
-        ok, report_dir, member = _alone(o, staging, work, out, trusted, options)
-        alone_ok &= ok
-        unpacked.append(member)
-        models.append((o, report_dir))
-    report = _together(unpacked, [o for o, _ in models], [r for _, r in models], work, options)
-    report = dataclasses.replace(report, ok=report.ok and alone_ok)
+    members = [_alone(o, staging, work, out, trusted, options) for o in opened]
+    report = _together(members, work, options)
     report.dump(out / SET_REPORT)
     say(f"set report: {out / SET_REPORT} ({'passed' if report.ok else 'FAILED'})")
-    names = [o.manifest.name for o in opened]
+    names = [_bundle(o).name for o in opened]
     if report.ok:
         write_atomic(staging / SET_RECORD, json.dumps({"bundles": names, "report": str(out / SET_REPORT)}) + "\n")
         exchange_dirs(staging, dest)        # the one step that installs the set: atomic under kill -9
@@ -99,54 +94,51 @@ def _install_set(bundles: list[Path], work: Path | None, out: Path, options: Ins
         print(json.dumps({"ok": report.ok, "bundles": names, "installed": str(dest) if report.ok or prior else None,
                           "report": str(out / SET_REPORT)}))
     if not report.ok:
-        for c in report.checks:
-            if not c.ok:
-                say(f"failed: {c.check}: required {c.required}, measured {c.measured}, short by {c.by}")
+        say_failed(report.checks)
         say(f"not installed; {dest} still holds {', '.join(prior)}" if prior else "not installed")
         return 1
     say(f"installed: {dest} ({', '.join(names)})")
     return 0
 
 
+def _bundle(opened: Opened) -> contract.BundleManifest:
+    m = opened.manifest
+    assert isinstance(m, contract.BundleManifest)       # open_verified checked the kind
+    return m
+
+
 @dataclasses.dataclass(frozen=True)
 class _Member:
+    """One bundle of the set, unpacked into the staging set and validated alone."""
+    opened: Opened
     engine: Path
     serving: Path
     plan: contract.Plan
     goldens: contract.Goldens
+    alone: contract.Report
+    report_dir: Path
 
 
-def _alone(opened, staging: Path, work: Path, out: Path, trusted, options: InstallOptions):
+def _alone(opened: Opened, staging: Path, work: Path, out: Path, trusted, options: InstallOptions) -> _Member:
     """One bundle unpacked into the staging set and validated by itself, as `install` validates it."""
-    from pipeline.device.driver import publish_report, timeouts
-    from pipeline.device.memwatch import MemoryWatch
     from pipeline.device.opening import serving_records, unpack_verified
-    from pipeline.device.report import build_report
-    from pipeline.device.runners import RUNNERS
     from pipeline.files import remove_entry
 
-    m = opened.manifest
+    m = _bundle(opened)
     engine = staging / m.name
     unpack_verified(opened, engine, trusted, record=False)
     plan, goldens, serving = serving_records(opened, engine)
-    _, limit = timeouts(plan, goldens, None, options.validate_timeout, options.load_requests)
-    watch = MemoryWatch(Path(options.root))
     own = work / f".validate.{m.kit.name}"
     remove_entry(own)           # an earlier run's, or something planted there: never written through
     own.mkdir()
-    validation = RUNNERS[backends.get(m.compat.backend).name](serving, engine, plan, goldens, own, watch, limit,
-                                                              options.load_requests)
-    report = build_report(goldens, validation, plan, opened.board, None, False, watch.measured())
-    report = dataclasses.replace(report, notes=[f"installed as part of a set, from bundle {m.name} built on "
-                                                f"{m.built_on.name}; no build here", *report.notes])
-    report_dir = out / f"{m.kit.name}.report"
-    publish_report(report_dir, report)
+    report, report_dir = validate_unpacked(opened, engine, (plan, goldens, serving), own, out, options,
+                                           f"installed as part of a set, from bundle {m.name} built on "
+                                           f"{m.built_on.name}; no build here")
     say(f"{m.kit.name}: validated alone ({'passed' if report.ok else 'FAILED'}); report {report_dir}")
-    return report.ok, report_dir, _Member(engine, serving, plan, goldens)
+    return _Member(opened, engine, serving, plan, goldens, report, report_dir)
 
 
-def _together(members: list[_Member], opened, report_dirs: list[Path], work: Path,
-              options: InstallOptions) -> contract.SetReport:
+def _together(members: list[_Member], work: Path, options: InstallOptions) -> contract.SetReport:
     """Every model loaded at once and asked its goldens together, the board's memory watched over the run."""
     from pipeline.device.memwatch import MemoryWatch
     from pipeline.device.process import run_logged
@@ -174,22 +166,22 @@ def _together(members: list[_Member], opened, report_dirs: list[Path], work: Pat
     planned = sum(m.plan.memory.total for m in members if m.plan.memory is not None)
     usable = min((m.plan.memory.usable_headless for m in members if m.plan.memory), default=None)
     checks, models = [], []
-    for m, o, report_dir, v in zip(members, opened, report_dirs, validations, strict=True):
+    for m, v in zip(members, validations, strict=True):
+        bundle = _bundle(m.opened)
         scores = [backends.agreement(g, p, v.agreement_unit)[0] for g, p in zip(m.goldens.prompts, v.prompts,
                                                                               strict=True)]
         worst = round(min(scores), 4)
         need = m.goldens.min_token_agreement
-        own = contract.Report.load(report_dir / contract.REPORT_JSON)
-        models.append(contract.SetModel(bundle=o.manifest.name, planned=m.plan.memory.total if m.plan.memory else
-                                        None, alone_ok=own.ok, report=str(report_dir / contract.REPORT_JSON),
+        models.append(contract.SetModel(bundle=bundle.name, planned=m.plan.memory.total if m.plan.memory
+                                        else None, alone_ok=m.alone.ok, report=str(m.report_dir / contract.REPORT_JSON),
                                         coresident_agreement=worst))
-        checks.append(contract.Check(check=f"{o.manifest.kit.name}: agreement with goldens, every model loaded",
+        checks.append(contract.Check(check=f"{bundle.kit.name}: agreement with goldens, every model loaded",
                                      required=f">= {need}", measured=worst, ok=worst >= need,
                                      by=None if worst >= need else round(need - worst, 4)))
     measured = watch.measured()
     checks += memory_checks("the set's runtime", measured, planned or None, usable,
                             "the board's usable memory (headless)")
-    ok = all(c.ok for c in checks)
+    ok = all(c.ok for c in checks) and all(m.alone.ok for m in members)
     say(f"the set took {'not measured' if measured.taken is None else f'{measured.taken / 1e9:.2f} GB'} of the "
         f"board against {planned / 1e9:.2f} GB planned (+{MEMORY_TOLERANCE:.0%})")
     return contract.SetReport(ok=ok, models=models, checks=checks, measured=measured, planned=planned)
