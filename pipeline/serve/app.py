@@ -39,7 +39,7 @@ from starlette.requests import Request  # module level: FastAPI resolves the han
 
 from pipeline.serve import anthropic, batch, openai_responses, protocol, responses
 from pipeline.serve.gate import Gate, error_response
-from pipeline.serve.modelset import Member, ModelSet, keep_alive_of
+from pipeline.serve.modelset import FAILED, Member, ModelSet, keep_alive_of
 from pipeline.serve.prepare import Prepared, Settings
 from pipeline.serve.protocol import ApiError, SamplingDefaults
 from pipeline.serve.reply import BodyBudget, Reply, _body
@@ -140,8 +140,7 @@ def create_app(models: ModelSet):
         if models.ready:        # ok, with whether every preparation slot is taken (requests wait, then get 503s)
             return {"status": "ok", "preparing": shared.preparing,
                     "saturated": shared.preparing >= TOKENIZER_THREADS, **states}
-        failed = any(s.load_error or (s.session and s.session.failure)
-                     for m in models.members.values() if m.resident for s in [m.server])
+        failed = any(models.state(m) == FAILED for m in models.members.values() if m.resident)
         return JSONResponse({"status": "failed" if failed else "loading", **states}, status_code=503)
 
     @app.get("/metrics")

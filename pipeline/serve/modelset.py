@@ -92,7 +92,7 @@ class ModelSet:
                  budget_said: str = "", load_wait: float = LOAD_WAIT_S, keep_alive: float = KEEP_ALIVE_S):
         self.members = {s.served.name: Member(s, resident, keep_alive=keep_alive) for s, resident in servers}
         self.metrics, self.budget, self.budget_said = metrics, budget, budget_said
-        self.load_wait, self.keep_alive = load_wait, keep_alive
+        self.load_wait = load_wait
         self.default = next(iter(self.members.values()))
         metrics.planned.set_function(lambda: float(self.planned_loaded()))
 
@@ -101,15 +101,23 @@ class ModelSet:
         them, past it), or None."""
         if self.budget is None:
             return None
-        held = sum(m.planned for m in self.members.values() if m.resident)
+        if self.resident_planned > self.budget:
+            return (f"the resident models are planned at {self.resident_planned / GB:.2f} GB, past "
+                    f"{self.budget / GB:.2f} GB ({self.budget_said})")
         extra = max((m for m in self.members.values() if not m.resident), key=lambda m: m.planned, default=None)
-        said = f"{self.budget / GB:.2f} GB ({self.budget_said})"
-        if held > self.budget:
-            return f"the resident models are planned at {held / GB:.2f} GB, past {said}"
-        if extra is not None and held + extra.planned > self.budget:
-            return (f"{extra.name} (on demand, planned {extra.planned / GB:.2f} GB) cannot load beside the resident "
-                    f"models ({held / GB:.2f} GB) within {said}")
-        return None
+        return self._never_fits(extra) if extra is not None else None
+
+    @property
+    def resident_planned(self) -> int:
+        return sum(m.planned for m in self.members.values() if m.resident)
+
+    def _never_fits(self, member: Member) -> str | None:
+        """Why the on-demand `member` can never load within the budget (beside the resident models), or None."""
+        if self.budget is None or self.resident_planned + member.planned <= self.budget:
+            return None
+        return (f"{member.name} (on demand, planned {member.planned / GB:.2f} GB) cannot load beside the resident "
+                f"models ({self.resident_planned / GB:.2f} GB) within the budget {self.budget / GB:.2f} GB "
+                f"({self.budget_said})")
 
     @property
     def only(self) -> Server | None:
@@ -197,11 +205,9 @@ class ModelSet:
         over = self.planned_loaded() + member.planned - self.budget
         if over <= 0:
             return []
-        held = sum(m.planned for m in self.members.values() if m.resident)
-        said = f"the budget {self.budget / GB:.2f} GB ({self.budget_said})"
-        if held + member.planned > self.budget:
-            raise ApiError(503, f"{member.name} (planned {member.planned / GB:.2f} GB) cannot load beside the "
-                           f"resident models ({held / GB:.2f} GB) within {said}", code="model_does_not_fit")
+        never = self._never_fits(member)
+        if never is not None:
+            raise ApiError(503, never, code="model_does_not_fit")
         chosen, freed = [], 0
         for m in sorted((m for m in self.members.values() if not m.resident and m.state == LOADED and m.idle),
                         key=lambda m: m.server.last_active):
@@ -211,7 +217,8 @@ class ModelSet:
             freed += m.planned
         if freed < over:
             busy = [m.name for m in self.members.values() if not m.resident and m.state in (LOADED, LOADING)]
-            raise ApiError(503, f"{member.name} (planned {member.planned / GB:.2f} GB) does not fit within {said} "
+            raise ApiError(503, f"{member.name} (planned {member.planned / GB:.2f} GB) does not fit within the budget "
+                           f"{self.budget / GB:.2f} GB ({self.budget_said}) "
                            f"while {', '.join(busy)} {'is' if len(busy) == 1 else 'are'} in use; retry shortly",
                            code="model_does_not_fit", headers={"Retry-After": "5"})
         return chosen
@@ -222,8 +229,6 @@ class ModelSet:
         log.info("loading %s (on demand, planned %.2f GB)", member.name, member.planned / GB)
         await asyncio.to_thread(member.server.load)
         member.state = LOADED if member.server.ready else FAILED
-        if member.state == LOADED:
-            self.metrics.loads.labels(member.name).inc()
 
     def _start_unload(self, member: Member, reason: str) -> None:
         member.state = UNLOADING
@@ -264,8 +269,6 @@ class ModelSet:
         for m in self.members.values():
             if m.resident:
                 m.server.load()
-                if m.server.ready:
-                    self.metrics.loads.labels(m.name).inc()
 
     async def sweep(self) -> None:
         """Unload the on-demand models idle past their keep_alive, for the server's life."""

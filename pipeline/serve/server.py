@@ -85,6 +85,7 @@ class Server:
                                                  f"applied: the {self.session.backend} runtime has none")
                 log.warning("the model's repetition_penalty %g is not applied: the %s runtime has none",
                             d.repetition_penalty, self.session.backend)
+            self.metrics.loads.inc()
             log.info("engine ready: %s (%s)", self.served.name, self.session.backend)
         except PipelineError as exc:
             self.load_error = exc.message
