@@ -43,6 +43,11 @@ class Blob:
     size: int
     media_type: str
 
+    @classmethod
+    def of(cls, name: str, data: bytes, media_type: str) -> Blob:
+        """The blob holding `data`, its digest and size taken from it."""
+        return cls(name, f"sha256:{hashlib.sha256(data).hexdigest()}", len(data), media_type)
+
     @property
     def hex(self) -> str:
         return self.digest.split(":", 1)[1]
@@ -119,10 +124,9 @@ def make(v: VerifiedKit, push_sig: bytes) -> tuple[bytes, bytes, list[Blob]]:
     layers += [Blob(p.name, f"sha256:{p.sha256}", p.size, media.WEIGHT_RAW) for p in v.manifest.parts]
     for name in (SUMS, SIG):
         data = read_regular(kit / name, SMALL[name])
-        layers.append(Blob(name, f"sha256:{hashlib.sha256(data).hexdigest()}", len(data), media.WEIGHT_CONFIG_RAW))
+        layers.append(Blob.of(name, data, media.WEIGHT_CONFIG_RAW))
     config = _model_config(v, layers)       # the model's files: the same config whatever tag it is pushed to
-    layers.append(Blob(PUSH_SIG, f"sha256:{hashlib.sha256(push_sig).hexdigest()}", len(push_sig),
-                       media.WEIGHT_CONFIG_RAW))
+    layers.append(Blob.of(PUSH_SIG, push_sig, media.WEIGHT_CONFIG_RAW))
     manifest = {"schemaVersion": 2, "mediaType": media.OCI_MANIFEST, "artifactType": media.MODEL_ARTIFACT,
                 "config": {"mediaType": media.MODEL_CONFIG, "digest": f"sha256:{hashlib.sha256(config).hexdigest()}",
                            "size": len(config)},

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_EMPTY = "application/vnd.oci.empty.v1+json"       # OCI 1.1's empty descriptor: a config with nothing to say
+EMPTY_CONFIG = b"{}"
 MODEL_ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
 MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
 WEIGHT_RAW = "application/vnd.cncf.model.weight.v1.raw"              # a payload part, as it is on disk

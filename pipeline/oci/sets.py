@@ -15,7 +15,6 @@ exactly the set that was published.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -38,8 +37,6 @@ from pipeline.oci.transfer import Store, fetch_blob, pull, push
 
 SET_ARTIFACT = "application/vnd.jetson-pipeline.set.v1+json"
 SET_FILE, SET_SIG = "SET.json", "SET.minisig"
-EMPTY = b"{}"                           # OCI 1.1's empty config
-EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
 MAX_SET_FILE, MAX_MEMBERS = 64 * 1024, 16
 
 
@@ -68,27 +65,26 @@ def push_set(bundles: list[Path], ref: Ref, open_store: Callable[[Ref], Store], 
     """Push every bundle under its member tag, then the set's signed manifest at `ref` -> its digest."""
     if not 2 <= len(bundles) <= MAX_MEMBERS:
         raise PipelineError(f"a set holds 2 to {MAX_MEMBERS} bundles, not {len(bundles)}", "push one bundle alone")
+    verified = [check_kit(b, trusted, hash_parts=False) for b in bundles]     # all of them, before any upload
+    if len({v.name for v in verified}) != len(verified):
+        raise PipelineError("the set holds a bundle twice", "give each bundle once")
     members = []
-    for i, bundle in enumerate(bundles):
-        v = check_kit(bundle, trusted, hash_parts=False)
+    for i, (bundle, v) in enumerate(zip(bundles, verified, strict=True)):
         sub = member_ref(ref, i)
         digest, sent, _ = push(bundle, open_store(sub), trusted, signer=signer)
         say(f"pushed {v.name} to {sub} ({digest}, {sent} bytes uploaded)")
         members.append({"name": v.name, "tag": sub.tag, "manifest_sha256": v.manifest_sha256})
-    if len({m["name"] for m in members}) != len(members):
-        raise PipelineError("the set holds a bundle twice", "give each bundle once")
     store = open_store(ref)
     body = json.dumps({"format": "jetson-set/1", "members": members}, sort_keys=True, indent=1).encode()
     sig = signer.sign_bytes(body, comment_line("set", ("ref", store.binding),
                                                ("members", len(members)))).encode()
-    layers = [Blob(SET_FILE, f"sha256:{hashlib.sha256(body).hexdigest()}", len(body), media.WEIGHT_CONFIG_RAW),
-              Blob(SET_SIG, f"sha256:{hashlib.sha256(sig).hexdigest()}", len(sig), media.WEIGHT_CONFIG_RAW)]
-    empty = Blob("config", f"sha256:{hashlib.sha256(EMPTY).hexdigest()}", len(EMPTY), EMPTY_TYPE)
-    for blob, data in ((layers[0], body), (layers[1], sig), (empty, EMPTY)):
+    layers = [Blob.of(SET_FILE, body, media.WEIGHT_CONFIG_RAW), Blob.of(SET_SIG, sig, media.WEIGHT_CONFIG_RAW)]
+    empty = Blob.of("config", media.EMPTY_CONFIG, media.OCI_EMPTY)
+    for blob, data in ((layers[0], body), (layers[1], sig), (empty, media.EMPTY_CONFIG)):
         if not store.has_blob(blob):
             store.put_blob(blob, data)
     manifest = {"schemaVersion": 2, "mediaType": media.OCI_MANIFEST, "artifactType": SET_ARTIFACT,
-                "config": {"mediaType": EMPTY_TYPE, "digest": empty.digest, "size": empty.size},
+                "config": {"mediaType": media.OCI_EMPTY, "digest": empty.digest, "size": empty.size},
                 "layers": [b.descriptor() for b in layers],
                 "annotations": {media.TITLE: f"set of {len(members)}: " + ", ".join(m["name"] for m in members)}}
     return store.put_manifest(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())

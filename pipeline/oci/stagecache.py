@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -36,7 +35,6 @@ from pipeline.oci.refs import LayoutRef, RegistryRef, parse_ref
 
 STAGE_ARTIFACT = "application/vnd.jetson-pipeline.stage.v1+json"
 STAGE_FILE = "application/vnd.jetson-pipeline.stage.file.v1"
-EMPTY = "application/vnd.oci.empty.v1+json"
 MANIFEST = contract.STAGE_MANIFEST
 SIGNATURE = f"{MANIFEST}.minisig"
 
@@ -173,19 +171,19 @@ class StageCache:
                 layers.append((Blob(name, f"sha256:{info.sha256}", info.size, STAGE_FILE), stage_dir / name))
             body = (stage_dir / MANIFEST).read_bytes()
             for name, data in ((MANIFEST, body), (SIGNATURE, sig.encode())):
-                layers.append((Blob(name, f"sha256:{hashlib.sha256(data).hexdigest()}", len(data), STAGE_FILE), data))
-            config = Blob("config", f"sha256:{hashlib.sha256(b'{}').hexdigest()}", 2, EMPTY)     # OCI's empty config
+                layers.append((Blob.of(name, data, STAGE_FILE), data))
+            config = Blob.of("config", media.EMPTY_CONFIG, media.OCI_EMPTY)
             sent = 0
             from pipeline.progress import byte_counter
             with byte_counter(f"{stage}: to the stage cache", sum(b.size for b, _ in layers)) as progress:
-                for blob, source in [*layers, (config, b"{}")]:
+                for blob, source in [*layers, (config, media.EMPTY_CONFIG)]:
                     if not store.has_blob(blob):
                         store.put_blob(blob, source, progress)
                         sent += blob.size
                     else:
                         progress(blob.size)
             oci = {"schemaVersion": 2, "mediaType": media.OCI_MANIFEST, "artifactType": STAGE_ARTIFACT,
-                   "config": {"mediaType": EMPTY, "digest": config.digest, "size": 2},
+                   "config": {"mediaType": media.OCI_EMPTY, "digest": config.digest, "size": config.size},
                    "layers": [b.descriptor() for b, _ in layers],
                    "annotations": {media.CREATED: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                    media.PREFIX + "stage": stage, media.PREFIX + "stage-key": key,

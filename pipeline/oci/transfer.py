@@ -89,7 +89,7 @@ def push(kit: Path, store: Store, trusted: list[PublicKey], progress: Progress |
     push_sig = key.sign_bytes((Path(kit) / SUMS).read_bytes(), artifact.push_statement(v, store.binding)).encode()
     raw, config, layers = artifact.make(v, push_sig)
     sent = kept = 0
-    config_blob = Blob("config", f"sha256:{hashlib.sha256(config).hexdigest()}", len(config), "config")
+    config_blob = Blob.of("config", config, "config")
     small = {config_blob.name: config, artifact.PUSH_SIG: push_sig}
     for blob in [*layers, config_blob]:
         if store.has_blob(blob):

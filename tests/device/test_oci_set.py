@@ -81,8 +81,9 @@ def test_a_hostile_set_is_refused_before_any_bundle_is_fetched(two_bundles, tmp_
 
     from pipeline.oci import media
     from pipeline.oci.artifact import Blob
+    from pipeline.oci.media import OCI_EMPTY as EMPTY_TYPE
     from pipeline.oci.refs import LayoutRef
-    from pipeline.oci.sets import EMPTY_TYPE, SET_ARTIFACT, SET_FILE, SET_SIG, push_set
+    from pipeline.oci.sets import SET_ARTIFACT, SET_FILE, SET_SIG, push_set
 
     project, _, _, both = two_bundles
     trusted = [PublicKey.load(project.root / "home" / "signing.pub")]

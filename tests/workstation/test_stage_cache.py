@@ -206,8 +206,9 @@ def publish_raw(cache_dir: Path, stage: str, key: str, files: dict[str, bytes], 
     from pipeline.kit.signing import signing_key
     from pipeline.oci.artifact import Blob
     from pipeline.oci.layout import LayoutStore
+    from pipeline.oci.media import OCI_EMPTY as EMPTY
     from pipeline.oci.refs import LayoutRef
-    from pipeline.oci.stagecache import EMPTY, SIGNATURE, STAGE_ARTIFACT, STAGE_FILE
+    from pipeline.oci.stagecache import SIGNATURE, STAGE_ARTIFACT, STAGE_FILE
 
     store = LayoutStore(LayoutRef(cache_dir, StageCache.tag(stage, key)))
     info = {n: contract.StageFile(len(d), 0, hashlib.sha256(d).hexdigest()) for n, d in files.items()}
