@@ -169,6 +169,13 @@ class BoardPlan:
                 "models": [i.as_dict() for i in self.items]}
 
 
+def table_usable(board: Board) -> int:
+    """The board's usable memory as the target table has it: headless, or with a desktop's share taken too."""
+    from pipeline.plan.targets import get_target
+    target = get_target(board.target)
+    return target.usable_headless_bytes if board.headless else target.usable_bytes
+
+
 def measured_usable(board: Board, root: str | Path) -> tuple[int, str]:
     """(MemAvailable, where it was read) of the board under `root` (/ on the board itself), checked to be the board
     file's target; an unreadable figure is an error, never "enough"."""
@@ -190,9 +197,7 @@ def plan_board(board: Board, plan_one: Callable[[Any, str], contract.Plan],
     """The set's plan: each model's own (at its recipe's limits), then the set against the board's memory
     (measured: (bytes, where) read on the board, replacing the table's figure). plan_one(recipe, target): the
     recipe's plan as its plan stage makes it (graph/stages/plan.plan_now)."""
-    from pipeline.plan.targets import get_target
-    target = get_target(board.target)
-    usable = target.usable_headless_bytes if board.headless else target.usable_bytes
+    usable = table_usable(board)
     usable_from = TABLE
     if measured is not None:
         usable, usable_from = measured
@@ -267,11 +272,9 @@ def serving_set(name_or_path: str, root: str | None = None):
     and the board's target. The budget is the target table's usable memory (headless or with a desktop); on the board
     itself (`root`: serving its bundles), what its kernel says is available before any engine loads (MemAvailable),
     where that is less: what the JetPack, a desktop and every other service left."""
-    from pipeline.plan.targets import get_target
     from pipeline.serve.modelset import SetSpec
     board = load_board(name_or_path)
-    target = get_target(board.target)
-    usable = target.usable_headless_bytes if board.headless else target.usable_bytes
+    usable = table_usable(board)
     said = f"{board.file}: {board.target}'s usable memory, {'headless' if board.headless else 'with a desktop'}"
     if root is not None:
         available, where = measured_usable(board, root)

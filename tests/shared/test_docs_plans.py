@@ -43,23 +43,27 @@ def shown_plans() -> list[tuple[str, str, list[str], list[str]]]:
 PLANS = shown_plans()
 
 
-def shown_recipe_plans() -> list[tuple[str, str, list[str]]]:
-    """(document, recipe, the lines it quotes) of every `plan RECIPE` block that quotes lines."""
+def quoting_blocks(command: re.Pattern, cut: int) -> list[tuple[str, str, list[str]]]:
+    """(document, the command's first group, the lines it quotes) of every block whose command matches and that
+    quotes lines (`#  ...` right below it, each cut by `cut` characters)."""
     out = []
     for doc in DOCS:
         lines = doc.read_text().splitlines()
         for i, line in enumerate(lines):
-            m = RECIPE_COMMAND.search(line)
-            if not m:
-                continue
+            m = command.search(line)
             quoted = []
-            for follow in lines[i + 1:]:
+            for follow in lines[i + 1:] if m else []:
                 if not follow.startswith("#  "):
                     break
-                quoted.append(follow[1:].rstrip())
-            if quoted:
+                quoted.append(follow[cut:].rstrip())
+            if m and quoted:
                 out.append((doc.name, m.group(1), quoted))
     return out
+
+
+def shown_recipe_plans() -> list[tuple[str, str, list[str]]]:
+    """(document, recipe, the lines it quotes) of every `plan RECIPE` block that quotes lines."""
+    return quoting_blocks(RECIPE_COMMAND, 1)
 
 
 RECIPE_PLANS = shown_recipe_plans()
@@ -104,19 +108,7 @@ BOARD_COMMAND = re.compile(r"python -m pipeline plan --board ([\w.\-]+)\s*(#.*)?
 
 def shown_board_plans() -> list[tuple[str, str, list[str]]]:
     """(document, board, the lines it quotes: `#  ` and then the table's line) of every `plan --board` block."""
-    out = []
-    for doc in DOCS:
-        lines = doc.read_text().splitlines()
-        for i, line in enumerate(lines):
-            m = BOARD_COMMAND.search(line)
-            quoted = []
-            for follow in lines[i + 1:] if m else []:
-                if not follow.startswith("#  "):
-                    break
-                quoted.append(follow[3:].rstrip())
-            if m and quoted:
-                out.append((doc.name, m.group(1), quoted))
-    return out
+    return quoting_blocks(BOARD_COMMAND, 3)
 
 
 BOARD_PLANS = shown_board_plans()
