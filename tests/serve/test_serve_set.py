@@ -279,3 +279,15 @@ def test_keep_alive_refuses_what_is_not_a_duration(value):
 def test_serve_refuses_a_set_it_cannot_serve_naming_the_flag(built, args, said):
     proc = built[0].cli("serve", *args)
     assert proc.returncode != 0 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_serve_refuses_a_model_named_twice_or_one_its_board_does_not_hold(built, tmp_path):
+    project, _, _ = built
+    proc = project.cli("serve", CHAT, CHAT)
+    assert proc.returncode != 0 and f"{CHAT}: {CHAT} is given twice" in proc.stderr, proc.stderr
+    small = tmp_path / "one.toml"
+    small.write_text(f'target = "orin-nano-8gb"\n[[model]]\nrecipe = "{CHAT}"\n')
+    proc = project.cli("serve", "--board", str(small), CHAT, BASE)
+    assert proc.returncode != 0 and f"{BASE}: {BASE} is not a model of board {small} ({CHAT})" in proc.stderr, \
+        proc.stderr
+    assert "Traceback" not in proc.stderr
