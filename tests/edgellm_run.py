@@ -128,6 +128,8 @@ def exported_vs_engine(src, quant_dir, onnx_dir, tmp_path, kv: str, new_tokens: 
 
     if (onnx_dir / "llm").is_dir():        # a vision-language model's language model (its tower in onnx/visual)
         onnx_dir = onnx_dir / "llm"
+    if (onnx_dir / "base").is_dir():       # a speculative export's base (its draft in onnx/draft)
+        onnx_dir = onnx_dir / "base"
     ids = AutoTokenizer.from_pretrained(src)(corpus_text("heldout-en"))["input_ids"][:prompt_tokens]
     assert len(ids) == prompt_tokens
     model = load_quantized(src, quant_dir, device)

@@ -60,6 +60,9 @@ TINY: tuple[Tiny, ...] = (
     # of transformers' own recurrent decode from its chunked scan on the FP16 test model (0.9962)
     Tiny("tiny-nemotron-h", JP72, "edgellm", "tests/workstation/test_hybrid_build.py", "built_nemotron",
          "validated_nemotron", Double("agx-thor", min_cosine=0.996, prompt_tokens=100, tie_aware=True)),
+    # with its MTP draft: the device decodes with it (the bundle's serve refuses it: test_mtp_build.py)
+    Tiny("tiny-qwen3_5-mtp", {"agx-thor": "agx-thor-jp70"}, "edgellm", "tests/workstation/test_mtp_build.py", "built",
+         "validated", Double(None, prompt_tokens=100, tie_aware=True)),
     Tiny("tiny-qwen3_5-moe", JP72, "edgellm", "tests/workstation/test_hybrid_moe_build.py", "built", "validated",
          Double("agx-thor", prompt_tokens=100, tie_aware=True)),
     # NVFP4 only (Edge-LLM 0.11's MoE blocks for these families): built on a GPU machine, skipped without CUDA

@@ -46,6 +46,7 @@ class ExportJob:
     draft_dir: Path | None = None
     handoff: Any = None         # the process's ModelHandoff (pipeline/workstation/state.py): the live calibrated model
     externalize: tuple[str, ...] = ()   # weight kinds the plan keeps outside the engine (Edge-LLM external weights)
+    mtp_draft: bool = False     # export the checkpoint's own MTP layer as a draft beside the base ([draft] "mtp")
 
     @property
     def payload_dir(self) -> Path:

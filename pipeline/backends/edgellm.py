@@ -97,16 +97,19 @@ def visual_build_argv(visual: VisualLimits, onnx_dir: str = f"onnx/{VISUAL_DIR}"
 
 def build_commands(limits: BuildLimits, speculative: Speculative | None,
                    visual: VisualLimits | None = None) -> list[list[str]]:
-    """One engine, or with an EAGLE-3 draft the base (onnx/base, --specBase) then the draft (onnx/draft,
+    """One engine, or with a draft (EAGLE-3, MTP) the base (onnx/base, --specBase) then the draft (onnx/draft,
     --specDraft) into one engine directory; a vision-language model's language model from onnx/llm (onnx/base and
     onnx/draft with a draft), then its visual engine from onnx/visual."""
     tower = [visual_build_argv(visual)] if visual is not None else []
     if speculative is None:
         return [llm_build_argv(limits, f"onnx/{LLM_DIR}" if visual is not None else "onnx")] + tower
-    trees = ["--maxVerifyTreeSize", str(speculative.max_verify_tree_size),
-             "--maxDraftTreeSize", str(speculative.max_draft_tree_size)]
-    return [llm_build_argv(limits, "onnx/base") + trees + ["--specBase"],
-            llm_build_argv(limits, "onnx/draft") + trees + ["--specDraft"]] + tower
+    verify = ["--maxVerifyTreeSize", str(speculative.max_verify_tree_size)]
+    draft = ["--maxDraftTreeSize", str(speculative.max_draft_tree_size)]
+    if speculative.method == "mtp":     # its guide's MTP build: each engine takes the size of its own side
+        return [llm_build_argv(limits, "onnx/base") + verify + ["--specBase"],
+                llm_build_argv(limits, "onnx/draft") + draft + ["--specDraft"]] + tower
+    return [llm_build_argv(limits, "onnx/base") + verify + draft + ["--specBase"],
+            llm_build_argv(limits, "onnx/draft") + verify + draft + ["--specDraft"]] + tower
 
 
 # llm_build is C++: the ONNX parser keeps the external weight data in host memory, TensorRT copies it to the GPU, the
@@ -231,6 +234,9 @@ _EDGELLM_QWEN3_5 = Support(
     # its config reader (config.py _validate_mtp_constraints) raises NotImplementedError for any Qwen3.5 config whose
     # mtp_num_hidden_layers is not 1 or that gives the draft its own embeddings, whatever is exported
     mtp_layers=(1,), mtp_dedicated_embeddings=False,
+    # its MTP layer as a draft ([draft] method = "mtp"): Edge-LLM 0.11's mtp_base / mtp_draft exports (models/qwen3_5
+    # modeling_qwen3_5_mtp.py), tests/workstation/test_mtp_build.py
+    mtp_draft_unbuilt=None,
     verified="Edge-LLM 0.11 exporter (models/qwen3_5: gated_delta_net and causal_conv1d plugins); "
              "tests/workstation/test_hybrid_build.py (tiny Qwen3.5 INT4-AWQ through doit build, the device half and "
              "serve; the runtime double against transformers' Qwen3.5 past a 64-token chunk in FP16 and against the "
@@ -270,7 +276,9 @@ EDGELLM_011: dict[str, Support] = {
     # the hub's multimodal checkpoints: the language model as above, the tower as Qwen3-VL's without DeepStack
     # (Edge-LLM's qwen3_5 visual model), exported to visual/ and run by the double's multimodal runtime
     QWEN3_5_MM: dataclasses.replace(
-        _EDGELLM_QWEN3_5, verified=_EDGELLM_QWEN3_5.verified + "; Edge-LLM 0.11 exporter (models/qwen3_5 visual: "
+        _EDGELLM_QWEN3_5, mtp_draft_unbuilt="the multimodal checkpoint's MTP draft (its llm/ export beside the tower) "
+        "has not been taken through here; the text checkpoint's has",
+        verified=_EDGELLM_QWEN3_5.verified + "; Edge-LLM 0.11 exporter (models/qwen3_5 visual: "
         "Qwen3-VL's tower without DeepStack); tests/workstation/test_hybrid_vlm_build.py (tiny multimodal Qwen3.5 "
         "INT4-AWQ with an FP16 tower through doit build, its tower checked against transformers in the export, its "
         "image goldens validated through the runtime double on the recorded Orin Nano, served)"),
@@ -279,6 +287,8 @@ EDGELLM_011: dict[str, Support] = {
     # its MoE blocks as the MoE fit prices them and its delta-nets as the hybrid fit does
     **{arch: dataclasses.replace(
         _EDGELLM_QWEN3_5, renormalizes_topk=True,
+        mtp_draft_unbuilt="Edge-LLM 0.11 exports Qwen3.5-MoE's MTP layer as an MoE draft (Qwen3_5MoeMtpDraftModel); "
+                          "it has not been taken through here yet",
         verified="Edge-LLM 0.11 exporter (models/qwen3_5_moe: Qwen3SparseMoeBlock's MoE plugins and gated shared "
                  "expert beside models/qwen3_5's mixers); tests/workstation/test_hybrid_moe_build.py (tiny "
                  "Qwen3.5-MoE INT4-AWQ through doit build, the device half and serve, the runtime double against the "

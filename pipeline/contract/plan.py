@@ -201,6 +201,7 @@ class Speculative(Part):
     max_draft_tree_size: int
     max_verify_tree_size: int
     memory: DraftMemory | None
+    steps: int | None = None        # MTP: tokens the draft proposes per base step (llm_inference --specDraftStep)
 
 
 def _plan_1_to_2(obj: dict) -> dict:

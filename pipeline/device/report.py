@@ -134,7 +134,8 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
         notes.append(f"{backend.label}'s runtime does not report its KV cache allocation; the engine's KV capacity "
                      f"was fixed at build time to the plan's {lim.max_batch_size} x {lim.max_seq_len} tokens")
     if plan.speculative and accept:
-        notes.append("decode is predicted without speculation; the measured rate includes EAGLE-3's gain")
+        notes.append(f"decode is predicted without speculation; the measured rate includes the "
+                     f"{plan.speculative.method} draft's gain")
     peaks = [v.peak_unified_memory for v in validation.prompts if v.peak_unified_memory]
     return contract.Report(
         ok=all(c.ok for c in checks), checks=checks,
@@ -248,7 +249,7 @@ def write_report(out: Path, report: contract.Report) -> None:
         ratio = f"{got / want:.2f}" if got is not None and want else ""
         lines.append(f"| {what} | {_fmt(got, unit)} | {_fmt(want, unit)} | {ratio} |")
     if m.acceptance:
-        lines.append(f"| EAGLE-3 acceptance (tokens per base step) | {m.acceptance} | not predicted | |")
+        lines.append(f"| draft acceptance (tokens per base step) | {m.acceptance} | not predicted | |")
     if m.load_runs:
         lines += ["", "| clients | requests/s | generated tok/s (end to end) | TTFT p50 / p95 | inter-token p50 / p95 "
                   "|",

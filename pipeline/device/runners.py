@@ -85,12 +85,25 @@ def _number(obj: Any, *keys: str) -> float | None:
     return None
 
 
+def spec_decode_argv(speculative) -> list[str]:
+    """llm_inference's speculative-decoding options: an MTP draft as its guide runs it (a chain: top-k 1, its steps,
+    their verification with the root token), an EAGLE-3 draft with the runtime's own tree defaults."""
+    if speculative is None:
+        return []
+    if speculative.method == "mtp":
+        steps = speculative.steps or 1
+        return ["--specDecode", "--specDraftTopK", "1", "--specDraftStep", str(steps),
+                "--specVerifySize", str(steps + 1)]
+    return ["--specDecode"]
+
+
 def edgellm_profile(profile: Any) -> dict:
     """What llm_inference's profiler measured (--dumpProfile --profileOutputFile): time to first token as its
     average prefill time per run, decode tok/s as its generation rate (with speculative decoding: tokens per second
-    over the draft and verification steps), EAGLE-3's average acceptance (tokens per base step) and the peak unified
+    over the draft and verification steps), a draft's average acceptance (tokens per base step: profileFormatter.cpp's
+eagle_generation or mtp_generation) and the peak unified
     memory its monitor saw. A figure the profile lacks is None: not measured."""
-    spec = next((profile[k] for k in ("eagle_generation", "spec_decode_generation")
+    spec = next((profile[k] for k in ("eagle_generation", "mtp_generation", "spec_decode_generation")
                  if isinstance(profile, dict) and k in profile), None)
     ttft_ms = _number(profile, "prefill", "average_time_per_run_ms")
     return {"ttft_s": None if ttft_ms is None else round(ttft_ms / 1000, 6),
@@ -128,7 +141,7 @@ def validate_llm_inference(kit_dir: Path, engine: Path, plan: contract.Plan, gol
             remove_entry(stale)
         seconds = run_logged(["llm_inference", "--engineDir", str(engine), "--inputFile", str(work / f"input-{i}.json"),
                               "--outputFile", str(out), "--warmup", "1", "--dumpProfile", "--profileOutputFile",
-                              str(prof), *visual, *(["--specDecode"] if plan.speculative else [])],
+                              str(prof), *visual, *spec_decode_argv(plan.speculative)],
                              cwd=work, log=work / f"validate-{i}.log", timeout=timeout, watch=watch)
         answer = _json(out, "llm_inference's output")
         responses = answer.get("responses") if isinstance(answer, dict) else None

@@ -54,6 +54,8 @@ class Support:
     # embedding (Edge-LLM 0.11: one layer for Qwen3.5, no dedicated embeddings; it raises while parsing otherwise)
     mtp_layers: tuple[int, ...] | None = None
     mtp_dedicated_embeddings: bool = True
+    # why its MTP layer is not built as a draft here (None: it is: [draft] method = "mtp")
+    mtp_draft_unbuilt: str | None = "no multi-token prediction draft of this family has been taken through here"
 
     def unbuilt(self, weights: str) -> str | None:
         """Why this version plans but does not build the family in `weights` (None: it builds it)."""

@@ -143,11 +143,12 @@ def make_plan(req: PlanRequest) -> Plan:
     ok = not refused
     limits = req.limits
     speculative = None
-    if req.draft is not None:
+    if req.draft is not None and req.draft.shape is not None:
         from pipeline.plan.speculative import DRAFT_WEIGHTS
-        d = req.draft
-        speculative = contract.Speculative(d.method, d.label, d.shape.params, DRAFT_WEIGHTS, d.shape.draft_vocab_size,
-                                           d.max_draft_tree_size, d.max_verify_tree_size, draft_mem)
+        d, dshape = req.draft, req.draft.shape
+        speculative = contract.Speculative(d.method, d.label, dshape.params, DRAFT_WEIGHTS, dshape.draft_vocab_size,
+                                           d.max_draft_tree_size, d.max_verify_tree_size, draft_mem,
+                                           steps=d.steps if d.method == "mtp" else None)
     argvs = backends.get(backend).build_commands(limits, speculative, visual.limits if visual else None) \
         if ok and backend else None
     return Plan(
@@ -163,16 +164,29 @@ def make_plan(req: PlanRequest) -> Plan:
 
 def _draft(req: PlanRequest, engine: backends.Backend, backend: str | None, refused: list[str],
            warnings: list[str]):
-    """An EAGLE-3 draft's refusals (a backend without draft engines, another base's draft), warnings and memory."""
+    """A draft's refusals (a backend without draft engines, another base's draft, a model without MTP layers),
+    warnings and memory."""
     if req.draft is None:
         return None
     from pipeline.plan.speculative import draft_memory, pairing_problems, pairing_warnings
     d = req.draft
+    what = "EAGLE-3 draft" if d.method == "eagle3" else "MTP draft"
     if backend is not None and not engine.speculative:
         refused.append(f"{d.method} speculative decoding is built by TensorRT Edge-LLM only (llm_build "
-                       f"--specBase/--specDraft); {engine.label} on {req.target.id} has no EAGLE-3 "
-                       f"draft engines. Remove [draft], or target a stack whose backend builds them "
+                       f"--specBase/--specDraft); {engine.label} on {req.target.id} has no {what} "
+                       f"engines. Remove [draft], or target a stack whose backend builds them "
                        f"(backend = {backends.speculative_names()}).")
+    if d.method == "mtp":
+        support = backends.family_support(backend, req.shape.architecture) if backend else None
+        if d.shape is None:
+            refused.append(f"[draft] method = \"mtp\": {req.model_label}'s config names no multi-token prediction "
+                           "layers (mtp_num_hidden_layers), so there is no MTP draft to build. Remove [draft], or "
+                           "use the model's own checkpoint, whose config names them.")
+            return None
+        if support is not None and support.mtp_draft_unbuilt:
+            refused.append(f"[draft] method = \"mtp\": {support.mtp_draft_unbuilt} ({req.shape.architecture}). "
+                           "Remove [draft] to build the model without its MTP draft.")
+    assert d.shape is not None
     refused.extend(f"{p}. Use the draft trained for this base model." for p in
                    pairing_problems(d.shape, req.shape, d.label))
     warnings.extend(pairing_warnings(d.shape, req.shape, d.label))
@@ -198,7 +212,7 @@ def _memory_verdict(req: PlanRequest, fmt, memory, refused: list[str], warnings:
                 f"does not fit: needs {gb(memory.total)} (weights {gb(memory.weights)}, embedding "
                 f"{gb(memory.embedding)}, lm_head {gb(memory.lm_head)}, KV cache {gb(memory.kv_cache)}, "
                 + (f"recurrent state {gb(memory.recurrent_state)}, " if memory.recurrent_state else "")
-                + (f"EAGLE-3 draft {gb(memory.draft)}, " if memory.draft else "")
+                + (f"draft {gb(memory.draft)}, " if memory.draft else "")
                 + (f"visual engine {gb(memory.visual)}, " if memory.visual else "") +
                 f"activations {gb(memory.activations)}, runtime {gb(memory.runtime_overhead)}) but {t.id} has "
                 f"{gb(memory.usable)} usable ({gb(memory.usable_headless)} headless); short by "

@@ -64,8 +64,9 @@ def predict_speed(req: PlanRequest, engine: backends.Backend, backend: str | Non
         power_mode=mode, bandwidth_gbs=t.bandwidth_gbs.get(mode), context_tokens=context,
         bytes_per_token=int(bytes_read), engine_class=engine.perf_class, efficiency=constants.efficiency,
         fixed_s=constants.fixed_s, by_power_mode=by_mode, aggregate_tok_s_by_batch=by_batch,
-        speculative_note=("decode predicted without speculation: EAGLE-3's gain depends on the draft's acceptance "
-                          "rate on your prompts (validation measures it)") if req.draft is not None else None,
+        speculative_note=(f"decode predicted without speculation: the {req.draft.method} draft's gain depends on "
+                          "its acceptance rate on your prompts (validation measures it)")
+        if req.draft is not None else None,
         **ttft_fields)
     return prediction, by_mode, mode, ttft
 

@@ -16,12 +16,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class DraftRequest:
-    """An EAGLE-3 draft beside the base (speculative decoding)."""
-    shape: DraftShape
+    """A draft beside the base (speculative decoding): an EAGLE-3 checkpoint, or the model's own MTP layers (shape
+    None: the model has none)."""
+    shape: DraftShape | None
     label: str
     method: str = "eagle3"
     max_draft_tree_size: int = 60
     max_verify_tree_size: int = 60
+    steps: int = 3              # MTP: tokens proposed per base step
 
 
 @dataclass(frozen=True)

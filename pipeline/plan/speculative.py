@@ -49,11 +49,14 @@ class DraftShape:
     target_hidden_size: int    # the base's hidden size, as the draft was trained
     num_target_layers: int = 3
     target_layer_ids: tuple[int, ...] | None = None   # base layers the draft was trained on, where it says
+    method: str = "eagle3"     # "mtp": the model's own multi-token prediction layer (mtp_tensors)
 
     def tensors(self) -> dict[str, tuple[int, ...]]:
         """Every tensor of the checkpoint with its shape (one layer is `midlayer`, more are `layers.N`)."""
         h, q, kv, i = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, \
             self.intermediate_size
+        if self.method == "mtp":
+            return mtp_tensors(self)
         out: dict[str, tuple[int, ...]] = {
             "d2t": (self.draft_vocab_size,), "fc.weight": (h, self.target_hidden_size * self.num_target_layers),
             "lm_head.weight": (self.draft_vocab_size, h), "norm.weight": (h,)}
@@ -70,7 +73,40 @@ class DraftShape:
 
     @property
     def params(self) -> int:
-        return sum(math.prod(s) for s in self.tensors().values())
+        """The draft engine's parameters: its checkpoint's, and for an MTP draft the base's lm_head, which its
+        export copies into the draft (Edge-LLM's _mtp_key_remap: shared with the base, or the tied embedding)."""
+        lm_head = self.vocab_size * self.hidden_size if self.method == "mtp" else 0
+        return sum(math.prod(s) for s in self.tensors().values()) + lm_head
+
+
+def mtp_tensors(d: DraftShape) -> dict[str, tuple[int, ...]]:
+    """Qwen3.5's MTP layer as its hub checkpoints store it (mtp.*): fc over [embedding, hidden], the two norms before
+    it, gated-attention decoder layers (q_proj twice as wide: query and gate; q/k norms per head) and a final norm."""
+    h, q, kv, i = d.hidden_size, d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.intermediate_size
+    out: dict[str, tuple[int, ...]] = {"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+                                       "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,)}
+    for n in range(d.num_layers):
+        p = f"mtp.layers.{n}."
+        out |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (2 * q, h), p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+                p + "self_attn.q_norm.weight": (d.head_dim,), p + "self_attn.k_norm.weight": (d.head_dim,),
+                p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i)}
+    return out
+
+
+def mtp_draft_shape(base: ModelShape) -> DraftShape | None:
+    """The draft the model's own MTP layers make (None: its config names none)."""
+    from pipeline.plan.parts import Mtp
+    mtp = base.part(Mtp)
+    if mtp is None or mtp.layers < 1:
+        return None
+    return DraftShape(hidden_size=base.hidden_size, num_layers=mtp.layers, num_heads=base.num_heads,
+                      num_kv_heads=base.num_kv_heads, head_dim=base.head_dim,
+                      intermediate_size=base.intermediate_size, vocab_size=base.vocab_size,
+                      draft_vocab_size=base.vocab_size, target_hidden_size=base.hidden_size, num_target_layers=1,
+                      method="mtp")
 
 
 def draft_shape(config: dict, source: str) -> DraftShape:
@@ -112,6 +148,8 @@ def edgellm_tapped_layers(base_layers: int) -> list[int]:
 
 
 def pairing_warnings(draft: DraftShape, base: ModelShape, draft_label: str) -> list[str]:
+    if draft.method == "mtp":       # made with the base: nothing to pair
+        return []
     tapped = edgellm_tapped_layers(base.num_layers)
     if draft.target_layer_ids is not None and list(draft.target_layer_ids) != tapped:
         return [f"the draft {draft_label} says it was trained on base layers {list(draft.target_layer_ids)}; "

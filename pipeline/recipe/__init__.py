@@ -195,12 +195,15 @@ def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str
     shape = shape_from_config(config, config_source)
     draft_req = None
     if recipe.draft:
-        from pipeline.plan.speculative import draft_shape
+        from pipeline.plan.speculative import draft_shape, mtp_draft_shape
         d = recipe.draft
-        if draft is None:
-            draft = config_for(recipe, d.source)
-        draft_req = DraftRequest(draft_shape(draft[0], draft[1]), d.source.label, d.method, d.max_draft_tree_size,
-                                 d.max_verify_tree_size)
+        if d.source is None:        # MTP: the model's own layers (None: it has none; the planner refuses that)
+            dshape = mtp_draft_shape(shape)
+        else:
+            if draft is None:
+                draft = config_for(recipe, d.source)
+            dshape = draft_shape(draft[0], draft[1])
+        draft_req = DraftRequest(dshape, d.label, d.method, d.max_draft_tree_size, d.max_verify_tree_size, d.steps)
     b = recipe.build
     limits = BuildLimits.of(b.max_batch_size, b.max_input_len, b.max_seq_len)
     req = PlanRequest(shape=shape, model_label=recipe.model.label, weights=recipe.weights, kv_cache=recipe.kv_cache,

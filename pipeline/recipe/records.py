@@ -126,8 +126,9 @@ class SourceTable:
 
 @dataclass(frozen=True)
 class DraftTable:
-    """[draft] as written: an EAGLE-3 draft beside the base (edgellm backend); empty: no draft."""
-    method: str | None = setting(None, choices=("eagle3",), doc="the speculative-decoding method of the draft")
+    """[draft] as written: a speculative-decoding draft beside the base (edgellm backend): an EAGLE-3 checkpoint, or
+    the multi-token prediction layer the model's own checkpoint ships (method = "mtp", no source); empty: no draft."""
+    method: str | None = setting(None, choices=("eagle3", "mtp"), doc="the speculative-decoding method of the draft")
     source: str | None = setting(None, choices=SOURCES)
     repo: str | None = setting(None, pattern=REPO_RE, pattern_hint=REPO_HINT)
     revision: str | None = setting(None, doc=REVISION_DOC)
@@ -136,6 +137,8 @@ class DraftTable:
     name: str | None = setting(None, doc="builtin draft name")
     max_draft_tree_size: int = setting(60, min=1, max=1024, doc="llm_build --maxDraftTreeSize")
     max_verify_tree_size: int = setting(60, min=1, max=1024, doc="llm_build --maxVerifyTreeSize")
+    steps: int = setting(3, min=1, max=16, doc="MTP: tokens the draft proposes per base step (llm_inference "
+                         "--specDraftStep; the base verifies steps + 1)")
 
 
 @dataclass(frozen=True)
@@ -153,11 +156,17 @@ class BaseTable:
 
 @dataclass(frozen=True)
 class Draft:
-    """An EAGLE-3 draft beside the base (speculative decoding through the edgellm backend)."""
+    """A draft beside the base (speculative decoding through the edgellm backend): an EAGLE-3 checkpoint of its own,
+    or (method "mtp", source None) the multi-token prediction layer of the model's checkpoint."""
     method: str
-    source: ModelSource
+    source: ModelSource | None
     max_draft_tree_size: int
     max_verify_tree_size: int
+    steps: int = 3
+
+    @property
+    def label(self) -> str:
+        return self.source.label if self.source is not None else "the checkpoint's MTP layer"
 
 
 def _model(table: dict[str, Any], file: str) -> ModelSource:
@@ -174,8 +183,8 @@ def _draft(table: dict[str, Any], file: str) -> Draft | None:
     from pipeline.recipe.sources import DRAFT, source_from
     if table["method"] is None:
         return None
-    return Draft(table["method"], source_from(DRAFT, table, file), table["max_draft_tree_size"],
-                 table["max_verify_tree_size"])
+    source = None if table["method"] == "mtp" else source_from(DRAFT, table, file)
+    return Draft(table["method"], source, table["max_draft_tree_size"], table["max_verify_tree_size"], table["steps"])
 
 
 @dataclass(frozen=True)

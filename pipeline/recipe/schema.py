@@ -241,8 +241,21 @@ def _draft_checks(file: str, d: dict, problems: list[Problem]) -> None:
     given = [k for k in ("source", "repo", "revision", "path", "name") if d.get(k) is not None]
     if d["method"] is None and given:
         problems.append(Problem(file, "draft.method", None, f"is required when [draft] names a draft ({given[0]})",
-                                'method = "eagle3" (the one method the edgellm backend builds)'))
-    if d["method"] is not None:
+                                'method = "eagle3" (a draft checkpoint of its own; "mtp" takes none)'))
+    if d["method"] == "mtp":
+        if given:
+            problems.append(Problem(file, f"draft.{given[0]}", d[given[0]], "an MTP draft is the multi-token "
+                                    "prediction layer of [model]'s own checkpoint, not a checkpoint of its own",
+                                    "remove it (and source, repo, revision, path, name) from [draft]"))
+        if d["max_verify_tree_size"] < d["steps"] + 1:
+            problems.append(Problem(file, "draft.max_verify_tree_size", d["max_verify_tree_size"],
+                                    f"the base verifies draft.steps + 1 = {d['steps'] + 1} tokens a step",
+                                    f"set it to at least {d['steps'] + 1}"))
+        if d["max_draft_tree_size"] < d["steps"]:
+            problems.append(Problem(file, "draft.max_draft_tree_size", d["max_draft_tree_size"],
+                                    f"the draft proposes draft.steps = {d['steps']} tokens a step",
+                                    f"set it to at least {d['steps']}"))
+    elif d["method"] is not None:
         if d["source"] is None:
             problems.append(Problem(file, "draft.source", None, "is required when draft.method is set",
                                     "hf, local or builtin, like model.source"))

@@ -176,11 +176,12 @@ def _version(dist: str) -> str | None:
 
 
 def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, weights: str, kv_cache: str,
-           target_sm: str, draft_dir: Path | None = None, handoff=None, externalize: tuple[str, ...] = ()
-           ) -> ExportRecord:
+           target_sm: str, draft_dir: Path | None = None, handoff=None, externalize: tuple[str, ...] = (),
+           mtp_draft: bool = False) -> ExportRecord:
     """payload_dir (onnx/) for llm_build; with an EAGLE-3 draft, onnx/base (exported as the EAGLE-3 base: it also
-    emits the hidden states the draft reads) and onnx/draft (the draft in fp16). scratch holds the unified HF
-    checkpoint while the ONNX is made from it."""
+    emits the hidden states the draft reads) and onnx/draft (the draft in fp16); with mtp_draft the same from the
+    checkpoint's own MTP layer (workstation/mtp.py). scratch holds the unified HF checkpoint while the ONNX is made
+    from it."""
     from pipeline.workstation.models import MODELOPT_MODULES, import_clean
 
     try:
@@ -209,6 +210,10 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     else:
         plugin, states, moe = _unified_checkpoint(model_dir, quant_dir, hf, weights, handoff, steps)
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(hf)
+    if mtp_draft:       # the MTP layer, which transformers did not load, beside the quantized decoder
+        from pipeline.workstation import mtp
+        print(f"edgellm checkpoint: {mtp.carry_into(hf, mtp.checkpoint_mtp(model_dir))} MTP tensors carried over "
+              "(unquantized)")
     for part, step in steps:        # what Edge-LLM's loader reads differently from what transformers writes
         for change in step.prepare(part, hf):
             print(f"edgellm checkpoint: {change}")
@@ -222,9 +227,10 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     set_nvfp4_a16_export_target_sm(sm)
     from pipeline.plan import speculative
     llm_subdir = next((step.llm_subdir for _, step in steps if step.llm_subdir), "")
-    onnx_dir = payload_dir / (speculative.ONNX_BASE if draft_dir else llm_subdir)
+    onnx_dir = payload_dir / (speculative.ONNX_BASE if draft_dir or mtp_draft else llm_subdir)
     onnx_dir.mkdir(parents=True)
-    eagle = {"eagle_base": True, "eagle_draft_dir": str(draft_dir)} if draft_dir else {}
+    eagle = {"eagle_base": True, "eagle_draft_dir": str(draft_dir)} if draft_dir else \
+        {"mtp_base": True} if mtp_draft else {}
     remap = loader_key_remap(hf)
     export_onnx(AutoModel.from_pretrained(str(hf), device="cpu", **eagle, **({"key_remap": remap} if remap else {})),
                 str(onnx_dir / "model.onnx"), model_dir=str(hf), externalize_weights=list(externalize) or None)
@@ -242,8 +248,10 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
         step.check(part, shape, onnx_dir, hf)
         expected |= step.graph(part, shape, weights)
     # KV for the layers that attend (a hybrid's others keep states: its step says which)
+    from pipeline.workstation import mtp
     graph = check_onnx(onnx_dir, weights, shape.attention_layers, plugin,
-                       speculative.BASE_EXTRA_OUTPUTS if draft_dir else (),
+                       speculative.BASE_EXTRA_OUTPUTS if draft_dir else
+                       mtp.base_extra_outputs(onnx_dir) if mtp_draft else (),
                        tuple(t for e in external for t in e["tensors"]), moe=moe, **expected)
     spec = None
     if draft_dir:
@@ -252,6 +260,11 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
         spec = SpeculativeExport(method="eagle3", draft_weights=speculative.DRAFT_WEIGHTS,
                                  draft_vocab_size=draft_cfg.get("draft_vocab_size"),
                                  base_hidden_state_layers=runtime_cfg.get("eagle_hidden_state_layers"),
+                                 draft_onnx=OnnxGraph(**draft_graph))
+    elif mtp_draft:
+        draft_graph = mtp.export_draft(hf, payload_dir / speculative.ONNX_DRAFT)
+        spec = SpeculativeExport(method="mtp", draft_weights=speculative.DRAFT_WEIGHTS,
+                                 draft_vocab_size=runtime_cfg.get("vocab_size"), base_hidden_state_layers=None,
                                  draft_onnx=OnnxGraph(**draft_graph))
     quant: dict[str, Any] = json.loads((hf / "hf_quant_config.json").read_text())["quantization"] \
         if (hf / "hf_quant_config.json").is_file() else \
@@ -348,4 +361,5 @@ def zero_point_copy(model_dir: Path, hf: Path) -> None:
 def export_job(job: ExportJob) -> ExportRecord:
     """The edgellm backend's export step (pipeline/workstation/exporters.py)."""
     return export(job.model_dir, job.quant_dir, job.stage_dir, job.payload_dir, job.weights, job.kv_cache,
-                  job.target_sm, draft_dir=job.draft_dir, handoff=job.handoff, externalize=job.externalize)
+                  job.target_sm, draft_dir=job.draft_dir, handoff=job.handoff, externalize=job.externalize,
+                  mtp_draft=job.mtp_draft)

@@ -26,6 +26,7 @@ class Builtin:
     notes: str = ""
     extra: dict = field(default_factory=dict)
     chats: bool = False         # trained on short chats that end their turns (tinytrain.chat_turns), not raw text
+    mtp_steps: int = 0          # then an MTP layer trained this long beside the frozen model (workstation/mtp.py)
 
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -120,6 +121,16 @@ BUILTINS: dict[str, Builtin] = {
         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
         tie_word_embeddings=True, rms_norm_eps=1e-6), train_steps=100,
         notes="Qwen3.5-0.8B-style: gated delta-net and gated attention, 3 to 1"),
+    # The same with the multi-token prediction layer Qwen3.5's hub checkpoints ship (mtp_num_hidden_layers = 1, mtp.*
+    # tensors), trained to guess the token after next from the trained, frozen model: Edge-LLM's MTP draft.
+    "tiny-qwen3_5-mtp": Builtin("Qwen3_5ForCausalLM", dict(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=64, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        tie_word_embeddings=True, rms_norm_eps=1e-6, mtp_num_hidden_layers=1), train_steps=100, mtp_steps=300,
+        notes="tiny-qwen3_5 with its multi-token prediction layer (an MTP draft)"),
     # Qwen3.5-35B-A3B's text decoder in miniature: tiny-qwen3_5's mixers (three gated delta-net layers to one gated
     # attention layer), each followed by an MoE block of 8 experts (64 wide), 2 per token, top-k renormalized, and a
     # shared expert of 64 scaled by sigmoid(shared_expert_gate(x)); untied lm_head, as the 35B-A3B has it.
@@ -240,6 +251,13 @@ def materialize(name: str, out_dir: Path, progress=None) -> None:
     model.eval()
     model.generation_config.do_sample = False
     model.save_pretrained(out_dir, safe_serialization=True)
+    if spec.mtp_steps:      # the hub's layout: the mtp.* tensors in the model's own file, beside the decoder's
+        from safetensors.torch import load_file, save_file
+
+        from pipeline.workstation.mtp import train_mtp
+        tensors = load_file(str(out_dir / "model.safetensors")) | train_mtp(model, fast, spec.mtp_steps, spec.seed,
+                                                                            progress)
+        save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     fast.save_pretrained(out_dir)
     _write_builtin_json(name, spec, out_dir)
 

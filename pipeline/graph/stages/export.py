@@ -51,7 +51,9 @@ def do_export(run: StageRun) -> contract.StageManifest:
         from pipeline.workstation.exporters import EXPORTERS
         job = backends.ExportJob(model_dir(g), quant_dir(g), out, backend.payload, run.recipe.weights,
                                  run.recipe.kv_cache, plan.sm, draft_dir(g) if backend.speculative else None,
-                                 g.handoff, tuple(plan.externalized_weights))
+                                 g.handoff, tuple(plan.externalized_weights),
+                                 mtp_draft=backend.speculative and plan.speculative is not None
+                                 and plan.speculative.method == "mtp")
         return contract.ExportResult(backend.name, EXPORTERS[backend.name](job))
 
     return run.build(build)
@@ -65,6 +67,6 @@ EXPORT = Stage("export", "Write the backend's payload (TensorRT-LLM 0.12: checkp
 
 
 def _draft_keyed(g: RecipeGraph, target: str | None) -> bool:
-    """The draft is part of an SM-specific export whose backend builds EAGLE-3 drafts (Edge-LLM's)."""
+    """The draft is part of an SM-specific export whose backend builds drafts (Edge-LLM's)."""
     backend = _backend(g, target)
     return backend.export_depends_on_sm and backend.speculative

@@ -30,7 +30,7 @@ def _configs(g: RecipeGraph):
     from pipeline.recipe import config_for
     r = g.recipe
     config = config_for(r, r.model, model_dir(g))
-    draft = config_for(r, r.draft.source, draft_dir(g)) if r.draft else None
+    draft = config_for(r, r.draft.source, draft_dir(g)) if r.draft and r.draft.source else None
     base = config_for(r, r.base_model, base_dir(g)) if r.base_model else None
     return config, draft, base
 
@@ -41,16 +41,15 @@ def _key(g: RecipeGraph, target: str | None) -> StageKey:
     config.json after it (which adds transformers_version & co.) plan the same, so the second build of a fresh
     checkout is a no-op."""
     from pipeline.plan.shapes import shape_from_config
-    from pipeline.plan.speculative import draft_shape
     from pipeline.recipe import BASE_FIELDS
     (config, source), draft, base = _configs(g)
     q, b, d = g.recipe.quantization, g.recipe.build, g.recipe.draft
     return StageKey({
         "recipe": g.recipe.name,      # the plan record names its recipe: a copied recipe must not share it
         **({"base_model": {k: base[0].get(k) for k in BASE_FIELDS}} if base is not None else {}),
-        **({"draft": {"config": dataclasses.asdict(draft_shape(*draft)), "method": d.method,
-                      "max_draft_tree_size": d.max_draft_tree_size, "max_verify_tree_size": d.max_verify_tree_size}}
-           if d and draft is not None else {}),
+        **({"draft": {"config": _draft_config(draft, config, source),
+                      "method": d.method, "steps": d.steps, "max_draft_tree_size": d.max_draft_tree_size,
+                      "max_verify_tree_size": d.max_verify_tree_size}} if d else {}),
         "target": target, "backend": g.recipe.backend,
         "model_config": dataclasses.asdict(shape_from_config(config, source)),
         "quant": {"weights": q.weights, "kv_cache": q.kv_cache, "group_size": q.group_size},
@@ -58,6 +57,14 @@ def _key(g: RecipeGraph, target: str | None) -> StageKey:
                   "max_seq_len": b.max_seq_len, "power_mode": b.power_mode},
         "data": {n: data_digest(n) for n in ("targets.toml", "perf_fit.json")},
     })
+
+
+def _draft_config(draft: tuple[dict, str] | None, config: dict, source: str) -> dict:
+    """The draft's shape as the plan reads it: its own checkpoint's, or the MTP layer the model's config names."""
+    from pipeline.plan.shapes import shape_from_config
+    from pipeline.plan.speculative import draft_shape, mtp_draft_shape
+    shape = draft_shape(*draft) if draft is not None else mtp_draft_shape(shape_from_config(config, source))
+    return dataclasses.asdict(shape) if shape is not None else {}
 
 
 def _explicitly_selected() -> bool:
@@ -161,11 +168,12 @@ def do_fetch_draft(run: StageRun) -> contract.StageManifest:
     from pipeline.workstation.fetch import DRAFT_NEEDED
 
     d = run.recipe.draft
-    assert d is not None      # the task exists for recipes with a [draft] only
+    assert d is not None and d.source is not None     # the task exists for a [draft] checkpoint only
+    source = d.source
 
     def build(out: Path) -> contract.FetchResult:
         target = out / "draft"
-        info = d.source.fetch(target, run.recipe.file, DRAFT_NEEDED)
+        info = source.fetch(target, run.recipe.file, DRAFT_NEEDED)
         converted = ensure_safetensors(target)
         shape = check_draft_checkpoint(target, run.recipe.file)
         return contract.FetchResult(**info, draft={"method": d.method, "params": shape.params,
@@ -189,7 +197,7 @@ def _model_key(g: RecipeGraph, _target: str | None) -> StageKey:
 
 def _draft_key(g: RecipeGraph, _target: str | None) -> StageKey:
     from pipeline.workstation.fetch import DRAFT_NEEDED
-    assert g.recipe.draft is not None
+    assert g.recipe.draft is not None and g.recipe.draft.source is not None
     return _source_key(g.recipe.draft.source, DRAFT_NEEDED)
 
 
@@ -201,9 +209,10 @@ def _base_key(g: RecipeGraph, _target: str | None) -> StageKey:
 
 FETCH = Stage("fetch", "Get the model checkpoint (builtin, local directory or pinned hub revision).", _fetched,
               do_fetch, inputs=(Input(PLAN, keyed=False),), key=_model_key, result=contract.FetchResult, cached=True)
-FETCH_DRAFT = Stage("fetch-draft", "Get the recipe's EAGLE-3 draft checkpoint (recipes with a [draft] table only).",
-                    _fetched, do_fetch_draft, inputs=(Input(PLAN, keyed=False),), key=_draft_key,
-                    result=contract.FetchResult, cached=True, applies=lambda r: r.draft is not None)
+FETCH_DRAFT = Stage("fetch-draft", "Get the recipe's EAGLE-3 draft checkpoint (recipes whose [draft] names one; an MTP "
+                    "draft is the model's own).", _fetched, do_fetch_draft, inputs=(Input(PLAN, keyed=False),),
+                    key=_draft_key, result=contract.FetchResult, cached=True,
+                    applies=lambda r: r.draft is not None and r.draft.source is not None)
 FETCH_BASE = Stage("fetch-base", "Get the unquantized model a pre-quantized checkpoint was made from (recipes with a "
                    "[base_model] table only): the accuracy stage compares with it.", _fetched, do_fetch_base,
                    inputs=(Input(PLAN, keyed=False),), key=_base_key, result=contract.FetchResult, cached=True,

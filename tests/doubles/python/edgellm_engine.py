@@ -396,10 +396,11 @@ class Engine:
             self.axes = mrope_axes(rs, len(self.inv))
 
     def step(self, tokens: list[int], past: int, pools: list[np.ndarray], table: np.ndarray,
-             image: ImageInputs | None = None) -> np.ndarray:
+             image: ImageInputs | None = None, extra: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """Run `tokens` (at positions past..) through the graph; the KV pools are updated; returns the last logits.
         image: a prefill's image features and multimodal positions (edgellm_visual.py); a later step of such a
-        request: its RoPE offset."""
+        request: its RoPE offset. extra: further graph inputs (an MTP draft's hidden states). A graph with a
+        hidden_states output (a speculative base or draft) leaves it in self.hidden."""
         t = len(tokens)
         pos = np.arange(past, past + t)
         embeds = self.embedding[tokens].astype(np.float16)
@@ -450,12 +451,14 @@ class Engine:
         # positions: a text-only step adds nothing (zeros)
         for i in range(self.deepstack):
             feeds[f"deepstack_embeds_{i}"] = deepstack[i]
+        feeds.update(extra or {})
         out = dict(zip(self.outputs, self.session.run(self.outputs, {k: v for k, v in feeds.items() if k in wanted}),
                        strict=True))
         for i in range(len(self.kv_shapes)):
             pools[i] = out[f"present_key_values_{i}"]
         for name in getattr(pools, "states", {}):
             pools.states[name] = out[f"present_{name}"]
+        self.hidden = out.get("hidden_states")
         return out["logits"][0]
 
     def new_pools(self, pages: int) -> Pools:

@@ -19,6 +19,9 @@ them).
                      state S [HV, K, V]: S *= exp(g); S += k (x) ((v - k.S) * beta); o = q.S. Returns o [T, HV, V]
                      (fp16) and the pool with each sequence's slot updated.
 
+An MTP base (use_mtp = 1, its speculative verification) also returns each token's state after it ([T, ...]: the
+ops' *_with_intermediate signatures), from which the runtime restores a slot to the last accepted token.
+
 Each sequence is the tokens query_start_offsets[n]..[n+1] of the step, its slot state_indices[n]; prefill and
 decode run the same recurrence (the execution phase picks only a kernel in the plugin).
 """
@@ -42,21 +45,23 @@ class causal_conv1d(OpRun):     # noqa: N801 (the plugin's op name)
 
     def _run(self, x, weight, bias, conv_state, query_lengths, query_start_offsets, state_indices, *_,
              stride=1, padding=None, dilation=1, groups=None, use_mtp=0, **__):
-        if stride != 1 or dilation != 1 or use_mtp:
-            raise NotImplementedError(f"causal_conv1d stride={stride} dilation={dilation} use_mtp={use_mtp}")
+        if stride != 1 or dilation != 1:
+            raise NotImplementedError(f"causal_conv1d stride={stride} dilation={dilation}")
         channels, kernel = conv_state.shape[1], conv_state.shape[2]
         w = weight.astype(np.float32).reshape(channels, -1)[:, -kernel:]
         if w.shape[1] != kernel or (padding is not None and padding != kernel - 1) or groups not in (None, channels):
             raise NotImplementedError(f"causal_conv1d filter {weight.shape} padding {padding} groups {groups}")
         y = np.zeros(x.shape, dtype=x.dtype)
         state = conv_state.copy()
+        after = np.zeros((x.shape[0], channels, kernel), conv_state.dtype)     # use_mtp: the state after each token
         for s, e, row in _sequences(query_start_offsets, state_indices):
             full = np.concatenate([state[row].astype(np.float32), x[s:e].astype(np.float32).T], axis=1)  # [C, K+L]
             for t in range(e - s):
                 window = full[:, t + 1:t + 1 + kernel]          # the K inputs ending at token t
                 y[s + t] = ((window * w).sum(1) + bias.astype(np.float32)).astype(x.dtype)
+                after[s + t] = window.astype(conv_state.dtype)
             state[row] = full[:, -kernel:].astype(conv_state.dtype)
-        return y, state
+        return (y, state, after) if use_mtp else (y, state)
 
 
 class gated_delta_net(OpRun):    # noqa: N801 (the plugin's op name)
@@ -64,8 +69,8 @@ class gated_delta_net(OpRun):    # noqa: N801 (the plugin's op name)
 
     def _run(self, q, k, v, a, b, a_log, dt_bias, h0, query_lengths, query_start_offsets, state_indices, *_,
              k_dim=None, v_dim=None, use_mtp=0, use_diffusion_state=0, **__):
-        if use_mtp or use_diffusion_state:
-            raise NotImplementedError("gated_delta_net speculative or diffusion phases")
+        if use_diffusion_state:
+            raise NotImplementedError("gated_delta_net diffusion phases")
         heads, values = q.shape[1], v.shape[1]
         if values % heads or (k_dim and k_dim != q.shape[2]) or (v_dim and v_dim != v.shape[2]):
             raise NotImplementedError(f"gated_delta_net q {q.shape} v {v.shape} k_dim {k_dim} v_dim {v_dim}")
@@ -82,6 +87,7 @@ class gated_delta_net(OpRun):    # noqa: N801 (the plugin's op name)
         beta = 1.0 / (1.0 + np.exp(-b.astype(np.float32)))
         out = np.zeros(v.shape, dtype=v.dtype)
         pool = h0.copy()
+        after = np.zeros((v.shape[0], *h0.shape[1:]), h0.dtype) if use_mtp else None
         for s, e, row in _sequences(query_start_offsets, state_indices):
             state = pool[row].astype(np.float32)                 # [HV, K, V]
             for t in range(s, e):
@@ -90,8 +96,10 @@ class gated_delta_net(OpRun):    # noqa: N801 (the plugin's op name)
                 delta = (vf[t] - memory) * beta[t][:, None]
                 state += kn[t][:, :, None] * delta[:, None, :]
                 out[t] = np.einsum("hk,hkv->hv", qn[t], state).astype(v.dtype)
+                if after is not None:
+                    after[t] = state
             pool[row] = state
-        return out, pool
+        return (out, pool, after) if use_mtp else (out, pool)
 
 
 class update_ssm_state(OpRun):   # noqa: N801 (the plugin's op name)
