@@ -46,9 +46,12 @@ def test_trtllm_build_refuses_what_0_12_refuses(tmp_path, extra, message):
 
 def test_the_llm_build_argvs_the_project_emits_are_ones_llm_build_takes(tmp_path):
     from types import SimpleNamespace
-    trees = SimpleNamespace(max_draft_tree_size=60, max_verify_tree_size=60)   # what build_commands reads of it
-    for argv in edgellm_commands(BuildLimits.of(2, 128, 256), None) + edgellm_commands(
-            BuildLimits.of(2, 128, 256), trees):
+    limits = BuildLimits.of(2, 128, 256)
+    argvs = edgellm_commands(limits, None)
+    for method in ("eagle3", "mtp"):        # what build_commands reads of a Speculative
+        argvs += edgellm_commands(limits, SimpleNamespace(method=method, max_draft_tree_size=3,
+                                                          max_verify_tree_size=4))
+    for argv in argvs:
         proc = run("llm_build", argv[1:], tmp_path)
         assert "unrecognized option" not in proc.stderr and "invalid value" not in proc.stderr, (argv, proc.stderr)
 
