@@ -188,6 +188,7 @@ class Predicted(Part):
     power_mode: str | None
     aggregate_tok_s_by_batch: dict[str, float] | None = None    # the plan's, at each load run's batch
     vit_ms: float | None = None         # the plan's ViT time at the measured images' size
+    acceptance: float | None = None     # an MTP draft's tokens per step, from the goldens' first-token accuracy
 
 
 @dataclass(frozen=True)

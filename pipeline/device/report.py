@@ -113,6 +113,9 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
     by_len = plan.prediction.ttft_ms_by_input_tokens if plan.prediction else None
     predicted_ttft = at_size(by_len or {}, prompt_tokens)
     predicted_decode = plan.predicted_decode_tok_s
+    predicted_accept, spec_note = _speculative(plan, goldens)
+    if predicted_accept is not None and predicted_decode is not None:
+        predicted_decode = predicted_accept[1]
     gaps = speed_gaps(measured_decode, predicted_decode, None if measured_ttft is None else measured_ttft * 1000,
                       predicted_ttft, board)
     lim = plan.limits
@@ -133,7 +136,9 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
     if validation.kv_cache is None and not backend.reports_kv_allocation:
         notes.append(f"{backend.label}'s runtime does not report its KV cache allocation; the engine's KV capacity "
                      f"was fixed at build time to the plan's {lim.max_batch_size} x {lim.max_seq_len} tokens")
-    if plan.speculative and accept:
+    if spec_note:
+        notes.append(spec_note)
+    elif plan.speculative and accept:
         notes.append(f"decode is predicted without speculation; the measured rate includes the "
                      f"{plan.speculative.method} draft's gain")
     peaks = [v.peak_unified_memory for v in validation.prompts if v.peak_unified_memory]
@@ -155,8 +160,28 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
             kv_cache_tokens=-(-lim.max_seq_len // TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK * lim.max_batch_size,
             usable_headless=memory.usable_headless if memory else None,
             power_mode=plan.prediction.power_mode if plan.prediction else None,
-            aggregate_tok_s_by_batch=_batched(plan, validation.load_runs), vit_ms=predicted_vit),
+            aggregate_tok_s_by_batch=_batched(plan, validation.load_runs), vit_ms=predicted_vit,
+            acceptance=predicted_accept[0] if predicted_accept else None),
         gaps=gaps, notes=notes, prompts=per_prompt)
+
+
+def _speculative(plan: contract.Plan, goldens: contract.Goldens) -> tuple[tuple[float, float] | None, str]:
+    """An MTP draft's predicted tokens per step (from how often its first proposal was right on the goldens, in
+    deployed numerics: plan/speculative.tokens_per_step) and the decode rate with it (speculative_decode_tok_s), with
+    the note that says how; (None, "") where there is no such prediction."""
+    from pipeline.plan.speculative import speculative_decode_tok_s, tokens_per_step
+    spec, alpha, steps = plan.speculative, goldens.draft_first_token_accuracy, goldens.draft_steps
+    base = plan.predicted_decode_tok_s
+    if spec is None or spec.method != "mtp" or alpha is None or not steps or base is None or plan.prediction is None:
+        return None, ""
+    per_step = tokens_per_step(alpha, steps)
+    draft_bytes = spec.draft_params * 2         # the draft runs in fp16
+    decode = speculative_decode_tok_s(base, per_step, steps, draft_bytes, plan.prediction.bytes_per_token)
+    return (round(per_step, 3), round(decode, 2)), (
+        f"decode is predicted with the MTP draft: its first proposal was right {alpha:.0%} of the time on the "
+        f"golden answers, so {per_step:.2f} tokens a step of {steps} proposals (assuming each later proposal is "
+        f"right as often), each step one pass over the base ({plan.prediction.bytes_per_token / 1e9:.3f} GB) and "
+        f"{steps} over the draft ({draft_bytes / 1e9:.3f} GB): {base} tok/s without it")
 
 
 def _batched(plan: contract.Plan, load: list[contract.LoadResult]) -> dict[str, float] | None:
@@ -212,6 +237,7 @@ def figures(report: contract.Report) -> list[tuple[str, str, float | None, float
             ("engine build memory", "GB", gb(m.build_memory.taken if m.build_memory else None), gb(p.build_peak)),
             ("KV cache", "tokens", m.kv_cache.tokens if m.kv_cache else None, p.kv_cache_tokens),
             *([(f"ViT, {m.image_tokens}-token images", "ms", m.vit_ms, p.vit_ms)] if m.image_tokens else []),
+            *([("draft acceptance", "tokens/step", m.acceptance, p.acceptance)] if m.acceptance else []),
             *load_figures(report)]
 
 
@@ -224,9 +250,9 @@ def load_figures(report: contract.Report) -> list[tuple[str, str, float | None, 
             for r in report.measured.load_runs]
 
 
-def _fmt(v: float | None, unit: str) -> str:
+def _fmt(v: float | None, unit: str, missing: str = "not measured") -> str:
     if v is None:
-        return "not measured"
+        return missing
     return f"{v:,.0f} {unit}" if unit == "tokens" or v >= 100 else f"{v:.2f} {unit}"
 
 
@@ -247,9 +273,7 @@ def write_report(out: Path, report: contract.Report) -> None:
               "|---|---|---|---|"]
     for what, unit, got, want in figures(report):
         ratio = f"{got / want:.2f}" if got is not None and want else ""
-        lines.append(f"| {what} | {_fmt(got, unit)} | {_fmt(want, unit)} | {ratio} |")
-    if m.acceptance:
-        lines.append(f"| draft acceptance (tokens per base step) | {m.acceptance} | not predicted | |")
+        lines.append(f"| {what} | {_fmt(got, unit)} | {_fmt(want, unit, 'not predicted')} | {ratio} |")
     if m.load_runs:
         lines += ["", "| clients | requests/s | generated tok/s (end to end) | TTFT p50 / p95 | inter-token p50 / p95 "
                   "|",

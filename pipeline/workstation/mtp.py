@@ -98,6 +98,38 @@ def train_mtp(model, tokenizer, steps: int, seed: int, progress=None) -> dict:
     return {PREFIX + k: v.detach().contiguous() for k, v in head.state_dict().items()}
 
 
+def first_token_accuracy(model, model_dir: Path, answers: list[tuple[list[int], list[int]]]) -> float | None:
+    """How often the MTP layer's first proposal is right on the golden answers, in deployed numerics: the deployed
+    base's (the calibrated model's) normed hidden state at t and the token at t + 1, through the checkpoint's MTP
+    layer as exported (fp16 weights), against the golden token at t + 2, at each answer position where the runtime
+    asks the draft (t + 1 in the answer). answers: (prompt ids, answer ids). None: no position to ask at."""
+    import torch
+
+    tensors = checkpoint_mtp(model_dir)
+    head = mtp_head(model.config).float().eval()
+    head.load_state_dict({k[len(PREFIX):]: v.to(torch.float16).float() for k, v in tensors.items()})
+    device = next(model.parameters()).device
+    head.to(device)
+    hits = asked = 0
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+    with torch.no_grad():
+        for prompt, answer in answers:
+            ids = prompt + answer
+            if len(answer) < 2:
+                continue
+            x = torch.tensor([ids], device=device)
+            hidden, (cos, sin) = _base_states(model, x)
+            hidden, cos, sin = hidden.float(), cos.float(), sin.float()
+            guess = lm_head(head(embed(x[:, 1:]).float(), hidden[:, :-1], (cos[:, :-1], sin[:, :-1])).to(
+                lm_head.weight.dtype)).argmax(-1)[0]     # guess[t]: the token at t + 2
+            first = len(prompt) - 1         # the answer's first token is at len(prompt): asked from t = len - 1
+            want = x[0, first + 2:]
+            got = guess[first:first + len(want)]
+            hits += int((got == want).sum())
+            asked += len(want)
+    return round(hits / asked, 4) if asked else None
+
+
 def checkpoint_mtp(model_dir: Path) -> dict:
     """The checkpoint's mtp.* tensors as it stores them (every shard's header read; only those tensors loaded)."""
     from safetensors import safe_open

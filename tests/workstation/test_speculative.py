@@ -175,7 +175,7 @@ def test_eagle3_recipe_exports_base_and_draft_and_the_device_builds_both(project
     assert profile["eagle_generation"]["average_acceptance_rate"] == 1.0 == report["measured"]["acceptance"]
     assert report["prompts"][0]["decode_tok_s"] == \
         profile["eagle_generation"]["overall_tokens_per_second_excluding_base_prefill"]
-    assert "| draft acceptance (tokens per base step) | 1.0 |" in \
+    assert "| draft acceptance | 1.00 tokens/step | not predicted |" in \
         (tmp_path / "out" / "tiny-eagle@agx-thor.report" / "report.md").read_text()
     bundle = tmp_path / "out" / "tiny-eagle@agx-thor-sm110-trt10.13.3.9"
     assert (bundle / "MANIFEST.json").is_file()

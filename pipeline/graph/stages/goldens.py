@@ -4,6 +4,7 @@ deployed numerics (the quantized state restored, weights on the export grid): wh
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 
 from pipeline import contract
@@ -43,8 +44,10 @@ def image_keys(g: RecipeGraph) -> dict:
 
 def _key(g: RecipeGraph, _target: str | None) -> StageKey:
     v = g.recipe.validation
+    d = g.recipe.draft
     return StageKey({"prompts": list(v.prompts), "max_new_tokens": v.max_new_tokens,
                      "top_k_logprobs": v.top_k_logprobs, "min_token_agreement": v.min_token_agreement,
+                     **({"mtp_draft_steps": d.steps} if d is not None and d.method == "mtp" else {}),
                      **image_keys(g)}, WORKSTATION_TOOLS)
 
 
@@ -93,6 +96,12 @@ def do_goldens(run: StageRun) -> contract.StageManifest:
             q = g.recipe.quantization
             tie = tie_logprob(rounds_activations(q.weights, q.kv_cache, q.visual))
             goldens = make_goldens(model, tok, g.recipe.validation, model_dir(g), images, tie)
+            d = g.recipe.draft
+            if d is not None and d.method == "mtp":     # what the device's acceptance is predicted from
+                from pipeline.workstation.mtp import first_token_accuracy
+                accuracy = first_token_accuracy(model, model_dir(g), [(p.input_ids, p.output_ids)
+                                                                      for p in goldens.prompts])
+                goldens = dataclasses.replace(goldens, draft_first_token_accuracy=accuracy, draft_steps=d.steps)
         goldens.dump(out / contract.GOLDENS)
         if images is not None:
             images.write(out)
