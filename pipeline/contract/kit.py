@@ -266,9 +266,10 @@ class Goldens(Record):
     stop_token_ids: list[int] = field(default_factory=list)    # every id that ends a generation (eos first)
     chat_template: bool = False         # prompts were rendered with the model's chat template
     tie_logprob: float = 0.0            # the widest margin a NearTie has (0: none recorded, every divergence counts)
-    # an MTP draft (workstation/mtp.py): how often its first proposal is the golden answer's next-but-one token, on
-    # the golden answers in deployed numerics, and the proposals a step it makes (None: no such draft)
+    # an MTP draft, run along the golden answers in deployed numerics (workstation/mtp.acceptance_on): how often its
+    # first proposal was right, the tokens a base step made, and the proposals a step (None: no such draft)
     draft_first_token_accuracy: float | None = None
+    draft_tokens_per_step: float | None = None
     draft_steps: int | None = None
 
     def non_finite(self) -> str | None:

@@ -166,22 +166,24 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
 
 
 def _speculative(plan: contract.Plan, goldens: contract.Goldens) -> tuple[tuple[float, float] | None, str]:
-    """An MTP draft's predicted tokens per step (from how often its first proposal was right on the goldens, in
-    deployed numerics: plan/speculative.tokens_per_step) and the decode rate with it (speculative_decode_tok_s), with
-    the note that says how; (None, "") where there is no such prediction."""
-    from pipeline.plan.speculative import speculative_decode_tok_s, tokens_per_step
-    spec, alpha, steps = plan.speculative, goldens.draft_first_token_accuracy, goldens.draft_steps
+    """An MTP draft's predicted tokens per step (what it earned along the golden answers in deployed numerics:
+    workstation/mtp.acceptance_on) and the decode rate with it (plan/speculative.speculative_decode_tok_s), with the
+    note that says how; (None, "") where there is no such prediction."""
+    from pipeline.plan.speculative import speculative_decode_tok_s
+    spec, per_step, steps = plan.speculative, goldens.draft_tokens_per_step, goldens.draft_steps
     base = plan.predicted_decode_tok_s
-    if spec is None or spec.method != "mtp" or alpha is None or not steps or base is None or plan.prediction is None:
+    if spec is None or spec.method != "mtp" or per_step is None or not steps or base is None or \
+            plan.prediction is None:
         return None, ""
-    per_step = tokens_per_step(alpha, steps)
     draft_bytes = spec.draft_params * 2         # the draft runs in fp16
     decode = speculative_decode_tok_s(base, per_step, steps, draft_bytes, plan.prediction.bytes_per_token)
-    return (round(per_step, 3), round(decode, 2)), (
-        f"decode is predicted with the MTP draft: its first proposal was right {alpha:.0%} of the time on the "
-        f"golden answers, so {per_step:.2f} tokens a step of {steps} proposals (assuming each later proposal is "
-        f"right as often), each step one pass over the base ({plan.prediction.bytes_per_token / 1e9:.3f} GB) and "
-        f"{steps} over the draft ({draft_bytes / 1e9:.3f} GB): {base} tok/s without it")
+    first = goldens.draft_first_token_accuracy
+    return (per_step, round(decode, 2)), (
+        f"decode is predicted with the MTP draft: run along the golden answers in deployed numerics it made "
+        f"{per_step:.2f} tokens a base step with {steps} proposals a step"
+        + (f" (its first proposal right {first:.0%} of the time)" if first is not None else "")
+        + f"; each step is one pass over the base ({plan.prediction.bytes_per_token / 1e9:.3f} GB) and {steps} over "
+        f"the draft ({draft_bytes / 1e9:.3f} GB): {base} tok/s without it")
 
 
 def _batched(plan: contract.Plan, load: list[contract.LoadResult]) -> dict[str, float] | None:

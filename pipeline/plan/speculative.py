@@ -190,15 +190,6 @@ def draft_memory(draft: DraftShape, max_seq_len: int, max_batch_size: int, max_d
     return DraftMemory(weights=weights, kv_cache=kv, activations=act, total=weights + kv + act)
 
 
-def tokens_per_step(alpha: float, steps: int) -> float:
-    """Expected tokens a base verification step yields with a chain of `steps` proposals, each one agreeing with the
-    base with probability alpha (given the ones before it agreed), plus the base's own token (Leviathan et al. 2023,
-    "Fast Inference from Transformers via Speculative Decoding", eq. 1: (1 - a^(k+1)) / (1 - a))."""
-    if not 0.0 <= alpha <= 1.0 or steps < 1:
-        raise ValueError(f"alpha {alpha} must be in [0, 1] and steps {steps} >= 1")
-    return float(steps + 1) if alpha == 1.0 else (1.0 - alpha ** (steps + 1)) / (1.0 - alpha)
-
-
 def speculative_decode_tok_s(base_tok_s: float, per_step: float, steps: int, draft_bytes: float,
                              base_bytes: float) -> float:
     """Decode with a draft on a bandwidth-bound board: each step verifies steps + 1 tokens in one pass over the base's

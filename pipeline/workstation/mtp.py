@@ -98,20 +98,25 @@ def train_mtp(model, tokenizer, steps: int, seed: int, progress=None) -> dict:
     return {PREFIX + k: v.detach().contiguous() for k, v in head.state_dict().items()}
 
 
-def first_token_accuracy(model, model_dir: Path, answers: list[tuple[list[int], list[int]]]) -> float | None:
-    """How often the MTP layer's first proposal is right on the golden answers, in deployed numerics: the deployed
-    base's (the calibrated model's) normed hidden state at t and the token at t + 1, through the checkpoint's MTP
-    layer as exported (fp16 weights), against the golden token at t + 2, at each answer position where the runtime
-    asks the draft (t + 1 in the answer). answers: (prompt ids, answer ids). None: no position to ask at."""
+def acceptance_on(model, model_dir: Path, answers: list[tuple[list[int], list[int]]], steps: int
+                  ) -> tuple[float, float] | None:
+    """What the MTP draft earns on the golden answers, in deployed numerics: the calibrated base's normed hidden
+    states and the checkpoint's MTP layer with its weights as exported (fp16), run as Edge-LLM's MTP chain runs it
+    (the runtime double's edgellm_mtp.py): each step the draft proposes `steps` tokens, the first from the base's
+    hidden state, the later ones from its own output, and the base keeps those that are its answer's next tokens,
+    plus its own. Returns (how often the first proposal was right, the tokens per base step after the first token,
+    as a mean over the answers as the device report averages its prompts'); None: no answer long enough to ask the
+    draft. answers: (prompt ids, answer ids), the answers the base's greedy
+    ones (so the base's hidden states along them are what it computes while decoding)."""
     import torch
 
-    tensors = checkpoint_mtp(model_dir)
     head = mtp_head(model.config).float().eval()
-    head.load_state_dict({k[len(PREFIX):]: v.to(torch.float16).float() for k, v in tensors.items()})
+    head.load_state_dict({k[len(PREFIX):]: v.to(torch.float16).float() for k, v in checkpoint_mtp(model_dir).items()})
     device = next(model.parameters()).device
     head.to(device)
-    hits = asked = 0
     embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+    first_hits = first_asked = 0
+    rates: list[float] = []
     with torch.no_grad():
         for prompt, answer in answers:
             ids = prompt + answer
@@ -119,15 +124,42 @@ def first_token_accuracy(model, model_dir: Path, answers: list[tuple[list[int], 
                 continue
             x = torch.tensor([ids], device=device)
             hidden, (cos, sin) = _base_states(model, x)
-            hidden, cos, sin = hidden.float(), cos.float(), sin.float()
-            guess = lm_head(head(embed(x[:, 1:]).float(), hidden[:, :-1], (cos[:, :-1], sin[:, :-1])).to(
-                lm_head.weight.dtype)).argmax(-1)[0]     # guess[t]: the token at t + 2
-            first = len(prompt) - 1         # the answer's first token is at len(prompt): asked from t = len - 1
-            want = x[0, first + 2:]
-            got = guess[first:first + len(want)]
-            hits += int((got == want).sum())
-            asked += len(want)
-    return round(hits / asked, 4) if asked else None
+            hidden, cos, sin = hidden[0].float(), cos.float(), sin.float()
+            vectors = embed(x)[0].float()
+
+            def draft(pairs_e, pairs_h, cos=cos, sin=sin):
+                """The draft over pairs (token at p + 1, hidden state for p), p = 0..: its last output and guess."""
+                n = pairs_e.shape[0]
+                out = head(pairs_e[None], pairs_h[None], (cos[:, :n], sin[:, :n]))[0, -1]
+                return out, int(lm_head(out.to(lm_head.weight.dtype)).argmax())
+
+            start = len(prompt)             # the answer's first token, made by the prefill
+            tokens = rounds = 0
+            while start < len(ids) - 1:
+                # the draft's context: every token the base has accepted, with the base's hidden state before it
+                e, h = vectors[1:start + 1], hidden[:start]
+                own, guess = draft(e, h)
+                proposals = [guess]
+                for _ in range(1, steps):
+                    e = torch.cat([e, embed(torch.tensor([proposals[-1]], device=device)).float()])
+                    h = torch.cat([h, own[None]])
+                    own, guess = draft(e, h)
+                    proposals.append(guess)
+                first_asked += 1
+                first_hits += int(proposals[0] == ids[start + 1])
+                accepted = 0
+                for j, d in enumerate(proposals, start=1):
+                    if start + j >= len(ids) or d != ids[start + j]:
+                        break
+                    accepted += 1
+                made = min(accepted + 1, len(ids) - 1 - start)      # the base's own token ends the step
+                tokens += made
+                rounds += 1
+                start += made
+            rates.append(tokens / rounds)
+    if not rates:
+        return None
+    return round(first_hits / first_asked, 4), round(sum(rates) / len(rates), 3)
 
 
 def checkpoint_mtp(model_dir: Path) -> dict:

@@ -48,19 +48,12 @@ def _with(draft: str, model: str = 'source = "builtin"\nname = "tiny-qwen3_5-mtp
     return f"{head}[model]\n{model}\n\n[draft]\n{draft}\n\n[quantization]{rest}"
 
 
-def test_tokens_per_step_follows_the_speculative_decoding_expectation():
-    from pipeline.plan.speculative import speculative_decode_tok_s, tokens_per_step
-    assert tokens_per_step(0.0, 3) == 1.0                   # nothing accepted: the base's own token
-    assert tokens_per_step(1.0, 3) == 4.0                   # everything: steps + 1
-    assert tokens_per_step(0.5, 3) == 1 + 0.5 + 0.25 + 0.125
-    assert tokens_per_step(0.8, 1) == pytest.approx(1.8)
-    with pytest.raises(ValueError):
-        tokens_per_step(1.01, 3)
-    with pytest.raises(ValueError):
-        tokens_per_step(0.5, 0)
+def test_the_decode_rate_with_a_draft_pays_for_the_drafts_steps():
+    from pipeline.plan.speculative import speculative_decode_tok_s
     # a free draft multiplies decode by the tokens per step; one as costly as the base, by per_step / (1 + steps)
     assert speculative_decode_tok_s(100.0, 2.5, 3, 0.0, 1e9) == 250.0
     assert speculative_decode_tok_s(100.0, 2.0, 3, 1e9, 1e9) == 50.0
+    assert speculative_decode_tok_s(100.0, 1.0, 3, 1e8, 1e9) == pytest.approx(100.0 / 1.3)
 
 
 def test_mtp_draft_table_is_checked_before_anything_runs(tmp_path):
@@ -210,22 +203,24 @@ def test_the_device_decodes_with_the_mtp_draft_and_reports_its_acceptance(built,
         assert gen["average_acceptance_rate"] == gen["total_generated_tokens"] / gen["total_iterations"]
         assert 1.0 < gen["average_acceptance_rate"] <= 4.0   # the draft's tokens were accepted; at most K + 1
     assert report["measured"]["acceptance"] == round(sum(rates) / 2, 3)
-    # predicted from the goldens: how often the draft's first proposal was right on the golden answers (deployed
-    # numerics), through the speculative-decoding expectation, and the bandwidth cost of its steps
+    # predicted from the goldens: the draft run along the golden answers in deployed numerics (the reference MTP
+    # layer on the calibrated model), and the bandwidth cost of its steps
     from pipeline import contract
-    from pipeline.plan.speculative import speculative_decode_tok_s, tokens_per_step
+    from pipeline.plan.speculative import speculative_decode_tok_s
     goldens = contract.Goldens.load(stage_dir(project, RECIPE, "goldens") / contract.GOLDENS)
-    alpha = goldens.draft_first_token_accuracy
-    assert goldens.draft_steps == 3 and alpha is not None and 0.5 < alpha <= 1.0, alpha
-    per_step = tokens_per_step(alpha, 3)
-    assert report["predicted"]["acceptance"] == round(per_step, 3)
+    per_step, first = goldens.draft_tokens_per_step, goldens.draft_first_token_accuracy
+    assert goldens.draft_steps == 3 and per_step is not None and first is not None and 0.5 < first <= 1.0
+    assert report["predicted"]["acceptance"] == per_step
+    # the engine double's chain and the reference's agree on what the draft earns (fp16 ONNX against fp32 torch)
+    assert abs(report["measured"]["acceptance"] - per_step) <= 0.05 * per_step, (report["measured"], per_step)
     assert report["predicted"]["decode_tok_s"] == round(speculative_decode_tok_s(
         plan["predicted_decode_tok_s"], per_step, 3, plan["speculative"]["draft_params"] * 2,
-        plan["prediction"]["bytes_per_token"]), 2) < plan["predicted_decode_tok_s"] * 4
+        plan["prediction"]["bytes_per_token"]), 2)
     md = (tmp_path / "out" / f"{name}.report" / "report.md").read_text()
     assert f"| draft acceptance | {report['measured']['acceptance']:.2f} tokens/step | {per_step:.2f} tokens/step |" \
         in md, md
-    assert f"its first proposal was right {alpha:.0%} of the time on the golden answers" in md
+    assert f"it made {per_step:.2f} tokens a base step with 3 proposals a step (its first proposal right " \
+           f"{first:.0%} of the time)" in md
     # serve on the board refuses the bundle, naming why: Edge-LLM 0.11's RequestEngine runs no speculative engine
     bundle = next(p for p in (tmp_path / "out").iterdir() if p.name.startswith(f"{name}-sm110"))
     _, env = device_command(project, kits["agx-thor"], tmp_path)

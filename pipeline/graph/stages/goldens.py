@@ -98,10 +98,12 @@ def do_goldens(run: StageRun) -> contract.StageManifest:
             goldens = make_goldens(model, tok, g.recipe.validation, model_dir(g), images, tie)
             d = g.recipe.draft
             if d is not None and d.method == "mtp":     # what the device's acceptance is predicted from
-                from pipeline.workstation.mtp import first_token_accuracy
-                accuracy = first_token_accuracy(model, model_dir(g), [(p.input_ids, p.output_ids)
-                                                                      for p in goldens.prompts])
-                goldens = dataclasses.replace(goldens, draft_first_token_accuracy=accuracy, draft_steps=d.steps)
+                from pipeline.workstation.mtp import acceptance_on
+                earned = acceptance_on(model, model_dir(g), [(p.input_ids, p.output_ids) for p in goldens.prompts],
+                                       d.steps)
+                if earned is not None:
+                    goldens = dataclasses.replace(goldens, draft_first_token_accuracy=earned[0],
+                                                  draft_tokens_per_step=earned[1], draft_steps=d.steps)
         goldens.dump(out / contract.GOLDENS)
         if images is not None:
             images.write(out)
