@@ -67,34 +67,21 @@ def train_mtp(model, tokenizer, steps: int, seed: int, progress=None) -> dict:
     state at t and the token at t+1, the token at t+2. Returns its tensors as the hub names them (mtp.*)."""
     import torch
 
-    from pipeline.workstation.tinytrain import corpus_text
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)        # one thread: the same bits on every machine
-    try:
-        torch.manual_seed(seed)
-        head = mtp_head(model.config).float()
-        for p in model.parameters():
-            p.requires_grad_(False)
-        ids = torch.tensor(tokenizer(corpus_text("calib-en"))["input_ids"], dtype=torch.long)
-        seq, batch = 32, 16
-        gen = torch.Generator().manual_seed(seed)
-        opt = torch.optim.AdamW(head.parameters(), lr=3e-3, weight_decay=0.0)
-        embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
-        for step in range(steps):
-            starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=gen)
-            x = torch.stack([ids[s:s + seq] for s in starts])
-            with torch.no_grad():
-                hidden, rope = _base_states(model, x)
-            cos, sin = rope
-            out = head(embed(x[:, 1:-1]), hidden[:, :-2], (cos[:, :-2], sin[:, :-2]))
-            loss = torch.nn.functional.cross_entropy(lm_head(out).flatten(0, 1), x[:, 2:].flatten())
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if progress:
-                progress(step + 1, steps, loss.item())
-    finally:
-        torch.set_num_threads(threads)
+    from pipeline.workstation.tinytrain import corpus_text, train_on_windows
+    torch.manual_seed(seed)
+    head = mtp_head(model.config).float()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+
+    def loss_of(x):
+        with torch.no_grad():
+            hidden, (cos, sin) = _base_states(model, x)
+        out = head(embed(x[:, 1:-1]), hidden[:, :-2], (cos[:, :-2], sin[:, :-2]))
+        return torch.nn.functional.cross_entropy(lm_head(out).flatten(0, 1), x[:, 2:].flatten())
+
+    train_on_windows(head.parameters(), loss_of, tokenizer(corpus_text("calib-en"))["input_ids"], steps, seed,
+                     progress)
     return {PREFIX + k: v.detach().contiguous() for k, v in head.state_dict().items()}
 
 

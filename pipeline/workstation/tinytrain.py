@@ -50,21 +50,27 @@ def chat_turns(tokenizer) -> list[int]:
 def train(model, tokenizer, steps: int, seed: int, progress=None, chats: bool = False) -> None:
     """A few hundred steps of next-token training on the shipped corpus (seconds on one CPU core); `chats`: on the
     corpus as short chats (chat_turns) instead of as running text."""
+    model.train()
+    train_on_windows(model.parameters(), lambda x: model(input_ids=x, labels=x).loss,
+                     chat_turns(tokenizer) if chats else tokenizer(corpus_text("calib-en"))["input_ids"], steps, seed,
+                     progress)
+
+
+def train_on_windows(params, loss_of, ids: list[int], steps: int, seed: int, progress=None) -> None:
+    """`steps` AdamW steps (lr 3e-3) of loss_of(x) over batches of 16 random 32-token windows x of ids, drawn from a
+    generator seeded with `seed`, on one thread: the same bits on every machine."""
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread: the same bits on every machine
+    torch.set_num_threads(1)
     try:
-        ids = torch.tensor(chat_turns(tokenizer) if chats else tokenizer(corpus_text("calib-en"))["input_ids"],
-                           dtype=torch.long)
+        tokens = torch.tensor(ids, dtype=torch.long)
         seq, batch = 32, 16
         gen = torch.Generator().manual_seed(seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-        model.train()
+        opt = torch.optim.AdamW(params, lr=3e-3, weight_decay=0.0)
         for step in range(steps):
-            starts = torch.randint(0, len(ids) - seq - 1, (batch,), generator=gen)
-            x = torch.stack([ids[s:s + seq] for s in starts])
-            loss = model(input_ids=x, labels=x).loss
+            starts = torch.randint(0, len(tokens) - seq - 1, (batch,), generator=gen)
+            loss = loss_of(torch.stack([tokens[s:s + seq] for s in starts]))
             opt.zero_grad()
             loss.backward()
             opt.step()
