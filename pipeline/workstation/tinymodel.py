@@ -32,6 +32,14 @@ class Builtin:
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 128, "rope_theta": 500000.0}
 
+# Qwen3.5-0.8B's text decoder in miniature (tiny-qwen3_5, and the same with its MTP layer)
+_TINY_QWEN3_5 = dict(
+    hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
+    head_dim=64, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128,
+    linear_conv_kernel_dim=4, layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=512,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    tie_word_embeddings=True, rms_norm_eps=1e-6)
+
 BUILTINS: dict[str, Builtin] = {
     # Llama 3.x in miniature: GQA, llama3 rope scaling, untied lm_head.
     "tiny-llama": Builtin("LlamaForCausalLM", dict(
@@ -113,23 +121,12 @@ BUILTINS: dict[str, Builtin] = {
     # Qwen3.5-0.8B's text decoder in miniature: three gated delta-net layers to one gated attention layer (a quarter
     # of each head rotated), delta-net heads 128 wide as Edge-LLM's kernel takes them (1 key head, 2 value heads),
     # tied embeddings; every width 64-aligned.
-    "tiny-qwen3_5": Builtin("Qwen3_5ForCausalLM", dict(
-        hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
-        head_dim=64, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=128,
-        linear_value_head_dim=128, linear_conv_kernel_dim=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=512,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
-        tie_word_embeddings=True, rms_norm_eps=1e-6), train_steps=100,
+    "tiny-qwen3_5": Builtin("Qwen3_5ForCausalLM", _TINY_QWEN3_5, train_steps=100,
         notes="Qwen3.5-0.8B-style: gated delta-net and gated attention, 3 to 1"),
     # The same with the multi-token prediction layer Qwen3.5's hub checkpoints ship (mtp_num_hidden_layers = 1, mtp.*
     # tensors), trained to guess the token after next from the trained, frozen model: Edge-LLM's MTP draft.
-    "tiny-qwen3_5-mtp": Builtin("Qwen3_5ForCausalLM", dict(
-        hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
-        head_dim=64, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=128,
-        linear_value_head_dim=128, linear_conv_kernel_dim=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=512,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
-        tie_word_embeddings=True, rms_norm_eps=1e-6, mtp_num_hidden_layers=1), train_steps=100, mtp_steps=300,
+    "tiny-qwen3_5-mtp": Builtin("Qwen3_5ForCausalLM", dict(_TINY_QWEN3_5, mtp_num_hidden_layers=1), train_steps=100,
+                                mtp_steps=300,
         notes="tiny-qwen3_5 with its multi-token prediction layer (an MTP draft)"),
     # Qwen3.5-35B-A3B's text decoder in miniature: tiny-qwen3_5's mixers (three gated delta-net layers to one gated
     # attention layer), each followed by an MoE block of 8 experts (64 wide), 2 per token, top-k renormalized, and a
