@@ -53,13 +53,15 @@ class causal_conv1d(OpRun):     # noqa: N801 (the plugin's op name)
             raise NotImplementedError(f"causal_conv1d filter {weight.shape} padding {padding} groups {groups}")
         y = np.zeros(x.shape, dtype=x.dtype)
         state = conv_state.copy()
-        after = np.zeros((x.shape[0], channels, kernel), conv_state.dtype)     # use_mtp: the state after each token
+        # use_mtp: the state after each token
+        after = np.zeros((x.shape[0], channels, kernel), conv_state.dtype) if use_mtp else None
         for s, e, row in _sequences(query_start_offsets, state_indices):
             full = np.concatenate([state[row].astype(np.float32), x[s:e].astype(np.float32).T], axis=1)  # [C, K+L]
             for t in range(e - s):
                 window = full[:, t + 1:t + 1 + kernel]          # the K inputs ending at token t
                 y[s + t] = ((window * w).sum(1) + bias.astype(np.float32)).astype(x.dtype)
-                after[s + t] = window.astype(conv_state.dtype)
+                if after is not None:
+                    after[s + t] = window.astype(conv_state.dtype)
             state[row] = full[:, -kernel:].astype(conv_state.dtype)
         return (y, state, after) if use_mtp else (y, state)
 
