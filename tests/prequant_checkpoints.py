@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -122,23 +123,28 @@ def write_gptq(src: Path, dst: Path, group: int = 64, act_order: bool = False, s
 
 
 def write_modelopt(src: Path, dst: Path, weights: str = "fp8", kv_cache: str = "fp16", group: int | None = None,
-                   device: str = "cpu") -> Path:
+                   device: str = "cpu", exclude: tuple[str, ...] = ()) -> Path:
     """A ModelOpt unified checkpoint of the model in src, made by ModelOpt: mtq.quantize with the pipeline's config
-    for the format on a short text (on `device`: NVFP4's quantizer runs on CUDA only), then export_hf_checkpoint
-    (fp16), tokenizer beside it."""
+    for the format on a short text (on `device`: NVFP4's quantizer runs on CUDA only), the modules matching an
+    `exclude` pattern (the model's module names) left unquantized, then export_hf_checkpoint (fp16; fused experts
+    split per expert as ModelOpt 0.47 exports them), tokenizer beside it."""
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.formats import KV_FORMATS, WEIGHT_FORMATS
     from pipeline.workstation.calibrate import modelopt_config
+    from pipeline.workstation.experts import unified_export_of_fused_experts
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(device)
     tok = AutoTokenizer.from_pretrained(src)
     ids = tok("The small computer sat on a shelf and counted the hours. " * 6, return_tensors="pt").input_ids
-    mtq.quantize(model, modelopt_config(WEIGHT_FORMATS[weights], KV_FORMATS[kv_cache], group),
-                 lambda m: m(ids.to(device)))
-    export_hf_checkpoint(model.half(), export_dir=dst)
+    cfg = modelopt_config(WEIGHT_FORMATS[weights], KV_FORMATS[kv_cache], group)
+    assert cfg is not None
+    cfg = {**cfg, "quant_cfg": [*cfg["quant_cfg"], *({"quantizer_name": f"*{p}*", "enable": False} for p in exclude)]}
+    mtq.quantize(model, cfg, lambda m: m(ids.to(device)))
+    with unified_export_of_fused_experts():
+        export_hf_checkpoint(model.half(), export_dir=dst)
     tok.save_pretrained(dst)
     for extra in ("generation_config.json", "chat_template.jinja"):
         if (src / extra).is_file() and not (dst / extra).is_file():
@@ -146,32 +152,61 @@ def write_modelopt(src: Path, dst: Path, weights: str = "fp8", kv_cache: str = "
     return dst
 
 
-def write_nvfp4_on_cpu(src: Path, dst: Path) -> Path:
-    """A ModelOpt NVFP4 checkpoint of the Llama in src without CUDA (see the module doc); per linear: weight (U8, two
-    E2M1 codes a byte), weight_scale (E4M3 per 16 inputs), weight_scale_2 and input_scale (fp32 scalars)."""
+def write_nvfp4_on_cpu(src: Path, dst: Path, exclude: tuple[str, ...] = ("lm_head", "model.embed_tokens"),
+                       kv_cache: str = "fp16") -> Path:
+    """A ModelOpt NVFP4 checkpoint of the model in src without CUDA (see the module doc), in the hub's layout as
+    transformers saves it (Nemotron-H under backbone., each routed expert its own tensors); per linear: weight (U8,
+    two E2M1 codes a byte), weight_scale (E4M3 per 16 inputs), weight_scale_2 and input_scale (fp32 scalars). Linears
+    whose module name matches an `exclude` pattern (fnmatch, as ModelOpt's exclude_modules) stay fp16. Each input
+    scale is the linear's input amax on a short text; a routed expert's is 1.0 (its linears are no modules of
+    transformers' model to measure, and Edge-LLM's Nvfp4MoePlugin runs them at 1.0 whatever the checkpoint says).
+    kv_cache = "fp8": each attention's k_scale and v_scale from its K and V amax over the same text (/ 448)."""
+    import fnmatch
+
     from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.core_model_loading import revert_weight_conversion
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(src)
     amax: dict[str, float] = {}
-    hooks = [m.register_forward_pre_hook(lambda _m, a, n=n: amax.__setitem__(n, max(amax.get(n, 0.0),
-                                                                                 float(a[0].abs().max()))))
-             for n, m in model.named_modules() if n.endswith(LINEARS)]
+
+    def note(key: str, t) -> None:
+        amax[key] = max(amax.get(key, 0.0), float(t.abs().max()))
+    hooks = [m.register_forward_pre_hook(lambda _m, a, n=n: note(f"{n}.input_scale", a[0]))
+             for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    if kv_cache == "fp8":
+        hooks += [m.register_forward_hook(lambda _m, _a, out, n=n: note(n, out))
+                  for n, m in model.named_modules() if n.endswith(("k_proj", "v_proj"))]
     with torch.no_grad():
         model(tok("The small computer sat on a shelf and counted the hours. " * 6, return_tensors="pt").input_ids)
     for h in hooks:
         h.remove()
-    shutil.copytree(src, dst)
-    tensors = load_file(str(dst / "model.safetensors"))
-    for name in amax:
-        q, s, s2 = NVFP4QTensor.quantize(tensors[f"{name}.weight"].float(), 16)
-        tensors |= {f"{name}.weight": q._quantized_data, f"{name}.weight_scale": s,
-                    f"{name}.weight_scale_2": s2.float().reshape(()),
-                    f"{name}.input_scale": torch.tensor(amax[name] / (6.0 * 448.0), dtype=torch.float32)}
-    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    quant = {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": None,
-             "exclude_modules": ["lm_head", "model.embed_tokens"]}
+    scales = {k: torch.tensor(v / (6.0 * 448.0), dtype=torch.float32) for k, v in amax.items()
+              if k.endswith(".input_scale")}
+    scales |= {f"{k}.{k[-6]}_scale": torch.tensor(v / 448.0, dtype=torch.float32) for k, v in amax.items()
+               if not k.endswith(".input_scale")}
+    # the model's names back to the hub's (transformers' own save-time conversion: renames, experts split)
+    tensors = revert_weight_conversion(model, {**{k: v.half() for k, v in model.state_dict().items()}, **scales})
+    if model.config.get_text_config().tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)         # saved once, as transformers saves a tied model
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
+    quantized = 0
+    for key in sorted(tensors):
+        name = key.removesuffix(".weight")
+        linear = f"{name}.input_scale" in tensors or re.search(r"\.experts\.\d+\.\w+_proj$", name)
+        if not key.endswith(".weight") or not linear or any(fnmatch.fnmatch(name, p) for p in exclude):
+            tensors.pop(f"{name}.input_scale", None)
+            continue
+        q, s, s2 = NVFP4QTensor.quantize(tensors[key].float(), 16)
+        tensors |= {key: q._quantized_data, f"{name}.weight_scale": s, f"{name}.weight_scale_2": s2.float().reshape(())}
+        tensors.setdefault(f"{name}.input_scale", torch.tensor(1.0, dtype=torch.float32))
+        quantized += 1
+    assert quantized, "no linear quantized"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(dst / "model.safetensors"),
+              metadata={"format": "pt"})
+    quant = {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": "FP8" if kv_cache == "fp8" else None,
+             "exclude_modules": list(exclude)}
     config = json.loads((dst / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "modelopt", **quant}
     (dst / "config.json").write_text(json.dumps(config, indent=2))

@@ -71,6 +71,7 @@ class QuantizeSummary(Part):
     engine_clipped: float | None = None
     restored_quantizers: int | None = None
     reproduced_tensors: int | None = None
+    expert_inputs_pinned: int | None = None     # a restored checkpoint's NVFP4 experts: inputs run at scale 1.0
     seconds: dict[str, float] | None = None     # by step, in the manifest only (quantize.json is reproducible)
 
     def record(self) -> str:

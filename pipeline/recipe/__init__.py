@@ -156,11 +156,15 @@ def checkpoint_refusals(recipe: Recipe, config: dict, config_source: str, shape=
                        f"'{SMALLEST.name}'")
         return out
     out = base_refusals(recipe, config, config_source, base) if base else []
-    refusing = [p for p in shape.parts if p.refuses_prequantized] if shape is not None else []
+    refusing = [p for p in shape.parts if p.prequantized_taken is not None
+                and (held.kind, held.algo) not in p.prequantized_taken] if shape is not None else []
     if refusing:
-        out.append(f"{config_source} is a pre-quantized ({held.label}) {refusing[0].adjective} model: this version "
-                   "takes pre-quantized checkpoints of dense text models only; point [model] at the unquantized "
-                   "model and quantize it here")
+        part = refusing[0]
+        takes = ", ".join(f"{'ModelOpt' if k == 'modelopt' else k} {a}" for k, a in part.prequantized_taken or ())
+        out.append(f"{config_source} is a pre-quantized ({held.label}) {part.adjective} model: this version takes "
+                   + (f"a {part.adjective} model's pre-quantized checkpoints in {takes} only" if takes else
+                      f"no pre-quantized checkpoint of a {part.adjective} model")
+                   + "; point [model] at the unquantized model and quantize it here")
     if q.weights != held.weights:
         out.append(f"{config_source} is already quantized ({held.label}: {WEIGHT_FORMATS[held.weights].label}); "
                    f"the recipe asks for quantization.weights = '{q.weights}': set it to '{held.weights}' (the "

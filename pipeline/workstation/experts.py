@@ -154,7 +154,9 @@ def pin_nvfp4_expert_inputs(model) -> int:
         for attr in (f"{block.first_proj}_input_quantizer", "down_proj_input_quantizer"):
             q = getattr(block.experts, attr, None)
             if q is not None and getattr(q, "is_enabled", False) and getattr(q, "num_bits", None) == (2, 1):
-                q.amax = torch.tensor(NVFP4_UNIT_AMAX, dtype=torch.float32, device=q.amax.device)
+                # on the experts' device: a restored checkpoint's input quantizers have no amax yet (no data ran)
+                q.amax = torch.tensor(NVFP4_UNIT_AMAX, dtype=torch.float32,
+                                      device=block.experts.down_proj.device)
                 pinned += 1
     return pinned
 

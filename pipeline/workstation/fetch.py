@@ -128,32 +128,21 @@ def unaccounted(model_dir: Path, headers: dict[str, tuple], shape) -> list[str]:
     from the headers alone: transformers loads the names and shapes onto the meta device (its renames and fused
     experts as it applies them to a real load; nothing is read or allocated). An extra tensor was caught only at the
     accuracy stage, after quantize and export ran on it."""
-    import logging
-
     import torch
-    from transformers.utils import logging as hf_logging
 
+    from pipeline.workstation.dequantized import concrete_class, quiet_transformers, unquantized_config
     from pipeline.workstation.models import model_class
-    from pipeline.workstation.prequantized import ACTIVATION_SCALES, unquantized_config
+    from pipeline.workstation.prequantized import ACTIVATION_SCALES
     # a pre-quantized checkpoint's activation and K/V scales: accounted for by the linear they sit on (below)
     scales = [k for k in headers if k.endswith(ACTIVATION_SCALES)]
     state = {k: torch.empty(s, device="meta") for k, s in headers.items() if not k.endswith(ACTIVATION_SCALES)}
     model_config = unquantized_config(model_dir)
-    cls = model_class(model_dir)
-    if hasattr(cls, "_model_mapping"):      # an Auto class: its concrete class (only that takes a state dict alone)
-        cls = cls._model_mapping[type(model_config)]
-    level, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity(logging.ERROR)             # its loading report and progress: ours is the error below
-    hf_logging.disable_progress_bar()
     try:
-        _, info = cls.from_pretrained(None, config=model_config, state_dict=state, device_map="meta",
-                                      output_loading_info=True)
+        with quiet_transformers():      # its loading report and progress: ours is the error below
+            _, info = concrete_class(model_class(model_dir), model_config).from_pretrained(
+                None, config=model_config, state_dict=state, device_map="meta", output_loading_info=True)
     except Exception as exc:        # noqa: BLE001 - transformers' own refusal of the names, said as ours
         return [_unconvertible(headers, shape, exc)]
-    finally:
-        hf_logging.set_verbosity(level)
-        if bar:
-            hf_logging.enable_progress_bar()
     extra = sorted(info["unexpected_keys"]) + sorted(
         k for k in scales if k.rsplit(".", 1)[0] + ".weight" not in headers)
     out = [f"{len(extra)} tensor(s) the config has no place for (e.g. {extra[0]})"] if extra else []

@@ -138,7 +138,8 @@ def load_model(model_dir: Path, device: str, engine_numerics: bool = False):
     from pipeline.workstation import prequantized
     pq = prequantized.detect(model_dir)
     if pq is not None:
-        held = prequantized.load_dequantized(model_dir, pq, engine_numerics, model_class(model_dir))
+        from pipeline.workstation.dequantized import load_dequantized
+        held = load_dequantized(model_dir, pq, engine_numerics, model_class(model_dir))
         if device != "cpu":
             held = held.half().to(device)
         held.pipeline_loaded = {name: param_fingerprint(p) for name, p in held.named_parameters()}

@@ -22,6 +22,7 @@ reads, clamped to the kernel's range (checkpoint/repacking.py: clamp(q - z + 8, 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,10 @@ def _modelopt(algo: Any, kv: Any, group: Any, excluded: Any, source: str) -> Pre
                       "(FP8, INT8 or none)")
     if group is not None and not (isinstance(group, int) and not isinstance(group, bool) and group > 0):
         raise _refuse(source, f"group_size = {group!r}: not a positive integer")
-    names = tuple(str(e) for e in excluded) if isinstance(excluded, list) else ()
+    # ModelOpt 0.47 exporting a model whose names transformers 5 converts on load (Nemotron-H: backbone.) writes its
+    # exclude_modules with a rename sentinel left inside ("backbone.layers.4.\x00backbone.pt_name_sentinel*"): the
+    # name is what stands around it
+    names = tuple(re.sub(r"\x00[^*]*", "", str(e)) for e in excluded) if isinstance(excluded, list) else ()
     from pipeline.formats import WEIGHT_FORMATS
     return Prequantized(MODELOPT, str(algo).upper(), weights, kv_name,
                         group if WEIGHT_FORMATS[weights].takes_group_size else None, source, excluded=names)
@@ -177,11 +181,13 @@ QUANT_ROLES = {MODELOPT: ("weight", "weight_scale", "weight_scale_2", "input_sca
 
 def _layout(pq: Prequantized, headers: dict[str, tuple[str, tuple]]) -> dict[str, dict[str, tuple[str, tuple]]]:
     """{linear: {role: (dtype, shape)}} for every quantized linear the headers hold."""
-    roles = {MODELOPT: ("weight_scale",), AUTOAWQ: ("qweight",), GPTQ: ("qweight",)}[pq.kind]
+    # what marks a linear as quantized: a weight scale, or (ModelOpt) a weight in a packed dtype, so that a linear
+    # missing its scale is named as such rather than handed on as a plain weight of the wrong dtype
+    roles = {MODELOPT: ("weight_scale", "weight_scale_2"), AUTOAWQ: ("qweight",), GPTQ: ("qweight",)}[pq.kind]
     found: dict[str, dict[str, tuple[str, tuple]]] = {}
-    for name in headers:
+    for name, (dtype, _shape) in headers.items():
         base, _, leaf = name.rpartition(".")
-        if leaf in roles:
+        if leaf in roles or (pq.kind == MODELOPT and leaf == "weight" and dtype in ("U8", "I8", "F8_E4M3")):
             found[base] = {}
     for name, dt in headers.items():
         base, _, leaf = name.rpartition(".")
@@ -414,48 +420,3 @@ def split_quantized(pq: Prequantized, tensors: dict) -> tuple[dict[str, dict], d
     linears = {b: {r: tensors[f"{b}.{r}"] for r in roles} for b, roles in _layout(pq, headers).items()}
     taken = {f"{b}.{r}" for b, roles in linears.items() for r in roles}
     return linears, {k: v for k, v in tensors.items() if k not in taken}
-
-
-def unquantized_config(model_dir: Path):
-    """The checkpoint's config as transformers reads it (its own encodings decoded: Infinity saved as
-    {"__float__": "Infinity"}), without a quantization_config: the model it describes, with the dequantized names
-    (the pre-quantized formats are read by this pipeline, never by a transformers quantizer)."""
-    from transformers import AutoConfig
-    config = AutoConfig.from_pretrained(model_dir)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    return config
-
-
-def load_dequantized(model_dir: Path, pq: Prequantized, engine: bool, cls: Any):
-    """The checkpoint as an ordinary fp32 transformers model on the CPU, every quantized weight dequantized (engine:
-    as the engine computes it); the ModelOpt scales stay on the model as `pipeline_checkpoint_scales` for the
-    quantize stage's restore. cls: transformers' class for it (models.model_class), so no code of the checkpoint's
-    own runs."""
-    import torch
-
-    config = unquantized_config(model_dir)
-    make = getattr(cls, "_from_config", None) or cls.from_config
-    model = make(config, dtype=torch.float32)
-    tensors = read_tensors(model_dir)
-    linears, rest = split_quantized(pq, tensors)
-    offset = gptq_zero_offset(pq, next(iter(linears.values()))["qzeros"]) if pq.kind == GPTQ else 0
-    state = {k: v.half().float() if v.is_floating_point() else v for k, v in rest.items()
-             if not k.endswith(ACTIVATION_SCALES)}
-    scales = {k: v for k, v in rest.items() if k.endswith(("input_scale", "k_scale", "v_scale", "pre_quant_scale"))}
-    for base, t in linears.items():
-        state[base + ".weight"] = dequantized(pq, t, engine, offset)
-        if pq.kind == MODELOPT:
-            scales |= {f"{base}.{r}": v for r, v in t.items() if r != "weight"}
-    result = model.load_state_dict(state, strict=False)
-    tied = {k for k in result.missing_keys if k.endswith("lm_head.weight")} if config.tie_word_embeddings else set()
-    missing = sorted(set(result.missing_keys) - tied)
-    if missing or result.unexpected_keys:
-        raise PipelineError(f"{model_dir}: the checkpoint's tensors are not its config's model: "
-                            f"{(missing + result.unexpected_keys)[:3]}", "use the files of one checkpoint revision")
-    if tied:
-        model.tie_weights()
-    model.eval()
-    model.pipeline_checkpoint_scales = scales
-    model.pipeline_zero_offset = offset
-    return model

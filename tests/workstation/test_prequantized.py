@@ -152,6 +152,44 @@ def test_a_modelopt_checkpoint_restored_exports_back_bit_for_bit(base, tmp_path,
             else torch.equal(x, y), k
 
 
+
+def test_a_linear_the_checkpoint_holds_unquantized_stays_so_whatever_exclude_modules_says(base, tmp_path):
+    """What a ModelOpt checkpoint left unquantized is read from its tensors (a weight without a scale), as Edge-LLM
+    0.11's loader reads it: ModelOpt 0.47 writes exclude_modules with a rename sentinel inside the names for models
+    transformers renames on load ('backbone.layers.4.\\x00backbone.pt_name_sentinel*', seen on an H200 exporting the
+    tiny Nemotron-H), and nothing for some modules it skipped. Here the list is mangled so: the names read back clean,
+    and the restore leaves layer 1's MLP unquantized, as the checkpoint holds it, and exports it back bit for bit."""
+    from modelopt.torch.export import export_hf_checkpoint
+
+    from pipeline.workstation.restore import restore
+    from pipeline.workstation.state import load_quantized
+    ckpt = write_modelopt(base, tmp_path / "ckpt", "fp8", "fp16", exclude=("model.layers.1.mlp",))
+    mangled = ["lm_head.\x00model.pt_name_sentinel", "model.layers.1.mlp.\x00model.pt_name_sentinel*"]
+    for name in ("hf_quant_config.json", "config.json"):
+        doc = json.loads((ckpt / name).read_text())
+        section = doc["quantization"] if name == "hf_quant_config.json" else doc["quantization_config"]
+        section.pop("ignore", None)
+        section["exclude_modules"] = mangled
+        (ckpt / name).write_text(json.dumps(doc))
+    held = pqz.detect(ckpt)
+    assert held.excluded == ("lm_head.", "model.layers.1.mlp.*"), held.excluded
+    t = load_file(str(ckpt / "model.safetensors"))
+    assert t["model.layers.1.mlp.up_proj.weight"].dtype == torch.float16 and "model.layers.1.mlp.up_proj.weight_scale" \
+        not in t and t["model.layers.0.mlp.up_proj.weight"].dtype == torch.float8_e4m3fn
+    out = tmp_path / "quantize"
+    out.mkdir()
+    restore(ckpt, out, held, "fp16")
+    model = load_quantized(ckpt, out, "cpu")
+    assert not model.model.layers[1].mlp.up_proj.weight_quantizer.is_enabled
+    assert model.model.layers[0].mlp.up_proj.weight_quantizer.is_enabled
+    export_hf_checkpoint(model.half(), export_dir=tmp_path / "again")
+    again = load_file(str(tmp_path / "again" / "model.safetensors"))
+    for k in ("model.layers.1.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight",
+              "model.layers.0.mlp.up_proj.weight_scale"):
+        a, b = again[k].reshape(-1), t[k].reshape(-1)
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), k
+    assert "model.layers.1.mlp.up_proj.weight_scale" not in again
+
 def _damage(src, dst, edit):
     shutil.copytree(src, dst)
     t = load_file(str(dst / "model.safetensors"))

@@ -25,7 +25,9 @@ def _summary(result: contract.StageManifest) -> str:
         clipped = q.engine_clipped
         return (f"{q.weights} (KV {q.kv_cache}) from the checkpoint ({c.get('kind')} {c.get('algo')}), its own "
                 "scales, nothing calibrated" + (f"; Edge-LLM's INT4 range [-8, 7] clips {clipped:.3%} of its weights "
-                                                "(q - zero)" if clipped else ""))
+                                                "(q - zero)" if clipped else "")
+                + (f"; {q.expert_inputs_pinned} expert input scales run at 1.0, as Edge-LLM's MoE plugin runs them"
+                   if q.expert_inputs_pinned else ""))
     if q.method == "none":
         return f"{q.weights} (KV {q.kv_cache}): nothing to quantize"
     tokens, images = q.calibration_tokens or 0, q.calibration_images or 0

@@ -114,8 +114,10 @@ class Part:
     # what the plan calls a model with it ("a mixture-of-experts model"), and the part itself in a sentence
     adjective: ClassVar[str] = ""
     called: ClassVar[str] = ""
-    # a pre-quantized checkpoint of a model with this part is refused (the pipeline quantizes such models itself)
-    refuses_prequantized: ClassVar[bool] = False
+    # the pre-quantized checkpoints of a model with this part the pipeline takes, as (kind, algo) pairs of
+    # workstation/prequantized.Prequantized (None: whatever a dense model's may hold; empty: none, the pipeline
+    # quantizes such models itself)
+    prequantized_taken: ClassVar[tuple[tuple[str, str], ...] | None] = None
     # has a speed fit of its own: the first such part of a shape gives the plan's error bands
     own_speed_fit: ClassVar[bool] = False
     # the modules outside plan/parts that implement this kind on their side (the workstation's export, the server's

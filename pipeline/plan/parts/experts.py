@@ -43,7 +43,9 @@ class Experts(Part):
 
     adjective: ClassVar[str] = "mixture-of-experts"
     called: ClassVar[str] = "routed experts"
-    refuses_prequantized: ClassVar[bool] = True
+    # ModelOpt NVFP4 (NVIDIA's own checkpoints: Nemotron 3 Nano 30B-A3B): its experts restored per expert on a CUDA
+    # GPU (workstation/restore.py); other formats' experts are quantized here from the unquantized model
+    prequantized_taken: ClassVar[tuple[tuple[str, str], ...] | None] = (("modelopt", "NVFP4"),)
     own_speed_fit: ClassVar[bool] = True
     modules: ClassVar[tuple[str, ...]] = ("pipeline.plan.parts.experts_speed", "pipeline.workstation.experts")
 

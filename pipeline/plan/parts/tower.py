@@ -53,7 +53,7 @@ class TowerShape(Part):
 
     adjective: ClassVar[str] = "vision-language"
     called: ClassVar[str] = "visual tower"
-    refuses_prequantized: ClassVar[bool] = True
+    prequantized_taken: ClassVar[tuple[tuple[str, str], ...] | None] = ()
     modules: ClassVar[tuple[str, ...]] = (
         "pipeline.plan.parts.tower_speed", "pipeline.plan.parts.tower_check",
         "pipeline.workstation.visual_export", "pipeline.workstation.visual_check", "pipeline.workstation.tinyvlm",
