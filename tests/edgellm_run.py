@@ -109,13 +109,16 @@ def model_vs_engine(src, tmp_path, weights: str, kv: str, calibration, new_token
 
 
 def exported_vs_engine(src, quant_dir, onnx_dir, tmp_path, kv: str, new_tokens: int = 8, device: str = "cpu",
-                       prompt_tokens: int = 24) -> dict:
+                       prompt_tokens: int = 24, own_spread: bool = False) -> dict:
     """The calibrated model (quantize's output in quant_dir, on `device`) against the ONNX exported from it (an
     export's onnx/ directory) run as the runtime runs its engine, along the model's own greedy answer (teacher
     forcing): the logits' cosine per position (the first is the prompt's last) and the tie-aware top-1 agreement
     (pipeline.workstation.reader.agreement, the TensorRT-LLM checkpoint check's measure); the engine's free greedy
     answer's token agreement (the device's measure); the plugin's qkv_scales and, with a quantized KV cache, the
-    calibrated ones. prompt_tokens: the prompt's length (a held-out text's first tokens)."""
+    calibrated ones. prompt_tokens: the prompt's length (a held-out text's first tokens). own_spread: where the
+    engine's top-1 differs, also the calibrated model's own largest logit change at that position between its fp16
+    run and the same model computed in fp32 along the same tokens (a margin up to twice that is inside the model's
+    own numerics)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -138,6 +141,11 @@ def exported_vs_engine(src, quant_dir, onnx_dir, tmp_path, kv: str, new_tokens: 
                              output_logits=True, return_dict_in_generate=True, past_key_values=new_cache(model))
     ref_ids = out.sequences[0, len(ids):].tolist()
     ref = torch.stack([step[0].float().cpu() for step in out.logits])
+    spread = None
+    if own_spread:      # the same model in fp32 along the same tokens (last: it converts the model in place)
+        with weights_on_grid(model), torch.no_grad():
+            full = model.float()(torch.tensor([ids + ref_ids[:-1]], device=device)).logits[0, len(ids) - 1:]
+        spread = (full.float().cpu() - ref).abs().amax(-1)
     eng, _ = build_engine(onnx_dir, tmp_path, capacity=max(128, prompt_tokens + new_tokens))
     cand = torch.from_numpy(engine_logits_along(eng, ids, ref_ids[:-1])[:, :ref.shape[-1]]).float()
     along = agreement(ref, cand)
@@ -145,7 +153,8 @@ def exported_vs_engine(src, quant_dir, onnx_dir, tmp_path, kv: str, new_tokens: 
     # magnitudes (what an error relative to each value scales with)
     picks, best = cand.argmax(-1), ref.argmax(-1)
     differ = [{"position": i, "margin": float(ref[i, best[i]] - ref[i, picks[i]]),
-               "scale": float(ref[i, best[i]].abs() + ref[i, picks[i]].abs())}
+               "scale": float(ref[i, best[i]].abs() + ref[i, picks[i]].abs()),
+               **({"own_spread": float(spread[i])} if spread is not None else {})}
               for i in range(ref.shape[0]) if picks[i] != best[i]]
     return {**along, "differ": differ,
             "greedy_agreement": token_agreement(ref_ids, eng.generate(ids, new_tokens, set())),
