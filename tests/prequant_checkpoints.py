@@ -122,6 +122,14 @@ def write_gptq(src: Path, dst: Path, group: int = 64, act_order: bool = False, s
     return dst
 
 
+def nemotron_moe_kept_bf16(prefix: str) -> tuple[str, ...]:
+    """What NVIDIA's NVFP4 Nemotron 3 Nano leaves unquantized (its model card: the attention layers and the Mamba
+    layers feeding them, and the LM head), for the tiny Nemotron-H MoE, whose layer 5 is its attention block and layer
+    4 the Mamba block before it, under `prefix`: the hub's "backbone." or transformers' own "model."."""
+    return ("lm_head", f"{prefix}layers.4.mixer.in_proj", f"{prefix}layers.4.mixer.out_proj",
+            *(f"{prefix}layers.5.mixer.{p}_proj" for p in "qkvo"))
+
+
 def write_modelopt(src: Path, dst: Path, weights: str = "fp8", kv_cache: str = "fp16", group: int | None = None,
                    device: str = "cpu", exclude: tuple[str, ...] = ()) -> Path:
     """A ModelOpt unified checkpoint of the model in src, made by ModelOpt: mtq.quantize with the pipeline's config

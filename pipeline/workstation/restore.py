@@ -40,6 +40,17 @@ def _amax_of(scale, divisor: float):
     return amax
 
 
+def _checked(key: str, scale):
+    """A checkpoint's scale in fp32, or the refusal where any of its values is not finite and positive (a NaN is
+    caught by isfinite, never let through by the comparison)."""
+    import torch
+    s = scale.to(torch.float32)
+    if not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
+        raise PipelineError(f"{key}: scales must be finite and positive", "the checkpoint is damaged: use the files "
+                            "of one checkpoint revision")
+    return s
+
+
 def _quantizer_scales(model, scales: dict, nvfp4: bool = False) -> int:
     """Every enabled quantizer's amax (and pre-quant scale) from the checkpoint's scales; returns how many were set.
     A quantizer the checkpoint gives no scale for is one error naming it (its numerics would be made up here).
@@ -76,11 +87,7 @@ def _quantizer_scales(model, scales: dict, nvfp4: bool = False) -> int:
                     continue
                 raise PipelineError(f"{key}: the checkpoint holds no scale for this quantizer", "use the checkpoint's "
                                     "own files (a ModelOpt export writes one per quantized tensor)")
-            s = scales[key].to(torch.float32)
-            if not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
-                raise PipelineError(f"{key}: scales must be finite and positive", "the checkpoint is damaged: use the "
-                                    "files of one checkpoint revision")
-            amax = _amax_of(s, largest)
+            amax = _amax_of(_checked(key, scales[key]), largest)
             current = getattr(q, "amax", None)
             if current is not None and current.numel() == amax.numel():
                 amax = amax.reshape(current.shape)
@@ -94,12 +101,11 @@ def _quantizer_scales(model, scales: dict, nvfp4: bool = False) -> int:
     return set_
 
 
-def _follow_the_tensors(model, scales: dict) -> list[str]:
+def _follow_the_tensors(model, scales: dict) -> None:
     """A linear the checkpoint holds without a weight scale is unquantized there: its weight and input quantizers
     are disabled, as Edge-LLM 0.11's loader decides per linear from the tensors (config.py,
     _detect_modelopt_unquantized_linears), whatever exclude_modules says or fails to say (ModelOpt writes no entry
-    for some skipped modules, and mangles others). Returns the linears disabled so."""
-    disabled = []
+    for some skipped modules, and mangles others)."""
     for name, m in model.named_modules():
         wq = getattr(m, "weight_quantizer", None)
         if not getattr(wq, "is_enabled", False):
@@ -110,8 +116,6 @@ def _follow_the_tensors(model, scales: dict) -> list[str]:
             q = getattr(m, role, None)
             if q is not None:
                 q.disable()
-        disabled.append(name)
-    return disabled
 
 
 def _expert_scales(name: str, experts, scales: dict) -> int:
@@ -134,17 +138,13 @@ def _expert_scales(name: str, experts, scales: dict) -> int:
             if missing:
                 raise PipelineError(f"{missing[0]}: the checkpoint holds no scale for this expert's quantizer",
                                     "use the checkpoint's own files (a ModelOpt export writes one per expert)")
-            held = [scales[k].to(torch.float32).reshape(()) for k in keys]
-            if any(not bool(torch.isfinite(h)) or float(h) <= 0 for h in held):
-                raise PipelineError(f"{keys[0]}: scales must be finite and positive", "the checkpoint is damaged: "
-                                    "use the files of one checkpoint revision")
+            held = [_checked(k, scales[k]).reshape(()) for k in keys]
             if any(not torch.equal(h, held[0]) for h in held[1:]):
                 raise PipelineError(f"{keys[0]} and {keys[1]}: gate and up of one expert have different global "
                                     "scales, and transformers fuses them into one tensor whose quantizer holds one",
                                     "use a checkpoint exported from fused experts (ModelOpt 0.47 or later), or "
                                     "quantize the unquantized model here")
-            q.amax = _amax_of(held[0], float(q.maxbound) * E4M3_MAX).to(q.amax.device if q.amax is not None
-                                                                          else "cpu")
+            q.amax = _amax_of(held[0], float(q.maxbound) * E4M3_MAX).to(experts.down_proj.device)
             set_ += 1
     return set_
 

@@ -10,14 +10,11 @@ import json
 import pytest
 import torch
 from conftest import save_random_model
-from prequant_checkpoints import write_nvfp4_on_cpu
+from prequant_checkpoints import nemotron_moe_kept_bf16, write_nvfp4_on_cpu
 
 from pipeline.errors import PipelineError
 
-# what NVIDIA's card says its NVFP4 checkpoint keeps in BF16: the attention layers and the Mamba layers feeding them
-# (here layer 5 is the attention block, layer 4 the Mamba block before it)
-EXCLUDED = ("lm_head", "backbone.layers.4.mixer.in_proj", "backbone.layers.4.mixer.out_proj",
-            *(f"backbone.layers.5.mixer.{p}_proj" for p in "qkvo"))
+EXCLUDED = nemotron_moe_kept_bf16("backbone.")     # the hub's names, as the CPU writer and NVIDIA's list have them
 RECIPE = """\
 description = "pre-quantized Nemotron-H MoE"
 targets = ["agx-thor"]
@@ -151,3 +148,43 @@ def test_a_checkpoint_missing_an_experts_tensor_is_refused_naming_it(nvfp4, tmp_
         check_checkpoint(bad, "recipes/x.toml")
     assert "backbone.layers.6.mixer.experts.2.down_proj.weight_scale: missing (ModelOpt NVFP4)" in err.value.message, \
         err.value.message
+
+
+def _nvfp4_quantizers(n: int) -> list:
+    from modelopt.torch.quantization.config import QuantizerAttributeConfig
+    from modelopt.torch.quantization.nn import TensorQuantizer
+    return [TensorQuantizer(QuantizerAttributeConfig(num_bits=(2, 1), axis=None, block_sizes={
+        -1: 16, "type": "dynamic", "scale_bits": (4, 3)})) for _ in range(n)]
+
+
+@pytest.mark.parametrize("edit, says", [
+    (None, None),
+    (lambda s: s.update({"e.1.up_proj.weight_scale_2": torch.tensor(0.25)}),
+     "e.1.gate_proj.weight_scale_2 and e.1.up_proj.weight_scale_2: gate and up of one expert have different global "
+     "scales, and transformers fuses them into one tensor whose quantizer holds one"),
+    (lambda s: s.pop("e.0.down_proj.weight_scale_2"),
+     "e.0.down_proj.weight_scale_2: the checkpoint holds no scale for this expert's quantizer"),
+    (lambda s: s.update({"e.1.gate_proj.weight_scale_2": torch.tensor(float("nan")),
+                         "e.1.up_proj.weight_scale_2": torch.tensor(float("nan"))}),
+     "e.1.gate_proj.weight_scale_2: scales must be finite and positive"),
+])
+def test_each_experts_global_scale_sets_its_quantizer_and_a_gated_experts_two_must_agree(edit, says):
+    """The restore's per-expert step on a gated container (Qwen3.5-MoE's and Gemma 4's layout: gate and up fused
+    under one quantizer per expert), on the CPU: each expert's amax is its weight_scale_2 x 6 x 448; gate and up with
+    different global scales, a missing one and a NaN are refused naming the tensor."""
+    from types import SimpleNamespace
+
+    from pipeline.workstation.restore import _expert_scales
+    experts = SimpleNamespace(_first_proj_attr="gate_up_proj", gate_up_proj_weight_quantizers=_nvfp4_quantizers(2),
+                              down_proj_weight_quantizers=_nvfp4_quantizers(2), down_proj=torch.zeros(2, 4, 4))
+    scales = {f"e.{j}.{p}.weight_scale_2": torch.tensor(0.5 + j) for j in range(2)
+              for p in ("gate_proj", "up_proj", "down_proj")}
+    if edit is None:
+        assert _expert_scales("e", experts, scales) == 4
+        amax = [float(q.amax) for q in experts.gate_up_proj_weight_quantizers + experts.down_proj_weight_quantizers]
+        assert amax == [0.5 * 6 * 448, 1.5 * 6 * 448] * 2, amax
+        return
+    edit(scales)
+    with pytest.raises(PipelineError) as err:
+        _expert_scales("e", experts, scales)
+    assert err.value.message == says, err.value.message

@@ -10,14 +10,12 @@ import json
 import pytest
 import torch
 from conftest import Project, device_on_boards, device_report
-from prequant_checkpoints import write_modelopt
+from prequant_checkpoints import nemotron_moe_kept_bf16, write_modelopt
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="NVFP4 needs a CUDA GPU")]
 NAME, BOARDS = "pq-nemotron-h-moe-nvfp4", {"agx-thor": "agx-thor-jp72"}
-# the model's own module names: layer 5 is the attention block, layer 4 the Mamba block feeding it
-EXCLUDED = ("lm_head", "model.layers.4.mixer.in_proj", "model.layers.4.mixer.out_proj",
-            *(f"model.layers.5.mixer.{p}_proj" for p in "qkvo"))
+EXCLUDED = nemotron_moe_kept_bf16("model.")       # the model's own module names, as ModelOpt's config takes them
 RECIPE = """\
 description = "NVIDIA-style NVFP4 + FP8 KV Nemotron-H MoE checkpoint"
 targets = ["agx-thor"]
