@@ -74,7 +74,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # server and the workstation; recipes; a board's set of recipes; the doit graph; the entry points.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipeline", "errors", "tomlcompat"),
-    ("files", "texts", "settings", "progress", "images"),
+    ("files", "texts", "settings", "progress", "images", "audio", "transcripts"),
     ("contract",),
     ("families",),
     ("formats",),

@@ -1,0 +1,88 @@
+"""How far transcripts are from their references: word error rate (WER) for languages written with spaces between
+words, character error rate (CER) for those written without (Chinese, Japanese, Thai, ...), over a set of utterances,
+with a 95% bootstrap interval over the utterances (a gate on a handful of recordings must say how sure it is).
+
+The rate is the corpus rate: the edits (substitutions, deletions, insertions: Levenshtein distance) of every
+utterance summed, over the reference units summed, as speech benchmarks report it. Both texts are normalized first:
+Unicode NFKC, case folded, punctuation and symbols dropped, whitespace collapsed; numbers are left as written (a
+model that writes "ten" for "10" is counted wrong: the references say how the recipe wants them).
+
+Standard library only: the device computes the same figures on the engine's transcripts.
+"""
+
+from __future__ import annotations
+
+import random
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeline.errors import PipelineError
+
+# languages scored by characters: written without spaces between words (ISO 639 codes, as recipes declare them)
+CHARACTER_LANGUAGES = frozenset({"zh", "yue", "ja", "th", "lo", "my", "km"})
+MAX_UNITS = 20_000      # per utterance: the distance is quadratic; a transcript this long is not an utterance
+
+
+@dataclass(frozen=True)
+class ErrorRate:
+    metric: str                         # "wer" or "cer"
+    language: str
+    rate: float                         # edits / reference units over every utterance
+    interval: tuple[float, float]       # 95% bootstrap interval over the utterances
+    edits: int
+    units: int                          # reference words (wer) or characters (cer)
+    utterances: int
+
+
+def metric_for(language: str) -> str:
+    return "cer" if language.split("-")[0].lower() in CHARACTER_LANGUAGES else "wer"
+
+
+def normalize(text: str) -> str:
+    """NFKC, case folded, punctuation and symbols as spaces, whitespace collapsed."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    kept = "".join(" " if unicodedata.category(c)[0] in "PSZC" else c for c in folded)
+    return " ".join(kept.split())
+
+
+def units(text: str, metric: str) -> list[str]:
+    """What the metric counts in the normalized text: its words, or its characters without the spaces."""
+    norm = normalize(text)
+    return norm.split() if metric == "wer" else [c for c in norm if c != " "]
+
+
+def edits(reference: Sequence[str], hypothesis: Sequence[str]) -> int:
+    """Levenshtein distance: the fewest substitutions, deletions and insertions turning one into the other."""
+    if len(reference) > MAX_UNITS or len(hypothesis) > MAX_UNITS:
+        raise PipelineError(f"a transcript of {max(len(reference), len(hypothesis))} units: over {MAX_UNITS}, "
+                            "not one utterance", "score utterances, not whole recordings")
+    previous = list(range(len(hypothesis) + 1))
+    for i, r in enumerate(reference, 1):
+        current = [i]
+        for j, h in enumerate(hypothesis, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (r != h)))
+        previous = current
+    return previous[-1]
+
+
+def error_rate(pairs: Sequence[tuple[str, str]], language: str, rounds: int = 2000, seed: int = 0) -> ErrorRate:
+    """The error rate of (reference, transcript) pairs in `language`, with its bootstrap interval (`rounds`
+    resamplings of the utterances, seeded: the same pairs give the same interval everywhere)."""
+    metric = metric_for(language)
+    per = [(edits(ref_units, units(hyp, metric)), len(ref_units))
+           for ref, hyp in pairs for ref_units in [units(ref, metric)]]
+    total = sum(n for _, n in per)
+    if not per or total == 0:
+        raise PipelineError(f"no reference {'words' if metric == 'wer' else 'characters'} to score in {language!r}",
+                            "give each speech prompt its reference transcript")
+    wrong = sum(e for e, _ in per)
+    rng = random.Random(seed)
+    rates = []
+    for _ in range(rounds):
+        sample = [per[rng.randrange(len(per))] for _ in per]
+        n = sum(u for _, u in sample)
+        rates.append(sum(e for e, _ in sample) / n if n else 0.0)
+    rates.sort()
+    low, high = rates[int(0.025 * (rounds - 1))], rates[int(round(0.975 * (rounds - 1)))]
+    return ErrorRate(metric, language, wrong / total, (low, high), wrong, total, len(per))
