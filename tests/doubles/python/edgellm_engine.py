@@ -170,22 +170,21 @@ _V2_NIBBLES = ((0, False, 0), (4, False, 8), (8, True, 0), (12, True, 8), (16, F
 
 
 def v2_nibbles(qweight: np.ndarray, n: int, k: int) -> np.ndarray:
+    """The cuteDSL fragment order undone: for each 128 x 64 tile, thread t's words (two K halves of 16, two N rows
+    64 apart) hold eight nibbles each at (_V2_NIBBLES) offsets. Every (tile, K block, N half, thread, nibble) at once,
+    by broadcasting over those six axes; a position no word fills keeps 8 (zero after the bias)."""
     bn, bk, threads = 128, 64, 128
     nnb, nkt = -(-n // bn), -(-k // bk)
     words = np.ascontiguousarray(qweight).view(np.uint32).reshape(nnb * nkt * 8, threads).astype(np.int64)
+    shift, hi, koff = (np.array(c).reshape(1, 1, 1, 1, 1, -1) for c in zip(*_V2_NIBBLES, strict=True))
+    nb, kt, kbl, p, t = (np.arange(size).reshape([-1 if i == axis else 1 for i in range(6)])
+                         for axis, size in enumerate((nnb, nkt, 4, 2, threads)))
+    word = words[(nb * nkt + kt) * 8 + kbl * 2 + p, t]
+    rows = nb * bn + t // 4 + 64 * p + 32 * hi
+    cols = kt * bk + 16 * kbl + 2 * (t % 4) + koff
     b = np.full((nnb * bn, nkt * bk), 8, np.int64)
-    nb, kt = np.arange(nnb).reshape(-1, 1), np.arange(nkt).reshape(1, -1)
-    for t in range(threads):
-        n_base, kb = t // 4, 2 * (t % 4)
-        for kbl in range(4):
-            for p in range(2):
-                n_lo = nb * bn + (n_base + 64 * p)
-                rows = (nb * nkt + kt) * 8 + kbl * 2 + p
-                k0 = kt * bk + (16 * kbl + kb)
-                word = words[rows, t]
-                for shift, hi, koff in _V2_NIBBLES:
-                    nrow = np.broadcast_to(n_lo + 32 if hi else n_lo, rows.shape)
-                    b[nrow, np.broadcast_to(k0 + koff, rows.shape)] = (word >> shift) & 0xF
+    full = np.broadcast_shapes(word.shape, rows.shape, cols.shape, shift.shape)
+    b[np.broadcast_to(rows, full), np.broadcast_to(cols, full)] = np.broadcast_to((word >> shift) & 0xF, full)
     return b[:n, :k]
 
 
