@@ -1,0 +1,121 @@
+"""A speech model's audio side, as data: how many tokens a recording of a given length becomes in the language model's
+sequence, and what its audio encoder is made of, read from either layout the hub publishes it in.
+
+    Qwen3-ASR (Qwen/Qwen3-ASR-0.6B, -1.7B; transformers 5: Qwen3ASRForConditionalGeneration)
+        16 kHz audio, 128-bin log-mel frames every 10 ms (WhisperFeatureExtractor), cut into chunks of 2 x n_window
+        frames (n_window 50: one second). Per chunk three stride-2 3x3 convolutions (GELU, downsample_hidden_size
+        channels) leave ceil(frames / 8) steps (13 for a whole chunk), `conv_out` (no bias) takes channels x the 16
+        remaining mel bins to d_model, sinusoidal positions are added; encoder_layers pre-norm blocks (LayerNorm,
+        q/k/v/out with bias, GELU fc1/fc2 with bias) attend within windows of n_window_infer frames (800: 8 chunks);
+        ln_post, then d_model -> d_model (GELU) -> output_dim (the language model's hidden size), both with bias.
+        The language model is a Qwen3 decoder; each audio token replaces one <|audio_pad|> placeholder.
+        transformers: models/qwen3_asr/modeling_qwen3_asr.py (_get_feat_extract_output_lengths);
+        Edge-LLM 0.11: tensorrt_edgellm/models/qwen3_asr/modeling_qwen3_asr_audio.py (audio/model.onnx).
+
+Two hub layouts. The original repositories keep both configs under `thinker_config` (audio_config, text_config) and
+the whole encoder, its projection included (proj1, proj2), under `thinker.audio_tower.`. The transformers-native
+"-hf" conversions keep audio_config and text_config at the top level and the projection beside the encoder as
+`multi_modal_projector.linear_1/linear_2`. Edge-LLM 0.11's audio loader reads proj1/proj2 inside the tower (its
+_CANDIDATE_PREFIXES: `audio_tower.`, `thinker.audio_tower.`, `model.audio_tower.`), so the original layout is the one
+its exporter takes as it is. Standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SAMPLE_RATE = 16_000
+HOP = 160                   # samples between mel frames (10 ms)
+
+
+@dataclass(frozen=True)
+class AudioEncoderDesign:
+    """One audio encoder design: where its config and tensors sit, and its chunked convolution front end."""
+    name: str                           # recorded in plans; never compared
+    config_paths: tuple[str, ...]       # where config.json keeps the encoder's config, the first present read
+    text_paths: tuple[str, ...]         # ... and the language model's
+    modules: tuple[str, ...]            # the encoder's tensor prefixes, per layout
+    convolutions: int = 3               # stride-2 convolutions over time and frequency
+    placeholder: str = "<|audio_pad|>"
+
+    def frames(self, seconds: float) -> int:
+        """Mel frames of `seconds` of audio (the feature extractor's count)."""
+        return int(seconds * SAMPLE_RATE) // HOP
+
+    def steps_after_convolutions(self, frames: int) -> int:
+        """ceil(frames / 2) per stride-2 convolution, `convolutions` times."""
+        for _ in range(self.convolutions):
+            frames = (frames - 1) // 2 + 1 if frames > 0 else 0
+        return frames
+
+    def audio_tokens(self, seconds: float, n_window: int) -> int:
+        """The tokens `seconds` of audio take in the language model's sequence: each whole chunk of 2 x n_window
+        frames gives what the convolutions leave of a chunk, the rest what they leave of it (transformers'
+        _get_feat_extract_output_lengths)."""
+        chunk = 2 * n_window
+        whole, rest = divmod(self.frames(seconds), chunk)
+        return whole * self.steps_after_convolutions(chunk) + self.steps_after_convolutions(rest)
+
+    def tokens_per_second(self, n_window: int) -> float:
+        return self.steps_after_convolutions(2 * n_window) / (2 * n_window * HOP / SAMPLE_RATE)
+
+
+QWEN3_ASR_AUDIO = AudioEncoderDesign(
+    name="qwen3-asr-aut", config_paths=("thinker_config.audio_config", "audio_config"),
+    text_paths=("thinker_config.text_config", "text_config"),
+    modules=("thinker.audio_tower.", "audio_tower.", "model.audio_tower."))
+
+
+@dataclass(frozen=True)
+class AudioEncoderShape:
+    """An audio encoder's dimensions as its config gives them."""
+    mel_bins: int
+    layers: int
+    width: int                  # d_model
+    heads: int
+    ffn: int
+    out: int                    # output_dim: the language model's hidden size
+    conv_channels: int          # downsample_hidden_size
+    n_window: int
+    n_window_infer: int
+
+    @property
+    def freq_bins(self) -> int:
+        """Mel bins left after the convolutions (128 -> 16)."""
+        f = self.mel_bins
+        for _ in range(3):
+            f = (f + 1) // 2
+        return f
+
+    @property
+    def params(self) -> int:
+        """Every weight and bias: three 3x3 convolutions, conv_out, the blocks, ln_post and the projection."""
+        c, d = self.conv_channels, self.width
+        convs = (9 * c + c) + 2 * (9 * c * c + c)
+        block = 4 * (d * d + d) + 2 * d * self.ffn + self.ffn + d + 4 * d
+        return convs + c * self.freq_bins * d + self.layers * block + 2 * d + (d * d + d) + (d * self.out + self.out)
+
+    def flops_per_token(self) -> float:
+        """FLOPs of one audio token of a full attention window (n_window_infer frames): its share of the chunk's three
+        convolutions, conv_out, the blocks' linears and their attention products within the window, the projection."""
+        c, d, chunk = self.conv_channels, self.width, 2 * self.n_window
+        tokens = QWEN3_ASR_AUDIO.steps_after_convolutions(chunk)
+        convs, f, t, cin = 0, self.mel_bins, chunk, 1
+        for _ in range(3):
+            f, t = (f + 1) // 2, (t + 1) // 2
+            convs += 2 * 9 * cin * c * f * t
+            cin = c
+        window = tokens * (self.n_window_infer // chunk)
+        blocks = self.layers * (2 * (4 * d * d + 2 * d * self.ffn) + 4 * d * window)
+        return convs / tokens + 2 * c * self.freq_bins * d + blocks + 2 * (d * d + d * self.out)
+
+
+def located(config: dict, paths: tuple[str, ...]) -> tuple[str, dict] | None:
+    """(path, the dict there) for the first of `paths` (dotted) that config.json holds as a dict; None: none."""
+    for path in paths:
+        node: object = config
+        for key in path.split("."):
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            return path, node
+    return None
