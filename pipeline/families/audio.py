@@ -119,3 +119,25 @@ def located(config: dict, paths: tuple[str, ...]) -> tuple[str, dict] | None:
         if isinstance(node, dict):
             return path, node
     return None
+
+
+# speech models TensorRT Edge-LLM 0.11 exports (tensorrt_edgellm/scripts/export.py, by config.json's model_type) and
+# this pipeline does not plan yet: (name, what it is, what Edge-LLM exports of it)
+SPEECH_MODELS = {
+    "qwen3_asr": ("Qwen3-ASR", "speech to text: an audio encoder beside a Qwen3 decoder",
+                  "models/qwen3_asr: audio/ and llm/ ONNX"),
+    "nemotron3_5_asr": ("Nemotron-3.5-ASR", "speech to text: an RNN-T transducer",
+                        "models/nemotron3_5_asr: its encoder and decoder/joint ONNX"),
+    "qwen3_tts": ("Qwen3-TTS", "text to speech: a talker, a code predictor and Code2Wav",
+                  "models/qwen3_tts: llm/, code_predictor/ and audio/code2wav ONNX"),
+}
+
+
+def speech_model(config: dict) -> tuple[str, str] | None:
+    """(model_type, why it is not planned) for a speech model's config.json; None for any other."""
+    kind = config.get("model_type")
+    if not isinstance(kind, str) or kind not in SPEECH_MODELS:
+        return None
+    name, what, exported = SPEECH_MODELS[kind]
+    return kind, (f"{name} is a speech model ({what}); this pipeline does not plan or build speech kits yet. "
+                  f"TensorRT Edge-LLM 0.11 exports it itself ({exported}) with tensorrt-edgellm-export")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pipeline.errors import InputError, Problem
 from pipeline.families import ModelFeatures, family, features_of, known
+from pipeline.families.audio import speech_model
 from pipeline.families.layouts import native_config
 from pipeline.plan.parts import PARTS
 from pipeline.plan.parts.base import (
@@ -265,6 +266,11 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
     if not isinstance(config, dict):
         raise InputError([Problem(source, "(file)", None, f"is a JSON {type(config).__name__}, not a config object",
                                   "pass a model's config.json")])
+    speech = speech_model(config)
+    if speech is not None:
+        # one line that says what the model is, not the text fields a speech config keeps elsewhere
+        raise InputError([Problem(source, "model_type", speech[0], speech[1],
+                                  "for a text or vision-language model, use its own config.json")])
     # a layout the hub publishes under other names (InternVL's chat layout) as its family's native one
     config = native_config(config, source)
     problems: list[Problem] = []
