@@ -12,12 +12,12 @@ Standard library only: the device computes the same figures on the engine's tran
 
 from __future__ import annotations
 
-import random
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.errors import PipelineError
+from pipeline.resampling import bootstrap_interval
 
 # languages scored by characters: written without spaces between words (ISO 639 codes, as recipes declare them)
 CHARACTER_LANGUAGES = frozenset({"zh", "yue", "ja", "th", "lo", "my", "km"})
@@ -76,13 +76,10 @@ def error_rate(pairs: Sequence[tuple[str, str]], language: str, rounds: int = 20
     if not per or total == 0:
         raise PipelineError(f"no reference {'words' if metric == 'wer' else 'characters'} to score in {language!r}",
                             "give each speech prompt its reference transcript")
-    wrong = sum(e for e, _ in per)
-    rng = random.Random(seed)
-    rates = []
-    for _ in range(rounds):
-        sample = [per[rng.randrange(len(per))] for _ in per]
+    def rate(sample: list[tuple[int, int]]) -> float:
         n = sum(u for _, u in sample)
-        rates.append(sum(e for e, _ in sample) / n if n else 0.0)
-    rates.sort()
-    low, high = rates[int(0.025 * (rounds - 1))], rates[int(round(0.975 * (rounds - 1)))]
-    return ErrorRate(metric, language, wrong / total, (low, high), wrong, total, len(per))
+        return sum(e for e, _ in sample) / n if n else 0.0
+
+    wrong = sum(e for e, _ in per)
+    return ErrorRate(metric, language, wrong / total, bootstrap_interval(per, rate, rounds, seed), wrong, total,
+                     len(per))

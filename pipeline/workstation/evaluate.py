@@ -13,6 +13,7 @@ from typing import Protocol
 
 from pipeline import contract
 from pipeline.errors import PipelineError
+from pipeline.resampling import bootstrap_interval as resampled
 from pipeline.texts import TextSource
 
 HELDOUT = "heldout-long-en"      # the default held-out text: ~4,800 tokens of varied English written for this project
@@ -306,16 +307,11 @@ def bootstrap_interval(per_window: list[tuple[float, float, int]], rounds: int =
                        level: float = 0.95) -> tuple[float, float]:
     """Interval of the perplexity change from resampling the held-out windows with replacement: per window (nll of
     the original, nll of the quantized, predicted tokens). A change inside the interval of 0 is noise."""
-    import random
-
-    rng = random.Random(seed)
-    n, changes = len(per_window), []
-    for _ in range(rounds):
-        sample = [per_window[rng.randrange(n)] for _ in range(n)]
+    def change(sample: list[tuple[float, float, int]]) -> float:
         tokens = sum(s[2] for s in sample)
-        changes.append(math.exp((sum(s[1] for s in sample) - sum(s[0] for s in sample)) / tokens) - 1)
-    changes.sort()
-    lo, hi = changes[int((1 - level) / 2 * rounds)], changes[min(rounds - 1, int((1 + level) / 2 * rounds))]
+        return math.exp((sum(s[1] for s in sample) - sum(s[0] for s in sample)) / tokens) - 1
+
+    lo, hi = resampled(per_window, change, rounds, seed, level)
     return round(lo, 4), round(hi, 4)
 
 

@@ -73,7 +73,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # registry; the planner, the kit and the runtimes; the registry transport and the device half; the builders, the
 # server and the workstation; recipes; a board's set of recipes; the doit graph; the entry points.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("pipeline", "errors", "tomlcompat"),
+    ("pipeline", "errors", "tomlcompat", "resampling"),
     ("files", "texts", "settings", "progress", "images", "audio", "transcripts"),
     ("contract",),
     ("families",),
