@@ -26,6 +26,14 @@ from dataclasses import dataclass
 
 SAMPLE_RATE = 16_000
 HOP = 160                   # samples between mel frames (10 ms)
+CONVOLUTIONS = 3            # stride-2 3x3 convolutions over time and frequency
+
+
+def halved(n: int, times: int = CONVOLUTIONS) -> int:
+    """What `times` stride-2 convolutions (kernel 3, padding 1) leave of n steps: ceil(n / 2) each time."""
+    for _ in range(times):
+        n = (n - 1) // 2 + 1 if n > 0 else 0
+    return n
 
 
 @dataclass(frozen=True)
@@ -35,18 +43,11 @@ class AudioEncoderDesign:
     config_paths: tuple[str, ...]       # where config.json keeps the encoder's config, the first present read
     text_paths: tuple[str, ...]         # ... and the language model's
     modules: tuple[str, ...]            # the encoder's tensor prefixes, per layout
-    convolutions: int = 3               # stride-2 convolutions over time and frequency
     placeholder: str = "<|audio_pad|>"
 
     def frames(self, seconds: float) -> int:
         """Mel frames of `seconds` of audio (the feature extractor's count)."""
         return int(seconds * SAMPLE_RATE) // HOP
-
-    def steps_after_convolutions(self, frames: int) -> int:
-        """ceil(frames / 2) per stride-2 convolution, `convolutions` times."""
-        for _ in range(self.convolutions):
-            frames = (frames - 1) // 2 + 1 if frames > 0 else 0
-        return frames
 
     def audio_tokens(self, seconds: float, n_window: int) -> int:
         """The tokens `seconds` of audio take in the language model's sequence: each whole chunk of 2 x n_window
@@ -54,10 +55,10 @@ class AudioEncoderDesign:
         _get_feat_extract_output_lengths)."""
         chunk = 2 * n_window
         whole, rest = divmod(self.frames(seconds), chunk)
-        return whole * self.steps_after_convolutions(chunk) + self.steps_after_convolutions(rest)
+        return whole * halved(chunk) + halved(rest)
 
     def tokens_per_second(self, n_window: int) -> float:
-        return self.steps_after_convolutions(2 * n_window) / (2 * n_window * HOP / SAMPLE_RATE)
+        return halved(2 * n_window) / (2 * n_window * HOP / SAMPLE_RATE)
 
 
 QWEN3_ASR_AUDIO = AudioEncoderDesign(
@@ -82,10 +83,7 @@ class AudioEncoderShape:
     @property
     def freq_bins(self) -> int:
         """Mel bins left after the convolutions (128 -> 16)."""
-        f = self.mel_bins
-        for _ in range(3):
-            f = (f + 1) // 2
-        return f
+        return halved(self.mel_bins)
 
     @property
     def params(self) -> int:
@@ -99,12 +97,10 @@ class AudioEncoderShape:
         """FLOPs of one audio token of a full attention window (n_window_infer frames): its share of the chunk's three
         convolutions, conv_out, the blocks' linears and their attention products within the window, the projection."""
         c, d, chunk = self.conv_channels, self.width, 2 * self.n_window
-        tokens = QWEN3_ASR_AUDIO.steps_after_convolutions(chunk)
-        convs, f, t, cin = 0, self.mel_bins, chunk, 1
-        for _ in range(3):
-            f, t = (f + 1) // 2, (t + 1) // 2
-            convs += 2 * 9 * cin * c * f * t
-            cin = c
+        tokens = halved(chunk)
+        # each convolution's outputs (c channels x frequency x time after it) times its 3x3 x input-channel MACs
+        convs = sum(2 * 9 * (1 if i == 1 else c) * c * halved(self.mel_bins, i) * halved(chunk, i)
+                    for i in range(1, CONVOLUTIONS + 1))
         window = tokens * (self.n_window_infer // chunk)
         blocks = self.layers * (2 * (4 * d * d + 2 * d * self.ffn) + 4 * d * window)
         return convs / tokens + 2 * c * self.freq_bins * d + blocks + 2 * (d * d + d * self.out)
