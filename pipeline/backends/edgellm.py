@@ -154,6 +154,7 @@ from pipeline.families.records import (  # noqa: E402
     QWEN3_5_MM,
     QWEN3_5_MOE,
     QWEN3_5_MOE_MM,
+    QWEN3_ASR,
     QWEN3_MOE,
     VISION_LANGUAGE,
 )
@@ -296,6 +297,15 @@ EDGELLM_011: dict[str, Support] = {
                  "experts through Nvfp4MoePlugin, on a GPU); tests/shared/test_hybrid_plan.py (every weight as "
                  "transformers' Qwen3.5-MoE builds it; the plan on AGX Orin and Thor)")
        for arch in (QWEN3_5_MOE, QWEN3_5_MOE_MM)},
+    # Qwen3-ASR: Edge-LLM 0.11 exports its decoder as a dense Qwen3 (models/qwen3_asr: the default CausalLM) and its
+    # encoder as audio/model.onnx (FP16), built with audio_build; planned here (plan/parts/audio.py, plan/speech.py)
+    QWEN3_ASR: dataclasses.replace(
+        _edgellm_dense("Edge-LLM 0.11 exporter (models/qwen3_asr; scripts/export.py: llm/ and audio/); "
+                       "tests/shared/test_speech_plan.py (the encoder's parameters and FLOPs against transformers' "
+                       "Qwen3-ASR: tests/workstation/test_audio_family.py)"),
+        not_built="the audio encoder's export (audio/model.onnx), its audio_build engine and the speech gate are "
+                  "not built by this pipeline yet; Edge-LLM 0.11 exports the model itself with "
+                  "tensorrt-edgellm-export"),
     NEMOTRON_H: Support(rope_types=("default",), formats=("fp16", "int4_awq", "nvfp4"), kv_cache=("fp16", "fp8"),
                         formats_why="the formats Edge-LLM 0.11 builds for Nemotron-H's linears (FP16, INT4-AWQ, "
                                     "NVFP4); its Mamba-2 state stays FP16",

@@ -105,6 +105,7 @@ from pipeline.families.records import (  # noqa: E402
     PHI3,
     QWEN2,
     QWEN3,
+    QWEN3_ASR,
     QWEN3_MOE,
     VISION_LANGUAGE,
 )
@@ -152,6 +153,8 @@ TRTLLM_012: dict[str, Support] = {
     **{arch: Support(refused="Gemma 4 came after TensorRT-LLM 0.12 (the last release for Orin on JetPack 6); "
                              "TensorRT Edge-LLM 0.11 builds it (its gemma4 model), on Orin with JetPack 7.2 and on "
                              "Thor") for arch in (GEMMA4, GEMMA4_MM)},
+    QWEN3_ASR: Support(refused="Qwen3-ASR (an audio encoder before a Qwen3 decoder) came after TensorRT-LLM 0.12; on "
+                               "Orin it goes through TensorRT Edge-LLM on JetPack 7.2"),
     **{arch: Support(refused=_VLM_012) for arch in VISION_LANGUAGE},
     # 0.12 has Mamba (1) and RecurrentGemma, no Mamba-2 hybrid and no gated delta-net
     **{arch: Support(refused="hybrid recurrent models (Qwen3.5's gated delta-net, Nemotron-H's Mamba-2) came after "

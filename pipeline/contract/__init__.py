@@ -70,6 +70,7 @@ from pipeline.contract.plan import (
     MAX_BATCH_SIZE,
     MAX_CONTEXT,
     MAX_NUM_TOKENS_CAP,
+    AudioPlan,
     BuildLimits,
     BuildOnBoard,
     DraftMemory,
@@ -98,6 +99,7 @@ from pipeline.contract.stage import (
 )
 
 __all__ = [
+    "AudioPlan",
     "AccuracyFigures",
     "ExpertCalibration",
     "ExportResult",

@@ -111,6 +111,7 @@ class MemoryPlan(Part):
     # a hybrid model's recurrent layers: each sequence slot's fixed-size state (plan/parts/hybrid.py), for
     # max_batch_size
     recurrent_state: int = 0
+    audio: int = 0         # a speech-to-text model's audio encoder engine: its weights and activations
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,30 @@ class VisualPlan(Part):
 
 
 @dataclass(frozen=True)
+class AudioPlan(Part):
+    """A speech-to-text model's audio encoder on the target (plan/parts/audio.py) and the model's speed as a
+    transcriber (plan/speech.py): its weights and activations (counted in the memory plan's `audio`), the longest
+    recording a request takes, and for a clip of `clip_seconds` the time to the first transcript token and the real-time
+    factor (processing time / audio duration; below 1 is faster than real time)."""
+    design: str                 # the encoder design's name (families/audio.py AudioEncoderDesign)
+    precision: str              # fp16 (Edge-LLM 0.11 exports the encoder in FP16)
+    params: int
+    weights: int                # bytes
+    activations: int            # bytes at max_seconds
+    max_seconds: int            # the longest recording of one request
+    audio_tokens: int           # the tokens max_seconds of audio take in the language model's prompt
+    prompt_tokens: int          # the transcription prompt's tokens around the audio (chat template, tags)
+    encoder_ms_by_seconds: dict[str, float] | None = None      # the encoder's time for recordings of several lengths
+    encoder_error_band: float | None = None
+    clip_seconds: float = 10.0
+    transcript_tokens: int = 0  # the tokens the clip's transcript is assumed to take (plan/speech.py says why)
+    first_token_ms: float | None = None     # encoder + prefill of the clip's prompt
+    rtf: float | None = None                # (encoder + prefill + the transcript's decode) / the clip's length
+    rtf_by_seconds: dict[str, float] | None = None
+    published: list[str] = field(default_factory=list)      # the plan against published rows of the model
+
+
+@dataclass(frozen=True)
 class DraftMemory(Part):
     """Bytes an EAGLE-3 draft engine adds on the device (plan/speculative.py)."""
     weights: int
@@ -236,3 +261,4 @@ class Plan(Record):
     externalized_weights: list[str] = field(default_factory=list)  # Edge-LLM weight kinds the export keeps outside
     predicted_build_s: float | None = None      # a generous bound for the device's build timeout, not a measurement
     visual: VisualPlan | None = None            # a vision-language model's visual engine
+    audio: AudioPlan | None = None              # a speech-to-text model's audio encoder and transcription speed

@@ -93,15 +93,16 @@ class AudioEncoderShape:
         block = 4 * (d * d + d) + 2 * d * self.ffn + self.ffn + d + 4 * d
         return convs + c * self.freq_bins * d + self.layers * block + 2 * d + (d * d + d) + (d * self.out + self.out)
 
-    def flops_per_token(self) -> float:
-        """FLOPs of one audio token of a full attention window (n_window_infer frames): its share of the chunk's three
-        convolutions, conv_out, the blocks' linears and their attention products within the window, the projection."""
+    def flops_per_token(self, attended: int | None = None) -> float:
+        """FLOPs of one audio token: its share of its chunk's three convolutions, conv_out, the blocks' linears, the
+        attention products over the `attended` tokens it is scored against (None: a full window of n_window_infer
+        frames, as transformers attends; Edge-LLM's graph scores the whole request under a mask), the projection."""
         c, d, chunk = self.conv_channels, self.width, 2 * self.n_window
         tokens = halved(chunk)
         # each convolution's outputs (c channels x frequency x time after it) times its 3x3 x input-channel MACs
         convs = sum(2 * 9 * (1 if i == 1 else c) * c * halved(self.mel_bins, i) * halved(chunk, i)
                     for i in range(1, CONVOLUTIONS + 1))
-        window = tokens * (self.n_window_infer // chunk)
+        window = tokens * (self.n_window_infer // chunk) if attended is None else attended
         blocks = self.layers * (2 * (4 * d * d + 2 * d * self.ffn) + 4 * d * window)
         return convs / tokens + 2 * c * self.freq_bins * d + blocks + 2 * (d * d + d * self.out)
 
@@ -118,10 +119,9 @@ def located(config: dict, paths: tuple[str, ...]) -> tuple[str, dict] | None:
 
 
 # speech models TensorRT Edge-LLM 0.11 exports (tensorrt_edgellm/scripts/export.py, by config.json's model_type) and
-# this pipeline does not plan yet: (name, what it is, what Edge-LLM exports of it)
+# this pipeline does not plan yet: (name, what it is, what Edge-LLM exports of it). Qwen3-ASR is planned (its family
+# record: families/records.py).
 SPEECH_MODELS = {
-    "qwen3_asr": ("Qwen3-ASR", "speech to text: an audio encoder beside a Qwen3 decoder",
-                  "models/qwen3_asr: audio/ and llm/ ONNX"),
     "nemotron3_5_asr": ("Nemotron-3.5-ASR", "speech to text: an RNN-T transducer",
                         "models/nemotron3_5_asr: its encoder and decoder/joint ONNX"),
     "qwen3_tts": ("Qwen3-TTS", "text to speech: a talker, a code predictor and Code2Wav",

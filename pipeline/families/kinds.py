@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.families.audio import AudioEncoderDesign
 from pipeline.families.visual import TowerDesign
 
 # what a hybrid decoder's layer (block) is: plan/parts/hybrid.py sizes each kind
@@ -214,6 +215,9 @@ class Family:
     # language model's config (the dimensions the planner reads)
     visual: TowerDesign | None = None
     text_config: str | None = None
+    # a speech-to-text model: its audio encoder's design (families/audio.py), whose tokens replace placeholders in the
+    # language model's prompt (the language model's config sits in text_config too)
+    audio: AudioEncoderDesign | None = None
     # its hub checkpoints may keep the language model's fields at the top level beside vision_config instead (as
     # transformers 4 saved Qwen2.5-VL; transformers 5 still loads them so, and saves them nested)
     flat_text_config: bool = False
@@ -231,7 +235,7 @@ class Family:
     def model_class(self) -> str | None:
         """transformers' class that loads the whole checkpoint where AutoModelForCausalLM does not (a vision-language
         family's own: transformers 5 maps none of them there); None: AutoModelForCausalLM."""
-        return self.architecture if self.visual is not None else None
+        return self.architecture if self.visual is not None or self.audio is not None else None
 
     @property
     def head_dim_keys(self) -> tuple[str, ...]:

@@ -83,6 +83,13 @@ class HubLayout:
     config: Callable[[dict, str], dict]     # the native config.json of one in this layout (InputError where it cannot)
     tensors: Callable[[str], list[tuple[str, int, int]]]    # a tensor's native (name, part, of parts); [] unknown
     description: str
+    # a top-level key only this layout's config.json has (where it names the same architecture as the native one)
+    marker: str | None = None
+
+    def matches(self, config: dict) -> bool:
+        archs = config.get("architectures")
+        arch = archs[0] if isinstance(archs, list) and archs else None
+        return arch == self.architecture and (self.marker is None or self.marker in config)
 
 
 def _internvl_chat_config(config: dict, source: str) -> dict:
@@ -146,15 +153,59 @@ def _internvl_chat_tensor(name: str) -> list[tuple[str, int, int]]:
     return [(native, 0, 1)] if native is not None else []
 
 
+QWEN3_ASR = "Qwen3ASRForConditionalGeneration"
+# the thinker's keys beside its two configs that the native config keeps at the top level
+THINKER_TOKEN_IDS = ("audio_token_id", "audio_start_token_id", "audio_end_token_id")
+# Qwen3-ASR's thinker tensor names and the native ones (the projection first: the encoder's pair would take it)
+QWEN3_ASR_THINKER_NAMES = (
+    ("thinker.audio_tower.proj1.{p}", "model.multi_modal_projector.linear_1.{p}"),
+    ("thinker.audio_tower.proj2.{p}", "model.multi_modal_projector.linear_2.{p}"),
+    ("thinker.audio_tower.{rest}", "model.audio_tower.{rest}"),
+    ("thinker.model.{rest}", "model.language_model.{rest}"),
+    ("thinker.lm_head.{p}", "lm_head.{p}"))
+
+
+def _qwen3_asr_thinker_config(config: dict, source: str) -> dict:
+    thinker = config.get("thinker_config")
+    problems = []
+    if not isinstance(thinker, dict):
+        problems.append(Problem(source, "thinker_config", thinker, "must hold Qwen3-ASR's audio_config and "
+                                "text_config (its original layout keeps them there)", "use the checkpoint's own "
+                                "config.json"))
+    else:
+        problems += [Problem(source, f"thinker_config.{key}", thinker.get(key), "must hold Qwen3-ASR's "
+                             f"{key.split('_')[0]} model's config", "use the checkpoint's own config.json")
+                     for key in ("audio_config", "text_config") if not isinstance(thinker.get(key), dict)]
+    if problems or not isinstance(thinker, dict):
+        raise InputError(problems)
+    audio = {k: v for k, v in thinker["audio_config"].items() if k not in DROPPED}
+    audio["model_type"] = "qwen3_asr_encoder"
+    text = {k: v for k, v in thinker["text_config"].items() if k not in DROPPED}
+    text["model_type"] = "qwen3"
+    native = {"architectures": [QWEN3_ASR], "model_type": "qwen3_asr", "audio_config": audio, "text_config": text,
+              "tie_word_embeddings": bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", True)))}
+    native |= {k: thinker[k] for k in THINKER_TOKEN_IDS if isinstance(thinker.get(k), int)}
+    return native
+
+
+def _qwen3_asr_thinker_tensor(name: str) -> list[tuple[str, int, int]]:
+    native = rename(name, QWEN3_ASR_THINKER_NAMES)
+    return [(native, 0, 1)] if native is not None else []
+
+
 LAYOUTS = (HubLayout(INTERNVL_CHAT, INTERNVL_NATIVE, _internvl_chat_config, _internvl_chat_tensor,
-                     "InternVL's chat layout (InternVLChatModel: llm_config, InternViT's names, qkv fused, mlp1)"),)
+                     "InternVL's chat layout (InternVLChatModel: llm_config, InternViT's names, qkv fused, mlp1)"),
+           HubLayout(QWEN3_ASR, QWEN3_ASR, _qwen3_asr_thinker_config, _qwen3_asr_thinker_tensor,
+                     "Qwen3-ASR's original layout (thinker_config; thinker.model, thinker.audio_tower with its "
+                     "proj1/proj2)",
+                     marker="thinker_config"))
 
 
 def hub_layout(config: dict) -> HubLayout | None:
     """The layout a config.json is in, where it is one of these (None: a native one, or unknown)."""
-    archs = config.get("architectures") if isinstance(config, dict) else None
-    arch = archs[0] if isinstance(archs, list) and archs else None
-    return next((layout for layout in LAYOUTS if layout.architecture == arch), None)
+    if not isinstance(config, dict):
+        return None
+    return next((layout for layout in LAYOUTS if layout.matches(config)), None)
 
 
 def native_config(config: dict, source: str) -> dict:

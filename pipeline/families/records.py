@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from pipeline.families import visual
+from pipeline.families.audio import QWEN3_ASR_AUDIO
 from pipeline.families.kinds import (
     ATTENTION,
     GATED_DELTA_NET,
@@ -43,6 +44,10 @@ GEMMA4_EXPERTS = MoeLayout(count=("num_experts",), active=("top_k_experts",), no
 QWEN2_5_VL, QWEN3_VL = "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration"
 INTERNVL = "InternVLForConditionalGeneration"
 VISION_LANGUAGE = (QWEN2_5_VL, QWEN3_VL, INTERNVL)
+# speech to text: an audio encoder whose tokens replace <|audio_pad|> placeholders in a Qwen3 decoder's prompt (the
+# hub's original checkpoints keep both under thinker_config: families/layouts.py maps them onto this native layout)
+QWEN3_ASR = "Qwen3ASRForConditionalGeneration"
+SPEECH_TO_TEXT = (QWEN3_ASR,)
 QWEN3_MOE, GPT_OSS = "Qwen3MoeForCausalLM", "GptOssForCausalLM"
 # the same on every backend here: where it does run on a Jetson
 GPT_OSS_WHERE = ("gpt-oss (MXFP4 experts with attention sinks) has no path in TensorRT Edge-LLM 0.11 or TensorRT-LLM "
@@ -168,4 +173,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(INTERNVL, "InternVL3", ("InternVL3 1B / 2B / 8B (original or -hf)",), "InternVLConfig", attention_bias=True,
            visual=visual.INTERNVL3_TOWER, text_config="text_config",
            notes="an InternViT tower, 448-pixel tiles, pixel shuffle to 256 tokens each, before a Qwen2.5 decoder"),
+    Family(QWEN3_ASR, "Qwen3-ASR", ("Qwen3-ASR 0.6B / 1.7B (original or -hf)",), "Qwen3ASRConfig", qk_norm=True,
+           audio=QWEN3_ASR_AUDIO, text_config="text_config",
+           notes="speech to text: a Whisper-style audio encoder (13 tokens a second) before a Qwen3 decoder"),
 )

@@ -59,11 +59,11 @@ def activation_bytes(shape: ModelShape, limits: BuildLimits, sm: float = 0.0) ->
 
 def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat, limits: BuildLimits,
                 runtime_overhead: int, usable: int, usable_headless: int, draft: int = 0,
-                visual: int = 0, sm: float = 0.0) -> MemoryPlan:
-    """draft, visual: the bytes of an EAGLE-3 draft engine and of a visual engine beside the model's (counted at the
-    recipe's limits, constant while the searches below vary the language model's). sm: the target's (a part's kernels
-    may take a workspace on some). A fixed-size state (a hybrid's recurrent layers) is one slot per sequence of the
-    batch, whatever max_seq_len."""
+                visual: int = 0, sm: float = 0.0, audio: int = 0) -> MemoryPlan:
+    """draft, visual, audio: the bytes of an EAGLE-3 draft engine, a visual and an audio encoder engine beside the
+    model's (counted at the recipe's limits, constant while the searches below vary the language model's). sm: the
+    target's (a part's kernels may take a workspace on some). A fixed-size state (a hybrid's recurrent layers) is one
+    slot per sequence of the batch, whatever max_seq_len."""
     weights, embedding, lm_head = weight_bytes(shape, fmt, group_size)
     overhead = runtime_overhead   # the backend's runtime beside weights, KV cache and activations
 
@@ -71,12 +71,12 @@ def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv
         lim = BuildLimits.of(batch, min(limits.max_input_len, seq - 1), seq)
         # the draft is counted at the recipe's limits (a small share next to the base; kept constant here)
         return weights + embedding + lm_head + kv_bytes(shape, kv, seq, batch) + activation_bytes(shape, lim, sm) + \
-            shape.recurrent_state_bytes(batch) + overhead + draft + visual
+            shape.recurrent_state_bytes(batch) + overhead + draft + visual + audio
 
     kv_cache = kv_bytes(shape, kv, limits.max_seq_len, limits.max_batch_size)
     activations = activation_bytes(shape, limits, sm)
     recurrent = shape.recurrent_state_bytes(limits.max_batch_size)
-    total = weights + embedding + lm_head + kv_cache + recurrent + activations + overhead + draft + visual
+    total = weights + embedding + lm_head + kv_cache + recurrent + activations + overhead + draft + visual + audio
 
     # Largest max_seq_len at the recipe's batch, and largest batch at the recipe's max_seq_len (0 = not even one).
     lo, hi = 0, shape.max_position_embeddings
@@ -92,7 +92,7 @@ def plan_memory(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv
                       activations=activations, runtime_overhead=overhead, total=total, usable=usable,
                       usable_headless=usable_headless, fits=total <= usable, fits_headless=total <= usable_headless,
                       margin=usable - total, max_seq_len_that_fits=max_seq, max_batch_that_fits=max_batch,
-                      draft=draft, visual=visual, recurrent_state=recurrent)
+                      draft=draft, visual=visual, recurrent_state=recurrent, audio=audio)
 
 
 def decode_bytes_per_token(shape: ModelShape, fmt: WeightFormat, group_size: int | None, kv: KVFormat,

@@ -124,9 +124,14 @@ def make_plan(req: PlanRequest) -> Plan:
     if visual is None and req.visual is not None:
         refused.append("build.visual sets an image-token profile, but the model has no visual tower: remove "
                        "[build.visual] or use a vision-language model")
+    audio = req.shape.audio_plan(t, req.limits, req.audio_max_seconds, refused, fit_data())
+    if audio is None and req.audio_max_seconds is not None:
+        refused.append("build.audio sets the longest recording, but the model has no audio encoder: remove "
+                       "[build.audio] or use a speech-to-text model")
     memory = plan_memory(req.shape, fmt, group_size, kv, req.limits, engine.runtime_overhead,
                          t.usable_bytes, t.usable_headless_bytes, draft_mem.total if draft_mem else 0,
-                         visual.weights + visual.activations if visual else 0, t.sm_float)
+                         visual.weights + visual.activations if visual else 0, t.sm_float,
+                         audio.weights + audio.activations if audio else 0)
     _memory_verdict(req, fmt, memory, refused, warnings)
     memory, on_board = _build_memory(req, engine, fmt, memory)     # shown with its commands by render_table
 
@@ -138,6 +143,12 @@ def make_plan(req: PlanRequest) -> Plan:
                            "build.visual.max_image_tokens")
         if visual.vit_ms is not None and ttft is not None:
             visual = dataclasses.replace(visual, ttft_ms=round(visual.vit_ms + ttft, 1))
+    if audio is not None:
+        from pipeline.plan.prediction import ttft_ms
+
+        def prefill_ms(tokens: int) -> float | None:
+            return ttft_ms(req.shape, fmt.name, t.id, tokens, mode, fit_data())
+        audio = req.shape.audio_speed(audio, t.id, by_mode.get(mode), prefill_ms, fit_data(), req.model_label)
     from pipeline.plan.buildmem import build_seconds, externalized_kinds
     build_s = build_seconds(memory.weights + memory.embedding + memory.lm_head, on_board.swap_bytes > 0)
     ok = not refused
@@ -159,7 +170,7 @@ def make_plan(req: PlanRequest) -> Plan:
         refused=refused, warnings=warnings, speculative=speculative, device_build_commands=argvs,
         build_on_board=on_board, predicted_ttft_ms=ttft, externalized_weights=list(
             externalized_kinds(on_board, req.shape.keeps_dense_ffn(), req.shape.externalizable())),
-        predicted_build_s=build_s, visual=visual)
+        predicted_build_s=build_s, visual=visual, audio=audio)
 
 
 def _draft(req: PlanRequest, engine: backends.Backend, backend: str | None, refused: list[str],
@@ -213,7 +224,8 @@ def _memory_verdict(req: PlanRequest, fmt, memory, refused: list[str], warnings:
                 f"{gb(memory.embedding)}, lm_head {gb(memory.lm_head)}, KV cache {gb(memory.kv_cache)}, "
                 + (f"recurrent state {gb(memory.recurrent_state)}, " if memory.recurrent_state else "")
                 + (f"draft {gb(memory.draft)}, " if memory.draft else "")
-                + (f"visual engine {gb(memory.visual)}, " if memory.visual else "") +
+                + (f"visual engine {gb(memory.visual)}, " if memory.visual else "")
+                + (f"audio encoder {gb(memory.audio)}, " if memory.audio else "") +
                 f"activations {gb(memory.activations)}, runtime {gb(memory.runtime_overhead)}) but {t.id} has "
                 f"{gb(memory.usable)} usable ({gb(memory.usable_headless)} headless); short by "
                 f"{gb(-memory.margin)}. Try: {'; '.join(fix)}.")
@@ -268,9 +280,9 @@ def render_table(plan: Plan) -> str:
     lines.append(f"  limits       batch {lim.max_batch_size}, input {lim.max_input_len}, "
                  f"seq {lim.max_seq_len}, group size {q.group_size}")
     if m:
-        for key in ("weights", "embedding", "lm_head", "kv_cache", "recurrent_state", "draft", "visual", "activations",
-                    "runtime_overhead"):
-            if key in ("draft", "visual", "recurrent_state") and not getattr(m, key):
+        for key in ("weights", "embedding", "lm_head", "kv_cache", "recurrent_state", "draft", "visual", "audio",
+                    "activations", "runtime_overhead"):
+            if key in ("draft", "visual", "audio", "recurrent_state") and not getattr(m, key):
                 continue
             lines.append(f"  {key.replace('_overhead', '').replace('_state', ''):<12} {gb(getattr(m, key)):>10}")
         lines.append(f"  {'total':<12} {gb(m.total):>10} of {gb(m.usable)} usable "

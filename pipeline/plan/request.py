@@ -41,3 +41,4 @@ class PlanRequest:
     draft: DraftRequest | None = None
     visual: VisualLimits | None = None      # a vision-language model's image-token profile (None: the defaults)
     visual_precision: str = UNQUANTIZED.name    # its tower's weights: a VISUAL_FORMATS name (pipeline/formats.py)
+    audio_max_seconds: int | None = None    # a speech-to-text model's longest recording a request (None: the default)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -28,7 +29,7 @@ from pipeline.plan.parts.layers import LayerGeometry, PerLayer, PerLayerInputs
 from pipeline.plan.parts.tower import TowerShape
 
 if TYPE_CHECKING:
-    from pipeline.contract import BuildLimits, VisualLimits, VisualPlan
+    from pipeline.contract import AudioPlan, BuildLimits, VisualLimits, VisualPlan
     from pipeline.formats import WeightFormat
     from pipeline.plan.targets import TargetProfile
 
@@ -227,6 +228,17 @@ class ModelShape:
         """The engine beside the language model's (a visual tower's), None where the model has none."""
         return next((v for p in self.parts if (v := p.visual_plan(target, build, limits, precision, refused, fit))
                      is not None), None)
+
+    def audio_plan(self, target: TargetProfile, build: BuildLimits, max_seconds: int | None, refused: list[str],
+                   fit: dict | None) -> AudioPlan | None:
+        """A speech-to-text model's audio encoder engine, None where the model has none."""
+        return next((a for p in self.parts if (a := p.audio_plan(target, build, max_seconds, refused, fit))
+                     is not None), None)
+
+    def audio_speed(self, audio: AudioPlan, target: str, decode_tok_s: float | None,
+                    prefill_ms: Callable[[int], float | None], fit: dict, model: str) -> AudioPlan:
+        return next((a for p in self.parts if (a := p.audio_speed(audio, target, decode_tok_s, prefill_ms, fit, model))
+                     is not None), audio)
 
     def default_visual_limits(self, max_input_len: int) -> VisualLimits | None:
         return next((v for p in self.parts if (v := p.default_visual_limits(max_input_len)) is not None), None)

@@ -215,7 +215,8 @@ def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str
                       group_size=recipe.quantization.group_size or held_group_size(config),
                       power_mode=b.power_mode, recipe=recipe.name,
                       draft=draft_req, visual=visual_limits(b.visual, shape, limits),
-                      visual_precision=recipe.quantization.visual)
+                      visual_precision=recipe.quantization.visual,
+                      audio_max_seconds=b.audio.max_seconds if b.audio else None)
     plan = make_plan(req)
     if plan.visual is not None and recipe.validation.images:
         from pipeline.plan.parts.tower import image_refusals

@@ -102,6 +102,13 @@ class VisualSettings:
 
 
 @dataclass(frozen=True)
+class AudioSettings:
+    """[build.audio]: a speech-to-text model's longest recording a request (plan/parts/audio.py)."""
+    max_seconds: int | None = setting(None, min=1, max=3600, doc="the longest recording one request takes, in "
+                                      "seconds (default 30: Edge-LLM's audio_build --maxTimeSteps 3000)")
+
+
+@dataclass(frozen=True)
 class BuildSettings:
     max_batch_size: int = setting(1, min=1, max=MAX_BATCH_SIZE)
     max_input_len: int = setting(1024, min=1, max=MAX_CONTEXT - 1)
@@ -111,6 +118,7 @@ class BuildSettings:
                                    "target's family (each build takes the first free one)")
     power_mode: str | None = setting(None)
     visual: VisualSettings = setting(None)
+    audio: AudioSettings = setting(None)
 
 
 @dataclass(frozen=True)

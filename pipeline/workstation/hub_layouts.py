@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.families.layouts import IMAGENET_MEAN, IMAGENET_STD, HubLayout, hub_layout
+from pipeline.families.layouts import IMAGENET_MEAN, IMAGENET_STD, INTERNVL_CHAT, HubLayout, hub_layout
 from pipeline.files import write_atomic
 
 IMAGE_PLACEHOLDER = "<IMG_CONTEXT>"
@@ -39,13 +39,15 @@ def convert(model_dir: Path, source: str) -> str | None:
     if layout is None:
         return None
     native = layout.config(config, str(config_path))
-    native["image_token_id"] = _placeholder_id(model_dir, source)
+    extras = EXTRAS.get(layout.architecture)
+    if extras is not None:
+        native["image_token_id"] = _placeholder_id(model_dir, source)
     # the native config first: nothing below may see the layout's auto_map (transformers would offer to run the
     # checkpoint's code); a failure leaves the fetch stage's output unpublished
     write_atomic(config_path, (json.dumps(native, indent=2) + "\n").encode())
     _convert_tensors(model_dir, layout, source)
-    _write_processor(model_dir, config)
-    _write_template(model_dir, source)
+    if extras is not None:
+        extras(model_dir, config, source)
     return layout.description
 
 
@@ -101,6 +103,11 @@ def _write_processor(model_dir: Path, config: dict) -> None:
     write_atomic(model_dir / "preprocessor_config.json", (json.dumps(processor, indent=2) + "\n").encode())
 
 
+def _internvl_extras(model_dir: Path, config: dict, source: str) -> None:
+    _write_processor(model_dir, config)
+    _write_template(model_dir, source)
+
+
 def _write_template(model_dir: Path, source: str) -> None:
     """The checkpoint's chat template where it places an image part's placeholder, else CHAT_TEMPLATE."""
     from transformers import AutoTokenizer
@@ -121,3 +128,8 @@ def _write_template(model_dir: Path, source: str) -> None:
     from pipeline.progress import terminal
     print(f"{source}: the checkpoint's chat template does not place an image part; the fetch wrote InternVL's "
           "(ChatML, the image as <img><IMG_CONTEXT></img>)", file=terminal())
+
+
+# what a layout needs beside its config and tensors (InternVL's chat layout: the image processor's settings and a chat
+# template that places its placeholder; Qwen3-ASR's thinker layout needs nothing more)
+EXTRAS = {INTERNVL_CHAT: _internvl_extras}

@@ -79,3 +79,61 @@ def test_the_encoders_flops_per_token_are_what_torch_counts_for_one_attention_wi
     tokens = QWEN3_ASR_AUDIO.audio_tokens(8.0, 50)
     assert tokens == 104 and hidden.reshape(-1, 48).shape[0] == tokens
     assert counter.get_total_flops() / tokens == pytest.approx(shape_of(audio).flops_per_token(), rel=1e-9)
+
+
+def test_the_exported_graphs_flops_are_what_torch_counts_in_edgellms_own_encoder():
+    """Edge-LLM 0.11's encoder (the module it exports as audio/model.onnx) scores every token of the request against
+    every other under a mask: torch's FLOP counter over its forward on four one-second chunks equals the plan's
+    count with every token attending to all 52 (plan/parts/audio.py AudioEncoder.flops)."""
+    from tensorrt_edgellm import config as edgellm_config
+    from tensorrt_edgellm.models.qwen3_asr.modeling_qwen3_asr_audio import QwenAudioEncoder
+    from torch.utils.flop_counter import FlopCounterMode
+    model_config = edgellm_config.ModelConfig(
+        model_type="qwen3", hidden_size=48, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=64, head_dim=24, rms_norm_eps=1e-6, vocab_size=300, rope_theta=1e6,
+        max_position_embeddings=128, default_attention_scale=1.0)
+    audio = dict(d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=96, output_dim=48,
+                 downsample_hidden_size=16, num_mel_bins=128, n_window=50, n_window_infer=800)
+    encoder = QwenAudioEncoder(num_mel_bins=128, d_model=64, num_layers=2, num_heads=4, ffn_dim=96, output_dim=48,
+                               downsample_hidden=16, attention_scale=0.25, model_config=model_config).half().eval()
+    chunks = 4
+    tokens = QWEN3_ASR_AUDIO.audio_tokens(chunks, 50)
+    assert tokens == 52
+    # the runtime's inputs: the chunks' mel frames, each valid token's (chunk, step), the additive mask
+    index = torch.stack([torch.arange(tokens) // 13, torch.arange(tokens) % 13], 1)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        out = encoder(torch.randn(chunks, 128, 100).half(), index, torch.zeros(tokens, tokens).half())
+    assert out.shape == (tokens, 48)
+    assert counter.get_total_flops() == tokens * shape_of(audio).flops_per_token(attended=tokens)
+
+
+def test_the_thinker_layouts_names_are_transformers_and_edgellms_own():
+    """Every tensor transformers' Qwen3-ASR holds has one name in the original (thinker) layout, mapped back to itself
+    (families/layouts.py); the encoder's thinker names, its projection inside it, are the parameters of Edge-LLM's
+    encoder module, which its exporter loads under `thinker.audio_tower.`."""
+    from tensorrt_edgellm import config as edgellm_config
+    from tensorrt_edgellm.models.qwen3_asr.modeling_qwen3_asr_audio import QwenAudioEncoder
+
+    from pipeline.families.layouts import QWEN3_ASR_THINKER_NAMES, hub_layout, rename
+    audio, text = SIZES["0.6B"]
+    small_audio = {**audio, "encoder_layers": 2}
+    config = Qwen3ASRConfig(audio_config=dict(small_audio), text_config={**text, "num_hidden_layers": 2},
+                            tie_word_embeddings=False)
+    with torch.device("meta"):
+        native = set(Qwen3ASRForConditionalGeneration(config).state_dict())
+    thinker = {rename(n, QWEN3_ASR_THINKER_NAMES, to_native=False): n for n in native}
+    assert None not in thinker and len(thinker) == len(native)
+    layout = hub_layout({"architectures": ["Qwen3ASRForConditionalGeneration"], "thinker_config": {}})
+    assert all(layout.tensors(t) == [(n, 0, 1)] for t, n in thinker.items())
+    model_config = edgellm_config.ModelConfig(
+        model_type="qwen3", hidden_size=1024, num_hidden_layers=1, num_attention_heads=16, num_key_value_heads=8,
+        intermediate_size=3072, head_dim=128, rms_norm_eps=1e-6, vocab_size=300, rope_theta=1e6,
+        max_position_embeddings=128, default_attention_scale=1.0)
+    with torch.device("meta"):
+        edgellm = QwenAudioEncoder(num_mel_bins=128, d_model=896, num_layers=2, num_heads=14, ffn_dim=3584,
+                                   output_dim=1024, downsample_hidden=480, attention_scale=1 / 8,
+                                   model_config=model_config)
+    expected = {f"thinker.audio_tower.{n}" for n, _ in edgellm.named_parameters()}
+    assert {t for t in thinker if t.startswith("thinker.audio_tower.")} == expected
+    assert {t for t in thinker if not t.startswith("thinker.audio_tower.")} == \
+        {t for t in thinker if t.startswith(("thinker.model.", "thinker.lm_head."))}

@@ -21,13 +21,14 @@ Standard library only, and nothing of the planner above: parts sit under the sha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pipeline.errors import Problem
 
 if TYPE_CHECKING:
-    from pipeline.contract import BuildLimits, Plan, VisualLimits, VisualPlan
+    from pipeline.contract import AudioPlan, BuildLimits, Plan, VisualLimits, VisualPlan
     from pipeline.families.kinds import Family, Support
     from pipeline.formats import WeightFormat
     from pipeline.plan.targets import TargetProfile
@@ -227,6 +228,17 @@ class Part:
 
     def default_visual_limits(self, max_input_len: int) -> VisualLimits | None:
         """The image profile the plan gives this part where the recipe sets none (None: it takes no images)."""
+        return None
+
+    # -- an audio encoder's engine beside the language model's (plan/parts/audio.py)
+    def audio_plan(self, target: TargetProfile, build: BuildLimits, max_seconds: int | None, refused: list[str],
+                   fit: dict | None) -> AudioPlan | None:
+        return None
+
+    def audio_speed(self, audio: AudioPlan, target: str, decode_tok_s: float | None,
+                    prefill_ms: Callable[[int], float | None], fit: dict, model: str) -> AudioPlan | None:
+        """`audio` (this part's plan) with the model's transcription speed, once the decoder's is predicted (its
+        decode rate, and its prefill time for a prompt of n tokens)."""
         return None
 
     # -- the plan table
