@@ -59,6 +59,12 @@ def tower_ops() -> list:
     return [vit_attention_op(), *float32_accumulating_ops(), *exact_elementwise_ops()]
 
 
+def encoder_ops() -> list:
+    """What an audio encoder's graph needs under the reference evaluator (plain ONNX, explicit attention):
+    FP32-accumulating MatMul/Gemm and whole-array Sigmoid/Erf (the encoder check here and the audio engine double)."""
+    return [*float32_accumulating_ops(), *exact_elementwise_ops()]
+
+
 def exact_elementwise_ops() -> list:
     """Sigmoid and Erf as ONNX's reference evaluator computes them (each element in float64, rounded to the input's
     dtype), bit for bit, over whole arrays: the reference calls a Python function per element (np.vectorize), and a

@@ -1,0 +1,81 @@
+"""export (edgellm backend, speech-to-text models): the audio encoder as Edge-LLM 0.11 ONNX (audio/), checked against
+transformers' model (workstation/audio_check.py).
+
+What Edge-LLM 0.11's exporter does with Qwen3-ASR's encoder (read from the 0.11.0 wheel: tensorrt_edgellm/scripts/
+export.py `_export_audio`, onnx/export_encoder.py `export_audio_onnx`, models/qwen3_asr/modeling_qwen3_asr_audio.py):
+
+- `tensorrt-edgellm-export CKPT OUT --skip-llm` (`python -m tensorrt_edgellm.scripts.export`) writes OUT/audio/:
+  model.onnx + model.onnx.data (FP16) and config.json (model_type qwen3_asr_thinker, audio_config, and the audio
+  token ids it finds in thinker_config: audioRunner.cpp reads audio_token_id there).
+- It reads the encoder from the checkpoint's tensors under `thinker.audio_tower.` (or `audio_tower.`,
+  `model.audio_tower.`) with its projection inside it (proj1, proj2): the original layout. transformers' -hf layout,
+  the one this pipeline builds from, keeps the projection beside the encoder (multi_modal_projector.linear_1/2), which
+  its loader would not find. So it reads a directory written for it here: the encoder's tensors in FP16 under their
+  thinker names (families/layouts.py QWEN3_ASR_THINKER_NAMES) and config.json in the thinker layout; nothing else.
+- Its encoder is built in FP16 and its FP16 linears refuse float32 input: the tensors it reads must be FP16.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.families.layouts import QWEN3_ASR_THINKER_NAMES, THINKER_TOKEN_IDS, rename
+
+AUDIO_DIR = "audio"
+EXPORT_TIMEOUT_S = 3600
+ENCODER_MODULES = ("model.audio_tower.", "model.multi_modal_projector.")
+
+
+def thinker_config(native: dict) -> dict:
+    """A native (-hf) Qwen3-ASR config.json in the original thinker layout Edge-LLM's exporter reads."""
+    thinker = {"audio_config": native["audio_config"], "text_config": native["text_config"]}
+    thinker |= {k: native[k] for k in THINKER_TOKEN_IDS if isinstance(native.get(k), int)}
+    return {"architectures": native["architectures"], "model_type": "qwen3_asr", "thinker_config": thinker}
+
+
+def write_export_input(model_dir: Path, out: Path) -> Path:
+    """The directory Edge-LLM's exporter reads the encoder from (the module docstring says why it is written)."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as fh:
+            for name in fh.keys():
+                if name.startswith(ENCODER_MODULES):
+                    thinker = rename(name, QWEN3_ASR_THINKER_NAMES, to_native=False)
+                    if thinker is None:
+                        raise PipelineError(f"{shard}: {name} has no name in Qwen3-ASR's original layout",
+                                            "use a Qwen3-ASR checkpoint as transformers saves it")
+                    tensors[thinker] = fh.get_tensor(name).to(torch.float16).contiguous()
+    if not tensors:
+        raise PipelineError(f"{model_dir}: no audio encoder tensors ({', '.join(ENCODER_MODULES)})",
+                            "fetch the whole checkpoint")
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    native = json.loads((model_dir / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(thinker_config(native), indent=2) + "\n")
+    return out
+
+
+def export_audio(model_dir: Path, work: Path, out: Path) -> Path:
+    """Edge-LLM's audio/ export of the checkpoint at `model_dir` (native layout) under `out`; `work` holds the
+    exporter's input. Returns the graph's path."""
+    source = write_export_input(model_dir, work)
+    argv = [sys.executable, "-m", "tensorrt_edgellm.scripts.export", str(source), str(out), "--skip-llm"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise PipelineError(f"Edge-LLM's audio export of {model_dir} took over {EXPORT_TIMEOUT_S} s",
+                            "see the machine's load; run the export again") from None
+    graph = out / AUDIO_DIR / "model.onnx"
+    if done.returncode != 0 or not graph.is_file():
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise PipelineError(f"Edge-LLM's audio export of {model_dir} failed (exit {done.returncode}): "
+                            + " | ".join(tail), "see the exporter's message above")
+    return graph
