@@ -70,3 +70,30 @@ def test_a_graph_that_computes_otherwise_is_refused(exported):
     finally:
         with torch.no_grad():
             model.model.audio_tower.ln_post.bias.sub_(0.05)
+
+
+def test_a_checkpoint_in_the_original_thinker_layout_is_rewritten_as_transformers_loads_it(exported, tmp_path):
+    """The fetch's rewrite (workstation/hub_layouts.py) of Qwen3-ASR's original layout: the thinker config and tensor
+    names become the native ones, and transformers loads every tensor of it unchanged."""
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen3ASRForConditionalGeneration
+
+    from pipeline.families.layouts import QWEN3_ASR_THINKER_NAMES, rename
+    from pipeline.workstation.audio_export import thinker_config
+    from pipeline.workstation.hub_layouts import convert
+    hf = exported[0].parents[2] / "hf"
+    native = load_file(str(hf / "model.safetensors"))
+    original = tmp_path / "original"
+    original.mkdir()
+    save_file({rename(k, QWEN3_ASR_THINKER_NAMES, to_native=False): v for k, v in native.items()},
+              str(original / "model.safetensors"), metadata={"format": "pt"})
+    (original / "config.json").write_text(json.dumps(thinker_config(json.loads((hf / "config.json").read_text()))))
+    assert convert(original, "hf:Qwen/Qwen3-ASR-0.6B").startswith("Qwen3-ASR's original layout")
+    config = json.loads((original / "config.json").read_text())
+    assert "thinker_config" not in config and config["audio_config"]["d_model"] == 64
+    assert config["audio_token_id"] == 500 and config["text_config"]["hidden_size"] == 48
+    rewritten = load_file(str(original / "model.safetensors"))
+    assert rewritten.keys() == native.keys()
+    assert all(torch.equal(rewritten[k], native[k]) for k in native)
+    model = Qwen3ASRForConditionalGeneration.from_pretrained(original)
+    assert all(torch.equal(model.state_dict()[k], native[k]) for k in native)
