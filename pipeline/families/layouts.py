@@ -188,6 +188,14 @@ def _qwen3_asr_thinker_config(config: dict, source: str) -> dict:
     return native
 
 
+def thinker_config(native: dict) -> dict:
+    """The inverse of _qwen3_asr_thinker_config: a native (-hf) Qwen3-ASR config.json in the original thinker layout
+    (what Edge-LLM's exporter reads: workstation/audio_export.py)."""
+    thinker = {"audio_config": native["audio_config"], "text_config": native["text_config"]}
+    thinker |= {k: native[k] for k in THINKER_TOKEN_IDS if isinstance(native.get(k), int)}
+    return {"architectures": native["architectures"], "model_type": "qwen3_asr", "thinker_config": thinker}
+
+
 def _qwen3_asr_thinker_tensor(name: str) -> list[tuple[str, int, int]]:
     native = rename(name, QWEN3_ASR_THINKER_NAMES)
     return [(native, 0, 1)] if native is not None else []

@@ -23,18 +23,11 @@ import sys
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.families.layouts import QWEN3_ASR_THINKER_NAMES, THINKER_TOKEN_IDS, rename
+from pipeline.families.layouts import QWEN3_ASR_THINKER_NAMES, rename, thinker_config
 
 AUDIO_DIR = "audio"
 EXPORT_TIMEOUT_S = 3600
 ENCODER_MODULES = ("model.audio_tower.", "model.multi_modal_projector.")
-
-
-def thinker_config(native: dict) -> dict:
-    """A native (-hf) Qwen3-ASR config.json in the original thinker layout Edge-LLM's exporter reads."""
-    thinker = {"audio_config": native["audio_config"], "text_config": native["text_config"]}
-    thinker |= {k: native[k] for k in THINKER_TOKEN_IDS if isinstance(native.get(k), int)}
-    return {"architectures": native["architectures"], "model_type": "qwen3_asr", "thinker_config": thinker}
 
 
 def write_export_input(model_dir: Path, out: Path) -> Path:

@@ -83,6 +83,15 @@ def test_a_damaged_audio_config_names_the_field():
     fields = {p.field: p.message for p in e.value.problems}
     assert "the language model's hidden_size (1024)" in fields["audio_config.output_dim"]
     assert "2 x n_window = 100 frames" in fields["audio_config.n_window_infer"]
+    huge = json.loads(json.dumps(NATIVE))
+    huge["audio_config"]["encoder_layers"] = 10**30
+    huge["audio_config"]["d_model"] = True
+    with pytest.raises(InputError) as e:
+        shape_from_config(huge, "m/config.json")
+    assert [(p.field, p.message) for p in e.value.problems] == [
+        ("audio_config.encoder_layers", "must be a positive integer up to 1048576"),
+        ("audio_config.d_model", "must be a positive integer up to 1048576")]
+    assert e.value.problems[0].value == "100000000000... (31 digits)"
     with pytest.raises(InputError) as e:
         shape_from_config({**ORIGINAL, "thinker_config": {"text_config": TEXT}}, "m/config.json")
     assert [p.field for p in e.value.problems] == ["thinker_config.audio_config"]

@@ -78,8 +78,7 @@ def test_a_checkpoint_in_the_original_thinker_layout_is_rewritten_as_transformer
     from safetensors.torch import load_file, save_file
     from transformers import Qwen3ASRForConditionalGeneration
 
-    from pipeline.families.layouts import QWEN3_ASR_THINKER_NAMES, rename
-    from pipeline.workstation.audio_export import thinker_config
+    from pipeline.families.layouts import QWEN3_ASR_THINKER_NAMES, rename, thinker_config
     from pipeline.workstation.hub_layouts import convert
     hf = exported[0].parents[2] / "hf"
     native = load_file(str(hf / "model.safetensors"))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from pipeline.families.audio import AudioEncoderDesign, AudioEncoderShape, halved, located
-from pipeline.plan.parts.base import ConfigReader, Part
+from pipeline.plan.parts.base import ConfigReader, Part, int_field
 
 if TYPE_CHECKING:
     from pipeline.contract import AudioPlan, BuildLimits, Plan
@@ -52,22 +52,17 @@ class AudioEncoder(Part):
                                        f"must hold the audio encoder's config ({r.family.name} keeps it there)"))
             return None
         path, ac = found
-        bad: list[str] = []
+        before = len(r.problems)
 
-        def need(key: str, default: int | None = None, low: int = 1) -> int:
-            value = ac.get(key, default)
-            if isinstance(value, int) and not isinstance(value, bool) and low <= value <= BOUND:
-                return value
-            bad.append(key)
-            r.problems.append(_problem(r, f"{path}.{key}", value, f"must be an integer from {low} to {BOUND}"))
-            return 1
+        def need(key: str, default: int | None = None) -> int:
+            return int_field(ac, key, BOUND, r.problems, r.source, f"{path}.", default=default)
 
         shape = AudioEncoderShape(
             mel_bins=need("num_mel_bins", 128), layers=need("encoder_layers"), width=need("d_model"),
             heads=need("encoder_attention_heads"), ffn=need("encoder_ffn_dim"), out=need("output_dim"),
             conv_channels=need("downsample_hidden_size", 480), n_window=need("n_window", 50),
             n_window_infer=need("n_window_infer", 800))
-        if bad:
+        if len(r.problems) > before:
             return None
         hidden = r.dims.get("hidden_size")
         if shape.out != hidden:
