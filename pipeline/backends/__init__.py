@@ -3,7 +3,7 @@
     trtllm-0.12   TensorRT-LLM 0.12 (JetPack 6, Orin): checkpoint/ -> trtllm-build -> the executor (serve session)
     edgellm       TensorRT Edge-LLM (JetPack 7): onnx/ -> llm_build -> llm_inference
 
-Callers ask the record (`get(name).payload`, `.build_commands(limits, draft, visual)`, `.check_argv(argv)`,
+Callers ask the record (`get(name).payload`, `.build_commands(limits, draft, visual, audio)`, `.check_argv(argv)`,
 `.build_memory(...)`, `.export_summary(record)`) and never compare backend names. Its
 callables are typed attributes, so mypy checks every call. The two halves' own steps register per backend beside the
 code that runs them (the workstation's exporters: pipeline/workstation/exporters.py; the device's validation
@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.contract import BuildLimits, ExportRecord, GoldenPrompt, NearTie, PromptResult, Speculative, VisualLimits
+from pipeline.contract import (
+    AudioProfile,
+    BuildLimits,
+    ExportRecord,
+    GoldenPrompt,
+    NearTie,
+    PromptResult,
+    Speculative,
+    VisualLimits,
+)
 from pipeline.errors import PipelineError
 from pipeline.families.kinds import Family, Support
 
@@ -132,8 +141,10 @@ class Backend:
     export_depends_on_sm: bool  # its export differs per target SM (Edge-LLM's ONNX), else one per model
     export_tools: tuple[str, ...]   # distributions whose versions decide the export's bytes
     builders: dict[str, Callable[[list[str]], list[str]]]   # program -> its argv checker (its flag table and rules)
-    # argvs, in the unpacked kit, from the limits, an EAGLE-3 draft and a vision-language model's image profile
-    build_commands: Callable[[BuildLimits, Speculative | None, VisualLimits | None], list[list[str]]]
+    # argvs, in the unpacked kit, from the limits, an EAGLE-3 draft, a vision-language model's image profile and a
+    # speech model's audio profile
+    build_commands: Callable[[BuildLimits, Speculative | None, VisualLimits | None, AudioProfile | None],
+                             list[list[str]]]
     output_flag: str            # the build command's flag naming the engine directory (the device stages it)
     # the build's peak by part from (engine weight bytes, activation bytes, INT4 FFN bytes kept outside the engine)
     build_memory: Callable[[int, int, int], BuildMemory]
@@ -162,16 +173,17 @@ class Backend:
         return self.builders[argv[0]](argv)
 
     def command_problems(self, limits: BuildLimits, speculative: Speculative | None,
-                         argvs: list[list[str]] | None, visual: VisualLimits | None = None) -> list[str]:
+                         argvs: list[list[str]] | None, visual: VisualLimits | None = None,
+                         audio: AudioProfile | None = None) -> list[str]:
         """Why a (signed) plan's build commands must not run here: limits no engine has, a program or flag this
         backend does not build with, or any difference from the commands this version makes from the plan's own
         limits (a second output directory, a checkpoint path outside the kit, limits that disagree with the plan)."""
-        problems = list(limits.problems()) + (visual.problems() if visual else [])
+        problems = list(limits.problems()) + (visual.problems() if visual else []) + (audio.problems() if audio else [])
         for argv in argvs or []:
             problems += self.check_argv(argv)
-        if not problems and argvs != self.build_commands(limits, speculative, visual):
+        if not problems and argvs != self.build_commands(limits, speculative, visual, audio):
             problems.append("they are not the commands this version makes from the plan's limits "
-                            f"({' '.join(self.build_commands(limits, speculative, visual)[0])})")
+                            f"({' '.join(self.build_commands(limits, speculative, visual, audio)[0])})")
         return problems
 
     def staged(self, argv: list[str], engine_dir: str) -> list[str]:

@@ -38,7 +38,7 @@ from pipeline.backends import (
     FlagTable,
     check_flags,
 )
-from pipeline.contract import BuildLimits, ExportRecord, Speculative, VisualLimits
+from pipeline.contract import AudioProfile, BuildLimits, ExportRecord, Speculative, VisualLimits
 
 if TYPE_CHECKING:
     from pipeline.formats import KVFormat, WeightFormat
@@ -95,12 +95,39 @@ def visual_build_argv(visual: VisualLimits, onnx_dir: str = f"onnx/{VISUAL_DIR}"
             "--maxImageTokensPerImage", str(visual.max_image_tokens_per_image)]
 
 
+# a speech model's encoder graph, beside the language model's in onnx/llm (Edge-LLM's exporter's layout)
+AUDIO_DIR = "audio"
+AUDIO_BUILD_FLAGS: FlagTable = {"--onnxDir": str, "--engineDir": str, "--minTimeSteps": INT, "--maxTimeSteps": INT}
+
+
+def check_audio_build_argv(argv: list[str]) -> list[str]:
+    problems = check_flags(argv, AUDIO_BUILD_FLAGS, "audio_build", {})
+    for required in AUDIO_BUILD_FLAGS:
+        if required not in argv:
+            problems.append(f"audio_build needs {required}")
+    if not problems:
+        problems += AudioProfile(int(argv[argv.index("--minTimeSteps") + 1]),
+                                 int(argv[argv.index("--maxTimeSteps") + 1])).problems()
+    return problems
+
+
+def audio_build_argv(profile: AudioProfile, onnx_dir: str = f"onnx/{AUDIO_DIR}", engine_dir: str = "engine"
+                     ) -> list[str]:
+    """The audio encoder's engine into <engine_dir>/audio/ (audio_build adds the last part itself; the runtime loads
+    <multimodalEngineDir>/audio/audio_encoder.engine)."""
+    return ["audio_build", "--onnxDir", onnx_dir, "--engineDir", engine_dir,
+            "--minTimeSteps", str(profile.min_time_steps), "--maxTimeSteps", str(profile.max_time_steps)]
+
+
 def build_commands(limits: BuildLimits, speculative: Speculative | None,
-                   visual: VisualLimits | None = None) -> list[list[str]]:
+                   visual: VisualLimits | None = None, audio: AudioProfile | None = None) -> list[list[str]]:
     """One engine, or with a draft (EAGLE-3, MTP) the base (onnx/base, --specBase) then the draft (onnx/draft,
     --specDraft) into one engine directory; a vision-language model's language model from onnx/llm (onnx/base and
-    onnx/draft with a draft), then its visual engine from onnx/visual."""
+    onnx/draft with a draft), then its visual engine from onnx/visual; a speech model's from onnx/llm, then its audio
+    encoder's from onnx/audio."""
     tower = [visual_build_argv(visual)] if visual is not None else []
+    if audio is not None:
+        return [llm_build_argv(limits, f"onnx/{LLM_DIR}"), audio_build_argv(audio)]
     if speculative is None:
         return [llm_build_argv(limits, f"onnx/{LLM_DIR}" if visual is not None else "onnx")] + tower
     verify = ["--maxVerifyTreeSize", str(speculative.max_verify_tree_size)]
@@ -129,6 +156,8 @@ def build_memory(engine_weights: int, activations: int, ffn_int4: int = 0) -> Bu
 
 
 def export_summary(e: ExportRecord) -> str:
+    if e.audio is not None:
+        return f"{e.weights} ONNX for SM {e.target_sm}, {e.audio.precision} audio encoder"
     if e.visual is not None:
         # ModelOpt's quant_algo describes the whole checkpoint (FP8 for an FP16 language model beside an FP8 tower):
         # a vision-language model's language model is named by its recipe format, its tower by its own
@@ -353,7 +382,8 @@ BACKEND = Backend(
     runtime_overhead=500_000_000, perf_class="tensorrt", perf_note=None, min_batch_size=EDGELLM_MIN_BATCH,
     speculative=True,
     export_depends_on_sm=True, export_tools=("tensorrt-edgellm", "onnx"),
-    builders={"llm_build": check_llm_build_argv, "visual_build": check_visual_build_argv},
+    builders={"llm_build": check_llm_build_argv, "visual_build": check_visual_build_argv,
+              "audio_build": check_audio_build_argv},
     build_commands=build_commands, output_flag="--engineDir",
     build_memory=build_memory, externalizes_int4_ffn=True, needs_chat_template=True,
     reports_kv_allocation=False, export_summary=export_summary, families=EDGELLM_011, refuses_pair=refuses_pair,

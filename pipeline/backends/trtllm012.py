@@ -18,7 +18,7 @@ from pipeline.backends import (
     FlagTable,
     check_flags,
 )
-from pipeline.contract import BuildLimits, ExportRecord, Speculative, VisualLimits
+from pipeline.contract import AudioProfile, BuildLimits, ExportRecord, Speculative, VisualLimits
 
 ENABLE = ("enable", "disable")
 PLUGIN_DTYPE = ("auto", "float16", "float32", "bfloat16", "int32", "disable")
@@ -67,7 +67,7 @@ def trtllm_build_argv(limits: BuildLimits, checkpoint_dir: str = "checkpoint", o
 
 
 def build_commands(limits: BuildLimits, _speculative: Speculative | None,
-                   _visual: VisualLimits | None = None) -> list[list[str]]:
+                   _visual: VisualLimits | None = None, _audio: AudioProfile | None = None) -> list[list[str]]:
     return [trtllm_build_argv(limits)]
 
 

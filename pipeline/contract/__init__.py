@@ -44,6 +44,7 @@ from pipeline.contract.device import (
 from pipeline.contract.kit import (
     IMAGE_FILE_RE,
     MANIFESTS,
+    AudioExport,
     BundleManifest,
     BundleMeta,
     Compat,
@@ -71,6 +72,7 @@ from pipeline.contract.plan import (
     MAX_CONTEXT,
     MAX_NUM_TOKENS_CAP,
     AudioPlan,
+    AudioProfile,
     BuildLimits,
     BuildOnBoard,
     DraftMemory,
@@ -99,7 +101,9 @@ from pipeline.contract.stage import (
 )
 
 __all__ = [
+    "AudioExport",
     "AudioPlan",
+    "AudioProfile",
     "AccuracyFigures",
     "ExpertCalibration",
     "ExportResult",

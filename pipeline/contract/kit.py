@@ -87,6 +87,18 @@ class VisualExport(Part):
 
 
 @dataclass(frozen=True)
+class AudioExport(Part):
+    """A speech model's audio encoder as Edge-LLM's exporter wrote it (onnx/audio) and as the independent check found it
+    against transformers' encoder on recordings of several lengths (workstation/audio_check.py)."""
+    design: str
+    recordings: int                 # recordings the check ran
+    max_relative_error: float
+    cosine: float
+    onnx: OnnxGraph | None = None
+    precision: str = "fp16"
+
+
+@dataclass(frozen=True)
 class ExportRecord(Part):
     """What a backend's export step made (its stage manifest's "export" field; the kit carries it without the graph
     listing). Fields a backend does not make are None: the TensorRT-LLM checkpoint has a reader check, Edge-LLM's
@@ -108,6 +120,7 @@ class ExportRecord(Part):
     speculative: SpeculativeExport | None = None
     versions: dict[str, str | None] | None = None
     visual: VisualExport | None = None
+    audio: AudioExport | None = None
 
     def for_kit(self) -> ExportRecord:
         """What a kit's manifest carries: the record without the graph listings."""
@@ -115,7 +128,8 @@ class ExportRecord(Part):
         spec = self.speculative
         return dataclasses.replace(self, onnx=None, speculative=None if spec is None else
                                    dataclasses.replace(spec, draft_onnx=None),
-                                   visual=None if self.visual is None else dataclasses.replace(self.visual, onnx=None))
+                                   visual=None if self.visual is None else dataclasses.replace(self.visual, onnx=None),
+                                   audio=None if self.audio is None else dataclasses.replace(self.audio, onnx=None))
 
 
 # ---------------------------------------------------------------------------------------------------- manifests

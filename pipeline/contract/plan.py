@@ -184,6 +184,24 @@ class VisualPlan(Part):
 
 
 @dataclass(frozen=True)
+class AudioProfile(Part):
+    """A speech model's audio encoder profile, as Edge-LLM's audio_build takes it (examples/multimodal/audio_build.cpp:
+    --minTimeSteps, --maxTimeSteps; defaults 100 and 6000). A time step is a mel frame (10 ms): its builder profiles
+    the encoder's chunk count as ceil(steps / the graph's chunk width), the audio tokens from those chunks."""
+    min_time_steps: int
+    max_time_steps: int
+
+    def problems(self) -> list[str]:
+        if not 1 <= self.min_time_steps <= self.max_time_steps <= MAX_TIME_STEPS:
+            return [f"min_time_steps {self.min_time_steps} and max_time_steps {self.max_time_steps} must satisfy "
+                    f"1 <= min <= max <= {MAX_TIME_STEPS}"]
+        return []
+
+
+MAX_TIME_STEPS = 360_000        # an hour of mel frames: past it a profile is damaged, not a recording
+
+
+@dataclass(frozen=True)
 class AudioPlan(Part):
     """A speech-to-text model's audio encoder on the target (plan/parts/audio.py) and the model's speed as a
     transcriber (plan/speech.py): its weights and activations (counted in the memory plan's `audio`), the longest
@@ -205,6 +223,7 @@ class AudioPlan(Part):
     rtf: float | None = None                # (encoder + prefill + the transcript's decode) / the clip's length
     rtf_by_seconds: dict[str, float] | None = None
     published: list[str] = field(default_factory=list)      # the plan against published rows of the model
+    profile: AudioProfile | None = None      # audio_build's profile (max_seconds of mel frames)
 
 
 @dataclass(frozen=True)

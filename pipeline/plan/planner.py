@@ -160,8 +160,8 @@ def make_plan(req: PlanRequest) -> Plan:
         speculative = contract.Speculative(d.method, d.label, dshape.params, DRAFT_WEIGHTS, dshape.draft_vocab_size,
                                            d.max_draft_tree_size, d.max_verify_tree_size, draft_mem,
                                            steps=d.steps if d.method == "mtp" else None)
-    argvs = backends.get(backend).build_commands(limits, speculative, visual.limits if visual else None) \
-        if ok and backend else None
+    argvs = backends.get(backend).build_commands(limits, speculative, visual.limits if visual else None,
+                                                 audio.profile if audio else None) if ok and backend else None
     return Plan(
         recipe=req.recipe, model=contract.ModelInfo(req.model_label, req.shape.architecture, req.shape.total_params),
         target=t.id, target_name=t.name, sm=t.sm, backend=backend, stack=stack.stack if stack else None,

@@ -18,14 +18,17 @@ export.py `_export_audio`, onnx/export_encoder.py `export_audio_onnx`, models/qw
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from pipeline.backends.edgellm import AUDIO_DIR, LLM_DIR
+from pipeline.contract import AudioExport, OnnxGraph
 from pipeline.errors import PipelineError
 from pipeline.families.layouts import QWEN3_ASR_THINKER_NAMES, rename, thinker_config
+from pipeline.workstation.export_steps import PartExport
 
-AUDIO_DIR = "audio"
 EXPORT_TIMEOUT_S = 3600
 ENCODER_MODULES = ("model.audio_tower.", "model.multi_modal_projector.")
 
@@ -72,3 +75,52 @@ def export_audio(model_dir: Path, work: Path, out: Path) -> Path:
         raise PipelineError(f"Edge-LLM's audio export of {model_dir} failed (exit {done.returncode}): "
                             + " | ".join(tail), "see the exporter's message above")
     return graph
+
+
+def reference_model(model_dir: Path):
+    """transformers' model of the checkpoint in float32, its encoder's weights as the FP16 graph holds them."""
+    import torch
+    from transformers import Qwen3ASRForConditionalGeneration
+    model = Qwen3ASRForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for name, p in model.named_parameters():
+        if name.startswith(ENCODER_MODULES):
+            p.data = p.data.half().float()
+    return model
+
+
+def export_encoder(model_dir: Path, scratch: Path, payload_dir: Path, design_name: str) -> AudioExport:
+    """The encoder through Edge-LLM's exporter into onnx/audio, its graph checked for audio_build and its numerics
+    against transformers' on the builtin recordings (their log-mel features by the checkpoint's own extractor)."""
+    from pipeline.audio import read_wav
+    from pipeline.recordings import BUILTIN_RECORDINGS
+    from pipeline.workstation.audio_check import GRAPH_INPUTS, GRAPH_OUTPUTS, check_encoder
+    from pipeline.workstation.onnx_graph import check_graph
+    from pipeline.workstation.speech_features import feature_extractor, log_mel
+
+    out = scratch / "edgellm-audio"
+    for d in (out, scratch / "audio-checkpoint"):
+        shutil.rmtree(d, ignore_errors=True)
+    graph = export_audio(model_dir, scratch / "audio-checkpoint", out)
+    shutil.move(str(graph.parent), str(payload_dir / AUDIO_DIR))
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(scratch / "audio-checkpoint", ignore_errors=True)
+    onnx_path = payload_dir / AUDIO_DIR / "model.onnx"
+    # explicit softmax attention (no plugin): its Softmax is the attention check_graph looks for
+    described = check_graph(onnx_path, GRAPH_INPUTS, GRAPH_OUTPUTS, extra_files=("config.json",),
+                            consumer="audio_build", attention=":Softmax")
+    extractor = feature_extractor(model_dir)
+    recordings = [log_mel(extractor, read_wav(r.wav(), name=f"builtin:{r.name}"), f"builtin:{r.name}")
+                  for r in BUILTIN_RECORDINGS.values()]
+    agreement = check_encoder(onnx_path, reference_model(model_dir), recordings)
+    return AudioExport(design=design_name, recordings=agreement.recordings,
+                       max_relative_error=round(agreement.max_relative_error, 6), cosine=round(agreement.cosine, 7),
+                       onnx=OnnxGraph(**described))
+
+
+class AudioEncoderExport(PartExport):
+    """The Edge-LLM export's steps for a speech model's audio encoder (workstation/export_steps.py): the language
+    model's graph in onnx/llm, the encoder's in onnx/audio, checked against transformers' encoder."""
+    llm_subdir = LLM_DIR
+
+    def beside(self, part, model_dir: Path, scratch: Path, payload_dir: Path, _state) -> AudioExport:
+        return export_encoder(model_dir, scratch, payload_dir, part.design.name)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.backends import ExportJob
-from pipeline.contract import ExportRecord, ExternalWeights, OnnxGraph, SpeculativeExport
+from pipeline.contract import AudioExport, ExportRecord, ExternalWeights, OnnxGraph, SpeculativeExport, VisualExport
 from pipeline.errors import PipelineError
 from pipeline.families import family
 from pipeline.formats import INT4_V2_ALIGN, WEIGHT_FORMATS
@@ -278,7 +278,9 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
         kv_cache_dtype=runtime_cfg.get("kv_cache_dtype"), target_sm=sm, int4_gemm_plugin_version=plugin,
         externalized_weights=[ExternalWeights(file=e["file"], kind=e["kind"], tensors=len(e["tensors"]),
                                               size=e["size"]) for e in external],
-        onnx=OnnxGraph(**graph), speculative=spec, visual=beside[0] if beside else None,
+        onnx=OnnxGraph(**graph), speculative=spec,
+        visual=next((b for b in beside if isinstance(b, VisualExport)), None),
+        audio=next((b for b in beside if isinstance(b, AudioExport)), None),
         versions={d: _version(d) for d in ("tensorrt-edgellm", "nvidia-modelopt", "transformers", "onnx")})
 
 
@@ -300,10 +302,12 @@ def loader_key_remap(hf: Path):
 
 def part_steps(shape) -> list[tuple[Any, PartExport]]:
     """(part, its export steps) for each of the shape's parts that has some (workstation/export_steps.py)."""
-    from pipeline.plan.parts import Hybrid, TowerShape
+    from pipeline.plan.parts import AudioEncoder, Hybrid, TowerShape
+    from pipeline.workstation.audio_export import AudioEncoderExport
     from pipeline.workstation.edgellm_hybrid import HybridExport
     from pipeline.workstation.visual_export import TowerExport
-    table: dict[type, PartExport] = {Hybrid: HybridExport(), TowerShape: TowerExport()}
+    table: dict[type, PartExport] = {Hybrid: HybridExport(), TowerShape: TowerExport(),
+                                     AudioEncoder: AudioEncoderExport()}
     return [(p, table[type(p)]) for p in shape.parts if type(p) in table]
 
 

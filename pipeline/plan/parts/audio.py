@@ -29,6 +29,8 @@ WORKSPACE = 64 * 2**20  # cuBLAS / TensorRT scratch beside the encoder's activat
 # the longest recording one request takes where the recipe says nothing: Edge-LLM's ASR example builds audio_build
 # with --maxTimeSteps 3000 (mel frames: 30 s), the length Qwen3-ASR's feature extractor pads to
 DEFAULT_MAX_SECONDS = 30
+# audio_build's --minTimeSteps default (mel frames: one second); the profile's maximum is max_seconds of frames
+MIN_TIME_STEPS = 100
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ def plan_audio(part: AudioEncoder, target: TargetProfile, build: BuildLimits, ma
                fit: dict | None) -> AudioPlan:
     """The encoder's engine on the target: FP16 weights, the activations of the longest recording, its time at a few
     lengths; a language model whose input cannot hold that recording's prompt is refused."""
-    from pipeline.contract import AudioPlan
+    from pipeline.contract import AudioPlan, AudioProfile
     from pipeline.plan.parts.audio_speed import PROMPT_TOKENS, TIMED_SECONDS, encoder_ms
 
     tokens = part.audio_tokens(max_seconds)
@@ -138,7 +140,8 @@ def plan_audio(part: AudioEncoder, target: TargetProfile, build: BuildLimits, ma
                      weights=2 * part.shape.params, activations=part.activation_bytes(max_seconds) + WORKSPACE,
                      max_seconds=max_seconds, audio_tokens=tokens, prompt_tokens=PROMPT_TOKENS,
                      encoder_ms_by_seconds=by_seconds or None,
-                     encoder_error_band=vision["loo_median_abs_error"] if vision else None)
+                     encoder_error_band=vision["loo_median_abs_error"] if vision else None,
+                     profile=AudioProfile(MIN_TIME_STEPS, max(MIN_TIME_STEPS, part.design.frames(max_seconds))))
 
 
 def _longest_recording(part: AudioEncoder, tokens: int) -> int:
