@@ -39,6 +39,7 @@ class Tiny:
     validated: str              # ... and {target: (the device run's directory, its process)}
     double: Double | None = None    # None: the backend's export checks itself (TensorRT-LLM 0.12's read-back)
     images: bool = False        # its goldens ask images: served as image chats
+    recordings: bool = False    # its goldens ask recordings: served as chats with input_audio parts
 
     @property
     def id(self) -> str:
@@ -86,6 +87,9 @@ TINY: tuple[Tiny, ...] = (
          "validated_orin_by_target", Double(None, tie_aware=True, greedy=False), images=True),
     Tiny("tiny-internvl3-thor", {"agx-thor": "agx-thor-jp72"}, "edgellm", VLM, "built_internvl",
          "validated_internvl_by_target", Double(None, tie_aware=True, greedy=False), images=True),
+    # the encoder random, the decoder INT4-AWQ: near ties where the double's FP16 order differs
+    Tiny("tiny-qwen3-asr", {"orin-nano-8gb": "orin-nano-8gb-jp72"}, "edgellm", "tests/workstation/test_asr_build.py",
+         "built", "validated", Double(None, tie_aware=True, greedy=False), recordings=True),
     Tiny("tiny-qwen3_5-vl", {"orin-nano-8gb": "orin-nano-8gb-jp72"}, "edgellm",
          "tests/workstation/test_hybrid_vlm_build.py", "built_by_target", "validated_by_target",
          Double(None, tie_aware=True, greedy=False), images=True),

@@ -327,14 +327,13 @@ EDGELLM_011: dict[str, Support] = {
                  "transformers' Qwen3.5-MoE builds it; the plan on AGX Orin and Thor)")
        for arch in (QWEN3_5_MOE, QWEN3_5_MOE_MM)},
     # Qwen3-ASR: Edge-LLM 0.11 exports its decoder as a dense Qwen3 (models/qwen3_asr: the default CausalLM) and its
-    # encoder as audio/model.onnx (FP16), built with audio_build; planned here (plan/parts/audio.py, plan/speech.py)
-    QWEN3_ASR: dataclasses.replace(
-        _edgellm_dense("Edge-LLM 0.11 exporter (models/qwen3_asr; scripts/export.py: llm/ and audio/); "
-                       "tests/shared/test_speech_plan.py (the encoder's parameters and FLOPs against transformers' "
-                       "Qwen3-ASR: tests/workstation/test_audio_family.py)"),
-        not_built="the audio encoder's export (audio/model.onnx), its audio_build engine and the speech gate are "
-                  "not built by this pipeline yet; Edge-LLM 0.11 exports the model itself with "
-                  "tensorrt-edgellm-export"),
+    # encoder as audio/model.onnx (FP16), built with audio_build (plan/parts/audio.py, workstation/audio_export.py)
+    QWEN3_ASR: _edgellm_dense(
+        "Edge-LLM 0.11 exporter (models/qwen3_asr: onnx/llm as a dense Qwen3, onnx/audio by its audio export); "
+        "tests/workstation/test_asr_build.py (tiny Qwen3-ASR in the original thinker layout through doit build, "
+        "audio_build and the device half: the double runs the encoder graph on its own Whisper features); "
+        "tests/workstation/test_audio_export.py (the encoder against transformers' across chunks and windows); "
+        "tests/shared/test_speech_plan.py"),
     NEMOTRON_H: Support(rope_types=("default",), formats=("fp16", "int4_awq", "nvfp4"), kv_cache=("fp16", "fp8"),
                         formats_why="the formats Edge-LLM 0.11 builds for Nemotron-H's linears (FP16, INT4-AWQ, "
                                     "NVFP4); its Mamba-2 state stays FP16",

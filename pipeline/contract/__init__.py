@@ -44,6 +44,7 @@ from pipeline.contract.device import (
 from pipeline.contract.kit import (
     IMAGE_FILE_RE,
     MANIFESTS,
+    RECORDING_FILE_RE,
     AudioExport,
     BundleManifest,
     BundleMeta,
@@ -137,6 +138,7 @@ __all__ = [
     "KvAllocation",
     "LoadResult",
     "IMAGE_FILE_RE",
+    "RECORDING_FILE_RE",
     "MANIFESTS",
     "MAX_BATCH_SIZE",
     "MAX_CONTEXT",

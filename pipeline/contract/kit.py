@@ -235,6 +235,8 @@ class Stages(Record):
 
 # a golden's image as the kit carries it: a plain file name under images/ (nothing that leaves the directory)
 IMAGE_FILE_RE = re.compile(r"\Aimages/[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")   # \Z: no newline after
+# ... and a speech prompt's recording (a WAV file under audio/)
+RECORDING_FILE_RE = re.compile(r"\Aaudio/[A-Za-z0-9][A-Za-z0-9._-]{0,122}\.wav\Z")
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,9 @@ class GoldenPrompt(Part):
     image: str | None = None            # a vision-language prompt's image: the kit's file (images/<name>)
     image_sha256: str | None = None
     image_tokens: int = 0               # its placeholder tokens in input_ids (the processor's count at the profile)
+    recording: str | None = None        # a speech prompt's recording: the kit's file (audio/<name>.wav)
+    recording_sha256: str | None = None
+    audio_tokens: int = 0               # its placeholder tokens in input_ids (the feature extractor's frames, encoded)
     near_ties: list[NearTie] = field(default_factory=list)     # by step; kits written before them have none
 
 

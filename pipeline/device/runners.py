@@ -48,15 +48,18 @@ def edgellm_inference_input(goldens: contract.Goldens, kit_dir: Path | None = No
     kit's chat_template.jinja, as transformers did for the goldens); raw, the rendered text, which keeps the special
     tokens the goldens' ids began with (raw mode encodes with addBos=false, FACTS.md). A prompt asked with an image
     holds it as the goldens did, image then text, the image a content item naming the kit's file
-    (examples/utils/requestFileParser.cpp: {"type": "image", "image": path})."""
+    (examples/utils/requestFileParser.cpp: {"type": "image", "image": path}); one asked with a recording the same
+    way, {"type": "audio", "audio": path} (a WAV file the runtime decodes itself: Edge-LLM 0.11's ASR guide)."""
     chat = goldens.chat_template
 
     def content(p: contract.GoldenPrompt) -> str | list[dict]:
-        if p.image is None:
+        if p.image is None and p.recording is None:
             return p.prompt if chat else (p.rendered or p.prompt)
         if kit_dir is None:
-            raise ValueError("a prompt with an image needs the kit's directory")
-        return [{"type": "image", "image": str(checked_image(kit_dir, p))}, {"type": "text", "text": p.prompt}]
+            raise ValueError("a prompt with an image or a recording needs the kit's directory")
+        media = {"type": "image", "image": str(checked_image(kit_dir, p))} if p.image is not None else \
+            {"type": "audio", "audio": str(checked_recording(kit_dir, p))}
+        return [media, {"type": "text", "text": p.prompt}]
     return {"batch_size": 1, "temperature": 0.0, "top_p": 1.0, "top_k": 1,
             "max_generate_length": goldens.max_new_tokens, "apply_chat_template": chat,
             "add_generation_prompt": chat,
@@ -72,6 +75,19 @@ def checked_image(kit_dir: Path, golden: contract.GoldenPrompt) -> Path:
     data = read_regular(path, MAX_IMAGE_BYTES)
     if hashlib.sha256(data).hexdigest() != golden.image_sha256:
         raise PipelineError(f"{path}: not the image the goldens were computed with (sha256 differs)",
+                            "re-copy the kit; nothing was run")
+    return path
+
+
+def checked_recording(kit_dir: Path, golden: contract.GoldenPrompt) -> Path:
+    """The kit's recording of a golden prompt, checked as checked_image checks an image."""
+    import hashlib
+
+    from pipeline.audio import AudioLimits
+    path = kit_dir / (golden.recording or "")
+    data = read_regular(path, AudioLimits().max_bytes)
+    if hashlib.sha256(data).hexdigest() != golden.recording_sha256:
+        raise PipelineError(f"{path}: not the recording the goldens were computed with (sha256 differs)",
                             "re-copy the kit; nothing was run")
     return path
 
@@ -129,8 +145,10 @@ def validate_llm_inference(kit_dir: Path, engine: Path, plan: contract.Plan, gol
     """Edge-LLM's C++ runtime gives text, not token ids: agreement is then measured on the text (report.py)."""
     every = edgellm_inference_input(goldens, kit_dir)
     replace_file(work / "inference-input.json", json.dumps(every, indent=1))
-    # a vision-language engine: visual_build wrote the visual engine into <engine>/visual (backends/edgellm.py)
-    visual = ["--multimodalEngineDir", str(engine / "visual")] if plan.visual is not None else []
+    # a vision-language engine: visual_build wrote the visual engine into <engine>/visual (backends/edgellm.py); a
+    # speech model's: audio_build wrote <engine>/audio, which the runtime loads as <multimodalEngineDir>/audio
+    visual = ["--multimodalEngineDir", str(engine / "visual")] if plan.visual is not None else \
+        ["--multimodalEngineDir", str(engine)] if plan.audio is not None else []
     results = []
     for i, golden in enumerate(goldens.prompts):
         single = dict(every)
@@ -184,11 +202,11 @@ def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: 
                      watch: MemoryWatch | None = None, timeout: int = 3600,
                      load_requests: int = LOAD_REQUESTS) -> contract.Validation:
     """Through the serve session (RequestEngine), except what it cannot serve (speculative engines) or take here
-    (images: the session is not given a visual engine): those through llm_inference, whose profiler also measures
-    EAGLE-3's acceptance and the visual engine's time."""
+    (images, recordings: the session is not given a visual or audio engine): those through llm_inference, whose
+    profiler also measures EAGLE-3's acceptance and the visual engine's time."""
     from pipeline.runtime.engines import SESSIONS
 
-    if SESSIONS[plan.backend or ""].refuses(plan) or plan.visual is not None:
+    if SESSIONS[plan.backend or ""].refuses(plan) or plan.visual is not None or plan.audio is not None:
         return validate_llm_inference(kit_dir, engine, plan, goldens, work, watch, timeout)
     return validate_session(kit_dir, engine, plan, goldens, work, watch, timeout, load_requests)
 

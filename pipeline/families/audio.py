@@ -53,8 +53,12 @@ class AudioEncoderDesign:
         """The tokens `seconds` of audio take in the language model's sequence: each whole chunk of 2 x n_window
         frames gives what the convolutions leave of a chunk, the rest what they leave of it (transformers'
         _get_feat_extract_output_lengths)."""
+        return self.tokens_of_frames(self.frames(seconds), n_window)
+
+    def tokens_of_frames(self, frames: int, n_window: int) -> int:
+        """The tokens `frames` mel frames take (the feature extractor's count for a recording)."""
         chunk = 2 * n_window
-        whole, rest = divmod(self.frames(seconds), chunk)
+        whole, rest = divmod(frames, chunk)
         return whole * halved(chunk) + halved(rest)
 
     def tokens_per_second(self, n_window: int) -> float:

@@ -227,6 +227,14 @@ def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str
             sized.append((ref, image.height, image.width))
         for reason in image_refusals(shape, plan.visual.limits, sized):
             plan = refuse(plan, reason)
+    if plan.audio is not None and recipe.validation.recordings:
+        from pipeline.workstation.audio_prompts import read_recording
+        for i, ref in enumerate(recipe.validation.recordings):
+            seconds = read_recording(ref, recipe.file, f"validation.recordings[{i}]").audio().seconds
+            if seconds > plan.audio.max_seconds:
+                plan = refuse(plan, f"validation.recordings[{i}] ({ref}) is {seconds:.1f} s long, more than "
+                                    f"build.audio.max_seconds = {plan.audio.max_seconds}: raise it to at least "
+                                    f"{int(seconds) + 1}, or use a shorter recording")
     if base is None and recipe.base_model:
         base = config_for(recipe, recipe.base_model)
     for reason in checkpoint_refusals(recipe, config, config_source, shape, base):

@@ -201,6 +201,9 @@ class ValidationSettings:
     images: tuple[str, ...] = setting((), toml=list, max_items=MAX_PROMPTS,
                                       doc="a vision-language model's images, paired with the prompts in order (the "
                                           "rest are asked as text): builtin:NAME or file:PATH (PNG, JPEG, WebP)")
+    recordings: tuple[str, ...] = setting((), toml=list, max_items=MAX_PROMPTS,
+                                          doc="a speech model's recordings, paired with the prompts in order (the rest "
+                                              "are asked as text): builtin:NAME or file:PATH (16 kHz WAV)")
     max_new_tokens: int = setting(32, min=1, max=4096)
     min_token_agreement: float = setting(0.9, min=0.0, max=1.0)
     top_k_logprobs: int = setting(5, min=1, max=50)

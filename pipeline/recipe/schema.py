@@ -200,6 +200,7 @@ def cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
     _calibration_checks(file, v["quantization"]["calibration"]["source"], problems)
     _prompt_checks(file, v["validation"]["prompts"], problems)
     _image_checks(file, v["validation"]["images"], v["validation"]["prompts"], problems)
+    _recording_checks(file, v["validation"]["recordings"], v["validation"]["prompts"], problems)
 
 
 def _image_checks(file: str, images: Any, prompts: Any, problems: list[Problem]) -> None:
@@ -219,6 +220,27 @@ def _image_checks(file: str, images: Any, prompts: Any, problems: list[Problem])
             continue
         try:
             read_image(ref, file, field)
+        except PipelineError as exc:
+            problems.append(Problem(file, field, ref, exc.message.split(f"{ref!r}", 1)[-1].strip(": ") or
+                                    exc.message, exc.hint or "builtin:NAME or file:PATH"))
+
+
+def _recording_checks(file: str, recordings: Any, prompts: Any, problems: list[Problem]) -> None:
+    """Each recording a reference that reads as a usable WAV file, and no more recordings than prompts."""
+    if not isinstance(recordings, list):
+        return
+    if isinstance(prompts, list) and len(recordings) > len(prompts):
+        problems.append(Problem(file, "validation.recordings", f"{len(recordings)} recordings", f"pairs with "
+                                f"{len(prompts)} prompts: each recording is asked with the prompt of its index",
+                                "add prompts, or remove recordings"))
+    from pipeline.workstation.audio_prompts import read_recording
+    for i, ref in enumerate(recordings):
+        field = f"validation.recordings[{i}]"
+        if not isinstance(ref, str):
+            problems.append(Problem(file, field, ref, "must be a string", 'e.g. "builtin:chirp-1s"'))
+            continue
+        try:
+            read_recording(ref, file, field)
         except PipelineError as exc:
             problems.append(Problem(file, field, ref, exc.message.split(f"{ref!r}", 1)[-1].strip(": ") or
                                     exc.message, exc.hint or "builtin:NAME or file:PATH"))

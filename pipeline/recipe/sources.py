@@ -82,9 +82,10 @@ class Builtin(ModelSource):
     def config(self, _recipe_file: str) -> tuple[dict, str]:
         if self.table != DRAFT:
             spec = self._catalog()[self.name]
-            if spec.extra:          # a vision-language builtin: its nested config, exact (made in a second)
-                from pipeline.workstation.tinyvlm import builtin_config
-                return builtin_config(self.name, spec), f"builtin:{self.name}"
+            if spec.extra:          # a vision-language or speech builtin: its nested config, exact (made in a second)
+                from pipeline.workstation import tinyasr, tinyvlm
+                made = tinyasr if self.name in tinyasr.ASR_BUILTINS else tinyvlm
+                return made.builtin_config(self.name, spec), f"builtin:{self.name}"
             return {"architectures": [spec.architecture], "vocab_size": spec.vocab_size, **spec.config}, \
                 f"builtin:{self.name}"
         import json

@@ -27,7 +27,8 @@ MANIFEST = "cache-manifest.json"
 MANIFEST_MAX = 1 * 2**20
 ENTRY_MAX_BYTES = 2 * 2**30         # the builtins are a few MB; anything near this is not one of ours
 # what materialize() runs: a change to any of them makes other bytes, so it keys the entry
-SOURCES = ("tinymodel.py", "tinytrain.py", "tinyvlm.py", "tinyhub.py", "mtp.py")   # mtp.py: the MTP twin's layer
+# (mtp.py: the MTP twin's layer)
+SOURCES = ("tinymodel.py", "tinytrain.py", "tinyvlm.py", "tinyasr.py", "tinyhub.py", "mtp.py")
 TRAINED_BY = ("torch", "transformers", "tokenizers")     # distributions whose versions decide the trained bytes
 
 

@@ -256,9 +256,10 @@ def prompt_lengths(model_dir, validation: GoldenSettings) -> list[tuple[str, int
 def make_goldens(model, tokenizer, validation: GoldenSettings, model_dir=None, images=None,
                  tie: float = TIE_LOGPROB) -> contract.Goldens:
     """Greedy completions and per-step top-k log-probs for every validation prompt, asked as the deployed model is
-    asked (render_prompt); with `images` (workstation/image_prompts.py ImagePrompts) the first prompts are asked
-    with their images. `tie` (tie_logprob): the margin within which a runner-up is recorded as a near tie, and a
-    router's experts are (routing_ties.py: a text prompt's; an image prompt's routing is not re-run)."""
+    asked (render_prompt); with `images` (workstation/image_prompts.py ImagePrompts, or a speech model's
+    audio_prompts.py RecordingPrompts) the first prompts are asked with their images (recordings). `tie`
+    (tie_logprob): the margin within which a runner-up is recorded as a near tie, and a router's experts are
+    (routing_ties.py: a text prompt's; an image prompt's routing is not re-run)."""
     from pipeline.workstation.routing_ties import routing_ties
     chat = uses_chat_template(tokenizer, validation)
     if chat and not tokenizer.chat_template:
@@ -268,7 +269,7 @@ def make_goldens(model, tokenizer, validation: GoldenSettings, model_dir=None, i
     stops = stop_ids(model_dir, tokenizer) if model_dir is not None else \
         ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
     for i, prompt in enumerate(validation.prompts):
-        if images is not None and i < len(images.images):
+        if images is not None and i < len(images):
             prompts.append(images.golden(model, tokenizer, prompt, i, validation.max_new_tokens,
                                          validation.top_k_logprobs, stops))
             continue

@@ -183,6 +183,9 @@ class ImagePrompts:
     tower: VisualTower
     limits: VisualLimits
 
+    def __len__(self) -> int:
+        return len(self.images)
+
     def golden(self, model, tokenizer, prompt: str, index: int, max_new_tokens: int, top_k: int, stops: list[int]):
         return image_golden(model, tokenizer, self.processor, self.tower, prompt, self.images[index],
                             max_new_tokens, top_k, stops, max_tokens=self.limits.max_image_tokens_per_image)

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.workstation.tinyasr import ASR_BUILTINS
 from pipeline.workstation.tinytrain import corpus_text, train, train_tokenizer
 from pipeline.workstation.tinyvlm import VLM_BUILTINS
 
@@ -180,6 +181,9 @@ BUILTINS: dict[str, Builtin] = {
     **{name: Builtin(vlm["architecture"], {}, notes=f"{vlm['architecture']} shrunk", extra=vlm,
                      train_steps=vlm.get("train_steps", 300))
        for name, vlm in VLM_BUILTINS.items()},
+    # Speech-to-text models shrunk from real configs (tinyasr.py holds their encoders, extractors and audio tokens).
+    **{name: Builtin(asr["architecture"], {}, notes=f"{asr['architecture']} shrunk", extra=asr)
+       for name, asr in ASR_BUILTINS.items()},
 }
 
 
@@ -225,8 +229,9 @@ def materialize(name: str, out_dir: Path, progress=None) -> None:
     spec = BUILTINS[name]
     out_dir = Path(out_dir)
     if spec.extra:
+        from pipeline.workstation.tinyasr import materialize_asr
         from pipeline.workstation.tinyvlm import materialize_vlm
-        materialize_vlm(name, spec, out_dir, progress)
+        (materialize_asr if name in ASR_BUILTINS else materialize_vlm)(name, spec, out_dir, progress)
         _write_builtin_json(name, spec, out_dir)
         return
     tok = train_tokenizer(spec.vocab_size)

@@ -16,11 +16,12 @@ QWEN_IMAGE = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 INTERNVL_IMAGE = ("<img>", "<IMG_CONTEXT>", "</img>")
 
 
-def chat_template(image: tuple[str, str, str]) -> str:
+def chat_template(image: tuple[str, str, str], kinds: tuple[str, ...] = ("image", "image_url")) -> str:
     """The text builtins' template (tinymodel.CHAT_TEMPLATE's chat part) with content parts: text as written, an
-    image as its three placeholder tokens (the middle one once: the processor repeats it)."""
+    image (a content part of one of `kinds`: a recording for a speech model) as its three placeholder tokens (the
+    middle one once: the processor repeats it)."""
     start, pad, end = image
-    part = ("{% if c['type'] == 'text' %}{{ c['text'] }}{% elif c['type'] in ('image', 'image_url') %}"
+    part = ("{% if c['type'] == 'text' %}{{ c['text'] }}{% elif c['type'] in " + repr(kinds) + " %}"
             f"{start}{pad}{end}{{% endif %}}")
     return ("{% for m in messages %}<|{{ m['role'] }}|>{% if m['content'] is string %}{{ m['content'] }}"
             "{% else %}{% for c in m['content'] %}" + part + "{% endfor %}{% endif %}\n{% endfor %}"

@@ -69,13 +69,14 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 # The subpackages (and top-level modules) from the bottom up: each imports only from layers below its own. One line
-# each: utilities; the records every half reads; the model families; the quantization formats; the engine backends'
-# registry; the planner, the kit and the runtimes; the registry transport and the device half; the builders, the
-# server and the workstation; recipes; a board's set of recipes; the doit graph; the entry points.
+# each: utilities; the records every half reads (and the builtin recordings, made with audio.py); the model
+# families; the quantization formats; the engine backends' registry; the planner, the kit and the runtimes; the
+# registry transport and the device half; the builders, the server and the workstation; recipes; a board's set of
+# recipes; the doit graph; the entry points.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipeline", "errors", "tomlcompat", "resampling"),
     ("files", "texts", "settings", "progress", "images", "audio", "transcripts"),
-    ("contract",),
+    ("contract", "recordings"),
     ("families",),
     ("formats",),
     ("backends",),

@@ -164,4 +164,9 @@ def test_the_recipes_plan_prints_the_encoder_and_the_speed(project):
     assert "  audio        qwen3-asr-aut encoder, 186M params in fp16: weights 0.37 GB" in r.stdout
     assert re.search(r"^  speech       a 10 s clip: encoder ~[\d.]+ ms .*first token ~\d+ ms, RTF ~0\.0\d\d", r.stdout,
                      re.M)
-    assert "published    RTF 1.2 (" in r.stdout and "planned, not built yet as int4_awq" in r.stdout
+    assert "published    RTF 1.2 (" in r.stdout and "not built yet" not in r.stdout
+    plan = json.loads(project.cli("plan", "qwen3-asr-0.6b-orin-nano-jp72", "--json", repo_recipes=True).stdout)
+    # audio_build's profile: a second of mel frames to the recipe's 30 s (--maxTimeSteps in 10 ms frames)
+    assert plan["device_build_commands"][-1] == ["audio_build", "--onnxDir", "onnx/audio", "--engineDir", "engine",
+                                                 "--minTimeSteps", "100", "--maxTimeSteps", "3000"]
+    assert plan["device_build_commands"][0][:3] == ["llm_build", "--onnxDir", "onnx/llm"]

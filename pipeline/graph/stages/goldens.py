@@ -42,13 +42,29 @@ def image_keys(g: RecipeGraph) -> dict:
             "image_prompts": list(v.prompts[:len(v.images)]), "image_new_tokens": v.max_new_tokens}
 
 
+def recording_keys(g: RecipeGraph) -> dict:
+    """A speech recipe's recordings (by content) and the profile they are asked at, for the goldens' key."""
+    recipe = g.recipe
+    v = recipe.validation
+    if not v.recordings:
+        return {}
+    from pipeline.workstation.audio_prompts import read_recording
+    try:
+        digests = [read_recording(r, recipe.file, f"validation.recordings[{i}]").sha256[:16]
+                   for i, r in enumerate(v.recordings)]
+    except PipelineError as exc:
+        digests = [f"unreadable: {exc.message}"]
+    return {"recordings": digests, "audio_max_seconds": recipe.build.audio.max_seconds if recipe.build.audio else None,
+            "recording_prompts": list(v.prompts[:len(v.recordings)])}
+
+
 def _key(g: RecipeGraph, _target: str | None) -> StageKey:
     v = g.recipe.validation
     d = g.recipe.draft
     return StageKey({"prompts": list(v.prompts), "max_new_tokens": v.max_new_tokens,
                      "top_k_logprobs": v.top_k_logprobs, "min_token_agreement": v.min_token_agreement,
                      **({"mtp_draft_steps": d.steps} if d is not None and d.method == "mtp" else {}),
-                     **image_keys(g)}, WORKSTATION_TOOLS)
+                     **image_keys(g), **recording_keys(g)}, WORKSTATION_TOOLS)
 
 
 @contextlib.contextmanager
@@ -80,6 +96,18 @@ def goldens_images(g: RecipeGraph):
                          image_profile(recipe, load_shape(model_dir(g))))
 
 
+def goldens_recordings(g: RecipeGraph):
+    """The recipe's validation recordings, asked as the engine takes them (None without recordings)."""
+    recipe = g.recipe
+    if not recipe.validation.recordings:
+        return None
+    from pipeline.plan.parts.audio import DEFAULT_MAX_SECONDS
+    from pipeline.workstation.audio_prompts import recording_prompts
+    audio = recipe.build.audio
+    return recording_prompts(model_dir(g), recipe.validation.recordings, recipe.file,
+                             audio.max_seconds if audio and audio.max_seconds else DEFAULT_MAX_SECONDS)
+
+
 def do_goldens(run: StageRun) -> contract.StageManifest:
     from transformers import AutoTokenizer
 
@@ -91,7 +119,7 @@ def do_goldens(run: StageRun) -> contract.StageManifest:
 
     def build(out: Path) -> contract.GoldensSummary:
         tok = AutoTokenizer.from_pretrained(model_dir(g))
-        images = goldens_images(g)
+        images = goldens_images(g) or goldens_recordings(g)
         with reference_model(g) as model, skinny_linears():
             q = g.recipe.quantization
             tie = tie_logprob(rounds_activations(q.weights, q.kv_cache, q.visual))

@@ -104,11 +104,14 @@ def do_package(run: StageRun) -> contract.StageManifest:
     quality = _quality_gate(g)     # refuses here, before anything is assembled or signed
     _prompts_fit(g, plan)
     goldens = recorded_record(goldens_spec, contract.GOLDENS, contract.Goldens)
-    goldens_images = sorted({p.image for p in goldens.prompts if p.image})
-    planted = [name for name in goldens_images if not contract.IMAGE_FILE_RE.match(name)]
+    # the images and recordings the goldens are asked with (images/<name>, audio/<name>.wav)
+    goldens_media = sorted({p.image for p in goldens.prompts if p.image} |
+                           {p.recording for p in goldens.prompts if p.recording})
+    planted = [name for name in goldens_media
+               if not (contract.IMAGE_FILE_RE.match(name) or contract.RECORDING_FILE_RE.match(name))]
     if planted:         # a goldens.json naming a file outside its images/ (damaged or planted): never followed
-        raise damaged_output(goldens_spec, f"goldens.json names image file {planted[0]!r}, not one of "
-                                           "images/NAME the goldens stage writes")
+        raise damaged_output(goldens_spec, f"goldens.json names media file {planted[0]!r}, not one of "
+                                           "images/NAME or audio/NAME.wav the goldens stage writes")
 
     def build(out: Path) -> contract.KitSummary:
         content = out / ".content"
@@ -119,7 +122,7 @@ def do_package(run: StageRun) -> contract.StageManifest:
             if (model_dir(g) / name).is_file():
                 link_or_copy(model_dir(g) / name, content / contract.TOKENIZER_DIR / name)
         link_or_copy(goldens_spec.dir / contract.GOLDENS, content / contract.GOLDENS)
-        for name in goldens_images:      # the images the image prompts are asked with (images/<name>)
+        for name in goldens_media:
             link_or_copy(goldens_spec.dir / name, content / name)
         for name in (contract.ACCURACY_JSON, contract.ACCURACY_MD):
             link_or_copy(accuracy_spec.dir / name, content / name)
@@ -139,7 +142,7 @@ def do_package(run: StageRun) -> contract.StageManifest:
         owners: dict[str, tuple[StageSpec, str]] = {}
         for stage, src, inside, names in ((export, export_dir / carried, carried, ()),
                                           (_spec(g, FETCH), model_dir(g), contract.TOKENIZER_DIR, TOKENIZER_FILES),
-                                          (goldens_spec, goldens_spec.dir, "", (contract.GOLDENS, *goldens_images)),
+                                          (goldens_spec, goldens_spec.dir, "", (contract.GOLDENS, *goldens_media)),
                                           (accuracy_spec, accuracy_spec.dir, "",
                                            (contract.ACCURACY_JSON, contract.ACCURACY_MD))):
             for rel, sha in _recorded_hashes(stage.dir, src, inside, names).items():

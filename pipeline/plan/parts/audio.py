@@ -41,7 +41,8 @@ class AudioEncoder(Part):
     adjective: ClassVar[str] = "speech-to-text"
     called: ClassVar[str] = "audio encoder"
     prequantized_taken: ClassVar[tuple[tuple[str, str], ...] | None] = ()
-    modules: ClassVar[tuple[str, ...]] = ("pipeline.workstation.audio_export", "pipeline.workstation.audio_check")
+    modules: ClassVar[tuple[str, ...]] = ("pipeline.workstation.audio_export", "pipeline.workstation.audio_check",
+                                          "pipeline.workstation.audio_prompts")
 
     @classmethod
     def from_config(cls, r: ConfigReader) -> AudioEncoder | None:

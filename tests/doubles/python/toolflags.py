@@ -14,6 +14,10 @@ llm_build (TensorRT Edge-LLM 0.11, C++): --onnxDir, --engineDir, --maxInputLen, 
 visual_build (TensorRT Edge-LLM 0.11, examples/multimodal/visual_build.cpp getopt table): --onnxDir, --engineDir,
 --minImageTokens (default 4), --maxImageTokens (1024), --maxImageTokensPerImage (512), --debug,
 --profilingDetailed; the per-image maximum must lie within min..max, else it exits 1.
+
+audio_build (TensorRT Edge-LLM 0.11, examples/multimodal/audio_build.cpp getopt table "ho:e:dm:M:"): --onnxDir,
+--engineDir (required), --debug, --minTimeSteps (default 100), --maxTimeSteps (6000), values read with std::stoll;
+the engine goes to <engineDir>/audio/.
 """
 from __future__ import annotations
 
@@ -85,6 +89,19 @@ def visual_build_options(argv: list[str]) -> tuple[dict[str, str], set[str]] | s
     if not lo <= per <= hi:
         return f"maxImageTokensPerImage ({per}) must be within [minImageTokens ({lo}), maxImageTokens ({hi})]"
     return values, switches
+
+
+AUDIO_BUILD_VALUED = ("--onnxDir", "--engineDir", "--minTimeSteps", "--maxTimeSteps")
+AUDIO_BUILD_INTEGERS = ("--minTimeSteps", "--maxTimeSteps")
+
+
+def audio_build_options(argv: list[str]) -> tuple[dict[str, str], set[str]] | str:
+    """As llm_build_options, for audio_build, with its defaults filled in."""
+    parsed = getopt_options(argv, AUDIO_BUILD_VALUED, ("--debug",), AUDIO_BUILD_INTEGERS)
+    if isinstance(parsed, str):
+        return parsed
+    values, switches = parsed
+    return {"--minTimeSteps": "100", "--maxTimeSteps": "6000", **values}, switches
 
 
 def getopt_options(argv: list[str], valued: tuple[str, ...], switch_names: tuple[str, ...],

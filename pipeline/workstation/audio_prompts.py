@@ -1,0 +1,151 @@
+"""A validation prompt with a recording, asked as the deployed speech model is asked: the recording's log-mel features
+by the checkpoint's own feature extractor (workstation/speech_features.py), the chat template's audio placeholder
+expanded to the recording's token count, and the calibrated model's greedy answer with the encoder's output in place.
+
+The recordings are the recipe's (`builtin:NAME`, synthesized by pipeline/recordings.py, or `file:PATH`: a 16 kHz WAV
+file), read bounded and checked (pipeline.audio.read_wav); the kit carries them as read, and the device gives the
+engine the same file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.audio import Audio, AudioError, AudioLimits, read_wav
+from pipeline.errors import PipelineError
+from pipeline.families.visual import expand_one
+from pipeline.recordings import BUILTIN_RECORDINGS
+
+AUDIO_DIR = "audio"
+
+
+@dataclass(frozen=True)
+class PromptRecording:
+    ref: str            # as the recipe names it
+    name: str           # the file name the kit carries it under (audio/<name>)
+    data: bytes
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    def audio(self) -> Audio:
+        return read_wav(self.data, name=self.ref)
+
+
+def read_recording(ref: str, recipe_file: str, field: str, limits: AudioLimits = AudioLimits()) -> PromptRecording:
+    """`builtin:NAME` or `file:PATH` (relative to the recipe) as a checked WAV recording; errors name the field."""
+    kind, _, value = ref.partition(":")
+    if kind == "builtin":
+        if value not in BUILTIN_RECORDINGS:
+            raise PipelineError(f"{recipe_file}: {field} = {ref!r}: no builtin recording {value!r}",
+                                f"builtin recordings: {', '.join(BUILTIN_RECORDINGS)}")
+        data, name = BUILTIN_RECORDINGS[value].wav(), f"{value}.wav"
+    elif kind == "file":
+        path = Path(value) if Path(value).is_absolute() else Path(recipe_file).parent / value
+        from pipeline.files import read_regular
+        try:
+            data = read_regular(path, limits.max_bytes, follow=True)
+        except (PipelineError, OSError) as exc:
+            reason = exc.message if isinstance(exc, PipelineError) else f"{type(exc).__name__}: {exc}"
+            raise PipelineError(f"{recipe_file}: {field} = {ref!r}: {reason}", "name a WAV file (relative to the "
+                                "recipe)") from None
+        name = f"{hashlib.sha256(data).hexdigest()[:16]}.wav"
+    else:
+        raise PipelineError(f"{recipe_file}: {field} = {ref!r}: not a recording reference",
+                            "builtin:NAME or file:PATH (relative to the recipe)")
+    try:
+        read_wav(data, limits, name=ref)
+    except AudioError as exc:
+        raise PipelineError(f"{recipe_file}: {field} = {exc.message}", exc.hint) from None
+    return PromptRecording(ref, name, data)
+
+
+@dataclass(frozen=True)
+class RecordingPrompts:
+    """A recipe's validation recordings, with what asks them as the engine will: the checkpoint's feature extractor,
+    the audio placeholder's id and the encoder's chunking."""
+    recordings: tuple[PromptRecording, ...]
+    extractor: object
+    placeholder: int
+    n_window: int
+    max_seconds: int
+
+    def __len__(self) -> int:
+        return len(self.recordings)
+
+    def asked(self, tokenizer, prompt: str, recording: PromptRecording) -> tuple[str, list[int], dict, int]:
+        """(rendered text, ids with the placeholder expanded, the model's audio inputs, audio tokens): the user turn
+        holds the recording, then the text (as OpenAI's input_audio content parts come), by the chat template."""
+        import numpy as np
+        import torch
+
+        from pipeline.families.audio import QWEN3_ASR_AUDIO
+        from pipeline.workstation.evaluate import render_chat
+        from pipeline.workstation.speech_features import log_mel
+        audio = recording.audio()
+        if audio.seconds > self.max_seconds:
+            raise PipelineError(f"{recording.ref} is {audio.seconds:.1f} s long, more than the engine's profile takes "
+                                f"(build.audio.max_seconds = {self.max_seconds})",
+                                f"raise build.audio.max_seconds to at least {int(audio.seconds) + 1}, or use a "
+                                "shorter recording")
+        rendered = render_chat(tokenizer, [{"role": "user", "content": [{"type": "audio"},
+                                                                        {"type": "text", "text": prompt}]}])
+        features = log_mel(self.extractor, audio, recording.ref)
+        frames = features.shape[1]
+        count = QWEN3_ASR_AUDIO.tokens_of_frames(frames, self.n_window)
+        ids = expand_one(tokenizer(rendered, add_special_tokens=False)["input_ids"], self.placeholder, count)
+        chunk = 2 * self.n_window
+        padded = -(-frames // chunk) * chunk
+        x = np.zeros((1, features.shape[0], padded), np.float32)
+        x[0, :, :frames] = features
+        mask = torch.zeros(1, padded, dtype=torch.long)
+        mask[0, :frames] = 1
+        return rendered, ids, {"input_features": torch.from_numpy(x), "input_features_mask": mask}, count
+
+    def golden(self, model, tokenizer, prompt: str, index: int, max_new_tokens: int, top_k: int, stops: list[int]):
+        """The golden of one prompt asked with its recording: the calibrated model's greedy answer."""
+        from pipeline import contract
+        from pipeline.workstation.evaluate import greedy
+        recording = self.recordings[index]
+        rendered, ids, inputs, count = self.asked(tokenizer, prompt, recording)
+        g = greedy(model, ids, max_new_tokens, top_k, stops, **inputs)
+        return contract.GoldenPrompt(prompt=prompt, rendered=rendered, input_ids=ids, output_ids=g["output_ids"],
+                                     top_logprobs=g["top_logprobs"],
+                                     text=tokenizer.decode(g["output_ids"], skip_special_tokens=True),
+                                     recording=f"{AUDIO_DIR}/{recording.name}",
+                                     recording_sha256=recording.sha256, audio_tokens=count)
+
+    def write(self, out: Path) -> None:
+        """The recordings as the kit carries them (audio/<name>), beside goldens.json."""
+        (out / AUDIO_DIR).mkdir(exist_ok=True)
+        for recording in self.recordings:
+            (out / AUDIO_DIR / recording.name).write_bytes(recording.data)
+
+
+def recording_prompts(model_dir: Path, refs: tuple[str, ...], recipe_file: str, max_seconds: int | None
+                      ) -> RecordingPrompts | None:
+    """The recipe's validation recordings for the model in model_dir (None without recordings); recordings for a
+    model without an audio encoder are an error naming the field."""
+    if not refs:
+        return None
+    from transformers import AutoTokenizer
+
+    from pipeline.plan.parts import AudioEncoder
+    from pipeline.plan.shapes import load_shape
+    from pipeline.workstation.speech_features import feature_extractor
+    shape = load_shape(model_dir)
+    encoder = shape.part(AudioEncoder)
+    if encoder is None or max_seconds is None:
+        raise PipelineError(f"{recipe_file}: validation.recordings = {list(refs)!r}, but the model "
+                            f"({shape.architecture}) has no audio encoder", "remove validation.recordings, or use "
+                            "a speech model")
+    recordings = tuple(read_recording(r, recipe_file, f"validation.recordings[{i}]") for i, r in enumerate(refs))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    pad = tok.convert_tokens_to_ids(encoder.design.placeholder)
+    if not isinstance(pad, int) or pad == tok.unk_token_id:
+        raise PipelineError(f"{model_dir}: the tokenizer has no {encoder.design.placeholder} token",
+                            "use the speech model's own tokenizer")
+    return RecordingPrompts(recordings, feature_extractor(model_dir), pad, encoder.shape.n_window, max_seconds)

@@ -1,0 +1,114 @@
+"""Builtin tiny speech-to-text models: a real model's config shrunk (layers, widths), its encoder's design kept (128 mel
+bins, 100-frame chunks, 800-frame attention windows, three stride-2 convolutions), its feature extractor's real
+settings, and a tokenizer trained here with the audio placeholder tokens the family's chat template places. The
+language model is briefly trained on the shipped corpus as the text builtins are (tinymodel.py); the encoder keeps its
+random weights (the export, the independent check and the goldens compare numerics, which random weights exercise as
+well as trained ones: a tiny twin's transcripts say nothing about how well the real model transcribes).
+
+Written in the layout the hub publishes the real model in: Qwen3-ASR's original repositories (thinker_config, the
+encoder with its projection under thinker.audio_tower.), which the fetch rewrites into transformers' native one
+(families/layouts.py, workstation/hub_layouts.py), so the recipe takes that reader through the whole pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.workstation.tinyvlm import chat_template
+
+QWEN_AUDIO = ("<|audio_start|>", "<|audio_pad|>", "<|audio_end|>")
+AUDIO_PARTS = ("audio", "input_audio", "audio_url")     # content parts a chat template places a recording for
+
+ASR_BUILTINS: dict[str, dict] = {
+    # Qwen3-ASR-0.6B shrunk: its encoder's chunking and windows (n_window 50, n_window_infer 800) and 128 mel bins,
+    # a Qwen3 decoder (q/k RMSNorm, tied embeddings) whose hidden size the encoder's projection writes.
+    "tiny-qwen3-asr": dict(
+        architecture="Qwen3ASRForConditionalGeneration", placeholders=QWEN_AUDIO, published="thinker",
+        text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=2048, rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True),
+        encoder=dict(d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128, output_dim=64,
+                     downsample_hidden_size=16, num_mel_bins=128, n_window=50, n_window_infer=800),
+        # Qwen3ASRFeatureExtractor's settings as the real checkpoint's preprocessor_config.json has them
+        processor_config=dict(feature_size=128, sampling_rate=16000, hop_length=160, chunk_length=30, n_fft=400,
+                              n_window=50, min_length=8000)),
+}
+
+
+def build_config(spec: dict, vocab: int, ids: tuple[int, int, int]):
+    """The transformers config of a tiny ASR model: the language model's vocabulary is the trained tokenizer's."""
+    from transformers import Qwen3ASRConfig
+    text = dict(spec["text"], vocab_size=vocab, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    return Qwen3ASRConfig(audio_config=dict(spec["encoder"]), text_config=text, audio_token_id=ids[1],
+                          pad_token_id=2, architectures=[spec["architecture"]],
+                          tie_word_embeddings=text["tie_word_embeddings"])
+
+
+def _tokenizer(spec, asr: dict):
+    from pipeline.workstation.tinytrain import train_tokenizer
+    tok = train_tokenizer(spec.vocab_size)
+    tok.add_special_tokens(list(asr["placeholders"]))
+    ids = tuple(tok.token_to_id(t) for t in asr["placeholders"])
+    return tok, (ids[0], ids[1], ids[2])
+
+
+def published_config(asr: dict, saved: dict, ids: tuple[int, int, int]) -> dict:
+    if asr.get("published") != "thinker":
+        return saved
+    from pipeline.families.layouts import thinker_config
+    config = thinker_config(saved)
+    config["thinker_config"].update(audio_start_token_id=ids[0], audio_end_token_id=ids[2])
+    return config
+
+
+def builtin_config(name: str, spec) -> dict:
+    """The config.json ASR builtin `name` is written with (the plan reads it before the fetch makes the model)."""
+    asr = ASR_BUILTINS[name]
+    tok, ids = _tokenizer(spec, asr)
+    saved = {**build_config(asr, tok.get_vocab_size(), ids).to_dict(), "architectures": [asr["architecture"]]}
+    return published_config(asr, saved, ids)
+
+
+def materialize_asr(name: str, spec, out_dir: Path, progress=None) -> None:
+    """Write ASR builtin `name` (spec: tinymodel.Builtin, its `extra` one of ASR_BUILTINS) into out_dir: weights,
+    config, tokenizer with its audio tokens, chat template, and the feature extractor's preprocessor_config.json."""
+    import torch
+    from transformers import PreTrainedTokenizerFast, Qwen3ASRFeatureExtractor, Qwen3ASRForConditionalGeneration
+
+    from pipeline.workstation.tinytrain import train
+
+    asr = ASR_BUILTINS[name]
+    tok, ids = _tokenizer(spec, asr)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
+                                   pad_token="<|pad|>")
+    fast.chat_template = chat_template(asr["placeholders"], AUDIO_PARTS)
+    config = build_config(asr, tok.get_vocab_size(), ids)
+    torch.manual_seed(spec.seed)
+    model = Qwen3ASRForConditionalGeneration(config).float()
+    train(model, fast, spec.train_steps, spec.seed, progress)
+    model.eval()
+    model.generation_config.do_sample = False
+    # Qwen3-ASR's generation defaults name the real vocabulary's end tokens: this one's are the tokenizer's
+    model.generation_config.update(bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    fast.save_pretrained(out_dir)
+    Qwen3ASRFeatureExtractor(**asr["processor_config"]).save_pretrained(out_dir)
+    if asr.get("published") == "thinker":
+        _write_thinker(out_dir, asr, ids)
+
+
+def _write_thinker(out_dir: Path, asr: dict, ids: tuple[int, int, int]) -> None:
+    """The saved model in Qwen3-ASR's original layout: the thinker config, every tensor under its thinker name."""
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.families.layouts import QWEN3_ASR_THINKER_NAMES, rename
+    path = out_dir / "config.json"
+    path.write_text(json.dumps(published_config(asr, json.loads(path.read_text()), ids), indent=2) + "\n")
+    weights = out_dir / "model.safetensors"
+    renamed = {}
+    for name, tensor in load_file(str(weights)).items():
+        thinker = rename(name, QWEN3_ASR_THINKER_NAMES, to_native=False)
+        assert thinker is not None, name        # every tensor of the native model has a thinker name
+        renamed[thinker] = tensor
+    save_file(renamed, str(weights), metadata={"format": "pt"})

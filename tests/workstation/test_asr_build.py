@@ -1,0 +1,95 @@
+"""`doit build` of the repository's tiny speech-to-text recipe, offline on the CPU: a kit carrying the language model's
+and the audio encoder's ONNX, the recordings and the goldens asked with them; the device half builds both engines
+(llm_build, audio_build) and validates every prompt through the runtime (doubles: the encoder graph on features the
+double computes itself from the WAV files)."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import device, device_on_boards, stage_dir
+
+from pipeline import contract
+from pipeline.recordings import BUILTIN_RECORDINGS
+from tests.conformance import *  # noqa: F403  (the family suite, on this module's rows)
+from tests.families import rows_of
+
+pytestmark = pytest.mark.integration
+RECIPE = "tiny-qwen3-asr"
+TARGET, BOARD = "orin-nano-8gb", "orin-nano-8gb-jp72"
+FAMILIES = rows_of(__file__)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from conftest import build_shipped_recipe
+    return build_shipped_recipe(tmp_path_factory.mktemp("asr") / "proj", RECIPE, [TARGET])
+
+
+@pytest.fixture(scope="module")
+def validated(built, tmp_path_factory):
+    project, kits, _ = built
+    return device_on_boards(project, kits, {TARGET: BOARD}, tmp_path_factory.mktemp)
+
+
+def test_the_kit_carries_both_graphs_the_recordings_and_goldens_asked_with_them(built):
+    project, kits, out = built
+    export = json.loads((stage_dir(project, RECIPE, "export") / "stage.json").read_text())["export"]
+    audio = export["audio"]
+    assert audio["design"] == "qwen3-asr-aut" and audio["recordings"] == len(BUILTIN_RECORDINGS)
+    assert audio["cosine"] > 0.9999 and audio["max_relative_error"] < 5e-3, audio
+    assert audio["onnx"]["inputs"] == ["padded_feature", "padded_mask_after_cnn_indices", "attention_mask"]
+    assert "fp16 audio encoder" in out
+    goldens = contract.Goldens.load(stage_dir(project, RECIPE, "goldens") / contract.GOLDENS)
+    asked = [(p.recording, p.audio_tokens) for p in goldens.prompts]
+    # 0.37 s padded to half a second by the extractor (50 frames: 7 tokens), one chunk (13), ten chunks and 13 frames
+    assert asked == [("audio/chord-short.wav", 7), ("audio/chirp-1s.wav", 13), ("audio/buzz-syllables.wav", 132),
+                     (None, 0)]
+    pad = json.loads((stage_dir(project, RECIPE, "fetch") / "model" / "config.json").read_text())["audio_token_id"]
+    assert [p.input_ids.count(pad) for p in goldens.prompts] == [7, 13, 132, 0]
+    plan = contract.Plan.load(stage_dir(project, RECIPE, "plan") / "plan.json")
+    assert plan.device_build_commands[-1] == ["audio_build", "--onnxDir", "onnx/audio", "--engineDir", "engine",
+                                              "--minTimeSteps", "100", "--maxTimeSteps", "1500"]
+
+
+def test_the_device_builds_the_audio_engine_and_answers_each_recording(validated):
+    tmp, proc = validated[TARGET]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    work = tmp / "work"
+    engine = next(work.glob("**/audio/audio_encoder.engine"))
+    built_config = json.loads((engine.parent / "config.json").read_text())
+    assert built_config["builder_config"] == {"min_time_steps": 100, "max_time_steps": 1500}
+    profile = json.loads(next(work.glob("**/profile-2.json")).read_text())
+    assert profile["multimodal"]["total_audios"] == 1 and profile["multimodal"]["total_audio_tokens"] == 132
+
+
+def test_a_recording_the_goldens_did_not_hear_is_refused_before_the_runtime(built, tmp_path):
+    """A kit whose recording was swapped after signing is refused by the kit's own verification; goldens naming a
+    recording outside audio/ are never followed (checked_recording reads only the kit's file, by its hash)."""
+    from conftest import resigned
+    project, kits, _ = built
+
+    def swap(content):
+        (content / "audio" / "chirp-1s.wav").write_bytes(BUILTIN_RECORDINGS["chord-short"].wav())
+    kit = resigned(project, kits[TARGET], tmp_path, swap)
+    proc = device(project, kit, tmp_path / "device", board=BOARD)
+    assert proc.returncode != 0
+    assert "not the recording the goldens were computed with" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_the_doubles_features_are_the_extractors():
+    """The runtime double's own Whisper features (tests/doubles/python/edgellm_audio.py, the algorithm written out)
+    against transformers' Qwen3ASRFeatureExtractor, the goldens' reference, on every builtin recording."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "doubles" / "python"))
+    from edgellm_audio import log_mel
+    from transformers import Qwen3ASRFeatureExtractor
+    fe = Qwen3ASRFeatureExtractor()
+    for r in BUILTIN_RECORDINGS.values():
+        x = np.asarray(r.samples(), np.float32) / 32768
+        ref = fe(x, sampling_rate=16000, padding=True, return_attention_mask=True, return_tensors="np")
+        frames = int(ref["attention_mask"].sum())
+        ours = log_mel(x, 128)
+        assert ours.shape == (128, frames)
+        assert np.abs(ours - ref["input_features"][0][:, :frames]).max() < 2e-4, r.name
