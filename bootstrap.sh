@@ -37,6 +37,9 @@ if [ "$test_tools" = 1 ]; then
   { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } || missing+=(openssh-server)
   command -v ssh >/dev/null || missing+=(openssh-client)
   command -v docker-registry >/dev/null || missing+=(docker-registry)
+  command -v ffmpeg >/dev/null || missing+=(ffmpeg)       # the server's decode of browser audio (WebM/Opus)
+  # the builtin speech set (builtin:alsa-channels): its spoken channel names, /usr/share/sounds/alsa
+  [ -f /usr/share/sounds/alsa/Front_Center.wav ] || missing+=(alsa-utils)
   if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then sudo=(); elif command -v sudo >/dev/null; then sudo=(sudo); else
       echo "bootstrap: the tests need ${missing[*]}; install them as root: apt-get install ${missing[*]}" >&2

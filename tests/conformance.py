@@ -7,7 +7,8 @@ test here over the importing module's rows (and, per target, over their boards):
   the device      each kit validates on its recorded board through the runtime doubles: every golden answered exactly,
                   the board's JetPack said, a bundle signed;
   serve           `serve RECIPE` answers each golden as the goldens say, asked as the openai client asks it: a chat (an
-                  image golden's image as a data URL part), or a completion where the model has no chat template;
+                  image golden's image as a data URL part, a recording golden's as an input_audio part), or a
+                  completion where the model has no chat template;
   the double      the runtime double runs the exported graph along the calibrated model's own greedy answer: the same
                   top-1 at every position, logits as close as the row allows (TensorRT-LLM 0.12's checkpoint is read
                   back by the export stage itself: its record says so).
@@ -72,6 +73,10 @@ def test_serve_answers_the_goldens(tiny: Tiny, request, tmp_path):
                 if p.image:
                     url = "data:image/png;base64," + base64.b64encode((stage / p.image).read_bytes()).decode()
                     content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": p.prompt}]
+                if p.recording:
+                    data = base64.b64encode((stage / p.recording).read_bytes()).decode()
+                    content = [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}},
+                               {"type": "text", "text": p.prompt}]
                 c = client.chat.completions.create(model=tiny.recipe, temperature=0, max_tokens=len(p.output_ids),
                                                    messages=[{"role": "user", "content": content}])
                 r, answer = c, c.choices[0].message.content

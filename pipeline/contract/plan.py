@@ -224,6 +224,7 @@ class AudioPlan(Part):
     rtf_by_seconds: dict[str, float] | None = None
     published: list[str] = field(default_factory=list)      # the plan against published rows of the model
     profile: AudioProfile | None = None      # audio_build's profile (max_seconds of mel frames)
+    n_window: int | None = None     # the encoder's chunk is 2 x n_window mel frames (a recording's token arithmetic)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,16 @@ def halved(n: int, times: int = CONVOLUTIONS) -> int:
     return n
 
 
+# The languages Qwen3-ASR transcribes by name (its model card's list; a transcription request's ISO 639 code is asked
+# as the language's English name in a system turn, as Edge-LLM 0.11's transcription server asks it)
+QWEN3_ASR_LANGUAGES = {
+    "zh": "Chinese", "en": "English", "yue": "Cantonese", "ar": "Arabic", "de": "German", "fr": "French",
+    "es": "Spanish", "pt": "Portuguese", "id": "Indonesian", "it": "Italian", "ko": "Korean", "ru": "Russian",
+    "th": "Thai", "vi": "Vietnamese", "ja": "Japanese", "tr": "Turkish", "hi": "Hindi", "ms": "Malay", "nl": "Dutch",
+    "sv": "Swedish", "da": "Danish", "fi": "Finnish", "pl": "Polish", "cs": "Czech", "fil": "Filipino",
+    "fa": "Persian", "el": "Greek", "hu": "Hungarian", "mk": "Macedonian", "ro": "Romanian"}
+
+
 @dataclass(frozen=True)
 class AudioEncoderDesign:
     """One audio encoder design: where its config and tensors sit, and its chunked convolution front end."""
@@ -44,6 +54,9 @@ class AudioEncoderDesign:
     text_paths: tuple[str, ...]         # ... and the language model's
     modules: tuple[str, ...]            # the encoder's tensor prefixes, per layout
     placeholder: str = "<|audio_pad|>"
+    # a transcriber's answer: "language NAME" then this token then the transcript (Qwen3-ASR's output format)
+    transcript_marker: str = "<asr_text>"
+    languages: tuple[tuple[str, str], ...] = tuple(QWEN3_ASR_LANGUAGES.items())     # (ISO 639 code, name)
 
     def frames(self, seconds: float) -> int:
         """Mel frames of `seconds` of audio (the feature extractor's count)."""

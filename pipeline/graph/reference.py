@@ -82,9 +82,13 @@ def from_recipe(name: str, target: str | None = None, threads: int | None = None
         if served.images is not None:       # a vision-language model: its processor, held as the goldens' was
             from pipeline.workstation.image_prompts import pixel_maker
             pixels = pixel_maker(model_dir(g), served.images.placeholder_id, served.images.limits)
+        audio = None
+        if served.audio is not None:        # a speech model: its feature extractor, as the goldens' was
+            from pipeline.workstation.audio_prompts import audio_maker
+            audio = audio_maker(model_dir(g), served.audio.placeholder_id, served.audio.n_window)
         from pipeline.workstation.models import new_cache
         return ReferenceSession(model, served.limits, input_device(model), skinny_linears, on_close=stack.close,
-                                grammars=grammars, pixels=pixels, new_cache=new_cache)
+                                grammars=grammars, pixels=pixels, new_cache=new_cache, audio=audio)
     return served, load
 
 

@@ -76,6 +76,9 @@ class Generation:
     # a vision-language model's images (PNG, JPEG or WebP bytes, checked), one per run of its placeholder token in
     # prompt_ids, in order; the runtime makes their pixels as the model's processor does
     images: tuple[bytes, ...] = ()
+    # a speech model's recordings (16 kHz mono 16-bit WAV bytes, checked: serve/recordings.py), one per run of its
+    # placeholder token, in order; the runtime makes their features as the model's feature extractor does
+    recordings: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)

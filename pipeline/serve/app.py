@@ -6,6 +6,7 @@
     POST /v1/messages           Anthropic's Messages API (anthropic.py): Claude Code, the anthropic SDK
     POST /v1/messages/count_tokens
     POST /v1/responses          OpenAI's Responses API, stateless (openai_responses.py): Codex, the Agents SDK
+    POST /v1/audio/transcriptions   a speech model's transcript of an uploaded recording (transcriptions.py)
     GET  /health                200 ready; 503 while loading or after an engine failure
     GET  /metrics               Prometheus text format (metrics.py)
     GET|HEAD /                  200: what Claude Code probes before its first request
@@ -37,12 +38,12 @@ from typing import Any
 
 from starlette.requests import Request  # module level: FastAPI resolves the handlers' annotations here
 
-from pipeline.serve import anthropic, batch, openai_responses, protocol, responses
+from pipeline.serve import anthropic, batch, multipart, openai_responses, protocol, responses, transcriptions
 from pipeline.serve.gate import Gate, error_response
 from pipeline.serve.modelset import FAILED, Member, ModelSet, keep_alive_of
 from pipeline.serve.prepare import Prepared, Settings
 from pipeline.serve.protocol import ApiError, SamplingDefaults
-from pipeline.serve.reply import BodyBudget, Reply, _body
+from pipeline.serve.reply import BodyBudget, Reply, _body, raw_body
 from pipeline.serve.server import Server
 
 __all__ = ["Server", "Settings", "create_app"]
@@ -271,6 +272,36 @@ def create_app(models: ModelSet):
         async with preparing():
             n = await asyncio.get_running_loop().run_in_executor(None, server.prepare.count, req)
         return {"input_tokens": n}
+
+    @app.post(transcriptions.ROUTE)
+    async def transcribe(request: Request):
+        """OpenAI's transcription upload, asked of a speech model as a chat with the recording (transcriptions.py):
+        admitted, queued and counted as every chat is."""
+        arrived = time.monotonic()
+        if models.only is not None:
+            models.only.check_capacity()
+        form = await raw_body(request, shared.max_body_bytes, shared.bodies,
+                              lambda raw: multipart.parse(raw, request.headers.get("content-type")))
+        member = models.pick(transcriptions.model_of(form))
+        server = await models.acquire(member, keep_alive_of(None), arrived + member.server.settings.request_timeout)
+        try:
+            server.check_capacity()
+            side = server.served.audio
+            if side is None:
+                raise ApiError(400, f"{server.served.name} is not a speech-to-text model (it has no audio encoder)",
+                               "model", "unsupported_model")
+            asked = transcriptions.parse(form, server.defaults, dict(side.design.languages))
+            prepared = await prepare(server, asked.request, True)
+            seconds = transcriptions.seconds_of(prepared.generation.recordings[0])
+            endpoint = transcriptions.TranscriptionEndpoint(asked.response_format, seconds,
+                                                            side.design.transcript_marker)
+            reply = Reply(server, asked.request, prepared, endpoint, server.admit())
+            control = server.served.codec.control_tokens    # the marker stays in the text where it is a control token
+            if side.design.transcript_marker in control:
+                reply.keep = reply.keep | {control[side.design.transcript_marker]}
+        finally:
+            models.release(member)
+        return await reply.whole(request.receive, notes(server, asked.request, prepared))
 
     @app.post(LOAD)
     async def load_model(request: Request):

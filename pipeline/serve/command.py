@@ -178,6 +178,7 @@ def unit_file(args) -> str:
 ENV_FILE = "/etc/jetson-pipeline/serve.env"
 TEXT_BODY_BYTES = 2 * 2**20         # a chat of max_input_len tokens is far below this
 IMAGE_BODY_BYTES = 32 * 2**20       # a chat with images: one image of pipeline.images.MAX_IMAGE_BYTES, base64'd
+AUDIO_BODY_BYTES = 36 * 2**20       # ... with a recording of pipeline.audio.AudioLimits' 25 MiB, base64'd
 
 
 def run(args) -> int:
@@ -212,7 +213,8 @@ def run(args) -> int:
     servers = []
     for served, load, resident in sources:
         settings = Settings(api_key=args.api_key, max_queue=args.max_queue,
-                            max_body_bytes=IMAGE_BODY_BYTES if served.images else TEXT_BODY_BYTES,
+                            max_body_bytes=AUDIO_BODY_BYTES if served.audio else
+                            IMAGE_BODY_BYTES if served.images else TEXT_BODY_BYTES,
                             request_timeout=args.request_timeout, allowed_hosts=allowed_hosts(args),
                             cors_origins=frozenset(args.cors_origin), public_metrics=args.public_metrics,
                             truncate=not args.no_truncate, strict_limits=args.strict_limits)

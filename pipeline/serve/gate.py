@@ -12,7 +12,9 @@ from pipeline.serve.protocol import ApiError
 
 # metric labels; /v1/models/{id} is "other"
 ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
-          "/v1/responses")
+          "/v1/responses", "/v1/audio/transcriptions")
+# POST routes whose body is not JSON: a file upload's form (OpenAI's transcriptions)
+UPLOADS = {"/v1/audio/transcriptions": b"multipart/form-data"}
 ANTHROPIC = "/v1/messages"      # its routes answer errors in Anthropic's shape
 
 
@@ -78,8 +80,9 @@ class Gate:
                             code="invalid_api_key", headers=CLOSE)
         if scope.get("method") == "POST":
             ctype = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
-            if ctype != b"application/json":
-                return ApiError(415, f"Content-Type must be application/json, not {ctype.decode('latin-1')[:60]!r}",
+            want = UPLOADS.get(path, b"application/json")
+            if ctype != want:
+                return ApiError(415, f"Content-Type must be {want.decode()}, not {ctype.decode('latin-1')[:60]!r}",
                                 code="unsupported_media_type", headers=CLOSE)
         return None
 

@@ -58,6 +58,8 @@ class ImageSide:
     placeholder_id: int
     limits: VisualLimits
     allow_hosts: frozenset[str] = frozenset()
+    noun: str = "image"
+    part: str = "image_url"
 
     def tokens(self, width: int, height: int) -> int:
         return self.tower.image_tokens(height, width)

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from pipeline.errors import PipelineError
 from pipeline.runtime.session import Constraint, Generation, Session
 from pipeline.serve import history, protocol
-from pipeline.serve.images import RequestImage, check_profile, expand, read_images
+from pipeline.serve import recordings as audio
+from pipeline.serve.images import ImageSide, RequestImage, check_profile, expand, read_images
 from pipeline.serve.protocol import ApiError
 from pipeline.serve.toolcalls import ToolCallFormat
 
@@ -64,17 +65,17 @@ class Preparer:
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {s.name!r}", "model",
                            "model_not_found")
         dropped, held, cut, (calls, tools) = 0, 0, 0, self.tool_mode(req)
-        images = self.images(req)
+        images, heard = self.images(req), self.recordings(req)
         if chat:
             if not s.codec.has_chat_template:
                 raise ApiError(400, f"{s.name} has no chat template (its tokenizer_config.json and "
                                "chat_template.jinja define none): use /v1/completions with a raw prompt",
                                "messages", "chat_template_missing")
-            text, ids, dropped, held, cut = self.render(req, list(req.tools) if calls else None, images)
+            text, ids, dropped, held, cut = self.render(req, list(req.tools) if calls else None, images, heard)
             if calls is not None and req.tool_choice == "auto" and (len(ids) > limits.max_input_len or cut):
                 # the tools' definitions leave no room for the newest turn: answered as a plain chat, as a model
                 # without tool support is (Open WebUI sends its built-in tools with every chat)
-                text, ids, dropped, held, cut = self.render(req, None, images)
+                text, ids, dropped, held, cut = self.render(req, None, images, heard)
                 calls, tools = None, (f"tools ignored: their definitions do not fit max_input_len = "
                                       f"{limits.max_input_len} with the chat; answered as a plain chat")
         else:
@@ -108,20 +109,22 @@ class Preparer:
         else:
             guide = self.guide(Constraint(req.schema) if req.schema is not None else None,
                                "response_format.json_schema.schema")
-        # the newest images: a chat cut to fit lost its oldest turns, and their images with them
-        kept = images[len(images) - held:] if held else []
+        # the newest images (recordings): a chat cut to fit lost its oldest turns, and their images with them
+        kept = images[len(images) - held:] if held and images else []
         if kept and s.images is not None:
             check_profile(s.images, kept)
+        heard = heard[len(heard) - held:] if held and heard else []
         return Prepared(Generation(tuple(ids), text, budget, req.sampling, s.stop_ids, guide, req.logprobs,
-                                   tuple(i.data for i in kept)), pre_dropped + dropped, tools, calls,
+                                   tuple(i.data for i in kept), tuple(r.wav for r in heard)),
+                        pre_dropped + dropped, tools, calls,
                         calls is not None and req.tool_choice not in ("auto", "none"), cut, cut_chars)
 
     def check_control_text(self, req: protocol.Request, chat: bool) -> None:
         """Special tokens never come from a request's text: a chat message's text holding one of the tokenizer's
         control tokens (an end-of-turn, an image placeholder: the template would turn the text into the token) is a
         400 naming it; a raw prompt may hold control tokens (it is the prompt as the model reads it), but not the
-        image placeholder, which only an image part may bring."""
-        codec, side = self.served.codec, self.served.images
+        image (audio) placeholder, which only an image (input_audio) part may bring."""
+        codec = self.served.codec
         if chat:
             pattern = codec.control_pattern
             if pattern is None:
@@ -134,12 +137,15 @@ class Preparer:
                     found = pattern.search(text)
                     if found:
                         raise ApiError(400, f"messages[{i}].content holds {found.group()!r}, one of the model's "
-                                       "control tokens: text cannot stand for a special token (send images as "
-                                       "image parts)", f"messages[{i}].content", "invalid_text")
-        elif side is not None and (side.placeholder in (req.prompt or "") or side.placeholder_id in
-                                   (req.prompt_ids or ())):
-            raise ApiError(400, f"prompt holds the image placeholder {side.placeholder!r}: images enter only as "
-                           "image parts of a chat", "prompt", "invalid_text")
+                                       "control tokens: text cannot stand for a special token (send images and "
+                                       "audio as their parts)", f"messages[{i}].content", "invalid_text")
+            return
+        sides: tuple[ImageSide | audio.AudioSide | None, ...] = (self.served.images, self.served.audio)
+        for side in sides:
+            if side is not None and (side.placeholder in (req.prompt or "") or side.placeholder_id in
+                                     (req.prompt_ids or ())):
+                raise ApiError(400, f"prompt holds the {side.noun} placeholder {side.placeholder!r}: "
+                               f"{side.noun}s enter only as {side.part} parts of a chat", "prompt", "invalid_text")
 
     def bound(self) -> int:
         """The characters a prompt may have before tokenizing: no token is longer than the vocabulary's longest, so
@@ -181,13 +187,15 @@ class Preparer:
         """The prompt tokens of a chat as sent (its tools where the model takes them; nothing dropped or cut):
         Anthropic's count_tokens."""
         calls, _ = self.tool_mode(req)
-        images = self.images(req)
-        codec, side = self.served.codec, self.served.images
+        images, heard = self.images(req), self.recordings(req)
+        codec, side, hears = self.served.codec, self.served.images, self.served.audio
         try:
             _, ids = codec.chat_ids([dict(m) for m in req.messages], list(req.tools) if calls else None)
         except PipelineError as exc:
             raise ApiError(400, exc.message, "messages") from None
-        return len(expand(ids, side, images)) if side is not None and images else len(ids)
+        if side is not None and images:
+            return len(expand(ids, side, images))
+        return len(audio.expand(ids, hears, heard)) if hears is not None and heard else len(ids)
 
     def images(self, req: protocol.Request) -> list[RequestImage]:
         """The request's images read, checked and counted (a 400 naming the part), or a 400 where the served model
@@ -205,16 +213,36 @@ class Preparer:
                            first, "unsupported_parameter")
         return read_images(req.images, side)
 
-    def render(self, req: protocol.Request, tools: list[dict[str, Any]] | None,
-               images: list[RequestImage]) -> tuple[str, list[int], int, int, int]:
-        """(text, ids, messages dropped, images kept, tokens cut) of the chat rendered with these tools, each image's
-        placeholder expanded to its tokens, fitted to max_input_len unless --no-truncate: its oldest turns dropped,
-        then its longest message cut in the middle where the newest turn alone is too long."""
-        codec, side = self.served.codec, self.served.images
-        held: dict[str, int] = {}       # rendered text -> the images it holds
+    def recordings(self, req: protocol.Request) -> list[audio.RequestRecording]:
+        """The request's recordings read, checked and counted (a 400 naming the part), or a 400 where the served
+        model or its backend takes none."""
+        if not req.recordings:
+            return []
+        side, first = self.served.audio, req.recordings[0].param
+        if side is None:
+            raise ApiError(400, f"{first}: {self.served.name} has no audio encoder and takes no audio", first,
+                           "unsupported_parameter")
+        session = self.session()
+        if "recordings" not in session.applies:
+            raise ApiError(400, f"{first}: the {session.backend} runtime session here does not take audio (validate "
+                           "speech prompts through the device's own runtime, or serve the recipe's reference model)",
+                           first, "unsupported_parameter")
+        return audio.read_recordings(req.recordings, side)
+
+    def render(self, req: protocol.Request, tools: list[dict[str, Any]] | None, images: list[RequestImage],
+               heard: list[audio.RequestRecording] | None = None) -> tuple[str, list[int], int, int, int]:
+        """(text, ids, messages dropped, images (recordings) kept, tokens cut) of the chat rendered with these tools,
+        each image's (recording's) placeholder expanded to its tokens, fitted to max_input_len unless --no-truncate:
+        its oldest turns dropped, then its longest message cut in the middle where the newest turn alone is too
+        long."""
+        codec, side, hears = self.served.codec, self.served.images, self.served.audio
+        held: dict[str, int] = {}       # rendered text -> the images (recordings) it holds
 
         def ids_of(messages: list[dict[str, Any]]) -> tuple[str, list[int]]:
             text, ids = codec.chat_ids(messages, tools)
+            if hears is not None and heard:
+                held[text] = ids.count(hears.placeholder_id)
+                return text, audio.expand(ids, hears, heard)
             if side is None or not images:
                 return text, ids
             held[text] = ids.count(side.placeholder_id)
@@ -288,7 +316,7 @@ class Preparer:
         """Whether preparing this request costs less than handing it to a thread (~0.2 ms): a prompt of at most
         QUICK_CHARS characters, no tools and no schema (a schema is compiled by the session, which may wait on its
         process). Such a request is prepared on the event loop: tokenizing 2,000 characters takes ~0.1 ms."""
-        if req.tools or req.schema is not None or req.images:
+        if req.tools or req.schema is not None or req.images or req.recordings:
             return False
         return _prompt_chars(req, chat) <= QUICK_CHARS
 

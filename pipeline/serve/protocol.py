@@ -111,6 +111,7 @@ class Request:
     parallel_tool_calls: bool = True
     logprobs: int | None = None         # None: none; n: the chosen token's and the n most likely alternatives
     images: tuple[ImagePart, ...] = ()  # the chat's image_url parts, in order (each a {"type": "image"} part)
+    recordings: tuple[AudioPart, ...] = ()  # its input_audio parts, in order (each an {"type": "audio"} part)
     prompt_ids: tuple[int, ...] | None = None   # a completion's prompt given as token ids
     truncate: bool = True               # the request lets an over-long prompt be cut to fit (else a 400)
     echo: dict[str, Any] | None = None  # what the API's answer repeats of its request (the Responses object)
@@ -189,17 +190,29 @@ class ImagePart:
     param: str
 
 
+@dataclass(frozen=True)
+class AudioPart:
+    """An `input_audio` part as the request holds it: its base64 data, its declared format, and the parameter that
+    names it in an error (serve/recordings.py decodes and checks it)."""
+    data: str
+    format: str
+    param: str
+
+
 MAX_IMAGE_PARTS = 16        # per request; each is bounded in bytes and tokens too (serve/images.py)
+MAX_AUDIO_PARTS = 4         # per request; each is bounded in bytes, seconds and tokens too (serve/recordings.py)
 
 
-def _content(content: Any, at: str, images: list[ImagePart]) -> str | list[dict[str, Any]]:
+def _content(content: Any, at: str, media: list[ImagePart | AudioPart]) -> str | list[dict[str, Any]]:
     """A message's content: a string, or a list of text parts (what the openai client sends for typed content),
-    joined; with `image_url` parts, the parts as the chat template takes them ({"type": "image"} where each image
-    goes, the goldens' shape), each image's URL added to `images` in order."""
+    joined; with `image_url` or `input_audio` parts, the parts as the chat template takes them ({"type": "image"} or
+    {"type": "audio"} where each goes, the goldens' shape), each image's URL or recording added to `media` in
+    order."""
     if isinstance(content, str):
         return text(content, f"{at}.content")
     if not isinstance(content, list):
-        raise _bad(f"{at}.content must be a string or a list of text and image_url parts", f"{at}.content")
+        raise _bad(f"{at}.content must be a string or a list of text, image_url and input_audio parts",
+                   f"{at}.content")
     parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
@@ -211,14 +224,26 @@ def _content(content: Any, at: str, images: list[ImagePart]) -> str | list[dict[
             if not isinstance(url, str) or not url:
                 raise _bad(f"{at}.content[{j}].image_url must be {{\"url\": \"data:image/png;base64,...\"}}",
                            f"{at}.content[{j}].image_url")
-            if len(images) == MAX_IMAGE_PARTS:
+            if sum(isinstance(m, ImagePart) for m in media) == MAX_IMAGE_PARTS:
                 raise _bad(f"{at}.content[{j}]: at most {MAX_IMAGE_PARTS} images per request",
                            f"{at}.content[{j}]")
-            images.append(ImagePart(url, f"{at}.content[{j}].image_url"))
+            media.append(ImagePart(url, f"{at}.content[{j}].image_url"))
             parts.append({"type": "image"})
+        elif kind == "input_audio":
+            ref = part.get("input_audio")
+            data, fmt = (ref.get("data"), ref.get("format")) if isinstance(ref, dict) else (None, None)
+            if not isinstance(data, str) or not data or not isinstance(fmt, str) or not 0 < len(fmt) <= 16:
+                raise _bad(f"{at}.content[{j}].input_audio must be {{\"data\": \"<base64>\", \"format\": \"wav\"}}",
+                           f"{at}.content[{j}].input_audio")
+            if sum(isinstance(m, AudioPart) for m in media) == MAX_AUDIO_PARTS:
+                raise _bad(f"{at}.content[{j}]: at most {MAX_AUDIO_PARTS} recordings per request",
+                           f"{at}.content[{j}]")
+            media.append(AudioPart(data, fmt.lower(), f"{at}.content[{j}].input_audio"))
+            parts.append({"type": "audio"})
         else:
-            raise _bad(f"{at}.content[{j}]: only text and image_url parts are supported", f"{at}.content")
-    if any(p["type"] == "image" for p in parts):
+            raise _bad(f"{at}.content[{j}]: only text, image_url and input_audio parts are supported",
+                       f"{at}.content")
+    if any(p["type"] in ("image", "audio") for p in parts):
         return parts
     return "".join(p["text"] for p in parts)
 
@@ -422,9 +447,9 @@ def _tools(body: dict) -> tuple[tuple[dict[str, Any], ...], str]:
     return tuple(tools), choice
 
 
-def _message(m: Any, i: int, images: list[ImagePart]) -> dict[str, Any]:
+def _message(m: Any, i: int, images: list[ImagePart | AudioPart]) -> dict[str, Any]:
     """One chat message as the chat template takes it: an assistant's tool calls and a tool's result included; a
-    user's images as parts (their URLs added to `images`)."""
+    user's images and recordings as parts (added to `images` in order)."""
     if not isinstance(m, dict) or m.get("role") not in ROLES:
         raise _bad(f"messages[{i}]: each message needs a role of system, user, assistant or tool", "messages")
     role = "system" if m["role"] == "developer" else m["role"]
@@ -433,7 +458,7 @@ def _message(m: Any, i: int, images: list[ImagePart]) -> dict[str, Any]:
     out: dict[str, Any] = {"role": role,
                            "content": "" if content is None else _content(content, f"messages[{i}]", images)}
     if len(images) > before and role != "user":
-        raise _bad(f"messages[{i}]: only user messages may hold images (this one is {m['role']!r})",
+        raise _bad(f"messages[{i}]: only user messages may hold images or audio (this one is {m['role']!r})",
                    f"messages[{i}].content")
     calls = m.get("tool_calls")
     if role == "assistant" and calls:
@@ -464,10 +489,11 @@ def parse_chat(body: dict[str, Any], defaults: SamplingDefaults = OPENAI_DEFAULT
     if not isinstance(messages, list) or not messages:
         raise _bad("messages must be a non-empty list", "messages")
     tools, choice = _tools(body)
-    images: list[ImagePart] = []
-    parsed = tuple(_message(m, i, images) for i, m in enumerate(messages))
+    media: list[ImagePart | AudioPart] = []
+    parsed = tuple(_message(m, i, media) for i, m in enumerate(messages))
     return Request(messages=parsed, tools=tools, tool_choice=choice, parallel_tool_calls=_parallel(body),
-                   logprobs=_chat_logprobs(body), images=tuple(images), **_common(body, defaults))
+                   logprobs=_chat_logprobs(body), images=tuple(m for m in media if isinstance(m, ImagePart)),
+                   recordings=tuple(m for m in media if isinstance(m, AudioPart)), **_common(body, defaults))
 
 
 MAX_PROMPTS = 16        # prompts in one /v1/completions request (each is admitted as a request of its own)

@@ -35,22 +35,23 @@ class _Running:
 class ReferenceSession(Session):
     backend = "reference"
     applies = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "min_p", "logprobs",
-                         "top_logprobs", "images"})
+                         "top_logprobs", "images", "recordings"})
 
     def __init__(self, model: Any, limits: Limits, device: str = "cpu",
                  thread_context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
                  on_close: Callable[[], None] = lambda: None, grammars: Any = None,
                  pixels: Callable[[tuple[bytes, ...], list[int]], dict] | None = None,
-                 new_cache: Callable[[Any], Any] = lambda _model: None):
+                 new_cache: Callable[[Any], Any] = lambda _model: None,
+                 audio: Callable[[tuple[bytes, ...], list[int]], dict] | None = None):
         """new_cache: the cache a request's first forward starts from where transformers cannot make it itself
         (None: it makes its own; workstation/models.new_cache). device: where the model's inputs go. thread_context:
         entered by the session's own thread around every forward (torch function modes such as the goldens'
         skinny_linears are per thread). on_close: releases the model after the thread stopped. grammars:
         grammar.Grammars of the served tokenizer, for requests with a grammar. pixels: a vision-language model's
         images and prompt ids made into its image inputs (workstation/image_prompts.PixelMaker); None for a text
-        model."""
+        model. audio: a speech model's recordings made into its audio inputs (workstation/audio_prompts.AudioMaker)."""
         super().__init__()
-        self.pixels, self.new_cache = pixels, new_cache
+        self.pixels, self.new_cache, self.audio = pixels, new_cache, audio
         # Qwen-VL keeps its multimodal RoPE offset on the model between forward calls: set per request, per step
         inner = getattr(model, "model", None)
         self._rope_holder = inner if hasattr(inner, "rope_deltas") else None
@@ -147,7 +148,12 @@ class ReferenceSession(Session):
         return Event([token], logprobs=logprobs)
 
     def _image_inputs(self, gen: Generation) -> dict[str, Any]:
-        """The request's images as the model's inputs (as the goldens made them), on the model's device."""
+        """The request's images (recordings) as the model's inputs (as the goldens made them), on the model's
+        device."""
+        if gen.recordings:
+            if self.audio is None:
+                raise RuntimeError("this session serves a model without an audio encoder: it takes no audio")
+            return {k: v.to(self.device) for k, v in self.audio(gen.recordings, list(gen.prompt_ids)).items()}
         if not gen.images:
             return {}
         if self.pixels is None:

@@ -39,8 +39,14 @@ class BodyBudget:
 
 
 async def _body(request, limit: int, budget: BodyBudget) -> dict[str, Any]:
-    """The request's JSON body, read from the ASGI messages themselves (Starlette's stream is an async generator
-    around the same reads), at most `limit` bytes, each chunk counted against the server's budget while held."""
+    """The request's JSON body (raw_body)."""
+    return await raw_body(request, limit, budget, protocol.parse_json)
+
+
+async def raw_body(request, limit: int, budget: BodyBudget, parse: Callable[[bytes], Any]) -> Any:
+    """The request's body as `parse` makes it, read from the ASGI messages themselves (Starlette's stream is an async
+    generator around the same reads), at most `limit` bytes, each chunk counted against the server's budget while
+    held (parsing included)."""
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise ApiError(413, f"the request body is larger than {limit} bytes", code="body_too_large")
@@ -56,7 +62,7 @@ async def _body(request, limit: int, budget: BodyBudget) -> dict[str, Any]:
             budget.take(len(chunk))
             data += chunk
             if not message.get("more_body", False):
-                return protocol.parse_json(bytes(data))
+                return parse(bytes(data))
     finally:
         budget.give(len(data))
 
@@ -129,7 +135,10 @@ class Reply:
             content = ""
         out = responses.Output(content, reason, self.calls(calls[1]) if calls is not None else None, entries,
                                stop_sequence=stop)
-        return JSONResponse(self.ep.whole(self.ident, out, self.usage(made)), headers=headers)
+        body = self.ep.whole(self.ident, out, self.usage(made))
+        if isinstance(body, str):       # a plain-text answer (a transcription's response_format text)
+            return Response(body, media_type="text/plain; charset=utf-8", headers=headers)
+        return JSONResponse(body, headers=headers)
 
     async def events(self) -> AsyncGenerator[bytes, None]:
         """The SSE stream as the endpoint writes it (responses.Stream): its opening, content pieces, its closing

@@ -21,6 +21,7 @@ from pipeline.families import family
 from pipeline.runtime.session import Limits, Session
 from pipeline.serve.images import ImageSide, image_side_of
 from pipeline.serve.protocol import OPENAI_DEFAULTS, SamplingDefaults
+from pipeline.serve.recordings import AudioSide, audio_side_of
 from pipeline.serve.text import TextCodec, check_against_goldens, sampling_defaults
 from pipeline.serve.toolcalls import FORMATS, ToolCallFormat
 
@@ -37,6 +38,7 @@ class Served:
     defaults: SamplingDefaults = OPENAI_DEFAULTS     # for the sampling fields a request omits
     tool_format: ToolCallFormat | None = None        # how its family writes tool calls (where the template has tools)
     images: ImageSide | None = None                  # a vision-language model's image side (serve/images.py)
+    audio: AudioSide | None = None                   # a speech model's audio side (serve/recordings.py)
     planned_bytes: int = 0      # its plan's memory at the limits its engine was built with (a set's budget counts it)
 
 
@@ -49,11 +51,13 @@ def served_of(name: str, created: int, tokenizer_dir: Path, goldens: contract.Go
     codec = TextCodec.load(tokenizer_dir)
     fam = family(plan.model.architecture)
     side = image_side_of(plan, tokenizer_dir, codec.tokenizer)
-    check_against_goldens(codec, goldens, where, side.placeholder_id if side else None)
+    hears = audio_side_of(plan, codec.tokenizer)
+    check_against_goldens(codec, goldens, where, side.placeholder_id if side else None,
+                          hears.placeholder_id if hears else None)
     stops = goldens.stop_ids
     fmt = FORMATS.get(fam.tool_calls) if fam is not None and fam.tool_calls else None
     return Served(name, created, codec, stops, limits_of(plan), backend, goldens, sampling_defaults(tokenizer_dir),
-                  fmt, side, plan.memory.total if plan.memory is not None else 0)
+                  fmt, side, hears, plan.memory.total if plan.memory is not None else 0)
 
 
 def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = None,

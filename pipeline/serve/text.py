@@ -202,24 +202,30 @@ def sampling_defaults(tokenizer_dir: Path):
 
 
 def check_against_goldens(codec: TextCodec, goldens: contract.Goldens, where: str,
-                          placeholder: int | None = None) -> None:
+                          placeholder: int | None = None, audio_placeholder: int | None = None) -> None:
     """Every golden prompt rendered and encoded by this codec gives the ids the goldens were computed from, and its
     golden answer decodes to the goldens' text: else the server would ask the engine something validation did not
     check, and the kit is refused. A prompt asked with an image is rendered as the server renders an image part
-    (the user turn holds the image, then the text), its `placeholder` expanded to the golden's image tokens."""
+    (the user turn holds the image, then the text), its `placeholder` expanded to the golden's image tokens; one
+    asked with a recording the same way, its `audio_placeholder` expanded to the golden's audio tokens."""
     for i, p in enumerate(goldens.prompts):
         if p.image is not None and (placeholder is None or not goldens.chat_template):
             raise PipelineError(f"{where}: golden prompt {i} is asked with an image, and this model serves no "
                                 "images", "rebuild the kit")
+        if p.recording is not None and (audio_placeholder is None or not goldens.chat_template):
+            raise PipelineError(f"{where}: golden prompt {i} is asked with a recording, and this model serves no "
+                                "audio", "rebuild the kit")
         if goldens.chat_template:
             if codec.template is None:
                 raise PipelineError(f"{where}: the goldens were asked through a chat template the kit's tokenizer "
                                     "lacks", "rebuild the kit")
-            if p.image is not None and placeholder is not None:
-                _, ids = codec.chat_ids([{"role": "user", "content": [{"type": "image"},
+            media = ("image", placeholder, p.image_tokens) if p.image is not None else \
+                ("audio", audio_placeholder, p.audio_tokens) if p.recording is not None else None
+            if media is not None and media[1] is not None:
+                _, ids = codec.chat_ids([{"role": "user", "content": [{"type": media[0]},
                                                                       {"type": "text", "text": p.prompt}]}])
                 try:
-                    ids = expand_one(ids, placeholder, p.image_tokens or 0)
+                    ids = expand_one(ids, media[1], media[2] or 0)
                 except PipelineError as exc:
                     raise PipelineError(f"{where}: prompt {i} ({p.prompt[:40]!r}): {exc.message}",
                                         "serve the kit's own tokenizer and chat template") from None

@@ -125,6 +125,42 @@ class RecordingPrompts:
             (out / AUDIO_DIR / recording.name).write_bytes(recording.data)
 
 
+@dataclass(frozen=True)
+class AudioMaker:
+    """A served request's recordings made into the model's inputs, as the goldens' were: the checkpoint's feature
+    extractor, the recordings' features padded to whole chunks. The prompt's placeholder tokens must be exactly the
+    extractor's count for these recordings (the server counted them by the family's arithmetic): a difference is an
+    error naming both, never an answer to a different prompt."""
+    extractor: object
+    placeholder: int
+    n_window: int
+
+    def __call__(self, recordings: tuple[bytes, ...], ids: list[int]) -> dict:
+        import numpy as np
+        import torch
+
+        from pipeline.families.audio import QWEN3_ASR_AUDIO
+        from pipeline.workstation.speech_features import log_mel
+        features = [log_mel(self.extractor, read_wav(r), f"recording {i}") for i, r in enumerate(recordings)]
+        made = sum(QWEN3_ASR_AUDIO.tokens_of_frames(f.shape[1], self.n_window) for f in features)
+        if made != ids.count(self.placeholder):
+            raise ValueError(f"the feature extractor makes {made} audio tokens of the request's {len(recordings)} "
+                             f"recording(s); the prompt holds {ids.count(self.placeholder)}")
+        chunk = 2 * self.n_window
+        padded = max(-(-f.shape[1] // chunk) * chunk for f in features)
+        x = np.zeros((len(features), features[0].shape[0], padded), np.float32)
+        mask = torch.zeros(len(features), padded, dtype=torch.long)
+        for i, f in enumerate(features):
+            x[i, :, :f.shape[1]] = f
+            mask[i, :f.shape[1]] = 1
+        return {"input_features": torch.from_numpy(x), "input_features_mask": mask}
+
+
+def audio_maker(model_dir: Path, placeholder: int, n_window: int) -> AudioMaker:
+    from pipeline.workstation.speech_features import feature_extractor
+    return AudioMaker(feature_extractor(model_dir), placeholder, n_window)
+
+
 def recording_prompts(model_dir: Path, refs: tuple[str, ...], recipe_file: str, max_seconds: int | None
                       ) -> RecordingPrompts | None:
     """The recipe's validation recordings for the model in model_dir (None without recordings); recordings for a

@@ -1,9 +1,12 @@
 """Builtin tiny speech-to-text models: a real model's config shrunk (layers, widths), its encoder's design kept (128 mel
 bins, 100-frame chunks, 800-frame attention windows, three stride-2 convolutions), its feature extractor's real
 settings, and a tokenizer trained here with the audio placeholder tokens the family's chat template places. The
-language model is briefly trained on the shipped corpus as the text builtins are (tinymodel.py); the encoder keeps its
-random weights (the export, the independent check and the goldens compare numerics, which random weights exercise as
-well as trained ones: a tiny twin's transcripts say nothing about how well the real model transcribes).
+language model is briefly trained on the shipped corpus as the text builtins are (tinymodel.py), then the whole model
+is trained to transcribe a pinned speech set (`speech_set`, workstation/speech_set.py) in the real model's answer
+format ("language English<asr_text>front left"), so that its word error rate on that set is a figure the speech gate
+can hold it to (a random encoder would transcribe nothing, and a gate on it could not fail). It has learnt those few
+utterances by heart: its figures say the engine computes what the reference does, never how well the real model
+transcribes.
 
 Written in the layout the hub publishes the real model in: Qwen3-ASR's original repositories (thinker_config, the
 encoder with its projection under thinker.audio_tower.), which the fetch rewrites into transformers' native one
@@ -18,6 +21,7 @@ from pathlib import Path
 from pipeline.workstation.tinyvlm import chat_template
 
 QWEN_AUDIO = ("<|audio_start|>", "<|audio_pad|>", "<|audio_end|>")
+ASR_MARKER = "<asr_text>"       # Qwen3-ASR's answer: "language NAME" + this + the transcript
 AUDIO_PARTS = ("audio", "input_audio", "audio_url")     # content parts a chat template places a recording for
 
 ASR_BUILTINS: dict[str, dict] = {
@@ -32,7 +36,8 @@ ASR_BUILTINS: dict[str, dict] = {
                      downsample_hidden_size=16, num_mel_bins=128, n_window=50, n_window_infer=800),
         # Qwen3ASRFeatureExtractor's settings as the real checkpoint's preprocessor_config.json has them
         processor_config=dict(feature_size=128, sampling_rate=16000, hop_length=160, chunk_length=30, n_fft=400,
-                              n_window=50, min_length=8000)),
+                              n_window=50, min_length=8000),
+        speech_set="builtin:alsa-channels", speech_steps=150),
 }
 
 
@@ -48,7 +53,7 @@ def build_config(spec: dict, vocab: int, ids: tuple[int, int, int]):
 def _tokenizer(spec, asr: dict):
     from pipeline.workstation.tinytrain import train_tokenizer
     tok = train_tokenizer(spec.vocab_size)
-    tok.add_special_tokens(list(asr["placeholders"]))
+    tok.add_special_tokens([*asr["placeholders"], ASR_MARKER])
     ids = tuple(tok.token_to_id(t) for t in asr["placeholders"])
     return tok, (ids[0], ids[1], ids[2])
 
@@ -87,6 +92,11 @@ def materialize_asr(name: str, spec, out_dir: Path, progress=None) -> None:
     torch.manual_seed(spec.seed)
     model = Qwen3ASRForConditionalGeneration(config).float()
     train(model, fast, spec.train_steps, spec.seed, progress)
+    if asr.get("speech_set"):
+        from pipeline.workstation.speech_set import read_speech_set
+        extractor = Qwen3ASRFeatureExtractor(**asr["processor_config"])
+        speech = read_speech_set(asr["speech_set"], "(builtin)", f"the builtin {name}'s speech set")
+        train_transcribing(model, fast, extractor, speech, ids[1], asr["speech_steps"], spec.seed, progress)
     model.eval()
     model.generation_config.do_sample = False
     # Qwen3-ASR's generation defaults name the real vocabulary's end tokens: this one's are the tokenizer's
@@ -96,6 +106,60 @@ def materialize_asr(name: str, spec, out_dir: Path, progress=None) -> None:
     Qwen3ASRFeatureExtractor(**asr["processor_config"]).save_pretrained(out_dir)
     if asr.get("published") == "thinker":
         _write_thinker(out_dir, asr, ids)
+
+
+LANGUAGE_NAMES = {"en": "English"}
+LR = 1e-3     # the set's languages as Qwen3-ASR names them in its answer
+
+
+def train_transcribing(model, tokenizer, extractor, speech, pad: int, steps: int, seed: int, progress=None) -> None:
+    """`steps` AdamW steps (lr LR) of the model transcribing every utterance of the set,
+    asked as the transcription endpoint asks (the user turn holds only the recording), the loss on the answer
+    alone: "language NAME<asr_text>TRANSCRIPT" and the end of the turn. One thread: the same bits everywhere."""
+    import numpy as np
+    import torch
+
+    from pipeline.audio import read_wav
+    from pipeline.families.audio import QWEN3_ASR_AUDIO
+    from pipeline.workstation.speech_features import log_mel
+    n_window = model.config.audio_config.n_window
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": [{"type": "audio"}]}], tokenize=False,
+                                             add_generation_prompt=True)
+    prompt = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    examples = []
+    for u in speech.utterances:
+        features = log_mel(extractor, read_wav(u.wav), u.name)
+        frames = features.shape[1]
+        count = QWEN3_ASR_AUDIO.tokens_of_frames(frames, n_window)
+        at = prompt.index(pad)
+        ids = prompt[:at] + [pad] * count + prompt[at + 1:]
+        answer = tokenizer(f"language {LANGUAGE_NAMES[u.language]}{ASR_MARKER}{u.transcript}",
+                           add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        chunk = 2 * n_window
+        x = np.zeros((1, features.shape[0], -(-frames // chunk) * chunk), np.float32)
+        x[0, :, :frames] = features
+        mask = torch.zeros(1, x.shape[2], dtype=torch.long)
+        mask[0, :frames] = 1
+        examples.append((torch.tensor([ids + answer]), torch.tensor([[-100] * len(ids) + answer]),
+                         torch.from_numpy(x), mask))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+        model.train()
+        for step in range(steps):
+            opt.zero_grad()
+            total = 0.0
+            for ids, labels, x, mask in examples:       # the whole set each step (its gradients summed)
+                loss = model(input_ids=ids, labels=labels, input_features=x, input_features_mask=mask).loss
+                (loss / len(examples)).backward()
+                total += loss.item() / len(examples)
+            opt.step()
+            if progress:
+                progress(step + 1, steps, total)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _write_thinker(out_dir: Path, asr: dict, ids: tuple[int, int, int]) -> None:

@@ -61,8 +61,10 @@ def test_image_url_parts_become_the_templates_image_parts_in_order():
      r"messages\[0\]: only user messages may hold images"),
     ({"role": "user", "content": [{"type": "image_url", "image_url": {"detail": "auto"}}]},
      r"messages\[0\].content\[0\].image_url must be"),
-    ({"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]},
-     r"messages\[0\].content\[0\]: only text and image_url parts are supported"),
+    ({"role": "user", "content": [{"type": "video_url", "video_url": {}}]},
+     r"messages\[0\].content\[0\]: only text, image_url and input_audio parts are supported"),
+    ({"role": "user", "content": [{"type": "input_audio", "input_audio": {"format": "wav"}}]},
+     r"messages\[0\].content\[0\].input_audio must be \{\"data\": \"<base64>\""),
     ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}] * 17},
      r"messages\[0\].content\[16\]: at most 16 images per request"),
 ])
@@ -185,7 +187,7 @@ def test_the_image_placeholder_typed_as_text_is_refused_in_a_raw_prompt():
 
     from pipeline.serve.prepare import Preparer, Settings
     from pipeline.serve.protocol import parse_completion
-    served = SimpleNamespace(codec=SimpleNamespace(control_pattern=None), images=side())
+    served = SimpleNamespace(codec=SimpleNamespace(control_pattern=None), images=side(), audio=None)
     prep = Preparer(served, Settings(), lambda: None)
     for prompt in ("Describe <|image_pad|> please", [5, PAD, 6]):
         with pytest.raises(ApiError, match="image placeholder") as err:

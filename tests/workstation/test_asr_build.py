@@ -93,3 +93,99 @@ def test_the_doubles_features_are_the_extractors():
         ours = log_mel(x, 128)
         assert ours.shape == (128, frames)
         assert np.abs(ours - ref["input_features"][0][:, :frames]).max() < 2e-4, r.name
+
+
+@pytest.fixture(scope="module")
+def served(built, tmp_path_factory):
+    """`serve` of the built recipe (its reference model, the goldens' numerics) for the transcription tests."""
+    from tests.serving import REPO, Served
+    project = built[0]
+    log = tmp_path_factory.mktemp("asr-serve") / "server.log"
+    s = Served([RECIPE], project.env, REPO, log)
+    yield s, stage_dir(project, RECIPE, "goldens")
+    s.stop()
+    assert "Traceback" not in log.read_text()
+
+
+def _client(s):
+    from openai import OpenAI
+    return OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+
+
+def test_a_transcription_is_the_chat_the_goldens_asked(served, built):
+    """The openai SDK's upload: the recording then the prompt, greedy, as the goldens asked it: its transcript is the
+    golden answer's after the marker (the goldens stopped at max_new_tokens: a prefix), in each response_format."""
+    from transformers import AutoTokenizer
+
+    from pipeline.audio import read_wav
+    from pipeline.serve.transcriptions import split
+    s, stage = served
+    tok = AutoTokenizer.from_pretrained(stage_dir(built[0], RECIPE, "fetch") / "model")
+    goldens = contract.Goldens.load(stage / contract.GOLDENS)
+    client = _client(s)
+    for p in goldens.prompts[:3]:
+        language, said = split(tok.decode(p.output_ids).replace("<|eos|>", ""), "<asr_text>")
+        wav = stage / p.recording
+        r = client.audio.transcriptions.create(model=RECIPE, file=(wav.name, wav.read_bytes(), "audio/wav"),
+                                               prompt=p.prompt)
+        assert r.text.startswith(said), (r.text, said)
+        text = client.audio.transcriptions.create(model=RECIPE, file=(wav.name, wav.read_bytes()),
+                                                  prompt=p.prompt, response_format="text")
+        assert text == r.text
+        verbose = client.audio.transcriptions.create(model=RECIPE, file=(wav.name, wav.read_bytes()),
+                                                     prompt=p.prompt, response_format="verbose_json")
+        assert (verbose.language, verbose.text) == (language or "", r.text)
+        assert verbose.duration == pytest.approx(read_wav(wav.read_bytes()).seconds, abs=1e-3)
+
+
+def _encoded(tmp_path, wav: bytes, args: list[str], suffix: str) -> bytes:
+    import subprocess
+    src, out = tmp_path / "in.wav", tmp_path / f"out{suffix}"
+    src.write_bytes(wav)
+    subprocess.run(["ffmpeg", "-nostdin", "-loglevel", "error", "-y", "-i", str(src), *args, str(out)], check=True)
+    return out.read_bytes()
+
+
+def test_browser_recordings_and_other_rates_are_decoded_by_ffmpeg_to_what_the_engine_takes(served, tmp_path):
+    """Open WebUI's voice input posts what the browser recorded (WebM/Opus); a 48 kHz WAV is resampled. Each is
+    transcribed (the tokens counted from the decoded length: the prompt's usage says so through the chat API)."""
+    s, _ = served
+    client = _client(s)
+    chirp = BUILTIN_RECORDINGS["chirp-1s"].wav()
+    for name, data in (("voice.webm", _encoded(tmp_path, chirp, ["-c:a", "libopus"], ".webm")),
+                       ("voice-48k.wav", _encoded(tmp_path, chirp, ["-ar", "48000"], ".wav")),
+                       ("voice.flac", _encoded(tmp_path, chirp, [], ".flac"))):
+        r = client.audio.transcriptions.create(model=RECIPE, file=(name, data), response_format="verbose_json")
+        assert abs(r.duration - 1.0) < 0.03, (name, r.duration)
+
+
+def _post(s, files: dict, data: dict | None = None):
+    import requests
+    return requests.post(s.url + "/v1/audio/transcriptions", files=files, data=data or {}, timeout=60)
+
+
+def test_hostile_audio_is_a_400_naming_the_part(served, tmp_path):
+    """Truncated, foreign, hours-long by its header, past the engine's profile, empty; a form without a file, a
+    timestamped format, an unknown language: each a 400 in OpenAI's error shape, the server still serving."""
+    import struct
+    s, _ = served
+    good = BUILTIN_RECORDINGS["chirp-1s"].wav()
+    hours = bytearray(good)
+    hours[40:44] = struct.pack("<I", 16_000 * 2 * 3600 * 3)        # the data chunk claims three hours
+    long = BUILTIN_RECORDINGS["buzz-syllables"].samples()
+    from pipeline.audio import wav_bytes
+    cases = [
+        ({"file": ("cut.wav", good[:300])}, None, "the file is truncated or damaged"),
+        ({"file": ("noise.mp3", b"\xff\xfb" + bytes(range(256)) * 8)}, None, "cannot be decoded"),
+        ({"file": ("hours.wav", bytes(hours))}, None, "says 345600000 bytes and the file ends"),
+        ({"file": ("long.wav", wav_bytes(long + long, 16000))}, None, "20.3 s of audio, over the limit of 15 s"),
+        ({"file": ("empty.wav", b"")}, None, "empty"),
+        ({"model": (None, RECIPE)}, None, "exactly one `file` part"),
+        ({"file": ("a.wav", good)}, {"response_format": "srt"}, "timestamped segments"),
+        ({"file": ("a.wav", good)}, {"language": "xx"}, "is not one this model transcribes"),
+    ]
+    for files, data, said in cases:
+        r = _post(s, files, data)
+        assert r.status_code == 400, (files.keys(), r.status_code, r.text)
+        assert said in r.json()["error"]["message"], r.json()
+    assert _post(s, {"file": ("a.wav", good)}).status_code == 200

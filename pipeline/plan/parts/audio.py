@@ -142,7 +142,8 @@ def plan_audio(part: AudioEncoder, target: TargetProfile, build: BuildLimits, ma
                      max_seconds=max_seconds, audio_tokens=tokens, prompt_tokens=PROMPT_TOKENS,
                      encoder_ms_by_seconds=by_seconds or None,
                      encoder_error_band=vision["loo_median_abs_error"] if vision else None,
-                     profile=AudioProfile(MIN_TIME_STEPS, max(MIN_TIME_STEPS, part.design.frames(max_seconds))))
+                     profile=AudioProfile(MIN_TIME_STEPS, max(MIN_TIME_STEPS, part.design.frames(max_seconds))),
+                     n_window=part.shape.n_window)
 
 
 def _longest_recording(part: AudioEncoder, tokens: int) -> int:
