@@ -83,3 +83,21 @@ def error_rate(pairs: Sequence[tuple[str, str]], language: str, rounds: int = 20
     wrong = sum(e for e, _ in per)
     return ErrorRate(metric, language, wrong / total, bootstrap_interval(per, rate, rounds, seed), wrong, total,
                      len(per))
+
+
+def answer_transcript(answer: str, marker: str, names: Sequence[str]) -> tuple[str | None, str]:
+    """(the language the model named, the transcript) of a transcriber's answer in Qwen3-ASR's format, "language NAME"
+    + `marker` + the transcript: split at the marker where the text kept it; where the runtime's decoding dropped it
+    (a control token), the "language NAME" before it read against the names the model answers with (`names`, and
+    "None"). An answer in neither form is all transcript."""
+    if marker and marker in answer:
+        head, text = answer.split(marker, 1)
+        named = head.strip()
+        named = named[len("language "):].strip() if named.lower().startswith("language ") else named
+        return (None if not named or named.lower() == "none" else named), text.strip()
+    stripped = answer.lstrip()
+    for name in sorted((*names, "None"), key=len, reverse=True):
+        prefix = f"language {name}"
+        if stripped.startswith(prefix):
+            return (None if name == "None" else name), stripped[len(prefix):].strip()
+    return None, answer.strip()

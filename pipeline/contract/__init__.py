@@ -39,6 +39,7 @@ from pipeline.contract.device import (
     Report,
     SetModel,
     SetReport,
+    SpeechRate,
     Validation,
 )
 from pipeline.contract.kit import (
@@ -63,6 +64,8 @@ from pipeline.contract.kit import (
     PayloadFile,
     ReaderCheck,
     SpeculativeExport,
+    SpeechCheck,
+    SpeechItem,
     StageRef,
     Stages,
     VisualExport,
@@ -139,6 +142,9 @@ __all__ = [
     "LoadResult",
     "IMAGE_FILE_RE",
     "RECORDING_FILE_RE",
+    "SpeechCheck",
+    "SpeechItem",
+    "SpeechRate",
     "MANIFESTS",
     "MAX_BATCH_SIZE",
     "MAX_CONTEXT",

@@ -75,6 +75,18 @@ class KvAllocation(Part):
 
 
 @dataclass(frozen=True)
+class SpeechRate(Part):
+    """A transcriber's error rate in one language over a speech set (pipeline/transcripts.py): word error rate, or
+    character error rate for languages written without spaces, with its 95% bootstrap interval."""
+    language: str
+    metric: str             # wer | cer
+    rate: float
+    low: float
+    high: float
+    utterances: int
+
+
+@dataclass(frozen=True)
 class PromptResult(Part):
     """What the engine produced for one golden prompt, and what the runtime measured while it did: token ids where
     the runtime returns them (TensorRT-LLM), else the decoded text (Edge-LLM's llm_inference)."""
@@ -117,6 +129,7 @@ class Validation(Record):
     kv_tokens_requested: int | None = None
     kv_cache_stats: dict[str, int] | None = None     # the executor's KvCacheStats, where it exposes them
     load_runs: list[LoadResult] = field(default_factory=list)
+    transcripts: list[str] | None = None    # the engine's answers to the kit's speech set, in its order
 
     @property
     def agreement_unit(self) -> str:
@@ -226,6 +239,7 @@ class Report(Record):
     prompts: list[PromptOutcome] = field(default_factory=list)
     gaps: list[Gap] = field(default_factory=list)      # figures > 25% off their prediction, with causes
     notes: list[str] = field(default_factory=list)     # e.g. golden answers too short to be a strong check
+    speech: list[SpeechRate] = field(default_factory=list)     # the engine's error rates on the kit's speech set
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pipeline.contract.base import ContractError, Part, Record, _short
-from pipeline.contract.device import Board
+from pipeline.contract.device import Board, SpeechRate
 from pipeline.contract.plan import BuildLimits, QuantSettings, Stack
 
 
@@ -273,6 +273,30 @@ class GoldenPrompt(Part):
 
 
 @dataclass(frozen=True)
+class SpeechItem(Part):
+    """One utterance of the speech set: the kit's recording, its language and reference transcript."""
+    recording: str          # audio/speech-<sha>.wav
+    recording_sha256: str
+    language: str
+    transcript: str
+    audio_tokens: int
+
+
+@dataclass(frozen=True)
+class SpeechCheck(Part):
+    """The speech quality gate a kit carries: the set, how each utterance is asked (its recording, then `prompt` where
+    there is one; the answer's transcript is what follows `marker`), the most error per language it takes, and what
+    the reference model scored (the deployed numerics on the workstation)."""
+    utterances: list[SpeechItem]
+    max_error_rate: float
+    max_new_tokens: int
+    reference: list[SpeechRate]
+    marker: str = ""
+    prompt: str = ""
+    set: str = ""               # as the recipe named it
+
+
+@dataclass(frozen=True)
 class Goldens(Record):
     """Reference greedy outputs of the deployed numerics, which the engine must reproduce."""
     FORMAT: ClassVar[str] = "jetson-goldens/2"
@@ -290,6 +314,7 @@ class Goldens(Record):
     draft_first_token_accuracy: float | None = None
     draft_tokens_per_step: float | None = None
     draft_steps: int | None = None
+    speech: SpeechCheck | None = None   # a speech model's quality gate (None: no speech set)
 
     def non_finite(self) -> str | None:
         """Where a reference log-probability is not a finite number (NaN, Inf), or None: log_softmax of finite logits

@@ -8,11 +8,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pipeline.contract.base import ContractError, Part, Record
+from pipeline.contract.device import SpeechRate
 from pipeline.contract.kit import ExportRecord
 
 
@@ -94,6 +95,7 @@ class GoldensSummary(Part):
     chat_template: bool
     new_tokens: int
     weak: list[str]             # prompts whose golden answer is under half of max_new_tokens: a weak check
+    speech: list[SpeechRate] = field(default_factory=list)     # the reference's error rates on the speech set
 
 
 @dataclass(frozen=True)

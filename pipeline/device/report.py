@@ -103,6 +103,7 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
                                 "a headless board's usable memory (the rest may page out to swap)", ram_only=True)
     checks += memory_checks("runtime", validation_memory, memory.total if memory else None,
                             memory.usable_headless if memory else None, "the board's usable memory (headless)")
+    speech = _speech(goldens, validation, plan, checks)
 
     rates = [p.decode_tok_s for p in per_prompt if p.decode_tok_s]
     measured_decode = round(sum(rates) / len(rates), 2) if rates else None
@@ -162,7 +163,25 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
             power_mode=plan.prediction.power_mode if plan.prediction else None,
             aggregate_tok_s_by_batch=_batched(plan, validation.load_runs), vit_ms=predicted_vit,
             acceptance=predicted_accept[0] if predicted_accept else None),
-        gaps=gaps, notes=notes, prompts=per_prompt)
+        gaps=gaps, notes=notes, prompts=per_prompt, speech=speech)
+
+
+def _speech(goldens: contract.Goldens, validation: contract.Validation, plan: contract.Plan,
+            checks: list[contract.Check]) -> list[contract.SpeechRate]:
+    """The engine's error rates on the kit's speech set (device/speech.py), their checks added to `checks`."""
+    if goldens.speech is None:
+        return []
+    from pipeline.device import speech
+    if validation.transcripts is None:
+        checks.append(_check("speech set transcribed by the engine", f"{len(goldens.speech.utterances)} transcripts",
+                             None, False, "the runtime gave no transcripts"))
+        return []
+    from pipeline.families import family
+    fam = family(plan.model.architecture)
+    names = tuple(n for _, n in fam.audio.languages) if fam is not None and fam.audio is not None else ()
+    measured = speech.engine_rates(goldens.speech, validation.transcripts, names)
+    checks += speech.checks(goldens.speech, measured)
+    return measured
 
 
 def _speculative(plan: contract.Plan, goldens: contract.Goldens) -> tuple[tuple[float, float] | None, str]:

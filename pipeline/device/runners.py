@@ -170,8 +170,38 @@ def validate_llm_inference(kit_dir: Path, engine: Path, plan: contract.Plan, gol
                                 f"see {work / f'validate-{i}.log'}")
         results.append(contract.PromptResult(prompt=golden.prompt, output_text=text, seconds=seconds,
                                              **edgellm_profile(_json(prof, "llm_inference's profile"))))
+    transcripts = speech_transcripts(kit_dir, engine, goldens.speech, work, watch, timeout) \
+        if goldens.speech is not None else None
     return contract.Validation(runtime="llm_inference", speed_source="llm_inference --dumpProfile --profileOutputFile",
-                               prompts=results)
+                               prompts=results, transcripts=transcripts)
+
+
+def speech_transcripts(kit_dir: Path, engine: Path, speech: contract.SpeechCheck, work: Path,
+                       watch: MemoryWatch | None, timeout: int) -> list[str]:
+    """The engine's answers to the kit's speech set, asked as the workstation asked the reference (each recording,
+    then the set's prompt where it has one; greedy; one request each, in one run of llm_inference)."""
+    def content(item: contract.SpeechItem) -> list[dict]:
+        golden = contract.GoldenPrompt(prompt="", input_ids=[], output_ids=[], top_logprobs=[], text="",
+                                       recording=item.recording, recording_sha256=item.recording_sha256)
+        parts: list[dict] = [{"type": "audio", "audio": str(checked_recording(kit_dir, golden))}]
+        return parts + ([{"type": "text", "text": speech.prompt}] if speech.prompt else [])
+    asked = {"batch_size": 1, "temperature": 0.0, "top_p": 1.0, "top_k": 1,
+             "max_generate_length": speech.max_new_tokens, "apply_chat_template": True, "add_generation_prompt": True,
+             "requests": [{"messages": [{"role": "user", "content": content(u)}]} for u in speech.utterances]}
+    replace_file(work / "speech-input.json", json.dumps(asked, indent=1))
+    out = work / "speech-output.json"
+    remove_entry(out)
+    run_logged(["llm_inference", "--engineDir", str(engine), "--multimodalEngineDir", str(engine),
+                "--inputFile", str(work / "speech-input.json"), "--outputFile", str(out)],
+               cwd=work, log=work / "speech.log", timeout=timeout, watch=watch)
+    answer = _json(out, "llm_inference's output for the speech set")
+    responses = answer.get("responses") if isinstance(answer, dict) else None
+    texts = [r.get("output_text") if isinstance(r, dict) else None for r in responses] \
+        if isinstance(responses, list) else []
+    if len(texts) != len(speech.utterances) or not all(isinstance(t, str) for t in texts):
+        raise PipelineError(f"llm_inference answered {len(texts)} of the speech set's {len(speech.utterances)} "
+                            "recordings", f"see {work / 'speech.log'}")
+    return [t for t in texts if isinstance(t, str)]
 
 
 def validate_session(kit_dir: Path, engine: Path, plan: contract.Plan, _goldens: contract.Goldens, work: Path,

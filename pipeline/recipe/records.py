@@ -196,6 +196,24 @@ def _draft(table: dict[str, Any], file: str) -> Draft | None:
 
 
 @dataclass(frozen=True)
+class SpeechSettings:
+    """[validation.speech]: a speech-to-text model's quality gate (workstation/speech_set.py): its error rate per
+    language over a pinned speech set, on the workstation (the deployed numerics) and on the device's engine."""
+    set: str | None = setting(None, pattern=re.compile(r"^(builtin|file):.+$"),
+                              pattern_hint="builtin:alsa-channels or file:MANIFEST.tsv (relative to the recipe)",
+                              doc="the speech set: builtin:alsa-channels, or file:MANIFEST.tsv (PATH<TAB>LANGUAGE"
+                                  "<TAB>TRANSCRIPT per line)")
+    languages: tuple[str, ...] = setting((), toml=list, max_items=64,
+                                         doc="the languages (ISO 639) the model must be measured in: each needs "
+                                             "utterances in the set")
+    max_error_rate: float = setting(0.3, min=0.0, max=2.0, doc="the gate: the most word (or, in languages written "
+                                    "without spaces, character) error rate each language may have")
+    prompt: str = setting("", doc="text asked after each recording (default none: the recording alone, as "
+                                  "/v1/audio/transcriptions asks)")
+    max_new_tokens: int = setting(64, min=1, max=4096, doc="the longest transcript, in tokens")
+
+
+@dataclass(frozen=True)
 class ValidationSettings:
     prompts: tuple[str, ...] = setting(required=True, toml=list, max_items=MAX_PROMPTS)
     images: tuple[str, ...] = setting((), toml=list, max_items=MAX_PROMPTS,
@@ -216,6 +234,7 @@ class ValidationSettings:
                                   convert=_text_source,
                                   pattern_hint="builtin:NAME or file:PATH (relative to the recipe)",
                                   doc="held-out text for the perplexity change (at least a few thousand tokens)")
+    speech: SpeechSettings = setting(None)
     chat_template: bool | None = setting(None, doc="render prompts with the tokenizer's chat template and the "
                                          "generation prompt, as the deployed model is asked (default: when it has "
                                          "one)")

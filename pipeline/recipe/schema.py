@@ -201,6 +201,7 @@ def cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
     _prompt_checks(file, v["validation"]["prompts"], problems)
     _image_checks(file, v["validation"]["images"], v["validation"]["prompts"], problems)
     _recording_checks(file, v["validation"]["recordings"], v["validation"]["prompts"], problems)
+    _speech_checks(file, v["validation"]["speech"], problems)
 
 
 def _image_checks(file: str, images: Any, prompts: Any, problems: list[Problem]) -> None:
@@ -244,6 +245,27 @@ def _recording_checks(file: str, recordings: Any, prompts: Any, problems: list[P
         except PipelineError as exc:
             problems.append(Problem(file, field, ref, exc.message.split(f"{ref!r}", 1)[-1].strip(": ") or
                                     exc.message, exc.hint or "builtin:NAME or file:PATH"))
+
+
+def _speech_checks(file: str, speech: Any, problems: list[Problem]) -> None:
+    """The speech set reads (every file, pinned), and has utterances in each language the recipe declares."""
+    if not isinstance(speech, dict) or not isinstance(speech.get("set"), str):
+        if isinstance(speech, dict) and speech.get("languages"):
+            problems.append(Problem(file, "validation.speech.languages", speech["languages"], "declares languages "
+                                    "without a speech set to measure them on", "add validation.speech.set"))
+        return
+    from pipeline.workstation.speech_set import read_speech_set
+    try:
+        found = read_speech_set(speech["set"], file, "validation.speech.set").languages()
+    except PipelineError as exc:
+        problems.append(Problem(file, "validation.speech.set", speech["set"], exc.message.split(": ", 2)[-1],
+                                exc.hint or "builtin:alsa-channels or file:MANIFEST.tsv"))
+        return
+    for i, language in enumerate(speech.get("languages") or ()):
+        if isinstance(language, str) and language.lower() not in found:
+            problems.append(Problem(file, f"validation.speech.languages[{i}]", language, f"has no utterances in "
+                                    f"{speech['set']} (it has {', '.join(found)})", "add recordings in that "
+                                    "language to the set (file:MANIFEST.tsv), or measure it before deploying"))
 
 
 def _target_checks(file: str, given: list | None, targets: dict, problems: list[Problem]) -> list:

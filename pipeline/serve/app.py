@@ -294,7 +294,8 @@ def create_app(models: ModelSet):
             prepared = await prepare(server, asked.request, True)
             seconds = transcriptions.seconds_of(prepared.generation.recordings[0])
             endpoint = transcriptions.TranscriptionEndpoint(asked.response_format, seconds,
-                                                            side.design.transcript_marker)
+                                                            side.design.transcript_marker,
+                                                            tuple(n for _, n in side.design.languages))
             reply = Reply(server, asked.request, prepared, endpoint, server.admit())
             control = server.served.codec.control_tokens    # the marker stays in the text where it is a control token
             if side.design.transcript_marker in control:

@@ -106,28 +106,22 @@ def seconds_of(wav: bytes) -> float:
     return read_wav(wav).seconds
 
 
-def split(answer: str, marker: str) -> tuple[str | None, str]:
-    """(the language the model named, the transcript) of an answer in Qwen3-ASR's format; an answer without the
-    marker is all transcript."""
-    if marker not in answer:
-        return None, answer.strip()
-    head, text = answer.split(marker, 1)
-    named = next((line.strip() for line in head.strip().splitlines() if line.strip()), "")
-    if named.lower().startswith("language "):
-        named = named[len("language "):].strip()
-    return (None if not named or named.lower() == "none" else named), text.strip()
+def split(answer: str, marker: str, names: tuple[str, ...] = ()) -> tuple[str | None, str]:
+    """(the language the model named, the transcript) of an answer in Qwen3-ASR's format (transcripts.py)."""
+    from pipeline.transcripts import answer_transcript
+    return answer_transcript(answer, marker, names)
 
 
 class TranscriptionEndpoint(responses.Endpoint):
     """The whole answer in the form response_format asks (a stream is refused at parse)."""
     id_prefix = "transcription-"
 
-    def __init__(self, fmt: str, seconds: float, marker: str):
-        self.fmt, self.seconds, self.marker = fmt, seconds, marker
+    def __init__(self, fmt: str, seconds: float, marker: str, names: tuple[str, ...] = ()):
+        self.fmt, self.seconds, self.marker, self.names = fmt, seconds, marker, names
 
     def whole(self, ident: responses.Ident, out: responses.Output,  # noqa: ARG002 - the Endpoint's signature
               usage: responses.Usage) -> Any:  # noqa: ARG002
-        language, text = split(out.text or "", self.marker)
+        language, text = split(out.text or "", self.marker, self.names)
         used = {"type": "duration", "seconds": math.ceil(self.seconds)}
         if self.fmt == "text":
             return text

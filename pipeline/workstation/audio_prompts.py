@@ -91,8 +91,8 @@ class RecordingPrompts:
                                 f"(build.audio.max_seconds = {self.max_seconds})",
                                 f"raise build.audio.max_seconds to at least {int(audio.seconds) + 1}, or use a "
                                 "shorter recording")
-        rendered = render_chat(tokenizer, [{"role": "user", "content": [{"type": "audio"},
-                                                                        {"type": "text", "text": prompt}]}])
+        content = [{"type": "audio"}] + ([{"type": "text", "text": prompt}] if prompt else [])
+        rendered = render_chat(tokenizer, [{"role": "user", "content": content}])
         features = log_mel(self.extractor, audio, recording.ref)
         frames = features.shape[1]
         count = QWEN3_ASR_AUDIO.tokens_of_frames(frames, self.n_window)
@@ -167,6 +167,14 @@ def recording_prompts(model_dir: Path, refs: tuple[str, ...], recipe_file: str, 
     model without an audio encoder are an error naming the field."""
     if not refs:
         return None
+    recordings = tuple(read_recording(r, recipe_file, f"validation.recordings[{i}]") for i, r in enumerate(refs))
+    return recording_asker(model_dir, recipe_file, max_seconds, "validation.recordings", recordings)
+
+
+def recording_asker(model_dir: Path, recipe_file: str, max_seconds: int | None, field: str,
+                    recordings: tuple[PromptRecording, ...] = ()) -> RecordingPrompts:
+    """What asks the model in model_dir with recordings as the engine will (RecordingPrompts.asked); a model without
+    an audio encoder is an error naming the recipe's `field`."""
     from transformers import AutoTokenizer
 
     from pipeline.plan.parts import AudioEncoder
@@ -175,10 +183,8 @@ def recording_prompts(model_dir: Path, refs: tuple[str, ...], recipe_file: str, 
     shape = load_shape(model_dir)
     encoder = shape.part(AudioEncoder)
     if encoder is None or max_seconds is None:
-        raise PipelineError(f"{recipe_file}: validation.recordings = {list(refs)!r}, but the model "
-                            f"({shape.architecture}) has no audio encoder", "remove validation.recordings, or use "
-                            "a speech model")
-    recordings = tuple(read_recording(r, recipe_file, f"validation.recordings[{i}]") for i, r in enumerate(refs))
+        raise PipelineError(f"{recipe_file}: {field} asks with recordings, but the model ({shape.architecture}) has no "
+                            f"audio encoder", f"remove {field}, or use a speech model")
     tok = AutoTokenizer.from_pretrained(model_dir)
     pad = tok.convert_tokens_to_ids(encoder.design.placeholder)
     if not isinstance(pad, int) or pad == tok.unk_token_id:

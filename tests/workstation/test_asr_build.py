@@ -4,10 +4,11 @@ and the audio encoder's ONNX, the recordings and the goldens asked with them; th
 double computes itself from the WAV files)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
-from conftest import device, device_on_boards, stage_dir
+from conftest import REPO, device, device_on_boards, stage_dir
 
 from pipeline import contract
 from pipeline.recordings import BUILTIN_RECORDINGS
@@ -189,3 +190,64 @@ def test_hostile_audio_is_a_400_naming_the_part(served, tmp_path):
         assert r.status_code == 400, (files.keys(), r.status_code, r.text)
         assert said in r.json()["error"]["message"], r.json()
     assert _post(s, {"file": ("a.wav", good)}).status_code == 200
+
+
+def test_the_device_scores_the_engine_on_the_speech_set_as_the_workstation_scored_the_reference(built, validated):
+    """The speech gate's two halves: the goldens stage's WER of the reference over the pinned set, and the device's
+    of its engine over the kit's copy of it, by the same scoring; the engine transcribes what the reference did."""
+    from conftest import device_report
+    project, kits, out = built
+    goldens = contract.Goldens.load(stage_dir(project, RECIPE, "goldens") / contract.GOLDENS)
+    speech = goldens.speech
+    assert speech is not None and speech.set == "builtin:alsa-channels" and len(speech.utterances) == 8
+    (ref,) = speech.reference
+    assert (ref.language, ref.metric, ref.utterances) == ("en", "wer", 8)
+    assert ref.low <= ref.rate <= ref.high and ref.rate <= speech.max_error_rate
+    assert f"WER {ref.rate:.1%} in en (95% {ref.low:.1%} to {ref.high:.1%}, 8 utterances)" in out
+    tmp, proc = validated[TARGET]
+    report = device_report(tmp, proc)
+    assert report.speech == [ref]       # the engine's transcripts score as the reference's did
+    check = next(c for c in report.checks if c.check.startswith("speech WER in en"))
+    assert check.ok and check.measured == ref.rate and check.required == f"<= {speech.max_error_rate}"
+
+
+def test_an_engine_that_transcribes_worse_fails_the_speech_gate_on_the_device(built, tmp_path):
+    """A miscompiled engine (the double's every answer's first token wrong): its WER over the set is past the
+    recipe's limit, and the report fails that check, naming the language and the interval."""
+    project, kits, _ = built
+    proc = device(project, kits[TARGET], tmp_path / "device", board=BOARD, LLM_INFERENCE_DOUBLE_WRONG_AT="1")
+    assert proc.returncode != 0
+    report = contract.Report.load(next((tmp_path / "device" / "out").rglob("report.json")))
+    check = next(c for c in report.checks if c.check.startswith("speech WER in en"))
+    assert not check.ok and check.measured > 0.35 and check.by == round(check.measured - 0.35, 4)
+
+
+def test_a_reference_past_the_limit_is_not_signed(built, tmp_path):
+    """A set whose references the model does not say (the recordings' transcripts shuffled): the goldens stage
+    scores the reference past the limit, and the package stage refuses to sign, naming the figure."""
+    from pipeline.workstation.speech_set import ALSA_CHANNELS, ALSA_DIR
+    project = built[0]
+    said = [t for _, t, _ in ALSA_CHANNELS]
+    manifest = project.recipes / "shuffled.tsv"
+    manifest.write_text("".join(f"{ALSA_DIR / name}\ten\t{said[(i + 3) % len(said)]}\n"
+                                for i, (name, _, _) in enumerate(ALSA_CHANNELS)))
+    text = (project.recipes / f"{RECIPE}.toml").read_text().replace('set = "builtin:alsa-channels"',
+                                                                     'set = "file:shuffled.tsv"')
+    (project.recipes / "asr-shuffled.toml").write_text(text)
+    proc = project.doit("build", "recipe=asr-shuffled", check=False, timeout=600)
+    assert proc.returncode != 0
+    assert re.search(r"misses the recipe's speech gate: WER \d+\.\d% in en \(95% [\d.]+% to [\d.]+%, 8 utterances\) "
+                     r"is more than validation.speech.max_error_rate = 35.0%; nothing was signed", proc.stderr), \
+        proc.stderr[-2000:]
+    assert not list((project.artifacts / "asr-shuffled").glob("kit/*/MANIFEST.json"))
+
+
+def test_a_language_the_set_does_not_hold_is_refused_when_the_recipe_loads(project):
+    """The field report's lesson: a deployment language nobody measured. Declaring one the set lacks is an error
+    naming the field, before any work."""
+    text = (REPO / "recipes" / f"{RECIPE}.toml").read_text().replace('languages = ["en"]', 'languages = ["en", "zh"]')
+    (project.recipes / "asr-zh.toml").write_text(text)
+    proc = project.cli("plan", "asr-zh")
+    assert proc.returncode != 0
+    assert "validation.speech.languages[1]" in proc.stderr and "'zh'" in proc.stderr
+    assert "has no utterances in builtin:alsa-channels (it has en)" in proc.stderr

@@ -19,7 +19,9 @@ def _summary(result: contract.StageManifest) -> str:
     g = result.goldens
     assert g is not None        # the goldens stage's build returns it
     line = f"{count(g.prompts, 'prompt')}{' (chat template)' if g.chat_template else ''}, " \
-           f"{count(g.new_tokens, 'reference token')}"
+           f"{count(g.new_tokens, 'reference token')}" + "".join(
+               f", {r.metric.upper()} {r.rate:.1%} in {r.language} (95% {r.low:.1%} to {r.high:.1%}, "
+               f"{count(r.utterances, 'utterance')})" for r in g.speech)
     return line + (f"\n  warning: {len(g.weak)} golden answer(s) shorter than half of max_new_tokens: a weak "
                    f"check (e.g. {g.weak[0]!r}); ask for longer answers" if g.weak else "")
 
@@ -58,13 +60,29 @@ def recording_keys(g: RecipeGraph) -> dict:
             "recording_prompts": list(v.prompts[:len(v.recordings)])}
 
 
+def speech_keys(g: RecipeGraph) -> dict:
+    """A speech recipe's quality gate (its set by content, how it is asked, its limit), for the goldens' key."""
+    s = g.recipe.validation.speech
+    if s.set is None:
+        return {}
+    from pipeline.workstation.speech_set import read_speech_set
+    try:
+        # each utterance by its recording, language and reference transcript: a changed transcript re-scores
+        digests: list = [[u.sha256[:16], u.language, u.transcript]
+                         for u in read_speech_set(s.set, g.recipe.file, "validation.speech.set").utterances]
+    except PipelineError as exc:
+        digests = [f"unreadable: {exc.message}"]
+    return {"speech": digests, "speech_prompt": s.prompt, "speech_max_error_rate": s.max_error_rate,
+            "speech_new_tokens": s.max_new_tokens}
+
+
 def _key(g: RecipeGraph, _target: str | None) -> StageKey:
     v = g.recipe.validation
     d = g.recipe.draft
     return StageKey({"prompts": list(v.prompts), "max_new_tokens": v.max_new_tokens,
                      "top_k_logprobs": v.top_k_logprobs, "min_token_agreement": v.min_token_agreement,
                      **({"mtp_draft_steps": d.steps} if d is not None and d.method == "mtp" else {}),
-                     **image_keys(g), **recording_keys(g)}, WORKSTATION_TOOLS)
+                     **image_keys(g), **recording_keys(g), **speech_keys(g)}, WORKSTATION_TOOLS)
 
 
 @contextlib.contextmanager
@@ -132,11 +150,21 @@ def do_goldens(run: StageRun) -> contract.StageManifest:
                 if earned is not None:
                     goldens = dataclasses.replace(goldens, draft_first_token_accuracy=earned[0],
                                                   draft_tokens_per_step=earned[1], draft_steps=d.steps)
+            speech = g.recipe.validation.speech
+            if speech.set is not None:      # the speech gate: the set transcribed by the reference
+                from pipeline.plan.parts.audio import DEFAULT_MAX_SECONDS
+                from pipeline.workstation.speech_gate import speech_check
+                audio = g.recipe.build.audio
+                goldens = dataclasses.replace(goldens, speech=speech_check(
+                    model, tok, model_dir(g), speech, g.recipe.file,
+                    audio.max_seconds if audio and audio.max_seconds else DEFAULT_MAX_SECONDS,
+                    list(goldens.stop_ids), out))
         goldens.dump(out / contract.GOLDENS)
         if images is not None:
             images.write(out)
         return contract.GoldensSummary(len(goldens.prompts), goldens.chat_template,
-                                       sum(len(p.output_ids) for p in goldens.prompts), weak_prompts(goldens))
+                                       sum(len(p.output_ids) for p in goldens.prompts), weak_prompts(goldens),
+                                       goldens.speech.reference if goldens.speech else [])
 
     return run.build(build)
 

@@ -66,6 +66,24 @@ def _quality_gate(g: RecipeGraph) -> str | None:
                 g.recipe.validation.accept_quality or g.accept_quality)
 
 
+def _speech_gate(g: RecipeGraph, goldens: contract.Goldens, quality: str | None) -> str | None:
+    """The speech set's error rates as the reference model scored them, against the recipe's limit (accept_quality
+    signs anyway, and says so)."""
+    if goldens.speech is None:
+        return quality
+    from pipeline.device.speech import over_limit
+    missed = over_limit(goldens.speech, goldens.speech.reference)
+    if not missed:
+        return quality
+    text = f"{g.recipe.weights} misses the recipe's speech gate: {'; '.join(missed)}"
+    if g.recipe.validation.accept_quality or g.accept_quality:
+        return "; ".join(filter(None, [quality, f"signed anyway (accept_quality): {text}"]))
+    raise PipelineError(f"{g.recipe.file}: {text}; nothing was signed",
+                        "use a format that keeps more precision (quantization.weights), raise "
+                        "validation.speech.max_error_rate if the set is harder than the deployment, or sign anyway "
+                        "with [validation] accept_quality = true")
+
+
 def _prompts_fit(g: RecipeGraph, plan: contract.Plan) -> None:
     """Every golden prompt fits the engine the plan builds (the limits may have changed since the goldens ran)."""
     from pipeline.workstation.evaluate import prompts_too_long
@@ -104,9 +122,11 @@ def do_package(run: StageRun) -> contract.StageManifest:
     quality = _quality_gate(g)     # refuses here, before anything is assembled or signed
     _prompts_fit(g, plan)
     goldens = recorded_record(goldens_spec, contract.GOLDENS, contract.Goldens)
-    # the images and recordings the goldens are asked with (images/<name>, audio/<name>.wav)
+    quality = _speech_gate(g, goldens, quality)
+    # the images and recordings the goldens are asked with (images/<name>, audio/<name>.wav), the speech set's
     goldens_media = sorted({p.image for p in goldens.prompts if p.image} |
-                           {p.recording for p in goldens.prompts if p.recording})
+                           {p.recording for p in goldens.prompts if p.recording} |
+                           {u.recording for u in (goldens.speech.utterances if goldens.speech else [])})
     planted = [name for name in goldens_media
                if not (contract.IMAGE_FILE_RE.match(name) or contract.RECORDING_FILE_RE.match(name))]
     if planted:         # a goldens.json naming a file outside its images/ (damaged or planted): never followed

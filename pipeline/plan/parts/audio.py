@@ -42,7 +42,7 @@ class AudioEncoder(Part):
     called: ClassVar[str] = "audio encoder"
     prequantized_taken: ClassVar[tuple[tuple[str, str], ...] | None] = ()
     modules: ClassVar[tuple[str, ...]] = ("pipeline.workstation.audio_export", "pipeline.workstation.audio_check",
-                                          "pipeline.workstation.audio_prompts")
+                                          "pipeline.workstation.audio_prompts", "pipeline.workstation.speech_gate")
 
     @classmethod
     def from_config(cls, r: ConfigReader) -> AudioEncoder | None:
