@@ -251,3 +251,21 @@ def test_a_language_the_set_does_not_hold_is_refused_when_the_recipe_loads(proje
     assert proc.returncode != 0
     assert "validation.speech.languages[1]" in proc.stderr and "'zh'" in proc.stderr
     assert "has no utterances in builtin:alsa-channels (it has en)" in proc.stderr
+
+
+def test_open_webuis_speech_to_text_request_is_answered(served, tmp_path):
+    """Open WebUI's STT with the OpenAI engine (backend/open_webui/routers/audio.py): requests.post of the saved
+    upload as `file` (a browser's MediaRecorder WebM/Opus, its name kept) and `model` (the STT model setting, here
+    the recipe), a bearer key; it reads the JSON's `text`. A model name that is not served is a 404 naming it (its
+    default, whisper-1, must be changed to the served recipe)."""
+    import requests
+    s, _ = served
+    webm = _encoded(tmp_path, BUILTIN_RECORDINGS["buzz-syllables"].wav(), ["-c:a", "libopus", "-b:a", "32k"], ".webm")
+    r = requests.post(s.url + "/v1/audio/transcriptions", headers={"Authorization": "Bearer none"},
+                      files={"file": ("9f1c2d3e-recording.webm", webm)}, data={"model": RECIPE}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert set(r.json()) == {"text", "usage"} and isinstance(r.json()["text"], str)
+    assert r.json()["usage"] == {"type": "duration", "seconds": 11}
+    r = requests.post(s.url + "/v1/audio/transcriptions", files={"file": ("a.webm", webm)},
+                      data={"model": "whisper-1"}, timeout=60)
+    assert r.status_code == 404 and "whisper-1" in r.json()["error"]["message"]
