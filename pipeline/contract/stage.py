@@ -112,6 +112,9 @@ class AccuracyFigures(Part):
     top1_agreement: float
     image_prompts: int = 0                      # a vision-language recipe's prompts asked with images
     image_top1_agreement: float | None = None   # next-token agreement on them (along the original's answers)
+    # a speech recipe's error rates on its speech set ([validation.speech]), per language, each model
+    speech_original: list[SpeechRate] = field(default_factory=list)
+    speech_quantized: list[SpeechRate] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

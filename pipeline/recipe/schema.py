@@ -248,15 +248,17 @@ def _recording_checks(file: str, recordings: Any, prompts: Any, problems: list[P
 
 
 def _speech_checks(file: str, speech: Any, problems: list[Problem]) -> None:
-    """The speech set reads (every file, pinned), and has utterances in each language the recipe declares."""
+    """The speech set's reference reads (a manifest: its lines), and it has utterances in each language the recipe
+    declares; its recordings are read and checked by the goldens stage (a builtin set's files need not be on the
+    machine that plans)."""
     if not isinstance(speech, dict) or not isinstance(speech.get("set"), str):
         if isinstance(speech, dict) and speech.get("languages"):
             problems.append(Problem(file, "validation.speech.languages", speech["languages"], "declares languages "
                                     "without a speech set to measure them on", "add validation.speech.set"))
         return
-    from pipeline.workstation.speech_set import read_speech_set
+    from pipeline.workstation.speech_set import set_languages
     try:
-        found = read_speech_set(speech["set"], file, "validation.speech.set").languages()
+        found = set_languages(speech["set"], file, "validation.speech.set")
     except PipelineError as exc:
         problems.append(Problem(file, "validation.speech.set", speech["set"], exc.message.split(": ", 2)[-1],
                                 exc.hint or "builtin:alsa-channels or file:MANIFEST.tsv"))

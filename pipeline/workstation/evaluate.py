@@ -363,7 +363,8 @@ def write_report(out: Path, figures: contract.AccuracyFigures, weights: str, rec
                  model_digest: str | None = None, original: str | None = None) -> contract.AccuracyReport:
     """accuracy.json (the record) and accuracy.md (for people). model_digest: the fetched model's content digest,
     so formats compare on the same model. original: what "original" is where it is not the unquantized model."""
-    r = contract.AccuracyReport(**dataclasses.asdict(figures), weights=weights, recipe=recipe,
+    fields = {f.name: getattr(figures, f.name) for f in dataclasses.fields(figures)}     # nested records kept
+    r = contract.AccuracyReport(**fields, weights=weights, recipe=recipe,
                                 advice=advice(figures, weights), model_digest=model_digest, original=original)
     r.dump(out / contract.ACCURACY_JSON)
     lo, hi = r.perplexity_change_interval
@@ -374,6 +375,9 @@ def write_report(out: Path, figures: contract.AccuracyFigures, weights: str, rec
           f"| logit cosine vs original | 1 | {r.logit_cosine} |",
           f"| top-1 agreement vs original | 1 | {r.top1_agreement:.2%} |",
           *([f"| top-1 agreement on the {r.image_prompts} image prompts | 1 | {r.image_top1_agreement:.2%} |"]
-            if r.image_top1_agreement is not None else []), "", r.advice, ""]
+            if r.image_top1_agreement is not None else []),
+          *(f"| {q.metric.upper()} on the speech set, {q.language} ({q.utterances} utterances) | {o.rate:.2%} | "
+            f"{q.rate:.2%} (95% interval {q.low:.2%} to {q.high:.2%}) |"
+            for o, q in zip(r.speech_original, r.speech_quantized, strict=False)), "", r.advice, ""]
     (out / contract.ACCURACY_MD).write_text("\n".join(md))
     return r

@@ -17,12 +17,12 @@ from pipeline.device.speech import rates
 from pipeline.transcripts import answer_transcript
 
 
-def speech_check(model, tokenizer, model_dir: Path, settings, recipe_file: str, max_seconds: int,
-                 stops: list[int], out: Path) -> contract.SpeechCheck:
-    """The set transcribed by `model` (the reference), scored, and its recordings written under out/audio."""
+def transcribe_set(model, tokenizer, model_dir: Path, settings, recipe_file: str, max_seconds: int,
+                   stops: list[int]) -> tuple[list[contract.SpeechItem], list[str], list]:
+    """(the set's items, `model`'s transcripts of them, the recordings as the kit carries them)."""
     from pipeline.plan.parts import AudioEncoder
     from pipeline.plan.shapes import load_shape
-    from pipeline.workstation.audio_prompts import AUDIO_DIR, PromptRecording, recording_asker
+    from pipeline.workstation.audio_prompts import PromptRecording, recording_asker
     from pipeline.workstation.evaluate import greedy
     from pipeline.workstation.speech_set import read_speech_set
 
@@ -41,8 +41,33 @@ def speech_check(model, tokenizer, model_dir: Path, settings, recipe_file: str, 
             text = text.replace(tokenizer.decode([stop], skip_special_tokens=False), "")
         transcripts.append(answer_transcript(text, encoder.design.transcript_marker, names)[1])
         items.append(contract.SpeechItem(u.name, rec.sha256, u.language, u.transcript, count))
+    return items, transcripts, recordings
+
+
+def speech_check(model, tokenizer, model_dir: Path, settings, recipe_file: str, max_seconds: int,
+                 stops: list[int], out: Path) -> contract.SpeechCheck:
+    """The set transcribed by `model` (the reference), scored, and its recordings written under out/audio."""
+    from pipeline.plan.parts import AudioEncoder
+    from pipeline.plan.shapes import load_shape
+    from pipeline.workstation.audio_prompts import AUDIO_DIR
+    items, transcripts, recordings = transcribe_set(model, tokenizer, model_dir, settings, recipe_file, max_seconds,
+                                                    stops)
+    encoder = load_shape(model_dir).part(AudioEncoder)
+    assert encoder is not None
     (out / AUDIO_DIR).mkdir(exist_ok=True)
     for rec in recordings:
         (out / AUDIO_DIR / rec.name).write_bytes(rec.data)
     return contract.SpeechCheck(items, settings.max_error_rate, settings.max_new_tokens, rates(items, transcripts),
                                 marker=encoder.design.transcript_marker, prompt=settings.prompt, set=settings.set)
+
+
+def original_and_quantized(original, quantized, tokenizer, model_dir: Path, settings, recipe_file: str,
+                           max_seconds: int, stops: list[int]) -> tuple[list[contract.SpeechRate],
+                                                                        list[contract.SpeechRate]]:
+    """The set's error rates of the original model and of the quantized one (the accuracy stage's: what the format
+    costs in transcription)."""
+    out = []
+    for model in (original, quantized):
+        items, transcripts, _ = transcribe_set(model, tokenizer, model_dir, settings, recipe_file, max_seconds, stops)
+        out.append(rates(items, transcripts))
+    return out[0], out[1]

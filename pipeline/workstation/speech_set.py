@@ -20,7 +20,6 @@ which nobody had measured, is why).
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +93,45 @@ def _utterance(data: bytes, language: str, transcript: str, where: str) -> Utter
     return Utterance(f"audio/speech-{hashlib.sha256(wav).hexdigest()[:16]}.wav", language, transcript, wav)
 
 
+def set_languages(ref: str, recipe_file: str, field: str) -> list[str]:
+    """The languages a set holds, read without its recordings (a recipe is checked when it loads, on machines that
+    need not have the set's files: `plan` runs anywhere); the recordings are read and checked by the goldens stage."""
+    kind, _, value = ref.partition(":")
+    if kind == "builtin":
+        if value not in BUILTIN_SETS:
+            raise PipelineError(f"{recipe_file}: {field} = {ref!r}: no builtin speech set {value!r}",
+                                f"builtin speech sets: {', '.join(BUILTIN_SETS)}")
+        return ["en"]
+    return sorted({cells[1] for _, cells in _manifest_lines(ref, value, recipe_file, field)[1]})
+
+
+def _manifest_lines(ref: str, value: str, recipe_file: str, field: str) -> tuple[Path, list[tuple[int, list[str]]]]:
+    """(the manifest's path, its utterance lines as (line number, [path, language, transcript])), checked."""
+    from pipeline.files import read_regular
+    if not ref.startswith("file:"):
+        raise PipelineError(f"{recipe_file}: {field} = {ref!r}: not a speech set reference",
+                            "builtin:alsa-channels or file:MANIFEST.tsv (relative to the recipe)")
+    manifest = Path(value) if Path(value).is_absolute() else Path(recipe_file).parent / value
+    try:
+        text = read_regular(manifest, MANIFEST_MAX, follow=True).decode("utf-8")
+    except (PipelineError, OSError, UnicodeDecodeError) as exc:
+        reason = exc.message if isinstance(exc, PipelineError) else f"{type(exc).__name__}: {exc}"
+        raise PipelineError(f"{recipe_file}: {field} = {ref!r}: {reason}",
+                            "a UTF-8 manifest: PATH<TAB>LANGUAGE<TAB>TRANSCRIPT per line") from None
+    lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip() and not line.startswith("#")]
+    if not lines or len(lines) > MAX_UTTERANCES:
+        raise PipelineError(f"{manifest}: {len(lines)} utterances; a speech set has 1 to {MAX_UTTERANCES}",
+                            "one utterance a line: PATH<TAB>LANGUAGE<TAB>TRANSCRIPT")
+    out = []
+    for i, line in lines:
+        cells = [c.strip() for c in line.split("\t")]
+        if len(cells) != 3 or not all(cells):
+            raise PipelineError(f"{manifest}:{i}: {line[:60]!r} is not PATH<TAB>LANGUAGE<TAB>TRANSCRIPT",
+                                "give each utterance its file, its language and its reference transcript")
+        out.append((i, [cells[0], cells[1].lower(), cells[2]]))
+    return manifest, out
+
+
 def read_speech_set(ref: str, recipe_file: str, field: str) -> SpeechSet:
     """The set `ref` names, every file read bounded and checked; errors name the field and the file."""
     from pipeline.files import read_regular
@@ -116,35 +154,15 @@ def read_speech_set(ref: str, recipe_file: str, field: str) -> SpeechSet:
                                     "install alsa-utils 1.2.8-1, or give the set as file:MANIFEST.tsv")
             out.append(_utterance(data, "en", transcript, str(path)))
         return SpeechSet(ref, tuple(out))
-    if kind != "file":
-        raise PipelineError(f"{recipe_file}: {field} = {ref!r}: not a speech set reference",
-                            "builtin:alsa-channels or file:MANIFEST.tsv (relative to the recipe)")
-    manifest = Path(value) if Path(value).is_absolute() else Path(recipe_file).parent / value
-    try:
-        text = read_regular(manifest, MANIFEST_MAX, follow=True).decode("utf-8")
-    except (PipelineError, OSError, UnicodeDecodeError) as exc:
-        reason = exc.message if isinstance(exc, PipelineError) else f"{type(exc).__name__}: {exc}"
-        raise PipelineError(f"{recipe_file}: {field} = {ref!r}: {reason}",
-                            "a UTF-8 manifest: PATH<TAB>LANGUAGE<TAB>TRANSCRIPT per line") from None
-    lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip() and not line.startswith("#")]
-    if not lines or len(lines) > MAX_UTTERANCES:
-        raise PipelineError(f"{manifest}: {len(lines)} utterances; a speech set has 1 to {MAX_UTTERANCES}",
-                            "one utterance a line: PATH<TAB>LANGUAGE<TAB>TRANSCRIPT")
+    manifest, lines = _manifest_lines(ref, value, recipe_file, field)
     out = []
-    for i, line in lines:
-        cells = line.split("\t")
-        if len(cells) != 3 or not all(c.strip() for c in cells):
-            raise PipelineError(f"{manifest}:{i}: {line[:60]!r} is not PATH<TAB>LANGUAGE<TAB>TRANSCRIPT",
-                                "give each utterance its file, its language and its reference transcript")
-        path = manifest.parent / cells[0].strip()
+    for i, (name, language, transcript) in lines:
+        path = manifest.parent / name
         try:
             data = read_regular(path, AudioLimits().max_bytes, follow=True)
         except (PipelineError, OSError) as exc:
             reason = exc.message if isinstance(exc, PipelineError) else f"{type(exc).__name__}: {exc}"
             raise PipelineError(f"{manifest}:{i}: {reason}", "name a WAV file relative to the manifest") from None
-        out.append(_utterance(data, cells[1].strip().lower(), cells[2].strip(), f"{manifest}:{i} ({path.name})"))
+        out.append(_utterance(data, language, transcript, f"{manifest}:{i} ({path.name})"))
     return SpeechSet(ref, tuple(out))
 
-
-def seconds(u: Utterance) -> float:
-    return math.floor((len(u.wav) - 44) / 2) / RATE

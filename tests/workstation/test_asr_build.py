@@ -204,6 +204,10 @@ def test_the_device_scores_the_engine_on_the_speech_set_as_the_workstation_score
     assert (ref.language, ref.metric, ref.utterances) == ("en", "wer", 8)
     assert ref.low <= ref.rate <= ref.high and ref.rate <= speech.max_error_rate
     assert f"WER {ref.rate:.1%} in en (95% {ref.low:.1%} to {ref.high:.1%}, 8 utterances)" in out
+    # what the format costs: the twin transcribes its set without an error before quantization
+    assert f"WER in en 0.0% -> {ref.rate:.1%}" in out
+    accuracy = contract.AccuracyReport.load(stage_dir(project, RECIPE, "accuracy") / contract.ACCURACY_JSON)
+    assert [r.rate for r in accuracy.speech_original] == [0.0] and accuracy.speech_quantized == [ref]
     tmp, proc = validated[TARGET]
     report = device_report(tmp, proc)
     assert report.speech == [ref]       # the engine's transcripts score as the reference's did
@@ -219,7 +223,7 @@ def test_an_engine_that_transcribes_worse_fails_the_speech_gate_on_the_device(bu
     assert proc.returncode != 0
     report = contract.Report.load(next((tmp_path / "device" / "out").rglob("report.json")))
     check = next(c for c in report.checks if c.check.startswith("speech WER in en"))
-    assert not check.ok and check.measured > 0.35 and check.by == round(check.measured - 0.35, 4)
+    assert not check.ok and check.measured > 0.25 and check.by == round(check.measured - 0.25, 4)
 
 
 def test_a_reference_past_the_limit_is_not_signed(built, tmp_path):
@@ -237,7 +241,7 @@ def test_a_reference_past_the_limit_is_not_signed(built, tmp_path):
     proc = project.doit("build", "recipe=asr-shuffled", check=False, timeout=600)
     assert proc.returncode != 0
     assert re.search(r"misses the recipe's speech gate: WER \d+\.\d% in en \(95% [\d.]+% to [\d.]+%, 8 utterances\) "
-                     r"is more than validation.speech.max_error_rate = 35.0%; nothing was signed", proc.stderr), \
+                     r"is more than validation.speech.max_error_rate = 25.0%; nothing was signed", proc.stderr), \
         proc.stderr[-2000:]
     assert not list((project.artifacts / "asr-shuffled").glob("kit/*/MANIFEST.json"))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from pipeline import contract
 from pipeline.errors import PipelineError
 from pipeline.graph.stage import Input, RecipeGraph, Stage, StageKey, StageRun, count
-from pipeline.graph.stages.goldens import goldens_images, image_keys, reference_model
+from pipeline.graph.stages.goldens import goldens_images, image_keys, reference_model, speech_keys
 from pipeline.graph.stages.plan import FETCH, FETCH_BASE, base_dir, fetch_digest, model_dir
 from pipeline.graph.stages.quantize import QUANTIZE, WORKSTATION_TOOLS
 
@@ -21,8 +21,10 @@ def _summary(result: contract.StageManifest) -> str:
     lo, hi = a.perplexity_change_interval
     images = f", {a.image_top1_agreement:.1%} on the {count(a.image_prompts, 'image prompt')}" \
         if a.image_top1_agreement is not None else ""
+    speech = "".join(f", {q.metric.upper()} in {q.language} {o.rate:.1%} -> {q.rate:.1%}"
+                     for o, q in zip(a.speech_original, a.speech_quantized, strict=False))
     return f"perplexity {a.perplexity_change:+.1%} (95% {lo:+.1%} to {hi:+.1%}), top-1 agreement " \
-           f"{a.top1_agreement:.1%}{images}"
+           f"{a.top1_agreement:.1%}{images}{speech}"
 
 
 def _heldout_digest(g: RecipeGraph) -> str:
@@ -38,7 +40,7 @@ def _heldout_digest(g: RecipeGraph) -> str:
 
 def _key(g: RecipeGraph, _target: str | None) -> StageKey:
     # a vision-language recipe's image prompts are measured too (their agreement with the original)
-    return StageKey({"heldout": _heldout_digest(g), **image_keys(g)}, WORKSTATION_TOOLS)
+    return StageKey({"heldout": _heldout_digest(g), **image_keys(g), **speech_keys(g)}, WORKSTATION_TOOLS)
 
 
 def accuracy_stage(g: RecipeGraph) -> contract.StageManifest:
@@ -68,6 +70,17 @@ def accuracy_stage(g: RecipeGraph) -> contract.StageManifest:
                                             recipe.validation.max_new_tokens)
                     figures = dataclasses.replace(figures, image_prompts=len(images.images),
                                                   image_top1_agreement=round(agree, 6))
+                speech = recipe.validation.speech
+                if speech.set is not None:      # what the format costs in transcription
+                    from pipeline.plan.parts.audio import DEFAULT_MAX_SECONDS
+                    from pipeline.workstation.evaluate import stop_ids
+                    from pipeline.workstation.speech_gate import original_and_quantized
+                    audio = recipe.build.audio
+                    before, after = original_and_quantized(
+                        original, quantized, tok, model_dir(g), speech, recipe.file,
+                        audio.max_seconds if audio and audio.max_seconds else DEFAULT_MAX_SECONDS,
+                        stop_ids(model_dir(g), tok))
+                    figures = dataclasses.replace(figures, speech_original=before, speech_quantized=after)
             from pipeline.workstation.prequantized import detect
             held = detect(model_dir(g))
             what = None if held is None else \
