@@ -131,8 +131,9 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
     if any(p.image for p in goldens.prompts) and plan.visual is None:
         raise PipelineError(f"{kit}: the kit's goldens ask with images and its plan builds no visual engine",
                             "re-package the recipe with this version of the pipeline")
-    if any(p.recording for p in goldens.prompts) and plan.audio is None:
-        raise PipelineError(f"{kit}: the kit's goldens ask with recordings and its plan builds no audio engine",
+    if (any(p.recording for p in goldens.prompts) or goldens.speech is not None) and plan.audio is None:
+        raise PipelineError(f"{kit}: the kit's goldens ask with recordings (or carry a speech set) and its plan builds "
+                            "no audio engine",
                             "re-package the recipe with this version of the pipeline")
     if not force:
         paging = gate.build_memory_gate(plan, board, root)

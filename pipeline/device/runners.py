@@ -84,6 +84,10 @@ def checked_recording(kit_dir: Path, golden: contract.GoldenPrompt) -> Path:
     import hashlib
 
     from pipeline.audio import AudioLimits
+    if not contract.RECORDING_FILE_RE.match(golden.recording or ""):
+        # the package stage writes only audio/NAME.wav; anything else in a goldens.json is never followed
+        raise PipelineError(f"{kit_dir}: the goldens name a recording {str(golden.recording)[:80]!r}, not one of the "
+                            "kit's audio/NAME.wav", "re-copy the kit; nothing was run")
     path = kit_dir / (golden.recording or "")
     data = read_regular(path, AudioLimits().max_bytes)
     if hashlib.sha256(data).hexdigest() != golden.recording_sha256:

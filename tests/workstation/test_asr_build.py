@@ -78,6 +78,23 @@ def test_a_recording_the_goldens_did_not_hear_is_refused_before_the_runtime(buil
     assert "not the recording the goldens were computed with" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_a_speech_item_naming_a_file_outside_the_kits_audio_is_never_followed(built, tmp_path):
+    """Goldens (signed by a key the device trusts) whose speech set names a path out of audio/: refused by name
+    before any runtime reads it."""
+    from conftest import resigned
+    project, kits, _ = built
+
+    def plant(content):
+        g = json.loads((content / "goldens.json").read_text())
+        g["speech"]["utterances"][0]["recording"] = "audio/../../../etc/passwd"
+        (content / "goldens.json").write_text(json.dumps(g))
+    kit = resigned(project, kits[TARGET], tmp_path, plant)
+    proc = device(project, kit, tmp_path / "device", board=BOARD)
+    assert proc.returncode != 0
+    assert "the goldens name a recording 'audio/../../../etc/passwd', not one of the kit's audio/NAME.wav" in \
+        proc.stderr, proc.stderr[-2000:]
+
+
 def test_the_doubles_features_are_the_extractors():
     """The runtime double's own Whisper features (tests/doubles/python/edgellm_audio.py, the algorithm written out)
     against transformers' Qwen3ASRFeatureExtractor, the goldens' reference, on every builtin recording."""
