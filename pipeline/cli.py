@@ -322,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     from pipeline.serve.command import add_parser as add_serve
     add_serve(sub, from_recipe, serving_set)
     add_bench(sub)
+    from pipeline.fleet.command import add_parser as add_rollout
+    add_rollout(sub)
     for command in sub.choices.values():    # every option spelled out: `--api K` must never be taken as --api-key
         command.allow_abbrev = False
     return parser

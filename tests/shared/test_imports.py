@@ -82,7 +82,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("backends",),
     ("plan", "kit", "runtime"),
     ("oci", "device"),
-    ("builders", "serve", "workstation"),
+    ("builders", "serve", "workstation", "fleet"),
     ("recipe",),
     ("boards",),
     ("graph",),

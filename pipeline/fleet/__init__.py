@@ -1,0 +1,8 @@
+"""A fleet update that cannot brick a fleet: the boards of an inventory updated in phases (a canary first), each board
+gated after the swap and rolled back by itself when its gate fails, the rollout aborted past its failure criteria,
+and every decision recorded.
+
+    inventory.py    the boards, read from the Ansible inventory the fleet playbook already uses
+    phases.py       the rollout plan: phases as counts or percentages, the pause between them, the abort criteria
+    command.py      `python -m pipeline rollout plan`
+"""
