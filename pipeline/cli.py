@@ -461,7 +461,7 @@ def _add_board(sub) -> None:
                        "JetPack, backend version, board model), unpack it into --work and validate the engine on "
                        "the bundle's goldens, writing the same report as `device`. Exit 0 installed and passed, 1 "
                        "the golden check failed, 2 refused.")
-    i.add_argument("bundle", nargs="+", help="engine bundle directory (`device --out`, or `pull`ed from a "
+    i.add_argument("bundle", nargs="*", help="engine bundle directory (`device --out`, or `pull`ed from a "
                    "registry); several: a board's set, installed together or not at all (each validated alone, then "
                    "all loaded at once, the set's memory held to the sum of their plans)")
     i.add_argument("--work", default=None, help="where the engine is installed (default: ./<bundle name>.install; "
@@ -476,6 +476,12 @@ def _add_board(sub) -> None:
                    help="replace the installed bundle of the same kit with an older one")
     i.add_argument("--switch-kit", action="store_true",
                    help="replace an installed bundle of another kit (switch this board to another model)")
+    staged = i.add_mutually_exclusive_group()
+    staged.add_argument("--keep-previous", action="store_true", help="a staged rollout: keep the replaced install "
+                        "(--work/bundle.previous) until --commit, for --rollback")
+    staged.add_argument("--rollback", action="store_true", help="put the install --keep-previous kept back in "
+                        "place (no BUNDLE; the failed one is removed)")
+    staged.add_argument("--commit", action="store_true", help="delete the install --keep-previous kept (no BUNDLE)")
     i.set_defaults(func=_install_cmd)
 
 
@@ -511,9 +517,22 @@ def _device_cmd(args) -> int:
 
 def _install_cmd(args) -> int:
     from pipeline.device.install import InstallOptions, run_install
+    if args.rollback or args.commit:
+        if args.bundle or not args.work:
+            raise PipelineError(f"install --{'rollback' if args.rollback else 'commit'} takes --work and no bundle",
+                                "e.g. python -m pipeline install --work /opt/engines --rollback")
+        from pipeline.device import install_history
+        return (install_history.rollback if args.rollback else install_history.commit)(Path(args.work))
+    if not args.bundle:
+        raise PipelineError("install needs a BUNDLE (or --rollback / --commit with --work)",
+                            "python -m pipeline install BUNDLE --work DIR")
+    if args.keep_previous and len(args.bundle) > 1:
+        raise PipelineError("--keep-previous takes one bundle (a set is installed together, its previous set "
+                            "is not kept)", "roll a set out bundle by bundle, or without --keep-previous")
     options = InstallOptions(root=args.root, pubkey=args.pubkey, validate_timeout=args.validate_timeout,
                              load_requests=args.load_requests, any_board_model=args.any_board_model,
-                             as_json=args.json, allow_downgrade=args.allow_downgrade, switch_kit=args.switch_kit)
+                             as_json=args.json, allow_downgrade=args.allow_downgrade, switch_kit=args.switch_kit,
+                             keep_previous=args.keep_previous)
     work = Path(args.work) if args.work else None
     if len(args.bundle) > 1:
         from pipeline.device.install_set import run_install_set

@@ -34,6 +34,9 @@ from pipeline.runtime.load import LOAD_REQUESTS
 
 INSTALL_DIR = "bundle"      # under --work: the unpacked, verified bundle (engine files + serving/)
 NEXT_DIR = ".bundle.next"   # under --work: a bundle being checked, before it replaces INSTALL_DIR
+# under --work: the install a --keep-previous install replaced, kept until `install --commit` (or put back by
+# `install --rollback`): a staged rollout's way back (pipeline/fleet)
+PREVIOUS_DIR = "bundle.previous"
 RECORD = ".install.json"    # inside INSTALL_DIR: which bundle it is, signed when, checked when
 
 
@@ -59,6 +62,7 @@ class InstallOptions:
     as_json: bool = False
     allow_downgrade: bool = False
     switch_kit: bool = False
+    keep_previous: bool = False     # keep the replaced install as PREVIOUS_DIR until `install --commit`
 
 
 def run_install(bundle: Path, work: Path | None, out: Path, options: InstallOptions = InstallOptions()) -> int:
@@ -140,9 +144,13 @@ def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions
         import json
         write_atomic(staging / RECORD, json.dumps({"name": m.name, "created": verified.created,
                                                    "manifest_sha256": verified.manifest_sha256,
-                                                   "report": str(report_dir / contract.REPORT_JSON)}) + "\n")
+                                                   "report": str(report_dir / contract.REPORT_JSON),
+                                                   "source": str(bundle.absolute())}) + "\n")
         exchange_dirs(staging, dest)        # the one step that installs it: atomic under kill -9
-        remove_entry(staging)               # the previous install, now here
+        if options.keep_previous and prior is not None:
+            from pipeline.device.install_history import keep
+            keep(staging, work)             # the previous install, kept for a rollback until committed
+        remove_entry(staging)               # the previous install, now here (or moved aside)
     else:
         remove_entry(staging)
     if options.as_json:         # for fleet tools: what to fetch back (the Ansible playbook does)

@@ -178,3 +178,50 @@ def test_a_downgrade_and_another_kit_need_their_flags(bundle, tmp_path):
     assert "holds bundle qwen3-4b@orin-nano-8gb-sm87-trt10.3.0.30" in err and "--switch-kit" in err
     assert install(bundle, tmp_path, args=["--switch-kit"]).returncode == 0
     assert json.loads(record_path.read_text())["name"] == bundle[3].name
+
+
+def staged(bundle, tmp, *flags):
+    """`install --work W --rollback` / `--commit` on the board of `install`."""
+    project, kit_dir, built, _ = bundle
+    _, env = device_command(project, kit_dir, built)
+    argv = [sys.executable, "-m", "pipeline", "install", "--work", str(tmp / "work"), *flags]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=tmp)
+
+
+def test_a_staged_install_keeps_the_previous_one_until_commit_and_rolls_back_to_it(bundle, tmp_path):
+    """A rollout's board (pipeline/fleet): --keep-previous keeps the install it replaced beside the new one; a
+    rollback puts it back in one exchange and removes the failed one; a commit deletes it. The install record names
+    the signed bundle it came from, which `serve` verifies and serves when named by the install's directory."""
+    assert install(bundle, tmp_path).returncode == 0
+    work = tmp_path / "work"
+    record_path = work / "bundle" / ".install.json"
+    first = json.loads(record_path.read_text())
+    assert first["source"] == str(bundle[3].absolute())
+    older = dict(first, created="2000-01-01T00:00:00Z")        # told apart from the reinstall below
+    record_path.write_text(json.dumps(older))
+    before = _snapshot(work / "bundle")
+
+    proc = install(bundle, tmp_path, args=["--keep-previous"])
+    assert proc.returncode == 0, proc.stderr
+    assert _snapshot(work / "bundle.previous") == before
+    assert json.loads(record_path.read_text())["created"] == first["created"]
+
+    proc = staged(bundle, tmp_path, "--rollback")
+    assert proc.returncode == 0, proc.stderr
+    said = json.loads(proc.stdout)
+    assert said == {"ok": True, "installed": first["name"], "created": older["created"], "source": first["source"],
+                    "removed": first["name"]}
+    assert _snapshot(work / "bundle") == before and not (work / "bundle.previous").exists()
+    err = one_error(staged(bundle, tmp_path, "--rollback"))
+    assert "no previous install to roll back to" in err
+
+    assert install(bundle, tmp_path, args=["--keep-previous", "--allow-downgrade"]).returncode == 0
+    assert (work / "bundle.previous").is_dir()
+    proc = staged(bundle, tmp_path, "--commit")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["deleted"] == first["name"]
+    assert not (work / "bundle.previous").exists() and (work / "bundle" / ".install.json").is_file()
+
+    from pipeline.serve.command import installed_source
+    assert installed_source(work) == bundle[3].absolute()
+    err = one_error(staged(bundle, tmp_path, "--commit", str(bundle[3])))
+    assert "install --commit takes --work and no bundle" in err

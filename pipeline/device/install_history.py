@@ -1,0 +1,67 @@
+"""A staged rollout's way back on the board (pipeline/fleet): the install a `--keep-previous` install replaced, kept
+beside it until the rollout commits the board, or put back when the board's health gate fails.
+
+    python -m pipeline install --work W --rollback     the previous install back in place (one atomic exchange);
+                                                        the failed one removed
+    python -m pipeline install --work W --commit       the previous install deleted (the new one stays)
+
+Both take the work directory's lock (one install at a time), print one JSON line ({"ok", "installed", ...}) and
+change nothing they were not asked to: a rollback without a kept install, or a commit with none, says so and exits 2.
+The kept install's bundle (its signed source, named in its record) must still be on the board for `serve` to verify
+and serve it again; the rollout keeps it until it commits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.device.process import claim_work, say
+from pipeline.errors import PipelineError
+
+
+def keep(old: Path, work: Path) -> None:
+    """The replaced install (at `old`, just exchanged out of place) kept as the previous one; an older kept one goes."""
+    from pipeline.device.install import PREVIOUS_DIR
+    from pipeline.files import remove_entry
+    previous = work / PREVIOUS_DIR
+    remove_entry(previous)
+    old.rename(previous)
+
+
+def rollback(work: Path) -> int:
+    from pipeline.device.install import INSTALL_DIR, PREVIOUS_DIR, installed
+    from pipeline.files import exchange_dirs, remove_entry
+    work = work.absolute()
+    claim_work(work)
+    dest, previous = work / INSTALL_DIR, work / PREVIOUS_DIR
+    before = installed(previous) if previous.is_dir() and not previous.is_symlink() else None
+    if before is None:
+        raise PipelineError(f"{work}: no previous install to roll back to ({previous} holds none)",
+                            "only an install made with --keep-previous and not yet committed can be rolled back")
+    failed = installed(dest) if dest.is_dir() and not dest.is_symlink() else None
+    exchange_dirs(previous, dest)       # the previous install back in place: atomic under kill -9
+    remove_entry(previous)              # the failed install, now here
+    say(f"rolled back: {dest} holds {before['name']} (signed {before['created']}) again"
+        + (f"; {failed['name']} (signed {failed['created']}) removed" if failed else ""))
+    print(json.dumps({"ok": True, "installed": before["name"], "created": before["created"],
+                      "source": before.get("source"), "removed": failed["name"] if failed else None}))
+    return 0
+
+
+def commit(work: Path) -> int:
+    from pipeline.device.install import INSTALL_DIR, PREVIOUS_DIR, installed
+    from pipeline.files import remove_entry
+    work = work.absolute()
+    claim_work(work)
+    previous = work / PREVIOUS_DIR
+    current = installed(work / INSTALL_DIR) if (work / INSTALL_DIR).is_dir() else None
+    if current is None:
+        raise PipelineError(f"{work}: nothing installed to commit", "install a bundle with --keep-previous first")
+    kept = installed(previous) if previous.is_dir() and not previous.is_symlink() else None
+    remove_entry(previous)
+    say(f"committed: {current['name']} (signed {current['created']})"
+        + (f"; the previous install ({kept['name']}) deleted" if kept else "; no previous install was kept"))
+    print(json.dumps({"ok": True, "installed": current["name"], "created": current["created"],
+                      "source": current.get("source"), "deleted": kept["name"] if kept else None}))
+    return 0
