@@ -15,12 +15,7 @@ board), a pause or a wait between phases, and when to abort (more than --abort-f
 decided boards failed, counting the --abort-on failure types)."""
 
 
-def add_parser(sub) -> None:
-    r = sub.add_parser("rollout", help="a staged fleet update: phases, health gates, rollback (plan)",
-                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    verbs = r.add_subparsers(dest="rollout", metavar="VERB", required=True)
-    p = verbs.add_parser("plan", help="print the phases over the inventory's boards; touches nothing",
-                         description=DESCRIPTION)
+def _plan_args(p) -> None:
     p.add_argument("--inventory", required=True, metavar="FILE", help="the Ansible INI inventory (the fleet "
                    "playbook's)")
     p.add_argument("--group", default="all", help="the inventory group to update (default: every host)")
@@ -35,11 +30,47 @@ def add_parser(sub) -> None:
                    help="judge the failed share once at least N boards are decided (default 1)")
     p.add_argument("--abort-on", default=",".join(FAILURES),
                    help=f"failure types that count (default all: {', '.join(FAILURES)})")
+
+
+def add_parser(sub) -> None:
+    r = sub.add_parser("rollout", help="a staged fleet update: phases, health gates, automatic rollback",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    verbs = r.add_subparsers(dest="rollout", metavar="VERB", required=True)
+    p = verbs.add_parser("plan", help="print the phases over the inventory's boards; touches nothing",
+                         description=DESCRIPTION)
+    _plan_args(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_plan_cmd)
+    g = verbs.add_parser("run", help="roll a bundle out: each board installed, gated through its own HTTP "
+                         "endpoint, committed or rolled back", description=DESCRIPTION)
+    g.add_argument("bundle", metavar="BUNDLE", help="the engine bundle (`device --out`), verified here first")
+    _plan_args(g)
+    _gate_args(g)
+    g.add_argument("--work", required=True, help="the controller's directory: the rollout record (rollout.json) "
+                   "and its lock; a killed rollout resumes from it")
+    g.set_defaults(func=_run_cmd)
+    c = verbs.add_parser("continue", help="go on with a rollout waiting after a phase (--wait), or resume one "
+                         "whose controller stopped")
+    c.add_argument("--work", required=True, help="the rollout's --work")
+    _gate_args(c)
+    c.set_defaults(func=_continue_cmd)
+    f = sub.add_parser("fleet", help="which bundle each board of an inventory runs")
+    fv = f.add_subparsers(dest="fleet", metavar="VERB", required=True)
+    st = fv.add_parser("status", help="each board's installed bundle and the one kept for a rollback")
+    st.add_argument("--inventory", required=True, metavar="FILE")
+    st.add_argument("--group", default="all")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_status_cmd)
 
 
-def _plan_cmd(args) -> int:
+def _gate_args(p) -> None:
+    p.add_argument("--start-timeout", default="120s", help="the served model must be up within this (default 120s)")
+    p.add_argument("--stable", default="30s", help="... and stay up this long after its goldens (default 30s)")
+    p.add_argument("--api-key", help="the boards' serve key, where they have one")
+    p.add_argument("--pubkey", help="trust this public key too (the bundle's signer)")
+
+
+def _planned(args):
     from pipeline.errors import PipelineError
     from pipeline.fleet.inventory import read_inventory
     if args.abort_after < 1:
@@ -50,6 +81,68 @@ def _plan_cmd(args) -> int:
     plan = plan_rollout([b.name for b in boards], args.phases.split(","),
                         args.canary.split(",") if args.canary else None, duration(args.pause, "--pause"),
                         args.wait, abort)
+    return boards, plan, abort
+
+
+def _limits(args):
+    from pipeline.fleet.health import GateLimits
+    return GateLimits(float(duration(args.start_timeout, "--start-timeout")), float(duration(args.stable, "--stable")),
+                      args.api_key)
+
+
+def _run_cmd(args) -> int:
+    from pipeline.fleet import controller
+    boards, plan, _ = _planned(args)
+    print("\n".join(plan.lines()), flush=True)
+    return controller.run(Path(args.bundle), boards, f"{Path(args.inventory).absolute()}#{args.group}", plan,
+                          Path(args.work), _limits(args), args.pubkey, say=_say)
+
+
+def _continue_cmd(args) -> int:
+    from pipeline.errors import PipelineError
+    from pipeline.fleet import controller
+    from pipeline.fleet.inventory import read_inventory
+    from pipeline.fleet.phases import RolloutPlan
+    from pipeline.fleet.record import RolloutRecord
+    record = RolloutRecord.load(Path(args.work))
+    if record is None or record.state not in ("running", "waiting"):
+        raise PipelineError(f"{args.work}: no rollout to continue ({'none' if record is None else record.state})",
+                            "start one with `rollout run`")
+    inventory, _, group = record.inventory.rpartition("#")
+    boards = read_inventory(Path(inventory), group)
+    p = record.plan
+    plan = RolloutPlan(p["phases"], [str(len(x)) for x in p["phases"]], p["pause_s"], p["wait"],
+                       AbortCriteria(p["abort"]["min_boards"], p["abort"]["max_failed"],
+                                     tuple(p["abort"]["counted"])))
+    return controller.run(Path(record.bundle_path), boards, record.inventory, plan, Path(args.work), _limits(args),
+                          args.pubkey, say=_say)
+
+
+def _status_cmd(args) -> int:
+    from pipeline.fleet.controller import Link, installs_on, label
+    from pipeline.fleet.inventory import read_inventory
+    rows = []
+    for board in read_inventory(Path(args.inventory), args.group):
+        held = installs_on(Link(board))
+        rows.append({"board": board.name, "host": f"{board.host}:{board.port}", "reachable": held is not None,
+                     "bundle": label(held[0]) if held else None, "previous": label(held[1]) if held else None})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        state = r["bundle"] or "nothing installed" if r["reachable"] else "unreachable"
+        kept = f"  (kept for a rollback: {r['previous']})" if r["previous"] else ""
+        print(f"{r['board']:16} {r['host']:22} {state}{kept}")
+    return 0
+
+
+def _say(line: str) -> None:
+    import sys
+    print(line, file=sys.stderr, flush=True)
+
+
+def _plan_cmd(args) -> int:
+    boards, plan, abort = _planned(args)
     if args.json:
         print(json.dumps({"phases": plan.phases, "targets": plan.targets, "pause_s": plan.pause_s,
                           "wait": plan.wait, "abort": {"min_boards": abort.min_boards,

@@ -99,27 +99,31 @@ def read_inventory(path: Path, group: str = "all") -> list[Board]:
 
 
 def _members(group: str, groups: dict[str, _Group], path: Path) -> tuple[list[str], dict[str, dict[str, str]]]:
-    """The group's hosts in order (its own, then each child's, each host once) and the group variables each gets
-    (a child's variables win over its parent's, a host's own over both)."""
-    names: list[str] = []
-    inherited: dict[str, dict[str, str]] = {}
+    """The group's hosts in order (its own, then each child's, each host once) and the group variables each host
+    gets: every group holding it contributes, `all` first, a child group's over its parent's (Ansible's order; the
+    host's own variables then win over them all)."""
+    depth: dict[str, int] = {}
 
-    def visit(g: str, above: dict[str, str], trail: tuple[str, ...]) -> None:
+    def hosts_of(g: str, trail: tuple[str, ...]) -> list[str]:
         if g in trail:
             raise PipelineError(f"{path}: group {g!r} is its own child ({' > '.join((*trail, g))})",
                                 "remove the cycle from the [group:children] sections")
         if g not in groups:
             raise PipelineError(f"{path}: [{trail[-1]}:children] names {g!r}, which no section defines",
                                 "define the group, or remove it from the children")
-        here = {**above, **groups[g].vars}
-        own = groups[g].hosts if g != "all" else [h for grp in groups.values() for h in grp.hosts]
-        for h in own:
-            if h not in inherited:
-                names.append(h)
-                inherited[h] = here
+        depth[g] = max(depth.get(g, 0), len(trail))
+        out = list(groups[g].hosts) if g != "all" else [h for grp in groups.values() for h in grp.hosts]
         for child in groups[g].children:
-            visit(child, here, (*trail, g))
-    visit(group, {}, ())
+            out += hosts_of(child, (*trail, g))
+        return list(dict.fromkeys(out))
+
+    members = {g: hosts_of(g, ()) for g in groups}
+    for g in groups:        # a group's depth: how far below a parent it sits (parents' variables come first)
+        for child in groups[g].children:
+            depth[child] = max(depth.get(child, 0), depth.get(g, 0) + 1)
+    names = members[group]
+    order = sorted(groups, key=lambda g: (g != "all", depth.get(g, 0)))
+    inherited = {h: {k: v for g in order if h in members[g] for k, v in groups[g].vars.items()} for h in names}
     return names, inherited
 
 

@@ -279,7 +279,8 @@ def _sources(args, spec, target: str | None) -> list[tuple[Any, Callable[[], Any
         path = installed_source(Path(what))
         if (path / "MANIFEST.json").is_file():
             work = Path(args.work) if args.work else Path(f"{path.name}.serve")
-            served, load = from_bundle(path, work, args.root, args.pubkey)
+            # an install's directory: what it (or a rollback of it) put in place is served, older or not
+            served, load = from_bundle(path, work, args.root, args.pubkey, allow_downgrade=path != Path(what))
         else:
             served, load = args.recipe_source(what, target, args.torch_threads)
         if served.images is not None:

@@ -61,8 +61,11 @@ def served_of(name: str, created: int, tokenizer_dir: Path, goldens: contract.Go
 
 
 def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = None,
-                say: Callable[[str], None] = print) -> tuple[Served, Callable[[], Session]]:
-    """A validated engine bundle (the output of `device`), verified, gated and unpacked into `work`."""
+                say: Callable[[str], None] = print,
+                allow_downgrade: bool = False) -> tuple[Served, Callable[[], Session]]:
+    """A validated engine bundle (the output of `device`), verified, gated and unpacked into `work`. allow_downgrade:
+    an older bundle of the kit than the one last unpacked there may replace it (what an install, or a rollback of
+    one, put in place is served as it is: install applied the downgrade rules)."""
     from pipeline import backends
     from pipeline.device import gate
     from pipeline.device.opening import open_verified, serving_records, unpack_verified
@@ -75,7 +78,8 @@ def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = 
     assert isinstance(m, contract.BundleManifest)       # open_verified checked the kind
     for w in gate.require(m, opened.board).warnings:
         say(f"warning: {w}")
-    dest = unpack_verified(opened, work / verified.name, trusted)     # replaces an earlier unpack of this bundle
+    # replaces an earlier unpack of this bundle
+    dest = unpack_verified(opened, work / verified.name, trusted, allow_downgrade=allow_downgrade)
     say(f"bundle {verified.name}: verified and unpacked to {dest}")
     plan, goldens, serving = serving_records(opened, dest)
     backend = backends.get(m.compat.backend)

@@ -1,0 +1,160 @@
+"""A staged rollout (pipeline/fleet) over five "boards" reached through a real sshd: each board is this machine wearing
+a recorded Orin Nano's filesystem with its own pipeline directory, key store, serve port and service scripts (the
+TensorRT-LLM runtime doubles on its PATH), running version 1 of the default recipe's bundle before the rollout
+brings version 2 (the same kit, built again: signed later). One board is planted to fail its health gate after the
+swap: its service serves with answers that drift from the goldens (the runtime double's wrong token), which the
+install's own golden check does not see."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import DOUBLES, REPO, board_copy, device
+
+from pipeline.fleet.record import RolloutRecord
+from tests.serving import free_port
+from tests.sshserver import SSHD
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not Path(SSHD).exists(), reason="needs OpenSSH's sshd (./bootstrap.sh --test-tools)")]
+BOARD = "orin-nano-8gb-jp62-super"
+
+
+@pytest.fixture(scope="module")
+def versions(bundle, tmp_path_factory):
+    """(project, v1 bundle, v2 bundle): the default recipe's kit through `device` twice."""
+    project, kit_dir, _, v1 = bundle
+    tmp = tmp_path_factory.mktemp("v2")
+    time.sleep(1.1)         # a later signing time to the second
+    proc = device(project, kit_dir, tmp)
+    assert proc.returncode == 0, proc.stderr
+    (v2,) = [p for p in (tmp / "out").iterdir() if (p / "MANIFEST.json").is_file()]
+    return project, v1, v2
+
+
+def make_board(tmp: Path, host: str, signer: Path, drift: bool = False) -> dict:
+    """A board: its filesystem, key store, python, pipeline directory, serve port and start/stop scripts."""
+    root = board_copy(tmp / host, BOARD)
+    home = tmp / host / "home"
+    (home / "trusted").mkdir(parents=True)
+    (home / "trusted" / "builder.pub").write_text(signer.read_text())
+    opt = tmp / host / "opt"
+    opt.mkdir()
+    path = os.pathsep.join([str(DOUBLES / "bin"), str(Path(sys.executable).parent), "$PATH"])
+    python = tmp / host / "python"
+    python.write_text("#!/bin/sh\n"
+                      f"export PATH={path}\n"
+                      f"export PYTHONPATH={DOUBLES / 'python'}:{DOUBLES / 'edgellm_runtime'}:{REPO}\n"
+                      f"export JETSON_PIPELINE_PROBE_ROOT={root} FAKE_BOARD_ROOT={root} JETSON_PIPELINE_HOME={home}\n"
+                      f'exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    port = free_port()
+    pidfile, log = opt / "serve.pid", opt / "serve.log"
+    start, stop = tmp / host / "start.sh", tmp / host / "stop.sh"
+    # the board's service: what a systemd unit of `serve DIR/engines` does (it serves what is installed)
+    start.write_text("#!/bin/sh\n"
+                     + ("export TRTLLM_RUNTIME_DOUBLE_WRONG_AT=1\n" if drift else "")
+                     + f"nohup {python} -m pipeline serve {opt / 'engines'} --port {port} --work {opt / 'serve'} "
+                     f">> {log} 2>&1 < /dev/null &\necho $! > {pidfile}\n")
+    stop.write_text(f"#!/bin/sh\n[ -f {pidfile} ] || exit 0\npid=$(cat {pidfile})\nkill $pid 2>/dev/null\n"
+                    f"for i in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done\n"
+                    f"kill -9 $pid 2>/dev/null\nrm -f {pidfile}\n")
+    for s in (start, stop):
+        s.chmod(0o755)
+    return {"host": host, "python": python, "opt": opt, "port": port, "start": start, "stop": stop, "log": log}
+
+
+def inventory(tmp: Path, sshd, boards: list[dict], unreachable: str | None = None) -> Path:
+    port, keys = sshd
+    lines = ["[jetsons]"]
+    for b in boards:
+        p = free_port() if b["host"] == unreachable else port       # nothing listens there
+        lines.append(f"{b['host']} ansible_host=127.0.0.1 ansible_port={p} ansible_user=root "
+                     f"pipeline_python={b['python']} pipeline_dir={b['opt']} serve_port={b['port']} "
+                     f"start_command={b['start']} stop_command={b['stop']}")
+    lines += ["[jetsons:vars]", f"ansible_ssh_private_key_file={keys / 'client'}",
+              "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null'"]
+    path = tmp / "inventory.ini"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def on_version_1(boards: list[dict], v1: Path) -> None:
+    """Each board installs and serves version 1 (as the fleet playbook left it)."""
+    for b in boards:
+        r = subprocess.run([str(b["python"]), "-m", "pipeline", "install", str(v1), "--work", str(b["opt"] / "engines"),
+                            "--out", str(b["opt"] / "reports"), "--load-requests", "0"],
+                           capture_output=True, text=True, timeout=300, cwd=b["opt"])
+        assert r.returncode == 0, r.stderr[-2000:]
+        subprocess.run([str(b["start"])], check=True)
+
+
+def rollout(project, v2: Path, inv: Path, work: Path, *args: str, popen: bool = False):
+    argv = [sys.executable, "-m", "pipeline", "rollout", "run", str(v2), "--inventory", str(inv), "--work", str(work),
+            "--pubkey", str(project.root / "home" / "signing.pub"), "--stable", "2s", "--start-timeout", "90s", *args]
+    env = dict(project.env)
+    if popen:
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+
+
+def serving(b: dict) -> str | None:
+    """The bundle the board's served model is (from its /v1/models), or None where nothing answers."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{b['port']}/v1/models", timeout=10) as r:
+            return json.loads(r.read())["data"][0]["id"]
+    except OSError:
+        return None
+
+
+def created_of(bundle: Path) -> str:
+    return json.loads((bundle / "MANIFEST.json").read_text())["created"]
+
+
+def test_a_three_phase_rollout_rolls_the_failing_board_back_and_goes_on(versions, sshd, tmp_path):
+    """The issue's scenario: phases 1, 40%, 100% over five boards, the fourth planted to fail after its swap. It is
+    rolled back to version 1 and serves it again; 1 failure of 5 is within --abort-failed 25%, so the rollout goes
+    on; the record names each decision; `fleet status` shows every board's bundle."""
+    project, v1, v2 = versions
+    signer = project.root / "home" / "signing.pub"
+    boards = [make_board(tmp_path, f"b{i}", signer, drift=(i == 4)) for i in range(1, 6)]
+    inv = inventory(tmp_path, sshd, boards)
+    try:
+        on_version_1(boards, v1)
+        proc = rollout(project, v2, inv, tmp_path / "controller", "--phases", "1,40%,100%", "--abort-failed", "25%",
+                       "--abort-after", "2")
+        assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]        # one board not committed
+        record = RolloutRecord.load(tmp_path / "controller")
+        assert record is not None and record.state == "done"
+        states = {b.name: b.state for b in record.boards}
+        assert states == {"b1": "committed", "b2": "committed", "b3": "committed", "b4": "rolled-back",
+                          "b5": "committed"}
+        b4 = record.board("b4")
+        assert b4.failure == "goldens" and "agreement with the goldens" in b4.reason
+        assert f"rolled back to {v1.name} (signed {created_of(v1)}), serving again" in b4.reason
+        assert all(b.old == f"{v1.name} (signed {created_of(v1)})" for b in record.boards)
+        assert record.board("b1").gate["agreement"] == 1.0 and record.board("b1").phase == 0
+        assert [record.board(n).phase for n in ("b2", "b3", "b4", "b5")] == [1, 2, 2, 2]
+        # each board's install: version 2 committed (nothing kept), version 1 back on the planted one
+        for b in boards:
+            rec = json.loads((b["opt"] / "engines" / "bundle" / ".install.json").read_text())
+            want = v1 if b["host"] == "b4" else v2
+            assert rec["created"] == created_of(want) and rec["source"].endswith(want.name)
+            assert not (b["opt"] / "engines" / "bundle.previous").exists()
+            assert serving(b) == v2.name.split("-sm")[0]        # the served model's name: RECIPE@TARGET
+        status = subprocess.run([sys.executable, "-m", "pipeline", "fleet", "status", "--inventory", str(inv),
+                                 "--json"], capture_output=True, text=True, env=project.env, timeout=120)
+        rows = {r["board"]: r for r in json.loads(status.stdout)}
+        assert rows["b4"]["bundle"] == f"{v1.name} (signed {created_of(v1)})"
+        assert rows["b1"]["bundle"] == f"{v2.name} (signed {created_of(v2)})" and rows["b1"]["previous"] is None
+    finally:
+        for b in boards:
+            subprocess.run([str(b["stop"])], timeout=30)
