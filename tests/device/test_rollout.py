@@ -158,3 +158,49 @@ def test_a_three_phase_rollout_rolls_the_failing_board_back_and_goes_on(versions
     finally:
         for b in boards:
             subprocess.run([str(b["stop"])], timeout=30)
+
+
+def test_a_killed_controller_resumes_and_an_unreachable_board_aborts_the_rollout(versions, sshd, tmp_path):
+    """The controller killed -9 after the canary's swap resumes from its record (the canary gated, not installed
+    twice); a second rollout while one runs is refused; the unreachable board counts as its failure type and, with
+    no failure tolerated, aborts the rollout: the third board is never touched and keeps version 1."""
+    import signal
+    project, v1, v2 = versions
+    signer = project.root / "home" / "signing.pub"
+    boards = [make_board(tmp_path, f"b{i}", signer) for i in range(1, 4)]
+    inv = inventory(tmp_path, sshd, boards, unreachable="b2")
+    work = tmp_path / "controller"
+    try:
+        on_version_1([boards[0], boards[2]], v1)
+        first = rollout(project, v2, inv, work, "--phases", "1,2,3", popen=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            record = RolloutRecord.load(work) if (work / "rollout.json").is_file() else None
+            if record is not None and record.board("b1").state == "installed":
+                break
+            assert first.poll() is None, first.communicate()
+            time.sleep(0.2)
+        else:
+            pytest.fail("the canary was never installed")
+        second = rollout(project, v2, inv, work, "--phases", "1,2,3")
+        assert second.returncode == 2 and "a rollout is running there (its lock is held)" in second.stderr
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+        proc = subprocess.run([sys.executable, "-m", "pipeline", "rollout", "continue", "--work", str(work),
+                               "--pubkey", str(signer), "--stable", "2s"], capture_output=True, text=True,
+                              env=project.env, timeout=600)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert "resuming the rollout of" in proc.stderr
+        record = RolloutRecord.load(work)
+        assert record is not None and record.state == "aborted"
+        assert record.reason == "1 of 2 boards failed (1 unreachable): more than 0% after at least 1 boards"
+        b1, b2, b3 = (record.board(n) for n in ("b1", "b2", "b3"))
+        assert b1.state == "committed" and b1.old == f"{v1.name} (signed {created_of(v1)})"
+        assert (b2.state, b2.failure) == ("failed", "unreachable") and "127.0.0.1" in b2.reason
+        assert (b3.state, b3.reason) == ("skipped", "the rollout aborted before this board")
+        rec = json.loads((boards[2]["opt"] / "engines" / "bundle" / ".install.json").read_text())
+        assert rec["created"] == created_of(v1) and serving(boards[2]) is not None
+        assert not (boards[2]["opt"] / "bundles").exists()          # nothing was even copied there
+    finally:
+        for b in boards:
+            subprocess.run([str(b["stop"])], timeout=30)
