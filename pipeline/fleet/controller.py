@@ -254,6 +254,8 @@ def run(bundle_path: Path, boards: list[Board], inventory: str, plan: RolloutPla
             say(f"resuming the rollout of {bundle.label} at phase {record.phase + 1}")
             record.state = "running"
         else:
+            if record is not None:      # a finished rollout's record is kept beside the new one, never overwritten
+                (work / "rollout.json").rename(work / f"rollout-{time.strftime('%Y%m%dT%H%M%S')}.json")
             record = RolloutRecord(bundle.label, str(bundle.path), inventory, given,
                                    [BoardRecord(n, i) for i, names in enumerate(plan.phases) for n in names])
         record.save(work)

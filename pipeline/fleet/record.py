@@ -1,7 +1,8 @@
 """The rollout record (--work/rollout.json): per board its old and new bundle, each gate's figures, the decision and
 its reason, written atomically after every step, so a controller killed at any moment resumes where it was (a
 board's step that may have half-happened is asked of the board again, never assumed). One rollout per work
-directory at a time (a lock held while it runs).
+directory at a time (a lock held while it runs); a new rollout there keeps the finished one's record as
+rollout-<time>.json.
 
 A board's state: pending -> installed (the swap happened, the previous install kept) -> committed | rolled-back |
 failed (nothing to roll back to, or the rollback itself failed); skipped (the rollout aborted before its phase).

@@ -116,3 +116,20 @@ def test_the_cli_prints_the_plan_and_refuses_a_phase_of_no_board(project, tmp_pa
     r = project.cli("rollout", "plan", "--inventory", str(inv), "--group", "fleet", "--phases", "1,50%,100%")
     assert r.returncode == 2 and "phase 2 = '50%' adds no board (50% of 3 boards rounds down to 1" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_rollout_record_reads_back_what_it_wrote_and_refuses_a_damaged_one(tmp_path):
+    from pipeline.fleet.record import BoardRecord, RolloutRecord
+    record = RolloutRecord("b (signed t)", "/x/b", "/x/inv.ini#all", {"phases": [["b1"], ["b2"]]},
+                           [BoardRecord("b1", 0, "committed", old="a", new="b", gate={"up_s": 1.5}),
+                            BoardRecord("b2", 1, "failed", failure="unreachable", reason="no route")])
+    record.save(tmp_path)
+    back = RolloutRecord.load(tmp_path)
+    assert back == record and back.failures() == {"unreachable": 1} and back.decided() == 2
+    assert RolloutRecord.load(tmp_path / "none") is None
+    (tmp_path / "rollout.json").write_text('{"format": "jetson-rollout/9"}')
+    with pytest.raises(PipelineError, match="not a rollout record this version wrote"):
+        RolloutRecord.load(tmp_path)
+    (tmp_path / "rollout.json").write_text("[1, 2")
+    with pytest.raises(PipelineError, match="rollout.json: not a rollout record"):
+        RolloutRecord.load(tmp_path)
