@@ -148,8 +148,8 @@ def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions
                                                    "source": str(bundle.absolute())}) + "\n")
         exchange_dirs(staging, dest)        # the one step that installs it: atomic under kill -9
         if options.keep_previous and prior is not None:
-            from pipeline.device.install_history import keep
-            keep(staging, work)             # the previous install, kept for a rollback until committed
+            remove_entry(work / PREVIOUS_DIR)       # an older kept one goes
+            staging.rename(work / PREVIOUS_DIR)     # the previous install, kept for a rollback until committed
         remove_entry(staging)               # the previous install, now here (or moved aside)
     else:
         remove_entry(staging)

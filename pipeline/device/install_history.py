@@ -20,15 +20,6 @@ from pipeline.device.process import claim_work, say
 from pipeline.errors import PipelineError
 
 
-def keep(old: Path, work: Path) -> None:
-    """The replaced install (at `old`, just exchanged out of place) kept as the previous one; an older kept one goes."""
-    from pipeline.device.install import PREVIOUS_DIR
-    from pipeline.files import remove_entry
-    previous = work / PREVIOUS_DIR
-    remove_entry(previous)
-    old.rename(previous)
-
-
 def rollback(work: Path) -> int:
     from pipeline.device.install import INSTALL_DIR, PREVIOUS_DIR, installed
     from pipeline.files import exchange_dirs, remove_entry
