@@ -4,5 +4,8 @@ and every decision recorded.
 
     inventory.py    the boards, read from the Ansible inventory the fleet playbook already uses
     phases.py       the rollout plan: phases as counts or percentages, the pause between them, the abort criteria
-    command.py      `python -m pipeline rollout plan`
+    controller.py   the rollout, board by board over SSH: install --keep-previous, restart, gate, commit or rollback
+    health.py       a board's health gate through its own HTTP endpoint (start, goldens, stability, memory)
+    record.py       the rollout record (--work/rollout.json): each board's decision; what a resumed rollout reads
+    command.py      `python -m pipeline rollout plan | run | continue`, `python -m pipeline fleet status`
 """
