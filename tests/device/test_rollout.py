@@ -38,7 +38,7 @@ def versions(bundle, tmp_path_factory):
     return project, v1, v2
 
 
-def make_board(tmp: Path, host: str, signer: Path, drift: bool = False) -> dict:
+def make_board(tmp: Path, host: str, signer: Path, drift: bool = False, dies_after: int = 0) -> dict:
     """A board: its filesystem, key store, python, pipeline directory, serve port and start/stop scripts."""
     root = board_copy(tmp / host, BOARD)
     home = tmp / host / "home"
@@ -61,7 +61,11 @@ def make_board(tmp: Path, host: str, signer: Path, drift: bool = False) -> dict:
     start.write_text("#!/bin/sh\n"
                      + ("export TRTLLM_RUNTIME_DOUBLE_WRONG_AT=1\n" if drift else "")
                      + f"nohup {python} -m pipeline serve {opt / 'engines'} --port {port} --work {opt / 'serve'} "
-                     f">> {log} 2>&1 < /dev/null &\necho $! > {pidfile}\n")
+                     f">> {log} 2>&1 < /dev/null &\necho $! > {pidfile}\n"
+                     # a service that crashes a while after its second start (the rolled-out bundle's) only
+                     + (f"n=$(($(cat {opt}/starts 2>/dev/null || echo 0) + 1)); echo $n > {opt}/starts\n"
+                        f"[ $n -eq 2 ] && (sleep {dies_after}; kill -9 $(cat {pidfile})) > /dev/null 2>&1 &\n"
+                        if dies_after else ""))
     stop.write_text(f"#!/bin/sh\n[ -f {pidfile} ] || exit 0\npid=$(cat {pidfile})\nkill $pid 2>/dev/null\n"
                     f"for i in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done\n"
                     f"kill -9 $pid 2>/dev/null\nrm -f {pidfile}\n")
@@ -201,6 +205,34 @@ def test_a_killed_controller_resumes_and_an_unreachable_board_aborts_the_rollout
         rec = json.loads((boards[2]["opt"] / "engines" / "bundle" / ".install.json").read_text())
         assert rec["created"] == created_of(v1) and serving(boards[2]) is not None
         assert not (boards[2]["opt"] / "bundles").exists()          # nothing was even copied there
+    finally:
+        for b in boards:
+            subprocess.run([str(b["stop"])], timeout=30)
+
+
+def test_a_service_that_goes_down_after_its_goldens_fails_the_stability_window_and_stops_the_rollout(versions, sshd,
+                                                                                                      tmp_path):
+    """The canary's new service answers its goldens and then dies: the stability window catches it, the canary is
+    rolled back (its previous bundle served again), and with no failure tolerated the next board is not touched."""
+    project, v1, v2 = versions
+    signer = project.root / "home" / "signing.pub"
+    boards = [make_board(tmp_path, "b1", signer, dies_after=12), make_board(tmp_path, "b2", signer)]
+    inv = inventory(tmp_path, sshd, boards)
+    try:
+        on_version_1(boards, v1)
+        proc = rollout(project, v2, inv, tmp_path / "controller", "--phases", "1,2", "--stable", "30s")
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        record = RolloutRecord.load(tmp_path / "controller")
+        assert record is not None and record.state == "aborted"
+        b1 = record.board("b1")
+        assert (b1.state, b1.failure) == ("rolled-back", "stability"), b1
+        assert "GET /health answered nothing during the 30 s stability window" in b1.reason
+        assert b1.gate["agreement"] == 1.0 and "serving again" in b1.reason
+        assert record.board("b2").state == "skipped"
+        rec = json.loads((boards[0]["opt"] / "engines" / "bundle" / ".install.json").read_text())
+        assert rec["created"] == created_of(v1)
+        time.sleep(13)      # past the second start's crash: the third (the rollback's) serves on
+        assert serving(boards[0]) is not None
     finally:
         for b in boards:
             subprocess.run([str(b["stop"])], timeout=30)
