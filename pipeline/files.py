@@ -72,6 +72,18 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     os.replace(tmp, path)       # replaces a link planted at `path` itself, not what it points to
 
 
+def read_referenced(value: str, base: str | Path, limit: int, where: str, hint: str) -> tuple[Path, bytes]:
+    """(the path, the bytes) of a file a recipe (or a manifest) names: `value` as it is when absolute, else relative
+    to the file `base` that names it; read bounded as a regular file (links followed: the user named it). Any error
+    is one, prefixed by `where` (the field that named it), with `hint`."""
+    path = Path(value) if Path(value).is_absolute() else Path(base).parent / value
+    try:
+        return path, read_regular(path, limit, follow=True)
+    except (PipelineError, OSError) as exc:
+        reason = exc.message if isinstance(exc, PipelineError) else f"{type(exc).__name__}: {exc}"
+        raise PipelineError(f"{where}: {reason}", hint) from None
+
+
 def read_regular(path: Path, limit: int, follow: bool = False) -> bytes:
     """The bytes of `path`, a regular file (see open_regular) of at most `limit` bytes."""
     with open_regular(path, follow) as fh:

@@ -44,14 +44,9 @@ def read_recording(ref: str, recipe_file: str, field: str, limits: AudioLimits =
                                 f"builtin recordings: {', '.join(BUILTIN_RECORDINGS)}")
         data, name = BUILTIN_RECORDINGS[value].wav(), f"{value}.wav"
     elif kind == "file":
-        path = Path(value) if Path(value).is_absolute() else Path(recipe_file).parent / value
-        from pipeline.files import read_regular
-        try:
-            data = read_regular(path, limits.max_bytes, follow=True)
-        except (PipelineError, OSError) as exc:
-            reason = exc.message if isinstance(exc, PipelineError) else f"{type(exc).__name__}: {exc}"
-            raise PipelineError(f"{recipe_file}: {field} = {ref!r}: {reason}", "name a WAV file (relative to the "
-                                "recipe)") from None
+        from pipeline.files import read_referenced
+        _, data = read_referenced(value, recipe_file, limits.max_bytes, f"{recipe_file}: {field} = {ref!r}",
+                                  "name a WAV file (relative to the recipe)")
         name = f"{hashlib.sha256(data).hexdigest()[:16]}.wav"
     else:
         raise PipelineError(f"{recipe_file}: {field} = {ref!r}: not a recording reference",

@@ -44,15 +44,10 @@ def read_image(ref: str, recipe_file: str, field: str) -> PromptImage:
                                 f"builtin images: {', '.join(BUILTIN_IMAGES)}")
         data, name = BUILTIN_IMAGES[value].png(), f"{value}.png"
     elif kind == "file":
-        path = Path(value) if Path(value).is_absolute() else Path(recipe_file).parent / value
-        from pipeline.files import read_regular
+        from pipeline.files import read_referenced
         from pipeline.images import MAX_IMAGE_BYTES
-        try:
-            data = read_regular(path, MAX_IMAGE_BYTES, follow=True)
-        except (PipelineError, OSError) as exc:
-            reason = exc.message if isinstance(exc, PipelineError) else f"{type(exc).__name__}: {exc}"
-            raise PipelineError(f"{recipe_file}: {field} = {ref!r}: {reason}", "name a PNG, JPEG or WebP file "
-                                "(relative to the recipe)") from None
+        _, data = read_referenced(value, recipe_file, MAX_IMAGE_BYTES, f"{recipe_file}: {field} = {ref!r}",
+                                  "name a PNG, JPEG or WebP file (relative to the recipe)")
         name = f"{hashlib.sha256(data).hexdigest()[:16]}{Path(value).suffix.lower()}"
     else:
         raise PipelineError(f"{recipe_file}: {field} = {ref!r}: not an image reference",

@@ -107,17 +107,16 @@ def set_languages(ref: str, recipe_file: str, field: str) -> list[str]:
 
 def _manifest_lines(ref: str, value: str, recipe_file: str, field: str) -> tuple[Path, list[tuple[int, list[str]]]]:
     """(the manifest's path, its utterance lines as (line number, [path, language, transcript])), checked."""
-    from pipeline.files import read_regular
+    from pipeline.files import read_referenced
     if not ref.startswith("file:"):
         raise PipelineError(f"{recipe_file}: {field} = {ref!r}: not a speech set reference",
                             "builtin:alsa-channels or file:MANIFEST.tsv (relative to the recipe)")
-    manifest = Path(value) if Path(value).is_absolute() else Path(recipe_file).parent / value
+    where, hint = f"{recipe_file}: {field} = {ref!r}", "a UTF-8 manifest: PATH<TAB>LANGUAGE<TAB>TRANSCRIPT per line"
+    manifest, raw = read_referenced(value, recipe_file, MANIFEST_MAX, where, hint)
     try:
-        text = read_regular(manifest, MANIFEST_MAX, follow=True).decode("utf-8")
-    except (PipelineError, OSError, UnicodeDecodeError) as exc:
-        reason = exc.message if isinstance(exc, PipelineError) else f"{type(exc).__name__}: {exc}"
-        raise PipelineError(f"{recipe_file}: {field} = {ref!r}: {reason}",
-                            "a UTF-8 manifest: PATH<TAB>LANGUAGE<TAB>TRANSCRIPT per line") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PipelineError(f"{where}: {type(exc).__name__}: {exc}", hint) from None
     lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip() and not line.startswith("#")]
     if not lines or len(lines) > MAX_UTTERANCES:
         raise PipelineError(f"{manifest}: {len(lines)} utterances; a speech set has 1 to {MAX_UTTERANCES}",
@@ -134,7 +133,7 @@ def _manifest_lines(ref: str, value: str, recipe_file: str, field: str) -> tuple
 
 def read_speech_set(ref: str, recipe_file: str, field: str) -> SpeechSet:
     """The set `ref` names, every file read bounded and checked; errors name the field and the file."""
-    from pipeline.files import read_regular
+    from pipeline.files import read_referenced, read_regular
     kind, _, value = ref.partition(":")
     if kind == "builtin":
         if value not in BUILTIN_SETS:
@@ -157,12 +156,8 @@ def read_speech_set(ref: str, recipe_file: str, field: str) -> SpeechSet:
     manifest, lines = _manifest_lines(ref, value, recipe_file, field)
     out = []
     for i, (name, language, transcript) in lines:
-        path = manifest.parent / name
-        try:
-            data = read_regular(path, AudioLimits().max_bytes, follow=True)
-        except (PipelineError, OSError) as exc:
-            reason = exc.message if isinstance(exc, PipelineError) else f"{type(exc).__name__}: {exc}"
-            raise PipelineError(f"{manifest}:{i}: {reason}", "name a WAV file relative to the manifest") from None
+        path, data = read_referenced(name, manifest, AudioLimits().max_bytes, f"{manifest}:{i}",
+                                     "name a WAV file relative to the manifest")
         out.append(_utterance(data, language, transcript, f"{manifest}:{i} ({path.name})"))
     return SpeechSet(ref, tuple(out))
 
