@@ -199,49 +199,32 @@ def cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
     _build_checks(file, v["build"], tlist, targets, problems)
     _calibration_checks(file, v["quantization"]["calibration"]["source"], problems)
     _prompt_checks(file, v["validation"]["prompts"], problems)
-    _image_checks(file, v["validation"]["images"], v["validation"]["prompts"], problems)
-    _recording_checks(file, v["validation"]["recordings"], v["validation"]["prompts"], problems)
+    from pipeline.workstation.audio_prompts import read_recording
+    from pipeline.workstation.image_prompts import read_image
+    _media_checks(file, v["validation"]["images"], v["validation"]["prompts"], problems, "images", "image",
+                  read_image, "builtin:red-circle")
+    _media_checks(file, v["validation"]["recordings"], v["validation"]["prompts"], problems, "recordings",
+                  "recording", read_recording, "builtin:chirp-1s")
     _speech_checks(file, v["validation"]["speech"], problems)
 
 
-def _image_checks(file: str, images: Any, prompts: Any, problems: list[Problem]) -> None:
-    """Each image a reference that reads as a usable image, and no more images than prompts (each is asked with
-    the prompt of its index)."""
-    if not isinstance(images, list):
+def _media_checks(file: str, refs: Any, prompts: Any, problems: list[Problem], key: str, noun: str, read,
+                  example: str) -> None:
+    """Each image (recording) a reference that reads as a usable file (`read`: read_image or read_recording), and no
+    more of them than prompts (each is asked with the prompt of its index)."""
+    if not isinstance(refs, list):
         return
-    if isinstance(prompts, list) and len(images) > len(prompts):
-        problems.append(Problem(file, "validation.images", f"{len(images)} images", f"pairs with {len(prompts)} "
-                                "prompts: each image is asked with the prompt of its index",
-                                "add prompts, or remove images"))
-    from pipeline.workstation.image_prompts import read_image
-    for i, ref in enumerate(images):
-        field = f"validation.images[{i}]"
+    if isinstance(prompts, list) and len(refs) > len(prompts):
+        problems.append(Problem(file, f"validation.{key}", f"{len(refs)} {key}", f"pairs with {len(prompts)} "
+                                f"prompts: each {noun} is asked with the prompt of its index",
+                                f"add prompts, or remove {key}"))
+    for i, ref in enumerate(refs):
+        field = f"validation.{key}[{i}]"
         if not isinstance(ref, str):
-            problems.append(Problem(file, field, ref, "must be a string", 'e.g. "builtin:red-circle"'))
+            problems.append(Problem(file, field, ref, "must be a string", f'e.g. "{example}"'))
             continue
         try:
-            read_image(ref, file, field)
-        except PipelineError as exc:
-            problems.append(Problem(file, field, ref, exc.message.split(f"{ref!r}", 1)[-1].strip(": ") or
-                                    exc.message, exc.hint or "builtin:NAME or file:PATH"))
-
-
-def _recording_checks(file: str, recordings: Any, prompts: Any, problems: list[Problem]) -> None:
-    """Each recording a reference that reads as a usable WAV file, and no more recordings than prompts."""
-    if not isinstance(recordings, list):
-        return
-    if isinstance(prompts, list) and len(recordings) > len(prompts):
-        problems.append(Problem(file, "validation.recordings", f"{len(recordings)} recordings", f"pairs with "
-                                f"{len(prompts)} prompts: each recording is asked with the prompt of its index",
-                                "add prompts, or remove recordings"))
-    from pipeline.workstation.audio_prompts import read_recording
-    for i, ref in enumerate(recordings):
-        field = f"validation.recordings[{i}]"
-        if not isinstance(ref, str):
-            problems.append(Problem(file, field, ref, "must be a string", 'e.g. "builtin:chirp-1s"'))
-            continue
-        try:
-            read_recording(ref, file, field)
+            read(ref, file, field)
         except PipelineError as exc:
             problems.append(Problem(file, field, ref, exc.message.split(f"{ref!r}", 1)[-1].strip(": ") or
                                     exc.message, exc.hint or "builtin:NAME or file:PATH"))
