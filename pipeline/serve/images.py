@@ -162,14 +162,16 @@ def read_image(part: ImagePart, side: ImageSide, budget: int = MAX_REQUEST_PIXEL
     return RequestImage(data, width, height, tokens)
 
 
-def expand(ids: list[int], side: ImageSide, images: list[RequestImage]) -> list[int]:
+def expand(ids: list[int], side: Any, images: list[Any]) -> list[int]:
     """The rendered ids with the i-th placeholder repeated images[i].tokens times (as the processor does). The chat
     template places one placeholder per image part; a chat cut to fit keeps the newest images, so the placeholders
-    left are the last ones."""
+    left are the last ones. The same for a speech model's recordings (`side` a recordings.AudioSide, `images` its
+    RequestRecordings: a side names its placeholder, its noun and the part that brings one)."""
     at = [i for i, t in enumerate(ids) if t == side.placeholder_id]
     if len(at) > len(images):
-        raise ApiError(400, f"the prompt holds {len(at)} {side.placeholder} tokens for {len(images)} images: "
-                       "send images as image_url parts, not as their placeholder text", "messages", "invalid_value")
+        raise ApiError(400, f"the prompt holds {len(at)} {side.placeholder} tokens for {len(images)} {side.noun}s: "
+                       f"send {side.noun}s as {side.part} parts, not as their placeholder text", "messages",
+                       "invalid_value")
     kept = images[len(images) - len(at):]
     out: list[int] = []
     last = 0

@@ -195,22 +195,15 @@ class Preparer:
             raise ApiError(400, exc.message, "messages") from None
         if side is not None and images:
             return len(expand(ids, side, images))
-        return len(audio.expand(ids, hears, heard)) if hears is not None and heard else len(ids)
+        return len(expand(ids, hears, heard)) if hears is not None and heard else len(ids)
 
     def images(self, req: protocol.Request) -> list[RequestImage]:
         """The request's images read, checked and counted (a 400 naming the part), or a 400 where the served model
         or its backend takes none."""
         if not req.images:
             return []
-        side, first = self.served.images, req.images[0].param
-        if side is None:
-            raise ApiError(400, f"{first}: {self.served.name} is a text model and takes no images", first,
-                           "unsupported_parameter")
-        session = self.session()
-        if "images" not in session.applies:
-            raise ApiError(400, f"{first}: the {session.backend} runtime session here does not take images (validate "
-                           "image prompts through the device's own runtime, or serve the recipe's reference model)",
-                           first, "unsupported_parameter")
+        side = self.taken(req.images[0].param, self.served.images, "is a text model and takes no images", "images",
+                          "images", "image")
         return read_images(req.images, side)
 
     def recordings(self, req: protocol.Request) -> list[audio.RequestRecording]:
@@ -218,16 +211,21 @@ class Preparer:
         model or its backend takes none."""
         if not req.recordings:
             return []
-        side, first = self.served.audio, req.recordings[0].param
-        if side is None:
-            raise ApiError(400, f"{first}: {self.served.name} has no audio encoder and takes no audio", first,
-                           "unsupported_parameter")
-        session = self.session()
-        if "recordings" not in session.applies:
-            raise ApiError(400, f"{first}: the {session.backend} runtime session here does not take audio (validate "
-                           "speech prompts through the device's own runtime, or serve the recipe's reference model)",
-                           first, "unsupported_parameter")
+        side = self.taken(req.recordings[0].param, self.served.audio, "has no audio encoder and takes no audio",
+                          "recordings", "audio", "speech")
         return audio.read_recordings(req.recordings, side)
+
+    def taken(self, first: str, side, lacks: str, applies: str, noun: str, prompts: str):
+        """The served model's side for a request's images (recordings), or the 400 naming the first part where the
+        model has none (`lacks`) or its runtime session does not take them (`applies`)."""
+        if side is None:
+            raise ApiError(400, f"{first}: {self.served.name} {lacks}", first, "unsupported_parameter")
+        session = self.session()
+        if applies not in session.applies:
+            raise ApiError(400, f"{first}: the {session.backend} runtime session here does not take {noun} (validate "
+                           f"{prompts} prompts through the device's own runtime, or serve the recipe's reference "
+                           "model)", first, "unsupported_parameter")
+        return side
 
     def render(self, req: protocol.Request, tools: list[dict[str, Any]] | None, images: list[RequestImage],
                heard: list[audio.RequestRecording] | None = None) -> tuple[str, list[int], int, int, int]:
@@ -242,7 +240,7 @@ class Preparer:
             text, ids = codec.chat_ids(messages, tools)
             if hears is not None and heard:
                 held[text] = ids.count(hears.placeholder_id)
-                return text, audio.expand(ids, hears, heard)
+                return text, expand(ids, hears, heard)
             if side is None or not images:
                 return text, ids
             held[text] = ids.count(side.placeholder_id)

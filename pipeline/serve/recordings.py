@@ -107,21 +107,5 @@ def read_recording(data: bytes, side: AudioSide, param: str) -> RequestRecording
     return RequestRecording(wav_bytes(audio.samples, SAMPLE_RATE), audio.seconds, side.tokens(len(audio.samples)))
 
 
-def expand(ids: list[int], side: AudioSide, recordings: list[RequestRecording]) -> list[int]:
-    """The rendered ids with the i-th placeholder repeated recordings[i].tokens times (the chat template places one
-    per input_audio part; a chat cut to fit keeps the newest recordings)."""
-    at = [i for i, t in enumerate(ids) if t == side.placeholder_id]
-    if len(at) > len(recordings):
-        raise ApiError(400, f"the prompt holds {len(at)} {side.placeholder} tokens for {len(recordings)} recordings: "
-                       "send audio as input_audio parts, not as its placeholder text", "messages", "invalid_value")
-    kept = recordings[len(recordings) - len(at):]
-    out: list[int] = []
-    last = 0
-    for pos, rec in zip(at, kept, strict=True):
-        out += ids[last:pos] + [side.placeholder_id] * rec.tokens
-        last = pos + 1
-    return out + ids[last:]
-
-
 def _bad(param: str, why: str, code: str = "invalid_audio") -> ApiError:
     return ApiError(400, f"{param}: the audio {why}", param, code)

@@ -101,3 +101,17 @@ def test_the_decimator_keeps_speech_and_removes_what_16_khz_cannot_hold():
     assert len(low) == 16_000
     assert abs(np.sqrt(np.mean(low[100:-100] ** 2)) - 8000 / np.sqrt(2)) < 60
     assert np.sqrt(np.mean(high[100:-100] ** 2)) < 40
+
+
+def test_a_recordings_placeholder_is_expanded_to_its_tokens_and_a_typed_one_refused():
+    """The one expansion images and recordings share (serve/images.expand), on a speech model's side."""
+    from pipeline.families.audio import QWEN3_ASR_AUDIO
+    from pipeline.serve.images import expand
+    from pipeline.serve.recordings import AudioSide, RequestRecording
+    side = AudioSide(QWEN3_ASR_AUDIO, 50, "<|audio_pad|>", 9, 30)
+    rec = RequestRecording(b"", 1.0, side.tokens(16_000))
+    assert rec.tokens == 13 and side.tokens(100) == 7        # a second: one chunk; under half a second: padded to it
+    assert expand([1, 9, 2], side, [rec]) == [1, *[9] * 13, 2]
+    with pytest.raises(ApiError, match=r"the prompt holds 2 <\|audio_pad\|> tokens for 1 recordings: send recordings "
+                       r"as input_audio parts, not as their placeholder text"):
+        expand([9, 9], side, [rec])
