@@ -12,6 +12,7 @@ Standard library only: the device half (Python 3.10, no numpy) reads these names
 
 from __future__ import annotations
 
+import functools
 import math
 from array import array
 from collections.abc import Callable
@@ -35,7 +36,14 @@ class BuiltinRecording:
         return array("h", (int(round(max(-1.0, min(1.0, self.wave(i / RATE))) * 32767)) for i in range(n)))
 
     def wav(self) -> bytes:
-        return wav_bytes(self.samples(), RATE)
+        return _synthesized(self)
+
+
+@functools.cache
+def _synthesized(recording: BuiltinRecording) -> bytes:
+    """A builtin's WAV bytes, made once per process: the recipe's checks, the plan, the goldens' key and the goldens
+    each read it, and the ten-second one takes a third of a second to synthesize in pure Python."""
+    return wav_bytes(recording.samples(), RATE)
 
 
 def _chord(t: float) -> float:

@@ -131,8 +131,9 @@ def _manifest_lines(ref: str, value: str, recipe_file: str, field: str) -> tuple
     return manifest, out
 
 
-def read_speech_set(ref: str, recipe_file: str, field: str) -> SpeechSet:
-    """The set `ref` names, every file read bounded and checked; errors name the field and the file."""
+def set_sources(ref: str, recipe_file: str, field: str) -> list[tuple[str, bytes, str, str]]:
+    """(where, the file's bytes as read, language, transcript) of each utterance of the set `ref` names, every file
+    read bounded (a builtin set's checked against its pins); nothing decoded: what the goldens' key hashes."""
     from pipeline.files import read_referenced, read_regular
     kind, _, value = ref.partition(":")
     if kind == "builtin":
@@ -151,13 +152,19 @@ def read_speech_set(ref: str, recipe_file: str, field: str) -> SpeechSet:
                 raise PipelineError(f"{recipe_file}: {field} = {ref!r}: {path} is not the pinned recording (alsa-utils "
                                     "1.2.8-1): figures measured on other bytes would not compare",
                                     "install alsa-utils 1.2.8-1, or give the set as file:MANIFEST.tsv")
-            out.append(_utterance(data, "en", transcript, str(path)))
-        return SpeechSet(ref, tuple(out))
+            out.append((str(path), data, "en", transcript))
+        return out
     manifest, lines = _manifest_lines(ref, value, recipe_file, field)
-    out = []
+    sources = []
     for i, (name, language, transcript) in lines:
         path, data = read_referenced(name, manifest, AudioLimits().max_bytes, f"{manifest}:{i}",
                                      "name a WAV file relative to the manifest")
-        out.append(_utterance(data, language, transcript, f"{manifest}:{i} ({path.name})"))
-    return SpeechSet(ref, tuple(out))
+        sources.append((f"{manifest}:{i} ({path.name})", data, language, transcript))
+    return sources
 
+
+def read_speech_set(ref: str, recipe_file: str, field: str) -> SpeechSet:
+    """The set `ref` names, every file read bounded and checked, brought to 16 kHz; errors name the field and the
+    file."""
+    return SpeechSet(ref, tuple(_utterance(data, language, transcript, where)
+                                for where, data, language, transcript in set_sources(ref, recipe_file, field)))

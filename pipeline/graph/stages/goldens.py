@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 from pathlib import Path
 
 from pipeline import contract
@@ -65,11 +66,13 @@ def speech_keys(g: RecipeGraph) -> dict:
     s = g.recipe.validation.speech
     if s.set is None:
         return {}
-    from pipeline.workstation.speech_set import read_speech_set
+    from pipeline.workstation.speech_set import set_sources
     try:
-        # each utterance by its recording, language and reference transcript: a changed transcript re-scores
-        digests: list = [[u.sha256[:16], u.language, u.transcript]
-                         for u in read_speech_set(s.set, g.recipe.file, "validation.speech.set").utterances]
+        # each utterance by its file's bytes, its language and reference transcript (a changed transcript
+        # re-scores); read, not decoded: every doit run computes the key
+        digests: list = [[hashlib.sha256(data).hexdigest()[:16], language, transcript]
+                         for _, data, language, transcript in set_sources(s.set, g.recipe.file,
+                                                                          "validation.speech.set")]
     except PipelineError as exc:
         digests = [f"unreadable: {exc.message}"]
     return {"speech": digests, "speech_prompt": s.prompt, "speech_max_error_rate": s.max_error_rate,
