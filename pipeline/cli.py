@@ -438,7 +438,9 @@ def _add_kits(sub) -> None:
 def _add_board(sub) -> None:
     """probe, device, install: the commands that run on the Jetson."""
     pr = sub.add_parser("probe", help="what this Jetson is: L4T/JetPack, board, SM, versions, memory, bandwidth")
-    pr.add_argument("--root", default="/", help="read a directory laid out like a device's filesystem (default /)")
+    pr.add_argument("--root", default=settings.get("JETSON_PIPELINE_PROBE_ROOT", "/"),
+                    help="read a directory laid out like a device's filesystem (default $JETSON_PIPELINE_PROBE_ROOT "
+                    "or /)")
     pr.add_argument("--json", action="store_true", help="machine-readable output")
     pr.set_defaults(func=_probe_cmd)
     d = sub.add_parser("device", help="the device half on a kit: verify, gate, build the engine, validate, bundle",

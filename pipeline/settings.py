@@ -19,7 +19,8 @@ ENV: dict[str, str] = {
     "JETSON_PIPELINE_HOME": "keys: the signing key, trusted keys, the device secret (default: "
                             "~/.config/jetson-pipeline)",
     "JETSON_PIPELINE_SIGNING_KEY": "the signing key file (default: JETSON_PIPELINE_HOME/signing.key)",
-    "JETSON_PIPELINE_PROBE_ROOT": "`device --root` default: read a recorded board's files instead of /",
+    "JETSON_PIPELINE_PROBE_ROOT": "`probe`/`device`/`install`/`serve --root` default: read a recorded board's files "
+                                  "instead of /",
     "JETSON_PIPELINE_SSH_OPTS": "extra ssh/scp options for ssh:// builders (e.g. \"-i ~/.ssh/jetson\")",
     "JETSON_PIPELINE_REMOTE_PYTHON": "the python with the pipeline's device extra on an ssh:// builder "
                                      "(default: python3)",

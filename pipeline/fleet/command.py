@@ -30,6 +30,9 @@ def _plan_args(p) -> None:
                    help="judge the failed share once at least N boards are decided (default 1)")
     p.add_argument("--abort-on", default=",".join(FAILURES),
                    help=f"failure types that count (default all: {', '.join(FAILURES)})")
+    p.add_argument("--parallel", type=int, default=1, metavar="N",
+                   help="update up to N boards of a phase at once (default 1); past the abort criteria, boards "
+                   "under way finish their gate and no new one starts")
 
 
 def add_parser(sub) -> None:
@@ -80,7 +83,7 @@ def _planned(args):
                           tuple(t.strip() for t in args.abort_on.split(",") if t.strip()))
     plan = plan_rollout([b.name for b in boards], args.phases.split(","),
                         args.canary.split(",") if args.canary else None, duration(args.pause, "--pause"),
-                        args.wait, abort)
+                        args.wait, abort, args.parallel)
     return boards, plan, abort
 
 
@@ -113,7 +116,7 @@ def _continue_cmd(args) -> int:
     p = record.plan
     plan = RolloutPlan(p["phases"], [str(len(x)) for x in p["phases"]], p["pause_s"], p["wait"],
                        AbortCriteria(p["abort"]["min_boards"], p["abort"]["max_failed"],
-                                     tuple(p["abort"]["counted"])))
+                                     tuple(p["abort"]["counted"])), p.get("parallel", 1))
     return controller.run(Path(record.bundle_path), boards, record.inventory, plan, Path(args.work), _limits(args),
                           args.pubkey, say=_say)
 
@@ -145,7 +148,7 @@ def _plan_cmd(args) -> int:
     boards, plan, abort = _planned(args)
     if args.json:
         print(json.dumps({"phases": plan.phases, "targets": plan.targets, "pause_s": plan.pause_s,
-                          "wait": plan.wait, "abort": {"min_boards": abort.min_boards,
+                          "wait": plan.wait, "parallel": plan.parallel, "abort": {"min_boards": abort.min_boards,
                                                        "max_failed": abort.max_failed,
                                                        "counted": list(abort.counted)}}, indent=1))
     else:

@@ -234,6 +234,52 @@ def claim(work: Path):
     return fh
 
 
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def run_phase(names: list[str], record: RolloutRecord, by_name: dict[str, Board], bundle: Bundle, plan: RolloutPlan,
+              limits: GateLimits, work: Path, say) -> str | None:
+    """A phase's boards, up to plan.parallel at once; why the rollout aborts, or None. Each board's steps run on a
+    copy of its record, applied and saved under one lock, so a save never catches a board between two fields."""
+    import copy
+    import threading
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+    saving = threading.Lock()
+
+    def one(name: str) -> None:
+        b = record.board(name)
+        with saving:
+            b.started = b.started or _now()
+            record.save(work)
+        while b.state not in FINAL:
+            step = copy.deepcopy(b)
+            update(Link(by_name[name]), step, bundle, limits, say)
+            with saving:
+                if step.state in FINAL:
+                    step.decided_at = _now()
+                vars(b).update(vars(step))
+                record.save(work)
+        say(f"{name}: {b.state}: {b.reason}")
+
+    def reached() -> str | None:
+        with saving:
+            return plan.abort.reached(record.failures(), record.decided())
+
+    queue = [n for n in names if record.board(n).state not in FINAL]
+    why = reached()
+    with ThreadPoolExecutor(max_workers=plan.parallel) as pool:
+        running: set = set()
+        while (queue and not why) or running:
+            while queue and not why and len(running) < plan.parallel:
+                running.add(pool.submit(one, queue.pop(0)))
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for f in done:
+                f.result()          # a bug in a board's steps is the controller's error, not a board's verdict
+            why = why or reached()
+    return why
+
+
 def run(bundle_path: Path, boards: list[Board], inventory: str, plan: RolloutPlan, work: Path, limits: GateLimits,
         pubkey: str | None = None, say=print) -> int:
     """The rollout (or its resumption, from the record in `work`); 0 every board committed, 1 a board failed or the
@@ -244,7 +290,7 @@ def run(bundle_path: Path, boards: list[Board], inventory: str, plan: RolloutPla
         bundle = open_bundle(bundle_path, work, pubkey)
         by_name = {b.name: b for b in boards}
         record = RolloutRecord.load(work)
-        given = {"phases": plan.phases, "pause_s": plan.pause_s, "wait": plan.wait,
+        given = {"phases": plan.phases, "pause_s": plan.pause_s, "wait": plan.wait, "parallel": plan.parallel,
                  "abort": {"min_boards": plan.abort.min_boards, "max_failed": plan.abort.max_failed,
                            "counted": list(plan.abort.counted)}}
         if record is not None and record.state in ("running", "waiting"):
@@ -263,22 +309,15 @@ def run(bundle_path: Path, boards: list[Board], inventory: str, plan: RolloutPla
             if i < record.phase:
                 continue
             say(f"phase {i + 1} of {len(plan.phases)}: {', '.join(names)}")
-            for name in names:
-                b = record.board(name)
-                link = Link(by_name[name])
-                while b.state not in FINAL:
-                    update(link, b, bundle, limits, say)
-                    record.save(work)
-                say(f"{name}: {b.state}: {b.reason}")
-                why = plan.abort.reached(record.failures(), record.decided())
-                if why:
-                    for other in record.boards:
-                        if other.state == "pending":
-                            other.state, other.reason = "skipped", "the rollout aborted before this board"
-                    record.state, record.reason = "aborted", why
-                    record.save(work)
-                    say(f"rollout aborted: {why}")
-                    return 1
+            why = run_phase(names, record, by_name, bundle, plan, limits, work, say)
+            if why:
+                for other in record.boards:
+                    if other.state == "pending":
+                        other.state, other.reason = "skipped", "the rollout aborted before this board"
+                record.state, record.reason = "aborted", why
+                record.save(work)
+                say(f"rollout aborted: {why}")
+                return 1
             record.phase = i + 1
             record.save(work)
             if i + 1 < len(plan.phases):

@@ -128,6 +128,7 @@ def gate(base: str, goldens: contract.Goldens, plan: contract.Plan, model: str, 
     if planned and taken is not None and taken > planned * (1 + MEMORY_TOLERANCE):
         return Verdict("memory", f"the served model took {taken / 1e9:.2f} GB of the board's memory, more than the "
                        f"plan's {planned / 1e9:.2f} GB (+{MEMORY_TOLERANCE:.0%})", figures)
-    return Verdict(None, f"up in {up} s, goldens {agreement:.0%}, stable {limits.stable_s:g} s"
-                   + (f", memory {taken / 1e9:.2f} GB of {planned / 1e9:.2f} planned" if taken is not None and
-                      planned else ""), figures)
+    memory = (f"memory {taken / 1e9:.2f} GB of {planned / 1e9:.2f} planned" if taken is not None and planned else
+              "memory not measured (the board's `probe --json` gave no MemAvailable)" if taken is None else
+              "memory not planned")
+    return Verdict(None, f"up in {up} s, goldens {agreement:.0%}, stable {limits.stable_s:g} s, {memory}", figures)

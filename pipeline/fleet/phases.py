@@ -6,6 +6,9 @@
                 fleet or one that does not grow. The last phase must reach every board.
     canary      the first phase's boards are the inventory's first unless named (--canary HOST,...).
     between     a pause (seconds) after each phase's gates pass, or a wait for the operator (`rollout continue`).
+    parallel    how many boards of a phase are updated at once (1: one after another). The abort criteria are judged
+                as each board is decided; boards already under way then finish their gate (never left half-swapped),
+                no new one starts.
     abort       once at least `min_boards` boards have been decided, more than `max_failed` of them (a fraction)
                 failed with one of the failure types that count: the rollout stops, the boards it touched stay on
                 what their gates left them on (a failed board rolled back), the rest keep their bundle.
@@ -51,6 +54,7 @@ class RolloutPlan:
     pause_s: int = 0
     wait: bool = False              # wait for the operator after each phase (`rollout continue`)
     abort: AbortCriteria = field(default_factory=AbortCriteria)
+    parallel: int = 1
 
     def lines(self) -> list[str]:
         total = sum(len(p) for p in self.phases)
@@ -63,8 +67,9 @@ class RolloutPlan:
         between = "wait for `rollout continue`" if self.wait else f"pause {self.pause_s} s" if self.pause_s else \
             "go on at once"
         a = self.abort
-        out.append(f"between phases: {between}; abort when more than {a.max_failed:.0%} of at least {a.min_boards} "
-                   f"decided boards failed ({', '.join(a.counted)})")
+        at_once = f"{self.parallel} boards at a time" if self.parallel > 1 else "one board at a time"
+        out.append(f"{at_once}; between phases: {between}; abort when more than {a.max_failed:.0%} of at least "
+                   f"{a.min_boards} decided boards failed ({', '.join(a.counted)})")
         return out
 
 
@@ -89,8 +94,10 @@ def fraction(text: str, what: str) -> float:
 
 
 def plan_rollout(boards: list[str], targets: list[str], canary: list[str] | None = None, pause_s: int = 0,
-                 wait: bool = False, abort: AbortCriteria = AbortCriteria()) -> RolloutPlan:
+                 wait: bool = False, abort: AbortCriteria = AbortCriteria(), parallel: int = 1) -> RolloutPlan:
     """The phases of a rollout of `boards` (in the inventory's order) to the cumulative `targets`."""
+    if not 1 <= parallel <= 256:
+        raise PipelineError(f"--parallel {parallel}: between 1 and 256", "how many boards to update at once")
     if not targets:
         raise PipelineError("no phases", "e.g. --phases 1,25%,100% (a canary, a quarter of the fleet, then all)")
     if len(set(boards)) != len(boards):
@@ -127,4 +134,4 @@ def plan_rollout(boards: list[str], targets: list[str], canary: list[str] | None
     bad = [c for c in abort.counted if c not in FAILURES]
     if bad:
         raise PipelineError(f"failure type {bad[0]!r} is not one of {', '.join(FAILURES)}", "name known types")
-    return RolloutPlan(phases, [t.strip() for t in targets], pause_s, wait, abort)
+    return RolloutPlan(phases, [t.strip() for t in targets], pause_s, wait, abort, parallel)

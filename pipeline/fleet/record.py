@@ -32,6 +32,8 @@ class BoardRecord:
     failure: str | None = None      # its failure type (phases.FAILURES), where it failed
     reason: str = ""                # the decision, said
     gate: dict = field(default_factory=dict)    # the gate's figures: seconds to up, agreement, memory taken, ...
+    started: str | None = None      # when the controller took the board up, and when it was decided (UTC)
+    decided_at: str | None = None
 
     @property
     def decided(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -38,8 +39,10 @@ def versions(bundle, tmp_path_factory):
     return project, v1, v2
 
 
-def make_board(tmp: Path, host: str, signer: Path, drift: bool = False, dies_after: int = 0) -> dict:
-    """A board: its filesystem, key store, python, pipeline directory, serve port and start/stop scripts."""
+def make_board(tmp: Path, host: str, signer: Path, drift: bool = False, dies_after: int = 0, takes: int = 0) -> dict:
+    """A board: its filesystem, key store, python, pipeline directory, serve port and start/stop scripts. dies_after:
+    the service crashes that many seconds after its second start (the rolled-out bundle's); takes: that start's
+    served model holds this many bytes of the board's memory while it is loaded (the runtime double's meminfo)."""
     root = board_copy(tmp / host, BOARD)
     home = tmp / host / "home"
     (home / "trusted").mkdir(parents=True)
@@ -60,11 +63,12 @@ def make_board(tmp: Path, host: str, signer: Path, drift: bool = False, dies_aft
     # the board's service: what a systemd unit of `serve DIR/engines` does (it serves what is installed)
     start.write_text("#!/bin/sh\n"
                      + ("export TRTLLM_RUNTIME_DOUBLE_WRONG_AT=1\n" if drift else "")
+                     + f"n=$(($(cat {opt}/starts 2>/dev/null || echo 0) + 1)); echo $n > {opt}/starts\n"
+                     + (f"[ $n -eq 2 ] && export RUNTIME_DOUBLE_TAKES_BYTES={takes} RUNTIME_DOUBLE_HOLD_S=loaded\n"
+                        if takes else "")
                      + f"nohup {python} -m pipeline serve {opt / 'engines'} --port {port} --work {opt / 'serve'} "
                      f">> {log} 2>&1 < /dev/null &\necho $! > {pidfile}\n"
-                     # a service that crashes a while after its second start (the rolled-out bundle's) only
-                     + (f"n=$(($(cat {opt}/starts 2>/dev/null || echo 0) + 1)); echo $n > {opt}/starts\n"
-                        f"[ $n -eq 2 ] && (sleep {dies_after}; kill -9 $(cat {pidfile})) > /dev/null 2>&1 &\n"
+                     + (f"[ $n -eq 2 ] && (sleep {dies_after}; kill -9 $(cat {pidfile})) > /dev/null 2>&1 &\n"
                         if dies_after else ""))
     stop.write_text(f"#!/bin/sh\n[ -f {pidfile} ] || exit 0\npid=$(cat {pidfile})\nkill $pid 2>/dev/null\n"
                     f"for i in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done\n"
@@ -233,6 +237,53 @@ def test_a_service_that_goes_down_after_its_goldens_fails_the_stability_window_a
         assert rec["created"] == created_of(v1)
         time.sleep(13)      # past the second start's crash: the third (the rollback's) serves on
         assert serving(boards[0]) is not None
+    finally:
+        for b in boards:
+            subprocess.run([str(b["stop"])], timeout=30)
+
+
+ROLLOUT_PLAYBOOK = REPO / "pipeline" / "data" / "fleet-rollout.yml"
+ANSIBLE = Path(sys.executable).parent / "ansible-playbook"
+
+
+def test_the_rollout_playbook_gates_each_board_on_memory_inside_its_plan(versions, sshd, tmp_path):
+    """The playbook's rollout (fleet-rollout.yml, the real ansible-playbook) over three boards whose new served model
+    holds memory: the canary just inside the plan's +20%, b2 just past it, b3 nothing; phase 2 updates b2 and b3 at
+    once (-e parallel=2). The canary is committed with its figure in the record; b2 fails its memory gate, is rolled
+    back and serves version 1 again; b3, under way when b2 failed, finishes its gate and is committed; the rollout
+    aborts and the play fails saying why."""
+    from pipeline.fleet.controller import open_bundle
+    if not ANSIBLE.exists():
+        pytest.fail("ansible-playbook is not installed: run ./bootstrap.sh (the dev extra has ansible-core)")
+    project, v1, v2 = versions
+    signer = project.root / "home" / "signing.pub"
+    planned = open_bundle(v2, tmp_path / "check", str(signer)).plan.memory.total
+    limit = int(planned * 1.2)
+    boards = [make_board(tmp_path, "b1", signer, takes=limit - 64 * 1024),
+              make_board(tmp_path, "b2", signer, takes=limit + 64 * 1024), make_board(tmp_path, "b3", signer)]
+    inv = inventory(tmp_path, sshd, boards)
+    env = dict(project.env, ANSIBLE_HOST_KEY_CHECKING="False", LC_ALL="C.UTF-8", ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"), ANSIBLE_RETRY_FILES_ENABLED="False",
+               PWD=str(tmp_path))       # as a shell started in tmp_path has it
+    try:
+        on_version_1(boards, v1)
+        proc = subprocess.run([str(ANSIBLE), "-i", str(inv), str(ROLLOUT_PLAYBOOK), "-e", f"bundle_src={v2}",
+                               "-e", "phases=1,3", "-e", "parallel=2", "-e", f"controller_python={sys.executable}",
+                               "-e", f"signer_pubkey={signer}", "-e", "stable=2s", "-e", "start_timeout=90s"],
+                              env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stdout[-4000:] + proc.stderr[-2000:]
+        assert re.search(r"rollout aborted: 1 of [23] boards failed \(1 memory\)", proc.stdout), proc.stdout[-4000:]
+        record = RolloutRecord.load(tmp_path / "rollout")          # rollout_work's default, under the play's cwd
+        assert record is not None and record.state == "aborted" and record.plan["parallel"] == 2
+        b1, b2, b3 = (record.board(n) for n in ("b1", "b2", "b3"))
+        assert b1.state == "committed" and b1.gate["memory_planned"] == planned
+        assert abs(b1.gate["memory_taken"] - (limit - 64 * 1024)) < 1024, b1.gate      # meminfo counts in kB
+        assert (b2.state, b2.failure) == ("rolled-back", "memory"), b2
+        assert b2.gate["memory_taken"] > limit and f"more than the plan's {planned / 1e9:.2f} GB (+20%)" in b2.reason
+        assert b3.state == "committed" and b3.gate["memory_taken"] < 1024 * 1024, b3
+        assert b1.decided_at <= b2.started and b2.started < b3.decided_at and b3.started < b2.decided_at  # at once
+        rec = json.loads((boards[1]["opt"] / "engines" / "bundle" / ".install.json").read_text())
+        assert rec["created"] == created_of(v1) and serving(boards[1]) is not None
     finally:
         for b in boards:
             subprocess.run([str(b["stop"])], timeout=30)

@@ -107,15 +107,19 @@ def test_the_cli_prints_the_plan_and_refuses_a_phase_of_no_board(project, tmp_pa
     inv = tmp_path / "inventory.ini"
     inv.write_text(INVENTORY)
     r = project.cli("rollout", "plan", "--inventory", str(inv), "--group", "fleet", "--phases", "1,100%",
-                    "--pause", "10m", "--abort-failed", "20%", "--abort-after", "2", "--json")
+                    "--pause", "10m", "--abort-failed", "20%", "--abort-after", "2", "--parallel", "2", "--json")
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
-    assert got["phases"] == [["nano1"], ["nano2", "agx1"]] and got["pause_s"] == 600
+    assert got["phases"] == [["nano1"], ["nano2", "agx1"]] and got["pause_s"] == 600 and got["parallel"] == 2
     assert got["abort"] == {"min_boards": 2, "max_failed": 0.2, "counted": ["unreachable", "install", "start",
                                                                             "goldens", "stability", "memory"]}
     r = project.cli("rollout", "plan", "--inventory", str(inv), "--group", "fleet", "--phases", "1,50%,100%")
     assert r.returncode == 2 and "phase 2 = '50%' adds no board (50% of 3 boards rounds down to 1" in r.stderr
     assert "Traceback" not in r.stderr
+    r = project.cli("rollout", "plan", "--inventory", str(inv), "--phases", "1,100%", "--parallel", "0")
+    assert r.returncode == 2 and "--parallel 0: between 1 and 256" in r.stderr
+    r = project.cli("rollout", "plan", "--inventory", str(inv), "--phases", "1,100%", "--parallel", "3")
+    assert r.returncode == 0 and "3 boards at a time; between phases: go on at once" in r.stdout
 
 
 def test_the_rollout_record_reads_back_what_it_wrote_and_refuses_a_damaged_one(tmp_path):

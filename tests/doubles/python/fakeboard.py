@@ -2,7 +2,8 @@
 
 A real build or runtime takes memory from the board; on a recorded board (tests/fixtures/devices, copied by the test)
 nothing would. `taking(root, n, seconds)` lowers MemAvailable by n bytes (and, past what is available, SwapFree) for
-`seconds`, as the driver's memory watch sees a real process do, then restores the file.
+`seconds`, as the driver's memory watch sees a real process do, then restores the file; `held(root, n)` lowers it
+until the function it returns is called (a served model's memory, taken for as long as it is loaded).
 """
 import contextlib
 import os
@@ -34,3 +35,22 @@ def taking(root: Path, n: int, seconds: float):
         yield
     finally:
         _write(path, before)
+
+
+def _shift(path: Path, delta: int) -> None:
+    """MemAvailable moved by delta bytes (never below zero), the rest of the file as it is now."""
+    text = path.read_text()
+    _write(path, re.sub(r"^(MemAvailable:\s+)(\d+)",
+                        lambda m: f"{m.group(1)}{max(0, int(m.group(2)) + delta // 1024)}", text, flags=re.M))
+
+
+def held(root: Path, n: int):
+    path = Path(root) / "proc" / "meminfo"
+    _shift(path, -n)
+    done = []
+
+    def release() -> None:
+        if not done:
+            done.append(True)
+            _shift(path, n)
+    return release

@@ -18,7 +18,8 @@ for max tokens in paged KV cache (N)."), and in its KvCacheStats.
 EXECUTOR_DOUBLE_FAIL_AFTER=N: the executor itself fails (await_responses raises) after N iterations.
 EXECUTOR_DOUBLE_FAIL_LOAD=1: the engine cannot be loaded (as a plan TensorRT cannot deserialize on this board).
 TRTLLM_RUNTIME_DOUBLE_WRONG_AT=N: a miscompiled engine (the N-th generated token of every request is off by one).
-RUNTIME_DOUBLE_TAKES_BYTES / RUNTIME_DOUBLE_HOLD_S: what loading takes from the fake board, and for how long.
+RUNTIME_DOUBLE_TAKES_BYTES / RUNTIME_DOUBLE_HOLD_S: what loading takes from the fake board, and for how long
+("loaded": until shutdown).
 """
 import datetime
 import os
@@ -142,10 +143,14 @@ class Executor:
                   f"{self.blocks * self.per_block * per_token / 2**30:.2f} GiB for max tokens in paged KV cache "
                   f"({self.blocks * self.per_block}).", flush=True)
         board, hold = os.environ.get("FAKE_BOARD_ROOT"), int(os.environ.get("RUNTIME_DOUBLE_TAKES_BYTES", "0"))
+        self._release = None
         if board and hold:          # the engine, KV cache and activations loaded: the board shows it
-            from fakeboard import taking
-            with taking(Path(board), hold, float(os.environ.get("RUNTIME_DOUBLE_HOLD_S", "0.8"))):
-                pass
+            from fakeboard import held, taking
+            if os.environ.get("RUNTIME_DOUBLE_HOLD_S") == "loaded":     # until shutdown, as a served model holds it
+                self._release = held(Path(board), hold)
+            else:
+                with taking(Path(board), hold, float(os.environ.get("RUNTIME_DOUBLE_HOLD_S", "0.8"))):
+                    pass
         self._wrong_at = int(os.environ.get("TRTLLM_RUNTIME_DOUBLE_WRONG_AT", "-1"))
         self._lock = threading.Condition()
         self._active, self._out, self._next = {}, [], 0
@@ -194,6 +199,8 @@ class Executor:
         with self._lock:
             self._lock.notify_all()
         self._thread.join(timeout=5)
+        if self._release:
+            self._release()
 
     def _loop(self):
         while not self._stop:
