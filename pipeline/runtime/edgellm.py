@@ -19,6 +19,13 @@ refuses engine directories and rebuilds from a checkpoint into its own cache, bu
 
 The prompt goes as text with apply_chat_template false: the text the server rendered (or the raw prompt with its
 special tokens written out), which Edge-LLM's raw mode encodes without adding any: the goldens' ids (FACTS.md).
+
+A speech model's recording goes as its server sends one (experimental/server/media/audio_preprocess.py):
+Request.audio_buffers = [rt.load_audio_buffer_from_bytes(wav bytes)], the engine opened with media_dir = the engine
+directory, which holds audio/ (runtime/engine_layout.py: media_dir is the bundle root where it has an audio or visual
+part). Its audio runner (cpp/multimodal/qwen3_omni/audioRunner.cpp) decodes it, computes the Whisper features,
+encodes them, and expands the one <|audio_pad|> the rendered text holds to the clip's token count in place (the
+markers around it are the text's); it takes one clip per request.
 """
 
 from __future__ import annotations
@@ -48,11 +55,13 @@ def _logprobs(tokens: list[int], steps: Any, top: int) -> list[TokenLogprob]:
 
 class EdgellmSession(EngineSession):
     backend = edgellm_backend.BACKEND.name
-    applies = frozenset({"logprobs", "top_logprobs"})      # LLMGenerationRequest.num_logprobs; it has no penalties
+    # LLMGenerationRequest.num_logprobs (it has no penalties); Request.audio_buffers
+    applies = frozenset({"logprobs", "top_logprobs", "recordings"})
+    recordings_per_request = 1      # its audio runner: "At most one audio clip per request is supported"
 
     @classmethod
-    def open(cls, engine_dir: Path, _plan: contract.Plan, limits: Limits) -> EdgellmSession:
-        return cls(engine_dir, limits)
+    def open(cls, engine_dir: Path, plan: contract.Plan, limits: Limits) -> EdgellmSession:
+        return cls(engine_dir, limits, media=plan.audio is not None)
 
     @classmethod
     def refuses(cls, plan: contract.Plan) -> str | None:
@@ -62,14 +71,15 @@ class EdgellmSession(EngineSession):
                     "experimental/server/runtime/engine.py)")
         return None
 
-    def __init__(self, engine_dir: Path, limits: Limits, runtime_module: Any = None):
+    def __init__(self, engine_dir: Path, limits: Limits, runtime_module: Any = None, media: bool = False):
+        """media: the engine directory holds a multimodal part (a speech model's audio/), given as media_dir."""
         super().__init__()
         if runtime_module is None:
             from tensorrt_edgellm import runtime as facade
             runtime_module = facade.load()
         self.rt, self.limits = runtime_module, limits
-        self.engine = self.rt.RequestEngine(str(engine_dir), "", {}, "", self.rt.ContextCacheConfig(),
-                                            max_batch_size=limits.max_batch_size)
+        self.engine = self.rt.RequestEngine(str(engine_dir), str(engine_dir) if media else "", {}, "",
+                                            self.rt.ContextCacheConfig(), max_batch_size=limits.max_batch_size)
         self._channels: dict[int, Any] = {}
         self._closed = False
 
@@ -91,6 +101,8 @@ class EdgellmSession(EngineSession):
         row = rt.Request(messages=[rt.create_text_message("user", gen.prompt_text)])
         row.stop_strings = []
         row.sampling_seed = s.seed if s.seed is not None else 0
+        if gen.recordings:
+            row.audio_buffers = [rt.load_audio_buffer_from_bytes(wav) for wav in gen.recordings]
         if gen.guide is not None:
             row.guided_decoding = rt.GuidedDecodingParams(rt.GuideType.JSON_SCHEMA, gen.guide)
         request.requests, request.stream_channels = [row], [channel]

@@ -129,6 +129,8 @@ class Session(ABC):
     # the request fields this runtime applies beyond temperature, top_p, top_k and seed (Sampling's extras, logprobs);
     # the server refuses the others with a 400 naming the field and the backend, never ignores them
     applies: frozenset[str] = frozenset()
+    # how many recordings one request may hold where it takes them ("recordings" in applies); None: as the protocol
+    recordings_per_request: int | None = None
 
     def __init__(self) -> None:
         self.failure: str | None = None

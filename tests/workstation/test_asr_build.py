@@ -290,3 +290,59 @@ def test_open_webuis_speech_to_text_request_is_answered(served, tmp_path):
     r = requests.post(s.url + "/v1/audio/transcriptions", files={"file": ("a.webm", webm)},
                       data={"model": "whisper-1"}, timeout=60)
     assert r.status_code == 404 and "whisper-1" in r.json()["error"]["message"]
+
+
+def test_the_bundle_served_on_the_board_hears_through_the_edgellm_runtime(built, validated, tmp_path):
+    """The board's own `serve` of the bundle `device` made, through Edge-LLM 0.11's RequestEngine (its binding is the
+    TEST DOUBLE; the audio runner's encoder is the built graph): each recording golden asked as a chat with an
+    input_audio part answers the golden, a transcription answers its transcript, and two recordings in one request
+    (its audio runner takes one clip) are a 400 naming the second part."""
+    import base64
+
+    from conftest import board_copy, device_command
+    from openai import BadRequestError
+    from transformers import AutoTokenizer
+
+    from pipeline.serve.transcriptions import split
+    from tests.serving import Served
+    project, kits, _ = built
+    tmp, proc = validated[TARGET]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (bundle,) = [p for p in (tmp / "out").iterdir() if (p / "MANIFEST.json").is_file()]
+    _, env = device_command(project, kits[TARGET], tmp_path / "dev", board=BOARD)
+    root = board_copy(tmp_path, BOARD)
+    stage = stage_dir(project, RECIPE, "goldens")
+    goldens = contract.Goldens.load(stage / contract.GOLDENS)
+    model = f"{RECIPE}@{TARGET}"
+    s = Served([str(bundle), "--root", str(root), "--work", str(tmp_path / "serve"), "--pubkey",
+                str(project.root / "home" / "signing.pub")], env, tmp_path, tmp_path / "server.log")
+    try:
+        assert f"engine ready: {model} (edgellm)" in s.log.read_text()
+        client = _client(s)
+        heard = [p for p in goldens.prompts if p.recording]
+        assert len(heard) == 3
+        for p in heard:
+            data = base64.b64encode((stage / p.recording).read_bytes()).decode()
+            c = client.chat.completions.create(
+                model=model, temperature=0, max_tokens=len(p.output_ids),
+                messages=[{"role": "user", "content": [
+                    {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}},
+                    {"type": "text", "text": p.prompt}]}])
+            assert c.choices[0].message.content == p.text, (p.recording, c.choices[0].message.content, p.text)
+            assert c.usage.prompt_tokens == len(p.input_ids)       # the placeholder expanded to the clip's tokens
+        p = heard[2]
+        wav = stage / p.recording
+        r = client.audio.transcriptions.create(model=model, file=(wav.name, wav.read_bytes(), "audio/wav"),
+                                               prompt=p.prompt)
+        tok = AutoTokenizer.from_pretrained(stage_dir(project, RECIPE, "fetch") / "model")
+        said = split(tok.decode(p.output_ids).replace("<|eos|>", ""), "<asr_text>")[1]
+        assert said and r.text.startswith(said), (r.text, said)        # the goldens stopped at max_new_tokens
+        data = base64.b64encode(wav.read_bytes()).decode()
+        part = {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+        with pytest.raises(BadRequestError) as e:
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": [part, part]}])
+        assert "messages[0].content[1].input_audio: the edgellm runtime takes at most 1 recording(s) per request" \
+            in str(e.value)
+    finally:
+        s.stop()
+    assert "Traceback" not in (tmp_path / "server.log").read_text()

@@ -98,10 +98,14 @@ class AudioEngine:
         self.session = ReferenceEvaluator(onnx.load(str(audio_dir / "audio_encoder.engine")), new_ops=encoder_ops())
 
     def encode(self, paths: list[str]) -> Encoded:
+        return self.encode_bytes([(Path(path).read_bytes(), path) for path in paths])
+
+    def encode_bytes(self, wavs: list[tuple[bytes, str]]) -> Encoded:
+        """Recordings as (the file's bytes, its name): the runtime's load_audio_buffer_from_bytes takes bytes."""
         embeds, tokens = [], []
         start = time.perf_counter()
-        for path in paths:
-            audio = read_wav(Path(path).read_bytes(), name=path)
+        for data, path in wavs:
+            audio = read_wav(data, name=path)
             if audio.rate != RATE:
                 raise ValueError(f"{path}: {audio.rate} Hz (the double decodes 16 kHz WAV only)")
             features = log_mel(np.asarray(audio.samples, np.float32) / 32768.0, self.bins)

@@ -12,6 +12,10 @@ scripts/sweep_eagle3_configs.py use on the pybind module:
         guided_decoding = GuidedDecodingParams(GuideType, guide) (JSON_SCHEMA followed here through llguidance, as
         the real runtime follows it through its own grammar engine)
     create_text_message(role, text), ContextCacheConfig(), FinishReason, ShutdownMode
+    Request.audio_buffers = [load_audio_buffer_from_bytes(bytes)] with media_dir the bundle root holding
+        audio/audio_encoder.engine (its server's media/audio_preprocess.py and runtime/engine_layout.py); the audio
+        runner (qwen3_omni/audioRunner.cpp) takes one clip per request and expands the request's <|audio_pad|> to the
+        clip's token count (tests/doubles/python/edgellm_audio.py computes the encoder)
 
 The engine is the llm_build double's (the exporter's ONNX graph), run by tests/doubles/python/edgellm_engine.py;
 one driver thread advances every request in flight by one token per step, up to max_batch_size (in-flight batching).
@@ -84,6 +88,19 @@ class Request:
     def __init__(self, messages=()):
         self.messages, self.stop_strings, self.sampling_seed = list(messages), [], 0
         self.guided_decoding = None
+        self.image_buffers, self.audio_buffers = [], []
+
+
+class AudioData:
+    """What load_audio_buffer_from_bytes returns: the container's bytes (decoded here by the audio engine double)."""
+    def __init__(self, data):
+        self.data = bytes(data)
+
+
+def load_audio_buffer_from_bytes(data):
+    if not data:
+        raise ValueError("load_audio_buffer_from_bytes: empty audio buffer")
+    return AudioData(data)
 
 
 class LLMGenerationRequest:
@@ -163,6 +180,11 @@ class RequestEngine:
             with taking(Path(board), hold, float(os.environ.get("RUNTIME_DOUBLE_HOLD_S", "0.8"))):
                 pass
         self.wrong_at = int(os.environ.get("EDGELLM_RUNTIME_DOUBLE_WRONG_AT", "-1"))
+        # the multimodal runners of media_dir (the bundle root holding audio/): the audio encoder here
+        self.audio = None
+        if media_dir and (Path(media_dir) / "audio" / "audio_encoder.engine").is_file():
+            from edgellm_audio import AudioEngine
+            self.audio = AudioEngine(Path(media_dir) / "audio")
         self._lock = threading.Condition()
         self._waiting, self._running, self._stop = [], [], False
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -176,11 +198,35 @@ class RequestEngine:
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         state = {"ids": ids, "out": [], "req": request, "channel": channel, "past": 0,
                  "rng": np.random.default_rng(row.sampling_seed), "cancelled": False,
-                 "matcher": self._matcher(row.guided_decoding)}
+                 "matcher": self._matcher(row.guided_decoding), "media": None}
+        if row.audio_buffers:
+            try:
+                state["ids"], state["media"] = self._audio(row.audio_buffers, ids)
+            except (RuntimeError, ValueError) as exc:   # the runner's preprocess failed: the request ends in error
+                print(f"[ERROR] {exc}", file=sys.stderr, flush=True)
+                channel.push(StreamChunk([], True, FinishReason.ERROR))
+                return _Handle(self, state)
         with self._lock:
             self._waiting.append(state)
             self._lock.notify_all()
         return _Handle(self, state)
+
+    def _audio(self, buffers, ids):
+        """The audio runner's preprocess (qwen3_omni/audioRunner.cpp): at most one clip per request, encoded, and the
+        request's <|audio_pad|> placeholder expanded in place to the clip's token count (the audio markers come from
+        the text); its features go in at those positions."""
+        from edgellm_engine import ImageInputs
+        if self.audio is None:
+            raise RuntimeError("the request holds audio and the engine was loaded without an audio runner "
+                               "(media_dir names no audio/audio_encoder.engine)")
+        if len(buffers) > 1:
+            raise RuntimeError(f"At most one audio clip per request is supported; got {len(buffers)}")
+        encoded = self.audio.encode_bytes([(b.data, "audio buffer") for b in buffers])
+        pad = self.tokenizer.token_to_id(self.audio.placeholder)
+        out = []
+        for t in ids:
+            out += [pad] * encoded.tokens[0] if t == pad else [t]
+        return out, ImageInputs(pad, encoded.embeds, [], None)
 
     def _matcher(self, guided):
         if guided is None:
@@ -233,7 +279,7 @@ class RequestEngine:
             pages = -(-(n + req.max_generate_length) // self.page)
             s["pools"] = eng.new_pools(pages)
             s["table"] = np.stack([np.arange(pages), np.arange(pages)])[None].astype(np.int32)
-            logits = eng.step(s["ids"], 0, s["pools"], s["table"])
+            logits = eng.step(s["ids"], 0, s["pools"], s["table"], image=s["media"])
             s["past"] = n
         else:
             logits = eng.step([s["out"][-1]], s["past"], s["pools"], s["table"])
