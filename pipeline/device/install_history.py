@@ -20,17 +20,23 @@ from pipeline.device.process import claim_work, say
 from pipeline.errors import PipelineError
 
 
+def _held(path: Path) -> dict | None:
+    """The install record of the install at `path`; None where none is there (a planted link is none)."""
+    from pipeline.device.install import installed
+    return installed(path) if path.is_dir() and not path.is_symlink() else None
+
+
 def rollback(work: Path) -> int:
-    from pipeline.device.install import INSTALL_DIR, PREVIOUS_DIR, installed
+    from pipeline.device.install import INSTALL_DIR, PREVIOUS_DIR
     from pipeline.files import exchange_dirs, remove_entry
     work = work.absolute()
     claim_work(work)
     dest, previous = work / INSTALL_DIR, work / PREVIOUS_DIR
-    before = installed(previous) if previous.is_dir() and not previous.is_symlink() else None
+    before = _held(previous)
     if before is None:
         raise PipelineError(f"{work}: no previous install to roll back to ({previous} holds none)",
                             "only an install made with --keep-previous and not yet committed can be rolled back")
-    failed = installed(dest) if dest.is_dir() and not dest.is_symlink() else None
+    failed = _held(dest)
     exchange_dirs(previous, dest)       # the previous install back in place: atomic under kill -9
     remove_entry(previous)              # the failed install, now here
     say(f"rolled back: {dest} holds {before['name']} (signed {before['created']}) again"
@@ -41,15 +47,15 @@ def rollback(work: Path) -> int:
 
 
 def commit(work: Path) -> int:
-    from pipeline.device.install import INSTALL_DIR, PREVIOUS_DIR, installed
+    from pipeline.device.install import INSTALL_DIR, PREVIOUS_DIR
     from pipeline.files import remove_entry
     work = work.absolute()
     claim_work(work)
     previous = work / PREVIOUS_DIR
-    current = installed(work / INSTALL_DIR) if (work / INSTALL_DIR).is_dir() else None
+    current = _held(work / INSTALL_DIR)
     if current is None:
         raise PipelineError(f"{work}: nothing installed to commit", "install a bundle with --keep-previous first")
-    kept = installed(previous) if previous.is_dir() and not previous.is_symlink() else None
+    kept = _held(previous)
     remove_entry(previous)
     say(f"committed: {current['name']} (signed {current['created']})"
         + (f"; the previous install ({kept['name']}) deleted" if kept else "; no previous install was kept"))

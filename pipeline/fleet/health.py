@@ -33,27 +33,36 @@ class Verdict:
     figures: dict
 
 
-def _get(url: str, key: str | None, timeout: float = REQUEST_S) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+def _request(url: str, key: str | None, body: dict | None = None, timeout: float = REQUEST_S,
+             limit: int = 1 << 20) -> tuple[int, bytes]:
+    """(HTTP status, at most `limit` bytes of the body) of a GET, or of a POST of `body` as JSON; (0, b"") where
+    nothing answered within `timeout`."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    data = None
+    if body is not None:
+        data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+    req = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read(1 << 20)
+            return r.status, r.read(limit)
     except urllib.error.HTTPError as e:
-        return e.code, e.read(1 << 20)
+        return e.code, e.read(limit)
     except (OSError, ValueError):
         return 0, b""
 
 
+def _get(url: str, key: str | None, timeout: float = REQUEST_S) -> tuple[int, bytes]:
+    return _request(url, key, timeout=timeout)
+
+
 def _post(url: str, body: dict, key: str | None) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {key}"} if key else {})})
+    """(status, the JSON answer) of a POST; an answer that is not JSON counts as no answer."""
+    status, raw = _request(url, key, body, limit=1 << 22)
+    if status != 200:
+        return status, {}
     try:
-        with urllib.request.urlopen(req, timeout=REQUEST_S) as r:
-            return r.status, json.loads(r.read(1 << 22))
-    except urllib.error.HTTPError as e:
-        return e.code, {}
-    except (OSError, ValueError):
+        return status, json.loads(raw)
+    except ValueError:
         return 0, {}
 
 

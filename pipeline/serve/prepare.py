@@ -213,10 +213,11 @@ class Preparer:
             return []
         side = self.taken(req.recordings[0].param, self.served.audio, "has no audio encoder and takes no audio",
                           "recordings", "audio", "speech")
-        most = self.session().recordings_per_request
+        session = self.session()
+        most = session.recordings_per_request
         if most is not None and len(req.recordings) > most:
             extra = req.recordings[most].param
-            raise ApiError(400, f"{extra}: the {self.session().backend} runtime takes at most {most} recording(s) per "
+            raise ApiError(400, f"{extra}: the {session.backend} runtime takes at most {most} recording(s) per "
                            "request; send one recording per request", extra, "unsupported_parameter")
         return audio.read_recordings(req.recordings, side)
 
