@@ -480,7 +480,7 @@ def _add_board(sub) -> None:
                    help="replace an installed bundle of another kit (switch this board to another model)")
     staged = i.add_mutually_exclusive_group()
     staged.add_argument("--keep-previous", action="store_true", help="a staged rollout: keep the replaced install "
-                        "(--work/bundle.previous) until --commit, for --rollback")
+                        "(--work/bundle.previous or set.previous) until --commit, for --rollback")
     staged.add_argument("--rollback", action="store_true", help="put the install --keep-previous kept back in "
                         "place (no BUNDLE; the failed one is removed)")
     staged.add_argument("--commit", action="store_true", help="delete the install --keep-previous kept (no BUNDLE)")
@@ -528,9 +528,6 @@ def _install_cmd(args) -> int:
     if not args.bundle:
         raise PipelineError("install needs a BUNDLE (or --rollback / --commit with --work)",
                             "python -m pipeline install BUNDLE --work DIR")
-    if args.keep_previous and len(args.bundle) > 1:
-        raise PipelineError("--keep-previous takes one bundle (a set is installed together, its previous set "
-                            "is not kept)", "roll a set out bundle by bundle, or without --keep-previous")
     options = InstallOptions(root=args.root, pubkey=args.pubkey, validate_timeout=args.validate_timeout,
                              load_requests=args.load_requests, any_board_model=args.any_board_model,
                              as_json=args.json, allow_downgrade=args.allow_downgrade, switch_kit=args.switch_kit,

@@ -27,17 +27,16 @@ import dataclasses
 from pathlib import Path
 
 from pipeline import backends, contract
+from pipeline.device.install_history import BUNDLE as INSTALL_DIR
+from pipeline.device.install_history import RECORD, bundle_record
 from pipeline.device.opening import Opened
 from pipeline.device.process import claim_work, say, terminate_as_interrupt
 from pipeline.errors import PipelineError
 from pipeline.runtime.load import LOAD_REQUESTS
 
-INSTALL_DIR = "bundle"      # under --work: the unpacked, verified bundle (engine files + serving/)
-NEXT_DIR = ".bundle.next"   # under --work: a bundle being checked, before it replaces INSTALL_DIR
-# under --work: the install a --keep-previous install replaced, kept until `install --commit` (or put back by
-# `install --rollback`): a staged rollout's way back (pipeline/fleet)
-PREVIOUS_DIR = "bundle.previous"
-RECORD = ".install.json"    # inside INSTALL_DIR: which bundle it is, signed when, checked when
+# under --work (install_history.py: what a work directory holds) the installed bundle is INSTALL_DIR, with its
+# RECORD inside; this is a bundle being checked, before it replaces INSTALL_DIR
+NEXT_DIR = ".bundle.next"
 
 
 def differences(m: contract.BundleManifest, board: contract.Board, any_board_model: bool) -> list[str]:
@@ -62,23 +61,12 @@ class InstallOptions:
     as_json: bool = False
     allow_downgrade: bool = False
     switch_kit: bool = False
-    keep_previous: bool = False     # keep the replaced install as PREVIOUS_DIR until `install --commit`
+    keep_previous: bool = False     # keep the replaced install (install_history) until `install --commit`
 
 
 def run_install(bundle: Path, work: Path | None, out: Path, options: InstallOptions = InstallOptions()) -> int:
     with terminate_as_interrupt():
         return _install(bundle, work, out, options)
-
-
-def installed(dest: Path) -> dict | None:
-    """The install record of the bundle at `dest` (None: nothing installed there by this version or an older one)."""
-    from pipeline.files import load_json_or_none
-    from pipeline.kit.unpack import installed_record
-    for path in (dest / RECORD, installed_record(dest)):     # inside (this version), or beside it (older ones)
-        rec = load_json_or_none(path, 4096)
-        if isinstance(rec, dict) and isinstance(rec.get("name"), str) and isinstance(rec.get("created"), str):
-            return rec
-    return None
 
 
 def replacement_refusal(prior: dict | None, dest: Path, name: str, created: str, options: InstallOptions) -> str | None:
@@ -100,6 +88,7 @@ def replacement_refusal(prior: dict | None, dest: Path, name: str, created: str,
 
 def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions) -> int:
     root = options.root
+    from pipeline.device.install_history import SET, held_at, retire
     from pipeline.device.opening import open_verified, serving_records, unpack_verified
     from pipeline.files import exchange_dirs, remove_entry, write_atomic
     from pipeline.kit.signing import required_trusted_keys
@@ -120,10 +109,13 @@ def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions
     work.mkdir(parents=True, exist_ok=True)
     claim_work(work)
     dest, staging = work / INSTALL_DIR, work / NEXT_DIR
-    prior = installed(dest) if dest.is_dir() and not dest.is_symlink() else None
+    prior = bundle_record(dest) if dest.is_dir() and not dest.is_symlink() else None
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         remove_entry(dest)          # planted in our work directory: never unpacked through
     refusal = replacement_refusal(prior, dest, m.name, verified.created, options)
+    a_set = held_at(work / SET)
+    if a_set is not None and not options.switch_kit:
+        refusal = f"{work} holds a set ({a_set.label}): pass --switch-kit to replace it with this one bundle"
     if refusal:
         raise PipelineError(f"{bundle}: {refusal}", "nothing was changed")
     remove_entry(staging)           # a killed install's unchecked bundle
@@ -147,10 +139,9 @@ def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions
                                                    "report": str(report_dir / contract.REPORT_JSON),
                                                    "source": str(bundle.absolute())}) + "\n")
         exchange_dirs(staging, dest)        # the one step that installs it: atomic under kill -9
-        if options.keep_previous and prior is not None:
-            remove_entry(work / PREVIOUS_DIR)       # an older kept one goes
-            staging.rename(work / PREVIOUS_DIR)     # the previous install, kept for a rollback until committed
-        remove_entry(staging)               # the previous install, now here (or moved aside)
+        # the previous install (now at the staging name, or the set this bundle replaces): kept for a rollback
+        # until committed, or removed
+        retire(work, [p for p in (staging, work / SET) if p.exists()], options.keep_previous)
     else:
         remove_entry(staging)
     if options.as_json:         # for fleet tools: what to fetch back (the Ansible playbook does)

@@ -1,64 +1,173 @@
-"""A staged rollout's way back on the board (pipeline/fleet): the install a `--keep-previous` install replaced, kept
-beside it until the rollout commits the board, or put back when the board's health gate fails.
+"""What a work directory holds, and a staged rollout's way back on the board (pipeline/fleet).
 
-    python -m pipeline install --work W --rollback     the previous install back in place (one atomic exchange);
-                                                        the failed one removed
+A work directory (`install --work W`) holds one install: one bundle (W/bundle) or a board's set of bundles (W/set);
+installing one kind where the other is replaces it, as installing another bundle does. A `--keep-previous` install
+keeps the install it replaced beside it (W/bundle.previous or W/set.previous) until the rollout commits the board, or
+puts it back when the board's health gate fails:
+
+    python -m pipeline install --work W --rollback     the previous install back in place; the failed one removed
     python -m pipeline install --work W --commit       the previous install deleted (the new one stays)
 
 Both take the work directory's lock (one install at a time), print one JSON line ({"ok", "installed", ...}) and
 change nothing they were not asked to: a rollback without a kept install, or a commit with none, says so and exits 2.
-The kept install's bundle (its signed source, named in its record) must still be on the board for `serve` to verify
-and serve it again; the rollout keeps it until it commits.
+The kept install's bundles (their signed sources, named in its records) must still be on the board for `serve` to
+verify and serve them again; the rollout keeps them until it commits.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.device.process import claim_work, say
 from pipeline.errors import PipelineError
 
+BUNDLE, BUNDLE_PREVIOUS = "bundle", "bundle.previous"       # under W: one bundle installed, and the one it replaced
+SET, SET_PREVIOUS = "set", "set.previous"                   # ... a board's set, and the set (or bundle) it replaced
+RECORD = ".install.json"    # inside W/bundle: which bundle it is, signed when, checked when, from where
+SET_RECORD = ".set.json"    # inside W/set: its bundles, each as RECORD says one
+PREVIOUS = {BUNDLE: BUNDLE_PREVIOUS, SET: SET_PREVIOUS}
 
-def _held(path: Path) -> dict | None:
-    """The install record of the install at `path`; None where none is there (a planted link is none)."""
-    from pipeline.device.install import installed
-    return installed(path) if path.is_dir() and not path.is_symlink() else None
+
+@dataclass(frozen=True)
+class Held:
+    """One install in a work directory: its directory and each of its bundles' records (name, created, source)."""
+    path: Path
+    members: tuple[dict, ...]
+
+    @property
+    def is_set(self) -> bool:
+        return self.path.name in (SET, SET_PREVIOUS)
+
+    @property
+    def label(self) -> str:
+        return " + ".join(f"{m['name']} (signed {m['created']})" for m in self.members)
+
+    @property
+    def name(self) -> str:
+        return " + ".join(m["name"] for m in self.members)
+
+
+def _valid(rec: object) -> bool:
+    return isinstance(rec, dict) and isinstance(rec.get("name"), str) and isinstance(rec.get("created"), str)
+
+
+def bundle_record(path: Path) -> dict | None:
+    """The install record of the bundle at `path` (None: nothing installed there by this version or an older one)."""
+    from pipeline.files import load_json_or_none
+    from pipeline.kit.unpack import installed_record
+    for p in (path / RECORD, installed_record(path)):       # inside (this version), or beside it (older ones)
+        rec = load_json_or_none(p, 4096)
+        if _valid(rec):
+            assert isinstance(rec, dict)
+            return rec
+    return None
+
+
+def set_record(path: Path) -> dict | None:
+    """The record of the set installed at `path`: {"bundles": [names], "members": [records]} (members only from
+    this version on); None where no set this pipeline installed is there."""
+    from pipeline.files import load_json_or_none
+    rec = load_json_or_none(path / SET_RECORD, 64 * 1024)
+    names = rec.get("bundles") if isinstance(rec, dict) else None
+    if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
+        return None
+    assert isinstance(rec, dict)
+    members = rec.get("members")
+    if not (isinstance(members, list) and all(_valid(m) for m in members)
+            and [m["name"] for m in members] == names):
+        rec = {**rec, "members": [{"name": n, "created": "?"} for n in names]}
+    return rec
+
+
+def held_at(path: Path) -> Held | None:
+    """The install at `path` (W/bundle, W/set or a kept one); None where none is there (a planted link is none)."""
+    if not path.is_dir() or path.is_symlink():
+        return None
+    if path.name in (SET, SET_PREVIOUS):
+        rec = set_record(path)
+        return Held(path, tuple(rec["members"])) if rec else None
+    one = bundle_record(path)
+    return Held(path, (one,)) if one else None
+
+
+def current(work: Path) -> Held | None:
+    """The install serving from `work`: its set, or its bundle. Both there (an install killed between putting one in
+    place and removing the other) is an error naming both."""
+    held = [h for h in (held_at(work / SET), held_at(work / BUNDLE)) if h]
+    if len(held) > 1:
+        raise PipelineError(f"{work} holds both a set ({held[0].label}) and a bundle ({held[1].label})",
+                            "install the one this board should run again: it replaces the other")
+    return held[0] if held else None
+
+
+def kept(work: Path) -> Held | None:
+    """The install a --keep-previous install replaced (the latest one kept)."""
+    held = [h for h in (held_at(work / SET_PREVIOUS), held_at(work / BUNDLE_PREVIOUS)) if h]
+    return max(held, key=lambda h: h.path.stat().st_mtime) if held else None
+
+
+def retire(work: Path, replaced: list[Path], keep: bool) -> None:
+    """After a new install is in place: what it replaced (W/bundle, W/set, or the tree an exchange left at the staging
+    name) kept as the one previous install (keep: the first of them), or removed."""
+    from pipeline.files import remove_entry
+    if keep and replaced:
+        for name in (BUNDLE_PREVIOUS, SET_PREVIOUS):
+            remove_entry(work / name)       # an older kept one goes: one way back, the latest
+        first = replaced[0]
+        first.rename(work / PREVIOUS[_kind_of(first)])
+        replaced = replaced[1:]
+    for path in replaced:
+        remove_entry(path)
+
+
+def _kind_of(path: Path) -> str:
+    return SET if (path / SET_RECORD).is_file() else BUNDLE
 
 
 def rollback(work: Path) -> int:
-    from pipeline.device.install import INSTALL_DIR, PREVIOUS_DIR
     from pipeline.files import exchange_dirs, remove_entry
     work = work.absolute()
     claim_work(work)
-    dest, previous = work / INSTALL_DIR, work / PREVIOUS_DIR
-    before = _held(previous)
+    before = kept(work)
     if before is None:
-        raise PipelineError(f"{work}: no previous install to roll back to ({previous} holds none)",
+        raise PipelineError(f"{work}: no previous install to roll back to ({work / BUNDLE_PREVIOUS} and "
+                            f"{work / SET_PREVIOUS} hold none)",
                             "only an install made with --keep-previous and not yet committed can be rolled back")
-    failed = _held(dest)
-    exchange_dirs(previous, dest)       # the previous install back in place: atomic under kill -9
-    remove_entry(previous)              # the failed install, now here
-    say(f"rolled back: {dest} holds {before['name']} (signed {before['created']}) again"
-        + (f"; {failed['name']} (signed {failed['created']}) removed" if failed else ""))
-    print(json.dumps({"ok": True, "installed": before["name"], "created": before["created"],
-                      "source": before.get("source"), "removed": failed["name"] if failed else None}))
+    dest = work / (SET if before.is_set else BUNDLE)
+    other = work / (BUNDLE if before.is_set else SET)
+    failed = held_at(dest) or held_at(other)
+    # the other kind first: killed after it, nothing serves but the kept install is still there to roll back to
+    remove_entry(other)
+    exchange_dirs(before.path, dest)    # the previous install back in place: atomic under kill -9
+    remove_entry(before.path)           # the failed install of the same kind, now here
+    for name in (BUNDLE_PREVIOUS, SET_PREVIOUS):
+        remove_entry(work / name)       # an older kept one is no way back from here
+    say(f"rolled back: {dest} holds {before.label} again" + (f"; {failed.label} removed" if failed else ""))
+    print(json.dumps({"ok": True, "installed": before.name, "created": _one(before, "created"),
+                      "source": _one(before, "source"), "removed": failed.name if failed else None}))
     return 0
 
 
 def commit(work: Path) -> int:
-    from pipeline.device.install import INSTALL_DIR, PREVIOUS_DIR
     from pipeline.files import remove_entry
     work = work.absolute()
     claim_work(work)
-    previous = work / PREVIOUS_DIR
-    current = _held(work / INSTALL_DIR)
-    if current is None:
+    now = current(work)
+    if now is None:
         raise PipelineError(f"{work}: nothing installed to commit", "install a bundle with --keep-previous first")
-    kept = _held(previous)
-    remove_entry(previous)
-    say(f"committed: {current['name']} (signed {current['created']})"
-        + (f"; the previous install ({kept['name']}) deleted" if kept else "; no previous install was kept"))
-    print(json.dumps({"ok": True, "installed": current["name"], "created": current["created"],
-                      "source": current.get("source"), "deleted": kept["name"] if kept else None}))
+    before = kept(work)
+    for name in (BUNDLE_PREVIOUS, SET_PREVIOUS):
+        remove_entry(work / name)
+    say(f"committed: {now.label}"
+        + (f"; the previous install ({before.name}) deleted" if before else "; no previous install was kept"))
+    print(json.dumps({"ok": True, "installed": now.name, "created": _one(now, "created"),
+                      "source": _one(now, "source"), "deleted": before.name if before else None}))
     return 0
+
+
+def _one(held: Held, key: str):
+    """A bundle's field as it is; a set's as the list of its members'."""
+    values = [m.get(key) for m in held.members]
+    return values if held.is_set else values[0]

@@ -11,6 +11,9 @@ asked its goldens at the same time (device/set_runner.py), with the board's memo
 set took is held to the sum of the models' plans (+ MEMORY_TOLERANCE) and to the board's usable memory, and every
 model must still answer its goldens with everything else loaded. Only a set that passed all of it replaces the
 installed set (--work/set), in one atomic rename; a failure, an error or a kill -9 leaves the previous set in place.
+A set replaces a single bundle installed in the same --work when that bundle's kit is one of the set's (a board
+growing from one model to several), otherwise only with --switch-kit; --keep-previous keeps what it replaced for a
+staged rollout's rollback (install_history.py).
 The set's report (set-report.json) names each model's own report, its co-resident agreement and the set's figures.
 
 Exit codes as `install`: 0 installed and passed; 1 a check failed (the previous set is kept); 2 refused.
@@ -26,13 +29,15 @@ from pathlib import Path
 
 from pipeline import backends, contract
 from pipeline.device.install import InstallOptions, differences, say_failed, validate_unpacked
+from pipeline.device.install_history import SET as SET_DIR
+from pipeline.device.install_history import SET_RECORD
 from pipeline.device.opening import Opened
 from pipeline.device.process import claim_work, say, terminate_as_interrupt
 from pipeline.errors import PipelineError
 
-SET_DIR = "set"             # under --work: the installed set, one directory per bundle
-SET_NEXT = ".set.next"      # under --work: a set being checked, before it replaces SET_DIR
-SET_RECORD = ".set.json"    # inside SET_DIR: which bundles it holds
+# under --work (install_history.py: what a work directory holds) the installed set is SET_DIR, one directory per
+# bundle with its SET_RECORD inside; this is a set being checked, before it replaces SET_DIR
+SET_NEXT = ".set.next"
 SET_REPORT = "set-report.json"
 
 
@@ -41,15 +46,8 @@ def run_install_set(bundles: list[Path], work: Path | None, out: Path, options: 
         return _install_set(bundles, work, out, options)
 
 
-def installed_set(dest: Path) -> list[str] | None:
-    """The bundles of the set installed at `dest` (None: no set this pipeline installed there)."""
-    from pipeline.files import load_json_or_none
-    rec = load_json_or_none(dest / SET_RECORD, 64 * 1024)
-    names = rec.get("bundles") if isinstance(rec, dict) else None
-    return names if isinstance(names, list) and all(isinstance(n, str) for n in names) else None
-
-
 def _install_set(bundles: list[Path], work: Path | None, out: Path, options: InstallOptions) -> int:
+    from pipeline.device.install_history import BUNDLE, held_at, retire
     from pipeline.device.opening import open_verified
     from pipeline.files import exchange_dirs, remove_entry, write_atomic
     from pipeline.kit.signing import required_trusted_keys
@@ -72,10 +70,14 @@ def _install_set(bundles: list[Path], work: Path | None, out: Path, options: Ins
     dest, staging = work / SET_DIR, work / SET_NEXT
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         remove_entry(dest)          # planted in our work directory: never unpacked through
-    prior = installed_set(dest) if dest.is_dir() else None
+    prior = held_at(dest)
     if dest.is_dir() and prior is None:
         raise PipelineError(f"{dest} holds something that is not a set this pipeline installed",
                             "move it away first; nothing was changed")
+    single = held_at(work / BUNDLE)
+    if single is not None and single.name not in [_bundle(o).name for o in opened] and not options.switch_kit:
+        raise PipelineError(f"{work} holds bundle {single.label}, which is not one of the set's",
+                            "pass --switch-kit to replace it with the set; nothing was changed")
     remove_entry(staging)           # a killed install's unchecked set
     staging.mkdir()
     out.mkdir(parents=True, exist_ok=True)
@@ -85,9 +87,15 @@ def _install_set(bundles: list[Path], work: Path | None, out: Path, options: Ins
     say(f"set report: {out / SET_REPORT} ({'passed' if report.ok else 'FAILED'})")
     names = [_bundle(o).name for o in opened]
     if report.ok:
-        write_atomic(staging / SET_RECORD, json.dumps({"bundles": names, "report": str(out / SET_REPORT)}) + "\n")
+        records = [{"name": _bundle(o).name, "created": o.verified.created,
+                    "manifest_sha256": o.verified.manifest_sha256, "source": str(b.absolute())}
+                   for o, b in zip(opened, bundles, strict=True)]
+        write_atomic(staging / SET_RECORD, json.dumps({"bundles": names, "members": records,
+                                                       "report": str(out / SET_REPORT)}) + "\n")
         exchange_dirs(staging, dest)        # the one step that installs the set: atomic under kill -9
-        remove_entry(staging)               # the previous set, now here
+        # the previous set (now at the staging name) or the bundle the set replaces: kept for a rollback until
+        # committed, or removed
+        retire(work, [p for p in (staging, work / BUNDLE) if p.exists()], options.keep_previous)
     else:
         remove_entry(staging)
     if options.as_json:
@@ -95,7 +103,7 @@ def _install_set(bundles: list[Path], work: Path | None, out: Path, options: Ins
                           "report": str(out / SET_REPORT)}))
     if not report.ok:
         say_failed(report.checks)
-        say(f"not installed; {dest} still holds {', '.join(prior)}" if prior else "not installed")
+        say(f"not installed; {dest} still holds {prior.name}" if prior else "not installed")
         return 1
     say(f"installed: {dest} ({', '.join(names)})")
     return 0

@@ -202,7 +202,7 @@ def run(args) -> int:
     cap = connection_cap(args.max_connections, raise_file_limit())
     keep_alive = _keep_alive(args.keep_alive)
     # serving bundles is serving on the board itself: its own MemAvailable before any engine loads bounds the set
-    on_board = any((installed_source(Path(w)) / "MANIFEST.json").is_file() for w in args.what)
+    on_board = any((p / "MANIFEST.json").is_file() for w in args.what for p in installed_sources(Path(w)))
     spec, target = args.board_source(args.board, args.root if on_board else None) if args.board else \
         (None, args.target)
     if spec is not None and args.memory_budget is not None:
@@ -253,19 +253,20 @@ def _keep_alive(value: str) -> float:
     return seconds
 
 
-def installed_source(path: Path) -> Path:
-    """What to serve for `path`: an install's --work directory serves the bundle its install recorded (the signed
-    source, verified again by from_bundle: a staged rollout's restart serves whatever its install, rollback or
-    commit left in place); anything else as it is."""
-    from pipeline.device.install import INSTALL_DIR, installed
-    if (path / INSTALL_DIR).is_dir() and not (path / "MANIFEST.json").exists():
-        record = installed(path / INSTALL_DIR)
-        source = record.get("source") if record else None
-        if not isinstance(source, str) or not source:
-            raise PipelineError(f"{path}: an install directory whose record names no bundle it came from",
-                                "install the bundle again with this version of the pipeline, or serve the bundle")
-        return Path(source)
-    return path
+def installed_sources(path: Path) -> list[Path]:
+    """What to serve for `path`: an install's --work directory serves the bundle, or the set of bundles, its install
+    recorded (the signed sources, verified again by from_bundle: a staged rollout's restart serves whatever its
+    install, rollback or commit left in place); anything else as it is."""
+    from pipeline.device.install_history import BUNDLE, SET, current
+    if (path / "MANIFEST.json").exists() or not ((path / BUNDLE).is_dir() or (path / SET).is_dir()):
+        return [path]
+    held = current(path)
+    sources = [m.get("source") for m in held.members] if held else []
+    if not sources or not all(isinstance(s, str) and s for s in sources):
+        raise PipelineError(f"{path}: an install directory whose record names no bundle it came from",
+                            "install the bundle (or the set) again with this version of the pipeline, or serve the "
+                            "bundles")
+    return [Path(str(s)) for s in sources]
 
 
 def _sources(args, spec, target: str | None) -> list[tuple[Any, Callable[[], Any], bool]]:
@@ -275,8 +276,9 @@ def _sources(args, spec, target: str | None) -> list[tuple[Any, Callable[[], Any
 
     residency = dict(spec.models) if spec is not None else {}
     out, names = [], set()
-    for what in args.what or [name for name, _ in spec.models]:
-        path = installed_source(Path(what))
+    given = [(w, p) for w in args.what for p in installed_sources(Path(w))] if args.what else \
+        [(name, Path(name)) for name, _ in spec.models]
+    for what, path in given:
         if (path / "MANIFEST.json").is_file():
             work = Path(args.work) if args.work else Path(f"{path.name}.serve")
             # an install's directory: what it (or a rollback of it) put in place is served, older or not

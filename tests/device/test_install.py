@@ -221,7 +221,7 @@ def test_a_staged_install_keeps_the_previous_one_until_commit_and_rolls_back_to_
     assert proc.returncode == 0 and json.loads(proc.stdout)["deleted"] == first["name"]
     assert not (work / "bundle.previous").exists() and (work / "bundle" / ".install.json").is_file()
 
-    from pipeline.serve.command import installed_source
-    assert installed_source(work) == bundle[3].absolute()
+    from pipeline.serve.command import installed_sources
+    assert installed_sources(work) == [bundle[3].absolute()]
     err = one_error(staged(bundle, tmp_path, "--commit", str(bundle[3])))
     assert "install --commit takes --work and no bundle" in err

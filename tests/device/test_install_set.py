@@ -17,7 +17,7 @@ from pipeline import contract
 pytestmark = pytest.mark.integration
 
 
-def install_set(two_bundles, tmp, bundles=None, model=None, env_extra=None):
+def install_set(two_bundles, tmp, bundles=None, model=None, env_extra=None, extra=()):
     project, kit_dir, built, both = two_bundles
     _, env = device_command(project, kit_dir, built)
     root = board_copy(tmp, "orin-nano-8gb-jp62-super")
@@ -25,9 +25,17 @@ def install_set(two_bundles, tmp, bundles=None, model=None, env_extra=None):
         (root / "proc/device-tree/model").write_text(model)
     argv = [sys.executable, "-m", "pipeline", "install", *map(str, bundles or both), "--root", str(root), "--work",
             str(tmp / "work"), "--out", str(tmp / "out"), "--pubkey", str(project.root / "home" / "signing.pub"),
-            "--load-requests", "0"]
+            "--load-requests", "0", *extra]
     return subprocess.run(argv, env=dict(env, FAKE_BOARD_ROOT=str(root), **(env_extra or {})), capture_output=True,
                           text=True, timeout=600, cwd=tmp)
+
+
+def staged(two_bundles, tmp, *flags):
+    """`install --work W --rollback` / `--commit` on the board of `install_set`."""
+    project, kit_dir, built, _ = two_bundles
+    _, env = device_command(project, kit_dir, built)
+    argv = [sys.executable, "-m", "pipeline", "install", "--work", str(tmp / "work"), *flags]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=tmp)
 
 
 def test_a_set_installs_when_each_model_passes_alone_and_together(two_bundles, tmp_path):
@@ -81,3 +89,41 @@ def test_a_set_is_refused_before_anything_is_unpacked(two_bundles, tmp_path):
     assert proc.returncode == 2 and "the set cannot be installed on this board" in proc.stderr, proc.stderr
     assert "--any-board-model" in proc.stderr and not (tmp_path / "work" / "set").exists()
     assert "Traceback" not in proc.stderr
+
+
+def test_a_set_grows_from_one_bundle_keeps_it_for_a_rollback_and_commits(two_bundles, tmp_path):
+    """A board going from one model to a set in its --work: the set replaces the single bundle (its kit is one of
+    the set's) and, with --keep-previous, keeps it until --commit; `serve W` then serves the set's signed sources; a
+    rollback puts the single bundle back and removes the set; a single bundle replaces a set only with --switch-kit."""
+    from pipeline.serve.command import installed_sources
+    first, second = two_bundles[3]
+    work = tmp_path / "work"
+    one = install_set(two_bundles, tmp_path, bundles=[first])       # one bundle: `install` itself
+    assert one.returncode == 0, one.stderr
+    single = json.loads((work / "bundle" / ".install.json").read_text())
+
+    proc = install_set(two_bundles, tmp_path, extra=["--keep-previous"])
+    assert proc.returncode == 0, proc.stderr
+    members = json.loads((work / "set" / ".set.json").read_text())["members"]
+    assert [(m["name"], m["source"]) for m in members] == [(b.name, str(b.absolute())) for b in (first, second)]
+    assert json.loads((work / "bundle.previous" / ".install.json").read_text()) == single
+    assert not (work / "bundle").exists()
+    assert installed_sources(work) == [first.absolute(), second.absolute()]
+
+    refused = install_set(two_bundles, tmp_path, bundles=[first])
+    assert refused.returncode == 2 and f"{work} holds a set ({first.name} (signed " in refused.stderr
+    assert "pass --switch-kit to replace it with this one bundle" in refused.stderr
+
+    back = staged(two_bundles, tmp_path, "--rollback")
+    assert back.returncode == 0, back.stderr
+    said = json.loads(back.stdout)
+    assert (said["installed"], said["removed"]) == (first.name, f"{first.name} + {second.name}")
+    assert json.loads((work / "bundle" / ".install.json").read_text()) == single
+    assert not any((work / n).exists() for n in ("set", "set.previous", "bundle.previous"))
+    assert installed_sources(work) == [first.absolute()]
+
+    assert install_set(two_bundles, tmp_path, extra=["--keep-previous"]).returncode == 0
+    done = staged(two_bundles, tmp_path, "--commit")
+    assert done.returncode == 0 and json.loads(done.stdout)["deleted"] == first.name, done.stderr
+    assert f"committed: {first.name} (signed {members[0]['created']}) + {second.name}" in done.stderr
+    assert (work / "set").is_dir() and not (work / "bundle.previous").exists()
