@@ -4,6 +4,8 @@ and every decision recorded.
 
     inventory.py    the boards, read from the Ansible inventory the fleet playbook already uses
     phases.py       the rollout plan: phases as counts or percentages, the pause between them, the abort criteria
+    release.py      what is rolled out: one bundle or a board's set, verified on the controller first
+    board.py        one board over SSH: its settings and what its --work holds (serving now, kept for a rollback)
     controller.py   the rollout, board by board over SSH: install --keep-previous, restart, gate, commit or rollback
     health.py       a board's health gate through its own HTTP endpoint (start, goldens, stability, memory)
     record.py       the rollout record (--work/rollout.json): each board's decision; what a resumed rollout reads

@@ -44,9 +44,10 @@ def add_parser(sub) -> None:
     _plan_args(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_plan_cmd)
-    g = verbs.add_parser("run", help="roll a bundle out: each board installed, gated through its own HTTP "
-                         "endpoint, committed or rolled back", description=DESCRIPTION)
-    g.add_argument("bundle", metavar="BUNDLE", help="the engine bundle (`device --out`), verified here first")
+    g = verbs.add_parser("run", help="roll a bundle (or a board's set) out: each board installed, gated through its "
+                         "own HTTP endpoint, committed or rolled back", description=DESCRIPTION)
+    g.add_argument("bundle", metavar="BUNDLE", nargs="+", help="the engine bundle (`device --out`), verified here "
+                   "first; several: a board's set, installed and gated together on each board (`install B1 B2`)")
     _plan_args(g)
     _gate_args(g)
     g.add_argument("--work", required=True, help="the controller's directory: the rollout record (rollout.json) "
@@ -97,8 +98,8 @@ def _run_cmd(args) -> int:
     from pipeline.fleet import controller
     boards, plan, _ = _planned(args)
     print("\n".join(plan.lines()), flush=True)
-    return controller.run(Path(args.bundle), boards, f"{Path(args.inventory).absolute()}#{args.group}", plan,
-                          Path(args.work), _limits(args), args.pubkey, say=_say)
+    return controller.run([Path(b) for b in args.bundle], boards, f"{Path(args.inventory).absolute()}#{args.group}",
+                          plan, Path(args.work), _limits(args), args.pubkey, say=_say)
 
 
 def _continue_cmd(args) -> int:
@@ -117,12 +118,12 @@ def _continue_cmd(args) -> int:
     plan = RolloutPlan(p["phases"], [str(len(x)) for x in p["phases"]], p["pause_s"], p["wait"],
                        AbortCriteria(p["abort"]["min_boards"], p["abort"]["max_failed"],
                                      tuple(p["abort"]["counted"])), p.get("parallel", 1))
-    return controller.run(Path(record.bundle_path), boards, record.inventory, plan, Path(args.work), _limits(args),
-                          args.pubkey, say=_say)
+    return controller.run([Path(p) for p in record.paths], boards, record.inventory, plan, Path(args.work),
+                          _limits(args), args.pubkey, say=_say)
 
 
 def _status_cmd(args) -> int:
-    from pipeline.fleet.controller import Link, installs_on, label
+    from pipeline.fleet.board import Link, installs_on, label
     from pipeline.fleet.inventory import read_inventory
     rows = []
     for board in read_inventory(Path(args.inventory), args.group):

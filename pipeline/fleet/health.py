@@ -13,6 +13,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from pipeline import backends, contract
+from pipeline.fleet.release import Release
 
 REQUEST_S = 30.0
 POLL_S = 0.5
@@ -112,30 +113,36 @@ def stays_up(base: str, limits: GateLimits) -> str | None:
     return None
 
 
-def gate(base: str, goldens: contract.Goldens, plan: contract.Plan, model: str, limits: GateLimits,
-         memory_taken) -> Verdict:
-    """The board's verdict: start, goldens, stability, then memory (`memory_taken()`: bytes the served model took
-    from the board, None where it could not be measured)."""
+def gate(base: str, release: Release, limits: GateLimits, memory_taken) -> Verdict:
+    """The board's verdict: start, each model's goldens, stability, then memory (`memory_taken()`: bytes the served
+    models took from the board, None where it could not be measured; a set's is held to the sum of its plans)."""
     figures: dict = {}
     up = up_within(base, limits)
     if up is None:
         return Verdict("start", f"the served model was not up within {limits.start_s:g} s (GET {base}/health)",
                        figures)
     figures["up_s"] = up
-    agreement, said = goldens_agreement(base, goldens, model, limits.api_key)
-    figures["agreement"] = round(agreement, 4)
-    if agreement < goldens.min_token_agreement:
-        return Verdict("goldens", f"agreement with the goldens {agreement:.2%} < {goldens.min_token_agreement:.0%} "
-                       f"through {base}/v1 ({said})", figures)
+    worst = 1.0
+    for b in release.bundles:
+        agreement, said = goldens_agreement(base, b.goldens, b.model, limits.api_key)
+        worst = min(worst, agreement)
+        if len(release.bundles) > 1:
+            figures.setdefault("agreement_by_model", {})[b.model] = round(agreement, 4)
+        figures["agreement"] = round(worst, 4)
+        if agreement < b.goldens.min_token_agreement:
+            of = f" of {b.model}" if len(release.bundles) > 1 else ""
+            return Verdict("goldens", f"agreement{of} with the goldens {agreement:.2%} < "
+                           f"{b.goldens.min_token_agreement:.0%} through {base}/v1 ({said})", figures)
     down = stays_up(base, limits)
     if down:
         return Verdict("stability", down, figures)
     figures["stable_s"] = limits.stable_s
     taken = memory_taken()
-    planned = plan.memory.total if plan.memory else None
+    planned = release.planned_memory
     figures["memory_taken"], figures["memory_planned"] = taken, planned
     if planned and taken is not None and taken > planned * (1 + MEMORY_TOLERANCE):
-        return Verdict("memory", f"the served model took {taken / 1e9:.2f} GB of the board's memory, more than the "
+        what = "the served model" if len(release.bundles) == 1 else "the served set"
+        return Verdict("memory", f"{what} took {taken / 1e9:.2f} GB of the board's memory, more than the "
                        f"plan's {planned / 1e9:.2f} GB (+{MEMORY_TOLERANCE:.0%})", figures)
     memory = (f"memory {taken / 1e9:.2f} GB of {planned / 1e9:.2f} planned" if taken is not None and planned else
               "memory not measured (the board's `probe --json` gave no MemAvailable)" if taken is None else

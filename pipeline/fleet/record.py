@@ -42,7 +42,7 @@ class BoardRecord:
 
 @dataclass
 class RolloutRecord:
-    bundle: str                     # the bundle's name and signing time
+    bundle: str                     # the bundle's name and signing time (a set's: each, joined by " + ")
     bundle_path: str                # where the controller read it (`rollout continue` reads it there again)
     inventory: str                  # the inventory file and group: "PATH#GROUP"
     plan: dict                      # phases.RolloutPlan as given
@@ -51,6 +51,11 @@ class RolloutRecord:
     state: str = "running"          # running | waiting | aborted | done
     reason: str = ""
     format: str = FORMAT
+    bundle_paths: list[str] = field(default_factory=list)   # a set's bundles, each where the controller read it
+
+    @property
+    def paths(self) -> list[str]:
+        return self.bundle_paths or [self.bundle_path]
 
     def board(self, name: str) -> BoardRecord:
         return next(b for b in self.boards if b.name == name)

@@ -13,12 +13,14 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import DOUBLES, REPO, board_copy, device
 
 from pipeline.fleet.record import RolloutRecord
+from pipeline.fleet.release import open_bundle
 from tests.serving import free_port
 from tests.sshserver import SSHD
 
@@ -39,11 +41,13 @@ def versions(bundle, tmp_path_factory):
     return project, v1, v2
 
 
-def make_board(tmp: Path, host: str, signer: Path, drift: bool = False, dies_after: int = 0, takes: int = 0) -> dict:
-    """A board: its filesystem, key store, python, pipeline directory, serve port and start/stop scripts. dies_after:
+def make_board(tmp: Path, host: str, signer: Path, drift: bool = False, dies_after: int = 0, takes: int = 0,
+               kind: str = BOARD) -> dict:
+    """A board (a recorded `kind`): its filesystem, key store, python, pipeline directory, serve port and start/stop
+    scripts. dies_after:
     the service crashes that many seconds after its second start (the rolled-out bundle's); takes: that start's
     served model holds this many bytes of the board's memory while it is loaded (the runtime double's meminfo)."""
-    root = board_copy(tmp / host, BOARD)
+    root = board_copy(tmp / host, kind)
     home = tmp / host / "home"
     (home / "trusted").mkdir(parents=True)
     (home / "trusted" / "builder.pub").write_text(signer.read_text())
@@ -93,10 +97,11 @@ def inventory(tmp: Path, sshd, boards: list[dict], unreachable: str | None = Non
     return path
 
 
-def on_version_1(boards: list[dict], v1: Path) -> None:
-    """Each board installs and serves version 1 (as the fleet playbook left it)."""
+def on_version_1(boards: list[dict], *v1: Path) -> None:
+    """Each board installs and serves version 1, a bundle or a set (as the fleet playbook left it)."""
     for b in boards:
-        r = subprocess.run([str(b["python"]), "-m", "pipeline", "install", str(v1), "--work", str(b["opt"] / "engines"),
+        r = subprocess.run([str(b["python"]), "-m", "pipeline", "install", *map(str, v1), "--work",
+                            str(b["opt"] / "engines"),
                             "--out", str(b["opt"] / "reports"), "--load-requests", "0"],
                            capture_output=True, text=True, timeout=300, cwd=b["opt"])
         assert r.returncode == 0, r.stderr[-2000:]
@@ -115,7 +120,6 @@ def rollout(project, v2: Path, inv: Path, work: Path, *args: str, popen: bool = 
 
 def serving(b: dict) -> str | None:
     """The bundle the board's served model is (from its /v1/models), or None where nothing answers."""
-    import urllib.request
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{b['port']}/v1/models", timeout=10) as r:
             return json.loads(r.read())["data"][0]["id"]
@@ -246,15 +250,20 @@ ROLLOUT_PLAYBOOK = REPO / "pipeline" / "data" / "fleet-rollout.yml"
 ANSIBLE = Path(sys.executable).parent / "ansible-playbook"
 
 
+def ansible_env(project, tmp_path: Path) -> dict:
+    if not ANSIBLE.exists():
+        pytest.fail("ansible-playbook is not installed: run ./bootstrap.sh (the dev extra has ansible-core)")
+    return dict(project.env, ANSIBLE_HOST_KEY_CHECKING="False", LC_ALL="C.UTF-8", ANSIBLE_NOCOLOR="1",
+                ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"), ANSIBLE_RETRY_FILES_ENABLED="False",
+                PWD=str(tmp_path))       # as a shell started in tmp_path has it
+
+
 def test_the_rollout_playbook_gates_each_board_on_memory_inside_its_plan(versions, sshd, tmp_path):
     """The playbook's rollout (fleet-rollout.yml, the real ansible-playbook) over three boards whose new served model
     holds memory: the canary just inside the plan's +20%, b2 just past it, b3 nothing; phase 2 updates b2 and b3 at
     once (-e parallel=2). The canary is committed with its figure in the record; b2 fails its memory gate, is rolled
     back and serves version 1 again; b3, under way when b2 failed, finishes its gate and is committed; the rollout
     aborts and the play fails saying why."""
-    from pipeline.fleet.controller import open_bundle
-    if not ANSIBLE.exists():
-        pytest.fail("ansible-playbook is not installed: run ./bootstrap.sh (the dev extra has ansible-core)")
     project, v1, v2 = versions
     signer = project.root / "home" / "signing.pub"
     planned = open_bundle(v2, tmp_path / "check", str(signer)).plan.memory.total
@@ -262,9 +271,7 @@ def test_the_rollout_playbook_gates_each_board_on_memory_inside_its_plan(version
     boards = [make_board(tmp_path, "b1", signer, takes=limit - 64 * 1024),
               make_board(tmp_path, "b2", signer, takes=limit + 64 * 1024), make_board(tmp_path, "b3", signer)]
     inv = inventory(tmp_path, sshd, boards)
-    env = dict(project.env, ANSIBLE_HOST_KEY_CHECKING="False", LC_ALL="C.UTF-8", ANSIBLE_NOCOLOR="1",
-               ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-local"), ANSIBLE_RETRY_FILES_ENABLED="False",
-               PWD=str(tmp_path))       # as a shell started in tmp_path has it
+    env = ansible_env(project, tmp_path)
     try:
         on_version_1(boards, v1)
         proc = subprocess.run([str(ANSIBLE), "-i", str(inv), str(ROLLOUT_PLAYBOOK), "-e", f"bundle_src={v2}",
@@ -284,6 +291,73 @@ def test_the_rollout_playbook_gates_each_board_on_memory_inside_its_plan(version
         assert b1.decided_at <= b2.started and b2.started < b3.decided_at and b3.started < b2.decided_at  # at once
         rec = json.loads((boards[1]["opt"] / "engines" / "bundle" / ".install.json").read_text())
         assert rec["created"] == created_of(v1) and serving(boards[1]) is not None
+    finally:
+        for b in boards:
+            subprocess.run([str(b["stop"])], timeout=30)
+
+
+def test_a_boards_set_rolls_out_through_the_playbook_and_a_failing_board_gets_its_set_back(versions, two_bundles,
+                                                                                            sshd, tmp_path):
+    """bundle_srcs: a board's set (the default recipe's version 2 beside the FP16 kit) rolled out over two boards
+    running version 1's set and a new AGX Orin (JetPack 6.1) in the inventory; each board installs the set together,
+    serves both models, and is gated on each model's goldens and the set's memory. b2 is planted to drift: it gets its
+    previous set back and serves it (1 of 2 failed: within 50%); the AGX Orin refuses the Orin Nano's set at install,
+    keeping what it had, and 2 of 3 failed aborts the rollout, counted by type. Without anything to roll out, the
+    play says what to pass before touching anything."""
+    project, v1, v2 = versions
+    second = two_bundles[3][1]
+    signer = project.root / "home" / "signing.pub"
+    boards = [make_board(tmp_path, "b1", signer), make_board(tmp_path, "b2", signer, drift=True),
+              make_board(tmp_path, "agx", signer, kind="agx-orin-64gb-jp61")]
+    inv = inventory(tmp_path, sshd, boards)
+    env = ansible_env(project, tmp_path)
+    nothing = subprocess.run([str(ANSIBLE), "-i", str(inv), str(ROLLOUT_PLAYBOOK)], env=env, capture_output=True,
+                             text=True, timeout=300, cwd=tmp_path)
+    assert nothing.returncode == 2 and "pass -e bundle_src=DIR (the engine bundle on this controller), or a " \
+        "board's set as" in nothing.stdout, nothing.stdout[-3000:]
+    assert not (tmp_path / "rollout").exists()
+    try:
+        on_version_1(boards[:2], v1, second)
+        proc = subprocess.run([str(ANSIBLE), "-i", str(inv), str(ROLLOUT_PLAYBOOK),
+                               "-e", json.dumps({"bundle_srcs": [str(v2), str(second)]}), "-e", "phases=1,3",
+                               "-e", "abort_failed=50%",
+                               "-e", f"controller_python={sys.executable}", "-e", f"signer_pubkey={signer}",
+                               "-e", "stable=2s", "-e", "start_timeout=90s"],
+                              env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stdout[-4000:] + proc.stderr[-2000:]
+        record = RolloutRecord.load(tmp_path / "rollout")
+        assert record is not None and record.paths == [str(v2), str(second)]
+        old = f"{v1.name} (signed {created_of(v1)}) + {second.name} (signed {created_of(second)})"
+        new = f"{v2.name} (signed {created_of(v2)}) + {second.name} (signed {created_of(second)})"
+        assert record.bundle == new
+        b1, b2 = record.board("b1"), record.board("b2")
+        assert (b1.state, b1.old, b1.new) == ("committed", old, new), b1
+        models = {b.name.split("-sm")[0] for b in (v2, second)}
+        assert b1.gate["agreement_by_model"] == dict.fromkeys(models, 1.0), b1.gate
+        assert b1.gate["memory_planned"] == sum(open_bundle(b, tmp_path / "check", str(signer)).plan.memory.total
+                                                for b in (v2, second))
+        assert (b2.state, b2.failure) == ("rolled-back", "goldens") and f"rolled back to {old}" in b2.reason, b2
+        assert "agreement of " in b2.reason
+        agx = record.board("agx")
+        assert (agx.state, agx.failure, agx.old, agx.new) == ("failed", "install", None, None), agx
+        assert "cannot be installed on this board" in agx.reason
+        assert agx.reason.endswith("the board keeps nothing installed")
+        assert record.state == "aborted"
+        assert record.reason == "2 of 3 boards failed (1 goldens, 1 install): more than 50% after at least 1 boards"
+        assert not (boards[2]["opt"] / "engines").exists()
+        for b, want in ((boards[0], v2), (boards[1], v1)):
+            engines = b["opt"] / "engines"
+            members = json.loads((engines / "set" / ".set.json").read_text())["members"]
+            assert [(m["name"], m["created"]) for m in members] == [(x.name, created_of(x)) for x in (want, second)]
+            assert all(m["source"].endswith(m["name"]) for m in members)
+            assert not (engines / "set.previous").exists() and not (engines / "bundle").exists()
+            with urllib.request.urlopen(f"http://127.0.0.1:{b['port']}/v1/models", timeout=10) as r:
+                assert {m["id"] for m in json.loads(r.read())["data"]} == models
+        status = subprocess.run([sys.executable, "-m", "pipeline", "fleet", "status", "--inventory", str(inv),
+                                 "--json"], capture_output=True, text=True, env=project.env, timeout=120)
+        rows = {r["board"]: r for r in json.loads(status.stdout)}
+        assert (rows["b1"]["bundle"], rows["b2"]["bundle"], rows["b1"]["previous"]) == (new, old, None)
+        assert rows["agx"]["reachable"] and rows["agx"]["bundle"] is None
     finally:
         for b in boards:
             subprocess.run([str(b["stop"])], timeout=30)
