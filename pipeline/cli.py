@@ -69,7 +69,11 @@ def _plan_cmd(args) -> int:
             raise PipelineError(f"--target {args.target}: not one of the recipe's targets "
                                 f"({', '.join(recipe.targets)})", "add it to the recipe's targets first")
         targets = [args.target] if args.target else list(recipe.targets)
-        config, source = config_for(recipe, recipe.model, model_dir(RecipeGraph(recipe)))
+        fetched = model_dir(RecipeGraph(recipe))
+        config, source = config_for(recipe, recipe.model, fetched)
+        from pipeline.plan.synthesis import is_synthesis
+        if is_synthesis(config):
+            return _plan_synthesis(args, recipe_synthesis(recipe, targets, config, source, fetched))
         plans = [plan_recipe(recipe, t, config, source, backend=args.backend) for t in targets]
     else:
         held = _held_quantization(args.model_config) if args.model_config else None
@@ -89,6 +93,12 @@ def _plan_cmd(args) -> int:
             raise PipelineError(f"missing {', '.join(missing)}",
                                 "plan RECIPE, or plan --model-config PATH --quant Q --target T")
         target = get_target(args.target)
+        from pipeline.plan.synthesis import is_synthesis_at, load_synthesis
+        if is_synthesis_at(args.model_config):
+            from pipeline.plan.synthesis_plan import plan_synthesis
+            return _plan_synthesis(args, [plan_synthesis(load_synthesis(args.model_config), str(args.model_config),
+                                                         args.quant, args.kv_quant or DEFAULT_KV.name, target.id,
+                                                         DEFAULT_UTTERANCE_S, args.group_size, args.power_mode)])
         shape = load_shape(args.model_config)
         seq = args.max_seq or min(2048, shape.max_position_embeddings)
         limits = BuildLimits.of(args.batch or 1, args.max_input or max(1, seq // 2), seq)
@@ -110,6 +120,35 @@ def _plan_cmd(args) -> int:
     for p in refused:
         print(f"refused: {p.target}: " + " ".join(p.refused), file=sys.stderr)
     return 1 if refused else 0
+
+
+DEFAULT_UTTERANCE_S = 30      # a text-to-speech plan's longest utterance where nothing says ([build.audio])
+
+
+def recipe_synthesis(recipe, targets: list[str], config: dict, source: str, fetched) -> list:
+    """A text-to-speech recipe's plan per target: its model's config (and its speech tokenizer's where fetched)."""
+    from pipeline.plan.synthesis import speech_tokenizer_config, synthesis_shape
+    from pipeline.plan.synthesis_plan import plan_synthesis
+    shape = synthesis_shape(config, source, speech_tokenizer_config(fetched) if fetched else None)
+    b = recipe.build
+    seconds = b.audio.max_seconds if b.audio and b.audio.max_seconds else DEFAULT_UTTERANCE_S
+    return [plan_synthesis(shape, recipe.model.label, recipe.weights, recipe.kv_cache, t, seconds,
+                           recipe.quantization.group_size, b.power_mode, b.max_seq_len, b.max_batch_size)
+            for t in targets]
+
+
+def _plan_synthesis(args, plans: list) -> int:
+    """Print text-to-speech plans (plan/synthesis_plan.py); refused while no kit is built for them."""
+    from pipeline.plan.synthesis_plan import render
+    if args.json:
+        out = [p.to_dict() for p in plans]
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=1))
+    else:
+        print("\n\n".join(render(p) for p in plans))
+    for p in plans:
+        if not p.ok:
+            print(f"refused: {p.target}: " + " ".join(p.refused), file=sys.stderr)
+    return 0 if all(p.ok for p in plans) else 1
 
 
 def _plan_board(args) -> int:

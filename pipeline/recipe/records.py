@@ -103,9 +103,11 @@ class VisualSettings:
 
 @dataclass(frozen=True)
 class AudioSettings:
-    """[build.audio]: a speech-to-text model's longest recording a request (plan/parts/audio.py)."""
+    """[build.audio]: a speech-to-text model's longest recording a request (plan/parts/audio.py), or a
+    text-to-speech model's longest utterance (plan/synthesis.py)."""
     max_seconds: int | None = setting(None, min=1, max=3600, doc="the longest recording one request takes, in "
-                                      "seconds (default 30: Edge-LLM's audio_build --maxTimeSteps 3000)")
+                                      "seconds (default 30: Edge-LLM's audio_build --maxTimeSteps 3000); for a "
+                                      "text-to-speech model, the longest utterance one request speaks")
 
 
 @dataclass(frozen=True)
