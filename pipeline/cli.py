@@ -73,7 +73,8 @@ def _plan_cmd(args) -> int:
         config, source = config_for(recipe, recipe.model, fetched)
         from pipeline.plan.synthesis import is_synthesis
         if is_synthesis(config):
-            return _plan_synthesis(args, recipe_synthesis(recipe, targets, config, source, fetched))
+            return _plan_synthesis(args, recipe_synthesis(recipe, targets, config, source, fetched,
+                                                          args.backend or recipe.backend))
         plans = [plan_recipe(recipe, t, config, source, backend=args.backend) for t in targets]
     else:
         held = _held_quantization(args.model_config) if args.model_config else None
@@ -98,7 +99,8 @@ def _plan_cmd(args) -> int:
             from pipeline.plan.synthesis_plan import plan_synthesis
             return _plan_synthesis(args, [plan_synthesis(load_synthesis(args.model_config), str(args.model_config),
                                                          args.quant, args.kv_quant or DEFAULT_KV.name, target.id,
-                                                         DEFAULT_UTTERANCE_S, args.group_size, args.power_mode)])
+                                                         DEFAULT_UTTERANCE_S, args.group_size, args.power_mode,
+                                                         backend=args.backend)])
         shape = load_shape(args.model_config)
         seq = args.max_seq or min(2048, shape.max_position_embeddings)
         limits = BuildLimits.of(args.batch or 1, args.max_input or max(1, seq // 2), seq)
@@ -125,7 +127,7 @@ def _plan_cmd(args) -> int:
 DEFAULT_UTTERANCE_S = 30      # a text-to-speech plan's longest utterance where nothing says ([build.audio])
 
 
-def recipe_synthesis(recipe, targets: list[str], config: dict, source: str, fetched) -> list:
+def recipe_synthesis(recipe, targets: list[str], config: dict, source: str, fetched, backend: str | None) -> list:
     """A text-to-speech recipe's plan per target: its model's config (and its speech tokenizer's where fetched)."""
     from pipeline.plan.synthesis import speech_tokenizer_config, synthesis_shape
     from pipeline.plan.synthesis_plan import plan_synthesis
@@ -133,7 +135,7 @@ def recipe_synthesis(recipe, targets: list[str], config: dict, source: str, fetc
     b = recipe.build
     seconds = b.audio.max_seconds if b.audio and b.audio.max_seconds else DEFAULT_UTTERANCE_S
     return [plan_synthesis(shape, recipe.model.label, recipe.weights, recipe.kv_cache, t, seconds,
-                           recipe.quantization.group_size, b.power_mode, b.max_seq_len, b.max_batch_size)
+                           recipe.quantization.group_size, b.power_mode, b.max_seq_len, b.max_batch_size, backend)
             for t in targets]
 
 

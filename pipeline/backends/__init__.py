@@ -164,6 +164,9 @@ class Backend:
     # why this version does not build the formats only pre-quantized checkpoints hold (WeightFormat.checkpoint_only),
     # where its stacks leave them out (said in the refusal)
     checkpoint_only_note: str | None = None
+    # what this version does with a text-to-speech model (plan/synthesis.py): None, it knows none; a Support whose
+    # not_built says why it plans the model and builds no kit for it yet
+    synthesis: Support | None = None
 
     def check_argv(self, argv: list[str]) -> list[str]:
         """Problems with one build argv: a program this backend does not build with, or what its checker finds."""
@@ -246,6 +249,16 @@ def get(name: str | None) -> Backend:
     if name not in REGISTRY:
         raise PipelineError(f"unknown backend {name!r}", f"known backends: {', '.join(REGISTRY)}")
     return REGISTRY[name]
+
+
+def synthesis_backend(names: list[str]) -> tuple[str, Support] | None:
+    """The first of these backends (a target's stacks', in order) that plans text-to-speech models, and its
+    support."""
+    for name in names:
+        support = get(name).synthesis
+        if support is not None:
+            return name, support
+    return None
 
 
 def family_support(backend: str, architecture: str) -> Support | None:

@@ -386,6 +386,10 @@ BACKEND = Backend(
     build_commands=build_commands, output_flag="--engineDir",
     build_memory=build_memory, externalizes_int4_ffn=True, needs_chat_template=True,
     reports_kv_allocation=False, export_summary=export_summary, families=EDGELLM_011, refuses_pair=refuses_pair,
+    synthesis=Support(not_built="this version plans Qwen3-TTS but builds no kit for it yet (TensorRT Edge-LLM 0.11 "
+                      "exports it itself: tensorrt-edgellm-export writes llm/ for the talker, code_predictor/ and "
+                      "code2wav/)", verified="tensorrt_edgellm/models/qwen3_tts, scripts/export.py; "
+                      "tests/shared/test_synthesis_plan.py (every part counted against its modules)"),
     # its INT4 GEMM takes each linear's own pre-quant scale (Edge-LLM's own quantizer keeps them: shared ones
     # "collapse small-model accuracy", its quantization/quantize.py); its MoE experts have none (workstation/experts)
     shared_awq_scales=False,

@@ -14,9 +14,7 @@ from pipeline.plan.synthesis import (
     prompt_tokens,
 )
 
-# what stops a kit: the export, the build and the runtime double of the three engines are not written yet
-NOT_BUILT = ("this version plans Qwen3-TTS but builds no kit for it yet (TensorRT Edge-LLM 0.11 exports it itself: "
-             "tensorrt-edgellm-export writes llm/ for the talker, code_predictor/ and code2wav/)")
+UNBUILT = "builds no kit for it yet"     # what every backend's Support.not_built for it says (backends.synthesis)
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,7 @@ class SynthesisPlan:
 
 def plan_synthesis(shape: SynthesisShape, model: str, weights: str, kv_cache: str, target_id: str, max_seconds: int,
                    group_size: int | None = None, power_mode: str | None = None, max_seq_len: int | None = None,
-                   max_batch_size: int = 1) -> SynthesisPlan:
+                   max_batch_size: int = 1, backend: str | None = None) -> SynthesisPlan:
     """The plan on one target. The talker's engine holds max_batch_size sequences of max_seq_len tokens (None: as
     long as the longest utterance's prompt and frames); an utterance of max_seconds must fit in one."""
     from pipeline import backends
@@ -63,7 +61,13 @@ def plan_synthesis(shape: SynthesisShape, model: str, weights: str, kv_cache: st
                             f"weights: {', '.join(WEIGHT_FORMATS)}; kv_cache: {', '.join(KV_FORMATS)}")
     fmt, kv, target = WEIGHT_FORMATS[weights], KV_FORMATS[kv_cache], get_target(target_id)
     group = group_size or (128 if fmt.awq else None)
-    engine = backends.get("edgellm")
+    # the target's stack (or the one asked for) whose backend plans text to speech
+    chosen = backends.synthesis_backend([backend] if backend else [s.backend for s in target.stacks])
+    if chosen is None:
+        raise PipelineError(f"{model}: no backend {'named ' + backend if backend else 'of ' + target_id} plans a "
+                            "text-to-speech model", "TensorRT Edge-LLM does: use a target with its stack "
+                            "(backend = \"edgellm\")")
+    engine, support = backends.get(chosen[0]), chosen[1]
     mode = power_mode or target.default_power_mode
     t, cp = shape.talker, shape.code_predictor
     frames = int(max_seconds * shape.frame_rate)
@@ -86,7 +90,7 @@ def plan_synthesis(shape: SynthesisShape, model: str, weights: str, kv_cache: st
               "code2wav activations": shape.code2wav.activation_bytes(frames),
               "workspaces (3 engines)": 3 * WORKSPACE, "runtime": engine.runtime_overhead}
     total, usable = sum(memory.values()), target.usable_bytes
-    refused = [NOT_BUILT]
+    refused = [support.not_built] if support.not_built else []
     if prompt + frames > seq:
         refused.insert(0, f"an utterance of {max_seconds} s is about {prompt} prompt tokens and {frames} codec "
                           f"frames, more than max_seq_len {seq}: raise build.max_seq_len to at least "

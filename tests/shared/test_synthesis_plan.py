@@ -13,12 +13,12 @@ import sys
 import pytest
 import torch
 
-from pipeline.errors import InputError
+from pipeline.errors import InputError, PipelineError
 from pipeline.formats import KV_FORMATS, WEIGHT_FORMATS
 from pipeline.plan.perf import known_model_configs
 from pipeline.plan.prediction import step_s
 from pipeline.plan.synthesis import CODE2WAV_DEFAULTS, STREAM_FRAMES, prompt_tokens, synthesis_shape
-from pipeline.plan.synthesis_plan import NOT_BUILT, plan_synthesis
+from pipeline.plan.synthesis_plan import UNBUILT, plan_synthesis
 from pipeline.plan.targets import get_target
 from tests.serving import REPO
 
@@ -101,11 +101,13 @@ def test_an_utterance_longer_than_the_engine_or_the_board_is_refused_at_its_edge
     shape = synthesis_shape(CONFIG, "config.json")
     need = prompt_tokens(30) + 375
     fits = plan_synthesis(shape, MODEL, "int4_awq", "fp16", "orin-nano-8gb", 30, 128, max_seq_len=need)
-    assert fits.refused == [NOT_BUILT] and fits.total < fits.usable
+    assert len(fits.refused) == 1 and UNBUILT in fits.refused[0] and fits.total < fits.usable
     short = plan_synthesis(shape, MODEL, "int4_awq", "fp16", "orin-nano-8gb", 30, 128, max_seq_len=need - 1)
     assert short.refused[0] == (f"an utterance of 30 s is about {prompt_tokens(30)} prompt tokens and 375 codec "
                                 f"frames, more than max_seq_len {need - 1}: raise build.max_seq_len to at least "
                                 f"{need}, or lower build.audio.max_seconds")
+    with pytest.raises(PipelineError, match="no backend named trtllm-0.12 plans a text-to-speech model"):
+        plan_synthesis(shape, MODEL, "int4_awq", "fp16", "orin-nano-8gb", 30, 128, backend="trtllm-0.12")
     hour = plan_synthesis(shape, MODEL, "int4_awq", "fp16", "orin-nano-8gb", 3600, 128)
     assert hour.total > hour.usable and hour.refused[0].startswith(f"needs {hour.total / 1e9:.2f} GB, more than the ")
 
@@ -128,7 +130,9 @@ def test_a_damaged_config_is_every_problem_at_once():
 def test_plan_prints_it_from_a_recipe_and_from_a_model_directory(tmp_path):
     out = subprocess.run([sys.executable, "-m", "pipeline", "plan", "qwen3-tts-0.6b-thor"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1 and f"refused: agx-thor: {NOT_BUILT}" in out.stderr, out.stderr
+    assert out.returncode == 1 and "refused: agx-thor: this version plans Qwen3-TTS but builds no kit for it yet " \
+        "(TensorRT Edge-LLM 0.11 exports it itself: tensorrt-edgellm-export writes llm/ for the talker, " \
+        "code_predictor/ and code2wav/)" in out.stderr, out.stderr
     assert "published: rtf " in out.stdout and "the published figure is " in out.stdout
     assert "Traceback" not in out.stderr
     model = tmp_path / "model"
