@@ -73,7 +73,7 @@ def _plan_cmd(args) -> int:
         config, source = config_for(recipe, recipe.model, fetched)
         from pipeline.plan.synthesis import is_synthesis
         if is_synthesis(config):
-            return _plan_synthesis(args, recipe_synthesis(recipe, targets, config, source, fetched,
+            return _plan_speech(args, recipe_synthesis(recipe, targets, config, source, fetched,
                                                           args.backend or recipe.backend))
         plans = [plan_recipe(recipe, t, config, source, backend=args.backend) for t in targets]
     else:
@@ -97,7 +97,7 @@ def _plan_cmd(args) -> int:
         from pipeline.plan.synthesis import is_synthesis_at, load_synthesis
         if is_synthesis_at(args.model_config):
             from pipeline.plan.synthesis_plan import plan_synthesis
-            return _plan_synthesis(args, [plan_synthesis(load_synthesis(args.model_config), str(args.model_config),
+            return _plan_speech(args, [plan_synthesis(load_synthesis(args.model_config), str(args.model_config),
                                                          args.quant, args.kv_quant or DEFAULT_KV.name, target.id,
                                                          DEFAULT_UTTERANCE_S, args.group_size, args.power_mode,
                                                          backend=args.backend)])
@@ -139,9 +139,9 @@ def recipe_synthesis(recipe, targets: list[str], config: dict, source: str, fetc
             for t in targets]
 
 
-def _plan_synthesis(args, plans: list) -> int:
-    """Print text-to-speech plans (plan/synthesis_plan.py); refused while no kit is built for them."""
-    from pipeline.plan.synthesis_plan import render
+def _plan_speech(args, plans: list) -> int:
+    """Print speech plans that are not a decoder's (plan/speech_plan.py); refused while no kit is built for them."""
+    from pipeline.plan.speech_plan import render
     if args.json:
         out = [p.to_dict() for p in plans]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=1))

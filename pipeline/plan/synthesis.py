@@ -30,8 +30,6 @@ from pipeline.plan.shapes import InputError, ModelShape, Problem, shape_from_con
 FAMILY = "qwen3_tts"
 SAMPLE_RATE = 24_000        # Code2Wav's output rate (the speech tokenizer's; its decoder config does not carry it)
 STREAM_FRAMES = 8           # a streamed first chunk: faster-qwen3-tts's chunk_size=8, the published rows' setting
-CLIP_SECONDS = 10.0         # the utterance the plan's RTF is for
-RTF_SECONDS = (5, 10, 30)
 # the prompt before the first frame: the chat-rendered text (read speech: ~2.7 words a second, ~1.3 tokens a word)
 # and the codec prefix (think, language, speaker, pad, bos: up to 7 tokens)
 TEXT_TOKENS_PER_SECOND = 3.5

@@ -1,52 +1,18 @@
-"""The plan of a text-to-speech model (plan/synthesis.py reads it): memory per part on the target, real-time factor
-and first-audio latency, the published rows beside them; and why no kit is built for it yet."""
+"""The plan of a text-to-speech model (plan/synthesis.py reads it; plan/speech_plan.py holds the record): memory per
+part on the target, real-time factor and first-audio latency, the published rows beside them; and why no kit is built
+for it yet."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
-from pipeline.plan.synthesis import (
-    CLIP_SECONDS,
-    RTF_SECONDS,
-    STREAM_FRAMES,
-    WORKSPACE,
-    SynthesisShape,
-    prompt_tokens,
-)
+from pipeline.plan.speech_plan import SpeechPlan, published, speed, vit_ms
+from pipeline.plan.synthesis import STREAM_FRAMES, WORKSPACE, SynthesisShape, prompt_tokens
 
 UNBUILT = "builds no kit for it yet"     # what every backend's Support.not_built for it says (backends.synthesis)
 
 
-@dataclass(frozen=True)
-class SynthesisPlan:
-    model: str
-    target: str
-    weights: str
-    kv_cache: str
-    variant: str
-    max_seconds: int
-    memory: dict[str, int]          # bytes per part
-    total: int
-    usable: int
-    frame_rate: float
-    frame_ms: float | None          # one talker step and a code-predictor walk
-    rtf: float | None               # for CLIP_SECONDS of speech (below 1: faster than real time)
-    rtf_by_seconds: dict[str, float]
-    first_audio_ms: float | None    # streamed: the first STREAM_FRAMES frames through Code2Wav
-    published: list[str]
-    refused: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.refused
-
-    def to_dict(self) -> dict:
-        return {"format": "jetson-synthesis-plan/1", "ok": self.ok, **asdict(self)}
-
-
 def plan_synthesis(shape: SynthesisShape, model: str, weights: str, kv_cache: str, target_id: str, max_seconds: int,
                    group_size: int | None = None, power_mode: str | None = None, max_seq_len: int | None = None,
-                   max_batch_size: int = 1, backend: str | None = None) -> SynthesisPlan:
+                   max_batch_size: int = 1, backend: str | None = None) -> SpeechPlan:
     """The plan on one target. The talker's engine holds max_batch_size sequences of max_seq_len tokens (None: as
     long as the longest utterance's prompt and frames); an utterance of max_seconds must fit in one."""
     from pipeline import backends
@@ -99,25 +65,21 @@ def plan_synthesis(shape: SynthesisShape, model: str, weights: str, kv_cache: st
         refused.insert(0, f"needs {total / 1e9:.2f} GB, more than the {usable / 1e9:.2f} GB usable on {target.name}; "
                           f"use a smaller weight format or fewer seconds an utterance (build.audio.max_seconds)")
     timing = _timing(shape, fmt, group, kv, target, mode, engine.perf_class, weights, fit_data())
-    clip = timing(CLIP_SECONDS)
-    by = {str(s): round(x[1], 3) for s in RTF_SECONDS if s <= max_seconds and (x := timing(s))}
-    return SynthesisPlan(model, target_id, weights, kv_cache, shape.variant, max_seconds, memory, total, usable,
-                         round(shape.frame_rate, 3), None if clip is None else round(clip[2], 2),
-                         None if clip is None else round(clip[1], 3), by, None if clip is None else round(clip[0], 1),
-                         _published(model, target_id, timing), refused)
+    clip, by = speed(timing, max_seconds)
+    return SpeechPlan("text to speech", model, target_id, weights,
+                      f"{shape.variant}; talker and code predictor in {weights}, KV cache {kv_cache}", max_seconds, memory,
+                      total, usable, round(shape.frame_rate, 3), "a frame (a talker step and a code-predictor walk)",
+                      None if clip is None else round(clip[2], 2), None if clip is None else round(clip[1], 3), by,
+                      f"first audio streamed ({STREAM_FRAMES} frames)", None if clip is None else round(clip[0], 1),
+                      published(model, base_of(model), target_id, timing, {"first_audio_ms": 0, "rtf": 1}), refused)
 
 
 def _timing(shape, fmt, group, kv, target, mode, perf_class, weights, fit):
     """seconds -> (first audio ms, RTF, frame ms) for an utterance of that length; None where a fit is missing."""
-    from pipeline.plan.parts.tower import VitConstants, constants_for
     from pipeline.plan.prediction import step_s, ttft_ms
-    vision, tflops = fit.get("vision"), target.tensor_tflops.get("fp16")
 
     def code2wav_ms(frames: int) -> float | None:
-        if vision is None or not tflops:
-            return None
-        classes = {k: VitConstants(v["efficiency"], v["fixed_s"]) for k, v in vision["classes"].items()}
-        return constants_for(classes, target.id).ms(shape.code2wav.flops(frames) / (tflops * 1e12))
+        return vit_ms(target, shape.code2wav.flops(frames), fit)
 
     def timing(seconds: float) -> tuple[float, float, float] | None:
         frames = max(1, round(seconds * shape.frame_rate))
@@ -142,48 +104,3 @@ def base_of(model: str) -> str:
         if model.endswith(variant):
             return model[:-len(variant)] + "-Base"
     return model
-
-
-def _published(model: str, target_id: str, timing) -> list[str]:
-    """The plan beside each published row of the model (or of its Base release) on this target: the error as
-    published / predicted."""
-    from pipeline.plan.parts.audio_speed import load_rows
-    rows = [r for r in load_rows() if r.model in (model, base_of(model))]
-    out = []
-    for r in rows:
-        if r.target != target_id:
-            continue
-        t = timing(r.clip_seconds or CLIP_SECONDS)
-        if t is None or r.metric not in ("rtf", "first_audio_ms"):
-            continue
-        predicted = t[1] if r.metric == "rtf" else t[0]
-        ratio = r.value / predicted
-        error = f"the published figure is {ratio:.2g}x the prediction" if ratio >= 1 else \
-            f"the prediction is {1 / ratio:.2g}x the published figure"
-        unit = "" if r.metric == "rtf" else " ms"
-        of = "" if r.model == model else f" of {r.model}"
-        out.append(f"{r.metric} {predicted:.3g}{unit} predicted, {r.value:g}{unit} published{of} ({r.weights}; "
-                   f"{r.source}): {error}")
-    if not out:
-        elsewhere = sorted({r.target for r in rows})
-        out.append(f"none of {model} on {target_id}" + (f" (there are on {', '.join(elsewhere)})" if elsewhere
-                                                        else "") + ": the speed is a prediction only")
-    return out
-
-
-def render(p: SynthesisPlan) -> str:
-    gb = 1e9
-    lines = [f"{p.model} on {p.target}: text to speech ({p.variant}), {p.weights} talker and code predictor, "
-             f"KV {p.kv_cache}, utterances up to {p.max_seconds} s ({p.frame_rate:g} codec frames a second)",
-             "memory:"]
-    lines += [f"  {name:<30} {v / gb:7.3f} GB" for name, v in p.memory.items()]
-    lines.append(f"  {'total':<30} {p.total / gb:7.3f} GB of {p.usable / gb:.2f} GB usable")
-    if p.rtf is not None:
-        lines.append(f"speed: RTF {p.rtf:g} for {CLIP_SECONDS:g} s of speech (below 1: faster than real time; "
-                     + ", ".join(f"{s} s: {v:g}" for s, v in p.rtf_by_seconds.items())
-                     + f"); first audio {p.first_audio_ms:g} ms streamed ({STREAM_FRAMES} frames); a frame "
-                     f"{p.frame_ms:g} ms")
-    else:
-        lines.append("speed: not predicted (no fit for this target)")
-    lines += [f"published: {x}" for x in p.published]
-    return "\n".join(lines)

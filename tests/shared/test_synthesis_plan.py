@@ -76,10 +76,10 @@ def test_a_frame_is_one_talker_step_and_a_code_predictor_walk():
     mode = target.default_power_mode
     talker = step_s(shape.talker, fmt, 128, kv, target, mode, prompt + frames // 2, 1, "tensorrt")
     walk = 15 * step_s(shape.code_predictor, fmt, 128, kv, target, mode, 8, 1, "tensorrt")
-    assert plan.frame_ms == round(1000 * (talker + walk), 2)
-    assert 0 < plan.rtf < 1 and plan.first_audio_ms > STREAM_FRAMES * plan.frame_ms
+    assert plan.step_ms == round(1000 * (talker + walk), 2)
+    assert 0 < plan.rtf < 1 and plan.first_ms > STREAM_FRAMES * plan.step_ms
     fp16 = plan_synthesis(shape, MODEL, "fp16", "fp16", target.id, 30)
-    assert fp16.frame_ms > plan.frame_ms and fp16.memory["talker"] > 3 * plan.memory["talker"]
+    assert fp16.step_ms > plan.step_ms and fp16.memory["talker"] > 3 * plan.memory["talker"]
     # the code predictor's down_proj stays FP16 in every format (Edge-LLM's FP16Linear)
     down = 5 * 3072 * 1024 * 2
     assert plan.memory["code predictor"] > down + 15 * 2048 * 1024 * 4
@@ -91,7 +91,7 @@ def test_the_plan_is_checked_against_the_published_rows_of_its_base_release():
     rtf, first = plan.published
     assert rtf.startswith(f"rtf {plan.rtf:.3g} predicted, 0.667 published of Qwen/Qwen3-TTS-12Hz-0.6B-Base (")
     assert rtf.endswith(f"the published figure is {0.667 / plan.rtf:.2g}x the prediction")
-    assert first.startswith(f"first_audio_ms {plan.first_audio_ms:.3g} ms predicted, 505 ms published of ")
+    assert first.startswith(f"first_audio_ms {plan.first_ms:.3g} ms predicted, 505 ms published of ")
     nano = plan_synthesis(shape, MODEL, "fp16", "fp16", "orin-nano-8gb", 30)
     assert nano.published == [f"none of {MODEL} on orin-nano-8gb (there are on agx-orin-64gb, agx-thor): the "
                                "speed is a prediction only"]
@@ -146,5 +146,5 @@ def test_plan_prints_it_from_a_recipe_and_from_a_model_directory(tmp_path):
     assert run.returncode == 1, run.stderr
     plan = json.loads(run.stdout)
     own = synthesis_shape(CONFIG, "c", wider).code2wav.params
-    assert plan["format"] == "jetson-synthesis-plan/1" and plan["memory"]["code2wav"] == 2 * own
+    assert plan["format"] == "jetson-speech-plan/1" and plan["memory"]["code2wav"] == 2 * own
     assert own > synthesis_shape(CONFIG, "c").code2wav.params
