@@ -71,10 +71,13 @@ def _plan_cmd(args) -> int:
         targets = [args.target] if args.target else list(recipe.targets)
         fetched = model_dir(RecipeGraph(recipe))
         config, source = config_for(recipe, recipe.model, fetched)
-        from pipeline.plan.synthesis import is_synthesis
-        if is_synthesis(config):
-            return _plan_speech(args, recipe_synthesis(recipe, targets, config, source, fetched,
-                                                          args.backend or recipe.backend))
+        from pipeline.plan.speech_models import plan_speech, speech_kind
+        if speech_kind(config):
+            b = recipe.build
+            return _plan_speech(args, [plan_speech(
+                config, source, fetched, recipe.model.label, recipe.weights, recipe.kv_cache, t,
+                b.audio.max_seconds if b.audio else None, recipe.quantization.group_size, b.power_mode,
+                b.max_seq_len, b.max_batch_size, args.backend or recipe.backend) for t in targets])
         plans = [plan_recipe(recipe, t, config, source, backend=args.backend) for t in targets]
     else:
         held = _held_quantization(args.model_config) if args.model_config else None
@@ -94,13 +97,15 @@ def _plan_cmd(args) -> int:
             raise PipelineError(f"missing {', '.join(missing)}",
                                 "plan RECIPE, or plan --model-config PATH --quant Q --target T")
         target = get_target(args.target)
-        from pipeline.plan.synthesis import is_synthesis_at, load_synthesis
-        if is_synthesis_at(args.model_config):
-            from pipeline.plan.synthesis_plan import plan_synthesis
-            return _plan_speech(args, [plan_synthesis(load_synthesis(args.model_config), str(args.model_config),
-                                                         args.quant, args.kv_quant or DEFAULT_KV.name, target.id,
-                                                         DEFAULT_UTTERANCE_S, args.group_size, args.power_mode,
-                                                         backend=args.backend)])
+        from pipeline.plan.shapes import load_config
+        from pipeline.plan.speech_models import plan_speech, speech_kind
+        path = Path(args.model_config)
+        config_path = path / "config.json" if path.is_dir() else path
+        config = load_config(config_path)
+        if speech_kind(config):
+            return _plan_speech(args, [plan_speech(config, str(config_path), config_path.parent, str(path), args.quant,
+                                                   args.kv_quant or DEFAULT_KV.name, target.id, None, args.group_size,
+                                                   args.power_mode, backend=args.backend)])
         shape = load_shape(args.model_config)
         seq = args.max_seq or min(2048, shape.max_position_embeddings)
         limits = BuildLimits.of(args.batch or 1, args.max_input or max(1, seq // 2), seq)
@@ -122,21 +127,6 @@ def _plan_cmd(args) -> int:
     for p in refused:
         print(f"refused: {p.target}: " + " ".join(p.refused), file=sys.stderr)
     return 1 if refused else 0
-
-
-DEFAULT_UTTERANCE_S = 30      # a text-to-speech plan's longest utterance where nothing says ([build.audio])
-
-
-def recipe_synthesis(recipe, targets: list[str], config: dict, source: str, fetched, backend: str | None) -> list:
-    """A text-to-speech recipe's plan per target: its model's config (and its speech tokenizer's where fetched)."""
-    from pipeline.plan.synthesis import speech_tokenizer_config, synthesis_shape
-    from pipeline.plan.synthesis_plan import plan_synthesis
-    shape = synthesis_shape(config, source, speech_tokenizer_config(fetched) if fetched else None)
-    b = recipe.build
-    seconds = b.audio.max_seconds if b.audio and b.audio.max_seconds else DEFAULT_UTTERANCE_S
-    return [plan_synthesis(shape, recipe.model.label, recipe.weights, recipe.kv_cache, t, seconds,
-                           recipe.quantization.group_size, b.power_mode, b.max_seq_len, b.max_batch_size, backend)
-            for t in targets]
 
 
 def _plan_speech(args, plans: list) -> int:

@@ -164,9 +164,9 @@ class Backend:
     # why this version does not build the formats only pre-quantized checkpoints hold (WeightFormat.checkpoint_only),
     # where its stacks leave them out (said in the refusal)
     checkpoint_only_note: str | None = None
-    # what this version does with a text-to-speech model (plan/synthesis.py): None, it knows none; a Support whose
-    # not_built says why it plans the model and builds no kit for it yet
-    synthesis: Support | None = None
+    # speech models that are not decoders (plan/speech_plan.py), by model_type: what this version does with each (a
+    # Support whose not_built says why it plans the model and builds no kit for it yet); absent: it knows none
+    speech: dict[str, Support] = field(default_factory=dict)
 
     def check_argv(self, argv: list[str]) -> list[str]:
         """Problems with one build argv: a program this backend does not build with, or what its checker finds."""
@@ -251,11 +251,10 @@ def get(name: str | None) -> Backend:
     return REGISTRY[name]
 
 
-def synthesis_backend(names: list[str]) -> tuple[str, Support] | None:
-    """The first of these backends (a target's stacks', in order) that plans text-to-speech models, and its
-    support."""
+def speech_backend(names: list[str], model_type: str) -> tuple[str, Support] | None:
+    """The first of these backends (a target's stacks', in order) that plans this speech model, and its support."""
     for name in names:
-        support = get(name).synthesis
+        support = get(name).speech.get(model_type)
         if support is not None:
             return name, support
     return None

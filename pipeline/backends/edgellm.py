@@ -273,6 +273,23 @@ _EDGELLM_QWEN3_5 = Support(
              "calibrated model in INT4-AWQ), tests/workstation/test_nvfp4.py (NVFP4, on a GPU); "
              "tests/shared/test_hybrid_plan.py (the plan against its published rows)")
 
+# speech models that are not decoders: planned (plan/speech_plan.py), no kit built yet
+EDGELLM_011_SPEECH = {
+    "qwen3_tts": Support(
+        not_built="this version plans Qwen3-TTS but builds no kit for it yet (TensorRT Edge-LLM 0.11 exports it "
+                  "itself: tensorrt-edgellm-export writes llm/ for the talker, code_predictor/ and code2wav/)",
+        verified="tensorrt_edgellm/models/qwen3_tts, scripts/export.py; tests/shared/test_synthesis_plan.py (every "
+                 "part counted against its modules)"),
+    "nemotron3_5_asr": Support(
+        not_built="this version plans Nemotron-3.5-ASR but builds no kit for it yet (TensorRT Edge-LLM 0.11 exports "
+                  "it itself: tensorrt-edgellm-export writes audio/ for the encoder and the RNN-T step, both built "
+                  "by audio_build)",
+        formats=("fp16",),
+        formats_why="Edge-LLM 0.11 exports its encoder and RNN-T step in FP16 only (audio_build's graphs)",
+        verified="tensorrt_edgellm/models/nemotron3_5_asr, scripts/export.py; tests/shared/test_transducer_plan.py "
+                 "(every part counted against transformers' Nemotron3_5AsrForRNNT)"),
+}
+
 EDGELLM_011: dict[str, Support] = {
     LLAMA: _edgellm_dense("tests/workstation/test_edgellm_export.py (tiny-llama)"),
     MISTRAL: _edgellm_dense("its generic decoder; tests/workstation/test_families.py (tiny-mistral: FP16, INT4-AWQ, "
@@ -386,10 +403,7 @@ BACKEND = Backend(
     build_commands=build_commands, output_flag="--engineDir",
     build_memory=build_memory, externalizes_int4_ffn=True, needs_chat_template=True,
     reports_kv_allocation=False, export_summary=export_summary, families=EDGELLM_011, refuses_pair=refuses_pair,
-    synthesis=Support(not_built="this version plans Qwen3-TTS but builds no kit for it yet (TensorRT Edge-LLM 0.11 "
-                      "exports it itself: tensorrt-edgellm-export writes llm/ for the talker, code_predictor/ and "
-                      "code2wav/)", verified="tensorrt_edgellm/models/qwen3_tts, scripts/export.py; "
-                      "tests/shared/test_synthesis_plan.py (every part counted against its modules)"),
+    speech=EDGELLM_011_SPEECH,
     # its INT4 GEMM takes each linear's own pre-quant scale (Edge-LLM's own quantizer keeps them: shared ones
     # "collapse small-model accuracy", its quantization/quantize.py); its MoE experts have none (workstation/experts)
     shared_awq_scales=False,

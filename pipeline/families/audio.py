@@ -152,6 +152,6 @@ def speech_model(config: dict) -> tuple[str, str] | None:
     if not isinstance(kind, str) or kind not in SPEECH_MODELS:
         return None
     name, what, exported = SPEECH_MODELS[kind]
-    planned = " `python -m pipeline plan` gives its memory and speed;" if kind == "qwen3_tts" else ""
-    return kind, (f"{name} is a speech model ({what});{planned} this pipeline builds no kit for it yet. "
+    return kind, (f"{name} is a speech model ({what}); `python -m pipeline plan` gives its memory and speed, but this "
+                  f"pipeline builds no kit for it yet. "
                   f"TensorRT Edge-LLM 0.11 exports it itself ({exported}) with tensorrt-edgellm-export")

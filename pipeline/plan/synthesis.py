@@ -193,17 +193,6 @@ def synthesis_shape(config: dict, source: str, code2wav: dict | None = None) -> 
                           str(config.get("tts_model_type", "?")))
 
 
-def _config_path(path) -> Path:
-    path = Path(path)
-    return path / "config.json" if path.is_dir() else path
-
-
-def is_synthesis_at(path) -> bool:
-    """Whether the config.json at `path` (a model directory or the file) is a text-to-speech model's."""
-    from pipeline.plan.shapes import load_config
-    return is_synthesis(load_config(_config_path(path)))
-
-
 def speech_tokenizer_config(directory: Path) -> dict | None:
     """Code2Wav's config from a model directory's speech_tokenizer/config.json; None where it has none."""
     from pipeline.plan.shapes import load_config
@@ -215,11 +204,3 @@ def speech_tokenizer_config(directory: Path) -> dict | None:
         raise InputError([Problem(str(tokenizer), "decoder_config", decoder, "must hold Code2Wav's config",
                                   "use the model's own speech tokenizer")])
     return decoder
-
-
-def load_synthesis(path) -> SynthesisShape:
-    """From a model directory (config.json, and speech_tokenizer/config.json where it is there) or a config.json."""
-    from pipeline.plan.shapes import load_config
-    config_path = _config_path(path)
-    return synthesis_shape(load_config(config_path), str(config_path),
-                           speech_tokenizer_config(config_path.parent))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pipeline.plan.speech_plan import SpeechPlan, published, speed, vit_ms
 from pipeline.plan.synthesis import STREAM_FRAMES, WORKSPACE, SynthesisShape, prompt_tokens
 
-UNBUILT = "builds no kit for it yet"     # what every backend's Support.not_built for it says (backends.synthesis)
+UNBUILT = "builds no kit for it yet"     # what every backend's Support.not_built for it says (Backend.speech)
 
 
 def plan_synthesis(shape: SynthesisShape, model: str, weights: str, kv_cache: str, target_id: str, max_seconds: int,
@@ -28,7 +28,7 @@ def plan_synthesis(shape: SynthesisShape, model: str, weights: str, kv_cache: st
     fmt, kv, target = WEIGHT_FORMATS[weights], KV_FORMATS[kv_cache], get_target(target_id)
     group = group_size or (128 if fmt.awq else None)
     # the target's stack (or the one asked for) whose backend plans text to speech
-    chosen = backends.synthesis_backend([backend] if backend else [s.backend for s in target.stacks])
+    chosen = backends.speech_backend([backend] if backend else [s.backend for s in target.stacks], "qwen3_tts")
     if chosen is None:
         raise PipelineError(f"{model}: no backend {'named ' + backend if backend else 'of ' + target_id} plans a "
                             "text-to-speech model", "TensorRT Edge-LLM does: use a target with its stack "
@@ -67,8 +67,9 @@ def plan_synthesis(shape: SynthesisShape, model: str, weights: str, kv_cache: st
     timing = _timing(shape, fmt, group, kv, target, mode, engine.perf_class, weights, fit_data())
     clip, by = speed(timing, max_seconds)
     return SpeechPlan("text to speech", model, target_id, weights,
-                      f"{shape.variant}; talker and code predictor in {weights}, KV cache {kv_cache}", max_seconds, memory,
-                      total, usable, round(shape.frame_rate, 3), "a frame (a talker step and a code-predictor walk)",
+                      f"{shape.variant}; talker and code predictor in {weights}, KV cache {kv_cache}", max_seconds,
+                      memory, total, usable, round(shape.frame_rate, 3),
+                      "a frame (a talker step and a code-predictor walk)",
                       None if clip is None else round(clip[2], 2), None if clip is None else round(clip[1], 3), by,
                       f"first audio streamed ({STREAM_FRAMES} frames)", None if clip is None else round(clip[0], 1),
                       published(model, base_of(model), target_id, timing, {"first_audio_ms": 0, "rtf": 1}), refused)

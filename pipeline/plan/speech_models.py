@@ -1,0 +1,37 @@
+"""Which speech models `plan` plans without a decoder's parts, and the one call that plans either: Qwen3-TTS (text to
+speech: plan/synthesis.py) and Nemotron-3.5-ASR (an RNN-T: plan/transducer.py). The config's model_type decides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.plan.speech_plan import SpeechPlan
+
+DEFAULT_MAX_SECONDS = 30    # the longest utterance or recording a request where nothing says ([build.audio])
+
+
+def speech_kind(config: object) -> str | None:
+    """The model_type of a speech model planned here; None for any other model."""
+    from pipeline.plan.synthesis import is_synthesis
+    from pipeline.plan.transducer import is_transducer
+    if is_synthesis(config) or is_transducer(config):
+        assert isinstance(config, dict)
+        return str(config["model_type"])
+    return None
+
+
+def plan_speech(config: dict, source: str, directory: Path | None, model: str, weights: str, kv_cache: str,
+                target_id: str, max_seconds: int | None = None, group_size: int | None = None,
+                power_mode: str | None = None, max_seq_len: int | None = None, max_batch_size: int = 1,
+                backend: str | None = None) -> SpeechPlan:
+    """The plan of the speech model `config` describes on one target (directory: the model's, where its speech
+    tokenizer's config may be)."""
+    from pipeline.plan.synthesis import is_synthesis, speech_tokenizer_config, synthesis_shape
+    from pipeline.plan.synthesis_plan import plan_synthesis
+    from pipeline.plan.transducer import plan_transducer, transducer_shape
+    seconds = max_seconds or DEFAULT_MAX_SECONDS
+    if is_synthesis(config):
+        shape = synthesis_shape(config, source, speech_tokenizer_config(directory) if directory else None)
+        return plan_synthesis(shape, model, weights, kv_cache, target_id, seconds, group_size, power_mode,
+                              max_seq_len, max_batch_size, backend)
+    return plan_transducer(transducer_shape(config, source), model, weights, target_id, seconds, power_mode, backend)
