@@ -15,6 +15,11 @@ import pytest
 from tests.serving import free_port
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+# A line for the shell wrapper a "remote" python runs through: an SSH session starts with a fresh environment, so the
+# one-thread setting the test workers hand their own children (conftest.pytest_configure) is lost on the way; the
+# boards' processes share this machine's cores with each other and the workers, and torch's spinning OpenMP threads
+# would contend for them (a rollout over five boards took twice as long)
+ONE_THREAD = "export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1\n"
 
 
 @pytest.fixture
