@@ -48,6 +48,12 @@ class Held:
     def name(self) -> str:
         return " + ".join(m["name"] for m in self.members)
 
+    @property
+    def digest(self) -> str | None:
+        """Its bundles' manifest digests, as the install recorded them (None where an older install did not)."""
+        digests = [m.get("manifest_sha256") for m in self.members]
+        return " + ".join(f"sha256:{d}" for d in digests) if all(isinstance(d, str) for d in digests) else None
+
 
 def _valid(rec: object) -> bool:
     return isinstance(rec, dict) and isinstance(rec.get("name"), str) and isinstance(rec.get("created"), str)

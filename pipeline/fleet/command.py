@@ -128,15 +128,17 @@ def _status_cmd(args) -> int:
     rows = []
     for board in read_inventory(Path(args.inventory), args.group):
         held = installs_on(Link(board))
+        now, kept = held if held else (None, None)
         rows.append({"board": board.name, "host": f"{board.host}:{board.port}", "reachable": held is not None,
-                     "bundle": label(held[0]) if held else None, "previous": label(held[1]) if held else None})
+                     "bundle": label(now), "digest": now.digest if now else None, "previous": label(kept),
+                     "previous_digest": kept.digest if kept else None})
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
     for r in rows:
         state = r["bundle"] or "nothing installed" if r["reachable"] else "unreachable"
-        kept = f"  (kept for a rollback: {r['previous']})" if r["previous"] else ""
-        print(f"{r['board']:16} {r['host']:22} {state}{kept}")
+        rollback = f"  (kept for a rollback: {r['previous']})" if r["previous"] else ""
+        print(f"{r['board']:16} {r['host']:22} {state}{rollback}")
     return 0
 
 

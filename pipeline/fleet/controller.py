@@ -59,8 +59,9 @@ def update(link: Link, b: BoardRecord, release: Release, limits: GateLimits, say
         if current is not None and release.matches(current.members):
             # the swap happened before the controller stopped, or the board already ran it
             b.old, b.new, b.state = label(previous), release.label, "installed"
+            b.old_digest, b.new_digest = previous.digest if previous else None, release.digest
         else:
-            b.old = label(current)
+            b.old, b.old_digest = label(current), current.digest if current else None
             for path in release.paths:
                 copied = link.run(f"test -f {shlex.quote(f'{link.dir}/bundles/{path.name}/MANIFEST.json')}")
                 if copied.returncode != 0:
@@ -78,7 +79,7 @@ def update(link: Link, b: BoardRecord, release: Release, limits: GateLimits, say
                 b.reason = (f"install refused or its golden check failed ({tail(r)}); the board keeps "
                             f"{b.old or 'nothing installed'}")
                 return
-            b.new, b.state = release.label, "installed"
+            b.new, b.new_digest, b.state = release.label, release.digest, "installed"
         return      # the caller saves the record before the service is touched
     if b.state == "installed":
         stop = link.board.vars.get("stop_command", "sudo systemctl stop jetson-llm")

@@ -29,6 +29,8 @@ class BoardRecord:
     state: str = "pending"
     old: str | None = None          # the install the board had: "NAME (signed CREATED)", None: none
     new: str | None = None          # the bundle rolled out, once installed
+    old_digest: str | None = None   # their signed manifests' digests ("sha256:..."; a set's joined by " + ")
+    new_digest: str | None = None
     failure: str | None = None      # its failure type (phases.FAILURES), where it failed
     reason: str = ""                # the decision, said
     gate: dict = field(default_factory=dict)    # the gate's figures: seconds to up, agreement, memory taken, ...

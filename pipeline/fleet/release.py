@@ -19,6 +19,7 @@ class Bundle:
     model: str              # the name the served model answers to (its kit's: RECIPE@TARGET)
     goldens: contract.Goldens
     plan: contract.Plan
+    manifest_sha256: str    # its signed manifest's digest: what the board's install record names
 
     @property
     def label(self) -> str:
@@ -33,6 +34,10 @@ class Release:
     @property
     def label(self) -> str:
         return " + ".join(b.label for b in self.bundles)
+
+    @property
+    def digest(self) -> str:
+        return " + ".join(f"sha256:{b.manifest_sha256}" for b in self.bundles)
 
     @property
     def paths(self) -> list[Path]:
@@ -61,7 +66,8 @@ def open_bundle(path: Path, work: Path, pubkey: str | None) -> Bundle:
                             "roll out the bundle `device` made from the kit")
     serving = work / "serving"
     return Bundle(path.absolute(), verified.name, verified.created, verified.manifest.kit.name,
-                  contract.Goldens.load(serving / contract.GOLDENS), contract.Plan.load(serving / contract.PLAN))
+                  contract.Goldens.load(serving / contract.GOLDENS), contract.Plan.load(serving / contract.PLAN),
+                  verified.manifest_sha256)
 
 
 def open_release(paths: list[Path], work: Path, pubkey: str | None) -> Release:

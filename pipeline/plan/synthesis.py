@@ -10,7 +10,7 @@ code2wav/; models/qwen3_tts/). So for S seconds of speech, F = 12.5 S frames:
 
     speaking     = prefill(prompt) + F x (talker step + (groups - 1) x code-predictor pass) + Code2Wav(F)
     RTF          = speaking / S                                  (below 1: faster than real time)
-    first audio  = prefill(prompt) + STREAM_FRAMES x frame + Code2Wav(STREAM_FRAMES)   (a streamed first chunk)
+    first audio  = prefill(prompt) + STREAM_FRAMES x frame + Code2Wav(STREAM_FRAMES)   (the first streamed chunk)
 
 The decoder steps are priced by the dense decode fit (plan/perf.py: the bytes each step reads), the prefill by the
 prefill fit, Code2Wav's FLOPs by the ViT fit as the audio encoder's are (plan/parts/audio.py says why it borrows it).
@@ -29,7 +29,9 @@ from pipeline.plan.shapes import InputError, ModelShape, Problem, shape_from_con
 
 FAMILY = "qwen3_tts"
 SAMPLE_RATE = 24_000        # Code2Wav's output rate (the speech tokenizer's; its decoder config does not carry it)
-STREAM_FRAMES = 8           # a streamed first chunk: faster-qwen3-tts's chunk_size=8, the published rows' setting
+# a streamed first chunk: Edge-LLM 0.11's server hands Code2Wav this many codec frames at a time
+# (experimental/server/runtime/engine.py AudioParams.codec_chunk_frames); the published rows streamed 8
+STREAM_FRAMES = 10
 # the prompt before the first frame: the chat-rendered text (read speech: ~2.7 words a second, ~1.3 tokens a word)
 # and the codec prefix (think, language, speaker, pad, bos: up to 7 tokens)
 TEXT_TOKENS_PER_SECOND = 3.5

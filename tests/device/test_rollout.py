@@ -137,6 +137,12 @@ def created_of(bundle: Path) -> str:
     return json.loads((bundle / "MANIFEST.json").read_text())["created"]
 
 
+def digest_of(bundle: Path) -> str:
+    """Its signed manifest's digest, as the rollout record names it."""
+    import hashlib
+    return "sha256:" + hashlib.sha256((bundle / "MANIFEST.json").read_bytes()).hexdigest()
+
+
 def test_a_three_phase_rollout_rolls_the_failing_board_back_and_goes_on(versions, sshd, tmp_path):
     """The issue's scenario: phases 1, 40%, 100% over five boards, the fourth planted to fail after its swap; the last
     phase updates two boards at a time. b4 is rolled back to version 1 and serves it again; 1 failure of the 3 or 4
@@ -160,6 +166,8 @@ def test_a_three_phase_rollout_rolls_the_failing_board_back_and_goes_on(versions
         assert b4.failure == "goldens" and "agreement with the goldens" in b4.reason
         assert f"rolled back to {v1.name} (signed {created_of(v1)}), serving again" in b4.reason
         assert all(b.old == f"{v1.name} (signed {created_of(v1)})" for b in record.boards)
+        assert all((b.old_digest, b.new_digest) == (digest_of(v1), digest_of(v2)) for b in record.boards)
+        assert digest_of(v1) != digest_of(v2)
         assert record.board("b1").gate["agreement"] == 1.0 and record.board("b1").phase == 0
         assert [record.board(n).phase for n in ("b2", "b3", "b4", "b5")] == [1, 2, 2, 2]
         # each board's install: version 2 committed (nothing kept), version 1 back on the planted one
@@ -172,7 +180,7 @@ def test_a_three_phase_rollout_rolls_the_failing_board_back_and_goes_on(versions
         status = subprocess.run([sys.executable, "-m", "pipeline", "fleet", "status", "--inventory", str(inv),
                                  "--json"], capture_output=True, text=True, env=project.env, timeout=120)
         rows = {r["board"]: r for r in json.loads(status.stdout)}
-        assert rows["b4"]["bundle"] == f"{v1.name} (signed {created_of(v1)})"
+        assert rows["b4"]["bundle"] == f"{v1.name} (signed {created_of(v1)})" and rows["b4"]["digest"] == digest_of(v1)
         assert rows["b1"]["bundle"] == f"{v2.name} (signed {created_of(v2)})" and rows["b1"]["previous"] is None
     finally:
         for b in boards:
@@ -339,6 +347,7 @@ def test_a_boards_set_rolls_out_through_the_playbook_and_a_failing_board_gets_it
         assert record.bundle == new
         b1, b2 = record.board("b1"), record.board("b2")
         assert (b1.state, b1.old, b1.new) == ("committed", old, new), b1
+        assert b1.new_digest == f"{digest_of(v2)} + {digest_of(second)}", b1
         models = {b.name.split("-sm")[0] for b in (v2, second)}
         assert b1.gate["agreement_by_model"] == dict.fromkeys(models, 1.0), b1.gate
         assert b1.gate["memory_planned"] == sum(open_bundle(b, tmp_path / "check", str(signer)).plan.memory.total
