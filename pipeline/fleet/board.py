@@ -81,7 +81,7 @@ _READ = ((BUNDLE, RECORD), (SET, SET_RECORD), (BUNDLE_PREVIOUS, RECORD), (SET_PR
 def _held(name: str, text: str) -> Held | None:
     try:
         rec = json.loads(text.strip()) if text.strip() else None
-    except ValueError:
+    except (ValueError, RecursionError):        # a damaged or planted record is no record
         return None
     if not isinstance(rec, dict):
         return None

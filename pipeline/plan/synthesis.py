@@ -177,7 +177,7 @@ def synthesis_shape(config: dict, source: str, code2wav: dict | None = None) -> 
     c2w = dict(CODE2WAV_DEFAULTS, **(code2wav or {}))
     for key, default in CODE2WAV_DEFAULTS.items():
         v = c2w[key]
-        ok = (isinstance(v, list) and v and all(isinstance(x, int) and 0 < x < 64 for x in v)) if \
+        ok = (isinstance(v, list) and 0 < len(v) <= 8 and all(type(x) is int and 0 < x < 64 for x in v)) if \
             isinstance(default, list) else (isinstance(v, int) and not isinstance(v, bool) and 0 < v < BOUND)
         if not ok:
             problems.append(Problem(f"{source}: speech_tokenizer/config.json", f"decoder_config.{key}", v,

@@ -137,3 +137,23 @@ def test_the_rollout_record_reads_back_what_it_wrote_and_refuses_a_damaged_one(t
     (tmp_path / "rollout.json").write_text("[1, 2")
     with pytest.raises(PipelineError, match="rollout.json: not a rollout record"):
         RolloutRecord.load(tmp_path)
+
+
+def test_what_a_board_holds_is_read_from_its_records_and_a_damaged_one_is_none():
+    """The controller's reading of a board's install records over SSH (fleet/board.py): a bundle's record, a set's
+    with its members, and whatever a damaged or planted file holds (nested past the parser, not JSON, a record
+    without its fields) as nothing installed, never an error in the controller."""
+    from pipeline.fleet.board import _held
+    one = {"name": "r@t-sm87", "created": "2026-12-01T00:00:00Z", "manifest_sha256": "ab" * 32}
+    held = _held("bundle", json.dumps(one))
+    assert held is not None and held.label == "r@t-sm87 (signed 2026-12-01T00:00:00Z)"
+    assert held.digest == "sha256:" + "ab" * 32
+    other = dict(one, name="s@t-sm87", manifest_sha256="cd" * 32)
+    both = _held("set", json.dumps({"bundles": ["r@t-sm87", "s@t-sm87"], "members": [one, other]}))
+    assert both is not None and both.is_set and both.name == "r@t-sm87 + s@t-sm87"
+    assert both.digest == f"sha256:{'ab' * 32} + sha256:{'cd' * 32}"
+    older = _held("bundle", json.dumps({"name": "r@t-sm87", "created": "2026-12-01T00:00:00Z"}))
+    assert older is not None and older.digest is None           # an older install recorded no digest
+    for damaged in ("[" * 100_000, "{not json", json.dumps({"name": 1}), json.dumps({"members": [{"name": "x"}]}),
+                    json.dumps([one])):
+        assert _held("set" if "members" in damaged else "bundle", damaged) is None

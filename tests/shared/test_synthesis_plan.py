@@ -122,6 +122,10 @@ def test_a_damaged_config_is_every_problem_at_once():
     assert fields == [("m/config.json", "talker_config.code_predictor_config.vocab_size", "-1"),
                       ("m/config.json", "talker_config.num_code_groups", "'16'"),
                       ("m/config.json: speech_tokenizer/config.json", "decoder_config.upsample_rates", "[8, 0]")]
+    for rates in ([2] * 9, [2, True], []):       # a stage list no Code2Wav has: refused before any arithmetic
+        with pytest.raises(InputError) as e:
+            synthesis_shape(CONFIG, "m/config.json", {"upsample_rates": rates})
+        assert [(p.field, p.value) for p in e.value.problems] == [("decoder_config.upsample_rates", rates)]
     with pytest.raises(InputError) as e:
         synthesis_shape({"model_type": "qwen3_tts"}, "m/config.json")
     assert [(p.field, p.value) for p in e.value.problems] == [("talker_config", None)]
