@@ -92,6 +92,21 @@ def _stage(stage: str, label: str, log: Path, action, summary) -> bool:
     return run_stage_action(stage, label, log, action, summary) == 0
 
 
+def _not_speech(recipe: Recipe) -> None:
+    """A speech model planned without a decoder (plan/speech_models.py) has no formats to compare: said before the
+    fetch downloads it. A config that cannot be read before the fetch is left to the fetch."""
+    from pipeline.plan.speech_models import speech_kind
+    from pipeline.recipe import config_for
+    try:
+        config, _ = config_for(recipe, recipe.model)
+    except PipelineError:
+        return
+    if speech_kind(config):
+        raise PipelineError(f"{recipe.name}: {recipe.model.label} is a {config['model_type']} speech model: compare "
+                            "quantizes and measures decoders' weight formats, and this version builds no kit for it",
+                            f"python -m pipeline plan {recipe.name} gives its memory and speed")
+
+
 def run(recipe: Recipe, formats: list[str]) -> dict:
     """Fetch once, then quantize and measure each format; returns the comparison record (compare.json)."""
     from pipeline.graph.cmdline import stage_cache
@@ -100,6 +115,7 @@ def run(recipe: Recipe, formats: list[str]) -> dict:
     from pipeline.graph.stages.quantize import quantize_stage
     from pipeline.recipe import config_for, plan_recipe
 
+    _not_speech(recipe)
     logs = recipe_path(recipe, "logs")
     g = RecipeGraph(recipe, cache=stage_cache())
 

@@ -152,3 +152,15 @@ def test_plan_prints_it_from_a_recipe_and_from_a_model_directory(tmp_path):
     own = synthesis_shape(CONFIG, "c", wider).code2wav.params
     assert plan["format"] == "jetson-speech-plan/1" and plan["memory"]["code2wav"] == 2 * own
     assert own > synthesis_shape(CONFIG, "c").code2wav.params
+
+
+@pytest.mark.parametrize("recipe, kind", [("qwen3-tts-0.6b-thor", "qwen3_tts"),
+                                          ("nemotron-3.5-asr-orin-nano-jp72", "nemotron3_5_asr")])
+def test_compare_refuses_a_speech_model_before_fetching_it(tmp_path, recipe, kind):
+    import os
+    out = subprocess.run([sys.executable, "-m", "pipeline", "compare", recipe], cwd=REPO, capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ, PIPELINE_ARTIFACTS=str(tmp_path / "artifacts")))
+    assert out.returncode == 2 and f"is a {kind} speech model: compare quantizes and measures decoders' weight " \
+        "formats, and this version builds no kit for it" in out.stderr, out.stderr
+    assert f"hint: python -m pipeline plan {recipe} gives its memory and speed" in out.stderr
+    assert not (tmp_path / "artifacts").exists() and "Traceback" not in out.stderr
