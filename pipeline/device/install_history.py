@@ -59,6 +59,15 @@ def _valid(rec: object) -> bool:
     return isinstance(rec, dict) and isinstance(rec.get("name"), str) and isinstance(rec.get("created"), str)
 
 
+def members_of(directory: str, rec: object) -> tuple[dict, ...] | None:
+    """The bundle records an install record holds: a bundle's (in W/bundle or W/bundle.previous) is itself, a set's
+    its members; None where it holds none with a name and a signing time each. The fleet controller reads the same
+    records over SSH (fleet/board.py)."""
+    members = [rec] if directory in (BUNDLE, BUNDLE_PREVIOUS) else rec.get("members") if isinstance(rec, dict) \
+        else None
+    return tuple(members) if isinstance(members, list) and members and all(_valid(m) for m in members) else None
+
+
 def bundle_record(path: Path) -> dict | None:
     """The install record of the bundle at `path` (None: nothing installed there by this version or an older one)."""
     from pipeline.files import load_json_or_none
@@ -80,9 +89,8 @@ def set_record(path: Path) -> dict | None:
     if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
         return None
     assert isinstance(rec, dict)
-    members = rec.get("members")
-    if not (isinstance(members, list) and all(_valid(m) for m in members)
-            and [m["name"] for m in members] == names):
+    members = members_of(SET, rec)
+    if members is None or [m["name"] for m in members] != names:
         rec = {**rec, "members": [{"name": n, "created": "?"} for n in names]}
     return rec
 

@@ -10,7 +10,16 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.device.install_history import BUNDLE, BUNDLE_PREVIOUS, RECORD, SET, SET_PREVIOUS, SET_RECORD, Held
+from pipeline.device.install_history import (
+    BUNDLE,
+    BUNDLE_PREVIOUS,
+    RECORD,
+    SET,
+    SET_PREVIOUS,
+    SET_RECORD,
+    Held,
+    members_of,
+)
 from pipeline.fleet.inventory import Board
 
 SSH_S = 60              # a quick command on the board
@@ -83,14 +92,8 @@ def _held(name: str, text: str) -> Held | None:
         rec = json.loads(text.strip()) if text.strip() else None
     except (ValueError, RecursionError):        # a damaged or planted record is no record
         return None
-    if not isinstance(rec, dict):
-        return None
-    members = [rec] if name in (BUNDLE, BUNDLE_PREVIOUS) else rec.get("members")
-    if not (isinstance(members, list) and members and all(
-            isinstance(m, dict) and isinstance(m.get("name"), str) and isinstance(m.get("created"), str)
-            for m in members)):
-        return None
-    return Held(Path(name), tuple(members))
+    members = members_of(name, rec)
+    return Held(Path(name), members) if members else None
 
 
 def installs_on(link: Link) -> tuple[Held | None, Held | None] | None:

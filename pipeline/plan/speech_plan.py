@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from pipeline.plan.parts.audio_speed import CLIP_SECONDS, RTF_SECONDS
+
 FORMAT = "jetson-speech-plan/1"
-CLIP_SECONDS = 10.0         # the speech the plan's RTF is for (a typical utterance)
-RTF_SECONDS = (5, 10, 30)
 # seconds -> (first latency ms, RTF, one step's ms) for that much speech; None where a fit is missing
 Timing = Callable[[float], "tuple[float, float, float] | None"]
 
@@ -43,6 +43,19 @@ class SpeechPlan:
         return {"format": FORMAT, "ok": self.ok, **asdict(self)}
 
 
+def backend_for(model: str, target, backend: str | None, model_type: str, what: str):
+    """(the backend, its Support) that plans this speech model: the one asked for, else the first of the target's
+    stacks whose backend registered it (Backend.speech); none is an error naming those that do."""
+    from pipeline import backends
+    from pipeline.errors import PipelineError
+    chosen = backends.speech_backend([backend] if backend else [s.backend for s in target.stacks], model_type)
+    if chosen is None:
+        planners = [backends.get(n).label for n in backends.NAMES if model_type in backends.get(n).speech]
+        raise PipelineError(f"{model}: no backend {'named ' + backend if backend else 'of ' + target.id} plans "
+                            f"{what}", f"{' or '.join(planners) or 'no backend'} does: use a target with its stack")
+    return backends.get(chosen[0]), chosen[1]
+
+
 def vit_ms(target, flops: float, fit: dict) -> float | None:
     """A non-decoder graph's FLOPs through TensorRT in FP16 on the target: the ViT fit (a transformer encoder in FP16,
     plan/parts/tower_speed.py), borrowed as plan/parts/audio.py borrows it for an audio encoder."""
@@ -63,7 +76,7 @@ def speed(timing: Timing, max_seconds: int) -> tuple[tuple[float, float, float] 
 def published(model: str, also: str, target_id: str, timing: Timing, metrics: dict[str, int]) -> list[str]:
     """The plan beside each published row of the model (or of `also`, a sibling release) on this target: the error
     as published / predicted. metrics: the rows' metric -> the index of the timing figure it compares with."""
-    from pipeline.plan.parts.audio_speed import load_rows
+    from pipeline.plan.parts.audio_speed import error_said, load_rows, none_published
     rows = [r for r in load_rows() if r.model in (model, also)]
     out = []
     for r in rows:
@@ -73,18 +86,11 @@ def published(model: str, also: str, target_id: str, timing: Timing, metrics: di
         if t is None:
             continue
         predicted = t[metrics[r.metric]]
-        ratio = r.value / predicted
-        error = f"the published figure is {ratio:.2g}x the prediction" if ratio >= 1 else \
-            f"the prediction is {1 / ratio:.2g}x the published figure"
         unit = " ms" if r.metric.endswith("_ms") else ""
         of = "" if r.model == model else f" of {r.model}"
         out.append(f"{r.metric} {predicted:.3g}{unit} predicted, {r.value:g}{unit} published{of} ({r.weights}; "
-                   f"{r.source}): {error}")
-    if not out:
-        elsewhere = sorted({r.target for r in rows})
-        out.append(f"none of {model} on {target_id}" + (f" (there are on {', '.join(elsewhere)})" if elsewhere
-                                                        else "") + ": the speed is a prediction only")
-    return out
+                   f"{r.source}): {error_said(r.value, predicted)}")
+    return out or [none_published(model, target_id, rows)]
 
 
 def render(p: SpeechPlan) -> str:

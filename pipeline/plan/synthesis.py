@@ -45,7 +45,6 @@ CODE2WAV_DEFAULTS = {"codebook_size": 2048, "hidden_size": 512, "latent_dim": 10
                      "num_key_value_heads": 16, "head_dim": 64, "sliding_window": 72, "intermediate_size": 1024,
                      "num_hidden_layers": 8, "num_quantizers": 16, "upsample_rates": [8, 5, 4, 3],
                      "upsampling_ratios": [2, 2], "decoder_dim": 1536, "codebook_dim": 512}
-WORKSPACE = 64 * 2**20      # per engine: cuBLAS / TensorRT scratch
 BOUND = 2**20
 
 

@@ -4,8 +4,9 @@ for it yet."""
 
 from __future__ import annotations
 
-from pipeline.plan.speech_plan import SpeechPlan, published, speed, vit_ms
-from pipeline.plan.synthesis import STREAM_FRAMES, WORKSPACE, SynthesisShape, prompt_tokens
+from pipeline.plan.memory import WORKSPACE
+from pipeline.plan.speech_plan import SpeechPlan, backend_for, published, speed, vit_ms
+from pipeline.plan.synthesis import FAMILY, STREAM_FRAMES, SynthesisShape, prompt_tokens
 
 UNBUILT = "builds no kit for it yet"     # what every backend's Support.not_built for it says (Backend.speech)
 
@@ -15,7 +16,6 @@ def plan_synthesis(shape: SynthesisShape, model: str, weights: str, kv_cache: st
                    max_batch_size: int = 1, backend: str | None = None) -> SpeechPlan:
     """The plan on one target. The talker's engine holds max_batch_size sequences of max_seq_len tokens (None: as
     long as the longest utterance's prompt and frames); an utterance of max_seconds must fit in one."""
-    from pipeline import backends
     from pipeline.errors import PipelineError
     from pipeline.formats import KV_FORMATS, WEIGHT_FORMATS
     from pipeline.plan.memory import kv_bytes, linear_bytes, weight_bytes
@@ -28,12 +28,7 @@ def plan_synthesis(shape: SynthesisShape, model: str, weights: str, kv_cache: st
     fmt, kv, target = WEIGHT_FORMATS[weights], KV_FORMATS[kv_cache], get_target(target_id)
     group = group_size or (128 if fmt.awq else None)
     # the target's stack (or the one asked for) whose backend plans text to speech
-    chosen = backends.speech_backend([backend] if backend else [s.backend for s in target.stacks], "qwen3_tts")
-    if chosen is None:
-        raise PipelineError(f"{model}: no backend {'named ' + backend if backend else 'of ' + target_id} plans a "
-                            "text-to-speech model", "TensorRT Edge-LLM does: use a target with its stack "
-                            "(backend = \"edgellm\")")
-    engine, support = backends.get(chosen[0]), chosen[1]
+    engine, support = backend_for(model, target, backend, FAMILY, "a text-to-speech model")
     mode = power_mode or target.default_power_mode
     t, cp = shape.talker, shape.code_predictor
     frames = int(max_seconds * shape.frame_rate)

@@ -19,8 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeline.errors import InputError, PipelineError, Problem
-from pipeline.plan.speech_plan import SpeechPlan, published, speed, vit_ms
+from pipeline.errors import InputError, Problem
+from pipeline.plan.memory import WORKSPACE
+from pipeline.plan.speech_plan import SpeechPlan, backend_for, published, speed, vit_ms
 
 FAMILY = "nemotron3_5_asr"
 MEL_PER_SECOND = 100        # its feature extractor: 16 kHz, hop 160
@@ -34,7 +35,6 @@ ENCODER_DEFAULTS = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention
 # biases in the attention and FFN linears, and in the conv module's convolutions (transformers: both default true)
 ENCODER_FLAGS = {"attention_bias": True, "convolution_bias": True}
 BOUND = 2**20
-WORKSPACE = 64 * 2**20
 DEFAULT_MAX_SECONDS = 30
 
 
@@ -157,18 +157,12 @@ def transducer_shape(config: dict, source: str) -> TransducerShape:
 
 def plan_transducer(shape: TransducerShape, model: str, weights: str, target_id: str, max_seconds: int,
                     power_mode: str | None = None, backend: str | None = None) -> SpeechPlan:
-    from pipeline import backends
     from pipeline.plan.parts.audio_speed import TRANSCRIPT_TOKENS_PER_SECOND
     from pipeline.plan.perf import fit_data, fitted
     from pipeline.plan.targets import get_target
 
     target = get_target(target_id)
-    chosen = backends.speech_backend([backend] if backend else [s.backend for s in target.stacks], FAMILY)
-    if chosen is None:
-        raise PipelineError(f"{model}: no backend {'named ' + backend if backend else 'of ' + target_id} plans an "
-                            "RNN-T speech-to-text model", "TensorRT Edge-LLM does: use a target with its stack "
-                            "(backend = \"edgellm\")")
-    engine, support = backends.get(chosen[0]), chosen[1]
+    engine, support = backend_for(model, target, backend, FAMILY, "an RNN-T speech-to-text model")
     memory = {"encoder (FP16)": 2 * shape.encoder_params, "RNN-T step (FP16)": 2 * shape.step_params,
               "encoder activations": shape.activation_bytes(max_seconds),
               "RNN-T state": 2 * 2 * shape.t["num_decoder_layers"] * shape.t["decoder_hidden_size"] * 2,

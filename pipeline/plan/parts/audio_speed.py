@@ -77,11 +77,21 @@ def with_speed(audio: AudioPlan, part: Encoder, target_id: str, decode_tok_s: fl
                                 rtf=None if clip is None else round(clip[1], 3), rtf_by_seconds=by_seconds or None)
     rows = [row for row in load_rows() if row.model == model]
     published = [c for row in rows if row.target == target_id and (c := compare(row, timing))]
-    if not published:
-        elsewhere = sorted({row.target for row in rows})
-        published = [f"none of {model} on {target_id}" + (f" (there are on {', '.join(elsewhere)})" if elsewhere
-                                                          else "") + ": the speed is a prediction only"]
-    return dataclasses.replace(audio, published=published)
+    return dataclasses.replace(audio, published=published or [none_published(model, target_id, rows)])
+
+
+def error_said(published: float, predicted: float) -> str:
+    """A published figure against the plan's, as every speech plan says it."""
+    ratio = published / predicted
+    return f"the published figure is {ratio:.2g}x the prediction" if ratio >= 1 else \
+        f"the prediction is {1 / ratio:.2g}x the published figure"
+
+
+def none_published(model: str, target_id: str, rows: list[SpeechRow]) -> str:
+    """What a speech plan says where none of the model's rows (`rows`) is of this target."""
+    elsewhere = sorted({row.target for row in rows})
+    return f"none of {model} on {target_id}" + (f" (there are on {', '.join(elsewhere)})" if elsewhere else "") + \
+        ": the speed is a prediction only"
 
 
 def transcript_tokens(seconds: float) -> int:
@@ -115,11 +125,8 @@ def compare(row: SpeechRow, timing) -> str | None:
     t = timing(seconds)
     if t is None:
         return None
-    ratio = row.value / t[1]
-    error = f"the published figure is {ratio:.2g}x the prediction" if ratio >= 1 else \
-        f"the prediction is {1 / ratio:.2g}x the published figure"
     return (f"RTF {row.value:g} ({row.weights}; {row.note}; {row.source}) against {t[1]:.3f} predicted for a "
-            f"{seconds:g} s clip: {error}")
+            f"{seconds:g} s clip: {error_said(row.value, t[1])}")
 
 
 def audio_lines(plan: Plan) -> list[str]:
