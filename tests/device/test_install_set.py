@@ -127,3 +127,25 @@ def test_a_set_grows_from_one_bundle_keeps_it_for_a_rollback_and_commits(two_bun
     assert done.returncode == 0 and json.loads(done.stdout)["deleted"] == first.name, done.stderr
     assert f"committed: {first.name} (signed {members[0]['created']}) + {second.name}" in done.stderr
     assert (work / "set").is_dir() and not (work / "bundle.previous").exists()
+
+
+def test_a_work_directory_holding_both_a_set_and_a_bundle_is_an_error_naming_both(tmp_path):
+    """An install killed between putting a set in place and removing the bundle it replaced (or a planted one):
+    `serve W` and `install --commit` say what is there and what to do, and change nothing."""
+    from pipeline.device.install_history import commit
+    from pipeline.errors import PipelineError
+    from pipeline.serve.command import installed_sources
+    work = tmp_path / "work"
+    one = {"name": "a@t-sm87", "created": "2026-12-01T00:00:00Z", "source": "/b/a"}
+    two = dict(one, name="b@t-sm87", source="/b/b")
+    (work / "bundle").mkdir(parents=True)
+    (work / "bundle" / ".install.json").write_text(json.dumps(one))
+    (work / "set").mkdir()
+    (work / "set" / ".set.json").write_text(json.dumps({"bundles": ["a@t-sm87", "b@t-sm87"], "members": [one, two]}))
+    want = (f"{work} holds both a set (a@t-sm87 (signed 2026-12-01T00:00:00Z) + b@t-sm87 (signed "
+            "2026-12-01T00:00:00Z)) and a bundle (a@t-sm87 (signed 2026-12-01T00:00:00Z))")
+    for call in (lambda: installed_sources(work), lambda: commit(work)):
+        with pytest.raises(PipelineError) as e:
+            call()
+        assert e.value.message == want and "install the one this board should run again" in e.value.hint
+    assert (work / "bundle" / ".install.json").is_file() and (work / "set" / ".set.json").is_file()
