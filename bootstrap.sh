@@ -11,7 +11,9 @@
 #                                 OpenSSH's sshd/ssh serve the ssh:// builder test, docker-registry (the CNCF
 #                                 distribution registry) the push/pull tests); as root, or through sudo; and the
 #                                 coding agents the serve tests drive (Claude Code, Codex CLI: pinned, from npm, into
-#                                 .venv/agent-clis)
+#                                 .venv/agent-clis), and Qwen3-TTS's official implementation (qwen-tts 0.1.1 with
+#                                 the transformers 4.57.3 it pins, into .venv/qwen-tts-reference: the synthesis
+#                                 tests compare this pipeline's reference loop with it, in a process of its own)
 #
 #   TORCH_INDEX_URL=<index>  where to take torch from (e.g. PyTorch's CPU or cu126 index); default: pip's own
 #                            configuration (this project's CI machines provide the CPU wheel locally)
@@ -99,5 +101,15 @@ if [ "$test_tools" = 1 ]; then
     mkdir -p "$clis"
     npm install --prefix "$clis" --no-audit --no-fund --loglevel=error --save-exact \
       "@anthropic-ai/claude-code@2.1.332" "@openai/codex@0.171.0" >/dev/null
+  fi
+  # without its dependencies: torch is the venv's; its audio I/O and speaker-encoder front end (torchaudio, librosa,
+  # sox, soundfile, onnxruntime) are on no path the tests compare and are stubbed there (tests/official_qwen_tts.py)
+  ref=.venv/qwen-tts-reference
+  if [ ! -f "$ref/.pinned-qwen-tts-0.1.1" ]; then
+    echo "bootstrap: installing qwen-tts 0.1.1 (Qwen3-TTS's reference) into $ref" >&2
+    rm -rf "$ref"
+    .venv/bin/python -m pip install -q --no-deps --no-compile --target "$ref" "qwen-tts==0.1.1" \
+      "transformers==4.57.3" "huggingface_hub==0.36.0" "einops==0.8.2"
+    touch "$ref/.pinned-qwen-tts-0.1.1"
   fi
 fi

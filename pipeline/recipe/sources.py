@@ -83,9 +83,8 @@ class Builtin(ModelSource):
         if self.table != DRAFT:
             spec = self._catalog()[self.name]
             if spec.extra:          # a vision-language or speech builtin: its nested config, exact (made in a second)
-                from pipeline.workstation import tinyasr, tinyvlm
-                made = tinyasr if self.name in tinyasr.ASR_BUILTINS else tinyvlm
-                return made.builtin_config(self.name, spec), f"builtin:{self.name}"
+                from pipeline.workstation.tinymodel import maker
+                return maker(self.name).builtin_config(self.name, spec), f"builtin:{self.name}"
             return {"architectures": [spec.architecture], "vocab_size": spec.vocab_size, **spec.config}, \
                 f"builtin:{self.name}"
         import json

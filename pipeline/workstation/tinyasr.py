@@ -75,7 +75,7 @@ def builtin_config(name: str, spec) -> dict:
     return published_config(asr, saved, ids)
 
 
-def materialize_asr(name: str, spec, out_dir: Path, progress=None) -> None:
+def materialize(name: str, spec, out_dir: Path, progress=None) -> None:
     """Write ASR builtin `name` (spec: tinymodel.Builtin, its `extra` one of ASR_BUILTINS) into out_dir: weights,
     config, tokenizer with its audio tokens, chat template, and the feature extractor's preprocessor_config.json."""
     import torch

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline.workstation.tinyasr import ASR_BUILTINS
 from pipeline.workstation.tinytrain import corpus_text, train, train_tokenizer
+from pipeline.workstation.tinytts import TTS_BUILTINS
 from pipeline.workstation.tinyvlm import VLM_BUILTINS
 
 
@@ -184,7 +185,18 @@ BUILTINS: dict[str, Builtin] = {
     # Speech-to-text models shrunk from real configs (tinyasr.py holds their encoders, extractors and audio tokens).
     **{name: Builtin(asr["architecture"], {}, notes=f"{asr['architecture']} shrunk", extra=asr)
        for name, asr in ASR_BUILTINS.items()},
+    # Text-to-speech models shrunk from real configs (tinytts.py holds their talkers, code predictors and Code2Wav).
+    **{name: Builtin(tts["architecture"], {}, notes=f"{tts['architecture']} shrunk", extra=tts)
+       for name, tts in TTS_BUILTINS.items()},
 }
+
+
+def maker(name: str):
+    """The module that makes builtin `name` where it is more than a decoder (its `extra`): tinyasr, tinytts or
+    tinyvlm, each with builtin_config(name, spec) and its materializer."""
+    from pipeline.workstation import tinyasr, tinytts, tinyvlm
+    return next(m for m, table in ((tinyasr, ASR_BUILTINS), (tinytts, TTS_BUILTINS), (tinyvlm, VLM_BUILTINS))
+                if name in table)
 
 
 @dataclass(frozen=True)
@@ -229,9 +241,7 @@ def materialize(name: str, out_dir: Path, progress=None) -> None:
     spec = BUILTINS[name]
     out_dir = Path(out_dir)
     if spec.extra:
-        from pipeline.workstation.tinyasr import materialize_asr
-        from pipeline.workstation.tinyvlm import materialize_vlm
-        (materialize_asr if name in ASR_BUILTINS else materialize_vlm)(name, spec, out_dir, progress)
+        maker(name).materialize(name, spec, out_dir, progress)
         _write_builtin_json(name, spec, out_dir)
         return
     tok = train_tokenizer(spec.vocab_size)

@@ -124,7 +124,7 @@ def builtin_config(name: str, spec) -> dict:
     return published_config(vlm, saved)
 
 
-def materialize_vlm(name: str, spec, out_dir: Path, progress=None) -> None:
+def materialize(name: str, spec, out_dir: Path, progress=None) -> None:
     """Write VLM builtin `name` (spec: tinymodel.Builtin, its `extra` one of VLM_BUILTINS) into out_dir: weights,
     config, tokenizer with its image tokens, chat template, and the processor's preprocessor_config.json."""
     import torch

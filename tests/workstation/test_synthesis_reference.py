@@ -1,0 +1,136 @@
+"""The Qwen3-TTS twin and the reference synthesis loop (pipeline/workstation/tinytts.py, synthesis_reference.py)
+against Qwen3-TTS's official implementation (qwen-tts 0.1.1, run in its own process: tests/official_qwen_tts.py):
+the same codes frame for frame for every way a request opens the codec side (a language, a dialect speaker, auto,
+no speaker), with and without a repetition penalty, through an EOS; Edge-LLM's Code2Wav against the official
+12 Hz tokenizer decoder; the twin's files where the real checkpoint has them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.official_qwen_tts import run as official
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(scope="module")
+def twin(tmp_path_factory) -> Path:
+    from pipeline.workstation.fetch import fetch_builtin
+    out = tmp_path_factory.mktemp("tts") / "model"
+    fetch_builtin("tiny-qwen3-tts", out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(twin):
+    from pipeline.workstation.synthesis_reference import ReferenceSynthesis
+    return ReferenceSynthesis(twin)
+
+
+REQUESTS = [  # (text, speaker, language, repetition penalty)
+    ("Hello there, edge.", "vivian", "english", 1.0),
+    ("Front left.", "dylan", "chinese", 1.3),       # a dialect speaker: its dialect's language id
+    ("A b", "ryan", "auto", 1.05),                  # auto: the nothink opening, no language id
+    ("x", None, "auto", 1.0),                       # no speaker token; a one-token text (no trailing text)
+]
+
+
+def _ours(reference, requests, max_frames):
+    from pipeline.workstation.synthesis_reference import Sampling, voice_of
+    return [reference.codes(text, voice_of(reference.talker_config, speaker, language),
+                            Sampling(max_frames, repetition_penalty=penalty))
+            for text, speaker, language, penalty in requests]
+
+
+def _official_generate(model_dir, requests, max_frames, out):
+    got = official(model_dir, {"generate": [{"text": t, "speaker": s, "language": lang, "max_frames": max_frames,
+                                             "repetition_penalty": p} for t, s, lang, p in requests]}, out)
+    return [got[f"generate_{i}"] for i in range(len(requests))]
+
+
+def test_the_twin_is_written_in_the_hub_layout_with_the_real_protocol_ids(twin):
+    config = json.loads((twin / "config.json").read_text())
+    talker = config["talker_config"]
+    assert (config["model_type"], config["tts_model_type"], config["tokenizer_type"]) == \
+        ("qwen3_tts", "custom_voice", "qwen3_tts_tokenizer_12hz")
+    assert (talker["codec_pad_id"], talker["codec_bos_id"], talker["codec_eos_token_id"], talker["codec_think_id"],
+            talker["codec_nothink_id"], talker["codec_think_bos_id"], talker["codec_think_eos_id"]) == \
+        (2148, 2149, 2150, 2154, 2155, 2156, 2157)
+    assert talker["spk_id"]["vivian"] == 3065 and talker["spk_is_dialect"]["dylan"] == "beijing_dialect"
+    assert talker["codec_language_id"]["english"] == 2050 and talker["vocab_size"] == 3072
+    assert talker["num_code_groups"] == talker["code_predictor_config"]["num_code_groups"] == 16
+    from safetensors import safe_open
+    with safe_open(str(twin / "model.safetensors"), "np") as fh:
+        names = list(fh.keys())
+        assert fh.get_slice("talker.codec_head.weight").get_shape() == [3072, 64]
+        assert fh.get_slice("talker.model.text_embedding.weight").get_shape() == [talker["text_vocab_size"], 48]
+    assert all(n.startswith("talker.") for n in names) and "talker.code_predictor.lm_head.14.weight" in names
+    speech = json.loads((twin / "speech_tokenizer" / "config.json").read_text())
+    assert speech["decoder_config"]["upsample_rates"] == [8, 5, 4, 3]
+    # the text side's ids are the tiny tokenizer's tokens in the real ones' places
+    from transformers import PreTrainedTokenizerFast
+    tok = PreTrainedTokenizerFast.from_pretrained(str(twin))
+    ids = tok("<|im_start|>assistant\nHi.<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    assert ids[:2] == [config["im_start_token_id"], config["assistant_token_id"]]
+    assert ids[-5:-3] == [config["im_end_token_id"], ids[2]] and ids[-3:] == ids[:3]
+
+
+def test_the_reference_loop_makes_the_official_codes(twin, reference, tmp_path):
+    ours = _ours(reference, REQUESTS, 12)
+    theirs = _official_generate(twin, REQUESTS, 12, tmp_path / "out.npz")
+    for (text, *_), a, b in zip(REQUESTS, ours, theirs, strict=True):
+        assert a.shape == b.shape == (12, 16), text      # the random twin never says EOS: max_frames frames
+        assert a.dtype == np.int64
+        np.testing.assert_array_equal(a, b, err_msg=text)
+    # the voices open the codec side differently: the same text spoken by two of them differs
+    assert not np.array_equal(*_ours(reference, [("Hi.", "vivian", "english", 1.0), ("Hi.", "ryan", "english", 1.0)],
+                                     3))
+
+
+def test_both_stop_at_the_same_frame_on_eos(twin, reference, tmp_path):
+    """A twin whose codec head's EOS row is thrice the row of a code it chose at frame 3: EOS wins there or earlier
+    (never before frame 2, where it is masked), and the official generate stops at the same frame."""
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.workstation.synthesis_reference import ReferenceSynthesis
+    eos_twin = tmp_path / "eos"
+    shutil.copytree(twin, eos_twin)
+    text = ("Front left.", "vivian", "english", 1.0)
+    chosen = int(_ours(reference, [text], 4)[0][3, 0])
+    weights = load_file(str(eos_twin / "model.safetensors"))
+    weights["talker.codec_head.weight"][2150] = 3 * weights["talker.codec_head.weight"][chosen]
+    save_file(weights, str(eos_twin / "model.safetensors"), metadata={"format": "pt"})
+    ours = _ours(ReferenceSynthesis(eos_twin), [text], 12)[0]
+    theirs = _official_generate(eos_twin, [text], 12, tmp_path / "out.npz")[0]
+    assert 2 <= len(ours) <= 3
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_edge_llm_code2wav_computes_the_official_decoder(twin, reference, tmp_path):
+    rng = np.random.default_rng(1)
+    frames = [rng.integers(0, 2048, (n, 16)).tolist() for n in (1, 7, 40)]
+    theirs = official(twin, {"decode": frames}, tmp_path / "out.npz")
+    for i, codes in enumerate(frames):
+        ours = reference.waveform(np.asarray(codes))
+        assert ours.shape == theirs[f"decode_{i}"].shape == (1920 * len(codes),)
+        assert ours.dtype == np.float32 and 0.05 < np.abs(ours).max() <= 1.0   # not silence, clamped
+        np.testing.assert_allclose(ours, theirs[f"decode_{i}"], atol=1e-5)
+    assert reference.waveform(np.zeros((0, 16), np.int64)).shape == (0,)
+
+
+def test_a_voice_is_resolved_by_name_as_the_official_generate_does(reference):
+    from pipeline.workstation.synthesis_reference import Voice, voice_of
+    talker = reference.talker_config
+    assert voice_of(talker, "Vivian", "English") == Voice(3065, 2050)
+    assert voice_of(talker, "eric", "auto") == Voice(2875, 2062)        # Sichuan dialect
+    assert voice_of(talker, "eric", "english") == Voice(2875, 2050)
+    assert voice_of(talker, None, "auto") == Voice(None, None)
+    with pytest.raises(KeyError, match="speaker 'nobody' is not one of the model's: aiden, dylan, eric"):
+        voice_of(talker, "nobody", "english")
+    with pytest.raises(KeyError, match="language 'klingon' is not one of the model's: auto, beijing_dialect"):
+        voice_of(talker, "ryan", "klingon")
