@@ -68,6 +68,7 @@ from pipeline.contract.kit import (
     SpeechItem,
     StageRef,
     Stages,
+    SynthesisExport,
     VisualExport,
     manifest_from_dict,
 )
@@ -126,6 +127,7 @@ __all__ = [
     "DraftMemory",
     "Entry",
     "ExportRecord",
+    "SynthesisExport",
     "ExternalWeights",
     "Gap",
     "GoldenPrompt",

@@ -99,6 +99,24 @@ class AudioExport(Part):
 
 
 @dataclass(frozen=True)
+class SynthesisExport(Part):
+    """A text-to-speech model as Edge-LLM's exporter wrote it (workstation/synthesis_export.py): its talker, code
+    predictor and Code2Wav graphs as checked for their builders, the voices its talker config names, and Code2Wav's
+    FP16 graph against the reference decoder on codes of several lengths."""
+    talker: OnnxGraph | None
+    code_predictor: OnnxGraph | None
+    code2wav: OnnxGraph | None
+    code_groups: int
+    speakers: list[str]
+    languages: list[str]
+    sample_rate: int
+    samples_per_frame: int
+    code2wav_frames: list[int]
+    code2wav_max_error: float
+    code2wav_cosine: float
+
+
+@dataclass(frozen=True)
 class ExportRecord(Part):
     """What a backend's export step made (its stage manifest's "export" field; the kit carries it without the graph
     listing). Fields a backend does not make are None: the TensorRT-LLM checkpoint has a reader check, Edge-LLM's
@@ -121,6 +139,7 @@ class ExportRecord(Part):
     versions: dict[str, str | None] | None = None
     visual: VisualExport | None = None
     audio: AudioExport | None = None
+    synthesis: SynthesisExport | None = None
 
     def for_kit(self) -> ExportRecord:
         """What a kit's manifest carries: the record without the graph listings."""
@@ -129,7 +148,9 @@ class ExportRecord(Part):
         return dataclasses.replace(self, onnx=None, speculative=None if spec is None else
                                    dataclasses.replace(spec, draft_onnx=None),
                                    visual=None if self.visual is None else dataclasses.replace(self.visual, onnx=None),
-                                   audio=None if self.audio is None else dataclasses.replace(self.audio, onnx=None))
+                                   audio=None if self.audio is None else dataclasses.replace(self.audio, onnx=None),
+                                   synthesis=None if self.synthesis is None else dataclasses.replace(
+                                       self.synthesis, talker=None, code_predictor=None, code2wav=None))
 
 
 # ---------------------------------------------------------------------------------------------------- manifests

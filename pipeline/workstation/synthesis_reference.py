@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import PipelineError
+
 SUPPRESSED_TAIL = 1024      # the codec vocabulary's last ids are control tokens codebook 0 never emits (but EOS)
 MIN_FRAMES = 2              # EOS is masked until this many frames are out (qwen-tts: min_new_tokens=2)
 TURN_END = 5                # "<|im_end|>\n<|im_start|>assistant\n" closes the rendered text
@@ -101,10 +103,21 @@ class ReferenceSynthesis:
         from transformers import PreTrainedTokenizerFast
 
         self.config = json.loads((model_dir / "config.json").read_text())
-        self.talker_config = self.config["talker_config"]
+        self.talker_config = c = self.config["talker_config"]
+        if c["hidden_size"] != c["code_predictor_config"]["hidden_size"]:
+            # the 1.7B's code predictor is narrower than its talker (small_to_mtp_projection between them), which
+            # Edge-LLM's calibration model, the reference's modules, does not have
+            raise PipelineError(f"{model_dir}: talker_config.hidden_size {c['hidden_size']} differs from its code "
+                                f"predictor's {c['code_predictor_config']['hidden_size']}: the reference synthesis "
+                                f"runs only models whose two are equal (the 0.6B)", "use Qwen3-TTS-12Hz-0.6B")
         self.model = Qwen3TTSForCalibration.from_pretrained(str(model_dir), torch_dtype=torch.float32, device="cpu")
-        self.code2wav, _ = build_qwen3_tts_code2wav(str(model_dir), torch.float32)
+        self.code2wav, decoder = build_qwen3_tts_code2wav(str(model_dir), torch.float32)
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+        speech = json.loads((model_dir / "speech_tokenizer" / "config.json").read_text())
+        self.groups = int(c["num_code_groups"])
+        self.codebook_size = int(decoder.get("codebook_size", 2048))
+        self.sample_rate = int(speech.get("output_sample_rate", 24_000))
+        self.samples_per_frame = int(self.code2wav.total_upsample)
 
     # -- the prompt ---------------------------------------------------------------------------------------------
     def text_ids(self, text: str) -> list[int]:

@@ -395,14 +395,17 @@ class Engine:
             self.axes = mrope_axes(rs, len(self.inv))
 
     def step(self, tokens: list[int], past: int, pools: list[np.ndarray], table: np.ndarray,
-             image: ImageInputs | None = None, extra: dict[str, np.ndarray] | None = None) -> np.ndarray:
+             image: ImageInputs | None = None, extra: dict[str, np.ndarray] | None = None,
+             embeds: np.ndarray | None = None) -> np.ndarray:
         """Run `tokens` (at positions past..) through the graph; the KV pools are updated; returns the last logits.
         image: a prefill's image features and multimodal positions (edgellm_visual.py); a later step of such a
-        request: its RoPE offset. extra: further graph inputs (an MTP draft's hidden states). A graph with a
-        hidden_states output (a speculative base or draft) leaves it in self.hidden."""
-        t = len(tokens)
+        request: its RoPE offset. extra: further graph inputs (an MTP draft's hidden states). embeds: the input rows
+        themselves, [T, hidden] (a TTS talker's or code predictor's: the runtime builds them; `tokens` then only
+        counts them). A graph with a hidden_states output (a speculative base or draft, a TTS talker) leaves it in
+        self.hidden."""
+        t = len(tokens) if embeds is None else len(embeds)
         pos = np.arange(past, past + t)
-        embeds = self.embedding[tokens].astype(np.float16)
+        embeds = self.embedding[tokens].astype(np.float16) if embeds is None else embeds.astype(np.float16)
         deepstack = [np.zeros((t, self.embedding.shape[1]), np.float16) for _ in range(self.deepstack)]
         if image is not None and past == 0:     # the prefill: image features at the placeholder positions
             at = np.flatnonzero(np.asarray(tokens) == image.placeholder)

@@ -1,0 +1,156 @@
+"""Qwen3-TTS through Edge-LLM's exporter (pipeline/workstation/synthesis_export.py), its three engines built by the
+llm_build / audio_build doubles as its TTS guide builds them, and spoken by the qwen3_tts_inference double through
+pipeline/runtime/synthesis.py: the graphs llm_build and audio_build expect, Code2Wav's FP16 graph against the
+reference decoder, and the engines' codes against the reference synthesis frame for frame."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.errors import PipelineError
+
+ROOT = Path(__file__).resolve().parents[2]
+DOUBLES = ROOT / "tests" / "doubles" / "bin"
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _env() -> dict:
+    return dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}:{DOUBLES}:{os.environ['PATH']}", PYTHONPATH=str(ROOT))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from pipeline.workstation.fetch import fetch_builtin
+    from pipeline.workstation.synthesis_export import export_synthesis
+    root = tmp_path_factory.mktemp("tts-export")
+    fetch_builtin("tiny-qwen3-tts", root / "model")
+    record = export_synthesis(root / "model", root / "onnx")
+    return root, record
+
+
+@pytest.fixture(scope="module")
+def engines(exported):
+    """The three builds of the TTS guide (talker, code predictor: llm_build --maxBatchSize 1; Code2Wav: audio_build
+    into the engine root), by the doubles."""
+    root, _ = exported
+    onnx_dir, eng = root / "onnx", root / "engine"
+    for argv in (["llm_build", "--onnxDir", str(onnx_dir / "llm"), "--engineDir", str(eng / "talker"),
+                  "--maxInputLen", "256", "--maxKVCacheCapacity", "512", "--maxBatchSize", "1"],
+                 ["llm_build", "--onnxDir", str(onnx_dir / "code_predictor"), "--engineDir",
+                  str(eng / "code_predictor"), "--maxInputLen", "256", "--maxKVCacheCapacity", "512",
+                  "--maxBatchSize", "1"],
+                 ["audio_build", "--onnxDir", str(onnx_dir / "code2wav"), "--engineDir", str(eng)]):
+        done = subprocess.run(argv, env=_env(), capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    return eng
+
+
+@pytest.fixture(scope="module")
+def reference(exported):
+    from pipeline.workstation.synthesis_reference import ReferenceSynthesis
+    return ReferenceSynthesis(exported[0] / "model")
+
+
+def test_the_export_is_edge_llm_s_tts_layout_checked(exported):
+    root, record = exported
+    onnx_dir = root / "onnx"
+    for part, files in (("llm", ("text_embedding.safetensors", "text_projection.safetensors", "embedding.safetensors",
+                                 "tokenizer.json")),
+                        ("code_predictor", ("codec_embeddings.safetensors", "lm_heads.safetensors")),
+                        ("code2wav", ("config.json",))):
+        assert (onnx_dir / part / "model.onnx").is_file() and (onnx_dir / part / "model.onnx.data").is_file()
+        assert all((onnx_dir / part / f).is_file() for f in files), part
+    assert record.talker is not None and "trt_edgellm:AttentionPlugin" in record.talker.custom_ops
+    assert record.code_predictor is not None and {"lm_heads", "lm_head_idx"} <= set(record.code_predictor.inputs)
+    assert record.code2wav is not None and record.code2wav.inputs == ["codes"] and record.code2wav.custom_ops == []
+    assert (record.code_groups, record.sample_rate, record.samples_per_frame) == (16, 24000, 1920)
+    assert "vivian" in record.speakers and "english" in record.languages
+    assert record.code2wav_frames == [1, 5, 13] and 0 < record.code2wav_max_error < 0.01
+    assert record.code2wav_cosine > 0.9999
+    talker = json.loads((onnx_dir / "llm" / "config.json").read_text())
+    assert talker["codec_eos_token_id"] == 2150 and talker["speaker_id"]["dylan"] == 2878
+    assert json.loads((onnx_dir / "code2wav" / "config.json").read_text())["model_type"] == "qwen3_tts_code2wav"
+    # the kit's copy of the record leaves out the graph listings
+    from pipeline.contract import ExportRecord
+    kit = ExportRecord(None, None, synthesis=record).for_kit().synthesis
+    assert kit is not None and kit.talker is None and kit.code2wav_cosine == record.code2wav_cosine
+
+
+def test_a_code2wav_graph_computing_something_else_is_refused(exported, reference, tmp_path):
+    """The decoder's last convolution (to one channel) with its weights' signs flipped at random."""
+    import onnx
+    from onnx import numpy_helper
+
+    from pipeline.workstation.synthesis_export import check_code2wav
+    model = onnx.load(str(exported[0] / "onnx" / "code2wav" / "model.onnx"))
+    weights = {t.name: t for t in model.graph.initializer}
+    last = [n for n in model.graph.node if n.op_type == "Conv"][-1]
+    tensor = weights[last.input[1]]
+    values = numpy_helper.to_array(tensor)
+    assert values.shape[0] == 1         # out channels: the waveform's one
+    values = values * np.random.default_rng(0).choice([-1, 1], values.shape).astype(values.dtype)
+    tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    with pytest.raises(PipelineError, match=r"the Code2Wav graph's waveform has a cosine of .* with the reference"):
+        check_code2wav(tmp_path / "model.onnx", reference)
+
+
+def test_the_engines_speak_the_reference_codes(engines, reference, tmp_path):
+    from pipeline.runtime.synthesis import SynthesisSampling, Utterance, speak
+    from pipeline.workstation.synthesis_reference import Sampling, voice_of
+    asked = [Utterance("Hello there, edge.", "vivian", "english"), Utterance("Front left.", "dylan", "auto")]
+    spoken = speak(engines, asked, SynthesisSampling(max_audio_length=10), tmp_path / "run", 16, 600, env=_env())
+    for u, s in zip(asked, spoken, strict=True):
+        want = reference.codes(u.text, voice_of(reference.talker_config, u.speaker, u.language), Sampling(10))
+        np.testing.assert_array_equal(np.asarray(s.codes), want, err_msg=u.text)
+        assert (s.sample_rate, s.samples) == (24000, 10 * 1920)
+        assert s.wav[:4] == b"RIFF" and len(s.wav) == 44 + 2 * s.samples
+    # streamed in chunks of 4 frames: the same codes, each chunk vocoded alone
+    streamed = speak(engines, asked[:1], SynthesisSampling(max_audio_length=10), tmp_path / "stream", 16, 600,
+                     chunk_frames=4, env=_env())[0]
+    assert streamed.codes == spoken[0].codes and streamed.samples == spoken[0].samples
+
+
+def test_what_the_runtime_writes_is_checked_before_it_is_used(engines, tmp_path):
+    from pipeline.runtime.rvq import read_codes
+    from pipeline.runtime.synthesis import SynthesisSampling, Utterance, speak
+    bad = tmp_path / "bad.safetensors"
+    for data, why in ((b"\x01", "shorter than a safetensors header"),
+                      ((2**40).to_bytes(8, "little"), "a header of 1099511627776 bytes"),
+                      (len(b'{"__metadata__": {}}').to_bytes(8, "little") + b'{"__metadata__": {}}',
+                       "0 tensors where one is written"),
+                      (len(b'{"a": 1}').to_bytes(8, "little") + b'{"a": 1}', "tensor a is None, not an integer")):
+        bad.write_bytes(data)
+        with pytest.raises(PipelineError, match=why):
+            read_codes(bad, 16, 100)
+    from safetensors.numpy import save_file
+    save_file({"rvq_codes": np.zeros((3, 8), np.int32)}, str(bad))
+    with pytest.raises(PipelineError, match=r"shape \[3, 8\], not \[frames <= 100, 16\]"):
+        read_codes(bad, 16, 100)
+    save_file({"rvq_codes": np.zeros((3, 16), np.float32)}, str(bad))
+    with pytest.raises(PipelineError, match="is F32, not an integer type"):
+        read_codes(bad, 16, 100)
+    # a runtime that fails, and one whose output names a file outside its run directory
+    with pytest.raises(PipelineError, match="qwen3_tts_inference failed .*unknown speaker 'nobody'"):
+        speak(engines, [Utterance("Hi.", "nobody")], SynthesisSampling(max_audio_length=2), tmp_path / "a", 16, 600,
+              env=_env())
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (tmp_path / "secret.wav").write_bytes(b"RIFF")
+    script = fake / "qwen3_tts_inference"
+    script.write_text("#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = --outputFile ] && out=$2; shift; done\n"
+                      f"echo '{{\"responses\": [{{\"request_idx\": 0, \"audio_file\": \"{tmp_path}/secret.wav\", "
+                      f"\"rvq_file\": \"x\"}}]}}' > $out\n")
+    script.chmod(0o755)
+    env = dict(_env(), PATH=f"{fake}:{_env()['PATH']}")
+    with pytest.raises(PipelineError, match="secret.wav is not a file the runtime wrote under"):
+        speak(engines, [Utterance("Hi.", "ryan")], SynthesisSampling(max_audio_length=2), tmp_path / "b", 16, 600,
+              env=env)
+    shutil.rmtree(fake)
