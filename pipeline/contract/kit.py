@@ -318,6 +318,32 @@ class SpeechCheck(Part):
 
 
 @dataclass(frozen=True)
+class SpokenGolden(Part):
+    """One text the reference synthesis spoke (greedy): its voice, its codes, and its waveform as the kit's WAV."""
+    text: str
+    speaker: str
+    language: str
+    codes: list[list[int]]      # [frames][code groups]
+    recording: str              # audio/tts-<n>.wav: the reference's 16-bit waveform
+    recording_sha256: str
+    rms: float                  # the reference waveform's RMS, in [0, 1] full scale
+
+
+@dataclass(frozen=True)
+class SynthesisCheck(Part):
+    """The text-to-speech gate a kit carries (device/synthesis.py scores it the same on both halves): each text
+    spoken greedily by the engines must give the reference's codes (at least min_code_agreement of its frames before
+    the first that differs), its frames' worth of samples, a waveform whose cosine with the reference's is at least
+    min_cosine, and a level that is neither silence nor clipping."""
+    utterances: list[SpokenGolden]
+    max_frames: int
+    sample_rate: int
+    samples_per_frame: int
+    min_code_agreement: float = 1.0
+    min_cosine: float = 0.99
+
+
+@dataclass(frozen=True)
 class Goldens(Record):
     """Reference greedy outputs of the deployed numerics, which the engine must reproduce."""
     FORMAT: ClassVar[str] = "jetson-goldens/2"

@@ -1,0 +1,43 @@
+"""The text-to-speech gate's workstation half: the recipe's texts spoken by the reference synthesis
+(workstation/synthesis_reference.py, greedy, the deployed model's weights), their codes and waveforms packed into the
+kit's goldens (contract.SynthesisCheck; the waveforms as 16-bit WAVs under audio/), so that the device asks its
+engines the same texts with the same voice and scores them the same way (device/synthesis.py)."""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from pathlib import Path
+
+from pipeline import contract
+
+AUDIO_DIR = "audio"
+
+
+def pcm16(wav) -> array:
+    """float samples in [-1, 1] as 16-bit integers (the runtime's rounding: x 32767, clamped)."""
+    import numpy as np
+    return array("h", np.clip(np.round(np.asarray(wav, np.float64) * 32767.0), -32768, 32767).astype(np.int16)
+                 .tolist())
+
+
+def synthesis_check(reference, texts: list[str], speaker: str, language: str, max_frames: int, out: Path,
+                    min_code_agreement: float = 1.0, min_cosine: float = 0.99) -> contract.SynthesisCheck:
+    """Each text spoken by `reference` (a ReferenceSynthesis) in one voice; the waveforms written under out/audio."""
+    from pipeline.audio import wav_bytes
+    from pipeline.device.synthesis import level
+    from pipeline.workstation.synthesis_reference import Sampling, voice_of
+
+    voice = voice_of(reference.talker_config, speaker, language)
+    (out / AUDIO_DIR).mkdir(parents=True, exist_ok=True)
+    spoken = []
+    for i, text in enumerate(texts):
+        codes = reference.codes(text, voice, Sampling(max_frames))
+        samples = pcm16(reference.waveform(codes))
+        data = wav_bytes(samples, reference.sample_rate)
+        name = f"{AUDIO_DIR}/tts-{i}.wav"
+        (out / name).write_bytes(data)
+        spoken.append(contract.SpokenGolden(text, speaker, language, codes.tolist(), name,
+                                            hashlib.sha256(data).hexdigest(), round(level(samples)[0], 6)))
+    return contract.SynthesisCheck(spoken, max_frames, reference.sample_rate, reference.samples_per_frame,
+                                   min_code_agreement, min_cosine)
