@@ -278,6 +278,9 @@ EDGELLM_011_SPEECH = {
     "qwen3_tts": Support(
         not_built="this version plans Qwen3-TTS but builds no kit for it yet (TensorRT Edge-LLM 0.11 exports it "
                   "itself: tensorrt-edgellm-export writes llm/ for the talker, code_predictor/ and code2wav/)",
+        formats=("fp16",),
+        formats_why="Edge-LLM 0.11 builds Qwen3-TTS's talker in FP16 only (its TTS guide: quantized talker "
+                    "checkpoints are not supported yet; only the code predictor takes FP8 or NVFP4)",
         verified="tensorrt_edgellm/models/qwen3_tts, scripts/export.py; tests/shared/test_synthesis_plan.py (every "
                  "part counted against its modules)"),
     "nemotron3_5_asr": Support(

@@ -52,6 +52,9 @@ def plan_synthesis(shape: SynthesisShape, model: str, weights: str, kv_cache: st
               "workspaces (3 engines)": 3 * WORKSPACE, "runtime": engine.runtime_overhead}
     total, usable = sum(memory.values()), target.usable_bytes
     refused = [support.not_built] if support.not_built else []
+    if support.formats is not None and weights not in support.formats:
+        refused.insert(0, f"weights {weights!r}: {support.formats_why}; set quantization.weights to "
+                          f"{' or '.join(repr(f) for f in support.formats)}")
     if prompt + frames > seq:
         refused.insert(0, f"an utterance of {max_seconds} s is about {prompt} prompt tokens and {frames} codec "
                           f"frames, more than max_seq_len {seq}: raise build.max_seq_len to at least "

@@ -100,15 +100,20 @@ def test_the_plan_is_checked_against_the_published_rows_of_its_base_release():
 def test_an_utterance_longer_than_the_engine_or_the_board_is_refused_at_its_edge():
     shape = synthesis_shape(CONFIG, "config.json")
     need = prompt_tokens(30) + 375
-    fits = plan_synthesis(shape, MODEL, "int4_awq", "fp16", "orin-nano-8gb", 30, 128, max_seq_len=need)
+    fits = plan_synthesis(shape, MODEL, "fp16", "fp16", "orin-nano-8gb", 30, max_seq_len=need)
     assert len(fits.refused) == 1 and UNBUILT in fits.refused[0] and fits.total < fits.usable
-    short = plan_synthesis(shape, MODEL, "int4_awq", "fp16", "orin-nano-8gb", 30, 128, max_seq_len=need - 1)
+    short = plan_synthesis(shape, MODEL, "fp16", "fp16", "orin-nano-8gb", 30, max_seq_len=need - 1)
     assert short.refused[0] == (f"an utterance of 30 s is about {prompt_tokens(30)} prompt tokens and 375 codec "
                                 f"frames, more than max_seq_len {need - 1}: raise build.max_seq_len to at least "
                                 f"{need}, or lower build.audio.max_seconds")
     with pytest.raises(PipelineError, match="no backend named trtllm-0.12 plans a text-to-speech model"):
-        plan_synthesis(shape, MODEL, "int4_awq", "fp16", "orin-nano-8gb", 30, 128, backend="trtllm-0.12")
-    hour = plan_synthesis(shape, MODEL, "int4_awq", "fp16", "orin-nano-8gb", 3600, 128)
+        plan_synthesis(shape, MODEL, "fp16", "fp16", "orin-nano-8gb", 30, backend="trtllm-0.12")
+    # Edge-LLM 0.11 builds the talker in FP16 only (its TTS guide): another format is refused first, saying so
+    awq = plan_synthesis(shape, MODEL, "int4_awq", "fp16", "orin-nano-8gb", 30, 128, max_seq_len=need)
+    assert awq.refused[0] == ("weights 'int4_awq': Edge-LLM 0.11 builds Qwen3-TTS's talker in FP16 only (its TTS "
+                              "guide: quantized talker checkpoints are not supported yet; only the code predictor "
+                              "takes FP8 or NVFP4); set quantization.weights to 'fp16'")
+    hour = plan_synthesis(shape, MODEL, "fp16", "fp16", "orin-nano-8gb", 3600)
     assert hour.total > hour.usable and hour.refused[0].startswith(f"needs {hour.total / 1e9:.2f} GB, more than the ")
 
 
