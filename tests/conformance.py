@@ -48,6 +48,10 @@ def test_each_kit_validates_on_its_recorded_board(tiny_target: tuple[Tiny, str],
     report = device_report(tmp, proc)
     goldens = contract.Goldens.load(tmp / "work" / "kit" / contract.GOLDENS)
     assert report.ok and [p.agreement for p in report.prompts] == [1.0] * len(goldens.prompts), report.prompts
+    if tiny.speaks:     # every text spoken with the reference's codes
+        assert goldens.synthesis is not None and goldens.synthesis.utterances
+        codes = [c.measured for c in report.checks if c.check.startswith("speech codes")]
+        assert codes == [1.0] * len(goldens.synthesis.utterances), report.checks
     jetpack = re.search(r"jp(\d)(\d)", tiny.boards[target])
     assert jetpack and f"JetPack {jetpack[1]}.{jetpack[2]}" in proc.stderr
     assert list((tmp / "out").glob(f"{tiny.recipe}@{target}-sm*-trt*"))       # the signed bundle
@@ -90,6 +94,12 @@ def test_serve_answers_the_goldens(tiny: Tiny, request, tmp_path):
 def test_the_double_computes_the_calibrated_model(tiny: Tiny, request, tmp_path):
     project = request.getfixturevalue(tiny.built)[0]
     d = tiny.double
+    if tiny.speaks:     # text to speech: Code2Wav's graph against the reference decoder at export; the talker's and
+        # code predictor's through the TTS runtime double on the device (the codes checked above)
+        record = json.loads((stage_dir(project, tiny.recipe, EXPORT.name) / "stage.json").read_text())["export"]
+        check = record["synthesis"]
+        assert check["code2wav_cosine"] > 0.9999 and check["code2wav_frames"] == [1, 5, 13], check
+        return
     if d is None:       # TensorRT-LLM 0.12: the export stage reads its checkpoint back with the independent reader
         record = json.loads((stage_dir(project, tiny.recipe, EXPORT.name) / "stage.json").read_text())["export"]
         check = record["reader_check"]      # as strict as the double's: the stage's own gate is looser

@@ -37,6 +37,8 @@ def pytest_generate_tests(metafunc):
     if not hasattr(metafunc.module, "FAMILIES"):
         return
     rows = metafunc.module.FAMILIES
+    if metafunc.function.__name__ == "test_serve_answers_the_goldens":     # a kind not served yet says so in its row
+        rows = tuple(r for r in rows if r.serves)
     if "tiny" in metafunc.fixturenames:
         metafunc.parametrize("tiny", rows, ids=[r.recipe for r in rows])
     if "tiny_target" in metafunc.fixturenames:

@@ -40,6 +40,10 @@ class Tiny:
     double: Double | None = None    # None: the backend's export checks itself (TensorRT-LLM 0.12's read-back)
     images: bool = False        # its goldens ask images: served as image chats
     recordings: bool = False    # its goldens ask recordings: served as chats with input_audio parts
+    # text to speech: its goldens are texts the reference spoke (codes and waveforms, not token answers); the double is
+    # the TTS runtime's, held to the reference's codes on the device and its Code2Wav graph at export
+    speaks: bool = False
+    serves: bool = True         # `serve` answers its goldens (False: its kind is not served yet, said in its row)
 
     @property
     def id(self) -> str:
@@ -90,6 +94,9 @@ TINY: tuple[Tiny, ...] = (
     # the encoder random, the decoder INT4-AWQ: near ties where the double's FP16 order differs
     Tiny("tiny-qwen3-asr", {"orin-nano-8gb": "orin-nano-8gb-jp72"}, "edgellm", "tests/workstation/test_asr_build.py",
          "built", "validated", Double(None, tie_aware=True, greedy=False), recordings=True),
+    # text to speech: the doit chain, the device's three builds and its gate; /v1/audio/speech is not served yet
+    Tiny("tiny-qwen3-tts", {"agx-thor": "agx-thor-jp72"}, "edgellm", "tests/workstation/test_tts_build.py", "built",
+         "validated", speaks=True, serves=False),
     Tiny("tiny-qwen3_5-vl", {"orin-nano-8gb": "orin-nano-8gb-jp72"}, "edgellm",
          "tests/workstation/test_hybrid_vlm_build.py", "built_by_target", "validated_by_target",
          Double(None, tie_aware=True, greedy=False), images=True),

@@ -167,6 +167,8 @@ class Backend:
     # speech models that are not decoders (plan/speech_plan.py), by model_type: what this version does with each (a
     # Support whose not_built says why it plans the model and builds no kit for it yet); absent: it knows none
     speech: dict[str, Support] = field(default_factory=dict)
+    # the argvs that build a speech model of `speech` (by model_type) from the limits; None: not built by this version
+    speech_build_commands: Callable[[str, BuildLimits], list[list[str]] | None] = lambda _kind, _limits: None
 
     def check_argv(self, argv: list[str]) -> list[str]:
         """Problems with one build argv: a program this backend does not build with, or what its checker finds."""
@@ -177,23 +179,29 @@ class Backend:
 
     def command_problems(self, limits: BuildLimits, speculative: Speculative | None,
                          argvs: list[list[str]] | None, visual: VisualLimits | None = None,
-                         audio: AudioProfile | None = None) -> list[str]:
+                         audio: AudioProfile | None = None, speech: str | None = None) -> list[str]:
         """Why a (signed) plan's build commands must not run here: limits no engine has, a program or flag this
         backend does not build with, or any difference from the commands this version makes from the plan's own
-        limits (a second output directory, a checkpoint path outside the kit, limits that disagree with the plan)."""
+        limits (a second output directory, a checkpoint path outside the kit, limits that disagree with the plan).
+        speech: the model_type of a speech model planned without a decoder's parts (its own commands)."""
         problems = list(limits.problems()) + (visual.problems() if visual else []) + (audio.problems() if audio else [])
         for argv in argvs or []:
             problems += self.check_argv(argv)
-        if not problems and argvs != self.build_commands(limits, speculative, visual, audio):
+        expected = self.speech_build_commands(speech, limits) if speech else \
+            self.build_commands(limits, speculative, visual, audio)
+        if not problems and argvs != expected:
             problems.append("they are not the commands this version makes from the plan's limits "
-                            f"({' '.join(self.build_commands(limits, speculative, visual, audio)[0])})")
+                            f"({' '.join(expected[0]) if expected else 'none: it builds no such model'})")
         return problems
 
     def staged(self, argv: list[str], engine_dir: str) -> list[str]:
-        """A build command with its engine output redirected (the device builds into a staging directory)."""
+        """A build command with its engine output redirected (the device builds into a staging directory): `engine`
+        becomes engine_dir, and `engine/PART` (a speech model's engines, one directory each) engine_dir/PART."""
         out = list(argv)
         if self.output_flag in out:
-            out[out.index(self.output_flag) + 1] = engine_dir
+            i = out.index(self.output_flag) + 1
+            part = out[i].split("/", 1)[1] if out[i].startswith("engine/") else ""
+            out[i] = f"{engine_dir}/{part}" if part else engine_dir
         return out
 
 

@@ -102,10 +102,12 @@ AUDIO_BUILD_FLAGS: FlagTable = {"--onnxDir": str, "--engineDir": str, "--minTime
 
 def check_audio_build_argv(argv: list[str]) -> list[str]:
     problems = check_flags(argv, AUDIO_BUILD_FLAGS, "audio_build", {})
-    for required in AUDIO_BUILD_FLAGS:
+    # Code2Wav (onnx/code2wav) takes no time-step profile: its TTS guide builds it with --onnxDir and --engineDir
+    code2wav = "--onnxDir" in argv and argv[argv.index("--onnxDir") + 1:][:1] == ["onnx/code2wav"]
+    for required in AUDIO_BUILD_FLAGS if not code2wav else ("--onnxDir", "--engineDir"):
         if required not in argv:
             problems.append(f"audio_build needs {required}")
-    if not problems:
+    if not problems and not code2wav:
         problems += AudioProfile(int(argv[argv.index("--minTimeSteps") + 1]),
                                  int(argv[argv.index("--maxTimeSteps") + 1])).problems()
     return problems
@@ -117,6 +119,23 @@ def audio_build_argv(profile: AudioProfile, onnx_dir: str = f"onnx/{AUDIO_DIR}",
     <multimodalEngineDir>/audio/audio_encoder.engine)."""
     return ["audio_build", "--onnxDir", onnx_dir, "--engineDir", engine_dir,
             "--minTimeSteps", str(profile.min_time_steps), "--maxTimeSteps", str(profile.max_time_steps)]
+
+
+# Qwen3-TTS (its TTS guide, user_guide/examples/tts.md): the talker from onnx/llm and the code predictor from
+# onnx/code_predictor, each into its own engine directory, at batch 1 ("--maxBatchSize 1 for the current Qwen3-TTS
+# runtime"); Code2Wav from onnx/code2wav with audio_build into the engine root, which writes engine/code2wav itself
+TTS_ENGINES = ("talker", "code_predictor")
+
+
+def tts_build_commands(limits: BuildLimits) -> list[list[str]]:
+    llm = [["llm_build", "--onnxDir", f"onnx/{src}", "--engineDir", f"engine/{part}",
+            "--maxInputLen", str(limits.max_input_len), "--maxKVCacheCapacity", str(limits.max_seq_len),
+            "--maxBatchSize", "1"] for src, part in ((LLM_DIR, TTS_ENGINES[0]), ("code_predictor", TTS_ENGINES[1]))]
+    return llm + [["audio_build", "--onnxDir", "onnx/code2wav", "--engineDir", "engine"]]
+
+
+def speech_build_commands(kind: str, limits: BuildLimits) -> list[list[str]] | None:
+    return tts_build_commands(limits) if kind == "qwen3_tts" else None
 
 
 def build_commands(limits: BuildLimits, speculative: Speculative | None,
@@ -156,6 +175,10 @@ def build_memory(engine_weights: int, activations: int, ffn_int4: int = 0) -> Bu
 
 
 def export_summary(e: ExportRecord) -> str:
+    if e.synthesis is not None:
+        s = e.synthesis
+        return (f"{e.weights} talker and code predictor, Code2Wav ONNX for SM {e.target_sm} ({len(s.speakers)} "
+                f"voices; Code2Wav against the reference: cosine {s.code2wav_cosine})")
     if e.audio is not None:
         return f"{e.weights} ONNX for SM {e.target_sm}, {e.audio.precision} audio encoder"
     if e.visual is not None:
@@ -276,8 +299,6 @@ _EDGELLM_QWEN3_5 = Support(
 # speech models that are not decoders: planned (plan/speech_plan.py), no kit built yet
 EDGELLM_011_SPEECH = {
     "qwen3_tts": Support(
-        not_built="this version plans Qwen3-TTS but builds no kit for it yet (TensorRT Edge-LLM 0.11 exports it "
-                  "itself: tensorrt-edgellm-export writes llm/ for the talker, code_predictor/ and code2wav/)",
         formats=("fp16",),
         formats_why="Edge-LLM 0.11 builds Qwen3-TTS's talker in FP16 only (its TTS guide: quantized talker "
                     "checkpoints are not supported yet; only the code predictor takes FP8 or NVFP4)",
@@ -403,7 +424,7 @@ BACKEND = Backend(
     export_depends_on_sm=True, export_tools=("tensorrt-edgellm", "onnx"),
     builders={"llm_build": check_llm_build_argv, "visual_build": check_visual_build_argv,
               "audio_build": check_audio_build_argv},
-    build_commands=build_commands, output_flag="--engineDir",
+    build_commands=build_commands, output_flag="--engineDir", speech_build_commands=speech_build_commands,
     build_memory=build_memory, externalizes_int4_ffn=True, needs_chat_template=True,
     reports_kv_allocation=False, export_summary=export_summary, families=EDGELLM_011, refuses_pair=refuses_pair,
     speech=EDGELLM_011_SPEECH,

@@ -40,6 +40,7 @@ from pipeline.contract.device import (
     SetModel,
     SetReport,
     SpeechRate,
+    SpokenResult,
     Validation,
 )
 from pipeline.contract.kit import (
@@ -89,6 +90,7 @@ from pipeline.contract.plan import (
     Prediction,
     QuantSettings,
     Speculative,
+    SpeechModelPlan,
     Stack,
     VisualLimits,
     VisualPlan,
@@ -110,6 +112,7 @@ from pipeline.contract.stage import (
 __all__ = [
     "AudioExport",
     "AudioPlan",
+    "SpeechModelPlan",
     "AudioProfile",
     "AccuracyFigures",
     "ExpertCalibration",
@@ -130,6 +133,7 @@ __all__ = [
     "Entry",
     "ExportRecord",
     "SpokenGolden",
+    "SpokenResult",
     "SynthesisCheck",
     "SynthesisExport",
     "ExternalWeights",

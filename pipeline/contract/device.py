@@ -118,6 +118,17 @@ class LoadResult(Part):
 
 
 @dataclass(frozen=True)
+class SpokenResult(Part):
+    """One text the engines spoke in the validation (device/synthesis.py measures it against the kit's reference)."""
+    text: str
+    codes: list[list[int]]      # [frames][code groups], as the runtime wrote them
+    samples: int                # in its WAV
+    rms: float                  # full scale 1
+    clipped: float              # the share of samples at full scale
+    cosine: float               # its waveform against the reference's (over the shorter of the two)
+
+
+@dataclass(frozen=True)
 class Validation(Record):
     """One validation run of the kit's golden prompts on the built engine (a backend's runner), and the load run
     through the same serving session where the runner serves."""
@@ -130,6 +141,7 @@ class Validation(Record):
     kv_cache_stats: dict[str, int] | None = None     # the executor's KvCacheStats, where it exposes them
     load_runs: list[LoadResult] = field(default_factory=list)
     transcripts: list[str] | None = None    # the engine's answers to the kit's speech set, in its order
+    spoken: list[SpokenResult] | None = None    # a text-to-speech kit's texts as the engines spoke them
 
     @property
     def agreement_unit(self) -> str:

@@ -362,6 +362,7 @@ class Goldens(Record):
     draft_tokens_per_step: float | None = None
     draft_steps: int | None = None
     speech: SpeechCheck | None = None   # a speech model's quality gate (None: no speech set)
+    synthesis: SynthesisCheck | None = None     # a text-to-speech model's gate (its prompts are texts it speaks)
 
     def non_finite(self) -> str | None:
         """Where a reference log-probability is not a finite number (NaN, Inf), or None: log_softmax of finite logits

@@ -228,6 +228,31 @@ class AudioPlan(Part):
 
 
 @dataclass(frozen=True)
+class SpeechModelPlan(Part):
+    """A speech model that is not a decoder with parts (Qwen3-TTS, Nemotron-3.5-ASR: plan/speech_plan.py), as its
+    plan says it: memory per part, its real-time factor and first latency, the published rows beside them."""
+    model_type: str                 # the config's: what builds it (Backend.speech_build_commands)
+    kind: str                       # "text to speech" | "speech to text"
+    model: str
+    target: str
+    weights: str
+    described: str
+    max_seconds: int
+    memory: dict[str, int]
+    total: int
+    usable: int
+    rate: float
+    step: str
+    step_ms: float | None
+    rtf: float | None
+    rtf_by_seconds: dict[str, float]
+    first: str
+    first_ms: float | None
+    published: list[str]
+    refused: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class DraftMemory(Part):
     """Bytes an EAGLE-3 draft engine adds on the device (plan/speculative.py)."""
     weights: int
@@ -282,3 +307,4 @@ class Plan(Record):
     predicted_build_s: float | None = None      # a generous bound for the device's build timeout, not a measurement
     visual: VisualPlan | None = None            # a vision-language model's visual engine
     audio: AudioPlan | None = None              # a speech-to-text model's audio encoder and transcription speed
+    speech: SpeechModelPlan | None = None       # a speech model planned without a decoder's parts (memory is None)

@@ -96,6 +96,7 @@ class GoldensSummary(Part):
     new_tokens: int
     weak: list[str]             # prompts whose golden answer is under half of max_new_tokens: a weak check
     speech: list[SpeechRate] = field(default_factory=list)     # the reference's error rates on the speech set
+    spoken_frames: int = 0      # a text-to-speech model's: the codec frames the reference spoke the texts in
 
 
 @dataclass(frozen=True)

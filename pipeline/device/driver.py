@@ -147,7 +147,8 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
     # a signed plan still runs only the commands this version makes from its limits, and only within bounds
     problems = backend.command_problems(plan.limits, plan.speculative, argvs,
                                        plan.visual.limits if plan.visual else None,
-                                       plan.audio.profile if plan.audio else None)
+                                       plan.audio.profile if plan.audio else None,
+                                       plan.speech.model_type if plan.speech else None)
     if problems:
         raise PipelineError(f"{kit_dir / contract.PLAN}: device_build_commands refused: {'; '.join(problems)}",
                             "nothing was run; re-package the kit with this version of the pipeline")

@@ -73,6 +73,9 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
                  validation_memory: contract.PhaseMemory | None) -> contract.Report:
     """The checks and figures of one device run; build=None: no engine was built in it (an installed bundle), so
     no build figure or build check appears (another board's figures are never reported as measured here)."""
+    if goldens.synthesis is not None:       # text to speech: its own gate (device/synthesis.py)
+        from pipeline.device.synthesis import synthesis_report
+        return synthesis_report(goldens, validation, plan, board, build, reused, validation_memory)
     need = goldens.min_token_agreement
     if len(validation.prompts) != len(goldens.prompts):
         # zip() would drop the prompts the runtime did not answer and pass the report on the rest

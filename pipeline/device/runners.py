@@ -240,6 +240,9 @@ def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: 
     profiler also measures EAGLE-3's acceptance and the visual engine's time."""
     from pipeline.runtime.engines import SESSIONS
 
+    if goldens.synthesis is not None:       # text to speech: Edge-LLM's qwen3_tts_inference (device/synthesis.py)
+        from pipeline.device.synthesis import validate_synthesis
+        return validate_synthesis(kit_dir, engine, goldens, work, timeout, watch)
     if SESSIONS[plan.backend or ""].refuses(plan) or plan.visual is not None or plan.audio is not None:
         return validate_llm_inference(kit_dir, engine, plan, goldens, work, watch, timeout)
     return validate_session(kit_dir, engine, plan, goldens, work, watch, timeout, load_requests)

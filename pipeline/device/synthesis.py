@@ -1,7 +1,9 @@
-"""The text-to-speech gate's scoring, the same on both halves (contract.SynthesisCheck): the engines' greedy codes
-against the reference's, frame by frame up to the first that differs (a talker step that chose another code makes
-every later frame another); the samples Code2Wav must make of them; the waveform's cosine with the reference's; and
-its level (silence or clipping is a broken vocoder whatever the codes). Standard library only: the device runs it.
+"""The text-to-speech gate, the same on both halves (contract.SynthesisCheck): the engines' greedy codes against the
+reference's, frame by frame up to the first that differs (a talker step that chose another code makes every later
+frame another); the samples Code2Wav must make of them; the waveform's cosine with the reference's; and its level
+(silence or clipping is a broken vocoder whatever the codes). The device runs the kit's texts through Edge-LLM's
+qwen3_tts_inference (runtime/synthesis.py), measures each (`measure`) and reports (`synthesis_report`). Standard
+library only: the device runs it.
 
 The round trip through a speech-to-text model (what the engine said, transcribed, against the text) is not part of
 this gate yet: only the engines' agreement with the reference is."""
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from pathlib import Path
 
 from pipeline import contract
 
@@ -41,37 +44,119 @@ def level(samples: array) -> tuple[float, float]:
 def cosine(a: array, b: array) -> float:
     n = min(len(a), len(b))
     dot = sum(a[i] * b[i] for i in range(n))
-    na, nb = math.sqrt(sum(x * x for x in a)), math.sqrt(sum(x * x for x in b))
+    na, nb = math.sqrt(sum(a[i] * a[i] for i in range(n))), math.sqrt(sum(b[i] * b[i] for i in range(n)))
     return dot / (na * nb) if na and nb else 0.0
 
 
-def checks(check: contract.SynthesisCheck, codes: list[list[list[int]]], samples: list[array],
-           references: list[array]) -> list[contract.Check]:
-    """The gate's checks for each utterance: the engine's codes and 16-bit samples, the reference's samples."""
+def measure(text: str, codes: list[list[int]], heard: array, reference: array) -> contract.SpokenResult:
+    rms, clipped = level(heard)
+    return contract.SpokenResult(text, [list(f) for f in codes], len(heard), round(rms, 6), round(clipped, 6),
+                                 round(cosine(heard, reference), 6))
+
+
+def checks(check: contract.SynthesisCheck, results: list[contract.SpokenResult]) -> list[contract.Check]:
+    """The gate's checks for each utterance, from what the engines spoke of it."""
     out = []
-    for u, got, heard, ref in zip(check.utterances, codes, samples, references, strict=True):
+    for u, r in zip(check.utterances, results, strict=True):
         name = f"{u.text[:40]!r} ({u.speaker}, {u.language})"
-        share, at = agreement(u.codes, got)
+        share, at = agreement(u.codes, r.codes)
         said = "" if at is None else f"; frame {at} differs" if at < len(u.codes) else \
-            f"; {len(got)} frames where the reference has {len(u.codes)}"
+            f"; {len(r.codes)} frames where the reference has {len(u.codes)}"
         out.append(contract.Check(check=f"speech codes of {name}: reference frames before the first that differs"
                                         f"{said}", required=f">= {check.min_code_agreement}", measured=round(share, 4),
                                   ok=share >= check.min_code_agreement and (at is None or at < len(u.codes)),
                                   by=None if at is None else at))
-        expected = len(got) * check.samples_per_frame
+        expected = len(r.codes) * check.samples_per_frame
         out.append(contract.Check(check=f"speech samples of {name}: {check.samples_per_frame} a frame of its "
-                                        f"{len(got)} frames", required=f"== {expected}", measured=len(heard),
-                                  ok=len(heard) == expected))
-        rms, clipped = level(heard)
-        ref_rms = u.rms
-        ok = rms > SILENCE_RMS and clipped <= MAX_CLIPPED and ref_rms / LEVEL_RATIO <= rms <= ref_rms * LEVEL_RATIO
+                                        f"{len(r.codes)} frames", required=f"== {expected}", measured=r.samples,
+                                  ok=r.samples == expected))
+        low, high = u.rms / LEVEL_RATIO, u.rms * LEVEL_RATIO
+        ok = r.rms > SILENCE_RMS and r.clipped <= MAX_CLIPPED and low <= r.rms <= high
         out.append(contract.Check(check=f"speech level of {name}: RMS within {LEVEL_RATIO}x of the reference's "
-                                        f"{ref_rms:.4f}, above silence ({SILENCE_RMS}), at most {MAX_CLIPPED:.0%} "
-                                        f"clipped (has {clipped:.2%})", required=f"{ref_rms / LEVEL_RATIO:.4f} .. "
-                                  f"{ref_rms * LEVEL_RATIO:.4f}", measured=round(rms, 5), ok=ok))
+                                        f"{u.rms:.4f}, above silence ({SILENCE_RMS}), at most {MAX_CLIPPED:.0%} "
+                                        f"clipped (has {r.clipped:.2%})", required=f"{low:.4f} .. {high:.4f}",
+                                  measured=r.rms, ok=ok))
         if at is None:      # the same codes: the waveforms must agree too
-            c = cosine(heard, ref)
             out.append(contract.Check(check=f"speech waveform of {name}: cosine with the reference's",
-                                      required=f">= {check.min_cosine}", measured=round(c, 5),
-                                      ok=c >= check.min_cosine))
+                                      required=f">= {check.min_cosine}", measured=r.cosine,
+                                      ok=r.cosine >= check.min_cosine))
     return out
+
+
+def reference_samples(kit_dir: Path, golden: contract.SpokenGolden) -> array:
+    """The kit's reference waveform of one text: its file (audio/NAME.wav, nothing else) as the manifest hashed it."""
+    import hashlib
+
+    from pipeline.audio import read_wav
+    from pipeline.errors import PipelineError
+    from pipeline.files import read_regular
+    if not contract.RECORDING_FILE_RE.match(golden.recording):
+        raise PipelineError(f"{kit_dir}: goldens.json names {golden.recording!r}, not a kit's audio/NAME.wav",
+                            "re-package the kit")
+    data = read_regular(kit_dir / golden.recording, 256 * 2**20)
+    if hashlib.sha256(data).hexdigest() != golden.recording_sha256:
+        raise PipelineError(f"{kit_dir / golden.recording}: not the reference waveform goldens.json names (its sha256 "
+                            "differs)", "re-package the kit")
+    return read_wav(data, name=str(kit_dir / golden.recording)).samples
+
+
+def validate_synthesis(kit_dir: Path, engine: Path, goldens: contract.Goldens, work: Path, timeout: int,
+                       watch=None) -> contract.Validation:
+    """The kit's texts spoken by the engines as the reference spoke them (greedy, each in its voice, up to the
+    goldens' frames), each measured against the kit's reference."""
+    from pipeline.audio import read_wav
+    from pipeline.files import remove_entry
+    from pipeline.runtime.synthesis import SynthesisSampling, Utterance, speak
+    check = goldens.synthesis
+    assert check is not None        # the caller asked for it
+    run = work / "speech-synthesis"
+    remove_entry(run)       # an earlier run's, or a planted entry: never written through
+    groups = len(check.utterances[0].codes[0]) if check.utterances and check.utterances[0].codes else 16
+    from pipeline.device.process import run_logged
+    spoken = speak(engine, [Utterance(u.text, u.speaker, u.language) for u in check.utterances],
+                   SynthesisSampling(max_audio_length=check.max_frames), run, groups, timeout,
+                   run=lambda argv, cwd: run_logged(argv, cwd=cwd, log=work / "speech-synthesis.log",
+                                                    timeout=timeout, watch=watch))
+    results = [measure(u.text, s.codes, read_wav(s.wav).samples, reference_samples(kit_dir, u))
+               for u, s in zip(check.utterances, spoken, strict=True)]
+    return contract.Validation(runtime="qwen3_tts_inference", speed_source="none (the runtime's run, engines "
+                               "loaded included, is not a speed measurement)", prompts=[], spoken=results)
+
+
+def synthesis_report(goldens: contract.Goldens, validation: contract.Validation, plan: contract.Plan,
+                     board: contract.Board, build: contract.BuildRecord | None, reused: bool,
+                     validation_memory: contract.PhaseMemory | None) -> contract.Report:
+    """A text-to-speech kit's report: the gate's checks and the memory measured, beside the plan's."""
+    from pipeline.device.report import memory_checks
+    check = goldens.synthesis
+    assert check is not None
+    if validation.spoken is None or len(validation.spoken) != len(check.utterances):
+        got = 0 if validation.spoken is None else len(validation.spoken)
+        found = [contract.Check(check="texts spoken by the engines", required=f"{len(check.utterances)}",
+                                measured=got, ok=False, by="the runtime did not speak every text")]
+    else:
+        found = checks(check, validation.spoken)
+    total = plan.speech.total if plan.speech else None
+    usable = plan.speech.usable if plan.speech else None
+    if build is not None:
+        found += memory_checks("engine build", build.memory, None, usable, "the board's usable memory", ram_only=True)
+    found += memory_checks("runtime", validation_memory, total, usable, "the board's usable memory")
+    notes = ["the engines' speed is not measured here (qwen3_tts_inference reloads them every run); the plan's "
+             "real-time factor stands as a prediction"]
+    if reused:
+        notes.append("engine reused from an earlier run of this kit: its build time and memory were measured then")
+    lim = plan.limits
+    return contract.Report(
+        ok=all(c.ok for c in found), checks=found,
+        device=contract.DeviceFacts(target=board.target, board=board.board, jetpack=board.jetpack, l4t=board.l4t,
+                                    tensorrt=board.tensorrt, power_mode=board.power_mode,
+                                    bandwidth_gbs=board.bandwidth_gbs),
+        measured=contract.Measured(decode_tok_s=None, ttft_s=None, prompt_tokens=0,
+                                   speed_source=validation.speed_source, acceptance=None, kv_cache=None,
+                                   build_seconds=build.seconds if build else None,
+                                   build_memory=build.memory if build else None, runtime_memory=validation_memory,
+                                   peak_unified_memory=None),
+        predicted=contract.Predicted(decode_tok_s=None, ttft_ms=None, memory_total=total, build_peak=None,
+                                     kv_cache_bytes=None, kv_cache_tokens=lim.max_seq_len * lim.max_batch_size,
+                                     usable_headless=usable, power_mode=None),
+        notes=notes)

@@ -270,6 +270,11 @@ def _build_memory(req: PlanRequest, engine: backends.Backend, fmt, memory: Memor
 
 def render_table(plan: Plan) -> str:
     """The plan as a text table for terminals (doit plan, python -m pipeline plan)."""
+    if plan.speech is not None:     # a speech model without a decoder's parts: its own table
+        from pipeline.plan.speech_plan import render
+        lines = [render(plan.speech)] + [f"  warning: {w}" for w in plan.warnings]
+        lines += [f"  build: {' '.join(c)}" for c in plan.device_build_commands or []]
+        return "\n".join(lines + [f"  REFUSED: {r}" for r in plan.refused])
     m, q, lim, p = plan.memory, plan.quant, plan.limits, plan.prediction
     lines = [f"plan: {plan.model.name} ({q.label}, KV {q.kv_cache}) on {plan.target_name} [SM {plan.sm}] via "
              f"{backends.get(plan.backend).label if plan.backend else 'no backend'}"]

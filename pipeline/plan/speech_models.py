@@ -35,3 +35,34 @@ def plan_speech(config: dict, source: str, directory: Path | None, model: str, w
         return plan_synthesis(shape, model, weights, kv_cache, target_id, seconds, group_size, power_mode,
                               max_seq_len, max_batch_size, backend)
     return plan_transducer(transducer_shape(config, source), model, weights, target_id, seconds, power_mode, backend)
+
+
+def recipe_plan(config: dict, source: str, recipe, target_id: str, backend: str | None = None):
+    """A recipe's plan (contract.Plan) of the speech model `config` describes: its SpeechPlan carried whole
+    (Plan.speech; Plan.memory is None: the parts are not a decoder's), the build commands of the backend that plans
+    it where nothing refuses it."""
+    from pipeline import backends, contract
+    from pipeline.formats import WEIGHT_FORMATS
+    from pipeline.plan.speech_plan import backend_for
+    from pipeline.plan.targets import get_target
+
+    kind = speech_kind(config)
+    assert kind is not None     # the caller asked speech_kind
+    b = recipe.build
+    directory = Path(source).parent if Path(source).is_file() else None
+    sp = plan_speech(config, source, directory, recipe.model.label, recipe.weights, recipe.kv_cache, target_id,
+                     b.audio.max_seconds if b.audio else None, recipe.quantization.group_size, b.power_mode,
+                     b.max_seq_len, b.max_batch_size, backend or recipe.backend)
+    target = get_target(target_id)
+    engine, _ = backend_for(sp.model, target, backend or recipe.backend, kind, sp.kind)
+    stack = next((s.stack for s in target.stacks if s.backend == engine.name), None)
+    limits = contract.BuildLimits.of(b.max_batch_size, b.max_input_len, b.max_seq_len)
+    argvs = backends.get(engine.name).speech_build_commands(kind, limits) if sp.ok else None
+    architecture = (config.get("architectures") or [kind])[0]
+    return contract.Plan(
+        recipe=recipe.name, model=contract.ModelInfo(recipe.model.label, str(architecture), 0), target=target.id,
+        target_name=target.name, sm=target.sm, backend=engine.name, stack=stack,
+        quant=contract.QuantSettings(recipe.weights, recipe.kv_cache, None, WEIGHT_FORMATS[recipe.weights].label),
+        limits=limits, fits=sp.total <= sp.usable, ok=sp.ok, memory=None, predicted_decode_tok_s=None,
+        prediction=None, refused=list(sp.refused), warnings=[], speculative=None, device_build_commands=argvs,
+        speech=sp.record(kind))

@@ -42,6 +42,11 @@ class SpeechPlan:
     def to_dict(self) -> dict:
         return {"format": FORMAT, "ok": self.ok, **asdict(self)}
 
+    def record(self, model_type: str):
+        """As a recipe's plan carries it (contract.Plan.speech)."""
+        from pipeline.contract import SpeechModelPlan
+        return SpeechModelPlan(model_type=model_type, **asdict(self))
+
 
 def backend_for(model: str, target, backend: str | None, model_type: str, what: str):
     """(the backend, its Support) that plans this speech model: the one asked for, else the first of the target's
@@ -93,7 +98,8 @@ def published(model: str, also: str, target_id: str, timing: Timing, metrics: di
     return out or [none_published(model, target_id, rows)]
 
 
-def render(p: SpeechPlan) -> str:
+def render(p) -> str:
+    """A SpeechPlan, or the record of one a recipe's plan carries, as its table."""
     gb = 1e9
     lines = [f"{p.model} on {p.target}: {p.kind} ({p.described}), up to {p.max_seconds} s a request ({p.rate:g} "
              "frames a second)", "memory:"]

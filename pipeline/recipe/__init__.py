@@ -194,8 +194,11 @@ def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str
     from pipeline.plan.planner import make_plan, refuse
     from pipeline.plan.request import DraftRequest, PlanRequest
     from pipeline.plan.shapes import shape_from_config
+    from pipeline.plan.speech_models import recipe_plan, speech_kind
     from pipeline.plan.targets import get_target
 
+    if speech_kind(config):         # a speech model planned without a decoder's parts
+        return recipe_plan(config, config_source, recipe, target_id, backend)
     shape = shape_from_config(config, config_source)
     draft_req = None
     if recipe.draft:

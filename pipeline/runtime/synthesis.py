@@ -93,21 +93,28 @@ def argv(engine_dir: Path, input_path: Path, output_path: Path, audio_dir: Path,
 
 
 def speak(engine_dir: Path, utterances: list[Utterance], sampling: SynthesisSampling, work: Path,
-          groups: int, timeout: float, chunk_frames: int | None = None, env: dict | None = None) -> list[Spoken]:
+          groups: int, timeout: float, chunk_frames: int | None = None, env: dict | None = None,
+          run=None) -> list[Spoken]:
     """Each utterance spoken by the engines under `engine_dir`; `work` holds the files the runtime reads and
-    writes (created empty). Raises PipelineError naming what the runtime did wrong."""
-    from pipeline.audio import AudioLimits, read_wav
-    from pipeline.runtime.rvq import read_codes
-
+    writes (created empty). run(argv, cwd): how the runtime is run (the device's run_logged, which watches its
+    memory); None: a plain subprocess here. Raises PipelineError naming what the runtime did wrong."""
     work.mkdir(parents=True, exist_ok=False)
     inp, outp, audio = work / "input.json", work / "output.json", work / "audio"
     audio.mkdir()
     inp.write_text(json.dumps(input_file(utterances, sampling)))
+    command = argv(engine_dir.resolve(), inp.resolve(), outp.resolve(), audio.resolve(), chunk_frames)
+    if run is not None:
+        run(command, work)
+    else:
+        _run(command, work, timeout, env, len(utterances))
+    return read_back(work, outp, audio, utterances, sampling, groups)
+
+
+def _run(command: list[str], work: Path, timeout: float, env: dict | None, count: int) -> None:
     try:
-        done = subprocess.run(argv(engine_dir.resolve(), inp.resolve(), outp.resolve(), audio.resolve(), chunk_frames),
-                              capture_output=True, text=True, timeout=timeout, env=env, cwd=work)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=work)
     except subprocess.TimeoutExpired:
-        raise PipelineError(f"{BINARY} took over {timeout:.0f} s for {len(utterances)} utterance(s)",
+        raise PipelineError(f"{BINARY} took over {timeout:.0f} s for {count} utterance(s)",
                             "see the board's load and max_audio_length") from None
     except OSError as exc:
         raise PipelineError(f"{BINARY} could not start: {exc}", "install TensorRT Edge-LLM 0.11's examples on the "
@@ -116,6 +123,13 @@ def speak(engine_dir: Path, utterances: list[Utterance], sampling: SynthesisSamp
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         raise PipelineError(f"{BINARY} failed (exit {done.returncode}): " + " | ".join(tail),
                             "see the runtime's message above")
+
+
+def read_back(work: Path, outp: Path, audio: Path, utterances: list[Utterance], sampling: SynthesisSampling,
+              groups: int) -> list[Spoken]:
+    """What the runtime wrote for each utterance, read bounded and checked against what was asked."""
+    from pipeline.audio import AudioLimits, read_wav
+    from pipeline.runtime.rvq import read_codes
     if not outp.is_file() or outp.stat().st_size > MAX_OUTPUT_JSON:
         raise PipelineError(f"{BINARY} wrote no output file (or one over {MAX_OUTPUT_JSON} bytes) at {outp}",
                             "see the runtime's log")

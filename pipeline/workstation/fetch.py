@@ -17,7 +17,9 @@ NEEDED = ["config.json", "generation_config.json", "*.safetensors", "model.safet
           # template some of them keep apart
           "preprocessor_config.json", "processor_config.json", "chat_template.json",
           # a ModelOpt checkpoint's quantization (older exports keep it only here)
-          "hf_quant_config.json"]
+          "hf_quant_config.json",
+          # Qwen3-TTS's speech tokenizer (Code2Wav is its decoder)
+          "speech_tokenizer/config.json", "speech_tokenizer/*.safetensors"]
 # An EAGLE-3 draft: config and weights only (it uses the base's tokenizer); many ship pytorch_model.bin.
 DRAFT_NEEDED = ["config.json", "*.safetensors", "model.safetensors.index.json", "pytorch_model.bin"]
 
@@ -63,6 +65,11 @@ def check_checkpoint(model_dir: Path, source: str) -> None:
                             "convert .bin/.pth weights with transformers' save_pretrained(safe_serialization=True)")
     config = load_config(model_dir / "config.json")
     refuse_remote_code(config, model_dir / "config.json")
+    from pipeline.plan.synthesis import is_synthesis
+    if is_synthesis(config):        # text to speech: no decoder of a family; its tensors against Edge-LLM's modules
+        from pipeline.workstation.synthesis_checkpoint import check_synthesis_checkpoint
+        check_synthesis_checkpoint(model_dir, config, source)
+        return
     shape = shape_from_config(config, str(model_dir / "config.json"))
     typed: dict[str, tuple] = {}
     for shard in shards:

@@ -198,6 +198,22 @@ class ReferenceSynthesis:
                 at += 1
         return np.asarray(frames, dtype=np.int64).reshape(-1, groups)
 
+    def frame_logits(self, text: str, voice: Voice, codes: np.ndarray):
+        """The talker's codebook-0 logits [frames, vocab] (float32 tensor) for each of `codes`' frames, teacher-forced:
+        the prompt, then each earlier frame's 16 codebook embeddings plus its text row, in one pass."""
+        import torch
+        talker, cp = self.model.talker, self.model.talker.code_predictor
+        prefill, trailing, pad = self.prompt(self.text_ids(text), voice)
+        rows = []
+        with torch.no_grad():
+            for step, frame in enumerate(codes[:-1]):
+                e = talker.model.codec_embedding(torch.tensor([int(frame[0])]))[0]
+                e = e + sum(cp.model.codec_embedding[k](torch.tensor([int(c)]))[0] for k, c in enumerate(frame[1:]))
+                rows.append(e + (trailing[0, step] if step < trailing.shape[1] else pad[0, 0]))
+            seq = torch.cat([prefill] + ([torch.stack(rows)[None]] if rows else []), dim=1)
+            hidden = self.model.talker.model(seq, None)[-1]
+            return talker.codec_head(hidden[0, prefill.shape[1] - 1:]).float()
+
     def waveform(self, codes: np.ndarray) -> np.ndarray:
         """Code2Wav's float32 samples in [-1, 1] at 24 kHz for [frames, groups] codes."""
         import torch

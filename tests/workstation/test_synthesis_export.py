@@ -167,22 +167,22 @@ def goldens(reference, tmp_path_factory):
     return synthesis_check(reference, TEXTS, "vivian", "english", 8, out), out
 
 
-def _engine_outputs(engines, check, work, env):
+def _engine_results(engines, check, out, work, env):
+    """What the engines spoke of each golden text, measured against the reference's waveform (device/synthesis.py)."""
     from pipeline.audio import read_wav
+    from pipeline.device.synthesis import measure
     from pipeline.runtime.synthesis import SynthesisSampling, Utterance, speak
     spoken = speak(engines, [Utterance(u.text, u.speaker, u.language) for u in check.utterances],
                    SynthesisSampling(max_audio_length=check.max_frames), work, 16, 600, env=env)
-    return [s.codes for s in spoken], [read_wav(s.wav).samples for s in spoken]
+    return [measure(u.text, s.codes, read_wav(s.wav).samples, read_wav((out / u.recording).read_bytes()).samples)
+            for u, s in zip(check.utterances, spoken, strict=True)]
 
 
 def test_the_engines_pass_the_gate_the_reference_sets(engines, goldens, tmp_path):
-    from pipeline.audio import read_wav
     from pipeline.device.synthesis import checks
     check, out = goldens
     assert [len(u.codes) for u in check.utterances] == [8, 8] and (out / "audio" / "tts-0.wav").is_file()
-    refs = [read_wav((out / u.recording).read_bytes()).samples for u in check.utterances]
-    codes, samples = _engine_outputs(engines, check, tmp_path / "run", _env())
-    result = checks(check, codes, samples, refs)
+    result = checks(check, _engine_results(engines, check, out, tmp_path / "run", _env()))
     assert [c.ok for c in result] == [True] * 8, [c for c in result if not c.ok]
     agreement = [c for c in result if c.check.startswith("speech codes")]
     assert [c.measured for c in agreement] == [1.0, 1.0]
@@ -191,12 +191,10 @@ def test_the_engines_pass_the_gate_the_reference_sets(engines, goldens, tmp_path
 
 
 def test_an_engine_that_chooses_another_code_fails_the_gate_at_that_frame(engines, goldens, tmp_path):
-    from pipeline.audio import read_wav
     from pipeline.device.synthesis import checks
     check, out = goldens
-    refs = [read_wav((out / u.recording).read_bytes()).samples for u in check.utterances]
-    codes, samples = _engine_outputs(engines, check, tmp_path / "run", dict(_env(), TTS_DOUBLE_WRONG_FRAME="3"))
-    failed = [c for c in checks(check, codes, samples, refs) if not c.ok]
+    results = _engine_results(engines, check, out, tmp_path / "run", dict(_env(), TTS_DOUBLE_WRONG_FRAME="3"))
+    failed = [c for c in checks(check, results) if not c.ok]
     assert [(c.check.split(":")[0], c.measured, c.by) for c in failed] == \
         [(f"speech codes of {t!r} (vivian, english)", 0.25, 2) for t in TEXTS]
     assert "frame 2 differs" in failed[0].check
@@ -206,7 +204,7 @@ def test_the_gate_s_edges():
     from array import array
 
     from pipeline import contract
-    from pipeline.device.synthesis import agreement, checks, level
+    from pipeline.device.synthesis import agreement, checks, level, measure
     assert agreement([[1], [2], [3]], [[1], [2], [3]]) == (1.0, None)
     assert agreement([[1], [2], [3]], [[1], [9], [3]]) == (1 / 3, 1)
     assert agreement([[1], [2]], [[1], [2], [3]]) == (1.0, 2)      # spoke on past the reference's end
@@ -214,12 +212,16 @@ def test_the_gate_s_edges():
     golden = contract.SpokenGolden("x", "ryan", "auto", [[1, 2]], "audio/tts-0.wav", "0" * 64, 0.25)
     check = contract.SynthesisCheck([golden], 4, 24000, 2, min_code_agreement=1.0)
     loud = array("h", [8192, -8192])        # RMS 0.25: the reference's
-    assert all(c.ok for c in checks(check, [[[1, 2]]], [loud], [loud]))
+    assert all(c.ok for c in checks(check, [measure("x", [[1, 2]], loud, loud)]))
     # RMS at exactly half / twice the reference's passes; just past it fails; silence and clipping fail
     for samples, ok in ((array("h", [4096, -4096]), True), (array("h", [4095, -4095]), False),
                         (array("h", [16384, -16384]), True), (array("h", [16385, -16385]), False),
-                        (array("h", [0, 0]), False)):
-        got = {c.check.split(":")[0].split(" of ")[0]: c.ok for c in checks(check, [[[1, 2]]], [samples], [loud])}
+                        (array("h", [0, 0]), False), (array("h", [32767, -32767]), False)):
+        got = {c.check.split(":")[0].split(" of ")[0]: c.ok
+               for c in checks(check, [measure("x", [[1, 2]], samples, loud)])}
         assert got["speech level"] is ok, samples
-    wrong_length = checks(check, [[[1, 2]]], [array("h", [8192, -8192, 0])], [loud])
+    wrong_length = checks(check, [measure("x", [[1, 2]], array("h", [8192, -8192, 0]), loud)])
     assert [c.ok for c in wrong_length if c.check.startswith("speech samples")] == [False]
+    # the same codes with a waveform of the opposite sign: the cosine check fails
+    flipped = checks(check, [measure("x", [[1, 2]], array("h", [-8192, 8192]), loud)])
+    assert [(c.ok, c.measured) for c in flipped if c.check.startswith("speech waveform")] == [(False, -1.0)]

@@ -52,6 +52,10 @@ def accuracy_stage(g: RecipeGraph) -> contract.StageManifest:
     from pipeline.workstation.models import input_device, load_model
 
     recipe = g.recipe
+    from pipeline.plan.shapes import load_config
+    from pipeline.plan.synthesis import is_synthesis
+    if is_synthesis(load_config(model_dir(g) / "config.json")):
+        return g.build(ACCURACY, None, lambda out: synthesis_accuracy_stage(g, out))
 
     def build(out: Path) -> contract.AccuracyFigures:
         tok = AutoTokenizer.from_pretrained(model_dir(g))
@@ -91,6 +95,26 @@ def accuracy_stage(g: RecipeGraph) -> contract.StageManifest:
         return figures
 
     return g.build(ACCURACY, None, build)
+
+
+def synthesis_accuracy_stage(g: RecipeGraph, out: Path) -> contract.AccuracyFigures:
+    """A text-to-speech model's figures: its FP16 weights against the checkpoint's (workstation/synthesis_accuracy.py),
+    along the reference's frames of the validation texts, in the goldens' voice."""
+    import json
+
+    from pipeline.workstation.evaluate import write_report
+    from pipeline.workstation.synthesis_accuracy import on_fp16_grid, synthesis_accuracy
+    from pipeline.workstation.synthesis_reference import ReferenceSynthesis, voice_of
+    g.handoff.drop()
+    original, deployed = ReferenceSynthesis(model_dir(g)), ReferenceSynthesis(model_dir(g))
+    on_fp16_grid(deployed)
+    speakers = list(json.loads((model_dir(g) / "config.json").read_text())["talker_config"].get("spk_id") or {})
+    voice = voice_of(original.talker_config, speakers[0] if speakers else None, "auto")
+    v = g.recipe.validation
+    figures = synthesis_accuracy(original, deployed, list(v.prompts), voice, v.max_new_tokens)
+    write_report(out, figures, g.recipe.weights, g.recipe.name, fetch_digest(g),
+                 original="the checkpoint in float32; quantized: its weights on the FP16 grid the engines hold")
+    return figures
 
 
 def do_accuracy(run: StageRun) -> contract.StageManifest:

@@ -19,6 +19,8 @@ from pipeline.graph.stages.quantize import QUANTIZE, WORKSTATION_TOOLS, quant_di
 def _summary(result: contract.StageManifest) -> str:
     g = result.goldens
     assert g is not None        # the goldens stage's build returns it
+    if g.spoken_frames:
+        return f"the reference spoke the texts in {count(g.spoken_frames, 'codec frame')}"
     line = f"{count(g.prompts, 'prompt')}{' (chat template)' if g.chat_template else ''}, " \
            f"{count(g.new_tokens, 'reference token')}" + "".join(
                f", {r.metric.upper()} {r.rate:.1%} in {r.language} (95% {r.low:.1%} to {r.high:.1%}, "
@@ -129,8 +131,34 @@ def goldens_recordings(g: RecipeGraph):
                              audio.max_seconds if audio and audio.max_seconds else DEFAULT_MAX_SECONDS)
 
 
+def synthesis_goldens(g: RecipeGraph, out: Path) -> contract.GoldensSummary:
+    """A text-to-speech model's goldens: the recipe's prompts are texts the reference speaks (greedy, the model's
+    first preset voice, language auto, up to max_new_tokens codec frames each), written with their waveforms."""
+    import json
+
+    from pipeline.workstation.synthesis_gate import synthesis_check
+    from pipeline.workstation.synthesis_reference import ReferenceSynthesis
+    v = g.recipe.validation
+    g.handoff.drop()
+    reference = ReferenceSynthesis(model_dir(g))
+    speakers = list(json.loads((model_dir(g) / "config.json").read_text())["talker_config"].get("spk_id") or {})
+    if not speakers:
+        raise PipelineError(f"{model_dir(g)}: the model has no preset voice (talker_config.spk_id): a Base "
+                            "(voice-cloning) model speaks only with a reference recording", "use a CustomVoice model")
+    check = synthesis_check(reference, list(v.prompts), speakers[0], "auto", v.max_new_tokens, out)
+    goldens = contract.Goldens(max_new_tokens=v.max_new_tokens, min_token_agreement=v.min_token_agreement, top_k=0,
+                               eos_token_id=None, prompts=[], synthesis=check)
+    goldens.dump(out / contract.GOLDENS)
+    return contract.GoldensSummary(0, False, 0, [], spoken_frames=sum(len(u.codes) for u in check.utterances))
+
+
 def do_goldens(run: StageRun) -> contract.StageManifest:
     from transformers import AutoTokenizer
+
+    from pipeline.plan.shapes import load_config
+    from pipeline.plan.synthesis import is_synthesis
+    if is_synthesis(load_config(model_dir(run.graph) / "config.json")):
+        return run.build(lambda out: synthesis_goldens(run.graph, out))
 
     from pipeline.formats import rounds_activations
     from pipeline.workstation.cpu_linear import skinny_linears

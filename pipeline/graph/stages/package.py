@@ -126,7 +126,8 @@ def do_package(run: StageRun) -> contract.StageManifest:
     # the images and recordings the goldens are asked with (images/<name>, audio/<name>.wav), the speech set's
     goldens_media = sorted({p.image for p in goldens.prompts if p.image} |
                            {p.recording for p in goldens.prompts if p.recording} |
-                           {u.recording for u in (goldens.speech.utterances if goldens.speech else [])})
+                           {u.recording for u in (goldens.speech.utterances if goldens.speech else [])} |
+                           {u.recording for u in (goldens.synthesis.utterances if goldens.synthesis else [])})
     planted = [name for name in goldens_media
                if not (contract.IMAGE_FILE_RE.match(name) or contract.RECORDING_FILE_RE.match(name))]
     if planted:         # a goldens.json naming a file outside its images/ (damaged or planted): never followed
@@ -232,4 +233,5 @@ def check_built_kit(g: RecipeGraph, target: str) -> None:
 PACKAGE = Stage("package", "Pack the target's kit: checkpoint, tokenizer, recipe, plan, goldens, accuracy; signed, "
                 "split, checksummed.", _summary, do_package,
                 inputs=(Input(FETCH), Input(EXPORT), Input(GOLDENS), Input(ACCURACY), Input(PLAN, keyed=False)),
-                key=_key, result=contract.KitSummary, per_target=True, link_as=KIT_DIR)
+                key=_key, result=contract.KitSummary, per_target=True, link_as=KIT_DIR,
+                version=2)      # 2: a text-to-speech kit carries the reference's waveforms (goldens' audio/)

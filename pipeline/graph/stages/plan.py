@@ -35,12 +35,26 @@ def _configs(g: RecipeGraph):
     return config, draft, base
 
 
+def _planned_model(config: dict, source: str) -> object:
+    """What the plan reads of the model: a decoder's shape; a speech model's config (without the keys a save adds)
+    and its speech tokenizer's where the fetched directory has it."""
+    from pathlib import Path
+
+    from pipeline.plan.shapes import shape_from_config
+    from pipeline.plan.speech_models import speech_kind
+    if not speech_kind(config):
+        return dataclasses.asdict(shape_from_config(config, source))
+    from pipeline.plan.synthesis import speech_tokenizer_config
+    directory = Path(source).parent if Path(source).is_file() else None
+    return {"config": {k: v for k, v in config.items() if k != "transformers_version"},
+            "speech_tokenizer": speech_tokenizer_config(directory) if directory else None}
+
+
 def _key(g: RecipeGraph, target: str | None) -> StageKey:
     """The plan depends on the model's config (not its weights): it runs before the download, as a gate. Keyed on
     the shape the planner reads, not the config's bytes: the builtin or hub config before the fetch and the fetched
     config.json after it (which adds transformers_version & co.) plan the same, so the second build of a fresh
     checkout is a no-op."""
-    from pipeline.plan.shapes import shape_from_config
     from pipeline.recipe import BASE_FIELDS
     (config, source), draft, base = _configs(g)
     q, b, d = g.recipe.quantization, g.recipe.build, g.recipe.draft
@@ -51,7 +65,7 @@ def _key(g: RecipeGraph, target: str | None) -> StageKey:
                       "method": d.method, "steps": d.steps, "max_draft_tree_size": d.max_draft_tree_size,
                       "max_verify_tree_size": d.max_verify_tree_size}} if d else {}),
         "target": target, "backend": g.recipe.backend,
-        "model_config": dataclasses.asdict(shape_from_config(config, source)),
+        "model_config": _planned_model(config, source),
         "quant": {"weights": q.weights, "kv_cache": q.kv_cache, "group_size": q.group_size},
         "build": {"max_batch_size": b.max_batch_size, "max_input_len": b.max_input_len,
                   "max_seq_len": b.max_seq_len, "power_mode": b.power_mode},

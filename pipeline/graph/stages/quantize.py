@@ -125,6 +125,16 @@ def quantize_stage(g: RecipeGraph, plans: list[contract.Plan], for_export: bool 
     from pipeline.workstation.calibrate import quantize
 
     recipe = g.recipe
+    q = recipe.quantization
+    if any(p.speech is not None for p in plans):    # a speech model without a decoder's parts: built in FP16 as
+        # its checkpoint holds it (the plan refused any other format), nothing calibrated
+        from pipeline.contract import QuantizeSummary
+
+        def unquantized(out) -> QuantizeSummary:
+            summary = QuantizeSummary(method="none", weights=q.weights, kv_cache=q.kv_cache)
+            (out / "quantize.json").write_text(summary.record())
+            return summary
+        return g.build(QUANTIZE, None, unquantized)
     group_sizes = {p.quant.group_size for p in plans}
     if len(group_sizes) != 1:
         raise PipelineError(f"{recipe.file}: targets need different group sizes {sorted(group_sizes, key=str)}",
@@ -142,7 +152,6 @@ def quantize_stage(g: RecipeGraph, plans: list[contract.Plan], for_export: bool 
             if long:
                 raise PipelineError(f"{recipe.file}: {long[0]}", "shorten the prompt or max_new_tokens, or raise "
                                     "build.max_input_len / build.max_seq_len")
-    q = recipe.quantization
     _read_texts(recipe)
     from pipeline.plan.shapes import load_shape
     from pipeline.recipe import image_profile
