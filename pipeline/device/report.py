@@ -74,7 +74,6 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
     """The checks and figures of one device run; build=None: no engine was built in it (an installed bundle), so
     no build figure or build check appears (another board's figures are never reported as measured here)."""
     if goldens.synthesis is not None:       # text to speech: its own gate (device/synthesis.py)
-        from pipeline.device.synthesis import synthesis_report
         return synthesis_report(goldens, validation, plan, board, build, reused, validation_memory)
     need = goldens.min_token_agreement
     if len(validation.prompts) != len(goldens.prompts):
@@ -346,3 +345,42 @@ def chart_svg(report: contract.Report) -> str:
     out.append(f'<text x="12" y="{height - 14}" fill="#555">measured on the board in this run; predicted by the '
                f'kit\'s plan; x = measured / predicted</text>')
     return "\n".join(out + ["</svg>"]) + "\n"
+
+
+def synthesis_report(goldens: contract.Goldens, validation: contract.Validation, plan: contract.Plan,
+                     board: contract.Board, build: contract.BuildRecord | None, reused: bool,
+                     validation_memory: contract.PhaseMemory | None) -> contract.Report:
+    """A text-to-speech kit's report: the gate's checks and the memory measured, beside the plan's."""
+    from pipeline.device.synthesis import checks
+    check = goldens.synthesis
+    assert check is not None
+    if validation.spoken is None or len(validation.spoken) != len(check.utterances):
+        got = 0 if validation.spoken is None else len(validation.spoken)
+        found = [contract.Check(check="texts spoken by the engines", required=f"{len(check.utterances)}",
+                                measured=got, ok=False, by="the runtime did not speak every text")]
+    else:
+        found = checks(check, validation.spoken)
+    total = plan.speech.total if plan.speech else None
+    usable = plan.speech.usable if plan.speech else None
+    if build is not None:
+        found += memory_checks("engine build", build.memory, None, usable, "the board's usable memory", ram_only=True)
+    found += memory_checks("runtime", validation_memory, total, usable, "the board's usable memory")
+    notes = ["the engines' speed is not measured here (qwen3_tts_inference reloads them every run); the plan's "
+             "real-time factor stands as a prediction"]
+    if reused:
+        notes.append("engine reused from an earlier run of this kit: its build time and memory were measured then")
+    lim = plan.limits
+    return contract.Report(
+        ok=all(c.ok for c in found), checks=found,
+        device=contract.DeviceFacts(target=board.target, board=board.board, jetpack=board.jetpack, l4t=board.l4t,
+                                    tensorrt=board.tensorrt, power_mode=board.power_mode,
+                                    bandwidth_gbs=board.bandwidth_gbs),
+        measured=contract.Measured(decode_tok_s=None, ttft_s=None, prompt_tokens=0,
+                                   speed_source=validation.speed_source, acceptance=None, kv_cache=None,
+                                   build_seconds=build.seconds if build else None,
+                                   build_memory=build.memory if build else None, runtime_memory=validation_memory,
+                                   peak_unified_memory=None),
+        predicted=contract.Predicted(decode_tok_s=None, ttft_ms=None, memory_total=total, build_peak=None,
+                                     kv_cache_bytes=None, kv_cache_tokens=lim.max_seq_len * lim.max_batch_size,
+                                     usable_headless=usable, power_mode=None),
+        notes=notes)

@@ -2,7 +2,7 @@
 reference's, frame by frame up to the first that differs (a talker step that chose another code makes every later
 frame another); the samples Code2Wav must make of them; the waveform's cosine with the reference's; and its level
 (silence or clipping is a broken vocoder whatever the codes). The device runs the kit's texts through Edge-LLM's
-qwen3_tts_inference (runtime/synthesis.py), measures each (`measure`) and reports (`synthesis_report`). Standard
+qwen3_tts_inference (runtime/synthesis.py), measures each (`measure`); device/report.py reports it. Standard
 library only: the device runs it.
 
 The round trip through a speech-to-text model (what the engine said, transcribed, against the text) is not part of
@@ -121,42 +121,3 @@ def validate_synthesis(kit_dir: Path, engine: Path, goldens: contract.Goldens, w
                for u, s in zip(check.utterances, spoken, strict=True)]
     return contract.Validation(runtime="qwen3_tts_inference", speed_source="none (the runtime's run, engines "
                                "loaded included, is not a speed measurement)", prompts=[], spoken=results)
-
-
-def synthesis_report(goldens: contract.Goldens, validation: contract.Validation, plan: contract.Plan,
-                     board: contract.Board, build: contract.BuildRecord | None, reused: bool,
-                     validation_memory: contract.PhaseMemory | None) -> contract.Report:
-    """A text-to-speech kit's report: the gate's checks and the memory measured, beside the plan's."""
-    from pipeline.device.report import memory_checks
-    check = goldens.synthesis
-    assert check is not None
-    if validation.spoken is None or len(validation.spoken) != len(check.utterances):
-        got = 0 if validation.spoken is None else len(validation.spoken)
-        found = [contract.Check(check="texts spoken by the engines", required=f"{len(check.utterances)}",
-                                measured=got, ok=False, by="the runtime did not speak every text")]
-    else:
-        found = checks(check, validation.spoken)
-    total = plan.speech.total if plan.speech else None
-    usable = plan.speech.usable if plan.speech else None
-    if build is not None:
-        found += memory_checks("engine build", build.memory, None, usable, "the board's usable memory", ram_only=True)
-    found += memory_checks("runtime", validation_memory, total, usable, "the board's usable memory")
-    notes = ["the engines' speed is not measured here (qwen3_tts_inference reloads them every run); the plan's "
-             "real-time factor stands as a prediction"]
-    if reused:
-        notes.append("engine reused from an earlier run of this kit: its build time and memory were measured then")
-    lim = plan.limits
-    return contract.Report(
-        ok=all(c.ok for c in found), checks=found,
-        device=contract.DeviceFacts(target=board.target, board=board.board, jetpack=board.jetpack, l4t=board.l4t,
-                                    tensorrt=board.tensorrt, power_mode=board.power_mode,
-                                    bandwidth_gbs=board.bandwidth_gbs),
-        measured=contract.Measured(decode_tok_s=None, ttft_s=None, prompt_tokens=0,
-                                   speed_source=validation.speed_source, acceptance=None, kv_cache=None,
-                                   build_seconds=build.seconds if build else None,
-                                   build_memory=build.memory if build else None, runtime_memory=validation_memory,
-                                   peak_unified_memory=None),
-        predicted=contract.Predicted(decode_tok_s=None, ttft_ms=None, memory_total=total, build_peak=None,
-                                     kv_cache_bytes=None, kv_cache_tokens=lim.max_seq_len * lim.max_batch_size,
-                                     usable_headless=usable, power_mode=None),
-        notes=notes)

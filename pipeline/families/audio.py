@@ -140,18 +140,23 @@ def located(config: dict, paths: tuple[str, ...]) -> tuple[str, dict] | None:
 # record: families/records.py).
 SPEECH_MODELS = {
     "nemotron3_5_asr": ("Nemotron-3.5-ASR", "speech to text: an RNN-T transducer",
-                        "models/nemotron3_5_asr: its encoder and decoder/joint ONNX"),
+                        "models/nemotron3_5_asr: its encoder and decoder/joint ONNX", False),
+    # built through its own path (plan/synthesis.py, workstation/synthesis_*.py, device/synthesis.py)
     "qwen3_tts": ("Qwen3-TTS", "text to speech: a talker, a code predictor and Code2Wav",
-                  "models/qwen3_tts: llm/, code_predictor/ and audio/code2wav ONNX"),
+                  "models/qwen3_tts: llm/, code_predictor/ and audio/code2wav ONNX", True),
 }
 
 
 def speech_model(config: dict) -> tuple[str, str] | None:
-    """(model_type, why it is not planned) for a speech model's config.json; None for any other."""
+    """(model_type, why it is not taken as a decoder) for a speech model's config.json; None for any other."""
     kind = config.get("model_type")
     if not isinstance(kind, str) or kind not in SPEECH_MODELS:
         return None
-    name, what, exported = SPEECH_MODELS[kind]
+    name, what, exported, built = SPEECH_MODELS[kind]
+    if built:
+        return kind, (f"{name} is a speech model ({what}), not a decoder: `python -m pipeline plan` plans it and "
+                      "`doit build` builds its kit through their own path; what asked for its decoder takes decoders "
+                      "only")
     return kind, (f"{name} is a speech model ({what}); `python -m pipeline plan` gives its memory and speed, but this "
                   f"pipeline builds no kit for it yet. "
                   f"TensorRT Edge-LLM 0.11 exports it itself ({exported}) with tensorrt-edgellm-export")

@@ -103,7 +103,8 @@ def _not_speech(recipe: Recipe) -> None:
         return
     if speech_kind(config):
         raise PipelineError(f"{recipe.name}: {recipe.model.label} is a {config['model_type']} speech model: compare "
-                            "quantizes and measures decoders' weight formats, and this version builds no kit for it",
+                            "quantizes and measures decoders' weight formats, and this version builds a speech model "
+                            "in the one format its backend takes (or none yet)",
                             f"python -m pipeline plan {recipe.name} gives its memory and speed")
 
 
