@@ -4,15 +4,18 @@ builds the three engines as Edge-LLM's TTS guide builds them and validates each 
 (doubles: the exported graphs run on the recorded Thor)."""
 
 import json
+import shutil
 
+import numpy as np
 import pytest
-from conftest import device, device_on_boards, resigned, stage_dir
+from conftest import REPO, device, device_on_boards, resigned, stage_dir
 
 from pipeline import contract
+from pipeline.errors import PipelineError
 from tests.conformance import *  # noqa: F403  (the family suite, on this module's rows)
 from tests.families import rows_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::UserWarning")]
 RECIPE = "tiny-qwen3-tts"
 FAMILIES = rows_of(__file__)
 TARGET, BOARD = "agx-thor", "agx-thor-jp72"
@@ -92,3 +95,211 @@ def test_a_kit_whose_reference_waveform_was_swapped_is_refused(built, tmp_path):
     proc = device(project, kit, tmp_path / "run", board=BOARD)
     assert proc.returncode != 0
     assert "audio/tts-0.wav: not the reference waveform goldens.json names" in proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------------- the export, the runtime and the gate, up close
+# (on the build above: its fetched model, its export stage's graphs, the engines the device run built from them)
+DOUBLES = REPO / "tests" / "doubles" / "bin"
+
+
+def _env() -> dict:
+    import os
+    return dict(os.environ, PATH=f"{REPO / '.venv' / 'bin'}:{DOUBLES}:{os.environ['PATH']}", PYTHONPATH=str(REPO))
+
+
+@pytest.fixture(scope="module")
+def exported(built):
+    """(a directory holding the fetched model as `model` and the export's graphs as `onnx`, the export's record)"""
+    project = built[0]
+    export = stage_dir(project, RECIPE, "export")
+    record = contract.SynthesisExport.from_part(json.loads((export / "stage.json").read_text())["export"]["synthesis"],
+                                                "stage.json")
+    root = export.parent / "tts-up-close"
+    root.mkdir(exist_ok=True)
+    for name, target in (("model", stage_dir(project, RECIPE, "fetch") / "model"), ("onnx", export / "onnx")):
+        if not (root / name).exists():
+            (root / name).symlink_to(target)
+    return root, record
+
+
+@pytest.fixture(scope="module")
+def engines(validated):
+    """The three engines the device run built (the doubles' llm_build and audio_build, as the TTS guide builds)."""
+    tmp, proc = validated[TARGET]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp / "work" / "engine"
+
+
+@pytest.fixture(scope="module")
+def reference(exported):
+    from pipeline.workstation.synthesis_reference import ReferenceSynthesis
+    return ReferenceSynthesis(exported[0] / "model")
+
+
+def test_the_export_is_edge_llm_s_tts_layout_checked(exported):
+    root, record = exported
+    onnx_dir = root / "onnx"
+    for part, files in (("llm", ("text_embedding.safetensors", "text_projection.safetensors", "embedding.safetensors",
+                                 "tokenizer.json")),
+                        ("code_predictor", ("codec_embeddings.safetensors", "lm_heads.safetensors")),
+                        ("code2wav", ("config.json",))):
+        assert (onnx_dir / part / "model.onnx").is_file() and (onnx_dir / part / "model.onnx.data").is_file()
+        assert all((onnx_dir / part / f).is_file() for f in files), part
+    assert record.talker is not None and "trt_edgellm:AttentionPlugin" in record.talker.custom_ops
+    assert record.code_predictor is not None and {"lm_heads", "lm_head_idx"} <= set(record.code_predictor.inputs)
+    assert record.code2wav is not None and record.code2wav.inputs == ["codes"] and record.code2wav.custom_ops == []
+    assert (record.code_groups, record.sample_rate, record.samples_per_frame) == (16, 24000, 1920)
+    assert "vivian" in record.speakers and "english" in record.languages
+    assert record.code2wav_frames == [1, 5, 13] and 0 < record.code2wav_max_error < 0.01
+    assert record.code2wav_cosine > 0.9999
+    talker = json.loads((onnx_dir / "llm" / "config.json").read_text())
+    assert talker["codec_eos_token_id"] == 2150 and talker["speaker_id"]["dylan"] == 2878
+    assert json.loads((onnx_dir / "code2wav" / "config.json").read_text())["model_type"] == "qwen3_tts_code2wav"
+    # the kit's copy of the record leaves out the graph listings
+    from pipeline.contract import ExportRecord
+    kit = ExportRecord(None, None, synthesis=record).for_kit().synthesis
+    assert kit is not None and kit.talker is None and kit.code2wav_cosine == record.code2wav_cosine
+
+
+def test_a_code2wav_graph_computing_something_else_is_refused(exported, reference, tmp_path):
+    """The decoder's last convolution (to one channel) with its weights' signs flipped at random."""
+    import onnx
+    from onnx import numpy_helper
+
+    from pipeline.workstation.synthesis_export import check_code2wav
+    model = onnx.load(str(exported[0] / "onnx" / "code2wav" / "model.onnx"))
+    weights = {t.name: t for t in model.graph.initializer}
+    last = [n for n in model.graph.node if n.op_type == "Conv"][-1]
+    tensor = weights[last.input[1]]
+    values = numpy_helper.to_array(tensor)
+    assert values.shape[0] == 1         # out channels: the waveform's one
+    values = values * np.random.default_rng(0).choice([-1, 1], values.shape).astype(values.dtype)
+    tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    with pytest.raises(PipelineError, match=r"the Code2Wav graph's waveform has a cosine of .* with the reference"):
+        check_code2wav(tmp_path / "model.onnx", reference)
+
+
+def test_the_engines_speak_the_reference_codes(engines, reference, tmp_path):
+    from pipeline.runtime.synthesis import SynthesisSampling, Utterance, speak
+    from pipeline.workstation.synthesis_reference import Sampling, voice_of
+    asked = [Utterance("Hello there, edge.", "vivian", "english"), Utterance("Front left.", "dylan", "auto")]
+    spoken = speak(engines, asked, SynthesisSampling(max_audio_length=10), tmp_path / "run", 16, 600, env=_env())
+    for u, s in zip(asked, spoken, strict=True):
+        want = reference.codes(u.text, voice_of(reference.talker_config, u.speaker, u.language), Sampling(10))
+        np.testing.assert_array_equal(np.asarray(s.codes), want, err_msg=u.text)
+        assert (s.sample_rate, s.samples) == (24000, 10 * 1920)
+        assert s.wav[:4] == b"RIFF" and len(s.wav) == 44 + 2 * s.samples
+    # streamed in chunks of 4 frames: the same codes, each chunk vocoded alone
+    streamed = speak(engines, asked[:1], SynthesisSampling(max_audio_length=10), tmp_path / "stream", 16, 600,
+                     chunk_frames=4, env=_env())[0]
+    assert streamed.codes == spoken[0].codes and streamed.samples == spoken[0].samples
+
+
+def test_what_the_runtime_writes_is_checked_before_it_is_used(engines, tmp_path):
+    from pipeline.runtime.rvq import read_codes
+    from pipeline.runtime.synthesis import SynthesisSampling, Utterance, speak
+    bad = tmp_path / "bad.safetensors"
+    for data, why in ((b"\x01", "shorter than a safetensors header"),
+                      ((2**40).to_bytes(8, "little"), "a header of 1099511627776 bytes"),
+                      (len(b'{"__metadata__": {}}').to_bytes(8, "little") + b'{"__metadata__": {}}',
+                       "0 tensors where one is written"),
+                      (len(b'{"a": 1}').to_bytes(8, "little") + b'{"a": 1}', "tensor a is None, not an integer")):
+        bad.write_bytes(data)
+        with pytest.raises(PipelineError, match=why):
+            read_codes(bad, 16, 100)
+    from safetensors.numpy import save_file
+    save_file({"rvq_codes": np.zeros((3, 8), np.int32)}, str(bad))
+    with pytest.raises(PipelineError, match=r"shape \[3, 8\], not \[frames <= 100, 16\]"):
+        read_codes(bad, 16, 100)
+    save_file({"rvq_codes": np.zeros((3, 16), np.float32)}, str(bad))
+    with pytest.raises(PipelineError, match="is F32, not an integer type"):
+        read_codes(bad, 16, 100)
+    # a runtime that fails, and one whose output names a file outside its run directory
+    with pytest.raises(PipelineError, match="qwen3_tts_inference failed .*unknown speaker 'nobody'"):
+        speak(engines, [Utterance("Hi.", "nobody")], SynthesisSampling(max_audio_length=2), tmp_path / "a", 16, 600,
+              env=_env())
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (tmp_path / "secret.wav").write_bytes(b"RIFF")
+    script = fake / "qwen3_tts_inference"
+    script.write_text("#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = --outputFile ] && out=$2; shift; done\n"
+                      f"echo '{{\"responses\": [{{\"request_idx\": 0, \"audio_file\": \"{tmp_path}/secret.wav\", "
+                      f"\"rvq_file\": \"x\"}}]}}' > $out\n")
+    script.chmod(0o755)
+    env = dict(_env(), PATH=f"{fake}:{_env()['PATH']}")
+    with pytest.raises(PipelineError, match="secret.wav is not a file the runtime wrote under"):
+        speak(engines, [Utterance("Hi.", "ryan")], SynthesisSampling(max_audio_length=2), tmp_path / "b", 16, 600,
+              env=env)
+    shutil.rmtree(fake)
+
+
+# ------------------------------------------------------------------------------------------------- the TTS gate
+TEXTS = ["Hello there, edge.", "Front left."]
+
+
+@pytest.fixture(scope="module")
+def goldens(reference, tmp_path_factory):
+    from pipeline.workstation.synthesis_gate import synthesis_check
+    out = tmp_path_factory.mktemp("tts-goldens")
+    return synthesis_check(reference, TEXTS, "vivian", "english", 8, out), out
+
+
+def _engine_results(engines, check, out, work, env):
+    """What the engines spoke of each golden text, measured against the reference's waveform (device/synthesis.py)."""
+    from pipeline.audio import read_wav
+    from pipeline.device.synthesis import measure
+    from pipeline.runtime.synthesis import SynthesisSampling, Utterance, speak
+    spoken = speak(engines, [Utterance(u.text, u.speaker, u.language) for u in check.utterances],
+                   SynthesisSampling(max_audio_length=check.max_frames), work, 16, 600, env=env)
+    return [measure(u.text, s.codes, read_wav(s.wav).samples, read_wav((out / u.recording).read_bytes()).samples)
+            for u, s in zip(check.utterances, spoken, strict=True)]
+
+
+def test_the_engines_pass_the_gate_the_reference_sets(engines, goldens, tmp_path):
+    from pipeline.device.synthesis import checks
+    check, out = goldens
+    assert [len(u.codes) for u in check.utterances] == [8, 8] and (out / "audio" / "tts-0.wav").is_file()
+    result = checks(check, _engine_results(engines, check, out, tmp_path / "run", _env()))
+    assert [c.ok for c in result] == [True] * 8, [c for c in result if not c.ok]
+    agreement = [c for c in result if c.check.startswith("speech codes")]
+    assert [c.measured for c in agreement] == [1.0, 1.0]
+    cosines = [c.measured for c in result if c.check.startswith("speech waveform")]
+    assert all(0.99 <= c <= 1.0 for c in cosines)       # FP16 Code2Wav against the float32 reference
+
+
+def test_an_engine_that_chooses_another_code_fails_the_gate_at_that_frame(engines, goldens, tmp_path):
+    from pipeline.device.synthesis import checks
+    check, out = goldens
+    results = _engine_results(engines, check, out, tmp_path / "run", dict(_env(), TTS_DOUBLE_WRONG_FRAME="3"))
+    failed = [c for c in checks(check, results) if not c.ok]
+    assert [(c.check.split(":")[0], c.measured, c.by) for c in failed] == \
+        [(f"speech codes of {t!r} (vivian, english)", 0.25, 2) for t in TEXTS]
+    assert "frame 2 differs" in failed[0].check
+
+
+def test_the_gate_s_edges():
+    from array import array
+
+    from pipeline import contract
+    from pipeline.device.synthesis import agreement, checks, level, measure
+    assert agreement([[1], [2], [3]], [[1], [2], [3]]) == (1.0, None)
+    assert agreement([[1], [2], [3]], [[1], [9], [3]]) == (1 / 3, 1)
+    assert agreement([[1], [2]], [[1], [2], [3]]) == (1.0, 2)      # spoke on past the reference's end
+    assert level(array("h", [32767, 0, 0, 0])) == (pytest.approx(32767 / 32768 / 2), 0.25)
+    golden = contract.SpokenGolden("x", "ryan", "auto", [[1, 2]], "audio/tts-0.wav", "0" * 64, 0.25)
+    check = contract.SynthesisCheck([golden], 4, 24000, 2, min_code_agreement=1.0)
+    loud = array("h", [8192, -8192])        # RMS 0.25: the reference's
+    assert all(c.ok for c in checks(check, [measure("x", [[1, 2]], loud, loud)]))
+    # RMS at exactly half / twice the reference's passes; just past it fails; silence and clipping fail
+    for samples, ok in ((array("h", [4096, -4096]), True), (array("h", [4095, -4095]), False),
+                        (array("h", [16384, -16384]), True), (array("h", [16385, -16385]), False),
+                        (array("h", [0, 0]), False), (array("h", [32767, -32767]), False)):
+        got = {c.check.split(":")[0].split(" of ")[0]: c.ok
+               for c in checks(check, [measure("x", [[1, 2]], samples, loud)])}
+        assert got["speech level"] is ok, samples
+    wrong_length = checks(check, [measure("x", [[1, 2]], array("h", [8192, -8192, 0]), loud)])
+    assert [c.ok for c in wrong_length if c.check.startswith("speech samples")] == [False]
+    # the same codes with a waveform of the opposite sign: the cosine check fails
+    flipped = checks(check, [measure("x", [[1, 2]], array("h", [-8192, 8192]), loud)])
+    assert [(c.ok, c.measured) for c in flipped if c.check.startswith("speech waveform")] == [(False, -1.0)]
