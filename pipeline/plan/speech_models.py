@@ -23,15 +23,15 @@ def speech_kind(config: object) -> str | None:
 def plan_speech(config: dict, source: str, directory: Path | None, model: str, weights: str, kv_cache: str,
                 target_id: str, max_seconds: int | None = None, group_size: int | None = None,
                 power_mode: str | None = None, max_seq_len: int | None = None, max_batch_size: int = 1,
-                backend: str | None = None) -> SpeechPlan:
+                backend: str | None = None, code2wav: dict | None = None) -> SpeechPlan:
     """The plan of the speech model `config` describes on one target (directory: the model's, where its speech
-    tokenizer's config may be)."""
+    tokenizer's config may be; code2wav: that config, where it is known without the directory)."""
     from pipeline.plan.synthesis import is_synthesis, speech_tokenizer_config, synthesis_shape
     from pipeline.plan.synthesis_plan import plan_synthesis
     from pipeline.plan.transducer import plan_transducer, transducer_shape
     seconds = max_seconds or DEFAULT_MAX_SECONDS
     if is_synthesis(config):
-        shape = synthesis_shape(config, source, speech_tokenizer_config(directory) if directory else None)
+        shape = synthesis_shape(config, source, speech_tokenizer_config(directory) if directory else code2wav)
         return plan_synthesis(shape, model, weights, kv_cache, target_id, seconds, group_size, power_mode,
                               max_seq_len, max_batch_size, backend)
     return plan_transducer(transducer_shape(config, source), model, weights, target_id, seconds, power_mode, backend)
@@ -49,10 +49,9 @@ def recipe_plan(config: dict, source: str, recipe, target_id: str, backend: str 
     kind = speech_kind(config)
     assert kind is not None     # the caller asked speech_kind
     b = recipe.build
-    directory = Path(source).parent if Path(source).is_file() else None
-    sp = plan_speech(config, source, directory, recipe.model.label, recipe.weights, recipe.kv_cache, target_id,
+    sp = plan_speech(config, source, None, recipe.model.label, recipe.weights, recipe.kv_cache, target_id,
                      b.audio.max_seconds if b.audio else None, recipe.quantization.group_size, b.power_mode,
-                     b.max_seq_len, b.max_batch_size, backend or recipe.backend)
+                     b.max_seq_len, b.max_batch_size, backend or recipe.backend, code2wav_config(recipe, source))
     target = get_target(target_id)
     engine, _ = backend_for(sp.model, target, backend or recipe.backend, kind, sp.kind)
     stack = next((s.stack for s in target.stacks if s.backend == engine.name), None)
@@ -66,3 +65,22 @@ def recipe_plan(config: dict, source: str, recipe, target_id: str, backend: str 
         limits=limits, fits=sp.total <= sp.usable, ok=sp.ok, memory=None, predicted_decode_tok_s=None,
         prediction=None, refused=list(sp.refused), warnings=[], speculative=None, device_build_commands=argvs,
         speech=sp.record(kind))
+
+
+def code2wav_config(recipe, source: str) -> dict | None:
+    """Code2Wav's config as the plan reads it: the fetched (or local) model's speech tokenizer's where `source` is
+    its config.json, else what the model's source knows before the fetch (a builtin's own); None: the published
+    12 Hz tokenizer's (plan/synthesis.py CODE2WAV_DEFAULTS)."""
+    from pipeline.plan.synthesis import speech_tokenizer_config
+    if Path(source).is_file():
+        return speech_tokenizer_config(Path(source).parent)
+    ask = getattr(recipe.model, "speech_tokenizer", None)
+    return ask(recipe.file) if ask else None
+
+
+def planned_code2wav(recipe, source: str) -> dict:
+    """The Code2Wav sizes the plan takes (its config over the defaults, the keys it reads): a plan's key, the same
+    before the fetch and after it where the source knows them."""
+    from pipeline.plan.synthesis import CODE2WAV_DEFAULTS
+    given = dict(CODE2WAV_DEFAULTS, **(code2wav_config(recipe, source) or {}))
+    return {k: given[k] for k in CODE2WAV_DEFAULTS}

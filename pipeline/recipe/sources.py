@@ -79,6 +79,16 @@ class Builtin(ModelSource):
         materialize_draft(self.name, out)
         return {"source": {"kind": "builtin", "name": self.name}}
 
+    def speech_tokenizer(self, _recipe_file: str) -> dict | None:
+        """A text-to-speech builtin's Code2Wav config (its speech_tokenizer/config.json decoder_config), exact: what
+        the plan reads before the fetch makes the model. None: not such a builtin."""
+        if self.table == DRAFT or not self._catalog()[self.name].extra:
+            return None
+        from pipeline.workstation.tinymodel import maker
+        made = maker(self.name)
+        speech = getattr(made, "speech_tokenizer_config", None)
+        return speech(self.name)["decoder_config"] if speech else None
+
     def config(self, _recipe_file: str) -> tuple[dict, str]:
         if self.table != DRAFT:
             spec = self._catalog()[self.name]

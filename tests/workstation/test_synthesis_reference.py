@@ -26,6 +26,23 @@ def twin(tmp_path_factory) -> Path:
     return out
 
 
+DECODED = (1, 7, 40)        # Code2Wav compared on these many frames of seeded codes
+
+
+def _decoded_frames() -> list:
+    rng = np.random.default_rng(1)
+    return [rng.integers(0, 2048, (n, 16)).tolist() for n in DECODED]
+
+
+@pytest.fixture(scope="module")
+def theirs(twin, tmp_path_factory):
+    """The official implementation's codes of REQUESTS (12 frames each) and its decoding of _decoded_frames(), in one
+    process of its own."""
+    return official(twin, {"generate": [{"text": t, "speaker": s, "language": lang, "max_frames": 12,
+                                         "repetition_penalty": p} for t, s, lang, p in REQUESTS],
+                           "decode": _decoded_frames()}, tmp_path_factory.mktemp("official") / "out.npz")
+
+
 @pytest.fixture(scope="module")
 def reference(twin):
     from pipeline.workstation.synthesis_reference import ReferenceSynthesis
@@ -80,10 +97,10 @@ def test_the_twin_is_written_in_the_hub_layout_with_the_real_protocol_ids(twin):
     assert ids[-5:-3] == [config["im_end_token_id"], ids[2]] and ids[-3:] == ids[:3]
 
 
-def test_the_reference_loop_makes_the_official_codes(twin, reference, tmp_path):
+def test_the_reference_loop_makes_the_official_codes(reference, theirs):
     ours = _ours(reference, REQUESTS, 12)
-    theirs = _official_generate(twin, REQUESTS, 12, tmp_path / "out.npz")
-    for (text, *_), a, b in zip(REQUESTS, ours, theirs, strict=True):
+    for i, ((text, *_), a) in enumerate(zip(REQUESTS, ours, strict=True)):
+        b = theirs[f"generate_{i}"]
         assert a.shape == b.shape == (12, 16), text      # the random twin never says EOS: max_frames frames
         assert a.dtype == np.int64
         np.testing.assert_array_equal(a, b, err_msg=text)
@@ -111,11 +128,8 @@ def test_both_stop_at_the_same_frame_on_eos(twin, reference, tmp_path):
     np.testing.assert_array_equal(ours, theirs)
 
 
-def test_edge_llm_code2wav_computes_the_official_decoder(twin, reference, tmp_path):
-    rng = np.random.default_rng(1)
-    frames = [rng.integers(0, 2048, (n, 16)).tolist() for n in (1, 7, 40)]
-    theirs = official(twin, {"decode": frames}, tmp_path / "out.npz")
-    for i, codes in enumerate(frames):
+def test_edge_llm_code2wav_computes_the_official_decoder(reference, theirs):
+    for i, codes in enumerate(_decoded_frames()):
         ours = reference.waveform(np.asarray(codes))
         assert ours.shape == theirs[f"decode_{i}"].shape == (1920 * len(codes),)
         assert ours.dtype == np.float32 and 0.05 < np.abs(ours).max() <= 1.0   # not silence, clamped

@@ -35,19 +35,15 @@ def _configs(g: RecipeGraph):
     return config, draft, base
 
 
-def _planned_model(config: dict, source: str) -> object:
+def _planned_model(g: RecipeGraph, config: dict, source: str) -> object:
     """What the plan reads of the model: a decoder's shape; a speech model's config (without the keys a save adds)
-    and its speech tokenizer's where the fetched directory has it."""
-    from pathlib import Path
-
+    and the Code2Wav sizes it takes (the same before the fetch and after it where the source knows them)."""
     from pipeline.plan.shapes import shape_from_config
-    from pipeline.plan.speech_models import speech_kind
+    from pipeline.plan.speech_models import planned_code2wav, speech_kind
     if not speech_kind(config):
         return dataclasses.asdict(shape_from_config(config, source))
-    from pipeline.plan.synthesis import speech_tokenizer_config
-    directory = Path(source).parent if Path(source).is_file() else None
     return {"config": {k: v for k, v in config.items() if k != "transformers_version"},
-            "speech_tokenizer": speech_tokenizer_config(directory) if directory else None}
+            "code2wav": planned_code2wav(g.recipe, source)}
 
 
 def _key(g: RecipeGraph, target: str | None) -> StageKey:
@@ -65,7 +61,7 @@ def _key(g: RecipeGraph, target: str | None) -> StageKey:
                       "method": d.method, "steps": d.steps, "max_draft_tree_size": d.max_draft_tree_size,
                       "max_verify_tree_size": d.max_verify_tree_size}} if d else {}),
         "target": target, "backend": g.recipe.backend,
-        "model_config": _planned_model(config, source),
+        "model_config": _planned_model(g, config, source),
         "quant": {"weights": q.weights, "kv_cache": q.kv_cache, "group_size": q.group_size},
         "build": {"max_batch_size": b.max_batch_size, "max_input_len": b.max_input_len,
                   "max_seq_len": b.max_seq_len, "power_mode": b.power_mode},
