@@ -14,6 +14,20 @@ from pipeline import contract
 AUDIO_DIR = "audio"
 
 
+GOLDEN_LANGUAGE = "auto"     # the goldens' language: what Edge-LLM's serving binding speaks (it takes none)
+
+
+def golden_speaker(talker_config: dict, where: Path) -> str:
+    """The voice the goldens (and the accuracy stage) speak in: the model's first preset speaker, as Edge-LLM's
+    exporter makes it the runtime's default. A model without one is refused, naming why."""
+    from pipeline.errors import PipelineError
+    speakers = list(talker_config.get("spk_id") or {})
+    if not speakers:
+        raise PipelineError(f"{where}: the model has no preset voice (talker_config.spk_id): a Base "
+                            "(voice-cloning) model speaks only with a reference recording", "use a CustomVoice model")
+    return str(speakers[0])
+
+
 def pcm16(wav) -> array:
     """float samples in [-1, 1] as 16-bit integers (the runtime's rounding: x 32767, clamped)."""
     import numpy as np

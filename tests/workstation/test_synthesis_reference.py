@@ -148,3 +148,42 @@ def test_a_voice_is_resolved_by_name_as_the_official_generate_does(reference):
         voice_of(talker, "nobody", "english")
     with pytest.raises(KeyError, match="language 'klingon' is not one of the model's: auto, beijing_dialect"):
         voice_of(talker, "ryan", "klingon")
+
+
+def test_a_checkpoint_that_is_not_what_its_config_says_is_refused_naming_the_tensor(twin, tmp_path):
+    """The fetch's check of a Qwen3-TTS checkpoint (workstation/synthesis_checkpoint.py), before any stage uses it."""
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.errors import PipelineError
+    from pipeline.workstation.synthesis_checkpoint import check_synthesis_checkpoint
+    config = json.loads((twin / "config.json").read_text())
+    check_synthesis_checkpoint(twin, config, "recipe.toml")     # the twin itself passes
+    bad = tmp_path / "bad"
+    shutil.copytree(twin, bad)
+    weights = load_file(str(bad / "model.safetensors"))
+    weights["talker.codec_head.weight"] = weights["talker.codec_head.weight"][:100].contiguous()
+    del weights["talker.model.norm.weight"]
+    save_file(weights, str(bad / "model.safetensors"))
+    with pytest.raises(PipelineError, match=r"recipe.toml: the weights in .*bad are not the model its config "
+                       r"describes: no talker.model.norm.weight; talker.codec_head.weight is \[100, 64\], its "
+                       r"config makes \[3072, 64\]"):
+        check_synthesis_checkpoint(bad, config, "recipe.toml")
+    shutil.rmtree(bad / "speech_tokenizer")
+    with pytest.raises(PipelineError, match="has no speech_tokenizer/config.json"):
+        check_synthesis_checkpoint(bad, config, "recipe.toml")
+
+
+def test_a_model_without_a_preset_voice_or_with_a_narrower_code_predictor_is_refused(twin, tmp_path):
+    from pipeline.errors import PipelineError
+    from pipeline.workstation.synthesis_gate import golden_speaker
+    from pipeline.workstation.synthesis_reference import ReferenceSynthesis
+    config = json.loads((twin / "config.json").read_text())
+    assert golden_speaker(config["talker_config"], twin) == "serena"
+    with pytest.raises(PipelineError, match=r"m: the model has no preset voice \(talker_config.spk_id\): a Base"):
+        golden_speaker({"spk_id": {}}, Path("m"))
+    wide = tmp_path / "wide"
+    shutil.copytree(twin, wide)
+    config["talker_config"]["hidden_size"] = 128
+    (wide / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PipelineError, match="talker_config.hidden_size 128 differs from its code predictor's 64"):
+        ReferenceSynthesis(wide)

@@ -100,16 +100,15 @@ def accuracy_stage(g: RecipeGraph) -> contract.StageManifest:
 def synthesis_accuracy_stage(g: RecipeGraph, out: Path) -> contract.AccuracyFigures:
     """A text-to-speech model's figures: its FP16 weights against the checkpoint's (workstation/synthesis_accuracy.py),
     along the reference's frames of the validation texts, in the goldens' voice."""
-    import json
-
     from pipeline.workstation.evaluate import write_report
     from pipeline.workstation.synthesis_accuracy import on_fp16_grid, synthesis_accuracy
+    from pipeline.workstation.synthesis_gate import GOLDEN_LANGUAGE, golden_speaker
     from pipeline.workstation.synthesis_reference import ReferenceSynthesis, voice_of
     g.handoff.drop()
     original, deployed = ReferenceSynthesis(model_dir(g)), ReferenceSynthesis(model_dir(g))
     on_fp16_grid(deployed)
-    speakers = list(json.loads((model_dir(g) / "config.json").read_text())["talker_config"].get("spk_id") or {})
-    voice = voice_of(original.talker_config, speakers[0] if speakers else None, "auto")
+    c = original.talker_config
+    voice = voice_of(c, golden_speaker(c, model_dir(g)), GOLDEN_LANGUAGE)
     v = g.recipe.validation
     figures = synthesis_accuracy(original, deployed, list(v.prompts), voice, v.max_new_tokens)
     write_report(out, figures, g.recipe.weights, g.recipe.name, fetch_digest(g),

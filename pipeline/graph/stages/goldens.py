@@ -134,18 +134,13 @@ def goldens_recordings(g: RecipeGraph):
 def synthesis_goldens(g: RecipeGraph, out: Path) -> contract.GoldensSummary:
     """A text-to-speech model's goldens: the recipe's prompts are texts the reference speaks (greedy, the model's
     first preset voice, language auto, up to max_new_tokens codec frames each), written with their waveforms."""
-    import json
-
-    from pipeline.workstation.synthesis_gate import synthesis_check
+    from pipeline.workstation.synthesis_gate import GOLDEN_LANGUAGE, golden_speaker, synthesis_check
     from pipeline.workstation.synthesis_reference import ReferenceSynthesis
     v = g.recipe.validation
     g.handoff.drop()
     reference = ReferenceSynthesis(model_dir(g))
-    speakers = list(json.loads((model_dir(g) / "config.json").read_text())["talker_config"].get("spk_id") or {})
-    if not speakers:
-        raise PipelineError(f"{model_dir(g)}: the model has no preset voice (talker_config.spk_id): a Base "
-                            "(voice-cloning) model speaks only with a reference recording", "use a CustomVoice model")
-    check = synthesis_check(reference, list(v.prompts), speakers[0], "auto", v.max_new_tokens, out)
+    check = synthesis_check(reference, list(v.prompts), golden_speaker(reference.talker_config, model_dir(g)),
+                            GOLDEN_LANGUAGE, v.max_new_tokens, out)
     goldens = contract.Goldens(max_new_tokens=v.max_new_tokens, min_token_agreement=v.min_token_agreement, top_k=0,
                                eos_token_id=None, prompts=[], synthesis=check)
     goldens.dump(out / contract.GOLDENS)
