@@ -81,6 +81,9 @@ def check_code2wav(onnx_path: Path, reference) -> tuple[float, float]:
         if got.shape != want.shape:
             raise PipelineError(f"{onnx_path}: {frames} frames made {got.size} samples where the reference makes "
                                 f"{want.size}", "this is a bug in the Edge-LLM export path; please report it")
+        if not np.isfinite(got).all():      # checked before max()/min(), which would drop a NaN (max(0.0, nan): 0.0)
+            raise PipelineError(f"{onnx_path}: the Code2Wav graph's waveform of {frames} frames holds a value that "
+                                "is not finite", "this is a bug in the Edge-LLM export path; please report it")
         worst = max(worst, float(np.abs(got - want).max()))
         cosine = min(cosine, float(np.dot(got, want) / max(np.linalg.norm(got) * np.linalg.norm(want), 1e-30)))
     if cosine < MIN_COSINE:

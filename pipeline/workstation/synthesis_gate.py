@@ -38,8 +38,11 @@ def pcm16(wav) -> array:
 def synthesis_check(reference, texts: list[str], speaker: str, language: str, max_frames: int, out: Path,
                     min_code_agreement: float = 1.0, min_cosine: float = 0.99) -> contract.SynthesisCheck:
     """Each text spoken by `reference` (a ReferenceSynthesis) in one voice; the waveforms written under out/audio."""
+    import numpy as np
+
     from pipeline.audio import wav_bytes
     from pipeline.device.synthesis import level
+    from pipeline.errors import PipelineError
     from pipeline.workstation.synthesis_reference import Sampling, voice_of
 
     voice = voice_of(reference.talker_config, speaker, language)
@@ -47,7 +50,11 @@ def synthesis_check(reference, texts: list[str], speaker: str, language: str, ma
     spoken = []
     for i, text in enumerate(texts):
         codes = reference.codes(text, voice, Sampling(max_frames))
-        samples = pcm16(reference.waveform(codes))
+        wav = reference.waveform(codes)
+        if not np.isfinite(wav).all():      # a reference that computes NaN or Inf: nothing can be checked against it
+            raise PipelineError(f"the reference waveform of {text[:40]!r} holds a value that is not finite",
+                                "rebuild from a checkpoint whose weights are finite")
+        samples = pcm16(wav)
         data = wav_bytes(samples, reference.sample_rate)
         name = f"{AUDIO_DIR}/tts-{i}.wav"
         (out / name).write_bytes(data)

@@ -187,3 +187,22 @@ def test_a_model_without_a_preset_voice_or_with_a_narrower_code_predictor_is_ref
     (wide / "config.json").write_text(json.dumps(config))
     with pytest.raises(PipelineError, match="talker_config.hidden_size 128 differs from its code predictor's 64"):
         ReferenceSynthesis(wide)
+
+
+def test_a_reference_that_speaks_nan_makes_no_goldens(twin, tmp_path):
+    """Code2Wav's codebooks with a NaN row: the waveform is not finite, and the goldens stage refuses it rather than
+    writing a WAV of it (NaN never compares its way through the gate)."""
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.errors import PipelineError
+    from pipeline.workstation.synthesis_gate import synthesis_check
+    from pipeline.workstation.synthesis_reference import ReferenceSynthesis
+    nan = tmp_path / "nan"
+    shutil.copytree(twin, nan)
+    weights = load_file(str(nan / "speech_tokenizer" / "model.safetensors"))
+    (name,) = [k for k in weights if k.endswith("rvq_first.vq.layers.0._codebook.embedding_sum")]
+    weights[name][:] = float("nan")
+    save_file(weights, str(nan / "speech_tokenizer" / "model.safetensors"))
+    with pytest.raises(PipelineError, match="the reference waveform of 'Hi.' holds a value that is not finite"):
+        synthesis_check(ReferenceSynthesis(nan), ["Hi."], "ryan", "auto", 3, tmp_path / "out")
+    assert not (tmp_path / "out" / "audio" / "tts-0.wav").exists()

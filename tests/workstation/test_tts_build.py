@@ -189,6 +189,12 @@ def test_a_code2wav_graph_computing_something_else_is_refused(exported, referenc
     onnx.save(model, str(tmp_path / "model.onnx"))
     with pytest.raises(PipelineError, match=r"the Code2Wav graph's waveform has a cosine of .* with the reference"):
         check_code2wav(tmp_path / "model.onnx", reference)
+    # the same weights NaN: refused too, never compared through
+    tensor.CopyFrom(numpy_helper.from_array(np.full_like(values, np.nan), tensor.name))
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    with pytest.raises(PipelineError, match=r"the Code2Wav graph's waveform of 1 frames holds a value that is not "
+                       r"finite"):
+        check_code2wav(tmp_path / "model.onnx", reference)
 
 
 def test_the_engines_speak_the_reference_codes(engines, reference, tmp_path):
