@@ -8,7 +8,8 @@ test here over the importing module's rows (and, per target, over their boards):
                   the board's JetPack said, a bundle signed;
   serve           `serve RECIPE` answers each golden as the goldens say, asked as the openai client asks it: a chat (an
                   image golden's image as a data URL part, a recording golden's as an input_audio part), or a
-                  completion where the model has no chat template;
+                  completion where the model has no chat template; a text-to-speech model speaks each golden text in
+                  the goldens' voice, byte for byte the goldens' WAV;
   the double      the runtime double runs the exported graph along the calibrated model's own greedy answer: the same
                   top-1 at every position, logits as close as the row allows (TensorRT-LLM 0.12's checkpoint is read
                   back by the export stage itself: its record says so).
@@ -67,6 +68,12 @@ def test_serve_answers_the_goldens(tiny: Tiny, request, tmp_path):
     s = Served([tiny.recipe], project.env, REPO, tmp_path / "server.log")
     try:
         client = OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        spoken = goldens.synthesis
+        for u in spoken.utterances if spoken else ():    # one chunk of the whole budget: Code2Wav on the utterance
+            wav = client.audio.speech.create(model=tiny.recipe, voice=u.speaker, input=u.text, response_format="wav",
+                                             extra_body={"max_audio_length": spoken.max_frames,
+                                                         "codec_chunk_frames": spoken.max_frames})
+            assert wav.content == (stage / u.recording).read_bytes(), u.text
         for p in goldens.prompts:
             if not goldens.chat_template:      # a model without a chat template: its goldens are raw completions
                 r = client.completions.create(model=tiny.recipe, prompt=p.prompt, temperature=0,

@@ -94,9 +94,9 @@ TINY: tuple[Tiny, ...] = (
     # the encoder random, the decoder INT4-AWQ: near ties where the double's FP16 order differs
     Tiny("tiny-qwen3-asr", {"orin-nano-8gb": "orin-nano-8gb-jp72"}, "edgellm", "tests/workstation/test_asr_build.py",
          "built", "validated", Double(None, tie_aware=True, greedy=False), recordings=True),
-    # text to speech: the doit chain, the device's three builds and its gate; /v1/audio/speech is not served yet
+    # text to speech: the doit chain, the device's three builds and its gate, /v1/audio/speech
     Tiny("tiny-qwen3-tts", {"agx-thor": "agx-thor-jp72"}, "edgellm", "tests/workstation/test_tts_build.py", "built",
-         "validated", speaks=True, serves=False),
+         "validated", speaks=True),
     Tiny("tiny-qwen3_5-vl", {"orin-nano-8gb": "orin-nano-8gb-jp72"}, "edgellm",
          "tests/workstation/test_hybrid_vlm_build.py", "built_by_target", "validated_by_target",
          Double(None, tie_aware=True, greedy=False), images=True),

@@ -52,6 +52,9 @@ def from_recipe(name: str, target: str | None = None, threads: int | None = None
     goldens_dir = g.dir(GOLDENS)
     goldens = contract.Goldens.load(goldens_dir / contract.GOLDENS)
     created = int(os.stat(goldens_dir / contract.GOLDENS).st_mtime)
+    if plan.speech is not None:         # a text-to-speech model: the reference synthesis, greedy
+        from pipeline.workstation.synthesis_serve import reference_speech
+        return reference_speech(recipe.name, created, model_dir(g), goldens, plan, threads or torch_threads())
     served = served_of(recipe.name, created, model_dir(g), goldens, plan, "reference",
                      f"{recipe.name} (goldens {goldens_dir})")
 

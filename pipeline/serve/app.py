@@ -7,6 +7,8 @@
     POST /v1/messages/count_tokens
     POST /v1/responses          OpenAI's Responses API, stateless (openai_responses.py): Codex, the Agents SDK
     POST /v1/audio/transcriptions   a speech model's transcript of an uploaded recording (transcriptions.py)
+    POST /v1/audio/speech       a text-to-speech model's waveform of a text (speech.py; GET /v1/audio/voices and
+                                /v1/audio/models list what it speaks)
     GET  /health                200 ready; 503 while loading or after an engine failure
     GET  /metrics               Prometheus text format (metrics.py)
     GET|HEAD /                  200: what Claude Code probes before its first request
@@ -38,7 +40,17 @@ from typing import Any
 
 from starlette.requests import Request  # module level: FastAPI resolves the handlers' annotations here
 
-from pipeline.serve import anthropic, batch, multipart, openai_responses, protocol, responses, transcriptions
+from pipeline.serve import (
+    anthropic,
+    batch,
+    multipart,
+    openai_responses,
+    protocol,
+    responses,
+    speech,
+    speech_routes,
+    transcriptions,
+)
 from pipeline.serve.gate import Gate, error_response
 from pipeline.serve.modelset import FAILED, Member, ModelSet, keep_alive_of
 from pipeline.serve.prepare import Prepared, Settings
@@ -155,6 +167,9 @@ def create_app(models: ModelSet):
                 "max_model_len": served.limits.max_seq_len, "max_batch_size": served.limits.max_batch_size,
                 "sampling_defaults": server.defaults.to_dict(),
                 "tool_calls": served.tool_format.name if served.tool_format and served.codec.supports_tools else None,
+                **({"speech": {"voices": list(served.speech.voices), "default_voice": served.speech.default_voice,
+                               "sample_rate": served.speech.sample_rate, "formats": list(speech.FORMATS)}}
+                   if served.speech else {}),
                 **({"status": models.state(member), "residency": "resident" if member.resident else "on-demand",
                     "planned_bytes": served.planned_bytes} if several else {})}
 
@@ -200,6 +215,7 @@ def create_app(models: ModelSet):
         server = await models.acquire(member, keep_alive, arrived + member.server.settings.request_timeout)
         try:
             server.check_capacity()
+            speaks_only(server)
             req = api.parse(body, server.defaults)
             if req.batch:
                 return await answer_batch(server, request, req)
@@ -263,6 +279,7 @@ def create_app(models: ModelSet):
         chat template, its tools where it takes them), nothing generated: no engine is loaded for it."""
         body = await _body(request, shared.max_body_bytes, shared.bodies)
         server = models.pick(body.get("model")).server
+        speaks_only(server)
         req = anthropic.parse_count(body, server.defaults)
         if req.model is not None and req.model != server.served.name:     # a single model's server checks it here
             raise ApiError(404, f"the model {req.model!r} does not exist; this server serves "
@@ -304,6 +321,8 @@ def create_app(models: ModelSet):
             models.release(member)
         return await reply.whole(request.receive, notes(server, asked.request, prepared))
 
+    speech_routes.add_routes(app, models, shared)
+
     @app.post(LOAD)
     async def load_model(request: Request):
         """Load an on-demand model now (a resident one is loaded with the server): 200 once it is loaded."""
@@ -342,6 +361,13 @@ def create_app(models: ModelSet):
     return Gate(app, api_key=settings.api_key, metrics=metrics, allowed_hosts=settings.allowed_hosts,
                 cors_origins=settings.cors_origins, public_metrics=settings.public_metrics,
                 posts=dict.fromkeys(APIS, generate))
+
+
+def speaks_only(server: Server) -> None:
+    """A text-to-speech model answers /v1/audio/speech alone: a chat or a prompt to it is a 400 saying so."""
+    if server.served.speech is not None:
+        raise ApiError(400, f"{server.served.name} is a text-to-speech model: POST its text to /v1/audio/speech",
+                       "model", "unsupported_model")
 
 
 async def gate_answers(request: Request):

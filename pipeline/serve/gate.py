@@ -12,7 +12,7 @@ from pipeline.serve.protocol import ApiError
 
 # metric labels; /v1/models/{id} is "other"
 ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
-          "/v1/responses", "/v1/audio/transcriptions")
+          "/v1/responses", "/v1/audio/transcriptions", "/v1/audio/speech", "/v1/audio/voices", "/v1/audio/models")
 # POST routes whose body is not JSON: a file upload's form (OpenAI's transcriptions)
 UPLOADS = {"/v1/audio/transcriptions": b"multipart/form-data"}
 ANTHROPIC = "/v1/messages"      # its routes answer errors in Anthropic's shape

@@ -22,6 +22,7 @@ from pipeline.runtime.session import Limits, Session
 from pipeline.serve.images import ImageSide, image_side_of
 from pipeline.serve.protocol import OPENAI_DEFAULTS, SamplingDefaults
 from pipeline.serve.recordings import AudioSide, audio_side_of
+from pipeline.serve.speech import SpeechSide
 from pipeline.serve.text import TextCodec, check_against_goldens, sampling_defaults
 from pipeline.serve.toolcalls import FORMATS, ToolCallFormat
 
@@ -40,6 +41,7 @@ class Served:
     images: ImageSide | None = None                  # a vision-language model's image side (serve/images.py)
     audio: AudioSide | None = None                   # a speech model's audio side (serve/recordings.py)
     planned_bytes: int = 0      # its plan's memory at the limits its engine was built with (a set's budget counts it)
+    speech: SpeechSide | None = None                 # a text-to-speech model's (serve/speech.py): no token API
 
 
 def limits_of(plan: contract.Plan) -> Limits:
@@ -58,6 +60,43 @@ def served_of(name: str, created: int, tokenizer_dir: Path, goldens: contract.Go
     fmt = FORMATS.get(fam.tool_calls) if fam is not None and fam.tool_calls else None
     return Served(name, created, codec, stops, limits_of(plan), backend, goldens, sampling_defaults(tokenizer_dir),
                   fmt, side, hears, plan.memory.total if plan.memory is not None else 0)
+
+
+def speech_served_of(name: str, created: int, tokenizer_dir: Path, goldens: contract.Goldens, plan: contract.Plan,
+                     backend: str, side: SpeechSide) -> Served:
+    """A text-to-speech model: its goldens are spoken ones (Goldens.synthesis), checked by the device's validation
+    and by a request in the goldens' voice; it has no chat to check against them."""
+    assert plan.speech is not None
+    if goldens.synthesis is None:
+        raise PipelineError(f"{name}: a text-to-speech model whose goldens hold no spoken texts",
+                            "rebuild the kit with this version of the pipeline")
+    return Served(name, created, TextCodec.load(tokenizer_dir), (), limits_of(plan), backend, goldens,
+                  speech=side, planned_bytes=plan.speech.total)
+
+
+def bundle_speech_side(dest: Path, plan: contract.Plan, goldens: contract.Goldens) -> SpeechSide:
+    """The voices of a bundle's talker engine (the exporter's speaker_id map and default_speaker_id in its
+    config.json, read from the verified unpacked bundle, which holds the engines at its root): what the runtime's
+    get_speaker_names will say."""
+    import json
+
+    from pipeline.files import read_regular
+    from pipeline.runtime.speech import SpeechParams
+    from pipeline.runtime.synthesis import TALKER
+    path = dest / TALKER / "config.json"
+    try:
+        cfg = json.loads(read_regular(path, 4 * 2**20))
+        speakers = {str(k): int(v) for k, v in (cfg.get("speaker_id") or {}).items()}
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise PipelineError(f"{path}: the talker engine's config cannot be read ({str(exc)[:120]})",
+                            "rebuild the bundle with `python -m pipeline device`") from None
+    if not speakers:
+        raise PipelineError(f"{path}: the talker engine names no voice (speaker_id)", "serve a CustomVoice model")
+    default = next((k for k, v in speakers.items() if v == cfg.get("default_speaker_id")), next(iter(speakers)))
+    assert goldens.synthesis is not None
+    frames = plan.limits.max_seq_len        # a frame takes one talker position: no utterance runs past it
+    return SpeechSide(tuple(sorted(speakers)), default, goldens.synthesis.sample_rate,
+                      SpeechParams(max_audio_length=min(SpeechParams.max_audio_length, frames)), frames)
 
 
 def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = None,
@@ -83,6 +122,16 @@ def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = 
     say(f"bundle {verified.name}: verified and unpacked to {dest}")
     plan, goldens, serving = serving_records(opened, dest)
     backend = backends.get(m.compat.backend)
+    if plan.speech is not None:
+        from pipeline.runtime.engines import SPEECH_SESSIONS
+        speaking = SPEECH_SESSIONS.get(backend.name)
+        if speaking is None:
+            raise PipelineError(f"{bundle}: the {backend.name} backend serves no text-to-speech model",
+                                "serve it with Edge-LLM's bundle")
+        side = bundle_speech_side(dest, plan, goldens)
+        served = speech_served_of(m.kit.name, _epoch(verified.created), serving / contract.TOKENIZER_DIR, goldens,
+                                  plan, backend.name, side)
+        return served, lambda: speaking.open(dest, plan, served.limits)
     session_type = SESSIONS[backend.name]
     why = session_type.refuses(plan)
     if why:

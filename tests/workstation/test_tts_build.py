@@ -279,3 +279,152 @@ def test_the_gate_s_edges():
     # the same codes with a waveform of the opposite sign: the cosine check fails
     flipped = checks(check, [measure("x", [[1, 2]], array("h", [-8192, 8192]), loud)])
     assert [(c.ok, c.measured) for c in flipped if c.check.startswith("speech waveform")] == [(False, -1.0)]
+
+
+# ------------------------------------------------------------------------------------ /v1/audio/speech on the board
+# the signed bundle the device run made, served on the recorded Thor through Edge-LLM's TTSRuntime (the runtime
+# double computes the three engines); the workstation's reference serve is the conformance suite's
+@pytest.fixture(scope="module")
+def served_bundle(built, validated, tmp_path_factory):
+    from conftest import board_copy, device_command
+
+    from tests.serving import Served
+    project, kits, _ = built
+    tmp, proc = validated[TARGET]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (bundle,) = [p for p in (tmp / "out").iterdir() if (p / "MANIFEST.json").is_file()]
+    here = tmp_path_factory.mktemp("tts-serve")
+    _, env = device_command(project, kits[TARGET], here / "dev", board=BOARD)
+    root = board_copy(here, BOARD)
+    s = Served([str(bundle), "--root", str(root), "--work", str(here / "serve"), "--pubkey",
+                str(project.root / "home" / "signing.pub"), "--max-queue", "0"], env, here, here / "server.log")
+    yield s, contract.Goldens.load(stage_dir(project, RECIPE, "goldens") / contract.GOLDENS)
+    s.stop()
+    assert "Traceback" not in (here / "server.log").read_text()
+
+
+GREEDY = {"talker_top_k": 1, "repetition_penalty": 1.0}      # the goldens' decoding
+
+
+def _speech_client(s):
+    from openai import OpenAI
+    return OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+
+
+def test_the_board_speaks_the_goldens_through_the_openai_sdk(served_bundle, reference):
+    from pipeline.audio import read_wav
+    from pipeline.device.synthesis import cosine
+    from pipeline.workstation.synthesis_gate import pcm16
+    s, goldens = served_bundle
+    model, spoken = f"{RECIPE}@{TARGET}", goldens.synthesis
+    client = _speech_client(s)
+    assert "engine ready: tiny-qwen3-tts@agx-thor (edgellm)" in s.log.read_text()
+    card = client.models.retrieve(model).model_extra["speech"]
+    assert card["default_voice"] == "serena" and "vivian" in card["voices"] and card["sample_rate"] == 24000
+    for u in spoken.utterances:       # one chunk: the engines' waveform of the goldens' codes, FP16 against float32
+        r = client.audio.speech.create(model=model, voice=u.speaker, input=u.text, response_format="wav",
+                                       extra_body={**GREEDY, "max_audio_length": spoken.max_frames,
+                                                   "codec_chunk_frames": spoken.max_frames})
+        heard = read_wav(r.content)
+        golden = pcm16(reference.waveform(np.asarray(u.codes)))
+        assert (heard.rate, len(heard.samples)) == (24000, len(u.codes) * 1920)
+        assert cosine(heard.samples, golden) > 0.999, u.text
+    # streamed pcm, 4 frames a chunk: each chunk vocoded alone, as the runtime streams it
+    u = spoken.utterances[0]
+    with client.audio.speech.with_streaming_response.create(
+            model=model, voice=u.speaker, input=u.text, response_format="pcm",
+            extra_body={**GREEDY, "max_audio_length": spoken.max_frames, "codec_chunk_frames": 4}) as r:
+        assert r.headers["x-sample-rate"] == "24000" and r.headers["content-type"] == "audio/pcm"
+        pcm = b"".join(r.iter_bytes())
+    codes = np.asarray(u.codes)
+    chunked = np.concatenate([reference.waveform(codes[i:i + 4]) for i in range(0, len(codes), 4)])
+    from array import array
+    assert len(pcm) == 2 * len(chunked) and cosine(array("h", pcm), pcm16(chunked)) > 0.999
+
+
+def test_open_webui_reads_aloud_and_lists_the_voices(served_bundle):
+    """Open WebUI's read-aloud (routers/audio.py speech: the browser's {"input", "voice"} with its TTS_MODEL and its
+    admin's additional parameters (TTS_OPENAI_PARAMS) added, POSTed to {TTS_OPENAI_API_BASE_URL}/audio/speech; the
+    answer saved and played as a file) and its voice list (GET {base}/audio/voices, {"voices": [{"id", "name"}]},
+    asked without a key). The additional parameters bound the utterance to 8 frames here: the random twin speaks on to
+    its 256-frame budget, which the runtime double takes a minute and a half to compute."""
+    import urllib.request
+    s, goldens = served_bundle
+    with urllib.request.urlopen(s.url + "/v1/audio/voices", timeout=30) as r:
+        voices = json.loads(r.read())["voices"]
+    assert {"id": "serena", "name": "serena"} in voices and len(voices) == 9
+    with urllib.request.urlopen(s.url + "/v1/audio/models", timeout=30) as r:
+        assert json.loads(r.read()) == {"models": [{"id": f"{RECIPE}@{TARGET}"}]}
+    body = json.dumps({"input": "Read this aloud.", "voice": "serena", "model": f"{RECIPE}@{TARGET}",
+                       **{"max_audio_length": 8}}).encode()
+    req = urllib.request.Request(s.url + "/v1/audio/speech", body, {"Content-Type": "application/json",
+                                                                    "Authorization": "Bearer none"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        data = r.read()
+        assert r.headers["Content-Type"] == "audio/wav"
+    from pipeline.audio import read_wav
+    heard = read_wav(data)
+    assert heard.rate == 24000 and 2 * 1920 <= len(heard.samples) <= 8 * 1920 and len(heard.samples) % 1920 == 0
+
+
+def test_speech_requests_are_checked_before_anything_is_spoken(served_bundle):
+    import httpx
+    s, _ = served_bundle
+    model = f"{RECIPE}@{TARGET}"
+    bad = [({"input": "x" * 4097}, "input is 4097 characters; at most 4096"),
+           ({"input": "  "}, "input must be the text to speak"),
+           ({"input": "Hi.", "voice": "alloy"}, "voice 'alloy' is not one of this model's: aiden, dylan"),
+           ({"input": "Hi.", "voice": 7}, "voice must be a voice's name"),
+           ({"input": "Hi.", "speed": 1.5}, "speed: only 1.0 is served"),
+           ({"input": "Hi.", "response_format": "mp3"}, "response_format 'mp3' needs an audio encoder"),
+           ({"input": "Hi.", "response_format": "ogg"}, "response_format must be one of wav, pcm"),
+           ({"input": "Hi.", "stream_format": "sse"}, "stream_format \"sse\" sends pcm deltas"),
+           ({"input": "Hi.", "instructions": "cheerful"}, "takes no voice description"),
+           ({"input": "Hi.", "max_audio_length": 0}, "max_audio_length must be within 1 and 65536"),
+           ({"input": "Hi.", "max_audio_length": 257}, "max_audio_length 257 is past the 256 frames"),
+           ({"input": "Hi.", "talker_temperature": "hot"}, "talker_temperature must be a number"),
+           ({"input": "Hi.", "talker_top_k": 1.5}, "talker_top_k must be an integer"),
+           ({"input": "Hi.", "sample_rate": 16000}, "unknown field 'sample_rate'"),
+           ({"input": "word " * 300}, "tokens; the engines speak at most 244 at once")]
+    with httpx.Client(base_url=s.url, timeout=60) as c:
+        for extra, says in bad:
+            r = c.post("/v1/audio/speech", json={"model": model, **extra})
+            assert r.status_code == 400 and says in r.json()["error"]["message"], (extra, r.text)
+        r = c.post("/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and "is a text-to-speech model: POST its text to /v1/audio/speech" in r.text
+        r = c.post("/v1/audio/speech", content=b'{"input": "Hi."', headers={"Content-Type": "application/json"})
+        assert r.status_code == 400
+        # NaN is no JSON a client sends, but Python's parser would take it
+        r = c.post("/v1/audio/speech", content=b'{"input": "Hi.", "talker_temperature": NaN}',
+                   headers={"Content-Type": "application/json"})
+        assert r.status_code == 400, r.text
+
+
+def test_a_speaking_board_queues_one_refuses_the_next_and_frees_a_client_that_left(served_bundle):
+    """max_batch_size 1 speaking, --max-queue 0: a second request while one streams is a 429; the first's client
+    leaving mid-stream cancels its utterance in the runtime, and the board speaks the next."""
+    import httpx
+    s, _ = served_bundle
+    model = f"{RECIPE}@{TARGET}"
+    long = {"model": model, "input": "A long answer.", "response_format": "pcm", "max_audio_length": 200,
+            "codec_chunk_frames": 1, **GREEDY}      # greedy, the twin speaks all 200 frames (it meets no EOS)
+    with httpx.Client(base_url=s.url, timeout=60) as c:
+        with c.stream("POST", "/v1/audio/speech", json=long) as first:
+            assert first.status_code == 200
+            chunks = first.iter_bytes()     # held: a dropped iterator closes the response (a client that left)
+            next(chunks)                    # speaking now
+            r = c.post("/v1/audio/speech", json={"model": model, "input": "Hi.", "max_audio_length": 2})
+            assert r.status_code == 429 and "the server is busy" in r.json()["error"]["message"]
+        m = s.drained(timeout=30)
+        assert m["jetson_llm_requests_running"] == 0
+        r = c.post("/v1/audio/speech", json={"model": model, "input": "Hi.", "max_audio_length": 2, **GREEDY})
+        assert r.status_code == 200 and r.content[:4] == b"RIFF"
+        # SSE: pcm deltas, then done with its usage
+        r = c.post("/v1/audio/speech", json={"model": model, "input": "Hi.", "max_audio_length": 3, **GREEDY,
+                                             "response_format": "pcm", "stream_format": "sse",
+                                             "codec_chunk_frames": 1})
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+        assert [e["type"] for e in events] == ["speech.audio.delta"] * 3 + ["speech.audio.done"]
+        import base64
+        assert sum(len(base64.b64decode(e["audio"])) for e in events[:3]) == 3 * 1920 * 2
+        assert events[-1]["usage"]["output_tokens"] == 3 * 1920

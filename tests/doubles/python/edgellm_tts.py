@@ -21,6 +21,9 @@ language-conditioned layout used by the PyTorch reference"), from the engine dir
 - Code2Wav on the whole utterance, or per --chunkFrames chunk with --streaming (each chunk alone, as the guide says);
   16-bit PCM WAVs at 24 kHz, the codes as int32 [frames, 16] in rvq_req{N}.safetensors.
 
+The serving binding (tensorrt_edgellm.runtime's TTSRuntime, in the runtime double) runs the same frames, streamed
+codec_chunk_frames at a time, each chunk vocoded alone.
+
 TTS_DOUBLE_WRONG_FRAME=N makes codebook 0 of the N-th frame of every utterance another code (a miscompiled engine).
 """
 
@@ -133,6 +136,12 @@ class TTSRuntime:
 
     # -- one utterance ------------------------------------------------------------------------------------------
     def codes(self, text: str, speaker: str | None, language: str | None, s: dict) -> np.ndarray:
+        return np.asarray(list(self.frames(text, speaker, language, s)), np.int64).reshape(-1, self.groups)
+
+    def frames(self, text: str, speaker: str | None, language: str | None, s: dict, greedy_predictor: bool = False):
+        """The utterance's frames, one at a time. greedy_predictor: the code predictor picks its argmax whatever the
+        talker's sampling (the serving binding's TTSRuntime: OmniAudioParams has no code-predictor sampling, and its
+        code predictor verifies speculative drafts, which needs its argmax)."""
         rng = np.random.default_rng(0)
         spk, lang = self.voice(speaker, language)
         prefill, trailing, pad = self.prompt(text, spk, lang)
@@ -141,16 +150,16 @@ class TTSRuntime:
         pools = self.talker.new_pools(pages)
         table = np.stack([np.arange(pages), np.arange(pages)])[None].astype(np.int32)
         logits = self.talker.step([], 0, pools, table, embeds=prefill)
-        at, frames = len(prefill), []
-        while len(frames) < limit:
+        at, emitted = len(prefill), []
+        while len(emitted) < limit:
             hidden = self.talker.hidden[-1].astype(np.float32)
-            code0 = self._choose(self._codebook0(logits, [f[0] for f in frames], len(frames), s),
+            code0 = self._choose(self._codebook0(logits, emitted, len(emitted), s),
                                  s.get("talker_temperature", 0.9), s.get("talker_top_k", 50),
                                  s.get("talker_top_p", 1.0), rng)
-            if self.wrong_frame and len(frames) + 1 == self.wrong_frame and code0 != self.eos:
+            if self.wrong_frame and len(emitted) + 1 == self.wrong_frame and code0 != self.eos:
                 code0 = (code0 + 1) % 2048
             if code0 == self.eos:
-                break
+                return
             frame, rows = [code0], [self._codec([code0])[0]]
             cp_pools = self.cp.new_pools(1)
             cp_table = np.zeros((1, 2, 1), np.int32)
@@ -158,17 +167,18 @@ class TTSRuntime:
             for k in range(self.groups - 1):
                 cp_logits = self.cp.step([], 0 if k == 0 else k + 1, cp_pools, cp_table, embeds=feed,
                                          extra={"lm_heads": self.heads, "lm_head_idx": np.array([k], np.int64)})
-                code = self._choose(cp_logits.astype(np.float32), s.get("subtalker_temperature", 1.0),
-                                    s.get("subtalker_top_k", 50), s.get("subtalker_top_p", 0.8), rng)
+                code = int(np.argmax(cp_logits)) if greedy_predictor else \
+                    self._choose(cp_logits.astype(np.float32), s.get("subtalker_temperature", 1.0),
+                                 s.get("subtalker_top_k", 50), s.get("subtalker_top_p", 0.8), rng)
                 frame.append(code)
                 rows.append(self.cp_rows[k][code].astype(np.float32))
                 feed = rows[-1][None]
-            frames.append(frame)
-            step = len(frames) - 1
+            emitted.append(code0)
+            yield frame
+            step = len(emitted) - 1
             text_row = trailing[step] if step < len(trailing) else pad
             logits = self.talker.step([], at, pools, table, embeds=(np.sum(rows, 0) + text_row)[None])
             at += 1
-        return np.asarray(frames, np.int64).reshape(-1, self.groups)
 
     def waveform(self, codes: np.ndarray, chunk: int | None) -> np.ndarray:
         if not len(codes):

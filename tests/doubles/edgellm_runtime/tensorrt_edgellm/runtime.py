@@ -23,6 +23,13 @@ A text prompt with apply_chat_template false is encoded with the engine director
 tokens added (raw mode: addBos=false, FACTS.md). A speculative engine directory is refused, as the 0.11 server
 refuses speculative decoding under in-flight batching.
 
+    TTSRuntime(talker_engine_dir=, code_predictor_engine_dir=, code2wav_engine_dir=, tokenizer_dir=)
+        .get_speaker_names(); .handle_request_tts(text, OmniAudioParams, AudioStreamChannel) (blocking: the
+        caller's worker thread) pushes AudioChunk(pcm16 bytes, is_final, num_frames) per codec_chunk_frames frames;
+        OmniAudioParams: speaker_name, talker_temperature / top_k / top_p, repetition_penalty, max_audio_length,
+        codec_chunk_frames, talker_prefill_threshold (its experimental server's TTS and _pump_channels); the
+        engines are computed by tests/doubles/python/edgellm_tts.py (TTS_DOUBLE_WRONG_FRAME as there)
+
 EDGELLM_RUNTIME_DOUBLE_WRONG_AT=N: a miscompiled engine (the N-th generated token of every request is off by one).
 RUNTIME_DOUBLE_TAKES_BYTES / RUNTIME_DOUBLE_HOLD_S with FAKE_BOARD_ROOT: what loading takes from the fake board.
 """
@@ -313,6 +320,72 @@ class RequestEngine:
             return False
         s["channel"].push(StreamChunk([token], True, reason, logprobs))
         return True
+
+
+class OmniAudioParams:
+    def __init__(self):
+        self.speaker_name = ""
+        self.talker_temperature, self.talker_top_k, self.talker_top_p = 0.9, 50, 1.0
+        self.repetition_penalty, self.max_audio_length = 1.05, 4096
+        self.codec_chunk_frames, self.talker_prefill_threshold = 10, 4
+
+
+class AudioChunk:
+    def __init__(self, pcm16, is_final, num_frames):
+        self.pcm16, self.is_final, self.num_frames = pcm16, is_final, num_frames
+
+
+class AudioStreamChannel(StreamChannel):
+    def push(self, chunk):
+        self._q.put(chunk)
+        self._finished = self._finished or chunk.is_final
+
+    def try_pop(self):
+        try:
+            return self._q.get_nowait()
+        except queue.Empty:
+            return None
+
+
+class TTSRuntime:
+    def __init__(self, talker_engine_dir, code_predictor_engine_dir, code2wav_engine_dir, tokenizer_dir=""):
+        from edgellm_tts import TTSRuntime as Engines
+        from stall import stall_if_asked
+        stall_if_asked("runtime")
+        for name, path in (("talker", talker_engine_dir), ("code_predictor", code_predictor_engine_dir),
+                           ("code2wav", code2wav_engine_dir)):
+            if not Path(path).is_dir():
+                raise RuntimeError(f"{name} engine dir not found: {path}")
+        self.engines = Engines(Path(talker_engine_dir), Path(code_predictor_engine_dir), Path(code2wav_engine_dir),
+                               Path(tokenizer_dir or talker_engine_dir))
+        board, hold = os.environ.get("FAKE_BOARD_ROOT"), int(os.environ.get("RUNTIME_DOUBLE_TAKES_BYTES", "0"))
+        if board and hold:
+            from fakeboard import taking
+            with taking(Path(board), hold, float(os.environ.get("RUNTIME_DOUBLE_HOLD_S", "0.8"))):
+                pass
+
+    def get_speaker_names(self):
+        return list(self.engines.cfg.get("speaker_id") or {})
+
+    def handle_request_tts(self, text, params, channel):
+        from pipeline.workstation.synthesis_gate import pcm16
+        if params.speaker_name and params.speaker_name.lower() not in (self.engines.cfg.get("speaker_id") or {}):
+            raise RuntimeError(f"Unknown speaker: {params.speaker_name}")
+        knobs = {k: getattr(params, k) for k in ("talker_temperature", "talker_top_k", "talker_top_p",
+                                                 "repetition_penalty", "max_audio_length")}
+        chunk, pending = max(1, int(params.codec_chunk_frames)), []
+
+        def push(final):
+            pcm = pcm16(self.engines.waveform(np.asarray(pending, np.int64), None)).tobytes() if pending else b""
+            channel.push(AudioChunk(pcm, final, len(pending)))
+            pending.clear()
+        for frame in self.engines.frames(text, params.speaker_name or None, None, knobs, greedy_predictor=True):
+            if channel.is_cancelled():
+                return
+            pending.append(frame)
+            if len(pending) == chunk:
+                push(False)
+        push(True)
 
 
 def load():
