@@ -170,3 +170,48 @@ def wav_bytes(samples: array, rate: int) -> bytes:
     fmt = struct.pack("<HHIIHH", PCM, 1, rate, rate * 2, 2, 16)
     return b"".join((b"RIFF", struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(body)), b"WAVE",
                      b"fmt ", struct.pack("<I", len(fmt)), fmt, b"data", struct.pack("<I", len(body)), body))
+
+
+RESAMPLE_ZEROS = 16     # the windowed-sinc filter's zero crossings each side: ~70 dB of stop band
+
+
+def resample(samples: array, rate_in: int, rate_out: int) -> array:
+    """16-bit samples at rate_in as 16-bit samples at rate_out (rational rates): the signal band-limited below the
+    lower Nyquist by a Hann-windowed sinc and read at the new instants, one output sample at a time. Standard
+    library only (the device half has no numpy); what it is for: a text-to-speech engine's 24 kHz speech handed to a
+    16 kHz transcriber (device/round_trip.py)."""
+    import math
+    if rate_in == rate_out or not samples:
+        return array("h", samples)
+    g = math.gcd(rate_in, rate_out)
+    up, down = rate_out // g, rate_in // g
+    cutoff = 1.0 / max(up, down)                   # of the upsampled rate's Nyquist
+    half = RESAMPLE_ZEROS * max(up, down)          # the filter's half length, in upsampled samples
+    # output n sits at upsampled position P = n*down = base*up + phase; input i sits at i*up, so its distance is
+    # (base - i)*up + phase: one set of taps per phase, over m = base - i
+    phases = []
+    for p in range(up):
+        taps = []
+        for k in range(-(half // up) - 1, half // up + 2):
+            t = k * up + p
+            if abs(t) > half:
+                taps.append(0.0)
+                continue
+            x = t * cutoff
+            sinc = 1.0 if t == 0 else math.sin(math.pi * x) / (math.pi * x)
+            taps.append(cutoff * sinc * (0.5 + 0.5 * math.cos(math.pi * t / half)) * up)
+        phases.append(taps)
+    first = -(half // up) - 1
+    n_out = len(samples) * up // down
+    out = array("h", bytes(2 * n_out))
+    count = len(samples)
+    for n in range(n_out):
+        pos = n * down
+        base, phase = pos // up, pos % up
+        acc = 0.0
+        for j, h in enumerate(phases[phase]):
+            i = base - (first + j)
+            if 0 <= i < count and h:
+                acc += h * samples[i]
+        out[n] = max(-32768, min(32767, int(round(acc))))
+    return out

@@ -20,10 +20,10 @@ from tests.zygote import run_module, zygote_started
 # The files that take longest (minutes of doit builds and device runs; pytest's --durations says which), run first:
 # pytest-xdist's --dist loadfile hands whole files to whichever worker is free, in collection order, so the long ones
 # started last would leave one worker running alone for the last minutes.
-LONGEST_FIRST = ("test_vlm_build.py", "test_visual_export.py", "test_gemma4_build.py", "test_families.py",
-                 "test_fleet.py", "test_graph.py", "test_graph_faults.py", "test_stage_cache.py",
-                 "test_prequantized_build.py", "test_serve.py", "test_builder_ssh.py", "test_speculative.py",
-                 "test_hostile_artifacts.py", "test_moe_build.py", "test_edgellm_export.py")
+LONGEST_FIRST = ("test_vlm_build.py", "test_rollout.py", "test_tts_build.py", "test_visual_export.py",
+                 "test_gemma4_build.py", "test_families.py", "test_fleet.py", "test_graph.py", "test_graph_faults.py",
+                 "test_stage_cache.py", "test_prequantized_build.py", "test_serve.py", "test_builder_ssh.py",
+                 "test_speculative.py", "test_hostile_artifacts.py", "test_moe_build.py", "test_edgellm_export.py")
 
 
 def pytest_collection_modifyitems(config, items):   # noqa: ARG001 - pytest's hook signature

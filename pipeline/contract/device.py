@@ -126,6 +126,13 @@ class SpokenResult(Part):
     rms: float                  # full scale 1
     clipped: float              # the share of samples at full scale
     cosine: float               # its waveform against the reference's (over the shorter of the two)
+    # the round trip (device/round_trip.py): a speech-to-text bundle's transcripts of the engines' speech and of the
+    # reference's, and their error rates against the text (metric: wer or cer); None where no transcriber was given
+    heard: str | None = None
+    reference_heard: str | None = None
+    metric: str | None = None
+    error_rate: float | None = None
+    reference_error_rate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,7 @@ class Validation(Record):
     load_runs: list[LoadResult] = field(default_factory=list)
     transcripts: list[str] | None = None    # the engine's answers to the kit's speech set, in its order
     spoken: list[SpokenResult] | None = None    # a text-to-speech kit's texts as the engines spoke them
+    transcriber: str | None = None      # the speech-to-text bundle that heard them back (device --transcriber)
 
     @property
     def agreement_unit(self) -> str:

@@ -334,13 +334,16 @@ class SynthesisCheck(Part):
     """The text-to-speech gate a kit carries (device/synthesis.py scores it the same on both halves): each text
     spoken greedily by the engines must give the reference's codes (at least min_code_agreement of its frames before
     the first that differs), its frames' worth of samples, a waveform whose cosine with the reference's is at least
-    min_cosine, and a level that is neither silence nor clipping."""
+    min_cosine, and a level that is neither silence nor clipping; where the device is given a transcriber, its error
+    rate on the engines' speech within max_round_trip_increase of its rate on the reference's."""
     utterances: list[SpokenGolden]
     max_frames: int
     sample_rate: int
     samples_per_frame: int
     min_code_agreement: float = 1.0
     min_cosine: float = 0.99
+    # the round trip: a transcriber's error rate on the engines' speech may pass its rate on the reference's by this
+    max_round_trip_increase: float = 0.1
 
 
 @dataclass(frozen=True)

@@ -92,14 +92,16 @@ def timeouts(plan: contract.Plan, goldens: contract.Goldens, build: int | None,
 
 def run_device(kit: Path, work: Path | None, out: Path, root: str = "/", pubkey: str | None = None,
                build_timeout: int | None = None, force: bool = False, allow_downgrade: bool = False,
-               validate_timeout: int | None = None, load_requests: int = LOAD_REQUESTS) -> int:
+               validate_timeout: int | None = None, load_requests: int = LOAD_REQUESTS,
+               transcriber: Path | None = None) -> int:
     with terminate_as_interrupt():
         return _run(kit, work, out, root, pubkey, build_timeout, force, allow_downgrade, validate_timeout,
-                    load_requests)
+                    load_requests, transcriber)
 
 
 def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None, build_timeout: int | None,
-         force: bool, allow_downgrade: bool, validate_timeout: int | None, load_requests: int) -> int:
+         force: bool, allow_downgrade: bool, validate_timeout: int | None, load_requests: int,
+         transcriber: Path | None) -> int:
     from pipeline.device import gate
     from pipeline.device.opening import open_verified, unpack_verified
     from pipeline.files import fresh_dir, move_into_place, remove_entry, write_atomic
@@ -135,6 +137,13 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
         raise PipelineError(f"{kit}: the kit's goldens ask with recordings (or carry a speech set) and its plan builds "
                             "no audio engine",
                             "re-package the recipe with this version of the pipeline")
+    heard_by = None
+    if transcriber is not None:     # verified, gated and unpacked in this run, before anything is built
+        if goldens.synthesis is None:
+            raise PipelineError(f"--transcriber {transcriber}: {verified.name} is not a text-to-speech kit",
+                                "give --transcriber only with a text-to-speech kit (its round trip)")
+        from pipeline.device.round_trip import open_transcriber
+        heard_by = open_transcriber(transcriber, work, trusted, root)
     if not force:
         paging = gate.build_memory_gate(plan, board, root)
         if paging:
@@ -179,7 +188,8 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
     from pipeline.device.report import build_report
     from pipeline.device.runners import RUNNERS
     watch = MemoryWatch(Path(root))
-    validation = RUNNERS[backend.name](kit_dir, engine, plan, goldens, work, watch, validate_limit, load_requests)
+    validation = RUNNERS[backend.name](kit_dir, engine, plan, goldens, work, watch, validate_limit, load_requests,
+                                       heard_by)
     report = build_report(goldens, validation, plan, board, build, reused, watch.measured())
     out.mkdir(parents=True, exist_ok=True)
     report_dir = out / f"{verified.name}.report"

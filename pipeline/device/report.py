@@ -359,7 +359,9 @@ def synthesis_report(goldens: contract.Goldens, validation: contract.Validation,
         found = [contract.Check(check="texts spoken by the engines", required=f"{len(check.utterances)}",
                                 measured=got, ok=False, by="the runtime did not speak every text")]
     else:
-        found = checks(check, validation.spoken)
+        from pipeline.device.round_trip import checks as round_trip_checks
+        found = checks(check, validation.spoken) + round_trip_checks(check, validation.spoken,
+                                                                     validation.transcriber or "the transcriber")
     total = plan.speech.total if plan.speech else None
     usable = plan.speech.usable if plan.speech else None
     if build is not None:
@@ -367,6 +369,9 @@ def synthesis_report(goldens: contract.Goldens, validation: contract.Validation,
     found += memory_checks("runtime", validation_memory, total, usable, "the board's usable memory")
     notes = ["the engines' speed is not measured here (qwen3_tts_inference reloads them every run); the plan's "
              "real-time factor stands as a prediction"]
+    if validation.transcriber is None:
+        notes.append("the round trip was not measured: give `device --transcriber BUNDLE` a speech-to-text bundle "
+                     "built on a board like this one")
     if reused:
         notes.append("engine reused from an earlier run of this kit: its build time and memory were measured then")
     lim = plan.limits

@@ -22,24 +22,13 @@ from typing import Any, Protocol
 
 from pipeline import contract
 from pipeline.backends import edgellm, trtllm012
+from pipeline.device.hearing import RECORD_MAX, ask_recordings
+from pipeline.device.hearing import output_json as _json
 from pipeline.device.memwatch import MemoryWatch
 from pipeline.device.process import run_logged
 from pipeline.errors import PipelineError
 from pipeline.files import read_regular, remove_entry, replace_file
 from pipeline.runtime.load import LOAD_REQUESTS
-
-RECORD_MAX = 16 * 2**20
-
-
-def _json(path: Path, what: str) -> Any:
-    """A runtime's output file: a bounded regular-file read of valid JSON, or one error naming it."""
-    try:
-        return json.loads(read_regular(path, RECORD_MAX))
-    except PipelineError as exc:
-        raise PipelineError(f"{what}: {exc.message}", "see the validation log in the work directory") from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise PipelineError(f"{what}: {path} is not valid JSON ({str(exc)[:80]})",
-                            "see the validation log in the work directory") from None
 
 
 def edgellm_inference_input(goldens: contract.Goldens, kit_dir: Path | None = None) -> dict:
@@ -184,33 +173,17 @@ def speech_transcripts(kit_dir: Path, engine: Path, speech: contract.SpeechCheck
                        watch: MemoryWatch | None, timeout: int) -> list[str]:
     """The engine's answers to the kit's speech set, asked as the workstation asked the reference (each recording,
     then the set's prompt where it has one; greedy; one request each, in one run of llm_inference)."""
-    def content(item: contract.SpeechItem) -> list[dict]:
+    def path(item: contract.SpeechItem) -> Path:
         golden = contract.GoldenPrompt(prompt="", input_ids=[], output_ids=[], top_logprobs=[], text="",
                                        recording=item.recording, recording_sha256=item.recording_sha256)
-        parts: list[dict] = [{"type": "audio", "audio": str(checked_recording(kit_dir, golden))}]
-        return parts + ([{"type": "text", "text": speech.prompt}] if speech.prompt else [])
-    asked = {"batch_size": 1, "temperature": 0.0, "top_p": 1.0, "top_k": 1,
-             "max_generate_length": speech.max_new_tokens, "apply_chat_template": True, "add_generation_prompt": True,
-             "requests": [{"messages": [{"role": "user", "content": content(u)}]} for u in speech.utterances]}
-    replace_file(work / "speech-input.json", json.dumps(asked, indent=1))
-    out = work / "speech-output.json"
-    remove_entry(out)
-    run_logged(["llm_inference", "--engineDir", str(engine), "--multimodalEngineDir", str(engine),
-                "--inputFile", str(work / "speech-input.json"), "--outputFile", str(out)],
-               cwd=work, log=work / "speech.log", timeout=timeout, watch=watch)
-    answer = _json(out, "llm_inference's output for the speech set")
-    responses = answer.get("responses") if isinstance(answer, dict) else None
-    texts = [r.get("output_text") if isinstance(r, dict) else None for r in responses] \
-        if isinstance(responses, list) else []
-    if len(texts) != len(speech.utterances) or not all(isinstance(t, str) for t in texts):
-        raise PipelineError(f"llm_inference answered {len(texts)} of the speech set's {len(speech.utterances)} "
-                            "recordings", f"see {work / 'speech.log'}")
-    return [t for t in texts if isinstance(t, str)]
+        return checked_recording(kit_dir, golden)
+    return ask_recordings(engine, [path(u) for u in speech.utterances], speech.prompt, speech.max_new_tokens, work,
+                          "speech", watch, timeout)
 
 
 def validate_session(kit_dir: Path, engine: Path, plan: contract.Plan, _goldens: contract.Goldens, work: Path,
                      watch: MemoryWatch | None = None, timeout: int = 3600,
-                     load_requests: int = LOAD_REQUESTS) -> contract.Validation:
+                     load_requests: int = LOAD_REQUESTS, _transcriber: Any = None) -> contract.Validation:
     """The goldens and the load run (`load_requests` per concurrency level; 0: none) through the serve session, in a
     process of its own (its memory is the runtime's, measured by `watch`); the KV cache the runtime reported is read
     from that process's log."""
@@ -234,15 +207,16 @@ def validate_session(kit_dir: Path, engine: Path, plan: contract.Plan, _goldens:
 
 def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
                      watch: MemoryWatch | None = None, timeout: int = 3600,
-                     load_requests: int = LOAD_REQUESTS) -> contract.Validation:
+                     load_requests: int = LOAD_REQUESTS, transcriber: Any = None) -> contract.Validation:
     """Through the serve session (RequestEngine), except what it cannot serve (speculative engines) or take here
     (images, recordings: the session is not given a visual or audio engine): those through llm_inference, whose
-    profiler also measures EAGLE-3's acceptance and the visual engine's time."""
+    profiler also measures EAGLE-3's acceptance and the visual engine's time. transcriber: a text-to-speech kit's
+    round trip (device/round_trip.py Transcriber), where the device was given one."""
     from pipeline.runtime.engines import SESSIONS
 
     if goldens.synthesis is not None:       # text to speech: Edge-LLM's qwen3_tts_inference (device/synthesis.py)
         from pipeline.device.synthesis import validate_synthesis
-        return validate_synthesis(kit_dir, engine, goldens, work, timeout, watch)
+        return validate_synthesis(kit_dir, engine, goldens, work, timeout, watch, transcriber)
     if SESSIONS[plan.backend or ""].refuses(plan) or plan.visual is not None or plan.audio is not None:
         return validate_llm_inference(kit_dir, engine, plan, goldens, work, watch, timeout)
     return validate_session(kit_dir, engine, plan, goldens, work, watch, timeout, load_requests)
@@ -251,7 +225,7 @@ def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: 
 class Runner(Protocol):
     def __call__(self, kit_dir: Path, engine: Path, plan: contract.Plan, goldens: contract.Goldens, work: Path,
                  watch: MemoryWatch | None = None, timeout: int = 3600,
-                 load_requests: int = LOAD_REQUESTS, /) -> contract.Validation: ...
+                 load_requests: int = LOAD_REQUESTS, transcriber: Any = None, /) -> contract.Validation: ...
 
 
 RUNNERS: dict[str, Runner] = {trtllm012.BACKEND.name: validate_session, edgellm.BACKEND.name: validate_edgellm}

@@ -101,9 +101,10 @@ def reference_samples(kit_dir: Path, golden: contract.SpokenGolden) -> array:
 
 
 def validate_synthesis(kit_dir: Path, engine: Path, goldens: contract.Goldens, work: Path, timeout: int,
-                       watch=None) -> contract.Validation:
+                       watch=None, transcriber=None) -> contract.Validation:
     """The kit's texts spoken by the engines as the reference spoke them (greedy, each in its voice, up to the
-    goldens' frames), each measured against the kit's reference."""
+    goldens' frames), each measured against the kit's reference; heard back by `transcriber` (round_trip.py) where
+    the device was given one."""
     from pipeline.audio import read_wav
     from pipeline.files import remove_entry
     from pipeline.runtime.synthesis import SynthesisSampling, Utterance, speak
@@ -117,7 +118,27 @@ def validate_synthesis(kit_dir: Path, engine: Path, goldens: contract.Goldens, w
                    SynthesisSampling(max_audio_length=check.max_frames), run, groups, timeout,
                    run=lambda argv, cwd: run_logged(argv, cwd=cwd, log=work / "speech-synthesis.log",
                                                     timeout=timeout, watch=watch))
-    results = [measure(u.text, s.codes, read_wav(s.wav).samples, reference_samples(kit_dir, u))
-               for u, s in zip(check.utterances, spoken, strict=True)]
+    heard = [read_wav(s.wav).samples for s in spoken]
+    references = [reference_samples(kit_dir, u) for u in check.utterances]
+    results = [measure(u.text, s.codes, h, r) for u, s, h, r in zip(check.utterances, spoken, heard, references,
+                                                                   strict=True)]
+    if transcriber is not None:
+        import dataclasses
+
+        from pipeline.device.round_trip import hear_back
+        language = check.utterances[0].language if check.utterances else "auto"
+        trips = hear_back(transcriber, [u.text for u in check.utterances], _scored_language(language), heard,
+                          references, check.sample_rate, work, watch, timeout)
+        results = [dataclasses.replace(r, **t) for r, t in zip(results, trips, strict=True)]
     return contract.Validation(runtime="qwen3_tts_inference", speed_source="none (the runtime's run, engines "
-                               "loaded included, is not a speed measurement)", prompts=[], spoken=results)
+                               "loaded included, is not a speed measurement)", prompts=[], spoken=results,
+                               transcriber=transcriber.name if transcriber is not None else None)
+
+
+# Qwen3-TTS names its languages in English; the transcripts' metric keys on ISO 639 (characters for languages
+# written without spaces)
+_ISO = {"chinese": "zh", "japanese": "ja", "korean": "ko", "english": "en"}
+
+
+def _scored_language(language: str) -> str:
+    return _ISO.get(language.lower(), language)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
+from pathlib import Path
 
 from pipeline import contract
 from pipeline.errors import PipelineError
@@ -53,8 +54,7 @@ def from_recipe(name: str, target: str | None = None, threads: int | None = None
     goldens = contract.Goldens.load(goldens_dir / contract.GOLDENS)
     created = int(os.stat(goldens_dir / contract.GOLDENS).st_mtime)
     if plan.speech is not None:         # a text-to-speech model: the reference synthesis, greedy
-        from pipeline.workstation.synthesis_serve import reference_speech
-        return reference_speech(recipe.name, created, model_dir(g), goldens, plan, threads or torch_threads())
+        return _reference_speech(recipe.name, created, model_dir(g), goldens, plan, threads or torch_threads())
     served = served_of(recipe.name, created, model_dir(g), goldens, plan, "reference",
                      f"{recipe.name} (goldens {goldens_dir})")
 
@@ -99,3 +99,26 @@ def _open_here(name: str, target: str, threads: int | None) -> Session:
     """The reference session opened in this process (the child ProcessSession spawned: a module-level function, so
     it pickles). The recipe is read again here; its stages are checked current again."""
     return from_recipe(name, target, threads, own_process=False)[1]()
+
+
+def _reference_speech(name: str, created: int, model_dir: Path, goldens: contract.Goldens, plan: contract.Plan,
+                      threads: int | None) -> tuple[Served, Callable[[], Session]]:
+    """(Served, load) of a built text-to-speech recipe on the workstation (graph/reference.py's from_recipe): the
+    model's voices from its talker config, greedy defaults (the goldens'), the reference session to load."""
+    import json
+    from dataclasses import replace
+
+    from pipeline.runtime.speech import GREEDY
+    from pipeline.serve.sources import speech_served_of
+    from pipeline.serve.speech import SpeechSide
+    from pipeline.workstation.synthesis_gate import golden_speaker
+    from pipeline.workstation.synthesis_serve import ReferenceSpeechSession
+
+    talker = json.loads((model_dir / "config.json").read_text()).get("talker_config") or {}
+    assert goldens.synthesis is not None
+    frames = plan.limits.max_seq_len
+    side = SpeechSide(tuple(sorted(talker.get("spk_id") or {})), golden_speaker(talker, model_dir),
+                      goldens.synthesis.sample_rate, replace(GREEDY, max_audio_length=min(4096, frames)), frames,
+                      greedy_only=True)
+    served = speech_served_of(name, created, model_dir, goldens, plan, "reference", side)
+    return served, lambda: ReferenceSpeechSession(model_dir, served.limits, threads)

@@ -51,7 +51,9 @@ def bundle_meta(kit: VerifiedKit, board: contract.Board) -> contract.BundleMeta:
 
 def bundle_content(engine_dir: Path, kit_dir: Path, content: Path) -> Path:
     """The bundle's payload in `content` (fresh; hard links, no copies): the engine files, and under serving/ the
-    kit's plan (limits), goldens (stop ids, the startup check of the tokenizer) and tokenizer files."""
+    kit's plan (limits), goldens (stop ids, the startup check of the tokenizer), tokenizer files, and the images and
+    recordings its goldens name (images/, audio/: `install` validates the engine on the goldens from serving/, as
+    `device` did from the kit)."""
     from pipeline.files import fresh_dir, link_or_copy
 
     fresh_dir(content)
@@ -60,10 +62,12 @@ def bundle_content(engine_dir: Path, kit_dir: Path, content: Path) -> Path:
             link_or_copy(f, content / f.relative_to(engine_dir))
     for name in (contract.PLAN, contract.GOLDENS):
         link_or_copy(Path(kit_dir) / name, content / contract.SERVING_DIR / name)
-    tokenizer = Path(kit_dir) / contract.TOKENIZER_DIR
-    for f in sorted(tokenizer.iterdir()) if tokenizer.is_dir() else []:
-        if f.is_file() and not f.is_symlink():
-            link_or_copy(f, content / contract.SERVING_DIR / contract.TOKENIZER_DIR / f.name)
+    for sub, pattern in ((contract.TOKENIZER_DIR, None), ("images", contract.IMAGE_FILE_RE),
+                         ("audio", contract.RECORDING_FILE_RE)):
+        where = Path(kit_dir) / sub
+        for f in sorted(where.iterdir()) if where.is_dir() and not where.is_symlink() else []:
+            if f.is_file() and not f.is_symlink() and (pattern is None or pattern.match(f"{sub}/{f.name}")):
+                link_or_copy(f, content / contract.SERVING_DIR / sub / f.name)
     return content
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import contract
+from pipeline.backends import edgellm as edgellm_backend
 from pipeline.runtime.session import Emit, Generation, Handle, Limits, Sampling, Session
 
 SAMPLE_RATE = 24_000        # Code2Wav's output rate (Qwen3-TTS 12 Hz: 1920 samples a codec frame)
@@ -66,6 +67,7 @@ KNOBS: dict[str, tuple[type, float]] = {f.name: (int if f.type in ("int", int) e
                                         for f in fields(SpeechParams) if f.name != "voice"}
 # what the goldens and the device validation decode with: one answer per text
 GREEDY = SpeechParams(talker_temperature=1.0, talker_top_k=1, repetition_penalty=1.0)
+_UTTERANCE = Generation((), "", 0, Sampling(), ())     # what an utterance's Handle carries in its token fields
 
 
 @dataclass
@@ -107,7 +109,7 @@ class SpeechSession(Session):
 class EdgellmSpeechSession(SpeechSession):
     """Edge-LLM 0.11's TTSRuntime on a bundle's engines (engine/talker, engine/code_predictor, engine/code2wav, as
     the three builds write them; the tokenizer files beside the talker's engine)."""
-    backend = "edgellm"
+    backend = edgellm_backend.BACKEND.name
     applies = frozenset({"repetition_penalty"})
 
     def __init__(self, engine_dir: Path, limits: Limits, runtime_module: Any = None):
@@ -196,6 +198,3 @@ class EdgellmSpeechSession(SpeechSession):
         for channel in list(self._channels.values()):
             channel.cancel()
         self._channels.clear()
-
-
-_UTTERANCE = Generation((), "", 0, Sampling(), ())     # what an utterance's Handle carries in its token fields

@@ -36,8 +36,8 @@ def add_parser(sub, recipe_source: RecipeSource, board_source: BoardSource) -> N
         "serve", help="OpenAI-compatible HTTP server: a verified engine bundle (device) or a built recipe "
         "(workstation)", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Serve the model through OpenAI's API (/v1/models, /v1/chat/completions, /v1/completions, "
-        "/v1/responses), Anthropic's (/v1/messages: Claude Code), streaming, with /health and Prometheus "
-        "/metrics.\n\n"
+        "/v1/responses; a speech model's /v1/audio/transcriptions, a text-to-speech model's /v1/audio/speech), "
+        "Anthropic's (/v1/messages: Claude Code), streaming, with /health and Prometheus /metrics.\n\n"
         "  BUNDLE  an engine bundle made by `python -m pipeline device` on this board: verified (signature, hashes),\n"
         "          gated (same SM, TensorRT, JetPack and backend version as the board that built it), unpacked\n"
         "          into --work, then served by its backend (TensorRT-LLM 0.12 executor or Edge-LLM runtime)\n"

@@ -84,23 +84,3 @@ class ReferenceSpeechSession(SpeechSession):
         self._work.put(STOP)
         self._thread.join(timeout=30)
 
-
-def reference_speech(name: str, created: int, model_dir: Path, goldens, plan, threads: int | None):
-    """(Served, load) of a built text-to-speech recipe on the workstation (graph/reference.py's from_recipe): the
-    model's voices from its talker config, greedy defaults (the goldens'), the reference session to load."""
-    import json
-    from dataclasses import replace
-
-    from pipeline.runtime.speech import GREEDY
-    from pipeline.serve.sources import speech_served_of
-    from pipeline.serve.speech import SpeechSide
-    from pipeline.workstation.synthesis_gate import golden_speaker
-
-    talker = json.loads((model_dir / "config.json").read_text()).get("talker_config") or {}
-    assert goldens.synthesis is not None
-    frames = plan.limits.max_seq_len
-    side = SpeechSide(tuple(sorted(talker.get("spk_id") or {})), golden_speaker(talker, model_dir),
-                      goldens.synthesis.sample_rate, replace(GREEDY, max_audio_length=min(4096, frames)), frames,
-                      greedy_only=True)
-    served = speech_served_of(name, created, model_dir, goldens, plan, "reference", side)
-    return served, lambda: ReferenceSpeechSession(model_dir, served.limits, threads)

@@ -75,7 +75,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # recipes; the doit graph; the entry points.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pipeline", "errors", "tomlcompat", "resampling"),
-    ("files", "texts", "settings", "progress", "images", "audio", "transcripts"),
+    ("files", "texts", "settings", "progress", "images", "audio", "transcripts", "cliargs"),
     ("contract", "recordings"),
     ("families",),
     ("formats",),
@@ -86,7 +86,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("recipe",),
     ("boards",),
     ("graph",),
-    ("perf", "cli"),
+    ("perf", "plan_cli"),
+    ("cli",),
     ("__main__",),
 )
 LAYER = {name: n for n, names in enumerate(LAYERS) for name in names}

@@ -428,3 +428,105 @@ def test_a_speaking_board_queues_one_refuses_the_next_and_frees_a_client_that_le
         import base64
         assert sum(len(base64.b64decode(e["audio"])) for e in events[:3]) == 3 * 1920 * 2
         assert events[-1]["usage"]["output_tokens"] == 3 * 1920
+
+
+def test_the_bundle_installs_on_an_identical_thor_and_its_install_is_served(built, validated, tmp_path):
+    """`install` (what a fleet's boards run) validates the unpacked bundle's three engines on the goldens as `device`
+    did, and `serve` of the install directory speaks from what it installed."""
+    import subprocess
+    import sys
+
+    from conftest import board_copy, device_command
+
+    from tests.serving import Served
+    project, kits, _ = built
+    tmp, proc = validated[TARGET]
+    (bundle,) = [p for p in (tmp / "out").iterdir() if (p / "MANIFEST.json").is_file()]
+    _, env = device_command(project, kits[TARGET], tmp_path / "dev", board=BOARD)
+    root = board_copy(tmp_path, BOARD)
+    key = str(project.root / "home" / "signing.pub")
+    done = subprocess.run([sys.executable, "-m", "pipeline", "install", str(bundle), "--root", str(root), "--work",
+                           str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--pubkey", key, "--load-requests",
+                           "0"], env=dict(env, FAKE_BOARD_ROOT=str(root)), capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (report,) = (tmp_path / "out").glob("*.report")
+    installed = json.loads((report / "report.json").read_text())
+    codes = [c for c in installed["checks"] if c["check"].startswith("speech codes")]
+    assert len(codes) == 2 and all(c["ok"] and c["measured"] == 1.0 for c in codes), installed["checks"]
+    s = Served([str(tmp_path / "work"), "--root", str(root), "--work", str(tmp_path / "serve"), "--pubkey", key],
+               env, tmp_path, tmp_path / "server.log")
+    try:
+        r = _speech_client(s).audio.speech.create(model=f"{RECIPE}@{TARGET}", voice="ryan", input="Hi.",
+                                                  extra_body={"max_audio_length": 2})
+        assert r.content[:4] == b"RIFF" and len(r.content) == 44 + 2 * 2 * 1920
+    finally:
+        s.stop()
+
+
+# ---------------------------------------------------------------------------------------------- the round trip
+@pytest.fixture(scope="module")
+def transcriber(built, tmp_path_factory):
+    """The repository's tiny Qwen3-ASR recipe built for this Thor in the same project, and the bundle `device` made
+    of it on the recorded board: the speech-to-text engine the round trip hears the speech with."""
+    project = built[0]
+    text = (REPO / "recipes" / "tiny-qwen3-asr.toml").read_text()
+    assert 'targets = ["orin-nano-8gb"]' in text
+    (project.recipes / "tiny-qwen3-asr.toml").write_text(text.replace('targets = ["orin-nano-8gb"]',
+                                                                      'targets = ["agx-thor"]'))
+    project.doit("build", "recipe=tiny-qwen3-asr", timeout=900)
+    kit = project.artifacts / "tiny-qwen3-asr" / "kit" / "tiny-qwen3-asr@agx-thor"
+    tmp = tmp_path_factory.mktemp("asr-thor")
+    proc = device(project, kit, tmp, board=BOARD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (bundle,) = [p for p in (tmp / "out").iterdir() if (p / "MANIFEST.json").is_file()]
+    return bundle
+
+
+def test_the_round_trip_hears_the_engines_speech_as_it_hears_the_reference_s(built, validated, transcriber,
+                                                                             tmp_path):
+    """`device --transcriber`: the ASR bundle verified and gated here, each text's two waveforms heard at 16 kHz and
+    scored against the text; the engines' rate within 0.1 of the reference's (the twins hear noise the same way)."""
+    project, kits, _ = built
+    proc = device(project, kits[TARGET], tmp_path, board=BOARD, args=["--transcriber", str(transcriber)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"transcriber {transcriber.name}: verified and unpacked" in proc.stderr
+    report = contract.Report.load(next(tmp_path.glob("out/*.report")) / contract.REPORT_JSON)
+    trips = [c for c in report.checks if c.check.startswith("speech round trip of")]
+    assert len(trips) == 2 and all(c.ok for c in trips), trips
+    assert all(f"WER of {transcriber.name}'s transcript" in c.check for c in trips)
+    heard = sorted((tmp_path / "work" / "round-trip").glob("*.wav"))
+    from pipeline.audio import read_wav
+    assert [p.name for p in heard] == ["engines-0.wav", "engines-1.wav", "reference-0.wav", "reference-1.wav"]
+    assert all(read_wav(p.read_bytes()).rate == 16000 for p in heard)
+    assert len(read_wav(heard[0].read_bytes()).samples) == 12 * 1920 * 2 // 3      # 24 kHz as 16 kHz
+    # without a transcriber the report says the round trip was not measured
+    tmp, _ = validated[TARGET]
+    plain = contract.Report.load(next(tmp.glob("out/*.report")) / contract.REPORT_JSON)
+    assert not [c for c in plain.checks if "round trip" in c.check]
+    assert any("the round trip was not measured: give `device --transcriber BUNDLE`" in n for n in plain.notes)
+
+
+def test_a_transcriber_that_is_not_a_speech_to_text_bundle_is_refused_before_any_build(built, validated, tmp_path):
+    project, kits, _ = built
+    tmp, _ = validated[TARGET]
+    (tts_bundle,) = [p for p in (tmp / "out").iterdir() if (p / "MANIFEST.json").is_file()]
+    proc = device(project, kits[TARGET], tmp_path, board=BOARD, args=["--transcriber", str(tts_bundle)])
+    assert proc.returncode == 2
+    assert "tiny-qwen3-tts@agx-thor is not a speech-to-text bundle (it has no audio engine)" in proc.stderr
+    assert not (tmp_path / "work" / "engine").exists()
+
+
+def test_the_round_trip_check_s_edge():
+    from pipeline.device.round_trip import checks
+    golden = contract.SpokenGolden("one two three", "ryan", "auto", [[1]], "audio/tts-0.wav", "0" * 64, 0.25)
+    check = contract.SynthesisCheck([golden], 4, 24000, 1920)
+    base = contract.SpokenResult("one two three", [[1]], 1920, 0.25, 0.0, 1.0, "one two", "one two three", "wer")
+
+    def measured(engines: float, reference: float) -> contract.Check:
+        import dataclasses
+        (c,) = checks(check, [dataclasses.replace(base, error_rate=engines, reference_error_rate=reference)], "asr")
+        return c
+    assert measured(0.4, 0.3).ok and measured(0.4, 0.3).required == "<= 0.4"      # exactly 0.1 worse: passes
+    assert not measured(0.4001, 0.3).ok and measured(0.4001, 0.3).by == 0.0001
+    assert checks(check, [base], "asr") == []       # no transcriber: no check
