@@ -104,8 +104,13 @@ def add_routes(app: Any, models: Any, shared: Any) -> None:
         async def rest() -> AsyncGenerator[bytes, None]:
             if first:
                 yield first
-            async for piece in pcm:
-                yield piece
+            try:
+                async for piece in pcm:
+                    yield piece
+            except ApiError as exc:     # after the 200: the stream ends short, the log says why (SSE says it too)
+                log.error("speech stream ended early: %s", exc.message)
+                if asked.sse:
+                    raise
         headers = {"X-Sample-Rate": str(rate), "X-Channels": "1", "X-Sample-Format": "s16le",
                    "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         if asked.sse:
