@@ -43,8 +43,8 @@ TABLE = ROOT / "graph" / "stages"
 # the same words meaning something else: the CLI's subcommands (`rollout plan` too), a published row's column and a
 # model placement's key ("device"), the recipe's [build] table, a timing step of the TensorRT-LLM export, a rollout's
 # failure type (a board's answers that left its goldens)
-OTHER_MEANINGS = {("cli.py", "plan"), ("cli.py", "device"), ("plan/perf.py", "device"), ("plan/prefill.py", "device"),
-                  ("workstation/models.py", "device"), ("recipe/schema.py", "build"),
+OTHER_MEANINGS = {("plan_cli.py", "plan"), ("cli.py", "device"), ("plan/perf.py", "device"),
+                  ("plan/prefill.py", "device"), ("workstation/models.py", "device"), ("recipe/schema.py", "build"),
                   ("workstation/trtllm_export.py", "export"), ("fleet/command.py", "plan"),
                   ("fleet/phases.py", "goldens"), ("fleet/health.py", "goldens")}
 
