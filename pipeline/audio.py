@@ -164,12 +164,18 @@ def pcm_s16le(samples: array) -> bytes:
     return out.tobytes()
 
 
+def wav_header(pcm_bytes: int, rate: int) -> bytes:
+    """The canonical 44-byte header of mono 16-bit PCM (RIFF/WAVE, one fmt and one data chunk) before `pcm_bytes`
+    of samples: what wav_bytes writes, and what a server sends before samples it already holds as bytes."""
+    fmt = struct.pack("<HHIIHH", PCM, 1, rate, rate * 2, 2, 16)
+    return b"".join((b"RIFF", struct.pack("<I", 4 + 8 + len(fmt) + 8 + pcm_bytes), b"WAVE",
+                     b"fmt ", struct.pack("<I", len(fmt)), fmt, b"data", struct.pack("<I", pcm_bytes)))
+
+
 def wav_bytes(samples: array, rate: int) -> bytes:
     """A mono 16-bit PCM WAV file of the samples."""
     body = pcm_s16le(samples)
-    fmt = struct.pack("<HHIIHH", PCM, 1, rate, rate * 2, 2, 16)
-    return b"".join((b"RIFF", struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(body)), b"WAVE",
-                     b"fmt ", struct.pack("<I", len(fmt)), fmt, b"data", struct.pack("<I", len(body)), body))
+    return wav_header(len(body), rate) + body
 
 
 RESAMPLE_ZEROS = 16     # the windowed-sinc filter's zero crossings each side: ~70 dB of stop band

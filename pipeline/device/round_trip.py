@@ -30,7 +30,16 @@ class Transcriber:
     name: str                   # its bundle's name
     engine: Path                # the unpacked bundle (its engines at the root, audio/ among them)
     speech: contract.SpeechCheck    # its speech gate: the prompt, the marker, the answer's length
-    names: tuple[str, ...]      # the languages its answers name ("language English<asr_text>...")
+    languages: tuple[tuple[str, str], ...]     # (ISO 639 code, the name its answers give: "language English...")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for _, n in self.languages)
+
+    def code(self, language: str) -> str:
+        """A language as the transcripts' metric keys on it (ISO 639): Qwen3-TTS names languages as the transcriber
+        does ("english", "chinese"); "auto" and a name it does not know stay as they are (scored by words)."""
+        return next((c for c, n in self.languages if n.lower() == language.lower()), language)
 
 
 def open_transcriber(bundle: Path, work: Path, trusted, root: str) -> Transcriber:
@@ -52,9 +61,9 @@ def open_transcriber(bundle: Path, work: Path, trusted, root: str) -> Transcribe
                             f"{'no audio engine' if plan.audio is None else 'no speech set saying how it is asked'})",
                             "give the bundle `device` made of a speech-to-text kit (Qwen3-ASR) on this board")
     fam = family(plan.model.architecture)
-    names = tuple(n for _, n in fam.audio.languages) if fam is not None and fam.audio is not None else ()
+    languages = tuple(fam.audio.languages) if fam is not None and fam.audio is not None else ()
     say(f"transcriber {opened.verified.name}: verified and unpacked to {dest}")
-    return Transcriber(opened.verified.name, dest, goldens.speech, names)
+    return Transcriber(opened.verified.name, dest, goldens.speech, languages)
 
 
 def hear_back(transcriber: Transcriber, texts: list[str], language: str, engines: list[array], references: list[array],
@@ -75,7 +84,7 @@ def hear_back(transcriber: Transcriber, texts: list[str], language: str, engines
     s = transcriber.speech
     answers = ask_recordings(transcriber.engine, paths, s.prompt, s.max_new_tokens, run, "round-trip", watch, timeout)
     heard = [answer_transcript(a, s.marker, transcriber.names)[1] for a in answers]
-    out = []
+    out, language = [], transcriber.code(language)
     for i, text in enumerate(texts):
         ours, theirs = heard[2 * i], heard[2 * i + 1]
         rate_ours, rate_theirs = error_rate([(text, ours)], language), error_rate([(text, theirs)], language)

@@ -127,18 +127,10 @@ def validate_synthesis(kit_dir: Path, engine: Path, goldens: contract.Goldens, w
 
         from pipeline.device.round_trip import hear_back
         language = check.utterances[0].language if check.utterances else "auto"
-        trips = hear_back(transcriber, [u.text for u in check.utterances], _scored_language(language), heard,
+        trips = hear_back(transcriber, [u.text for u in check.utterances], language, heard,
                           references, check.sample_rate, work, watch, timeout)
         results = [dataclasses.replace(r, **t) for r, t in zip(results, trips, strict=True)]
     return contract.Validation(runtime="qwen3_tts_inference", speed_source="none (the runtime's run, engines "
                                "loaded included, is not a speed measurement)", prompts=[], spoken=results,
                                transcriber=transcriber.name if transcriber is not None else None)
 
-
-# Qwen3-TTS names its languages in English; the transcripts' metric keys on ISO 639 (characters for languages
-# written without spaces)
-_ISO = {"chinese": "zh", "japanese": "ja", "korean": "ko", "english": "en"}
-
-
-def _scored_language(language: str) -> str:
-    return _ISO.get(language.lower(), language)

@@ -205,14 +205,21 @@ def create_app(models: ModelSet):
             shared.preparing -= 1
             shared.tokenizing.release()
 
-    async def answer(request: Request, api: Api):
+    async def acquired(request: Request) -> tuple[dict[str, Any], Member, Server]:
+        """A JSON request's body, the model it names, and that model held and loaded within the request's deadline
+        (a full single-model queue is a 429 before the body is read, not after). The caller releases the model
+        (models.release) once the request is admitted or refused."""
         arrived = time.monotonic()
         if models.only is not None:
-            models.only.check_capacity()    # a full queue is a 429 before the body is read, not after
+            models.only.check_capacity()
         body = await _body(request, shared.max_body_bytes, shared.bodies)
         member = models.pick(body.get("model"))
         keep_alive = keep_alive_of(body.pop("keep_alive", None))
         server = await models.acquire(member, keep_alive, arrived + member.server.settings.request_timeout)
+        return body, member, server
+
+    async def answer(request: Request, api: Api):
+        body, member, server = await acquired(request)
         try:
             server.check_capacity()
             speaks_only(server)
@@ -321,7 +328,7 @@ def create_app(models: ModelSet):
             models.release(member)
         return await reply.whole(request.receive, notes(server, asked.request, prepared))
 
-    speech_routes.add_routes(app, models, shared)
+    speech_routes.add_routes(app, models, acquired)
 
     @app.post(LOAD)
     async def load_model(request: Request):

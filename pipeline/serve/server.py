@@ -145,20 +145,25 @@ class Server:
         return [{**one(t, lp.logprob), "top_logprobs": [one(i, v) for i, v in lp.top]}
                 for t, lp in zip(ev.tokens, ev.logprobs or [], strict=False) if t not in stop_ids]
 
+    async def take_slot(self) -> None:
+        """One of max_batch_size engine slots: counted as queued only where it waits; a free one is taken at once,
+        without yielding to the loop. The caller releases it (self.slots)."""
+        if self.slots.locked():
+            self.metrics.queue.inc()
+            try:
+                await self.slots.acquire()
+            finally:
+                self.metrics.queue.dec()
+        else:
+            await self.slots.acquire()
+
     async def start(self, admission: Admission, gen: Generation) -> Started:
         """Wait for a slot, then submit: the engine works from here. A streamed request that finds a slot free
         starts before its 200 is written (the headers go out while the engine computes its first token). Submitted
         before its own bookkeeping (timer, metrics): the engine starts that much sooner, and the first token waits
         on none of it."""
         m, session = self.metrics, admission.session
-        if self.slots.locked():         # counted as queued only where it waits
-            m.queue.inc()
-            try:
-                await self.slots.acquire()
-            finally:
-                m.queue.dec()
-        else:
-            await self.slots.acquire()      # a free slot: taken at once, without yielding to the loop
+        await self.take_slot()
         loop, events = asyncio.get_running_loop(), asyncio.Queue[Event]()
 
         def emit(ev: Event) -> None:        # from the session's thread

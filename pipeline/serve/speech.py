@@ -140,26 +140,12 @@ def voices_body(sides: list[SpeechSide]) -> dict[str, Any]:
     return {"voices": [{"id": v, "name": v} for v in names]}
 
 
-def wav_header(pcm_bytes: int, rate: int) -> bytes:
-    """The canonical 44-byte header of 16-bit mono PCM (RIFF/WAVE, one fmt and one data chunk)."""
-    import struct
-    return struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + pcm_bytes, b"WAVE", b"fmt ", 16, 1, 1, rate, rate * 2, 2,
-                       16, b"data", pcm_bytes)
-
-
 async def utterance(server: Any, admission: Any, speech: Speech) -> AsyncGenerator[bytes, None]:
     """One admitted utterance's PCM as the session makes it: a slot (max_batch_size speaking), the request's deadline
     (--request-timeout from admission), the engine's work cancelled however the caller stops reading."""
     session: SpeechSession = admission.session
     m = server.metrics
-    if server.slots.locked():
-        m.queue.inc()
-        try:
-            await server.slots.acquire()
-        finally:
-            m.queue.dec()
-    else:
-        await server.slots.acquire()
+    await server.take_slot()
     loop, pieces = asyncio.get_running_loop(), asyncio.Queue[Audio | None]()
     handle = None
     done = False

@@ -5,12 +5,12 @@ annotations in its module."""
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
 
+from pipeline.audio import wav_header
 from pipeline.serve.guard import unless_gone
 from pipeline.serve.protocol import ApiError
 from pipeline.serve.speech import (
@@ -24,18 +24,15 @@ from pipeline.serve.speech import (
     sse_events,
     utterance,
     voices_body,
-    wav_header,
 )
 
 log = logging.getLogger("pipeline.serve")
 
 
-def add_routes(app: Any, models: Any, shared: Any) -> None:
-    """POST /v1/audio/speech and the two lists Open WebUI reads, on the server's app (app.py's create_app)."""
+def add_routes(app: Any, models: Any, acquired: Callable[[Request], Awaitable[tuple[dict, Any, Any]]]) -> None:
+    """POST /v1/audio/speech and the two lists Open WebUI reads, on the server's app (app.py's create_app; acquired:
+    its JSON request's body, the model it names, held and loaded, as every generation route takes them)."""
     from fastapi.responses import Response, StreamingResponse
-
-    from pipeline.serve.modelset import keep_alive_of
-    from pipeline.serve.reply import _body
 
     class Closing(StreamingResponse):
         """A stream that ends its utterance however the response ends, also where its body never began."""
@@ -52,13 +49,7 @@ def add_routes(app: Any, models: Any, shared: Any) -> None:
                 self.admission.release()
 
     async def speech(request: Request):
-        arrived = time.monotonic()
-        if models.only is not None:
-            models.only.check_capacity()        # a full queue is a 429 before the body is read
-        body = await _body(request, shared.max_body_bytes, shared.bodies)
-        member = models.pick(body.get("model"))
-        keep_alive = keep_alive_of(body.pop("keep_alive", None))
-        server = await models.acquire(member, keep_alive, arrived + member.server.settings.request_timeout)
+        body, member, server = await acquired(request)
         try:
             server.check_capacity()
             side = server.served.speech

@@ -12,10 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from pipeline.audio import wav_header
 from pipeline.runtime.session import Limits
 from pipeline.runtime.speech import Audio, EdgellmSpeechSession, SpeechParams
 from pipeline.serve.protocol import ApiError
-from pipeline.serve.speech import MAX_INPUT_CHARS, SpeechSide, parse, wav_header
+from pipeline.serve.speech import MAX_INPUT_CHARS, SpeechSide, parse
 
 SIDE = SpeechSide(("ryan", "serena"), "serena", 24000, SpeechParams(max_audio_length=256), 256)
 
