@@ -40,11 +40,13 @@ def scripts() -> list[str]:
     return sorted(p.name for p in BENCH.glob("*.py") if p.name not in ("__init__.py", "smoke.py"))
 
 
-def smoke(name: str) -> tuple[bool, str]:
-    """Run one benchmark at its tiny size: (it ran to a verdict or refused as it should, its line [+ its output])."""
+def smoke(name: str, env: dict | None = None) -> tuple[bool, str]:
+    """Run one benchmark at its tiny size: (it ran to a verdict or refused as it should, its line [+ its output]).
+    env: the environment it runs in (default: this one), e.g. recipes and artifacts where the default recipe is
+    already built (PIPELINE_RECIPES, PIPELINE_ARTIFACTS), which serve.py would otherwise build first."""
     t = time.perf_counter()
     r = subprocess.run([sys.executable, str(BENCH / name), *RUNS[name]], capture_output=True, text=True,
-                       timeout=600)
+                       timeout=600, env=env)
     gpu_only_refused = r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not gpu()
     ok = "Traceback" not in r.stderr and (r.returncode in (0, 1) or gpu_only_refused)
     line = f"bench smoke: {name:<18} exit {r.returncode}  {time.perf_counter() - t:5.1f} s  {'ok' if ok else 'BROKEN'}"

@@ -80,7 +80,8 @@ def make_board(tmp: Path, host: str, signer: Path, drift: bool = False, dies_aft
                     f"kill -9 $pid 2>/dev/null\nrm -f {pidfile}\n")
     for s in (start, stop):
         s.chmod(0o755)
-    return {"host": host, "python": python, "opt": opt, "port": port, "start": start, "stop": stop, "log": log}
+    return {"host": host, "kind": kind, "python": python, "opt": opt, "port": port, "start": start, "stop": stop,
+            "log": log}
 
 
 def inventory(tmp: Path, sshd, boards: list[dict], unreachable: str | None = None) -> Path:
@@ -98,20 +99,32 @@ def inventory(tmp: Path, sshd, boards: list[dict], unreachable: str | None = Non
     return path
 
 
-def on_version_1(boards: list[dict], *v1: Path) -> None:
-    """Each board installs and serves version 1, a bundle or a set (as the fleet playbook left it); two boards at a
-    time (separate processes and directories: what the fleet playbook does)."""
-    from concurrent.futures import ThreadPoolExecutor
+@pytest.fixture(scope="module")
+def on_version_1(versions, tmp_path_factory):
+    """put(boards, *bundles): each board installs and serves version 1, a bundle or a set (as the fleet playbook left
+    it). The install (verification and the full golden check, the same on every board of a kind) runs once per set of
+    bundles, on a template board of that kind; each board gets a copy of its install directory, as identical boards
+    have after the same install."""
+    import shutil
+    project = versions[0]
+    signer = project.root / "home" / "signing.pub"
+    installed: dict[tuple[Path, ...], Path] = {}
 
-    def one(b: dict) -> None:
-        r = subprocess.run([str(b["python"]), "-m", "pipeline", "install", *map(str, v1), "--work",
-                            str(b["opt"] / "engines"), "--out", str(b["opt"] / "reports"), "--load-requests", "0"],
-                           capture_output=True, text=True, timeout=300, cwd=b["opt"])
-        assert r.returncode == 0, r.stderr[-2000:]
-        subprocess.run([str(b["start"])], check=True)
+    def put(boards: list[dict], *v1: Path) -> None:
+        assert all(b["kind"] == BOARD for b in boards), "the template is a recorded " + BOARD
+        if v1 not in installed:
+            t = make_board(tmp_path_factory.mktemp("template"), "template", signer)
+            r = subprocess.run([str(t["python"]), "-m", "pipeline", "install", *map(str, v1), "--work",
+                                str(t["opt"] / "engines"), "--out", str(t["opt"] / "reports"), "--load-requests",
+                                "0"], capture_output=True, text=True, timeout=300, cwd=t["opt"])
+            assert r.returncode == 0, r.stderr[-2000:]
+            installed[v1] = t["opt"]
+        for b in boards:
+            for part in ("engines", "reports"):
+                shutil.copytree(installed[v1] / part, b["opt"] / part, symlinks=True)
+            subprocess.run([str(b["start"])], check=True)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        list(pool.map(one, boards))
+    return put
 
 
 def rollout(project, v2: Path, inv: Path, work: Path, *args: str, popen: bool = False):
@@ -143,7 +156,7 @@ def digest_of(bundle: Path) -> str:
     return "sha256:" + hashlib.sha256((bundle / "MANIFEST.json").read_bytes()).hexdigest()
 
 
-def test_a_three_phase_rollout_rolls_the_failing_board_back_and_goes_on(versions, sshd, tmp_path):
+def test_a_three_phase_rollout_rolls_the_failing_board_back_and_goes_on(versions, on_version_1, sshd, tmp_path):
     """The issue's scenario: phases 1, 40%, 100% over five boards, the fourth planted to fail after its swap; the last
     phase updates two boards at a time. b4 is rolled back to version 1 and serves it again; 1 failure of the 3 or 4
     boards decided by then (b3 beside it finishes first or not) is within --abort-failed 34%, so the rollout goes on
@@ -187,7 +200,8 @@ def test_a_three_phase_rollout_rolls_the_failing_board_back_and_goes_on(versions
             subprocess.run([str(b["stop"])], timeout=30)
 
 
-def test_a_killed_controller_resumes_and_an_unreachable_board_aborts_the_rollout(versions, sshd, tmp_path):
+def test_a_killed_controller_resumes_and_an_unreachable_board_aborts_the_rollout(versions, on_version_1, sshd,
+                                                                                 tmp_path):
     """The controller killed -9 after the canary's swap resumes from its record (the canary gated, not installed
     twice); a second rollout while one runs is refused; the unreachable board counts as its failure type and, with
     no failure tolerated, aborts the rollout: the third board is never touched and keeps version 1."""
@@ -233,8 +247,8 @@ def test_a_killed_controller_resumes_and_an_unreachable_board_aborts_the_rollout
             subprocess.run([str(b["stop"])], timeout=30)
 
 
-def test_a_service_that_goes_down_after_its_goldens_fails_the_stability_window_and_stops_the_rollout(versions, sshd,
-                                                                                                      tmp_path):
+def test_a_service_that_goes_down_after_its_goldens_fails_the_stability_window_and_stops_the_rollout(
+        versions, on_version_1, sshd, tmp_path):
     """The canary's new service answers its goldens and then dies: the stability window catches it, the canary is
     rolled back (its previous bundle served again), and with no failure tolerated the next board is not touched."""
     project, v1, v2 = versions
@@ -273,7 +287,7 @@ def ansible_env(project, tmp_path: Path) -> dict:
                 PWD=str(tmp_path))       # as a shell started in tmp_path has it
 
 
-def test_the_rollout_playbook_gates_each_board_on_memory_inside_its_plan(versions, sshd, tmp_path):
+def test_the_rollout_playbook_gates_each_board_on_memory_inside_its_plan(versions, on_version_1, sshd, tmp_path):
     """The playbook's rollout (fleet-rollout.yml, the real ansible-playbook) over three boards whose new served model
     holds memory: the canary just inside the plan's +20%, b2 just past it, b3 nothing; phase 2 updates b2 and b3 at
     once (-e parallel=2). The canary is committed with its figure in the record; b2 fails its memory gate, is rolled
@@ -311,8 +325,8 @@ def test_the_rollout_playbook_gates_each_board_on_memory_inside_its_plan(version
             subprocess.run([str(b["stop"])], timeout=30)
 
 
-def test_a_boards_set_rolls_out_through_the_playbook_and_a_failing_board_gets_its_set_back(versions, two_bundles,
-                                                                                            sshd, tmp_path):
+def test_a_boards_set_rolls_out_through_the_playbook_and_a_failing_board_gets_its_set_back(
+        versions, on_version_1, two_bundles, sshd, tmp_path):
     """bundle_srcs: a board's set (the default recipe's version 2 beside the FP16 kit) rolled out over two boards
     running version 1's set and a new AGX Orin (JetPack 6.1) in the inventory; each board installs the set together,
     serves both models, and is gated on each model's goldens and the set's memory. b2 is planted to drift: it gets its
