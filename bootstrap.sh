@@ -14,6 +14,9 @@
 #                                 .venv/agent-clis), and Qwen3-TTS's official implementation (qwen-tts 0.1.1 with
 #                                 the transformers 4.57.3 it pins, into .venv/qwen-tts-reference: the synthesis
 #                                 tests compare this pipeline's reference loop with it, in a process of its own)
+#   ./bootstrap.sh --browser      also what `pytest -m browser` drives: Open WebUI 0.12.4 (into .venv/open-webui, a venv
+#                                 of its own: ~7 GB with its CUDA torch, so not part of CI), Debian's Chromium and
+#                                 Playwright's Python client for it (its own browser downloads are not used)
 #
 #   TORCH_INDEX_URL=<index>  where to take torch from (e.g. PyTorch's CPU or cu126 index); default: pip's own
 #                            configuration (this project's CI machines provide the CPU wheel locally)
@@ -23,25 +26,34 @@ cd "$(dirname "$0")"
 
 test_tools=0
 real_model=0
+browser=0
 for arg in "$@"; do
   case "$arg" in
     --test-tools) test_tools=1 ;;
     --real-model) real_model=1 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --browser) browser=1 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "bootstrap: unknown argument '$arg' (see ./bootstrap.sh --help)" >&2; exit 2 ;;
   esac
 done
 
-if [ "$test_tools" = 1 ]; then
+if [ "$test_tools" = 1 ] || [ "$browser" = 1 ]; then
   missing=()
-  command -v minisign >/dev/null || missing+=(minisign)
-  command -v zstd >/dev/null || missing+=(zstd)
-  { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } || missing+=(openssh-server)
-  command -v ssh >/dev/null || missing+=(openssh-client)
-  command -v docker-registry >/dev/null || missing+=(docker-registry)
-  command -v ffmpeg >/dev/null || missing+=(ffmpeg)       # the server's decode of browser audio (WebM/Opus)
-  # the builtin speech set (builtin:alsa-channels): its spoken channel names, /usr/share/sounds/alsa
-  [ -f /usr/share/sounds/alsa/Front_Center.wav ] || missing+=(alsa-utils)
+  if [ "$browser" = 1 ]; then
+    command -v chromium >/dev/null || missing+=(chromium)
+    command -v ffmpeg >/dev/null || missing+=(ffmpeg)     # Open WebUI's pydub transcodes the speech it caches
+    [ -f /usr/share/sounds/alsa/Front_Center.wav ] || missing+=(alsa-utils)    # the microphone's recording
+  fi
+  if [ "$test_tools" = 1 ]; then
+    command -v minisign >/dev/null || missing+=(minisign)
+    command -v zstd >/dev/null || missing+=(zstd)
+    { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } || missing+=(openssh-server)
+    command -v ssh >/dev/null || missing+=(openssh-client)
+    command -v docker-registry >/dev/null || missing+=(docker-registry)
+    command -v ffmpeg >/dev/null || missing+=(ffmpeg)       # the server's decode of browser audio (WebM/Opus)
+    # the builtin speech set (builtin:alsa-channels): its spoken channel names, /usr/share/sounds/alsa
+    [ -f /usr/share/sounds/alsa/Front_Center.wav ] || missing+=(alsa-utils)
+  fi
   if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then sudo=(); elif command -v sudo >/dev/null; then sudo=(sudo); else
       echo "bootstrap: the tests need ${missing[*]}; install them as root: apt-get install ${missing[*]}" >&2
@@ -112,4 +124,18 @@ if [ "$test_tools" = 1 ]; then
       "transformers==4.57.3" "huggingface_hub==0.36.0" "einops==0.8.2"
     touch "$ref/.pinned-qwen-tts-0.1.1"
   fi
+fi
+
+# Open WebUI in a venv of its own (its pins are not this project's), Playwright's client in the project's venv (the
+# browser test drives Debian's /usr/bin/chromium through it)
+if [ "$browser" = 1 ]; then
+  owui=.venv/open-webui
+  if [ ! -f "$owui/.pinned-open-webui-0.12.4" ]; then
+    echo "bootstrap: installing Open WebUI 0.12.4 into $owui (several GB, once)" >&2
+    rm -rf "$owui"
+    "$PY" -m venv "$owui"
+    "$owui/bin/python" -m pip install -q "open-webui==0.12.4"
+    touch "$owui/.pinned-open-webui-0.12.4"
+  fi
+  .venv/bin/python -m pip install -q "playwright==1.65.2"
 fi
