@@ -134,3 +134,31 @@ def test_a_zygote_whose_imports_initialize_cuda_is_not_forked_from(monkeypatch, 
     assert z.zygote() is None and z._UNFORKABLE == ["CUDA was initialized while importing"]
     r = z.run_module("pipeline", ["--help"], dict(os.environ), cwd=tmp_path, timeout=120)
     assert isinstance(r, subprocess.CompletedProcess) and r.returncode == 0 and "usage" in r.stdout.lower()
+
+
+def test_the_edgellm_export_command_run_through_the_shim_answers_as_python_does(tmp_path, monkeypatch):
+    """A run's `python -m tensorrt_edgellm.scripts.export ...` execs the shim in python's place (tests/zygote.py
+    EXEC_MODULES); the warm fork behind it prints what the command prints, to the caller's pipes, and exits with its
+    status, for its help and for a checkpoint that is not there."""
+    import subprocess
+
+    from tests.zygote import EXEC_MODULES, _exec_warm
+    z = zygote()
+    if z is None:
+        pytest.skip("the zygote is off (JETSON_TEST_ZYGOTE=off)")
+    shim = str(Path(z.path).parent / "spawn-shim")
+    monkeypatch.setattr(subprocess.Popen, "__init__", subprocess.Popen.__init__)     # restored after the test
+    monkeypatch.chdir(tmp_path)
+    (module,) = EXEC_MODULES
+    cases = (["--help"], [str(tmp_path / "no-such-checkpoint"), str(tmp_path / "out"), "--skip-llm"])
+    plain = [subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300)
+             for args in cases]
+    _exec_warm(shim)
+    warm = [subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300)
+            for args in cases]
+    assert all(w.args[0] == shim for w in warm)
+    assert subprocess.run([sys.executable, "-c", "pass"]).args[0] == sys.executable     # nothing else is rewritten
+    assert (warm[0].returncode, warm[0].stdout) == (plain[0].returncode, plain[0].stdout) == (0, plain[0].stdout)
+    assert "--skip-llm" in warm[0].stdout
+    assert warm[1].returncode == plain[1].returncode != 0
+    assert warm[1].stderr.strip().splitlines()[-1] == plain[1].stderr.strip().splitlines()[-1]

@@ -19,6 +19,14 @@ them back at the same numbers and runs the same `-c` program: multiprocessing's 
 process object. The shim stays the spawned child's parent-visible pid: it forwards signals to the fork and exits
 with its status; killed itself, the zygote kills the fork. Anything else the shim is exec'd for (the resource
 tracker, a run whose environment does not fit) is exec'd as the real interpreter.
+
+The same shim starts the Edge-LLM exporter warm: the pipeline runs Edge-LLM's own export command as a subprocess
+(`python -m tensorrt_edgellm.scripts.export`: each tower, audio encoder and speech graph), ~8 s of imports each on
+this machine. In a run, a subprocess of `[sys.executable, "-m", M, ...]` with M in EXEC_MODULES execs the shim in
+python's place (the same argv after it); the shim hands its descriptors (the caller's pipes), environment and
+directory to the zygote, whose fork runs M's `__main__` as `python -m M` would, and the caller reads its output and
+exit status from the shim as it would from python. The zygote has imported the exporter's API (not the command's
+module, which configures logging at import).
 """
 
 from __future__ import annotations
@@ -40,8 +48,10 @@ from pathlib import Path
 IMPORT_TIME_ENV = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "TORCH", "PYTORCH", "OMP_", "MKL_", "CUDA", "PYTHON",
                    "TOKENIZERS", "MODELOPT", "XDG_", "HOME", "LD_", "NVIDIA", "TRITON", "KMP_")
 WARM = ("torch", "transformers", "transformers.models.llama.modeling_llama", "modelopt.torch.quantization",
-        "modelopt.torch.export", "onnx", "safetensors.torch", "tokenizers", "fastapi", "uvicorn")
+        "modelopt.torch.export", "onnx", "safetensors.torch", "tokenizers", "fastapi", "uvicorn",
+        "tensorrt_edgellm._export_api")
 MODULES = ("doit", "pipeline")      # what a run may start (python -m MODULE)
+EXEC_MODULES = ("tensorrt_edgellm.scripts.export",)     # what a run's own subprocesses start warm (python -m M)
 
 
 def _import_env(env: dict) -> dict:
@@ -73,6 +83,7 @@ def _child(req: dict, shim: str) -> None:
         sys.path[0] = req["cwd"]
         sys.argv = [req["module"], *req["args"]]
         multiprocessing.set_executable(shim)
+        _exec_warm(shim)
         runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:
@@ -91,9 +102,23 @@ def _child(req: dict, shim: str) -> None:
             os._exit(code)
 
 
-def _spawned(req: dict, fds: list[int]) -> None:
+def _exec_warm(shim: str) -> None:
+    """In a run: its subprocesses of `python -m M` (M in EXEC_MODULES) exec the shim in python's place."""
+    popen = subprocess.Popen.__init__
+
+    def init(self, args, *rest, **kw) -> None:
+        if isinstance(args, list | tuple) and len(args) > 2 and args[0] == sys.executable and args[1] == "-m" \
+                and args[2] in EXEC_MODULES:
+            args = [shim, *args[1:]]
+        popen(self, args, *rest, **kw)
+    subprocess.Popen.__init__ = init        # type: ignore[method-assign]
+
+
+def _spawned(req: dict, fds: list[int], shim: str) -> None:
     """In the forked child: the process multiprocessing spawned (the shim's request): its descriptors back at the
-    numbers the shim had them at, its environment and directory, then the `-c` program it was exec'd with."""
+    numbers the shim had them at, its environment and directory, then the `-c` program it was exec'd with; or the
+    module a run's subprocess asked for (kind "module": `-m M ARGS`), as `python -m M ARGS` runs it."""
+    import runpy
     code = 1
     try:
         for sig in (signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD):
@@ -112,9 +137,15 @@ def _spawned(req: dict, fds: list[int]) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        sys.argv = ["-c", "--multiprocessing-fork"]
-        sys.path[0] = ""
-        exec(compile(req["argv"][-2], "<string>", "exec"), {"__name__": "__main__"})     # noqa: S102 - multiprocessing's own
+        if req["kind"] == "module":
+            sys.argv = req["argv"][1:]
+            sys.path[0] = req["cwd"]
+            runpy.run_module(req["argv"][1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = ["-c", "--multiprocessing-fork"]
+            sys.path[0] = ""
+            _exec_warm(shim)        # a run's stage in a process of its own starts the exporter too
+            exec(compile(req["argv"][-2], "<string>", "exec"), {"__name__": "__main__"})     # noqa: S102 - multiprocessing's own
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -154,8 +185,9 @@ def _serve_one(conn: socket.socket, shim: str) -> None:
             req, fds = _request(conn)
         except (EOFError, OSError, ValueError):
             return
-        spawn = req.get("kind") == "spawn"
-        if spawn and (_import_env(req["env"]) != _import_env(_STARTED_WITH) or req["argv"][:-3] != _flags()):
+        spawn = req.get("kind") in ("spawn", "module")
+        flags = req["argv"][:-3] != _flags() if req.get("kind") == "spawn" else False
+        if spawn and (_import_env(req["env"]) != _import_env(_STARTED_WITH) or flags):
             for fd in fds:
                 os.close(fd)
             conn.sendall(b"exec\n")        # the shim execs the real interpreter
@@ -163,7 +195,7 @@ def _serve_one(conn: socket.socket, shim: str) -> None:
         pid = os.fork()
         if pid == 0:
             conn.close()
-            _spawned(req, fds) if spawn else _child(req, shim)
+            _spawned(req, fds, shim) if spawn else _child(req, shim)
         for fd in fds:
             os.close(fd)
         reaped = threading.Event()
@@ -187,10 +219,13 @@ def _serve_one(conn: socket.socket, shim: str) -> None:
 
 
 SHIM = """#!{python} -IS
-# tests/zygote.py's spawn shim: multiprocessing execs this as it would exec python; the zygote forks the process
+# tests/zygote.py's spawn shim: multiprocessing (or a run, for python -m M) execs this as it would exec python; the
+# zygote forks the process
 import json, os, signal, socket, sys
 argv = sys.argv[1:]
-if len(argv) >= 3 and argv[-3] == "-c" and "spawn_main(" in argv[-2] and argv[-1] == "--multiprocessing-fork":
+spawn = len(argv) >= 3 and argv[-3] == "-c" and "spawn_main(" in argv[-2] and argv[-1] == "--multiprocessing-fork"
+module = len(argv) >= 2 and argv[0] == "-m" and argv[1] in {modules!r}
+if spawn or module:
     fds = []
     for name in os.listdir("/proc/self/fd"):
         try:
@@ -200,8 +235,8 @@ if len(argv) >= 3 and argv[-3] == "-c" and "spawn_main(" in argv[-2] and argv[-1
             pass        # the listing's own directory, closed by now
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect({path!r})
-    req = json.dumps({{"kind": "spawn", "argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "fds": fds,
-                      "pgid": os.getpgid(0)}}).encode() + b"\\n"
+    req = json.dumps({{"kind": "spawn" if spawn else "module", "argv": argv, "env": dict(os.environ),
+                      "cwd": os.getcwd(), "fds": fds, "pgid": os.getpgid(0)}}).encode() + b"\\n"
     socket.send_fds(sock, [req[:1]], fds)
     sock.sendall(req[1:])
     lines = sock.makefile("r")
@@ -247,7 +282,7 @@ def serve(path: str) -> None:
     _flags()
     shim = os.path.join(os.path.dirname(path), "spawn-shim")
     with open(shim, "w") as f:
-        f.write(SHIM.format(python=sys.executable, path=path))
+        f.write(SHIM.format(python=sys.executable, path=path, modules=EXEC_MODULES))
     os.chmod(shim, 0o755)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
