@@ -39,10 +39,13 @@ done
 
 if [ "$test_tools" = 1 ] || [ "$browser" = 1 ]; then
   missing=()
+  # both: the server's decode of browser audio (WebM/Opus; Open WebUI's pydub transcodes with it too), and the
+  # builtin speech set (builtin:alsa-channels: its spoken channel names, /usr/share/sounds/alsa; the browser test's
+  # microphone plays one)
+  command -v ffmpeg >/dev/null || missing+=(ffmpeg)
+  [ -f /usr/share/sounds/alsa/Front_Center.wav ] || missing+=(alsa-utils)
   if [ "$browser" = 1 ]; then
     command -v chromium >/dev/null || missing+=(chromium)
-    command -v ffmpeg >/dev/null || missing+=(ffmpeg)     # Open WebUI's pydub transcodes the speech it caches
-    [ -f /usr/share/sounds/alsa/Front_Center.wav ] || missing+=(alsa-utils)    # the microphone's recording
   fi
   if [ "$test_tools" = 1 ]; then
     command -v minisign >/dev/null || missing+=(minisign)
@@ -50,9 +53,6 @@ if [ "$test_tools" = 1 ] || [ "$browser" = 1 ]; then
     { command -v sshd >/dev/null || [ -x /usr/sbin/sshd ]; } || missing+=(openssh-server)
     command -v ssh >/dev/null || missing+=(openssh-client)
     command -v docker-registry >/dev/null || missing+=(docker-registry)
-    command -v ffmpeg >/dev/null || missing+=(ffmpeg)       # the server's decode of browser audio (WebM/Opus)
-    # the builtin speech set (builtin:alsa-channels): its spoken channel names, /usr/share/sounds/alsa
-    [ -f /usr/share/sounds/alsa/Front_Center.wav ] || missing+=(alsa-utils)
   fi
   if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then sudo=(); elif command -v sudo >/dev/null; then sudo=(sudo); else

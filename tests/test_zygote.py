@@ -158,7 +158,7 @@ def test_the_edgellm_export_command_run_through_the_shim_answers_as_python_does(
             for args in cases]
     assert all(w.args[0] == shim for w in warm)
     assert subprocess.run([sys.executable, "-c", "pass"]).args[0] == sys.executable     # nothing else is rewritten
-    assert (warm[0].returncode, warm[0].stdout) == (plain[0].returncode, plain[0].stdout) == (0, plain[0].stdout)
+    assert plain[0].returncode == 0 and (warm[0].returncode, warm[0].stdout) == (0, plain[0].stdout)
     assert "--skip-llm" in warm[0].stdout
     assert warm[1].returncode == plain[1].returncode != 0
     assert warm[1].stderr.strip().splitlines()[-1] == plain[1].stderr.strip().splitlines()[-1]

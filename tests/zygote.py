@@ -185,9 +185,9 @@ def _serve_one(conn: socket.socket, shim: str) -> None:
             req, fds = _request(conn)
         except (EOFError, OSError, ValueError):
             return
-        spawn = req.get("kind") in ("spawn", "module")
+        shimmed = req.get("kind") in ("spawn", "module")      # the shim's request (else a run's, from the tests)
         flags = req["argv"][:-3] != _flags() if req.get("kind") == "spawn" else False
-        if spawn and (_import_env(req["env"]) != _import_env(_STARTED_WITH) or flags):
+        if shimmed and (_import_env(req["env"]) != _import_env(_STARTED_WITH) or flags):
             for fd in fds:
                 os.close(fd)
             conn.sendall(b"exec\n")        # the shim execs the real interpreter
@@ -195,7 +195,7 @@ def _serve_one(conn: socket.socket, shim: str) -> None:
         pid = os.fork()
         if pid == 0:
             conn.close()
-            _spawned(req, fds, shim) if spawn else _child(req, shim)
+            _spawned(req, fds, shim) if shimmed else _child(req, shim)
         for fd in fds:
             os.close(fd)
         reaped = threading.Event()
@@ -207,14 +207,14 @@ def _serve_one(conn: socket.socket, shim: str) -> None:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
         watch = threading.Thread(target=lifeline, daemon=True)
-        if spawn:
+        if shimmed:
             watch.start()
         conn.sendall(f"{pid}\n".encode())
         _, status = os.waitpid(pid, 0)
         reaped.set()
         with contextlib.suppress(OSError):
             conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
-        if spawn:
+        if shimmed:
             watch.join(5)       # the shim reads the status and exits: its end closes
 
 

@@ -10,7 +10,8 @@ fake capture device playing a real spoken recording (alsa-utils' "Front Center")
 Not in CI: Open WebUI and its dependencies are about 7 GB. What each test checks is what the user sees and hears, and
 that it is what our server answered: the dictated text Open WebUI writes into the chat box is our server's transcript
 of the very recording the browser made (Open WebUI keeps it; asked again, the server answers the same words), and the
-audio the browser plays on "Read Aloud" lasts as long as the speech our server makes of that sentence.
+audio the browser plays on "Read Aloud" and in voice mode is the speech our server makes of that sentence (the MP3 it
+played, decoded, against our WAV).
 """
 
 from __future__ import annotations
@@ -19,13 +20,12 @@ import json
 import os
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import REPO, Project
 
-from tests.serving import Served, free_port, stop_process
+from tests.serving import Served, free_port, health, stop_process
 
 pytestmark = pytest.mark.browser
 OPEN_WEBUI = REPO / ".venv" / "open-webui" / "bin" / "open-webui"
@@ -103,14 +103,8 @@ def webui(served, tmp_path_factory):
                             cwd=data, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
-    while True:
+    while (h := health(url)) is None or h[0] != 200:
         assert proc.poll() is None, log.read_text()[-5000:]
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
         assert time.monotonic() < deadline, "Open WebUI did not come up in 300 s:\n" + log.read_text()[-5000:]
         time.sleep(1)
     yield url, data
