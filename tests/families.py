@@ -97,6 +97,9 @@ TINY: tuple[Tiny, ...] = (
     # text to speech: the doit chain, the device's three builds and its gate, /v1/audio/speech
     Tiny("tiny-qwen3-tts", {"agx-thor": "agx-thor-jp72"}, "edgellm", "tests/workstation/test_tts_build.py", "built",
          "validated", speaks=True),
+    # the 1.7B's layout: a code predictor narrower than its talker, fed through small_to_mtp_projection
+    Tiny("tiny-qwen3-tts-1.7b", {"agx-thor": "agx-thor-jp72"}, "edgellm", "tests/workstation/test_tts_1_7b_build.py",
+         "built", "validated", speaks=True),
     Tiny("tiny-qwen3_5-vl", {"orin-nano-8gb": "orin-nano-8gb-jp72"}, "edgellm",
          "tests/workstation/test_hybrid_vlm_build.py", "built_by_target", "validated_by_target",
          Double(None, tie_aware=True, greedy=False), images=True),

@@ -3,7 +3,7 @@
     jetson-kit-manifest/1      MANIFEST.json of a kit     pack -> verify, unpack, transfer, device driver, gate
     jetson-bundle-manifest/1   MANIFEST.json of a bundle  device -> verify, unpack, install
     jetson-stages/1            stages.json                package -> the user (which stage outputs made the kit)
-    jetson-goldens/2           goldens.json               goldens stage -> device runners, report
+    jetson-goldens/3           goldens.json               goldens stage -> device runners, report
 """
 
 from __future__ import annotations
@@ -318,6 +318,17 @@ class SpeechCheck(Part):
 
 
 @dataclass(frozen=True)
+class SpokenTie(Part):
+    """A code the reference nearly chose instead of its own (the talker's codebook 0 or a code predictor's pick), as
+    NearTie is for a token: engines in FP16 may take either; one that takes this code agrees up to here, and the
+    frames after it speak from another context, so they are not compared."""
+    frame: int
+    group: int          # the codebook (0: the talker's)
+    code: int           # the runner-up's code
+    margin: float       # the reference's choice's logit minus this one's (the same in log-probabilities)
+
+
+@dataclass(frozen=True)
 class SpokenGolden(Part):
     """One text the reference synthesis spoke (greedy): its voice, its codes, and its waveform as the kit's WAV."""
     text: str
@@ -327,6 +338,7 @@ class SpokenGolden(Part):
     recording: str              # audio/tts-<n>.wav: the reference's 16-bit waveform
     recording_sha256: str
     rms: float                  # the reference waveform's RMS, in [0, 1] full scale
+    near_ties: list[SpokenTie] = field(default_factory=list)   # by frame and group; kits before them have none
 
 
 @dataclass(frozen=True)
@@ -344,13 +356,16 @@ class SynthesisCheck(Part):
     min_cosine: float = 0.99
     # the round trip: a transcriber's error rate on the engines' speech may pass its rate on the reference's by this
     max_round_trip_increase: float = 0.1
+    tie_margin: float = 0.0     # the widest margin a SpokenTie has (0: none recorded, every divergence counts)
+    eos_code: int | None = None     # codec EOS's id: a SpokenTie of it is the utterance ending (or going on) there
 
 
 @dataclass(frozen=True)
 class Goldens(Record):
     """Reference greedy outputs of the deployed numerics, which the engine must reproduce."""
-    FORMAT: ClassVar[str] = "jetson-goldens/2"
-    UPGRADES: ClassVar = {"jetson-goldens/1": dict}     # 2: near ties say their cause (1's are all of the logits)
+    FORMAT: ClassVar[str] = "jetson-goldens/3"
+    # 2: near ties say their cause (1's are all of the logits); 3: spoken goldens carry their near ties (2's have none)
+    UPGRADES: ClassVar = {"jetson-goldens/1": dict, "jetson-goldens/2": dict}
     max_new_tokens: int
     min_token_agreement: float
     top_k: int

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline import contract
@@ -21,15 +22,27 @@ MAX_CLIPPED = 0.01          # the most samples at full scale before the waveform
 LEVEL_RATIO = 2.0           # the engine's RMS within this factor of the reference's
 
 
-def agreement(want: list[list[int]], got: list[list[int]]) -> tuple[float, int | None]:
+def agreement(want: list[list[int]], got: list[list[int]], ties: Sequence[contract.SpokenTie] = (),
+              eos: int | None = None) -> tuple[float, int | None, contract.SpokenTie | None]:
     """(the share of the reference's frames the engine gave before the first that differs, that frame's index or
-    None where none differs and the lengths agree)."""
-    for i, frame in enumerate(want):
-        if i >= len(got) or list(got[i]) != list(frame):
-            return i / len(want), i
-    if len(got) != len(want):
-        return 1.0, len(want)
-    return 1.0, None
+    None where none differs and the lengths agree, the near tie the engine took there or None). Where the first
+    code that differs is one of the reference's near ties (its runner-up, or EOS ending the utterance there or not
+    ending it), the engine agreed up to there and what follows is not compared: the share is 1.0."""
+    for i in range(max(len(want), len(got))):
+        if i < len(want) and i < len(got) and list(got[i]) == list(want[i]):
+            continue
+        # the engine's first differing choice: (codebook, code); past its end it chose EOS, past the reference's
+        # end it chose its frame's codebook 0 where the reference chose EOS
+        if i >= len(got):
+            taken = (0, eos)
+        elif i >= len(want):
+            taken = (0, int(got[i][0]))
+        else:
+            g = next(g for g, (a, b) in enumerate(zip(want[i], got[i], strict=True)) if a != b)
+            taken = (g, int(got[i][g]))
+        tie = next((t for t in ties if (t.frame, t.group, t.code) == (i, *taken)), None)
+        return (1.0 if tie is not None else min(i, len(want)) / len(want)), i, tie
+    return 1.0, None, None
 
 
 def level(samples: array) -> tuple[float, float]:
@@ -59,12 +72,16 @@ def checks(check: contract.SynthesisCheck, results: list[contract.SpokenResult])
     out = []
     for u, r in zip(check.utterances, results, strict=True):
         name = f"{u.text[:40]!r} ({u.speaker}, {u.language})"
-        share, at = agreement(u.codes, r.codes)
-        said = "" if at is None else f"; frame {at} differs" if at < len(u.codes) else \
+        share, at, tie = agreement(u.codes, r.codes, u.near_ties, check.eos_code)
+        said = "" if at is None else \
+            f"; frame {at} took the reference's near tie at codebook {tie.group} ({tie.margin} below its choice: " \
+            f"at most {check.tie_margin}), compared up to there" if tie is not None else \
+            f"; frame {at} differs" if at < len(u.codes) and at < len(r.codes) else \
             f"; {len(r.codes)} frames where the reference has {len(u.codes)}"
         out.append(contract.Check(check=f"speech codes of {name}: reference frames before the first that differs"
                                         f"{said}", required=f">= {check.min_code_agreement}", measured=round(share, 4),
-                                  ok=share >= check.min_code_agreement and (at is None or at < len(u.codes)),
+                                  ok=share >= check.min_code_agreement and (at is None or tie is not None or
+                                                                            at < min(len(u.codes), len(r.codes))),
                                   by=None if at is None else at))
         expected = len(r.codes) * check.samples_per_frame
         out.append(contract.Check(check=f"speech samples of {name}: {check.samples_per_frame} a frame of its "

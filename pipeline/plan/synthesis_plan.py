@@ -40,8 +40,10 @@ def plan_synthesis(shape: SynthesisShape, model: str, weights: str, kv_cache: st
     body += 2 * t.head_dim * t.num_layers * 2
     cp_body = linear_bytes(cp.linears(), fmt, group, cp.kept_fp16(fmt)) + cp.small_params * 2 \
         + 2 * cp.head_dim * cp.num_layers * 2 + cp.hidden_size * 2
-    heads = (shape.groups - 1) * cp.vocab_size * cp.hidden_size * 2 * 2       # its embeddings and heads, FP16
-    projection = t.hidden_size * cp.hidden_size * 2 if t.hidden_size != cp.hidden_size else 0
+    # its heads (its own width) and codec embeddings (the talker's: the talker sums every codebook's row), FP16; where
+    # it is narrower than the talker (the 1.7B), the projection the runtime feeds it through (weight and bias)
+    heads = (shape.groups - 1) * cp.vocab_size * (cp.hidden_size + t.hidden_size) * 2
+    projection = (t.hidden_size + 1) * cp.hidden_size * 2 if t.hidden_size != cp.hidden_size else 0
     text = shape.text_vocab * shape.text_hidden * 2 + (shape.text_hidden * (shape.text_hidden + t.hidden_size)
                                                        + shape.text_hidden + t.hidden_size) * 2
     memory = {"talker": int(body + codec_table + head), "text embedding and projection": text,

@@ -5,7 +5,8 @@
                           embedding.safetensors: the codec embedding, text_embedding.safetensors,
                           text_projection.safetensors, the tokenizer)
     onnx/code_predictor/  model.onnx (its 15 heads an input, picked by lm_head_idx), codec_embeddings.safetensors,
-                          lm_heads.safetensors
+                          lm_heads.safetensors; small_to_mtp_projection.safetensors where the code predictor is
+                          narrower than the talker (the 1.7B: the runtime projects every row it feeds the graph)
     onnx/code2wav/        model.onnx (codes [batch, 16, frames] -> waveform [batch, 1, 1920 x frames]), config.json
 
 `tensorrt-edgellm-export CKPT OUT` writes all three, but its Code2Wav step moves the decoder to CUDA
@@ -93,6 +94,47 @@ def check_code2wav(onnx_path: Path, reference) -> tuple[float, float]:
     return worst, cosine
 
 
+def check_code_predictor_inputs(cp_dir: Path, model_dir: Path, config: dict) -> None:
+    """What Edge-LLM's runtime feeds the code predictor's graph with, against the checkpoint: the graph takes rows of
+    the code predictor's width, its codec embeddings are the talker's width, and where the two differ the projection
+    between them (small_to_mtp_projection.safetensors) is the checkpoint's, cast to the file's dtype and nothing
+    else. Raises where one is missing or differs."""
+    import onnx
+    import torch
+    from safetensors.torch import load_file
+
+    from pipeline.workstation.synthesis_model import PROJECTION, widths
+    wide, narrow = widths(config["talker_config"])
+    graph = onnx.load(str(cp_dir / "model.onnx"), load_external_data=False)
+    rows = next(i for i in graph.graph.input if i.name == "inputs_embeds").type.tensor_type.shape.dim[-1].dim_value
+    embeddings = load_file(str(cp_dir / "codec_embeddings.safetensors"))
+    widths_seen = sorted({int(t.shape[-1]) for t in embeddings.values()})
+    fix = "this is a bug in the Edge-LLM export path; please report it with the recipe"
+    if rows != narrow or widths_seen != [wide]:
+        raise PipelineError(f"{cp_dir}: the code predictor's graph takes rows of {rows} and its codec embeddings are "
+                            f"{widths_seen} wide, where the config makes {narrow} and {wide}", fix)
+    path = cp_dir / f"{PROJECTION}.safetensors"
+    if wide == narrow:
+        return
+    if not path.is_file():
+        raise PipelineError(f"{cp_dir}: no {path.name}: the code predictor ({narrow} wide) cannot read the talker's "
+                            f"rows ({wide} wide) without it", fix)
+    exported = load_file(str(path))
+    prefix = f"talker.code_predictor.{PROJECTION}."
+    index = model_dir / "model.safetensors.index.json"
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
+        else ["model.safetensors"]
+    want: dict = {}
+    for shard in shards:
+        want |= {k[len(prefix):]: v for k, v in load_file(str(model_dir / shard)).items() if k.startswith(prefix)}
+    for name in ("weight", "bias"):
+        got = exported.get(name)
+        if got is None or name not in want or tuple(got.shape) != tuple(want[name].shape) \
+                or not torch.equal(want[name].to(got.dtype), got):
+            said = "missing" if got is None else f"{list(got.shape)} {got.dtype}"
+            raise PipelineError(f"{path}: its {name} ({said}) is not the checkpoint's {prefix}{name}", fix)
+
+
 def export_synthesis(model_dir: Path, payload_dir: Path) -> SynthesisExport:
     """The checkpoint at `model_dir` (Qwen3-TTS, hub layout) through Edge-LLM's exporter into payload_dir, checked."""
     from pipeline.workstation.onnx_graph import check_graph
@@ -111,6 +153,8 @@ def export_synthesis(model_dir: Path, payload_dir: Path) -> SynthesisExport:
     graphs[CODE2WAV_DIR] = OnnxGraph(**check_graph(code2wav, ("codes",), ("waveform",), extra_files=("config.json",),
                                                    consumer="audio_build", attention=":Softmax"))
     talker = json.loads((payload_dir / TALKER_DIR / "config.json").read_text())
+    check_code_predictor_inputs(payload_dir / CODE_PREDICTOR_DIR, model_dir,
+                                json.loads((model_dir / "config.json").read_text()))
     reference = ReferenceSynthesis(model_dir)
     worst, cosine = check_code2wav(code2wav, reference)
     return SynthesisExport(talker=graphs[TALKER_DIR], code_predictor=graphs[CODE_PREDICTOR_DIR],

@@ -36,8 +36,9 @@ def pcm16(wav) -> array:
 
 
 def synthesis_check(reference, texts: list[str], speaker: str, language: str, max_frames: int, out: Path,
-                    min_code_agreement: float = 1.0, min_cosine: float = 0.99) -> contract.SynthesisCheck:
-    """Each text spoken by `reference` (a ReferenceSynthesis) in one voice; the waveforms written under out/audio."""
+                    tie: float, min_code_agreement: float = 1.0, min_cosine: float = 0.99) -> contract.SynthesisCheck:
+    """Each text spoken by `reference` (a ReferenceSynthesis) in one voice, with its codes' near ties within `tie`
+    (workstation/evaluate.tie_logprob: engines in FP16 may take either); the waveforms written under out/audio."""
     import numpy as np
 
     from pipeline.audio import wav_bytes
@@ -49,7 +50,7 @@ def synthesis_check(reference, texts: list[str], speaker: str, language: str, ma
     (out / AUDIO_DIR).mkdir(parents=True, exist_ok=True)
     spoken = []
     for i, text in enumerate(texts):
-        codes = reference.codes(text, voice, Sampling(max_frames))
+        codes, ties = reference.spoken(text, voice, Sampling(max_frames), tie)
         wav = reference.waveform(codes)
         if not np.isfinite(wav).all():      # a reference that computes NaN or Inf: nothing can be checked against it
             raise PipelineError(f"the reference waveform of {text[:40]!r} holds a value that is not finite",
@@ -59,6 +60,7 @@ def synthesis_check(reference, texts: list[str], speaker: str, language: str, ma
         name = f"{AUDIO_DIR}/tts-{i}.wav"
         (out / name).write_bytes(data)
         spoken.append(contract.SpokenGolden(text, speaker, language, codes.tolist(), name,
-                                            hashlib.sha256(data).hexdigest(), round(level(samples)[0], 6)))
+                                            hashlib.sha256(data).hexdigest(), round(level(samples)[0], 6),
+                                            [contract.SpokenTie(*t) for t in ties]))
     return contract.SynthesisCheck(spoken, max_frames, reference.sample_rate, reference.samples_per_frame,
-                                   min_code_agreement, min_cosine)
+                                   min_code_agreement, min_cosine, tie_margin=tie, eos_code=reference.eos)

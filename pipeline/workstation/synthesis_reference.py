@@ -18,9 +18,12 @@ default), written here for greedy decoding:
 - codec EOS as codebook 0 ends the utterance; Code2Wav turns [1, 16, frames] codes into 1920 samples a frame.
 
 The modules are TensorRT Edge-LLM 0.11's own: its calibration model (quantization/models/qwen3_tts, built from
-transformers' Qwen3 decoder layers, its tensors named as the checkpoint's) and its Code2Wav decoder (what its exporter
-turns into code2wav/model.onnx), run in float32 here. transformers 5.14 has no Qwen3-TTS; qwen-tts pins transformers
-4.57.3, so it is not what the pipeline runs (tests/workstation compare this loop with it where it is installed).
+transformers' Qwen3 decoder layers, its tensors named as the checkpoint's; with the 1.7B's talker-to-code-predictor
+projection where the code predictor is narrower: synthesis_model.py) and its Code2Wav decoder (what its exporter
+turns into code2wav/model.onnx), run in float32 here. Every row the code predictor reads (the talker's hidden state,
+each codebook's embedding) goes through that projection first (an Identity in the 0.6B). transformers 5.14 has no
+Qwen3-TTS; qwen-tts pins transformers 4.57.3, so it is not what the pipeline runs (tests/workstation compare this
+loop with it where it is installed).
 """
 
 from __future__ import annotations
@@ -30,8 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from pipeline.errors import PipelineError
 
 SUPPRESSED_TAIL = 1024      # the codec vocabulary's last ids are control tokens codebook 0 never emits (but EOS)
 MIN_FRAMES = 2              # EOS is masked until this many frames are out (qwen-tts: min_new_tokens=2)
@@ -99,22 +100,18 @@ class ReferenceSynthesis:
 
         import torch
         from tensorrt_edgellm.models.qwen3_tts.modeling_qwen3_tts_code2wav import build_qwen3_tts_code2wav
-        from tensorrt_edgellm.quantization.models.qwen3_tts import Qwen3TTSForCalibration
         from transformers import PreTrainedTokenizerFast
+
+        from pipeline.workstation.synthesis_model import load
 
         self.config = json.loads((model_dir / "config.json").read_text())
         self.talker_config = c = self.config["talker_config"]
-        if c["hidden_size"] != c["code_predictor_config"]["hidden_size"]:
-            # the 1.7B's code predictor is narrower than its talker (small_to_mtp_projection between them), which
-            # Edge-LLM's calibration model, the reference's modules, does not have
-            raise PipelineError(f"{model_dir}: talker_config.hidden_size {c['hidden_size']} differs from its code "
-                                f"predictor's {c['code_predictor_config']['hidden_size']}: the reference synthesis "
-                                f"runs only models whose two are equal (the 0.6B)", "use Qwen3-TTS-12Hz-0.6B")
-        self.model = Qwen3TTSForCalibration.from_pretrained(str(model_dir), torch_dtype=torch.float32, device="cpu")
+        self.model = load(model_dir)
         self.code2wav, decoder = build_qwen3_tts_code2wav(str(model_dir), torch.float32)
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
         speech = json.loads((model_dir / "speech_tokenizer" / "config.json").read_text())
         self.groups = int(c["num_code_groups"])
+        self.eos = int(c["codec_eos_token_id"])
         self.codebook_size = int(decoder.get("codebook_size", 2048))
         self.sample_rate = int(speech.get("output_sample_rate", 24_000))
         self.samples_per_frame = int(self.code2wav.total_upsample)
@@ -155,6 +152,13 @@ class ReferenceSynthesis:
     # -- the decoders -------------------------------------------------------------------------------------------
     def codes(self, text: str, voice: Voice, sampling: Sampling) -> np.ndarray:
         """[frames, num_code_groups] int64: the utterance's codes, codec EOS excluded."""
+        return self.spoken(text, voice, sampling)[0]
+
+    def spoken(self, text: str, voice: Voice, sampling: Sampling, tie: float = 0.0) \
+            -> tuple[np.ndarray, list[tuple[int, int, int, float]]]:
+        """(the utterance's codes as codes() gives them, its near ties: (frame, codebook, runner-up code, margin) for
+        each code within `tie` of the one chosen, in logits, the talker's after its processing; codec EOS is a code
+        of codebook 0 here, chosen or runner-up)."""
         import torch
         from tensorrt_edgellm.quantization.models.qwen3_tts.modeling_qwen3_tts import _CodePredictorInner
         from transformers.cache_utils import DynamicCache
@@ -170,6 +174,16 @@ class ReferenceSynthesis:
             return _CodePredictorInner.forward(inner, embeds, cache, torch.arange(start, start + embeds.shape[1]))
 
         frames: list[list[int]] = []
+        ties: list[tuple[int, int, int, float]] = []
+
+        def choose(scores: np.ndarray, group: int) -> int:
+            best = int(np.argmax(scores))
+            if tie > 0:
+                near = np.nonzero(scores[best] - scores <= tie)[0]
+                ties.extend((len(frames), group, int(c), round(float(scores[best] - scores[c]), 6))
+                            for c in near if c != best)
+            return best
+
         with torch.no_grad():
             cache = DynamicCache()
             hidden = stack(talker.model, prefill, cache, 0)
@@ -178,25 +192,26 @@ class ReferenceSynthesis:
                 last = hidden[:, -1:]
                 scores = codebook0_scores(talker.codec_head(last)[0, -1].numpy(), [f[0] for f in frames],
                                           len(frames), vocab, eos, sampling)
-                code0 = int(np.argmax(scores))
+                code0 = choose(scores, 0)
                 if code0 == eos:
                     break
                 frame = [code0]
                 embeds = [talker.model.codec_embedding(torch.tensor([[code0]]))]
                 cp_cache = DynamicCache()
-                h = stack(cp.model, torch.cat([last, embeds[0]], dim=1), cp_cache, 0)
+                h = stack(cp.model, cp.small_to_mtp_projection(torch.cat([last, embeds[0]], dim=1)), cp_cache, 0)
                 for k in range(groups - 1):
-                    code = int(cp.lm_head[k](h[:, -1]).argmax(-1))
+                    code = choose(cp.lm_head[k](h[:, -1])[0].numpy(), k + 1)
                     frame.append(code)
                     embeds.append(cp.model.codec_embedding[k](torch.tensor([[code]])))
                     if k < groups - 2:
-                        h = stack(cp.model, embeds[-1], cp_cache, 2 + k)
+                        h = stack(cp.model, cp.small_to_mtp_projection(embeds[-1]), cp_cache, 2 + k)
                 frames.append(frame)
                 step = len(frames) - 1
                 text = trailing[:, step:step + 1] if step < trailing.shape[1] else pad
                 hidden = stack(talker.model, torch.cat(embeds, dim=1).sum(1, keepdim=True) + text, cache, at)
                 at += 1
-        return np.asarray(frames, dtype=np.int64).reshape(-1, groups)
+        # ties at the frame after the last are EOS's: the reference ended where the runner-up would have spoken on
+        return np.asarray(frames, dtype=np.int64).reshape(-1, groups), ties
 
     def frame_logits(self, text: str, voice: Voice, codes: np.ndarray):
         """The talker's codebook-0 logits [frames, vocab] (float32 tensor) for each of `codes`' frames, teacher-forced:

@@ -43,6 +43,16 @@ CUSTOM_VOICE_TALKER = dict(
     spk_is_dialect={"serena": False, "vivian": False, "uncle_fu": False, "ryan": False, "aiden": False,
                     "ono_anna": False, "sohee": False, "eric": "sichuan_dialect", "dylan": "beijing_dialect"})
 
+# the twins' code predictor (64 wide, heads of 32) and Code2Wav (32 wide, with the real codebooks and rates)
+TINY_PREDICTOR = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=32, vocab_size=2048, rms_norm_eps=1e-6, rope_theta=1000000,
+                      max_position_embeddings=65536, hidden_act="silu", attention_bias=False)
+TINY_CODE2WAV = dict(codebook_size=2048, codebook_dim=32, hidden_size=32, latent_dim=32, num_attention_heads=2,
+                     num_key_value_heads=2, head_dim=16, intermediate_size=64, num_hidden_layers=2, num_quantizers=16,
+                     num_semantic_quantizers=1, sliding_window=72, max_position_embeddings=8000, rope_theta=10000.0,
+                     rms_norm_eps=1e-5, layer_scale_initial_scale=0.01, attention_bias=False, hidden_act="silu",
+                     upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2], decoder_dim=64)
+
 TTS_BUILTINS: dict[str, dict] = {
     # Qwen3-TTS-12Hz-0.6B-CustomVoice shrunk: a 2-layer talker and code predictor 64 wide (heads of 32: the RoPE
     # sections [24, 20, 20] of a 128-wide head become [6, 5, 5]); Code2Wav 32 wide with its real codebooks and rates
@@ -51,16 +61,21 @@ TTS_BUILTINS: dict[str, dict] = {
         talker=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                     num_key_value_heads=1, head_dim=32, text_hidden_size=48,
                     rope_scaling={"rope_type": "default", "mrope_section": [6, 5, 5], "interleaved": True}),
-        code_predictor=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                            num_key_value_heads=1, head_dim=32, vocab_size=2048, rms_norm_eps=1e-6,
-                            rope_theta=1000000, max_position_embeddings=65536, hidden_act="silu",
-                            attention_bias=False),
-        code2wav=dict(codebook_size=2048, codebook_dim=32, hidden_size=32, latent_dim=32, num_attention_heads=2,
-                      num_key_value_heads=2, head_dim=16, intermediate_size=64, num_hidden_layers=2,
-                      num_quantizers=16, num_semantic_quantizers=1, sliding_window=72, max_position_embeddings=8000,
-                      rope_theta=10000.0, rms_norm_eps=1e-5, layer_scale_initial_scale=0.01, attention_bias=False,
-                      hidden_act="silu", upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2], decoder_dim=64),
+        code_predictor=TINY_PREDICTOR,
+        code2wav=TINY_CODE2WAV,
         seed=0),
+    # Qwen3-TTS-12Hz-1.7B-CustomVoice shrunk: its code predictor narrower than its talker as the 1.7B's is (1024
+    # against 2048, here 64 against 96), so its codec embeddings are the talker's width and
+    # talker.code_predictor.small_to_mtp_projection carries them into the code predictor's (synthesis_model.py);
+    # the text side as wide as the talker (2048 and 2048 in the 1.7B); MLPs three times their width, as the 1.7B's
+    "tiny-qwen3-tts-1.7b": dict(
+        architecture="Qwen3TTSForConditionalGeneration", tts_model_type="custom_voice",
+        talker=dict(hidden_size=96, intermediate_size=288, num_hidden_layers=2, num_attention_heads=2,
+                    num_key_value_heads=1, head_dim=32, text_hidden_size=96,
+                    rope_scaling={"rope_type": "default", "mrope_section": [6, 5, 5], "interleaved": True}),
+        code_predictor=dict(TINY_PREDICTOR, intermediate_size=192),
+        code2wav=TINY_CODE2WAV,
+        seed=1),
 }
 
 SAMPLE_RATE = 24_000        # the 12 Hz speech tokenizer's output rate
@@ -110,15 +125,16 @@ def materialize(name: str, spec, out_dir: Path, progress=None) -> None:
         Qwen3TTSCode2WavConfig,
         Qwen3TTSCode2WavDecoder,
     )
-    from tensorrt_edgellm.quantization.models.qwen3_tts import Qwen3TTSCalibConfig, Qwen3TTSForCalibration
     from transformers import PreTrainedTokenizerFast
+
+    from pipeline.workstation.synthesis_model import build
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tts = TTS_BUILTINS[name]
     tok = _tokenizer(spec.vocab_size)
     config = build_config(name, tok)
     torch.manual_seed(tts["seed"])
-    model = Qwen3TTSForCalibration(Qwen3TTSCalibConfig(raw=config)).float()
+    model = build(config).float()
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -93,15 +93,22 @@ def test_goldens_and_board_records_round_trip(tmp_path):
                "eos_token_id": None, "prompts": [{"prompt": "Hi", "input_ids": [1, 2], "output_ids": [3],
                                                   "top_logprobs": [[[3, -0.1], [4, -2.5]]], "text": "!"}]}
     g = contract.Goldens.from_dict(goldens, "goldens.json")
-    assert g.prompts[0].top_logprobs[0][1] == [4.0, -2.5] and g.to_dict()["format"] == "jetson-goldens/2"
+    assert g.prompts[0].top_logprobs[0][1] == [4.0, -2.5] and g.to_dict()["format"] == "jetson-goldens/3"
     # 1 (read and upgraded above) had near ties of the logits only: 2 says each one's cause
     tie = {"step": 0, "token_id": 4, "margin": 0.01, "text": "?"}
     old = contract.Goldens.from_dict({**goldens, "prompts": [{**goldens["prompts"][0], "near_ties": [tie]}]}, "g")
     assert (old.prompts[0].near_ties[0].cause, old.prompts[0].near_ties[0].layer) == ("logits", None)
     new = contract.Goldens.from_dict(g.to_dict(), "goldens.json")
     assert new == g
-    with pytest.raises(contract.ContractError, match="format = 'jetson-goldens/3': made by a newer pipeline"):
-        contract.Goldens.from_dict({**g.to_dict(), "format": "jetson-goldens/3"}, "goldens.json")
+    # 2's spoken goldens had no near ties: read as none, every divergence counted (tie_margin 0)
+    spoken = {"text": "Hi.", "speaker": "ryan", "language": "auto", "codes": [[1, 2]], "recording": "audio/tts-0.wav",
+              "recording_sha256": "0" * 64, "rms": 0.25}
+    two = contract.Goldens.from_dict({**goldens, "format": "jetson-goldens/2", "prompts": [], "synthesis": {
+        "utterances": [spoken], "max_frames": 4, "sample_rate": 24000, "samples_per_frame": 1920}}, "g")
+    assert two.synthesis is not None and two.synthesis.utterances[0].near_ties == [] and \
+        (two.synthesis.tie_margin, two.synthesis.eos_code) == (0.0, None)
+    with pytest.raises(contract.ContractError, match="format = 'jetson-goldens/4': made by a newer pipeline"):
+        contract.Goldens.from_dict({**g.to_dict(), "format": "jetson-goldens/4"}, "goldens.json")
     from pipeline.device.probe import probe
     from tests.device.test_probe_gate import FIX
     board = contract.Board.from_dict(probe(FIX / "agx-thor-jp70"), "probe")

@@ -67,6 +67,34 @@ def test_the_talker_and_code_predictor_are_counted_as_edgellm_calibrates_them():
     assert abs(weights - 1.83e9) / 1.83e9 < 0.02, weights
 
 
+def test_the_1_7b_is_counted_with_its_projection_and_talker_wide_codec_embeddings():
+    """The 1.7B's code predictor (1024 wide) under a 2048-wide talker: its codec embeddings are the talker's width
+    and small_to_mtp_projection feeds it (workstation/synthesis_model.py completes Edge-LLM's calibration model with
+    both); each part counted as those modules have it. In FP16 it does not fit the 8 GB Orin Nano, and would speak
+    slower than real time there: the plan refuses it, naming the memory."""
+    from pipeline.workstation.synthesis_model import PROJECTION, build
+    name = "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice"
+    config = copy.deepcopy(known_model_configs()[name])
+    for part in (config["talker_config"], config["talker_config"]["code_predictor_config"]):
+        part.update(rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=32768)
+    with torch.device("meta"):
+        talker = build(config).talker
+    cp = talker.code_predictor
+    assert tuple(getattr(cp, PROJECTION).weight.shape) == (1024, 2048)
+    assert tuple(cp.model.codec_embedding[0].weight.shape) == (2048, 2048)
+    shape = synthesis_shape(known_model_configs()[name], "config.json")
+    plan = plan_synthesis(shape, name, "fp16", "fp16", "agx-thor", 30)
+    text = params(talker.model.text_embedding) + params(talker.text_projection)
+    assert plan.memory["text embedding and projection"] == 2 * text
+    assert plan.memory["talker"] == 2 * (params(talker) - text - params(cp))
+    assert plan.memory["code predictor"] == 2 * params(cp)
+    assert plan.refused == [] and plan.published[0].startswith("rtf ") and "of Qwen/Qwen3-TTS-12Hz-1.7B-Base" in \
+        plan.published[0]
+    small = plan_synthesis(shape, name, "fp16", "fp16", "orin-nano-8gb", 30)
+    assert small.refused[0].startswith(f"needs {small.total / 1e9:.2f} GB, more than the 5.20 GB usable on Jetson "
+                                       "Orin Nano 8GB") and small.rtf is not None and small.rtf > 1
+
+
 def test_a_frame_is_one_talker_step_and_a_code_predictor_walk():
     shape = synthesis_shape(CONFIG, "config.json")
     target = get_target("orin-nano-8gb")

@@ -173,7 +173,7 @@ def test_a_checkpoint_that_is_not_what_its_config_says_is_refused_naming_the_ten
         check_synthesis_checkpoint(bad, config, "recipe.toml")
 
 
-def test_a_model_without_a_preset_voice_or_with_a_narrower_code_predictor_is_refused(twin, tmp_path):
+def test_a_model_without_a_preset_voice_or_whose_weights_are_not_its_config_s_is_refused(twin, tmp_path):
     from pipeline.errors import PipelineError
     from pipeline.workstation.synthesis_gate import golden_speaker
     from pipeline.workstation.synthesis_reference import ReferenceSynthesis
@@ -181,12 +181,40 @@ def test_a_model_without_a_preset_voice_or_with_a_narrower_code_predictor_is_ref
     assert golden_speaker(config["talker_config"], twin) == "serena"
     with pytest.raises(PipelineError, match=r"m: the model has no preset voice \(talker_config.spk_id\): a Base"):
         golden_speaker({"spk_id": {}}, Path("m"))
+    # the 0.6B twin's weights under a config whose talker is wider than its code predictor (the 1.7B's layout): its
+    # projection is missing and every talker tensor is the wrong width
     wide = tmp_path / "wide"
     shutil.copytree(twin, wide)
     config["talker_config"]["hidden_size"] = 128
     (wide / "config.json").write_text(json.dumps(config))
-    with pytest.raises(PipelineError, match="talker_config.hidden_size 128 differs from its code predictor's 64"):
+    with pytest.raises(PipelineError, match=r"wide/config.json: the weights in .*wide are not the model its config "
+                       r"describes: no talker.code_predictor.small_to_mtp_projection.bias \(and 1 more\); "
+                       r"talker.code_predictor.model.codec_embedding.0.weight is \[2048, 64\], its config makes "
+                       r"\[2048, 128\]"):
         ReferenceSynthesis(wide)
+
+
+@pytest.fixture(scope="module")
+def twin_1_7b(tmp_path_factory) -> Path:
+    from pipeline.workstation.fetch import fetch_builtin
+    out = tmp_path_factory.mktemp("tts-1.7b") / "model"
+    fetch_builtin("tiny-qwen3-tts-1.7b", out)
+    return out
+
+
+def test_the_reference_loop_makes_the_official_codes_through_the_1_7b_s_projection(twin_1_7b, tmp_path):
+    """The 1.7B's layout (a code predictor narrower than its talker, fed through small_to_mtp_projection): the
+    reference and the official generate choose the same codes, frame for frame, for every way a request opens."""
+    from pipeline.workstation.synthesis_model import PROJECTION
+    from pipeline.workstation.synthesis_reference import ReferenceSynthesis
+    reference = ReferenceSynthesis(twin_1_7b)
+    cp = reference.model.talker.code_predictor
+    assert tuple(getattr(cp, PROJECTION).weight.shape) == (64, 96)
+    ours = _ours(reference, REQUESTS, 12)
+    theirs = _official_generate(twin_1_7b, REQUESTS, 12, tmp_path / "out.npz")
+    for (text, *_), a, b in zip(REQUESTS, ours, theirs, strict=True):
+        assert a.shape == b.shape == (12, 16), text
+        np.testing.assert_array_equal(a, b, err_msg=text)
 
 
 def test_a_reference_that_speaks_nan_makes_no_goldens(twin, tmp_path):
@@ -204,5 +232,5 @@ def test_a_reference_that_speaks_nan_makes_no_goldens(twin, tmp_path):
     weights[name][:] = float("nan")
     save_file(weights, str(nan / "speech_tokenizer" / "model.safetensors"))
     with pytest.raises(PipelineError, match="the reference waveform of 'Hi.' holds a value that is not finite"):
-        synthesis_check(ReferenceSynthesis(nan), ["Hi."], "ryan", "auto", 3, tmp_path / "out")
+        synthesis_check(ReferenceSynthesis(nan), ["Hi."], "ryan", "auto", 3, tmp_path / "out", 0.03)
     assert not (tmp_path / "out" / "audio" / "tts-0.wav").exists()

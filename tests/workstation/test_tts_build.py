@@ -259,9 +259,19 @@ def test_the_gate_s_edges():
 
     from pipeline import contract
     from pipeline.device.synthesis import agreement, checks, level, measure
-    assert agreement([[1], [2], [3]], [[1], [2], [3]]) == (1.0, None)
-    assert agreement([[1], [2], [3]], [[1], [9], [3]]) == (1 / 3, 1)
-    assert agreement([[1], [2]], [[1], [2], [3]]) == (1.0, 2)      # spoke on past the reference's end
+    assert agreement([[1], [2], [3]], [[1], [2], [3]]) == (1.0, None, None)
+    assert agreement([[1], [2], [3]], [[1], [9], [3]]) == (1 / 3, 1, None)
+    assert agreement([[1], [2]], [[1], [2], [3]]) == (1.0, 2, None)      # spoke on past the reference's end
+    assert agreement([[1], [2], [3]], [[1]]) == (1 / 3, 1, None)          # stopped before it
+    # near ties: the engine's first differing code is the reference's runner-up there (or EOS, by id)
+    tie, eos_tie = contract.SpokenTie(1, 1, 7, 0.01), contract.SpokenTie(2, 0, 2150, 0.02)
+    assert agreement([[1, 5], [2, 6], [3, 4]], [[1, 5], [2, 7], [9, 9]], [tie]) == (1.0, 1, tie)
+    assert agreement([[1, 5], [2, 6], [3, 4]], [[1, 5], [2, 8]], [tie]) == (1 / 3, 1, None)   # another code
+    assert agreement([[1, 5], [2, 6], [3, 4]], [[1, 5], [3, 7]], [tie]) == (1 / 3, 1, None)   # another codebook
+    assert agreement([[1, 5], [2, 6], [3, 4]], [[1, 5], [2, 6]], [eos_tie], 2150) == (1.0, 2, eos_tie)
+    assert agreement([[1, 5], [2, 6], [3, 4]], [[1, 5], [2, 6]], [eos_tie], None) == (2 / 3, 2, None)
+    went_on = contract.SpokenTie(2, 0, 4, 0.01)       # the reference said EOS after two frames; code 4 was within
+    assert agreement([[1, 5], [2, 6]], [[1, 5], [2, 6], [4, 0]], [went_on], 2150) == (1.0, 2, went_on)
     assert level(array("h", [32767, 0, 0, 0])) == (pytest.approx(32767 / 32768 / 2), 0.25)
     golden = contract.SpokenGolden("x", "ryan", "auto", [[1, 2]], "audio/tts-0.wav", "0" * 64, 0.25)
     check = contract.SynthesisCheck([golden], 4, 24000, 2, min_code_agreement=1.0)
@@ -279,6 +289,19 @@ def test_the_gate_s_edges():
     # the same codes with a waveform of the opposite sign: the cosine check fails
     flipped = checks(check, [measure("x", [[1, 2]], array("h", [-8192, 8192]), loud)])
     assert [(c.ok, c.measured) for c in flipped if c.check.startswith("speech waveform")] == [(False, -1.0)]
+    # a near tie taken: the codes pass, compared up to there, and the waveform (another from there on) is not compared
+    tied = contract.SpokenGolden("x", "ryan", "auto", [[1, 2], [3, 4]], "audio/tts-0.wav", "0" * 64, 0.25,
+                                 [contract.SpokenTie(1, 1, 5, 0.0004)])
+    check = contract.SynthesisCheck([tied], 4, 24000, 1, tie_margin=0.03, eos_code=2150)
+    said = {c.check: c.ok for c in checks(check, [measure("x", [[1, 2], [3, 5]], array("h", [8192, -8192]), loud)])}
+    assert said == {"speech codes of 'x' (ryan, auto): reference frames before the first that differs; frame 1 took "
+                    "the reference's near tie at codebook 1 (0.0004 below its choice: at most 0.03), compared up to "
+                    "there": True,
+                    "speech samples of 'x' (ryan, auto): 1 a frame of its 2 frames": True,
+                    "speech level of 'x' (ryan, auto): RMS within 2.0x of the reference's 0.2500, above silence "
+                    "(0.001), at most 1% clipped (has 0.00%)": True}
+    other = checks(check, [measure("x", [[1, 2], [3, 6]], array("h", [8192, -8192]), loud)])
+    assert [(c.ok, c.measured) for c in other if c.check.startswith("speech codes")] == [(False, 0.5)]
 
 
 # ------------------------------------------------------------------------------------ /v1/audio/speech on the board

@@ -16,8 +16,11 @@ language-conditioned layout used by the PyTorch reference"), from the engine dir
   the first two frames, the repetition penalty over the codebook-0 ids emitted; chosen greedily at top_k 1, else
   sampled (temperature, top-k, top-p; numpy's generator seeded with 0 per request);
 - the code predictor fed [the talker's last post-norm hidden state, codebook 0's codec row], its head picked by
-  lm_head_idx, each next codebook read after the previous one's codec_embeddings.safetensors row; the talker's next
-  row is the sum of the frame's 16 codec rows plus the next text row (tts_eos after the text, tts_pad after that);
+  lm_head_idx, each next codebook read after the previous one's codec_embeddings.safetensors row; every row it is fed
+  first goes through small_to_mtp_projection.safetensors where its engine directory has one (the 1.7B's: a Linear
+  from the talker's width to the code predictor's, FP16 weights, applied by the runtime before the graph; without it
+  the rows go in as they are, and rows of another width than the graph's fail the run); the talker's next row is the
+  sum of the frame's 16 codec rows plus the next text row (tts_eos after the text, tts_pad after that);
 - Code2Wav on the whole utterance, or per --chunkFrames chunk with --streaming (each chunk alone, as the guide says);
   16-bit PCM WAVs at 24 kHz, the codes as int32 [frames, 16] in rvq_req{N}.safetensors.
 
@@ -65,6 +68,9 @@ class TTSRuntime:
         self.cp_rows = [rows[f"embedding_{i}"] for i in range(self.groups - 1)]
         heads = load_file(str(code_predictor_dir / "lm_heads.safetensors"))
         self.heads = np.stack([heads[f"lm_head_{i}.weight"] for i in range(self.groups - 1)]).astype(np.float16)
+        projection = code_predictor_dir / "small_to_mtp_projection.safetensors"
+        self.projection_cp = {k: v.astype(np.float16).astype(np.float32) for k, v in
+                              load_file(str(projection)).items()} if projection.is_file() else None
         self.tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
         self.code2wav = ReferenceEvaluator(onnx.load(str(code2wav_dir / "code2wav.engine")),
                                            new_ops=[*float32_accumulating_ops(), *exact_elementwise_ops()])
@@ -76,6 +82,18 @@ class TTSRuntime:
         p = self.projection
         h = _silu(x @ p["linear_fc1.weight"].T + p["linear_fc1.bias"])
         return (h @ p["linear_fc2.weight"].T + p["linear_fc2.bias"]).astype(np.float32)
+
+    def _into_predictor(self, rows: np.ndarray) -> np.ndarray:
+        """Rows of the talker's width as the code predictor's graph takes them (its projection, where it has one)."""
+        p = self.projection_cp
+        if p is not None:
+            rows = rows @ p["weight"].T + p.get("bias", 0.0)
+        width = int(self.cp.cfg["hidden_size"])
+        if rows.shape[-1] != width:
+            raise SystemExit(f"qwen3_tts_inference: the code predictor takes rows of {width}, the talker's are "
+                             f"{rows.shape[-1]} wide and its engine directory has no "
+                             "small_to_mtp_projection.safetensors")
+        return rows.astype(np.float32)
 
     def _codec(self, ids) -> np.ndarray:
         return self.talker.embedding[np.asarray(ids, np.int64)].astype(np.float32)
@@ -163,7 +181,7 @@ class TTSRuntime:
             frame, rows = [code0], [self._codec([code0])[0]]
             cp_pools = self.cp.new_pools(1)
             cp_table = np.zeros((1, 2, 1), np.int32)
-            feed = np.stack([hidden, rows[0]])
+            feed = self._into_predictor(np.stack([hidden, rows[0]]))
             for k in range(self.groups - 1):
                 cp_logits = self.cp.step([], 0 if k == 0 else k + 1, cp_pools, cp_table, embeds=feed,
                                          extra={"lm_heads": self.heads, "lm_head_idx": np.array([k], np.int64)})
@@ -172,7 +190,7 @@ class TTSRuntime:
                                  s.get("subtalker_top_k", 50), s.get("subtalker_top_p", 0.8), rng)
                 frame.append(code)
                 rows.append(self.cp_rows[k][code].astype(np.float32))
-                feed = rows[-1][None]
+                feed = self._into_predictor(rows[-1][None])
             emitted.append(code0)
             yield frame
             step = len(emitted) - 1
