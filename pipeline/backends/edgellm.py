@@ -306,8 +306,9 @@ EDGELLM_011_SPEECH = {
                  "part counted against its modules)"),
     "nemotron3_5_asr": Support(
         not_built="this version plans Nemotron-3.5-ASR but builds no kit for it yet (TensorRT Edge-LLM 0.11 exports "
-                  "it itself: tensorrt-edgellm-export writes audio/ for the encoder and the RNN-T step, both built "
-                  "by audio_build)",
+                  "it itself: tensorrt-edgellm-export writes audio/ for the encoder and rnnt_decoder/ for the RNN-T "
+                  "step, both built by audio_build; the board transcribes with Edge-LLM's experimental "
+                  "nemotron_asr_inference, built with -DBUILD_EXPERIMENTAL_MODELS=ON)",
         formats=("fp16",),
         formats_why="Edge-LLM 0.11 exports its encoder and RNN-T step in FP16 only (audio_build's graphs)",
         verified="tensorrt_edgellm/models/nemotron3_5_asr, scripts/export.py; tests/shared/test_transducer_plan.py "
