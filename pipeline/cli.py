@@ -236,6 +236,9 @@ def _add_board(sub) -> None:
                    help="replace the installed bundle of the same kit with an older one")
     i.add_argument("--switch-kit", action="store_true",
                    help="replace an installed bundle of another kit (switch this board to another model)")
+    i.add_argument("--transcriber", metavar="BUNDLE", help="a text-to-speech bundle's round trip, as `device "
+                   "--transcriber` runs it: a speech-to-text engine bundle built on a board like this one, verified "
+                   "here, hears the engines' speech and the reference's of each text (removed after the check)")
     staged = i.add_mutually_exclusive_group()
     staged.add_argument("--keep-previous", action="store_true", help="a staged rollout: keep the replaced install "
                         "(--work/bundle.previous or set.previous) until --commit, for --rollback")
@@ -289,7 +292,8 @@ def _install_cmd(args) -> int:
     options = InstallOptions(root=args.root, pubkey=args.pubkey, validate_timeout=args.validate_timeout,
                              load_requests=args.load_requests, any_board_model=args.any_board_model,
                              as_json=args.json, allow_downgrade=args.allow_downgrade, switch_kit=args.switch_kit,
-                             keep_previous=args.keep_previous)
+                             keep_previous=args.keep_previous,
+                             transcriber=Path(args.transcriber) if args.transcriber else None)
     work = Path(args.work) if args.work else None
     if len(args.bundle) > 1:
         from pipeline.device.install_set import run_install_set

@@ -10,6 +10,8 @@ A different board is refused before anything is unpacked, naming each difference
 engine is then run on the bundle's goldens exactly as `device` validates a fresh build (the same runners, checks and
 report), except that nothing here measured a build: the report says where and when the engine was built and leaves
 build time and memory out rather than reporting another board's figures as measured here.
+A text-to-speech bundle given --transcriber (a speech-to-text bundle) is heard back as `device --transcriber` hears
+a fresh build (device/round_trip.py); the transcriber's unpacked copy is removed once the check is done.
 
 The new bundle is unpacked beside the installed one (--work/.bundle.next) and checked there; only a bundle that
 passed its golden check takes the installed one's place (--work/bundle), in one atomic rename, with its install
@@ -31,6 +33,7 @@ from pipeline.device.install_history import BUNDLE as INSTALL_DIR
 from pipeline.device.install_history import RECORD, bundle_record
 from pipeline.device.opening import Opened
 from pipeline.device.process import claim_work, say, terminate_as_interrupt
+from pipeline.device.round_trip import TRANSCRIBER_DIR
 from pipeline.errors import PipelineError
 from pipeline.runtime.load import LOAD_REQUESTS
 
@@ -62,6 +65,7 @@ class InstallOptions:
     allow_downgrade: bool = False
     switch_kit: bool = False
     keep_previous: bool = False     # keep the replaced install (install_history) until `install --commit`
+    transcriber: Path | None = None     # a text-to-speech bundle's round trip: a speech-to-text bundle that hears it
 
 
 def run_install(bundle: Path, work: Path | None, out: Path, options: InstallOptions = InstallOptions()) -> int:
@@ -126,11 +130,29 @@ def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions
         remove_entry(staging)
         raise
     say(f"unpacked and verified: {staging} (the installed bundle stays until this one passes)")
-    report, report_dir = validate_unpacked(opened, staging, (plan, goldens, serving), work, out, options,
-                                           f"engine installed from bundle {m.name}, built on {m.built_on.name} from "
-                                           f"kit {m.kit.name} (signed {verified.created} by {verified.signed_by}); it "
-                                           "was not built here, so the build's time and memory are not in this report "
-                                           "(the building board's report has them)")
+    heard_by = None
+    if options.transcriber is not None:     # verified, gated and unpacked in this run, as `device --transcriber`
+        if goldens.synthesis is None:
+            remove_entry(staging)
+            raise PipelineError(f"--transcriber {options.transcriber}: {m.name} is not a text-to-speech bundle",
+                                "give --transcriber only with a text-to-speech bundle (its round trip); nothing was "
+                                "installed")
+        from pipeline.device.round_trip import open_transcriber
+        try:
+            heard_by = open_transcriber(options.transcriber, work, trusted, root)
+        except BaseException:
+            remove_entry(staging)
+            remove_entry(work / TRANSCRIBER_DIR)
+            raise
+    try:
+        report, report_dir = validate_unpacked(opened, staging, (plan, goldens, serving), work, out, options,
+                                               f"engine installed from bundle {m.name}, built on {m.built_on.name} "
+                                               f"from kit {m.kit.name} (signed {verified.created} by "
+                                               f"{verified.signed_by}); it was not built here, so the build's time "
+                                               "and memory are not in this report (the building board's report has "
+                                               "them)", heard_by)
+    finally:        # it heard this install's speech; the board serves without it
+        remove_entry(work / TRANSCRIBER_DIR)
     say(f"report: {report_dir / contract.REPORT_MD} ({'passed' if report.ok else 'FAILED'})")
     if report.ok:
         import json
@@ -159,10 +181,11 @@ def _install(bundle: Path, work: Path | None, out: Path, options: InstallOptions
 
 
 def validate_unpacked(opened: Opened, engine: Path, records: tuple, work: Path, out: Path, options: InstallOptions,
-                      note: str) -> tuple[contract.Report, Path]:
+                      note: str, transcriber=None) -> tuple[contract.Report, Path]:
     """An unpacked bundle's engine run on its goldens exactly as `device` validates a fresh build (its backend's
     runner in `work`, the board's memory watched), no build reported, `note` first among the report's notes; the
-    report published under out/<kit>.report. records: (plan, goldens, serving dir) from serving_records."""
+    report published under out/<kit>.report. records: (plan, goldens, serving dir) from serving_records.
+    transcriber: a text-to-speech bundle's round trip (round_trip.open_transcriber), or None."""
     from pipeline.device.driver import publish_report, timeouts
     from pipeline.device.memwatch import MemoryWatch
     from pipeline.device.report import build_report
@@ -174,7 +197,7 @@ def validate_unpacked(opened: Opened, engine: Path, records: tuple, work: Path, 
     _, limit = timeouts(plan, goldens, None, options.validate_timeout, options.load_requests)
     watch = MemoryWatch(Path(options.root))
     validation = RUNNERS[backends.get(m.compat.backend).name](serving, engine, plan, goldens, work, watch, limit,
-                                                              options.load_requests)
+                                                              options.load_requests, transcriber)
     report = build_report(goldens, validation, plan, opened.board, None, False, watch.measured())
     report = dataclasses.replace(report, notes=[note, *report.notes])
     out.mkdir(parents=True, exist_ok=True)

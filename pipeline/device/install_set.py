@@ -52,6 +52,10 @@ def _install_set(bundles: list[Path], work: Path | None, out: Path, options: Ins
     from pipeline.files import exchange_dirs, remove_entry, write_atomic
     from pipeline.kit.signing import required_trusted_keys
 
+    if options.transcriber is not None:
+        raise PipelineError(f"--transcriber {options.transcriber}: a set is installed without a round trip",
+                            "install the text-to-speech bundle alone with --transcriber to hear it; nothing was "
+                            "installed")
     trusted = required_trusted_keys(options.pubkey)
     opened = [open_verified(b, trusted, options.root, contract.BundleManifest, say) for b in bundles]
     kits = [_bundle(o).kit.name for o in opened]

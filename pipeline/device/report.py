@@ -370,8 +370,8 @@ def synthesis_report(goldens: contract.Goldens, validation: contract.Validation,
     notes = ["the engines' speed is not measured here (qwen3_tts_inference reloads them every run); the plan's "
              "real-time factor stands as a prediction"]
     if validation.transcriber is None:
-        notes.append("the round trip was not measured: give `device --transcriber BUNDLE` a speech-to-text bundle "
-                     "built on a board like this one")
+        notes.append("the round trip was not measured: give `device --transcriber BUNDLE` (or `install "
+                     "--transcriber BUNDLE`) a speech-to-text bundle built on a board like this one")
     if reused:
         notes.append("engine reused from an earlier run of this kit: its build time and memory were measured then")
     lim = plan.limits

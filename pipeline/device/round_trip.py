@@ -1,15 +1,15 @@
 """The text-to-speech gate's round trip: what a speech-to-text engine hears in the engines' speech, against the text
 they were asked to speak, beside what it hears in the reference's speech of the same text.
 
-`device TTS-KIT --transcriber ASR-BUNDLE` names a speech-to-text bundle built on a board like this one (`device` of a
-Qwen3-ASR kit): it is verified (signature, every part's hash), gated against this board and unpacked in this run
-exactly as `install` does, and asked as its own speech gate asks (llm_inference, greedy, its set's prompt after the
-recording; the transcript follows its marker). Each text's two waveforms (the engines', the kit's reference) go to it
-at its 16 kHz; both transcripts are scored against the text by the speech gate's own metric (word error rate, or
-character error rate for a language written without spaces: pipeline/transcripts.py). The check holds the engines'
-rate within SynthesisCheck.max_round_trip_increase of the reference's: a transcriber that hears the reference badly
-(a tiny twin, a language it was not trained on) does not fail the speech, and speech it hears worse than the
-reference's does.
+`device TTS-KIT --transcriber ASR-BUNDLE` (and `install TTS-BUNDLE --transcriber ASR-BUNDLE`) names a speech-to-text
+bundle built on a board like this one (`device` of a Qwen3-ASR kit): it is verified (signature, every part's hash),
+gated against this board and unpacked in this run exactly as `install` does, and asked as its own speech gate asks
+(llm_inference, greedy, its set's prompt after the recording; the transcript follows its marker). Each text's two
+waveforms (the engines', the kit's reference) go to it at its 16 kHz; both transcripts are scored against the text by
+the speech gate's own metric (word error rate, or character error rate for a language written without spaces:
+pipeline/transcripts.py). The check holds the engines' rate within SynthesisCheck.max_round_trip_increase of the
+reference's: a transcriber that hears the reference badly (a tiny twin, a language it was not trained on) does not fail
+the speech, and speech it hears worse than the reference's does.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pipeline.device.process import say
 from pipeline.errors import PipelineError
 
 RATE = 16_000       # what the transcriber's audio runner reads (Whisper's features)
+TRANSCRIBER_DIR = "transcriber"      # under a run's work directory: where the transcriber's bundle is unpacked
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def open_transcriber(bundle: Path, work: Path, trusted, root: str) -> Transcribe
     assert isinstance(m, contract.BundleManifest)       # open_verified checked the kind
     for w in gate.require(m, opened.board).warnings:
         say(f"warning: {w}")
-    dest = unpack_verified(opened, work / "transcriber" / opened.verified.name, trusted)
+    dest = unpack_verified(opened, work / TRANSCRIBER_DIR / opened.verified.name, trusted)
     plan, goldens, _ = serving_records(opened, dest)
     if plan.audio is None or goldens.speech is None:
         raise PipelineError(f"--transcriber {bundle}: {m.kit.name} is not a speech-to-text bundle (it has "

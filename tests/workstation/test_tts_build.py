@@ -453,25 +453,32 @@ def test_a_speaking_board_queues_one_refuses_the_next_and_frees_a_client_that_le
         assert events[-1]["usage"]["output_tokens"] == 3 * 1920
 
 
-def test_the_bundle_installs_on_an_identical_thor_and_its_install_is_served(built, validated, tmp_path):
-    """`install` (what a fleet's boards run) validates the unpacked bundle's three engines on the goldens as `device`
-    did, and `serve` of the install directory speaks from what it installed."""
+def _install(project, kit, tmp_path, bundles, *args):
+    """`python -m pipeline install BUNDLES... ARGS` on a copy of the recorded Thor: (process, env, board)."""
     import subprocess
     import sys
 
     from conftest import board_copy, device_command
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    _, env = device_command(project, kit, tmp_path / "dev", board=BOARD)
+    root = board_copy(tmp_path, BOARD)
+    done = subprocess.run([sys.executable, "-m", "pipeline", "install", *map(str, bundles), "--root", str(root),
+                           "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--pubkey",
+                           str(project.root / "home" / "signing.pub"), "--load-requests", "0", *args],
+                          env=dict(env, FAKE_BOARD_ROOT=str(root)), capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    return done, env, root
 
+
+def test_the_bundle_installs_on_an_identical_thor_and_its_install_is_served(built, validated, tmp_path):
+    """`install` (what a fleet's boards run) validates the unpacked bundle's three engines on the goldens as `device`
+    did, and `serve` of the install directory speaks from what it installed."""
     from tests.serving import Served
     project, kits, _ = built
     tmp, proc = validated[TARGET]
     (bundle,) = [p for p in (tmp / "out").iterdir() if (p / "MANIFEST.json").is_file()]
-    _, env = device_command(project, kits[TARGET], tmp_path / "dev", board=BOARD)
-    root = board_copy(tmp_path, BOARD)
+    done, env, root = _install(project, kits[TARGET], tmp_path, [bundle])
     key = str(project.root / "home" / "signing.pub")
-    done = subprocess.run([sys.executable, "-m", "pipeline", "install", str(bundle), "--root", str(root), "--work",
-                           str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--pubkey", key, "--load-requests",
-                           "0"], env=dict(env, FAKE_BOARD_ROOT=str(root)), capture_output=True, text=True,
-                          timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (report,) = (tmp_path / "out").glob("*.report")
     installed = json.loads((report / "report.json").read_text())
@@ -528,6 +535,32 @@ def test_the_round_trip_hears_the_engines_speech_as_it_hears_the_reference_s(bui
     plain = contract.Report.load(next(tmp.glob("out/*.report")) / contract.REPORT_JSON)
     assert not [c for c in plain.checks if "round trip" in c.check]
     assert any("the round trip was not measured: give `device --transcriber BUNDLE`" in n for n in plain.notes)
+
+
+def test_an_install_hears_its_speech_back_through_a_transcriber(built, validated, transcriber, tmp_path):
+    """`install --transcriber` (a fleet board installing the bundle): the round trip `device --transcriber` runs, in
+    the install's report; the transcriber's unpacked copy is removed once it has heard. Given with a bundle that is
+    not text to speech, or with a set, it is refused and nothing is installed."""
+    project, kits, _ = built
+    tmp, _ = validated[TARGET]
+    (bundle,) = [p for p in (tmp / "out").iterdir() if (p / "MANIFEST.json").is_file()]
+    done, _, _ = _install(project, kits[TARGET], tmp_path / "tts", [bundle], "--transcriber", transcriber)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"transcriber {transcriber.name}: verified and unpacked" in done.stderr
+    report = contract.Report.load(next((tmp_path / "tts" / "out").glob("*.report")) / contract.REPORT_JSON)
+    trips = [c for c in report.checks if c.check.startswith("speech round trip of")]
+    assert len(trips) == 2 and all(c.ok for c in trips) and report.ok, trips
+    assert not any("the round trip was not measured" in n for n in report.notes)
+    work = tmp_path / "tts" / "work"
+    assert (work / "bundle").is_dir() and not (work / "transcriber").exists()
+    # the speech-to-text bundle itself given a transcriber: refused, nothing installed
+    done, _, _ = _install(project, kits[TARGET], tmp_path / "asr", [transcriber], "--transcriber", transcriber)
+    assert done.returncode == 2 and f"{transcriber.name} is not a text-to-speech bundle" in done.stderr, done.stderr
+    assert not (tmp_path / "asr" / "work" / "bundle").exists()
+    assert not (tmp_path / "asr" / "work" / "transcriber").exists()
+    done, _, _ = _install(project, kits[TARGET], tmp_path / "set", [bundle, transcriber], "--transcriber",
+                          transcriber)
+    assert done.returncode == 2 and "a set is installed without a round trip" in done.stderr, done.stderr
 
 
 def test_a_transcriber_that_is_not_a_speech_to_text_bundle_is_refused_before_any_build(built, validated, tmp_path):
