@@ -3,6 +3,7 @@ graphs as Edge-LLM's exporter writes them, the reference's codes and waveforms o
 builds the three engines as Edge-LLM's TTS guide builds them and validates each text through qwen3_tts_inference
 (doubles: the exported graphs run on the recorded Thor)."""
 
+import dataclasses
 import json
 import shutil
 
@@ -51,6 +52,9 @@ def test_the_kit_carries_the_three_graphs_and_the_reference_speech(built):
         ["audio_build", "--onnxDir", "onnx/code2wav", "--engineDir", "engine"]]
     goldens = contract.Goldens.load(stage_dir(project, RECIPE, "goldens") / contract.GOLDENS)
     assert goldens.prompts == [] and goldens.synthesis is not None
+    # the recipe's min_token_agreement (its default) is the share of frames the engines must give; FP16's tie margin
+    assert (goldens.synthesis.min_code_agreement, goldens.synthesis.tie_margin, goldens.synthesis.eos_code) == \
+        (0.9, 0.03, 2150)
     spoken = goldens.synthesis.utterances
     assert [(u.text, u.speaker, u.language, len(u.codes)) for u in spoken] == \
         [("Hello from the Jetson.", "serena", "auto", 12), ("Front left.", "serena", "auto", 12)]
@@ -91,7 +95,7 @@ def test_an_engine_that_speaks_another_code_fails_the_kit(built, tmp_path):
     proc = device(project, kits[TARGET], tmp_path, board=BOARD, TTS_DOUBLE_WRONG_FRAME="5")
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "failed: speech codes of 'Hello from the Jetson.' (serena, auto): reference frames before the first that " \
-           "differs; frame 4 differs: required >= 1.0, measured 0.3333" in proc.stdout + proc.stderr
+           "differs; frame 4 differs: required >= 0.9, measured 0.3333" in proc.stdout + proc.stderr
 
 
 def test_a_kit_whose_reference_waveform_was_swapped_is_refused(built, tmp_path):
@@ -302,6 +306,13 @@ def test_the_gate_s_edges():
                     "(0.001), at most 1% clipped (has 0.00%)": True}
     other = checks(check, [measure("x", [[1, 2], [3, 6]], array("h", [8192, -8192]), loud)])
     assert [(c.ok, c.measured) for c in other if c.check.startswith("speech codes")] == [(False, 0.5)]
+    # at min_code_agreement 0.5: a first difference at frame 1 of 2 passes, and so does stopping there (EOS where
+    # the reference spoke on); speaking on past the reference's end never does
+    half = contract.SynthesisCheck([dataclasses.replace(tied, near_ties=[])], 4, 24000, 1, min_code_agreement=0.5)
+    for spoken, ok in (([[1, 2], [3, 6]], True), ([[1, 2]], True), ([[1, 2], [3, 4], [5, 5]], False)):
+        got = [c for c in checks(half, [measure("x", spoken, array("h", [8192, -8192] * len(spoken)), loud)])
+               if c.check.startswith("speech codes")]
+        assert [c.ok for c in got] == [ok], (spoken, got)
 
 
 # ------------------------------------------------------------------------------------ /v1/audio/speech on the board

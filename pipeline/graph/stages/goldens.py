@@ -133,7 +133,9 @@ def goldens_recordings(g: RecipeGraph):
 
 def synthesis_goldens(g: RecipeGraph, out: Path) -> contract.GoldensSummary:
     """A text-to-speech model's goldens: the recipe's prompts are texts the reference speaks (greedy, the model's
-    first preset voice, language auto, up to max_new_tokens codec frames each), written with their waveforms."""
+    first preset voice, language auto, up to max_new_tokens codec frames each), written with their waveforms; the
+    engines must give min_token_agreement of each text's codec frames before the first that differs (a near tie
+    aside), as a text model's tokens."""
     from pipeline.formats import rounds_activations
     from pipeline.workstation.evaluate import tie_logprob
     from pipeline.workstation.synthesis_gate import GOLDEN_LANGUAGE, golden_speaker, synthesis_check
@@ -143,7 +145,8 @@ def synthesis_goldens(g: RecipeGraph, out: Path) -> contract.GoldensSummary:
     reference = ReferenceSynthesis(model_dir(g))
     check = synthesis_check(reference, list(v.prompts), golden_speaker(reference.talker_config, model_dir(g)),
                             GOLDEN_LANGUAGE, v.max_new_tokens, out,
-                            tie_logprob(rounds_activations(q.weights, q.kv_cache, q.visual)))
+                            tie_logprob(rounds_activations(q.weights, q.kv_cache, q.visual)),
+                            min_code_agreement=v.min_token_agreement)
     goldens = contract.Goldens(max_new_tokens=v.max_new_tokens, min_token_agreement=v.min_token_agreement, top_k=0,
                                eos_token_id=None, prompts=[], synthesis=check)
     goldens.dump(out / contract.GOLDENS)
