@@ -101,9 +101,10 @@ def check_code_predictor_inputs(cp_dir: Path, model_dir: Path, config: dict) -> 
     else. Raises where one is missing or differs."""
     import onnx
     import torch
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from pipeline.workstation.synthesis_model import PROJECTION, widths
+    from pipeline.workstation.synthesis_model import PROJECTION, weight_files, widths
     wide, narrow = widths(config["talker_config"])
     graph = onnx.load(str(cp_dir / "model.onnx"), load_external_data=False)
     rows = next(i for i in graph.graph.input if i.name == "inputs_embeds").type.tensor_type.shape.dim[-1].dim_value
@@ -121,12 +122,10 @@ def check_code_predictor_inputs(cp_dir: Path, model_dir: Path, config: dict) -> 
                             f"rows ({wide} wide) without it", fix)
     exported = load_file(str(path))
     prefix = f"talker.code_predictor.{PROJECTION}."
-    index = model_dir / "model.safetensors.index.json"
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
-        else ["model.safetensors"]
     want: dict = {}
-    for shard in shards:
-        want |= {k[len(prefix):]: v for k, v in load_file(str(model_dir / shard)).items() if k.startswith(prefix)}
+    for shard in weight_files(model_dir):      # the two tensors only (a 1.7B's shard is 4 GB)
+        with safe_open(str(shard), framework="pt") as f:
+            want |= {k[len(prefix):]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
     for name in ("weight", "bias"):
         got = exported.get(name)
         if got is None or name not in want or tuple(got.shape) != tuple(want[name].shape) \

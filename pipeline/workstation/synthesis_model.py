@@ -32,6 +32,14 @@ def widths(talker: dict) -> tuple[int, int]:
     return int(talker["hidden_size"]), int(talker["code_predictor_config"]["hidden_size"])
 
 
+def weight_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's model.safetensors, or the shards its index names."""
+    index = model_dir / "model.safetensors.index.json"
+    names = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
+        else ["model.safetensors"]
+    return [model_dir / n for n in names]
+
+
 def build(config: dict) -> Any:
     """The modules of `config` (config.json) on the current default device, their values as initialised (random)."""
     import torch
@@ -60,12 +68,9 @@ def load(model_dir: Path) -> Any:
     config = json.loads((model_dir / "config.json").read_text())
     with torch.device("meta"):      # nothing initialised only to be overwritten
         model = build(config)
-    index = model_dir / "model.safetensors.index.json"
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
-        else ["model.safetensors"]
     state: dict = {}
-    for shard in shards:
-        state |= load_file(str(model_dir / shard), device="cpu")
+    for shard in weight_files(model_dir):
+        state |= load_file(str(shard), device="cpu")
     # every tensor there and of its shape, or an error naming them (the fetch checked the headers; this is the file
     # read now)
     compare_shapes({k: tuple(v.shape) for k, v in model.state_dict().items()},
