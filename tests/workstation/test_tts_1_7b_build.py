@@ -87,7 +87,12 @@ def test_the_device_speaks_the_reference_codes_through_the_projection(validated)
     tmp, proc = validated[TARGET]
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = contract.Report.load(next(tmp.glob("**/*.report")) / contract.REPORT_JSON)
-    assert report.ok and [c.measured for c in report.checks if c.check.startswith("speech codes")] == [1.0, 1.0]
+    codes = [c for c in report.checks if c.check.startswith("speech codes")]
+    assert report.ok and [c.measured for c in codes] == [1.0, 1.0]
+    # the first text's fourth frame takes a near tie of the code predictor (a float32 margin of 0.0004, below what
+    # FP16 resolves); the second is spoken code for code, all 12 frames, through the projection
+    assert "frame 3 took the reference's near tie at codebook 6" in codes[0].check
+    assert codes[1].check.endswith("before the first that differs") and codes[1].by is None
     engine = next((tmp / "work").glob("**/engine/code_predictor"))
     assert (engine / "small_to_mtp_projection.safetensors").is_file()   # the builder carries it beside the engine
 
