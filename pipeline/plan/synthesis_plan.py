@@ -1,6 +1,6 @@
 """The plan of a text-to-speech model (plan/synthesis.py reads it; plan/speech_plan.py holds the record): memory per
-part on the target, real-time factor and first-audio latency, the published rows beside them; and why no kit is built
-for it yet."""
+part on the target, real-time factor and first-audio latency, the published rows beside them; and what refuses it (a
+format Edge-LLM does not build it in, an utterance past the engine or the board)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pipeline.plan.memory import WORKSPACE
 from pipeline.plan.speech_plan import SpeechPlan, backend_for, published, speed, vit_ms
 from pipeline.plan.synthesis import FAMILY, STREAM_FRAMES, SynthesisShape, prompt_tokens
 
-UNBUILT = "builds no kit for it yet"     # what every backend's Support.not_built for it says (Backend.speech)
+UNBUILT = "builds no kit for it yet"     # what a backend's Support.not_built says of a speech model it only plans
 
 
 def plan_synthesis(shape: SynthesisShape, model: str, weights: str, kv_cache: str, target_id: str, max_seconds: int,

@@ -100,7 +100,8 @@ def test_each_recipe_plan_the_docs_show_is_what_the_planner_prints(doc, recipe, 
     out = subprocess.run([sys.executable, "-m", "pipeline", "plan", recipe], cwd=REPO, capture_output=True, text=True,
                          timeout=120)
     printed = [line.rstrip() for line in out.stdout.splitlines()]
-    # a text-to-speech plan is refused for one reason only, that no kit is built for it yet (plan/synthesis_plan.py)
+    # a speech model's plan the docs show may be refused for one reason only, that no kit is built for it yet
+    # (Nemotron-3.5-ASR: Support.not_built)
     assert out.returncode == 0 or (out.returncode == 1 and out.stderr.count("refused: ") == 1
                                    and UNBUILT in out.stderr), out.stderr
     assert [q for q in quoted if q not in printed] == [], (doc, printed)
