@@ -29,14 +29,14 @@ def check_synthesis_checkpoint(model_dir: Path, config: dict, source: str) -> No
     )
 
     from pipeline.plan.synthesis import speech_tokenizer_config, synthesis_shape
-    from pipeline.workstation.synthesis_model import OTHER_PARTS, build, compare_shapes
+    from pipeline.workstation.synthesis_model import OTHER_PARTS, build, compare_shapes, weight_files
     speech = model_dir / "speech_tokenizer"
     decoder = speech_tokenizer_config(model_dir)
     if decoder is None:
         raise PipelineError(f"{source}: {model_dir} has no speech_tokenizer/config.json (Qwen3-TTS's Code2Wav)",
                             "fetch the whole checkpoint: its speech_tokenizer/ directory too")
     synthesis_shape(config, str(model_dir / "config.json"), decoder)    # every size in bounds, or every problem
-    shards = sorted(model_dir.glob("*.safetensors"))
+    shards = weight_files(model_dir)
     speech_shards = sorted(speech.glob("*.safetensors"))
     if not speech_shards:
         raise PipelineError(f"{source}: no .safetensors weights in {speech}", "fetch the whole checkpoint")

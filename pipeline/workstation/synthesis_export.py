@@ -104,12 +104,13 @@ def check_code_predictor_inputs(cp_dir: Path, model_dir: Path, config: dict) -> 
     from safetensors import safe_open
     from safetensors.torch import load_file
 
+    from pipeline.workstation.safetensors_check import check_safetensors
     from pipeline.workstation.synthesis_model import PROJECTION, weight_files, widths
     wide, narrow = widths(config["talker_config"])
     graph = onnx.load(str(cp_dir / "model.onnx"), load_external_data=False)
     rows = next(i for i in graph.graph.input if i.name == "inputs_embeds").type.tensor_type.shape.dim[-1].dim_value
-    embeddings = load_file(str(cp_dir / "codec_embeddings.safetensors"))
-    widths_seen = sorted({int(t.shape[-1]) for t in embeddings.values()})
+    embeddings = check_safetensors(cp_dir / "codec_embeddings.safetensors")    # the header: only the widths
+    widths_seen = sorted({int(shape[-1]) for _, shape in embeddings.values()})
     fix = "this is a bug in the Edge-LLM export path; please report it with the recipe"
     if rows != narrow or widths_seen != [wide]:
         raise PipelineError(f"{cp_dir}: the code predictor's graph takes rows of {rows} and its codec embeddings are "

@@ -33,11 +33,9 @@ def widths(talker: dict) -> tuple[int, int]:
 
 
 def weight_files(model_dir: Path) -> list[Path]:
-    """The checkpoint's model.safetensors, or the shards its index names."""
-    index = model_dir / "model.safetensors.index.json"
-    names = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
-        else ["model.safetensors"]
-    return [model_dir / n for n in names]
+    """The checkpoint's weight files: every .safetensors beside its config.json, the set the fetch's check holds to
+    the modules' tensors (synthesis_checkpoint.py; an index is not read: it names these same files)."""
+    return sorted(model_dir.glob("*.safetensors"))
 
 
 def build(config: dict) -> Any:
@@ -82,7 +80,9 @@ def load(model_dir: Path) -> Any:
 
 
 def compare_shapes(want: dict[str, tuple], have: dict[str, tuple], allowed: tuple[str, ...], where: Path,
-             source: str) -> None:
+                   source: str) -> None:
+    """Raises, naming the first of each, where `have` (tensor -> shape) misses a tensor of `want`, holds one that is
+    neither `want`'s nor `allowed` beside it, or holds one of another shape."""
     missing = sorted(set(want) - set(have))
     extra = sorted(k for k in set(have) - set(want) if not k.startswith(allowed))
     wrong = sorted(k for k in set(want) & set(have) if tuple(want[k]) != tuple(have[k]))

@@ -165,7 +165,7 @@ class ReferenceSynthesis:
 
         c = self.talker_config
         talker, cp = self.model.talker, self.model.talker.code_predictor
-        groups, vocab, eos = int(c["num_code_groups"]), int(c["vocab_size"]), int(c["codec_eos_token_id"])
+        groups, vocab, eos = int(c["num_code_groups"]), int(c["vocab_size"]), self.eos
         prefill, trailing, pad = self.prompt(self.text_ids(text), voice)
         # a Qwen3 stack over embeddings with its KV cache, final norm applied; the talker's inner module has the
         # same fields (plain RoPE serves it: its interleaved multimodal RoPE with three equal position rows, as a

@@ -131,21 +131,26 @@ def goldens_recordings(g: RecipeGraph):
                              audio.max_seconds if audio and audio.max_seconds else DEFAULT_MAX_SECONDS)
 
 
+def tie_margin(g: RecipeGraph) -> float:
+    """The widest margin at which the reference's runner-up is a near tie in the deployed formats (text and speech)."""
+    from pipeline.formats import rounds_activations
+    from pipeline.workstation.evaluate import tie_logprob
+    q = g.recipe.quantization
+    return tie_logprob(rounds_activations(q.weights, q.kv_cache, q.visual))
+
+
 def synthesis_goldens(g: RecipeGraph, out: Path) -> contract.GoldensSummary:
     """A text-to-speech model's goldens: the recipe's prompts are texts the reference speaks (greedy, the model's
     first preset voice, language auto, up to max_new_tokens codec frames each), written with their waveforms; the
     engines must give min_token_agreement of each text's codec frames before the first that differs (a near tie
     aside), as a text model's tokens."""
-    from pipeline.formats import rounds_activations
-    from pipeline.workstation.evaluate import tie_logprob
     from pipeline.workstation.synthesis_gate import GOLDEN_LANGUAGE, golden_speaker, synthesis_check
     from pipeline.workstation.synthesis_reference import ReferenceSynthesis
-    v, q = g.recipe.validation, g.recipe.quantization
+    v = g.recipe.validation
     g.handoff.drop()
     reference = ReferenceSynthesis(model_dir(g))
     check = synthesis_check(reference, list(v.prompts), golden_speaker(reference.talker_config, model_dir(g)),
-                            GOLDEN_LANGUAGE, v.max_new_tokens, out,
-                            tie_logprob(rounds_activations(q.weights, q.kv_cache, q.visual)),
+                            GOLDEN_LANGUAGE, v.max_new_tokens, out, tie_margin(g),
                             min_code_agreement=v.min_token_agreement)
     goldens = contract.Goldens(max_new_tokens=v.max_new_tokens, min_token_agreement=v.min_token_agreement, top_k=0,
                                eos_token_id=None, prompts=[], synthesis=check)
@@ -161,9 +166,8 @@ def do_goldens(run: StageRun) -> contract.StageManifest:
     if is_synthesis(load_config(model_dir(run.graph) / "config.json")):
         return run.build(lambda out: synthesis_goldens(run.graph, out))
 
-    from pipeline.formats import rounds_activations
     from pipeline.workstation.cpu_linear import skinny_linears
-    from pipeline.workstation.evaluate import make_goldens, tie_logprob, weak_prompts
+    from pipeline.workstation.evaluate import make_goldens, weak_prompts
 
     g = run.graph
 
@@ -171,9 +175,7 @@ def do_goldens(run: StageRun) -> contract.StageManifest:
         tok = AutoTokenizer.from_pretrained(model_dir(g))
         images = goldens_images(g) or goldens_recordings(g)
         with reference_model(g) as model, skinny_linears():
-            q = g.recipe.quantization
-            tie = tie_logprob(rounds_activations(q.weights, q.kv_cache, q.visual))
-            goldens = make_goldens(model, tok, g.recipe.validation, model_dir(g), images, tie)
+            goldens = make_goldens(model, tok, g.recipe.validation, model_dir(g), images, tie_margin(g))
             d = g.recipe.draft
             if d is not None and d.method == "mtp":     # what the device's acceptance is predicted from
                 from pipeline.workstation.mtp import acceptance_on
