@@ -52,6 +52,7 @@ def pytest_configure(config):   # noqa: ARG001 - pytest's hook signature
     contend for them."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
+        os.environ["MKL_NUM_THREADS"] = "1"     # as tests/sshserver.py's boards have it: their runs fit the zygote
         import torch
         torch.set_num_threads(1)
     # torch's inductor writes its cache directory into os.environ the first time anything in this process exports or
@@ -399,8 +400,10 @@ def device_command(project, kit, tmp, board="orin-nano-8gb-jp62-super", args=(),
 
 
 def device(project, kit, tmp, board="orin-nano-8gb-jp62-super", args=(), load=False, **extra_env):
+    """`pipeline device` run to its end, a warm fork of the zygote (with the doubles' directories on its path, and
+    its runner and the doubles' executables warm forks too): as the interpreter would run it."""
     argv, env = device_command(project, kit, tmp, board, args, load, **extra_env)
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=tmp)
+    return run_module("pipeline", argv[3:], env, cwd=tmp, timeout=600)
 
 
 def build_shipped_recipe(root: Path, recipe: str, targets) -> tuple:

@@ -4,6 +4,7 @@ fleet playbook): its own host key, one client key authorized, root login, no PAM
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -13,13 +14,23 @@ from pathlib import Path
 import pytest
 
 from tests.serving import free_port
+from tests.zygote import import_env, warm_python
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-# A line for the shell wrapper a "remote" python runs through: an SSH session starts with a fresh environment, so the
-# one-thread setting the test workers hand their own children (conftest.pytest_configure) is lost on the way; the
-# boards' processes share this machine's cores with each other and the workers, and torch's spinning OpenMP threads
-# would contend for them (a rollout over five boards took twice as long)
-ONE_THREAD = "export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1\n"
+
+
+def remote_exec() -> str:
+    """The last lines of the shell wrapper a "remote" python runs through. An SSH session starts with a fresh
+    environment, so what the test workers hand their own children is lost on the way: the one-thread setting
+    (conftest.pytest_configure; the boards' processes share this machine's cores with each other and the workers, and
+    torch's spinning OpenMP threads would contend for them: a rollout over five boards took twice as long) and the
+    other variables libraries read at import (the worker's: interpreter flags, torch's cache directory, ...). With
+    them back, the board's `python -m pipeline ...` fits the worker's zygote and the wrapper execs its shim
+    (tests/zygote.py), which forks it warm (a fresh interpreter where it does not fit)."""
+    exports = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+               **{k: v for k, v in import_env(dict(os.environ)).items() if k != "PYTHONPATH"}}
+    return ("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(exports.items())) + "\n"
+            f'exec {shlex.quote(warm_python())} "$@"\n')
 
 
 @pytest.fixture

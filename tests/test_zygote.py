@@ -149,7 +149,7 @@ def test_the_edgellm_export_command_run_through_the_shim_answers_as_python_does(
     shim = str(Path(z.path).parent / "spawn-shim")
     monkeypatch.setattr(subprocess.Popen, "__init__", subprocess.Popen.__init__)     # restored after the test
     monkeypatch.chdir(tmp_path)
-    (module,) = EXEC_MODULES
+    module = EXEC_MODULES[0]
     cases = (["--help"], [str(tmp_path / "no-such-checkpoint"), str(tmp_path / "out"), "--skip-llm"])
     plain = [subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300)
              for args in cases]
@@ -162,3 +162,88 @@ def test_the_edgellm_export_command_run_through_the_shim_answers_as_python_does(
     assert "--skip-llm" in warm[0].stdout
     assert warm[1].returncode == plain[1].returncode != 0
     assert warm[1].stderr.strip().splitlines()[-1] == plain[1].stderr.strip().splitlines()[-1]
+
+
+def test_a_pythonpath_that_only_adds_directories_is_an_overlay_and_anything_else_is_not(tmp_path):
+    from tests.zygote import overlay
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    base = {"PATH": "/bin", "PYTHONPATH": str(b), "OMP_NUM_THREADS": "1"}
+    assert overlay(dict(base), base) == []
+    assert overlay(dict(base, PATH="/usr/bin", OTHER="x"), base) == []          # not read at import
+    assert overlay(dict(base, PYTHONPATH=f"{a}:{b}"), base) == [str(a)]
+    assert overlay(dict(base, PYTHONPATH=f"{b}:{a}"), base) == [str(a)]
+    assert overlay(dict(base, PYTHONPATH=str(a)), base) is None                # drops one the zygote has
+    assert overlay(dict(base, PYTHONPATH=f"a:{b}"), base) is None               # relative: the cwd's
+    assert overlay(dict(base, PYTHONPATH=f"{tmp_path / 'none'}:{b}"), base) is None
+    assert overlay(dict(base, PYTHONPATH=f"{a}:{b}", OMP_NUM_THREADS="2"), base) is None
+    assert overlay(dict(base, PYTHONPATH=f"{a}:{b}", HF_HOME="/x"), base) is None
+
+
+def _shadowing(tmp_path: Path) -> Path:
+    """A PYTHONPATH directory with a `pipeline` package whose __main__ says what it sees, and a `tokenizers` that
+    shadows the warm one (the zygote imported the real tokenizers)."""
+    d = tmp_path / "overlay"
+    (d / "pipeline").mkdir(parents=True)
+    (d / "tokenizers").mkdir()
+    (d / "pipeline" / "__init__.py").write_text("")
+    (d / "tokenizers" / "__init__.py").write_text("SHADOW = True\n")
+    (d / "pipeline" / "__main__.py").write_text(
+        "import json, os, sys\nimport tokenizers\n"
+        "print(json.dumps({'argv': sys.argv[1:], 'shadow': getattr(tokenizers, 'SHADOW', False), "
+        "'first': sys.path.index(os.path.dirname(os.path.dirname(__file__))), 'cwd': os.getcwd(), "
+        "'warm': 'torch' in sys.modules}))\n")
+    return d
+
+
+def test_a_run_with_added_pythonpath_directories_imports_what_they_shadow_as_a_fresh_interpreter_does(tmp_path):
+    """The device half's runs put the doubles' directories in front (the Edge-LLM runtime double's tensorrt_edgellm
+    shadows the wheel the zygote imported): the fork finds what they provide first, as a cold interpreter does,
+    including a module the zygote had imported warm; through run_module and through the shim alike."""
+    import json
+    import subprocess
+
+    from tests.zygote import run_module
+    z = zygote()
+    if z is None:
+        pytest.skip("the zygote is off (JETSON_TEST_ZYGOTE=off)")
+    d = _shadowing(tmp_path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(d), os.environ.get("PYTHONPATH")])))
+    cold = subprocess.run([sys.executable, "-m", "pipeline", "x"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    warm = run_module("pipeline", ["x"], env, cwd=tmp_path, timeout=120)
+    shimmed = subprocess.run([z.shim, "-m", "pipeline", "x"], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)
+    seen = [json.loads(p.stdout) for p in (cold, warm, shimmed)]
+    assert seen[0] == {"argv": ["x"], "shadow": True, "first": 1, "cwd": str(tmp_path), "warm": False}, cold.stderr
+    assert seen[1] == seen[2] == dict(seen[0], warm=True), (warm.stderr, shimmed.stderr)
+    assert z.fits(env) and not z.fits(dict(env, HF_HOME=str(tmp_path)))
+
+
+def test_a_doubles_executable_run_by_a_run_is_a_warm_fork_where_python3_is_this_interpreter(tmp_path, monkeypatch):
+    """A run's `trtllm-build ...` (the double, a python3 script on the device's PATH) execs the shim with the
+    script; its output and status are the script's. Another python3 first on PATH (the Python 3.10 board) or an
+    executable that is not a double: left as it is."""
+    import subprocess
+
+    from tests.zygote import DOUBLES_BIN, _warm_argv
+    z = zygote()
+    if z is None:
+        pytest.skip("the zygote is off (JETSON_TEST_ZYGOTE=off)")
+    path = os.pathsep.join([DOUBLES_BIN, str(Path(sys.executable).parent), os.environ["PATH"]])
+    script = os.path.join(DOUBLES_BIN, "trtllm-build")
+    assert _warm_argv(["trtllm-build", "--help"], z.shim, {"PATH": path}) == [z.shim, script, "--help"]
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "python3").symlink_to(sys.executable)
+    assert _warm_argv(["trtllm-build"], z.shim, {"PATH": f"{DOUBLES_BIN}:{other}:{path}"}) == ["trtllm-build"]
+    assert _warm_argv(["ls", "-l"], z.shim, {"PATH": path}) == ["ls", "-l"]
+    assert _warm_argv(["no-such-tool"], z.shim, {"PATH": path}) == ["no-such-tool"]
+    env = dict(os.environ, PATH=path)
+    cold = [subprocess.run(["trtllm-build", *a], env=env, capture_output=True, text=True, timeout=120)
+            for a in (["--help"], ["--no-such-flag"])]
+    warm = [subprocess.run(_warm_argv(["trtllm-build", *a], z.shim, env), env=env, capture_output=True, text=True,
+                           timeout=120) for a in (["--help"], ["--no-such-flag"])]
+    assert [(c.returncode, c.stdout, c.stderr) for c in cold] == [(w.returncode, w.stdout, w.stderr) for w in warm]
+    assert cold[0].returncode == 0 and "--checkpoint_dir" in cold[0].stdout and cold[1].returncode == 2

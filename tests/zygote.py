@@ -51,11 +51,52 @@ WARM = ("torch", "transformers", "transformers.models.llama.modeling_llama", "mo
         "modelopt.torch.export", "onnx", "safetensors.torch", "tokenizers", "fastapi", "uvicorn",
         "tensorrt_edgellm._export_api")
 MODULES = ("doit", "pipeline")      # what a run may start (python -m MODULE)
-EXEC_MODULES = ("tensorrt_edgellm.scripts.export",)     # what a run's own subprocesses start warm (python -m M)
+# what a run's own subprocesses start warm (python -m M): Edge-LLM's exporter, and the device half's processes (its
+# runners, a served bundle's `pipeline serve`, a board's commands over ssh)
+EXEC_MODULES = ("tensorrt_edgellm.scripts.export", "pipeline", "pipeline.device.session_runner",
+                "pipeline.device.set_runner")
+# the test doubles' executables (`#!/usr/bin/env python3` scripts standing in for trtllm-build, llm_inference, ...):
+# a run's subprocess of one of them, where python3 on its PATH is this interpreter, is a warm fork too
+DOUBLES_BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "doubles", "bin")
 
 
-def _import_env(env: dict) -> dict:
+def import_env(env: dict) -> dict:
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
+
+
+def overlay(env: dict, base: dict) -> list[str] | None:
+    """The directories `env`'s PYTHONPATH adds to `base`'s, where that is all that differs between their
+    import-time variables (the device half's processes run with the doubles' directories in front: a fork of the
+    zygote puts them on sys.path and forgets the warm modules they shadow, as a fresh interpreter would never have
+    imported those); None where anything else differs, or an entry is not an absolute directory."""
+    mine, theirs = import_env(base), import_env(env)
+    if any(mine.get(k) != theirs.get(k) for k in mine.keys() | theirs.keys() if k != "PYTHONPATH"):
+        return None
+    had = [p for p in mine.get("PYTHONPATH", "").split(os.pathsep) if p]
+    wants = [p for p in theirs.get("PYTHONPATH", "").split(os.pathsep) if p]
+    added = [p for p in wants if p not in had]
+    if [p for p in wants if p in had] != had or not all(os.path.isabs(p) and os.path.isdir(p) for p in added):
+        return None
+    return added
+
+
+def _put_on_path(added: list[str]) -> None:
+    """In a fork: the PYTHONPATH entries its request adds go where a fresh interpreter has them (after the script's
+    directory, before the standard library), and every warm module one of them provides is forgotten, so that its
+    import finds the entry's (the Edge-LLM runtime double's tensorrt_edgellm, not the wheel's)."""
+    import importlib
+    if not added:
+        return
+    sys.path[1:1] = added
+    names = set()
+    for entry in added:
+        for name in os.listdir(entry):
+            stem = name.split(".", 1)[0]
+            if stem.isidentifier() and (name.endswith((".py", ".so")) or os.path.isdir(os.path.join(entry, name))):
+                names.add(stem)
+    for mod in [m for m in sys.modules if m.split(".", 1)[0] in names]:
+        del sys.modules[mod]
+    importlib.invalidate_caches()
 
 
 def _child(req: dict, shim: str) -> None:
@@ -81,6 +122,7 @@ def _child(req: dict, shim: str) -> None:
         os.environ.clear()
         os.environ.update(req["env"])
         sys.path[0] = req["cwd"]
+        _put_on_path(overlay(req["env"], _STARTED_WITH) or [])
         sys.argv = [req["module"], *req["args"]]
         multiprocessing.set_executable(shim)
         _exec_warm(shim)
@@ -103,15 +145,34 @@ def _child(req: dict, shim: str) -> None:
 
 
 def _exec_warm(shim: str) -> None:
-    """In a run: its subprocesses of `python -m M` (M in EXEC_MODULES) exec the shim in python's place."""
+    """In a run: its subprocesses of `python -m M` (M in EXEC_MODULES), and of a test double's executable whose
+    `python3` (its PATH's) is this interpreter, exec the shim in python's place."""
     popen = subprocess.Popen.__init__
+    if getattr(popen, "_warm", False):
+        return
 
     def init(self, args, *rest, **kw) -> None:
-        if isinstance(args, list | tuple) and len(args) > 2 and args[0] == sys.executable and args[1] == "-m" \
-                and args[2] in EXEC_MODULES:
-            args = [shim, *args[1:]]
+        if isinstance(args, list | tuple) and args:
+            args = _warm_argv(list(args), shim, kw.get("env"))
         popen(self, args, *rest, **kw)
+    init._warm = True       # type: ignore[attr-defined]
     subprocess.Popen.__init__ = init        # type: ignore[method-assign]
+
+
+def _warm_argv(args: list, shim: str, env: dict | None) -> list:
+    if len(args) > 2 and args[0] == sys.executable and args[1] == "-m" and args[2] in EXEC_MODULES:
+        return [shim, *args[1:]]
+    path = (env if env is not None else os.environ).get("PATH")
+    exe = shutil.which(str(args[0]), path=path) if os.sep not in str(args[0]) else str(args[0])
+    if exe is None or os.path.dirname(os.path.abspath(exe)) != DOUBLES_BIN:
+        return args
+    python3 = shutil.which("python3", path=path)
+    with open(exe, "rb") as fh:
+        interpreted = fh.readline().strip() == b"#!/usr/bin/env python3"
+    if interpreted and python3 is not None and os.path.dirname(os.path.abspath(python3)) == os.path.dirname(
+            sys.executable):        # this environment's python3, not another interpreter's (python3.10's)
+        return [shim, os.path.abspath(exe), *args[1:]]
+    return args
 
 
 def _spawned(req: dict, fds: list[int], shim: str) -> None:
@@ -137,10 +198,21 @@ def _spawned(req: dict, fds: list[int], shim: str) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
+        # the PYTHONPATH directories it adds (a spawned child's sys.path is then its parent's: what they shadow is
+        # forgotten all the same)
+        _put_on_path(overlay(req["env"], _STARTED_WITH) or [])
+        if req["kind"] in ("module", "script"):
+            import multiprocessing
+            multiprocessing.set_executable(shim)
+            _exec_warm(shim)        # the device half's runner starts the doubles' executables warm too
         if req["kind"] == "module":
             sys.argv = req["argv"][1:]
             sys.path[0] = req["cwd"]
             runpy.run_module(req["argv"][1], run_name="__main__", alter_sys=True)
+        elif req["kind"] == "script":       # `python3 SCRIPT ARGS`: its directory first on sys.path
+            sys.argv = req["argv"]
+            sys.path[0] = os.path.dirname(req["argv"][0])
+            runpy.run_path(req["argv"][0], run_name="__main__")
         else:
             sys.argv = ["-c", "--multiprocessing-fork"]
             sys.path[0] = ""
@@ -179,17 +251,29 @@ def _request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data), fds
 
 
+def _log_cold(req: dict, flags: bool) -> None:
+    """JETSON_TEST_ZYGOTE_LOG=FILE (set when the tests start): each request the shim execs the interpreter for, with
+    the import-time variables that kept it cold (to find a run that starts cold and need not)."""
+    log = _STARTED_WITH.get("JETSON_TEST_ZYGOTE_LOG")
+    if log:
+        mine, theirs = import_env(_STARTED_WITH), import_env(req["env"])
+        changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        with open(log, "a") as fh:
+            fh.write(json.dumps({"argv": req["argv"][:4], "changed": changed, "flags": flags}) + "\n")
+
+
 def _serve_one(conn: socket.socket, shim: str) -> None:
     with conn:
         try:
             req, fds = _request(conn)
         except (EOFError, OSError, ValueError):
             return
-        shimmed = req.get("kind") in ("spawn", "module")      # the shim's request (else a run's, from the tests)
+        shimmed = req.get("kind") in ("spawn", "module", "script")     # the shim's (else a run's, from the tests)
         flags = req["argv"][:-3] != _flags() if req.get("kind") == "spawn" else False
-        if shimmed and (_import_env(req["env"]) != _import_env(_STARTED_WITH) or flags):
+        if shimmed and (overlay(req["env"], _STARTED_WITH) is None or flags):
             for fd in fds:
                 os.close(fd)
+            _log_cold(req, flags)
             conn.sendall(b"exec\n")        # the shim execs the real interpreter
             return
         pid = os.fork()
@@ -225,7 +309,8 @@ import json, os, signal, socket, sys
 argv = sys.argv[1:]
 spawn = len(argv) >= 3 and argv[-3] == "-c" and "spawn_main(" in argv[-2] and argv[-1] == "--multiprocessing-fork"
 module = len(argv) >= 2 and argv[0] == "-m" and argv[1] in {modules!r}
-if spawn or module:
+script = len(argv) >= 1 and os.path.dirname(argv[0]) == {doubles!r}
+if spawn or module or script:
     fds = []
     for name in os.listdir("/proc/self/fd"):
         try:
@@ -235,8 +320,9 @@ if spawn or module:
             pass        # the listing's own directory, closed by now
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect({path!r})
-    req = json.dumps({{"kind": "spawn" if spawn else "module", "argv": argv, "env": dict(os.environ),
-                      "cwd": os.getcwd(), "fds": fds, "pgid": os.getpgid(0)}}).encode() + b"\\n"
+    kind = "spawn" if spawn else "module" if module else "script"
+    req = json.dumps({{"kind": kind, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "fds": fds,
+                      "pgid": os.getpgid(0)}}).encode() + b"\\n"
     socket.send_fds(sock, [req[:1]], fds)
     sock.sendall(req[1:])
     lines = sock.makefile("r")
@@ -282,7 +368,7 @@ def serve(path: str) -> None:
     _flags()
     shim = os.path.join(os.path.dirname(path), "spawn-shim")
     with open(shim, "w") as f:
-        f.write(SHIM.format(python=sys.executable, path=path, modules=EXEC_MODULES))
+        f.write(SHIM.format(python=sys.executable, path=path, modules=EXEC_MODULES, doubles=DOUBLES_BIN))
     os.chmod(shim, 0o755)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
@@ -317,11 +403,15 @@ class Zygote:
 
     def changed(self, env: dict) -> list[str]:
         """The import-time variables whose values in `env` differ from the zygote's."""
-        mine, theirs = _import_env(self.env), _import_env(env)
+        mine, theirs = import_env(self.env), import_env(env)
         return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
 
     def fits(self, env: dict) -> bool:
-        return not self.changed(env)
+        return overlay(env, self.env) is not None
+
+    @property
+    def shim(self) -> str:
+        return os.path.join(self._dir, "spawn-shim")
 
     def start(self, module: str, args: list[str], env: dict, cwd: str, stdout: str, stderr: str,
               new_group: bool = False) -> tuple[socket.socket, int]:
@@ -355,6 +445,14 @@ def zygote() -> Zygote | None:
         import atexit
         atexit.register(_ZYGOTE.close)
     return _ZYGOTE
+
+
+def warm_python() -> str:
+    """An interpreter to exec as `python` for the device half's commands (a board's `python -m pipeline ...` over
+    ssh, a device run): the shim, which forks the zygote where the command and environment fit it and execs this
+    interpreter otherwise; this interpreter where the zygote is off."""
+    z = zygote()
+    return z.shim if z is not None else sys.executable
 
 
 def zygote_started() -> Zygote | None:

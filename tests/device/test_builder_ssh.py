@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sshserver import ONE_THREAD, SSHD
+from tests.sshserver import SSHD, remote_exec
 
 REPO = Path(__file__).resolve().parents[2]
 DOUBLES = Path(__file__).parents[1] / "doubles"
@@ -37,7 +37,7 @@ def test_doit_build_through_an_ssh_builder(project, sshd, tmp_path):
         f"export PYTHONPATH={DOUBLES / 'python'}:{REPO}\n"
         f"export JETSON_PIPELINE_PROBE_ROOT={FIX / 'orin-nano-8gb-jp62-super'}\n"
         f"export JETSON_PIPELINE_HOME={device_home}\n"
-        + ONE_THREAD + f'exec {sys.executable} "$@"\n')
+        + remote_exec())
     remote_python.chmod(0o755)
     env = dict(project.env, HF_HUB_OFFLINE="1", JETSON_PIPELINE_REMOTE_PYTHON=str(remote_python),
                JETSON_PIPELINE_REMOTE_DIR=str(tmp_path / "remote"),

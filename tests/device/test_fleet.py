@@ -19,7 +19,7 @@ from pipeline.kit.signing import PublicKey, SecretKey
 from pipeline.oci.refs import RegistryRef
 from pipeline.oci.transfer import open_store, push
 from tests.ociregistry import Registry
-from tests.sshserver import ONE_THREAD, SSHD
+from tests.sshserver import SSHD, remote_exec
 
 PLAYBOOK = REPO / "pipeline" / "data" / "fleet-install-bundle.yml"
 ANSIBLE = Path(sys.executable).parent / "ansible-playbook"
@@ -43,7 +43,7 @@ def device_python(tmp: Path, host: str, board: str, signer: Path) -> Path:
         f"export PATH={path}\n"
         f"export PYTHONPATH={DOUBLES / 'python'}:{DOUBLES / 'edgellm_runtime'}:{REPO}\n"
         f"export JETSON_PIPELINE_PROBE_ROOT={root} FAKE_BOARD_ROOT={root} JETSON_PIPELINE_HOME={home}\n"
-        + ONE_THREAD + f'exec {sys.executable} "$@"\n')
+        + remote_exec())
     wrapper.chmod(0o755)
     return wrapper
 

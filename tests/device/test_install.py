@@ -16,6 +16,7 @@ from pipeline.kit.signing import PublicKey, SecretKey
 from pipeline.oci.refs import RegistryRef
 from pipeline.oci.transfer import open_store, pull, push
 from tests.ociregistry import Registry
+from tests.zygote import warm_python
 
 pytestmark = pytest.mark.integration      # runs the device half as subprocesses
 
@@ -27,7 +28,7 @@ def install(bundle, tmp, what=None, board="orin-nano-8gb-jp62-super", model=None
     root = board_copy(tmp, board)
     if model is not None:
         (root / "proc/device-tree/model").write_text(model)
-    argv = [sys.executable, "-m", "pipeline", "install", str(what or b), "--root", str(root), "--work",
+    argv = [warm_python(), "-m", "pipeline", "install", str(what or b), "--root", str(root), "--work",
             str(tmp / "work"), "--out", str(tmp / "out"), "--pubkey", str(project.root / "home" / "signing.pub"),
             "--load-requests", "0", *args]      # no load run (conftest.device_command says why)
     env = dict(env, FAKE_BOARD_ROOT=str(root), **(env_extra or {}))

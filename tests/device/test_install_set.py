@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 from conftest import SECOND, board_copy, device_command
 
 from pipeline import contract
+from tests.zygote import warm_python
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,7 @@ def install_set(two_bundles, tmp, bundles=None, model=None, env_extra=None, extr
     root = board_copy(tmp, "orin-nano-8gb-jp62-super")
     if model is not None:
         (root / "proc/device-tree/model").write_text(model)
-    argv = [sys.executable, "-m", "pipeline", "install", *map(str, bundles or both), "--root", str(root), "--work",
+    argv = [warm_python(), "-m", "pipeline", "install", *map(str, bundles or both), "--root", str(root), "--work",
             str(tmp / "work"), "--out", str(tmp / "out"), "--pubkey", str(project.root / "home" / "signing.pub"),
             "--load-requests", "0", *extra]
     return subprocess.run(argv, env=dict(env, FAKE_BOARD_ROOT=str(root), **(env_extra or {})), capture_output=True,
@@ -34,7 +34,7 @@ def staged(two_bundles, tmp, *flags):
     """`install --work W --rollback` / `--commit` on the board of `install_set`."""
     project, kit_dir, built, _ = two_bundles
     _, env = device_command(project, kit_dir, built)
-    argv = [sys.executable, "-m", "pipeline", "install", "--work", str(tmp / "work"), *flags]
+    argv = [warm_python(), "-m", "pipeline", "install", "--work", str(tmp / "work"), *flags]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=tmp)
 
 

@@ -22,7 +22,7 @@ from conftest import DOUBLES, REPO, board_copy, device
 from pipeline.fleet.record import RolloutRecord
 from pipeline.fleet.release import open_bundle
 from tests.serving import free_port
-from tests.sshserver import ONE_THREAD, SSHD
+from tests.sshserver import SSHD, remote_exec
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not Path(SSHD).exists(), reason="needs OpenSSH's sshd (./bootstrap.sh --test-tools)")]
@@ -59,8 +59,7 @@ def make_board(tmp: Path, host: str, signer: Path, drift: bool = False, dies_aft
                       f"export PATH={path}\n"
                       f"export PYTHONPATH={DOUBLES / 'python'}:{DOUBLES / 'edgellm_runtime'}:{REPO}\n"
                       f"export JETSON_PIPELINE_PROBE_ROOT={root} FAKE_BOARD_ROOT={root} JETSON_PIPELINE_HOME={home}\n"
-                      + ONE_THREAD +
-                      f'exec {sys.executable} "$@"\n')
+                      + remote_exec())
     python.chmod(0o755)
     port = free_port()
     pidfile, log = opt / "serve.pid", opt / "serve.log"

@@ -274,8 +274,9 @@ def test_a_boards_set_of_bundles_is_budgeted_by_the_boards_own_memory(two_bundle
         s.stop()
     _board_with(root, int(1.5 * 10**9))      # less than the two plans together (about 1.07 GB each)
     import subprocess
-    import sys
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "serve", *args], env=denv, capture_output=True,
+
+    from tests.zygote import warm_python
+    proc = subprocess.run([warm_python(), "-m", "pipeline", "serve", *args], env=denv, capture_output=True,
                           text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode != 0 and "cannot load beside the resident models" in proc.stderr, proc.stderr
     assert f"(MemAvailable of {root}/proc/meminfo)" in proc.stderr and "Traceback" not in proc.stderr

@@ -467,13 +467,14 @@ def test_a_speaking_board_queues_one_refuses_the_next_and_frees_a_client_that_le
 def _install(project, kit, tmp_path, bundles, *args):
     """`python -m pipeline install BUNDLES... ARGS` on a copy of the recorded Thor: (process, env, board)."""
     import subprocess
-    import sys
 
     from conftest import board_copy, device_command
+
+    from tests.zygote import warm_python
     tmp_path.mkdir(parents=True, exist_ok=True)
     _, env = device_command(project, kit, tmp_path / "dev", board=BOARD)
     root = board_copy(tmp_path, BOARD)
-    done = subprocess.run([sys.executable, "-m", "pipeline", "install", *map(str, bundles), "--root", str(root),
+    done = subprocess.run([warm_python(), "-m", "pipeline", "install", *map(str, bundles), "--root", str(root),
                            "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--pubkey",
                            str(project.root / "home" / "signing.pub"), "--load-requests", "0", *args],
                           env=dict(env, FAKE_BOARD_ROOT=str(root)), capture_output=True, text=True, timeout=600,
