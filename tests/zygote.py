@@ -319,7 +319,10 @@ if spawn or module or script:
         except OSError:
             pass        # the listing's own directory, closed by now
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect({path!r})
+    try:
+        sock.connect({path!r})
+    except OSError:         # the zygote is gone (its tests ended): the interpreter runs it
+        os.execv({python!r}, [{python!r}, *argv])
     kind = "spawn" if spawn else "module" if module else "script"
     req = json.dumps({{"kind": kind, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "fds": fds,
                       "pgid": os.getpgid(0)}}).encode() + b"\\n"
