@@ -124,6 +124,10 @@ if [ "$test_tools" = 1 ]; then
       "transformers==4.57.3" "huggingface_hub==0.36.0" "einops==0.8.2"
     touch "$ref/.pinned-qwen-tts-0.1.1"
   fi
+  # the repository's own modules byte-compiled once, on every core: where PYTHONDONTWRITEBYTECODE is set (as on some
+  # CI machines) every one of the tests' processes (hundreds of doit, device and serve runs) compiled the modules it
+  # imports again (~0.3 s each); python reads the files even where it may not write them. Up-to-date files are kept.
+  .venv/bin/python -m compileall -q -j0 pipeline tests bench dodo.py >/dev/null
 fi
 
 # Open WebUI in a venv of its own (its pins are not this project's), Playwright's client in the project's venv (the

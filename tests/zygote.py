@@ -9,6 +9,9 @@ exactly as `python -m doit ...` does (the pipeline's modules are imported in the
 set). A run whose environment differs from the zygote's in anything a library reads when it is imported (HF_*,
 PYTHON*, OMP_*, TORCH*, ...) runs as a plain subprocess instead, as does every run when JETSON_TEST_ZYGOTE=off, and
 every run on a machine where those imports initialize CUDA (a GPU machine: unforkable()), whose forks could not use it.
+The one difference taken is directories added in front of PYTHONPATH (overlay()): the device half's runs carry the
+test doubles' (the TensorRT-LLM and Edge-LLM runtime doubles), and the fork puts them on sys.path where a fresh
+interpreter has them and forgets every warm module they shadow.
 
 The processes those runs spawn with multiprocessing (the reference server's engine process, runtime/process.py:
 11-13 s of imports each on this machine) come warm too. Each run's multiprocessing executable is `spawn-shim`, a
@@ -22,7 +25,10 @@ tracker, a run whose environment does not fit) is exec'd as the real interpreter
 
 The same shim starts the Edge-LLM exporter warm: the pipeline runs Edge-LLM's own export command as a subprocess
 (`python -m tensorrt_edgellm.scripts.export`: each tower, audio encoder and speech graph), ~8 s of imports each on
-this machine. In a run, a subprocess of `[sys.executable, "-m", M, ...]` with M in EXEC_MODULES execs the shim in
+this machine; and the device half's processes: its runner (`python -m pipeline.device.session_runner`), a served
+bundle, the doubles' executables (trtllm-build, llm_inference, ...: python3 scripts, each importing torch), and a
+board's `python -m pipeline ...` over ssh (its wrapper execs the shim: tests/sshserver.py remote_exec). In a run, a
+subprocess of `[sys.executable, "-m", M, ...]` with M in EXEC_MODULES (or of a double's script) execs the shim in
 python's place (the same argv after it); the shim hands its descriptors (the caller's pipes), environment and
 directory to the zygote, whose fork runs M's `__main__` as `python -m M` would, and the caller reads its output and
 exit status from the shim as it would from python. The zygote has imported the exporter's API (not the command's
