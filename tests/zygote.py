@@ -70,14 +70,20 @@ def import_env(env: dict) -> dict:
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
 
 
+def changed(env: dict, base: dict) -> list[str]:
+    """The import-time variables whose values in `env` differ from `base`'s."""
+    mine, theirs = import_env(base), import_env(env)
+    return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+
+
 def overlay(env: dict, base: dict) -> list[str] | None:
     """The directories `env`'s PYTHONPATH adds to `base`'s, where that is all that differs between their
     import-time variables (the device half's processes run with the doubles' directories in front: a fork of the
     zygote puts them on sys.path and forgets the warm modules they shadow, as a fresh interpreter would never have
     imported those); None where anything else differs, or an entry is not an absolute directory."""
-    mine, theirs = import_env(base), import_env(env)
-    if any(mine.get(k) != theirs.get(k) for k in mine.keys() | theirs.keys() if k != "PYTHONPATH"):
+    if set(changed(env, base)) - {"PYTHONPATH"}:
         return None
+    mine, theirs = import_env(base), import_env(env)
     had = [p for p in mine.get("PYTHONPATH", "").split(os.pathsep) if p]
     wants = [p for p in theirs.get("PYTHONPATH", "").split(os.pathsep) if p]
     added = [p for p in wants if p not in had]
@@ -105,7 +111,7 @@ def _put_on_path(added: list[str]) -> None:
     importlib.invalidate_caches()
 
 
-def _child(req: dict, shim: str) -> None:
+def _child(req: dict, shim: str, added: list[str]) -> None:
     """In the forked child: become `python -m MODULE ARGS` in the request's directory and environment, its
     multiprocessing children spawned through `shim`."""
     import multiprocessing
@@ -128,7 +134,7 @@ def _child(req: dict, shim: str) -> None:
         os.environ.clear()
         os.environ.update(req["env"])
         sys.path[0] = req["cwd"]
-        _put_on_path(overlay(req["env"], _STARTED_WITH) or [])
+        _put_on_path(added)
         sys.argv = [req["module"], *req["args"]]
         multiprocessing.set_executable(shim)
         _exec_warm(shim)
@@ -181,7 +187,7 @@ def _warm_argv(args: list, shim: str, env: dict | None) -> list:
     return args
 
 
-def _spawned(req: dict, fds: list[int], shim: str) -> None:
+def _spawned(req: dict, fds: list[int], shim: str, added: list[str]) -> None:
     """In the forked child: the process multiprocessing spawned (the shim's request): its descriptors back at the
     numbers the shim had them at, its environment and directory, then the `-c` program it was exec'd with; or the
     module a run's subprocess asked for (kind "module": `-m M ARGS`), as `python -m M ARGS` runs it."""
@@ -206,11 +212,13 @@ def _spawned(req: dict, fds: list[int], shim: str) -> None:
         os.environ.update(req["env"])
         # the PYTHONPATH directories it adds (a spawned child's sys.path is then its parent's: what they shadow is
         # forgotten all the same)
-        _put_on_path(overlay(req["env"], _STARTED_WITH) or [])
+        _put_on_path(added)
+        # its own subprocesses warm too (a run's stage in a process of its own starts the exporter; the device half's
+        # runner, the doubles' executables), and a module's or script's multiprocessing children
+        _exec_warm(shim)
         if req["kind"] in ("module", "script"):
             import multiprocessing
             multiprocessing.set_executable(shim)
-            _exec_warm(shim)        # the device half's runner starts the doubles' executables warm too
         if req["kind"] == "module":
             sys.argv = req["argv"][1:]
             sys.path[0] = req["cwd"]
@@ -222,7 +230,6 @@ def _spawned(req: dict, fds: list[int], shim: str) -> None:
         else:
             sys.argv = ["-c", "--multiprocessing-fork"]
             sys.path[0] = ""
-            _exec_warm(shim)        # a run's stage in a process of its own starts the exporter too
             exec(compile(req["argv"][-2], "<string>", "exec"), {"__name__": "__main__"})     # noqa: S102 - multiprocessing's own
         code = 0
     except SystemExit as exc:
@@ -262,10 +269,9 @@ def _log_cold(req: dict, flags: bool) -> None:
     the import-time variables that kept it cold (to find a run that starts cold and need not)."""
     log = _STARTED_WITH.get("JETSON_TEST_ZYGOTE_LOG")
     if log:
-        mine, theirs = import_env(_STARTED_WITH), import_env(req["env"])
-        changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
         with open(log, "a") as fh:
-            fh.write(json.dumps({"argv": req["argv"][:4], "changed": changed, "flags": flags}) + "\n")
+            fh.write(json.dumps({"argv": req["argv"][:4], "changed": changed(req["env"], _STARTED_WITH),
+                                 "flags": flags}) + "\n")
 
 
 def _serve_one(conn: socket.socket, shim: str) -> None:
@@ -276,7 +282,8 @@ def _serve_one(conn: socket.socket, shim: str) -> None:
             return
         shimmed = req.get("kind") in ("spawn", "module", "script")     # the shim's (else a run's, from the tests)
         flags = req["argv"][:-3] != _flags() if req.get("kind") == "spawn" else False
-        if shimmed and (overlay(req["env"], _STARTED_WITH) is None or flags):
+        added = overlay(req["env"], _STARTED_WITH)      # a run's fits it (its client asked: Zygote.fits)
+        if shimmed and (added is None or flags):
             for fd in fds:
                 os.close(fd)
             _log_cold(req, flags)
@@ -285,7 +292,7 @@ def _serve_one(conn: socket.socket, shim: str) -> None:
         pid = os.fork()
         if pid == 0:
             conn.close()
-            _spawned(req, fds, shim) if shimmed else _child(req, shim)
+            _spawned(req, fds, shim, added or []) if shimmed else _child(req, shim, added or [])
         for fd in fds:
             os.close(fd)
         reaped = threading.Event()
@@ -412,8 +419,7 @@ class Zygote:
 
     def changed(self, env: dict) -> list[str]:
         """The import-time variables whose values in `env` differ from the zygote's."""
-        mine, theirs = import_env(self.env), import_env(env)
-        return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        return changed(env, self.env)
 
     def fits(self, env: dict) -> bool:
         return overlay(env, self.env) is not None
