@@ -12,6 +12,7 @@ Standard library only: the device computes the same figures on the engine's tran
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -101,3 +102,21 @@ def answer_transcript(answer: str, marker: str, names: Sequence[str]) -> tuple[s
         if stripped.startswith(prefix):
             return (None if name == "None" else name), stripped[len(prefix):].strip()
     return None, answer.strip()
+
+
+# a language tag as Nemotron-3.5-ASR emits it (<en-US>), a word of its own: Edge-LLM 0.11's ASR server's pattern
+LANGUAGE_TAG = re.compile(r"(?:^|\s)<([A-Za-z]{2,3}(?:-[A-Za-z]{2})?)>(?=\s|$)")
+
+
+def tagged_transcript(answer: str) -> tuple[str | None, str]:
+    """(the language the last tag names, the transcript without its tags) of an RNN-T's answer, as Edge-LLM's
+    transcription server splits it; (None, the answer) where it carries no tag."""
+    found = list(LANGUAGE_TAG.finditer(answer))
+    if not found:
+        return None, answer.strip()
+    return found[-1].group(1), " ".join(LANGUAGE_TAG.sub(" ", answer).split())
+
+
+def transcript_of(answer: str, marker: str, names: Sequence[str], language_tags: bool) -> str:
+    """The transcript in a speech model's answer: after its marker (Qwen3-ASR), or without its tags (an RNN-T)."""
+    return tagged_transcript(answer)[1] if language_tags else answer_transcript(answer, marker, names)[1]

@@ -53,6 +53,8 @@ def test_each_kit_validates_on_its_recorded_board(tiny_target: tuple[Tiny, str],
         assert goldens.synthesis is not None and goldens.synthesis.utterances
         codes = [c.measured for c in report.checks if c.check.startswith("speech codes")]
         assert codes == [1.0] * len(goldens.synthesis.utterances), report.checks
+    if tiny.hears:      # the speech set transcribed as the reference transcribed it
+        assert goldens.speech is not None and goldens.speech.utterances and report.speech == goldens.speech.reference
     jetpack = re.search(r"jp(\d)(\d)", tiny.boards[target])
     assert jetpack and f"JetPack {jetpack[1]}.{jetpack[2]}" in proc.stderr
     assert list((tmp / "out").glob(f"{tiny.recipe}@{target}-sm*-trt*"))       # the signed bundle
@@ -74,6 +76,13 @@ def test_serve_answers_the_goldens(tiny: Tiny, request, tmp_path):
                                              extra_body={"max_audio_length": spoken.max_frames,
                                                          "codec_chunk_frames": spoken.max_frames})
             assert wav.content == (stage / u.recording).read_bytes(), u.text
+        heard = goldens.speech
+        if tiny.hears:      # an RNN-T: each recording of the set uploaded, the answers scored as the goldens were
+            from pipeline.device.speech import rates
+            assert heard is not None
+            said = [client.audio.transcriptions.create(model=tiny.recipe, language=u.language, file=(
+                "a.wav", (stage / u.recording).read_bytes())).text for u in heard.utterances]
+            assert rates(heard.utterances, said) == heard.reference
         for p in goldens.prompts:
             if not goldens.chat_template:      # a model without a chat template: its goldens are raw completions
                 r = client.completions.create(model=tiny.recipe, prompt=p.prompt, temperature=0,
@@ -106,6 +115,12 @@ def test_the_double_computes_the_calibrated_model(tiny: Tiny, request, tmp_path)
         record = json.loads((stage_dir(project, tiny.recipe, EXPORT.name) / "stage.json").read_text())["export"]
         check = record["synthesis"]
         assert check["code2wav_cosine"] > 0.9999 and check["code2wav_frames"] == [1, 5, 13], check
+        return
+    if tiny.hears:      # an RNN-T: both graphs against transformers at export (the encoder on recordings, the step
+        # on every greedy step); the engines through the RNN-T runtime double on the device (the rates checked above)
+        record = json.loads((stage_dir(project, tiny.recipe, EXPORT.name) / "stage.json").read_text())["export"]
+        check = record["transducer"]
+        assert check["encoder_cosine"] > 0.9999 and check["step_cosine"] > 0.9999 and check["steps"] > 0, check
         return
     if d is None:       # TensorRT-LLM 0.12: the export stage reads its checkpoint back with the independent reader
         record = json.loads((stage_dir(project, tiny.recipe, EXPORT.name) / "stage.json").read_text())["export"]

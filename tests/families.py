@@ -43,6 +43,9 @@ class Tiny:
     # text to speech: its goldens are texts the reference spoke (codes and waveforms, not token answers); the double is
     # the TTS runtime's, held to the reference's codes on the device and its Code2Wav graph at export
     speaks: bool = False
+    # speech to text through an RNN-T: its goldens are the speech set the reference transcribed (no token answers);
+    # the double is the RNN-T runtime's, held to the reference's error rates on the device and its graphs at export
+    hears: bool = False
     serves: bool = True         # `serve` answers its goldens (False: its kind is not served yet, said in its row)
 
     @property
@@ -97,6 +100,9 @@ TINY: tuple[Tiny, ...] = (
     # text to speech: the doit chain, the device's three builds and its gate, /v1/audio/speech
     Tiny("tiny-qwen3-tts", {"agx-thor": "agx-thor-jp72"}, "edgellm", "tests/workstation/test_tts_build.py", "built",
          "validated", speaks=True),
+    # an RNN-T (Nemotron-3.5-ASR): its checkpoint check, export, goldens on the speech set, device builds, runtime
+    Tiny("tiny-nemotron-asr", {"orin-nano-8gb": "orin-nano-8gb-jp72"}, "edgellm",
+         "tests/workstation/test_transducer_build.py", "built", "validated", hears=True),
     # the 1.7B's layout: a code predictor narrower than its talker, fed through small_to_mtp_projection
     Tiny("tiny-qwen3-tts-1.7b", {"agx-thor": "agx-thor-jp72"}, "edgellm", "tests/workstation/test_tts_1_7b_build.py",
          "built", "validated", speaks=True),

@@ -29,6 +29,7 @@ from pipeline.contract import (
     NearTie,
     PromptResult,
     Speculative,
+    SpeechModelPlan,
     VisualLimits,
 )
 from pipeline.errors import PipelineError
@@ -167,8 +168,13 @@ class Backend:
     # speech models that are not decoders (plan/speech_plan.py), by model_type: what this version does with each (a
     # Support whose not_built says why it plans the model and builds no kit for it yet); absent: it knows none
     speech: dict[str, Support] = field(default_factory=dict)
-    # the argvs that build a speech model of `speech` (by model_type) from the limits; None: not built by this version
-    speech_build_commands: Callable[[str, BuildLimits], list[list[str]] | None] = lambda _kind, _limits: None
+    # the argvs that build a speech model of `speech` (by model_type) from the limits and the longest recording or
+    # utterance (seconds); None: not built by this version
+    speech_build_commands: Callable[[str, BuildLimits, int], list[list[str]] | None] = \
+        lambda _kind, _limits, _seconds: None
+    # what the device does to a speech model's built engine directory (its staging) before it is moved into place,
+    # with the verified kit beside it: (model_type, engine, kit_dir)
+    finish_speech_build: Callable[[str, Path, Path], None] = lambda _kind, _engine, _kit: None
 
     def check_argv(self, argv: list[str]) -> list[str]:
         """Problems with one build argv: a program this backend does not build with, or what its checker finds."""
@@ -179,15 +185,15 @@ class Backend:
 
     def command_problems(self, limits: BuildLimits, speculative: Speculative | None,
                          argvs: list[list[str]] | None, visual: VisualLimits | None = None,
-                         audio: AudioProfile | None = None, speech: str | None = None) -> list[str]:
+                         audio: AudioProfile | None = None, speech: SpeechModelPlan | None = None) -> list[str]:
         """Why a (signed) plan's build commands must not run here: limits no engine has, a program or flag this
         backend does not build with, or any difference from the commands this version makes from the plan's own
         limits (a second output directory, a checkpoint path outside the kit, limits that disagree with the plan).
-        speech: the model_type of a speech model planned without a decoder's parts (its own commands)."""
+        speech: the plan of a speech model planned without a decoder's parts (its own commands)."""
         problems = list(limits.problems()) + (visual.problems() if visual else []) + (audio.problems() if audio else [])
         for argv in argvs or []:
             problems += self.check_argv(argv)
-        expected = self.speech_build_commands(speech, limits) if speech else \
+        expected = self.speech_build_commands(speech.model_type, limits, speech.max_seconds) if speech else \
             self.build_commands(limits, speculative, visual, audio)
         if not problems and argvs != expected:
             problems.append("they are not the commands this version makes from the plan's limits "

@@ -26,6 +26,7 @@ average_time_per_token_ms x total_image_tokens / total_images.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.backends import (
@@ -102,8 +103,10 @@ AUDIO_BUILD_FLAGS: FlagTable = {"--onnxDir": str, "--engineDir": str, "--minTime
 
 def check_audio_build_argv(argv: list[str]) -> list[str]:
     problems = check_flags(argv, AUDIO_BUILD_FLAGS, "audio_build", {})
-    # Code2Wav (onnx/code2wav) takes no time-step profile: its TTS guide builds it with --onnxDir and --engineDir
-    code2wav = "--onnxDir" in argv and argv[argv.index("--onnxDir") + 1:][:1] == ["onnx/code2wav"]
+    # Code2Wav (onnx/code2wav) and an RNN-T step (onnx/rnnt_decoder: static shapes) take no time-step profile:
+    # their guides build them with --onnxDir and --engineDir
+    code2wav = "--onnxDir" in argv and argv[argv.index("--onnxDir") + 1:][:1] in (["onnx/code2wav"],
+                                                                                  [f"onnx/{RNNT_DIR}"])
     for required in AUDIO_BUILD_FLAGS if not code2wav else ("--onnxDir", "--engineDir"):
         if required not in argv:
             problems.append(f"audio_build needs {required}")
@@ -134,8 +137,66 @@ def tts_build_commands(limits: BuildLimits) -> list[list[str]]:
     return llm + [["audio_build", "--onnxDir", "onnx/code2wav", "--engineDir", "engine"]]
 
 
-def speech_build_commands(kind: str, limits: BuildLimits) -> list[list[str]] | None:
-    return tts_build_commands(limits) if kind == "qwen3_tts" else None
+# Nemotron-3.5-ASR (its guide, developer_guide/models/nemotron-3.5-asr.md): audio_build of onnx/audio into the
+# engine root (it writes engine/audio/audio_encoder.engine), its profile in mel frames: from the graph's least
+# (the export's dynamic dimension starts at 8; audio_build's own default, 100, would refuse recordings under a
+# second) to the plan's longest recording; audio_build of onnx/rnnt_decoder (static: no profile), which writes
+# engine/rnnt_decoder/rnnt_step.engine. The runtime takes one directory holding both engines, the encoder's
+# config.json and the tokenizer files (transducer_run_dir assembles it after the builds).
+RNNT_DIR = "rnnt_decoder"
+TRANSDUCER_MIN_MEL_FRAMES = 8
+MEL_FRAMES_PER_SECOND = 100
+
+
+def transducer_build_commands(max_seconds: int) -> list[list[str]]:
+    profile = AudioProfile(TRANSDUCER_MIN_MEL_FRAMES, max(TRANSDUCER_MIN_MEL_FRAMES,
+                                                          MEL_FRAMES_PER_SECOND * max_seconds))
+    return [audio_build_argv(profile), ["audio_build", "--onnxDir", f"onnx/{RNNT_DIR}", "--engineDir", "engine"]]
+
+
+RNNT_ENGINES = (("audio", "audio_encoder.engine"), (RNNT_DIR, "rnnt_step.engine"))
+RNNT_RUN_FILES = ("config.json", "tokenizer.json", "processor_config.json")
+RNNT_OPTIONAL_FILES = ("tokenizer_config.json",)
+
+
+def assemble_run_dir(engine: Path, kit_dir: Path) -> None:
+    """The built engine directory `engine` (the device's staging) made the flat bundle Nemotron-3.5-ASR's guide
+    assembles ("assemble one self-contained runtime dir"): both engines moved to its root, beside the exporter's
+    config.json, tokenizer.json and processor_config.json (and tokenizer_config.json where the export has one),
+    copied from the verified kit's onnx/audio. The builders' directories are removed: the runtime refuses a
+    directory that holds two layouts (NemotronAsrRuntime's resolveEnginePaths). The bundle carries the directory;
+    `serve` opens it as it is."""
+    import os
+    import shutil
+
+    from pipeline.errors import PipelineError
+    for part, name in RNNT_ENGINES:
+        built = engine / part / name
+        if not built.is_file() or built.is_symlink():
+            raise PipelineError(f"audio_build left no {part}/{name} in {engine}", "see the build log")
+        os.replace(built, engine / name)
+        shutil.rmtree(engine / part)
+    exported = kit_dir / "onnx" / AUDIO_DIR
+    for name in (*RNNT_RUN_FILES, *RNNT_OPTIONAL_FILES):
+        source = exported / name
+        if name in RNNT_OPTIONAL_FILES and not source.exists():
+            continue
+        if not source.is_file() or source.is_symlink():
+            raise PipelineError(f"{kit_dir}: the kit has no onnx/{AUDIO_DIR}/{name}, which the runtime reads",
+                                "re-package the recipe with this version of the pipeline")
+        shutil.copyfile(source, engine / name)
+
+
+def finish_speech_build(kind: str, engine: Path, kit_dir: Path) -> None:
+    """An RNN-T's engines made the one directory its runtime takes (assemble_run_dir)."""
+    if kind == "nemotron3_5_asr":
+        assemble_run_dir(engine, kit_dir)
+
+
+def speech_build_commands(kind: str, limits: BuildLimits, max_seconds: int) -> list[list[str]] | None:
+    if kind == "qwen3_tts":
+        return tts_build_commands(limits)
+    return transducer_build_commands(max_seconds) if kind == "nemotron3_5_asr" else None
 
 
 def build_commands(limits: BuildLimits, speculative: Speculative | None,
@@ -179,6 +240,10 @@ def export_summary(e: ExportRecord) -> str:
         s = e.synthesis
         return (f"{e.weights} talker and code predictor, Code2Wav ONNX for SM {e.target_sm} ({len(s.speakers)} "
                 f"voices; Code2Wav against the reference: cosine {s.code2wav_cosine})")
+    if e.transducer is not None:
+        t = e.transducer
+        return (f"{e.weights} RNN-T encoder and step ONNX for SM {e.target_sm} (against transformers: encoder cosine "
+                f"{t.encoder_cosine} on {t.recordings} recordings, step cosine {t.step_cosine} over {t.steps} steps)")
     if e.audio is not None:
         return f"{e.weights} ONNX for SM {e.target_sm}, {e.audio.precision} audio encoder"
     if e.visual is not None:
@@ -296,7 +361,7 @@ _EDGELLM_QWEN3_5 = Support(
              "calibrated model in INT4-AWQ), tests/workstation/test_nvfp4.py (NVFP4, on a GPU); "
              "tests/shared/test_hybrid_plan.py (the plan against its published rows)")
 
-# speech models that are not decoders: planned (plan/speech_plan.py), no kit built yet
+# speech models that are not decoders (plan/speech_plan.py; families/audio.py SPEECH_MODELS: each stage's work)
 EDGELLM_011_SPEECH = {
     "qwen3_tts": Support(
         formats=("fp16",),
@@ -304,15 +369,15 @@ EDGELLM_011_SPEECH = {
                     "checkpoints are not supported yet; only the code predictor takes FP8 or NVFP4)",
         verified="tensorrt_edgellm/models/qwen3_tts, scripts/export.py; tests/shared/test_synthesis_plan.py (every "
                  "part counted against its modules)"),
+    # its runtime is experimental in 0.11 (experimental_models/nemotron3_5_asr: NemotronAsrRuntime and its pybind
+    # binding, built with -DBUILD_EXPERIMENTAL_MODELS=ON): a board's runtime without it is refused by the device run
     "nemotron3_5_asr": Support(
-        not_built="this version plans Nemotron-3.5-ASR but builds no kit for it yet (TensorRT Edge-LLM 0.11 exports "
-                  "it itself: tensorrt-edgellm-export writes audio/ for the encoder and rnnt_decoder/ for the RNN-T "
-                  "step, both built by audio_build; the board transcribes with Edge-LLM's experimental "
-                  "nemotron_asr_inference, built with -DBUILD_EXPERIMENTAL_MODELS=ON)",
         formats=("fp16",),
         formats_why="Edge-LLM 0.11 exports its encoder and RNN-T step in FP16 only (audio_build's graphs)",
         verified="tensorrt_edgellm/models/nemotron3_5_asr, scripts/export.py; tests/shared/test_transducer_plan.py "
-                 "(every part counted against transformers' Nemotron3_5AsrForRNNT)"),
+                 "(every part counted against transformers' Nemotron3_5AsrForRNNT); tests/workstation/"
+                 "test_transducer.py (the export against transformers, encoder and every greedy step); "
+                 "tests/device/test_transducer_device.py (the kit through the runtime double)"),
 }
 
 EDGELLM_011: dict[str, Support] = {
@@ -426,6 +491,7 @@ BACKEND = Backend(
     builders={"llm_build": check_llm_build_argv, "visual_build": check_visual_build_argv,
               "audio_build": check_audio_build_argv},
     build_commands=build_commands, output_flag="--engineDir", speech_build_commands=speech_build_commands,
+    finish_speech_build=finish_speech_build,
     build_memory=build_memory, externalizes_int4_ffn=True, needs_chat_template=True,
     reports_kv_allocation=False, export_summary=export_summary, families=EDGELLM_011, refuses_pair=refuses_pair,
     speech=EDGELLM_011_SPEECH,

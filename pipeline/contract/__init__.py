@@ -73,6 +73,7 @@ from pipeline.contract.kit import (
     Stages,
     SynthesisCheck,
     SynthesisExport,
+    TransducerExport,
     VisualExport,
     manifest_from_dict,
 )
@@ -138,6 +139,7 @@ __all__ = [
     "SpokenResult",
     "SynthesisCheck",
     "SynthesisExport",
+    "TransducerExport",
     "ExternalWeights",
     "Gap",
     "GoldenPrompt",

@@ -150,6 +150,9 @@ class Validation(Record):
     transcripts: list[str] | None = None    # the engine's answers to the kit's speech set, in its order
     spoken: list[SpokenResult] | None = None    # a text-to-speech kit's texts as the engines spoke them
     transcriber: str | None = None      # the speech-to-text bundle that heard them back (device --transcriber)
+    # an RNN-T's transcription of the speech set: its seconds, and the recordings' (the real-time factor's terms)
+    transcribe_seconds: float | None = None
+    audio_seconds: float | None = None
 
     @property
     def agreement_unit(self) -> str:
@@ -207,6 +210,7 @@ class Measured(Part):
     load_runs: list[LoadResult] = field(default_factory=list)   # through the serving session at concurrency 1, 4, max
     vit_ms: float | None = None         # the image prompts' mean time through the visual engine, per image
     image_tokens: int | None = None     # those images' mean size in the language model's tokens
+    rtf: float | None = None            # a transcriber's real-time factor over the speech set (time / audio duration)
 
 
 @dataclass(frozen=True)
@@ -222,6 +226,7 @@ class Predicted(Part):
     aggregate_tok_s_by_batch: dict[str, float] | None = None    # the plan's, at each load run's batch
     vit_ms: float | None = None         # the plan's ViT time at the measured images' size
     acceptance: float | None = None     # an MTP draft's tokens per step, from the goldens' first-token accuracy
+    rtf: float | None = None            # a speech model's plan's real-time factor
 
 
 @dataclass(frozen=True)

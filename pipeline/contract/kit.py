@@ -117,6 +117,23 @@ class SynthesisExport(Part):
 
 
 @dataclass(frozen=True)
+class TransducerExport(Part):
+    """An RNN-T speech-to-text model (Nemotron-3.5-ASR) as Edge-LLM's exporter wrote it (workstation/
+    transducer_export.py): its encoder (onnx/audio) and RNN-T step (onnx/rnnt_decoder) graphs as checked for
+    audio_build, and both against transformers' model: the encoder on `recordings` recordings, the step on every step
+    transformers' greedy loop took over them."""
+    encoder: OnnxGraph | None
+    step: OnnxGraph | None
+    recordings: int
+    encoder_max_relative_error: float
+    encoder_cosine: float
+    steps: int
+    step_max_relative_error: float
+    step_cosine: float
+    languages: list[str]            # the prompt dictionary's languages (processor_config.json), `auto` aside
+
+
+@dataclass(frozen=True)
 class ExportRecord(Part):
     """What a backend's export step made (its stage manifest's "export" field; the kit carries it without the graph
     listing). Fields a backend does not make are None: the TensorRT-LLM checkpoint has a reader check, Edge-LLM's
@@ -140,6 +157,7 @@ class ExportRecord(Part):
     visual: VisualExport | None = None
     audio: AudioExport | None = None
     synthesis: SynthesisExport | None = None
+    transducer: TransducerExport | None = None
 
     def for_kit(self) -> ExportRecord:
         """What a kit's manifest carries: the record without the graph listings."""
@@ -150,7 +168,9 @@ class ExportRecord(Part):
                                    visual=None if self.visual is None else dataclasses.replace(self.visual, onnx=None),
                                    audio=None if self.audio is None else dataclasses.replace(self.audio, onnx=None),
                                    synthesis=None if self.synthesis is None else dataclasses.replace(
-                                       self.synthesis, talker=None, code_predictor=None, code2wav=None))
+                                       self.synthesis, talker=None, code_predictor=None, code2wav=None),
+                                   transducer=None if self.transducer is None else dataclasses.replace(
+                                       self.transducer, encoder=None, step=None))
 
 
 # ---------------------------------------------------------------------------------------------------- manifests
@@ -300,7 +320,8 @@ class SpeechItem(Part):
     recording_sha256: str
     language: str
     transcript: str
-    audio_tokens: int
+    audio_tokens: int               # the encoder's output for it (an RNN-T's: encoder frames)
+    prompt_id: int | None = None    # an RNN-T's language prompt slot it was asked under (None: a decoder's prompt)
 
 
 @dataclass(frozen=True)
@@ -315,6 +336,8 @@ class SpeechCheck(Part):
     marker: str = ""
     prompt: str = ""
     set: str = ""               # as the recipe named it
+    # the answers carry the language as an <xx-XX> tag (an RNN-T's, Nemotron-3.5-ASR), not Qwen3-ASR's marker
+    language_tags: bool = False
 
 
 @dataclass(frozen=True)

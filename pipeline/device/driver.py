@@ -133,7 +133,9 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
     if any(p.image for p in goldens.prompts) and plan.visual is None:
         raise PipelineError(f"{kit}: the kit's goldens ask with images and its plan builds no visual engine",
                             "re-package the recipe with this version of the pipeline")
-    if (any(p.recording for p in goldens.prompts) or goldens.speech is not None) and plan.audio is None:
+    transcriber_plan = plan.speech is not None and plan.speech.kind == "speech to text"     # an RNN-T's own engines
+    if (any(p.recording for p in goldens.prompts) or goldens.speech is not None) and plan.audio is None \
+            and not transcriber_plan:
         raise PipelineError(f"{kit}: the kit's goldens ask with recordings (or carry a speech set) and its plan builds "
                             "no audio engine",
                             "re-package the recipe with this version of the pipeline")
@@ -157,7 +159,7 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
     problems = backend.command_problems(plan.limits, plan.speculative, argvs,
                                        plan.visual.limits if plan.visual else None,
                                        plan.audio.profile if plan.audio else None,
-                                       plan.speech.model_type if plan.speech else None)
+                                       plan.speech)
     if problems:
         raise PipelineError(f"{kit_dir / contract.PLAN}: device_build_commands refused: {'; '.join(problems)}",
                             "nothing was run; re-package the kit with this version of the pipeline")
@@ -175,6 +177,8 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
             seconds += run_logged(backend.staged(argv, str(staging)), cwd=kit_dir,
                                   log=work / (contract.BUILD_LOG if i == 0 else f"build-{i}.log"),
                                   timeout=build_limit, watch=watch)
+        if plan.speech is not None:
+            backend.finish_speech_build(plan.speech.model_type, staging, kit_dir)
         move_into_place(staging, engine)
         build = contract.BuildRecord(argvs=argvs, seconds=seconds, memory=watch.measured(),
                                      kit_manifest_sha256=verified.manifest_sha256, engine_files=_engine_files(engine))

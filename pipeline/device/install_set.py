@@ -152,9 +152,9 @@ def _alone(opened: Opened, staging: Path, work: Path, out: Path, trusted, option
 
 def _together(members: list[_Member], work: Path, options: InstallOptions) -> contract.SetReport:
     """Every model loaded at once and asked its goldens together, the board's memory watched over the run."""
+    from pipeline.device.checks import MEMORY_TOLERANCE, memory_checks
     from pipeline.device.memwatch import MemoryWatch
     from pipeline.device.process import run_logged
-    from pipeline.device.report import MEMORY_TOLERANCE, memory_checks
     from pipeline.files import read_regular, remove_entry
 
     result, log = work / "set-validation.json", work / "set-validate.log"

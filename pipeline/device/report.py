@@ -14,42 +14,11 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from pipeline import backends, contract
+from pipeline.device.checks import GB, check, gb, memory_checks, speech_rates
 from pipeline.errors import PipelineError
 from pipeline.plan.memory import TOKENS_PER_BLOCK
 
-MEMORY_TOLERANCE = 0.2      # measured memory up to 20% over the plan's estimate passes; more fails the check
 GAP = 0.25                  # measured vs predicted speed beyond this is flagged, with the usual causes
-GB = 1e9
-
-
-def _check(name: str, required: str, measured, ok: bool, by=None) -> contract.Check:
-    return contract.Check(check=name, required=required, measured=measured, ok=bool(ok), by=None if ok else by)
-
-
-def _gb(v) -> str:
-    return "not measured" if v is None else f"{v / GB:.2f} GB"
-
-
-def memory_checks(phase: str, measured: contract.PhaseMemory | None, planned: int | None, usable: int | None,
-                  usable_what: str, ram_only: bool = False) -> list[contract.Check]:
-    """What a phase took from the board against the plan's estimate for it (within MEMORY_TOLERANCE) and against
-    the board's usable memory. Memory nothing measured fails both: the report may not pass on a guess."""
-    taken = measured.taken if measured else None
-    if taken is not None and ram_only and measured:
-        taken -= measured.swapped or 0
-    out = []
-    if planned:
-        limit = int(planned * (1 + MEMORY_TOLERANCE))
-        out.append(_check(f"{phase} memory within the plan's estimate (+{MEMORY_TOLERANCE:.0%})",
-                          f"<= {limit} bytes ({_gb(limit)}; plan {_gb(planned)})", taken,
-                          taken is not None and taken <= limit, None if taken is None else taken - limit))
-    if usable:
-        what = f"{phase} {'RAM' if ram_only else 'memory'} within {usable_what}"
-        out.append(_check(what, f"<= {usable} bytes ({_gb(usable)})", taken, taken is not None and taken <= usable,
-                          None if taken is None else taken - usable))
-    return out
-
-
 def kv_check(kv: contract.KvAllocation | None, plan: contract.Plan, backend: backends.Backend) -> list[contract.Check]:
     """The paged KV cache the runtime says it allocated, against the plan's cap (max_batch_size sequences of
     max_seq_len, in whole blocks) and its byte budget."""
@@ -60,12 +29,12 @@ def kv_check(kv: contract.KvAllocation | None, plan: contract.Plan, backend: bac
     if kv is None:
         if not backend.reports_kv_allocation:
             return []
-        return [_check(name, f"<= {cap} tokens", None, False, "the runtime did not report its KV cache allocation")]
+        return [check(name, f"<= {cap} tokens", None, False, "the runtime did not report its KV cache allocation")]
     tokens, size = kv.tokens, kv.bytes
     # the runtime prints GiB to two decimals: a byte figure is within the budget up to that rounding
     ok = tokens <= cap and (not size or not budget or size <= budget + 0.005 * 2**30)
-    return [_check(name, f"<= {cap} tokens ({lim.max_batch_size} x {lim.max_seq_len}, whole blocks of "
-                   f"{TOKENS_PER_BLOCK}) and <= {_gb(budget)}", tokens, ok, tokens - cap)]
+    return [check(name, f"<= {cap} tokens ({lim.max_batch_size} x {lim.max_seq_len}, whole blocks of "
+                   f"{TOKENS_PER_BLOCK}) and <= {gb(budget)}", tokens, ok, tokens - cap)]
 
 
 def build_report(goldens: contract.Goldens, validation: contract.Validation, plan: contract.Plan,
@@ -73,8 +42,9 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
                  validation_memory: contract.PhaseMemory | None) -> contract.Report:
     """The checks and figures of one device run; build=None: no engine was built in it (an installed bundle), so
     no build figure or build check appears (another board's figures are never reported as measured here)."""
-    if goldens.synthesis is not None:       # text to speech: its own gate (device/synthesis.py)
-        return synthesis_report(goldens, validation, plan, board, build, reused, validation_memory)
+    if plan.speech is not None:     # a speech model without a decoder's parts: its own gate (device/speech_report.py)
+        from pipeline.device.speech_report import speech_model_report
+        return speech_model_report(goldens, validation, plan, board, build, reused, validation_memory)
     need = goldens.min_token_agreement
     if len(validation.prompts) != len(goldens.prompts):
         # zip() would drop the prompts the runtime did not answer and pass the report on the rest
@@ -95,7 +65,7 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
     by_tokens = plan.visual.vit_ms_by_image_tokens if plan.visual else None
     predicted_vit = at_size(by_tokens or {}, image_tokens) if image_tokens else None
     agreement = min(p.agreement for p in per_prompt)
-    checks = [_check(f"{unit} agreement with goldens (worst prompt)", f">= {need}", agreement,
+    checks = [check(f"{unit} agreement with goldens (worst prompt)", f">= {need}", agreement,
                      agreement >= need, round(need - agreement, 4))]
     checks += kv_check(validation.kv_cache, plan, backend)
     memory = plan.memory
@@ -105,7 +75,7 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
                                 "a headless board's usable memory (the rest may page out to swap)", ram_only=True)
     checks += memory_checks("runtime", validation_memory, memory.total if memory else None,
                             memory.usable_headless if memory else None, "the board's usable memory (headless)")
-    speech = _speech(goldens, validation, plan, checks)
+    speech = speech_rates(goldens, validation, plan, checks)
 
     rates = [p.decode_tok_s for p in per_prompt if p.decode_tok_s]
     measured_decode = round(sum(rates) / len(rates), 2) if rates else None
@@ -166,24 +136,6 @@ def build_report(goldens: contract.Goldens, validation: contract.Validation, pla
             aggregate_tok_s_by_batch=_batched(plan, validation.load_runs), vit_ms=predicted_vit,
             acceptance=predicted_accept[0] if predicted_accept else None),
         gaps=gaps, notes=notes, prompts=per_prompt, speech=speech)
-
-
-def _speech(goldens: contract.Goldens, validation: contract.Validation, plan: contract.Plan,
-            checks: list[contract.Check]) -> list[contract.SpeechRate]:
-    """The engine's error rates on the kit's speech set (device/speech.py), their checks added to `checks`."""
-    if goldens.speech is None:
-        return []
-    from pipeline.device import speech
-    if validation.transcripts is None:
-        checks.append(_check("speech set transcribed by the engine", f"{len(goldens.speech.utterances)} transcripts",
-                             None, False, "the runtime gave no transcripts"))
-        return []
-    from pipeline.families import family
-    fam = family(plan.model.architecture)
-    names = tuple(n for _, n in fam.audio.languages) if fam is not None and fam.audio is not None else ()
-    measured = speech.engine_rates(goldens.speech, validation.transcripts, names)
-    checks += speech.checks(goldens.speech, measured)
-    return measured
 
 
 def _speculative(plan: contract.Plan, goldens: contract.Goldens) -> tuple[tuple[float, float] | None, str]:
@@ -252,12 +204,14 @@ def figures(report: contract.Report) -> list[tuple[str, str, float | None, float
     """(what, unit, measured, predicted) for the table and the chart, in display units."""
     m, p = report.measured, report.predicted
 
-    def gb(v):
+    def in_gb(v):
         return None if v is None else v / GB
     return [("decode", "tok/s", m.decode_tok_s, p.decode_tok_s),
             (f"TTFT, {m.prompt_tokens}-token prompts", "ms", None if m.ttft_s is None else m.ttft_s * 1000, p.ttft_ms),
-            ("runtime memory", "GB", gb(m.runtime_memory.taken if m.runtime_memory else None), gb(p.memory_total)),
-            ("engine build memory", "GB", gb(m.build_memory.taken if m.build_memory else None), gb(p.build_peak)),
+            ("runtime memory", "GB", in_gb(m.runtime_memory.taken if m.runtime_memory else None),
+             in_gb(p.memory_total)),
+            ("engine build memory", "GB", in_gb(m.build_memory.taken if m.build_memory else None),
+             in_gb(p.build_peak)),
             ("KV cache", "tokens", m.kv_cache.tokens if m.kv_cache else None, p.kv_cache_tokens),
             *([(f"ViT, {m.image_tokens}-token images", "ms", m.vit_ms, p.vit_ms)] if m.image_tokens else []),
             *([("draft acceptance", "tokens/step", m.acceptance, p.acceptance)] if m.acceptance else []),
@@ -345,47 +299,3 @@ def chart_svg(report: contract.Report) -> str:
     out.append(f'<text x="12" y="{height - 14}" fill="#555">measured on the board in this run; predicted by the '
                f'kit\'s plan; x = measured / predicted</text>')
     return "\n".join(out + ["</svg>"]) + "\n"
-
-
-def synthesis_report(goldens: contract.Goldens, validation: contract.Validation, plan: contract.Plan,
-                     board: contract.Board, build: contract.BuildRecord | None, reused: bool,
-                     validation_memory: contract.PhaseMemory | None) -> contract.Report:
-    """A text-to-speech kit's report: the gate's checks and the memory measured, beside the plan's."""
-    from pipeline.device.synthesis import checks
-    check = goldens.synthesis
-    assert check is not None
-    if validation.spoken is None or len(validation.spoken) != len(check.utterances):
-        got = 0 if validation.spoken is None else len(validation.spoken)
-        found = [contract.Check(check="texts spoken by the engines", required=f"{len(check.utterances)}",
-                                measured=got, ok=False, by="the runtime did not speak every text")]
-    else:
-        from pipeline.device.round_trip import checks as round_trip_checks
-        found = checks(check, validation.spoken) + round_trip_checks(check, validation.spoken,
-                                                                     validation.transcriber or "the transcriber")
-    total = plan.speech.total if plan.speech else None
-    usable = plan.speech.usable if plan.speech else None
-    if build is not None:
-        found += memory_checks("engine build", build.memory, None, usable, "the board's usable memory", ram_only=True)
-    found += memory_checks("runtime", validation_memory, total, usable, "the board's usable memory")
-    notes = ["the engines' speed is not measured here (qwen3_tts_inference reloads them every run); the plan's "
-             "real-time factor stands as a prediction"]
-    if validation.transcriber is None:
-        notes.append("the round trip was not measured: give `device --transcriber BUNDLE` (or `install "
-                     "--transcriber BUNDLE`) a speech-to-text bundle built on a board like this one")
-    if reused:
-        notes.append("engine reused from an earlier run of this kit: its build time and memory were measured then")
-    lim = plan.limits
-    return contract.Report(
-        ok=all(c.ok for c in found), checks=found,
-        device=contract.DeviceFacts(target=board.target, board=board.board, jetpack=board.jetpack, l4t=board.l4t,
-                                    tensorrt=board.tensorrt, power_mode=board.power_mode,
-                                    bandwidth_gbs=board.bandwidth_gbs),
-        measured=contract.Measured(decode_tok_s=None, ttft_s=None, prompt_tokens=0,
-                                   speed_source=validation.speed_source, acceptance=None, kv_cache=None,
-                                   build_seconds=build.seconds if build else None,
-                                   build_memory=build.memory if build else None, runtime_memory=validation_memory,
-                                   peak_unified_memory=None),
-        predicted=contract.Predicted(decode_tok_s=None, ttft_ms=None, memory_total=total, build_peak=None,
-                                     kv_cache_bytes=None, kv_cache_tokens=lim.max_seq_len * lim.max_batch_size,
-                                     usable_headless=usable, power_mode=None),
-        notes=notes)

@@ -70,19 +70,24 @@ def checked_image(kit_dir: Path, golden: contract.GoldenPrompt) -> Path:
 
 def checked_recording(kit_dir: Path, golden: contract.GoldenPrompt) -> Path:
     """The kit's recording of a golden prompt, checked as checked_image checks an image."""
+    return recording_data(kit_dir, golden.recording, golden.recording_sha256)[0]
+
+
+def recording_data(kit_dir: Path, name: str | None, sha256: str | None) -> tuple[Path, bytes]:
+    """(path, bytes) of the kit's recording `name`, its bytes the ones the goldens were computed with."""
     import hashlib
 
     from pipeline.audio import AudioLimits
-    if not contract.RECORDING_FILE_RE.match(golden.recording or ""):
+    if not contract.RECORDING_FILE_RE.match(name or ""):
         # the package stage writes only audio/NAME.wav; anything else in a goldens.json is never followed
-        raise PipelineError(f"{kit_dir}: the goldens name a recording {str(golden.recording)[:80]!r}, not one of the "
+        raise PipelineError(f"{kit_dir}: the goldens name a recording {str(name)[:80]!r}, not one of the "
                             "kit's audio/NAME.wav", "re-copy the kit; nothing was run")
-    path = kit_dir / (golden.recording or "")
+    path = kit_dir / (name or "")
     data = read_regular(path, AudioLimits().max_bytes)
-    if hashlib.sha256(data).hexdigest() != golden.recording_sha256:
+    if hashlib.sha256(data).hexdigest() != sha256:
         raise PipelineError(f"{path}: not the recording the goldens were computed with (sha256 differs)",
                             "re-copy the kit; nothing was run")
-    return path
+    return path, data
 
 
 def _number(obj: Any, *keys: str) -> float | None:
@@ -173,11 +178,8 @@ def speech_transcripts(kit_dir: Path, engine: Path, speech: contract.SpeechCheck
                        watch: MemoryWatch | None, timeout: int) -> list[str]:
     """The engine's answers to the kit's speech set, asked as the workstation asked the reference (each recording,
     then the set's prompt where it has one; greedy; one request each, in one run of llm_inference)."""
-    def path(item: contract.SpeechItem) -> Path:
-        golden = contract.GoldenPrompt(prompt="", input_ids=[], output_ids=[], top_logprobs=[], text="",
-                                       recording=item.recording, recording_sha256=item.recording_sha256)
-        return checked_recording(kit_dir, golden)
-    return ask_recordings(engine, [path(u) for u in speech.utterances], speech.prompt, speech.max_new_tokens, work,
+    return ask_recordings(engine, [recording_data(kit_dir, u.recording, u.recording_sha256)[0]
+                                   for u in speech.utterances], speech.prompt, speech.max_new_tokens, work,
                           "speech", watch, timeout)
 
 
@@ -217,6 +219,9 @@ def validate_edgellm(kit_dir: Path, engine: Path, plan: contract.Plan, goldens: 
     if goldens.synthesis is not None:       # text to speech: Edge-LLM's qwen3_tts_inference (device/synthesis.py)
         from pipeline.device.synthesis import validate_synthesis
         return validate_synthesis(kit_dir, engine, goldens, work, timeout, watch, transcriber)
+    if plan.speech is not None and goldens.speech is not None:     # an RNN-T: its NemotronAsrRuntime
+        from pipeline.device.transducer import validate_transducer
+        return validate_transducer(kit_dir, engine, goldens, work, timeout, watch)
     if SESSIONS[plan.backend or ""].refuses(plan) or plan.visual is not None or plan.audio is not None:
         return validate_llm_inference(kit_dir, engine, plan, goldens, work, watch, timeout)
     return validate_session(kit_dir, engine, plan, goldens, work, watch, timeout, load_requests)

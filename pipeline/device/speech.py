@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pipeline import contract
 from pipeline.errors import PipelineError
-from pipeline.transcripts import answer_transcript, error_rate
+from pipeline.transcripts import error_rate, transcript_of
 
 
 def rates(items: list[contract.SpeechItem], transcripts: list[str]) -> list[contract.SpeechRate]:
@@ -33,7 +33,7 @@ def over_limit(check: contract.SpeechCheck, measured: list[contract.SpeechRate])
 
 def engine_rates(check: contract.SpeechCheck, answers: list[str], names: tuple[str, ...]) -> list[contract.SpeechRate]:
     """The engine's answers (the runtime's text) read as transcripts and scored."""
-    return rates(check.utterances, [answer_transcript(a, check.marker, names)[1] for a in answers])
+    return rates(check.utterances, [transcript_of(a, check.marker, names, check.language_tags) for a in answers])
 
 
 def checks(check: contract.SpeechCheck, measured: list[contract.SpeechRate]) -> list[contract.Check]:

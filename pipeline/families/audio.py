@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.errors import PipelineError
+
 SAMPLE_RATE = 16_000
 HOP = 160                   # samples between mel frames (10 ms)
 CONVOLUTIONS = 3            # stride-2 3x3 convolutions over time and frequency
@@ -135,28 +137,84 @@ def located(config: dict, paths: tuple[str, ...]) -> tuple[str, dict] | None:
     return None
 
 
-# speech models TensorRT Edge-LLM 0.11 exports (tensorrt_edgellm/scripts/export.py, by config.json's model_type) and
-# this pipeline does not plan yet: (name, what it is, what Edge-LLM exports of it). Qwen3-ASR is planned (its family
-# record: families/records.py).
-SPEECH_MODELS = {
-    "nemotron3_5_asr": ("Nemotron-3.5-ASR", "speech to text: an RNN-T transducer",
-                        "models/nemotron3_5_asr: its encoder and decoder/joint ONNX", False),
-    # built through its own path (plan/synthesis.py, workstation/synthesis_*.py, device/synthesis.py)
-    "qwen3_tts": ("Qwen3-TTS", "text to speech: a talker, a code predictor and Code2Wav",
-                  "models/qwen3_tts: llm/, code_predictor/ and audio/code2wav ONNX", True),
+@dataclass(frozen=True)
+class SpeechModel:
+    """A speech model that is not a decoder with parts (TensorRT Edge-LLM 0.11 exports it by config.json's model_type,
+    tensorrt_edgellm/scripts/export.py), in one row: what it is, and where each workstation stage's work for it lives,
+    as "module:function" (imported when a stage asks: those modules need torch, and this one is read by the device).
+    Qwen3-ASR is not one: it is a decoder with an audio encoder (its family record: families/records.py).
+
+        checkpoint  (model_dir, config, source) -> None: the fetched checkpoint checked, or an error saying why
+        export      (model_dir, payload_dir) -> {ExportRecord field: its record}: Edge-LLM's graphs, checked
+        goldens     (graph, out) -> GoldensSummary: the reference's outputs the device validates against
+        accuracy    (graph, out) -> AccuracyFigures: what the deployed numerics cost against the checkpoint's
+    """
+    name: str
+    what: str
+    exported: str                       # what Edge-LLM's exporter writes of it
+    checkpoint: str
+    export: str
+    goldens: str
+    accuracy: str
+
+    def stage(self, step: str):
+        """The function doing `step` (a field above) for this kind."""
+        import importlib
+        module, function = getattr(self, step).split(":")
+        return getattr(importlib.import_module(module), function)
+
+
+SPEECH_MODELS: dict[str, SpeechModel] = {
+    "nemotron3_5_asr": SpeechModel(
+        "Nemotron-3.5-ASR", "speech to text: an RNN-T transducer",
+        "models/nemotron3_5_asr: audio/ (the encoder) and rnnt_decoder/ (the RNN-T step) ONNX",
+        checkpoint="pipeline.workstation.transducer_checkpoint:check_transducer_checkpoint",
+        export="pipeline.workstation.transducer_export:export_transducer",
+        goldens="pipeline.graph.stages.goldens:transducer_goldens",
+        accuracy="pipeline.graph.stages.accuracy:transducer_accuracy_stage"),
+    "qwen3_tts": SpeechModel(
+        "Qwen3-TTS", "text to speech: a talker, a code predictor and Code2Wav",
+        "models/qwen3_tts: llm/, code_predictor/ and audio/code2wav ONNX",
+        checkpoint="pipeline.workstation.synthesis_checkpoint:check_synthesis_checkpoint",
+        export="pipeline.workstation.synthesis_export:export_record",
+        goldens="pipeline.graph.stages.goldens:synthesis_goldens",
+        accuracy="pipeline.graph.stages.accuracy:synthesis_accuracy_stage"),
 }
+
+
+def speech_model_of(config: object) -> SpeechModel | None:
+    """The row of the speech model a config.json describes; None for any other model."""
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    return SPEECH_MODELS.get(kind) if isinstance(kind, str) else None
 
 
 def speech_model(config: dict) -> tuple[str, str] | None:
     """(model_type, why it is not taken as a decoder) for a speech model's config.json; None for any other."""
-    kind = config.get("model_type")
-    if not isinstance(kind, str) or kind not in SPEECH_MODELS:
+    row = speech_model_of(config)
+    if row is None:
         return None
-    name, what, exported, built = SPEECH_MODELS[kind]
-    if built:
-        return kind, (f"{name} is a speech model ({what}), not a decoder: `python -m pipeline plan` plans it and "
-                      "`doit build` builds its kit through their own path; what asked for its decoder takes decoders "
-                      "only")
-    return kind, (f"{name} is a speech model ({what}); `python -m pipeline plan` gives its memory and speed, but this "
-                  f"pipeline builds no kit for it yet. "
-                  f"TensorRT Edge-LLM 0.11 exports it itself ({exported}) with tensorrt-edgellm-export")
+    return str(config["model_type"]), (
+        f"{row.name} is a speech model ({row.what}), not a decoder: `python -m pipeline plan` plans it and `doit "
+        "build` builds its kit through their own path; what asked for its decoder takes decoders only")
+
+
+def prompt_dictionary(processor: dict, num_prompts: int, where: str) -> dict[str, int]:
+    """The prompt dictionary (lower-cased language -> slot) as Edge-LLM's ASR server reads it, or an error."""
+    values = processor.get("prompt_dictionary")
+    if not isinstance(values, dict) or not values:
+        raise PipelineError(f"{where}: prompt_dictionary must be a non-empty object (language -> prompt slot)",
+                            "use the model's own processor_config.json")
+    prompts: dict[str, int] = {}
+    for name, slot in values.items():
+        key = str(name).strip().lower()
+        if not key or isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < num_prompts:
+            raise PipelineError(f"{where}: prompt_dictionary entry {str(name)[:40]!r}: {str(slot)[:20]} is not a "
+                                f"prompt slot in [0, {num_prompts})", "use the model's own processor_config.json")
+        if prompts.get(key, slot) != slot:
+            raise PipelineError(f"{where}: prompt_dictionary names {key!r} twice with different slots",
+                                "use the model's own processor_config.json")
+        prompts[key] = slot
+    if "auto" not in prompts:
+        raise PipelineError(f"{where}: prompt_dictionary has no 'auto' (automatic language detection)",
+                            "use the model's own processor_config.json")
+    return prompts

@@ -104,7 +104,7 @@ def _not_speech(recipe: Recipe) -> None:
     if speech_kind(config):
         raise PipelineError(f"{recipe.name}: {recipe.model.label} is a {config['model_type']} speech model: compare "
                             "quantizes and measures decoders' weight formats, and this version builds a speech model "
-                            "in the one format its backend takes (or none yet)",
+                            "in the one format its backend takes",
                             f"python -m pipeline plan {recipe.name} gives its memory and speed")
 
 

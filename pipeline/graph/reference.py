@@ -53,6 +53,8 @@ def from_recipe(name: str, target: str | None = None, threads: int | None = None
     goldens_dir = g.dir(GOLDENS)
     goldens = contract.Goldens.load(goldens_dir / contract.GOLDENS)
     created = int(os.stat(goldens_dir / contract.GOLDENS).st_mtime)
+    if plan.speech is not None and plan.speech.kind == "speech to text":     # an RNN-T: the reference transcriber
+        return _reference_transcriber(recipe.name, created, model_dir(g), goldens, plan, threads or torch_threads())
     if plan.speech is not None:         # a text-to-speech model: the reference synthesis, greedy
         return _reference_speech(recipe.name, created, model_dir(g), goldens, plan, threads or torch_threads())
     served = served_of(recipe.name, created, model_dir(g), goldens, plan, "reference",
@@ -99,6 +101,19 @@ def _open_here(name: str, target: str, threads: int | None) -> Session:
     """The reference session opened in this process (the child ProcessSession spawned: a module-level function, so
     it pickles). The recipe is read again here; its stages are checked current again."""
     return from_recipe(name, target, threads, own_process=False)[1]()
+
+
+def _reference_transcriber(name: str, created: int, model_dir: Path, goldens: contract.Goldens, plan: contract.Plan,
+                           threads: int | None) -> tuple[Served, Callable[[], Session]]:
+    """(Served, load) of a built RNN-T recipe on the workstation: the reference transcriber (the goldens' numerics)
+    in a TranscriberSession, as the board's runtime is served."""
+    from pipeline.runtime.transducer import TranscriberSession
+    from pipeline.serve.sources import transcriber_served_of
+    from pipeline.workstation.transducer_reference import ReferenceTranscriber
+    assert plan.speech is not None
+    served = transcriber_served_of(name, created, model_dir, model_dir, goldens, plan, "reference")
+    return served, lambda: TranscriberSession(ReferenceTranscriber(model_dir, plan.speech.max_seconds, threads),
+                                              served.limits)
 
 
 def _reference_speech(name: str, created: int, model_dir: Path, goldens: contract.Goldens, plan: contract.Plan,

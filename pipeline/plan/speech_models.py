@@ -12,9 +12,8 @@ DEFAULT_MAX_SECONDS = 30    # the longest utterance or recording a request where
 
 def speech_kind(config: object) -> str | None:
     """The model_type of a speech model planned here; None for any other model."""
-    from pipeline.plan.synthesis import is_synthesis
-    from pipeline.plan.transducer import is_transducer
-    if is_synthesis(config) or is_transducer(config):
+    from pipeline.families.audio import speech_model_of
+    if speech_model_of(config) is not None:
         assert isinstance(config, dict)
         return str(config["model_type"])
     return None
@@ -56,7 +55,7 @@ def recipe_plan(config: dict, source: str, recipe, target_id: str, backend: str 
     engine, _ = backend_for(sp.model, target, backend or recipe.backend, kind, sp.kind)
     stack = next((s.stack for s in target.stacks if s.backend == engine.name), None)
     limits = contract.BuildLimits.of(b.max_batch_size, b.max_input_len, b.max_seq_len)
-    argvs = backends.get(engine.name).speech_build_commands(kind, limits) if sp.ok else None
+    argvs = backends.get(engine.name).speech_build_commands(kind, limits, sp.max_seconds) if sp.ok else None
     architecture = (config.get("architectures") or [kind])[0]
     return contract.Plan(
         recipe=recipe.name, model=contract.ModelInfo(recipe.model.label, str(architecture), 0), target=target.id,

@@ -8,8 +8,6 @@ from pipeline.plan.memory import WORKSPACE
 from pipeline.plan.speech_plan import SpeechPlan, backend_for, published, speed, vit_ms
 from pipeline.plan.synthesis import FAMILY, STREAM_FRAMES, SynthesisShape, prompt_tokens
 
-UNBUILT = "builds no kit for it yet"     # what a backend's Support.not_built says of a speech model it only plans
-
 
 def plan_synthesis(shape: SynthesisShape, model: str, weights: str, kv_cache: str, target_id: str, max_seconds: int,
                    group_size: int | None = None, power_mode: str | None = None, max_seq_len: int | None = None,

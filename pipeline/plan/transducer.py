@@ -38,10 +38,6 @@ BOUND = 2**20
 DEFAULT_MAX_SECONDS = 30
 
 
-def is_transducer(config: object) -> bool:
-    return isinstance(config, dict) and config.get("model_type") == FAMILY
-
-
 @dataclass(frozen=True)
 class TransducerShape:
     e: dict                     # the encoder's sizes and ENCODER_FLAGS

@@ -46,6 +46,7 @@ from pipeline.serve import (
     multipart,
     openai_responses,
     protocol,
+    recordings,
     responses,
     speech,
     speech_routes,
@@ -308,6 +309,8 @@ def create_app(models: ModelSet):
                               lambda raw: multipart.parse(raw, request.headers.get("content-type")))
         member = models.pick(transcriptions.model_of(form))
         server = await models.acquire(member, keep_alive_of(None), arrived + member.server.settings.request_timeout)
+        if server.served.transcriber is not None:       # an RNN-T: the transcriber itself, no chat
+            return await transcribe_recording(server, member, form)
         try:
             server.check_capacity()
             side = server.served.audio
@@ -327,6 +330,28 @@ def create_app(models: ModelSet):
         finally:
             models.release(member)
         return await reply.whole(request.receive, notes(server, asked.request, prepared))
+
+    async def transcribe_recording(server: Server, member: Any, form: dict) -> Any:
+        """An RNN-T's transcription (transcriptions.py parse_recording): the upload read and bounded as a chat's
+        recording is (serve/recordings.py), admitted and queued as every request is, answered by its session."""
+        from fastapi.responses import PlainTextResponse
+        try:
+            server.check_capacity()
+            side = server.served.transcriber
+            assert side is not None
+            asked = transcriptions.parse_recording(form, side)
+            async with preparing():
+                wav, seconds = await asyncio.get_running_loop().run_in_executor(
+                    None, recordings.canonical_wav, asked.data, side.limits(), "file")
+            admission = server.admit()
+        finally:
+            models.release(member)
+        try:
+            answer = await transcriptions.transcribed(server, admission, wav, asked.slot)
+        finally:
+            admission.release()
+        body = transcriptions.recording_answer(asked.response_format, seconds, answer, asked.language)
+        return PlainTextResponse(body) if isinstance(body, str) else body
 
     speech_routes.add_routes(app, models, acquired)
 
@@ -371,10 +396,14 @@ def create_app(models: ModelSet):
 
 
 def speaks_only(server: Server) -> None:
-    """A text-to-speech model answers /v1/audio/speech alone: a chat or a prompt to it is a 400 saying so."""
+    """A text-to-speech model answers /v1/audio/speech alone, an RNN-T transcriber /v1/audio/transcriptions alone: a
+    chat or a prompt to either is a 400 saying so."""
     if server.served.speech is not None:
         raise ApiError(400, f"{server.served.name} is a text-to-speech model: POST its text to /v1/audio/speech",
                        "model", "unsupported_model")
+    if server.served.transcriber is not None:
+        raise ApiError(400, f"{server.served.name} is a speech-to-text model (an RNN-T): POST a recording to "
+                       "/v1/audio/transcriptions", "model", "unsupported_model")
 
 
 async def gate_answers(request: Request):

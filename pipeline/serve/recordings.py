@@ -91,7 +91,17 @@ def read_recordings(parts: tuple[AudioPart, ...], side: AudioSide) -> list[Reque
 def read_recording(data: bytes, side: AudioSide, param: str) -> RequestRecording:
     """One recording's bytes as the engine takes them (16 kHz mono WAV), checked and counted; a 400 naming `param`
     otherwise (a truncated, huge, hours-long or foreign file never reaches a decoder unbounded)."""
-    limits = side.limits()
+    wav, seconds, samples = _canonical(data, side.limits(), param)
+    return RequestRecording(wav, seconds, side.tokens(samples))
+
+
+def canonical_wav(data: bytes, limits: AudioLimits, param: str) -> tuple[bytes, float]:
+    """(the recording as a 16 kHz mono 16-bit WAV file, its seconds), checked as read_recording checks one."""
+    wav, seconds, _ = _canonical(data, limits, param)
+    return wav, seconds
+
+
+def _canonical(data: bytes, limits: AudioLimits, param: str) -> tuple[bytes, float, int]:
     if not data:
         raise _bad(param, "is empty")
     if container(data) != "WAV":        # another container (or none known): ffmpeg's to decode, bounded
@@ -104,7 +114,7 @@ def read_recording(data: bytes, side: AudioSide, param: str) -> RequestRecording
     if audio.rate != SAMPLE_RATE:
         from pipeline.serve.transcode import to_wav16k
         audio = read_wav(to_wav16k(data, limits, param), limits, name=param)
-    return RequestRecording(wav_bytes(audio.samples, SAMPLE_RATE), audio.seconds, side.tokens(len(audio.samples)))
+    return wav_bytes(audio.samples, SAMPLE_RATE), audio.seconds, len(audio.samples)
 
 
 def _bad(param: str, why: str, code: str = "invalid_audio") -> ApiError:

@@ -25,6 +25,7 @@ from pipeline.serve.recordings import AudioSide, audio_side_of
 from pipeline.serve.speech import SpeechSide
 from pipeline.serve.text import TextCodec, check_against_goldens, sampling_defaults
 from pipeline.serve.toolcalls import FORMATS, ToolCallFormat
+from pipeline.serve.transcriptions import TranscriberSide
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class Served:
     audio: AudioSide | None = None                   # a speech model's audio side (serve/recordings.py)
     planned_bytes: int = 0      # its plan's memory at the limits its engine was built with (a set's budget counts it)
     speech: SpeechSide | None = None                 # a text-to-speech model's (serve/speech.py): no token API
+    # an RNN-T transcriber's (serve/transcriptions.py): /v1/audio/transcriptions only, no token API
+    transcriber: TranscriberSide | None = None
 
 
 def limits_of(plan: contract.Plan) -> Limits:
@@ -72,6 +75,33 @@ def speech_served_of(name: str, created: int, tokenizer_dir: Path, goldens: cont
                             "rebuild the kit with this version of the pipeline")
     return Served(name, created, TextCodec.load(tokenizer_dir), (), limits_of(plan), backend, goldens,
                   speech=side, planned_bytes=plan.speech.total)
+
+
+def transcriber_served_of(name: str, created: int, run_dir: Path, tokenizer_dir: Path, goldens: contract.Goldens,
+                          plan: contract.Plan, backend: str) -> Served:
+    """An RNN-T transcriber: its prompt dictionary read from the verified unpacked bundle (the runtime's own
+    processor_config.json), its longest recording the plan's; its goldens are its speech set, checked by the
+    device's validation."""
+    import json
+
+    from pipeline.files import read_regular
+    from pipeline.runtime.transducer import read_prompts
+    assert plan.speech is not None
+    if goldens.speech is None:
+        raise PipelineError(f"{name}: an RNN-T whose goldens hold no speech set",
+                            "rebuild the kit with this version of the pipeline")
+    try:
+        config = json.loads(read_regular(run_dir / "config.json", 4 * 2**20))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise PipelineError(f"{run_dir / 'config.json'}: not valid JSON ({str(exc)[:80]})",
+                            "rebuild the bundle with `python -m pipeline device`") from None
+    slots = config.get("num_prompts", 128) if isinstance(config, dict) else 0
+    if not isinstance(slots, int) or isinstance(slots, bool) or slots <= 0:
+        raise PipelineError(f"{run_dir / 'config.json'}: num_prompts is not a positive integer",
+                            "rebuild the bundle with `python -m pipeline device`")
+    side = TranscriberSide(read_prompts(run_dir, slots), plan.speech.max_seconds)
+    return Served(name, created, TextCodec.load(tokenizer_dir), (), limits_of(plan), backend, goldens,
+                  transcriber=side, planned_bytes=plan.speech.total)
 
 
 def bundle_speech_side(dest: Path, plan: contract.Plan, goldens: contract.Goldens) -> SpeechSide:
@@ -122,6 +152,15 @@ def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = 
     say(f"bundle {verified.name}: verified and unpacked to {dest}")
     plan, goldens, serving = serving_records(opened, dest)
     backend = backends.get(m.compat.backend)
+    if plan.speech is not None and plan.speech.kind == "speech to text":     # an RNN-T: its transcriber session
+        from pipeline.runtime.engines import TRANSCRIBER_SESSIONS
+        hearing = TRANSCRIBER_SESSIONS.get(backend.name)
+        if hearing is None:
+            raise PipelineError(f"{bundle}: the {backend.name} backend serves no RNN-T transcriber",
+                                "serve it with Edge-LLM's bundle")
+        served = transcriber_served_of(m.kit.name, _epoch(verified.created), dest, serving / contract.TOKENIZER_DIR,
+                                       goldens, plan, backend.name)
+        return served, lambda: hearing.open(dest, plan, served.limits)
     if plan.speech is not None:
         from pipeline.runtime.engines import SPEECH_SESSIONS
         speaking = SPEECH_SESSIONS.get(backend.name)

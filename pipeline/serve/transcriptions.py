@@ -46,8 +46,9 @@ def model_of(form: dict[str, list[multipart.Part]]) -> str | None:
     return parts[-1].text() if parts else None
 
 
-def parse(form: dict[str, list[multipart.Part]], defaults: SamplingDefaults,
-          languages: dict[str, str]) -> Transcription:
+def upload(form: dict[str, list[multipart.Part]]) -> tuple[multipart.Part, dict[str, str]]:
+    """(the recording's part, the other fields' last values) of a transcription form: only this endpoint's fields,
+    exactly one file with a filename."""
     unknown = sorted(set(form) - set(FIELDS))
     if unknown:
         raise ApiError(400, f"unknown form field {unknown[0][:40]!r} (this endpoint takes {', '.join(FIELDS)})",
@@ -56,9 +57,15 @@ def parse(form: dict[str, list[multipart.Part]], defaults: SamplingDefaults,
     if len(files) != 1 or files[0].filename is None:
         raise ApiError(400, "the form needs exactly one `file` part with a filename (the recording)", "file",
                        "missing_file")
-    if not files[0].data:
+    return files[0], {name: parts[-1].text() for name, parts in form.items()
+                      if name != "file" and not name.endswith("[]")}
+
+
+def parse(form: dict[str, list[multipart.Part]], defaults: SamplingDefaults,
+          languages: dict[str, str]) -> Transcription:
+    part, field = upload(form)
+    if not part.data:
         raise ApiError(400, "file: the audio is empty", "file", "invalid_audio")
-    field = {name: parts[-1].text() for name, parts in form.items() if name != "file" and not name.endswith("[]")}
     fmt = field.get("response_format", "json") or "json"
     if fmt in TIMED:
         raise ApiError(400, f"response_format {fmt!r} needs timestamped segments, which this model does not give: "
@@ -74,8 +81,8 @@ def parse(form: dict[str, list[multipart.Part]], defaults: SamplingDefaults,
                        f"{', '.join(sorted(languages))})", "language", "unsupported_value")
     # the chat Edge-LLM's server asks (the recording as an input_audio part, base64 as a chat carries it): one path
     # through parsing, preparation and admission for both APIs
-    audio = {"data": base64.b64encode(files[0].data).decode("ascii"),
-             "format": (files[0].filename.rsplit(".", 1)[-1].lower() or "wav")[:16]}
+    audio = {"data": base64.b64encode(part.data).decode("ascii"),
+             "format": ((part.filename or "").rsplit(".", 1)[-1].lower() or "wav")[:16]}
     content: list[dict[str, Any]] = [{"type": "input_audio", "input_audio": audio}]
     if field.get("prompt"):
         content.append({"type": "text", "text": field["prompt"]})
@@ -133,3 +140,106 @@ class TranscriptionEndpoint(responses.Endpoint):
     def stream(self, ident: responses.Ident, include_usage: bool,  # noqa: ARG002 - the Endpoint's signature
                prompt_tokens: int) -> responses.Stream:  # noqa: ARG002
         raise ApiError(400, "stream: streamed transcription is not served", "stream", "unsupported_value")
+
+
+# ------------------------------------------------------------------------------------------------ an RNN-T's answers
+@dataclass(frozen=True)
+class TranscriberSide:
+    """What a served RNN-T transcriber (Nemotron-3.5-ASR) takes: its prompt dictionary (language or locale,
+    lower-cased -> prompt slot; `auto`: the model names the language) and the longest recording its encoder engine
+    takes. Its requests go to the transcriber itself, not through a chat (it has no language model)."""
+    prompts: dict[str, int]
+    max_seconds: int
+
+    def limits(self):
+        from pipeline.audio import AudioLimits
+        return AudioLimits(max_seconds=float(self.max_seconds))
+
+
+@dataclass(frozen=True)
+class RecordingAsked:
+    """An RNN-T transcription request, checked: the recording as uploaded, the prompt slot, the answer's form."""
+    data: bytes
+    slot: int
+    language: str | None
+    response_format: str
+
+
+def parse_recording(form: dict[str, list[multipart.Part]], side: TranscriberSide) -> RecordingAsked:
+    """The form as Edge-LLM's own Nemotron-3.5-ASR server takes it: a recording, the language (a key of the model's
+    prompt dictionary: `en`, `en-US`, `auto`; none: auto), greedy only (a temperature other than 0 is refused, as a
+    text `prompt` is: the model takes none), json, text or verbose_json."""
+    part, field = upload(form)
+    fmt = field.get("response_format", "json") or "json"
+    if fmt in TIMED or fmt not in FORMATS:
+        raise ApiError(400, f"response_format must be one of {', '.join(FORMATS)} (this model gives no timestamped "
+                       "segments)", "response_format", "unsupported_value")
+    if field.get("stream", "false").lower() not in ("false", "0", ""):
+        raise ApiError(400, "stream: streamed transcription is not served; ask for the whole transcript", "stream",
+                       "unsupported_value")
+    if field.get("prompt"):
+        raise ApiError(400, "prompt: this model (an RNN-T) takes no text prompt", "prompt", "unsupported_value")
+    if _number(field.get("temperature", "0") or "0", "temperature") != 0.0:
+        raise ApiError(400, "temperature: this model decodes greedily (an RNN-T): ask with temperature 0",
+                       "temperature", "unsupported_value")
+    language = (field.get("language") or "").strip().lower() or None
+    slot = side.prompts.get(language or "auto")
+    if slot is None:
+        named = ", ".join(sorted(k for k in side.prompts if "-" not in k)[:40])
+        raise ApiError(400, f"language {str(language)[:20]!r} is not one this model is prompted with ({named}, or "
+                       "a locale such as en-US; none: auto)", "language", "unsupported_value")
+    return RecordingAsked(part.data, slot, language, fmt)
+
+
+def recording_answer(fmt: str, seconds: float, answer: str, asked_language: str | None) -> Any:
+    """The runtime's answer in the form asked: its language tag taken out (the language verbose_json names)."""
+    from pipeline.transcripts import tagged_transcript
+    named, text = tagged_transcript(answer)
+    used = {"type": "duration", "seconds": math.ceil(seconds)}
+    if fmt == "text":
+        return text
+    if fmt == "verbose_json":
+        return {"task": "transcribe", "language": named or asked_language or "", "duration": round(seconds, 3),
+                "text": text, "usage": used}
+    return {"text": text, "usage": used}
+
+
+async def transcribed(server: Any, admission: Any, wav: bytes, slot: int) -> str:
+    """One admitted recording's answer from the server's TranscriberSession: an engine slot, the request's deadline
+    (--request-timeout from admission), its answer dropped however the caller stops waiting."""
+    import asyncio
+    import time
+    session = admission.session
+    m = server.metrics
+    await server.take_slot()
+    loop = asyncio.get_running_loop()
+    answered: asyncio.Future = loop.create_future()
+
+    def answer(text: str | None, error: str | None) -> None:
+        if not answered.done():
+            answered.set_result((text, error))
+
+    def done(text: str | None, error: str | None) -> None:         # from the session's thread
+        loop.call_soon_threadsafe(answer, text, error)
+    handle = None
+    m.running.inc()
+    try:
+        handle = session.transcribe(wav, slot, done)
+        left = max(0.0, admission.started + server.settings.request_timeout - time.monotonic())
+        try:
+            text, error = await asyncio.wait_for(asyncio.shield(answered), left)
+        except TimeoutError:
+            raise ApiError(504, f"the request ran longer than --request-timeout {server.settings.request_timeout:g} "
+                           "s", code="timeout") from None
+        if error is not None:
+            raise ApiError(500, f"the engine failed on this request: {error[:200]}", code="engine_error")
+        m.duration.observe(time.monotonic() - admission.started)
+        return text or ""
+    except RuntimeError as exc:         # a failed session takes no request
+        raise ApiError(503, f"the engine failed: {exc}", code="engine_unavailable",
+                       headers={"Retry-After": "5"}) from None
+    finally:
+        m.running.dec()
+        if handle is not None and not answered.done():
+            session.cancel(handle)
+        server.slots.release()

@@ -28,7 +28,8 @@ MANIFEST_MAX = 1 * 2**20
 ENTRY_MAX_BYTES = 2 * 2**30         # the builtins are a few MB; anything near this is not one of ours
 # what materialize() runs: a change to any of them makes other bytes, so it keys the entry
 # (mtp.py: the MTP twin's layer)
-SOURCES = ("tinymodel.py", "tinytrain.py", "tinyvlm.py", "tinyasr.py", "tinytts.py", "tinyhub.py", "mtp.py")
+SOURCES = ("tinymodel.py", "tinytrain.py", "tinyvlm.py", "tinyasr.py", "tinytts.py", "tinytransducer.py",
+           "transducer_features.py", "tinyhub.py", "mtp.py")
 TRAINED_BY = ("torch", "transformers", "tokenizers")     # distributions whose versions decide the trained bytes
 
 

@@ -364,13 +364,13 @@ def zero_point_copy(model_dir: Path, hf: Path) -> None:
 
 def export_job(job: ExportJob) -> ExportRecord:
     """The edgellm backend's export step (pipeline/workstation/exporters.py)."""
+    from pipeline.families.audio import speech_model_of
     from pipeline.plan.shapes import load_config
-    from pipeline.plan.synthesis import is_synthesis
-    if is_synthesis(load_config(job.model_dir / "config.json")):     # text to speech: its three graphs
-        from pipeline.workstation.synthesis_export import export_synthesis
-        synthesis = export_synthesis(job.model_dir, job.payload_dir)
+    speech = speech_model_of(load_config(job.model_dir / "config.json"))
+    if speech is not None:      # a speech model: its own graphs, FP16 (the plan refused any other format)
+        made = speech.stage("export")(job.model_dir, job.payload_dir)
         return ExportRecord(quant_algo=None, kv_cache_quant_algo=None, weights=job.weights, kv_cache=job.kv_cache,
-                            target_sm=int(round(float(job.target_sm) * 10)), synthesis=synthesis,
+                            target_sm=int(round(float(job.target_sm) * 10)), **made,
                             versions={d: _version(d) for d in ("tensorrt-edgellm", "transformers", "onnx")})
     return export(job.model_dir, job.quant_dir, job.stage_dir, job.payload_dir, job.weights, job.kv_cache,
                   job.target_sm, draft_dir=job.draft_dir, handoff=job.handoff, externalize=job.externalize,

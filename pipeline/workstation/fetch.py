@@ -65,10 +65,10 @@ def check_checkpoint(model_dir: Path, source: str) -> None:
                             "convert .bin/.pth weights with transformers' save_pretrained(safe_serialization=True)")
     config = load_config(model_dir / "config.json")
     refuse_remote_code(config, model_dir / "config.json")
-    from pipeline.plan.synthesis import is_synthesis
-    if is_synthesis(config):        # text to speech: no decoder of a family; its tensors against Edge-LLM's modules
-        from pipeline.workstation.synthesis_checkpoint import check_synthesis_checkpoint
-        check_synthesis_checkpoint(model_dir, config, source)
+    from pipeline.families.audio import speech_model_of
+    speech = speech_model_of(config)
+    if speech is not None:      # a speech model: no decoder of a family; its tensors against Edge-LLM's modules
+        speech.stage("checkpoint")(model_dir, config, source)
         return
     shape = shape_from_config(config, str(model_dir / "config.json"))
     typed: dict[str, tuple] = {}

@@ -168,3 +168,8 @@ def export_synthesis(model_dir: Path, payload_dir: Path) -> SynthesisExport:
 
 if __name__ == "__main__":      # the Code2Wav step, in a process of its own (the export's torch state stays there)
     export_code2wav(Path(sys.argv[1]), Path(sys.argv[2]))
+
+
+def export_record(model_dir: Path, payload_dir: Path) -> dict:
+    """The export's record fields (families/audio.py SpeechModel.export): the three graphs, checked."""
+    return {"synthesis": export_synthesis(model_dir, payload_dir)}

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline.workstation.tinyasr import ASR_BUILTINS
 from pipeline.workstation.tinytrain import corpus_text, train, train_tokenizer
+from pipeline.workstation.tinytransducer import TRANSDUCER_BUILTINS, shrunk
 from pipeline.workstation.tinytts import TTS_BUILTINS
 from pipeline.workstation.tinyvlm import VLM_BUILTINS
 
@@ -188,15 +189,19 @@ BUILTINS: dict[str, Builtin] = {
     # Text-to-speech models shrunk from real configs (tinytts.py holds their talkers, code predictors and Code2Wav).
     **{name: Builtin(tts["architecture"], {}, notes=f"{tts['architecture']} shrunk", extra=tts)
        for name, tts in TTS_BUILTINS.items()},
+    # RNN-T speech-to-text models shrunk from real configs (tinytransducer.py holds their encoders and tokenizers).
+    **{name: Builtin(asr["architecture"], shrunk(name), notes=f"{asr['architecture']} shrunk", extra=asr,
+                     train_steps=asr["speech_steps"], seed=asr["seed"])
+       for name, asr in TRANSDUCER_BUILTINS.items()},
 }
 
 
 def maker(name: str):
-    """The module that makes builtin `name` where it is more than a decoder (its `extra`): tinyasr, tinytts or
-    tinyvlm, each with builtin_config(name, spec) and its materializer."""
-    from pipeline.workstation import tinyasr, tinytts, tinyvlm
-    return next(m for m, table in ((tinyasr, ASR_BUILTINS), (tinytts, TTS_BUILTINS), (tinyvlm, VLM_BUILTINS))
-                if name in table)
+    """The module that makes builtin `name` where it is more than a decoder (its `extra`): tinyasr, tinytransducer,
+    tinytts or tinyvlm, each with builtin_config(name, spec) and its materializer."""
+    from pipeline.workstation import tinyasr, tinytransducer, tinytts, tinyvlm
+    return next(m for m, table in ((tinyasr, ASR_BUILTINS), (tinytransducer, TRANSDUCER_BUILTINS),
+                                   (tinytts, TTS_BUILTINS), (tinyvlm, VLM_BUILTINS)) if name in table)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ checks that compare them with the plan (unit level; test_device.py runs them end
 import pytest
 
 from pipeline import backends, contract
-from pipeline.device.report import build_report, kv_check, memory_checks
+from pipeline.device.checks import memory_checks
+from pipeline.device.report import build_report, kv_check
 from pipeline.device.runners import edgellm_profile
 from pipeline.runtime.edgellm import EdgellmSession
 from pipeline.runtime.trtllm import TrtllmSession

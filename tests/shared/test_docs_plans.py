@@ -11,7 +11,6 @@ import pytest
 from conftest import REPO
 
 from pipeline.plan.perf import known_model_configs
-from pipeline.plan.synthesis_plan import UNBUILT
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 COMMAND = re.compile(r"python -m pipeline plan (--model-config (\S+)/config\.json.*)")
@@ -100,10 +99,7 @@ def test_each_recipe_plan_the_docs_show_is_what_the_planner_prints(doc, recipe, 
     out = subprocess.run([sys.executable, "-m", "pipeline", "plan", recipe], cwd=REPO, capture_output=True, text=True,
                          timeout=120)
     printed = [line.rstrip() for line in out.stdout.splitlines()]
-    # a speech model's plan the docs show may be refused for one reason only, that no kit is built for it yet
-    # (Nemotron-3.5-ASR: Support.not_built)
-    assert out.returncode == 0 or (out.returncode == 1 and out.stderr.count("refused: ") == 1
-                                   and UNBUILT in out.stderr), out.stderr
+    assert out.returncode == 0, out.stderr
     assert [q for q in quoted if q not in printed] == [], (doc, printed)
 
 

@@ -99,7 +99,7 @@ def test_a_quantized_format_and_a_recording_past_the_board_are_refused_at_their_
                    > usable)
     inside = plan_transducer(shape, MODEL, "fp16", "orin-nano-8gb", seconds - 1)
     past = plan_transducer(shape, MODEL, "fp16", "orin-nano-8gb", seconds)
-    assert inside.total <= usable and len(inside.refused) == 1 and "builds no kit for it yet" in inside.refused[0]
+    assert inside.total <= usable and inside.refused == []
     assert past.refused[0].startswith(f"needs {past.total / 1e9:.2f} GB, more than the {usable / 1e9:.2f} GB usable")
     assert "lower build.audio.max_seconds" in past.refused[0]
 
@@ -118,7 +118,6 @@ def test_a_damaged_config_is_every_problem_at_once():
 def test_plan_prints_it_from_a_recipe():
     out = subprocess.run([sys.executable, "-m", "pipeline", "plan", "nemotron-3.5-asr-orin-nano-jp72"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1 and out.stderr.count("refused: ") == 1, out.stderr
-    assert "this version plans Nemotron-3.5-ASR but builds no kit for it yet" in out.stderr
+    assert out.returncode == 0 and "refused" not in out.stderr, out.stderr
     assert "speech to text (an RNN-T" in out.stdout and "RTF " in out.stdout
     assert dataclasses.is_dataclass(plan_transducer(transducer_shape(CONFIG, "c"), MODEL, "fp16", "agx-thor", 30))

@@ -52,10 +52,11 @@ def accuracy_stage(g: RecipeGraph) -> contract.StageManifest:
     from pipeline.workstation.models import input_device, load_model
 
     recipe = g.recipe
+    from pipeline.families.audio import speech_model_of
     from pipeline.plan.shapes import load_config
-    from pipeline.plan.synthesis import is_synthesis
-    if is_synthesis(load_config(model_dir(g) / "config.json")):
-        return g.build(ACCURACY, None, lambda out: synthesis_accuracy_stage(g, out))
+    speech = speech_model_of(load_config(model_dir(g) / "config.json"))
+    if speech is not None:      # a speech model's own figures
+        return g.build(ACCURACY, None, lambda out: speech.stage("accuracy")(g, out))
 
     def build(out: Path) -> contract.AccuracyFigures:
         tok = AutoTokenizer.from_pretrained(model_dir(g))
@@ -111,6 +112,20 @@ def synthesis_accuracy_stage(g: RecipeGraph, out: Path) -> contract.AccuracyFigu
     voice = voice_of(c, golden_speaker(c, model_dir(g)), GOLDEN_LANGUAGE)
     v = g.recipe.validation
     figures = synthesis_accuracy(original, deployed, list(v.prompts), voice, v.max_new_tokens)
+    write_report(out, figures, g.recipe.weights, g.recipe.name, fetch_digest(g),
+                 original="the checkpoint in float32; quantized: its weights on the FP16 grid the engines hold")
+    return figures
+
+
+def transducer_accuracy_stage(g: RecipeGraph, out: Path) -> contract.AccuracyFigures:
+    """An RNN-T speech-to-text model's figures: its FP16 weights against the checkpoint's along the checkpoint's
+    greedy steps over the speech set, and both models' error rates on it (workstation/transducer_gate.py)."""
+    from pipeline.workstation.evaluate import write_report
+    from pipeline.workstation.transducer_gate import AskedSet, speech_accuracy
+    g.handoff.drop()
+    audio = g.recipe.build.audio
+    asked = AskedSet(model_dir(g), g.recipe.validation.speech, g.recipe.file, audio.max_seconds if audio else None)
+    figures = speech_accuracy(model_dir(g), asked)
     write_report(out, figures, g.recipe.weights, g.recipe.name, fetch_digest(g),
                  original="the checkpoint in float32; quantized: its weights on the FP16 grid the engines hold")
     return figures

@@ -21,10 +21,12 @@ def _summary(result: contract.StageManifest) -> str:
     assert g is not None        # the goldens stage's build returns it
     if g.spoken_frames:
         return f"the reference spoke the texts in {count(g.spoken_frames, 'codec frame')}"
+    rates = [f"{r.metric.upper()} {r.rate:.1%} in {r.language} (95% {r.low:.1%} to {r.high:.1%}, "
+             f"{count(r.utterances, 'utterance')})" for r in g.speech]
+    if not g.prompts and rates:     # an RNN-T: the speech set alone
+        return "the reference transcribed the speech set: " + ", ".join(rates)
     line = f"{count(g.prompts, 'prompt')}{' (chat template)' if g.chat_template else ''}, " \
-           f"{count(g.new_tokens, 'reference token')}" + "".join(
-               f", {r.metric.upper()} {r.rate:.1%} in {r.language} (95% {r.low:.1%} to {r.high:.1%}, "
-               f"{count(r.utterances, 'utterance')})" for r in g.speech)
+           f"{count(g.new_tokens, 'reference token')}" + "".join(f", {r}" for r in rates)
     return line + (f"\n  warning: {len(g.weak)} golden answer(s) shorter than half of max_new_tokens: a weak "
                    f"check (e.g. {g.weak[0]!r}); ask for longer answers" if g.weak else "")
 
@@ -158,13 +160,24 @@ def synthesis_goldens(g: RecipeGraph, out: Path) -> contract.GoldensSummary:
     return contract.GoldensSummary(0, False, 0, [], spoken_frames=sum(len(u.codes) for u in check.utterances))
 
 
+def transducer_goldens(g: RecipeGraph, out: Path) -> contract.GoldensSummary:
+    """An RNN-T speech-to-text model's goldens: the recipe's speech set transcribed by the reference
+    (workstation/transducer_gate.py); [validation] prompts are not asked (it reads no text)."""
+    from pipeline.workstation.transducer_gate import AskedSet, speech_goldens
+    g.handoff.drop()
+    audio = g.recipe.build.audio
+    asked = AskedSet(model_dir(g), g.recipe.validation.speech, g.recipe.file, audio.max_seconds if audio else None)
+    return speech_goldens(model_dir(g), asked, g.recipe.validation, out)
+
+
 def do_goldens(run: StageRun) -> contract.StageManifest:
     from transformers import AutoTokenizer
 
+    from pipeline.families.audio import speech_model_of
     from pipeline.plan.shapes import load_config
-    from pipeline.plan.synthesis import is_synthesis
-    if is_synthesis(load_config(model_dir(run.graph) / "config.json")):
-        return run.build(lambda out: synthesis_goldens(run.graph, out))
+    speech = speech_model_of(load_config(model_dir(run.graph) / "config.json"))
+    if speech is not None:      # a speech model's own goldens
+        return run.build(lambda out: speech.stage("goldens")(run.graph, out))
 
     from pipeline.workstation.cpu_linear import skinny_linears
     from pipeline.workstation.evaluate import make_goldens, weak_prompts

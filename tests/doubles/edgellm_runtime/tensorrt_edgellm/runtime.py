@@ -30,6 +30,10 @@ refuses speculative decoding under in-flight batching.
         codec_chunk_frames, talker_prefill_threshold (its experimental server's TTS and _pump_channels); the
         engines are computed by tests/doubles/python/edgellm_tts.py (TTS_DOUBLE_WRONG_FRAME as there)
 
+    NemotronAsrRuntime(engine_dir=, tokenizer_dir=) .max_mel_frames; .transcribe(audio_bytes, prompt_id) -> .text
+        (its experimental Nemotron-3.5-ASR runtime: experimental/nemotron3_5_asr/server.py), computed by
+        tests/doubles/python/edgellm_rnnt.py
+
 EDGELLM_RUNTIME_DOUBLE_WRONG_AT=N: a miscompiled engine (the N-th generated token of every request is off by one).
 RUNTIME_DOUBLE_TAKES_BYTES / RUNTIME_DOUBLE_HOLD_S with FAKE_BOARD_ROOT: what loading takes from the fake board.
 """
@@ -386,6 +390,31 @@ class TTSRuntime:
             if len(pending) == chunk:
                 push(False)
         push(True)
+
+
+class NemotronAsrRuntime:
+    """Its experimental Nemotron-3.5-ASR runtime (built with -DBUILD_EXPERIMENTAL_MODELS=ON; its transcription
+    server's NemotronAsr): computed by tests/doubles/python/edgellm_rnnt.py. EDGELLM_DOUBLE_NO_EXPERIMENTAL=1: a
+    runtime built without it (the class absent)."""
+
+    def __init__(self, engine_dir, tokenizer_dir):
+        from edgellm_rnnt import NemotronAsrRuntime as Engines
+        from stall import stall_if_asked
+        stall_if_asked("runtime")
+        self._engines = Engines(engine_dir, tokenizer_dir)
+        self.max_mel_frames = self._engines.max_mel_frames
+        board, hold = os.environ.get("FAKE_BOARD_ROOT"), int(os.environ.get("RUNTIME_DOUBLE_TAKES_BYTES", "0"))
+        if board and hold:
+            from fakeboard import taking
+            with taking(Path(board), hold, float(os.environ.get("RUNTIME_DOUBLE_HOLD_S", "0.8"))):
+                pass
+
+    def transcribe(self, audio, prompt_id):
+        return self._engines.transcribe(audio, int(prompt_id))
+
+
+if os.environ.get("EDGELLM_DOUBLE_NO_EXPERIMENTAL") == "1":
+    del NemotronAsrRuntime
 
 
 def load():
