@@ -60,7 +60,7 @@ MODULES = ("doit", "pipeline")      # what a run may start (python -m MODULE)
 # what a run's own subprocesses start warm (python -m M): Edge-LLM's exporter, and the device half's processes (its
 # runners, a served bundle's `pipeline serve`, a board's commands over ssh)
 EXEC_MODULES = ("tensorrt_edgellm.scripts.export", "pipeline", "pipeline.device.session_runner",
-                "pipeline.device.set_runner")
+                "pipeline.device.set_runner", "pipeline.device.transducer_runner")
 # the test doubles' executables (`#!/usr/bin/env python3` scripts standing in for trtllm-build, llm_inference, ...):
 # a run's subprocess of one of them, where python3 on its PATH is this interpreter, is a warm fork too
 DOUBLES_BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "doubles", "bin")
