@@ -2,9 +2,11 @@
 they were asked to speak, beside what it hears in the reference's speech of the same text.
 
 `device TTS-KIT --transcriber ASR-BUNDLE` (and `install TTS-BUNDLE --transcriber ASR-BUNDLE`) names a speech-to-text
-bundle built on a board like this one (`device` of a Qwen3-ASR kit): it is verified (signature, every part's hash),
-gated against this board and unpacked in this run exactly as `install` does, and asked as its own speech gate asks
-(llm_inference, greedy, its set's prompt after the recording; the transcript follows its marker). Each text's two
+bundle built on a board like this one (`device` of a Qwen3-ASR or a Nemotron-3.5-ASR kit): it is verified
+(signature, every part's hash), gated against this board and unpacked in this run exactly as `install` does, and
+asked as its own speech gate asks (Qwen3-ASR: llm_inference, greedy, its set's prompt after the recording, the
+transcript after its marker; an RNN-T: its NemotronAsrRuntime under the language's prompt slot, the transcript without
+its language tag: device/transducer.py). Each text's two
 waveforms (the engines', the kit's reference) go to it at its 16 kHz; both transcripts are scored against the text by
 the speech gate's own metric (word error rate, or character error rate for a language written without spaces:
 pipeline/transcripts.py). The check holds the engines' rate within SynthesisCheck.max_round_trip_increase of the
@@ -21,6 +23,7 @@ from pathlib import Path
 from pipeline import contract
 from pipeline.device.process import say
 from pipeline.errors import PipelineError
+from pipeline.families.audio import QWEN3_ASR_LANGUAGES
 
 RATE = 16_000       # what the transcriber's audio runner reads (Whisper's features)
 TRANSCRIBER_DIR = "transcriber"      # under a run's work directory: where the transcriber's bundle is unpacked
@@ -57,12 +60,17 @@ def open_transcriber(bundle: Path, work: Path, trusted, root: str) -> Transcribe
         say(f"warning: {w}")
     dest = unpack_verified(opened, work / TRANSCRIBER_DIR / opened.verified.name, trusted)
     plan, goldens, _ = serving_records(opened, dest)
-    if plan.audio is None or goldens.speech is None:
-        raise PipelineError(f"--transcriber {bundle}: {m.kit.name} is not a speech-to-text bundle (it has "
-                            f"{'no audio engine' if plan.audio is None else 'no speech set saying how it is asked'})",
-                            "give the bundle `device` made of a speech-to-text kit (Qwen3-ASR) on this board")
+    rnnt = plan.speech is not None and plan.speech.kind == "speech to text"     # an RNN-T: its own runtime
+    if (plan.audio is None and not rnnt) or goldens.speech is None:
+        lacks = "no audio engine" if plan.audio is None and not rnnt else "no speech set saying how it is asked"
+        raise PipelineError(f"--transcriber {bundle}: {m.kit.name} is not a speech-to-text bundle (it has {lacks})",
+                            "give the bundle `device` made of a speech-to-text kit (Qwen3-ASR, Nemotron-3.5-ASR) on "
+                            "this board")
     fam = family(plan.model.architecture)
-    languages = tuple(fam.audio.languages) if fam is not None and fam.audio is not None else ()
+    # the languages by the names its answers give (Qwen3-ASR's); an RNN-T answers with tags, and is asked by ISO 639
+    # code: the same table names them (Qwen3-TTS names a language as Qwen3-ASR does)
+    languages = tuple(fam.audio.languages) if fam is not None and fam.audio is not None else \
+        tuple(QWEN3_ASR_LANGUAGES.items())
     say(f"transcriber {opened.verified.name}: verified and unpacked to {dest}")
     return Transcriber(opened.verified.name, dest, goldens.speech, languages)
 
@@ -73,7 +81,7 @@ def hear_back(transcriber: Transcriber, texts: list[str], language: str, engines
     from pipeline.audio import resample, wav_bytes
     from pipeline.device.hearing import ask_recordings
     from pipeline.files import fresh_dir
-    from pipeline.transcripts import answer_transcript, error_rate
+    from pipeline.transcripts import error_rate, transcript_of
     run = work / "round-trip"
     fresh_dir(run)
     paths = []
@@ -83,9 +91,15 @@ def hear_back(transcriber: Transcriber, texts: list[str], language: str, engines
             path.write_bytes(wav_bytes(resample(samples, rate, RATE), RATE))
             paths.append(path)
     s = transcriber.speech
-    answers = ask_recordings(transcriber.engine, paths, s.prompt, s.max_new_tokens, run, "round-trip", watch, timeout)
-    heard = [answer_transcript(a, s.marker, transcriber.names)[1] for a in answers]
-    out, language = [], transcriber.code(language)
+    language = transcriber.code(language)
+    if s.language_tags:         # an RNN-T: its own runtime, each recording under the language's prompt slot
+        from pipeline.device.transducer import hear_recordings
+        answers = hear_recordings(transcriber.engine, paths, language, run, "round-trip", watch, timeout)
+    else:
+        answers = ask_recordings(transcriber.engine, paths, s.prompt, s.max_new_tokens, run, "round-trip", watch,
+                                 timeout)
+    heard = [transcript_of(a, s.marker, transcriber.names, s.language_tags) for a in answers]
+    out = []
     for i, text in enumerate(texts):
         ours, theirs = heard[2 * i], heard[2 * i + 1]
         rate_ours, rate_theirs = error_rate([(text, ours)], language), error_rate([(text, theirs)], language)

@@ -40,3 +40,21 @@ def validate_transducer(kit_dir: Path, engine: Path, goldens: contract.Goldens, 
         raise PipelineError(f"the runtime transcribed {got} of the kit's {len(goldens.speech.utterances)} "
                             "recordings", f"see {log}")
     return result
+
+
+def hear_recordings(engine: Path, paths: list[Path], language: str, work: Path, stem: str, watch=None,
+                    timeout: int = 3600) -> list[str]:
+    """The RNN-T bundle's answers (transcripts with their language tags) to each WAV file, under the language's prompt
+    slot (a process of its own): work/STEM.json and STEM.log."""
+    out, log = work / f"{stem}.json", work / f"{stem}.log"
+    remove_entry(out)
+    run_logged([sys.executable, "-m", "pipeline.device.transducer_runner", "--engine-dir", str(engine), "--out",
+                str(out), "--language", language, *map(str, paths)], cwd=work, log=log, timeout=timeout,
+               watch=watch, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                   [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])))
+    answer = output_json(out, f"the transcriber's answers to the {stem} recordings")
+    said = answer.get("transcripts") if isinstance(answer, dict) else None
+    if not isinstance(said, list) or len(said) != len(paths) or not all(isinstance(t, str) for t in said):
+        raise PipelineError(f"the transcriber answered {len(said) if isinstance(said, list) else 0} of the "
+                            f"{len(paths)} {stem} recordings", f"see {log}")
+    return said

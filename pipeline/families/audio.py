@@ -144,18 +144,18 @@ class SpeechModel:
     as "module:function" (imported when a stage asks: those modules need torch, and this one is read by the device).
     Qwen3-ASR is not one: it is a decoder with an audio encoder (its family record: families/records.py).
 
-        checkpoint  (model_dir, config, source) -> None: the fetched checkpoint checked, or an error saying why
-        export      (model_dir, payload_dir) -> {ExportRecord field: its record}: Edge-LLM's graphs, checked
-        goldens     (graph, out) -> GoldensSummary: the reference's outputs the device validates against
-        accuracy    (graph, out) -> AccuracyFigures: what the deployed numerics cost against the checkpoint's
+        check_checkpoint  (model_dir, config, source) -> None: the fetched checkpoint checked, or why it is refused
+        export_graphs     (model_dir, payload_dir) -> {ExportRecord field: its record}: Edge-LLM's graphs, checked
+        make_goldens      (graph, out) -> GoldensSummary: the reference's outputs the device validates against
+        measure_accuracy  (graph, out) -> AccuracyFigures: what the deployed numerics cost against the checkpoint's
     """
     name: str
     what: str
     exported: str                       # what Edge-LLM's exporter writes of it
-    checkpoint: str
-    export: str
-    goldens: str
-    accuracy: str
+    check_checkpoint: str
+    export_graphs: str
+    make_goldens: str
+    measure_accuracy: str
 
     def stage(self, step: str):
         """The function doing `step` (a field above) for this kind."""
@@ -168,17 +168,17 @@ SPEECH_MODELS: dict[str, SpeechModel] = {
     "nemotron3_5_asr": SpeechModel(
         "Nemotron-3.5-ASR", "speech to text: an RNN-T transducer",
         "models/nemotron3_5_asr: audio/ (the encoder) and rnnt_decoder/ (the RNN-T step) ONNX",
-        checkpoint="pipeline.workstation.transducer_checkpoint:check_transducer_checkpoint",
-        export="pipeline.workstation.transducer_export:export_transducer",
-        goldens="pipeline.graph.stages.goldens:transducer_goldens",
-        accuracy="pipeline.graph.stages.accuracy:transducer_accuracy_stage"),
+        check_checkpoint="pipeline.workstation.transducer_checkpoint:check_transducer_checkpoint",
+        export_graphs="pipeline.workstation.transducer_export:export_transducer",
+        make_goldens="pipeline.graph.stages.goldens:transducer_goldens",
+        measure_accuracy="pipeline.graph.stages.accuracy:transducer_accuracy_stage"),
     "qwen3_tts": SpeechModel(
         "Qwen3-TTS", "text to speech: a talker, a code predictor and Code2Wav",
         "models/qwen3_tts: llm/, code_predictor/ and audio/code2wav ONNX",
-        checkpoint="pipeline.workstation.synthesis_checkpoint:check_synthesis_checkpoint",
-        export="pipeline.workstation.synthesis_export:export_record",
-        goldens="pipeline.graph.stages.goldens:synthesis_goldens",
-        accuracy="pipeline.graph.stages.accuracy:synthesis_accuracy_stage"),
+        check_checkpoint="pipeline.workstation.synthesis_checkpoint:check_synthesis_checkpoint",
+        export_graphs="pipeline.workstation.synthesis_export:export_record",
+        make_goldens="pipeline.graph.stages.goldens:synthesis_goldens",
+        measure_accuracy="pipeline.graph.stages.accuracy:synthesis_accuracy_stage"),
 }
 
 

@@ -150,10 +150,11 @@ class TranscriberSide:
     takes. Its requests go to the transcriber itself, not through a chat (it has no language model)."""
     prompts: dict[str, int]
     max_seconds: int
+    min_seconds: float          # the encoder engine's least profile (shorter: its runtime refuses it)
 
     def limits(self):
         from pipeline.audio import AudioLimits
-        return AudioLimits(max_seconds=float(self.max_seconds))
+        return AudioLimits(max_seconds=float(self.max_seconds), min_seconds=self.min_seconds)
 
 
 @dataclass(frozen=True)

@@ -368,7 +368,7 @@ def export_job(job: ExportJob) -> ExportRecord:
     from pipeline.plan.shapes import load_config
     speech = speech_model_of(load_config(job.model_dir / "config.json"))
     if speech is not None:      # a speech model: its own graphs, FP16 (the plan refused any other format)
-        made = speech.stage("export")(job.model_dir, job.payload_dir)
+        made = speech.stage("export_graphs")(job.model_dir, job.payload_dir)
         return ExportRecord(quant_algo=None, kv_cache_quant_algo=None, weights=job.weights, kv_cache=job.kv_cache,
                             target_sm=int(round(float(job.target_sm) * 10)), **made,
                             versions={d: _version(d) for d in ("tensorrt-edgellm", "transformers", "onnx")})

@@ -68,7 +68,7 @@ def check_checkpoint(model_dir: Path, source: str) -> None:
     from pipeline.families.audio import speech_model_of
     speech = speech_model_of(config)
     if speech is not None:      # a speech model: no decoder of a family; its tensors against Edge-LLM's modules
-        speech.stage("checkpoint")(model_dir, config, source)
+        speech.stage("check_checkpoint")(model_dir, config, source)
         return
     shape = shape_from_config(config, str(model_dir / "config.json"))
     typed: dict[str, tuple] = {}

@@ -40,9 +40,15 @@ class AskedSet:
         config = read_json(model_dir / "config.json", str(model_dir))
         self.prompts = prompt_dictionary(read_json(where, str(where)), int(config.get("num_prompts", 128)), str(where))
         self.utterances = read_speech_set(settings.set, recipe_file, "validation.speech.set").utterances
+        from pipeline.backends.edgellm import MEL_FRAMES_PER_SECOND, TRANSDUCER_MIN_MEL_FRAMES
+        shortest = TRANSDUCER_MIN_MEL_FRAMES / MEL_FRAMES_PER_SECOND
         self.samples = []
         for u in self.utterances:
             audio = read_wav(u.wav, name=u.name)
+            if audio.seconds < shortest:
+                raise PipelineError(f"{recipe_file}: validation.speech.set {settings.set}: {u.name} lasts "
+                                    f"{audio.seconds * 1000:.0f} ms, shorter than the encoder engine takes "
+                                    f"({shortest * 1000:.0f} ms)", "drop the recording from the set")
             if limit is not None and audio.seconds > limit:
                 raise PipelineError(f"{recipe_file}: validation.speech.set {settings.set}: {u.name} lasts "
                                     f"{audio.seconds:.1f} s, more than build.audio.max_seconds = {limit} (the "

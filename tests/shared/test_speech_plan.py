@@ -173,3 +173,16 @@ def test_the_recipes_plan_prints_the_encoder_and_the_speed(project):
     assert plan["device_build_commands"][-1] == ["audio_build", "--onnxDir", "onnx/audio", "--engineDir", "engine",
                                                  "--minTimeSteps", "100", "--maxTimeSteps", "3000"]
     assert plan["device_build_commands"][0][:3] == ["llm_build", "--onnxDir", "onnx/llm"]
+
+
+def test_each_speech_models_row_names_functions_that_exist():
+    """families/audio.py SPEECH_MODELS: every stage's "module:function" imports and is callable (a typo there would
+    surface only when that model's stage runs)."""
+    import dataclasses
+
+    from pipeline.families.audio import SPEECH_MODELS, SpeechModel
+    steps = [f.name for f in dataclasses.fields(SpeechModel) if f.name not in ("name", "what", "exported")]
+    assert steps == ["check_checkpoint", "export_graphs", "make_goldens", "measure_accuracy"]
+    for row in SPEECH_MODELS.values():
+        for step in steps:
+            assert callable(row.stage(step)), (row.name, step)

@@ -335,8 +335,11 @@ def test_the_openai_sdk_transcribes_the_set(served):
 
 def test_what_an_rnnt_does_not_take_is_a_400_naming_it(served, tmp_path):
     import struct
+    from array import array
 
     import requests
+
+    from pipeline.audio import wav_bytes
     good = _set()[0].wav
     hours = bytearray(good)
     hours[40:44] = struct.pack("<I", 16_000 * 2 * 3600 * 3)
@@ -349,6 +352,10 @@ def test_what_an_rnnt_does_not_take_is_a_400_naming_it(served, tmp_path):
         ({"file": ("hours.wav", bytes(hours))}, None, "says 345600000 bytes and the file ends"),
         ({"file": ("empty.wav", b"")}, None, "empty"),
         ({"file": ("noise.mp3", b"\xff\xfb" + bytes(range(256)) * 8)}, None, "cannot be decoded"),
+        # 79 ms: under the encoder engine's least profile (8 mel frames), which its runtime would refuse
+        ({"file": ("short.wav", wav_bytes(array("h", [0] * 1264), 16_000))}, None, "no speech fits in it"),
+        ({"file": ("long.wav", wav_bytes(array("h", [0] * 16_000 * 11), 16_000))}, None,
+         "11.0 s of audio, over the limit of 10 s"),
     ]
     for files, data, said in cases:
         r = _post(served, files, data)
@@ -358,6 +365,8 @@ def test_what_an_rnnt_does_not_take_is_a_400_naming_it(served, tmp_path):
         {"role": "user", "content": "hello"}]}, timeout=60)
     assert r.status_code == 400 and "POST a recording to /v1/audio/transcriptions" in r.json()["error"]["message"]
     assert _post(served, {"file": ("a.wav", good)}).json()["text"] == _set()[0].transcript
+    edge = _post(served, {"file": ("edge.wav", wav_bytes(array("h", [0] * 1280), 16_000))})      # 8 mel frames
+    assert edge.status_code == 200 and isinstance(edge.json()["text"], str), edge.text
 
 
 def test_open_webuis_speech_to_text_request_is_answered(served, tmp_path):
@@ -438,3 +447,36 @@ def test_the_bundle_installs_on_an_identical_board_and_its_install_is_served(bui
             u.transcript
     finally:
         s.stop()
+
+
+def test_a_text_to_speech_round_trip_hears_through_an_rnnt_bundle(built, validated, tmp_path, monkeypatch):
+    """`device TTS-KIT --transcriber BUNDLE` with this RNN-T's bundle (verified, gated and unpacked as install does):
+    each waveform heard through its runtime under the language's prompt slot (Qwen3-TTS names it "english"), the
+    tag taken out, scored against the text. Here the set's own recordings stand for a text-to-speech kit's speech:
+    the engines' says another channel than its text, the reference's the same."""
+    from conftest import board_copy, device_command
+
+    from pipeline.audio import read_wav
+    from pipeline.device.round_trip import hear_back, open_transcriber
+    from pipeline.kit.signing import trusted_keys
+    project, kits, _ = built
+    tmp, _ = validated[TARGET]
+    (bundle,) = [p for p in (tmp / "out").iterdir() if (p / "MANIFEST.json").is_file()]
+    _, env = device_command(project, kits[TARGET], tmp_path / "dev", board=BOARD)
+    root = board_copy(tmp_path, BOARD)
+    for name in ("PATH", "PYTHONPATH", "JETSON_PIPELINE_PROBE_ROOT"):
+        if name in env:
+            monkeypatch.setenv(name, env[name])
+    monkeypatch.setenv("JETSON_PIPELINE_PROBE_ROOT", str(root))
+    heard_by = open_transcriber(bundle, tmp_path / "work", trusted_keys([project.root / "home" / "signing.pub"]),
+                                str(root))
+    assert heard_by.speech.language_tags and heard_by.code("english") == "en"
+    said = _set()
+    texts = [said[0].transcript, said[1].transcript]
+    engines = [read_wav(said[2].wav).samples, read_wav(said[1].wav).samples]
+    references = [read_wav(said[0].wav).samples, read_wav(said[1].wav).samples]
+    trips = hear_back(heard_by, texts, "english", engines, references, 16_000, tmp_path / "work", None, 600)
+    assert [t["heard"] for t in trips] == [said[2].transcript, said[1].transcript]
+    assert [t["reference_heard"] for t in trips] == texts
+    assert [(t["metric"], t["error_rate"], t["reference_error_rate"]) for t in trips] == [("wer", 0.5, 0.0),
+                                                                                         ("wer", 0.0, 0.0)]

@@ -56,7 +56,7 @@ def accuracy_stage(g: RecipeGraph) -> contract.StageManifest:
     from pipeline.plan.shapes import load_config
     speech = speech_model_of(load_config(model_dir(g) / "config.json"))
     if speech is not None:      # a speech model's own figures
-        return g.build(ACCURACY, None, lambda out: speech.stage("accuracy")(g, out))
+        return g.build(ACCURACY, None, lambda out: speech.stage("measure_accuracy")(g, out))
 
     def build(out: Path) -> contract.AccuracyFigures:
         tok = AutoTokenizer.from_pretrained(model_dir(g))

@@ -177,7 +177,7 @@ def do_goldens(run: StageRun) -> contract.StageManifest:
     from pipeline.plan.shapes import load_config
     speech = speech_model_of(load_config(model_dir(run.graph) / "config.json"))
     if speech is not None:      # a speech model's own goldens
-        return run.build(lambda out: speech.stage("goldens")(run.graph, out))
+        return run.build(lambda out: speech.stage("make_goldens")(run.graph, out))
 
     from pipeline.workstation.cpu_linear import skinny_linears
     from pipeline.workstation.evaluate import make_goldens, weak_prompts
