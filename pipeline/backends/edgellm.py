@@ -26,7 +26,6 @@ average_time_per_token_ms x total_image_tokens / total_images.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.backends import (
@@ -39,6 +38,7 @@ from pipeline.backends import (
     FlagTable,
     check_flags,
 )
+from pipeline.backends.edgellm_layout import LLM_DIR, VISUAL_DIR, audio_build_argv
 from pipeline.contract import AudioProfile, BuildLimits, ExportRecord, Speculative, VisualLimits
 
 if TYPE_CHECKING:
@@ -70,8 +70,6 @@ def llm_build_argv(limits: BuildLimits, onnx_dir: str = "onnx", engine_dir: str 
             "--maxBatchSize", str(max(EDGELLM_MIN_BATCH, limits.max_batch_size))]
 
 
-# a vision-language export's two graphs, in Edge-LLM's exporter's layout inside the payload (onnx/)
-LLM_DIR, VISUAL_DIR = "llm", "visual"
 VISUAL_BUILD_FLAGS: FlagTable = {"--onnxDir": str, "--engineDir": str, "--minImageTokens": INT,
                                   "--maxImageTokens": INT, "--maxImageTokensPerImage": INT}
 
@@ -96,8 +94,6 @@ def visual_build_argv(visual: VisualLimits, onnx_dir: str = f"onnx/{VISUAL_DIR}"
             "--maxImageTokensPerImage", str(visual.max_image_tokens_per_image)]
 
 
-# a speech model's encoder graph, beside the language model's in onnx/llm (Edge-LLM's exporter's layout)
-AUDIO_DIR = "audio"
 AUDIO_BUILD_FLAGS: FlagTable = {"--onnxDir": str, "--engineDir": str, "--minTimeSteps": INT, "--maxTimeSteps": INT}
 
 
@@ -116,87 +112,12 @@ def check_audio_build_argv(argv: list[str]) -> list[str]:
     return problems
 
 
-def audio_build_argv(profile: AudioProfile, onnx_dir: str = f"onnx/{AUDIO_DIR}", engine_dir: str = "engine"
-                     ) -> list[str]:
-    """The audio encoder's engine into <engine_dir>/audio/ (audio_build adds the last part itself; the runtime loads
-    <multimodalEngineDir>/audio/audio_encoder.engine)."""
-    return ["audio_build", "--onnxDir", onnx_dir, "--engineDir", engine_dir,
-            "--minTimeSteps", str(profile.min_time_steps), "--maxTimeSteps", str(profile.max_time_steps)]
-
-
-# Qwen3-TTS (its TTS guide, user_guide/examples/tts.md): the talker from onnx/llm and the code predictor from
-# onnx/code_predictor, each into its own engine directory, at batch 1 ("--maxBatchSize 1 for the current Qwen3-TTS
-# runtime"); Code2Wav from onnx/code2wav with audio_build into the engine root, which writes engine/code2wav itself
-TTS_ENGINES = ("talker", "code_predictor")
-
-
-def tts_build_commands(limits: BuildLimits) -> list[list[str]]:
-    llm = [["llm_build", "--onnxDir", f"onnx/{src}", "--engineDir", f"engine/{part}",
-            "--maxInputLen", str(limits.max_input_len), "--maxKVCacheCapacity", str(limits.max_seq_len),
-            "--maxBatchSize", "1"] for src, part in ((LLM_DIR, TTS_ENGINES[0]), ("code_predictor", TTS_ENGINES[1]))]
-    return llm + [["audio_build", "--onnxDir", "onnx/code2wav", "--engineDir", "engine"]]
-
-
-# Nemotron-3.5-ASR (its guide, developer_guide/models/nemotron-3.5-asr.md): audio_build of onnx/audio into the
-# engine root (it writes engine/audio/audio_encoder.engine), its profile in mel frames: from the graph's least
-# (the export's dynamic dimension starts at 8; audio_build's own default, 100, would refuse recordings under a
-# second) to the plan's longest recording; audio_build of onnx/rnnt_decoder (static: no profile), which writes
-# engine/rnnt_decoder/rnnt_step.engine. The runtime takes one directory holding both engines, the encoder's
-# config.json and the tokenizer files (transducer_run_dir assembles it after the builds).
-RNNT_DIR = "rnnt_decoder"
-TRANSDUCER_MIN_MEL_FRAMES = 8
-MEL_FRAMES_PER_SECOND = 100
-
-
-def transducer_build_commands(max_seconds: int) -> list[list[str]]:
-    profile = AudioProfile(TRANSDUCER_MIN_MEL_FRAMES, max(TRANSDUCER_MIN_MEL_FRAMES,
-                                                          MEL_FRAMES_PER_SECOND * max_seconds))
-    return [audio_build_argv(profile), ["audio_build", "--onnxDir", f"onnx/{RNNT_DIR}", "--engineDir", "engine"]]
-
-
-RNNT_ENGINES = (("audio", "audio_encoder.engine"), (RNNT_DIR, "rnnt_step.engine"))
-RNNT_RUN_FILES = ("config.json", "tokenizer.json", "processor_config.json")
-RNNT_OPTIONAL_FILES = ("tokenizer_config.json",)
-
-
-def assemble_run_dir(engine: Path, kit_dir: Path) -> None:
-    """The built engine directory `engine` (the device's staging) made the flat bundle Nemotron-3.5-ASR's guide
-    assembles ("assemble one self-contained runtime dir"): both engines moved to its root, beside the exporter's
-    config.json, tokenizer.json and processor_config.json (and tokenizer_config.json where the export has one),
-    copied from the verified kit's onnx/audio. The builders' directories are removed: the runtime refuses a
-    directory that holds two layouts (NemotronAsrRuntime's resolveEnginePaths). The bundle carries the directory;
-    `serve` opens it as it is."""
-    import os
-    import shutil
-
-    from pipeline.errors import PipelineError
-    for part, name in RNNT_ENGINES:
-        built = engine / part / name
-        if not built.is_file() or built.is_symlink():
-            raise PipelineError(f"audio_build left no {part}/{name} in {engine}", "see the build log")
-        os.replace(built, engine / name)
-        shutil.rmtree(engine / part)
-    exported = kit_dir / "onnx" / AUDIO_DIR
-    for name in (*RNNT_RUN_FILES, *RNNT_OPTIONAL_FILES):
-        source = exported / name
-        if name in RNNT_OPTIONAL_FILES and not source.exists():
-            continue
-        if not source.is_file() or source.is_symlink():
-            raise PipelineError(f"{kit_dir}: the kit has no onnx/{AUDIO_DIR}/{name}, which the runtime reads",
-                                "re-package the recipe with this version of the pipeline")
-        shutil.copyfile(source, engine / name)
-
-
-def finish_speech_build(kind: str, engine: Path, kit_dir: Path) -> None:
-    """An RNN-T's engines made the one directory its runtime takes (assemble_run_dir)."""
-    if kind == "nemotron3_5_asr":
-        assemble_run_dir(engine, kit_dir)
-
-
-def speech_build_commands(kind: str, limits: BuildLimits, max_seconds: int) -> list[list[str]] | None:
-    if kind == "qwen3_tts":
-        return tts_build_commands(limits)
-    return transducer_build_commands(max_seconds) if kind == "nemotron3_5_asr" else None
+# the speech models without a decoder's parts: their builds and the RNN-T's run directory (their own module)
+from pipeline.backends.edgellm_speech import (  # noqa: E402  (beside its use)
+    RNNT_DIR,
+    finish_speech_build,
+    speech_build_commands,
+)
 
 
 def build_commands(limits: BuildLimits, speculative: Speculative | None,

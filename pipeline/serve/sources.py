@@ -99,7 +99,7 @@ def transcriber_served_of(name: str, created: int, run_dir: Path, tokenizer_dir:
     if not isinstance(slots, int) or isinstance(slots, bool) or slots <= 0:
         raise PipelineError(f"{run_dir / 'config.json'}: num_prompts is not a positive integer",
                             "rebuild the bundle with `python -m pipeline device`")
-    from pipeline.backends.edgellm import MEL_FRAMES_PER_SECOND, TRANSDUCER_MIN_MEL_FRAMES
+    from pipeline.backends.edgellm_speech import MEL_FRAMES_PER_SECOND, TRANSDUCER_MIN_MEL_FRAMES
     side = TranscriberSide(read_prompts(run_dir, slots), plan.speech.max_seconds,
                            TRANSDUCER_MIN_MEL_FRAMES / MEL_FRAMES_PER_SECOND)
     return Served(name, created, TextCodec.load(tokenizer_dir), (), limits_of(plan), backend, goldens,

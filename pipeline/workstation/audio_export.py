@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.backends.edgellm import AUDIO_DIR, LLM_DIR
+from pipeline.backends.edgellm_layout import AUDIO_DIR, LLM_DIR
 from pipeline.contract import AudioExport, OnnxGraph
 from pipeline.errors import PipelineError
 from pipeline.families.layouts import QWEN3_ASR_THINKER_NAMES, rename, thinker_config

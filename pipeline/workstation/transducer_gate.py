@@ -40,7 +40,7 @@ class AskedSet:
         config = read_json(model_dir / "config.json", str(model_dir))
         self.prompts = prompt_dictionary(read_json(where, str(where)), int(config.get("num_prompts", 128)), str(where))
         self.utterances = read_speech_set(settings.set, recipe_file, "validation.speech.set").utterances
-        from pipeline.backends.edgellm import MEL_FRAMES_PER_SECOND, TRANSDUCER_MIN_MEL_FRAMES
+        from pipeline.backends.edgellm_speech import MEL_FRAMES_PER_SECOND, TRANSDUCER_MIN_MEL_FRAMES
         shortest = TRANSDUCER_MIN_MEL_FRAMES / MEL_FRAMES_PER_SECOND
         self.samples = []
         for u in self.utterances:

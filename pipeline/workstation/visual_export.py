@@ -40,7 +40,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.backends.edgellm import LLM_DIR, VISUAL_DIR
+from pipeline.backends.edgellm_layout import LLM_DIR, VISUAL_DIR
 from pipeline.contract import OnnxGraph, VisualExport
 from pipeline.errors import PipelineError
 from pipeline.families.visual import TowerDesign, tower_design
@@ -171,7 +171,7 @@ def export_tower(model_dir: Path, scratch: Path, payload_dir: Path, tower, fp8: 
     """The visual tower through Edge-LLM's exporter into onnx/visual, checked on the builtin test images against
     transformers' tower with the weights and scales of the checkpoint the exporter read (workstation/visual_check.py):
     FP16, or FP8 with the calibrated tower's tensors (tower_fp8_tensors)."""
-    from pipeline.backends.edgellm import VISUAL_DIR
+    from pipeline.backends.edgellm_layout import VISUAL_DIR
     from pipeline.images import BUILTIN_IMAGES, open_image
 
     graph = export_visual(model_dir, scratch, payload_dir / VISUAL_DIR, tower.design, tower.deepstack, fp8)
