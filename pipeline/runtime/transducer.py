@@ -35,17 +35,30 @@ EXPERIMENTAL = ("the board's Edge-LLM runtime has no NemotronAsrRuntime: Nemotro
                 "models, built only with -DBUILD_EXPERIMENTAL_MODELS=ON")
 
 
-def read_prompts(run_dir: Path, num_prompts: int) -> dict[str, int]:
-    """The bundle's prompt dictionary, read bounded and checked as Edge-LLM's server checks it."""
-    from pipeline.families.audio import prompt_dictionary
-    where = run_dir / "processor_config.json"
+REBUILD = "use the model's own files, or rebuild the bundle from its kit"
+
+
+def _json_object(path: Path) -> dict:
     try:
-        data = json.loads(read_regular(where, MAX_CONFIG))
+        data = json.loads(read_regular(path, MAX_CONFIG))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise PipelineError(f"{where}: not valid JSON ({str(exc)[:80]})", "rebuild the bundle from its kit") from None
+        raise PipelineError(f"{path}: not valid JSON ({str(exc)[:80]})", REBUILD) from None
     if not isinstance(data, dict):
-        raise PipelineError(f"{where}: not a JSON object", "rebuild the bundle from its kit")
-    return prompt_dictionary(data, num_prompts, str(where))
+        raise PipelineError(f"{path}: not a JSON object", REBUILD)
+    return data
+
+
+def prompts_of(directory: Path) -> dict[str, int]:
+    """The prompt dictionary of a directory holding the model's config.json and processor_config.json (a checkpoint,
+    its export's audio/, a bundle's run directory), read bounded and checked as Edge-LLM's server checks it: its
+    slots inside config.json's num_prompts."""
+    from pipeline.families.audio import prompt_dictionary
+    slots = _json_object(directory / "config.json").get("num_prompts", 128)
+    if not isinstance(slots, int) or isinstance(slots, bool) or slots <= 0:
+        raise PipelineError(f"{directory / 'config.json'}: num_prompts {str(slots)[:20]} is not a positive integer",
+                            REBUILD)
+    where = directory / "processor_config.json"
+    return prompt_dictionary(_json_object(where), slots, str(where))
 
 
 class EdgellmTranscriber:
@@ -59,16 +72,7 @@ class EdgellmTranscriber:
         if native is None:
             raise PipelineError(EXPERIMENTAL, "build TensorRT Edge-LLM 0.11 on the board with "
                                 "-DBUILD_EXPERIMENTAL_MODELS=ON and put its pybind directory on PYTHONPATH")
-        try:
-            config = json.loads(read_regular(run_dir / "config.json", MAX_CONFIG))
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise PipelineError(f"{run_dir / 'config.json'}: not valid JSON ({str(exc)[:80]})",
-                                "rebuild the bundle from its kit") from None
-        slots = config.get("num_prompts", 128) if isinstance(config, dict) else None
-        if not isinstance(slots, int) or isinstance(slots, bool) or slots <= 0:
-            raise PipelineError(f"{run_dir / 'config.json'}: num_prompts {str(slots)[:20]} is not a positive integer",
-                                "rebuild the bundle from its kit")
-        self.prompts = read_prompts(run_dir, slots)
+        self.prompts = prompts_of(run_dir)
         self.runtime = native(engine_dir=str(run_dir), tokenizer_dir=str(run_dir))
         self.max_seconds = float(self.runtime.max_mel_frames) * 0.01
 

@@ -82,25 +82,13 @@ def transcriber_served_of(name: str, created: int, run_dir: Path, tokenizer_dir:
     """An RNN-T transcriber: its prompt dictionary read from the verified unpacked bundle (the runtime's own
     processor_config.json), its longest recording the plan's; its goldens are its speech set, checked by the
     device's validation."""
-    import json
-
-    from pipeline.files import read_regular
-    from pipeline.runtime.transducer import read_prompts
+    from pipeline.runtime.transducer import prompts_of
     assert plan.speech is not None
     if goldens.speech is None:
         raise PipelineError(f"{name}: an RNN-T whose goldens hold no speech set",
                             "rebuild the kit with this version of the pipeline")
-    try:
-        config = json.loads(read_regular(run_dir / "config.json", 4 * 2**20))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise PipelineError(f"{run_dir / 'config.json'}: not valid JSON ({str(exc)[:80]})",
-                            "rebuild the bundle with `python -m pipeline device`") from None
-    slots = config.get("num_prompts", 128) if isinstance(config, dict) else 0
-    if not isinstance(slots, int) or isinstance(slots, bool) or slots <= 0:
-        raise PipelineError(f"{run_dir / 'config.json'}: num_prompts is not a positive integer",
-                            "rebuild the bundle with `python -m pipeline device`")
     from pipeline.backends.edgellm_speech import MEL_FRAMES_PER_SECOND, TRANSDUCER_MIN_MEL_FRAMES
-    side = TranscriberSide(read_prompts(run_dir, slots), plan.speech.max_seconds,
+    side = TranscriberSide(prompts_of(run_dir), plan.speech.max_seconds,
                            TRANSDUCER_MIN_MEL_FRAMES / MEL_FRAMES_PER_SECOND)
     return Served(name, created, TextCodec.load(tokenizer_dir), (), limits_of(plan), backend, goldens,
                   transcriber=side, planned_bytes=plan.speech.total)

@@ -98,8 +98,8 @@ def export_transducer(model_dir: Path, payload_dir: Path) -> dict:
     """The checkpoint at `model_dir` through Edge-LLM's exporter into payload_dir (audio/, rnnt_decoder/), checked;
     the export record's fields (families/audio.py SpeechModel.export)."""
     from pipeline.audio import read_wav
-    from pipeline.families.audio import prompt_dictionary
     from pipeline.recordings import BUILTIN_RECORDINGS
+    from pipeline.runtime.transducer import prompts_of
     from pipeline.workstation.onnx_graph import check_graph
     from pipeline.workstation.synthesis_export import _run
     from pipeline.workstation.transducer_checkpoint import read_json
@@ -118,8 +118,7 @@ def export_transducer(model_dir: Path, payload_dir: Path) -> dict:
         raise PipelineError(f"{step_path.parent / 'config.json'} has no rnnt_decoder_config: audio_build would not "
                             "build it as the RNN-T step", BUG)
     model = load_reference(model_dir)
-    prompts = prompt_dictionary(read_json(payload_dir / AUDIO_DIR / "processor_config.json", str(encoder_path.parent)),
-                                model.config.num_prompts, str(payload_dir / AUDIO_DIR / "processor_config.json"))
+    prompts = prompts_of(payload_dir / AUDIO_DIR)       # the exported config.json is the checkpoint's
     recordings = [log_mel(read_wav(r.wav(), name=f"builtin:{r.name}").samples) for r in BUILTIN_RECORDINGS.values()]
     e_worst, e_cos, s_worst, s_cos, steps = check_graphs(encoder_path, step_path, model, recordings, prompts["auto"])
     return {"transducer": TransducerExport(

@@ -28,17 +28,14 @@ class AskedSet:
 
     def __init__(self, model_dir: Path, settings, recipe_file: str, limit: int | None) -> None:
         from pipeline.audio import read_wav
-        from pipeline.families.audio import prompt_dictionary
+        from pipeline.runtime.transducer import prompts_of
         from pipeline.workstation.speech_set import read_speech_set
-        from pipeline.workstation.transducer_checkpoint import read_json
         self.settings = settings
         if settings.set is None:
             raise PipelineError(f"{recipe_file}: an RNN-T speech-to-text model is validated on a speech set, and "
                                 "[validation.speech] names none", "set validation.speech.set (builtin:alsa-channels "
                                 "or file:MANIFEST.tsv) and validation.speech.languages")
-        where = model_dir / "processor_config.json"
-        config = read_json(model_dir / "config.json", str(model_dir))
-        self.prompts = prompt_dictionary(read_json(where, str(where)), int(config.get("num_prompts", 128)), str(where))
+        self.prompts = prompts_of(model_dir)
         self.utterances = read_speech_set(settings.set, recipe_file, "validation.speech.set").utterances
         from pipeline.backends.edgellm_speech import MEL_FRAMES_PER_SECOND, TRANSDUCER_MIN_MEL_FRAMES
         shortest = TRANSDUCER_MIN_MEL_FRAMES / MEL_FRAMES_PER_SECOND
@@ -59,6 +56,10 @@ class AskedSet:
     def slot(self, language: str) -> int:
         return self.prompts.get(language.lower(), self.prompts["auto"])
 
+    def item(self, u, frames: int) -> contract.SpeechItem:
+        """An utterance as the goldens carry it: `frames` its encoder frames."""
+        return contract.SpeechItem(u.name, u.sha256, u.language, u.transcript, frames, prompt_id=self.slot(u.language))
+
     def transcribe(self, model, tokenizer) -> tuple[list[contract.SpeechItem], list[str]]:
         """(the set's items, `model`'s transcripts of them)."""
         from pipeline.transcripts import tagged_transcript
@@ -67,8 +68,7 @@ class AskedSet:
         for u, samples in zip(self.utterances, self.samples, strict=True):
             heard = transcribe(model, tokenizer, samples, self.slot(u.language))
             transcripts.append(tagged_transcript(heard.text)[1])
-            items.append(contract.SpeechItem(u.name, u.sha256, u.language, u.transcript, heard.frames,
-                                             prompt_id=self.slot(u.language)))
+            items.append(self.item(u, heard.frames))
         return items, transcripts
 
 
@@ -117,6 +117,7 @@ def speech_accuracy(model_dir: Path, asked: AskedSet) -> contract.AccuracyFigure
     import torch
 
     from pipeline.device.speech import rates
+    from pipeline.transcripts import tagged_transcript
     from pipeline.workstation.evaluate import bootstrap_interval
     from pipeline.workstation.transducer_features import log_mel
     from pipeline.workstation.transducer_reference import encoder_frames, greedy, load_reference, tokenizer_of
@@ -124,10 +125,13 @@ def speech_accuracy(model_dir: Path, asked: AskedSet) -> contract.AccuracyFigure
     tokenizer = tokenizer_of(model_dir)
     per: list[tuple[float, float, int]] = []
     cos_sum, agree, count = 0.0, 0, 0
+    items, heard = [], []           # the original's transcripts: its greedy path's tokens, decoded
     for u, samples in zip(asked.utterances, asked.samples, strict=True):
         features, slot = log_mel(samples), asked.slot(u.language)
         follow = Follow(deployed, encoder_frames(deployed, features, slot))
-        greedy(original, features, slot, follow)
+        tokens, frames, _ = greedy(original, features, slot, follow)
+        items.append(asked.item(u, frames))
+        heard.append(tagged_transcript(tokenizer.decode(tokens, skip_special_tokens=False))[1])
         steps = follow.steps
         if not steps:
             continue
@@ -147,5 +151,5 @@ def speech_accuracy(model_dir: Path, asked: AskedSet) -> contract.AccuracyFigure
         perplexity_change=round(ppl[1] / ppl[0] - 1, 4),
         perplexity_change_interval=list(bootstrap_interval(per)) if per else [0.0, 0.0],
         logit_cosine=round(cos_sum / max(count, 1), 6), top1_agreement=round(agree / max(count, 1), 6),
-        speech_original=rates(*asked.transcribe(original, tokenizer)),
+        speech_original=rates(items, heard),
         speech_quantized=rates(*asked.transcribe(deployed, tokenizer)))

@@ -115,11 +115,11 @@ class ReferenceTranscriber:
     def __init__(self, model_dir: Path, max_seconds: int, threads: int | None = None):
         import torch
 
-        from pipeline.runtime.transducer import read_prompts
+        from pipeline.runtime.transducer import prompts_of
         if threads:
             torch.set_num_threads(threads)
         self.model, self.tokenizer = load_reference(model_dir), tokenizer_of(model_dir)
-        self.prompts = read_prompts(model_dir, self.model.config.num_prompts)
+        self.prompts = prompts_of(model_dir)
         self.max_seconds = float(max_seconds)
 
     def transcribe(self, wav: bytes, slot: int) -> str:
