@@ -480,3 +480,28 @@ def test_a_text_to_speech_round_trip_hears_through_an_rnnt_bundle(built, validat
     assert [t["reference_heard"] for t in trips] == texts
     assert [(t["metric"], t["error_rate"], t["reference_error_rate"]) for t in trips] == [("wer", 0.5, 0.0),
                                                                                          ("wer", 0.0, 0.0)]
+
+
+def test_a_speech_set_the_rnnt_cannot_be_asked_is_refused_before_any_transcription(built, tmp_path):
+    """The goldens' set: none named in the recipe, or a recording under the encoder engine's least profile (80 ms)
+    or past build.audio.max_seconds: each an error naming the recipe, the recording and what to do."""
+    from array import array
+
+    from pipeline.audio import wav_bytes
+    from pipeline.errors import PipelineError
+    from pipeline.recipe.records import SpeechSettings
+    from pipeline.workstation.transducer_gate import AskedSet
+    model = _model_dir(built)
+    with pytest.raises(PipelineError) as e:
+        AskedSet(model, SpeechSettings(), "r.toml", 10)
+    assert "r.toml: an RNN-T speech-to-text model is validated on a speech set, and [validation.speech] names none" \
+        in e.value.message
+    (tmp_path / "short.wav").write_bytes(wav_bytes(array("h", [0] * 1264), 16_000))
+    (tmp_path / "long.wav").write_bytes(wav_bytes(array("h", [0] * 16_000 * 3), 16_000))
+    for name, said in (("short.wav", "lasts 79 ms, shorter than the encoder engine takes (80 ms)"),
+                       ("long.wav", "lasts 3.0 s, more than build.audio.max_seconds = 2")):
+        (tmp_path / "set.tsv").write_text(f"{name}\ten\tfront left\n")
+        with pytest.raises(PipelineError) as e:
+            AskedSet(model, SpeechSettings(set=f"file:{tmp_path / 'set.tsv'}", languages=("en",)),
+                     str(tmp_path / "r.toml"), 2)
+        assert said in e.value.message, e.value.message
