@@ -91,7 +91,9 @@ def answer_transcript(answer: str, marker: str, names: Sequence[str]) -> tuple[s
     + `marker` + the transcript: split at the marker where the text kept it; where the runtime's decoding dropped it
     (a control token), the "language NAME" before it read against the names the model answers with (`names`, and
     "None"). An answer in neither form is all transcript."""
-    if marker and marker in answer:
+    if not marker:          # a model without one (Gemma 4) answers with the transcript alone
+        return None, answer.strip()
+    if marker in answer:
         head, text = answer.split(marker, 1)
         named = head.strip()
         named = named[len("language "):].strip() if named.lower().startswith("language ") else named

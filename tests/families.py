@@ -97,6 +97,10 @@ TINY: tuple[Tiny, ...] = (
     # the encoder random, the decoder INT4-AWQ: near ties where the double's FP16 order differs
     Tiny("tiny-qwen3-asr", {"orin-nano-8gb": "orin-nano-8gb-jp72"}, "edgellm", "tests/workstation/test_asr_build.py",
          "built", "validated", Double(None, tie_aware=True, greedy=False), recordings=True),
+    # Gemma 4 hearing: its audio tower beside the language model (FP16), asked with recordings as the board hears them
+    Tiny("tiny-gemma4-audio", {"orin-nano-8gb": "orin-nano-8gb-jp72"}, "edgellm",
+         "tests/workstation/test_gemma4_audio.py", "built", "validated", Double(None, tie_aware=True, greedy=False),
+         recordings=True),
     # text to speech: the doit chain, the device's three builds and its gate, /v1/audio/speech
     Tiny("tiny-qwen3-tts", {"agx-thor": "agx-thor-jp72"}, "edgellm", "tests/workstation/test_tts_build.py", "built",
          "validated", speaks=True),

@@ -57,6 +57,7 @@ class ExportJob:
     handoff: Any = None         # the process's ModelHandoff (pipeline/workstation/state.py): the live calibrated model
     externalize: tuple[str, ...] = ()   # weight kinds the plan keeps outside the engine (Edge-LLM external weights)
     mtp_draft: bool = False     # export the checkpoint's own MTP layer as a draft beside the base ([draft] "mtp")
+    audio_tower: bool = True    # export the audio encoder the model has (the plan built none: the recipe asked none)
 
     @property
     def payload_dir(self) -> Path:

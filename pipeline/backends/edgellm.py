@@ -214,8 +214,9 @@ def _edgellm_dense(verified: str, formats: tuple[str, ...] | None = None, kv_cac
                    kv_cache=kv_cache, formats_why=formats_why, verified=verified)
 
 
-_GEMMA4_TOWERS = ("its image and audio towers are not exported yet (Edge-LLM's exporter takes the language model "
-                  "from the checkpoint); image and audio requests are refused by the server")
+_GEMMA4_TOWERS = ("its image tower is not exported yet (Edge-LLM's exporter takes the language model from the "
+                  "checkpoint), so image requests are refused by the server; its audio tower (E2B, E4B) is built "
+                  "beside the language model where the recipe has [build.audio]")
 # Gemma 4: planned from its layers as they are (plan/shapes.py LayerGeometry; the published E4B rows on Thor in
 # tests/shared/test_gemma4_plan.py); its text model builds, from a text checkpoint or the hub's multimodal one (whose
 # towers wait for their export)

@@ -23,11 +23,13 @@ its exporter takes as it is. Standard library only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.errors import PipelineError
 
 SAMPLE_RATE = 16_000
 HOP = 160                   # samples between mel frames (10 ms)
+MIN_SAMPLES = 8_000         # Qwen3-ASR's feature extractor pads shorter clips to half a second (its min_length)
 CONVOLUTIONS = 3            # stride-2 3x3 convolutions over time and frequency
 
 
@@ -59,6 +61,75 @@ class AudioEncoderDesign:
     # a transcriber's answer: "language NAME" then this token then the transcript (Qwen3-ASR's output format)
     transcript_marker: str = "<asr_text>"
     languages: tuple[tuple[str, str], ...] = tuple(QWEN3_ASR_LANGUAGES.items())     # (ISO 639 code, name)
+    optional: bool = False      # a checkpoint of the family may have no audio encoder (its config's entry null)
+    chunked: bool = True        # a recording's tokens depend on the encoder's chunk (the plan's n_window)
+    # audio_build's --minTimeSteps for the encoder (Qwen3-ASR: its default, a second of frames; its extractor pads a
+    # clip to half a second and the graph takes chunks, so no recording is under it)
+    min_time_steps: int = 100
+    # the transcription prompt's tokens around the audio (chat template, tags) and the answer's before and after the
+    # transcript, as its chat template renders them (plan/parts/audio_speed.py): Qwen3-ASR's <|im_start|>system\n
+    # <|im_end|>\n<|im_start|>user\n<|audio_start|> ... <|audio_end|><|im_end|>\n<|im_start|>assistant\n, and
+    # "language English<asr_text>" ... <|im_end|>
+    prompt_tokens: int = 15
+    answer_tokens: int = 4
+    longest_seconds: int | None = None      # the longest recording the model takes (None: its engine's profile says)
+    # the Edge-LLM export's steps for it ("module:class", a workstation/export_steps.py PartExport: imported by the
+    # export, which has torch; this module is read on the device)
+    export_step: str = "pipeline.workstation.audio_export:AudioEncoderExport"
+    # what makes recordings into the model's audio inputs on the workstation ("module:function"(model_dir, part))
+    recording_inputs: str = "pipeline.workstation.audio_prompts:whisper_chunks"
+
+    def read_shape(self, need, _hidden: int) -> AudioEncoderShape:
+        """The encoder's dimensions from its config: need(key, default) reads one (a problem where it is bad), its
+        `config` the encoder's config; _hidden: the language model's hidden size (Qwen3-ASR names its own output)."""
+        return AudioEncoderShape(
+            mel_bins=need("num_mel_bins", 128), layers=need("encoder_layers"), width=need("d_model"),
+            heads=need("encoder_attention_heads"), ffn=need("encoder_ffn_dim"), out=need("output_dim"),
+            conv_channels=need("downsample_hidden_size", 480), n_window=need("n_window", 50),
+            n_window_infer=need("n_window_infer", 800))
+
+    def shape_problems(self, shape: AudioEncoderShape, hidden: object) -> list[tuple[str, object, str]]:
+        """(field, value, what it must be) for each way the encoder cannot feed the language model."""
+        out: list[tuple[str, object, str]] = []
+        if shape.out != hidden:
+            out.append(("output_dim", shape.out, f"must equal the language model's hidden_size ({hidden}): the "
+                        "encoder's tokens take the place of its embeddings"))
+        if shape.width % shape.heads:
+            out.append(("d_model", shape.width, f"must divide into encoder_attention_heads ({shape.heads}) heads"))
+        if shape.n_window_infer % (2 * shape.n_window):
+            out.append(("n_window_infer", shape.n_window_infer, "must be a whole number of encoder chunks (2 x "
+                        f"n_window = {2 * shape.n_window} frames)"))
+        return out
+
+    def tokens(self, seconds: float, shape: Any) -> int:
+        return self.audio_tokens(seconds, shape.n_window)
+
+    def tokens_of_samples(self, samples: int, n_window: int | None) -> int:
+        """The tokens a recording of `samples` samples takes (its extractor pads clips under half a second)."""
+        assert n_window is not None
+        return self.tokens_of_frames(max(samples, MIN_SAMPLES) // HOP, n_window)
+
+    def engine_frames(self, seconds: float) -> int:
+        """The time steps the encoder engine takes for `seconds` of audio (its profile's maximum at the longest)."""
+        return self.frames(seconds)
+
+    def shortest_samples(self) -> int | None:
+        """The fewest samples a recording may have for the engine's profile (None: any, padded by the extractor)."""
+        return None
+
+    def wrap(self) -> tuple[str, str] | None:
+        """The tokens the runtime puts around a recording's tokens where the prompt lacks them (None: the chat
+        template's own markers are the prompt's)."""
+        return None
+
+    def transcription_text(self, _language: str | None, prompt: str | None) -> str | None:
+        """The text after the recording in a transcription's user turn (Qwen3-ASR: the request's prompt, if any; the
+        language goes in the system turn)."""
+        return prompt or None
+
+    def transcription_system(self, language: str | None) -> str | None:
+        """A transcription's system turn: Qwen3-ASR is told the language's name there (Edge-LLM's server does so)."""
+        return language
 
     def frames(self, seconds: float) -> int:
         """Mel frames of `seconds` of audio (the feature extractor's count)."""
@@ -124,6 +195,37 @@ class AudioEncoderShape:
         window = tokens * (self.n_window_infer // chunk) if attended is None else attended
         blocks = self.layers * (2 * (4 * d * d + 2 * d * self.ffn) + 4 * d * window)
         return convs / tokens + 2 * c * self.freq_bins * d + blocks + 2 * (d * d + d * self.out)
+
+
+    def flops(self, tokens: int) -> float:
+        """The exported graph's work for one recording of `tokens` tokens: every token scored against all of the
+        request's (Edge-LLM's graph scores the whole request under a mask)."""
+        return tokens * self.flops_per_token(attended=tokens)
+
+    def activation_bytes(self, tokens: int, frames: int) -> int:
+        """The largest live tensors at a recording of `tokens` tokens (`frames` mel frames): one layer's attention
+        scores (FP32) and probabilities (FP16) over the whole request for every head, beside the larger of the first
+        convolution's output and a block's tensors (TensorRT reuses them layer to layer)."""
+        chunks = -(-frames // (2 * self.n_window))
+        scores = self.heads * tokens * tokens * (4 + 2)
+        conv = chunks * self.conv_channels * halved(self.mel_bins, 1) * halved(2 * self.n_window, 1) * 2
+        return scores + max(conv, tokens * (6 * self.width + self.ffn) * 2)
+
+    def plan_window(self) -> int | None:
+        """What the plan records of the encoder's chunking for a recording's token arithmetic (AudioPlan.n_window)."""
+        return self.n_window
+
+
+def expand_recording(ids: list[int], pad: int, count: int, wrap: tuple[int, int] | None) -> list[int]:
+    """The prompt's one placeholder `pad` as `count` of it, between `wrap` where the runtime adds it and the prompt
+    has not: Edge-LLM's Gemma 4 audio runner puts <|audio> and <audio|> around unless they are already there."""
+    if ids.count(pad) != 1:
+        raise PipelineError(f"the chat template placed {ids.count(pad)} audio placeholders for one recording",
+                            "use the model's own chat template")
+    at = ids.index(pad)
+    before = [] if wrap is None or (at and ids[at - 1] == wrap[0]) else [wrap[0]]
+    after = [] if wrap is None or (at + 1 < len(ids) and ids[at + 1] == wrap[1]) else [wrap[1]]
+    return ids[:at] + before + [pad] * count + after + ids[at + 1:]
 
 
 def located(config: dict, paths: tuple[str, ...]) -> tuple[str, dict] | None:

@@ -11,6 +11,7 @@ import dataclasses
 
 from pipeline.families import visual
 from pipeline.families.audio import QWEN3_ASR_AUDIO
+from pipeline.families.gemma4_audio import GEMMA4_AUDIO
 from pipeline.families.kinds import (
     ATTENTION,
     GATED_DELTA_NET,
@@ -27,7 +28,7 @@ from pipeline.families.kinds import (
 LLAMA, MISTRAL, QWEN2, QWEN3 = "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
 PHI3, GEMMA2, GEMMA3 = "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"
 # Gemma 4 text (Gemma4ForCausalLM) and the multimodal checkpoints the hub ships (its language model in text_config;
-# the image and audio towers are not planned yet)
+# E2B's and E4B's audio tower beside it, families/gemma4_audio.py; the image tower is not planned yet)
 GEMMA4, GEMMA4_MM = "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"
 # Gemma 4's MLP output projection stays FP16 in INT4 and NVFP4, as Edge-LLM 0.11's own quantizer keeps it
 # (quantization/quantize.py: "4-bit down_proj cannot represent the clamped +/-2048 GeGLU intermediate and drops
@@ -129,9 +130,9 @@ FAMILIES: tuple[Family, ...] = (
     Family(GEMMA4_MM, "Gemma 4 (multimodal checkpoint)", ("gemma-4-E4B-it", "gemma-4-E2B-it"), "Gemma4Config",
            norm="rms_plus_one", sandwich_norms=True, activation="gelu_tanh", qk_norm=True,
            embedding_scale="sqrt_hidden", layers=LayerLayout(), text_config="text_config",
-           fp16_at_4bit=GEMMA4_FP16_AT_4BIT, moe=GEMMA4_EXPERTS,
-           notes="the hub's Gemma 4 checkpoints: the language model in text_config planned, the image and audio "
-                 "towers not yet"),
+           fp16_at_4bit=GEMMA4_FP16_AT_4BIT, moe=GEMMA4_EXPERTS, audio=GEMMA4_AUDIO,
+           notes="the hub's Gemma 4 checkpoints: the language model in text_config and E2B's / E4B's audio tower "
+                 "(a conformer, 25 tokens a second) planned, the image tower not yet"),
     Family(QWEN3_MOE, "Qwen3-MoE", ("Qwen3-30B-A3B", "Qwen3-Coder-30B-A3B"), "Qwen3MoeConfig", qk_norm=True,
            tool_calls="hermes", moe=MoeLayout(),
            notes="a Qwen3 decoder whose MLPs are 128 routed experts, 8 per token (top-k renormalized), no shared "

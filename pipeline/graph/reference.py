@@ -90,7 +90,7 @@ def from_recipe(name: str, target: str | None = None, threads: int | None = None
         audio = None
         if served.audio is not None:        # a speech model: its feature extractor, as the goldens' was
             from pipeline.workstation.audio_prompts import audio_maker
-            audio = audio_maker(model_dir(g), served.audio.placeholder_id, served.audio.n_window)
+            audio = audio_maker(model_dir(g), served.audio.placeholder_id)
         from pipeline.workstation.models import new_cache
         return ReferenceSession(model, served.limits, input_device(model), skinny_linears, on_close=stack.close,
                                 grammars=grammars, pixels=pixels, new_cache=new_cache, audio=audio)

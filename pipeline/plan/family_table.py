@@ -33,7 +33,7 @@ def cell(fam: Family, backend: str) -> str:
     kv = [k for k in kv if k in (s.kv_cache or kv) and k != DEFAULT_KV.name]
     out = ", ".join(WEIGHT_FORMATS[w].label for w in weights)
     out += f"; {', '.join(KV_FORMATS[k].label for k in kv)}" if kv else ""
-    out += f" (text only: {s.text_only})" if s.text_only else ""
+    out += f" (towers: {s.text_only})" if s.text_only else ""
     if s.not_built:
         built = [WEIGHT_FORMATS[w].label for w in s.built_formats]
         out += f" ({', '.join(built)} built; the rest planned, not built yet)" if built else \

@@ -52,7 +52,7 @@ def predict_speed(req: PlanRequest, engine: backends.Backend, backend: str | Non
         warnings.append(engine.perf_note)
     support = backends.family_support(backend, shape.architecture) if backend else None
     if support is not None and support.text_only:
-        warnings.append(f"text only: {support.text_only}")
+        warnings.append(f"towers: {support.text_only}")
     if support is not None and support.unbuilt(fmt.name):
         warnings.append(f"planned, not built yet as {fmt.name}: {support.unbuilt(fmt.name)}")
     for p in shape.parts:

@@ -317,7 +317,7 @@ def create_app(models: ModelSet):
             if side is None:
                 raise ApiError(400, f"{server.served.name} is not a speech-to-text model (it has no audio encoder)",
                                "model", "unsupported_model")
-            asked = transcriptions.parse(form, server.defaults, dict(side.design.languages))
+            asked = transcriptions.parse(form, server.defaults, side.design)
             prepared = await prepare(server, asked.request, True)
             seconds = transcriptions.seconds_of(prepared.generation.recordings[0])
             endpoint = transcriptions.TranscriptionEndpoint(asked.response_format, seconds,

@@ -173,10 +173,13 @@ def expand(ids: list[int], side: Any, images: list[Any]) -> list[int]:
                        f"send {side.noun}s as {side.part} parts, not as their placeholder text", "messages",
                        "invalid_value")
     kept = images[len(images) - len(at):]
+    wrap = getattr(side, "wrap_ids", None)     # what the runtime puts around a recording's tokens (Gemma 4's)
     out: list[int] = []
     last = 0
     for pos, image in zip(at, kept, strict=True):
-        out += ids[last:pos] + [side.placeholder_id] * image.tokens
+        before = [] if wrap is None or (pos and ids[pos - 1] == wrap[0]) else [wrap[0]]
+        after = [] if wrap is None or (pos + 1 < len(ids) and ids[pos + 1] == wrap[1]) else [wrap[1]]
+        out += ids[last:pos] + before + [side.placeholder_id] * image.tokens + after
         last = pos + 1
     return out + ids[last:]
 

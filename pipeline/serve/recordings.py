@@ -21,10 +21,8 @@ import binascii
 from dataclasses import dataclass
 
 from pipeline.audio import AudioError, AudioLimits, container, read_wav, wav_bytes
-from pipeline.families.audio import HOP, SAMPLE_RATE, AudioEncoderDesign
+from pipeline.families.audio import SAMPLE_RATE, AudioEncoderDesign
 from pipeline.serve.protocol import ApiError, AudioPart
-
-MIN_SAMPLES = 8_000     # Qwen3-ASR's feature extractor pads shorter clips to half a second (its min_length)
 
 
 @dataclass(frozen=True)
@@ -40,15 +38,16 @@ class AudioSide:
     """What a served speech model takes: the encoder's token arithmetic, the placeholder its chat template places
     once per recording, and the longest recording the audio engine's profile takes."""
     design: AudioEncoderDesign
-    n_window: int
+    n_window: int | None
     placeholder: str
     placeholder_id: int
     max_seconds: int
     noun: str = "recording"
     part: str = "input_audio"
+    wrap_ids: tuple[int, int] | None = None     # the tokens the runtime puts around a recording's (Gemma 4's)
 
     def tokens(self, samples: int) -> int:
-        return self.design.tokens_of_frames(max(samples, MIN_SAMPLES) // HOP, self.n_window)
+        return self.design.tokens_of_samples(samples, self.n_window)
 
     def limits(self) -> AudioLimits:
         return AudioLimits(max_seconds=float(self.max_seconds))
@@ -62,7 +61,7 @@ def audio_side_of(plan, tokenizer) -> AudioSide | None:
     fam = family(plan.model.architecture)
     if plan.audio is None or fam is None or fam.audio is None:
         return None
-    if plan.audio.n_window is None:
+    if plan.audio.n_window is None and fam.audio.chunked:
         raise PipelineError("the plan's audio engine does not say its encoder's chunk (n_window)",
                             "re-package the recipe with this version of the pipeline")
     vocab = tokenizer.get_vocab(with_added_tokens=True)
@@ -70,8 +69,12 @@ def audio_side_of(plan, tokenizer) -> AudioSide | None:
     if design.placeholder not in vocab:
         raise PipelineError(f"the tokenizer has no {design.placeholder} token, which the model's chat template places "
                             "for a recording", "serve the speech model's own tokenizer")
+    wrap = design.wrap()
+    if wrap is not None and any(t not in vocab for t in wrap):
+        raise PipelineError(f"the tokenizer lacks {' or '.join(wrap)}, which the runtime puts around a recording",
+                            "serve the speech model's own tokenizer")
     return AudioSide(design, plan.audio.n_window, design.placeholder, vocab[design.placeholder],
-                     plan.audio.max_seconds)
+                     plan.audio.max_seconds, wrap_ids=None if wrap is None else (vocab[wrap[0]], vocab[wrap[1]]))
 
 
 def recording_bytes(part: AudioPart, limits: AudioLimits) -> bytes:
@@ -92,6 +95,10 @@ def read_recording(data: bytes, side: AudioSide, param: str) -> RequestRecording
     """One recording's bytes as the engine takes them (16 kHz mono WAV), checked and counted; a 400 naming `param`
     otherwise (a truncated, huge, hours-long or foreign file never reaches a decoder unbounded)."""
     wav, seconds, samples = _canonical(data, side.limits(), param)
+    least = side.design.shortest_samples()
+    if least is not None and samples < least:
+        raise _bad(param, f"lasts {seconds * 1000:.0f} ms, shorter than the audio engine takes "
+                   f"({least * 1000 // SAMPLE_RATE} ms)", "audio_too_short")
     return RequestRecording(wav, seconds, side.tokens(samples))
 
 

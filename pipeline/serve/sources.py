@@ -58,7 +58,7 @@ def served_of(name: str, created: int, tokenizer_dir: Path, goldens: contract.Go
     side = image_side_of(plan, tokenizer_dir, codec.tokenizer)
     hears = audio_side_of(plan, codec.tokenizer)
     check_against_goldens(codec, goldens, where, side.placeholder_id if side else None,
-                          hears.placeholder_id if hears else None)
+                          hears.placeholder_id if hears else None, hears.wrap_ids if hears else None)
     stops = goldens.stop_ids
     fmt = FORMATS.get(fam.tool_calls) if fam is not None and fam.tool_calls else None
     return Served(name, created, codec, stops, limits_of(plan), backend, goldens, sampling_defaults(tokenizer_dir),

@@ -19,6 +19,7 @@ from typing import Any
 
 from pipeline import contract
 from pipeline.errors import PipelineError
+from pipeline.families.audio import expand_recording
 from pipeline.families.visual import expand_one
 from pipeline.files import read_regular
 
@@ -202,7 +203,8 @@ def sampling_defaults(tokenizer_dir: Path):
 
 
 def check_against_goldens(codec: TextCodec, goldens: contract.Goldens, where: str,
-                          placeholder: int | None = None, audio_placeholder: int | None = None) -> None:
+                          placeholder: int | None = None, audio_placeholder: int | None = None,
+                          audio_wrap: tuple[int, int] | None = None) -> None:
     """Every golden prompt rendered and encoded by this codec gives the ids the goldens were computed from, and its
     golden answer decodes to the goldens' text: else the server would ask the engine something validation did not
     check, and the kit is refused. A prompt asked with an image is rendered as the server renders an image part
@@ -225,7 +227,8 @@ def check_against_goldens(codec: TextCodec, goldens: contract.Goldens, where: st
                 _, ids = codec.chat_ids([{"role": "user", "content": [{"type": media[0]},
                                                                       {"type": "text", "text": p.prompt}]}])
                 try:
-                    ids = expand_one(ids, media[1], media[2] or 0)
+                    ids = expand_one(ids, media[1], media[2] or 0) if media[0] == "image" else \
+                        expand_recording(ids, media[1], media[2] or 0, audio_wrap)
                 except PipelineError as exc:
                     raise PipelineError(f"{where}: prompt {i} ({p.prompt[:40]!r}): {exc.message}",
                                         "serve the kit's own tokenizer and chat template") from None

@@ -61,8 +61,10 @@ def upload(form: dict[str, list[multipart.Part]]) -> tuple[multipart.Part, dict[
                       if name != "file" and not name.endswith("[]")}
 
 
-def parse(form: dict[str, list[multipart.Part]], defaults: SamplingDefaults,
-          languages: dict[str, str]) -> Transcription:
+def parse(form: dict[str, list[multipart.Part]], defaults: SamplingDefaults, design) -> Transcription:
+    """A transcription form as the chat the model is asked (design: the served model's audio encoder design, which
+    says where the language and the prompt go: families/audio.py)."""
+    languages = dict(design.languages)
     part, field = upload(form)
     if not part.data:
         raise ApiError(400, "file: the audio is empty", "file", "invalid_audio")
@@ -84,10 +86,12 @@ def parse(form: dict[str, list[multipart.Part]], defaults: SamplingDefaults,
     audio = {"data": base64.b64encode(part.data).decode("ascii"),
              "format": ((part.filename or "").rsplit(".", 1)[-1].lower() or "wav")[:16]}
     content: list[dict[str, Any]] = [{"type": "input_audio", "input_audio": audio}]
-    if field.get("prompt"):
-        content.append({"type": "text", "text": field["prompt"]})
-    messages = ([{"role": "system", "content": languages[language]}] if language else []) + \
-        [{"role": "user", "content": content}]
+    named = languages[language] if language else None
+    text = design.transcription_text(named, field.get("prompt") or None)
+    if text:
+        content.append({"type": "text", "text": text})
+    system = design.transcription_system(named)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
     chat: dict[str, Any] = {"messages": messages, "temperature": _number(field.get("temperature", "0"),
                                                                         "temperature")}
     if "model" in field:

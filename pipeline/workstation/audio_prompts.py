@@ -15,7 +15,6 @@ from pathlib import Path
 
 from pipeline.audio import Audio, AudioError, AudioLimits, read_wav
 from pipeline.errors import PipelineError
-from pipeline.families.visual import expand_one
 from pipeline.recordings import BUILTIN_RECORDINGS
 
 AUDIO_DIR = "audio"
@@ -58,47 +57,93 @@ def read_recording(ref: str, recipe_file: str, field: str, limits: AudioLimits =
     return PromptRecording(ref, name, data)
 
 
+class WhisperChunks:
+    """Qwen3-ASR's inputs of recordings: the checkpoint's own feature extractor (workstation/speech_features.py), the
+    features padded to whole chunks of 2 x n_window frames under a mask of the real ones."""
+
+    shortest = None         # its extractor pads a short clip to half a second
+
+    def __init__(self, extractor, n_window: int):
+        self.extractor, self.n_window = extractor, n_window
+
+    def batch(self, audios: list[tuple[Audio, str]]) -> tuple[list[int], dict]:
+        """(each recording's token count, the model's audio inputs for all of them)."""
+        import numpy as np
+        import torch
+
+        from pipeline.families.audio import QWEN3_ASR_AUDIO
+        from pipeline.workstation.speech_features import log_mel
+        features = [log_mel(self.extractor, audio, name) for audio, name in audios]
+        chunk = 2 * self.n_window
+        padded = max(-(-f.shape[1] // chunk) * chunk for f in features)
+        x = np.zeros((len(features), features[0].shape[0], padded), np.float32)
+        mask = torch.zeros(len(features), padded, dtype=torch.long)
+        for i, f in enumerate(features):
+            x[i, :, :f.shape[1]] = f
+            mask[i, :f.shape[1]] = 1
+        counts = [QWEN3_ASR_AUDIO.tokens_of_frames(f.shape[1], self.n_window) for f in features]
+        return counts, {"input_features": torch.from_numpy(x), "input_features_mask": mask}
+
+
+def whisper_chunks(model_dir: Path, encoder) -> WhisperChunks:
+    from pipeline.workstation.speech_features import feature_extractor
+    return WhisperChunks(feature_extractor(model_dir), encoder.shape.n_window)
+
+
+def inputs_of(model_dir: Path, encoder):
+    """What makes recordings into the model's audio inputs, as its design says (families/audio.py
+    recording_inputs)."""
+    import importlib
+    module, function = encoder.design.recording_inputs.split(":")
+    return getattr(importlib.import_module(module), function)(model_dir, encoder)
+
+
+def wrap_ids(tokenizer, design) -> tuple[int, int] | None:
+    """The ids of the tokens the runtime puts around a recording's tokens (None: the design adds none)."""
+    wrap = design.wrap()
+    if wrap is None:
+        return None
+    ids = tuple(tokenizer.convert_tokens_to_ids(t) for t in wrap)
+    if any(not isinstance(i, int) or i == tokenizer.unk_token_id for i in ids):
+        raise PipelineError(f"the tokenizer lacks {' or '.join(wrap)}, which the runtime puts around a recording",
+                            "use the speech model's own tokenizer")
+    return ids[0], ids[1]
+
+
 @dataclass(frozen=True)
 class RecordingPrompts:
-    """A recipe's validation recordings, with what asks them as the engine will: the checkpoint's feature extractor,
-    the audio placeholder's id and the encoder's chunking."""
+    """A recipe's validation recordings, with what asks them as the engine will: the recordings' inputs as the
+    design makes them, the audio placeholder's id and what the runtime wraps its copies in."""
     recordings: tuple[PromptRecording, ...]
-    extractor: object
+    inputs: object              # WhisperChunks or gemma4_features.Gemma4Frames: .batch([(audio, name)])
     placeholder: int
-    n_window: int
+    wrap: tuple[int, int] | None
     max_seconds: int
 
     def __len__(self) -> int:
         return len(self.recordings)
 
-    def asked(self, tokenizer, prompt: str, recording: PromptRecording) -> tuple[str, list[int], dict, int]:
+    def asked(self, tokenizer, prompt: str | None, recording: PromptRecording) -> tuple[str, list[int], dict, int]:
         """(rendered text, ids with the placeholder expanded, the model's audio inputs, audio tokens): the user turn
         holds the recording, then the text (as OpenAI's input_audio content parts come), by the chat template."""
-        import numpy as np
-        import torch
-
-        from pipeline.families.audio import QWEN3_ASR_AUDIO
+        from pipeline.families.audio import expand_recording
         from pipeline.workstation.evaluate import render_chat
-        from pipeline.workstation.speech_features import log_mel
         audio = recording.audio()
         if audio.seconds > self.max_seconds:
             raise PipelineError(f"{recording.ref} is {audio.seconds:.1f} s long, more than the engine's profile takes "
                                 f"(build.audio.max_seconds = {self.max_seconds})",
                                 f"raise build.audio.max_seconds to at least {int(audio.seconds) + 1}, or use a "
                                 "shorter recording")
+        least = self.inputs.shortest       # type: ignore[attr-defined]
+        if least is not None and len(audio.samples) < least:
+            raise PipelineError(f"{recording.ref} is {audio.seconds * 1000:.0f} ms long, shorter than the audio engine "
+                                f"takes ({least * 1000 // 16_000} ms)", "use a longer recording")
         content = [{"type": "audio"}] + ([{"type": "text", "text": prompt}] if prompt else [])
         rendered = render_chat(tokenizer, [{"role": "user", "content": content}])
-        features = log_mel(self.extractor, audio, recording.ref)
-        frames = features.shape[1]
-        count = QWEN3_ASR_AUDIO.tokens_of_frames(frames, self.n_window)
-        ids = expand_one(tokenizer(rendered, add_special_tokens=False)["input_ids"], self.placeholder, count)
-        chunk = 2 * self.n_window
-        padded = -(-frames // chunk) * chunk
-        x = np.zeros((1, features.shape[0], padded), np.float32)
-        x[0, :, :frames] = features
-        mask = torch.zeros(1, padded, dtype=torch.long)
-        mask[0, :frames] = 1
-        return rendered, ids, {"input_features": torch.from_numpy(x), "input_features_mask": mask}, count
+        (count,), inputs = self.inputs.batch([(audio, recording.ref)])   # type: ignore[attr-defined]
+        ids = expand_recording(tokenizer(rendered, add_special_tokens=False)["input_ids"], self.placeholder, count,
+                               self.wrap)
+        return rendered, ids, inputs, count
 
     def golden(self, model, tokenizer, prompt: str, index: int, max_new_tokens: int, top_k: int, stops: list[int]):
         """The golden of one prompt asked with its recording: the calibrated model's greedy answer."""
@@ -122,38 +167,27 @@ class RecordingPrompts:
 
 @dataclass(frozen=True)
 class AudioMaker:
-    """A served request's recordings made into the model's inputs, as the goldens' were: the checkpoint's feature
-    extractor, the recordings' features padded to whole chunks. The prompt's placeholder tokens must be exactly the
-    extractor's count for these recordings (the server counted them by the family's arithmetic): a difference is an
-    error naming both, never an answer to a different prompt."""
-    extractor: object
+    """A served request's recordings made into the model's inputs, as the goldens' were. The prompt's placeholder
+    tokens must be exactly the inputs' count for these recordings (the server counted them by the family's
+    arithmetic): a difference is an error naming both, never an answer to a different prompt."""
+    inputs: object
     placeholder: int
-    n_window: int
 
     def __call__(self, recordings: tuple[bytes, ...], ids: list[int]) -> dict:
-        import numpy as np
-        import torch
-
-        from pipeline.families.audio import QWEN3_ASR_AUDIO
-        from pipeline.workstation.speech_features import log_mel
-        features = [log_mel(self.extractor, read_wav(r), f"recording {i}") for i, r in enumerate(recordings)]
-        made = sum(QWEN3_ASR_AUDIO.tokens_of_frames(f.shape[1], self.n_window) for f in features)
-        if made != ids.count(self.placeholder):
-            raise ValueError(f"the feature extractor makes {made} audio tokens of the request's {len(recordings)} "
-                             f"recording(s); the prompt holds {ids.count(self.placeholder)}")
-        chunk = 2 * self.n_window
-        padded = max(-(-f.shape[1] // chunk) * chunk for f in features)
-        x = np.zeros((len(features), features[0].shape[0], padded), np.float32)
-        mask = torch.zeros(len(features), padded, dtype=torch.long)
-        for i, f in enumerate(features):
-            x[i, :, :f.shape[1]] = f
-            mask[i, :f.shape[1]] = 1
-        return {"input_features": torch.from_numpy(x), "input_features_mask": mask}
+        counts, inputs = self.inputs.batch(       # type: ignore[attr-defined]
+            [(read_wav(r), f"recording {i}") for i, r in enumerate(recordings)])
+        if sum(counts) != ids.count(self.placeholder):
+            raise ValueError(f"the feature extractor makes {sum(counts)} audio tokens of the request's "
+                             f"{len(recordings)} recording(s); the prompt holds {ids.count(self.placeholder)}")
+        return inputs
 
 
-def audio_maker(model_dir: Path, placeholder: int, n_window: int) -> AudioMaker:
-    from pipeline.workstation.speech_features import feature_extractor
-    return AudioMaker(feature_extractor(model_dir), placeholder, n_window)
+def audio_maker(model_dir: Path, placeholder: int) -> AudioMaker:
+    from pipeline.plan.parts import AudioEncoder
+    from pipeline.plan.shapes import load_shape
+    encoder = load_shape(model_dir).part(AudioEncoder)
+    assert encoder is not None      # the served plan has an audio engine
+    return AudioMaker(inputs_of(model_dir, encoder), placeholder)
 
 
 def recording_prompts(model_dir: Path, refs: tuple[str, ...], recipe_file: str, max_seconds: int | None
@@ -174,7 +208,6 @@ def recording_asker(model_dir: Path, recipe_file: str, max_seconds: int | None, 
 
     from pipeline.plan.parts import AudioEncoder
     from pipeline.plan.shapes import load_shape
-    from pipeline.workstation.speech_features import feature_extractor
     shape = load_shape(model_dir)
     encoder = shape.part(AudioEncoder)
     if encoder is None or max_seconds is None:
@@ -185,4 +218,4 @@ def recording_asker(model_dir: Path, recipe_file: str, max_seconds: int | None, 
     if not isinstance(pad, int) or pad == tok.unk_token_id:
         raise PipelineError(f"{model_dir}: the tokenizer has no {encoder.design.placeholder} token",
                             "use the speech model's own tokenizer")
-    return RecordingPrompts(recordings, feature_extractor(model_dir), pad, encoder.shape.n_window, max_seconds)
+    return RecordingPrompts(recordings, inputs_of(model_dir, encoder), pad, wrap_ids(tok, encoder.design), max_seconds)

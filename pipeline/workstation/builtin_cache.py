@@ -29,7 +29,7 @@ ENTRY_MAX_BYTES = 2 * 2**30         # the builtins are a few MB; anything near t
 # what materialize() runs: a change to any of them makes other bytes, so it keys the entry
 # (mtp.py: the MTP twin's layer)
 SOURCES = ("tinymodel.py", "tinytrain.py", "tinyvlm.py", "tinyasr.py", "tinytts.py", "tinytransducer.py",
-           "transducer_features.py", "tinyhub.py", "mtp.py")
+           "transducer_features.py", "tinyhub.py", "mtp.py", "tinygemma4audio.py", "gemma4_features.py")
 TRAINED_BY = ("torch", "transformers", "tokenizers")     # distributions whose versions decide the trained bytes
 
 

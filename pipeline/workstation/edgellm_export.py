@@ -177,7 +177,7 @@ def _version(dist: str) -> str | None:
 
 def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, weights: str, kv_cache: str,
            target_sm: str, draft_dir: Path | None = None, handoff=None, externalize: tuple[str, ...] = (),
-           mtp_draft: bool = False) -> ExportRecord:
+           mtp_draft: bool = False, audio_tower: bool = True) -> ExportRecord:
     """payload_dir (onnx/) for llm_build; with an EAGLE-3 draft, onnx/base (exported as the EAGLE-3 base: it also
     emits the hidden states the draft reads) and onnx/draft (the draft in fp16); with mtp_draft the same from the
     checkpoint's own MTP layer (workstation/mtp.py). scratch holds the unified HF checkpoint while the ONNX is made
@@ -199,7 +199,7 @@ def export(model_dir: Path, quant_dir: Path, scratch: Path, payload_dir: Path, w
     from pipeline.workstation.prequantized import detect
     held = detect(model_dir)
     shape = load_shape(model_dir)
-    steps = part_steps(shape)        # what the model's kinds need of the export (a tower, a hybrid's layers)
+    steps = part_steps(shape, audio_tower)      # what the model's kinds need of the export (a tower, a hybrid's)
     states: list = [None] * len(steps)
     moe = False
     if held is not None and held.zero_point:
@@ -300,15 +300,21 @@ def loader_key_remap(hf: Path):
     return gemma4.GEMMA4_NVFP4_KEY_REMAP if quantized else gemma4.GEMMA4_FUSED_BF16_KEY_REMAP
 
 
-def part_steps(shape) -> list[tuple[Any, PartExport]]:
-    """(part, its export steps) for each of the shape's parts that has some (workstation/export_steps.py)."""
+def part_steps(shape, audio_tower: bool = True) -> list[tuple[Any, PartExport]]:
+    """(part, its export steps) for each of the shape's parts that has some (workstation/export_steps.py); an audio
+    encoder's are its design's, and only where the plan built its engine (audio_tower)."""
+    import importlib
+
     from pipeline.plan.parts import AudioEncoder, Hybrid, TowerShape
-    from pipeline.workstation.audio_export import AudioEncoderExport
     from pipeline.workstation.edgellm_hybrid import HybridExport
     from pipeline.workstation.visual_export import TowerExport
-    table: dict[type, PartExport] = {Hybrid: HybridExport(), TowerShape: TowerExport(),
-                                     AudioEncoder: AudioEncoderExport()}
-    return [(p, table[type(p)]) for p in shape.parts if type(p) in table]
+
+    def design_step(part) -> PartExport | None:
+        module, name = part.design.export_step.split(":")
+        return getattr(importlib.import_module(module), name)() if audio_tower else None
+    table: dict[type, Any] = {Hybrid: lambda _: HybridExport(), TowerShape: lambda _: TowerExport(),
+                              AudioEncoder: design_step}
+    return [(p, step) for p in shape.parts if type(p) in table and (step := table[type(p)](p)) is not None]
 
 
 def _unified_checkpoint(model_dir: Path, quant_dir: Path, hf: Path, weights: str, handoff, steps):
@@ -374,4 +380,4 @@ def export_job(job: ExportJob) -> ExportRecord:
                             versions={d: _version(d) for d in ("tensorrt-edgellm", "transformers", "onnx")})
     return export(job.model_dir, job.quant_dir, job.stage_dir, job.payload_dir, job.weights, job.kv_cache,
                   job.target_sm, draft_dir=job.draft_dir, handoff=job.handoff, externalize=job.externalize,
-                  mtp_draft=job.mtp_draft)
+                  mtp_draft=job.mtp_draft, audio_tower=job.audio_tower)

@@ -3,9 +3,11 @@ numerics, as the goldens are computed), scored per language (pipeline/transcript
 with a 95% bootstrap interval over the utterances), and packed into the kit's goldens (contract.SpeechCheck) with the
 recordings, so that the device asks its engine the same and scores it the same way.
 
-Each utterance is asked as /v1/audio/transcriptions asks: the recording in a user turn (then the recipe's speech
-prompt, where it sets one), greedy; the transcript is what follows the model's marker ("language English<asr_text>
-front left"). The package stage refuses a kit whose reference scores past the recipe's limit in any language.
+Each utterance is asked as /v1/audio/transcriptions asks: the recording in a user turn, then the text its design
+puts there (Qwen3-ASR: the recipe's speech prompt, where it sets one; Gemma 4: its model card's transcription
+instruction), greedy; the transcript is what follows the model's marker ("language English<asr_text>front left"), or,
+for a model without one, the whole answer. The package stage refuses a kit whose reference scores past the recipe's
+limit in any language.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class SpeechSetAsked:
     recordings: list[PromptRecording]   # as the kit carries them
     marker: str
     names: tuple[str, ...]      # the language names the model answers with
+    text: str | None            # after the recording in the user turn: the recipe's prompt, or the design's instruction
 
 
 def speech_set_asked(model_dir: Path, settings, recipe_file: str, max_seconds: int) -> SpeechSetAsked:
@@ -46,7 +49,8 @@ def speech_set_asked(model_dir: Path, settings, recipe_file: str, max_seconds: i
     assert encoder is not None      # recording_asker refused a model without one
     return SpeechSetAsked(settings, asked, speech.utterances,
                           [PromptRecording(u.name, u.name.split("/", 1)[1], u.wav) for u in speech.utterances],
-                          encoder.design.transcript_marker, tuple(n for _, n in encoder.design.languages))
+                          encoder.design.transcript_marker, tuple(n for _, n in encoder.design.languages),
+                          encoder.design.transcription_text(None, settings.prompt))
 
 
 def transcribe_set(model, tokenizer, s: SpeechSetAsked, stops: list[int]) -> tuple[list[contract.SpeechItem],
@@ -56,7 +60,7 @@ def transcribe_set(model, tokenizer, s: SpeechSetAsked, stops: list[int]) -> tup
     settings = s.settings
     items, transcripts = [], []
     for u, rec in zip(s.utterances, s.recordings, strict=True):
-        _, ids, inputs, count = s.asked.asked(tokenizer, settings.prompt, rec)
+        _, ids, inputs, count = s.asked.asked(tokenizer, s.text, rec)
         answer = greedy(model, ids, settings.max_new_tokens, 1, stops, **inputs)["output_ids"]
         text = tokenizer.decode(answer, skip_special_tokens=False)
         for stop in stops:      # the end of the turn is not part of the transcript
@@ -76,7 +80,7 @@ def speech_check(model, tokenizer, model_dir: Path, settings, recipe_file: str, 
     for rec in s.recordings:
         (out / AUDIO_DIR / rec.name).write_bytes(rec.data)
     return contract.SpeechCheck(items, settings.max_error_rate, settings.max_new_tokens, rates(items, transcripts),
-                                marker=s.marker, prompt=settings.prompt, set=settings.set)
+                                marker=s.marker, prompt=s.text or "", set=settings.set)
 
 
 def original_and_quantized(original, quantized, tokenizer, model_dir: Path, settings, recipe_file: str,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.workstation.tinyasr import ASR_BUILTINS
+from pipeline.workstation.tinygemma4audio import GEMMA4_AUDIO_BUILTINS
 from pipeline.workstation.tinytrain import corpus_text, train, train_tokenizer
 from pipeline.workstation.tinytransducer import TRANSDUCER_BUILTINS, shrunk
 from pipeline.workstation.tinytts import TTS_BUILTINS
@@ -186,6 +187,9 @@ BUILTINS: dict[str, Builtin] = {
     # Speech-to-text models shrunk from real configs (tinyasr.py holds their encoders, extractors and audio tokens).
     **{name: Builtin(asr["architecture"], {}, notes=f"{asr['architecture']} shrunk", extra=asr)
        for name, asr in ASR_BUILTINS.items()},
+    # Gemma 4 with its audio tower (tinygemma4audio.py: the hub's multimodal layout, trained to transcribe a set).
+    **{name: Builtin(g4["architecture"], {}, notes="Gemma 4 E2B with its audio tower, shrunk", extra=g4,
+                     train_steps=100, seed=g4["seed"]) for name, g4 in GEMMA4_AUDIO_BUILTINS.items()},
     # Text-to-speech models shrunk from real configs (tinytts.py holds their talkers, code predictors and Code2Wav).
     **{name: Builtin(tts["architecture"], {}, notes=f"{tts['architecture']} shrunk", extra=tts)
        for name, tts in TTS_BUILTINS.items()},
@@ -199,9 +203,10 @@ BUILTINS: dict[str, Builtin] = {
 def maker(name: str):
     """The module that makes builtin `name` where it is more than a decoder (its `extra`): tinyasr, tinytransducer,
     tinytts or tinyvlm, each with builtin_config(name, spec) and its materializer."""
-    from pipeline.workstation import tinyasr, tinytransducer, tinytts, tinyvlm
+    from pipeline.workstation import tinyasr, tinygemma4audio, tinytransducer, tinytts, tinyvlm
     return next(m for m, table in ((tinyasr, ASR_BUILTINS), (tinytransducer, TRANSDUCER_BUILTINS),
-                                   (tinytts, TTS_BUILTINS), (tinyvlm, VLM_BUILTINS)) if name in table)
+                                   (tinytts, TTS_BUILTINS), (tinyvlm, VLM_BUILTINS),
+                                   (tinygemma4audio, GEMMA4_AUDIO_BUILTINS)) if name in table)
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,17 @@ import pytest
 
 from pipeline.contract import BuildLimits
 from pipeline.errors import InputError
+from pipeline.families.audio import QWEN3_ASR_AUDIO
 from pipeline.plan.parts.audio import DEFAULT_MAX_SECONDS, AudioEncoder
-from pipeline.plan.parts.audio_speed import ANSWER_TOKENS, PROMPT_TOKENS, TRANSCRIPT_TOKENS_PER_SECOND, load_rows
+from pipeline.plan.parts.audio_speed import TRANSCRIPT_TOKENS_PER_SECOND, load_rows
 from pipeline.plan.perf import fit_data
 from pipeline.plan.planner import make_plan
 from pipeline.plan.prediction import ttft_ms
 from pipeline.plan.request import PlanRequest
 from pipeline.plan.shapes import shape_from_config
 from pipeline.plan.targets import get_target
+
+PROMPT_TOKENS, ANSWER_TOKENS = QWEN3_ASR_AUDIO.prompt_tokens, QWEN3_ASR_AUDIO.answer_tokens
 
 AUDIO = {"d_model": 896, "encoder_layers": 18, "encoder_attention_heads": 14, "encoder_ffn_dim": 3584,
          "output_dim": 1024, "num_mel_bins": 128, "downsample_hidden_size": 480, "n_window": 50,

@@ -33,7 +33,9 @@ def _key(g: RecipeGraph, target: str | None) -> StageKey:
     return StageKey({"backend": backend.name, "target_sm": plan.sm,
                      **({"draft": d.method} if d and backend.speculative else {}),
                      # weights kept outside the engine change the ONNX: one export per choice
-                     **({"externalize": plan.externalized_weights} if plan.externalized_weights else {})}, tools)
+                     **({"externalize": plan.externalized_weights} if plan.externalized_weights else {}),
+                     # a model whose audio tower is built only where asked (Gemma 4): one export with, one without
+                     **({"audio": True} if plan.audio is not None else {})}, tools)
 
 
 def payload(g: RecipeGraph, target: str) -> str:
@@ -53,7 +55,7 @@ def do_export(run: StageRun) -> contract.StageManifest:
                                  run.recipe.kv_cache, plan.sm, draft_dir(g) if backend.speculative else None,
                                  g.handoff, tuple(plan.externalized_weights),
                                  mtp_draft=backend.speculative and plan.speculative is not None
-                                 and plan.speculative.method == "mtp")
+                                 and plan.speculative.method == "mtp", audio_tower=plan.audio is not None)
         return contract.ExportResult(backend.name, EXPORTERS[backend.name](job))
 
     return run.build(build)

@@ -25,10 +25,14 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from pipeline.contract import AudioPlan, Plan
+    from pipeline.families.audio import AudioEncoderDesign
 
 
 class Encoder(Protocol):
     """What the speed reads of the audio encoder's part (plan/parts/audio.py)."""
+    @property
+    def design(self) -> AudioEncoderDesign: ...
+
     def audio_tokens(self, seconds: float) -> int: ...
 
     def flops(self, seconds: float) -> float: ...
@@ -36,11 +40,8 @@ class Encoder(Protocol):
 ROWS = Path(__file__).resolve().parents[2] / "data" / "speech_rows.csv"
 CLIP_SECONDS = 10.0             # the clip the plan's RTF and first-token latency are for (a typical utterance)
 TRANSCRIPT_TOKENS_PER_SECOND = 3.5
-# Qwen3-ASR's transcription prompt around the audio tokens, as its chat template renders it: <|im_start|>system\n
-# <|im_end|>\n<|im_start|>user\n<|audio_start|> ... <|audio_end|><|im_end|>\n<|im_start|>assistant\n
-PROMPT_TOKENS = 15
-# its answer before the transcript: "language English<asr_text>" (3 tokens), and <|im_end|> after it
-ANSWER_TOKENS = 4
+# the transcription prompt's tokens around the audio and the answer's around the transcript are the design's
+# (families/audio.py AudioEncoderDesign.prompt_tokens, answer_tokens): Qwen3-ASR's and Gemma 4's differ
 RTF_SECONDS = (5, 10, 30)
 # recording lengths the plan times the encoder at (the device compares its measured time at its clips' lengths)
 TIMED_SECONDS = (1, 5, 10, 30, 60, 120)
@@ -63,11 +64,11 @@ def with_speed(audio: AudioPlan, part: Encoder, target_id: str, decode_tok_s: fl
     lengths), and the comparison with the model's published rows on this board."""
     def timing(seconds: float) -> tuple[float, float] | None:
         enc = encoder_ms(part, target_id, seconds, fit.get("vision"))
-        pre = prefill_ms(PROMPT_TOKENS + part.audio_tokens(seconds))
+        pre = prefill_ms(part.design.prompt_tokens + part.audio_tokens(seconds))
         if enc is None or pre is None or not decode_tok_s:
             return None
         first = enc + pre
-        total = first + 1000 * (ANSWER_TOKENS + transcript_tokens(seconds)) / decode_tok_s
+        total = first + 1000 * (part.design.answer_tokens + transcript_tokens(seconds)) / decode_tok_s
         return first, total / (1000 * seconds)
 
     clip = timing(CLIP_SECONDS)

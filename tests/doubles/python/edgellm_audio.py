@@ -97,6 +97,22 @@ class AudioEngine:
         self.placeholder = PLACEHOLDER
         self.session = ReferenceEvaluator(onnx.load(str(audio_dir / "audio_encoder.engine")), new_ops=encoder_ops())
 
+    def placeholder_id(self, tokenizer) -> int:
+        return tokenizer.token_id(self.placeholder) if hasattr(tokenizer, "token_id") else \
+            tokenizer.token_to_id(self.placeholder)
+
+    def expand(self, ids: list[int], pad: int, tokens: list[int]) -> list[int]:
+        """The audio runner's preprocess: each placeholder, in order, as its clip's token count (the markers around it
+        are the text's)."""
+        out, clip = [], 0
+        for t in ids:
+            if t == pad:
+                out += [pad] * tokens[clip]
+                clip += 1
+            else:
+                out.append(t)
+        return out
+
     def encode(self, paths: list[str]) -> Encoded:
         return self.encode_bytes([(Path(path).read_bytes(), path) for path in paths])
 
@@ -116,3 +132,11 @@ class AudioEngine:
             embeds.append(out)
             tokens.append(len(out))
         return Encoded(np.concatenate(embeds), tokens, (time.perf_counter() - start) * 1000)
+
+
+def audio_engine(audio_dir: Path):
+    """The runner the engine's audio/config.json model_type picks: Gemma 4's, or the Whisper-feature one."""
+    if json.loads((audio_dir / "config.json").read_text()).get("model_type") == "gemma4_audio":
+        from edgellm_gemma4_audio import Gemma4AudioEngine
+        return Gemma4AudioEngine(audio_dir)
+    return AudioEngine(audio_dir)

@@ -194,8 +194,8 @@ class RequestEngine:
         # the multimodal runners of media_dir (the bundle root holding audio/): the audio encoder here
         self.audio = None
         if media_dir and (Path(media_dir) / "audio" / "audio_encoder.engine").is_file():
-            from edgellm_audio import AudioEngine
-            self.audio = AudioEngine(Path(media_dir) / "audio")
+            from edgellm_audio import audio_engine
+            self.audio = audio_engine(Path(media_dir) / "audio")
         self._lock = threading.Condition()
         self._waiting, self._running, self._stop = [], [], False
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -233,11 +233,8 @@ class RequestEngine:
         if len(buffers) > 1:
             raise RuntimeError(f"At most one audio clip per request is supported; got {len(buffers)}")
         encoded = self.audio.encode_bytes([(b.data, "audio buffer") for b in buffers])
-        pad = self.tokenizer.token_to_id(self.audio.placeholder)
-        out = []
-        for t in ids:
-            out += [pad] * encoded.tokens[0] if t == pad else [t]
-        return out, ImageInputs(pad, encoded.embeds, [], None)
+        pad = self.audio.placeholder_id(self.tokenizer)
+        return self.audio.expand(ids, pad, encoded.tokens), ImageInputs(pad, encoded.embeds, [], None)
 
     def _matcher(self, guided):
         if guided is None:
