@@ -26,10 +26,13 @@ from pipeline.files import read_regular, remove_entry, sha256_file
 MANIFEST = "cache-manifest.json"
 MANIFEST_MAX = 1 * 2**20
 ENTRY_MAX_BYTES = 2 * 2**30         # the builtins are a few MB; anything near this is not one of ours
-# what materialize() runs: a change to any of them makes other bytes, so it keys the entry
-# (mtp.py: the MTP twin's layer)
-SOURCES = ("tinymodel.py", "tinytrain.py", "tinyvlm.py", "tinyasr.py", "tinytts.py", "tinytransducer.py",
-           "transducer_features.py", "tinyhub.py", "mtp.py", "tinygemma4audio.py", "gemma4_features.py")
+# what materialize() runs for a builtin: a change to any of them makes other bytes, so it keys the entry. Every
+# builtin's making runs COMMON (mtp.py: the MTP twin's layer); a builtin that is more than a decoder runs its kind's
+# maker too (tinymodel.maker) and what that alone reads, so a change to one kind's maker remakes that kind only
+COMMON = ("tinymodel.py", "tinytrain.py", "mtp.py")
+MAKER_SOURCES = {"tinyvlm": ("tinyvlm.py", "tinyhub.py"), "tinyasr": ("tinyasr.py", "tinyvlm.py", "tinyhub.py"),
+                 "tinytts": ("tinytts.py",), "tinytransducer": ("tinytransducer.py", "transducer_features.py"),
+                 "tinygemma4audio": ("tinygemma4audio.py", "gemma4_features.py")}
 TRAINED_BY = ("torch", "transformers", "tokenizers")     # distributions whose versions decide the trained bytes
 
 
@@ -44,6 +47,15 @@ def cache_root() -> Path | None:
     return Path(base) / "jetson-pipeline" / "builtins"
 
 
+def sources_of(name: str) -> tuple[str, ...]:
+    """The workstation modules whose code makes builtin `name` (COMMON, and its kind's maker's where it has one)."""
+    from pipeline.workstation.tinymodel import BUILTINS, maker
+    spec = BUILTINS.get(name)
+    if spec is None or not spec.extra:
+        return COMMON
+    return COMMON + MAKER_SOURCES[maker(name).__name__.rsplit(".", 1)[-1]]
+
+
 def entry_key(name: str, spec: object) -> str:
     """What decides a builtin's bytes, hashed (spec: its Builtin or DraftBuiltin record)."""
     from importlib.metadata import version  # not the imports: a cache hit needs no torch
@@ -51,7 +63,7 @@ def entry_key(name: str, spec: object) -> str:
     here = Path(__file__).parent
     h = hashlib.sha256(json.dumps({"name": name, "spec": repr(spec), **{d: version(d) for d in TRAINED_BY}},
                                   sort_keys=True).encode())
-    for source in SOURCES:
+    for source in sources_of(name):
         h.update((here / source).read_bytes())
     corpus = here.parent / "data" / "corpus"
     for f in sorted(corpus.iterdir()):

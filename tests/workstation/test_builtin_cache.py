@@ -101,3 +101,24 @@ def test_an_unwritable_cache_only_costs_the_time_to_make(tmp_path, monkeypatch):
     hit, files = fetch(tmp_path, calls, 1, said)
     assert hit is False and files["config.json"] == b'{"a": 1}' and len(calls) == 1
     assert said and said[0].startswith(f"could not keep tiny-llama in {blocker / 'cache'}")
+
+
+def test_a_builtin_is_keyed_by_the_makers_that_make_it_and_no_other():
+    """A change to one kind's maker remakes that kind only: each builtin's key covers the common makers and its own
+    kind's, and every maker module one of those imports (a maker module it reads but the key left out would let a
+    stale entry stand)."""
+    import re
+    from pathlib import Path
+
+    from pipeline.workstation.builtin_cache import COMMON, MAKER_SOURCES, sources_of
+    here = Path(__file__).resolve().parents[2] / "pipeline" / "workstation"
+    kinds = {m + ".py" for m in MAKER_SOURCES}        # tinymodel.py reads their tables, not their makers
+    makers = {p.name for p in here.glob("tiny*.py")} | {"mtp.py", "transducer_features.py", "gemma4_features.py"}
+    assert sources_of("tiny-llama") == COMMON and "tinyvlm.py" not in sources_of("tiny-llama")
+    assert set(sources_of("tiny-gemma4-audio")) - set(COMMON) == {"tinygemma4audio.py", "gemma4_features.py"}
+    for name in BUILTINS:
+        keyed = set(sources_of(name))
+        for source in keyed:
+            read = {m + ".py" for m in re.findall(r"pipeline\.workstation\.(\w+)", (here / source).read_text())}
+            missing = (read & makers) - keyed - (kinds if source == "tinymodel.py" else set())
+            assert not missing, (name, source, missing)
