@@ -64,7 +64,8 @@ def open_transcriber(bundle: Path, work: Path, trusted, root: str) -> Transcribe
     if (plan.audio is None and not rnnt) or goldens.speech is None:
         lacks = "no audio engine" if plan.audio is None and not rnnt else "no speech set saying how it is asked"
         raise PipelineError(f"--transcriber {bundle}: {m.kit.name} is not a speech-to-text bundle (it has {lacks})",
-                            "give the bundle `device` made of a speech-to-text kit (Qwen3-ASR, Nemotron-3.5-ASR) on "
+                            "give the bundle `device` made of a speech-to-text kit (Qwen3-ASR, Nemotron-3.5-ASR, "
+                            "Gemma 4 with its audio tower) on "
                             "this board")
     fam = family(plan.model.architecture)
     # the languages by the names its answers give (Qwen3-ASR's); an RNN-T answers with tags, and is asked by ISO 639
