@@ -67,6 +67,16 @@ class EncoderAgreement:
         return out
 
 
+def agreement_of(pairs: list[tuple[np.ndarray, np.ndarray]]) -> EncoderAgreement:
+    """(the graph's, the reference's) output of each recording: the largest difference over the reference's scale and
+    the lowest cosine. A NaN anywhere stays NaN, and so fails the bounds (max() and min() of floats would drop it)."""
+    if not pairs:
+        raise PipelineError("the audio encoder check ran on no recording", "this is a bug; please report it")
+    errors = [float(np.abs(o - r).max() / max(float(np.abs(r).max()), 1e-6)) for o, r in pairs]
+    cosines = [float((o * r).sum() / max(float(np.linalg.norm(o) * np.linalg.norm(r)), 1e-12)) for o, r in pairs]
+    return EncoderAgreement(len(pairs), float(np.max(errors)), float(np.min(cosines)))
+
+
 def reference_output(model, features: np.ndarray) -> np.ndarray:
     """transformers' audio tokens of one recording's features: the encoder and its projection, in float32."""
     import torch
@@ -97,7 +107,7 @@ def check_encoder(onnx_path: Path, model, recordings: list[np.ndarray]) -> Encod
                             "export with tensorrt-edgellm 0.11")
     session = ReferenceEvaluator(graph, new_ops=encoder_ops())
     ac = model.config.audio_config
-    worst, cosine = 0.0, 1.0
+    pairs = []
     for features in recordings:
         (ours,) = session.run(None, graph_feeds(features, ac.n_window, ac.n_window_infer))
         ref = reference_output(model, features)
@@ -106,9 +116,8 @@ def check_encoder(onnx_path: Path, model, recordings: list[np.ndarray]) -> Encod
             raise PipelineError(f"{onnx_path}: {ours.shape[0]} audio tokens from a {features.shape[1]}-frame "
                                 f"recording, where transformers makes {ref.shape[0]}",
                                 "this is a bug in the Edge-LLM audio export path; please report it with the recipe")
-        worst = max(worst, float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-6)))
-        cosine = min(cosine, float((ours * ref).sum() / max(np.linalg.norm(ours) * np.linalg.norm(ref), 1e-12)))
-    agreement = EncoderAgreement(len(recordings), worst, cosine)
+        pairs.append((ours, ref))
+    agreement = agreement_of(pairs)
     if agreement.problems():
         raise PipelineError(f"{onnx_path}: the exported audio encoder disagrees with the checkpoint's: "
                             f"{'; '.join(agreement.problems())}",

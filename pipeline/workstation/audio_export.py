@@ -33,23 +33,48 @@ EXPORT_TIMEOUT_S = 3600
 ENCODER_MODULES = ("model.audio_tower.", "model.multi_modal_projector.")
 
 
-def write_export_input(model_dir: Path, out: Path) -> Path:
-    """The directory Edge-LLM's exporter reads the encoder from (the module docstring says why it is written)."""
+def fp16_tensors(model_dir: Path, prefixes: tuple[str, ...]):
+    """(shard, name, tensor) of each of the checkpoint's tensors under `prefixes`, its floating ones in FP16: what
+    Edge-LLM's exporter builds an encoder from (its FP16 linears refuse float32 input)."""
     import torch
     from safetensors import safe_open
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as fh:
+            for name in fh.keys():
+                if name.startswith(prefixes):
+                    t = fh.get_tensor(name)
+                    yield shard, name, (t.to(torch.float16) if t.is_floating_point() else t).contiguous()
+
+
+def run_export(source: Path, out: Path, flags: list[str], model_dir: Path) -> Path:
+    """`tensorrt-edgellm-export SOURCE OUT FLAGS` for the audio/ graph of the checkpoint at `model_dir`, bounded in
+    time; returns the graph's path, or an error with the exporter's last lines."""
+    argv = [sys.executable, "-m", "tensorrt_edgellm.scripts.export", str(source), str(out), *flags]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise PipelineError(f"Edge-LLM's audio export of {model_dir} took over {EXPORT_TIMEOUT_S} s",
+                            "see the machine's load; run the export again") from None
+    graph = out / AUDIO_DIR / "model.onnx"
+    if done.returncode != 0 or not graph.is_file():
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise PipelineError(f"Edge-LLM's audio export of {model_dir} failed (exit {done.returncode}): "
+                            + " | ".join(tail), "see the exporter's message above")
+    return graph
+
+
+def write_export_input(model_dir: Path, out: Path) -> Path:
+    """The directory Edge-LLM's exporter reads the encoder from (the module docstring says why it is written)."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     tensors = {}
-    for shard in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(shard), "pt") as fh:
-            for name in fh.keys():
-                if name.startswith(ENCODER_MODULES):
-                    thinker = rename(name, QWEN3_ASR_THINKER_NAMES, to_native=False)
-                    if thinker is None:
-                        raise PipelineError(f"{shard}: {name} has no name in Qwen3-ASR's original layout",
-                                            "use a Qwen3-ASR checkpoint as transformers saves it")
-                    tensors[thinker] = fh.get_tensor(name).to(torch.float16).contiguous()
+    for shard, name, tensor in fp16_tensors(model_dir, ENCODER_MODULES):
+        thinker = rename(name, QWEN3_ASR_THINKER_NAMES, to_native=False)
+        if thinker is None:
+            raise PipelineError(f"{shard}: {name} has no name in Qwen3-ASR's original layout",
+                                "use a Qwen3-ASR checkpoint as transformers saves it")
+        tensors[thinker] = tensor
     if not tensors:
         raise PipelineError(f"{model_dir}: no audio encoder tensors ({', '.join(ENCODER_MODULES)})",
                             "fetch the whole checkpoint")
@@ -62,19 +87,7 @@ def write_export_input(model_dir: Path, out: Path) -> Path:
 def export_audio(model_dir: Path, work: Path, out: Path) -> Path:
     """Edge-LLM's audio/ export of the checkpoint at `model_dir` (native layout) under `out`; `work` holds the
     exporter's input. Returns the graph's path."""
-    source = write_export_input(model_dir, work)
-    argv = [sys.executable, "-m", "tensorrt_edgellm.scripts.export", str(source), str(out), "--skip-llm"]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise PipelineError(f"Edge-LLM's audio export of {model_dir} took over {EXPORT_TIMEOUT_S} s",
-                            "see the machine's load; run the export again") from None
-    graph = out / AUDIO_DIR / "model.onnx"
-    if done.returncode != 0 or not graph.is_file():
-        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-        raise PipelineError(f"Edge-LLM's audio export of {model_dir} failed (exit {done.returncode}): "
-                            + " | ".join(tail), "see the exporter's message above")
-    return graph
+    return run_export(write_export_input(model_dir, work), out, ["--skip-llm"], model_dir)
 
 
 def reference_model(model_dir: Path):

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,31 +33,20 @@ from pipeline.errors import PipelineError
 from pipeline.families.gemma4_audio import GEMMA4_AUDIO
 from pipeline.workstation.export_steps import PartExport
 
-EXPORT_TIMEOUT_S = 3600
 GRAPH_INPUTS = ("input_features", "valid")
 GRAPH_OUTPUTS = ("last_hidden_state",)
 ATTENTION = "trt_edgellm:Gemma4AudioAttentionPlugin"
-# FP16 graph against the FP32 reference (as Qwen3-ASR's encoder check)
-MAX_RELATIVE_ERROR = 2e-2
-MIN_COSINE = 0.999
 # the runner's token ids (config.json key it writes -> the checkpoint's key transformers places it by)
 TOKEN_IDS = (("audio_token_id", "audio_token_id"), ("boa_token_id", "boa_token_id"), ("eoa_token_id", "eoa_token_id"))
 
 
 def write_export_input(model_dir: Path, out: Path) -> Path:
     """The directory Edge-LLM's exporter reads the tower from (the module docstring says why it is written)."""
-    import torch
-    from safetensors import safe_open
     from safetensors.torch import save_file
 
+    from pipeline.workstation.audio_export import fp16_tensors
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for shard in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(shard), "pt") as fh:
-            for name in fh.keys():
-                if name.startswith(GEMMA4_AUDIO.modules):
-                    t = fh.get_tensor(name)
-                    tensors[name] = (t.to(torch.float16) if t.is_floating_point() else t).contiguous()
+    tensors = {name: tensor for _, name, tensor in fp16_tensors(model_dir, GEMMA4_AUDIO.modules)}
     if not any(n.startswith(GEMMA4_AUDIO.modules[0]) for n in tensors) or \
             not any(n.startswith(GEMMA4_AUDIO.modules[1]) for n in tensors):
         raise PipelineError(f"{model_dir}: the audio tower's tensors ({', '.join(GEMMA4_AUDIO.modules)}) are not all "
@@ -71,20 +58,8 @@ def write_export_input(model_dir: Path, out: Path) -> Path:
 
 def export_tower(model_dir: Path, work: Path, out: Path) -> Path:
     """Edge-LLM's audio/ export of the checkpoint's tower under `out`; `work` holds the exporter's input."""
-    source = write_export_input(model_dir, work)
-    argv = [sys.executable, "-m", "tensorrt_edgellm.scripts.export", str(source), str(out), "--skip-llm",
-            "--skip-visual"]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise PipelineError(f"Edge-LLM's audio export of {model_dir} took over {EXPORT_TIMEOUT_S} s",
-                            "see the machine's load; run the export again") from None
-    graph = out / AUDIO_DIR / "model.onnx"
-    if done.returncode != 0 or not graph.is_file():
-        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-        raise PipelineError(f"Edge-LLM's audio export of {model_dir} failed (exit {done.returncode}): "
-                            + " | ".join(tail), "see the exporter's message above")
-    return graph
+    from pipeline.workstation.audio_export import run_export
+    return run_export(write_export_input(model_dir, work), out, ["--skip-llm", "--skip-visual"], model_dir)
 
 
 def check_token_ids(config_path: Path, model_dir: Path) -> None:
@@ -124,15 +99,17 @@ def reference_tokens(model, features: np.ndarray) -> np.ndarray:
 def check_tower(onnx_path: Path, model, recordings: list[np.ndarray], mask_kind: str = "transformers"
                 ) -> tuple[float, float]:
     """(largest difference over the reference's scale, lowest cosine) of the graph against `model` on each
-    recording's frames; raises naming them when they exceed FP16's."""
+    recording's frames; raises naming them when they exceed FP16's (the bounds of Qwen3-ASR's encoder check:
+    audio_check.EncoderAgreement)."""
     import onnx
     from onnx.reference import ReferenceEvaluator
 
+    from pipeline.workstation.audio_check import agreement_of
     from pipeline.workstation.gemma4_attention import gemma4_audio_attention_op
     from pipeline.workstation.onnx_reference import encoder_ops
     session = ReferenceEvaluator(onnx.load(str(onnx_path)),
                                  new_ops=[gemma4_audio_attention_op(mask_kind), *encoder_ops()])
-    worst, cosine = 0.0, 1.0
+    pairs = []
     for features in recordings:
         (ours,) = session.run(None, {"input_features": features[None].astype(np.float16),
                                      "valid": np.ones((1, len(features) // 4), bool)})
@@ -141,16 +118,13 @@ def check_tower(onnx_path: Path, model, recordings: list[np.ndarray], mask_kind:
             raise PipelineError(f"{onnx_path}: {ours.shape[0]} soft tokens from {len(features)} frames, where "
                                 f"transformers makes {ref.shape[0]}", "this is a bug in the Edge-LLM audio export "
                                 "path; please report it with the recipe")
-        worst = max(worst, float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-6)))
-        cosine = min(cosine, float((ours * ref).sum() / max(np.linalg.norm(ours) * np.linalg.norm(ref), 1e-12)))
-    problems = ([f"largest difference {worst:.2e} of the reference's scale (at most {MAX_RELATIVE_ERROR})"]
-                if not worst <= MAX_RELATIVE_ERROR else []) + \
-        ([f"cosine {cosine:.6f} (at least {MIN_COSINE})"] if not cosine >= MIN_COSINE else [])
-    if problems:
+        pairs.append((ours, ref))
+    agreement = agreement_of(pairs)
+    if agreement.problems():
         raise PipelineError(f"{onnx_path}: the exported audio tower disagrees with the checkpoint's: "
-                            f"{'; '.join(problems)}", "this is a bug in the Edge-LLM audio export path; please "
-                            "report it with the recipe")
-    return worst, cosine
+                            f"{'; '.join(agreement.problems())}", "this is a bug in the Edge-LLM audio export path; "
+                            "please report it with the recipe")
+    return agreement.max_relative_error, agreement.cosine
 
 
 def export_audio_tower(model_dir: Path, scratch: Path, payload_dir: Path) -> AudioExport:

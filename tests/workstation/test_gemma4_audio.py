@@ -138,6 +138,21 @@ def test_a_processor_whose_extractor_is_not_the_boards_is_refused(tmp_path):
     check_extractor_settings(tmp_path)
 
 
+def test_an_encoder_check_with_a_nan_anywhere_fails_its_bounds():
+    """The agreement of a graph's outputs with the reference's (both encoder checks use it): a NaN in one recording's
+    output is not dropped by the maximum over recordings, and fails the bounds, naming the figure."""
+    from pipeline.workstation.audio_check import agreement_of
+    ref = np.ones((3, 4), np.float32)
+    assert agreement_of([(ref, ref), (ref * 1.001, ref)]).problems() == []
+    bad = ref.copy()
+    bad[1, 2] = np.nan
+    agreement = agreement_of([(ref, ref), (bad, ref)])
+    assert np.isnan(agreement.max_relative_error) and np.isnan(agreement.cosine)
+    problems = agreement.problems()
+    assert len(problems) == 2 and problems[0].startswith("largest difference nan of the reference's scale")
+    assert problems[1].startswith("cosine nan (at least")
+
+
 def test_the_runners_expansion_wraps_each_placeholder_once():
     from pipeline.families.audio import expand_recording
     assert expand_recording([5, 9, 6], 9, 3, (7, 8)) == [5, 7, 9, 9, 9, 8, 6]

@@ -80,6 +80,15 @@ def log_mel(samples: np.ndarray, bins: int) -> np.ndarray:
     return ((logs + 4.0) / 4.0).astype(np.float32)
 
 
+def pcm(data: bytes, path: str) -> np.ndarray:
+    """A recording's samples as floats in [-1, 1): 16 kHz WAV only (the runtime's miniaudio decode and resampler
+    cannot be checked here)."""
+    audio = read_wav(data, name=path)
+    if audio.rate != RATE:
+        raise ValueError(f"{path}: {audio.rate} Hz (the double decodes 16 kHz WAV only)")
+    return np.asarray(audio.samples, np.float32) / 32768.0
+
+
 @dataclass
 class Encoded:
     """A request's recordings through the audio engine: features in order, each recording's token count."""
@@ -104,14 +113,8 @@ class AudioEngine:
     def expand(self, ids: list[int], pad: int, tokens: list[int]) -> list[int]:
         """The audio runner's preprocess: each placeholder, in order, as its clip's token count (the markers around it
         are the text's)."""
-        out, clip = [], 0
-        for t in ids:
-            if t == pad:
-                out += [pad] * tokens[clip]
-                clip += 1
-            else:
-                out.append(t)
-        return out
+        from edgellm_visual import expand
+        return expand(ids, pad, tokens)
 
     def encode(self, paths: list[str]) -> Encoded:
         return self.encode_bytes([(Path(path).read_bytes(), path) for path in paths])
@@ -121,10 +124,7 @@ class AudioEngine:
         embeds, tokens = [], []
         start = time.perf_counter()
         for data, path in wavs:
-            audio = read_wav(data, name=path)
-            if audio.rate != RATE:
-                raise ValueError(f"{path}: {audio.rate} Hz (the double decodes 16 kHz WAV only)")
-            features = log_mel(np.asarray(audio.samples, np.float32) / 32768.0, self.bins)
+            features = log_mel(pcm(data, path), self.bins)
             if features.shape[1] > self.max_frames:
                 raise ValueError(f"{path}: {features.shape[1]} mel frames, more than the audio engine's profile "
                                  f"takes ({self.max_frames})")

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from edgellm_audio import AudioEngine, Encoded, pcm
 from onnx.reference import ReferenceEvaluator
 
-from pipeline.audio import read_wav
 from pipeline.workstation.gemma4_attention import gemma4_audio_attention_op
 from pipeline.workstation.onnx_reference import encoder_ops
 
@@ -62,8 +62,8 @@ def log_mel(samples: np.ndarray, bins: int = 128) -> np.ndarray:
     return np.log(spectrum @ mel_filters(bins) + FLOOR).astype(np.float32)
 
 
-class Gemma4AudioEngine:
-    def __init__(self, audio_dir: Path):
+class Gemma4AudioEngine(AudioEngine):
+    def __init__(self, audio_dir: Path):        # its own config and graph, not the Whisper runner's: no super()
         cfg = json.loads((audio_dir / "config.json").read_text())
         self.bins = cfg["audio_config"].get("num_mel_bins", 128)
         self.min_frames, self.max_frames = (cfg["builder_config"][k] for k in ("min_time_steps", "max_time_steps"))
@@ -75,18 +75,11 @@ class Gemma4AudioEngine:
     def placeholder_id(self, _tokenizer) -> int:
         return self.audio_token             # the runner matches config.json's id, not a token's text
 
-    def encode(self, paths: list[str]):
-        return self.encode_bytes([(Path(path).read_bytes(), path) for path in paths])
-
-    def encode_bytes(self, wavs: list[tuple[bytes, str]]):
-        from edgellm_audio import Encoded
+    def encode_bytes(self, wavs: list[tuple[bytes, str]]) -> Encoded:
         embeds, tokens = [], []
         start = time.perf_counter()
         for data, path in wavs:
-            audio = read_wav(data, name=path)
-            if audio.rate != RATE:
-                raise ValueError(f"{path}: {audio.rate} Hz (the double decodes 16 kHz WAV only)")
-            mel = log_mel(np.asarray(audio.samples, np.float32) / 32768.0, self.bins)
+            mel = log_mel(pcm(data, path), self.bins)
             if len(mel) == 0:
                 raise ValueError(f"{path}: empty PCM")
             mel = np.pad(mel, ((0, -len(mel) % 4), (0, 0)))
