@@ -223,9 +223,16 @@ def expand_recording(ids: list[int], pad: int, count: int, wrap: tuple[int, int]
         raise PipelineError(f"the chat template placed {ids.count(pad)} audio placeholders for one recording",
                             "use the model's own chat template")
     at = ids.index(pad)
+    return ids[:at] + wrapped(ids, at, count, wrap) + ids[at + 1:]
+
+
+def wrapped(ids: list[int], at: int, count: int, wrap: tuple[int, int] | None) -> list[int]:
+    """What the placeholder at ids[at] becomes: `count` copies of it, with wrap[0] before and wrap[1] after unless
+    the prompt already has them there (None: no wrap)."""
+    pad = ids[at]
     before = [] if wrap is None or (at and ids[at - 1] == wrap[0]) else [wrap[0]]
     after = [] if wrap is None or (at + 1 < len(ids) and ids[at + 1] == wrap[1]) else [wrap[1]]
-    return ids[:at] + before + [pad] * count + after + ids[at + 1:]
+    return before + [pad] * count + after
 
 
 def located(config: dict, paths: tuple[str, ...]) -> tuple[str, dict] | None:

@@ -23,6 +23,7 @@ count is the one planned and deployed here. Standard library only.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,16 @@ def mel_frames(samples: int) -> int:
 def tokens_of_frames(frames: int) -> int:
     """The soft tokens the board's runner makes of `frames` frames: the frames padded to a multiple of four."""
     return -(-frames // SUBSAMPLING)
+
+
+@functools.cache
+def fewest_samples(frames: int) -> int:
+    """The fewest samples whose frames, padded to a multiple of four, are at least `frames` (asked per served
+    recording: counted once)."""
+    samples = 1
+    while SUBSAMPLING * tokens_of_frames(mel_frames(samples)) < frames:
+        samples += 1
+    return samples
 
 
 @dataclass(frozen=True)
@@ -183,10 +194,7 @@ class Gemma4AudioDesign(AudioEncoderDesign):
         """The runner gives the engine no fewer frames than the recording makes: the exported graph's least (8
         frames: models/gemma4 get_onnx_export_args, Dim("seq_len", min=8)) is the profile's, and a shorter recording
         cannot be encoded."""
-        samples = 1
-        while SUBSAMPLING * tokens_of_frames(mel_frames(samples)) < self.min_time_steps:
-            samples += 1
-        return samples
+        return fewest_samples(self.min_time_steps)
 
     def wrap(self) -> tuple[str, str] | None:
         return (BOA, EOA)

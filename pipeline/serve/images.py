@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.contract import VisualLimits
+from pipeline.families.audio import wrapped
 from pipeline.families.visual import PatchMerger, VisualTower, held
 from pipeline.images import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, ImageError, image_size, open_image
 from pipeline.serve.protocol import ApiError, ImagePart
@@ -177,9 +178,7 @@ def expand(ids: list[int], side: Any, images: list[Any]) -> list[int]:
     out: list[int] = []
     last = 0
     for pos, image in zip(at, kept, strict=True):
-        before = [] if wrap is None or (pos and ids[pos - 1] == wrap[0]) else [wrap[0]]
-        after = [] if wrap is None or (pos + 1 < len(ids) and ids[pos + 1] == wrap[1]) else [wrap[1]]
-        out += ids[last:pos] + before + [side.placeholder_id] * image.tokens + after
+        out += ids[last:pos] + wrapped(ids, pos, image.tokens, wrap)
         last = pos + 1
     return out + ids[last:]
 
