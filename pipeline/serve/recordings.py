@@ -97,8 +97,8 @@ def read_recording(data: bytes, side: AudioSide, param: str) -> RequestRecording
     wav, seconds, samples = _canonical(data, side.limits(), param)
     least = side.design.shortest_samples()
     if least is not None and samples < least:
-        raise _bad(param, f"lasts {seconds * 1000:.0f} ms, shorter than the audio engine takes "
-                   f"({least * 1000 // SAMPLE_RATE} ms)", "audio_too_short")
+        raise _bad(param, f"lasts {samples * 1000 / SAMPLE_RATE:.1f} ms, shorter than the audio engine takes "
+                   f"({least * 1000 / SAMPLE_RATE:.1f} ms)", "audio_too_short")
     return RequestRecording(wav, seconds, side.tokens(samples))
 
 

@@ -136,8 +136,9 @@ class RecordingPrompts:
                                 "shorter recording")
         least = self.inputs.shortest       # type: ignore[attr-defined]
         if least is not None and len(audio.samples) < least:
-            raise PipelineError(f"{recording.ref} is {audio.seconds * 1000:.0f} ms long, shorter than the audio engine "
-                                f"takes ({least * 1000 // 16_000} ms)", "use a longer recording")
+            raise PipelineError(f"{recording.ref} is {len(audio.samples) * 1000 / audio.rate:.1f} ms long, shorter "
+                                f"than the audio engine takes ({least * 1000 / 16_000:.1f} ms)",
+                                "use a longer recording")
         content = [{"type": "audio"}] + ([{"type": "text", "text": prompt}] if prompt else [])
         rendered = render_chat(tokenizer, [{"role": "user", "content": content}])
         (count,), inputs = self.inputs.batch([(audio, recording.ref)])   # type: ignore[attr-defined]

@@ -373,3 +373,27 @@ def test_the_bundle_served_on_the_board_hears_through_the_edgellm_runtime(built,
     finally:
         s.stop()
     assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+def test_a_recording_shorter_than_the_engines_least_input_is_refused_at_the_server_and_the_goldens(tmp_path):
+    """768 samples make one token (4 frames), under the engine's least profile (8 frames: 769 samples): a 400 naming
+    the part at the server, an error naming the recording at the goldens; 769 samples are taken, wrapped in
+    <|audio> and <audio|> by the server's expansion as by the runner's."""
+    from pipeline.audio import wav_bytes
+    from pipeline.serve.images import expand
+    from pipeline.serve.protocol import ApiError
+    from pipeline.serve.recordings import AudioSide, read_recording
+    from pipeline.workstation.audio_prompts import PromptRecording, RecordingPrompts
+    from pipeline.workstation.gemma4_features import Gemma4Frames
+    side = AudioSide(GEMMA4_AUDIO, None, "<|audio|>", 9, 12, wrap_ids=(7, 8))
+    short, least = wav_bytes([100] * 768, 16_000), wav_bytes([100] * 769, 16_000)
+    with pytest.raises(ApiError) as e:
+        read_recording(short, side, "messages[0].content[0]")
+    assert e.value.status == 400 and "messages[0].content[0]: the audio lasts 48.0 ms, shorter than the audio " \
+        "engine takes (48.1 ms)" in e.value.message
+    taken = read_recording(least, side, "file")
+    assert taken.tokens == 2 and expand([1, 9, 2], side, [taken]) == [1, 7, 9, 9, 8, 2]
+    prompts = RecordingPrompts((PromptRecording("file:short.wav", "short.wav", short),), Gemma4Frames(), 9, (7, 8), 12)
+    with pytest.raises(PipelineError) as p:
+        prompts.asked(None, "Transcribe.", prompts.recordings[0])
+    assert p.value.message == "file:short.wav is 48.0 ms long, shorter than the audio engine takes (48.1 ms)"
