@@ -409,7 +409,12 @@ def build_shipped_recipe(root: Path, recipe: str, targets) -> tuple:
     """`doit build` of a repository recipe in a fresh project under `root`: (the project, {target: its kit}, the
     build's output)."""
     project = Project(root)
-    (project.recipes / f"{recipe}.toml").write_text((REPO / "recipes" / f"{recipe}.toml").read_text())
+    text = (REPO / "recipes" / f"{recipe}.toml").read_text()
+    (project.recipes / f"{recipe}.toml").write_text(text)
+    # the speech-to-text recipe a text-to-speech recipe names as its transcriber lies beside it
+    heard_by = load_toml_text(text).get("validation", {}).get("round_trip", {}).get("transcriber")
+    if heard_by is not None and not (project.recipes / f"{heard_by}.toml").exists():
+        (project.recipes / f"{heard_by}.toml").write_text((REPO / "recipes" / f"{heard_by}.toml").read_text())
     proc = project.doit("build", f"recipe={recipe}", timeout=900)
     return project, {t: project.artifacts / recipe / _per_target(project, recipe, "kit", t) / f"{recipe}@{t}"
                      for t in targets}, proc.stdout

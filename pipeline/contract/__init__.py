@@ -13,7 +13,7 @@ naming which side to update):
     jetson-accuracy/1          accuracy.json     accuracy stage -> quality gate, compare, the user      (stage.py)
     jetson-stage/1             stage.json        each workstation stage -> its next run, later stages,
                                                  the shared stage cache                                 (stage.py)
-    jetson-goldens/3           goldens.json      goldens stage -> device runners, report                (kit.py)
+    jetson-goldens/4           goldens.json      goldens stage -> device runners, report                (kit.py)
     jetson-board/2             board.json        probe -> gate, device driver, report, bundles          (device.py)
     jetson-validation/1        validation.json   a backend's runner -> report                           (device.py)
     jetson-build/1             build.json        device driver -> its next run                          (device.py)
@@ -64,6 +64,7 @@ from pipeline.contract.kit import (
     OnnxGraph,
     PayloadFile,
     ReaderCheck,
+    RoundTrip,
     SpeculativeExport,
     SpeechCheck,
     SpeechItem,
@@ -134,6 +135,7 @@ __all__ = [
     "DraftMemory",
     "Entry",
     "ExportRecord",
+    "RoundTrip",
     "SpokenGolden",
     "SpokenTie",
     "SpokenResult",

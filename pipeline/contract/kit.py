@@ -3,7 +3,7 @@
     jetson-kit-manifest/1      MANIFEST.json of a kit     pack -> verify, unpack, transfer, device driver, gate
     jetson-bundle-manifest/1   MANIFEST.json of a bundle  device -> verify, unpack, install
     jetson-stages/1            stages.json                package -> the user (which stage outputs made the kit)
-    jetson-goldens/3           goldens.json               goldens stage -> device runners, report
+    jetson-goldens/4           goldens.json               goldens stage -> device runners, report
 """
 
 from __future__ import annotations
@@ -365,6 +365,19 @@ class SpokenGolden(Part):
 
 
 @dataclass(frozen=True)
+class RoundTrip(Part):
+    """A text-to-speech kit's round trip on the workstation (workstation/round_trip.py): the speech-to-text recipe
+    its recipe names as transcriber, that recipe's checkpoint's transcript of the reference's speech of each text, and
+    their error rate against the texts (every text together, with its interval), held to the recipe's limit."""
+    transcriber: str            # the speech-to-text recipe
+    model: str                  # its checkpoint, as its source names it
+    language: str               # ISO 639: the texts' language, which decides the metric (wer or cer)
+    heard: list[str]            # by utterance, in the goldens' order
+    rate: SpeechRate
+    max_error_rate: float
+
+
+@dataclass(frozen=True)
 class SynthesisCheck(Part):
     """The text-to-speech gate a kit carries (device/synthesis.py scores it the same on both halves): each text
     spoken greedily by the engines must give the reference's codes (at least min_code_agreement of its frames before
@@ -381,14 +394,16 @@ class SynthesisCheck(Part):
     max_round_trip_increase: float = 0.1
     tie_margin: float = 0.0     # the widest margin a SpokenTie has (0: none recorded, every divergence counts)
     eos_code: int | None = None     # codec EOS's id: a SpokenTie of it is the utterance ending (or going on) there
+    round_trip: RoundTrip | None = None     # the workstation's (None: the recipe names no transcriber)
 
 
 @dataclass(frozen=True)
 class Goldens(Record):
     """Reference greedy outputs of the deployed numerics, which the engine must reproduce."""
-    FORMAT: ClassVar[str] = "jetson-goldens/3"
-    # 2: near ties say their cause (1's are all of the logits); 3: spoken goldens carry their near ties (2's have none)
-    UPGRADES: ClassVar = {"jetson-goldens/1": dict, "jetson-goldens/2": dict}
+    FORMAT: ClassVar[str] = "jetson-goldens/4"
+    # 2: near ties say their cause (1's are all of the logits); 3: spoken goldens carry their near ties (2's have none);
+    # 4: a text-to-speech kit's synthesis check may carry the workstation's round trip (3's have none)
+    UPGRADES: ClassVar = {"jetson-goldens/1": dict, "jetson-goldens/2": dict, "jetson-goldens/3": dict}
     max_new_tokens: int
     min_token_agreement: float
     top_k: int

@@ -97,6 +97,7 @@ class GoldensSummary(Part):
     weak: list[str]             # prompts whose golden answer is under half of max_new_tokens: a weak check
     speech: list[SpeechRate] = field(default_factory=list)     # the reference's error rates on the speech set
     spoken_frames: int = 0      # a text-to-speech model's: the codec frames the reference spoke the texts in
+    round_trip: str | None = None   # ... and its transcriber's figure on that speech, said (None: none named)
 
 
 @dataclass(frozen=True)

@@ -125,3 +125,19 @@ def checks(check: contract.SynthesisCheck, results: list[contract.SpokenResult],
         out.append(contract.Check(check=said, required=f"<= {most}", measured=r.error_rate, ok=ok,
                                   by=None if ok else round(r.error_rate - most, 4)))
     return out
+
+
+def workstation_figure(trip: contract.RoundTrip) -> str:
+    """The workstation's round trip (the transcriber recipe's checkpoint on the reference's speech), said; the limit
+    as exactly as the recipe gives it (0.9999 is not said as 100.0%)."""
+    r, most = trip.rate, trip.max_error_rate
+    limit = f"{most:.1%}" if round(most, 3) == most else f"{most:.2%}"
+    return (f"{trip.transcriber}'s checkpoint hears the reference's speech at {r.metric.upper()} {r.rate:.1%} (95% "
+            f"{r.low:.1%} to {r.high:.1%}, {r.utterances} texts; limit {limit})")
+
+
+def workstation_over_limit(trip: contract.RoundTrip) -> str | None:
+    """What the workstation's round trip misses of its limit, said; None where it holds."""
+    if trip.rate.rate <= trip.max_error_rate:
+        return None
+    return f"{workstation_figure(trip)}: more than validation.round_trip.max_error_rate"

@@ -64,6 +64,9 @@ def _synthesis_checks(check: contract.SynthesisCheck, validation: contract.Valid
                                                                      validation.transcriber or "the transcriber")
     notes = ["the engines' speed is not measured here (qwen3_tts_inference reloads them every run); the plan's "
              "real-time factor stands as a prediction"]
+    if check.round_trip is not None:        # the workstation's figure, beside the board's checks
+        from pipeline.device.round_trip import workstation_figure
+        notes.append(f"on the workstation, {workstation_figure(check.round_trip)}")
     if validation.transcriber is None:
         notes.append("the round trip was not measured: give `device --transcriber BUNDLE` (or `install "
                      "--transcriber BUNDLE`) a speech-to-text bundle built on a board like this one")

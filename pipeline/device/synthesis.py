@@ -5,8 +5,9 @@ frame another); the samples Code2Wav must make of them; the waveform's cosine wi
 qwen3_tts_inference (runtime/synthesis.py), measures each (`measure`); device/report.py reports it. Standard
 library only: the device runs it.
 
-The round trip through a speech-to-text model (what the engine said, transcribed, against the text) is not part of
-this gate yet: only the engines' agreement with the reference is."""
+The round trip through a speech-to-text model (what the engines said, transcribed, against the text) is
+device/round_trip.py's, where the device is given a transcriber; the workstation's (the transcriber recipe's
+checkpoint on the reference's speech, workstation/round_trip.py) is carried in the kit and reported beside it."""
 
 from __future__ import annotations
 
@@ -144,7 +145,10 @@ def validate_synthesis(kit_dir: Path, engine: Path, goldens: contract.Goldens, w
         import dataclasses
 
         from pipeline.device.round_trip import hear_back
-        language = check.utterances[0].language if check.utterances else "auto"
+        # the texts' language as the recipe's round trip declares it (it decides word or character error rate);
+        # a kit without one: the language the texts were spoken in
+        language = check.round_trip.language if check.round_trip is not None else \
+            check.utterances[0].language if check.utterances else "auto"
         trips = hear_back(transcriber, [u.text for u in check.utterances], language, heard,
                           references, check.sample_rate, work, watch, timeout)
         results = [dataclasses.replace(r, **t) for r, t in zip(results, trips, strict=True)]

@@ -257,6 +257,9 @@ class SpeechModel:
         export_graphs     (model_dir, payload_dir) -> {ExportRecord field: its record}: Edge-LLM's graphs, checked
         make_goldens      (graph, out) -> GoldensSummary: the reference's outputs the device validates against
         measure_accuracy  (graph, out) -> AccuracyFigures: what the deployed numerics cost against the checkpoint's
+        transcribe        (model_dir, recipe, [(what, 16 kHz WAV)], language) -> transcripts: a text-to-speech
+                          recipe's round trip heard by it (None: it does not transcribe; a decoder with an audio
+                          encoder is heard through workstation/speech_gate.py transcribe_recordings)
     """
     name: str
     what: str
@@ -265,11 +268,14 @@ class SpeechModel:
     export_graphs: str
     make_goldens: str
     measure_accuracy: str
+    transcribe: str | None = None
 
     def stage(self, step: str):
         """The function doing `step` (a field above) for this kind."""
         import importlib
-        module, function = getattr(self, step).split(":")
+        where = getattr(self, step)
+        assert where is not None, (self.name, step)
+        module, function = where.split(":")
         return getattr(importlib.import_module(module), function)
 
 
@@ -280,7 +286,8 @@ SPEECH_MODELS: dict[str, SpeechModel] = {
         check_checkpoint="pipeline.workstation.transducer_checkpoint:check_transducer_checkpoint",
         export_graphs="pipeline.workstation.transducer_export:export_transducer",
         make_goldens="pipeline.graph.stages.goldens:transducer_goldens",
-        measure_accuracy="pipeline.graph.stages.accuracy:transducer_accuracy_stage"),
+        measure_accuracy="pipeline.graph.stages.accuracy:transducer_accuracy_stage",
+        transcribe="pipeline.workstation.transducer_gate:transcribe_recordings"),
     "qwen3_tts": SpeechModel(
         "Qwen3-TTS", "text to speech: a talker, a code predictor and Code2Wav",
         "models/qwen3_tts: llm/, code_predictor/ and audio/code2wav ONNX",

@@ -36,10 +36,23 @@ class StageKey:
 @dataclass(frozen=True)
 class Input:
     """A stage another reads. keyed: its content digest is part of the reader's key; `keyed_if` narrows that for
-    one target (Edge-LLM's export reads the EAGLE-3 draft only where its backend builds one)."""
+    one target (Edge-LLM's export reads the EAGLE-3 draft only where its backend builds one). `of`: read from another
+    recipe (a text-to-speech recipe's transcriber's checkpoint): that recipe's file, or None where this recipe names
+    none; such a stage is one every recipe has, one per recipe (its task is `<stage>:<that recipe>`)."""
     stage: Stage
     keyed: bool = True
     keyed_if: Callable[[RecipeGraph, str | None], bool] | None = None
+    of: Callable[[Recipe], str | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.of is not None and (self.stage.per_target or self.stage.applies is not None):
+            raise ValueError(f"{self.stage.name}: another recipe's input must be a stage every recipe has, one per "
+                             "recipe")
+
+    def recipe_name(self, recipe: Recipe) -> str | None:
+        """The name of the other recipe this input is read from (its file's stem, as load_recipe names it)."""
+        path = self.of(recipe) if self.of is not None else None
+        return None if path is None else Path(path).stem
 
 
 @dataclass(frozen=True)
@@ -131,7 +144,11 @@ class RecipeGraph:
     cache: Any = None           # a shared stage cache (oci/stagecache.py) stages are restored from and published to
     accept_quality: bool = False    # sign kits that miss the recipe's quality gate (doit's accept-quality=1)
     plans: dict[str, contract.Plan] = field(default_factory=dict, repr=False)     # read by stages/plan.py plan_of
+    # another recipe's graph by its file (an Input `of` another recipe): the doit process's own (graph/tasks.py),
+    # else one made here on first use
+    graph_of: Callable[[str], RecipeGraph] | None = None
     _specs: dict = field(default_factory=dict, repr=False)
+    _others: dict = field(default_factory=dict, repr=False)
 
     @cached_property
     def handoff(self):
@@ -142,6 +159,25 @@ class RecipeGraph:
         from pipeline.workstation.state import ModelHandoff
         return ModelHandoff()
 
+    def other(self, i: Input) -> RecipeGraph | None:
+        """The graph of the recipe input `i` is read from (None: this recipe names none)."""
+        assert i.of is not None, i.stage.name
+        path = i.of(self.recipe)
+        if path is None:
+            return None
+        if self.graph_of is not None:
+            return self.graph_of(path)
+        if path not in self._others:
+            from pipeline.recipe import load_recipe
+            self._others[path] = RecipeGraph(load_recipe(path), handoff_from=lambda: self.handoff, cache=self.cache)
+        return self._others[path]
+
+    def _input_spec(self, i: Input, target: str | None) -> StageSpec | None:
+        if i.of is None:
+            return self.spec(i.stage, target)
+        other = self.other(i)
+        return None if other is None else other.spec(i.stage)
+
     def spec(self, stage: Stage, target: str | None = None) -> StageSpec | None:
         """The stage's StageSpec for this recipe (and target); None for a stage without a key, or one the recipe
         does not have."""
@@ -151,7 +187,7 @@ class RecipeGraph:
         if where not in self._specs:
             key = stage.key(self, where[1])
             inputs = tuple(s for i in stage.inputs if i.keyed and (i.keyed_if is None or i.keyed_if(self, where[1]))
-                           if (s := self.spec(i.stage, where[1])) is not None)
+                           if (s := self._input_spec(i, where[1])) is not None)
             self._specs[where] = StageSpec(stage.name, key.identity, inputs=inputs, tools=key.tools,
                                            version=stage.version, fingerprint=key.fingerprint)
         return self._specs[where]
@@ -186,9 +222,13 @@ class RecipeGraph:
 
 def stage_deps(stage: Stage, recipe: Recipe, target: str | None = None) -> list[str]:
     """doit's task_dep of a stage's task, from its inputs: an input the recipe has, for the same target where both
-    are per target, for every target where only the input is."""
+    are per target, for every target where only the input is; another recipe's, its task."""
     deps: list[str] = []
     for i in stage.inputs:
+        if i.of is not None:        # another recipe's: its one task, where this recipe names one
+            name = i.recipe_name(recipe)
+            deps += [] if name is None else [i.stage.task_for(name)]
+            continue
         if not i.stage.applies_to(recipe):
             continue
         if not i.stage.per_target:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from pipeline.errors import PipelineError
@@ -38,10 +39,19 @@ def invalid_recipes() -> dict[str, str]:
     return _load_selection()[1]
 
 
+def lent_recipes() -> dict[str, tuple[Recipe, frozenset[str]]]:
+    """Recipes outside the selection whose stages a selected recipe reads (a text-to-speech recipe's transcriber's
+    fetch: an Input `of` another recipe), by name, with the names of the stages it lends and of those they read in
+    turn: only those get tasks (`doit build recipe=TTS` fetches its transcriber's model and builds nothing else of
+    it)."""
+    return _load_selection()[2]
+
+
 @cache
-def _load_selection() -> tuple[tuple[Recipe, ...], dict[str, str]]:
+def _load_selection() -> tuple[tuple[Recipe, ...], dict[str, str], dict[str, tuple[Recipe, frozenset[str]]]]:
     """The recipes `recipe=` names (each must be valid), or every recipe in recipes/: then an invalid one is
-    reported, with all its problems, and the valid ones go on (`build:<invalid>` fails at the end of the run)."""
+    reported, with all its problems, and the valid ones go on (`build:<invalid>` fails at the end of the run); a
+    recipe that reads another's stage is invalid where that recipe is."""
     from pipeline.recipe import load_recipe, recipe_names
 
     unknown = sorted(set(cmdline_vars()) - set(KNOWN_VARS))
@@ -70,7 +80,41 @@ def _load_selection() -> tuple[tuple[Recipe, ...], dict[str, str]]:
                 fail(str(exc))
             invalid[name] = str(exc)
             print(f"error: recipe {name} is invalid, skipped (the others go on): {exc}", file=sys.stderr)
-    return tuple(recipes), invalid
+    lent: dict[str, tuple[Recipe, frozenset[str]]] = {}
+    for r in list(recipes):
+        try:
+            _lend(r, {x.name for x in recipes}, invalid, lent)
+        except PipelineError as exc:
+            if named:
+                fail(str(exc))
+            recipes.remove(r)
+            invalid[r.name] = str(exc)
+            print(f"error: recipe {r.name} is invalid, skipped (the others go on): {exc}", file=sys.stderr)
+    return tuple(recipes), invalid, lent
+
+
+def _lend(r: Recipe, selected: set[str], invalid: dict[str, str], lent: dict) -> None:
+    """The recipes outside `selected` that r's stages read, loaded into `lent` with the stages they lend; an error
+    naming r where one does not load."""
+    from pipeline.recipe import load_recipe
+    for stage in STAGES:
+        if not stage.applies_to(r):
+            continue
+        for i in stage.inputs:
+            path = i.of(r) if i.of is not None else None
+            name = i.recipe_name(r)
+            if path is None or name is None or name in selected:
+                continue
+            if name not in lent:
+                try:
+                    if name in invalid:
+                        raise PipelineError(invalid[name])
+                    lent[name] = (load_recipe(path), frozenset())
+                except PipelineError as exc:
+                    raise PipelineError(f"recipe {r.name} reads the {i.stage.name} stage of recipe {name}, which is "
+                                        f"invalid: {exc}") from None
+            recipe, stages = lent[name]
+            lent[name] = (recipe, stages | _read_by(i.stage, recipe))
 
 
 def board_recipes(name: str) -> list[str]:
@@ -91,12 +135,23 @@ def board_recipes(name: str) -> list[str]:
     return [m.recipe for m in board.models]
 
 
+def _read_by(stage: Stage, recipe: Recipe) -> frozenset[str]:
+    """The stage and every stage of the same recipe it reads, in turn (the fetch and the plan that gates it)."""
+    found = {stage.name}
+    for i in stage.inputs:
+        if i.of is None and i.stage.applies_to(recipe):
+            found |= _read_by(i.stage, recipe)
+    return frozenset(found)
+
+
 @cache
 def graph_of(name: str) -> RecipeGraph:
-    """A selected recipe's graph, made once per process: its specs computed once and handed to every stage; the
-    calibrated model handed over in this process's one ModelHandoff."""
-    return next(RecipeGraph(r, handoff_from=_handoff, cache=stage_cache(), accept_quality=accept_quality())
-                for r in selected_recipes() if r.name == name)
+    """A selected (or lent) recipe's graph, made once per process: its specs computed once and handed to every stage;
+    the calibrated model handed over in this process's one ModelHandoff; another recipe's graph, this one's."""
+    recipes = [*selected_recipes(), *(r for r, _ in lent_recipes().values())]
+    return next(RecipeGraph(r, handoff_from=_handoff, cache=stage_cache(), accept_quality=accept_quality(),
+                            graph_of=lambda path: graph_of(Path(path).stem))
+                for r in recipes if r.name == name)
 
 
 @cache
@@ -173,7 +228,8 @@ def _invalid(name: str):
 
 def _tasks_of(stage: Stage):
     def generator():
-        yield from stage_tasks(stage, selected_recipes(), lambda r: graph_of(r.name))
+        lent = tuple(r for r, stages in lent_recipes().values() if stage.name in stages)
+        yield from stage_tasks(stage, selected_recipes() + lent, lambda r: graph_of(r.name))
         if stage is BUILD:
             # after the valid recipes (it depends on their builds): they are built, then the run fails on these
             for name in invalid_recipes():

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pipeline.plan.parts.audio_speed import CLIP_SECONDS, RTF_SECONDS
 
 FORMAT = "jetson-speech-plan/1"
+TEXT_TO_SPEECH, SPEECH_TO_TEXT = "text to speech", "speech to text"     # SpeechPlan.kind
 # seconds -> (first latency ms, RTF, one step's ms) for that much speech; None where a fit is missing
 Timing = Callable[[float], "tuple[float, float, float] | None"]
 

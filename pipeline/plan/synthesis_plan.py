@@ -5,7 +5,7 @@ format Edge-LLM does not build it in, an utterance past the engine or the board)
 from __future__ import annotations
 
 from pipeline.plan.memory import WORKSPACE
-from pipeline.plan.speech_plan import SpeechPlan, backend_for, published, speed, vit_ms
+from pipeline.plan.speech_plan import TEXT_TO_SPEECH, SpeechPlan, backend_for, published, speed, vit_ms
 from pipeline.plan.synthesis import FAMILY, STREAM_FRAMES, SynthesisShape, prompt_tokens
 
 
@@ -64,7 +64,7 @@ def plan_synthesis(shape: SynthesisShape, model: str, weights: str, kv_cache: st
                           f"use a smaller weight format or fewer seconds an utterance (build.audio.max_seconds)")
     timing = _timing(shape, fmt, group, kv, target, mode, engine.perf_class, weights, fit_data())
     clip, by = speed(timing, max_seconds)
-    return SpeechPlan("text to speech", model, target_id, weights,
+    return SpeechPlan(TEXT_TO_SPEECH, model, target_id, weights,
                       f"{shape.variant}; talker and code predictor in {weights}, KV cache {kv_cache}", max_seconds,
                       memory, total, usable, round(shape.frame_rate, 3),
                       "a frame (a talker step and a code-predictor walk)",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from pipeline.errors import InputError, Problem
 from pipeline.plan.memory import WORKSPACE
-from pipeline.plan.speech_plan import SpeechPlan, backend_for, published, speed, vit_ms
+from pipeline.plan.speech_plan import SPEECH_TO_TEXT, SpeechPlan, backend_for, published, speed, vit_ms
 
 FAMILY = "nemotron3_5_asr"
 MEL_PER_SECOND = 100        # its feature extractor: 16 kHz, hop 160
@@ -183,7 +183,7 @@ def plan_transducer(shape: TransducerShape, model: str, weights: str, target_id:
         return encoder + step_ms, (encoder + steps * step_ms) / (1000 * seconds), step_ms
 
     clip, by = speed(timing, max_seconds)
-    return SpeechPlan("speech to text", model, target_id, weights, "an RNN-T: FastConformer encoder, LSTM prediction "
+    return SpeechPlan(SPEECH_TO_TEXT, model, target_id, weights, "an RNN-T: FastConformer encoder, LSTM prediction "
                       "network and joint", max_seconds, memory, total, usable, shape.frames_per_second,
                       "an RNN-T step (a token or a blank)", None if clip is None else round(clip[2], 3),
                       None if clip is None else round(clip[1], 3), by, "first token after the recording (offline)",

@@ -27,7 +27,7 @@ from pipeline.recipe.sources import ModelSource
 
 __all__ = ["BuildSettings", "Calibration", "Draft", "ModelSource", "Quantization", "Recipe", "ValidationSettings",
            "VisualSettings", "config_for", "image_profile", "load_recipe", "parse_recipe", "plan_recipe",
-           "BASE_FIELDS", "held_weights", "recipe_names", "visual_limits"]
+           "BASE_FIELDS", "held_weights", "recipe_names", "transcriber_path", "visual_limits"]
 
 
 def parse_recipe(data: dict, file: str, name: str | None = None) -> Recipe:
@@ -58,6 +58,14 @@ def load_recipe(name_or_path: str) -> Recipe:
         known = ", ".join(recipe_names()) or "(none)"
         raise PipelineError(f"no recipe {name_or_path!r} (looked for {path})", f"known recipes: {known}")
     return held_weights(parse_recipe(read_toml(path, MAX_RECIPE_BYTES), str(path), path.stem))
+
+
+def transcriber_path(recipe: Recipe) -> str | None:
+    """The file of the speech-to-text recipe a text-to-speech recipe's [validation.round_trip] names (beside it), or
+    None where it names none."""
+    from pipeline.recipe.schema import transcriber_file
+    name = recipe.validation.round_trip.transcriber
+    return None if name is None else str(transcriber_file(recipe.file, name))
 
 
 def held_weights(recipe: Recipe) -> Recipe:
@@ -198,7 +206,7 @@ def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str
     from pipeline.plan.targets import get_target
 
     if speech_kind(config):         # a speech model planned without a decoder's parts
-        return recipe_plan(config, config_source, recipe, target_id, backend)
+        return _heard_back(recipe, recipe_plan(config, config_source, recipe, target_id, backend))
     shape = shape_from_config(config, config_source)
     draft_req = None
     if recipe.draft:
@@ -242,4 +250,16 @@ def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str
         base = config_for(recipe, recipe.base_model)
     for reason in checkpoint_refusals(recipe, config, config_source, shape, base):
         plan = refuse(plan, reason)
-    return plan
+    return _heard_back(recipe, plan)
+
+
+def _heard_back(recipe: Recipe, plan: contract.Plan) -> contract.Plan:
+    """The plan refused where the recipe names a transcriber for a model that does not speak."""
+    from pipeline.plan.planner import refuse
+    from pipeline.plan.speech_plan import TEXT_TO_SPEECH
+    name = recipe.validation.round_trip.transcriber
+    if name is None or (plan.speech is not None and plan.speech.kind == TEXT_TO_SPEECH):
+        return plan
+    return refuse(plan, f"validation.round_trip names a transcriber ({name}), and {plan.model.name} is not a "
+                        "text-to-speech model: only speech a model speaks is heard back; remove "
+                        "[validation.round_trip]")

@@ -216,6 +216,24 @@ class SpeechSettings:
 
 
 @dataclass(frozen=True)
+class RoundTripSettings:
+    """[validation.round_trip]: a text-to-speech model's speech heard back. The transcriber is a speech-to-text recipe
+    beside this one: on the workstation its checkpoint hears the reference's speech of each text, scored against the
+    text (workstation/round_trip.py), and the kit is refused past max_error_rate; on the board, the bundle `device`
+    made of it hears the engines' speech and the reference's (`device KIT --transcriber BUNDLE`)."""
+    transcriber: str | None = setting(None, pattern=re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"),
+                                      pattern_hint="a recipe's name (recipes/NAME.toml, beside this recipe)",
+                                      doc="the speech-to-text recipe that hears the speech (its name)")
+    language: str = setting("en", pattern=re.compile(r"^[a-z]{2,3}$"), pattern_hint="an ISO 639 code like 'en'",
+                            doc="the texts' language: scored by words, or by characters in a language written "
+                                "without spaces (zh, ja, ...)")
+    max_error_rate: float = setting(0.3, min=0.0, max=2.0, doc="the gate: the most word (character) error rate the "
+                                    "transcriber's checkpoint may make hearing the reference's speech of the texts")
+    max_increase: float = setting(0.1, min=0.0, max=2.0, doc="on the board: the most the transcriber's error rate "
+                                  "on the engines' speech may pass its rate on the reference's")
+
+
+@dataclass(frozen=True)
 class ValidationSettings:
     prompts: tuple[str, ...] = setting(required=True, toml=list, max_items=MAX_PROMPTS)
     images: tuple[str, ...] = setting((), toml=list, max_items=MAX_PROMPTS,
@@ -237,6 +255,7 @@ class ValidationSettings:
                                   pattern_hint="builtin:NAME or file:PATH (relative to the recipe)",
                                   doc="held-out text for the perplexity change (at least a few thousand tokens)")
     speech: SpeechSettings = setting(None)
+    round_trip: RoundTripSettings = setting(None)
     chat_template: bool | None = setting(None, doc="render prompts with the tokenizer's chat template and the "
                                          "generation prompt, as the deployed model is asked (default: when it has "
                                          "one)")

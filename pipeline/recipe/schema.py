@@ -206,6 +206,49 @@ def cross_checks(file: str, v: dict, problems: list[Problem]) -> None:
     _media_checks(file, v["validation"]["recordings"], v["validation"]["prompts"], problems, "recordings",
                   "recording", read_recording, "builtin:chirp-1s")
     _speech_checks(file, v["validation"]["speech"], problems)
+    _round_trip_checks(file, v["validation"]["round_trip"], problems)
+
+
+def transcriber_file(recipe_file: str, name: str) -> Path:
+    """Where a recipe's [validation.round_trip] transcriber lies: the recipe of that name beside it."""
+    return Path(recipe_file).parent / f"{name}.toml"
+
+
+def _round_trip_checks(file: str, trip: dict, problems: list[Problem]) -> None:
+    """The transcriber a recipe beside this one, not this one, that reads as TOML and gates its transcripts on a
+    speech set (what a speech-to-text recipe has: it says how its model is asked). Read, not loaded: its own checks run
+    where the graph loads it, and a transcriber naming a transcriber is not followed."""
+    from pipeline.recipe.records import RoundTripSettings
+    name = trip.get("transcriber")
+    where = "validation.round_trip.transcriber"
+    if not isinstance(name, str):
+        defaults = RoundTripSettings()
+        given = [k for k in ("language", "max_error_rate", "max_increase") if trip.get(k) != getattr(defaults, k)]
+        if given:
+            problems.append(Problem(file, where, None, f"is required when [validation.round_trip] sets {given[0]}",
+                                    "name the speech-to-text recipe that hears the speech, e.g. "
+                                    'transcriber = "tiny-qwen3-asr"'))
+        return
+    path = transcriber_file(file, name)
+    if path.stem == Path(file).stem:
+        problems.append(Problem(file, where, name, "names this recipe", "name a speech-to-text recipe"))
+        return
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.toml") if p.stem != Path(file).stem)
+        problems.append(Problem(file, where, name, f"has no recipe {path.name} beside this one",
+                                f"recipes there: {', '.join(known) or '(none)'}"))
+        return
+    try:
+        data = read_toml(path, MAX_RECIPE_BYTES)
+    except PipelineError as exc:
+        problems.append(Problem(file, where, name, f"does not read: {exc.message}", exc.hint or "fix that recipe"))
+        return
+    validation = data.get("validation")
+    speech = validation.get("speech") if isinstance(validation, dict) else None
+    if not isinstance(speech, dict) or not isinstance(speech.get("set"), str):
+        problems.append(Problem(file, where, name, "is not a speech-to-text recipe: it has no [validation.speech] set "
+                                "(which says how its model is asked, and gates its transcripts)",
+                                "name a Qwen3-ASR, Nemotron-3.5-ASR or Gemma 4 audio recipe"))
 
 
 def _media_checks(file: str, refs: Any, prompts: Any, problems: list[Problem], key: str, noun: str, read,

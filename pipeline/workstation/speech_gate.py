@@ -56,18 +56,44 @@ def speech_set_asked(model_dir: Path, settings, recipe_file: str, max_seconds: i
 def transcribe_set(model, tokenizer, s: SpeechSetAsked, stops: list[int]) -> tuple[list[contract.SpeechItem],
                                                                                    list[str]]:
     """(the set's items, `model`'s transcripts of them)."""
-    from pipeline.workstation.evaluate import greedy
-    settings = s.settings
     items, transcripts = [], []
     for u, rec in zip(s.utterances, s.recordings, strict=True):
-        _, ids, inputs, count = s.asked.asked(tokenizer, s.text, rec)
-        answer = greedy(model, ids, settings.max_new_tokens, 1, stops, **inputs)["output_ids"]
-        text = tokenizer.decode(answer, skip_special_tokens=False)
-        for stop in stops:      # the end of the turn is not part of the transcript
-            text = text.replace(tokenizer.decode([stop], skip_special_tokens=False), "")
-        transcripts.append(answer_transcript(text, s.marker, s.names)[1])
+        transcript, count = _transcript(model, tokenizer, s, rec, stops)
+        transcripts.append(transcript)
         items.append(contract.SpeechItem(u.name, rec.sha256, u.language, u.transcript, count))
     return items, transcripts
+
+
+def _transcript(model, tokenizer, s: SpeechSetAsked, recording: PromptRecording, stops: list[int]) -> tuple[str, int]:
+    """(`model`'s transcript of one recording asked as the set is, its audio tokens)."""
+    from pipeline.workstation.evaluate import greedy
+    _, ids, inputs, count = s.asked.asked(tokenizer, s.text, recording)
+    answer = greedy(model, ids, s.settings.max_new_tokens, 1, stops, **inputs)["output_ids"]
+    text = tokenizer.decode(answer, skip_special_tokens=False)
+    for stop in stops:      # the end of the turn is not part of the transcript
+        text = text.replace(tokenizer.decode([stop], skip_special_tokens=False), "")
+    return answer_transcript(text, s.marker, s.names)[1], count
+
+
+def transcribe_recordings(model_dir: Path, recipe, recordings: list[tuple[str, bytes]], _language: str) -> list[str]:
+    """A speech-to-text recipe's checkpoint (its FP16 weights computed in float32, as load_model makes a reference)
+    hearing other recordings ((what it is, a 16 kHz WAV)) as its speech gate asks its set: the text-to-speech round
+    trip's transcriber (workstation/round_trip.py). It asks as the board's bundle asks, without naming the language."""
+    from transformers import AutoTokenizer
+
+    from pipeline.formats import UNQUANTIZED
+    from pipeline.plan.parts.audio import DEFAULT_MAX_SECONDS
+    from pipeline.workstation.audio_prompts import PromptRecording
+    from pipeline.workstation.evaluate import stop_ids
+    from pipeline.workstation.models import load_model, pick_device
+    audio = recipe.build.audio
+    s = speech_set_asked(model_dir, recipe.validation.speech, recipe.file,
+                         audio.max_seconds if audio and audio.max_seconds else DEFAULT_MAX_SECONDS)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = load_model(model_dir, pick_device(UNQUANTIZED))
+    stops = stop_ids(model_dir, tokenizer)
+    return [_transcript(model, tokenizer, s, PromptRecording(what, f"round-trip-{i}.wav", data), stops)[0]
+            for i, (what, data) in enumerate(recordings)]
 
 
 def speech_check(model, tokenizer, model_dir: Path, settings, recipe_file: str, max_seconds: int,

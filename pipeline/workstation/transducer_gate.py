@@ -72,6 +72,29 @@ class AskedSet:
         return items, transcripts
 
 
+def transcribe_recordings(model_dir: Path, _recipe, recordings: list[tuple[str, bytes]], language: str) -> list[str]:
+    """The checkpoint in float32 (as fetched: not on the FP16 grid) hearing other recordings ((what it is, a 16 kHz
+    WAV)) under `language`'s prompt slot (`auto` where it has none): the text-to-speech round trip's transcriber
+    (workstation/round_trip.py), as the board's RNN-T runtime hears them (device/transducer.py)."""
+    from pipeline.audio import read_wav
+    from pipeline.backends.edgellm_speech import MEL_FRAMES_PER_SECOND, TRANSDUCER_MIN_MEL_FRAMES
+    from pipeline.runtime.transducer import prompts_of
+    from pipeline.transcripts import tagged_transcript
+    from pipeline.workstation.transducer_reference import load_reference, tokenizer_of, transcribe
+    prompts = prompts_of(model_dir)
+    slot = prompts.get(language.lower(), prompts["auto"])
+    samples = []
+    for what, data in recordings:
+        audio = read_wav(data, name=what)
+        if audio.seconds * MEL_FRAMES_PER_SECOND < TRANSDUCER_MIN_MEL_FRAMES:
+            raise PipelineError(f"{what} lasts {audio.seconds * 1000:.0f} ms, shorter than the RNN-T's encoder takes "
+                                f"({TRANSDUCER_MIN_MEL_FRAMES / MEL_FRAMES_PER_SECOND * 1000:.0f} ms)",
+                                "give the texts more words")
+        samples.append(audio.samples)
+    model, tokenizer = load_reference(model_dir, deployed=False), tokenizer_of(model_dir)
+    return [tagged_transcript(transcribe(model, tokenizer, s, slot).text)[1] for s in samples]
+
+
 def speech_goldens(model_dir: Path, asked: AskedSet, validation, out: Path) -> contract.GoldensSummary:
     """The goldens (out/goldens.json) and the set's recordings (out/audio/) of the reference transcribing the set;
     validation: the recipe's [validation]."""

@@ -93,7 +93,7 @@ def test_goldens_and_board_records_round_trip(tmp_path):
                "eos_token_id": None, "prompts": [{"prompt": "Hi", "input_ids": [1, 2], "output_ids": [3],
                                                   "top_logprobs": [[[3, -0.1], [4, -2.5]]], "text": "!"}]}
     g = contract.Goldens.from_dict(goldens, "goldens.json")
-    assert g.prompts[0].top_logprobs[0][1] == [4.0, -2.5] and g.to_dict()["format"] == "jetson-goldens/3"
+    assert g.prompts[0].top_logprobs[0][1] == [4.0, -2.5] and g.to_dict()["format"] == "jetson-goldens/4"
     # 1 (read and upgraded above) had near ties of the logits only: 2 says each one's cause
     tie = {"step": 0, "token_id": 4, "margin": 0.01, "text": "?"}
     old = contract.Goldens.from_dict({**goldens, "prompts": [{**goldens["prompts"][0], "near_ties": [tie]}]}, "g")
@@ -107,8 +107,18 @@ def test_goldens_and_board_records_round_trip(tmp_path):
         "utterances": [spoken], "max_frames": 4, "sample_rate": 24000, "samples_per_frame": 1920}}, "g")
     assert two.synthesis is not None and two.synthesis.utterances[0].near_ties == [] and \
         (two.synthesis.tie_margin, two.synthesis.eos_code) == (0.0, None)
-    with pytest.raises(contract.ContractError, match="format = 'jetson-goldens/4': made by a newer pipeline"):
-        contract.Goldens.from_dict({**g.to_dict(), "format": "jetson-goldens/4"}, "goldens.json")
+    # 3's synthesis checks carried no workstation round trip: read as none; 4's carries one, read back exactly
+    three = contract.Goldens.from_dict({**goldens, "format": "jetson-goldens/3", "prompts": [], "synthesis": {
+        "utterances": [spoken], "max_frames": 4, "sample_rate": 24000, "samples_per_frame": 1920}}, "g")
+    assert three.synthesis is not None and three.synthesis.round_trip is None
+    trip = {"transcriber": "asr", "model": "org/asr", "language": "en", "heard": ["hi"], "max_error_rate": 0.2,
+            "rate": {"language": "en", "metric": "wer", "rate": 0.0, "low": 0.0, "high": 0.0, "utterances": 1}}
+    four = contract.Goldens.from_dict({**three.to_dict(), "synthesis": {**three.to_dict()["synthesis"],
+                                                                        "round_trip": trip}}, "g")
+    assert four.synthesis is not None and four.synthesis.round_trip is not None and \
+        four.synthesis.round_trip.rate.metric == "wer" and contract.Goldens.from_dict(four.to_dict(), "g") == four
+    with pytest.raises(contract.ContractError, match="format = 'jetson-goldens/5': made by a newer pipeline"):
+        contract.Goldens.from_dict({**g.to_dict(), "format": "jetson-goldens/5"}, "goldens.json")
     from pipeline.device.probe import probe
     from tests.device.test_probe_gate import FIX
     board = contract.Board.from_dict(probe(FIX / "agx-thor-jp70"), "probe")

@@ -99,4 +99,4 @@ def test_the_goldens_record_the_routers_near_ties_with_the_answer_of_the_swapped
         k = gate.top_k
         assert _answer_with_swap(model, blocks[t.layer], ids, int(ranked[k - 1]), int(ranked[k]), "cpu") == t.token_id
     assert json.loads((stage_dir(project, RECIPE, "goldens") / contract.GOLDENS).read_text())["format"] == \
-        "jetson-goldens/3"
+        "jetson-goldens/4"

@@ -63,6 +63,85 @@ def test_the_kit_carries_the_three_graphs_and_the_reference_speech(built):
     assert accuracy["tokens"] == 24 and accuracy["top1_agreement"] == 1.0 and accuracy["logit_cosine"] > 0.9999
 
 
+def _heard_here(model_dir, recipe, recordings, language="en"):
+    """The transcriber recipe's checkpoint hearing (what, WAV) recordings by its kind's own path, here."""
+    from pipeline.recipe import load_recipe
+    from pipeline.workstation.round_trip import TranscriberCheckpoint, transcribe
+    return transcribe(TranscriberCheckpoint(load_recipe(str(recipe)), model_dir), recordings, language)
+
+
+def _round_trip_of(project, recipe):
+    goldens = contract.Goldens.load(stage_dir(project, recipe, "goldens") / contract.GOLDENS)
+    assert goldens.synthesis is not None and goldens.synthesis.round_trip is not None
+    return goldens.synthesis, goldens.synthesis.round_trip
+
+
+@pytest.mark.parametrize("transcriber", ["tiny-qwen3-asr", "tiny-nemotron-asr"])
+def test_the_reference_speech_is_heard_back_by_the_transcriber_recipe_s_checkpoint(built, transcriber):
+    """The goldens' round trip: the transcriber recipe's fetched checkpoint (a decoder with an audio encoder, or an
+    RNN-T) hears the kit's own reference WAVs at 16 kHz, scored against the texts; the same checkpoint, asked here,
+    hears those WAVs the same, and hears the speech set's real speech as its words (a transcriber, not noise)."""
+    import hashlib
+
+    from pipeline.audio import read_wav
+    from pipeline.transcripts import error_rate
+    from pipeline.workstation.round_trip import heard_as_the_board_hears
+    from pipeline.workstation.speech_set import read_speech_set
+    project, _, out = built
+    recipe = RECIPE
+    if transcriber != "tiny-qwen3-asr":     # the same speaker heard by the RNN-T: a recipe beside it naming it
+        recipe = f"{RECIPE}-heard-by-rnnt"
+        (project.recipes / f"{transcriber}.toml").write_text((REPO / "recipes" / f"{transcriber}.toml").read_text())
+        (project.recipes / f"{recipe}.toml").write_text((project.recipes / f"{RECIPE}.toml").read_text().replace(
+            'transcriber = "tiny-qwen3-asr"', f'transcriber = "{transcriber}"'))
+        out = project.doit("build", f"recipe={recipe}", timeout=900).stdout
+    check, trip = _round_trip_of(project, recipe)
+    assert (trip.transcriber, trip.model, trip.language, trip.max_error_rate) == (transcriber, transcriber, "en", 1.5)
+    goldens_dir = stage_dir(project, recipe, "goldens")
+    model_dir = stage_dir(project, transcriber, "fetch") / "model"
+    recordings = []
+    for u in check.utterances:
+        data = (goldens_dir / u.recording).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == u.recording_sha256      # the kit's reference, as it carries it
+        recordings.append((u.text, heard_as_the_board_hears(read_wav(data).samples, check.sample_rate)))
+    heard = _heard_here(model_dir, project.recipes / f"{transcriber}.toml", recordings)
+    assert trip.heard == heard and len(heard) == 2
+    r = error_rate([(u.text, h) for u, h in zip(check.utterances, heard, strict=True)], "en")
+    assert (trip.rate.metric, trip.rate.rate, trip.rate.low, trip.rate.high, trip.rate.utterances) == \
+        ("wer", round(r.rate, 4), round(r.interval[0], 4), round(r.interval[1], 4), 2)
+    # the twin speaks noise: every word heard wrong (no transcript holds a word of its text)
+    assert trip.rate.rate >= 1.0
+    assert f"{transcriber}'s checkpoint hears the reference's speech at WER {trip.rate.rate:.1%}" in out
+    speech = read_speech_set("builtin:alsa-channels", str(project.recipes / f"{transcriber}.toml"), "set").utterances
+    assert _heard_here(model_dir, project.recipes / f"{transcriber}.toml",
+                       [(u.name, u.wav) for u in speech[:2]]) == [u.transcript.lower() for u in speech[:2]]
+
+
+def test_speech_its_transcriber_hears_past_the_limit_is_not_signed(built):
+    """The limit at its edge: the measured rate signs, a ten-thousandth under it is refused before anything is
+    signed, with the figure and what to do; accept-quality=1 signs it, saying so."""
+    project, _, _ = built
+    _, trip = _round_trip_of(project, RECIPE)
+    text = (project.recipes / f"{RECIPE}.toml").read_text()
+    assert "max_error_rate = 1.5\n" in text
+
+    def build(name, limit, *args):
+        (project.recipes / f"{name}.toml").write_text(text.replace("max_error_rate = 1.5\n",
+                                                                   f"max_error_rate = {limit}\n"))
+        return project.doit("build", f"recipe={name}", *args, check=False, timeout=900)
+    at = build(f"{RECIPE}-at", trip.rate.rate)
+    assert at.returncode == 0, at.stderr[-2000:]
+    under = build(f"{RECIPE}-under", round(trip.rate.rate - 0.0001, 4))
+    assert under.returncode != 0
+    assert f"{RECIPE}-under.toml: fp16 misses the recipe's speech gate: tiny-qwen3-asr's checkpoint hears the " \
+           f"reference's speech at WER {trip.rate.rate:.1%}" in under.stderr and "limit 99.99%)" in under.stderr \
+        and "more than validation.round_trip.max_error_rate; nothing was signed" in under.stderr, under.stderr
+    assert "listen to the goldens' audio/tts-*.wav" in under.stderr
+    assert not (project.artifacts / f"{RECIPE}-under" / "kit").exists()
+    signed = project.doit("build", f"recipe={RECIPE}-under", "accept-quality=1", timeout=900)
+    assert "signed anyway (accept_quality): fp16 misses the recipe's speech gate" in signed.stdout
+
+
 def test_a_second_build_is_a_no_op(built):
     """The plan before the fetch reads the builtin's own Code2Wav config, the one the fetched model has: the plan after
     the fetch is the same, so nothing downstream of it is made again."""
@@ -537,6 +616,10 @@ def test_the_round_trip_hears_the_engines_speech_as_it_hears_the_reference_s(bui
     trips = [c for c in report.checks if c.check.startswith("speech round trip of")]
     assert len(trips) == 2 and all(c.ok for c in trips), trips
     assert all(f"WER of {transcriber.name}'s transcript" in c.check for c in trips)
+    # beside them, the workstation's figure the kit carries
+    _, trip = _round_trip_of(project, RECIPE)
+    assert f"on the workstation, tiny-qwen3-asr's checkpoint hears the reference's speech at WER " \
+           f"{trip.rate.rate:.1%}" in "\n".join(report.notes)
     heard = sorted((tmp_path / "work" / "round-trip").glob("*.wav"))
     from pipeline.audio import read_wav
     assert [p.name for p in heard] == ["engines-0.wav", "engines-1.wav", "reference-0.wav", "reference-1.wav"]

@@ -14,13 +14,18 @@ from pipeline.formats import WEIGHT_FORMATS
 from pipeline.graph.stage import Input, RecipeGraph, Stage, StageKey, StageRun, count
 from pipeline.graph.stages.plan import FETCH, model_dir
 from pipeline.graph.stages.quantize import QUANTIZE, WORKSTATION_TOOLS, quant_dir
+from pipeline.recipe import transcriber_path
+
+# a text-to-speech recipe's round trip: the checkpoint its transcriber recipe fetches (another recipe's stage)
+TRANSCRIBER = Input(FETCH, of=transcriber_path)
 
 
 def _summary(result: contract.StageManifest) -> str:
     g = result.goldens
     assert g is not None        # the goldens stage's build returns it
     if g.spoken_frames:
-        return f"the reference spoke the texts in {count(g.spoken_frames, 'codec frame')}"
+        return f"the reference spoke the texts in {count(g.spoken_frames, 'codec frame')}" + \
+            (f"; {g.round_trip}" if g.round_trip else "")
     rates = [f"{r.metric.upper()} {r.rate:.1%} in {r.language} (95% {r.low:.1%} to {r.high:.1%}, "
              f"{count(r.utterances, 'utterance')})" for r in g.speech]
     if not g.prompts and rates:     # an RNN-T: the speech set alone
@@ -83,13 +88,26 @@ def speech_keys(g: RecipeGraph) -> dict:
             "speech_new_tokens": s.max_new_tokens}
 
 
+def round_trip_keys(g: RecipeGraph) -> dict:
+    """How a text-to-speech recipe's transcriber recipe asks (its checkpoint is a keyed input), for the goldens'
+    key."""
+    other = g.other(TRANSCRIBER)
+    if other is None:
+        return {}
+    t = other.recipe
+    return {"transcriber_asks": [t.validation.speech.prompt, t.validation.speech.max_new_tokens,
+                                 t.build.audio.max_seconds if t.build.audio else None]}
+
+
 def _key(g: RecipeGraph, _target: str | None) -> StageKey:
     v = g.recipe.validation
     d = g.recipe.draft
     return StageKey({"prompts": list(v.prompts), "max_new_tokens": v.max_new_tokens,
                      "top_k_logprobs": v.top_k_logprobs, "min_token_agreement": v.min_token_agreement,
                      **({"mtp_draft_steps": d.steps} if d is not None and d.method == "mtp" else {}),
-                     **image_keys(g), **recording_keys(g), **speech_keys(g)}, WORKSTATION_TOOLS)
+                     "round_trip": dataclasses.asdict(v.round_trip),
+                     **image_keys(g), **recording_keys(g), **speech_keys(g), **round_trip_keys(g)},
+                    WORKSTATION_TOOLS)
 
 
 @contextlib.contextmanager
@@ -154,10 +172,24 @@ def synthesis_goldens(g: RecipeGraph, out: Path) -> contract.GoldensSummary:
     check = synthesis_check(reference, list(v.prompts), golden_speaker(reference.talker_config, model_dir(g)),
                             GOLDEN_LANGUAGE, v.max_new_tokens, out, tie_margin(g),
                             min_code_agreement=v.min_token_agreement)
+    check = dataclasses.replace(check, max_round_trip_increase=v.round_trip.max_increase)
+    del reference           # never two models at once: the transcriber's is loaded next
+    other = g.other(TRANSCRIBER)
+    heard = None
+    if other is not None:   # the reference's speech heard back by the transcriber recipe's checkpoint
+        from pipeline.audio import read_wav
+        from pipeline.device.round_trip import workstation_figure
+        from pipeline.workstation.round_trip import TranscriberCheckpoint, round_trip
+        trip = round_trip(TranscriberCheckpoint(other.recipe, model_dir(other)), v.round_trip,
+                          [u.text for u in check.utterances],
+                          [read_wav((out / u.recording).read_bytes()).samples for u in check.utterances],
+                          check.sample_rate)
+        check, heard = dataclasses.replace(check, round_trip=trip), workstation_figure(trip)
     goldens = contract.Goldens(max_new_tokens=v.max_new_tokens, min_token_agreement=v.min_token_agreement, top_k=0,
                                eos_token_id=None, prompts=[], synthesis=check)
     goldens.dump(out / contract.GOLDENS)
-    return contract.GoldensSummary(0, False, 0, [], spoken_frames=sum(len(u.codes) for u in check.utterances))
+    return contract.GoldensSummary(0, False, 0, [], spoken_frames=sum(len(u.codes) for u in check.utterances),
+                                   round_trip=heard)
 
 
 def transducer_goldens(g: RecipeGraph, out: Path) -> contract.GoldensSummary:
@@ -217,6 +249,6 @@ def do_goldens(run: StageRun) -> contract.StageManifest:
 
 
 GOLDENS = Stage("goldens", "Reference greedy outputs and top-k log-probs for the recipe's validation prompts "
-                "(deployed numerics).", _summary, do_goldens, inputs=(Input(FETCH), Input(QUANTIZE)), key=_key,
-                version=3,     # 2: goldens.json written from its record (keys sorted); 3: near ties
+                "(deployed numerics).", _summary, do_goldens, inputs=(Input(FETCH), Input(QUANTIZE), TRANSCRIBER),
+                key=_key, version=3,     # 2: goldens.json written from its record (keys sorted); 3: near ties
                 result=contract.GoldensSummary, cached=True)

@@ -67,18 +67,24 @@ def _quality_gate(g: RecipeGraph) -> str | None:
 
 
 def _speech_gate(g: RecipeGraph, goldens: contract.Goldens, quality: str | None) -> str | None:
-    """The speech set's error rates as the reference model scored them, against the recipe's limit (accept_quality
-    signs anyway, and says so)."""
-    if goldens.speech is None:
-        return quality
+    """The speech set's error rates as the reference model scored them, and a text-to-speech recipe's round trip as
+    its transcriber's checkpoint heard the reference's speech, against the recipe's limits (accept_quality signs
+    anyway, and says so)."""
+    from pipeline.device.round_trip import workstation_over_limit
     from pipeline.device.speech import over_limit
-    missed = over_limit(goldens.speech, goldens.speech.reference)
-    if not missed:
+    missed = over_limit(goldens.speech, goldens.speech.reference) if goldens.speech is not None else []
+    trip = goldens.synthesis.round_trip if goldens.synthesis is not None else None
+    unheard = workstation_over_limit(trip) if trip is not None else None
+    if not missed and unheard is None:
         return quality
-    text = f"{g.recipe.weights} misses the recipe's speech gate: {'; '.join(missed)}"
+    text = f"{g.recipe.weights} misses the recipe's speech gate: {'; '.join([*missed, *filter(None, [unheard])])}"
     if g.recipe.validation.accept_quality or g.accept_quality:
         return "; ".join(filter(None, [quality, f"signed anyway (accept_quality): {text}"]))
     raise PipelineError(f"{g.recipe.file}: {text}; nothing was signed",
+                        "listen to the goldens' audio/tts-*.wav: speech that does not say its text is a model or "
+                        "voice to fix; raise validation.round_trip.max_error_rate if the transcriber hears the "
+                        "language worse than the speech deserves, or sign anyway with [validation] accept_quality = "
+                        "true" if unheard is not None else
                         "use a format that keeps more precision (quantization.weights), raise "
                         "validation.speech.max_error_rate if the set is harder than the deployment, or sign anyway "
                         "with [validation] accept_quality = true")
