@@ -189,11 +189,22 @@ def _uptodate(stage: Stage, g: RecipeGraph, target: str | None) -> Callable[[], 
     from pipeline.graph.framework import is_current
     if stage.always_runs:
         return None
+    check: Callable[[], bool]
     if stage.current is not None:
-        return lambda: stage.current(g, target)    # type: ignore[misc]
-    if stage.key is not None:
-        return lambda: is_current(g.spec(stage, target))       # type: ignore[arg-type]
-    return None
+        check = lambda: stage.current(g, target)    # type: ignore[misc]  # noqa: E731
+    elif stage.key is not None:
+        check = lambda: is_current(g.spec(stage, target))       # type: ignore[arg-type]  # noqa: E731
+    else:
+        return None
+
+    def current() -> bool:
+        # a key that cannot be computed (no Ed25519 library for the signing key's id, a lent recipe gone): not
+        # current, so that the stage's action runs and says why as one error line, never doit's traceback
+        try:
+            return check()
+        except PipelineError:
+            return False
+    return current
 
 
 def describe(stage: Stage, recipe: Recipe, target: str | None) -> str:

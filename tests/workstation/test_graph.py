@@ -237,6 +237,14 @@ def test_build_prints_one_line_per_stage_and_logs_the_rest(project, checkpoint):
     again = project.doit("build", "recipe=q")
     assert [line for line in again.stdout.splitlines() if not line.startswith(" ")] == [
         line for line in again.stdout.splitlines() if line.startswith(("plan ", "build "))]   # only plan and build
+    # a key that cannot be computed (the signing key damaged: the kit's key holds its id) is the stage's one error
+    # line, where doit's up-to-date check used to print its traceback
+    (project.root / "home" / "signing.key").write_text("untrusted comment: damaged\nnot a key\n")
+    damaged = project.doit("build", "recipe=q", check=False)
+    errors = [line for line in damaged.stderr.splitlines() if line.startswith("error:")]
+    assert damaged.returncode != 0 and len(errors) == 1 and errors[0].startswith("error: package q") and \
+        "signing.key" in errors[0], damaged.stderr
+    assert "Traceback" not in damaged.stdout + damaged.stderr
 
 
 def test_a_failed_stage_is_one_error_line_with_its_hint_and_log(project, checkpoint):
