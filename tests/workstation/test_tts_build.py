@@ -76,11 +76,12 @@ def _round_trip_of(project, recipe):
     return goldens.synthesis, goldens.synthesis.round_trip
 
 
-@pytest.mark.parametrize("transcriber", ["tiny-qwen3-asr", "tiny-nemotron-asr"])
+@pytest.mark.parametrize("transcriber", ["tiny-qwen3-asr", "tiny-nemotron-asr", "tiny-gemma4-audio"])
 def test_the_reference_speech_is_heard_back_by_the_transcriber_recipe_s_checkpoint(built, transcriber):
-    """The goldens' round trip: the transcriber recipe's fetched checkpoint (a decoder with an audio encoder, or an
-    RNN-T) hears the kit's own reference WAVs at 16 kHz, scored against the texts; the same checkpoint, asked here,
-    hears those WAVs the same, and hears the speech set's real speech as its words (a transcriber, not noise)."""
+    """The goldens' round trip: the transcriber recipe's fetched checkpoint (a decoder with an audio encoder asked as
+    Qwen3-ASR or as Gemma 4 is asked, or an RNN-T) hears the kit's own reference WAVs at 16 kHz, scored against the
+    texts; the same checkpoint, asked here, hears those WAVs the same, and hears the speech set's real speech as its
+    words (a transcriber, not noise)."""
     import hashlib
 
     from pipeline.audio import read_wav
@@ -89,8 +90,8 @@ def test_the_reference_speech_is_heard_back_by_the_transcriber_recipe_s_checkpoi
     from pipeline.workstation.speech_set import read_speech_set
     project, _, out = built
     recipe = RECIPE
-    if transcriber != "tiny-qwen3-asr":     # the same speaker heard by the RNN-T: a recipe beside it naming it
-        recipe = f"{RECIPE}-heard-by-rnnt"
+    if transcriber != "tiny-qwen3-asr":     # the same speaker heard by another kind: a recipe beside it naming it
+        recipe = f"{RECIPE}-heard-by-{transcriber}"
         (project.recipes / f"{transcriber}.toml").write_text((REPO / "recipes" / f"{transcriber}.toml").read_text())
         (project.recipes / f"{recipe}.toml").write_text((project.recipes / f"{RECIPE}.toml").read_text().replace(
             'transcriber = "tiny-qwen3-asr"', f'transcriber = "{transcriber}"'))
@@ -109,8 +110,9 @@ def test_the_reference_speech_is_heard_back_by_the_transcriber_recipe_s_checkpoi
     r = error_rate([(u.text, h) for u, h in zip(check.utterances, heard, strict=True)], "en")
     assert (trip.rate.metric, trip.rate.rate, trip.rate.low, trip.rate.high, trip.rate.utterances) == \
         ("wer", round(r.rate, 4), round(r.interval[0], 4), round(r.interval[1], 4), 2)
-    # the twin speaks noise: every word heard wrong (no transcript holds a word of its text)
-    assert trip.rate.rate >= 1.0
+    # the twin speaks noise, which the Gemma 4 twin hears as the phrase it knows best ("front left": right, by chance,
+    # for the second text): WER 66.7% there, 100% for the others
+    assert trip.rate.rate == {"tiny-gemma4-audio": 0.6667}.get(transcriber, 1.0), trip
     assert f"{transcriber}'s checkpoint hears the reference's speech at WER {trip.rate.rate:.1%}" in out
     speech = read_speech_set("builtin:alsa-channels", str(project.recipes / f"{transcriber}.toml"), "set").utterances
     assert _heard_here(model_dir, project.recipes / f"{transcriber}.toml",
