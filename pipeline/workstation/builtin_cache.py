@@ -5,18 +5,21 @@ An entry is keyed by everything that decides those bytes: the builtin's spec, th
 the training corpus, and the versions of torch, transformers and tokenizers. It is written whole into a private
 directory and renamed into place, so a killed writer leaves none; before use, every file is checked against the
 entry's manifest (names, sizes, SHA-256), and an entry that fails (damaged, truncated, planted with other files, a
-link) is set aside and the model made again. Set JETSON_PIPELINE_BUILTIN_CACHE=off to make each anew.
+link) is set aside and the model made again. Two processes that miss the same entry (two first builds at once, two
+test workers) take turns on a lock beside it: the second finds the first's entry instead of training the same bytes
+again. Set JETSON_PIPELINE_BUILTIN_CACHE=off to make each anew.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pipeline import settings
@@ -114,6 +117,35 @@ def _store(root: Path, entry: Path, made: Path) -> None:
         remove_entry(staging)
 
 
+@contextlib.contextmanager
+def _making(root: Path, entry: Path, say: Callable[[str], None]) -> Iterator[None]:
+    """Held while this process checks for and makes `entry`. The kernel drops a flock with its holder, so a killed
+    maker leaves no stale lock; a lock that cannot be taken (the cache cannot be written, a link planted at its name)
+    only means this process may make what another is making."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / f".{entry.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"waiting for another process making {entry.name} in {root}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)         # releases the lock
+
+
+def _copied(entry: Path, files: dict[str, str], out: Path) -> None:
+    for fname, digest in files.items():
+        shutil.copyfile(entry / fname, out / fname)
+        if sha256_file(out / fname) != digest:      # changed between the check and the copy
+            raise PipelineError(f"{entry / fname} changed while it was copied", f"remove {entry} and run again")
+
+
 def made_once(name: str, spec: object, out: Path, make: Callable[[Path], None],
               say: Callable[[str], None] = lambda _: None) -> bool:
     """Builtin `name` in `out`: copied from its verified cache entry, or made by make(out) and stored. True when it
@@ -127,19 +159,21 @@ def made_once(name: str, spec: object, out: Path, make: Callable[[Path], None],
         return False
     entry = root / f"{name}-{entry_key(name, spec)}"
     files = _verified(entry) if os.path.lexists(entry) else None
-    if files is not None:
-        for fname, digest in files.items():
-            shutil.copyfile(entry / fname, out / fname)
-            if sha256_file(out / fname) != digest:      # changed between the check and the copy
-                raise PipelineError(f"{entry / fname} changed while it was copied", f"remove {entry} and run again")
+    if files is not None:            # the common case needs no lock
+        _copied(entry, files, out)
         return True
-    if os.path.lexists(entry):
-        say(f"the cached {name} at {entry} does not match its manifest: making it again")
-        with contextlib.suppress(OSError):       # not ours to remove: the new entry's rename then fails too
-            remove_entry(entry)
-    make(out)
-    try:
-        _store(root, entry, out)
-    except OSError as exc:
-        say(f"could not keep {name} in {root} ({exc.strerror or exc}); it will be made again next time")
+    with _making(root, entry, say):
+        files = _verified(entry) if os.path.lexists(entry) else None     # made while this process waited
+        if files is not None:
+            _copied(entry, files, out)
+            return True
+        if os.path.lexists(entry):
+            say(f"the cached {name} at {entry} does not match its manifest: making it again")
+            with contextlib.suppress(OSError):       # not ours to remove: the new entry's rename then fails too
+                remove_entry(entry)
+        make(out)
+        try:
+            _store(root, entry, out)
+        except OSError as exc:
+            say(f"could not keep {name} in {root} ({exc.strerror or exc}); it will be made again next time")
     return False

@@ -15,6 +15,11 @@ def root(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+def entries(root):
+    """The cache's entries (its per-entry locks are dot files beside them)."""
+    return [p for p in root.iterdir() if not p.name.startswith(".")]
+
+
 def maker(calls):
     def make(out):
         calls.append(out)
@@ -36,7 +41,7 @@ def test_a_builtin_is_made_once_then_copied_from_its_verified_entry(root, tmp_pa
     first = fetch(tmp_path, calls, 1)
     second = fetch(tmp_path, calls, 2)
     assert first[0] is False and second[0] is True and len(calls) == 1 and first[1] == second[1]
-    (entry,) = root.iterdir()
+    (entry,) = entries(root)
     assert entry.name == f"tiny-llama-{entry_key('tiny-llama', BUILTINS['tiny-llama'])}"
     manifest = json.loads((entry / MANIFEST).read_text())["files"]
     assert manifest["config.json"]["size"] == 8 and set(manifest) == {"config.json", "model.safetensors"}
@@ -47,7 +52,7 @@ def test_a_builtin_is_made_once_then_copied_from_its_verified_entry(root, tmp_pa
 def test_a_damaged_or_planted_entry_is_made_again(root, tmp_path, damage):
     calls = []
     fetch(tmp_path, calls, 1)
-    (entry,) = root.iterdir()
+    (entry,) = entries(root)
     weights = entry / "model.safetensors"
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -77,6 +82,52 @@ def test_a_damaged_or_planted_entry_is_made_again(root, tmp_path, damage):
     assert said == [f"the cached tiny-llama at {entry} does not match its manifest: making it again"]
     assert (outside / "keep").read_text() == "not ours"      # a link was removed, not followed
     assert fetch(tmp_path, calls, 3)[0] is True and len(calls) == 2      # made whole again
+
+
+def test_a_process_that_misses_while_another_makes_waits_and_copies_what_that_one_made(root, tmp_path):
+    """Two cold builds at once (two test workers, two first runs) train the builtin once: the second takes its turn
+    on the entry's lock, finds the first's verified entry and copies it. flock is per open file, so two threads
+    contend as two processes do."""
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+    calls, said, results = [], [], {}
+
+    def slow(out):
+        started.set()
+        assert release.wait(30)
+        maker(calls)(out)
+
+    def first():
+        out = tmp_path / "first"
+        out.mkdir()
+        results["first"] = made_once("tiny-llama", BUILTINS["tiny-llama"], out, slow)
+
+    a = threading.Thread(target=first)
+    a.start()
+    assert started.wait(30)
+    b = threading.Thread(target=lambda: results.setdefault("second", fetch(tmp_path, calls, 2, said)))
+    b.start()
+    while not said and b.is_alive():
+        b.join(0.01)
+    (lock,) = [p for p in root.iterdir() if p.name.endswith(".lock")]
+    assert said == [f"waiting for another process making {lock.name[1:-5]} in {root}"]
+    release.set()
+    a.join(30)
+    b.join(30)
+    assert results["first"] is False and results["second"][0] is True and len(calls) == 1
+    assert results["second"][1]["config.json"] == b'{"a": 1}'
+
+
+def test_a_link_planted_at_the_lock_is_not_followed(root, tmp_path):
+    outside = tmp_path / "outside"
+    outside.write_text("not ours")
+    root.mkdir()
+    key = entry_key("tiny-llama", BUILTINS["tiny-llama"])
+    (root / f".tiny-llama-{key}.lock").symlink_to(outside)
+    calls = []
+    assert fetch(tmp_path, calls, 1)[0] is False and fetch(tmp_path, calls, 2)[0] is True and len(calls) == 1
+    assert outside.read_text() == "not ours"
 
 
 def test_off_makes_each_anew_and_the_key_follows_the_spec(tmp_path, monkeypatch):
