@@ -227,12 +227,15 @@ class AudioPlan(Part):
     n_window: int | None = None     # the encoder's chunk is 2 x n_window mel frames (a recording's token arithmetic)
 
 
+TEXT_TO_SPEECH, SPEECH_TO_TEXT = "text to speech", "speech to text"     # SpeechModelPlan.kind
+
+
 @dataclass(frozen=True)
 class SpeechModelPlan(Part):
     """A speech model that is not a decoder with parts (Qwen3-TTS, Nemotron-3.5-ASR: plan/speech_plan.py), as its
     plan says it: memory per part, its real-time factor and first latency, the published rows beside them."""
     model_type: str                 # the config's: what builds it (Backend.speech_build_commands)
-    kind: str                       # "text to speech" | "speech to text"
+    kind: str                       # TEXT_TO_SPEECH | SPEECH_TO_TEXT
     model: str
     target: str
     weights: str

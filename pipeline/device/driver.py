@@ -133,7 +133,7 @@ def _run(kit: Path, work: Path | None, out: Path, root: str, pubkey: str | None,
     if any(p.image for p in goldens.prompts) and plan.visual is None:
         raise PipelineError(f"{kit}: the kit's goldens ask with images and its plan builds no visual engine",
                             "re-package the recipe with this version of the pipeline")
-    transcriber_plan = plan.speech is not None and plan.speech.kind == "speech to text"     # an RNN-T's own engines
+    transcriber_plan = plan.speech is not None and plan.speech.kind == contract.SPEECH_TO_TEXT   # an RNN-T's engines
     if (any(p.recording for p in goldens.prompts) or goldens.speech is not None) and plan.audio is None \
             and not transcriber_plan:
         raise PipelineError(f"{kit}: the kit's goldens ask with recordings (or carry a speech set) and its plan builds "

@@ -60,7 +60,7 @@ def open_transcriber(bundle: Path, work: Path, trusted, root: str) -> Transcribe
         say(f"warning: {w}")
     dest = unpack_verified(opened, work / TRANSCRIBER_DIR / opened.verified.name, trusted)
     plan, goldens, _ = serving_records(opened, dest)
-    rnnt = plan.speech is not None and plan.speech.kind == "speech to text"     # an RNN-T: its own runtime
+    rnnt = plan.speech is not None and plan.speech.kind == contract.SPEECH_TO_TEXT     # an RNN-T: its own runtime
     if (plan.audio is None and not rnnt) or goldens.speech is None:
         lacks = "no audio engine" if plan.audio is None and not rnnt else "no speech set saying how it is asked"
         raise PipelineError(f"--transcriber {bundle}: {m.kit.name} is not a speech-to-text bundle (it has {lacks})",

@@ -53,7 +53,7 @@ def from_recipe(name: str, target: str | None = None, threads: int | None = None
     goldens_dir = g.dir(GOLDENS)
     goldens = contract.Goldens.load(goldens_dir / contract.GOLDENS)
     created = int(os.stat(goldens_dir / contract.GOLDENS).st_mtime)
-    if plan.speech is not None and plan.speech.kind == "speech to text":     # an RNN-T: the reference transcriber
+    if plan.speech is not None and plan.speech.kind == contract.SPEECH_TO_TEXT:   # an RNN-T: the reference transcriber
         return _reference_transcriber(recipe.name, created, model_dir(g), goldens, plan, threads or torch_threads())
     if plan.speech is not None:         # a text-to-speech model: the reference synthesis, greedy
         return _reference_speech(recipe.name, created, model_dir(g), goldens, plan, threads or torch_threads())

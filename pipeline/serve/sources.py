@@ -142,7 +142,7 @@ def from_bundle(bundle: Path, work: Path, root: str = "/", pubkey: str | None = 
     say(f"bundle {verified.name}: verified and unpacked to {dest}")
     plan, goldens, serving = serving_records(opened, dest)
     backend = backends.get(m.compat.backend)
-    if plan.speech is not None and plan.speech.kind == "speech to text":     # an RNN-T: its transcriber session
+    if plan.speech is not None and plan.speech.kind == contract.SPEECH_TO_TEXT:     # an RNN-T: its transcriber session
         from pipeline.runtime.engines import TRANSCRIBER_SESSIONS
         hearing = TRANSCRIBER_SESSIONS.get(backend.name)
         if hearing is None:
