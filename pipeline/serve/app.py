@@ -52,10 +52,11 @@ from pipeline.serve import (
     speech_routes,
     transcriptions,
 )
+from pipeline.serve.errors import ApiError
 from pipeline.serve.gate import Gate, error_response
 from pipeline.serve.modelset import FAILED, Member, ModelSet, keep_alive_of
 from pipeline.serve.prepare import Prepared, Settings
-from pipeline.serve.protocol import ApiError, SamplingDefaults
+from pipeline.serve.protocol import SamplingDefaults
 from pipeline.serve.reply import BodyBudget, Reply, _body, raw_body
 from pipeline.serve.server import Server
 

@@ -12,8 +12,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pipeline.serve import responses
+from pipeline.serve.errors import ApiError
 from pipeline.serve.guard import unless_gone
-from pipeline.serve.protocol import ApiError
 
 if TYPE_CHECKING:
     from pipeline.serve.protocol import Request

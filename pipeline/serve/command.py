@@ -243,8 +243,8 @@ def run(args) -> int:
 
 
 def _keep_alive(value: str) -> float:
+    from pipeline.serve.errors import ApiError
     from pipeline.serve.modelset import keep_alive_of
-    from pipeline.serve.protocol import ApiError
     try:
         seconds = keep_alive_of(value)
     except ApiError as exc:

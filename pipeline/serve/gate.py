@@ -7,8 +7,8 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
+from pipeline.serve.errors import ApiError
 from pipeline.serve.metrics import Metrics
-from pipeline.serve.protocol import ApiError
 
 # metric labels; /v1/models/{id} is "other"
 ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",

@@ -28,7 +28,8 @@ from pipeline.contract import VisualLimits
 from pipeline.families.audio import wrapped
 from pipeline.families.visual import PatchMerger, VisualTower, held
 from pipeline.images import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, ImageError, image_size, open_image
-from pipeline.serve.protocol import ApiError, ImagePart
+from pipeline.serve.errors import ApiError
+from pipeline.serve.protocol import ImagePart
 
 DATA_URL = re.compile(r"data:image/(png|jpeg|jpg|webp);base64,", re.IGNORECASE)
 FETCH_TIMEOUT_S = 10.0      # connecting, and each read

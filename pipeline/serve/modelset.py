@@ -24,8 +24,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pipeline.serve.errors import ApiError
 from pipeline.serve.metrics import Metrics
-from pipeline.serve.protocol import ApiError
 from pipeline.serve.server import Server
 
 log = logging.getLogger("pipeline.serve")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipeline.serve.protocol import ApiError
+from pipeline.serve.errors import ApiError
 
 MAX_PARTS = 16
 MAX_HEADER_BYTES = 4096         # one part's header block

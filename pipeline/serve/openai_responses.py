@@ -17,7 +17,8 @@ import uuid
 from typing import Any
 
 from pipeline.serve import protocol
-from pipeline.serve.protocol import ApiError, SamplingDefaults
+from pipeline.serve.errors import ApiError
+from pipeline.serve.protocol import SamplingDefaults
 from pipeline.serve.responses import Endpoint, Ident, Output, Stream, Usage, named
 
 REFUSED = {

@@ -14,8 +14,8 @@ from pipeline.errors import PipelineError
 from pipeline.runtime.session import Constraint, Generation, Session
 from pipeline.serve import history, protocol
 from pipeline.serve import recordings as audio
+from pipeline.serve.errors import ApiError
 from pipeline.serve.images import ImageSide, RequestImage, check_profile, expand, read_images
-from pipeline.serve.protocol import ApiError
 from pipeline.serve.toolcalls import ToolCallFormat
 
 if TYPE_CHECKING:

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from pipeline.audio import AudioError, AudioLimits, container, read_wav, wav_bytes
 from pipeline.families.audio import SAMPLE_RATE, AudioEncoderDesign
-from pipeline.serve.protocol import ApiError, AudioPart
+from pipeline.serve.errors import ApiError
+from pipeline.serve.protocol import AudioPart
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from pipeline.serve import protocol, responses
+from pipeline.serve.errors import ApiError
 from pipeline.serve.guard import unless_gone
 from pipeline.serve.prepare import Prepared
-from pipeline.serve.protocol import ApiError
 from pipeline.serve.server import Admission, Server, Started
 from pipeline.serve.toolcalls import CallStream
 

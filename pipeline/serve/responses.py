@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pipeline.serve.protocol import ApiError
+    from pipeline.serve.errors import ApiError
 
 
 @dataclass(frozen=True)

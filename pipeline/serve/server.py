@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import PipelineError
 from pipeline.runtime.session import Event, Generation, Handle, Session
+from pipeline.serve.errors import ApiError
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.prepare import Preparer, Settings
-from pipeline.serve.protocol import ApiError, SamplingDefaults
+from pipeline.serve.protocol import SamplingDefaults
 from pipeline.serve.text import TextStream
 
 if TYPE_CHECKING:

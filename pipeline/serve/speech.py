@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeline.runtime.speech import KNOBS, Audio, SpeechParams, SpeechSession
-from pipeline.serve.protocol import ApiError
+from pipeline.serve.errors import ApiError
 
 ROUTE, VOICES, MODELS = "/v1/audio/speech", "/v1/audio/voices", "/v1/audio/models"
 MAX_INPUT_CHARS = 4096          # OpenAI's and Edge-LLM's bound on `input`

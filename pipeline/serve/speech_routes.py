@@ -11,8 +11,8 @@ from typing import Any
 from starlette.requests import Request
 
 from pipeline.audio import wav_header
+from pipeline.serve.errors import ApiError
 from pipeline.serve.guard import unless_gone
-from pipeline.serve.protocol import ApiError
 from pipeline.serve.speech import (
     MEDIA,
     MODELS,

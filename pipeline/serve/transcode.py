@@ -16,7 +16,7 @@ import sys
 from array import array
 
 from pipeline.audio import CONVERT, AudioLimits, container, wav_bytes
-from pipeline.serve.protocol import ApiError
+from pipeline.serve.errors import ApiError
 
 TIMEOUT_S = 30.0
 RATE = 16_000

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.serve import multipart, protocol, responses
-from pipeline.serve.protocol import ApiError, SamplingDefaults
+from pipeline.serve.errors import ApiError
+from pipeline.serve.protocol import SamplingDefaults
 
 ROUTE = "/v1/audio/transcriptions"
 FORMATS = ("json", "text", "verbose_json")

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.errors import PipelineError
 from pipeline.serve import multipart
-from pipeline.serve.protocol import ApiError
+from pipeline.serve.errors import ApiError
 from pipeline.transcripts import answer_transcript
 
 CT = "multipart/form-data; boundary=XyZ"

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from pipeline.serve.anthropic import parse_count, parse_messages
+from pipeline.serve.errors import ApiError
 from pipeline.serve.openai_responses import parse_responses
-from pipeline.serve.protocol import ApiError, parse_chat, parse_completion
+from pipeline.serve.protocol import parse_chat, parse_completion
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 USER = [{"role": "user", "content": "x"}]

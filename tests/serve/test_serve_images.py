@@ -15,6 +15,7 @@ from pipeline.contract import VisualLimits
 from pipeline.families.visual import INTERNVL3, QWEN2_5_VL, QWEN3_VL, PatchMerger, Tiles
 from pipeline.images import BUILTIN_IMAGES, MAX_IMAGE_BYTES
 from pipeline.serve import images
+from pipeline.serve.errors import ApiError
 from pipeline.serve.images import (
     ImageSide,
     RequestImage,
@@ -25,7 +26,7 @@ from pipeline.serve.images import (
     read_image,
     read_images,
 )
-from pipeline.serve.protocol import ApiError, ImagePart, parse_chat
+from pipeline.serve.protocol import ImagePart, parse_chat
 
 PNG = BUILTIN_IMAGES["red-circle"].png()
 PAD = 9

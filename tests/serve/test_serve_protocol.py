@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.serve import protocol
-from pipeline.serve.protocol import ApiError, parse_chat
+from pipeline.serve.errors import ApiError
+from pipeline.serve.protocol import parse_chat
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}

@@ -263,8 +263,8 @@ def test_keep_alive_takes_seconds_or_ollamas_durations(value, seconds):
 
 @pytest.mark.parametrize("value", ["soon", "5 minutes", "", True, [5], {"s": 1}])
 def test_keep_alive_refuses_what_is_not_a_duration(value):
+    from pipeline.serve.errors import ApiError
     from pipeline.serve.modelset import keep_alive_of
-    from pipeline.serve.protocol import ApiError
     with pytest.raises(ApiError) as e:
         keep_alive_of(value)
     assert e.value.status == 400 and e.value.param == "keep_alive"

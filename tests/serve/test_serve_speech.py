@@ -15,7 +15,7 @@ import pytest
 from pipeline.audio import wav_header
 from pipeline.runtime.session import Limits
 from pipeline.runtime.speech import Audio, EdgellmSpeechSession, SpeechParams
-from pipeline.serve.protocol import ApiError
+from pipeline.serve.errors import ApiError
 from pipeline.serve.speech import MAX_INPUT_CHARS, SpeechSide, parse
 
 SIDE = SpeechSide(("ryan", "serena"), "serena", 24000, SpeechParams(max_audio_length=256), 256)

@@ -380,8 +380,8 @@ def test_a_recording_shorter_than_the_engines_least_input_is_refused_at_the_serv
     the part at the server, an error naming the recording at the goldens; 769 samples are taken, wrapped in
     <|audio> and <audio|> by the server's expansion as by the runner's."""
     from pipeline.audio import wav_bytes
+    from pipeline.serve.errors import ApiError
     from pipeline.serve.images import expand
-    from pipeline.serve.protocol import ApiError
     from pipeline.serve.recordings import AudioSide, read_recording
     from pipeline.workstation.audio_prompts import PromptRecording, RecordingPrompts
     from pipeline.workstation.gemma4_features import Gemma4Frames
