@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from pipeline.contract.plan import SPEECH_TO_TEXT, TEXT_TO_SPEECH  # noqa: F401  (SpeechPlan.kind, named once)
 from pipeline.plan.parts.audio_speed import CLIP_SECONDS, RTF_SECONDS
 
 FORMAT = "jetson-speech-plan/1"
@@ -17,7 +16,7 @@ Timing = Callable[[float], "tuple[float, float, float] | None"]
 
 @dataclass(frozen=True)
 class SpeechPlan:
-    kind: str                       # TEXT_TO_SPEECH | SPEECH_TO_TEXT
+    kind: str                       # contract.TEXT_TO_SPEECH | SPEECH_TO_TEXT
     model: str
     target: str
     weights: str

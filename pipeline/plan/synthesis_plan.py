@@ -4,8 +4,9 @@ format Edge-LLM does not build it in, an utterance past the engine or the board)
 
 from __future__ import annotations
 
+from pipeline.contract.plan import TEXT_TO_SPEECH
 from pipeline.plan.memory import WORKSPACE
-from pipeline.plan.speech_plan import TEXT_TO_SPEECH, SpeechPlan, backend_for, published, speed, vit_ms
+from pipeline.plan.speech_plan import SpeechPlan, backend_for, published, speed, vit_ms
 from pipeline.plan.synthesis import FAMILY, STREAM_FRAMES, SynthesisShape, prompt_tokens
 
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pipeline.contract.plan import SPEECH_TO_TEXT
 from pipeline.errors import InputError, Problem
 from pipeline.plan.memory import WORKSPACE
-from pipeline.plan.speech_plan import SPEECH_TO_TEXT, SpeechPlan, backend_for, published, speed, vit_ms
+from pipeline.plan.speech_plan import SpeechPlan, backend_for, published, speed, vit_ms
 
 FAMILY = "nemotron3_5_asr"
 MEL_PER_SECOND = 100        # its feature extractor: 16 kHz, hop 160

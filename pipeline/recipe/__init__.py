@@ -256,9 +256,8 @@ def plan_recipe(recipe: Recipe, target_id: str, config: dict, config_source: str
 def _heard_back(recipe: Recipe, plan: contract.Plan) -> contract.Plan:
     """The plan refused where the recipe names a transcriber for a model that does not speak."""
     from pipeline.plan.planner import refuse
-    from pipeline.plan.speech_plan import TEXT_TO_SPEECH
     name = recipe.validation.round_trip.transcriber
-    if name is None or (plan.speech is not None and plan.speech.kind == TEXT_TO_SPEECH):
+    if name is None or (plan.speech is not None and plan.speech.kind == contract.TEXT_TO_SPEECH):
         return plan
     return refuse(plan, f"validation.round_trip names a transcriber ({name}), and {plan.model.name} is not a "
                         "text-to-speech model: only speech a model speaks is heard back; remove "
