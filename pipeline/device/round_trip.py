@@ -76,10 +76,16 @@ def open_transcriber(bundle: Path, work: Path, trusted, root: str) -> Transcribe
     return Transcriber(opened.verified.name, dest, goldens.speech, languages)
 
 
+def heard_as_the_board_hears(samples: array, rate: int) -> bytes:
+    """A 16-bit waveform at `rate` as a transcriber is given it, here and on the workstation
+    (workstation/round_trip.py): resampled to 16 kHz, a WAV."""
+    from pipeline.audio import resample, wav_bytes
+    return wav_bytes(resample(samples, rate, RATE), RATE)
+
+
 def hear_back(transcriber: Transcriber, texts: list[str], language: str, engines: list[array], references: list[array],
               rate: int, work: Path, watch, timeout: int) -> list[dict]:
     """Each text's two waveforms (at `rate`) transcribed and scored: the SpokenResult fields of the round trip."""
-    from pipeline.audio import resample, wav_bytes
     from pipeline.device.hearing import ask_recordings
     from pipeline.files import fresh_dir
     from pipeline.transcripts import error_rate, transcript_of
@@ -89,7 +95,7 @@ def hear_back(transcriber: Transcriber, texts: list[str], language: str, engines
     for i, (mine, ref) in enumerate(zip(engines, references, strict=True)):
         for who, samples in (("engines", mine), ("reference", ref)):
             path = run / f"{who}-{i}.wav"
-            path.write_bytes(wav_bytes(resample(samples, rate, RATE), RATE))
+            path.write_bytes(heard_as_the_board_hears(samples, rate))
             paths.append(path)
     s = transcriber.speech
     language = transcriber.code(language)

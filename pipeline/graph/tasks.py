@@ -71,25 +71,27 @@ def _load_selection() -> tuple[tuple[Recipe, ...], dict[str, str], dict[str, tup
         [n.strip() for n in wanted.split(",") if n.strip()] if wanted is not None else recipe_names()
     if named and not names:
         fail("recipe= is empty; name a recipe, e.g. recipe=tiny-llama-cpu")
-    recipes, invalid = [], {}
+    recipes: list[Recipe] = []
+    invalid: dict[str, str] = {}
+
+    def skipped(name: str, exc: PipelineError) -> None:
+        if named:
+            fail(str(exc))
+        invalid[name] = str(exc)
+        print(f"error: recipe {name} is invalid, skipped (the others go on): {exc}", file=sys.stderr)
+
     for name in names:
         try:
             recipes.append(load_recipe(name))
         except PipelineError as exc:
-            if named:
-                fail(str(exc))
-            invalid[name] = str(exc)
-            print(f"error: recipe {name} is invalid, skipped (the others go on): {exc}", file=sys.stderr)
+            skipped(name, exc)
     lent: dict[str, tuple[Recipe, frozenset[str]]] = {}
     for r in list(recipes):
         try:
             _lend(r, {x.name for x in recipes}, invalid, lent)
         except PipelineError as exc:
-            if named:
-                fail(str(exc))
             recipes.remove(r)
-            invalid[r.name] = str(exc)
-            print(f"error: recipe {r.name} is invalid, skipped (the others go on): {exc}", file=sys.stderr)
+            skipped(r.name, exc)
     return tuple(recipes), invalid, lent
 
 

@@ -24,20 +24,12 @@ from typing import Any
 from pipeline import contract
 from pipeline.errors import PipelineError
 
-RATE = 16_000       # what every transcriber here reads (device/round_trip.py RATE: the board's the same)
-
 
 @dataclass(frozen=True)
 class TranscriberCheckpoint:
     """The speech-to-text recipe a text-to-speech recipe names, and its fetched checkpoint."""
     recipe: Any             # pipeline.recipe.Recipe (the recipe package sits above this one)
     model_dir: Path
-
-
-def heard_as_the_board_hears(samples: array, rate: int) -> bytes:
-    """A 16-bit waveform at `rate` as the transcriber is given it: resampled to 16 kHz, a WAV."""
-    from pipeline.audio import resample, wav_bytes
-    return wav_bytes(resample(samples, rate, RATE), RATE)
 
 
 def transcribe(transcriber: TranscriberCheckpoint, recordings: list[tuple[str, bytes]], language: str) -> list[str]:
@@ -60,6 +52,7 @@ def round_trip(transcriber: TranscriberCheckpoint, settings, texts: list[str], w
                rate: int) -> contract.RoundTrip:
     """Each text's reference waveform (16-bit at `rate`) heard by the transcriber and scored against the text;
     settings: the text-to-speech recipe's [validation.round_trip]."""
+    from pipeline.device.round_trip import heard_as_the_board_hears
     from pipeline.transcripts import error_rate
     recordings = [(f"the reference's speech of {text[:40]!r}", heard_as_the_board_hears(samples, rate))
                   for text, samples in zip(texts, waveforms, strict=True)]

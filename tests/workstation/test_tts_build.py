@@ -85,8 +85,8 @@ def test_the_reference_speech_is_heard_back_by_the_transcriber_recipe_s_checkpoi
     import hashlib
 
     from pipeline.audio import read_wav
+    from pipeline.device.round_trip import heard_as_the_board_hears
     from pipeline.transcripts import error_rate
-    from pipeline.workstation.round_trip import heard_as_the_board_hears
     from pipeline.workstation.speech_set import read_speech_set
     project, _, out = built
     recipe = RECIPE
